@@ -1,0 +1,1 @@
+//! agentdiff runtime backend `container` (placeholder: registers nothing yet).

@@ -1,0 +1,1 @@
+//! agentdiff runtime backend `local` (placeholder: registers nothing yet).

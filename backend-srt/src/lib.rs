@@ -1,0 +1,1 @@
+//! agentdiff runtime backend `srt` (placeholder: registers nothing yet).

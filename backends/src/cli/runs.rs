@@ -1,0 +1,11 @@
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    Err(crate::exit::with_code(
+        crate::exit::INTERNAL,
+        anyhow::anyhow!("`agentdiff runs` is not implemented in this build"),
+    ))
+}

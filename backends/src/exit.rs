@@ -1,0 +1,63 @@
+//! Exit codes of `agentdiff` (documented in docs/cli.md). agentdiff's own outcomes use codes
+//! outside the range most commands use, so a child's own exit code can be passed through unchanged.
+
+use std::fmt;
+
+/// Usage error: bad flags or arguments.
+pub const USAGE: u8 = 64;
+/// Invalid policy or configuration file.
+pub const INVALID_CONFIG: u8 = 65;
+/// The named run does not exist or its id is invalid.
+pub const NO_SUCH_RUN: u8 = 66;
+/// A capsule failed verification (corrupt, tampered, unsealed).
+pub const INVALID_CAPSULE: u8 = 67;
+/// Rollback or promote preserved at least one conflicting path, or could not restore one.
+pub const CONFLICT: u8 = 68;
+/// The requested runtime backend cannot run here (fail closed; nothing was launched).
+pub const BACKEND_UNAVAILABLE: u8 = 69;
+/// agentdiff itself failed.
+pub const INTERNAL: u8 = 70;
+/// The gate failed on denied findings (`--fail-on deny` or `review`).
+pub const GATE_DENIED: u8 = 71;
+/// The gate failed on review findings (`--fail-on review`).
+pub const GATE_REVIEW: u8 = 72;
+/// Command policy blocked the launch.
+pub const BLOCKED: u8 = 73;
+/// The run's deadline expired (as timeout(1)).
+pub const TIMED_OUT: u8 = 124;
+
+/// An error that carries the exit code it should end the program with.
+#[derive(Debug)]
+pub struct Coded {
+    pub code: u8,
+    pub error: anyhow::Error,
+}
+
+impl fmt::Display for Coded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+impl std::error::Error for Coded {}
+
+/// Wrap an error with the exit code it must produce.
+pub fn with_code(code: u8, error: impl Into<anyhow::Error>) -> anyhow::Error {
+    anyhow::Error::new(Coded {
+        code,
+        error: error.into(),
+    })
+}
+
+/// The exit code for an error: the innermost [`Coded`] wins; anything else is internal.
+pub fn code_of(err: &anyhow::Error) -> u8 {
+    err.chain()
+        .find_map(|e| e.downcast_ref::<Coded>())
+        .map(|c| c.code)
+        .unwrap_or(INTERNAL)
+}
+
+/// One-line rendering of an error and its causes, with control characters escaped.
+pub fn render(err: &anyhow::Error) -> String {
+    agentdiff_engine::redact::escape_terminal(&format!("{err:#}"))
+}

@@ -1,0 +1,37 @@
+//! The `agentdiff` command: wraps one command in an evidence transaction.
+//!
+//! Each subcommand lives in its own file under `cli/`. Exit codes are defined in `exit.rs` and
+//! documented in docs/cli.md.
+
+// Link every built-in backend so its `inventory` registration survives linking
+// (dtolnay/inventory#50).
+use agentdiff_backend_container as _;
+use agentdiff_backend_local as _;
+use agentdiff_backend_srt as _;
+
+mod cli;
+mod exit;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Help and version are not errors; everything else is a usage error.
+            let code = if err.use_stderr() { exit::USAGE } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    match cli.dispatch() {
+        Ok(code) => code,
+        Err(err) => {
+            let code = exit::code_of(&err);
+            eprintln!("agentdiff: error: {}", exit::render(&err));
+            ExitCode::from(code)
+        }
+    }
+}

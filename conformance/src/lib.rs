@@ -1,0 +1,1 @@
+//! agentdiff-conformance: the suite every runtime backend runs (placeholder).

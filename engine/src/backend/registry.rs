@@ -1,0 +1,211 @@
+//! The backend registry: built once from `inventory` submissions, sorted by id, plus an explicit
+//! [`Registry::register`] path for embedders and tests.
+//!
+//! A backend crate registers itself with
+//! `inventory::submit! { BackendDescriptor::new("id", "summary", factory) }`. The linker drops a
+//! crate nothing references (dtolnay/inventory#50), so the binary names each backend crate
+//! explicitly and a test pins the set of built-in ids.
+
+use std::collections::BTreeMap;
+
+use super::RuntimeBackend;
+
+/// A registered backend: id, one-line summary and a constructor.
+pub struct BackendDescriptor {
+    pub id: &'static str,
+    pub summary: &'static str,
+    pub factory: fn() -> Box<dyn RuntimeBackend>,
+}
+
+impl BackendDescriptor {
+    pub const fn new(
+        id: &'static str,
+        summary: &'static str,
+        factory: fn() -> Box<dyn RuntimeBackend>,
+    ) -> Self {
+        Self {
+            id,
+            summary,
+            factory,
+        }
+    }
+}
+
+impl std::fmt::Debug for BackendDescriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendDescriptor")
+            .field("id", &self.id)
+            .field("summary", &self.summary)
+            .finish()
+    }
+}
+
+inventory::collect!(BackendDescriptor);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegistryError {
+    #[error("runtime backend id `{0}` is registered twice; each backend needs a unique id")]
+    Duplicate(String),
+    #[error("invalid runtime backend id `{0}`: use lowercase ASCII letters, digits and `-`")]
+    InvalidId(String),
+    #[error("unknown runtime backend `{id}`; registered backends: {known}")]
+    Unknown { id: String, known: String },
+}
+
+/// The set of backends this program knows, sorted by id.
+#[derive(Debug, Default)]
+pub struct Registry {
+    entries: BTreeMap<&'static str, &'static BackendDescriptor>,
+}
+
+impl Registry {
+    /// A registry with nothing in it.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Every backend submitted through `inventory` by the crates linked into this program.
+    pub fn from_inventory() -> Result<Self, RegistryError> {
+        let mut registry = Self::empty();
+        for descriptor in inventory::iter::<BackendDescriptor> {
+            registry.register(descriptor)?;
+        }
+        Ok(registry)
+    }
+
+    /// Add one backend. Duplicate or malformed ids are refused.
+    pub fn register(
+        &mut self,
+        descriptor: &'static BackendDescriptor,
+    ) -> Result<(), RegistryError> {
+        if !valid_id(descriptor.id) {
+            return Err(RegistryError::InvalidId(descriptor.id.to_string()));
+        }
+        if self.entries.contains_key(descriptor.id) {
+            return Err(RegistryError::Duplicate(descriptor.id.to_string()));
+        }
+        self.entries.insert(descriptor.id, descriptor);
+        Ok(())
+    }
+
+    /// Registered ids, sorted.
+    pub fn ids(&self) -> Vec<&'static str> {
+        self.entries.keys().copied().collect()
+    }
+
+    pub fn descriptors(&self) -> impl Iterator<Item = &'static BackendDescriptor> + '_ {
+        self.entries.values().copied()
+    }
+
+    pub fn get(&self, id: &str) -> Option<&'static BackendDescriptor> {
+        self.entries.get(id).copied()
+    }
+
+    /// Construct the backend with this id.
+    pub fn create(&self, id: &str) -> Result<Box<dyn RuntimeBackend>, RegistryError> {
+        match self.entries.get(id) {
+            Some(d) => Ok((d.factory)()),
+            None => Err(RegistryError::Unknown {
+                id: id.to_string(),
+                known: self.ids().join(", "),
+            }),
+        }
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::backend::{
+        Availability, Capabilities, CleanupReport, LaunchContext, LaunchSpec, PreparedLaunch,
+        Result, RunningCommand,
+    };
+    use crate::process::ProcessIdentity;
+
+    struct Dummy;
+
+    #[async_trait]
+    impl RuntimeBackend for Dummy {
+        fn id(&self) -> &'static str {
+            "dummy"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+        async fn availability(&self) -> Availability {
+            Availability::Unavailable {
+                reason: "test double".into(),
+                remedy: "none".into(),
+            }
+        }
+        fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
+            Err(crate::backend::BackendError::InvalidRequest {
+                backend: spec.run_id.clone(),
+                message: "dummy".into(),
+            })
+        }
+        async fn launch(
+            &self,
+            _prepared: PreparedLaunch,
+            _ctx: LaunchContext,
+        ) -> Result<Box<dyn RunningCommand>> {
+            Err(crate::backend::BackendError::Launch {
+                backend: "dummy".into(),
+                message: "dummy".into(),
+            })
+        }
+        async fn cleanup(&self, _ids: &[ProcessIdentity], _grace: Duration) -> CleanupReport {
+            CleanupReport::default()
+        }
+    }
+
+    fn make() -> Box<dyn RuntimeBackend> {
+        Box::new(Dummy)
+    }
+
+    static A: BackendDescriptor = BackendDescriptor::new("zeta", "z", make);
+    static B: BackendDescriptor = BackendDescriptor::new("alpha", "a", make);
+    static A2: BackendDescriptor = BackendDescriptor::new("zeta", "again", make);
+    static BAD: BackendDescriptor = BackendDescriptor::new("Bad Id", "bad", make);
+
+    #[test]
+    fn explicit_registration_sorts_and_refuses_duplicates() {
+        let mut r = Registry::empty();
+        r.register(&A).unwrap();
+        r.register(&B).unwrap();
+        assert_eq!(r.ids(), vec!["alpha", "zeta"]);
+        assert_eq!(
+            r.register(&A2),
+            Err(RegistryError::Duplicate("zeta".into()))
+        );
+        assert_eq!(
+            r.register(&BAD),
+            Err(RegistryError::InvalidId("Bad Id".into()))
+        );
+        assert_eq!(r.create("alpha").unwrap().id(), "dummy");
+        let err = r.create("nope").err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "unknown runtime backend `nope`; registered backends: alpha, zeta"
+        );
+    }
+
+    #[test]
+    fn the_engine_alone_registers_nothing() {
+        // The engine never names a backend; only linked backend crates submit descriptors.
+        assert!(Registry::from_inventory().unwrap().ids().is_empty());
+    }
+}

@@ -1,0 +1,19 @@
+//! agentdiff engine: everything that is not a runtime backend.
+//!
+//! The engine defines the [`backend::RuntimeBackend`] contract and never names a concrete backend;
+//! backends link this crate and register themselves through [`backend::registry`].
+
+pub mod backend;
+pub mod environment;
+pub mod fs;
+pub mod policy;
+pub mod process;
+pub mod redact;
+pub mod rollback;
+pub mod score;
+pub mod store;
+pub mod transaction;
+pub mod workspace;
+
+/// Version of every JSON artifact schema this engine writes.
+pub const SCHEMA_VERSION: u32 = 1;
