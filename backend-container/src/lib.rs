@@ -232,23 +232,23 @@ fn check_private_workspace(root: &Path, workdir: &Path) -> std::result::Result<(
 
 /// Declared capabilities; see docs/backends/container.md for why each level is what it is.
 pub fn declared_capabilities() -> Capabilities {
-    let mut caps = Capabilities::default();
-    // agentdiff itself never mounts the host tree: the container gets a private copy only.
-    caps.host_repository = Level::Enforced;
-    // Read-only rootfs, network none, cgroup limits, dropped capabilities and the env allowlist
-    // are handed to the engine; unverified here until a probe checks them.
-    caps.filesystem_writes = Level::Requested;
-    caps.network = Level::Requested;
-    caps.resources = Level::Requested;
-    caps.privileges = Level::Requested;
-    caps.environment = Level::Requested;
-    // The engine client is observed on the host; processes inside the container end with it.
-    caps.processes = Level::Observed;
-    // The command only ever runs inside a container: without one it never runs (fail closed).
-    caps.sandboxed = true;
-    caps.network_enforcement = false;
-    caps.workspace = WorkspaceMode::Private;
-    caps
+    Capabilities {
+        // agentdiff itself never mounts the host tree: the container gets a private copy only.
+        host_repository: Level::Enforced,
+        // Read-only rootfs, network none, cgroup limits, dropped capabilities and the env
+        // allowlist are handed to the engine; unverified here until a probe checks them.
+        filesystem_writes: Level::Requested,
+        network: Level::Requested,
+        resources: Level::Requested,
+        privileges: Level::Requested,
+        environment: Level::Requested,
+        // The engine client is observed on the host; processes inside the container end with it.
+        processes: Level::Observed,
+        // The command only ever runs inside a container: without one it never runs (fail closed).
+        sandboxed: true,
+        network_enforcement: false,
+        workspace: WorkspaceMode::Private,
+    }
 }
 
 #[async_trait]

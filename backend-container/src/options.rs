@@ -283,7 +283,7 @@ fn validate_cpus(cpus: &str) -> Result<(), OptionsError> {
         && cpus.bytes().all(|b| b.is_ascii_digit() || b == b'.')
         && cpus
             .parse::<f64>()
-            .map(|n| n >= 0.01 && n <= 1024.0)
+            .map(|n| (0.01..=1024.0).contains(&n))
             .unwrap_or(false);
     if ok {
         Ok(())
