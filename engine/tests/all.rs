@@ -1,0 +1,3 @@
+//! The engine integration tests (one binary).
+
+mod suite;
