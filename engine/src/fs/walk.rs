@@ -514,10 +514,15 @@ impl Walker<'_, '_> {
         };
         if let Err(failed) = jobs.send(job) {
             let rel = failed.0.rel;
-            self.entries.insert(
-                rel.clone(),
-                entry(&seen, EntryKind::File, BackupState::NotRequested),
-            );
+            let state = match backup {
+                Some(_) => BackupState::Skipped {
+                    reason: BackupSkip::NotHashed,
+                    detail: None,
+                },
+                None => BackupState::NotRequested,
+            };
+            self.entries
+                .insert(rel.clone(), entry(&seen, EntryKind::File, state));
             self.report(rel, uk::UNREADABLE, "no hashing worker available");
         }
     }
