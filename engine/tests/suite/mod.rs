@@ -1,1 +1,2 @@
+mod scanner;
 mod store;
