@@ -332,6 +332,19 @@ fn copy_hashing(src: &mut File, dst: &mut dyn Write, limit: u64) -> io::Result<(
     Ok((hex::encode(hasher.finalize()), total))
 }
 
+/// The scanner stores before-state backups through this sink.
+impl crate::fs::BackupSink for ObjectStore {
+    fn contains(&self, sha256_hex: &str) -> bool {
+        ObjectStore::contains(self, sha256_hex)
+    }
+
+    fn store_from(&self, file: &mut File, sha256_hex: &str, size: u64) -> Result<(), String> {
+        self.put_from_file(file, sha256_hex, size)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,23 +514,7 @@ mod tests {
         ));
     }
 
-    /// The scanner's sink contract (defined in `fs`), restated here to prove the adapter compiles
-    /// and behaves: the integrator's impl is exactly `SinkAdapter`'s body.
-    trait BackupSink: Sync {
-        fn contains(&self, sha256_hex: &str) -> bool;
-        fn store_from(&self, file: &mut File, sha256_hex: &str, size: u64) -> Result<(), String>;
-    }
-
-    impl BackupSink for ObjectStore {
-        fn contains(&self, sha256_hex: &str) -> bool {
-            ObjectStore::contains(self, sha256_hex)
-        }
-        fn store_from(&self, file: &mut File, sha256_hex: &str, size: u64) -> Result<(), String> {
-            self.put_from_file(file, sha256_hex, size)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        }
-    }
+    use crate::fs::BackupSink;
 
     #[test]
     fn backup_sink_adapter_and_concurrent_puts() {
