@@ -1,2 +1,3 @@
+mod policy;
 mod scanner;
 mod store;
