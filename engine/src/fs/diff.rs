@@ -45,7 +45,7 @@ pub struct Change {
 pub struct UnsupportedChange {
     pub path: String,
     pub change_type: ChangeType,
-    /// `unsupported` kinds recorded before (empty when none), comma-separated.
+    /// `unsupported` kinds recorded before (`None` when none), comma-separated; same for after.
     pub before_kind: Option<String>,
     pub after_kind: Option<String>,
 }

@@ -34,9 +34,10 @@ pub(crate) struct Meta {
 }
 
 impl Meta {
+    // `stat` field types differ between platforms (e.g. `st_mode` is u16 on macOS).
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
     pub(crate) fn from_stat(st: &FileStat) -> Self {
         let mode = u32::from(st.st_mode);
-        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
         Self {
             fmt: mode & (SFlag::S_IFMT.bits() as u32),
             perm: mode & 0o7777,

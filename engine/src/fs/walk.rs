@@ -37,10 +37,13 @@ const QUEUE_PER_WORKER: usize = 32;
 const PROGRESS_EVERY: u64 = 256;
 
 #[cfg(test)]
+type DirHook = Box<dyn FnMut(&str)>;
+
+#[cfg(test)]
 thread_local! {
     /// Test hook: runs on the walking thread just before a subdirectory is opened.
-    pub(crate) static BEFORE_OPEN_DIR: std::cell::RefCell<Option<Box<dyn FnMut(&str)>>> =
-        std::cell::RefCell::new(None);
+    pub(crate) static BEFORE_OPEN_DIR: std::cell::RefCell<Option<DirHook>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 struct FileJob {
@@ -511,10 +514,15 @@ impl Walker<'_, '_> {
         };
         if let Err(failed) = jobs.send(job) {
             let rel = failed.0.rel;
-            self.entries.insert(
-                rel.clone(),
-                entry(&seen, EntryKind::File, BackupState::NotRequested),
-            );
+            let state = match backup {
+                Some(_) => BackupState::Skipped {
+                    reason: BackupSkip::NotHashed,
+                    detail: None,
+                },
+                None => BackupState::NotRequested,
+            };
+            self.entries
+                .insert(rel.clone(), entry(&seen, EntryKind::File, state));
             self.report(rel, uk::UNREADABLE, "no hashing worker available");
         }
     }
@@ -667,4 +675,106 @@ fn read_names(fd: &OwnedFd) -> (Vec<CString>, Option<String>) {
         }
     }
     (names, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    fn with_hook<T>(hook: Box<dyn FnMut(&str)>, f: impl FnOnce() -> T) -> T {
+        BEFORE_OPEN_DIR.with(|h| *h.borrow_mut() = Some(hook));
+        let out = f();
+        BEFORE_OPEN_DIR.with(|h| *h.borrow_mut() = None);
+        out
+    }
+
+    fn outside_tree() -> tempfile::TempDir {
+        let out = tempfile::tempdir().unwrap();
+        fs::write(out.path().join("outside_secret"), b"secret").unwrap();
+        fs::create_dir(out.path().join("b")).unwrap();
+        fs::write(out.path().join("b/outside_secret"), b"secret").unwrap();
+        out
+    }
+
+    fn assert_nothing_outside(m: &Manifest) {
+        for p in m
+            .entries
+            .keys()
+            .chain(m.unsupported.iter().map(|u| &u.path))
+        {
+            assert!(!p.contains("outside_secret"), "walk escaped the root: {p}");
+        }
+    }
+
+    #[test]
+    fn directory_swapped_for_symlink_before_open_is_not_followed() {
+        let out = outside_tree();
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir(root.path().join("a")).unwrap();
+        fs::write(root.path().join("a/inner"), b"x").unwrap();
+        let (r, o) = (root.path().to_path_buf(), out.path().to_path_buf());
+        let hook = Box::new(move |rel: &str| {
+            if rel == "a" {
+                fs::rename(r.join("a"), r.join("a_moved")).unwrap();
+                symlink(&o, r.join("a")).unwrap();
+            }
+        });
+        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        assert_nothing_outside(&m);
+        assert!(!m.entries.contains_key("a/inner"));
+        assert!(
+            m.unsupported
+                .iter()
+                .any(|u| u.path == "a" && u.kind == uk::CHANGED_DURING_CAPTURE),
+            "{:?}",
+            m.unsupported
+        );
+    }
+
+    #[test]
+    fn parent_swapped_after_open_keeps_walking_the_real_directory() {
+        let out = outside_tree();
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir_all(root.path().join("a/b")).unwrap();
+        fs::write(root.path().join("a/b/inner"), b"x").unwrap();
+        let (r, o) = (root.path().to_path_buf(), out.path().to_path_buf());
+        // When `a/b` is about to be opened, `a` is already open: replace the path `a` by a link to
+        // a tree that also has a `b`. Resolving "a/b" as a string would now land outside.
+        let hook = Box::new(move |rel: &str| {
+            if rel == "a/b" {
+                fs::rename(r.join("a"), r.join("a_moved")).unwrap();
+                symlink(&o, r.join("a")).unwrap();
+            }
+        });
+        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        assert_nothing_outside(&m);
+        assert!(
+            m.entries.contains_key("a/b/inner"),
+            "{:?}",
+            m.entries.keys().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn directory_replaced_by_another_directory_is_changed_during_capture() {
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir(root.path().join("a")).unwrap();
+        fs::write(root.path().join("a/inner"), b"x").unwrap();
+        let r = root.path().to_path_buf();
+        let hook = Box::new(move |rel: &str| {
+            if rel == "a" {
+                fs::rename(r.join("a"), r.join("a_moved")).unwrap();
+                fs::create_dir(r.join("a")).unwrap();
+                fs::write(r.join("a/planted"), b"y").unwrap();
+            }
+        });
+        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        assert!(!m.entries.contains_key("a/planted"));
+        assert!(m
+            .unsupported
+            .iter()
+            .any(|u| u.path == "a" && u.kind == uk::CHANGED_DURING_CAPTURE));
+    }
 }

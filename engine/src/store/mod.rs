@@ -85,6 +85,8 @@ pub struct ReferencedObjects {
 pub struct PruneReport {
     pub removed: Vec<String>,
     pub kept: usize,
+    /// Leftover temp files of interrupted object writes that were removed.
+    pub removed_temps: usize,
 }
 
 impl Store {
@@ -314,7 +316,10 @@ impl Store {
                 count: refs.unknown.len(),
             });
         }
-        let mut report = PruneReport::default();
+        let mut report = PruneReport {
+            removed_temps: self.objects.remove_stale_temps()?,
+            ..PruneReport::default()
+        };
         for hex in self.objects.list()? {
             if refs.objects.contains(&hex) {
                 report.kept += 1;
@@ -427,6 +432,8 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let store = Store::open(root.path()).unwrap();
         let kept = store.objects().put_bytes(b"kept").unwrap();
+        let stale = store.objects().dir().join("tmp/.tmp-object-0123");
+        fs::write(&stale, b"partial").unwrap();
         let dropped = store.objects().put_bytes(b"dropped").unwrap();
         let run = store.create_run(Some("r1")).unwrap();
         let err = store.prune_objects().unwrap_err();
@@ -436,6 +443,8 @@ mod tests {
         let report = store.prune_objects().unwrap();
         assert_eq!(report.removed, vec![dropped.clone()]);
         assert_eq!(report.kept, 1);
+        assert_eq!(report.removed_temps, 1);
+        assert!(!stale.exists());
         assert!(store.objects().contains(&kept));
         assert!(!store.objects().contains(&dropped));
     }

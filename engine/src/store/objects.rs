@@ -274,6 +274,31 @@ impl ObjectStore {
         Ok(out)
     }
 
+    /// Removes leftover temp objects of interrupted writes; returns how many were removed. Only
+    /// safe when no run is writing backups.
+    pub fn remove_stale_temps(&self) -> Result<usize, StoreError> {
+        let tmp_dir = self.tmp_dir();
+        let entries = match fs::read_dir(&tmp_dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(StoreError::io("list", &tmp_dir, e)),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry.map_err(|e| StoreError::io("list", &tmp_dir, e))?;
+            let is_temp = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(atomic::TEMP_PREFIX));
+            if is_temp && entry.file_type().is_ok_and(|t| t.is_file()) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| StoreError::io("remove", &path, e))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes one object (pruning). Absent objects are not an error.
     pub fn remove(&self, hex: &str) -> Result<(), StoreError> {
         let path = self.object_path(hex)?;
@@ -305,6 +330,19 @@ fn copy_hashing(src: &mut File, dst: &mut dyn Write, limit: u64) -> io::Result<(
         total += n as u64;
     }
     Ok((hex::encode(hasher.finalize()), total))
+}
+
+/// The scanner stores before-state backups through this sink.
+impl crate::fs::BackupSink for ObjectStore {
+    fn contains(&self, sha256_hex: &str) -> bool {
+        ObjectStore::contains(self, sha256_hex)
+    }
+
+    fn store_from(&self, file: &mut File, sha256_hex: &str, size: u64) -> Result<(), String> {
+        self.put_from_file(file, sha256_hex, size)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]
@@ -474,6 +512,35 @@ mod tests {
             objects.read_verified(&planted, 100),
             Err(StoreError::NotRegularFile { .. })
         ));
+    }
+
+    use crate::fs::BackupSink;
+
+    #[test]
+    fn backup_sink_adapter_and_concurrent_puts() {
+        let (d, objects) = store();
+        let content = vec![42u8; 300_000];
+        let hex = sha(&content);
+        let src = d.path().join("src");
+        fs::write(&src, &content).unwrap();
+        let sink: &dyn BackupSink = &objects;
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let src = &src;
+                let hex = &hex;
+                s.spawn(move || {
+                    let mut f = File::open(src).unwrap();
+                    sink.store_from(&mut f, hex, 300_000).unwrap();
+                });
+            }
+        });
+        assert!(sink.contains(&hex));
+        assert_eq!(objects.list().unwrap(), vec![hex.clone()]);
+        assert!(tmp_is_empty(&objects));
+        let err = sink
+            .store_from(&mut File::open(&src).unwrap(), &sha(b"x"), 1)
+            .unwrap_err();
+        assert!(err.contains("changed while it was copied"), "{err}");
     }
 
     #[test]
