@@ -67,7 +67,8 @@ pub enum OpKind {
 /// Why a transition cannot be applied automatically, or `Ok` with the write it needs.
 pub fn classify(t: &Transition) -> Result<OpKind, String> {
     let (e, g) = (t.expected.as_ref(), t.target.as_ref());
-    if e.map(|x| x.kind) == Some(EntryKind::Symlink) || g.map(|x| x.kind) == Some(EntryKind::Symlink)
+    if e.map(|x| x.kind) == Some(EntryKind::Symlink)
+        || g.map(|x| x.kind) == Some(EntryKind::Symlink)
     {
         return Err("symlinks are reported, never changed automatically".into());
     }
@@ -512,10 +513,14 @@ impl<'a> Applier<'a> {
                 return Ok(OpResult::with(
                     Outcome::Conflict,
                     format!(
-                        "a parent directory ({}) is no longer a directory (replaced by a symlink or \
+                    "a parent directory ({}) is no longer a directory (replaced by a symlink or \
                          a file?); nothing was written through it",
-                        if parent_rel.is_empty() { "." } else { parent_rel }
-                    ),
+                    if parent_rel.is_empty() {
+                        "."
+                    } else {
+                        parent_rel
+                    }
+                ),
                 ))
             }
             Err(e) => {
@@ -560,13 +565,25 @@ impl<'a> Applier<'a> {
         if let Some(why) = expected_miss {
             let mut r = OpResult::with(
                 Outcome::Conflict,
-                format!(
-                    "changed since the recorded state: {why}; the current state was preserved"
-                ),
+                format!("changed since the recorded state: {why}; the current state was preserved"),
             );
             if self.dry_run {
                 r.diff = self.preview(op, &current);
             }
+            return Ok(r);
+        }
+        if self.dry_run {
+            let mut r = OpResult::new(match op.kind {
+                OpKind::RemoveFile | OpKind::RemoveDir => Outcome::WouldRemove,
+                OpKind::CreateFile | OpKind::CreateDir => Outcome::WouldRecreate,
+                _ => Outcome::WouldRestore,
+            });
+            if let (OpKind::RemoveDir, Some(parent)) = (op.kind, &parent) {
+                if let Some(why) = self.dir_not_empty(parent, name, unselected_children) {
+                    r = why;
+                }
+            }
+            r.diff = self.preview(op, &current);
             return Ok(r);
         }
         let Some(parent) = parent else {
@@ -576,24 +593,14 @@ impl<'a> Applier<'a> {
                 Outcome::Failed,
                 format!(
                     "its parent directory {} does not exist (see that directory's outcome)",
-                    if parent_rel.is_empty() { "." } else { parent_rel }
+                    if parent_rel.is_empty() {
+                        "."
+                    } else {
+                        parent_rel
+                    }
                 ),
             ));
         };
-        if self.dry_run {
-            let mut r = OpResult::new(match op.kind {
-                OpKind::RemoveFile | OpKind::RemoveDir => Outcome::WouldRemove,
-                OpKind::CreateFile | OpKind::CreateDir => Outcome::WouldRecreate,
-                _ => Outcome::WouldRestore,
-            });
-            if op.kind == OpKind::RemoveDir {
-                if let Some(why) = self.dir_not_empty(&parent, name, unselected_children) {
-                    r = why;
-                }
-            }
-            r.diff = self.preview(op, &current);
-            return Ok(r);
-        }
         match op.kind {
             OpKind::WriteFile => self.write_file(op, &parent, name, current, false),
             OpKind::CreateFile => self.write_file(op, &parent, name, current, true),
@@ -676,7 +683,10 @@ impl<'a> Applier<'a> {
             return Ok(OpResult::with(Outcome::Failed, "no target entry"));
         };
         let Some(hex) = target.sha256.as_deref() else {
-            return Ok(OpResult::with(Outcome::Failed, "the target has no recorded hash"));
+            return Ok(OpResult::with(
+                Outcome::Failed,
+                "the target has no recorded hash",
+            ));
         };
         self.step()?;
         let (mut tmp, tmp_name) = match parent.create_temp() {
@@ -817,17 +827,35 @@ impl<'a> Applier<'a> {
                 ))
             }
         };
+        // Last check before touching it: still the inode that was hashed, unmodified.
+        match (parent.stat(name), secure_dir::file_meta(&file)) {
+            (Ok(Some(now)), Ok(fd_now))
+                if now.same_identity(&meta) && fd_now.unchanged_since(&meta) => {}
+            _ => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    "it was replaced or modified while being removed; the current state was \
+                     preserved",
+                ))
+            }
+        }
         self.step()?;
         if let Err(e) = parent.rename_noreplace(name, &aside) {
             return Ok(if e.kind() == io::ErrorKind::NotFound {
-                OpResult::with(Outcome::AlreadyRestored, "removed by someone else meanwhile")
+                OpResult::with(
+                    Outcome::AlreadyRestored,
+                    "removed by someone else meanwhile",
+                )
             } else {
                 OpResult::with(Outcome::Failed, format!("cannot move it aside: {e}"))
             });
         }
         let ours = match (parent.stat(&aside), secure_dir::file_meta(&file)) {
+            // The rename itself updates ctime, so only size and mtime are compared here.
             (Ok(Some(moved)), Ok(fd_now)) => {
-                moved.same_identity(&meta) && fd_now.unchanged_since(&meta)
+                moved.same_identity(&meta)
+                    && fd_now.size == meta.size
+                    && fd_now.mtime_ns == meta.mtime_ns
             }
             _ => false,
         };
@@ -938,7 +966,11 @@ impl<'a> Applier<'a> {
             format!(
                 "not empty: it holds entries added after the run ({}{}); it was kept",
                 shown.join(", "),
-                if extra.len() > shown.len() { ", ..." } else { "" }
+                if extra.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
             ),
         ))
     }
@@ -967,8 +999,8 @@ impl<'a> Applier<'a> {
         }
         self.step()?;
         if let Err(e) = parent.remove_dir(name) {
-            let not_empty = e.raw_os_error() == Some(libc::ENOTEMPTY)
-                || e.raw_os_error() == Some(libc::EEXIST);
+            let not_empty =
+                e.raw_os_error() == Some(libc::ENOTEMPTY) || e.raw_os_error() == Some(libc::EEXIST);
             return Ok(if not_empty {
                 OpResult::with(
                     Outcome::Conflict,
@@ -1190,7 +1222,9 @@ mod tests {
                 detail: None,
             };
         }
-        assert!(classify(&t(f("a"), big)).unwrap_err().contains("size limit"));
+        assert!(classify(&t(f("a"), big))
+            .unwrap_err()
+            .contains("size limit"));
     }
 
     #[test]

@@ -157,14 +157,15 @@ fn execute_unix(
     plan: &Plan,
     opts: &ExecuteOptions,
 ) -> Result<Report, RollbackError> {
-    use apply::{ApplyOp, Applier, OpResult};
+    use apply::{Applier, ApplyOp, OpResult};
 
     let started_at = now_rfc3339_millis();
-    let root = secure_dir::DirHandle::open_root(&plan.root).map_err(|source| RollbackError::Io {
-        action: "open the project root",
-        path: plan.root.clone(),
-        source,
-    })?;
+    let root =
+        secure_dir::DirHandle::open_root(&plan.root).map_err(|source| RollbackError::Io {
+            action: "open the project root",
+            path: plan.root.clone(),
+            source,
+        })?;
     let mut applier = Applier::new(root, &plan.objects, opts.dry_run, opts.fault);
 
     // Item index of every op, plus the final-mode steps of created restrictive directories.

@@ -220,7 +220,8 @@ pub fn plan(
         }
         filters.push(p);
     }
-    let by_path = |c: &RecordedChange| filters.is_empty() || filters.iter().any(|f| under(&c.path, f));
+    let by_path =
+        |c: &RecordedChange| filters.is_empty() || filters.iter().any(|f| under(&c.path, f));
     let in_scope = |c: &RecordedChange| match selection.scope {
         Scope::All => true,
         Scope::SafeOnly => c.decision == "review" || c.decision == "deny",
@@ -246,8 +247,11 @@ pub fn plan(
             not_selected += 1;
         }
     }
-    let records: BTreeMap<&str, &RecordedChange> =
-        result.changes.iter().map(|c| (c.path.as_str(), c)).collect();
+    let records: BTreeMap<&str, &RecordedChange> = result
+        .changes
+        .iter()
+        .map(|c| (c.path.as_str(), c))
+        .collect();
 
     // 6. A selected path that needs its parent back pulls in the parent's re-creation.
     let needs_parent: Vec<&str> = chosen
@@ -260,9 +264,7 @@ pub fn plan(
         while let Some(parent) = parent_of(cur) {
             if let Some(rec) = records.get(parent) {
                 let t = transition(parent);
-                if !chosen.contains_key(parent)
-                    && classify(&t) == Ok(OpKind::CreateDir)
-                {
+                if !chosen.contains_key(parent) && classify(&t) == Ok(OpKind::CreateDir) {
                     chosen.insert(&rec.path, (rec, true));
                 }
             }
@@ -421,7 +423,15 @@ mod tests {
             assert!(validate_recorded_path(ok).is_ok(), "{ok}");
         }
         for bad in [
-            "", "/etc/passwd", "../x", "a/../b", "a//b", "a/", "./a", "a\0b", ".agentdiff/x",
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "a/",
+            "./a",
+            "a\0b",
+            ".agentdiff/x",
             ".agentdiff",
         ] {
             assert!(validate_recorded_path(bad).is_err(), "{bad:?}");

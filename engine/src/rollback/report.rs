@@ -210,7 +210,11 @@ pub fn render_summary(report: &Report) -> String {
     if report.temp_files_removed > 0 {
         out.push_str(&format!(
             "  removed {} left by an interrupted earlier rollback\n",
-            plural(report.temp_files_removed, "temporary file", "temporary files")
+            plural(
+                report.temp_files_removed,
+                "temporary file",
+                "temporary files"
+            )
         ));
     }
     out.push_str(&report.summary);

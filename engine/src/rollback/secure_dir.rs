@@ -277,8 +277,13 @@ impl DirHandle {
     /// `renameat` within this directory; replaces `to` if it exists.
     pub fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
         let (f, t) = (component(from)?, component(to)?);
-        nix::fcntl::renameat(Some(self.raw()), f.as_c_str(), Some(self.raw()), t.as_c_str())
-            .map_err(io::Error::from)
+        nix::fcntl::renameat(
+            Some(self.raw()),
+            f.as_c_str(),
+            Some(self.raw()),
+            t.as_c_str(),
+        )
+        .map_err(io::Error::from)
     }
 
     /// `renameat2(RENAME_NOREPLACE)` within this directory: fails with `AlreadyExists` instead of
@@ -377,11 +382,7 @@ impl DirHandle {
     pub fn remove_stale_temps(&self) -> io::Result<usize> {
         let mut removed = 0;
         for name in self.entries()? {
-            if is_temp_name(&name)
-                && self
-                    .stat(&name)?
-                    .is_some_and(|m| m.kind == NodeKind::File)
-            {
+            if is_temp_name(&name) && self.stat(&name)?.is_some_and(|m| m.kind == NodeKind::File) {
                 match self.unlink_file(&name) {
                     Ok(()) => removed += 1,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -399,7 +400,10 @@ impl DirHandle {
 fn random_temp_name() -> io::Result<OsString> {
     let mut bytes = [0u8; 8];
     getrandom::getrandom(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
-    Ok(OsString::from(format!("{TEMP_PREFIX}{}", hex::encode(bytes))))
+    Ok(OsString::from(format!(
+        "{TEMP_PREFIX}{}",
+        hex::encode(bytes)
+    )))
 }
 
 #[cfg(test)]
