@@ -1,0 +1,4 @@
+mod policy;
+mod rollback;
+mod scanner;
+mod store;
