@@ -1,0 +1,3 @@
+//! Integration tests of the `agentdiff` binary (one test binary; modules under `suite/`).
+
+mod suite;

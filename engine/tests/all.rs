@@ -1,0 +1,3 @@
+//! Integration tests of agentdiff-engine (one test binary; modules under `suite/`).
+
+mod suite;
