@@ -227,3 +227,52 @@ pub async fn doctor_report() -> DoctorReport {
         limits: crate::backend::LIMITS.to_vec(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(srt_error: Option<&str>, missing_socat: bool) -> DoctorReport {
+        DoctorReport {
+            backend: ID,
+            sandbox_runtime_cli_detected: srt_error.is_none(),
+            srt: SrtStatus {
+                path: srt_error.is_none().then(|| PathBuf::from("/usr/bin/srt")),
+                version: srt_error.is_none().then(|| "1.2.3".to_string()),
+                error: srt_error.map(str::to_string),
+            },
+            prerequisites: vec![Prerequisite {
+                name: "socat",
+                program: "socat",
+                path: (!missing_socat).then(|| PathBuf::from("/usr/bin/socat")),
+                package: "socat",
+            }],
+            user_namespaces: None,
+            namespace_probe: None,
+            ready: srt_error.is_none() && !missing_socat,
+            enforcement: ENFORCEMENT,
+            capabilities: crate::capabilities(),
+            sandboxed: false,
+            network_enforcement: false,
+            remedies: vec!["install it".into()],
+            limits: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn availability_names_what_is_missing_and_the_remedy() {
+        let a = report(Some("`srt` was not found on PATH"), true).availability();
+        let Availability::Unavailable { reason, remedy } = a else {
+            panic!("{a:?}")
+        };
+        assert!(reason.contains("srt: `srt` was not found"), "{reason}");
+        assert!(reason.contains("missing socat"), "{reason}");
+        assert_eq!(remedy, "install it");
+        let a = report(None, false).availability();
+        let Availability::Ready { detail } = a else {
+            panic!("{a:?}")
+        };
+        assert!(detail.starts_with("srt 1.2.3 at /usr/bin/srt"), "{detail}");
+        assert!(detail.contains("not verified"), "{detail}");
+    }
+}
