@@ -1,1 +1,2 @@
 mod policy_cli;
+mod run_cli;
