@@ -361,6 +361,7 @@ impl RuntimeBackend for SrtBackend {
             })?;
 
         let mut bridge_evidence = None;
+        let mut generated = None;
         if let SettingsChoice::FromPolicy(path) = &plan.settings {
             let denies = settings::read_policy_denies(&spec.capsule_dir)
                 .map_err(|e| launch_error(format!("--srt-settings-from-policy: {e}")))?;
@@ -373,7 +374,12 @@ impl RuntimeBackend for SrtBackend {
             );
             settings::write_generated(path, &bridged.settings)
                 .map_err(|e| launch_error(e.to_string()))?;
+            generated = Some(RemoveOnDrop(path.clone()));
             bridge_evidence = Some(json!({
+                // The capsule seals only its known artifacts, so the file is removed after the
+                // run; its full content and digest are recorded here instead.
+                "content": bridged.settings,
+                "file_removed_after_run": true,
                 "expressed_denies": bridged.expressed,
                 "not_expressed_denies": bridged.not_expressed,
                 "allowed_domains": plan.allow_domains,
@@ -408,6 +414,7 @@ impl RuntimeBackend for SrtBackend {
         Ok(Box::new(SrtRunning {
             inner,
             marker,
+            generated,
             wrapper,
             expected_argc,
         }))
@@ -434,10 +441,21 @@ impl RuntimeBackend for SrtBackend {
     }
 }
 
+/// A file removed when dropped: the generated settings, which must not outlive the run in the
+/// capsule (on success or on any early return).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A running srt wrapper: the supervised host process plus the start marker.
 struct SrtRunning {
     inner: SupervisedCommand,
     marker: StartMarker,
+    generated: Option<RemoveOnDrop>,
     wrapper: Value,
     expected_argc: usize,
 }
@@ -452,12 +470,14 @@ impl RunningCommand for SrtRunning {
         let SrtRunning {
             inner,
             mut marker,
+            generated,
             wrapper,
             expected_argc,
         } = *self;
         let evidence = Box::new(inner).wait().await;
         let state = StartState::from_marker(&marker.read_available());
         drop(marker);
+        drop(generated);
         let mut evidence = evidence?;
         attribute_exit(&mut evidence, &state, expected_argc, wrapper);
         Ok(evidence)

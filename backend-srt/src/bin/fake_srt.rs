@@ -44,6 +44,20 @@ fn record(argv: &[OsString]) {
     }
 }
 
+fn record_settings(content: &str) {
+    let Some(path) = std::env::var_os("FAKE_SRT_RECORD") else {
+        return;
+    };
+    let line = serde_json::json!({ "settings_content": content });
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
     record(&argv);
@@ -85,10 +99,11 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     if let Some(s) = &settings {
-        if !std::path::Path::new(s).is_file() {
+        let Ok(content) = std::fs::read_to_string(s) else {
             eprintln!("Error: {} does not exist.", s.to_string_lossy());
             return ExitCode::from(1);
-        }
+        };
+        record_settings(&content);
     }
     let Some((program, args)) = command.split_first() else {
         eprintln!("Error: No command specified.");

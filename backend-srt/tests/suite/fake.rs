@@ -406,8 +406,12 @@ fn settings_from_policy_are_generated_in_the_capsule() {
     let ev = run(&f, f.spec(&["/bin/true"]));
     assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
     let generated = f.capsule.join("srt-settings.json");
-    let settings: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&generated).unwrap()).unwrap();
+    // srt read the generated file from the capsule...
+    let rec = f.run_record();
+    assert_eq!(rec["argv"][1], "--settings");
+    assert_eq!(rec["argv"][2], generated.to_str().unwrap());
+    let read_by_srt = f.settings_record().unwrap();
+    let settings: serde_json::Value = serde_json::from_str(&read_by_srt).unwrap();
     let root = f.root.to_string_lossy().into_owned();
     assert_eq!(settings["filesystem"]["allowWrite"], json!([root]));
     assert_eq!(
@@ -422,12 +426,19 @@ fn settings_from_policy_are_generated_in_the_capsule() {
         settings["network"]["allowedDomains"],
         json!(["example.com"])
     );
-    let rec = f.run_record();
-    assert_eq!(rec["argv"][1], "--settings");
-    assert_eq!(rec["argv"][2], generated.to_str().unwrap());
-    let s = &ev.wrapper.unwrap()["settings"];
+    // ...which is gone after the run (the capsule seals known artifacts only), while the
+    // evidence holds its exact content and digest.
+    assert!(!generated.exists());
+    let s = &ev.wrapper.as_ref().unwrap()["settings"];
     assert_eq!(s["source"], "generated_from_policy");
-    assert_eq!(s["sha256"], sha256_file(&generated));
+    assert_eq!(s["bridge"]["content"], settings);
+    {
+        use sha2::Digest;
+        assert_eq!(
+            s["sha256"],
+            hex::encode(sha2::Sha256::digest(read_by_srt.as_bytes()))
+        );
+    }
     assert_eq!(s["bridge"]["not_expressed_denies"], json!(["**/*.pem"]));
     assert_eq!(s["bridge"]["controls"], "requested");
     assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::common::*;
 
 /// The real srt on the host PATH, or `None` after printing why the test does not run.
-fn real_srt(test: &str) -> Option<PathBuf> {
+pub fn real_srt(test: &str) -> Option<PathBuf> {
     let required = std::env::var("AGENTDIFF_REQUIRE_REAL_BACKENDS").as_deref() == Ok("1");
     let mut missing = Vec::new();
     let srt = which::which("srt").ok();
