@@ -229,6 +229,26 @@ impl SrtBackend {
             .map_err(|(reason, remedy)| unavailable(reason, remedy))?;
         let marker = spec.capsule_dir.join(START_MARKER_FILE);
 
+        // srt is a Node.js program: its argv are JS strings, so non-UTF-8 bytes would be replaced
+        // before the command sees them. Refuse instead of running a different argv.
+        let own = [
+            Some(shim.as_os_str()),
+            Some(marker.as_os_str()),
+            settings.path().map(Path::as_os_str),
+        ];
+        if let Some(bad) = spec
+            .argv
+            .iter()
+            .map(OsString::as_os_str)
+            .chain(own.into_iter().flatten())
+            .find(|a| a.to_str().is_none())
+        {
+            return Err(invalid(format!(
+                "srt cannot pass the argument {bad:?} unchanged: it is not valid UTF-8 (srt \
+                 handles arguments as Node.js strings); use --runtime local or rename the path"
+            )));
+        }
+
         let mut args: Vec<OsString> = Vec::new();
         if let Some(p) = settings.path() {
             args.push("--settings".into());

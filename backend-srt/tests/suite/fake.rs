@@ -473,3 +473,19 @@ fn registered_as_srt() {
     assert!(registry.ids().contains(&"srt"));
     assert_eq!(registry.create("srt").unwrap().id(), "srt");
 }
+
+#[test]
+fn non_utf8_arguments_are_refused_rather_than_altered() {
+    use std::os::unix::ffi::OsStringExt;
+    let f = Fixture::fake();
+    let spec = f.spec_os(
+        vec![
+            OsString::from("/bin/echo"),
+            OsString::from_vec(vec![b'a', 0xff, b'b']),
+        ],
+        false,
+    );
+    let err = SrtBackend::new().prepare(&spec).unwrap_err();
+    assert!(matches!(err, BackendError::InvalidRequest { .. }), "{err}");
+    assert!(err.to_string().contains("UTF-8"), "{err}");
+}
