@@ -344,10 +344,28 @@ impl RuntimeBackend for SrtBackend {
         let plan = self.plan(spec)?;
         let mut wrapper_argv = vec![plan.srt.as_os_str().to_os_string()];
         wrapper_argv.extend(plan.args.iter().cloned());
+        // The shim checks the argv it receives against this salted digest (see `shim`).
+        let mut salt = [0u8; 16];
+        getrandom::getrandom(&mut salt).map_err(|e| {
+            unavailable(
+                format!("no random source for the argv check: {e}"),
+                "check that the kernel's random source (getrandom/urandom) is available",
+            )
+        })?;
+        let mut env: Vec<(OsString, OsString)> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| k != shim::ENV_ARGV_DIGEST)
+            .cloned()
+            .collect();
+        env.push((
+            shim::ENV_ARGV_DIGEST.into(),
+            shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
+        ));
         Ok(PreparedLaunch {
             program: plan.srt.as_os_str().to_os_string(),
             args: plan.args.clone(),
-            env: spec.env.clone(),
+            env,
             cwd: spec.workdir.clone(),
             enforcement: ENFORCEMENT.into(),
             wrapper_argv: Some(wrapper_argv),
@@ -499,6 +517,11 @@ impl RunningCommand for SrtRunning {
         drop(marker);
         drop(generated);
         let mut evidence = evidence?;
+        // The digest is agentdiff's own plumbing, not the command's environment; even as a
+        // fingerprint it does not belong in the evidence.
+        if let Some(env) = &mut evidence.environment {
+            env.variables.remove(shim::ENV_ARGV_DIGEST);
+        }
         attribute_exit(&mut evidence, &state, expected_argc, wrapper);
         Ok(evidence)
     }
@@ -570,6 +593,15 @@ pub fn attribute_exit(
             });
             (false, "wrapper")
         }
+        StartState::ArgvAltered { what } => {
+            evidence.failure = Some(FailureKind::WrapperSetupFailed {
+                message: format!(
+                    "the arguments the exec shim received differ from those agentdiff sent \
+                     ({what}); the command was not started"
+                ),
+            });
+            (false, "wrapper")
+        }
         StartState::Garbled { text } => {
             evidence.failure = Some(FailureKind::WrapperSetupFailed {
                 message: format!(
@@ -582,6 +614,8 @@ pub fn attribute_exit(
     };
     if let Value::Object(map) = &mut wrapper {
         map.insert("command_started".into(), json!(started));
+        // The shim marks the start only after the argv count and digest matched.
+        map.insert("argv_verified".into(), json!(started));
         map.insert("start_state".into(), json!(state.label()));
         map.insert("exit_attribution".into(), json!(attribution));
     }

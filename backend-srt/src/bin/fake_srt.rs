@@ -7,7 +7,8 @@
 //! - everything after `--` is run as an argv, never through a shell, and its exit code is
 //!   returned (a command ended by SIGINT/SIGTERM gives 0 and other signals 1, as srt does);
 //! - `FAKE_SRT_MODE=refuse` fails setup with exit 1 before running anything;
-//!   `FAKE_SRT_MODE=broken-version` makes `--version` fail.
+//!   `FAKE_SRT_MODE=broken-version` makes `--version` fail;
+//!   `FAKE_SRT_MODE=alter` changes the last argument's content (a wrapper that mangles argv).
 //!
 //! `-c` is refused: agentdiff must never use it.
 
@@ -104,6 +105,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         };
         record_settings(&content);
+    }
+    if mode == "alter" {
+        if let Some(last) = command.last_mut() {
+            last.push("-altered");
+        }
     }
     let Some((program, args)) = command.split_first() else {
         eprintln!("Error: No command specified.");

@@ -489,3 +489,47 @@ fn non_utf8_arguments_are_refused_rather_than_altered() {
     assert!(matches!(err, BackendError::InvalidRequest { .. }), "{err}");
     assert!(err.to_string().contains("UTF-8"), "{err}");
 }
+
+#[test]
+fn a_wrapper_that_alters_an_argument_never_starts_the_command() {
+    let mut f = Fixture::fake();
+    f.extra_env
+        .push((OsString::from("FAKE_SRT_MODE"), OsString::from("alter")));
+    let witness = f.root.join("ran");
+    let ev = run(&f, f.spec(&["/usr/bin/touch", witness.to_str().unwrap()]));
+    assert!(!witness.exists(), "the command ran with an altered argv");
+    let Some(FailureKind::WrapperSetupFailed { message }) = &ev.failure else {
+        panic!("{:?}", ev.failure);
+    };
+    assert!(message.contains("digest_mismatch"), "{message}");
+    let w = ev.wrapper.unwrap();
+    assert_eq!(w["start_state"], "argv_altered");
+    assert_eq!(w["argv_verified"], false);
+}
+
+#[test]
+fn the_argv_digest_stays_out_of_the_command_and_the_evidence() {
+    let f = Fixture::fake();
+    let out = f.root.join("env.out");
+    let ev = run(
+        &f,
+        f.spec(&["/bin/sh", "-c", &format!("env > '{}'", out.display())]),
+    );
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    // srt received it (that is how it reaches the shim)...
+    let rec = f.run_record();
+    assert!(rec["env"][agentdiff_backend_srt::shim::ENV_ARGV_DIGEST].is_string());
+    // ...the command's environment and the evidence do not have it.
+    let env = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        !env.contains(agentdiff_backend_srt::shim::ENV_ARGV_DIGEST),
+        "{env}"
+    );
+    assert!(env.contains("FAKE_SRT_RECORD="), "{env}");
+    let recorded = ev.environment.unwrap();
+    assert!(!recorded
+        .variables
+        .contains_key(agentdiff_backend_srt::shim::ENV_ARGV_DIGEST));
+    assert!(recorded.variables.contains_key("PATH"));
+    assert_eq!(ev.wrapper.unwrap()["argv_verified"], true);
+}
