@@ -167,6 +167,22 @@ impl Tracker {
         self.refresh_liveness();
     }
 
+    /// Re-read the executable of every live process: a process first seen before its `exec`
+    /// (`setsid sleep …`) is recorded under the program it runs now.
+    pub fn refresh_executables(&mut self) {
+        for pid in self.live.clone() {
+            let Some(&i) = self.index.get(&pid) else {
+                continue;
+            };
+            if let Ok(s) = read_stat(pid) {
+                if s.start_time_ticks == self.records[i].identity.start_time_ticks && !s.is_zombie()
+                {
+                    self.records[i].executable = executable_name(pid, &s.comm);
+                }
+            }
+        }
+    }
+
     /// Drop pids that no longer exist (or whose pid was recycled) from the live set.
     pub fn refresh_liveness(&mut self) {
         let records = &self.records;
@@ -695,7 +711,8 @@ pub use imp::prepare;
 #[cfg(target_os = "linux")]
 pub use imp::{child_setup, enable_subreaper, prepare, ChildSetup};
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests {
     use super::*;
 
