@@ -393,6 +393,7 @@ mod unix {
             if end == End::Exited {
                 self.tracker.mark_alive_after_root_exit();
             }
+            self.tracker.refresh_executables();
             if let Some(p) = &mut self.ports {
                 // Before cleanup, while leftovers still hold their sockets.
                 p.sample(&self.tracker.live_identities());
@@ -413,20 +414,15 @@ mod unix {
             opts.reap_except = Some(self.pid);
             for round in 0..5 {
                 self.tracker.refresh_liveness();
+                // Executables are re-read by cleanup after verification (a process may have
+                // exec'd since it was first seen); the recorded name fills in otherwise.
                 let targets: Vec<CleanupTarget> = self
                     .tracker
                     .live_identities()
                     .into_iter()
                     .filter(|(pid, _)| status.is_none() || *pid != self.pid)
-                    .map(|(pid, identity)| CleanupTarget {
-                        executable: self
-                            .tracker
-                            .records()
-                            .iter()
-                            .rev()
-                            .find(|r| r.identity.pid == pid)
-                            .map(|r| r.executable.clone())
-                            .unwrap_or_default(),
+                    .map(|(_, identity)| CleanupTarget {
+                        executable: String::new(),
                         identity,
                     })
                     .collect();
@@ -439,7 +435,17 @@ mod unix {
                         targets.len()
                     ));
                 }
-                let r = cleanup_targets(&targets, &opts);
+                let mut r = cleanup_targets(&targets, &opts);
+                for rec in r.records.iter_mut().filter(|r| r.executable.is_empty()) {
+                    if let Some(p) = self
+                        .tracker
+                        .records()
+                        .iter()
+                        .find(|p| p.identity == rec.identity)
+                    {
+                        rec.executable = p.executable.clone();
+                    }
+                }
                 cleanup.mechanism = r.mechanism;
                 cleanup.records.extend(r.records);
                 cleanup.errors.extend(r.errors);
