@@ -245,7 +245,7 @@ impl SrtBackend {
         {
             return Err(invalid(format!(
                 "srt cannot pass the argument {bad:?} unchanged: it is not valid UTF-8 (srt \
-                 handles arguments as Node.js strings); use --runtime local or rename the path"
+                 handles arguments as Node.js strings); rename the path or pass the value another way"
             )));
         }
 
