@@ -203,6 +203,8 @@ mod unix {
                 ))
             })?,
         };
+        // Everything that can fail before the spawn comes before the run cgroup exists.
+        let stdio = stdio_fds(&ctx)?;
         let ports = spec.observe_ports.then(PortObserver::start);
         let (cgroup, mut warnings) = tracker::prepare(request)?;
 
@@ -213,7 +215,6 @@ mod unix {
             None
         };
 
-        let stdio = stdio_fds(&ctx)?;
         let foreground = terminal.is_some();
         let launched = Instant::now();
         #[cfg(target_os = "linux")]

@@ -317,6 +317,7 @@ mod imp {
         request: TrackingRequest,
     ) -> Result<(Option<RunCgroup>, Vec<String>), ProcessError> {
         let mut warnings = Vec::new();
+        enable_subreaper()?;
         let cg = match request {
             TrackingRequest::ProcPoll => None,
             TrackingRequest::Cgroup => Some(RunCgroup::create().map_err(|e| {
@@ -336,7 +337,6 @@ mod imp {
                 }
             },
         };
-        enable_subreaper()?;
         Ok((cg, warnings))
     }
 
