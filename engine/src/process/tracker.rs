@@ -248,6 +248,8 @@ mod imp {
         path: String,
         pids: Vec<u32>,
         mechanism: &'static str,
+        /// agentdiff's own `children` file (main thread), kept open: read on every poll.
+        self_children: Option<std::fs::File>,
     }
 
     pub(super) fn claim(t: &Tracker, pid: u32) {
@@ -406,6 +408,10 @@ mod imp {
                     path: String::with_capacity(64),
                     pids: Vec::with_capacity(64),
                     mechanism,
+                    self_children: std::fs::File::open(format!(
+                        "/proc/{self_pid}/task/{self_pid}/children"
+                    ))
+                    .ok(),
                 },
             };
             if !t.add(root, ProcessRelation::Root) {
@@ -472,14 +478,13 @@ mod imp {
             if let Some(cg) = &self.state.cgroup {
                 match cg.pids(&mut text, &mut pids) {
                     Ok(()) => {
-                        let present: HashSet<u32> = pids.iter().copied().collect();
                         for p in &pids {
                             if !self.live.contains(p) {
                                 found.push((*p, ProcessRelation::Descendant));
                             }
                         }
                         // Exited members leave cgroup.procs.
-                        self.live.retain(|p| present.contains(p));
+                        self.live.retain(|p| pids.contains(p));
                     }
                     Err(e) => {
                         let msg = format!("reading {}/cgroup.procs: {e}", cg.path().display());
@@ -509,12 +514,14 @@ mod imp {
 
             // Orphans re-parented to agentdiff (the subreaper) are children of its main thread.
             pids.clear();
-            path.clear();
-            {
-                use std::fmt::Write;
-                let _ = write!(path, "/proc/{0}/task/{0}/children", self.self_pid);
+            if let Some(f) = &self.state.self_children {
+                if cgroup::read_from_start(f, &mut text).is_ok() {
+                    pids.extend(
+                        text.split_ascii_whitespace()
+                            .filter_map(|w| w.parse::<u32>().ok()),
+                    );
+                }
             }
-            Self::read_children(&path, &mut text, &mut pids);
             for &c in &pids {
                 if c == self.root {
                     continue;
