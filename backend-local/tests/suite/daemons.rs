@@ -133,7 +133,7 @@ fn term_ignoring_tree_is_killed_after_the_grace_period() {
         &[
             "sh",
             "-c",
-            "trap '' TERM; sleep 300 & echo $! > daemon.pid; wait; sleep 300",
+            "trap '' TERM; sleep 300 & echo $! >> daemon.pid; sleep 300 & echo $! >> daemon.pid; wait",
         ],
     );
     s.timeout = Some(Duration::from_millis(300));
@@ -151,7 +151,7 @@ fn term_ignoring_tree_is_killed_after_the_grace_period() {
         .find(|r| r.identity == root.identity)
         .expect("root cleaned up");
     assert_eq!(root_rec.outcome, CleanupOutcome::Killed);
-    let pid: u32 = read(&pidfile).trim().parse().unwrap();
+    let pid: u32 = read(&pidfile).lines().next().unwrap().parse().unwrap();
     let sleeper = ev
         .cleanup
         .records
@@ -173,7 +173,8 @@ fn timeout_ends_the_whole_tree() {
         &[
             "sh",
             "-c",
-            "sleep 300 & echo $! > daemon.pid; (sleep 300 &); sleep 300",
+            "sleep 300 & echo $! >> daemon.pid; (sleep 300 & echo $! >> daemon.pid); \
+             sleep 300 & echo $! >> daemon.pid; wait",
         ],
     );
     s.timeout = Some(Duration::from_millis(300));
