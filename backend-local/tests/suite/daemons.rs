@@ -7,7 +7,7 @@ use agentdiff_engine::backend::{CleanupOutcome, ProcessRelation, RunEvidence};
 use super::common::*;
 
 fn daemon_case(tracking: &str, script: &str) {
-    let _lock = (tracking == "proc_poll").then(poll_lock);
+    let _lock = (tracking != "cgroup").then(poll_lock);
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("daemon.pid");
     let _guard = PidFileGuard(vec![pidfile.clone()]);
@@ -15,10 +15,10 @@ fn daemon_case(tracking: &str, script: &str) {
         spec(dir.path(), &["sh", "-c", script]),
         tracking,
     ));
-    let expected_tracking = if tracking == "cgroup" {
-        "cgroup"
-    } else {
-        "subreaper_proc_poll"
+    let expected_tracking = match tracking {
+        "cgroup" => "cgroup",
+        "proc_scan" => "subreaper_proc_scan",
+        _ => "subreaper_proc_poll",
     };
     assert_eq!(ev.tracking, expected_tracking);
     assert_eq!(ev.exit.code, Some(0));
@@ -65,6 +65,12 @@ fn setsid_daemon_is_reparented_and_ended_with_cgroup() {
         return;
     }
     daemon_case("cgroup", SETSID);
+}
+
+#[test]
+fn setsid_daemon_is_reparented_and_ended_with_a_full_proc_scan() {
+    daemon_case("proc_scan", SETSID);
+    daemon_case("proc_scan", DOUBLE_FORK);
 }
 
 #[test]
