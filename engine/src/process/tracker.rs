@@ -37,6 +37,9 @@ pub enum TrackingRequest {
     Cgroup,
     /// Subreaper + `/proc` polling even where a cgroup could be created.
     ProcPoll,
+    /// Subreaper + a full `/proc` scan per poll (the fallback for kernels without `children`
+    /// files; selectable to test and compare it).
+    ProcScan,
 }
 
 impl TrackingRequest {
@@ -45,6 +48,7 @@ impl TrackingRequest {
             "auto" => Some(Self::Auto),
             "cgroup" => Some(Self::Cgroup),
             "proc_poll" | "subreaper_proc_poll" | "poll" => Some(Self::ProcPoll),
+            "proc_scan" | "subreaper_proc_scan" => Some(Self::ProcScan),
             _ => None,
         }
     }
@@ -248,6 +252,8 @@ mod imp {
         path: String,
         pids: Vec<u32>,
         mechanism: &'static str,
+        /// agentdiff's own `children` file (main thread), kept open: read on every poll.
+        self_children: Option<std::fs::File>,
     }
 
     pub(super) fn claim(t: &Tracker, pid: u32) {
@@ -317,8 +323,9 @@ mod imp {
         request: TrackingRequest,
     ) -> Result<(Option<RunCgroup>, Vec<String>), ProcessError> {
         let mut warnings = Vec::new();
+        enable_subreaper()?;
         let cg = match request {
-            TrackingRequest::ProcPoll => None,
+            TrackingRequest::ProcPoll | TrackingRequest::ProcScan => None,
             TrackingRequest::Cgroup => Some(RunCgroup::create().map_err(|e| {
                 ProcessError::Unsupported(format!(
                     "cgroup tracking was requested but no run cgroup can be created: {e}; \
@@ -336,7 +343,6 @@ mod imp {
                 }
             },
         };
-        enable_subreaper()?;
         Ok((cg, warnings))
     }
 
@@ -406,6 +412,10 @@ mod imp {
                     path: String::with_capacity(64),
                     pids: Vec::with_capacity(64),
                     mechanism,
+                    self_children: std::fs::File::open(format!(
+                        "/proc/{self_pid}/task/{self_pid}/children"
+                    ))
+                    .ok(),
                 },
             };
             if !t.add(root, ProcessRelation::Root) {
@@ -418,6 +428,15 @@ mod imp {
 
         pub fn mechanism(&self) -> &'static str {
             self.state.mechanism
+        }
+
+        /// Use the full `/proc` scan even where `children` files exist (no effect with a
+        /// cgroup).
+        pub fn force_scan(&mut self) {
+            if self.state.cgroup.is_none() {
+                self.state.children_files = false;
+                self.state.mechanism = "subreaper_proc_scan";
+            }
         }
 
         pub fn cgroup(&self) -> Option<&RunCgroup> {
@@ -472,14 +491,13 @@ mod imp {
             if let Some(cg) = &self.state.cgroup {
                 match cg.pids(&mut text, &mut pids) {
                     Ok(()) => {
-                        let present: HashSet<u32> = pids.iter().copied().collect();
                         for p in &pids {
                             if !self.live.contains(p) {
                                 found.push((*p, ProcessRelation::Descendant));
                             }
                         }
                         // Exited members leave cgroup.procs.
-                        self.live.retain(|p| present.contains(p));
+                        self.live.retain(|p| pids.contains(p));
                     }
                     Err(e) => {
                         let msg = format!("reading {}/cgroup.procs: {e}", cg.path().display());
@@ -509,12 +527,14 @@ mod imp {
 
             // Orphans re-parented to agentdiff (the subreaper) are children of its main thread.
             pids.clear();
-            path.clear();
-            {
-                use std::fmt::Write;
-                let _ = write!(path, "/proc/{0}/task/{0}/children", self.self_pid);
+            if let Some(f) = &self.state.self_children {
+                if cgroup::read_from_start(f, &mut text).is_ok() {
+                    pids.extend(
+                        text.split_ascii_whitespace()
+                            .filter_map(|w| w.parse::<u32>().ok()),
+                    );
+                }
             }
-            Self::read_children(&path, &mut text, &mut pids);
             for &c in &pids {
                 if c == self.root {
                     continue;
@@ -745,6 +765,10 @@ mod tests {
         assert_eq!(
             TrackingRequest::parse("proc_poll"),
             Some(TrackingRequest::ProcPoll)
+        );
+        assert_eq!(
+            TrackingRequest::parse("proc_scan"),
+            Some(TrackingRequest::ProcScan)
         );
         assert_eq!(TrackingRequest::parse("x"), None);
     }
