@@ -286,8 +286,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let evidence = match launch(req.backend, &spec, req.stdio.clone(), req.interrupt.clone()).await
     {
         Ok(mut ev) => {
-            if ev.environment.is_none() {
-                ev.environment = Some(env_plan.evidence.clone());
+            // The backend fingerprints what it really passed; how it was chosen (inherit or
+            // scrub, and what was dropped) is the transaction's plan.
+            match ev.environment.as_mut() {
+                Some(env) => {
+                    env.mode = env_plan.evidence.mode.clone();
+                    env.dropped = env_plan.evidence.dropped.clone();
+                }
+                None => ev.environment = Some(env_plan.evidence.clone()),
             }
             ev
         }
