@@ -1,1 +1,2 @@
 mod policy_cli;
+mod rollback_cli;
