@@ -5,7 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use agentdiff_engine::policy::{self, LoadedPolicy, Phase, PolicySource, POLICY_FILE_NAME};
+use agentdiff_engine::policy::{
+    self, LoadedPolicy, Phase, PolicyError, PolicySource, POLICY_FILE_NAME,
+};
 use agentdiff_engine::redact::escape_terminal;
 use anyhow::Context;
 
@@ -85,9 +87,13 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Load the policy in force; every failure is an invalid-configuration error.
+/// Load the policy in force: an unusable `--root` is a usage error, every other failure an
+/// invalid-configuration error.
 fn load(root: &Path, explicit: Option<&Path>) -> anyhow::Result<LoadedPolicy> {
-    policy::load(root, explicit).map_err(|err| with_code(INVALID_CONFIG, err))
+    policy::load(root, explicit).map_err(|err| match err {
+        PolicyError::Root { .. } => with_code(USAGE, err),
+        _ => with_code(INVALID_CONFIG, err),
+    })
 }
 
 fn init(args: InitArgs) -> anyhow::Result<ExitCode> {

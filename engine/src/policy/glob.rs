@@ -153,6 +153,16 @@ mod tests {
     }
 
     #[test]
+    fn classes_and_alternatives() {
+        let s = set(&["a[!x]b", "{docs,site}/*.md", "k[0-9]"]);
+        assert_eq!(first(&s, "ayb"), Some(0));
+        assert_eq!(first(&s, "axb"), None);
+        assert_eq!(first(&s, "a/b"), None);
+        assert_eq!(first(&s, "site/a.md"), Some(1));
+        assert_eq!(first(&s, "k7"), Some(2));
+    }
+
+    #[test]
     fn star_matches_dotfiles() {
         let s = set(&["**/*.key"]);
         assert_eq!(first(&s, ".ssh/.id.key"), Some(0));

@@ -52,6 +52,22 @@ pub fn load(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, Policy
     if let Some(path) = explicit {
         return load_file(path);
     }
+    // A mistyped root must not look like "no policy file here" and fall back to the built-in.
+    match std::fs::metadata(root) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(PolicyError::Root {
+                path: root.to_owned(),
+                source: std::io::Error::other("not a directory"),
+            })
+        }
+        Err(source) => {
+            return Err(PolicyError::Root {
+                path: root.to_owned(),
+                source,
+            })
+        }
+    }
     let default = root.join(POLICY_FILE_NAME);
     match std::fs::symlink_metadata(&default) {
         Ok(_) => return load_file(&default),

@@ -457,6 +457,14 @@ fn load_discovers_the_project_file() {
         load(dir.path(), Some(&explicit)).unwrap().policy.version(),
         2
     );
+    assert!(matches!(
+        load(&dir.path().join("no-such-root"), None),
+        Err(PolicyError::Root { .. })
+    ));
+    assert!(matches!(
+        load(&dir.path().join(POLICY_FILE_NAME), None),
+        Err(PolicyError::Root { .. })
+    ));
     let missing = dir.path().join("missing.yaml");
     assert!(matches!(
         load(dir.path(), Some(&missing)),
