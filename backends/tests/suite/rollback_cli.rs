@@ -350,3 +350,107 @@ fn an_aborted_rollback_is_finished_by_running_it_again() {
         assert!(stdout.contains("already_restored"), "n={n}: {stdout}");
     }
 }
+
+/// Records `script` through `agentdiff run` itself (built-in or project policy).
+fn agentdiff_run(root: &Path, id: &str, script: &str) {
+    let out = agentdiff(
+        root,
+        &["run", "--run-id", id, "--", "sh", "-c", script],
+        &[],
+    );
+    assert!(
+        out.status.code().is_some(),
+        "agentdiff run died: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        root.join(".agentdiff/runs")
+            .join(id)
+            .join("integrity.json")
+            .exists(),
+        "run {id} was not sealed: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn end_to_end_agentdiff_run_then_rollback() {
+    let (_t, root) = project();
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 1\nfilesystem:\n  allow_write:\n    - dir/**\n  deny:\n    - b.txt\n  default: review\n",
+    )
+    .unwrap();
+    let pre = snapshot(&root);
+    agentdiff_run(&root, "e2e", SCRIPT);
+    assert_ne!(snapshot(&root), pre);
+
+    // --safe-only: a.txt/c.txt (review) and b.txt (deny); the `dir` tree is allowed and stays gone.
+    let out = agentdiff(
+        &root,
+        &["rollback", "e2e", "--safe-only", "--format", "json"],
+        &[],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let outcome = |path: &str| {
+        report["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["path"] == path)
+            .map(|i| i["outcome"].as_str().unwrap().to_string())
+    };
+    assert_eq!(outcome("a.txt").as_deref(), Some("restored"), "{report:#}");
+    assert_eq!(outcome("b.txt").as_deref(), Some("removed"));
+    assert_eq!(outcome("c.txt").as_deref(), Some("recreated"));
+    assert_eq!(outcome("dir"), None);
+    assert!(!root.join("dir").exists());
+    assert!(report["not_selected"].as_u64().unwrap() >= 4);
+
+    // --all finishes the tree; the capsule still verifies (recovery artifacts are not sealed).
+    let out = agentdiff(&root, &["rollback", "e2e", "--all"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert_eq!(snapshot(&root), pre);
+    let out = agentdiff(&root, &["verify", "e2e"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let out = agentdiff(&root, &["rollback", "e2e", "--all"], &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stdout.contains("0 restored, 0 removed, 0 recreated, 7 already restored"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn end_to_end_rollback_disabled_by_policy_exits_65() {
+    let (_t, root) = project();
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 1\nfilesystem:\n  default: review\nrollback:\n  enabled: false\n",
+    )
+    .unwrap();
+    agentdiff_run(&root, "off", "rm a.txt");
+    let out = agentdiff(&root, &["rollback", "off", "--all"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(INVALID_CONFIG),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!root.join("a.txt").exists());
+}

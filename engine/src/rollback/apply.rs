@@ -423,8 +423,7 @@ pub struct Applier<'a> {
     dry_run: bool,
     fault: Option<Fault>,
     steps: usize,
-    /// Names that are in their expected state but must not count as "extra" when a directory is
-    /// checked for emptiness (the run's own entries that were not selected).
+    /// Temporary files of an interrupted earlier run removed by [`Applier::clean_stale_temps`].
     pub temps_removed: usize,
 }
 
@@ -501,9 +500,9 @@ impl<'a> Applier<'a> {
         }
     }
 
-    /// Applies one op. `extra_ok` lists names inside a directory to be removed that belong to
-    /// the run but were not selected (they make the directory non-empty without being a
-    /// conflict).
+    /// Applies one op. `unselected_children` lists names inside a directory to be removed that
+    /// the run created but that were not selected (they keep the directory non-empty without
+    /// being a conflict).
     pub fn apply(&mut self, op: &ApplyOp, unselected_children: &[String]) -> Step<OpResult> {
         let (parent_rel, name) = split_path(&op.path);
         let parent = match self.root.open_relative(parent_rel) {
