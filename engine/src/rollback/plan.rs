@@ -180,7 +180,9 @@ pub fn plan(
         });
     }
 
-    // 4. Every recorded path must stay below the root and never cross a recorded symlink.
+    // 4. Every recorded path must stay below the root and, in each manifest that holds it, sit
+    //    below recorded directories only (the scanner never descends a symlink; a directory
+    //    replaced by a file between the two scans is a legitimate change and is handled per path).
     for change in &result.changes {
         validate_recorded_path(&change.path).map_err(|reason| RollbackError::UnsafePath {
             path: change.path.clone(),
@@ -189,6 +191,9 @@ pub fn plan(
         let mut prefix = change.path.as_str();
         while let Some(parent) = parent_of(prefix) {
             for m in [&before, &after] {
+                if !m.entries.contains_key(&change.path) {
+                    continue;
+                }
                 if let Some(e) = m.entries.get(parent) {
                     if e.kind != EntryKind::Directory {
                         return Err(RollbackError::UnsafePath {

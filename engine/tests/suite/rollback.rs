@@ -866,3 +866,45 @@ fn a_fault_after_every_step_then_a_rerun_ends_with_the_pre_run_tree() {
         n += 1;
     }
 }
+
+#[test]
+fn a_directory_replaced_by_a_file_is_handled_per_path() {
+    let (_t, root) = project();
+    write(&root, "d/x.txt", "x\n", 0o644);
+    write(&root, "a.txt", "a\n", 0o644);
+    record(&root, &Recording::new("rm -rf d; echo file > d; rm a.txt"));
+    let report = rollback_all(&root);
+    assert_eq!(outcome_of(&report, "d").outcome, Outcome::Skipped);
+    let x = outcome_of(&report, "d/x.txt");
+    assert_eq!(x.outcome, Outcome::Conflict, "{x:?}");
+    assert_eq!(outcome_of(&report, "a.txt").outcome, Outcome::Recreated);
+    assert_eq!(fs::read_to_string(root.join("d")).unwrap(), "file\n");
+}
+
+#[test]
+fn a_directory_replaced_by_a_symlink_by_the_run_refuses_unless_narrowed() {
+    let (t, root) = project();
+    let outside = t.path().join("elsewhere");
+    fs::create_dir(&outside).unwrap();
+    write(&root, "d/x.txt", "x\n", 0o644);
+    write(&root, "a.txt", "a\n", 0o644);
+    let script = format!("rm -rf d; ln -s {} d; rm a.txt", outside.display());
+    record(&root, &Recording::new(&script));
+    let err = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RollbackError::CrossesSymlink { .. }), "{err}");
+    assert!(fs::read_dir(&outside).unwrap().next().is_none());
+    let report = try_rollback(
+        &root,
+        &selection(Scope::All, &["a.txt"]),
+        &ExecuteOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.status, ReportStatus::Complete);
+    assert_eq!(fs::read_to_string(root.join("a.txt")).unwrap(), "a\n");
+    assert!(fs::read_dir(&outside).unwrap().next().is_none());
+}
