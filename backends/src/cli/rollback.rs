@@ -112,9 +112,7 @@ fn rollback_error(e: RollbackError) -> anyhow::Error {
         | RollbackError::InvalidPathArgument { .. }
         | RollbackError::RootMismatch { .. } => exit::USAGE,
         RollbackError::CrossesSymlink { .. } => exit::CONFLICT,
-        RollbackError::Io { .. }
-        | RollbackError::FaultInjected { .. }
-        | RollbackError::UnsupportedPlatform => exit::INTERNAL,
+        RollbackError::Io { .. } | RollbackError::FaultInjected { .. } => exit::INTERNAL,
     };
     with_code(code, e)
 }

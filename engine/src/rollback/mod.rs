@@ -17,7 +17,6 @@ pub mod apply;
 pub mod diff_preview;
 pub mod plan;
 pub mod report;
-#[cfg(unix)]
 pub mod secure_dir;
 
 use std::path::PathBuf;
@@ -127,32 +126,12 @@ pub enum RollbackError {
 
     #[error("injected fault after {after_ops} operations (test only)")]
     FaultInjected { after_ops: usize },
-
-    #[error("rollback needs POSIX directory-handle calls, which this platform lacks")]
-    UnsupportedPlatform,
 }
 
 /// Executes `plan`: checks and writes every path (unless `opts.dry_run`), then records
 /// `rollback-result.json` (plus a `rollback-<time>.json` history copy) and recovery events in
 /// `capsule`. A dry run writes nothing anywhere.
 pub fn execute(
-    capsule: &Capsule,
-    plan: &Plan,
-    opts: &ExecuteOptions,
-) -> Result<Report, RollbackError> {
-    #[cfg(unix)]
-    {
-        execute_unix(capsule, plan, opts)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (capsule, plan, opts);
-        Err(RollbackError::UnsupportedPlatform)
-    }
-}
-
-#[cfg(unix)]
-fn execute_unix(
     capsule: &Capsule,
     plan: &Plan,
     opts: &ExecuteOptions,

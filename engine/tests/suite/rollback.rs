@@ -908,3 +908,69 @@ fn a_directory_replaced_by_a_symlink_by_the_run_refuses_unless_narrowed() {
     assert_eq!(fs::read_to_string(root.join("a.txt")).unwrap(), "a\n");
     assert!(fs::read_dir(&outside).unwrap().next().is_none());
 }
+
+#[test]
+fn a_parent_swapped_for_a_symlink_between_steps_of_one_execution_writes_nothing_outside() {
+    let (t, root) = project();
+    write(&root, "a.txt", "a before\n", 0o644);
+    write(&root, "sub/f.txt", "before\n", 0o644);
+    write(&root, "sub/g.txt", "gone\n", 0o644);
+    record(
+        &root,
+        &Recording::new(
+            "echo more >> a.txt; echo after > sub/f.txt; rm sub/g.txt; echo n > sub/n.txt",
+        ),
+    );
+    let outside = t.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("f.txt"), "after\n").unwrap();
+    fs::write(outside.join("n.txt"), "n\n").unwrap();
+    let outside_before = snapshot(&outside);
+
+    let store = Store::open_existing(&root).unwrap();
+    let capsule = store.open_run("run1").unwrap();
+    let p = plan(
+        &capsule,
+        store.objects(),
+        &root,
+        &selection(Scope::All, &[]),
+    )
+    .unwrap();
+    // a.txt (first in order) takes two steps: the temporary file, the rename. Stop there, swap
+    // `sub` for a symlink, and let the same execution plan continue.
+    let first = execute(
+        &capsule,
+        &p,
+        &ExecuteOptions {
+            dry_run: false,
+            fault: Some(Fault {
+                after_ops: 2,
+                action: FaultAction::Stop,
+            }),
+        },
+    );
+    assert!(
+        matches!(first, Err(RollbackError::FaultInjected { after_ops: 2 })),
+        "{first:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("a.txt")).unwrap(),
+        "a before\n"
+    );
+    fs::rename(root.join("sub"), t.path().join("sub-moved")).unwrap();
+    symlink(&outside, root.join("sub")).unwrap();
+    let report = execute(&capsule, &p, &ExecuteOptions::default()).unwrap();
+    assert_eq!(snapshot(&outside), outside_before, "{report:#?}");
+    assert_eq!(
+        outcome_of(&report, "a.txt").outcome,
+        Outcome::AlreadyRestored
+    );
+    for path in ["sub/f.txt", "sub/g.txt", "sub/n.txt"] {
+        assert_eq!(
+            outcome_of(&report, path).outcome,
+            Outcome::Conflict,
+            "{path}"
+        );
+    }
+    assert_eq!(report.status, ReportStatus::Incomplete);
+}
