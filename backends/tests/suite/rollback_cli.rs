@@ -198,7 +198,7 @@ fn a_conflict_exits_68_and_keeps_the_edit() {
     assert_eq!(out.status.code(), Some(CONFLICT), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("conflict         a.txt"), "{stdout}");
-    assert!(stdout.contains("content differs"), "{stdout}");
+    assert!(stdout.contains("content was changed"), "{stdout}");
     let last = stdout.trim_end().lines().last().unwrap().to_string();
     assert!(last.starts_with("rollback INCOMPLETE"), "{last}");
     assert_eq!(

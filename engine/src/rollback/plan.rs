@@ -323,6 +323,11 @@ pub fn plan(
 
     // Children of a directory to be removed that the run created but that are not selected.
     let mut unselected_children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let applied: BTreeSet<&str> = items
+        .iter()
+        .filter(|i| matches!(i.step, PlannedStep::Apply(_)))
+        .map(|i| i.path.as_str())
+        .collect();
     for item in &items {
         if matches!(&item.step, PlannedStep::Apply(op) if op.kind == OpKind::RemoveDir) {
             let prefix = format!("{}/", item.path);
@@ -330,12 +335,7 @@ pub fn plan(
                 .entries
                 .range(prefix.clone()..)
                 .take_while(|(p, _)| p.starts_with(&prefix))
-                .filter(|(p, _)| {
-                    !matches!(
-                        items.iter().find(|i| &i.path == *p).map(|i| &i.step),
-                        Some(PlannedStep::Apply(_))
-                    )
-                })
+                .filter(|(p, _)| !applied.contains(p.as_str()))
                 .filter_map(|(p, _)| p[prefix.len()..].split('/').next().map(str::to_string))
                 .collect();
             unselected_children.insert(item.path.clone(), names.into_iter().collect());

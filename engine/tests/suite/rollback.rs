@@ -329,7 +329,7 @@ fn a_file_edited_after_the_run_is_a_conflict_and_keeps_the_edit_byte_for_byte() 
     let a = outcome_of(&report, "a.txt");
     assert_eq!(a.outcome, Outcome::Conflict);
     assert!(
-        a.reason.as_deref().unwrap().contains("content differs"),
+        a.reason.as_deref().unwrap().contains("content was changed"),
         "{a:?}"
     );
     assert_eq!(outcome_of(&report, "c.txt").outcome, Outcome::Conflict);
@@ -358,7 +358,13 @@ fn a_mode_change_after_the_run_is_a_conflict() {
     let report = rollback_all(&root);
     let a = outcome_of(&report, "a.txt");
     assert_eq!(a.outcome, Outcome::Conflict);
-    assert!(a.reason.as_deref().unwrap().contains("mode"), "{a:?}");
+    assert!(
+        a.reason
+            .as_deref()
+            .unwrap()
+            .contains("permissions were changed to 0600"),
+        "{a:?}"
+    );
     assert_eq!(
         fs::read_to_string(root.join("a.txt")).unwrap(),
         "alpha\nmore\n"
@@ -972,5 +978,48 @@ fn a_parent_swapped_for_a_symlink_between_steps_of_one_execution_writes_nothing_
             "{path}"
         );
     }
+    assert_eq!(report.status, ReportStatus::Incomplete);
+}
+
+#[test]
+fn created_directory_trees_in_a_dry_run_and_with_a_kept_child() {
+    let (_t, root) = project();
+    write(&root, "keep.txt", "k\n", 0o644);
+    record(
+        &root,
+        &Recording::new("mkdir -p new/deep; echo f > new/deep/f; echo g > new/g"),
+    );
+    // The dry run predicts the whole tree goes (its children would be removed first).
+    let report = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions {
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for path in ["new", "new/deep", "new/deep/f", "new/g"] {
+        assert_eq!(
+            outcome_of(&report, path).outcome,
+            Outcome::WouldRemove,
+            "{path}"
+        );
+    }
+    // A later edit of new/deep/f keeps it, so new/deep and new are kept as well: skipped with a
+    // reason pointing at their contents, not reported as someone else's additions.
+    fs::write(root.join("new/deep/f"), "edited\n").unwrap();
+    let report = rollback_all(&root);
+    assert_eq!(outcome_of(&report, "new/deep/f").outcome, Outcome::Conflict);
+    assert_eq!(outcome_of(&report, "new/g").outcome, Outcome::Removed);
+    for path in ["new/deep", "new"] {
+        let item = outcome_of(&report, path);
+        assert_eq!(item.outcome, Outcome::Skipped, "{item:?}");
+        assert!(item.reason.as_deref().unwrap().contains("kept"), "{item:?}");
+    }
+    assert_eq!(
+        fs::read_to_string(root.join("new/deep/f")).unwrap(),
+        "edited\n"
+    );
     assert_eq!(report.status, ReportStatus::Incomplete);
 }
