@@ -812,12 +812,14 @@ impl<'a> Applier<'a> {
         let (Current::File { meta, file, .. }, Some(target)) = (current, &op.target) else {
             return Ok(OpResult::with(Outcome::Failed, "not a regular file"));
         };
-        match parent.stat(name) {
-            Ok(Some(now)) if now.same_identity(&meta) => {}
+        match (parent.stat(name), secure_dir::file_meta(&file)) {
+            (Ok(Some(now)), Ok(fd_now))
+                if now.same_identity(&meta) && fd_now.unchanged_since(&meta) => {}
             _ => {
                 return Ok(OpResult::with(
                     Outcome::Conflict,
-                    "it was replaced while being restored; the current state was preserved",
+                    "it was replaced or modified while being restored; the current state was \
+                     preserved",
                 ))
             }
         }

@@ -93,8 +93,13 @@ pub fn validate_recorded_path(path: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything).
-fn normalize_arg(arg: &str) -> Result<String, &'static str> {
+/// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything; an absolute path below the
+/// root → relative to it).
+fn normalize_arg(arg: &str, root: &Path) -> Result<String, &'static str> {
+    let arg = match Path::new(arg).strip_prefix(root) {
+        Ok(rel) if Path::new(arg).is_absolute() => rel.to_str().ok_or("not valid UTF-8")?,
+        _ => arg,
+    };
     let mut s = arg.trim_end_matches('/');
     while let Some(rest) = s.strip_prefix("./") {
         s = rest.trim_start_matches('/');
@@ -216,10 +221,11 @@ pub fn plan(
     // 5. Selection.
     let mut filters = Vec::new();
     for arg in &selection.paths {
-        let p = normalize_arg(arg).map_err(|reason| RollbackError::InvalidPathArgument {
-            path: arg.clone(),
-            reason: reason.to_string(),
-        })?;
+        let p =
+            normalize_arg(arg, &given).map_err(|reason| RollbackError::InvalidPathArgument {
+                path: arg.clone(),
+                reason: reason.to_string(),
+            })?;
         if !result.changes.iter().any(|c| under(&c.path, &p)) {
             return Err(RollbackError::UnknownPath { path: arg.clone() });
         }
@@ -445,9 +451,14 @@ mod tests {
 
     #[test]
     fn path_arguments_are_normalized() {
-        assert_eq!(normalize_arg("./dir/").unwrap(), "dir");
-        assert_eq!(normalize_arg(".").unwrap(), "");
-        assert!(normalize_arg("../x").is_err());
+        let root = Path::new("/p/root");
+        assert_eq!(normalize_arg("./dir/", root).unwrap(), "dir");
+        assert_eq!(normalize_arg(".", root).unwrap(), "");
+        assert_eq!(normalize_arg("/p/root/a/b", root).unwrap(), "a/b");
+        assert_eq!(normalize_arg("/p/root", root).unwrap(), "");
+        assert!(normalize_arg("/p/rootx/a", root).is_err());
+        assert!(normalize_arg("/etc/passwd", root).is_err());
+        assert!(normalize_arg("../x", root).is_err());
         assert!(under("dir/a", "dir"));
         assert!(!under("dirx/a", "dir"));
         assert!(under("anything", ""));
