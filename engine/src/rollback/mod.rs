@@ -223,7 +223,7 @@ pub fn execute(
             DirChildren::default()
         };
         let r = applier
-            .apply(op, &children)
+            .apply_with(op, &children)
             .map_err(|e| RollbackError::FaultInjected {
                 after_ops: e.after_ops,
             })?;
