@@ -1023,3 +1023,37 @@ fn created_directory_trees_in_a_dry_run_and_with_a_kept_child() {
     );
     assert_eq!(report.status, ReportStatus::Incomplete);
 }
+
+#[test]
+fn a_path_replaced_by_a_symlink_or_a_fifo_after_the_run_is_a_conflict_and_untouched() {
+    let (t, root) = project();
+    write(&root, "a.txt", "alpha\n", 0o644);
+    write(&root, "c.txt", "gamma\n", 0o644);
+    record(&root, &Recording::new("echo x >> a.txt; rm c.txt"));
+    // a.txt becomes a symlink to an outside file holding exactly the post-run content.
+    let outside = t.path().join("outside.txt");
+    fs::write(&outside, "alpha\nx\n").unwrap();
+    fs::remove_file(root.join("a.txt")).unwrap();
+    symlink(&outside, root.join("a.txt")).unwrap();
+    sh(&root, "mkfifo c.txt");
+    let report = rollback_all(&root);
+    let a = outcome_of(&report, "a.txt");
+    assert_eq!(a.outcome, Outcome::Conflict, "{a:?}");
+    assert!(a.reason.as_deref().unwrap().contains("symlink"), "{a:?}");
+    let c = outcome_of(&report, "c.txt");
+    assert_eq!(c.outcome, Outcome::Conflict, "{c:?}");
+    assert!(
+        c.reason.as_deref().unwrap().contains("special file"),
+        "{c:?}"
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "alpha\nx\n");
+    assert!(fs::symlink_metadata(root.join("a.txt"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::symlink_metadata(root.join("c.txt"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+}
