@@ -17,6 +17,8 @@ pub struct RunCgroup {
     path: PathBuf,
     /// `cgroup.procs` opened for writing before the fork, so the child joins with one `write`.
     procs_w: OwnedFd,
+    /// The cgroup directory, for `clone3(CLONE_INTO_CGROUP)`.
+    dir: OwnedFd,
     /// The path as `/proc/PID/cgroup` shows it (`0::<rel>`), to verify membership.
     rel: String,
 }
@@ -69,11 +71,28 @@ impl RunCgroup {
                 return Err(format!("cannot open {}/cgroup.procs: {e}", path.display()));
             }
         };
-        Ok(RunCgroup { path, procs_w, rel })
+        let dir = match std::fs::File::open(&path) {
+            Ok(f) => OwnedFd::from(f),
+            Err(e) => {
+                let _ = std::fs::remove_dir(&path);
+                return Err(format!("cannot open {}: {e}", path.display()));
+            }
+        };
+        Ok(RunCgroup {
+            path,
+            procs_w,
+            dir,
+            rel,
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The cgroup directory descriptor (for `clone3`).
+    pub fn dir_fd(&self) -> RawFd {
+        self.dir.as_raw_fd()
     }
 
     /// The descriptor the child writes `0` to (async-signal-safe join after fork).

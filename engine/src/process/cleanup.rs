@@ -467,7 +467,8 @@ mod imp {
     }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests {
     use std::process::{Command, Stdio};
     use std::time::Duration;
@@ -498,7 +499,13 @@ mod tests {
 
     #[test]
     fn live_process_is_terminated_and_reused_pid_is_refused() {
-        let mut a = sleeper("exec sleep 300");
+        let mut a = KillOnDrop(
+            Command::new("sleep")
+                .arg("300")
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         let mut id = read_identity(a.0.id()).unwrap();
         // A record with the wrong start time is a different process: never signalled.
         id.start_time_ticks += 7;

@@ -11,6 +11,8 @@ pub mod cgroup;
 pub mod cleanup;
 pub mod identity;
 pub mod ports;
+#[cfg(target_os = "linux")]
+pub mod spawn;
 pub mod supervisor;
 pub mod terminal;
 pub mod tracker;

@@ -95,6 +95,7 @@ pub use unix::spawn_supervised;
 
 #[cfg(unix)]
 mod unix {
+    use std::os::fd::{AsFd, OwnedFd};
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
 
@@ -105,43 +106,86 @@ mod unix {
     use crate::process::terminal::{self, Terminal};
     use crate::process::tracker::{self, Tracker, TrackingRequest};
 
-    fn open_stdio(ctx: &LaunchContext, cmd: &mut Command) -> Result<(), ProcessError> {
-        match &ctx.stdio {
-            StdioMode::Inherit => {
-                cmd.stdin(Stdio::inherit())
-                    .stdout(Stdio::inherit())
-                    .stderr(Stdio::inherit());
-            }
+    /// Replacement descriptors for the child's fds 0, 1, 2 (`None` = inherit).
+    fn stdio_fds(ctx: &LaunchContext) -> Result<[Option<OwnedFd>; 3], ProcessError> {
+        let open = |p: &std::path::Path, write: bool| -> Result<OwnedFd, ProcessError> {
+            let f = if write {
+                std::fs::File::create(p)
+            } else {
+                std::fs::File::open(p)
+            };
+            f.map(OwnedFd::from)
+                .map_err(|e| ProcessError::io(p.display().to_string(), e))
+        };
+        Ok(match &ctx.stdio {
+            StdioMode::Inherit => [None, None, None],
             StdioMode::StdoutToStderr => {
-                use std::os::fd::AsFd;
                 let err = std::io::stderr()
                     .as_fd()
                     .try_clone_to_owned()
                     .map_err(|e| ProcessError::io("a duplicate of stderr", e))?;
-                cmd.stdin(Stdio::inherit())
-                    .stdout(Stdio::from(err))
-                    .stderr(Stdio::inherit());
+                [None, Some(err), None]
             }
             StdioMode::Files {
                 stdin,
                 stdout,
                 stderr,
-            } => {
-                let input = match stdin {
-                    Some(p) => Stdio::from(
-                        std::fs::File::open(p)
-                            .map_err(|e| ProcessError::io(p.display().to_string(), e))?,
-                    ),
-                    None => Stdio::null(),
-                };
-                let out = std::fs::File::create(stdout)
-                    .map_err(|e| ProcessError::io(stdout.display().to_string(), e))?;
-                let err = std::fs::File::create(stderr)
-                    .map_err(|e| ProcessError::io(stderr.display().to_string(), e))?;
-                cmd.stdin(input).stdout(out).stderr(err);
-            }
+            } => [
+                Some(match stdin {
+                    Some(p) => open(p, false)?,
+                    None => open(std::path::Path::new("/dev/null"), false)?,
+                }),
+                Some(open(stdout, true)?),
+                Some(open(stderr, true)?),
+            ],
+        })
+    }
+
+    /// fork + exec through std, joining the run cgroup (if any) between the two.
+    fn std_spawn(
+        prepared: &PreparedLaunch,
+        stdio: [Option<OwnedFd>; 3],
+        cgroup_fd: Option<i32>,
+        foreground: bool,
+    ) -> Result<(u32, Option<OwnedFd>), ProcessError> {
+        let mut cmd = Command::new(&prepared.program);
+        cmd.args(&prepared.args)
+            .env_clear()
+            .envs(prepared.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&prepared.cwd)
+            .process_group(0);
+        let [i, o, e] = stdio;
+        let pick = |fd: Option<OwnedFd>| fd.map_or_else(Stdio::inherit, Stdio::from);
+        cmd.stdin(pick(i)).stdout(pick(o)).stderr(pick(e));
+        // SAFETY: the closure only makes async-signal-safe calls (write, sigprocmask,
+        // tcsetpgrp, getpgrp) in the single-threaded child.
+        unsafe {
+            cmd.pre_exec(move || {
+                #[cfg(target_os = "linux")]
+                if let Some(fd) = cgroup_fd {
+                    // Failure is detected by the parent (membership check) and reported.
+                    let _ = crate::process::cgroup::join_in_child(fd);
+                }
+                #[cfg(not(target_os = "linux"))]
+                let _ = cgroup_fd;
+                if foreground {
+                    let _ = terminal::child_take_foreground();
+                }
+                Ok(())
+            });
         }
-        Ok(())
+        let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            program: prepared.program.to_string_lossy().into_owned(),
+            source,
+        })?;
+        let pid = child.id();
+        // std does not reap on drop; the monitor reaps the root itself with waitpid.
+        drop(child);
+        #[cfg(target_os = "linux")]
+        let pidfd = crate::process::cleanup::pidfd_open(pid).ok();
+        #[cfg(not(target_os = "linux"))]
+        let pidfd = None;
+        Ok((pid, pidfd))
     }
 
     /// Launch `prepared` under supervision. Returns once the process runs (or failed to start).
@@ -169,53 +213,46 @@ mod unix {
             None
         };
 
-        let mut cmd = Command::new(&prepared.program);
-        cmd.args(&prepared.args)
-            .env_clear()
-            .envs(prepared.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&prepared.cwd)
-            .process_group(0);
-        open_stdio(&ctx, &mut cmd)?;
-        #[cfg(target_os = "linux")]
-        let cgroup_fd = tracker::child_setup(cgroup.as_ref()).cgroup_fd;
-        #[cfg(not(target_os = "linux"))]
-        let cgroup_fd: Option<i32> = None;
+        let stdio = stdio_fds(&ctx)?;
         let foreground = terminal.is_some();
-        // SAFETY: the closure only makes async-signal-safe calls (write, sigprocmask,
-        // tcsetpgrp, getpgrp) in the single-threaded child.
-        unsafe {
-            cmd.pre_exec(move || {
-                #[cfg(target_os = "linux")]
-                if let Some(fd) = cgroup_fd {
-                    // Failure is detected by the parent (membership check) and reported.
-                    let _ = crate::process::cgroup::join_in_child(fd);
-                }
-                #[cfg(not(target_os = "linux"))]
-                let _ = cgroup_fd;
-                if foreground {
-                    let _ = terminal::child_take_foreground();
-                }
-                Ok(())
-            });
-        }
-
         let launched = Instant::now();
-        let child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(source) => {
+        #[cfg(target_os = "linux")]
+        let spawned = match &cgroup {
+            Some(cg) => {
+                let req = crate::process::spawn::SpawnRequest {
+                    program: &prepared.program,
+                    args: &prepared.args,
+                    env: &prepared.env,
+                    cwd: &prepared.cwd,
+                    stdio: &stdio,
+                    foreground,
+                };
+                match crate::process::spawn::spawn_into_cgroup(req, cg.dir_fd()) {
+                    Ok((pid, fd)) => Ok((pid, Some(fd))),
+                    Err(crate::process::spawn::SpawnError::Failed(e)) => Err(e),
+                    Err(crate::process::spawn::SpawnError::Unsupported(e)) => {
+                        warnings.push(format!(
+                            "clone3 into the run cgroup is unavailable ({e}); the command joins \
+                             the cgroup after fork instead"
+                        ));
+                        std_spawn(&prepared, stdio, Some(cg.procs_write_fd()), foreground)
+                    }
+                }
+            }
+            None => std_spawn(&prepared, stdio, None, foreground),
+        };
+        #[cfg(not(target_os = "linux"))]
+        let spawned = std_spawn(&prepared, stdio, None, foreground);
+        let (pid, pidfd) = match spawned {
+            Ok(s) => s,
+            Err(e) => {
                 #[cfg(target_os = "linux")]
                 if let Some(cg) = cgroup {
                     let _ = cg.remove();
                 }
-                return Err(ProcessError::Spawn {
-                    program: prepared.program.to_string_lossy().into_owned(),
-                    source,
-                });
+                return Err(e);
             }
         };
-        let pid = child.id();
-        // std does not reap on drop; the monitor reaps the root itself with waitpid.
-        drop(child);
         if let Some(t) = &terminal {
             // Also from the parent, as shells do, so neither side races the other.
             t.give_to(pid as libc::pid_t);
@@ -239,6 +276,7 @@ mod unix {
             ports,
             terminal,
             warnings,
+            pidfd,
         };
         let spawned = std::thread::Builder::new()
             .name("agentdiff-monitor".into())
@@ -268,6 +306,7 @@ mod unix {
         ports: Option<PortObserver>,
         terminal: Option<Terminal>,
         warnings: Vec<String>,
+        pidfd: Option<OwnedFd>,
     }
 
     /// waitpid(pid, WNOHANG|WUNTRACED): Ok(None) while running, Ok(Some(status)) on an event.
@@ -298,22 +337,19 @@ mod unix {
             };
             let timeout = spec.timeout;
             let grace = spec.grace;
-            #[cfg(target_os = "linux")]
-            let pidfd = crate::process::cleanup::pidfd_open(self.pid).ok();
+            let pidfd = self.pidfd.take();
             let mut last_ports = Instant::now();
             let mut status: Option<i32> = None;
             let mut errors: Vec<String> = Vec::new();
 
             let end = loop {
-                #[cfg(target_os = "linux")]
                 match &pidfd {
+                    #[cfg(target_os = "linux")]
                     Some(fd) => {
                         crate::process::cleanup::pidfd_wait(fd, interval);
                     }
-                    None => std::thread::sleep(interval),
+                    _ => std::thread::sleep(interval),
                 }
-                #[cfg(not(target_os = "linux"))]
-                std::thread::sleep(interval);
 
                 match poll_status(self.pid) {
                     Ok(None) => {}
@@ -357,6 +393,7 @@ mod unix {
             if end == End::Exited {
                 self.tracker.mark_alive_after_root_exit();
             }
+            self.tracker.refresh_executables();
             if let Some(p) = &mut self.ports {
                 // Before cleanup, while leftovers still hold their sockets.
                 p.sample(&self.tracker.live_identities());
@@ -377,20 +414,15 @@ mod unix {
             opts.reap_except = Some(self.pid);
             for round in 0..5 {
                 self.tracker.refresh_liveness();
+                // Executables are re-read by cleanup after verification (a process may have
+                // exec'd since it was first seen); the recorded name fills in otherwise.
                 let targets: Vec<CleanupTarget> = self
                     .tracker
                     .live_identities()
                     .into_iter()
                     .filter(|(pid, _)| status.is_none() || *pid != self.pid)
-                    .map(|(pid, identity)| CleanupTarget {
-                        executable: self
-                            .tracker
-                            .records()
-                            .iter()
-                            .rev()
-                            .find(|r| r.identity.pid == pid)
-                            .map(|r| r.executable.clone())
-                            .unwrap_or_default(),
+                    .map(|(_, identity)| CleanupTarget {
+                        executable: String::new(),
                         identity,
                     })
                     .collect();
@@ -403,7 +435,17 @@ mod unix {
                         targets.len()
                     ));
                 }
-                let r = cleanup_targets(&targets, &opts);
+                let mut r = cleanup_targets(&targets, &opts);
+                for rec in r.records.iter_mut().filter(|r| r.executable.is_empty()) {
+                    if let Some(p) = self
+                        .tracker
+                        .records()
+                        .iter()
+                        .find(|p| p.identity == rec.identity)
+                    {
+                        rec.executable = p.executable.clone();
+                    }
+                }
                 cleanup.mechanism = r.mechanism;
                 cleanup.records.extend(r.records);
                 cleanup.errors.extend(r.errors);

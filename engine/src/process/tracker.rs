@@ -116,6 +116,13 @@ impl Tracker {
         if stat.start_time_ticks < self.root_start {
             return false;
         }
+        // Already recorded under this identity: nothing new (a pid reused within the run is a
+        // new process and gets its own record).
+        if let Some(&i) = self.index.get(&pid) {
+            if self.records[i].identity.start_time_ticks == stat.start_time_ticks {
+                return false;
+            }
+        }
         let relation = if pid == self.root {
             ProcessRelation::Root
         } else if stat.ppid == self.self_pid {
@@ -165,6 +172,22 @@ impl Tracker {
             }
         }
         self.refresh_liveness();
+    }
+
+    /// Re-read the executable of every live process: a process first seen before its `exec`
+    /// (`setsid sleep …`) is recorded under the program it runs now.
+    pub fn refresh_executables(&mut self) {
+        for pid in self.live.clone() {
+            let Some(&i) = self.index.get(&pid) else {
+                continue;
+            };
+            if let Ok(s) = read_stat(pid) {
+                if s.start_time_ticks == self.records[i].identity.start_time_ticks && !s.is_zombie()
+                {
+                    self.records[i].executable = executable_name(pid, &s.comm);
+                }
+            }
+        }
     }
 
     /// Drop pids that no longer exist (or whose pid was recycled) from the live set.
@@ -451,7 +474,7 @@ mod imp {
                     Ok(()) => {
                         let present: HashSet<u32> = pids.iter().copied().collect();
                         for p in &pids {
-                            if !self.index.contains_key(p) {
+                            if !self.live.contains(p) {
                                 found.push((*p, ProcessRelation::Descendant));
                             }
                         }
@@ -474,7 +497,7 @@ mod imp {
                         continue;
                     }
                     for c in &pids {
-                        if !self.index.contains_key(c) {
+                        if !self.live.contains(c) {
                             found.push((*c, ProcessRelation::Descendant));
                         }
                     }
@@ -498,13 +521,22 @@ mod imp {
                 }
                 match self.index.get(&c) {
                     Some(&i) => {
+                        let Ok(stat) = read_stat(c) else { continue };
                         let r = &mut self.records[i];
+                        if stat.start_time_ticks != r.identity.start_time_ticks {
+                            // A recycled pid: a new child of ours, judged as an unknown one.
+                            if self.state.cgroup.is_none() && self.claimable_orphan(c) {
+                                found.push((c, ProcessRelation::Reparented));
+                            }
+                            continue;
+                        }
                         if r.relation == ProcessRelation::Descendant {
                             r.relation = ProcessRelation::Reparented;
                         }
-                        // A re-parented process that exited is our zombie: reap it (a no-op
-                        // while it runs).
-                        crate::process::cleanup::reap_child(c);
+                        // A re-parented process of ours that exited is our zombie: reap it.
+                        if stat.is_zombie() {
+                            crate::process::cleanup::reap_child(c);
+                        }
                     }
                     None if self.state.cgroup.is_none() && self.claimable_orphan(c) => {
                         found.push((c, ProcessRelation::Reparented));
@@ -514,9 +546,7 @@ mod imp {
             }
 
             for (pid, rel) in found {
-                if !self.index.contains_key(&pid) {
-                    self.add(pid, rel);
-                }
+                self.add(pid, rel);
             }
             self.state.pids = pids;
             self.state.text = text;
@@ -570,9 +600,6 @@ mod imp {
                 };
                 if tracked.contains(&pid) {
                     seen_live.insert(pid);
-                    continue;
-                }
-                if self.index.contains_key(&pid) {
                     continue;
                 }
                 if let Ok(stat) = read_stat(pid) {
@@ -695,7 +722,8 @@ pub use imp::prepare;
 #[cfg(target_os = "linux")]
 pub use imp::{child_setup, enable_subreaper, prepare, ChildSetup};
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests {
     use super::*;
 
