@@ -78,20 +78,26 @@ fn record(root: &Path, script: &str, rollback_enabled: bool, decision: &str) {
             &json!({ "effective": { "rollback": { "enabled": rollback_enabled } } }),
         )
         .unwrap();
-    capsule.write_artifact(Artifact::Before, &before).unwrap();
-    capsule.write_artifact(Artifact::After, &after).unwrap();
+    let before_entries = capsule
+        .write_manifest(Artifact::Before, &before, store.objects())
+        .unwrap();
+    let after_entries = capsule
+        .write_manifest(Artifact::After, &after, store.objects())
+        .unwrap();
     capsule
         .write_artifact(Artifact::Runtime, &json!({ "backend": "test" }))
         .unwrap();
     capsule
         .write_artifact(Artifact::Result, &json!({ "changes": changes }))
         .unwrap();
-    let objects: Vec<String> = before
+    let mut objects: Vec<String> = before
         .entries
         .values()
         .filter(|e| e.backup == BackupState::Stored)
         .filter_map(|e| e.sha256.clone())
         .collect();
+    objects.extend([before_entries, after_entries]);
+    store.objects().sync().unwrap();
     capsule.seal(&objects).unwrap();
 }
 

@@ -167,8 +167,8 @@ pub fn plan(
         }
     }
 
-    let before: Manifest = capsule.read_artifact(Artifact::Before)?;
-    let after: Manifest = capsule.read_artifact(Artifact::After)?;
+    let before = read_manifest(capsule, Artifact::Before, objects)?;
+    let after = read_manifest(capsule, Artifact::After, objects)?;
     let result: RecordedResult = capsule.read_artifact(Artifact::Result)?;
 
     // 3. The root the user named must be the root the run recorded.
@@ -372,6 +372,19 @@ pub fn plan(
         objects: objects.clone(),
         unselected_children,
     })
+}
+
+/// A manifest whose entries live in a (verified) content-addressed object, or, from older
+/// capsules, inline in the artifact.
+fn read_manifest(
+    capsule: &Capsule,
+    artifact: Artifact,
+    objects: &ObjectStore,
+) -> Result<Manifest, StoreError> {
+    match capsule.manifest_entries_object(artifact)? {
+        Some(_) => capsule.read_manifest(artifact, objects),
+        None => capsule.read_artifact(artifact),
+    }
 }
 
 fn op(t: Transition, kind: OpKind) -> ApplyOp {

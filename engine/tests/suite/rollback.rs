@@ -98,8 +98,12 @@ fn record(root: &Path, rec: &Recording) -> Capsule {
                                                   "max_backup_file_mb": 10 } } }),
         )
         .unwrap();
-    capsule.write_artifact(Artifact::Before, &before).unwrap();
-    capsule.write_artifact(Artifact::After, &after).unwrap();
+    let before_entries = capsule
+        .write_manifest(Artifact::Before, &before, store.objects())
+        .unwrap();
+    let after_entries = capsule
+        .write_manifest(Artifact::After, &after, store.objects())
+        .unwrap();
     capsule
         .write_artifact(Artifact::Runtime, &json!({ "backend": "test" }))
         .unwrap();
@@ -110,7 +114,10 @@ fn record(root: &Path, rec: &Recording) -> Capsule {
         )
         .unwrap();
     if rec.seal {
-        capsule.seal(&stored_objects(&before)).unwrap();
+        let mut objects = stored_objects(&before);
+        objects.extend([before_entries, after_entries]);
+        store.objects().sync().unwrap();
+        capsule.seal(&objects).unwrap();
     }
     capsule
 }
@@ -379,7 +386,9 @@ fn a_tampered_backup_object_refuses_that_path_only() {
     record(&root, &Recording::new(ISSUE_SCRIPT));
     let store = Store::open_existing(&root).unwrap();
     let capsule = store.open_run("run1").unwrap();
-    let before: Manifest = capsule.read_artifact(Artifact::Before).unwrap();
+    let before: Manifest = capsule
+        .read_manifest(Artifact::Before, store.objects())
+        .unwrap();
     let hex = before.entries["a.txt"].sha256.clone().unwrap();
     let object = store.objects().object_path(&hex).unwrap();
     fs::write(&object, "evil\n").unwrap();
@@ -1056,4 +1065,28 @@ fn a_path_replaced_by_a_symlink_or_a_fifo_after_the_run_is_a_conflict_and_untouc
         .unwrap()
         .file_type()
         .is_fifo());
+}
+
+#[test]
+fn a_tampered_manifest_entries_object_refuses_the_whole_rollback() {
+    let (_t, root) = project();
+    issue_tree(&root);
+    let capsule = record(&root, &Recording::new(ISSUE_SCRIPT));
+    let post = snapshot(&root);
+    let store = Store::open_existing(&root).unwrap();
+    let hex = capsule
+        .manifest_entries_object(Artifact::After)
+        .unwrap()
+        .unwrap();
+    let path = store.objects().object_path(&hex).unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    fs::write(&path, text.replace("\"mode\":420", "\"mode\":438")).unwrap();
+    let err = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RollbackError::Store(_)), "{err}");
+    assert_eq!(snapshot(&root), post);
 }
