@@ -193,7 +193,9 @@ mod tests {
     fn capabilities_are_honest() {
         let c = LocalBackend.capabilities();
         assert_eq!(c.level(Boundary::Processes), Level::Observed);
-        assert_eq!(c.level(Boundary::FilesystemWrites), Level::Observed);
+        // Writes outside the root are not scanned; the host tree is.
+        assert_eq!(c.level(Boundary::FilesystemWrites), Level::Uncontrolled);
+        assert_eq!(c.level(Boundary::HostRepository), Level::Observed);
         assert_eq!(c.level(Boundary::Network), Level::Uncontrolled);
         assert_eq!(c.level(Boundary::Resources), Level::Uncontrolled);
         assert_eq!(c.level(Boundary::Privileges), Level::Uncontrolled);
