@@ -323,7 +323,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             // Nothing ran, so there is no after-state to capture.
             let mut referenced = referenced_objects(&before);
             referenced.push(before_entries.clone());
-            store.objects().sync()?;
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
         }
     };
@@ -470,9 +469,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     if private_workspace {
         referenced.extend(referenced_objects(&after));
     }
-    // Backups were written without a per-file fsync; make them durable before the seal vouches
-    // for them.
-    store.objects().sync()?;
     base.command_decision = command_decision;
     base.seal(result, &referenced, None)
 }
