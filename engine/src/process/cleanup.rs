@@ -467,7 +467,8 @@ mod imp {
     }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests {
     use std::process::{Command, Stdio};
     use std::time::Duration;

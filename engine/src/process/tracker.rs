@@ -37,6 +37,9 @@ pub enum TrackingRequest {
     Cgroup,
     /// Subreaper + `/proc` polling even where a cgroup could be created.
     ProcPoll,
+    /// Subreaper + a full `/proc` scan per poll (the fallback for kernels without `children`
+    /// files; selectable to test and compare it).
+    ProcScan,
 }
 
 impl TrackingRequest {
@@ -45,6 +48,7 @@ impl TrackingRequest {
             "auto" => Some(Self::Auto),
             "cgroup" => Some(Self::Cgroup),
             "proc_poll" | "subreaper_proc_poll" | "poll" => Some(Self::ProcPoll),
+            "proc_scan" | "subreaper_proc_scan" => Some(Self::ProcScan),
             _ => None,
         }
     }
@@ -116,6 +120,13 @@ impl Tracker {
         if stat.start_time_ticks < self.root_start {
             return false;
         }
+        // Already recorded under this identity: nothing new (a pid reused within the run is a
+        // new process and gets its own record).
+        if let Some(&i) = self.index.get(&pid) {
+            if self.records[i].identity.start_time_ticks == stat.start_time_ticks {
+                return false;
+            }
+        }
         let relation = if pid == self.root {
             ProcessRelation::Root
         } else if stat.ppid == self.self_pid {
@@ -165,6 +176,22 @@ impl Tracker {
             }
         }
         self.refresh_liveness();
+    }
+
+    /// Re-read the executable of every live process: a process first seen before its `exec`
+    /// (`setsid sleep …`) is recorded under the program it runs now.
+    pub fn refresh_executables(&mut self) {
+        for pid in self.live.clone() {
+            let Some(&i) = self.index.get(&pid) else {
+                continue;
+            };
+            if let Ok(s) = read_stat(pid) {
+                if s.start_time_ticks == self.records[i].identity.start_time_ticks && !s.is_zombie()
+                {
+                    self.records[i].executable = executable_name(pid, &s.comm);
+                }
+            }
+        }
     }
 
     /// Drop pids that no longer exist (or whose pid was recycled) from the live set.
@@ -225,6 +252,8 @@ mod imp {
         path: String,
         pids: Vec<u32>,
         mechanism: &'static str,
+        /// agentdiff's own `children` file (main thread), kept open: read on every poll.
+        self_children: Option<std::fs::File>,
     }
 
     pub(super) fn claim(t: &Tracker, pid: u32) {
@@ -294,8 +323,9 @@ mod imp {
         request: TrackingRequest,
     ) -> Result<(Option<RunCgroup>, Vec<String>), ProcessError> {
         let mut warnings = Vec::new();
+        enable_subreaper()?;
         let cg = match request {
-            TrackingRequest::ProcPoll => None,
+            TrackingRequest::ProcPoll | TrackingRequest::ProcScan => None,
             TrackingRequest::Cgroup => Some(RunCgroup::create().map_err(|e| {
                 ProcessError::Unsupported(format!(
                     "cgroup tracking was requested but no run cgroup can be created: {e}; \
@@ -313,7 +343,6 @@ mod imp {
                 }
             },
         };
-        enable_subreaper()?;
         Ok((cg, warnings))
     }
 
@@ -383,6 +412,10 @@ mod imp {
                     path: String::with_capacity(64),
                     pids: Vec::with_capacity(64),
                     mechanism,
+                    self_children: std::fs::File::open(format!(
+                        "/proc/{self_pid}/task/{self_pid}/children"
+                    ))
+                    .ok(),
                 },
             };
             if !t.add(root, ProcessRelation::Root) {
@@ -395,6 +428,15 @@ mod imp {
 
         pub fn mechanism(&self) -> &'static str {
             self.state.mechanism
+        }
+
+        /// Use the full `/proc` scan even where `children` files exist (no effect with a
+        /// cgroup).
+        pub fn force_scan(&mut self) {
+            if self.state.cgroup.is_none() {
+                self.state.children_files = false;
+                self.state.mechanism = "subreaper_proc_scan";
+            }
         }
 
         pub fn cgroup(&self) -> Option<&RunCgroup> {
@@ -449,14 +491,13 @@ mod imp {
             if let Some(cg) = &self.state.cgroup {
                 match cg.pids(&mut text, &mut pids) {
                     Ok(()) => {
-                        let present: HashSet<u32> = pids.iter().copied().collect();
                         for p in &pids {
-                            if !self.index.contains_key(p) {
+                            if !self.live.contains(p) {
                                 found.push((*p, ProcessRelation::Descendant));
                             }
                         }
                         // Exited members leave cgroup.procs.
-                        self.live.retain(|p| present.contains(p));
+                        self.live.retain(|p| pids.contains(p));
                     }
                     Err(e) => {
                         let msg = format!("reading {}/cgroup.procs: {e}", cg.path().display());
@@ -474,7 +515,7 @@ mod imp {
                         continue;
                     }
                     for c in &pids {
-                        if !self.index.contains_key(c) {
+                        if !self.live.contains(c) {
                             found.push((*c, ProcessRelation::Descendant));
                         }
                     }
@@ -486,25 +527,36 @@ mod imp {
 
             // Orphans re-parented to agentdiff (the subreaper) are children of its main thread.
             pids.clear();
-            path.clear();
-            {
-                use std::fmt::Write;
-                let _ = write!(path, "/proc/{0}/task/{0}/children", self.self_pid);
+            if let Some(f) = &self.state.self_children {
+                if cgroup::read_from_start(f, &mut text).is_ok() {
+                    pids.extend(
+                        text.split_ascii_whitespace()
+                            .filter_map(|w| w.parse::<u32>().ok()),
+                    );
+                }
             }
-            Self::read_children(&path, &mut text, &mut pids);
             for &c in &pids {
                 if c == self.root {
                     continue;
                 }
                 match self.index.get(&c) {
                     Some(&i) => {
+                        let Ok(stat) = read_stat(c) else { continue };
                         let r = &mut self.records[i];
+                        if stat.start_time_ticks != r.identity.start_time_ticks {
+                            // A recycled pid: a new child of ours, judged as an unknown one.
+                            if self.state.cgroup.is_none() && self.claimable_orphan(c) {
+                                found.push((c, ProcessRelation::Reparented));
+                            }
+                            continue;
+                        }
                         if r.relation == ProcessRelation::Descendant {
                             r.relation = ProcessRelation::Reparented;
                         }
-                        // A re-parented process that exited is our zombie: reap it (a no-op
-                        // while it runs).
-                        crate::process::cleanup::reap_child(c);
+                        // A re-parented process of ours that exited is our zombie: reap it.
+                        if stat.is_zombie() {
+                            crate::process::cleanup::reap_child(c);
+                        }
                     }
                     None if self.state.cgroup.is_none() && self.claimable_orphan(c) => {
                         found.push((c, ProcessRelation::Reparented));
@@ -514,9 +566,7 @@ mod imp {
             }
 
             for (pid, rel) in found {
-                if !self.index.contains_key(&pid) {
-                    self.add(pid, rel);
-                }
+                self.add(pid, rel);
             }
             self.state.pids = pids;
             self.state.text = text;
@@ -570,9 +620,6 @@ mod imp {
                 };
                 if tracked.contains(&pid) {
                     seen_live.insert(pid);
-                    continue;
-                }
-                if self.index.contains_key(&pid) {
                     continue;
                 }
                 if let Ok(stat) = read_stat(pid) {
@@ -695,7 +742,8 @@ pub use imp::prepare;
 #[cfg(target_os = "linux")]
 pub use imp::{child_setup, enable_subreaper, prepare, ChildSetup};
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests {
     use super::*;
 
@@ -717,6 +765,10 @@ mod tests {
         assert_eq!(
             TrackingRequest::parse("proc_poll"),
             Some(TrackingRequest::ProcPoll)
+        );
+        assert_eq!(
+            TrackingRequest::parse("proc_scan"),
+            Some(TrackingRequest::ProcScan)
         );
         assert_eq!(TrackingRequest::parse("x"), None);
     }

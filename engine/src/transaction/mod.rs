@@ -233,7 +233,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         opts.progress = progress_ref;
         fs::scan(&root, &opts)?
     };
-    capsule.write_artifact(Artifact::Before, &before)?;
+    let before_entries = capsule.write_manifest(Artifact::Before, &before, store.objects())?;
     capsule.event(
         "before_captured",
         json!({ "entries": before.entries.len(), "unsupported": before.unsupported.len() }),
@@ -286,8 +286,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let evidence = match launch(req.backend, &spec, req.stdio.clone(), req.interrupt.clone()).await
     {
         Ok(mut ev) => {
-            if ev.environment.is_none() {
-                ev.environment = Some(env_plan.evidence.clone());
+            // The backend fingerprints what it really passed; how it was chosen (inherit or
+            // scrub, and what was dropped) is the transaction's plan.
+            match ev.environment.as_mut() {
+                Some(env) => {
+                    env.mode = env_plan.evidence.mode.clone();
+                    env.dropped = env_plan.evidence.dropped.clone();
+                }
+                None => ev.environment = Some(env_plan.evidence.clone()),
             }
             ev
         }
@@ -315,7 +321,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
                 }),
             )?;
             // Nothing ran, so there is no after-state to capture.
-            let referenced = referenced_objects(&before);
+            let mut referenced = referenced_objects(&before);
+            referenced.push(before_entries.clone());
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
         }
     };
@@ -362,7 +369,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         }
         fs::scan(&workdir, &opts)?
     };
-    capsule.write_artifact(Artifact::After, &after)?;
+    let after_entries = capsule.write_manifest(Artifact::After, &after, store.objects())?;
     capsule.event(
         "after_captured",
         json!({ "entries": after.entries.len(), "unsupported": after.unsupported.len() }),
@@ -457,6 +464,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         duration_ms: started.elapsed().as_millis() as u64,
     };
     let mut referenced = referenced_objects(&before);
+    referenced.push(before_entries);
+    referenced.push(after_entries);
     if private_workspace {
         referenced.extend(referenced_objects(&after));
     }

@@ -1,0 +1,4 @@
+mod common;
+mod fake;
+mod real;
+mod transaction;
