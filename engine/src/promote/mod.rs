@@ -152,6 +152,19 @@ fn parent_of(path: &str) -> Option<&str> {
     path.rsplit_once('/').map(|(p, _)| p)
 }
 
+/// A manifest whose entries live in a verified content-addressed object, or, in older capsules,
+/// inline in the artifact.
+fn read_manifest(
+    capsule: &Capsule,
+    artifact: Artifact,
+    objects: &ObjectStore,
+) -> Result<Manifest, StoreError> {
+    match capsule.manifest_entries_object(artifact)? {
+        Some(_) => capsule.read_manifest(artifact, objects),
+        None => capsule.read_artifact(artifact),
+    }
+}
+
 /// Verify the capsule and plan the promotion of `selection` into `root`.
 pub fn plan(
     capsule: &Capsule,
@@ -187,8 +200,8 @@ pub fn plan(
     if runtime.pointer("/capabilities/workspace") != Some(&Value::String("private".into())) {
         return Err(PromoteError::NotPrivate { run_id });
     }
-    let before: Manifest = capsule.read_artifact(Artifact::Before)?;
-    let after: Manifest = capsule.read_artifact(Artifact::After)?;
+    let before = read_manifest(capsule, Artifact::Before, objects)?;
+    let after = read_manifest(capsule, Artifact::After, objects)?;
     let result: RecordedResult = capsule.read_artifact(Artifact::Result)?;
 
     let given = root.canonicalize().map_err(|source| PromoteError::Io {
