@@ -483,3 +483,47 @@ async fn availability_reports_the_engines_found() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn an_interrupt_stops_the_container_and_is_recorded() {
+    let l = layout("run-11");
+    let log = l.root.join("log");
+    let state = tempfile::tempdir().unwrap();
+    let b = fake_backend(
+        &log,
+        "podman",
+        &[
+            ("FAKE_ENGINE_RUN", "hang"),
+            ("FAKE_ENGINE_IMAGES", "localhost/img:1"),
+            ("FAKE_ENGINE_STATE", state.path().to_str().unwrap()),
+        ],
+    );
+    let s = spec(&l, "run-11", &["sleep", "100"], &image_opts());
+    let (stdio, _, _) = files_stdio(&l.capsule);
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let prepared = b.prepare(&s).unwrap();
+    let running = b
+        .launch(
+            prepared,
+            agentdiff_engine::backend::LaunchContext {
+                stdio,
+                interrupt: rx,
+            },
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(running.wait());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.send(Some(2)).unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the run ends after the interrupt")
+        .unwrap()
+        .unwrap();
+    assert_eq!(ev.exit.interrupted_by, Some(2));
+    assert!(!ev.exit.timed_out);
+    let calls: Vec<String> = logged(&log).into_iter().map(|(a, _)| a.join(" ")).collect();
+    assert!(calls.contains(&"stop --time 1 -- agentdiff-run-11".to_string()));
+    // An interrupted run is always swept by label.
+    assert!(calls.iter().any(|c| c.starts_with("ps -a -q")));
+}

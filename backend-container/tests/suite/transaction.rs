@@ -109,6 +109,31 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
         .unwrap()
         .contains(".agentdiff/workspaces/"));
 
+    // Promote refuses a root other than the recorded one.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let sel = Selection {
+        scope: Scope::All,
+        paths: Vec::new(),
+        force: false,
+    };
+    assert!(matches!(
+        promote::plan(&capsule, store.objects(), elsewhere.path(), &sel),
+        Err(PromoteError::RootMismatch { .. })
+    ));
+    assert!(matches!(
+        promote::plan(
+            &capsule,
+            store.objects(),
+            &root,
+            &Selection {
+                scope: Scope::All,
+                paths: vec!["no/such/path".into()],
+                force: false
+            }
+        ),
+        Err(PromoteError::UnknownPath { .. })
+    ));
+
     // Someone edits b.txt on the host after the run.
     std::fs::write(root.join("b.txt"), b"b edited on the host\n").unwrap();
 
@@ -189,4 +214,17 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
     assert_eq!(r.items[0].outcome, "created");
     assert_eq!(std::fs::read(root.join(".env")).unwrap(), b"SECRET=1\n");
     assert!(capsule.dir().join("promote-result.json").exists());
+
+    // Tampered evidence is refused before anything is written.
+    let result_path = capsule.dir().join("result.json");
+    let mut perms = std::fs::metadata(&result_path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+    std::fs::set_permissions(&result_path, perms).unwrap();
+    let mut text = std::fs::read_to_string(&result_path).unwrap();
+    text = text.replacen("\"review\"", "\"allow\"", 1);
+    std::fs::write(&result_path, text).unwrap();
+    assert!(matches!(
+        promote::plan(&capsule, store.objects(), &root, &sel),
+        Err(PromoteError::Verification { .. })
+    ));
 }
