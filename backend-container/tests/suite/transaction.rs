@@ -77,7 +77,7 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
         rootfs.path(),
         "test \"$(cat a.txt)\" = 'a before' || exit 9; readlink lib-link > seen-link; \
          echo 'a after' > a.txt; echo 'b after' > b.txt; mkdir -p new/deep; echo made > new/deep/c.txt; \
-         echo SECRET=1 > .env; rm src/lib.rs",
+         echo SECRET=1 > .env; rm src/lib.rs; echo x > suid; chmod 4755 suid",
     )
     .await;
     // The run saw the captured state, and the host tree is byte-for-byte unchanged.
@@ -164,6 +164,12 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
     assert_eq!(outcome("new/deep/c.txt"), "created");
     assert_eq!(outcome("src/lib.rs"), "removed");
     assert_eq!(outcome(".env"), "skipped");
+    assert_eq!(
+        outcome("suid"),
+        "skipped",
+        "setuid bits set in the container never reach the host"
+    );
+    assert!(!root.join("suid").exists());
     assert!(report.has_conflicts());
     assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"a after\n");
     assert_eq!(

@@ -148,6 +148,18 @@ fn under(path: &str, prefix: &str) -> bool {
             && path.as_bytes()[prefix.len()] == b'/')
 }
 
+/// The workspace was written by the command: a setuid or setgid bit it set would become a
+/// privileged file owned by whoever promotes. Such paths are reported, never written.
+fn unsafe_target_mode(target: Option<&crate::fs::Entry>) -> Option<String> {
+    let mode = target?.mode;
+    (mode & 0o6000 != 0).then(|| {
+        format!(
+            "the workspace gave it mode {:o} (setuid/setgid); promote never writes those bits — review it and apply it by hand",
+            mode & 0o7777
+        )
+    })
+}
+
 fn parent_of(path: &str) -> Option<&str> {
     path.rsplit_once('/').map(|(p, _)| p)
 }
@@ -281,6 +293,8 @@ pub fn plan(
             // A named review change under --safe-only is promoted only with --all; say so.
             if c.decision == "review" && selection.scope == Scope::SafeOnly {
                 Step::Skip("review-classified: use --all to promote it".into())
+            } else if let Some(reason) = unsafe_target_mode(after.entries.get(&c.path)) {
+                Step::Skip(reason)
             } else {
                 match apply::classify(&transition(&c.path)) {
                     Ok(kind) => Step::Apply(Box::new(ApplyOp {
@@ -326,14 +340,17 @@ pub fn plan(
             let needs = !before.entries.contains_key(parent)
                 && after.entries.get(parent).map(|e| e.kind) == Some(EntryKind::Directory);
             if needs && !items.contains_key(parent) {
-                let step = match apply::classify(&transition(parent)) {
-                    Ok(kind) => Step::Apply(Box::new(ApplyOp {
-                        path: parent.to_string(),
-                        kind,
-                        expected: None,
-                        target: after.entries.get(parent).cloned(),
-                    })),
-                    Err(reason) => Step::Skip(reason),
+                let step = match unsafe_target_mode(after.entries.get(parent)) {
+                    Some(reason) => Step::Skip(reason),
+                    None => match apply::classify(&transition(parent)) {
+                        Ok(kind) => Step::Apply(Box::new(ApplyOp {
+                            path: parent.to_string(),
+                            kind,
+                            expected: None,
+                            target: after.entries.get(parent).cloned(),
+                        })),
+                        Err(reason) => Step::Skip(reason),
+                    },
                 };
                 let decision = records
                     .get(parent)
