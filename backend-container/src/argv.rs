@@ -8,7 +8,7 @@
 //! run --rm --name agentdiff-<run> --label agentdiff.run=<run> --label agentdiff.managed=true
 //!     --network none --cap-drop ALL --security-opt no-new-privileges --read-only
 //!     --tmpfs /tmp:rw,size=64m,mode=1777 --user 65532:65532 [--userns keep-id]
-//!     --memory 512m --memory-swap 512m --cpus 1 --pids-limit 64 --init
+//!     --memory 512m --memory-swap 512m --cpus 1 --pids-limit 64 --init --interactive
 //!     [--env NAME]… -v <workspace>:/workspace -w /workspace
 //!     (--pull never|missing -- IMAGE | --rootfs -- DIR) ARGV…
 //! ```
@@ -36,6 +36,8 @@ pub enum ArgvError {
     WorkspacePath(String),
     #[error("the command is empty; give the command after `--`")]
     EmptyCommand,
+    #[error("argument {0} of the command is not valid UTF-8; container engines carry the command in JSON, which would replace those bytes, so it is refused rather than changed")]
+    NonUtf8Argument(usize),
 }
 
 /// Everything the run argv depends on.
@@ -72,6 +74,9 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
     let name = container_name(req.run_id)?;
     if req.command.is_empty() {
         return Err(ArgvError::EmptyCommand);
+    }
+    if let Some(i) = req.command.iter().position(|a| a.to_str().is_none()) {
+        return Err(ArgvError::NonUtf8Argument(i));
     }
     let workspace = req
         .workspace
@@ -118,6 +123,8 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         "--pids-limit".into(),
         o.pids_limit.to_string(),
         "--init".into(),
+        // Keep stdin open: the command reads what agentdiff's stdin (or a file) provides.
+        "--interactive".into(),
     ]);
     for name in &o.env {
         // Name only: the engine copies the value from its own environment, so values never
@@ -177,7 +184,7 @@ mod tests {
         let expected = "run --rm --name agentdiff-r1 --label agentdiff.run=r1 --label agentdiff.managed=true \
             --network none --cap-drop ALL --security-opt no-new-privileges --read-only \
             --tmpfs /tmp:rw,size=64m,mode=1777 --user 65532:65532 --memory 512m --memory-swap 512m \
-            --cpus 1 --pids-limit 64 --init -v /p/.agentdiff/workspaces/r1:/workspace -w /workspace \
+            --cpus 1 --pids-limit 64 --init --interactive -v /p/.agentdiff/workspaces/r1:/workspace -w /workspace \
             --pull never -- localhost/x:1";
         let got: Vec<String> = args
             .iter()
@@ -256,5 +263,20 @@ mod tests {
             command: &[],
         });
         assert_eq!(res.unwrap_err(), ArgvError::EmptyCommand);
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStringExt;
+            let bad = vec![OsString::from("echo"), OsString::from_vec(vec![0xff, b'a'])];
+            let res = run_args(&RunRequest {
+                kind: EngineKind::Podman,
+                run_id: "r",
+                workspace: Path::new("/w"),
+                options: &o,
+                user: UserSpec { uid: 1, gid: 1 },
+                userns_keep_id: false,
+                command: &bad,
+            });
+            assert_eq!(res.unwrap_err(), ArgvError::NonUtf8Argument(1));
+        }
     }
 }

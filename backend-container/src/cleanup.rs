@@ -100,7 +100,11 @@ async fn stop_one(id: &ProcessIdentity, grace: Duration) -> CleanupOutcome {
     {
         use nix::sys::signal::{kill, Signal};
         use nix::unistd::Pid;
-        let matches = || crate::identity::read(id.pid).as_ref() == Some(id);
+        // A killed child of the caller stays a zombie until reaped: it has ended all the same.
+        let matches = || {
+            crate::identity::read(id.pid).as_ref() == Some(id)
+                && !crate::identity::is_zombie(id.pid)
+        };
         match crate::identity::read(id.pid) {
             None => return CleanupOutcome::AlreadyExited,
             Some(now) if now != *id => return CleanupOutcome::PidReused,
@@ -143,5 +147,25 @@ async fn stop_one(id: &ProcessIdentity, grace: Duration) -> CleanupOutcome {
     {
         let _ = (id, grace);
         CleanupOutcome::AccessDenied
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_matching_identity_is_terminated_and_a_mismatch_is_never_signalled() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let id = crate::identity::read(child.id()).unwrap();
+        let mut wrong = id.clone();
+        wrong.start_time_ticks += 1;
+        let report = stop_identities(&[wrong], Duration::from_millis(200)).await;
+        assert_eq!(report.records[0].outcome, CleanupOutcome::PidReused);
+        // The child is ours, so it stays a zombie until reaped: still reported as terminated.
+        let report = stop_identities(&[id], Duration::from_secs(2)).await;
+        assert_eq!(report.records[0].outcome, CleanupOutcome::Terminated);
+        let status = child.wait().unwrap();
+        assert!(!status.success());
     }
 }

@@ -28,6 +28,25 @@ pub fn read(pid: u32) -> Option<ProcessIdentity> {
     }
 }
 
+/// Whether the process has exited and waits to be reaped (state `Z`).
+pub fn is_zombie(pid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let rest = stat.get(stat.rfind(')')? + 1..)?.to_string();
+                rest.split_whitespace().next().map(|s| s == "Z")
+            })
+            .unwrap_or(false)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        false
+    }
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     #[test]

@@ -182,7 +182,6 @@ pub(crate) async fn launch(
         .env_clear()
         .envs(prepared.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&prepared.cwd)
-        .stdin(Stdio::null())
         .kill_on_drop(false);
     #[cfg(unix)]
     {
@@ -192,7 +191,9 @@ pub(crate) async fn launch(
     }
     match &ctx.stdio {
         StdioMode::Inherit => {
-            cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+            cmd.stdin(Stdio::inherit())
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit());
         }
         StdioMode::StdoutToStderr => {
             #[cfg(unix)]
@@ -202,14 +203,32 @@ pub(crate) async fn launch(
                     .as_fd()
                     .try_clone_to_owned()
                     .map_err(|e| launch_error(format!("could not duplicate stderr: {e}")))?;
-                cmd.stdout(Stdio::from(fd)).stderr(Stdio::inherit());
+                cmd.stdin(Stdio::inherit())
+                    .stdout(Stdio::from(fd))
+                    .stderr(Stdio::inherit());
             }
             #[cfg(not(unix))]
             {
-                cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+                cmd.stdin(Stdio::inherit())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit());
             }
         }
-        StdioMode::Files { stdout, stderr, .. } => {
+        StdioMode::Files {
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            match stdin {
+                Some(path) => {
+                    let f = std::fs::File::open(path)
+                        .map_err(|e| launch_error(format!("{}: {e}", path.display())))?;
+                    cmd.stdin(Stdio::from(f));
+                }
+                None => {
+                    cmd.stdin(Stdio::null());
+                }
+            }
             let out = std::fs::File::create(stdout)
                 .map_err(|e| launch_error(format!("{}: {e}", stdout.display())))?;
             let err = std::fs::File::create(stderr)
@@ -321,7 +340,8 @@ fn environment_evidence(
     dropped.sort();
     dropped.dedup();
     EnvironmentEvidence {
-        mode: "allowlist".into(),
+        // Scrubbed: the container gets only the named variables.
+        mode: "scrub".into(),
         variables,
         dropped,
     }

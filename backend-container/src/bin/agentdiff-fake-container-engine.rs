@@ -140,7 +140,7 @@ fn run(args: &[String]) -> ExitCode {
                 env_names.extend(args.get(i + 1).cloned());
                 i += 1;
             }
-            "--rootfs" | "--rm" | "--read-only" | "--init" => {
+            "--rootfs" | "--rm" | "--read-only" | "--init" | "--interactive" => {
                 rootfs |= args[i] == "--rootfs";
             }
             _ => i += 1,

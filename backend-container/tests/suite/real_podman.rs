@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use agentdiff_backend_container::ContainerBackend;
-use agentdiff_engine::backend::{BackendError, FailureKind};
+use agentdiff_engine::backend::{BackendError, FailureKind, RuntimeBackend};
 
 use super::helpers::*;
 
@@ -266,5 +266,36 @@ async fn podman_missing_image_fails_closed() {
     assert!(matches!(
         run(&ContainerBackend::new(), &s, stdio).await,
         Err(BackendError::Unavailable { .. })
+    ));
+}
+
+#[tokio::test]
+async fn podman_stdin_reaches_the_command_and_non_utf8_arguments_are_refused() {
+    if skip_or_fail("podman_stdin_reaches_the_command", podman_missing()) {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let rootfs = busybox_rootfs();
+    let l = layout("real-stdin");
+    let opts = rootfs_opts(&rootfs);
+    let s = spec(&l, "real-stdin", &["/bin/cat"], &as_refs(&opts));
+    let input = l.capsule.join("stdin");
+    std::fs::write(&input, b"line one\n\tline two \xe2\x9c\x93\n").unwrap();
+    let out = l.capsule.join("stdout");
+    let stdio = agentdiff_engine::backend::StdioMode::Files {
+        stdin: Some(input.clone()),
+        stdout: out.clone(),
+        stderr: l.capsule.join("stderr"),
+    };
+    let ev = run(&ContainerBackend::new(), &s, stdio).await.unwrap();
+    assert_eq!(ev.exit.code, Some(0));
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());
+
+    use std::os::unix::ffi::OsStringExt;
+    let mut s = spec(&l, "real-stdin", &["/bin/echo"], &as_refs(&opts));
+    s.argv.push(std::ffi::OsString::from_vec(vec![0xff, b'x']));
+    assert!(matches!(
+        ContainerBackend::new().prepare(&s),
+        Err(BackendError::InvalidRequest { .. })
     ));
 }
