@@ -5,7 +5,7 @@
 //! command):
 //!
 //! ```text
-//! run --rm --name agentdiff-<run> --label agentdiff.run=<run> --label agentdiff.managed=true
+//! run [--rm] --name agentdiff-<run> --label agentdiff.run=<run> --label agentdiff.managed=true
 //!     --network none --cap-drop ALL --security-opt no-new-privileges --read-only
 //!     --tmpfs /tmp:rw,size=64m,mode=1777 --user 65532:65532 [--userns keep-id]
 //!     --memory 512m --memory-swap 512m --cpus 1 --pids-limit 64 --init --interactive
@@ -14,6 +14,10 @@
 //! ```
 //!
 //! Nothing else is mounted: not the host project tree, not the engine's socket.
+//!
+//! `--rm` is given to podman only. Through podman's Docker-compatible API, the docker CLI with
+//! `--rm` reports exit code 0 whatever the command returned (the container is removed before
+//! its exit code is read), so for docker agentdiff removes the container itself after the run.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -88,9 +92,11 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         })
         .ok_or_else(|| ArgvError::WorkspacePath(req.workspace.display().to_string()))?;
     let o = req.options;
-    let mut a: Vec<String> = vec![
-        "run".into(),
-        "--rm".into(),
+    let mut a: Vec<String> = vec!["run".into()];
+    if req.kind == EngineKind::Podman {
+        a.push("--rm".into());
+    }
+    a.extend([
         "--name".into(),
         name,
         "--label".into(),
@@ -108,7 +114,7 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         TMPFS_TMP.into(),
         "--user".into(),
         req.user.render(),
-    ];
+    ]);
     if req.userns_keep_id && req.kind == EngineKind::Podman {
         a.extend(["--userns".into(), "keep-id".into()]);
     }
@@ -227,6 +233,26 @@ mod tests {
         assert!(joined.contains("--env LANG -v /w:/workspace"));
         assert!(joined.ends_with("--rootfs -- /srv/rfs -x"));
         assert!(!joined.contains("--pull"));
+    }
+
+    #[test]
+    fn docker_gets_no_rm_so_its_exit_code_survives() {
+        let o = options(&[("image", "localhost/x:1")]);
+        let cmd: Vec<OsString> = vec!["true".into()];
+        let req = |kind| RunRequest {
+            kind,
+            run_id: "r",
+            workspace: Path::new("/w"),
+            options: &o,
+            user: UserSpec { uid: 1, gid: 1 },
+            userns_keep_id: false,
+            command: &cmd,
+        };
+        let docker = run_args(&req(EngineKind::Docker)).unwrap();
+        assert_eq!(docker[1], OsString::from("--name"));
+        assert!(!docker.contains(&OsString::from("--rm")));
+        let podman = run_args(&req(EngineKind::Podman)).unwrap();
+        assert_eq!(podman[1], OsString::from("--rm"));
     }
 
     #[test]

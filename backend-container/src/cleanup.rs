@@ -156,7 +156,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_matching_identity_is_terminated_and_a_mismatch_is_never_signalled() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let id = crate::identity::read(child.id()).unwrap();
         let mut wrong = id.clone();
         wrong.start_time_ticks += 1;

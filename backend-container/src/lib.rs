@@ -337,6 +337,10 @@ impl RuntimeBackend for ContainerBackend {
             "tmpfs": [options::TMPFS_TMP],
             "init": true,
             "remove_after_run": true,
+            "removed_by": match plan.kind {
+                EngineKind::Podman => "engine (--rm)",
+                EngineKind::Docker => "agentdiff (rm -f after the exit code is read)",
+            },
             "container_name": argv::container_name(&spec.run_id).unwrap_or_default(),
             "labels": {
                 argv::RUN_LABEL: spec.run_id,

@@ -494,6 +494,17 @@ impl RunningCommand for RunningContainer {
             records: Vec::new(),
             errors: std::mem::take(&mut ev.cleanup.errors),
         };
+        // docker runs have no `--rm` (see argv.rs): remove our own container now that its exit
+        // code has been read.
+        if self.engine.kind == EngineKind::Docker {
+            if let Err(e) = self.engine.remove(&self.name).await {
+                if container_id.is_some() {
+                    cleanup
+                        .errors
+                        .push(format!("removing container {}: {e}", self.name));
+                }
+            }
+        }
         let mut removed = Vec::new();
         // podman's client removes a `--rm` container itself before it exits normally; any other
         // ending (engine error codes, a signal, a stop, docker's asynchronous auto-remove) is

@@ -82,3 +82,42 @@ async fn docker_cli_refuses_an_absent_image_without_pulling() {
         other => panic!("expected Unavailable, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn docker_cli_reports_the_commands_exit_code_and_removes_the_container() {
+    if skip_or_fail(
+        "docker_cli_reports_the_commands_exit_code",
+        podman_missing().or_else(docker_socket_missing),
+    ) {
+        return;
+    }
+    ensure_test_image().unwrap();
+    let l = layout("docker-exit");
+    let s = spec(
+        &l,
+        "docker-exit",
+        &["/bin/sh", "-c", "exit 42"],
+        &[("engine", "docker"), ("image", TEST_IMAGE)],
+    );
+    let (stdio, _, _) = files_stdio(&l.capsule);
+    let ev = run(&docker_backend(), &s, stdio).await.unwrap();
+    assert_eq!(ev.exit.code, Some(42));
+    assert!(ev.failure.is_none());
+    assert!(ev.cleanup.errors.is_empty(), "{:?}", ev.cleanup.errors);
+    assert!(
+        ev.warnings.iter().all(|w| !w.contains("still present")),
+        "{:?}",
+        ev.warnings
+    );
+    let left = std::process::Command::new("podman")
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            "label=agentdiff.run=docker-exit",
+        ])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty());
+}
