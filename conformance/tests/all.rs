@@ -1,0 +1,2 @@
+//! Integration tests of the conformance suite (one binary; modules under `suite/`).
+mod suite;

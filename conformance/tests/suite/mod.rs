@@ -1,0 +1,1 @@
+mod self_validation;
