@@ -1,1 +1,236 @@
-//! agentdiff runtime backend `local` (placeholder: registers nothing yet).
+//! agentdiff runtime backend `local`: the command runs as a direct child process of agentdiff,
+//! with the user's full authority. Nothing is isolated; processes, listening ports and file
+//! changes are observed, and leftovers are cleaned up by verified identity.
+//!
+//! The process machinery (tracking, cleanup, ports, terminal hand-over) lives in
+//! `agentdiff_engine::process` so that wrapping backends reuse it for their host-side process.
+
+use std::time::Duration;
+
+use agentdiff_engine::backend::{
+    Availability, BackendDescriptor, BackendError, Capabilities, CleanupReport, LaunchContext,
+    LaunchSpec, Level, PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend,
+    WorkspaceMode,
+};
+use agentdiff_engine::process::{
+    cleanup_identities, spawn_supervised, tracking_mechanisms_available, EvidenceLabels,
+};
+use async_trait::async_trait;
+
+/// Backend id.
+pub const ID: &str = "local";
+
+/// The local backend.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LocalBackend;
+
+impl LocalBackend {
+    pub fn new() -> Self {
+        LocalBackend
+    }
+
+    fn labels(&self, enforcement: &str) -> EvidenceLabels {
+        EvidenceLabels {
+            backend: ID.into(),
+            enforcement: enforcement.into(),
+            capabilities: self.capabilities(),
+        }
+    }
+}
+
+/// Options the local backend understands (`--runtime-option key=value`).
+const KNOWN_OPTIONS: &[&str] = &["tracking", "env-mode", "env-dropped"];
+
+#[async_trait]
+impl RuntimeBackend for LocalBackend {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    /// Observed: processes (tracked and cleaned up), listening ports, file changes (the
+    /// transaction's before/after scan) and the environment (fingerprinted). Nothing is
+    /// controlled: network, resources and privileges are the user's own.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            filesystem_writes: Level::Observed,
+            host_repository: Level::Observed,
+            network: Level::Uncontrolled,
+            processes: Level::Observed,
+            resources: Level::Uncontrolled,
+            privileges: Level::Uncontrolled,
+            environment: Level::Observed,
+            sandboxed: false,
+            network_enforcement: false,
+            workspace: WorkspaceMode::InPlace,
+        }
+    }
+
+    async fn availability(&self) -> Availability {
+        let mechanisms = tracking_mechanisms_available();
+        let mut detail = String::from("runs the command as a direct child process (not sandboxed)");
+        match mechanisms.iter().find(|m| m.available) {
+            Some(m) => {
+                detail.push_str("; process tracking: ");
+                detail.push_str(&m.name);
+                detail.push_str(" (");
+                detail.push_str(&m.detail);
+                detail.push(')');
+            }
+            None => detail.push_str("; no process tracking mechanism is available"),
+        }
+        Availability::Ready { detail }
+    }
+
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
+        let invalid = |message: String| BackendError::InvalidRequest {
+            backend: ID.into(),
+            message,
+        };
+        let Some((program, args)) = spec.argv.split_first() else {
+            return Err(invalid("no command to run".into()));
+        };
+        if program.is_empty() {
+            return Err(invalid("the program name is empty".into()));
+        }
+        if let Some(key) = spec.options.keys().find(|k| !KNOWN_OPTIONS.contains(k)) {
+            return Err(invalid(format!(
+                "unknown option `{key}`; the local backend accepts: {}",
+                KNOWN_OPTIONS.join(", ")
+            )));
+        }
+        if let Some(t) = spec.options.get("tracking") {
+            if agentdiff_engine::process::tracker::TrackingRequest::parse(t).is_none() {
+                return Err(invalid(format!(
+                    "unknown tracking mechanism `{t}`; use auto, cgroup or proc_poll"
+                )));
+            }
+        }
+        Ok(PreparedLaunch {
+            program: program.clone(),
+            args: args.to_vec(),
+            env: spec.env.clone(),
+            cwd: spec.workdir.clone(),
+            enforcement: "none".into(),
+            wrapper_argv: None,
+            runtime_config: serde_json::json!({
+                "tracking": spec.options.get("tracking").unwrap_or("auto"),
+                "poll_interval_ms": spec.poll_interval.as_millis() as u64,
+                "grace_ms": spec.grace.as_millis() as u64,
+                "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),
+                "observe_ports": spec.observe_ports,
+            }),
+            spec: spec.clone(),
+        })
+    }
+
+    async fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> Result<Box<dyn RunningCommand>> {
+        let labels = self.labels(&prepared.enforcement);
+        let cmd = spawn_supervised(prepared, ctx, labels).map_err(|e| BackendError::Launch {
+            backend: ID.into(),
+            message: e.to_string(),
+        })?;
+        Ok(Box::new(cmd))
+    }
+
+    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+        let ids = ids.to_vec();
+        // Cleanup sleeps through grace periods: keep it off the async threads.
+        match tokio::task::spawn_blocking(move || cleanup_identities(&ids, grace)).await {
+            Ok(report) => report,
+            Err(e) => CleanupReport {
+                mechanism: "pidfd".into(),
+                grace_ms: grace.as_millis() as u64,
+                records: Vec::new(),
+                errors: vec![format!("cleanup did not complete: {e}")],
+            },
+        }
+    }
+}
+
+fn factory() -> Box<dyn RuntimeBackend> {
+    Box::new(LocalBackend)
+}
+
+inventory::submit! {
+    BackendDescriptor::new(
+        ID,
+        "direct child process; processes, ports and files observed, nothing isolated",
+        factory
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    use agentdiff_engine::backend::{BackendOptions, Boundary};
+
+    use super::*;
+
+    fn spec(argv: &[&str]) -> LaunchSpec {
+        LaunchSpec {
+            run_id: "r1".into(),
+            root: PathBuf::from("/tmp"),
+            workdir: PathBuf::from("/tmp"),
+            capsule_dir: PathBuf::from("/tmp/.agentdiff/runs/r1"),
+            argv: argv.iter().map(OsString::from).collect(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            timeout: None,
+            grace: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(10),
+            observe_ports: false,
+            options: BackendOptions::new(),
+        }
+    }
+
+    #[test]
+    fn capabilities_are_honest() {
+        let c = LocalBackend.capabilities();
+        assert_eq!(c.level(Boundary::Processes), Level::Observed);
+        assert_eq!(c.level(Boundary::FilesystemWrites), Level::Observed);
+        assert_eq!(c.level(Boundary::Network), Level::Uncontrolled);
+        assert_eq!(c.level(Boundary::Resources), Level::Uncontrolled);
+        assert_eq!(c.level(Boundary::Privileges), Level::Uncontrolled);
+        assert!(!c.sandboxed);
+        assert!(!c.network_enforcement);
+        for b in Boundary::ALL {
+            assert!(c.level(b) <= Level::Observed, "{} overclaimed", b.as_str());
+        }
+    }
+
+    #[test]
+    fn prepare_is_the_identity_transform() {
+        let s = spec(&["printf", "%s\n", "a b", "--x=;rm -rf /"]);
+        let p = LocalBackend.prepare(&s).unwrap();
+        assert_eq!(p.program, OsString::from("printf"));
+        assert_eq!(
+            p.args,
+            ["%s\n", "a b", "--x=;rm -rf /"]
+                .iter()
+                .map(OsString::from)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(p.full_argv(), s.argv);
+        assert_eq!(p.env, s.env);
+        assert_eq!(p.cwd, s.workdir);
+        assert_eq!(p.enforcement, "none");
+        assert!(p.wrapper_argv.is_none());
+    }
+
+    #[test]
+    fn prepare_refuses_empty_argv_and_unknown_options() {
+        assert!(LocalBackend.prepare(&spec(&[])).is_err());
+        let mut s = spec(&["true"]);
+        s.options.push("image", "x");
+        let err = LocalBackend.prepare(&s).unwrap_err().to_string();
+        assert!(err.contains("unknown option `image`"), "{err}");
+        let mut s = spec(&["true"]);
+        s.options.push("tracking", "magic");
+        assert!(LocalBackend.prepare(&s).is_err());
+    }
+}

@@ -1,7 +1,28 @@
 //! Shared process helpers for backends: identities, descendant tracking, identity-checked cleanup,
-//! listening-socket snapshots.
+//! listening-socket snapshots, terminal hand-over and the supervisor that ties them together.
+//!
+//! Linux is the first-class platform: `/proc` identities with start times in clock ticks, a child
+//! subreaper, a cgroup where one can be created, and pidfd signalling. Elsewhere a portable
+//! fallback (sysinfo polling, pid + start time in seconds, plain signals) is used and labelled as
+//! weaker evidence.
+
+#[cfg(target_os = "linux")]
+pub mod cgroup;
+pub mod cleanup;
+pub mod identity;
+pub mod ports;
+#[cfg(target_os = "linux")]
+pub mod spawn;
+pub mod supervisor;
+pub mod terminal;
+pub mod tracker;
 
 use serde::{Deserialize, Serialize};
+
+pub use cleanup::{cleanup_identities, CleanupTarget};
+pub use identity::{boot_id, read_identity, read_stat, StatInfo};
+pub use supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
+pub use tracker::{tracking_mechanisms_available, TrackingMechanism};
 
 /// A process identity that survives pid reuse: pid + start time (clock ticks since boot, from
 /// `/proc/PID/stat` field 22) + boot id.
@@ -10,4 +31,38 @@ pub struct ProcessIdentity {
     pub pid: u32,
     pub start_time_ticks: u64,
     pub boot_id: String,
+}
+
+/// Errors of the process helpers.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("process {0} does not exist")]
+    NoSuchProcess(u32),
+    #[error("could not read {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not parse {what}: {message}")]
+    Parse { what: String, message: String },
+    #[error("could not read the boot id: {0}")]
+    BootId(String),
+    #[error("could not start `{program}`: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl ProcessError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        ProcessError::Io {
+            what: what.into(),
+            source,
+        }
+    }
 }

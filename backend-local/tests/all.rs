@@ -1,0 +1,3 @@
+//! Integration tests of the local backend (one binary; cases under `suite/`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod suite;

@@ -1,0 +1,6 @@
+mod common;
+mod daemons;
+mod environment;
+mod ports;
+mod supervise;
+mod terminal;

@@ -1,0 +1,195 @@
+//! A cgroup v2 per run, where one can be created: every process the command starts stays in it
+//! whatever it does (double fork, `setsid`), so `cgroup.procs` is the complete list of the run's
+//! processes.
+//!
+//! The run cgroup is created below agentdiff's own cgroup (so it works in a delegated subtree as
+//! well as for root), the child joins it between `fork` and `exec`, and it is removed after
+//! cleanup.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A cgroup created for one run.
+#[derive(Debug)]
+pub struct RunCgroup {
+    path: PathBuf,
+    /// `cgroup.procs` opened for writing before the fork, so the child joins with one `write`.
+    procs_w: OwnedFd,
+    /// The cgroup directory, for `clone3(CLONE_INTO_CGROUP)`.
+    dir: OwnedFd,
+    /// The path as `/proc/PID/cgroup` shows it (`0::<rel>`), to verify membership.
+    rel: String,
+}
+
+/// Where cgroup v2 is mounted, from `/proc/self/mountinfo`.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in text.lines() {
+        // ... mount-point ... - fstype source options
+        let (pre, post) = line.split_once(" - ")?;
+        if post.split_ascii_whitespace().next() == Some("cgroup2") {
+            return pre.split_ascii_whitespace().nth(4).map(PathBuf::from);
+        }
+    }
+    None
+}
+
+/// This process's cgroup v2 path (`0::/path` in `/proc/self/cgroup`).
+fn own_cgroup() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|s| s.to_string())
+}
+
+fn open_write(path: &Path) -> std::io::Result<OwnedFd> {
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    Ok(OwnedFd::from(f))
+}
+
+impl RunCgroup {
+    /// Create a fresh cgroup for a run. The error says why none could be created.
+    pub fn create() -> Result<Self, String> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mount = cgroup2_mount().ok_or("no cgroup v2 hierarchy is mounted")?;
+        let own = own_cgroup().ok_or("this process is not in a cgroup v2 hierarchy")?;
+        let parent_rel = own.trim_end_matches('/');
+        let name = format!(
+            "agentdiff-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let rel = format!("{parent_rel}/{name}");
+        let path = mount.join(rel.trim_start_matches('/'));
+        std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let procs_w = match open_write(&path.join("cgroup.procs")) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = std::fs::remove_dir(&path);
+                return Err(format!("cannot open {}/cgroup.procs: {e}", path.display()));
+            }
+        };
+        let dir = match std::fs::File::open(&path) {
+            Ok(f) => OwnedFd::from(f),
+            Err(e) => {
+                let _ = std::fs::remove_dir(&path);
+                return Err(format!("cannot open {}: {e}", path.display()));
+            }
+        };
+        Ok(RunCgroup {
+            path,
+            procs_w,
+            dir,
+            rel,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The cgroup directory descriptor (for `clone3`).
+    pub fn dir_fd(&self) -> RawFd {
+        self.dir.as_raw_fd()
+    }
+
+    /// The descriptor the child writes `0` to (async-signal-safe join after fork).
+    pub fn procs_write_fd(&self) -> RawFd {
+        self.procs_w.as_raw_fd()
+    }
+
+    /// Whether `pid` is a member (checked after the spawn: the join in the child may fail).
+    pub fn contains(&self, pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .map(|t| t.lines().any(|l| l.strip_prefix("0::") == Some(&self.rel)))
+            .unwrap_or(false)
+    }
+
+    /// Pids currently in the cgroup, reusing `buf` and `out`.
+    pub fn pids(&self, buf: &mut String, out: &mut Vec<u32>) -> std::io::Result<()> {
+        buf.clear();
+        out.clear();
+        std::fs::File::open(self.path.join("cgroup.procs"))?.read_to_string(buf)?;
+        out.extend(buf.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        Ok(())
+    }
+
+    /// Kill everything in the cgroup at once (`cgroup.kill`, Linux 5.14+): the backstop after
+    /// identity-checked cleanup, for processes forked during cleanup itself.
+    pub fn kill_all(&self) -> std::io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.path.join("cgroup.kill"))?
+            .write_all(b"1")
+    }
+
+    /// Remove the cgroup, waiting briefly for exiting members to leave.
+    pub fn remove(self) -> std::io::Result<()> {
+        let mut last = None;
+        for _ in 0..50 {
+            match std::fs::remove_dir(&self.path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    last = Some(e);
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EBUSY)))
+    }
+}
+
+/// Join the cgroup whose `cgroup.procs` is open as `fd`. Runs in the forked child before `exec`:
+/// only async-signal-safe calls.
+pub fn join_in_child(fd: RawFd) -> std::io::Result<()> {
+    let buf = b"0";
+    // SAFETY: write(2) of a static buffer to an fd inherited from the parent.
+    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether a run cgroup can be created here (creates and removes an empty one).
+pub fn probe() -> Result<String, String> {
+    let cg = RunCgroup::create()?;
+    let shown = cg.path.display().to_string();
+    cg.remove()
+        .map_err(|e| format!("created {shown} but could not remove it: {e}"))?;
+    let parent = Path::new(&shown)
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    Ok(format!(
+        "cgroup v2 run cgroups can be created under {parent}"
+    ))
+}
+
+/// Whether `pid`'s cgroup is another agentdiff run's cgroup (used to keep concurrent runs in one
+/// process from claiming each other's orphans).
+pub fn in_foreign_run_cgroup(pid: u32, own: Option<&RunCgroup>) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return false;
+    };
+    text.lines().filter_map(|l| l.strip_prefix("0::")).any(|p| {
+        let base = p.rsplit('/').next().unwrap_or("");
+        base.starts_with("agentdiff-") && own.map_or(true, |c| c.rel != p)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_reports_clearly_either_way() {
+        match probe() {
+            Ok(detail) => assert!(detail.contains("cgroup v2"), "{detail}"),
+            Err(reason) => assert!(!reason.is_empty()),
+        }
+    }
+}

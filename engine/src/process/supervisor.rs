@@ -1,0 +1,557 @@
+//! The supervisor every backend uses for its host-side process: launch the prepared argv directly
+//! (no shell) in its own process group, track descendants, enforce the deadline, honour
+//! interruption, hand the terminal over for interactive runs, observe listening sockets, clean up
+//! leftovers by verified identity, and report [`RunEvidence`].
+//!
+//! The monitor is one OS thread per run. Each tick waits on the root's pidfd (so the root's exit is
+//! seen at once) for at most the poll interval, then runs one tracking pass.
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::ProcessError;
+use crate::backend::{
+    BackendError, Capabilities, LaunchContext, PreparedLaunch, RunEvidence, RunningCommand,
+};
+
+/// Default poll interval when the spec asks for zero.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How often listening sockets are sampled while the command runs.
+pub const PORT_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The labels a backend puts on the evidence of a supervised run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvidenceLabels {
+    /// Backend id.
+    pub backend: String,
+    /// `none`, `external_sandbox_requested`, `container_requested`…
+    pub enforcement: String,
+    pub capabilities: Capabilities,
+}
+
+/// A command running under the supervisor. Implements [`RunningCommand`]; `wait` returns the
+/// evidence once the command has ended and its leftovers were cleaned up.
+#[derive(Debug)]
+pub struct SupervisedCommand {
+    pid: u32,
+    backend: String,
+    result: tokio::sync::oneshot::Receiver<Result<RunEvidence, ProcessError>>,
+}
+
+impl SupervisedCommand {
+    /// Host pid of the launched process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Wait without an async runtime (probes, harnesses). Must not be called from async code.
+    pub fn wait_blocking(self) -> Result<RunEvidence, ProcessError> {
+        self.result.blocking_recv().map_err(|_| {
+            ProcessError::Unsupported("the process monitor stopped without a result".into())
+        })?
+    }
+}
+
+#[async_trait]
+impl RunningCommand for SupervisedCommand {
+    fn pid(&self) -> Option<u32> {
+        Some(self.pid)
+    }
+
+    async fn wait(self: Box<Self>) -> crate::backend::Result<RunEvidence> {
+        let backend = self.backend.clone();
+        match self.result.await {
+            Ok(Ok(ev)) => Ok(ev),
+            Ok(Err(e)) => Err(BackendError::Runtime {
+                backend,
+                message: e.to_string(),
+            }),
+            Err(_) => Err(BackendError::Runtime {
+                backend,
+                message: "the process monitor stopped without a result".into(),
+            }),
+        }
+    }
+}
+
+/// How the wait loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Exited,
+    TimedOut,
+    Interrupted(i32),
+    /// The root could not be waited for (someone else reaped it).
+    Lost,
+}
+
+fn lossy(v: &[OsString]) -> Vec<String> {
+    v.iter().map(|s| s.to_string_lossy().into_owned()).collect()
+}
+
+#[cfg(unix)]
+pub use unix::spawn_supervised;
+
+#[cfg(unix)]
+mod unix {
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+    use crate::backend::{CleanupReport, ExitInfo, StdioMode};
+    use crate::process::cleanup::{cleanup_targets, CleanupOptions, CleanupTarget};
+    use crate::process::ports::{off_evidence, PortObserver};
+    use crate::process::terminal::{self, Terminal};
+    use crate::process::tracker::{self, Tracker, TrackingRequest};
+
+    /// Replacement descriptors for the child's fds 0, 1, 2 (`None` = inherit).
+    fn stdio_fds(ctx: &LaunchContext) -> Result<[Option<OwnedFd>; 3], ProcessError> {
+        let open = |p: &std::path::Path, write: bool| -> Result<OwnedFd, ProcessError> {
+            let f = if write {
+                std::fs::File::create(p)
+            } else {
+                std::fs::File::open(p)
+            };
+            f.map(OwnedFd::from)
+                .map_err(|e| ProcessError::io(p.display().to_string(), e))
+        };
+        Ok(match &ctx.stdio {
+            StdioMode::Inherit => [None, None, None],
+            StdioMode::StdoutToStderr => {
+                let err = std::io::stderr()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| ProcessError::io("a duplicate of stderr", e))?;
+                [None, Some(err), None]
+            }
+            StdioMode::Files {
+                stdin,
+                stdout,
+                stderr,
+            } => [
+                Some(match stdin {
+                    Some(p) => open(p, false)?,
+                    None => open(std::path::Path::new("/dev/null"), false)?,
+                }),
+                Some(open(stdout, true)?),
+                Some(open(stderr, true)?),
+            ],
+        })
+    }
+
+    /// fork + exec through std, joining the run cgroup (if any) between the two.
+    fn std_spawn(
+        prepared: &PreparedLaunch,
+        stdio: [Option<OwnedFd>; 3],
+        cgroup_fd: Option<i32>,
+        foreground: bool,
+    ) -> Result<(u32, Option<OwnedFd>), ProcessError> {
+        let mut cmd = Command::new(&prepared.program);
+        cmd.args(&prepared.args)
+            .env_clear()
+            .envs(prepared.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&prepared.cwd)
+            .process_group(0);
+        let [i, o, e] = stdio;
+        let pick = |fd: Option<OwnedFd>| fd.map_or_else(Stdio::inherit, Stdio::from);
+        cmd.stdin(pick(i)).stdout(pick(o)).stderr(pick(e));
+        // SAFETY: the closure only makes async-signal-safe calls (write, sigprocmask,
+        // tcsetpgrp, getpgrp) in the single-threaded child.
+        unsafe {
+            cmd.pre_exec(move || {
+                #[cfg(target_os = "linux")]
+                if let Some(fd) = cgroup_fd {
+                    // Failure is detected by the parent (membership check) and reported.
+                    let _ = crate::process::cgroup::join_in_child(fd);
+                }
+                #[cfg(not(target_os = "linux"))]
+                let _ = cgroup_fd;
+                if foreground {
+                    let _ = terminal::child_take_foreground();
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            program: prepared.program.to_string_lossy().into_owned(),
+            source,
+        })?;
+        let pid = child.id();
+        // std does not reap on drop; the monitor reaps the root itself with waitpid.
+        drop(child);
+        #[cfg(target_os = "linux")]
+        let pidfd = crate::process::cleanup::pidfd_open(pid).ok();
+        #[cfg(not(target_os = "linux"))]
+        let pidfd = None;
+        Ok((pid, pidfd))
+    }
+
+    /// Launch `prepared` under supervision. Returns once the process runs (or failed to start).
+    pub fn spawn_supervised(
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+        labels: EvidenceLabels,
+    ) -> Result<SupervisedCommand, ProcessError> {
+        let spec = &prepared.spec;
+        let request = match spec.options.get("tracking") {
+            None => TrackingRequest::Auto,
+            Some(s) => TrackingRequest::parse(s).ok_or_else(|| {
+                ProcessError::Unsupported(format!(
+                    "unknown tracking mechanism `{s}`; use auto, cgroup or proc_poll"
+                ))
+            })?,
+        };
+        let ports = spec.observe_ports.then(PortObserver::start);
+        let (cgroup, mut warnings) = tracker::prepare(request)?;
+
+        let interactive = matches!(ctx.stdio, StdioMode::Inherit | StdioMode::StdoutToStderr);
+        let terminal = if interactive {
+            Terminal::acquire()
+        } else {
+            None
+        };
+
+        let stdio = stdio_fds(&ctx)?;
+        let foreground = terminal.is_some();
+        let launched = Instant::now();
+        #[cfg(target_os = "linux")]
+        let spawned = match &cgroup {
+            Some(cg) => {
+                let req = crate::process::spawn::SpawnRequest {
+                    program: &prepared.program,
+                    args: &prepared.args,
+                    env: &prepared.env,
+                    cwd: &prepared.cwd,
+                    stdio: &stdio,
+                    foreground,
+                };
+                match crate::process::spawn::spawn_into_cgroup(req, cg.dir_fd()) {
+                    Ok((pid, fd)) => Ok((pid, Some(fd))),
+                    Err(crate::process::spawn::SpawnError::Failed(e)) => Err(e),
+                    Err(crate::process::spawn::SpawnError::Unsupported(e)) => {
+                        warnings.push(format!(
+                            "clone3 into the run cgroup is unavailable ({e}); the command joins \
+                             the cgroup after fork instead"
+                        ));
+                        std_spawn(&prepared, stdio, Some(cg.procs_write_fd()), foreground)
+                    }
+                }
+            }
+            None => std_spawn(&prepared, stdio, None, foreground),
+        };
+        #[cfg(not(target_os = "linux"))]
+        let spawned = std_spawn(&prepared, stdio, None, foreground);
+        let (pid, pidfd) = match spawned {
+            Ok(s) => s,
+            Err(e) => {
+                #[cfg(target_os = "linux")]
+                if let Some(cg) = cgroup {
+                    let _ = cg.remove();
+                }
+                return Err(e);
+            }
+        };
+        if let Some(t) = &terminal {
+            // Also from the parent, as shells do, so neither side races the other.
+            t.give_to(pid as libc::pid_t);
+        }
+        let tracker = Tracker::new(pid, launched, cgroup);
+        if tracker.mechanism() != "cgroup" && request == TrackingRequest::Cgroup {
+            warnings.push(
+                "cgroup tracking was requested but the command did not join the run cgroup".into(),
+            );
+        }
+
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let backend = labels.backend.clone();
+        let monitor = Monitor {
+            pid,
+            launched,
+            prepared,
+            ctx,
+            labels,
+            tracker,
+            ports,
+            terminal,
+            warnings,
+            pidfd,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("agentdiff-monitor".into())
+            .spawn(move || {
+                let _ = tx.send(monitor.run());
+            });
+        if let Err(e) = spawned {
+            // Without a monitor nobody would end or reap the command.
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+            return Err(ProcessError::io("a monitor thread", e));
+        }
+        Ok(SupervisedCommand {
+            pid,
+            backend,
+            result: rx,
+        })
+    }
+
+    struct Monitor {
+        pid: u32,
+        launched: Instant,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+        labels: EvidenceLabels,
+        tracker: Tracker,
+        ports: Option<PortObserver>,
+        terminal: Option<Terminal>,
+        warnings: Vec<String>,
+        pidfd: Option<OwnedFd>,
+    }
+
+    /// waitpid(pid, WNOHANG|WUNTRACED): Ok(None) while running, Ok(Some(status)) on an event.
+    fn poll_status(pid: u32) -> std::io::Result<Option<i32>> {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a local status word.
+        let rc = unsafe {
+            libc::waitpid(
+                pid as libc::pid_t,
+                &mut status,
+                libc::WNOHANG | libc::WUNTRACED,
+            )
+        };
+        match rc {
+            0 => Ok(None),
+            r if r > 0 => Ok(Some(status)),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+
+    impl Monitor {
+        fn run(mut self) -> Result<RunEvidence, ProcessError> {
+            let spec = &self.prepared.spec;
+            let interval = if spec.poll_interval.is_zero() {
+                DEFAULT_POLL_INTERVAL
+            } else {
+                spec.poll_interval
+            };
+            let timeout = spec.timeout;
+            let grace = spec.grace;
+            let pidfd = self.pidfd.take();
+            let mut last_ports = Instant::now();
+            let mut status: Option<i32> = None;
+            let mut errors: Vec<String> = Vec::new();
+
+            let end = loop {
+                match &pidfd {
+                    #[cfg(target_os = "linux")]
+                    Some(fd) => {
+                        crate::process::cleanup::pidfd_wait(fd, interval);
+                    }
+                    _ => std::thread::sleep(interval),
+                }
+
+                match poll_status(self.pid) {
+                    Ok(None) => {}
+                    Ok(Some(st)) if libc::WIFSTOPPED(st) => {
+                        if let Some(t) = &mut self.terminal {
+                            // Ctrl-Z: stop with the command, as if it ran directly.
+                            t.command_stopped();
+                            terminal::stop_self();
+                            t.command_continues(self.pid as libc::pid_t);
+                            // SAFETY: continue our own child's process group.
+                            unsafe { libc::kill(-(self.pid as libc::pid_t), libc::SIGCONT) };
+                        }
+                    }
+                    Ok(Some(st)) => {
+                        status = Some(st);
+                        break End::Exited;
+                    }
+                    Err(e) => {
+                        errors.push(format!("waiting for the command failed: {e}"));
+                        break End::Lost;
+                    }
+                }
+                self.tracker.tick();
+                if let Some(p) = &mut self.ports {
+                    if last_ports.elapsed() >= PORT_SAMPLE_INTERVAL {
+                        p.sample(&self.tracker.live_identities());
+                        last_ports = Instant::now();
+                    }
+                }
+                if timeout.is_some_and(|t| self.launched.elapsed() >= t) {
+                    break End::TimedOut;
+                }
+                if let Some(sig) = *self.ctx.interrupt.borrow() {
+                    break End::Interrupted(sig);
+                }
+            };
+            let duration = self.launched.elapsed();
+
+            // Leftovers: the root's children have been re-parented to us by now.
+            self.tracker.tick();
+            if end == End::Exited {
+                self.tracker.mark_alive_after_root_exit();
+            }
+            self.tracker.refresh_executables();
+            if let Some(p) = &mut self.ports {
+                // Before cleanup, while leftovers still hold their sockets.
+                p.sample(&self.tracker.live_identities());
+            }
+
+            let mut cleanup = CleanupReport {
+                mechanism: if cfg!(target_os = "linux") {
+                    "pidfd".into()
+                } else {
+                    "kill_with_start_time_check".into()
+                },
+                grace_ms: grace.as_millis() as u64,
+                records: Vec::new(),
+                errors: Vec::new(),
+            };
+            let mut opts = CleanupOptions::new(grace);
+            opts.reap = true;
+            opts.reap_except = Some(self.pid);
+            for round in 0..5 {
+                self.tracker.refresh_liveness();
+                // Executables are re-read by cleanup after verification (a process may have
+                // exec'd since it was first seen); the recorded name fills in otherwise.
+                let targets: Vec<CleanupTarget> = self
+                    .tracker
+                    .live_identities()
+                    .into_iter()
+                    .filter(|(pid, _)| status.is_none() || *pid != self.pid)
+                    .map(|(_, identity)| CleanupTarget {
+                        executable: String::new(),
+                        identity,
+                    })
+                    .collect();
+                if targets.is_empty() {
+                    break;
+                }
+                if round == 4 {
+                    cleanup.errors.push(format!(
+                        "{} processes were still being started after four cleanup rounds",
+                        targets.len()
+                    ));
+                }
+                let mut r = cleanup_targets(&targets, &opts);
+                for rec in r.records.iter_mut().filter(|r| r.executable.is_empty()) {
+                    if let Some(p) = self
+                        .tracker
+                        .records()
+                        .iter()
+                        .find(|p| p.identity == rec.identity)
+                    {
+                        rec.executable = p.executable.clone();
+                    }
+                }
+                cleanup.mechanism = r.mechanism;
+                cleanup.records.extend(r.records);
+                cleanup.errors.extend(r.errors);
+                // Anything forked while we were cleaning up.
+                self.tracker.tick();
+            }
+
+            #[cfg(target_os = "linux")]
+            if let Some(cg) = self.tracker.take_cgroup() {
+                let mut buf = String::new();
+                let mut left = Vec::new();
+                if cg.pids(&mut buf, &mut left).is_ok() && !left.is_empty() {
+                    cleanup.errors.push(format!(
+                        "{} processes were still in the run cgroup after cleanup; ended with cgroup.kill",
+                        left.len()
+                    ));
+                    if let Err(e) = cg.kill_all() {
+                        cleanup.errors.push(format!("cgroup.kill failed: {e}"));
+                    }
+                }
+                for pid in left {
+                    crate::process::cleanup::reap_child(pid);
+                }
+                let shown = cg.path().display().to_string();
+                if let Err(e) = cg.remove() {
+                    self.warnings
+                        .push(format!("the run cgroup {shown} could not be removed: {e}"));
+                }
+            }
+
+            // The root's status, when cleanup ended it.
+            if status.is_none() && end != End::Lost {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    match poll_status(self.pid) {
+                        Ok(Some(st)) if !libc::WIFSTOPPED(st) => {
+                            status = Some(st);
+                            break;
+                        }
+                        Ok(_) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(5))
+                        }
+                        Ok(_) => {
+                            errors.push("the command did not end after cleanup".into());
+                            break;
+                        }
+                        Err(e) => {
+                            errors.push(format!("waiting for the command failed: {e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            // Give the terminal back only after the command is gone.
+            if let Some(t) = self.terminal.take() {
+                drop(t);
+            }
+
+            let (code, signal) = match status {
+                Some(st) if libc::WIFEXITED(st) => (Some(libc::WEXITSTATUS(st)), None),
+                Some(st) if libc::WIFSIGNALED(st) => (None, Some(libc::WTERMSIG(st))),
+                _ => (None, None),
+            };
+            let tracking = self.tracker.mechanism().to_string();
+            let (processes, tracker_errors) = self.tracker.into_parts();
+            self.warnings.extend(tracker_errors);
+            self.warnings.extend(errors);
+
+            let ports = match self.ports {
+                Some(p) => p.finish(),
+                None => off_evidence(),
+            };
+            let spec = &self.prepared.spec;
+            let environment = crate::environment::evidence_for_launch(
+                &self.prepared.env,
+                spec.options.get("env-mode").unwrap_or("inherit"),
+                spec.options.get_all("env-dropped"),
+            );
+            Ok(RunEvidence {
+                backend: self.labels.backend,
+                enforcement: self.labels.enforcement,
+                capabilities: self.labels.capabilities,
+                exit: ExitInfo {
+                    code,
+                    signal,
+                    timed_out: end == End::TimedOut,
+                    interrupted_by: match end {
+                        End::Interrupted(sig) => Some(sig),
+                        _ => None,
+                    },
+                    duration_ms: duration.as_millis() as u64,
+                },
+                failure: None,
+                tracking,
+                processes,
+                cleanup,
+                ports,
+                wrapper_argv: self.prepared.wrapper_argv.as_deref().map(lossy),
+                wrapper: None,
+                container_id: None,
+                image_digest: None,
+                runtime_config: self.prepared.runtime_config.clone(),
+                observation_root: spec.workdir.display().to_string(),
+                environment: Some(environment),
+                warnings: self.warnings,
+            })
+        }
+    }
+}

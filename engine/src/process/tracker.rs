@@ -1,0 +1,740 @@
+//! Descendant tracking.
+//!
+//! Mechanisms, strongest first:
+//! - `cgroup`: the run has its own cgroup v2; `cgroup.procs` lists every process of the run,
+//!   whatever it does. Complete.
+//! - `subreaper_proc_poll`: agentdiff is a child subreaper, so orphans re-parent to it instead of
+//!   init; each tick reads `/proc/PID/task/TID/children` of every live tracked process and of
+//!   agentdiff itself. A descendant that starts and exits between two ticks can be missed.
+//! - `subreaper_proc_scan`: as above, scanning every `/proc/PID/stat` per tick (kernels without
+//!   `/proc/PID/task/TID/children`).
+//! - `sysinfo_poll` (not Linux): process-table polling through sysinfo; no subreaper, start times
+//!   in seconds.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::identity::{executable_name, read_stat};
+use super::ProcessIdentity;
+use crate::backend::{ProcessRecord, ProcessRelation};
+
+/// One tracking mechanism and whether it works here (for `doctor`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrackingMechanism {
+    pub name: String,
+    pub available: bool,
+    pub detail: String,
+}
+
+/// Which mechanism a run asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrackingRequest {
+    /// The strongest available.
+    Auto,
+    /// A cgroup, or an error.
+    Cgroup,
+    /// Subreaper + `/proc` polling even where a cgroup could be created.
+    ProcPoll,
+}
+
+impl TrackingRequest {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Self::Auto),
+            "cgroup" => Some(Self::Cgroup),
+            "proc_poll" | "subreaper_proc_poll" | "poll" => Some(Self::ProcPoll),
+            _ => None,
+        }
+    }
+}
+
+/// Every mechanism and its availability here.
+pub fn tracking_mechanisms_available() -> Vec<TrackingMechanism> {
+    imp::mechanisms()
+}
+
+/// The name of the mechanism a run would use with `Auto`.
+pub fn preferred_mechanism() -> String {
+    tracking_mechanisms_available()
+        .into_iter()
+        .find(|m| m.available)
+        .map(|m| m.name)
+        .unwrap_or_else(|| "none".into())
+}
+
+/// Process records of one run, built tick by tick.
+#[derive(Debug)]
+pub struct Tracker {
+    pub(crate) self_pid: u32,
+    pub(crate) root: u32,
+    pub(crate) root_start: u64,
+    pub(crate) boot_id: String,
+    pub(crate) launched: Instant,
+    pub(crate) records: Vec<ProcessRecord>,
+    /// pid → index into `records` of the latest process with that pid.
+    pub(crate) index: HashMap<u32, usize>,
+    /// Pids believed alive (tracked and not seen gone).
+    pub(crate) live: Vec<u32>,
+    pub(crate) errors: Vec<String>,
+    #[allow(dead_code)]
+    pub(crate) state: imp::State,
+}
+
+impl Tracker {
+    /// Records so far.
+    pub fn records(&self) -> &[ProcessRecord] {
+        &self.records
+    }
+
+    /// Identity of every process still believed alive.
+    pub fn live_identities(&self) -> Vec<(u32, ProcessIdentity)> {
+        self.live
+            .iter()
+            .filter_map(|p| {
+                self.index
+                    .get(p)
+                    .map(|i| (*p, self.records[*i].identity.clone()))
+            })
+            .collect()
+    }
+
+    pub fn into_parts(mut self) -> (Vec<ProcessRecord>, Vec<String>) {
+        (
+            std::mem::take(&mut self.records),
+            std::mem::take(&mut self.errors),
+        )
+    }
+
+    /// Add a process first seen now. `parent_hint` is the tracked parent it was found under.
+    fn add(&mut self, pid: u32, relation_hint: ProcessRelation) -> bool {
+        let Ok(stat) = read_stat(pid) else {
+            return false;
+        };
+        // A process that started before the root cannot be its descendant (a recycled pid).
+        if stat.start_time_ticks < self.root_start {
+            return false;
+        }
+        let relation = if pid == self.root {
+            ProcessRelation::Root
+        } else if stat.ppid == self.self_pid {
+            ProcessRelation::Reparented
+        } else {
+            relation_hint
+        };
+        let record = ProcessRecord {
+            identity: ProcessIdentity {
+                pid,
+                start_time_ticks: stat.start_time_ticks,
+                boot_id: self.boot_id.clone(),
+            },
+            ppid: stat.ppid,
+            relation,
+            executable: executable_name(pid, &stat.comm),
+            first_seen_ms: self.launched.elapsed().as_millis() as u64,
+            alive_after_root_exit: false,
+        };
+        self.index.insert(pid, self.records.len());
+        self.records.push(record);
+        if !stat.is_zombie() {
+            self.live.push(pid);
+        }
+        imp::claim(self, pid);
+        true
+    }
+
+    /// Mark which records are still alive now (called when the root has exited).
+    pub fn mark_alive_after_root_exit(&mut self) {
+        let live = self.live.clone();
+        for pid in live {
+            let Some(&i) = self.index.get(&pid) else {
+                continue;
+            };
+            if pid == self.root {
+                continue;
+            }
+            let alive = read_stat(pid)
+                .map(|s| {
+                    s.start_time_ticks == self.records[i].identity.start_time_ticks
+                        && !s.is_zombie()
+                })
+                .unwrap_or(false);
+            if alive {
+                self.records[i].alive_after_root_exit = true;
+            }
+        }
+        self.refresh_liveness();
+    }
+
+    /// Re-read the executable of every live process: a process first seen before its `exec`
+    /// (`setsid sleep …`) is recorded under the program it runs now.
+    pub fn refresh_executables(&mut self) {
+        for pid in self.live.clone() {
+            let Some(&i) = self.index.get(&pid) else {
+                continue;
+            };
+            if let Ok(s) = read_stat(pid) {
+                if s.start_time_ticks == self.records[i].identity.start_time_ticks && !s.is_zombie()
+                {
+                    self.records[i].executable = executable_name(pid, &s.comm);
+                }
+            }
+        }
+    }
+
+    /// Drop pids that no longer exist (or whose pid was recycled) from the live set.
+    pub fn refresh_liveness(&mut self) {
+        let records = &self.records;
+        let index = &self.index;
+        self.live.retain(|pid| {
+            let Some(&i) = index.get(pid) else {
+                return false;
+            };
+            read_stat(*pid)
+                .map(|s| {
+                    s.start_time_ticks == records[i].identity.start_time_ticks && !s.is_zombie()
+                })
+                .unwrap_or(false)
+        });
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use std::collections::{HashMap, HashSet};
+    use std::io::Read;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    use super::{Tracker, TrackingMechanism, TrackingRequest};
+    use crate::backend::ProcessRelation;
+    use crate::process::cgroup::{self, RunCgroup};
+    use crate::process::identity::read_stat;
+    use crate::process::ProcessError;
+
+    /// Runs active in this process, so concurrent runs (tests, embedders) do not claim each
+    /// other's orphans: run token → pids claimed.
+    static ACTIVE: Mutex<Option<HashMap<u64, ActiveRun>>> = Mutex::new(None);
+
+    #[derive(Debug, Default)]
+    struct ActiveRun {
+        root_pgid: i32,
+        poll_mode: bool,
+        pids: HashSet<u32>,
+    }
+
+    fn with_active<R>(f: impl FnOnce(&mut HashMap<u64, ActiveRun>) -> R) -> R {
+        let mut guard = match ACTIVE.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(guard.get_or_insert_with(HashMap::new))
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct State {
+        token: u64,
+        pub(crate) cgroup: Option<RunCgroup>,
+        children_files: bool,
+        text: String,
+        path: String,
+        pids: Vec<u32>,
+        mechanism: &'static str,
+    }
+
+    pub(super) fn claim(t: &Tracker, pid: u32) {
+        with_active(|a| {
+            if let Some(run) = a.get_mut(&t.state.token) {
+                run.pids.insert(pid);
+            }
+        });
+    }
+
+    fn children_supported() -> bool {
+        let me = std::process::id();
+        std::path::Path::new(&format!("/proc/{me}/task/{me}/children")).exists()
+    }
+
+    /// Enable `PR_SET_CHILD_SUBREAPER` for this process (idempotent).
+    pub fn enable_subreaper() -> Result<(), ProcessError> {
+        // SAFETY: prctl with integer arguments.
+        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        if rc != 0 {
+            return Err(ProcessError::io(
+                "prctl(PR_SET_CHILD_SUBREAPER)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn mechanisms() -> Vec<TrackingMechanism> {
+        let cg = cgroup::probe();
+        let children = children_supported();
+        vec![
+            TrackingMechanism {
+                name: "cgroup".into(),
+                available: cg.is_ok(),
+                detail: match cg {
+                    Ok(d) => format!("{d}; complete: every process of the run stays in it"),
+                    Err(e) => format!("unavailable: {e}"),
+                },
+            },
+            TrackingMechanism {
+                name: "subreaper_proc_poll".into(),
+                available: children,
+                detail: if children {
+                    "child subreaper + /proc/PID/task/TID/children polling; best effort: a \
+                     descendant that starts and exits between two polls can be missed"
+                        .into()
+                } else {
+                    "unavailable: the kernel has no /proc/PID/task/TID/children".into()
+                },
+            },
+            TrackingMechanism {
+                name: "subreaper_proc_scan".into(),
+                available: true,
+                detail: "child subreaper + full /proc scan per poll; best effort, slower".into(),
+            },
+        ]
+    }
+
+    /// What the child must do between fork and exec to be tracked.
+    pub struct ChildSetup {
+        pub cgroup_fd: Option<std::os::fd::RawFd>,
+    }
+
+    /// Prepare tracking for a run (before the spawn).
+    pub fn prepare(
+        request: TrackingRequest,
+    ) -> Result<(Option<RunCgroup>, Vec<String>), ProcessError> {
+        let mut warnings = Vec::new();
+        let cg = match request {
+            TrackingRequest::ProcPoll => None,
+            TrackingRequest::Cgroup => Some(RunCgroup::create().map_err(|e| {
+                ProcessError::Unsupported(format!(
+                    "cgroup tracking was requested but no run cgroup can be created: {e}; \
+                     use tracking `auto` or `proc_poll`"
+                ))
+            })?),
+            TrackingRequest::Auto => match RunCgroup::create() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    warnings.push(format!(
+                        "no cgroup for this run ({e}); tracking falls back to subreaper + /proc \
+                         polling, which can miss very short-lived descendants"
+                    ));
+                    None
+                }
+            },
+        };
+        enable_subreaper()?;
+        Ok((cg, warnings))
+    }
+
+    pub fn child_setup(cg: Option<&RunCgroup>) -> ChildSetup {
+        ChildSetup {
+            cgroup_fd: cg.map(RunCgroup::procs_write_fd),
+        }
+    }
+
+    impl Tracker {
+        /// Start tracking the spawned root. `cgroup` is the run cgroup the child joined, if any.
+        pub fn new(root: u32, launched: Instant, cgroup: Option<RunCgroup>) -> Self {
+            let self_pid = std::process::id();
+            let boot_id = crate::process::boot_id().unwrap_or_default();
+            let root_stat = read_stat(root).ok();
+            let mut errors = Vec::new();
+            let cgroup = match cgroup {
+                Some(c) if c.contains(root) => Some(c),
+                Some(c) => {
+                    errors.push(format!(
+                        "the command did not join the run cgroup {}; tracking uses /proc polling",
+                        c.path().display()
+                    ));
+                    let _ = c.remove();
+                    None
+                }
+                None => None,
+            };
+            let children_files = children_supported();
+            let mechanism = if cgroup.is_some() {
+                "cgroup"
+            } else if children_files {
+                "subreaper_proc_poll"
+            } else {
+                "subreaper_proc_scan"
+            };
+            let token = {
+                use std::sync::atomic::{AtomicU64, Ordering};
+                static NEXT: AtomicU64 = AtomicU64::new(1);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            };
+            with_active(|a| {
+                a.insert(
+                    token,
+                    super::imp::ActiveRun {
+                        root_pgid: root_stat.as_ref().map(|s| s.pgrp).unwrap_or(0),
+                        poll_mode: cgroup.is_none(),
+                        pids: HashSet::new(),
+                    },
+                )
+            });
+            let mut t = Tracker {
+                self_pid,
+                root,
+                root_start: root_stat.as_ref().map(|s| s.start_time_ticks).unwrap_or(0),
+                boot_id,
+                launched,
+                records: Vec::new(),
+                index: HashMap::new(),
+                live: Vec::new(),
+                errors,
+                state: State {
+                    token,
+                    cgroup,
+                    children_files,
+                    text: String::with_capacity(4096),
+                    path: String::with_capacity(64),
+                    pids: Vec::with_capacity(64),
+                    mechanism,
+                },
+            };
+            if !t.add(root, ProcessRelation::Root) {
+                t.errors.push(format!(
+                    "the root process {root} could not be read from /proc"
+                ));
+            }
+            t
+        }
+
+        pub fn mechanism(&self) -> &'static str {
+            self.state.mechanism
+        }
+
+        pub fn cgroup(&self) -> Option<&RunCgroup> {
+            self.state.cgroup.as_ref()
+        }
+
+        pub fn take_cgroup(&mut self) -> Option<RunCgroup> {
+            self.state.cgroup.take()
+        }
+
+        /// Read the pids listed in one `children` file into `out` (appending).
+        fn read_children(path: &str, text: &mut String, out: &mut Vec<u32>) -> bool {
+            text.clear();
+            match std::fs::File::open(path).and_then(|mut f| f.read_to_string(text)) {
+                Ok(_) => {
+                    out.extend(
+                        text.split_ascii_whitespace()
+                            .filter_map(|w| w.parse::<u32>().ok()),
+                    );
+                    true
+                }
+                Err(_) => false,
+            }
+        }
+
+        /// Children of `pid` across all its threads; false when the process is gone.
+        fn children_of(pid: u32, path: &mut String, text: &mut String, out: &mut Vec<u32>) -> bool {
+            use std::fmt::Write;
+            path.clear();
+            let _ = write!(path, "/proc/{pid}/task");
+            let Ok(dir) = std::fs::read_dir(&*path) else {
+                return false;
+            };
+            let mut any = false;
+            for entry in dir.flatten() {
+                let name = entry.file_name();
+                let Some(tid) = name.to_str() else { continue };
+                path.clear();
+                let _ = write!(path, "/proc/{pid}/task/{tid}/children");
+                any |= Self::read_children(path, text, out);
+            }
+            any
+        }
+
+        /// One observation pass.
+        pub fn tick(&mut self) {
+            let mut found: Vec<(u32, ProcessRelation)> = Vec::new();
+            let mut pids = std::mem::take(&mut self.state.pids);
+            let mut text = std::mem::take(&mut self.state.text);
+            let mut path = std::mem::take(&mut self.state.path);
+
+            if let Some(cg) = &self.state.cgroup {
+                match cg.pids(&mut text, &mut pids) {
+                    Ok(()) => {
+                        let present: HashSet<u32> = pids.iter().copied().collect();
+                        for p in &pids {
+                            if !self.index.contains_key(p) {
+                                found.push((*p, ProcessRelation::Descendant));
+                            }
+                        }
+                        // Exited members leave cgroup.procs.
+                        self.live.retain(|p| present.contains(p));
+                    }
+                    Err(e) => {
+                        let msg = format!("reading {}/cgroup.procs: {e}", cg.path().display());
+                        if !self.errors.contains(&msg) {
+                            self.errors.push(msg);
+                        }
+                    }
+                }
+            } else if self.state.children_files {
+                let mut gone = Vec::new();
+                for &pid in &self.live {
+                    pids.clear();
+                    if !Self::children_of(pid, &mut path, &mut text, &mut pids) {
+                        gone.push(pid);
+                        continue;
+                    }
+                    for c in &pids {
+                        if !self.index.contains_key(c) {
+                            found.push((*c, ProcessRelation::Descendant));
+                        }
+                    }
+                }
+                self.live.retain(|p| !gone.contains(p));
+            } else {
+                self.scan_proc(&mut found);
+            }
+
+            // Orphans re-parented to agentdiff (the subreaper) are children of its main thread.
+            pids.clear();
+            path.clear();
+            {
+                use std::fmt::Write;
+                let _ = write!(path, "/proc/{0}/task/{0}/children", self.self_pid);
+            }
+            Self::read_children(&path, &mut text, &mut pids);
+            for &c in &pids {
+                if c == self.root {
+                    continue;
+                }
+                match self.index.get(&c) {
+                    Some(&i) => {
+                        let r = &mut self.records[i];
+                        if r.relation == ProcessRelation::Descendant {
+                            r.relation = ProcessRelation::Reparented;
+                        }
+                        // A re-parented process that exited is our zombie: reap it (a no-op
+                        // while it runs).
+                        crate::process::cleanup::reap_child(c);
+                    }
+                    None if self.state.cgroup.is_none() && self.claimable_orphan(c) => {
+                        found.push((c, ProcessRelation::Reparented));
+                    }
+                    None => {}
+                }
+            }
+
+            for (pid, rel) in found {
+                if !self.index.contains_key(&pid) {
+                    self.add(pid, rel);
+                }
+            }
+            self.state.pids = pids;
+            self.state.text = text;
+            self.state.path = path;
+        }
+
+        /// An unknown child of agentdiff: ours if no other active run claims it.
+        fn claimable_orphan(&self, pid: u32) -> bool {
+            if cgroup::in_foreign_run_cgroup(pid, None) {
+                return false;
+            }
+            let Ok(stat) = read_stat(pid) else {
+                return false;
+            };
+            if stat.start_time_ticks < self.root_start {
+                return false;
+            }
+            with_active(|a| {
+                if a.iter()
+                    .any(|(tok, r)| *tok != self.state.token && r.pids.contains(&pid))
+                {
+                    return false;
+                }
+                let poll_runs: Vec<(&u64, &ActiveRun)> =
+                    a.iter().filter(|(_, r)| r.poll_mode).collect();
+                if poll_runs.len() <= 1 {
+                    return true;
+                }
+                // Several runs poll at once: only a matching process group decides.
+                poll_runs
+                    .iter()
+                    .find(|(_, r)| r.root_pgid == stat.pgrp)
+                    .is_some_and(|(tok, _)| **tok == self.state.token)
+            })
+        }
+
+        /// Fallback without `children` files: one pass over `/proc`.
+        fn scan_proc(&mut self, found: &mut Vec<(u32, ProcessRelation)>) {
+            let Ok(dir) = std::fs::read_dir("/proc") else {
+                return;
+            };
+            let tracked: HashSet<u32> = self.live.iter().copied().collect();
+            let mut seen_live = HashSet::new();
+            for entry in dir.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|s| s.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if tracked.contains(&pid) {
+                    seen_live.insert(pid);
+                    continue;
+                }
+                if self.index.contains_key(&pid) {
+                    continue;
+                }
+                if let Ok(stat) = read_stat(pid) {
+                    if tracked.contains(&stat.ppid) {
+                        found.push((pid, ProcessRelation::Descendant));
+                    }
+                }
+            }
+            self.live.retain(|p| seen_live.contains(p));
+        }
+    }
+
+    impl Drop for Tracker {
+        fn drop(&mut self) {
+            let token = self.state.token;
+            with_active(|a| a.remove(&token));
+            if let Some(cg) = self.state.cgroup.take() {
+                let _ = cg.remove();
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    //! Portable fallback: sysinfo polling, no subreaper (orphans re-parent to init and are only
+    //! attributed if they were seen before), start times in seconds.
+    use std::collections::HashSet;
+    use std::time::Instant;
+
+    use super::{Tracker, TrackingMechanism, TrackingRequest};
+    use crate::backend::ProcessRelation;
+    use crate::process::ProcessError;
+
+    #[derive(Debug)]
+    pub(crate) struct State {
+        sys: sysinfo::System,
+    }
+
+    pub(super) fn claim(_t: &Tracker, _pid: u32) {}
+
+    pub(super) fn mechanisms() -> Vec<TrackingMechanism> {
+        vec![TrackingMechanism {
+            name: "sysinfo_poll".into(),
+            available: true,
+            detail: "process-table polling; no subreaper, start times in seconds; orphans that \
+                     daemonise before a poll are not attributable"
+                .into(),
+        }]
+    }
+
+    pub fn prepare(request: TrackingRequest) -> Result<(Option<()>, Vec<String>), ProcessError> {
+        if request == TrackingRequest::Cgroup {
+            return Err(ProcessError::Unsupported(
+                "cgroup tracking exists only on Linux; use tracking `auto`".into(),
+            ));
+        }
+        Ok((None, Vec::new()))
+    }
+
+    impl Tracker {
+        pub fn new(root: u32, launched: Instant, _cgroup: Option<()>) -> Self {
+            let root_start = crate::process::read_stat(root)
+                .map(|s| s.start_time_ticks)
+                .unwrap_or(0);
+            let mut t = Tracker {
+                self_pid: std::process::id(),
+                root,
+                root_start,
+                boot_id: crate::process::boot_id().unwrap_or_default(),
+                launched,
+                records: Vec::new(),
+                index: Default::default(),
+                live: Vec::new(),
+                errors: Vec::new(),
+                state: State {
+                    sys: sysinfo::System::new(),
+                },
+            };
+            t.add(root, ProcessRelation::Root);
+            t
+        }
+
+        pub fn mechanism(&self) -> &'static str {
+            "sysinfo_poll"
+        }
+
+        pub fn tick(&mut self) {
+            use sysinfo::{ProcessRefreshKind, ProcessesToUpdate};
+            self.state.sys.refresh_processes_specifics(
+                ProcessesToUpdate::All,
+                true,
+                ProcessRefreshKind::new(),
+            );
+            let tracked: HashSet<u32> = self.live.iter().copied().collect();
+            let mut found = Vec::new();
+            let mut present = HashSet::new();
+            for (pid, p) in self.state.sys.processes() {
+                let pid = pid.as_u32();
+                present.insert(pid);
+                if self.index.contains_key(&pid) {
+                    continue;
+                }
+                if let Some(parent) = p.parent() {
+                    if tracked.contains(&parent.as_u32()) {
+                        found.push(pid);
+                    }
+                }
+            }
+            self.live.retain(|p| present.contains(p));
+            for pid in found {
+                self.add(pid, ProcessRelation::Descendant);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub use imp::prepare;
+#[cfg(target_os = "linux")]
+pub use imp::{child_setup, enable_subreaper, prepare, ChildSetup};
+
+#[cfg(test)]
+#[cfg(target_os = "linux")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mechanisms_are_listed_with_details() {
+        let m = tracking_mechanisms_available();
+        let names: Vec<&str> = m.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["cgroup", "subreaper_proc_poll", "subreaper_proc_scan"]
+        );
+        assert!(m.iter().all(|m| !m.detail.is_empty()));
+        assert!(m[2].available);
+    }
+
+    #[test]
+    fn tracking_requests_parse() {
+        assert_eq!(TrackingRequest::parse("auto"), Some(TrackingRequest::Auto));
+        assert_eq!(
+            TrackingRequest::parse("proc_poll"),
+            Some(TrackingRequest::ProcPoll)
+        );
+        assert_eq!(TrackingRequest::parse("x"), None);
+    }
+}
