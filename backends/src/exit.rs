@@ -11,6 +11,7 @@ pub const INVALID_CONFIG: u8 = 65;
 pub const NO_SUCH_RUN: u8 = 66;
 /// A capsule failed verification (corrupt, tampered, unsealed).
 pub const INVALID_CAPSULE: u8 = 67;
+#[allow(dead_code)] // used by rollback, promote and cleanup
 /// Rollback or promote preserved at least one conflicting path, or could not restore one.
 pub const CONFLICT: u8 = 68;
 /// The requested runtime backend cannot run here (fail closed; nothing was launched).

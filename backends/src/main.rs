@@ -11,6 +11,7 @@ use agentdiff_backend_srt as _;
 
 mod cli;
 mod exit;
+mod report;
 
 use std::process::ExitCode;
 

@@ -1,8 +1,65 @@
+//! `agentdiff hook pre-tool-use`: answer, before a tool call runs, whether an agent may run it.
+//!
+//! Works as a Claude Code `PreToolUse` command hook: one JSON object on stdin, one decision
+//! object on stdout, exit 0. Any failure (malformed input, invalid policy, unreadable root)
+//! exits with [`HOOK_BLOCK`], because Claude Code lets a tool call proceed on any other non-zero
+//! exit code — a failure must never act as an allow.
+
+use std::io::Read;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use agentdiff_engine::policy::{self, hook};
+use anyhow::Context;
+
+use crate::exit::with_code;
+
+/// Exit code of a failed hook: Claude Code treats exit 2 from a PreToolUse hook as "block this
+/// call" and shows stderr to the agent; every other non-zero code lets the call run.
+pub const HOOK_BLOCK: u8 = 2;
+
 #[derive(Debug, clap::Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Decide one tool call (JSON on stdin) before it runs: allow, ask (review) or deny.
+    PreToolUse(PreToolUseArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PreToolUseArgs {
+    /// Project root: tool paths outside it are denied.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    root: PathBuf,
+    /// Policy file to use instead of ROOT/agentdiff.yaml.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+}
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
-    match command {}
+    match command {
+        Command::PreToolUse(args) => pre_tool_use(args)
+            .map_err(|err| with_code(HOOK_BLOCK, err.context("tool call blocked"))),
+    }
+}
+
+fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<ExitCode> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(hook::MAX_HOOK_INPUT_BYTES as u64 + 1)
+        .read_to_end(&mut input)
+        .context("cannot read the tool call from standard input")?;
+    let text = String::from_utf8(input)
+        .map_err(|_| policy::PolicyError::HookInput("stdin is not UTF-8".to_owned()))?;
+    let call = hook::ToolCall::parse(&text)?;
+    let root = if args.root.is_absolute() {
+        args.root
+    } else {
+        std::env::current_dir()
+            .context("cannot determine the current directory")?
+            .join(args.root)
+    };
+    let loaded = policy::load(&root, args.policy.as_deref())?;
+    let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
+    println!("{}", verdict.to_claude_json());
+    Ok(ExitCode::SUCCESS)
 }

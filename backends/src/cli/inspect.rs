@@ -1,11 +1,85 @@
+//! `agentdiff inspect RUN`: show a stored run.
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use clap::ValueEnum;
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::with_code(
-        crate::exit::INTERNAL,
-        anyhow::anyhow!("`agentdiff inspect` is not implemented in this build"),
-    ))
+use agentdiff_engine::store::{Artifact, Store};
+use agentdiff_engine::transaction::RunResult;
+
+use crate::exit;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Summary,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ArtifactName {
+    Metadata,
+    Policy,
+    Before,
+    After,
+    Runtime,
+    Result,
+    Integrity,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The run id (see `agentdiff runs`).
+    run: String,
+    /// Project root (default: the current directory).
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "summary")]
+    format: Format,
+    /// Print one artifact as JSON instead of the result.
+    #[arg(long, value_enum)]
+    artifact: Option<ArtifactName>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let root = args
+        .root
+        .canonicalize()
+        .with_context(|| format!("project root {} cannot be resolved", args.root.display()))
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let capsule = store
+        .open_run(&args.run)
+        .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    if let Some(name) = args.artifact {
+        let artifact = match name {
+            ArtifactName::Metadata => Artifact::Metadata,
+            ArtifactName::Policy => Artifact::Policy,
+            ArtifactName::Before => Artifact::Before,
+            ArtifactName::After => Artifact::After,
+            ArtifactName::Runtime => Artifact::Runtime,
+            ArtifactName::Result => Artifact::Result,
+            ArtifactName::Integrity => Artifact::Integrity,
+        };
+        let value = capsule
+            .read_artifact_value(artifact)
+            .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let result: RunResult = capsule
+        .read_artifact(Artifact::Result)
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    match args.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&result)?),
+        Format::Summary => {
+            print!("{}", crate::report::run_summary(&result, &root));
+            if !capsule.is_sealed() {
+                println!("  warning: this capsule is not sealed (the run did not finish)");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

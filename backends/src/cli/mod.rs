@@ -29,7 +29,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one command in an evidence transaction.
-    Run(run::Args),
+    Run(Box<run::Args>),
     /// Check a run capsule's integrity seal and backup objects.
     Verify(verify::Args),
     /// Show a stored run.
@@ -57,7 +57,7 @@ enum Command {
 impl Cli {
     pub fn dispatch(self) -> anyhow::Result<ExitCode> {
         match self.command {
-            Command::Run(a) => run::run(a),
+            Command::Run(a) => run::run(*a),
             Command::Verify(a) => verify::run(a),
             Command::Inspect(a) => inspect::run(a),
             Command::Runs(a) => runs::run(a),

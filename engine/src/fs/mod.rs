@@ -1,1 +1,168 @@
-//! (placeholder)
+//! The secure filesystem scanner: captures the project tree into a [`Manifest`] and compares two
+//! manifests ([`diff`]).
+//!
+//! The walk holds a directory file descriptor for each directory it lists and reaches every child
+//! through `openat`/`fstatat` relative to it, with `O_NOFOLLOW` and `AT_SYMLINK_NOFOLLOW`; path
+//! strings are never re-resolved, so replacing a directory by a symlink mid-walk cannot redirect the
+//! walk outside the root (the replaced entry is reported as `changed_during_capture`). Regular files
+//! are opened `O_NOFOLLOW|O_NONBLOCK` (a FIFO swapped in cannot hang the scan), their identity is
+//! compared with the walk's `lstat`, and size/mtime/ctime are compared before and after hashing.
+//! Anything that could not be captured is listed in [`Manifest::unsupported`]; anything skipped on
+//! purpose in [`Manifest::excluded`] (see [`DEFAULT_EXCLUDED_DIRS`]).
+//!
+//! This reduces link-traversal and replacement risks; a user-space walk cannot be fully race-free
+//! against a hostile process of the same user (for instance, content rewritten in place with
+//! mtime and ctime restored is impossible for an unprivileged process only because ctime cannot be
+//! set back).
+
+mod diff;
+mod exclude;
+mod manifest;
+
+#[cfg(unix)]
+mod hash;
+#[cfg(unix)]
+mod walk;
+
+use std::path::Path;
+
+pub use diff::{diff, diff_unsupported, Change, ChangeType, UnsupportedChange};
+pub use exclude::{DEFAULT_EXCLUDED_DIRS, IGNORE_FILE, STORE_DIR};
+pub use manifest::{
+    exclusion_reason, unsupported_kind, BackupSkip, BackupState, Entry, EntryKind, Exclusion,
+    Manifest, ScanProgress, ScanStats, Unsupported,
+};
+
+/// Default `ScanOptions::max_hash_bytes`: 256 MiB.
+pub const DEFAULT_MAX_HASH_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Where backups go during the before-scan (the object store implements it).
+pub trait BackupSink: Sync {
+    /// Whether a verified object with this hash is already stored.
+    fn contains(&self, sha256_hex: &str) -> bool;
+    /// Copies `file` (reading from its start; the sink seeks itself) into the store and verifies
+    /// the copy hashes to `sha256_hex`; an error says why the object could not be stored.
+    fn store_from(
+        &self,
+        file: &mut std::fs::File,
+        sha256_hex: &str,
+        size: u64,
+    ) -> Result<(), String>;
+}
+
+/// Ask the scan to back up eligible regular files (size ≤ `max_file_bytes`, `nlink == 1`, hashed).
+#[derive(Clone, Copy)]
+pub struct BackupRequest<'a> {
+    pub sink: &'a dyn BackupSink,
+    pub max_file_bytes: u64,
+}
+
+/// Which `.agentdiffignore` rules apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum IgnoreSource {
+    /// Read `ROOT/.agentdiffignore` (opened without following symlinks; absent means no rules).
+    #[default]
+    ProjectFile,
+    /// Use these lines (the before-scan's `Manifest::ignore_lines`), so the command cannot widen
+    /// the exclusions for the after-scan by editing the file.
+    Lines(Vec<String>),
+}
+
+/// Options of one scan; start from [`ScanOptions::new`].
+#[derive(Clone)]
+pub struct ScanOptions<'a> {
+    /// Regular files larger than this are recorded (metadata only) and reported `too_large`.
+    pub max_hash_bytes: u64,
+    /// Backups during the before-scan; `None` gives every file `BackupState::NotRequested`.
+    pub backup: Option<BackupRequest<'a>>,
+    /// The policy's deny globs: a default-excluded directory named by a glob's literal leading
+    /// segments is scanned (see [`DEFAULT_EXCLUDED_DIRS`]). Never re-includes `.agentdiff`.
+    pub reinclude: Vec<String>,
+    /// The before-manifest of the same run: a file whose (dev, ino, size, mtime_ns, ctime_ns,
+    /// mode, nlink) are all unchanged keeps its hash without being read. Ignored when the root
+    /// differs.
+    pub reuse: Option<&'a Manifest>,
+    /// Hashing threads; 0 = all cores.
+    pub threads: usize,
+    /// Called from worker threads, throttled.
+    pub progress: Option<&'a (dyn Fn(&ScanProgress) + Sync)>,
+    /// Which ignore rules apply.
+    pub ignore: IgnoreSource,
+}
+
+impl<'a> ScanOptions<'a> {
+    /// Defaults: 256 MiB hash limit, no backups, no re-includes, no reuse, all cores, no progress,
+    /// rules from `ROOT/.agentdiffignore`.
+    pub fn new() -> Self {
+        Self {
+            max_hash_bytes: DEFAULT_MAX_HASH_BYTES,
+            backup: None,
+            reinclude: Vec::new(),
+            reuse: None,
+            threads: 0,
+            progress: None,
+            ignore: IgnoreSource::ProjectFile,
+        }
+    }
+}
+
+impl Default for ScanOptions<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Failures that make the whole scan meaningless; per-entry problems go to `unsupported`.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("project root {path}: {source}; pass an existing directory")]
+    Root {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("project root {0} is not a directory; pass the project directory")]
+    RootNotDirectory(String),
+    #[error("{IGNORE_FILE}: {0}")]
+    IgnoreFile(String),
+    #[error("cannot start hashing threads: {0}")]
+    Threads(#[source] std::io::Error),
+    #[error("the scanner is not available on this platform (it needs POSIX *at calls)")]
+    UnsupportedPlatform,
+}
+
+/// Scans the tree below `root` (resolved once; it may itself be reached through a symlink).
+pub fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanError> {
+    #[cfg(unix)]
+    {
+        walk::scan(root, opts)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (root, opts);
+        Err(ScanError::UnsupportedPlatform)
+    }
+}
+
+/// Renders a name for reports: valid UTF-8 is kept, other bytes become `\xNN`.
+pub(crate) fn escape_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_bytes_keeps_utf8_and_escapes_the_rest() {
+        assert_eq!(escape_bytes(b"a\xffb"), "a\\xffb");
+        assert_eq!(escape_bytes("é\n".as_bytes()), "é\n");
+    }
+}

@@ -1,0 +1,178 @@
+//! Transaction benchmark: `agentdiff run -- true` on the corpus (`../shared/corpus`, scaled with
+//! `make-corpus.sh`) against baselines measured in the same run:
+//!
+//! - cold (first run) vs `sha256sum` over every file + `cp -a` of the tree (target ≤ 3×);
+//! - warm (second run, tree unchanged) vs `sha256sum` over every file (target ≤ 1.5×);
+//! - bytes the warm run adds to `.agentdiff/` vs the tree's bytes (target ≤ 2%);
+//! - peak memory (max RSS) of agentdiff (target ≤ 64 MB at N=8);
+//! - `git status` for reference.
+//!
+//! Run with `cargo bench -p agentdiff --bench transaction` (set `AGENTDIFF_BENCH_N=1,8` to choose
+//! scales and `AGENTDIFF_CORPUS=DIR` to point at the corpus folder).
+
+// A benchmark is a measuring tool, not library code: a failed step should stop it loudly.
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    clippy::zombie_processes
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn corpus_dir() -> Option<PathBuf> {
+    if let Ok(dir) = std::env::var("AGENTDIFF_CORPUS") {
+        return Some(PathBuf::from(dir));
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let candidates = [
+        manifest.join("../../shared/corpus"),
+        manifest.join("../shared/corpus"),
+    ];
+    candidates
+        .into_iter()
+        .find(|c| c.join("make-corpus.sh").is_file())
+}
+
+/// Run a command, returning wall time and the child's max RSS in KiB.
+fn timed(cmd: &mut Command) -> (Duration, u64, i32) {
+    let start = Instant::now();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our child; status and usage point to valid memory.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(rc, pid, "wait4 failed");
+    let elapsed = start.elapsed();
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    (elapsed, usage.ru_maxrss as u64, code)
+}
+
+fn sh(script: &str, dir: &Path) -> Command {
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(script).current_dir(dir);
+    c
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let out = Command::new("du")
+        .args(["-sb"])
+        .arg(dir)
+        .output()
+        .expect("du");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn best_of(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    (0..n).map(|_| f()).min().unwrap_or_default()
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let Some(corpus) = corpus_dir() else {
+        println!(
+            "SKIPPED: corpus not found (set AGENTDIFF_CORPUS to the folder with make-corpus.sh)"
+        );
+        return;
+    };
+    let scales: Vec<usize> = std::env::var("AGENTDIFF_BENCH_N")
+        .unwrap_or_else(|_| "1,8".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
+    for n in scales {
+        let work = tempfile::tempdir().expect("tempdir");
+        let tree = work.path().join("tree");
+        let status = Command::new("bash")
+            .arg(corpus.join("make-corpus.sh"))
+            .arg(&tree)
+            .arg(n.to_string())
+            .stdout(Stdio::null())
+            .status()
+            .expect("make-corpus");
+        assert!(status.success(), "make-corpus.sh failed");
+        let tree_bytes = dir_bytes(&tree);
+        // Warm the page cache so every measurement reads from memory.
+        let _ = timed(&mut sh(
+            "find . -type f -print0 | xargs -0 cat > /dev/null",
+            &tree,
+        ));
+
+        // The built-in policy denies `.git/**`, so agentdiff scans `.git` too: the baselines cover
+        // every file of the tree.
+        let sha = best_of(3, || {
+            timed(&mut sh(
+                "find . -type f -print0 | xargs -0 sha256sum > /dev/null",
+                &tree,
+            ))
+            .0
+        });
+        let copy_dest = work.path().join("copy");
+        let cp = best_of(3, || {
+            let _ = std::fs::remove_dir_all(&copy_dest);
+            timed(Command::new("cp").arg("-a").arg(&tree).arg(&copy_dest)).0
+        });
+        let _ = std::fs::remove_dir_all(&copy_dest);
+        let git = best_of(3, || timed(&mut sh("git status --porcelain", &tree)).0);
+
+        let run = |tree: &Path| {
+            let mut c = Command::new(&bin);
+            c.args(["run", "--fail-on", "never", "--", "true"])
+                .current_dir(tree);
+            timed(&mut c)
+        };
+        let (cold, cold_rss, cold_code) = run(&tree);
+        assert_eq!(cold_code, 0, "cold run failed");
+        let store_before = dir_bytes(&tree.join(".agentdiff"));
+        let (warm, warm_rss, warm_code) = run(&tree);
+        assert_eq!(warm_code, 0, "warm run failed");
+        let store_after = dir_bytes(&tree.join(".agentdiff"));
+        let added = store_after.saturating_sub(store_before);
+
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!("corpus N={n}: {:.1} MB", tree_bytes as f64 / 1e6);
+        println!(
+            "  baselines: sha256sum {:.0} ms, cp -a {:.0} ms, git status {:.0} ms",
+            ms(sha),
+            ms(cp),
+            ms(git)
+        );
+        println!(
+            "  cold run {:.0} ms = {:.2}x (sha256sum + cp -a)   [target <= 3x]",
+            ms(cold),
+            cold.as_secs_f64() / (sha + cp).as_secs_f64()
+        );
+        println!(
+            "  warm run {:.0} ms = {:.2}x sha256sum   [target <= 1.5x]; {:.2}x git status",
+            ms(warm),
+            warm.as_secs_f64() / sha.as_secs_f64(),
+            warm.as_secs_f64() / git.as_secs_f64()
+        );
+        println!(
+            "  warm run added {} bytes to .agentdiff = {:.3}% of the tree   [target <= 2%]",
+            added,
+            added as f64 * 100.0 / tree_bytes.max(1) as f64
+        );
+        println!(
+            "  peak RSS: cold {:.1} MB, warm {:.1} MB   [target <= 64 MB at N=8]",
+            cold_rss as f64 / 1024.0,
+            warm_rss as f64 / 1024.0
+        );
+    }
+}

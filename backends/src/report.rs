@@ -1,0 +1,144 @@
+//! Human-readable rendering of run results (summary format). Every recorded string is escaped
+//! before it reaches the terminal.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use agentdiff_engine::policy::Action;
+use agentdiff_engine::redact::escape_terminal;
+use agentdiff_engine::transaction::{RunResult, Status};
+
+fn action_word(a: Action) -> &'static str {
+    match a {
+        Action::Allow => "allow",
+        Action::Review => "review",
+        Action::Deny => "DENY",
+    }
+}
+
+fn outcome_line(r: &RunResult) -> String {
+    let exit = r.runtime.as_ref().map(|rt| &rt.exit);
+    match r.status {
+        Status::Blocked => "task blocked: command policy refused the launch".into(),
+        Status::Error => "task not run: agentdiff could not run it".into(),
+        Status::TimedOut => "task stopped: the deadline expired".into(),
+        Status::Terminated => "task stopped: agentdiff was interrupted".into(),
+        Status::Failed => match (exit.and_then(|e| e.code), exit.and_then(|e| e.signal)) {
+            (Some(c), _) => format!("task failed (exit {c})"),
+            (_, Some(s)) => format!("task failed (killed by signal {s})"),
+            _ => "task failed".into(),
+        },
+        Status::Passed | Status::Review | Status::Denied => "task completed (exit 0)".into(),
+    }
+}
+
+/// The end-of-run summary: what happened at a glance, then each change.
+pub fn run_summary(r: &RunResult, root: &Path) -> String {
+    let mut s = String::new();
+    let backend = r
+        .runtime
+        .as_ref()
+        .map(|rt| {
+            format!(
+                "{} backend, {}",
+                escape_terminal(&rt.backend),
+                if rt.sandboxed {
+                    "sandboxed"
+                } else {
+                    "not sandboxed"
+                }
+            )
+        })
+        .unwrap_or_else(|| "not launched".into());
+    let _ = writeln!(
+        s,
+        "\nagentdiff: run {} ({backend})",
+        escape_terminal(&r.run_id)
+    );
+    let _ = writeln!(s, "  {}", outcome_line(r));
+    if let Some(err) = &r.execution_error {
+        let _ = writeln!(s, "  error: {}", escape_terminal(err));
+    }
+    let sm = &r.summary;
+    let _ = writeln!(
+        s,
+        "  changes: {} ({} expected, {} for review, {} protected)",
+        r.changes.len(),
+        sm.expected,
+        sm.unexpected,
+        sm.protected
+    );
+    for c in &r.changes {
+        let kind = match c.entry_kind {
+            agentdiff_engine::fs::EntryKind::Directory => "/",
+            agentdiff_engine::fs::EntryKind::Symlink => " (symlink)",
+            agentdiff_engine::fs::EntryKind::File => "",
+        };
+        let _ = writeln!(
+            s,
+            "    {:<6} {:<8} {}{}  [{}]",
+            action_word(c.decision),
+            format!("{:?}", c.change_type).to_lowercase(),
+            escape_terminal(&c.path),
+            kind,
+            escape_terminal(&c.policy_decision.rule)
+        );
+    }
+    for v in &r.limit_violations {
+        let _ = writeln!(
+            s,
+            "  limit exceeded: {} = {} (limit {})",
+            v.limit, v.observed, v.limit_value
+        );
+    }
+    for w in &r.observation_warnings {
+        let _ = writeln!(s, "  warning: {}", escape_terminal(w));
+    }
+    if sm.leftover_processes > 0 {
+        let _ = writeln!(
+            s,
+            "  leftover processes: {} (cleaned up; see runtime.json)",
+            sm.leftover_processes
+        );
+    }
+    if sm.opened_ports > 0 {
+        let _ = writeln!(
+            s,
+            "  new listening sockets: {} (observed, not blocked)",
+            sm.opened_ports
+        );
+    }
+    let b = &r.blast_radius;
+    let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
+    let _ = writeln!(
+        s,
+        "  policy outcome: {}",
+        match r.safety_outcome {
+            Action::Allow => "allow",
+            Action::Review => "review",
+            Action::Deny => "deny",
+        }
+    );
+    if r.recovery_available {
+        let _ = writeln!(
+            s,
+            "  recovery: available — agentdiff rollback {} --safe-only",
+            escape_terminal(&r.run_id)
+        );
+    } else if !r.changes.is_empty() {
+        let _ = writeln!(s, "  recovery: not available for these changes");
+    }
+    let _ = writeln!(
+        s,
+        "  capsule: {}",
+        escape_terminal(
+            &root
+                .join(".agentdiff/runs")
+                .join(&r.run_id)
+                .display()
+                .to_string()
+        )
+    );
+    let _ = writeln!(s, "  status: {}", r.status.as_str());
+    s
+}

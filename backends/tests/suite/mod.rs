@@ -1,0 +1,2 @@
+mod policy_cli;
+mod run_cli;

@@ -1,0 +1,384 @@
+//! `agentdiff run`, `verify`, `inspect` and `runs` end to end on the local backend.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
+}
+
+fn agentdiff(root: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir(root)
+        .env_remove("AGENTDIFF_POLICY")
+        .output()
+        .expect("run agentdiff")
+}
+
+/// `agentdiff run --format json [extra…] -- argv…`, returning (exit code, result JSON, output).
+fn run_json(root: &Path, extra: &[&str], argv: &[&str]) -> (i32, Value, Output) {
+    let mut args = vec!["run", "--format", "json"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = agentdiff(root, &args);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}); stdout={} stderr={}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), json, out)
+}
+
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.txt"), "a\n").unwrap();
+    fs::write(dir.path().join("c.txt"), "c\n").unwrap();
+    fs::create_dir(dir.path().join("src")).unwrap();
+    fs::write(dir.path().join("src/lib.rs"), "// lib\n").unwrap();
+    dir
+}
+
+fn change<'a>(result: &'a Value, path: &str) -> &'a Value {
+    result["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == path)
+        .unwrap_or_else(|| panic!("no change for {path} in {result:#}"))
+}
+
+const EDIT: &str = "echo x >> a.txt; echo y > b.txt; rm c.txt";
+
+#[test]
+fn edits_are_recorded_and_reviewed_under_the_builtin_policy() {
+    let p = project();
+    let (code, r, _) = run_json(p.path(), &[], &["sh", "-c", EDIT]);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "review");
+    assert_eq!(r["safety_outcome"], "review");
+    assert_eq!(r["schema_version"], 1);
+    assert_eq!(r["command_decision"]["action"], "allow");
+    assert_eq!(change(&r, "a.txt")["change_type"], "modified");
+    assert_eq!(change(&r, "b.txt")["change_type"], "created");
+    assert_eq!(change(&r, "c.txt")["change_type"], "deleted");
+    for path in ["a.txt", "b.txt", "c.txt"] {
+        let c = change(&r, path);
+        assert_eq!(c["decision"], "review", "{path}");
+        assert_eq!(c["policy_decision"]["rule"], "filesystem.default", "{path}");
+        assert_eq!(c["policy_decision"]["phase"], "post_run", "{path}");
+        assert_eq!(c["reversible"], true, "{path}");
+    }
+    assert_eq!(r["changes"].as_array().unwrap().len(), 3, "{r:#}");
+    // review_created 8 + review_modified 4 + review_deleted 12
+    assert_eq!(r["blast_radius"]["score"], 24);
+    assert_eq!(r["blast_radius"]["level"], "moderate");
+    assert_eq!(r["runtime"]["backend"], "local");
+    assert_eq!(r["runtime"]["sandboxed"], false);
+    assert_eq!(r["runtime"]["network_enforcement"], false);
+
+    // The same run under --fail-on review fails the gate.
+    let p = project();
+    let (code, r, _) = run_json(p.path(), &["--fail-on", "review"], &["sh", "-c", EDIT]);
+    assert_eq!(r["status"], "review");
+    assert_eq!(code, 72);
+}
+
+#[test]
+fn writing_env_is_denied_and_fails_the_default_gate() {
+    let p = project();
+    let (code, r, _) = run_json(p.path(), &[], &["sh", "-c", "echo TOKEN=1 > .env"]);
+    assert_eq!(r["status"], "denied");
+    assert_eq!(r["safety_outcome"], "deny");
+    let c = change(&r, ".env");
+    assert_eq!(c["decision"], "deny");
+    assert_eq!(c["policy_decision"]["rule"], "filesystem.deny[0]");
+    assert_eq!(c["sensitive"], true);
+    assert_eq!(code, 71);
+    // --fail-on never collects evidence without failing.
+    let p = project();
+    let (code, r, _) = run_json(
+        p.path(),
+        &["--fail-on", "never"],
+        &["sh", "-c", "echo TOKEN=1 > .env"],
+    );
+    assert_eq!(r["status"], "denied");
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn the_childs_exit_code_passes_through() {
+    let p = project();
+    let (code, r, _) = run_json(p.path(), &[], &["sh", "-c", "exit 7"]);
+    assert_eq!(code, 7);
+    assert_eq!(r["status"], "failed");
+    assert_eq!(r["exit_code"], 7);
+}
+
+#[test]
+fn a_missing_executable_fails_with_127() {
+    let p = project();
+    let (code, r, _) = run_json(p.path(), &[], &["definitely-not-a-command-agentdiff"]);
+    assert_eq!(r["status"], "failed", "{r:#}");
+    assert_eq!(code, 127);
+    assert!(r["execution_error"]
+        .as_str()
+        .unwrap()
+        .contains("could not be launched"));
+}
+
+#[test]
+fn json_mode_keeps_stdout_one_document() {
+    let p = project();
+    let (_, r, out) = run_json(
+        p.path(),
+        &[],
+        &["sh", "-c", "echo from-child; echo err >&2"],
+    );
+    assert_eq!(r["status"], "passed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("from-child"), "{stderr}");
+    assert!(stderr.contains("err"), "{stderr}");
+}
+
+#[test]
+fn a_timeout_ends_the_whole_tree() {
+    let p = project();
+    // A sleep duration nothing else on the machine uses marks the run's processes.
+    let secs = 400_000 + std::process::id() % 100_000;
+    let marker = format!("sleep {secs}");
+    let started = Instant::now();
+    let script = format!("{marker} & (sh -c '{marker}' &) ; wait");
+    let (code, r, _) = run_json(p.path(), &["--timeout", "1"], &["sh", "-c", &script]);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(code, 124, "{r:#}");
+    assert_eq!(r["status"], "timed_out");
+    assert_eq!(r["runtime"]["exit"]["timed_out"], true);
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        !ps.lines().any(|l| l.trim() == marker),
+        "a process of the run survived:\n{ps}"
+    );
+}
+
+#[test]
+fn a_denied_command_is_blocked_and_never_runs() {
+    let p = project();
+    fs::write(
+        p.path().join("agentdiff.yaml"),
+        "version: 1\nprocess:\n  deny: [touch]\n",
+    )
+    .unwrap();
+    let (code, r, _) = run_json(p.path(), &[], &["touch", "ran.txt"]);
+    assert_eq!(code, 73);
+    assert_eq!(r["status"], "blocked");
+    assert_eq!(r["command_decision"]["action"], "deny");
+    assert_eq!(r["command_decision"]["rule"], "process.deny[0]");
+    assert!(!p.path().join("ran.txt").exists());
+    // The refusal is sealed evidence.
+    let out = agentdiff(p.path(), &["verify", r["run_id"].as_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn bad_input_gets_documented_codes_and_changes_nothing() {
+    let p = project();
+    fs::write(
+        p.path().join("bad.yaml"),
+        "version: 1\nfilesystem:\n  alow_write: []\n",
+    )
+    .unwrap();
+    let out = agentdiff(
+        p.path(),
+        &["run", "--policy", "bad.yaml", "--", "touch", "x"],
+    );
+    assert_eq!(out.status.code(), Some(65));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("filesystem.alow_write"));
+    assert!(!p.path().join("x").exists());
+
+    let out = agentdiff(p.path(), &["run", "--runtime", "nope", "--", "true"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown runtime backend `nope`"));
+
+    let out = agentdiff(p.path(), &["run", "--image", "x", "--", "true"]);
+    assert_eq!(out.status.code(), Some(64));
+
+    let out = agentdiff(p.path(), &["run"]);
+    assert_eq!(out.status.code(), Some(64));
+
+    let out = agentdiff(
+        p.path(),
+        &["run", "--run-id", "../evil", "--", "touch", "x"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!p.path().join("x").exists());
+    assert!(!p.path().join(".agentdiff/evil").exists());
+
+    let out = agentdiff(p.path(), &["verify", "no-such-run"]);
+    assert_eq!(out.status.code(), Some(66));
+}
+
+#[test]
+fn a_requested_run_id_is_used_once() {
+    let p = project();
+    let (code, r, _) = run_json(p.path(), &["--run-id", "my-run.1"], &["true"]);
+    assert_eq!(code, 0);
+    assert_eq!(r["run_id"], "my-run.1");
+    let out = agentdiff(
+        p.path(),
+        &["run", "--run-id", "my-run.1", "--", "touch", "again"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!p.path().join("again").exists());
+}
+
+#[test]
+fn tampering_with_any_sealed_artifact_or_backup_is_named_by_verify() {
+    let p = project();
+    let (_, r, _) = run_json(p.path(), &[], &["sh", "-c", EDIT]);
+    let id = r["run_id"].as_str().unwrap().to_string();
+    let run_dir = p.path().join(".agentdiff/runs").join(&id);
+    let ok = agentdiff(p.path(), &["verify", &id]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+
+    let integrity: Value =
+        serde_json::from_slice(&fs::read(run_dir.join("integrity.json")).unwrap()).unwrap();
+    let mut targets: Vec<(PathBuf, String)> = integrity["artifacts"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|name| (run_dir.join(name), name.clone()))
+        .collect();
+    assert!(targets.len() >= 7, "{integrity:#}");
+    let objects = integrity["objects"].as_array().unwrap();
+    assert!(
+        !objects.is_empty(),
+        "the run's backups are referenced by the seal"
+    );
+    for o in objects {
+        let hex = o.as_str().unwrap();
+        targets.push((
+            p.path()
+                .join(".agentdiff/objects/sha256")
+                .join(&hex[..2])
+                .join(&hex[2..]),
+            hex.to_string(),
+        ));
+    }
+    for (path, name) in targets {
+        let original = fs::read(&path).unwrap();
+        let mut flipped = original.clone();
+        let i = flipped.len() / 2;
+        flipped[i] ^= 0x01;
+        let mode = fs::metadata(&path).unwrap().permissions().mode();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(&path, &flipped).unwrap();
+        let out = agentdiff(p.path(), &["verify", &id]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(67), "{name}: {stdout}");
+        assert!(
+            stdout.contains(&name),
+            "verify does not name {name}: {stdout}"
+        );
+        fs::write(&path, &original).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let ok = agentdiff(p.path(), &["verify", &id]);
+    assert!(ok.status.success());
+}
+
+#[test]
+fn a_symlink_to_a_directory_outside_the_root_is_never_followed() {
+    let p = project();
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("secret.txt"), "outside\n").unwrap();
+    std::os::unix::fs::symlink(outside.path(), p.path().join("link")).unwrap();
+    let (code, r, _) = run_json(
+        p.path(),
+        &["--fail-on", "never"],
+        &["sh", "-c", "echo changed > link/secret.txt"],
+    );
+    assert_eq!(code, 0);
+    // The write went through the link (the local backend is not a sandbox), but the scanner
+    // never followed it: nothing below the link is in the manifests or the changes.
+    assert!(r["changes"].as_array().unwrap().is_empty(), "{r:#}");
+    let id = r["run_id"].as_str().unwrap();
+    let before = agentdiff(p.path(), &["inspect", id, "--artifact", "before"]);
+    let before: Value = serde_json::from_slice(&before.stdout).unwrap();
+    let entries = before["entries"].as_object().unwrap();
+    assert_eq!(entries["link"]["kind"], "symlink");
+    assert!(entries.keys().all(|k| !k.starts_with("link/")));
+}
+
+#[test]
+fn a_fifo_in_the_tree_does_not_hang_the_scan() {
+    let p = project();
+    let fifo = p.path().join("pipe");
+    let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let (code, r, _) = run_json(p.path(), &[], &["true"]);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(code, 0, "{r:#}");
+    assert!(r["summary"]["unsupported_entries"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn the_summary_tells_a_person_what_happened() {
+    let p = project();
+    let out = agentdiff(p.path(), &["run", "--", "sh", "-c", EDIT]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "task completed",
+        "changes: 3 (0 expected, 3 for review, 0 protected)",
+        "modified a.txt",
+        "created  b.txt",
+        "deleted  c.txt",
+        "blast radius: moderate (24/100)",
+        "policy outcome: review",
+        "recovery: available",
+        "status: review",
+    ] {
+        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+    }
+    let runs = agentdiff(p.path(), &["runs"]);
+    assert!(String::from_utf8_lossy(&runs.stdout).contains("review"));
+}
+
+#[test]
+fn the_store_is_private_and_never_committed() {
+    let p = project();
+    let (_, r, _) = run_json(p.path(), &[], &["true"]);
+    let store = p.path().join(".agentdiff");
+    assert_eq!(
+        fs::read_to_string(store.join(".gitignore")).unwrap().trim(),
+        "*"
+    );
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&store), 0o700);
+    let run_dir = store.join("runs").join(r["run_id"].as_str().unwrap());
+    assert_eq!(mode(&run_dir), 0o700);
+    for entry in fs::read_dir(&run_dir).unwrap() {
+        let entry = entry.unwrap();
+        assert_eq!(mode(&entry.path()), 0o600, "{:?}", entry.file_name());
+    }
+}

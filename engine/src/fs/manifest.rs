@@ -1,0 +1,175 @@
+//! The scan result: one [`Manifest`] per capture (before or after the command).
+//!
+//! Invariants a consumer may rely on:
+//! - `entries` holds every path below the root that the walk saw (by `lstat`) as a regular file,
+//!   a directory or a symlink, keyed by its project-relative POSIX path (`a/b.txt`; the root itself
+//!   is not an entry). Names are valid UTF-8 (they may contain control characters; those are data).
+//! - A regular file's `sha256` is `Some` only when its content was read completely and its identity
+//!   and metadata were unchanged around the read. When it is `None`, `unsupported` holds a record for
+//!   the same path saying why (too large, unreadable, changed during capture).
+//! - Everything that could not be captured (FIFOs, sockets, devices, non-UTF-8 names, unreadable
+//!   directories, ...) is in `unsupported`; nothing is dropped silently.
+//! - Everything skipped on purpose is in `excluded` (directories once, not every file beneath them).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Kind of a captured entry. Other file types are never entries; they go to
+/// [`Manifest::unsupported`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    File,
+    Directory,
+    Symlink,
+}
+
+/// Why a regular file has no verified backup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackupSkip {
+    /// Larger than `BackupRequest::max_file_bytes` (or than the hash limit).
+    TooLarge,
+    /// `nlink > 1`: restoring one name would silently diverge from the other names.
+    Hardlinked,
+    /// Identity or metadata changed while the file was being read.
+    ChangedDuringCapture,
+    /// The content could not be hashed (unreadable), so there is nothing to verify a copy against.
+    NotHashed,
+    /// The sink refused or failed to store (or verify) the copy; see `detail`.
+    StoreFailed,
+}
+
+/// Backup state of one entry: rollback uses it to know exactly which files are recoverable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum BackupState {
+    /// The scan was not asked to back up (rollback disabled, or this is the after-scan).
+    NotRequested,
+    /// Directories and symlinks are never backed up (not first-class recoverable objects).
+    NotApplicable,
+    /// A verified copy of exactly `sha256` is in the object store.
+    Stored,
+    /// A regular file that was eligible in principle but has no backup.
+    Skipped {
+        reason: BackupSkip,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+}
+
+/// One captured path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub kind: EntryKind,
+    pub size: u64,
+    /// Permission bits including setuid/setgid/sticky (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub dev: u64,
+    pub ino: u64,
+    pub nlink: u64,
+    /// Lowercase hex SHA-256 of the content (regular files only, when captured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Symlink target as stored in the link (never followed). Non-UTF-8 bytes are `\xNN`-escaped
+    /// and the path is then also listed as `non_utf8_symlink_target` in `unsupported`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+    pub backup: BackupState,
+}
+
+/// Kinds used in [`Unsupported::kind`].
+pub mod unsupported_kind {
+    pub const FIFO: &str = "fifo";
+    pub const SOCKET: &str = "socket";
+    pub const CHAR_DEVICE: &str = "char_device";
+    pub const BLOCK_DEVICE: &str = "block_device";
+    pub const UNKNOWN_TYPE: &str = "unknown_type";
+    /// A directory that could not be opened or listed, or a file that could not be opened or read.
+    pub const UNREADABLE: &str = "unreadable";
+    /// A regular file larger than `ScanOptions::max_hash_bytes` (recorded, not hashed).
+    pub const TOO_LARGE: &str = "too_large";
+    /// A name that is not valid UTF-8 (path shown with `\xNN` escapes; never descended into).
+    pub const NON_UTF8_NAME: &str = "non_utf8_name";
+    pub const NON_UTF8_SYMLINK_TARGET: &str = "non_utf8_symlink_target";
+    /// The entry was replaced, vanished, or changed identity/size/mtime/ctime while captured.
+    pub const CHANGED_DURING_CAPTURE: &str = "changed_during_capture";
+}
+
+/// Something below the root that was seen but could not be captured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unsupported {
+    pub path: String,
+    /// One of [`unsupported_kind`].
+    pub kind: String,
+    pub reason: String,
+}
+
+/// Reasons used in [`Exclusion::reason`].
+pub mod exclusion_reason {
+    /// `ROOT/.agentdiff`, the run store: always excluded, never re-included.
+    pub const AGENTDIFF_STORE: &str = "agentdiff_store";
+    /// A default generated/cache directory (see [`super::super::DEFAULT_EXCLUDED_DIRS`]).
+    pub const DEFAULT_GENERATED: &str = "default_generated";
+    /// Matched by `ROOT/.agentdiffignore`.
+    pub const AGENTDIFFIGNORE: &str = "agentdiffignore";
+}
+
+/// A path skipped on purpose (a directory is listed once, not every file beneath it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exclusion {
+    pub path: String,
+    /// One of [`exclusion_reason`].
+    pub reason: String,
+}
+
+/// Counters of one scan.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanStats {
+    pub files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    /// Bytes read and hashed by this scan (reused hashes do not count).
+    pub bytes_hashed: u64,
+    /// Files whose hash was taken from `ScanOptions::reuse` instead of being read.
+    pub hashes_reused: u64,
+    /// Backups newly copied into the sink by this scan.
+    pub backups_stored: u64,
+    /// Files whose object the sink already held (no copy needed).
+    pub backups_reused: u64,
+    pub duration_ms: u64,
+}
+
+/// Progress reported while scanning (from worker threads; throttled).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanProgress {
+    pub files_seen: u64,
+    pub bytes_hashed: u64,
+}
+
+/// The result of one scan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    /// The resolved (canonical) project root the paths are relative to.
+    pub root: String,
+    /// The `.agentdiffignore` lines in effect (empty when there was none). Pass them to the
+    /// after-scan as `IgnoreSource::Lines` so the command cannot hide its own changes by editing
+    /// the ignore file (an edit to the file itself still shows up as a change).
+    #[serde(default)]
+    pub ignore_lines: Vec<String>,
+    pub entries: BTreeMap<String, Entry>,
+    pub unsupported: Vec<Unsupported>,
+    pub excluded: Vec<Exclusion>,
+    pub stats: ScanStats,
+}
+
+impl Manifest {
+    /// The `unsupported` records for `path` (usually zero or one).
+    pub fn unsupported_for<'m>(&'m self, path: &'m str) -> impl Iterator<Item = &'m Unsupported> {
+        self.unsupported.iter().filter(move |u| u.path == path)
+    }
+}

@@ -1,0 +1,780 @@
+//! The directory-fd walk and the hashing pool.
+//!
+//! The calling thread walks depth-first: it lists one directory through its fd, `fstatat`s every
+//! name without following links, records directories and symlinks itself, and sends regular files
+//! to the hashing workers over a bounded channel. Each job carries an `Arc` of its parent directory
+//! fd, so a directory fd lives exactly as long as it has unlisted children or unhashed files:
+//! open descriptors stay bounded by the depth of the tree plus the channel capacity plus one file
+//! per worker, never by the width of the tree.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use nix::dir::Dir;
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, openat, readlinkat, AtFlags, FcntlArg, OFlag};
+use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
+
+use super::exclude::{parse_ignore_file, Rules, IGNORE_FILE};
+use super::hash::{backup_state, capture, Captured, Meta, CHUNK};
+use super::manifest::{
+    unsupported_kind as uk, BackupSkip, BackupState, Entry, EntryKind, Exclusion, Manifest,
+    ScanProgress, ScanStats, Unsupported,
+};
+use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions};
+
+/// Jobs queued per worker: enough to keep workers busy while the walker lists the next directory.
+const QUEUE_PER_WORKER: usize = 32;
+
+/// Progress is reported every this many files.
+const PROGRESS_EVERY: u64 = 256;
+
+#[cfg(test)]
+type DirHook = Box<dyn FnMut(&str)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook: runs on the walking thread just before a subdirectory is opened.
+    pub(crate) static BEFORE_OPEN_DIR: std::cell::RefCell<Option<DirHook>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+struct FileJob {
+    parent: Arc<OwnedFd>,
+    name: CString,
+    rel: String,
+    seen: Meta,
+}
+
+struct FileResult {
+    rel: String,
+    seen: Meta,
+    captured: Captured,
+}
+
+struct PendingDir {
+    parent: Arc<OwnedFd>,
+    name: CString,
+    rel: String,
+    seen: Meta,
+}
+
+struct Counters {
+    files_seen: AtomicU64,
+    bytes_hashed: AtomicU64,
+}
+
+impl Counters {
+    fn file_done(&self, bytes: u64, progress: Option<&(dyn Fn(&ScanProgress) + Sync)>) {
+        let bytes_hashed = self.bytes_hashed.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let files_seen = self.files_seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(cb) = progress {
+            if files_seen % PROGRESS_EVERY == 0 {
+                cb(&ScanProgress {
+                    files_seen,
+                    bytes_hashed,
+                });
+            }
+        }
+    }
+}
+
+struct Walker<'o, 'a> {
+    opts: &'o ScanOptions<'a>,
+    rules: Rules,
+    reuse: Option<&'a Manifest>,
+    counters: &'o Counters,
+    entries: BTreeMap<String, Entry>,
+    unsupported: Vec<Unsupported>,
+    excluded: Vec<Exclusion>,
+    stats: ScanStats,
+}
+
+pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanError> {
+    let start = Instant::now();
+    let shown = escape_bytes(root.as_os_str().as_bytes());
+    let canon = std::fs::canonicalize(root).map_err(|source| ScanError::Root {
+        path: shown.clone(),
+        source,
+    })?;
+    let root_str = escape_bytes(canon.as_os_str().as_bytes());
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let root_fd = match nix::fcntl::open(&canon, flags, Mode::empty()) {
+        // SAFETY: `open` just returned this descriptor and nothing else owns it.
+        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        Err(Errno::ENOTDIR) => return Err(ScanError::RootNotDirectory(root_str)),
+        Err(e) => {
+            return Err(ScanError::Root {
+                path: root_str,
+                source: e.into(),
+            })
+        }
+    };
+
+    let ignore_lines = match &opts.ignore {
+        IgnoreSource::ProjectFile => read_ignore_file(&root_fd)?,
+        IgnoreSource::Lines(lines) => lines.clone(),
+    };
+    let rules = Rules::new(&canon, &ignore_lines, &opts.reinclude)?;
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let counters = Counters {
+        files_seen: AtomicU64::new(0),
+        bytes_hashed: AtomicU64::new(0),
+    };
+    let mut walker = Walker {
+        opts,
+        rules,
+        reuse: opts.reuse.filter(|m| m.root == root_str),
+        counters: &counters,
+        entries: BTreeMap::new(),
+        unsupported: Vec::new(),
+        excluded: Vec::new(),
+        stats: ScanStats::default(),
+    };
+
+    let (job_tx, job_rx) = sync_channel::<FileJob>(threads.saturating_mul(QUEUE_PER_WORKER));
+    let job_rx = Mutex::new(job_rx);
+    std::thread::scope(|s| -> Result<(), ScanError> {
+        let (res_tx, res_rx) = channel::<FileResult>();
+        for i in 0..threads {
+            let (rx, tx) = (&job_rx, res_tx.clone());
+            let backup = opts.backup;
+            let (progress, counters) = (opts.progress, &counters);
+            std::thread::Builder::new()
+                .name(format!("agentdiff-hash-{i}"))
+                .spawn_scoped(s, move || worker(rx, tx, backup, progress, counters))
+                .map_err(ScanError::Threads)?;
+        }
+        drop(res_tx);
+        walker.walk(Arc::new(root_fd), job_tx);
+        for r in res_rx {
+            walker.file_result(r);
+        }
+        Ok(())
+    })?;
+
+    let Walker {
+        entries,
+        mut unsupported,
+        mut excluded,
+        mut stats,
+        ..
+    } = walker;
+    unsupported.sort_by(|a, b| a.path.cmp(&b.path).then_with(|| a.kind.cmp(&b.kind)));
+    excluded.sort_by(|a, b| a.path.cmp(&b.path));
+    stats.bytes_hashed = counters.bytes_hashed.load(Ordering::Relaxed);
+    stats.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    if let Some(cb) = opts.progress {
+        cb(&ScanProgress {
+            files_seen: counters.files_seen.load(Ordering::Relaxed),
+            bytes_hashed: stats.bytes_hashed,
+        });
+    }
+    Ok(Manifest {
+        schema_version: crate::SCHEMA_VERSION,
+        root: root_str,
+        ignore_lines,
+        entries,
+        unsupported,
+        excluded,
+        stats,
+    })
+}
+
+fn worker(
+    rx: &Mutex<Receiver<FileJob>>,
+    tx: Sender<FileResult>,
+    backup: Option<BackupRequest>,
+    progress: Option<&(dyn Fn(&ScanProgress) + Sync)>,
+    counters: &Counters,
+) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let job = match rx.lock() {
+            Ok(guard) => match guard.recv() {
+                Ok(job) => job,
+                Err(_) => break, // the walk is done
+            },
+            Err(_) => break,
+        };
+        let FileJob {
+            parent,
+            name,
+            rel,
+            seen,
+        } = job;
+        let captured = capture(&parent, &name, &seen, backup.as_ref(), &mut buf, &|| {});
+        drop(parent);
+        counters.file_done(captured.bytes_hashed, progress);
+        if tx
+            .send(FileResult {
+                rel,
+                seen,
+                captured,
+            })
+            .is_err()
+        {
+            break;
+        }
+    }
+}
+
+/// Reads `ROOT/.agentdiffignore` through the root fd without following a symlink.
+fn read_ignore_file(root: &OwnedFd) -> Result<Vec<String>, ScanError> {
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_CLOEXEC
+        | OFlag::O_NOCTTY;
+    let fd = match openat(Some(root.as_raw_fd()), IGNORE_FILE, flags, Mode::empty()) {
+        // SAFETY: `openat` just returned this descriptor and nothing else owns it.
+        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        Err(Errno::ENOENT) => return Ok(Vec::new()),
+        Err(Errno::ELOOP) => {
+            return Err(ScanError::IgnoreFile(
+                "is a symlink; replace it with a regular file".into(),
+            ))
+        }
+        Err(e) => return Err(ScanError::IgnoreFile(format!("cannot open: {}", e.desc()))),
+    };
+    match fstat(fd.as_raw_fd()) {
+        Ok(st) if Meta::from_stat(&st).is(SFlag::S_IFREG) => {}
+        Ok(_) => {
+            return Err(ScanError::IgnoreFile(
+                "is not a regular file; replace or remove it".into(),
+            ))
+        }
+        Err(e) => return Err(ScanError::IgnoreFile(format!("cannot fstat: {}", e.desc()))),
+    }
+    let mut bytes = Vec::new();
+    let file = std::fs::File::from(fd);
+    use std::io::Read;
+    file.take(1 << 21)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ScanError::IgnoreFile(format!("cannot read: {e}")))?;
+    parse_ignore_file(&bytes)
+}
+
+fn join(rel: &str, name: &str) -> String {
+    if rel.is_empty() {
+        name.to_string()
+    } else {
+        format!("{rel}/{name}")
+    }
+}
+
+fn entry(seen: &Meta, kind: EntryKind, backup: BackupState) -> Entry {
+    Entry {
+        kind,
+        size: seen.size,
+        mode: seen.perm,
+        mtime_ns: seen.mtime_ns,
+        ctime_ns: seen.ctime_ns,
+        dev: seen.dev,
+        ino: seen.ino,
+        nlink: seen.nlink,
+        sha256: None,
+        symlink_target: None,
+        backup,
+    }
+}
+
+fn type_name(seen: &Meta) -> &'static str {
+    if seen.is(SFlag::S_IFIFO) {
+        uk::FIFO
+    } else if seen.is(SFlag::S_IFSOCK) {
+        uk::SOCKET
+    } else if seen.is(SFlag::S_IFCHR) {
+        uk::CHAR_DEVICE
+    } else if seen.is(SFlag::S_IFBLK) {
+        uk::BLOCK_DEVICE
+    } else {
+        uk::UNKNOWN_TYPE
+    }
+}
+
+impl Walker<'_, '_> {
+    fn report(&mut self, path: String, kind: &str, reason: impl Into<String>) {
+        self.unsupported.push(Unsupported {
+            path,
+            kind: kind.to_string(),
+            reason: reason.into(),
+        });
+    }
+
+    fn walk(&mut self, root: Arc<OwnedFd>, jobs: SyncSender<FileJob>) {
+        let mut stack: Vec<PendingDir> = Vec::new();
+        self.list_dir(&root, "", &mut stack, &jobs);
+        drop(root);
+        while let Some(dir) = stack.pop() {
+            #[cfg(test)]
+            BEFORE_OPEN_DIR.with(|h| {
+                if let Some(hook) = h.borrow_mut().as_mut() {
+                    hook(&dir.rel);
+                }
+            });
+            let PendingDir {
+                parent,
+                name,
+                rel,
+                seen,
+            } = dir;
+            let opened = open_dir(&parent, &name, &seen);
+            drop(parent);
+            match opened {
+                Ok(fd) => self.list_dir(&Arc::new(fd), &rel, &mut stack, &jobs),
+                Err((kind, reason)) => self.report(rel, kind, reason),
+            }
+        }
+    }
+
+    fn list_dir(
+        &mut self,
+        fd: &Arc<OwnedFd>,
+        rel: &str,
+        stack: &mut Vec<PendingDir>,
+        jobs: &SyncSender<FileJob>,
+    ) {
+        let shown = if rel.is_empty() {
+            ".".to_string()
+        } else {
+            rel.to_string()
+        };
+        let (mut names, error) = read_names(fd);
+        if let Some(e) = error {
+            let why = format!(
+                "cannot list directory: {e}; {} entries read were captured",
+                names.len()
+            );
+            self.report(shown, uk::UNREADABLE, why);
+        }
+        names.sort();
+        // Pushed in reverse so the depth-first walk visits directories in name order.
+        let mut subdirs = Vec::new();
+        for name in names {
+            let shown_name = escape_bytes(name.to_bytes());
+            let Ok(name_str) = std::str::from_utf8(name.to_bytes()) else {
+                let kind = fstatat(
+                    Some(fd.as_raw_fd()),
+                    name.as_c_str(),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map(|st| describe(&Meta::from_stat(&st)))
+                .unwrap_or("entry");
+                let why = format!(
+                    "name is not valid UTF-8 (a {kind}); not captured and not descended into"
+                );
+                self.report(join(rel, &shown_name), uk::NON_UTF8_NAME, why);
+                continue;
+            };
+            let path = join(rel, name_str);
+            let seen = match fstatat(
+                Some(fd.as_raw_fd()),
+                name.as_c_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(st) => Meta::from_stat(&st),
+                Err(Errno::ENOENT) => {
+                    self.report(
+                        path,
+                        uk::CHANGED_DURING_CAPTURE,
+                        "removed while its directory was listed",
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    self.report(path, uk::UNREADABLE, format!("cannot lstat: {}", e.desc()));
+                    continue;
+                }
+            };
+            let is_dir = seen.is(SFlag::S_IFDIR);
+            if let Some(reason) = self.rules.excluded(&path, name_str, is_dir) {
+                self.excluded.push(Exclusion {
+                    path,
+                    reason: reason.to_string(),
+                });
+                continue;
+            }
+            if is_dir {
+                self.stats.directories += 1;
+                self.entries.insert(
+                    path.clone(),
+                    entry(&seen, EntryKind::Directory, BackupState::NotApplicable),
+                );
+                subdirs.push(PendingDir {
+                    parent: Arc::clone(fd),
+                    name,
+                    rel: path,
+                    seen,
+                });
+            } else if seen.is(SFlag::S_IFLNK) {
+                self.symlink(fd, &name, path, &seen);
+            } else if seen.is(SFlag::S_IFREG) {
+                self.regular_file(fd, name, path, seen, jobs);
+            } else {
+                let kind = type_name(&seen);
+                self.report(
+                    path,
+                    kind,
+                    format!(
+                        "{} not captured (only regular files, directories and symlinks are)",
+                        describe(&seen)
+                    ),
+                );
+            }
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+
+    fn symlink(&mut self, fd: &OwnedFd, name: &CStr, path: String, seen: &Meta) {
+        self.stats.symlinks += 1;
+        let mut e = entry(seen, EntryKind::Symlink, BackupState::NotApplicable);
+        match readlinkat(Some(fd.as_raw_fd()), name) {
+            Ok(target) => {
+                let bytes = target.as_bytes();
+                e.symlink_target = Some(escape_bytes(bytes));
+                if std::str::from_utf8(bytes).is_err() {
+                    self.report(
+                        path.clone(),
+                        uk::NON_UTF8_SYMLINK_TARGET,
+                        "symlink target is not valid UTF-8; recorded with \\xNN escapes",
+                    );
+                }
+            }
+            Err(Errno::EINVAL | Errno::ENOENT) => {
+                self.report(
+                    path.clone(),
+                    uk::CHANGED_DURING_CAPTURE,
+                    "symlink replaced or removed before its target was read",
+                );
+            }
+            Err(err) => {
+                self.report(
+                    path.clone(),
+                    uk::UNREADABLE,
+                    format!("cannot read symlink target: {}", err.desc()),
+                );
+            }
+        }
+        self.entries.insert(path, e);
+    }
+
+    fn regular_file(
+        &mut self,
+        fd: &Arc<OwnedFd>,
+        name: CString,
+        path: String,
+        seen: Meta,
+        jobs: &SyncSender<FileJob>,
+    ) {
+        self.stats.files += 1;
+        let backup = self.opts.backup;
+        if seen.size > self.opts.max_hash_bytes {
+            let state = match backup {
+                Some(_) => BackupState::Skipped {
+                    reason: BackupSkip::TooLarge,
+                    detail: None,
+                },
+                None => BackupState::NotRequested,
+            };
+            self.entries
+                .insert(path.clone(), entry(&seen, EntryKind::File, state));
+            let why = format!(
+                "{} bytes exceeds the hash limit of {} bytes; metadata only",
+                seen.size, self.opts.max_hash_bytes
+            );
+            self.report(path, uk::TOO_LARGE, why);
+            self.counters.file_done(0, self.opts.progress);
+            return;
+        }
+        if let Some((sha, state, reused_backup)) = self.reusable(&path, &seen) {
+            let mut e = entry(&seen, EntryKind::File, state);
+            e.sha256 = Some(sha);
+            self.entries.insert(path, e);
+            self.stats.hashes_reused += 1;
+            self.stats.backups_reused += u64::from(reused_backup);
+            self.counters.file_done(0, self.opts.progress);
+            return;
+        }
+        let job = FileJob {
+            parent: Arc::clone(fd),
+            name,
+            rel: path,
+            seen,
+        };
+        if let Err(failed) = jobs.send(job) {
+            let rel = failed.0.rel;
+            let state = match backup {
+                Some(_) => BackupState::Skipped {
+                    reason: BackupSkip::NotHashed,
+                    detail: None,
+                },
+                None => BackupState::NotRequested,
+            };
+            self.entries
+                .insert(rel.clone(), entry(&seen, EntryKind::File, state));
+            self.report(rel, uk::UNREADABLE, "no hashing worker available");
+        }
+    }
+
+    /// The before-scan's hash when all seven identity fields are unchanged; with a backup request,
+    /// only when no copy is needed (the object is stored, or the file is ineligible anyway).
+    fn reusable(&self, path: &str, seen: &Meta) -> Option<(String, BackupState, bool)> {
+        let prev = self.reuse?.entries.get(path)?;
+        let unchanged = prev.kind == EntryKind::File
+            && prev.dev == seen.dev
+            && prev.ino == seen.ino
+            && prev.size == seen.size
+            && prev.mtime_ns == seen.mtime_ns
+            && prev.ctime_ns == seen.ctime_ns
+            && prev.mode == seen.perm
+            && prev.nlink == seen.nlink;
+        if !unchanged {
+            return None;
+        }
+        let sha = prev.sha256.clone()?;
+        let Some(req) = self.opts.backup else {
+            return Some((sha, BackupState::NotRequested, false));
+        };
+        let eligible = seen.nlink == 1 && seen.size <= req.max_file_bytes;
+        if eligible && !req.sink.contains(&sha) {
+            return None; // needs the open file to copy from
+        }
+        let mut scratch = Captured {
+            sha256: None,
+            backup: BackupState::NotRequested,
+            problem: None,
+            bytes_hashed: 0,
+            backup_stored: false,
+            backup_reused: false,
+        };
+        let state = backup_state(&req, seen, &sha, &mut scratch, None);
+        Some((sha, state, scratch.backup_reused))
+    }
+
+    fn file_result(&mut self, r: FileResult) {
+        let FileResult {
+            rel,
+            seen,
+            captured,
+        } = r;
+        let mut e = entry(&seen, EntryKind::File, captured.backup);
+        e.sha256 = captured.sha256;
+        self.stats.backups_stored += u64::from(captured.backup_stored);
+        self.stats.backups_reused += u64::from(captured.backup_reused);
+        if let Some((kind, reason)) = captured.problem {
+            self.report(rel.clone(), kind, reason);
+        }
+        self.entries.insert(rel, e);
+    }
+}
+
+fn describe(seen: &Meta) -> &'static str {
+    if seen.is(SFlag::S_IFDIR) {
+        "directory"
+    } else if seen.is(SFlag::S_IFLNK) {
+        "symlink"
+    } else if seen.is(SFlag::S_IFREG) {
+        "regular file"
+    } else if seen.is(SFlag::S_IFIFO) {
+        "FIFO"
+    } else if seen.is(SFlag::S_IFSOCK) {
+        "socket"
+    } else if seen.is(SFlag::S_IFCHR) {
+        "character device"
+    } else if seen.is(SFlag::S_IFBLK) {
+        "block device"
+    } else {
+        "file of unknown type"
+    }
+}
+
+/// Opens the subdirectory `name` of `parent` without following a symlink and checks it is the
+/// directory the listing saw.
+fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'static str, String)> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = match openat(Some(parent.as_raw_fd()), name, flags, Mode::empty()) {
+        // SAFETY: `openat` just returned this descriptor and nothing else owns it.
+        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        Err(Errno::ELOOP | Errno::ENOTDIR) => {
+            return Err((
+                uk::CHANGED_DURING_CAPTURE,
+                "directory replaced by a symlink or non-directory during the walk; not followed"
+                    .into(),
+            ))
+        }
+        Err(Errno::ENOENT) => {
+            return Err((
+                uk::CHANGED_DURING_CAPTURE,
+                "directory removed during the walk".into(),
+            ))
+        }
+        Err(Errno::EMFILE | Errno::ENFILE) => {
+            return Err((
+                uk::UNREADABLE,
+                "too many open files (directory nesting too deep); contents not captured".into(),
+            ))
+        }
+        Err(e) => {
+            return Err((
+                uk::UNREADABLE,
+                format!("cannot open directory: {}; contents not captured", e.desc()),
+            ))
+        }
+    };
+    match fstat(fd.as_raw_fd()) {
+        Ok(st) => {
+            let now = Meta::from_stat(&st);
+            if now.dev != seen.dev || now.ino != seen.ino || !now.is(SFlag::S_IFDIR) {
+                return Err((
+                    uk::CHANGED_DURING_CAPTURE,
+                    "directory replaced during the walk; contents not captured".into(),
+                ));
+            }
+            Ok(fd)
+        }
+        Err(e) => Err((
+            uk::UNREADABLE,
+            format!("cannot fstat directory: {}", e.desc()),
+        )),
+    }
+}
+
+/// Lists a directory through a duplicate of its fd (the original stays usable for `*at` calls).
+/// Returns the names read and the error that stopped the listing, if any.
+fn read_names(fd: &OwnedFd) -> (Vec<CString>, Option<String>) {
+    let mut names = Vec::new();
+    let dup = match fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(0)) {
+        Ok(d) => d,
+        Err(e) => return (names, Some(e.desc().to_string())),
+    };
+    // `Dir::from_fd` owns (and on failure closes) the duplicate.
+    let mut dir = match Dir::from_fd(dup) {
+        Ok(d) => d,
+        Err(e) => return (names, Some(e.desc().to_string())),
+    };
+    for item in dir.iter() {
+        match item {
+            Ok(ent) => {
+                let n = ent.file_name();
+                if n.to_bytes() != b"." && n.to_bytes() != b".." {
+                    names.push(n.to_owned());
+                }
+            }
+            Err(e) => return (names, Some(e.desc().to_string())),
+        }
+    }
+    (names, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    fn with_hook<T>(hook: Box<dyn FnMut(&str)>, f: impl FnOnce() -> T) -> T {
+        BEFORE_OPEN_DIR.with(|h| *h.borrow_mut() = Some(hook));
+        let out = f();
+        BEFORE_OPEN_DIR.with(|h| *h.borrow_mut() = None);
+        out
+    }
+
+    fn outside_tree() -> tempfile::TempDir {
+        let out = tempfile::tempdir().unwrap();
+        fs::write(out.path().join("outside_secret"), b"secret").unwrap();
+        fs::create_dir(out.path().join("b")).unwrap();
+        fs::write(out.path().join("b/outside_secret"), b"secret").unwrap();
+        out
+    }
+
+    fn assert_nothing_outside(m: &Manifest) {
+        for p in m
+            .entries
+            .keys()
+            .chain(m.unsupported.iter().map(|u| &u.path))
+        {
+            assert!(!p.contains("outside_secret"), "walk escaped the root: {p}");
+        }
+    }
+
+    #[test]
+    fn directory_swapped_for_symlink_before_open_is_not_followed() {
+        let out = outside_tree();
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir(root.path().join("a")).unwrap();
+        fs::write(root.path().join("a/inner"), b"x").unwrap();
+        let (r, o) = (root.path().to_path_buf(), out.path().to_path_buf());
+        let hook = Box::new(move |rel: &str| {
+            if rel == "a" {
+                fs::rename(r.join("a"), r.join("a_moved")).unwrap();
+                symlink(&o, r.join("a")).unwrap();
+            }
+        });
+        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        assert_nothing_outside(&m);
+        assert!(!m.entries.contains_key("a/inner"));
+        assert!(
+            m.unsupported
+                .iter()
+                .any(|u| u.path == "a" && u.kind == uk::CHANGED_DURING_CAPTURE),
+            "{:?}",
+            m.unsupported
+        );
+    }
+
+    #[test]
+    fn parent_swapped_after_open_keeps_walking_the_real_directory() {
+        let out = outside_tree();
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir_all(root.path().join("a/b")).unwrap();
+        fs::write(root.path().join("a/b/inner"), b"x").unwrap();
+        let (r, o) = (root.path().to_path_buf(), out.path().to_path_buf());
+        // When `a/b` is about to be opened, `a` is already open: replace the path `a` by a link to
+        // a tree that also has a `b`. Resolving "a/b" as a string would now land outside.
+        let hook = Box::new(move |rel: &str| {
+            if rel == "a/b" {
+                fs::rename(r.join("a"), r.join("a_moved")).unwrap();
+                symlink(&o, r.join("a")).unwrap();
+            }
+        });
+        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        assert_nothing_outside(&m);
+        assert!(
+            m.entries.contains_key("a/b/inner"),
+            "{:?}",
+            m.entries.keys().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn directory_replaced_by_another_directory_is_changed_during_capture() {
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir(root.path().join("a")).unwrap();
+        fs::write(root.path().join("a/inner"), b"x").unwrap();
+        let r = root.path().to_path_buf();
+        let hook = Box::new(move |rel: &str| {
+            if rel == "a" {
+                fs::rename(r.join("a"), r.join("a_moved")).unwrap();
+                fs::create_dir(r.join("a")).unwrap();
+                fs::write(r.join("a/planted"), b"y").unwrap();
+            }
+        });
+        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        assert!(!m.entries.contains_key("a/planted"));
+        assert!(m
+            .unsupported
+            .iter()
+            .any(|u| u.path == "a" && u.kind == uk::CHANGED_DURING_CAPTURE));
+    }
+}

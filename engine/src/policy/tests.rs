@@ -1,0 +1,487 @@
+//! Unit tests of loading, the schema and decisions.
+
+use super::*;
+
+fn parse(text: &str) -> Result<Policy, PolicyError> {
+    Policy::from_yaml_or_json(text, "test.yaml")
+}
+
+fn problems(text: &str) -> Vec<String> {
+    match parse(text) {
+        Err(PolicyError::Invalid { problems, .. }) => problems,
+        other => panic!("expected a schema error for {text:?}, got {other:?}"),
+    }
+}
+
+fn error(text: &str) -> String {
+    parse(text).unwrap_err().to_string()
+}
+
+#[test]
+fn minimal_document_gets_defaults() {
+    let p = parse("version: 1\n").unwrap();
+    assert_eq!(p.version(), 1);
+    assert_eq!(p.network_mode(), NetworkMode::Observe);
+    assert_eq!(*p.limits(), Limits::default());
+    assert_eq!(*p.rollback(), RollbackSettings::default());
+    assert_eq!(*p.weights(), Weights::default());
+    let d = p.decide_path("anything", Phase::PostRun).unwrap();
+    assert_eq!(d.action, Action::Review);
+    assert_eq!(d.rule, "filesystem.default");
+    let d = p.decide_command(OsStr::new("node"));
+    assert_eq!(
+        (d.action, d.rule.as_str()),
+        (Action::Review, "process.default")
+    );
+}
+
+#[test]
+fn unknown_keys_carry_the_full_path() {
+    assert!(problems("version: 1\nfilesystem:\n  alow_write: []\n")
+        .contains(&"unknown policy key: filesystem.alow_write".to_owned()));
+    assert!(problems("version: 1\nfilesytem: {}\n")
+        .contains(&"unknown policy key: filesytem".to_owned()));
+    assert!(problems("version: 1\nscoring:\n  weights:\n    blast: 3\n")
+        .contains(&"unknown policy key: scoring.weights.blast".to_owned()));
+    assert!(
+        problems("version: 1\nnetwork:\n  mode: observe\n  block: true\n")
+            .contains(&"unknown policy key: network.block".to_owned())
+    );
+}
+
+#[test]
+fn wrong_types_carry_the_full_path() {
+    let p = problems("version: 1\nlimits:\n  files_changed: -1\n");
+    assert!(
+        p[0].starts_with("limits.files_changed must be a non-negative integer"),
+        "{p:?}"
+    );
+    let p = problems("version: 1\nlimits:\n  duration_seconds: 1.5\n");
+    assert!(p[0].starts_with("limits.duration_seconds must be a non-negative integer"));
+    let p = problems("version: 1\nlimits:\n  processes_spawned: \"8\"\n");
+    assert!(p[0].contains("got a string"), "{p:?}");
+    let p = problems("version: 1\nscoring:\n  weights:\n    sensitive_path: -3\n");
+    assert!(p[0].starts_with("scoring.weights.sensitive_path must be a non-negative integer"));
+    let p = problems("version: 1\nfilesystem:\n  deny: .env\n");
+    assert!(
+        p[0].starts_with("filesystem.deny must be a list of strings"),
+        "{p:?}"
+    );
+    let p = problems("version: 1\nfilesystem:\n  deny: [1]\n");
+    assert!(
+        p[0].starts_with("filesystem.deny[0] must be a string"),
+        "{p:?}"
+    );
+    let p = problems("version: 1\nfilesystem:\n  default: allow_write\n");
+    assert!(p[0].starts_with("filesystem.default must be one of allow, review, deny"));
+    let p = problems("version: 1\nrollback:\n  enabled: yes\n");
+    assert!(
+        p[0].starts_with("rollback.enabled must be true or false"),
+        "{p:?}"
+    );
+    let p = problems("version: 1\nprocess: [node]\n");
+    assert!(p[0].starts_with("process must be a mapping"), "{p:?}");
+}
+
+#[test]
+fn all_problems_are_reported_together() {
+    let p = problems("version: 1\nlimits:\n  files_changed: x\n  files_deleted: -2\nextra: 1\n");
+    assert_eq!(p.len(), 3, "{p:?}");
+}
+
+#[test]
+fn version_is_required_and_checked() {
+    assert!(problems("filesystem: {}\n")[0].starts_with("missing required key: version"));
+    assert!(problems("version: 3\n")[0].starts_with("unsupported policy version 3"));
+    assert!(problems("version: \"1\"\n")[0].starts_with("version must be the integer 1 or 2"));
+    assert!(problems("version: 1.0\n")[0].starts_with("version must be the integer 1 or 2"));
+}
+
+#[test]
+fn network_mode_off_quoted_and_unquoted() {
+    // serde_yaml reads YAML 1.2: an unquoted off is the string "off", as is a quoted one.
+    for text in [
+        "version: 1\nnetwork:\n  mode: off\n",
+        "version: 1\nnetwork:\n  mode: \"off\"\n",
+    ] {
+        assert_eq!(
+            parse(text).unwrap().network_mode(),
+            NetworkMode::Off,
+            "{text}"
+        );
+    }
+    // A YAML 1.1 boolean written out explicitly is still rejected, with a hint.
+    let p = problems("version: 1\nnetwork:\n  mode: false\n");
+    assert!(
+        p[0].contains("got a boolean") && p[0].contains("quotes"),
+        "{p:?}"
+    );
+    let p = problems("version: 1\nnetwork:\n  mode: block\n");
+    assert!(p[0].starts_with("network.mode must be"), "{p:?}");
+}
+
+#[test]
+fn rollback_alias() {
+    let p = parse("version: 1\nrollback:\n  backup_max_file_mb: 3\n").unwrap();
+    assert_eq!(p.rollback().max_backup_file_mb, 3);
+    let p = parse("version: 1\nrollback:\n  max_backup_file_mb: 4\n  enabled: false\n").unwrap();
+    assert_eq!(
+        *p.rollback(),
+        RollbackSettings {
+            enabled: false,
+            max_backup_file_mb: 4
+        }
+    );
+    let p = problems("version: 1\nrollback:\n  max_backup_file_mb: 4\n  backup_max_file_mb: 4\n");
+    assert!(
+        p[0].contains("give only rollback.max_backup_file_mb"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn weights_override_individually() {
+    let p = parse("version: 1\nscoring:\n  weights:\n    sensitive_path: 40\n    scope_drift: 0\n")
+        .unwrap();
+    let w = p.weights();
+    assert_eq!(w.sensitive_path, 40);
+    assert_eq!(w.scope_drift, 0);
+    assert_eq!(w.denied_deletion, 40);
+    assert_eq!(w.get("review_created"), Some(8));
+    assert_eq!(w.get("nope"), None);
+    let all = WEIGHT_NAMES
+        .iter()
+        .map(|n| format!("    {n}: 1\n"))
+        .collect::<String>();
+    let p = parse(&format!("version: 1\nscoring:\n  weights:\n{all}")).unwrap();
+    assert!(WEIGHT_NAMES.iter().all(|n| p.weights().get(n) == Some(1)));
+}
+
+#[test]
+fn structural_errors() {
+    assert!(matches!(parse(""), Err(PolicyError::Empty { .. })));
+    assert!(matches!(parse("  \n\t\n"), Err(PolicyError::Empty { .. })));
+    assert!(matches!(
+        parse("# only a comment\n"),
+        Err(PolicyError::Empty { .. })
+    ));
+    assert!(matches!(parse("~\n"), Err(PolicyError::Empty { .. })));
+    assert!(error("- version: 1\n").contains("the document root must be a mapping (got a list)"));
+    assert!(error("just a string\n").contains("root must be a mapping (got a string)"));
+    let e = error("version: 1\nversion: 1\n");
+    assert!(e.contains("duplicate key: version"), "{e}");
+    let e = error("version: 1\nfilesystem:\n  deny: []\n  deny: [x]\n");
+    assert!(e.contains("duplicate key: filesystem.deny"), "{e}");
+    let e = error("{\"version\": 1, \"version\": 1}");
+    assert!(e.contains("duplicate key: version"), "{e}");
+    let e = error("version: 1\n---\nversion: 1\n");
+    assert!(e.contains("more than one document"), "{e}");
+    let e = error("version: 1\nfilesystem: !custom {}\n");
+    assert!(e.contains("tags"), "{e}");
+    let e = error("version: 1\n1: x\n");
+    assert!(e.contains("keys must be strings"), "{e}");
+    let e = error("version: [1\n");
+    assert!(e.contains("cannot be read"), "{e}");
+}
+
+#[test]
+fn over_large_input_is_rejected() {
+    let big = format!("version: 1\n#{}\n", "x".repeat(MAX_POLICY_BYTES));
+    assert!(matches!(parse(&big), Err(PolicyError::TooLarge { .. })));
+}
+
+#[test]
+fn alias_expansion_is_bounded() {
+    // Nine levels of ten-fold aliases would expand to a billion values.
+    let mut doc = String::from("version: 1\nx0: &a0 [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+    for i in 1..9 {
+        let prev = format!("*a{}", i - 1);
+        let items = [prev.as_str(); 10].join(",");
+        doc.push_str(&format!("x{i}: &a{i} [{items}]\n"));
+    }
+    let e = error(&doc);
+    assert!(e.contains("alias") || e.contains("repetition limit"), "{e}");
+    // A small alias is fine (and then the key itself is unknown).
+    let p = problems("version: 1\nlist: &l [a]\nfilesystem:\n  deny: *l\n");
+    assert_eq!(p, vec!["unknown policy key: list".to_owned()]);
+}
+
+#[test]
+fn deep_nesting_is_rejected() {
+    let deep = format!("version: 1\nx: {}{}\n", "[".repeat(40), "]".repeat(40));
+    assert!(error(&deep).contains("nests deeper"));
+}
+
+#[test]
+fn json_documents() {
+    let p = Policy::from_yaml_or_json(
+        r#"{"version": 1, "filesystem": {"deny": [".env"], "default": "allow"}}"#,
+        "p.json",
+    )
+    .unwrap();
+    assert_eq!(
+        p.decide_path(".env", Phase::PostRun).unwrap().action,
+        Action::Deny
+    );
+    assert_eq!(
+        p.decide_path("a", Phase::PostRun).unwrap().action,
+        Action::Allow
+    );
+    // A YAML flow mapping also starts with `{` and is read as YAML.
+    let p = parse("{version: 1, network: {mode: off}}").unwrap();
+    assert_eq!(p.network_mode(), NetworkMode::Off);
+    // A `.json` origin is JSON only.
+    assert!(Policy::from_yaml_or_json("version: 1\n", "p.json").is_err());
+    // Trailing garbage after JSON is rejected.
+    assert!(Policy::from_yaml_or_json("{\"version\": 1} x", "p.json").is_err());
+}
+
+#[test]
+fn patterns_are_validated() {
+    let p = problems("version: 1\nfilesystem:\n  deny: [/etc/passwd, ../x, \"a//b\", src/]\n");
+    assert_eq!(p.len(), 4, "{p:?}");
+    assert!(p[0].starts_with("filesystem.deny[0]"), "{p:?}");
+    assert!(p[3].contains("dir/**"), "{p:?}");
+    let p = problems("version: 1\nfilesystem:\n  review: [\"a[\"]\n");
+    assert!(
+        p[0].starts_with("filesystem.review[0]: invalid glob"),
+        "{p:?}"
+    );
+    let p = problems("version: 1\nprocess:\n  deny: [/usr/bin/curl]\n");
+    assert!(
+        p[0].starts_with("process.deny[0]") && p[0].contains("basename"),
+        "{p:?}"
+    );
+    // Backslashes in filesystem patterns are separators.
+    let p = parse("version: 1\nfilesystem:\n  deny: ['secrets\\**']\n").unwrap();
+    assert_eq!(p.deny_patterns(), vec!["secrets/**".to_owned()]);
+    assert_eq!(
+        p.decide_path("secrets/a", Phase::PostRun).unwrap().action,
+        Action::Deny
+    );
+}
+
+#[test]
+fn precedence_is_fixed() {
+    let text = "version: 1\nfilesystem:\n  allow_write: [\"**\"]\n  review: [docs/**, src/gen/**]\n  deny: [\"**/*.pem\"]\n  default: deny\n";
+    let p = parse(text).unwrap();
+    let d = p.decide_path("docs/a.pem", Phase::PostRun).unwrap();
+    assert_eq!(
+        (d.action, d.rule.as_str()),
+        (Action::Deny, "filesystem.deny[0]")
+    );
+    assert_eq!(d.pattern.as_deref(), Some("**/*.pem"));
+    let d = p.decide_path("src/gen/x.rs", Phase::PostRun).unwrap();
+    assert_eq!(
+        (d.action, d.rule.as_str()),
+        (Action::Review, "filesystem.review[1]")
+    );
+    let d = p.decide_path("src/x.rs", Phase::PostRun).unwrap();
+    assert_eq!(
+        (d.action, d.rule.as_str()),
+        (Action::Allow, "filesystem.allow_write[0]")
+    );
+    assert_eq!(d.policy_version, 1);
+    assert_eq!(d.phase, Phase::PostRun);
+}
+
+#[test]
+fn decide_path_normalises_and_rejects() {
+    let p = Policy::builtin();
+    let d = p.decide_path(".git\\config", Phase::PreToolUse).unwrap();
+    assert_eq!(d.subject, ".git/config");
+    assert_eq!(d.action, Action::Deny);
+    assert!(p.decide_path("../.env", Phase::PostRun).is_err());
+    assert!(p.decide_path("/abs", Phase::PostRun).is_err());
+}
+
+#[test]
+fn builtin_policy() {
+    let p = Policy::builtin();
+    assert_eq!(p.version(), 1);
+    for denied in [
+        ".env",
+        ".env.local",
+        ".git/config",
+        ".git",
+        ".ssh/id_rsa",
+        "a/b/c.key",
+        "x.pem",
+    ] {
+        let d = p.decide_path(denied, Phase::PostRun).unwrap();
+        assert_eq!(d.action, Action::Deny, "{denied}");
+    }
+    for reviewed in [
+        "src/main.rs",
+        "sub/.env",
+        ".envrc",
+        ".github/workflows/ci.yml",
+    ] {
+        let d = p.decide_path(reviewed, Phase::PostRun).unwrap();
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (Action::Review, "filesystem.default"),
+            "{reviewed}"
+        );
+    }
+    let d = p.decide_command(OsStr::new("/usr/bin/curl"));
+    assert_eq!((d.action, d.subject.as_str()), (Action::Allow, "curl"));
+    assert_eq!(p.deny_patterns(), BUILTIN_DENY.map(str::to_owned).to_vec());
+}
+
+#[test]
+fn command_decisions_use_the_basename() {
+    let p = parse("version: 1\nprocess:\n  allow: [\"python*\"]\n  review: [node]\n  deny: [curl]\n  default: review\n").unwrap();
+    let d = p.decide_command(OsStr::new("/usr/local/bin/python3.12"));
+    assert_eq!(
+        (d.action, d.rule.as_str(), d.phase),
+        (Action::Allow, "process.allow[0]", Phase::Command)
+    );
+    assert_eq!(p.decide_command(OsStr::new("curl")).action, Action::Deny);
+    assert_eq!(
+        p.decide_command(OsStr::new("./node")).action,
+        Action::Review
+    );
+    // A shell string is one odd basename, not parsed into commands.
+    let d = p.decide_command(OsStr::new("sh -c curl"));
+    assert_eq!(d.rule, "process.default");
+    let d = p.decide_command(OsStr::new(""));
+    assert_eq!(
+        (d.action, d.rule.as_str()),
+        (Action::Deny, "process.invalid")
+    );
+}
+
+#[test]
+fn version_2_sections() {
+    let text = "version: 2\nenvironment:\n  mode: scrub\n  pass: [PATH_EXTRA, LANG]\nruntime:\n  backend: container\n  options:\n    image: alpine:3\n    memory: 512\n    env: [A, B]\nobserve:\n  include: [node_modules/**]\n";
+    let p = parse(text).unwrap();
+    assert_eq!(p.version(), 2);
+    assert_eq!(p.environment().mode, EnvMode::Scrub);
+    assert_eq!(p.environment().pass, vec!["PATH_EXTRA", "LANG"]);
+    assert_eq!(p.runtime().backend.as_deref(), Some("container"));
+    assert_eq!(p.runtime().options["image"], vec!["alpine:3"]);
+    assert_eq!(p.runtime().options["memory"], vec!["512"]);
+    assert_eq!(p.runtime().options["env"], vec!["A", "B"]);
+    assert_eq!(p.observe().include, vec!["node_modules/**"]);
+    // The version-1 sections keep their meaning under version 2.
+    assert_eq!(
+        p.decide_path("x", Phase::PostRun).unwrap().rule,
+        "filesystem.default"
+    );
+}
+
+#[test]
+fn version_2_sections_need_version_2() {
+    for section in ["environment: {}", "runtime: {}", "observe: {}"] {
+        let p = problems(&format!("version: 1\n{section}\n"));
+        assert!(p[0].contains("requires `version: 2`"), "{p:?}");
+    }
+    let p = problems("version: 2\nenvironment:\n  mode: scrub\n  pass: [\"A=B\"]\n");
+    assert!(p[0].starts_with("environment.pass[0]"), "{p:?}");
+    let p = problems("version: 2\nruntime:\n  options:\n    privileged: true\n");
+    assert!(
+        p[0].starts_with("runtime.options.privileged must be a string"),
+        "{p:?}"
+    );
+    let p = problems("version: 2\nruntime:\n  backend: \"a b\"\n");
+    assert!(p[0].starts_with("runtime.backend"), "{p:?}");
+}
+
+#[test]
+fn effective_json_round_trips() {
+    for text in [
+        "version: 1\n",
+        "version: 1\nfilesystem:\n  allow_write: [src/**]\n  deny: [.env]\nlimits:\n  files_changed: 3\nscoring:\n  weights:\n    opened_port: 9\n",
+        "version: 2\nenvironment:\n  mode: scrub\nruntime:\n  backend: local\n  options:\n    memory: 1\n",
+    ] {
+        let p = parse(text).unwrap();
+        let json = p.to_json();
+        let again = Policy::from_yaml_or_json(&json.to_string(), "effective.json").unwrap();
+        assert_eq!(again.to_json(), json, "{text}");
+        assert_eq!(again.effective_sha256(), p.effective_sha256());
+    }
+    let json = Policy::builtin().to_json();
+    assert_eq!(json["process"]["default"], "allow");
+    assert_eq!(json["scoring"]["weights"]["denied_deletion"], 40);
+    assert_eq!(json["rollback"]["max_backup_file_mb"], 10);
+    assert!(json.get("environment").is_none());
+}
+
+#[test]
+fn starter_is_a_valid_policy() {
+    let p = Policy::from_yaml_or_json(STARTER, "starter").unwrap();
+    assert_eq!(
+        p.decide_path(".env", Phase::PostRun).unwrap().action,
+        Action::Deny
+    );
+    assert_eq!(
+        p.decide_path("src/lib.rs", Phase::PostRun).unwrap().action,
+        Action::Allow
+    );
+    assert_eq!(
+        p.decide_path("docs/x.md", Phase::PostRun).unwrap().action,
+        Action::Review
+    );
+}
+
+#[test]
+fn policy_is_send_sync_clone() {
+    fn check<T: Send + Sync + Clone>() {}
+    check::<Policy>();
+    check::<LoadedPolicy>();
+}
+
+#[test]
+fn load_discovers_the_project_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = load(dir.path(), None).unwrap();
+    assert_eq!(loaded.source, PolicySource::BuiltIn);
+    std::fs::write(dir.path().join("agentdiff.yml"), "version: 1\n").unwrap();
+    assert!(matches!(
+        load(dir.path(), None),
+        Err(PolicyError::Misnamed { .. })
+    ));
+    std::fs::write(dir.path().join(POLICY_FILE_NAME), "version: 1\n").unwrap();
+    let loaded = load(dir.path(), None).unwrap();
+    match &loaded.source {
+        PolicySource::File { path, sha256 } => {
+            assert_eq!(path, &dir.path().join(POLICY_FILE_NAME));
+            assert_eq!(sha256.len(), 64);
+        }
+        other => panic!("{other:?}"),
+    }
+    let explicit = dir.path().join("other.json");
+    std::fs::write(&explicit, "{\"version\": 2}").unwrap();
+    assert_eq!(
+        load(dir.path(), Some(&explicit)).unwrap().policy.version(),
+        2
+    );
+    assert!(matches!(
+        load(&dir.path().join("no-such-root"), None),
+        Err(PolicyError::Root { .. })
+    ));
+    assert!(matches!(
+        load(&dir.path().join(POLICY_FILE_NAME), None),
+        Err(PolicyError::Root { .. })
+    ));
+    let missing = dir.path().join("missing.yaml");
+    assert!(matches!(
+        load(dir.path(), Some(&missing)),
+        Err(PolicyError::Io { .. })
+    ));
+}
+
+#[cfg(unix)]
+#[test]
+fn load_refuses_a_fifo() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join(POLICY_FILE_NAME);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    assert!(matches!(
+        load(dir.path(), None),
+        Err(PolicyError::NotAFile { .. })
+    ));
+}

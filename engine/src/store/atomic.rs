@@ -1,0 +1,372 @@
+//! Private, crash-safe file primitives shared by the capsule and the object store.
+//!
+//! Every write goes to a fresh temp file in the destination directory (created `O_EXCL|O_NOFOLLOW`,
+//! mode 0600), is fsynced, renamed over the final name and followed by a directory fsync, so a crash
+//! leaves either the old or the new content, never a torn file. Reads refuse symlinks
+//! (`O_NOFOLLOW`), non-regular files and anything above a size limit. These checks reduce, but
+//! cannot remove, same-user time-of-check/time-of-use races (seed 000).
+
+use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::StoreError;
+
+pub(crate) const DIR_MODE: u32 = 0o700;
+pub(crate) const FILE_MODE: u32 = 0o600;
+
+/// Prefix of in-flight temp files; never a valid artifact or run name (names start alphanumeric).
+pub(crate) const TEMP_PREFIX: &str = ".tmp-";
+
+pub(crate) fn random_hex(n_bytes: usize) -> Result<String, StoreError> {
+    let mut buf = vec![0u8; n_bytes];
+    getrandom::getrandom(&mut buf).map_err(|e| StoreError::Random(e.to_string()))?;
+    Ok(hex::encode(buf))
+}
+
+fn current_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// Checks that `path` is a real directory (not a symlink) owned by the current user and closed to
+/// group and others. With `create`, a missing directory is created 0700 first.
+pub(crate) fn ensure_private_dir(path: &Path, create: bool) -> Result<(), StoreError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+            match DirBuilder::new().mode(DIR_MODE).create(path) {
+                Ok(()) => {
+                    if let Some(parent) = path.parent() {
+                        sync_dir(parent)?;
+                    }
+                }
+                // Another writer created it first; check what is there now.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StoreError::io("create directory", path, e)),
+            }
+            fs::symlink_metadata(path).map_err(|e| StoreError::io("inspect", path, e))?
+        }
+        Err(e) => return Err(StoreError::io("inspect", path, e)),
+    };
+    check_private_dir(path, &meta)
+}
+
+pub(crate) fn check_private_dir(path: &Path, meta: &Metadata) -> Result<(), StoreError> {
+    let unsafe_dir = |reason: String, remedy: String| StoreError::UnsafeStoreDir {
+        path: path.to_path_buf(),
+        reason,
+        remedy,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(unsafe_dir(
+            "it is a symbolic link".into(),
+            "remove the link; agentdiff will create a real directory".into(),
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(unsafe_dir(
+            "it is not a directory".into(),
+            "move it away; agentdiff will create the directory".into(),
+        ));
+    }
+    let uid = current_uid();
+    if meta.uid() != uid {
+        return Err(unsafe_dir(
+            format!(
+                "it is owned by uid {}, not the current user (uid {uid})",
+                meta.uid()
+            ),
+            "run agentdiff as the owner or move the directory away".into(),
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(unsafe_dir(
+            format!(
+                "its mode {:o} grants access to group or others",
+                meta.mode() & 0o7777
+            ),
+            format!("restrict it with `chmod 700 {}`", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io("fsync directory", dir, e))
+}
+
+/// Creates a new private temp file in `dir`; the caller renames or removes it.
+pub(crate) fn create_temp_in(dir: &Path, stem: &str) -> Result<(File, PathBuf), StoreError> {
+    let mut last_err = None;
+    // A collision of 64 random bits is practically impossible; retry a few times regardless.
+    for _ in 0..4 {
+        let path = dir.join(format!("{TEMP_PREFIX}{stem}-{}", random_hex(8)?));
+        match OpenOptions::new()
+            .write(true)
+            .read(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(file) => return Ok((file, path)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some((path, e)),
+            Err(e) => return Err(StoreError::io("create temp file", path, e)),
+        }
+    }
+    match last_err {
+        Some((path, e)) => Err(StoreError::io("create temp file", path, e)),
+        None => Err(StoreError::io(
+            "create temp file",
+            dir,
+            io::Error::other("no attempt made"),
+        )),
+    }
+}
+
+/// Atomically replaces `dir/name` with `bytes`.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    let (mut file, tmp) = create_temp_in(dir, name)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    drop(file);
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(StoreError::io("write", &tmp, e));
+    }
+    let dest = dir.join(name);
+    if let Err(e) = fs::rename(&tmp, &dest) {
+        let _ = fs::remove_file(&tmp);
+        return Err(StoreError::io("rename temp file onto", dest, e));
+    }
+    sync_dir(dir)
+}
+
+/// Appends one line (a newline is added) and makes it durable before returning.
+pub(crate) fn append_line(dir: &Path, name: &str, line: &str) -> Result<(), StoreError> {
+    let path = dir.join(name);
+    let existed = match fs::symlink_metadata(&path) {
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(StoreError::io("inspect", &path, e)),
+    };
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| open_error(&path, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| StoreError::io("inspect", &path, e))?;
+    if !meta.is_file() {
+        return Err(StoreError::NotRegularFile {
+            path,
+            reason: "not a regular file",
+        });
+    }
+    let mut buf = String::with_capacity(line.len() + 1);
+    buf.push_str(line);
+    buf.push('\n');
+    // One write call keeps concurrent appenders from interleaving within a line.
+    file.write_all(buf.as_bytes())
+        .and_then(|()| file.sync_data())
+        .map_err(|e| StoreError::io("append to", &path, e))?;
+    if !existed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn open_error(path: &Path, e: io::Error) -> StoreError {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        StoreError::NotRegularFile {
+            path: path.to_path_buf(),
+            reason: "it is a symbolic link",
+        }
+    } else {
+        StoreError::io("open", path, e)
+    }
+}
+
+/// Opens an existing regular file for reading without following a final symlink and without
+/// blocking on a FIFO.
+pub(crate) fn open_regular(path: &Path) -> Result<(File, Metadata), StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| open_error(path, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| StoreError::io("inspect", path, e))?;
+    if !meta.is_file() {
+        return Err(StoreError::NotRegularFile {
+            path: path.to_path_buf(),
+            reason: "not a regular file",
+        });
+    }
+    Ok((file, meta))
+}
+
+/// Reads a whole regular file of at most `limit` bytes.
+pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, StoreError> {
+    let (file, meta) = open_regular(path)?;
+    if meta.len() > limit {
+        return Err(StoreError::TooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            limit,
+        });
+    }
+    let mut buf = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // The file may grow after fstat; read one byte past the limit to notice.
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(|e| StoreError::io("read", path, e))?;
+    let len = buf.len() as u64;
+    if len > limit {
+        return Err(StoreError::TooLarge {
+            path: path.to_path_buf(),
+            size: len,
+            limit,
+        });
+    }
+    Ok(buf)
+}
+
+pub(crate) const COPY_CHUNK: usize = 256 * 1024;
+
+/// Streams a regular file through SHA-256; returns (lowercase hex, byte count).
+pub(crate) fn hash_file(path: &Path) -> Result<(String, u64), StoreError> {
+    use sha2::{Digest, Sha256};
+    let (mut file, _) = open_regular(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(StoreError::io("read", path, e)),
+        };
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn write_atomic_creates_private_file_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        write_atomic(dir.path(), "a.json", b"one").unwrap();
+        write_atomic(dir.path(), "a.json", b"two").unwrap();
+        assert_eq!(fs::read(dir.path().join("a.json")).unwrap(), b"two");
+        assert_eq!(entries(dir.path()), vec!["a.json".to_string()]);
+        let mode = fs::metadata(dir.path().join("a.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn write_atomic_replaces_a_symlink_instead_of_following_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("victim");
+        fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("a.json")).unwrap();
+        write_atomic(dir.path(), "a.json", b"new").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"keep");
+        let meta = fs::symlink_metadata(dir.path().join("a.json")).unwrap();
+        assert!(meta.is_file());
+    }
+
+    #[test]
+    fn read_bounded_refuses_symlink_fifo_and_oversize() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"12345").unwrap();
+        assert_eq!(read_bounded(&file, 5).unwrap(), b"12345");
+        assert!(matches!(
+            read_bounded(&file, 4),
+            Err(StoreError::TooLarge { size: 5, .. })
+        ));
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(matches!(
+            read_bounded(&link, 100),
+            Err(StoreError::NotRegularFile { .. })
+        ));
+        let fifo = dir.path().join("p");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(matches!(
+            read_bounded(&fifo, 100),
+            Err(StoreError::NotRegularFile { .. })
+        ));
+    }
+
+    #[test]
+    fn append_line_appends_and_refuses_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        append_line(dir.path(), "e.jsonl", "{}").unwrap();
+        append_line(dir.path(), "e.jsonl", "{\"a\":1}").unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.path().join("e.jsonl")).unwrap(),
+            "{}\n{\"a\":1}\n"
+        );
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("t");
+        fs::write(&target, b"").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("l.jsonl")).unwrap();
+        assert!(matches!(
+            append_line(dir.path(), "l.jsonl", "x"),
+            Err(StoreError::NotRegularFile { .. })
+        ));
+        assert_eq!(fs::read(&target).unwrap(), b"");
+    }
+
+    #[test]
+    fn private_dir_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("d");
+        ensure_private_dir(&d, true).unwrap();
+        assert_eq!(
+            fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+        let err = ensure_private_dir(&d, false).unwrap_err();
+        assert!(err.to_string().contains("chmod 700"), "{err}");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&d, &link).unwrap();
+        assert!(matches!(
+            ensure_private_dir(&link, true),
+            Err(StoreError::UnsafeStoreDir { .. })
+        ));
+        let missing = dir.path().join("missing");
+        assert!(matches!(
+            ensure_private_dir(&missing, false),
+            Err(StoreError::Io { .. })
+        ));
+    }
+}

@@ -1,0 +1,565 @@
+//! Content-addressed object store for before-state backups: `objects/sha256/ab/cdef…`.
+//!
+//! Objects are named by the SHA-256 of their content and shared by every run, so an unchanged tree
+//! costs no new bytes on the next run. Content is written once (temp file in `objects/tmp/`, fsync,
+//! rename) and never modified; every read recomputes the hash, so a corrupted or swapped backup is
+//! refused rather than restored.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::atomic::{self, COPY_CHUNK};
+use super::StoreError;
+
+/// Name of the hash directory below `objects/`; the algorithm is part of the layout.
+pub(crate) const ALGORITHM_DIR: &str = "sha256";
+pub(crate) const TMP_DIR: &str = "tmp";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// New bytes were written.
+    Stored,
+    /// An intact object with this hash already existed; nothing new was stored.
+    AlreadyPresent,
+}
+
+/// Checks that `hex` is a SHA-256 in the canonical form used for object names.
+pub fn validate_object_id(hex: &str) -> Result<(), StoreError> {
+    if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidObjectId {
+            hex: hex.chars().take(80).collect(),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ObjectStore {
+    /// `.agentdiff/objects`
+    base: PathBuf,
+}
+
+impl ObjectStore {
+    pub(crate) fn new(objects_dir: PathBuf) -> ObjectStore {
+        ObjectStore { base: objects_dir }
+    }
+
+    /// Creates `objects/`, `objects/sha256/` and `objects/tmp/` (0700) if missing.
+    pub(crate) fn ensure_layout(&self) -> Result<(), StoreError> {
+        atomic::ensure_private_dir(&self.base, true)?;
+        atomic::ensure_private_dir(&self.hash_dir(), true)?;
+        atomic::ensure_private_dir(&self.tmp_dir(), true)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.base
+    }
+
+    fn hash_dir(&self) -> PathBuf {
+        self.base.join(ALGORITHM_DIR)
+    }
+
+    fn tmp_dir(&self) -> PathBuf {
+        self.base.join(TMP_DIR)
+    }
+
+    /// Path of the object named `hex` (validated), whether or not it exists.
+    pub fn object_path(&self, hex: &str) -> Result<PathBuf, StoreError> {
+        validate_object_id(hex)?;
+        Ok(self.hash_dir().join(&hex[..2]).join(&hex[2..]))
+    }
+
+    /// True when a regular file is stored under `hex`. Cheap (one lstat); content is verified on
+    /// every read, not here.
+    pub fn contains(&self, hex: &str) -> bool {
+        self.object_path(hex)
+            .ok()
+            .and_then(|p| fs::symlink_metadata(p).ok())
+            .is_some_and(|m| m.is_file())
+    }
+
+    /// Copies `file` (from offset 0) into the store under `expected_hex`, hashing while copying.
+    /// If the copied bytes do not have exactly `size` bytes and hash `expected_hex` the file changed
+    /// after it was hashed: [`StoreError::ChangedDuringCopy`], and nothing is stored.
+    pub fn put_from_file(
+        &self,
+        file: &mut File,
+        expected_hex: &str,
+        size: u64,
+    ) -> Result<PutOutcome, StoreError> {
+        let dest = self.object_path(expected_hex)?;
+        let tmp_dir = self.tmp_dir();
+        let (mut tmp, tmp_path) = atomic::create_temp_in(&tmp_dir, "object")?;
+        let copied = copy_hashing(file, &mut tmp, size);
+        let (actual, actual_size) = match copied {
+            Ok(v) => v,
+            Err(e) => {
+                drop(tmp);
+                let _ = fs::remove_file(&tmp_path);
+                return Err(StoreError::io("copy into object store", &tmp_path, e));
+            }
+        };
+        if actual != expected_hex || actual_size != size {
+            drop(tmp);
+            let _ = fs::remove_file(&tmp_path);
+            return Err(StoreError::ChangedDuringCopy {
+                expected: expected_hex.to_string(),
+                expected_size: size,
+                actual,
+                actual_size,
+            });
+        }
+        if let Err(e) = tmp.sync_all() {
+            drop(tmp);
+            let _ = fs::remove_file(&tmp_path);
+            return Err(StoreError::io("fsync", &tmp_path, e));
+        }
+        drop(tmp);
+        self.install(&tmp_path, &dest, size)
+    }
+
+    /// Stores `bytes`; returns their SHA-256 (the object name).
+    pub fn put_bytes(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        let hex = hex::encode(Sha256::digest(bytes));
+        let dest = self.object_path(&hex)?;
+        let (mut tmp, tmp_path) = atomic::create_temp_in(&self.tmp_dir(), "object")?;
+        let written = tmp.write_all(bytes).and_then(|()| tmp.sync_all());
+        drop(tmp);
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp_path);
+            return Err(StoreError::io("write", &tmp_path, e));
+        }
+        self.install(&tmp_path, &dest, bytes.len() as u64)?;
+        Ok(hex)
+    }
+
+    /// Moves a verified, fsynced temp object into place unless an object of the right size is
+    /// already there. Two writers racing on the same name hold identical verified bytes, so either
+    /// rename winning is correct; an existing object of the wrong size is corrupt and is replaced.
+    fn install(&self, tmp_path: &Path, dest: &Path, size: u64) -> Result<PutOutcome, StoreError> {
+        let existing = fs::symlink_metadata(dest).ok();
+        if existing
+            .as_ref()
+            .is_some_and(|m| m.is_file() && m.len() == size)
+        {
+            let _ = fs::remove_file(tmp_path);
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        let shard = match dest.parent() {
+            Some(shard) => shard.to_path_buf(),
+            None => self.hash_dir(),
+        };
+        let placed = atomic::ensure_private_dir(&shard, true).and_then(|()| {
+            fs::rename(tmp_path, dest).map_err(|e| StoreError::io("rename object into", dest, e))
+        });
+        if let Err(e) = placed {
+            let _ = fs::remove_file(tmp_path);
+            return Err(e);
+        }
+        atomic::sync_dir(&shard)?;
+        Ok(PutOutcome::Stored)
+    }
+
+    fn open_object(&self, hex: &str) -> Result<(File, fs::Metadata, PathBuf), StoreError> {
+        let path = self.object_path(hex)?;
+        match atomic::open_regular(&path) {
+            Ok((file, meta)) => Ok((file, meta, path)),
+            Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Err(StoreError::ObjectNotFound {
+                    hex: hex.to_string(),
+                    dir: self.base.clone(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads an object of at most `max_size` bytes and returns it only if its content still hashes
+    /// to `hex`.
+    pub fn read_verified(&self, hex: &str, max_size: u64) -> Result<Vec<u8>, StoreError> {
+        let (file, meta, path) = self.open_object(hex)?;
+        if meta.len() > max_size {
+            return Err(StoreError::TooLarge {
+                path,
+                size: meta.len(),
+                limit: max_size,
+            });
+        }
+        let mut buf = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        file.take(max_size.saturating_add(1))
+            .read_to_end(&mut buf)
+            .map_err(|e| StoreError::io("read", &path, e))?;
+        if buf.len() as u64 > max_size {
+            return Err(StoreError::TooLarge {
+                path,
+                size: buf.len() as u64,
+                limit: max_size,
+            });
+        }
+        let actual = hex::encode(Sha256::digest(&buf));
+        if actual != hex {
+            return Err(StoreError::ObjectCorrupt {
+                hex: hex.to_string(),
+                actual,
+            });
+        }
+        Ok(buf)
+    }
+
+    /// Recomputes the object's hash; errors name the object when it is missing or corrupt.
+    pub fn verify_object(&self, hex: &str) -> Result<(), StoreError> {
+        let (mut file, _, path) = self.open_object(hex)?;
+        let (actual, _) = copy_hashing(&mut file, &mut io::sink(), u64::MAX)
+            .map_err(|e| StoreError::io("read", &path, e))?;
+        if actual != hex {
+            return Err(StoreError::ObjectCorrupt {
+                hex: hex.to_string(),
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Streams the object into `dest` (from `dest`'s current position) while hashing it, and
+    /// returns the number of bytes copied. The hash is only known at the end: on
+    /// [`StoreError::ObjectCorrupt`] (or any error) `dest` already holds unverified bytes and the
+    /// caller MUST discard it (e.g. delete the temp file it was writing) rather than use it.
+    /// `dest` is not fsynced here.
+    pub fn copy_verified_to(&self, hex: &str, dest: &mut File) -> Result<u64, StoreError> {
+        let (mut file, _, path) = self.open_object(hex)?;
+        let (actual, n) = copy_hashing(&mut file, dest, u64::MAX)
+            .map_err(|e| StoreError::io("copy object", &path, e))?;
+        if actual != hex {
+            return Err(StoreError::ObjectCorrupt {
+                hex: hex.to_string(),
+                actual,
+            });
+        }
+        Ok(n)
+    }
+
+    /// Every object name currently stored (sorted), for pruning and audits. Entries that are not
+    /// well-formed object files are skipped.
+    pub fn list(&self) -> Result<Vec<String>, StoreError> {
+        let hash_dir = self.hash_dir();
+        let mut out = Vec::new();
+        let shards = match fs::read_dir(&hash_dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(StoreError::io("list", &hash_dir, e)),
+        };
+        for shard in shards {
+            let shard = shard.map_err(|e| StoreError::io("list", &hash_dir, e))?;
+            let prefix = shard.file_name().to_string_lossy().into_owned();
+            if !shard.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let shard_path = shard.path();
+            let entries =
+                fs::read_dir(&shard_path).map_err(|e| StoreError::io("list", &shard_path, e))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| StoreError::io("list", &shard_path, e))?;
+                let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+                if entry.file_type().is_ok_and(|t| t.is_file()) && validate_object_id(&name).is_ok()
+                {
+                    out.push(name);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes leftover temp objects of interrupted writes; returns how many were removed. Only
+    /// safe when no run is writing backups.
+    pub fn remove_stale_temps(&self) -> Result<usize, StoreError> {
+        let tmp_dir = self.tmp_dir();
+        let entries = match fs::read_dir(&tmp_dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(StoreError::io("list", &tmp_dir, e)),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry.map_err(|e| StoreError::io("list", &tmp_dir, e))?;
+            let is_temp = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(atomic::TEMP_PREFIX));
+            if is_temp && entry.file_type().is_ok_and(|t| t.is_file()) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| StoreError::io("remove", &path, e))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes one object (pruning). Absent objects are not an error.
+    pub fn remove(&self, hex: &str) -> Result<(), StoreError> {
+        let path = self.object_path(hex)?;
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io("remove", &path, e)),
+        }
+    }
+}
+
+/// Copies at most `limit + 1` bytes from the start of `src` to `dst`; returns (hex, bytes copied).
+/// Reading one byte past `limit` lets the caller notice a file that grew.
+fn copy_hashing(src: &mut File, dst: &mut dyn Write, limit: u64) -> io::Result<(String, u64)> {
+    src.seek(SeekFrom::Start(0))?;
+    let mut reader = src.take(limit.saturating_add(1));
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+        dst.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), total))
+}
+
+/// The scanner stores before-state backups through this sink.
+impl crate::fs::BackupSink for ObjectStore {
+    fn contains(&self, sha256_hex: &str) -> bool {
+        ObjectStore::contains(self, sha256_hex)
+    }
+
+    fn store_from(&self, file: &mut File, sha256_hex: &str, size: u64) -> Result<(), String> {
+        self.put_from_file(file, sha256_hex, size)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn store() -> (tempfile::TempDir, ObjectStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = ObjectStore::new(dir.path().join("objects"));
+        objects.ensure_layout().unwrap();
+        (dir, objects)
+    }
+
+    fn sha(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    fn file_with(dir: &Path, bytes: &[u8]) -> File {
+        let path = dir.join("src");
+        fs::write(&path, bytes).unwrap();
+        File::open(path).unwrap()
+    }
+
+    fn tmp_is_empty(objects: &ObjectStore) -> bool {
+        fs::read_dir(objects.tmp_dir()).unwrap().next().is_none()
+    }
+
+    #[test]
+    fn object_path_validates_and_shards() {
+        let (_d, objects) = store();
+        let hex = sha(b"x");
+        let path = objects.object_path(&hex).unwrap();
+        assert!(path.ends_with(format!("sha256/{}/{}", &hex[..2], &hex[2..])));
+        for bad in [
+            "",
+            "abc",
+            &hex.to_uppercase(),
+            &format!("{}0", hex),
+            &format!("../{}", &hex[3..]),
+            &format!("{}g", &hex[..63]),
+        ] {
+            assert!(matches!(
+                objects.object_path(bad),
+                Err(StoreError::InvalidObjectId { .. })
+            ));
+            assert!(!objects.contains(bad));
+        }
+    }
+
+    #[test]
+    fn put_from_file_stores_then_dedupes() {
+        let (d, objects) = store();
+        let content = b"hello backup";
+        let hex = sha(content);
+        let mut f = file_with(d.path(), content);
+        assert!(!objects.contains(&hex));
+        assert_eq!(
+            objects
+                .put_from_file(&mut f, &hex, content.len() as u64)
+                .unwrap(),
+            PutOutcome::Stored
+        );
+        assert!(objects.contains(&hex));
+        let path = objects.object_path(&hex).unwrap();
+        let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&path).unwrap());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            objects
+                .put_from_file(&mut f, &hex, content.len() as u64)
+                .unwrap(),
+            PutOutcome::AlreadyPresent
+        );
+        // Same inode: nothing was rewritten.
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::ino(&fs::metadata(&path).unwrap()),
+            ino
+        );
+        assert_eq!(objects.put_bytes(content).unwrap(), hex);
+        assert_eq!(objects.list().unwrap(), vec![hex.clone()]);
+        assert!(tmp_is_empty(&objects));
+        assert_eq!(objects.read_verified(&hex, 1024).unwrap(), content);
+    }
+
+    #[test]
+    fn put_with_wrong_hash_or_size_stores_nothing() {
+        let (d, objects) = store();
+        let mut f = file_with(d.path(), b"actual content");
+        let wrong = sha(b"other content");
+        let err = objects.put_from_file(&mut f, &wrong, 14).unwrap_err();
+        assert!(matches!(err, StoreError::ChangedDuringCopy { .. }), "{err}");
+        assert!(!objects.contains(&wrong));
+        let right = sha(b"actual content");
+        let err = objects.put_from_file(&mut f, &right, 13).unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::ChangedDuringCopy {
+                actual_size: 14,
+                ..
+            }
+        ));
+        assert!(objects.list().unwrap().is_empty());
+        assert!(tmp_is_empty(&objects));
+    }
+
+    #[test]
+    fn put_replaces_truncated_existing_object() {
+        let (d, objects) = store();
+        let content = b"0123456789";
+        let hex = objects.put_bytes(content).unwrap();
+        let path = objects.object_path(&hex).unwrap();
+        fs::write(&path, b"012").unwrap();
+        let mut f = file_with(d.path(), content);
+        assert_eq!(
+            objects.put_from_file(&mut f, &hex, 10).unwrap(),
+            PutOutcome::Stored
+        );
+        objects.verify_object(&hex).unwrap();
+    }
+
+    #[test]
+    fn reads_detect_a_flipped_byte() {
+        let (d, objects) = store();
+        let hex = objects.put_bytes(b"precious bytes").unwrap();
+        let path = objects.object_path(&hex).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[3] ^= 0x01;
+        fs::write(&path, &bytes).unwrap();
+        let err = objects.read_verified(&hex, 1024).unwrap_err();
+        assert!(matches!(err, StoreError::ObjectCorrupt { .. }));
+        assert!(err.to_string().contains(&hex), "{err}");
+        assert!(matches!(
+            objects.verify_object(&hex),
+            Err(StoreError::ObjectCorrupt { .. })
+        ));
+        let dest_path = d.path().join("dest");
+        let mut dest = File::create(&dest_path).unwrap();
+        assert!(matches!(
+            objects.copy_verified_to(&hex, &mut dest),
+            Err(StoreError::ObjectCorrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn read_limits_missing_and_symlinked_objects() {
+        let (d, objects) = store();
+        let hex = objects.put_bytes(b"0123456789").unwrap();
+        assert!(matches!(
+            objects.read_verified(&hex, 9),
+            Err(StoreError::TooLarge { .. })
+        ));
+        let missing = sha(b"nope");
+        let err = objects.read_verified(&missing, 100).unwrap_err();
+        assert!(matches!(err, StoreError::ObjectNotFound { .. }), "{err}");
+        // A symlink planted under an object name is refused, not followed.
+        let planted = sha(b"planted");
+        let path = objects.object_path(&planted).unwrap();
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let outside = d.path().join("outside");
+        fs::write(&outside, b"planted").unwrap();
+        std::os::unix::fs::symlink(&outside, &path).unwrap();
+        assert!(!objects.contains(&planted));
+        assert!(matches!(
+            objects.read_verified(&planted, 100),
+            Err(StoreError::NotRegularFile { .. })
+        ));
+    }
+
+    use crate::fs::BackupSink;
+
+    #[test]
+    fn backup_sink_adapter_and_concurrent_puts() {
+        let (d, objects) = store();
+        let content = vec![42u8; 300_000];
+        let hex = sha(&content);
+        let src = d.path().join("src");
+        fs::write(&src, &content).unwrap();
+        let sink: &dyn BackupSink = &objects;
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let src = &src;
+                let hex = &hex;
+                s.spawn(move || {
+                    let mut f = File::open(src).unwrap();
+                    sink.store_from(&mut f, hex, 300_000).unwrap();
+                });
+            }
+        });
+        assert!(sink.contains(&hex));
+        assert_eq!(objects.list().unwrap(), vec![hex.clone()]);
+        assert!(tmp_is_empty(&objects));
+        let err = sink
+            .store_from(&mut File::open(&src).unwrap(), &sha(b"x"), 1)
+            .unwrap_err();
+        assert!(err.contains("changed while it was copied"), "{err}");
+    }
+
+    #[test]
+    fn copy_verified_to_streams_content() {
+        let (d, objects) = store();
+        let content: Vec<u8> = (0..(COPY_CHUNK * 2 + 17))
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let hex = objects.put_bytes(&content).unwrap();
+        let dest_path = d.path().join("dest");
+        let mut dest = File::create(&dest_path).unwrap();
+        assert_eq!(
+            objects.copy_verified_to(&hex, &mut dest).unwrap(),
+            content.len() as u64
+        );
+        drop(dest);
+        assert_eq!(fs::read(&dest_path).unwrap(), content);
+        objects.remove(&hex).unwrap();
+        assert!(!objects.contains(&hex));
+        objects.remove(&hex).unwrap();
+    }
+}

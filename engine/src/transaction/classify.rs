@@ -1,0 +1,200 @@
+//! Path decisions, recoverability, limits and blast-radius counts for a run's changes.
+
+use crate::backend::RunEvidence;
+use crate::fs::{BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind};
+use crate::policy::{Action, Decision, Phase, Policy};
+use crate::score::{self, Counts, SCOPE_DRIFT_ALLOWANCE};
+
+use super::{ChangeRecord, LimitViolation};
+
+/// Decide every change and say whether rollback can undo it.
+pub fn classify_changes(
+    policy: &Policy,
+    changes: &[Change],
+    private_workspace: bool,
+) -> Vec<ChangeRecord> {
+    changes
+        .iter()
+        .map(|c| {
+            let decision = decide(policy, &c.path);
+            let (reversible, recovery_reason) = if private_workspace {
+                (
+                    false,
+                    "made in a private workspace: the host tree was not changed; apply it with \
+                     `agentdiff promote`"
+                        .to_string(),
+                )
+            } else {
+                recoverability(c)
+            };
+            ChangeRecord {
+                path: c.path.clone(),
+                change_type: c.change_type,
+                entry_kind: c.entry_kind,
+                content_changed: c.content_changed,
+                mode_changed: c.mode_changed,
+                decision: decision.action,
+                policy_decision: decision,
+                reversible,
+                recovery_reason,
+                sensitive: score::is_sensitive_path(&c.path),
+                dependency: score::is_dependency_path(&c.path),
+                before_sha256: c.before.as_ref().and_then(|e| e.sha256.clone()),
+                after_sha256: c.after.as_ref().and_then(|e| e.sha256.clone()),
+            }
+        })
+        .collect()
+}
+
+fn decide(policy: &Policy, path: &str) -> Decision {
+    match policy.decide_path(path, Phase::PostRun) {
+        Ok(d) => d,
+        // Scanner paths are already normalised; a path the policy cannot judge is treated as the
+        // strictest outcome rather than waved through.
+        Err(e) => Decision {
+            action: Action::Deny,
+            subject: path.to_string(),
+            rule: "path_validation".into(),
+            pattern: None,
+            reason: format!("path could not be evaluated: {e}"),
+            policy_version: policy.version(),
+            phase: Phase::PostRun,
+        },
+    }
+}
+
+fn backed_up(entry: &Entry) -> Result<(), String> {
+    match &entry.backup {
+        BackupState::Stored => Ok(()),
+        BackupState::NotRequested => {
+            Err("no backup taken (rollback disabled in the policy)".into())
+        }
+        BackupState::NotApplicable => Err("not a regular file; never backed up".into()),
+        BackupState::Skipped { reason, detail } => {
+            let why = match reason {
+                BackupSkip::TooLarge => "larger than rollback.max_backup_file_mb",
+                BackupSkip::Hardlinked => "hardlinked",
+                BackupSkip::ChangedDuringCapture => "changed while it was captured",
+                BackupSkip::NotHashed => "could not be read",
+                BackupSkip::StoreFailed => "the backup could not be stored",
+            };
+            Err(match detail {
+                Some(d) => format!("no verified backup: {why} ({d})"),
+                None => format!("no verified backup: {why}"),
+            })
+        }
+    }
+}
+
+/// Whether rollback can undo the change, and why (not).
+fn recoverability(c: &Change) -> (bool, String) {
+    if c.kind_changed {
+        return (
+            false,
+            "the entry changed kind (e.g. file ↔ symlink); restore it by hand".into(),
+        );
+    }
+    match c.entry_kind {
+        EntryKind::Symlink => (false, "symlinks are reported, never restored".into()),
+        EntryKind::Directory => match c.change_type {
+            ChangeType::Created => (true, "created directory is removed once it is empty".into()),
+            ChangeType::Deleted => (true, "directory is re-created with its mode".into()),
+            ChangeType::Modified => (true, "directory mode is restored".into()),
+        },
+        EntryKind::File => match c.change_type {
+            ChangeType::Created => match &c.after {
+                Some(a) if a.nlink > 1 => (
+                    false,
+                    "created file is hardlinked; it is never touched".into(),
+                ),
+                _ => (true, "created file can be removed".into()),
+            },
+            ChangeType::Modified | ChangeType::Deleted => match &c.before {
+                Some(b) if b.nlink > 1 => (
+                    false,
+                    "hardlinked file; hardlinks are never restored".into(),
+                ),
+                Some(b) => match backed_up(b) {
+                    Ok(()) => (true, "before-state backed up and verifiable".into()),
+                    Err(reason) => (false, reason),
+                },
+                None => (false, "no before-state recorded".into()),
+            },
+        },
+    }
+}
+
+/// Budgets from `limits` and the blast-radius counts.
+pub fn evaluate_limits(
+    policy: &Policy,
+    changes: &[ChangeRecord],
+    evidence: &RunEvidence,
+) -> (Vec<LimitViolation>, Counts) {
+    // Directories are listed as changes but do not count as files changed or in the score, so
+    // `rm -rf dir` weighs what its files weigh.
+    let files: Vec<&ChangeRecord> = changes
+        .iter()
+        .filter(|c| c.entry_kind != EntryKind::Directory)
+        .collect();
+    let limits = policy.limits();
+    let mut violations = Vec::new();
+    let mut check = |name: &str, limit: Option<u64>, observed: u64| {
+        if let Some(limit) = limit {
+            if observed > limit {
+                violations.push(LimitViolation {
+                    limit: name.to_string(),
+                    limit_value: limit,
+                    observed,
+                });
+            }
+        }
+    };
+    check("files_changed", limits.files_changed, files.len() as u64);
+    check(
+        "files_deleted",
+        limits.files_deleted,
+        files
+            .iter()
+            .filter(|c| c.change_type == ChangeType::Deleted)
+            .count() as u64,
+    );
+    check(
+        "processes_spawned",
+        limits.processes_spawned,
+        evidence.processes.len().saturating_sub(1) as u64,
+    );
+    check(
+        "duration_seconds",
+        limits.duration_seconds,
+        evidence.exit.duration_ms / 1000,
+    );
+
+    let count =
+        |pred: &dyn Fn(&ChangeRecord) -> bool| files.iter().filter(|c| pred(c)).count() as u64;
+    let non_allowed = count(&|c| c.decision != Action::Allow);
+    let counts = Counts {
+        review_created: count(&|c| {
+            c.decision == Action::Review && c.change_type == ChangeType::Created
+        }),
+        review_modified: count(&|c| {
+            c.decision == Action::Review && c.change_type == ChangeType::Modified
+        }),
+        review_deleted: count(&|c| {
+            c.decision == Action::Review && c.change_type == ChangeType::Deleted
+        }),
+        denied_mutation: count(&|c| {
+            c.decision == Action::Deny && c.change_type != ChangeType::Deleted
+        }),
+        denied_deletion: count(&|c| {
+            c.decision == Action::Deny && c.change_type == ChangeType::Deleted
+        }),
+        sensitive_path: count(&|c| c.sensitive),
+        dependency_change: count(&|c| c.dependency),
+        mode_change: count(&|c| c.mode_changed),
+        orphan_process: evidence.cleanup.leftovers() as u64,
+        opened_port: evidence.ports.opened.len() as u64,
+        budget_violation: violations.len() as u64,
+        scope_drift: non_allowed.saturating_sub(SCOPE_DRIFT_ALLOWANCE),
+    };
+    (violations, counts)
+}

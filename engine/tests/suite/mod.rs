@@ -1,0 +1,3 @@
+mod policy;
+mod scanner;
+mod store;

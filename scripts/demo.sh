@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build agentdiff and run it once on a fresh demo folder with the built-in defaults
+# (local backend, built-in policy): a command that edits, creates and deletes files and
+# writes a protected `.env`. Prints the run summary, then verifies and rolls back the run.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cargo build --release --quiet --manifest-path "$repo/Cargo.toml" -p agentdiff
+bin="$repo/target/release/agentdiff"
+
+demo=${1:-$(mktemp -d "${TMPDIR:-/tmp}/agentdiff-demo.XXXXXX")}
+mkdir -p "$demo/src"
+cd "$demo"
+printf 'first line\n' > a.txt
+printf 'to be deleted\n' > c.txt
+printf 'fn main() {}\n' > src/main.rs
+
+echo "demo folder: $demo"
+set +e
+"$bin" run --task "demo edit" -- sh -c 'echo x >> a.txt; echo y > b.txt; rm c.txt; echo TOKEN=1 > .env'
+code=$?
+set -e
+echo "agentdiff run exited $code (71 = denied findings under the default --fail-on deny)"
+run=$("$bin" runs --format json | sed -n 's/.*"id": "\(.*\)".*/\1/p' | tail -n 1)
+"$bin" verify "$run"
+"$bin" rollback "$run" --all --dry-run || true
