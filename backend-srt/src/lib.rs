@@ -1,1 +1,61 @@
-//! agentdiff runtime backend `srt` (placeholder: registers nothing yet).
+//! agentdiff runtime backend `srt`: runs the command under Anthropic's Sandbox Runtime CLI.
+//!
+//! The command is launched as
+//! `srt [--settings FILE] -- AGENTDIFF __srt-exec-shim v1 MARKER ARGC ARGV…`: argv boundaries
+//! are kept (never `-c`, never a shell string from agentdiff), and `--` always ends srt's own
+//! options. The exec shim marks "the command started" on a FIFO before it `exec`s the argv, so an
+//! exit without the mark is srt's setup failure, never the command's exit code.
+//!
+//! srt owns the OS enforcement. agentdiff keeps its transaction around the wrapper (the host-side
+//! process tree of srt, bwrap and the command, ports, manifests, cleanup) through the shared
+//! supervisor, and labels filesystem and network controls `requested`: nothing here verifies
+//! that srt enforced them.
+
+#[cfg(unix)]
+pub mod doctor;
+#[cfg(unix)]
+pub mod host;
+#[cfg(unix)]
+pub mod settings;
+#[cfg(unix)]
+pub mod shim;
+
+#[cfg(unix)]
+mod backend;
+
+#[cfg(unix)]
+pub use backend::{capabilities, SrtBackend};
+#[cfg(unix)]
+pub use doctor::{doctor_report, DoctorReport};
+
+/// Backend id (`--runtime srt`).
+pub const ID: &str = "srt";
+/// Enforcement label on the evidence.
+pub const ENFORCEMENT: &str = "external_sandbox_requested";
+
+/// `LaunchSpec::options` key: the srt executable (a name looked up on PATH, or a path).
+pub const OPT_EXECUTABLE: &str = "srt-executable";
+/// Option key: an srt settings file handed to `srt --settings`.
+pub const OPT_SETTINGS: &str = "srt-settings";
+/// Option key (value `true`): generate the settings from the agentdiff policy.
+pub const OPT_SETTINGS_FROM_POLICY: &str = "srt-settings-from-policy";
+/// Option key (repeatable): a domain the generated settings allow network access to.
+pub const OPT_ALLOW_DOMAIN: &str = "srt-allow-domain";
+/// Option key: the program that runs the exec shim (the `agentdiff` binary).
+pub const OPT_EXEC_SHIM: &str = "srt-exec-shim";
+/// Environment variable naming the exec-shim program when no option does.
+pub const ENV_EXEC_SHIM: &str = "AGENTDIFF_SRT_EXEC_SHIM";
+
+#[cfg(unix)]
+fn factory() -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
+    Box::new(SrtBackend::new())
+}
+
+#[cfg(unix)]
+inventory::submit! {
+    agentdiff_engine::backend::BackendDescriptor::new(
+        ID,
+        "Anthropic Sandbox Runtime (srt): OS enforcement delegated to srt, labelled requested",
+        factory,
+    )
+}

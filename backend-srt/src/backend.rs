@@ -1,0 +1,616 @@
+//! The `srt` backend: pure planning of the wrapper argv, launch through the shared supervisor,
+//! and evidence that tells srt's setup failures from the command's exit.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentdiff_engine::backend::{
+    Availability, BackendError, Capabilities, CleanupReport, FailureKind, LaunchContext,
+    LaunchSpec, Level, PreparedLaunch, Result, RunEvidence, RunningCommand, RuntimeBackend,
+    WorkspaceMode,
+};
+use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
+use agentdiff_engine::process::ProcessIdentity;
+use async_trait::async_trait;
+use serde_json::{json, Value};
+
+use crate::host::{self, ExecutableError};
+use crate::settings::{self, SettingsChoice, SettingsError};
+use crate::shim::{self, StartMarker, StartState};
+use crate::{
+    ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_ALLOW_DOMAIN, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_SETTINGS,
+    OPT_SETTINGS_FROM_POLICY,
+};
+
+/// Name of the start-marker FIFO in the run capsule (removed when the run ends).
+pub const START_MARKER_FILE: &str = "srt-start-marker.fifo";
+/// How long `srt --version` may take.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the srt backend declares. Filesystem and network controls are handed to srt
+/// (`requested`, never `enforced`: no probe here verifies srt's effect). The host tree, processes
+/// and environment are watched by agentdiff. Privileges: srt drops capabilities on its own, but
+/// agentdiff neither asks for it nor verifies it (a uid-0 caller keeps a full set inside srt's
+/// nested namespace), so they stay `uncontrolled`. `sandboxed` stays false until a probe verifies
+/// the sandbox; the wrapper evidence says `sandbox: requested_not_verified`.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        filesystem_writes: Level::Requested,
+        host_repository: Level::Observed,
+        network: Level::Requested,
+        processes: Level::Observed,
+        resources: Level::Uncontrolled,
+        privileges: Level::Uncontrolled,
+        environment: Level::Observed,
+        sandboxed: false,
+        network_enforcement: false,
+        workspace: WorkspaceMode::InPlace,
+    }
+}
+
+/// What the backend knows does not hold, stated with every run's evidence.
+pub const LIMITS: &[&str] = &[
+    "srt owns the OS enforcement; agentdiff does not audit srt or prove that its settings are \
+     restrictive, so filesystem and network controls are labelled requested, not enforced",
+    "writes below the project root are allowed by typical settings and are observed by \
+     agentdiff's before/after manifests, not prevented",
+    "srt reports a command killed by SIGINT or SIGTERM as exit 0",
+];
+
+/// The `srt` runtime backend.
+#[derive(Debug, Default)]
+pub struct SrtBackend;
+
+impl SrtBackend {
+    pub fn new() -> Self {
+        SrtBackend
+    }
+}
+
+/// Everything `prepare` decides, re-derived by `launch` to check the prepared argv is unchanged.
+#[derive(Debug, Clone, PartialEq)]
+struct Plan {
+    srt: PathBuf,
+    settings: SettingsChoice,
+    allow_domains: Vec<String>,
+    shim: PathBuf,
+    marker: PathBuf,
+    args: Vec<OsString>,
+}
+
+fn invalid(message: impl Into<String>) -> BackendError {
+    BackendError::InvalidRequest {
+        backend: ID.into(),
+        message: message.into(),
+    }
+}
+
+fn unavailable(reason: impl Into<String>, remedy: impl Into<String>) -> BackendError {
+    BackendError::Unavailable {
+        backend: ID.into(),
+        reason: reason.into(),
+        remedy: remedy.into(),
+    }
+}
+
+fn launch_error(message: impl Into<String>) -> BackendError {
+    BackendError::Launch {
+        backend: ID.into(),
+        message: message.into(),
+    }
+}
+
+/// A path from an option, absolute against agentdiff's own working directory (where the user
+/// typed it), not the command's.
+fn absolute(p: &str) -> PathBuf {
+    let path = PathBuf::from(p);
+    if path.is_absolute() {
+        path
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(&path))
+            .unwrap_or(path)
+    }
+}
+
+fn settings_error(e: SettingsError) -> BackendError {
+    let remedy = match &e {
+        SettingsError::Missing { .. } | SettingsError::NotAFile { .. } => {
+            "name an existing srt settings file with --srt-settings, or leave it out to use srt's \
+             defaults"
+        }
+        _ => "make the settings file readable by the user running agentdiff",
+    };
+    invalid(format!("{e}; {remedy}"))
+}
+
+/// The exec-shim program: the `srt-exec-shim` option, else `AGENTDIFF_SRT_EXEC_SHIM`, else this
+/// program when it is the `agentdiff` binary (which has the hidden `__srt-exec-shim` subcommand).
+pub fn locate_shim(option: Option<&str>) -> std::result::Result<PathBuf, (String, String)> {
+    let remedy = format!(
+        "run through the `agentdiff` binary, or set {ENV_EXEC_SHIM} (or the `{OPT_EXEC_SHIM}` \
+         backend option) to the path of the agentdiff binary"
+    );
+    let candidate = match (option, std::env::var_os(ENV_EXEC_SHIM)) {
+        (Some(p), _) => absolute(p),
+        (None, Some(p)) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let exe = std::env::current_exe()
+                .map_err(|e| (format!("cannot locate this program: {e}"), remedy.clone()))?;
+            let is_agentdiff = exe
+                .file_name()
+                .is_some_and(|n| n == OsStr::new("agentdiff"));
+            if !is_agentdiff {
+                return Err((
+                    format!(
+                        "the exec shim is the `agentdiff` binary, but this program is {}",
+                        exe.display()
+                    ),
+                    remedy,
+                ));
+            }
+            exe
+        }
+    };
+    host::resolve_executable(candidate.as_os_str(), None, Path::new("/"))
+        .map_err(|e| (format!("exec shim: {e}"), remedy))
+}
+
+impl SrtBackend {
+    fn plan(&self, spec: &LaunchSpec) -> Result<Plan> {
+        if spec.argv.is_empty() {
+            return Err(invalid("no command to run"));
+        }
+        let o = &spec.options;
+        let from_policy = match o.get(OPT_SETTINGS_FROM_POLICY) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(v) => {
+                return Err(invalid(format!(
+                    "`{OPT_SETTINGS_FROM_POLICY}` takes `true` or `false`, not `{v}`"
+                )))
+            }
+        };
+        if from_policy && o.is_set(OPT_SETTINGS) {
+            return Err(invalid(
+                "--srt-settings and --srt-settings-from-policy exclude each other; choose one",
+            ));
+        }
+        let allow_domains = o.get_all(OPT_ALLOW_DOMAIN).to_vec();
+        if !allow_domains.is_empty() && !from_policy {
+            return Err(invalid(format!(
+                "`{OPT_ALLOW_DOMAIN}` only applies to settings generated from the policy; put \
+                 network.allowedDomains in your srt settings file instead"
+            )));
+        }
+        if let Some(bad) = allow_domains
+            .iter()
+            .find(|d| d.is_empty() || d.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(invalid(format!(
+                "invalid domain {bad:?} for `{OPT_ALLOW_DOMAIN}`"
+            )));
+        }
+
+        // The executable srt will be: a name looked up on the command's PATH, or a path.
+        let search = host::search_path(&spec.env);
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let requested = o.get(OPT_EXECUTABLE).unwrap_or("srt");
+        if requested.is_empty() {
+            return Err(invalid(format!("`{OPT_EXECUTABLE}` is empty")));
+        }
+        let srt = host::resolve_executable(OsStr::new(requested), search.as_deref(), &cwd)
+            .map_err(|e: ExecutableError| unavailable(format!("srt: {e}"), e.remedy()))?;
+
+        let settings = if from_policy {
+            SettingsChoice::FromPolicy(spec.capsule_dir.join(settings::GENERATED_SETTINGS_FILE))
+        } else if let Some(p) = o.get(OPT_SETTINGS) {
+            if p.is_empty() {
+                return Err(invalid(format!("`{OPT_SETTINGS}` is empty")));
+            }
+            let path = absolute(p);
+            settings::check_settings_file(&path).map_err(settings_error)?;
+            SettingsChoice::File(path)
+        } else {
+            SettingsChoice::SrtDefault
+        };
+
+        #[cfg(target_os = "linux")]
+        {
+            let prereqs = host::linux_prerequisites(search.as_deref(), &cwd);
+            let userns = host::user_namespaces(Path::new("/proc/sys"), host::euid());
+            if let Some((reason, remedy)) = host::missing_linux_prerequisites(&prereqs, &userns) {
+                return Err(unavailable(reason, remedy));
+            }
+        }
+
+        let shim = locate_shim(o.get(OPT_EXEC_SHIM))
+            .map_err(|(reason, remedy)| unavailable(reason, remedy))?;
+        let marker = spec.capsule_dir.join(START_MARKER_FILE);
+
+        let mut args: Vec<OsString> = Vec::new();
+        if let Some(p) = settings.path() {
+            args.push("--settings".into());
+            args.push(p.as_os_str().to_os_string());
+        }
+        // `--` always ends srt's options: nothing after it is read as srt's `-c`, `-s` or `-d`.
+        args.push("--".into());
+        args.push(shim.as_os_str().to_os_string());
+        args.push(shim::SHIM_SUBCOMMAND.into());
+        args.extend(shim::shim_args(&marker, &spec.argv));
+        Ok(Plan {
+            srt,
+            settings,
+            allow_domains,
+            shim,
+            marker,
+            args,
+        })
+    }
+}
+
+fn runtime_config(plan: &Plan) -> Value {
+    json!({
+        "backend": ID,
+        "srt_executable": plan.srt.to_string_lossy(),
+        "settings": {
+            "source": plan.settings.source_label(),
+            "path": plan.settings.path().map(|p| p.to_string_lossy().into_owned()),
+        },
+        "allow_domains": plan.allow_domains,
+        "exec_shim": plan.shim.to_string_lossy(),
+        "start_marker": plan.marker.to_string_lossy(),
+    })
+}
+
+/// `srt --version`, run with the command's environment (srt is a Node script found through it).
+pub async fn srt_version(
+    srt: &Path,
+    env: Option<&[(OsString, OsString)]>,
+) -> std::result::Result<String, String> {
+    let mut cmd = tokio::process::Command::new(srt);
+    cmd.arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(env) = env {
+        cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+    }
+    let out = tokio::time::timeout(VERSION_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| {
+            format!(
+                "`{} --version` did not answer within {VERSION_TIMEOUT:?}",
+                srt.display()
+            )
+        })?
+        .map_err(|e| format!("cannot run `{} --version`: {e}", srt.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || stdout.is_empty() || stdout.lines().count() != 1 {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "`{} --version` failed ({}): {}",
+            srt.display(),
+            out.status,
+            stderr
+                .lines()
+                .next()
+                .unwrap_or("no output")
+                .chars()
+                .take(200)
+                .collect::<String>()
+        ));
+    }
+    Ok(stdout.chars().take(100).collect())
+}
+
+#[async_trait]
+impl RuntimeBackend for SrtBackend {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+
+    async fn availability(&self) -> Availability {
+        crate::doctor::doctor_report().await.availability()
+    }
+
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
+        let plan = self.plan(spec)?;
+        let mut wrapper_argv = vec![plan.srt.as_os_str().to_os_string()];
+        wrapper_argv.extend(plan.args.iter().cloned());
+        Ok(PreparedLaunch {
+            program: plan.srt.as_os_str().to_os_string(),
+            args: plan.args.clone(),
+            env: spec.env.clone(),
+            cwd: spec.workdir.clone(),
+            enforcement: ENFORCEMENT.into(),
+            wrapper_argv: Some(wrapper_argv),
+            runtime_config: runtime_config(&plan),
+            spec: spec.clone(),
+        })
+    }
+
+    async fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> Result<Box<dyn RunningCommand>> {
+        let spec = &prepared.spec;
+        // Re-plan and compare, so a PreparedLaunch edited after prepare is refused.
+        let plan = self.plan(spec)?;
+        if plan.srt.as_os_str() != prepared.program || plan.args != prepared.args {
+            return Err(launch_error(
+                "the prepared srt argv differs from the one this backend plans for the request; \
+                 refusing to launch",
+            ));
+        }
+        let version = srt_version(&plan.srt, Some(&prepared.env))
+            .await
+            .map_err(|e| {
+                unavailable(
+                e,
+                "reinstall srt (`npm install -g @anthropic-ai/sandbox-runtime`) and check that \
+                 `srt --version` works",
+            )
+            })?;
+
+        let mut bridge_evidence = None;
+        if let SettingsChoice::FromPolicy(path) = &plan.settings {
+            let denies = settings::read_policy_denies(&spec.capsule_dir)
+                .map_err(|e| launch_error(format!("--srt-settings-from-policy: {e}")))?;
+            let bridged = settings::bridge(
+                &spec.workdir,
+                &spec.root,
+                &spec.capsule_dir,
+                &denies,
+                &plan.allow_domains,
+            );
+            settings::write_generated(path, &bridged.settings)
+                .map_err(|e| launch_error(e.to_string()))?;
+            bridge_evidence = Some(json!({
+                "expressed_denies": bridged.expressed,
+                "not_expressed_denies": bridged.not_expressed,
+                "allowed_domains": plan.allow_domains,
+                "limits": settings::BRIDGE_LIMITS,
+                "controls": "requested",
+            }));
+        }
+        let mut settings_ev =
+            settings::settings_evidence(&plan.settings, &prepared.env).map_err(settings_error)?;
+        if let (Some(b), Value::Object(map)) = (bridge_evidence, &mut settings_ev) {
+            map.insert("bridge".into(), b);
+        }
+
+        let marker = StartMarker::create(&plan.marker).map_err(|e| launch_error(e.to_string()))?;
+        let wrapper = json!({
+            "kind": "srt",
+            "executable": plan.srt.to_string_lossy(),
+            "version": version,
+            "settings": settings_ev,
+            "exec_shim": plan.shim.to_string_lossy(),
+            "sandbox": "requested_not_verified",
+            "limits": LIMITS,
+        });
+        let expected_argc = spec.argv.len();
+        let labels = EvidenceLabels {
+            backend: ID.into(),
+            enforcement: ENFORCEMENT.into(),
+            capabilities: capabilities(),
+        };
+        let inner = spawn_supervised(prepared, ctx, labels)
+            .map_err(|e| launch_error(format!("cannot start srt: {e}")))?;
+        Ok(Box::new(SrtRunning {
+            inner,
+            marker,
+            wrapper,
+            expected_argc,
+        }))
+    }
+
+    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+        // srt, bwrap and the command are ordinary host processes: the identity-checked cleanup
+        // of the local machinery applies unchanged.
+        let ids = ids.to_vec();
+        // Cleanup sleeps through grace periods: keep it off the async threads.
+        match tokio::task::spawn_blocking(move || {
+            agentdiff_engine::process::cleanup_identities(&ids, grace)
+        })
+        .await
+        {
+            Ok(report) => report,
+            Err(e) => CleanupReport {
+                mechanism: "pidfd".into(),
+                grace_ms: grace.as_millis() as u64,
+                records: Vec::new(),
+                errors: vec![format!("cleanup did not complete: {e}")],
+            },
+        }
+    }
+}
+
+/// A running srt wrapper: the supervised host process plus the start marker.
+struct SrtRunning {
+    inner: SupervisedCommand,
+    marker: StartMarker,
+    wrapper: Value,
+    expected_argc: usize,
+}
+
+#[async_trait]
+impl RunningCommand for SrtRunning {
+    fn pid(&self) -> Option<u32> {
+        Some(self.inner.pid())
+    }
+
+    async fn wait(self: Box<Self>) -> Result<RunEvidence> {
+        let SrtRunning {
+            inner,
+            mut marker,
+            wrapper,
+            expected_argc,
+        } = *self;
+        let evidence = Box::new(inner).wait().await;
+        let state = StartState::from_marker(&marker.read_available());
+        drop(marker);
+        let mut evidence = evidence?;
+        attribute_exit(&mut evidence, &state, expected_argc, wrapper);
+        Ok(evidence)
+    }
+}
+
+/// Put the start state on the evidence: the exit is the command's only when the shim marked the
+/// start; otherwise it is srt's and the run records a wrapper setup failure.
+pub fn attribute_exit(
+    evidence: &mut RunEvidence,
+    state: &StartState,
+    expected_argc: usize,
+    mut wrapper: Value,
+) {
+    evidence.backend = ID.into();
+    evidence.enforcement = ENFORCEMENT.into();
+    evidence.capabilities = capabilities();
+    let exit_desc = match (evidence.exit.code, evidence.exit.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        (None, None) => "ended".to_string(),
+    };
+    let ended_by_agentdiff = evidence.exit.timed_out || evidence.exit.interrupted_by.is_some();
+    let (started, attribution) = match state {
+        StartState::Started { argc } => {
+            if *argc != expected_argc {
+                // The shim checks this itself; a mismatch here means the marker is not ours.
+                evidence.warnings.push(format!(
+                    "the exec shim reported {argc} argument(s) where {expected_argc} were sent"
+                ));
+            }
+            (true, "command")
+        }
+        StartState::ExecFailed { reason } => {
+            if evidence.failure.is_none() {
+                evidence.failure = Some(FailureKind::LaunchFailed {
+                    message: format!("the command could not be executed inside srt: {reason}"),
+                });
+            }
+            (true, "command")
+        }
+        StartState::NotStarted if ended_by_agentdiff => {
+            if evidence.failure.is_none() {
+                evidence.failure = Some(FailureKind::WrapperSetupFailed {
+                    message: "srt was ended (timeout or interruption) before it started the \
+                              command; the command never ran"
+                        .into(),
+                });
+            }
+            (false, "wrapper")
+        }
+        StartState::NotStarted => {
+            if evidence.failure.is_none() {
+                evidence.failure = Some(FailureKind::WrapperSetupFailed {
+                    message: format!(
+                        "srt {exit_desc} before the command started (no start mark from the \
+                         exec shim): this is srt's own failure, not the command's exit code; \
+                         see srt's message above and `agentdiff doctor`"
+                    ),
+                });
+            }
+            (false, "wrapper")
+        }
+        StartState::ArgcMismatch { expected, received } => {
+            evidence.failure = Some(FailureKind::WrapperSetupFailed {
+                message: format!(
+                    "srt handed the exec shim {received} argument(s) where {expected} were sent; \
+                     the command was not started"
+                ),
+            });
+            (false, "wrapper")
+        }
+        StartState::Garbled { text } => {
+            evidence.failure = Some(FailureKind::WrapperSetupFailed {
+                message: format!(
+                    "the start marker held unexpected data ({text:?}); the exit code cannot be \
+                     attributed to the command"
+                ),
+            });
+            (false, "wrapper")
+        }
+    };
+    if let Value::Object(map) = &mut wrapper {
+        map.insert("command_started".into(), json!(started));
+        map.insert("start_state".into(), json!(state.label()));
+        map.insert("exit_attribution".into(), json!(attribution));
+    }
+    evidence.wrapper = Some(wrapper);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentdiff_engine::backend::ExitInfo;
+
+    #[test]
+    fn capabilities_never_claim_enforcement() {
+        let c = capabilities();
+        for (name, level) in c.matrix() {
+            assert!(level < Level::Enforced, "{name} is {level:?}");
+        }
+        assert_eq!(c.filesystem_writes, Level::Requested);
+        assert_eq!(c.network, Level::Requested);
+        assert_eq!(c.host_repository, Level::Observed);
+        assert!(!c.sandboxed);
+        assert!(!c.network_enforcement);
+    }
+
+    fn ev(code: i32) -> RunEvidence {
+        RunEvidence {
+            exit: ExitInfo {
+                code: Some(code),
+                ..ExitInfo::default()
+            },
+            ..RunEvidence::default()
+        }
+    }
+
+    #[test]
+    fn exit_without_start_mark_is_a_wrapper_failure() {
+        let mut e = ev(1);
+        attribute_exit(&mut e, &StartState::NotStarted, 1, json!({}));
+        let Some(FailureKind::WrapperSetupFailed { message }) = &e.failure else {
+            panic!("{:?}", e.failure)
+        };
+        assert!(message.contains("exited with code 1"), "{message}");
+        let w = e.wrapper.unwrap();
+        assert_eq!(w["command_started"], false);
+        assert_eq!(w["exit_attribution"], "wrapper");
+        assert_eq!(e.enforcement, ENFORCEMENT);
+    }
+
+    #[test]
+    fn exit_after_start_mark_is_the_commands() {
+        let mut e = ev(1);
+        attribute_exit(&mut e, &StartState::Started { argc: 2 }, 2, json!({}));
+        assert_eq!(e.failure, None);
+        assert!(e.warnings.is_empty());
+        let w = e.wrapper.unwrap();
+        assert_eq!(w["command_started"], true);
+        assert_eq!(w["exit_attribution"], "command");
+        assert_eq!(e.exit.code, Some(1));
+    }
+
+    #[test]
+    fn timeout_before_start_is_not_the_commands() {
+        let mut e = ev(0);
+        e.exit.code = None;
+        e.exit.timed_out = true;
+        attribute_exit(&mut e, &StartState::NotStarted, 1, json!({}));
+        assert!(matches!(
+            e.failure,
+            Some(FailureKind::WrapperSetupFailed { .. })
+        ));
+    }
+}

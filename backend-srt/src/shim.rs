@@ -1,0 +1,463 @@
+//! The exec shim: the program srt starts inside the sandbox, which marks "the command started"
+//! on a host-side FIFO and then `exec`s the real argv.
+//!
+//! srt exits 1 both when its own setup fails and when the command exits 1. With the shim in
+//! between, an exit without the start mark is the sandbox's failure, never the command's. The
+//! mark is written on a FIFO the host holds open for reading: opening a FIFO for writing works on
+//! a read-only mount, so the mark gets through even when the sandbox allows no writes at all.
+//!
+//! Shim argv (after `agentdiff __srt-exec-shim`): `v1 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
+//! to start the command when the argument count it received differs from `ARGC` (the wrapper split
+//! or merged arguments), and when the marker cannot be written (nothing would tell the host that
+//! the command ran). The marker lines are defined by [`MarkerLine`].
+
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+/// Name of the hidden `agentdiff` subcommand that runs the shim.
+pub const SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
+/// Version of the shim's argv layout and marker lines.
+pub const SHIM_PROTOCOL: &str = "v1";
+/// Exit code of the shim when it refuses to start the command (bad shim argv, argument count
+/// changed by the wrapper, marker unreachable). The host does not rely on it: the marker decides.
+pub const SHIM_REFUSED_EXIT: u8 = 125;
+/// Exit code when the command exists but cannot be executed (as shells do).
+pub const EXEC_NOT_EXECUTABLE_EXIT: u8 = 126;
+/// Exit code when the command is not found (as shells do).
+pub const EXEC_NOT_FOUND_EXIT: u8 = 127;
+
+/// Errors of the host-side marker.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkerError {
+    #[error("could not create the start-marker FIFO {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("could not open the start-marker FIFO {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The shim's argv for `argv`: protocol, marker path, argument count, then argv unchanged.
+pub fn shim_args(marker: &Path, argv: &[OsString]) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(argv.len() + 3);
+    out.push(OsString::from(SHIM_PROTOCOL));
+    out.push(marker.as_os_str().to_os_string());
+    out.push(OsString::from(argv.len().to_string()));
+    out.extend(argv.iter().cloned());
+    out
+}
+
+/// One line the shim writes on the marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkerLine {
+    /// About to `exec` the command with this many arguments.
+    Started { argc: usize },
+    /// The argument count differed from the one the host sent: nothing was started.
+    ArgcMismatch { expected: usize, received: usize },
+    /// `exec` failed after the start mark: the command could not be executed.
+    ExecFailed { reason: String },
+}
+
+impl MarkerLine {
+    fn render(&self) -> String {
+        match self {
+            MarkerLine::Started { argc } => format!("started argc={argc}\n"),
+            MarkerLine::ArgcMismatch { expected, received } => {
+                format!("argc_mismatch expected={expected} received={received}\n")
+            }
+            MarkerLine::ExecFailed { reason } => {
+                // One line: the reason comes from an io::Error, but keep the format robust.
+                let reason: String = reason
+                    .chars()
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect();
+                format!("exec_failed {reason}\n")
+            }
+        }
+    }
+
+    fn parse(line: &str) -> Option<MarkerLine> {
+        let field = |s: &str, key: &str| -> Option<usize> {
+            s.split(' ')
+                .find_map(|w| w.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+        };
+        if let Some(rest) = line.strip_prefix("started ") {
+            return Some(MarkerLine::Started {
+                argc: field(rest, "argc=")?,
+            });
+        }
+        if let Some(rest) = line.strip_prefix("argc_mismatch ") {
+            return Some(MarkerLine::ArgcMismatch {
+                expected: field(rest, "expected=")?,
+                received: field(rest, "received=")?,
+            });
+        }
+        line.strip_prefix("exec_failed ")
+            .map(|reason| MarkerLine::ExecFailed {
+                reason: reason.to_string(),
+            })
+    }
+}
+
+/// What the marker says about the command after the wrapper exited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartState {
+    /// No mark: the wrapper ended before the command was started.
+    NotStarted,
+    /// The shim marked the start and exec'd the command (the exit code is the command's).
+    Started { argc: usize },
+    /// The shim marked the start but could not execute the command.
+    ExecFailed { reason: String },
+    /// The wrapper changed the argument count; the shim refused to start the command.
+    ArgcMismatch { expected: usize, received: usize },
+    /// The marker held something the shim never writes.
+    Garbled { text: String },
+}
+
+impl StartState {
+    /// Interpret the bytes read from the marker.
+    pub fn from_marker(bytes: &[u8]) -> StartState {
+        let text = String::from_utf8_lossy(bytes);
+        let mut state = StartState::NotStarted;
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            state = match (MarkerLine::parse(line), state) {
+                (Some(MarkerLine::Started { argc }), StartState::NotStarted) => {
+                    StartState::Started { argc }
+                }
+                (Some(MarkerLine::ExecFailed { reason }), StartState::Started { .. }) => {
+                    StartState::ExecFailed { reason }
+                }
+                (Some(MarkerLine::ArgcMismatch { expected, received }), StartState::NotStarted) => {
+                    StartState::ArgcMismatch { expected, received }
+                }
+                _ => {
+                    return StartState::Garbled {
+                        text: text.chars().take(200).collect(),
+                    }
+                }
+            };
+        }
+        state
+    }
+
+    /// Stable label for evidence.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StartState::NotStarted => "not_started",
+            StartState::Started { .. } => "started",
+            StartState::ExecFailed { .. } => "exec_failed",
+            StartState::ArgcMismatch { .. } => "argc_mismatch",
+            StartState::Garbled { .. } => "garbled",
+        }
+    }
+}
+
+/// Host side of the marker: a FIFO created before launch and held open for reading, so the
+/// shim's non-blocking open for writing succeeds and what it writes stays buffered until read.
+/// The FIFO is removed when this is dropped.
+#[derive(Debug)]
+pub struct StartMarker {
+    path: PathBuf,
+    reader: std::fs::File,
+}
+
+impl StartMarker {
+    /// Create the FIFO at `path` (which must not exist) and open its read end.
+    pub fn create(path: &Path) -> Result<StartMarker, MarkerError> {
+        nix::unistd::mkfifo(
+            path,
+            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+        )
+        .map_err(|source| MarkerError::Create {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|source| {
+                let _ = std::fs::remove_file(path);
+                MarkerError::Open {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+        Ok(StartMarker {
+            path: path.to_path_buf(),
+            reader,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Everything written so far (call after the wrapper exited).
+    pub fn read_available(&mut self) -> Vec<u8> {
+        use std::io::Read;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Bounded: the shim writes at most two short lines; anything larger is garbage.
+        while out.len() < 64 * 1024 {
+            match self.reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break, // WouldBlock: a writer is still open but nothing more is there.
+            }
+        }
+        out
+    }
+}
+
+impl Drop for StartMarker {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The shim's entry point (inside the sandbox). `args` are the arguments after the subcommand
+/// name. Returns only when the command was not started (or `exec` failed); the value is the exit
+/// code.
+pub fn run(args: &[OsString]) -> u8 {
+    match parse_args(args) {
+        Ok((marker, expected, argv)) => start(&marker, expected, argv),
+        Err(message) => {
+            eprintln!("agentdiff exec shim: {message}; the command was not started");
+            SHIM_REFUSED_EXIT
+        }
+    }
+}
+
+fn parse_args(args: &[OsString]) -> Result<(PathBuf, usize, &[OsString]), String> {
+    let [protocol, marker, argc, argv @ ..] = args else {
+        return Err(format!(
+            "expected `{SHIM_PROTOCOL} MARKER ARGC ARGV…`, got {} argument(s)",
+            args.len()
+        ));
+    };
+    if protocol.as_os_str() != OsStr::new(SHIM_PROTOCOL) {
+        return Err(format!(
+            "unsupported shim protocol {:?} (this build speaks {SHIM_PROTOCOL}); use the same \
+             agentdiff binary on both sides",
+            protocol
+        ));
+    }
+    let expected: usize = argc
+        .to_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("invalid argument count {argc:?}"))?;
+    Ok((PathBuf::from(marker), expected, argv))
+}
+
+fn start(marker: &Path, expected: usize, argv: &[OsString]) -> u8 {
+    let mut fifo = match open_marker(marker) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "agentdiff exec shim: cannot write the start marker {}: {e}; the command was not \
+                 started (the sandbox must let the command read the run capsule directory)",
+                marker.display()
+            );
+            return SHIM_REFUSED_EXIT;
+        }
+    };
+    if argv.len() != expected || argv.is_empty() {
+        let line = MarkerLine::ArgcMismatch {
+            expected,
+            received: argv.len(),
+        };
+        let _ = fifo.write_all(line.render().as_bytes());
+        eprintln!(
+            "agentdiff exec shim: the wrapper passed {} argument(s) where {expected} were sent; \
+             the command was not started",
+            argv.len()
+        );
+        return SHIM_REFUSED_EXIT;
+    }
+    let started = MarkerLine::Started { argc: argv.len() };
+    if let Err(e) = fifo.write_all(started.render().as_bytes()) {
+        eprintln!(
+            "agentdiff exec shim: cannot write the start marker: {e}; the command was not started"
+        );
+        return SHIM_REFUSED_EXIT;
+    }
+    // The FIFO is close-on-exec: a successful exec closes it; a failed one leaves it to report.
+    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+    let line = MarkerLine::ExecFailed {
+        reason: err.to_string(),
+    };
+    let _ = fifo.write_all(line.render().as_bytes());
+    eprintln!("agentdiff exec shim: cannot execute {:?}: {err}", argv[0]);
+    match err.kind() {
+        std::io::ErrorKind::NotFound => EXEC_NOT_FOUND_EXIT,
+        _ => EXEC_NOT_EXECUTABLE_EXIT,
+    }
+}
+
+fn open_marker(marker: &Path) -> std::io::Result<std::fs::File> {
+    // Non-blocking: with no reader (the host is gone) the open fails with ENXIO instead of
+    // hanging. O_NOFOLLOW and the FIFO check refuse anything that is not the host's FIFO.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(marker)?;
+    if !file.metadata()?.file_type().is_fifo() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a FIFO",
+        ));
+    }
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_lines_round_trip() {
+        for line in [
+            MarkerLine::Started { argc: 3 },
+            MarkerLine::ArgcMismatch {
+                expected: 2,
+                received: 5,
+            },
+            MarkerLine::ExecFailed {
+                reason: "No such file or directory (os error 2)".into(),
+            },
+        ] {
+            let text = line.render();
+            assert_eq!(MarkerLine::parse(text.trim_end()), Some(line));
+        }
+    }
+
+    #[test]
+    fn start_state_follows_the_protocol() {
+        assert_eq!(StartState::from_marker(b""), StartState::NotStarted);
+        assert_eq!(
+            StartState::from_marker(b"started argc=2\n"),
+            StartState::Started { argc: 2 }
+        );
+        assert_eq!(
+            StartState::from_marker(b"started argc=2\nexec_failed nope\n"),
+            StartState::ExecFailed {
+                reason: "nope".into()
+            }
+        );
+        assert_eq!(
+            StartState::from_marker(b"argc_mismatch expected=2 received=3\n"),
+            StartState::ArgcMismatch {
+                expected: 2,
+                received: 3
+            }
+        );
+        // Out of order or unknown lines are never read as a start.
+        assert!(matches!(
+            StartState::from_marker(b"exec_failed x\n"),
+            StartState::Garbled { .. }
+        ));
+        assert!(matches!(
+            StartState::from_marker(b"started argc=1\nstarted argc=1\n"),
+            StartState::Garbled { .. }
+        ));
+        assert!(matches!(
+            StartState::from_marker(b"hello\n"),
+            StartState::Garbled { .. }
+        ));
+    }
+
+    #[test]
+    fn shim_args_keep_argv_verbatim() {
+        let argv: Vec<OsString> = ["-c", "", "a b", "--"].iter().map(OsString::from).collect();
+        let args = shim_args(Path::new("/x/m.fifo"), &argv);
+        assert_eq!(args[0], "v1");
+        assert_eq!(args[1], "/x/m.fifo");
+        assert_eq!(args[2], "4");
+        assert_eq!(&args[3..], &argv[..]);
+        let (marker, expected, parsed) = parse_args(&args).unwrap();
+        assert_eq!(marker, PathBuf::from("/x/m.fifo"));
+        assert_eq!(expected, 4);
+        assert_eq!(parsed, &argv[..]);
+    }
+
+    #[test]
+    fn bad_shim_argv_is_refused_without_starting() {
+        assert_eq!(run(&[]), SHIM_REFUSED_EXIT);
+        let args: Vec<OsString> = ["v9", "/m", "1", "true"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(run(&args), SHIM_REFUSED_EXIT);
+        let args: Vec<OsString> = ["v1", "/m", "x", "true"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(run(&args), SHIM_REFUSED_EXIT);
+    }
+
+    #[test]
+    fn unreachable_marker_refuses_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("absent.fifo");
+        let args = shim_args(&missing, &[OsString::from("true")]);
+        assert_eq!(run(&args), SHIM_REFUSED_EXIT);
+        // A regular file in its place is not accepted either.
+        std::fs::write(&missing, b"").unwrap();
+        assert_eq!(run(&args), SHIM_REFUSED_EXIT);
+        assert_eq!(std::fs::read(&missing).unwrap(), b"");
+    }
+
+    #[test]
+    fn argc_mismatch_is_marked_and_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
+        let mut args = shim_args(marker.path(), &[OsString::from("true")]);
+        args.push(OsString::from("extra"));
+        assert_eq!(run(&args), SHIM_REFUSED_EXIT);
+        assert_eq!(
+            StartState::from_marker(&marker.read_available()),
+            StartState::ArgcMismatch {
+                expected: 1,
+                received: 2
+            }
+        );
+    }
+
+    #[test]
+    fn exec_failure_is_marked_after_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
+        let args = shim_args(
+            marker.path(),
+            &[OsString::from("/nonexistent/agentdiff-no-such-program")],
+        );
+        assert_eq!(run(&args), EXEC_NOT_FOUND_EXIT);
+        let state = StartState::from_marker(&marker.read_available());
+        assert!(matches!(state, StartState::ExecFailed { .. }), "{state:?}");
+    }
+
+    #[test]
+    fn marker_fifo_is_removed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.fifo");
+        {
+            let _m = StartMarker::create(&path).unwrap();
+            assert!(path.exists());
+            // A second marker at the same path is refused, never reused.
+            assert!(StartMarker::create(&path).is_err());
+        }
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,464 @@
+//! The backend against a fake srt that records what it receives and runs the command unsandboxed.
+
+use std::ffi::OsString;
+
+use agentdiff_backend_srt::{
+    SrtBackend, ENFORCEMENT, OPT_ALLOW_DOMAIN, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_SETTINGS,
+    OPT_SETTINGS_FROM_POLICY,
+};
+use agentdiff_engine::backend::{BackendError, FailureKind, Level, RuntimeBackend};
+use serde_json::json;
+
+use super::common::*;
+
+/// Arguments that a shell, a naive join or srt's own option parser would change.
+fn tricky_args() -> Vec<&'static str> {
+    vec![
+        "a b",
+        "",
+        "x\ny",
+        "it's",
+        "\"q\"",
+        "-c",
+        "echo pwned",
+        "-s",
+        "/etc/passwd",
+        "-d",
+        "--",
+        "--settings",
+        "$HOME",
+        "*",
+        "\\",
+        "-",
+        "  lead and trail  ",
+        "tab\there",
+        ";|&<>`",
+    ]
+}
+
+/// `sh -c 'printf "%s\0" "$@" > FILE' sh ARGS…`: the command writes back each argument it got.
+fn echo_argv(out: &std::path::Path, args: &[&str]) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("printf '%s\\0' \"$@\" > '{}'", out.display()).into(),
+        "sh".into(),
+    ];
+    argv.extend(args.iter().map(OsString::from));
+    argv
+}
+
+fn read_nul_separated(path: &std::path::Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    let mut parts: Vec<String> = text.split('\0').map(str::to_string).collect();
+    assert_eq!(parts.pop().as_deref(), Some(""), "NUL-terminated");
+    parts
+}
+
+#[test]
+fn argv_boundaries_reach_the_command_unchanged() {
+    let f = Fixture::fake();
+    let out = f.root.join("argv.out");
+    let args = tricky_args();
+    let argv = echo_argv(&out, &args);
+    let ev = run(&f, f.spec_os(argv.clone(), false));
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    assert_eq!(read_nul_separated(&out), args);
+
+    // What srt received: its own options, then `--`, then the shim and the argv verbatim.
+    let rec = f.run_record();
+    let got: Vec<String> = rec["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let sep = got.iter().position(|a| a == "--").unwrap();
+    assert_eq!(
+        sep, 1,
+        "no srt option before `--` without settings: {got:?}"
+    );
+    assert!(!got[..sep].iter().any(|a| a == "-c"), "{got:?}");
+    assert_eq!(got[sep + 1], SHIM);
+    assert_eq!(got[sep + 2], "__srt-exec-shim");
+    assert_eq!(got[sep + 3], "v1");
+    assert_eq!(got[sep + 5], argv.len().to_string());
+    let tail: Vec<OsString> = got[sep + 6..].iter().map(OsString::from).collect();
+    assert_eq!(tail, argv);
+    // The prepared wrapper argv is exactly what srt got.
+    let wrapper: Vec<String> = ev
+        .wrapper_argv
+        .clone()
+        .unwrap()
+        .into_iter()
+        .skip(1)
+        .collect();
+    assert_eq!(wrapper, got[1..].to_vec());
+    assert_eq!(rec["cwd"], f.root.to_string_lossy().as_ref());
+    let w = ev.wrapper.unwrap();
+    assert_eq!(w["command_started"], true);
+    assert_eq!(w["exit_attribution"], "command");
+}
+
+#[test]
+fn settings_go_before_the_separator_and_are_digested() {
+    let mut f = Fixture::fake();
+    let settings = f.dir.path().join("settings.json");
+    std::fs::write(&settings, br#"{"filesystem":{"allowWrite":["."]}}"#).unwrap();
+    f.options.push(OPT_SETTINGS, settings.to_str().unwrap());
+    let ev = run(&f, f.spec(&["/bin/true"]));
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    let rec = f.run_record();
+    let argv = rec["argv"].as_array().unwrap();
+    assert_eq!(argv[1], "--settings");
+    assert_eq!(argv[2], settings.to_str().unwrap());
+    assert_eq!(argv[3], "--");
+    let s = &ev.wrapper.as_ref().unwrap()["settings"];
+    assert_eq!(s["source"], "file");
+    assert_eq!(s["path"], settings.to_str().unwrap());
+    assert_eq!(s["sha256"], sha256_file(&settings));
+}
+
+#[test]
+fn no_settings_is_recorded_as_srt_builtin_defaults() {
+    let f = Fixture::fake();
+    let ev = run(&f, f.spec(&["/bin/true"]));
+    let w = ev.wrapper.unwrap();
+    assert_eq!(w["settings"]["description"], "srt built-in defaults");
+    assert_eq!(w["version"], "0.0.0-fake");
+    assert_eq!(w["sandbox"], "requested_not_verified");
+}
+
+#[test]
+fn evidence_labels_say_requested_never_enforced() {
+    let mut f = Fixture::fake();
+    f.extra_env
+        .push((OsString::from("FAKE_SRT_VERSION"), OsString::from("9.8.7")));
+    let ev = run(&f, f.spec(&["/bin/true"]));
+    assert_eq!(ev.backend, "srt");
+    assert_eq!(ev.enforcement, ENFORCEMENT);
+    assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
+    assert_eq!(ev.capabilities.network, Level::Requested);
+    assert!(ev
+        .capabilities
+        .matrix()
+        .values()
+        .all(|l| *l < Level::Enforced));
+    assert!(!ev.capabilities.sandboxed);
+    assert!(!ev.capabilities.network_enforcement);
+    assert_eq!(ev.wrapper.unwrap()["version"], "9.8.7");
+    // The host-side process tree includes the wrapper.
+    assert!(!ev.processes.is_empty());
+    // The marker FIFO does not outlive the run.
+    assert!(!f.capsule.join("srt-start-marker.fifo").exists());
+}
+
+#[test]
+fn secrets_in_the_command_are_redacted_from_the_recorded_wrapper_argv() {
+    let f = Fixture::fake();
+    let out = f.root.join("argv.out");
+    let args = [
+        "--token",
+        "s3cr3t-token-value",
+        "--password=hunter2hunter2",
+        "API_KEY=abcdef123456",
+        "https://user:pa55word@example.com/repo.git",
+    ];
+    let ev = run(&f, f.spec_os(echo_argv(&out, &args), false));
+    // The command got the real values (redaction is for evidence, not for the run)...
+    assert_eq!(read_nul_separated(&out), args);
+    // ...and the wrapper argv as the transaction stores it has none of them.
+    let raw: Vec<OsString> = ev
+        .wrapper_argv
+        .unwrap()
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+    let stored = agentdiff_engine::redact::redact_os_argv(&raw).join("\u{1}");
+    for secret in [
+        "s3cr3t-token-value",
+        "hunter2hunter2",
+        "abcdef123456",
+        "pa55word",
+    ] {
+        assert!(!stored.contains(secret), "{secret} in {stored}");
+    }
+    assert!(stored.contains("__srt-exec-shim"));
+    assert!(!ev.wrapper.unwrap().to_string().contains("s3cr3t"));
+}
+
+#[test]
+fn the_commands_exit_code_propagates() {
+    let f = Fixture::fake();
+    for code in [0, 1, 7, 42] {
+        let ev = run(&f, f.spec(&["/bin/sh", "-c", &format!("exit {code}")]));
+        assert_eq!(ev.exit.code, Some(code));
+        assert_eq!(ev.failure, None, "exit {code}");
+        let w = ev.wrapper.unwrap();
+        assert_eq!(w["command_started"], true);
+        assert_eq!(w["exit_attribution"], "command");
+    }
+}
+
+#[test]
+fn srt_setup_failure_is_not_the_commands_exit_1() {
+    let mut f = Fixture::fake();
+    f.extra_env
+        .push((OsString::from("FAKE_SRT_MODE"), OsString::from("refuse")));
+    let witness = f.root.join("ran");
+    let ev = run(
+        &f,
+        f.spec(&[
+            "/bin/sh",
+            "-c",
+            &format!("touch '{}'; exit 1", witness.display()),
+        ]),
+    );
+    // Same exit code as a command exiting 1, told apart by the missing start mark.
+    assert_eq!(ev.exit.code, Some(1));
+    let Some(FailureKind::WrapperSetupFailed { message }) = &ev.failure else {
+        panic!("{:?}", ev.failure);
+    };
+    assert!(message.contains("before the command started"), "{message}");
+    assert!(!witness.exists(), "the command must not have run");
+    let w = ev.wrapper.unwrap();
+    assert_eq!(w["command_started"], false);
+    assert_eq!(w["exit_attribution"], "wrapper");
+    assert_eq!(w["start_state"], "not_started");
+}
+
+#[test]
+fn a_command_that_cannot_be_executed_is_a_launch_failure_inside_srt() {
+    let f = Fixture::fake();
+    let ev = run(&f, f.spec(&["/nonexistent/agentdiff-test-program", "x"]));
+    assert_eq!(ev.exit.code, Some(127));
+    assert!(
+        matches!(&ev.failure, Some(FailureKind::LaunchFailed { .. })),
+        "{:?}",
+        ev.failure
+    );
+    assert_eq!(ev.wrapper.unwrap()["start_state"], "exec_failed");
+}
+
+fn prepare_err(f: &Fixture, argv: &[&str]) -> BackendError {
+    SrtBackend::new().prepare(&f.spec(argv)).unwrap_err()
+}
+
+#[test]
+fn missing_or_unusable_srt_is_unavailable_with_a_remedy() {
+    // Not on PATH.
+    let f = Fixture::bare();
+    for p in ["bwrap", "socat", "rg"] {
+        write_exec(&f.bin.join(p), "#!/bin/sh\nexit 0\n");
+    }
+    let mut spec = f.spec(&["/bin/true"]);
+    spec.env.retain(|(k, _)| k != "PATH");
+    spec.env
+        .push(("PATH".into(), f.bin.clone().into_os_string()));
+    let err = SrtBackend::new().prepare(&spec).unwrap_err();
+    let BackendError::Unavailable { reason, remedy, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(reason.contains("srt"), "{reason}");
+    assert!(
+        remedy.contains("npm install -g @anthropic-ai/sandbox-runtime"),
+        "{remedy}"
+    );
+
+    // Named but missing, and named but not executable.
+    let mut f = Fixture::fake();
+    f.options.push(OPT_EXECUTABLE, "/nonexistent/srt");
+    assert!(matches!(
+        prepare_err(&f, &["/bin/true"]),
+        BackendError::Unavailable { .. }
+    ));
+    let plain = f.dir.path().join("srt-plain");
+    std::fs::write(&plain, "not a program").unwrap();
+    let mut f2 = Fixture::fake();
+    f2.options.push(OPT_EXECUTABLE, plain.to_str().unwrap());
+    let err = prepare_err(&f2, &["/bin/true"]);
+    assert!(err.to_string().contains("not executable"), "{err}");
+    assert!(f2.records().is_empty(), "nothing was launched");
+}
+
+#[test]
+fn missing_linux_prerequisites_are_unavailable_and_named() {
+    let f = Fixture::fake();
+    std::fs::remove_file(f.bin.join("socat")).unwrap();
+    // PATH with only the fixture's bin directory, so the host's socat is not found.
+    let mut spec = f.spec(&["/bin/true"]);
+    spec.env.retain(|(k, _)| k != "PATH");
+    spec.env
+        .push(("PATH".into(), f.bin.clone().into_os_string()));
+    let err = SrtBackend::new().prepare(&spec).unwrap_err();
+    let BackendError::Unavailable { reason, remedy, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(reason.contains("socat"), "{reason}");
+    assert!(!reason.contains("bubblewrap"), "{reason}");
+    assert!(remedy.contains("apt-get install -y socat"), "{remedy}");
+}
+
+#[test]
+fn bad_settings_paths_are_invalid_requests() {
+    let mut f = Fixture::fake();
+    f.options.push(OPT_SETTINGS, "/nonexistent/settings.json");
+    let err = prepare_err(&f, &["/bin/true"]);
+    assert!(matches!(err, BackendError::InvalidRequest { .. }), "{err}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+
+    let mut f = Fixture::fake();
+    f.options.push(OPT_SETTINGS, f.dir.path().to_str().unwrap());
+    let err = prepare_err(&f, &["/bin/true"]);
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+
+    let mut f = Fixture::fake();
+    f.options.push(OPT_SETTINGS, "/etc/hostname");
+    f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
+    assert!(matches!(
+        prepare_err(&f, &["/bin/true"]),
+        BackendError::InvalidRequest { .. }
+    ));
+
+    let mut f = Fixture::fake();
+    f.options.push(OPT_ALLOW_DOMAIN, "example.com");
+    assert!(matches!(
+        prepare_err(&f, &["/bin/true"]),
+        BackendError::InvalidRequest { .. }
+    ));
+}
+
+#[test]
+fn prepare_is_pure() {
+    let f = Fixture::fake();
+    let mut f2 = f;
+    f2.options.push(OPT_SETTINGS_FROM_POLICY, "true");
+    let before: Vec<_> = std::fs::read_dir(&f2.capsule).unwrap().collect();
+    let prepared = SrtBackend::new().prepare(&f2.spec(&["/bin/true"])).unwrap();
+    assert_eq!(
+        std::fs::read_dir(&f2.capsule).unwrap().count(),
+        before.len()
+    );
+    assert!(f2.records().is_empty(), "prepare ran srt");
+    assert_eq!(prepared.enforcement, ENFORCEMENT);
+    assert_eq!(prepared.cwd, f2.root);
+}
+
+#[test]
+fn the_exec_shim_must_be_located() {
+    if std::env::var_os(agentdiff_backend_srt::ENV_EXEC_SHIM).is_some() {
+        eprintln!("SKIPPED (not a pass): AGENTDIFF_SRT_EXEC_SHIM is set in this environment");
+        return;
+    }
+    let mut f = Fixture::fake();
+    f.options = agentdiff_engine::backend::BackendOptions::new();
+    // This test binary is not `agentdiff`, so there is no shim to fall back on.
+    let err = prepare_err(&f, &["/bin/true"]);
+    let BackendError::Unavailable { reason, remedy, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(reason.contains("agentdiff"), "{reason}");
+    assert!(remedy.contains("AGENTDIFF_SRT_EXEC_SHIM"), "{remedy}");
+    f.options.push(OPT_EXEC_SHIM, "/nonexistent/agentdiff");
+    assert!(matches!(
+        prepare_err(&f, &["/bin/true"]),
+        BackendError::Unavailable { .. }
+    ));
+}
+
+#[test]
+fn a_broken_srt_version_refuses_the_launch() {
+    let mut f = Fixture::fake();
+    f.extra_env.push((
+        OsString::from("FAKE_SRT_MODE"),
+        OsString::from("broken-version"),
+    ));
+    let witness = f.root.join("ran");
+    let spec = f.spec(&["/usr/bin/touch", witness.to_str().unwrap()]);
+    let prepared = SrtBackend::new().prepare(&spec).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = rt
+        .block_on(SrtBackend::new().launch(
+            prepared,
+            agentdiff_engine::backend::LaunchContext::new(Default::default()),
+        ))
+        .err()
+        .unwrap();
+    assert!(matches!(err, BackendError::Unavailable { .. }), "{err}");
+    assert!(!witness.exists());
+    assert_eq!(f.records().len(), 1, "only `srt --version` ran");
+}
+
+#[test]
+fn settings_from_policy_are_generated_in_the_capsule() {
+    let mut f = Fixture::fake();
+    std::fs::write(
+        f.capsule.join("policy.json"),
+        json!({"effective": {"filesystem": {"deny": [".env", ".git/**", "**/*.pem"]}}}).to_string(),
+    )
+    .unwrap();
+    f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
+    f.options.push(OPT_ALLOW_DOMAIN, "example.com");
+    let ev = run(&f, f.spec(&["/bin/true"]));
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    let generated = f.capsule.join("srt-settings.json");
+    let settings: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&generated).unwrap()).unwrap();
+    let root = f.root.to_string_lossy().into_owned();
+    assert_eq!(settings["filesystem"]["allowWrite"], json!([root]));
+    assert_eq!(
+        settings["filesystem"]["denyWrite"],
+        json!([
+            format!("{root}/.agentdiff"),
+            format!("{root}/.env"),
+            format!("{root}/.git")
+        ])
+    );
+    assert_eq!(
+        settings["network"]["allowedDomains"],
+        json!(["example.com"])
+    );
+    let rec = f.run_record();
+    assert_eq!(rec["argv"][1], "--settings");
+    assert_eq!(rec["argv"][2], generated.to_str().unwrap());
+    let s = &ev.wrapper.unwrap()["settings"];
+    assert_eq!(s["source"], "generated_from_policy");
+    assert_eq!(s["sha256"], sha256_file(&generated));
+    assert_eq!(s["bridge"]["not_expressed_denies"], json!(["**/*.pem"]));
+    assert_eq!(s["bridge"]["controls"], "requested");
+    assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
+}
+
+#[test]
+fn settings_from_policy_without_a_policy_refuses_to_launch() {
+    let mut f = Fixture::fake();
+    f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
+    let prepared = SrtBackend::new().prepare(&f.spec(&["/bin/true"])).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = rt
+        .block_on(SrtBackend::new().launch(
+            prepared,
+            agentdiff_engine::backend::LaunchContext::new(Default::default()),
+        ))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("policy.json"), "{err}");
+    assert!(!f
+        .records()
+        .iter()
+        .any(|r| r["argv"].as_array().unwrap().iter().any(|a| a == "--")));
+}
+
+#[test]
+fn registered_as_srt() {
+    let registry = agentdiff_engine::backend::Registry::from_inventory().unwrap();
+    assert!(registry.ids().contains(&"srt"));
+    assert_eq!(registry.create("srt").unwrap().id(), "srt");
+}

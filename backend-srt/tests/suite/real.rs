@@ -1,0 +1,219 @@
+//! The backend against the real srt (installed by `.ci/run`). Without srt or bubblewrap these
+//! tests print why they did not run; with `AGENTDIFF_REQUIRE_REAL_BACKENDS=1` a missing component
+//! fails them.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use agentdiff_backend_srt::{OPT_SETTINGS, OPT_SETTINGS_FROM_POLICY};
+use agentdiff_engine::backend::{FailureKind, Level};
+use serde_json::json;
+
+use super::common::*;
+
+/// The real srt on the host PATH, or `None` after printing why the test does not run.
+fn real_srt(test: &str) -> Option<PathBuf> {
+    let required = std::env::var("AGENTDIFF_REQUIRE_REAL_BACKENDS").as_deref() == Ok("1");
+    let mut missing = Vec::new();
+    let srt = which::which("srt").ok();
+    if srt.is_none() {
+        missing.push("srt (npm install -g @anthropic-ai/sandbox-runtime)");
+    }
+    for (program, install) in [
+        ("bwrap", "apt-get install -y bubblewrap"),
+        ("socat", "apt-get install -y socat"),
+        ("rg", "apt-get install -y ripgrep"),
+    ] {
+        if which::which(program).is_err() {
+            missing.push(install);
+        }
+    }
+    if missing.is_empty() {
+        return srt;
+    }
+    let message = format!(
+        "{test}: real srt prerequisites missing: {}",
+        missing.join(", ")
+    );
+    if required {
+        panic!("{message} (AGENTDIFF_REQUIRE_REAL_BACKENDS=1)");
+    }
+    eprintln!("SKIPPED (not a pass): {message}");
+    None
+}
+
+fn settings_allowing_only(dir: &Path, allow_write: &Path) -> PathBuf {
+    let path = dir.join("srt-settings.json");
+    std::fs::write(
+        &path,
+        json!({
+            "filesystem": {"denyRead": [], "allowWrite": [allow_write], "denyWrite": []},
+            "network": {"allowedDomains": [], "deniedDomains": []}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn real_srt_keeps_writes_inside_the_root_and_labels_stay_requested() {
+    let Some(srt) = real_srt("real_srt_keeps_writes_inside_the_root") else {
+        return;
+    };
+    let mut f = Fixture::bare();
+    let outside = tempfile::tempdir().unwrap();
+    let sentinel = outside.path().join("sentinel.txt");
+    std::fs::write(&sentinel, "untouched\n").unwrap();
+    let before = sha256_file(&sentinel);
+    let created_outside = outside.path().join("created.txt");
+    let settings = settings_allowing_only(f.dir.path(), &f.root);
+    f.options.push(OPT_SETTINGS, settings.to_str().unwrap());
+
+    let script = "echo inside > inside.txt; echo pwned > \"$1\"; echo new > \"$2\"; exit 0";
+    let argv: Vec<OsString> = [
+        "/bin/sh",
+        "-c",
+        script,
+        "sh",
+        sentinel.to_str().unwrap(),
+        created_outside.to_str().unwrap(),
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    let ev = run(&f, f.spec_os(argv, true));
+    let stderr = stderr_of(&f);
+    assert_eq!(ev.exit.code, Some(0), "stderr: {stderr}");
+    assert_eq!(ev.failure, None, "stderr: {stderr}");
+    // Inside the root: written. Outside: refused by srt, the sentinel is unchanged.
+    assert_eq!(
+        std::fs::read_to_string(f.root.join("inside.txt")).unwrap(),
+        "inside\n"
+    );
+    assert_eq!(
+        sha256_file(&sentinel),
+        before,
+        "srt let the command write outside the root"
+    );
+    assert!(
+        !created_outside.exists(),
+        "srt let the command create a file outside the root"
+    );
+    assert!(stderr.contains("Read-only file system"), "stderr: {stderr}");
+
+    // Labels: requested, never enforced, even though the write was refused here.
+    assert_eq!(ev.backend, "srt");
+    assert_eq!(ev.enforcement, "external_sandbox_requested");
+    assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
+    assert_eq!(ev.capabilities.network, Level::Requested);
+    assert!(!ev.capabilities.sandboxed);
+    let w = ev.wrapper.as_ref().unwrap();
+    assert_eq!(w["command_started"], true);
+    assert_eq!(w["settings"]["sha256"], sha256_file(&settings));
+    let version = std::process::Command::new(&srt)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        w["version"],
+        String::from_utf8_lossy(&version.stdout).trim()
+    );
+    // The host-side tree holds more than the wrapper (srt starts bwrap and the command).
+    assert!(ev.processes.len() >= 2, "{:?}", ev.processes);
+}
+
+#[test]
+fn real_srt_preserves_argv_boundaries() {
+    if real_srt("real_srt_preserves_argv_boundaries").is_none() {
+        return;
+    }
+    let mut f = Fixture::bare();
+    let settings = settings_allowing_only(f.dir.path(), &f.root);
+    f.options.push(OPT_SETTINGS, settings.to_str().unwrap());
+    let out = f.root.join("argv.out");
+    let args = [
+        "a b", "", "x\ny", "it's", "\"q\"", "-c", "-s", "-d", "--", "$HOME", "*", "\\", "`id`",
+    ];
+    let mut argv: Vec<OsString> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("printf '%s\\0' \"$@\" > '{}'", out.display()).into(),
+        "sh".into(),
+    ];
+    argv.extend(args.iter().map(OsString::from));
+    let ev = run(&f, f.spec_os(argv, true));
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    let text = String::from_utf8(std::fs::read(&out).unwrap()).unwrap();
+    let got: Vec<&str> = text.trim_end_matches('\0').split('\0').collect();
+    assert_eq!(got, args);
+}
+
+#[test]
+fn real_srt_setup_failure_and_command_exit_1_are_told_apart() {
+    if real_srt("real_srt_setup_failure_and_command_exit_1_are_told_apart").is_none() {
+        return;
+    }
+    // The command's own exit 1.
+    let mut f = Fixture::bare();
+    let settings = settings_allowing_only(f.dir.path(), &f.root);
+    f.options.push(OPT_SETTINGS, settings.to_str().unwrap());
+    let ev = run(
+        &f,
+        f.spec_os(vec!["/bin/sh".into(), "-c".into(), "exit 1".into()], true),
+    );
+    assert_eq!(ev.exit.code, Some(1));
+    assert_eq!(ev.failure, None);
+    assert_eq!(ev.wrapper.unwrap()["exit_attribution"], "command");
+
+    // srt's own exit 1: settings it refuses to load.
+    let mut f = Fixture::bare();
+    let bad = f.dir.path().join("bad.json");
+    std::fs::write(&bad, "{ not json").unwrap();
+    f.options.push(OPT_SETTINGS, bad.to_str().unwrap());
+    let witness = f.root.join("ran");
+    let ev = run(
+        &f,
+        f.spec_os(
+            vec!["/usr/bin/touch".into(), witness.clone().into_os_string()],
+            true,
+        ),
+    );
+    assert_eq!(ev.exit.code, Some(1), "stderr: {}", stderr_of(&f));
+    assert!(
+        matches!(ev.failure, Some(FailureKind::WrapperSetupFailed { .. })),
+        "{:?}",
+        ev.failure
+    );
+    assert!(!witness.exists());
+    assert_eq!(ev.wrapper.unwrap()["exit_attribution"], "wrapper");
+}
+
+#[test]
+fn real_srt_with_settings_from_policy_protects_denied_paths_and_the_store() {
+    if real_srt("real_srt_with_settings_from_policy").is_none() {
+        return;
+    }
+    let mut f = Fixture::bare();
+    std::fs::write(f.root.join(".env"), "SECRET=1\n").unwrap();
+    let env_before = sha256_file(&f.root.join(".env"));
+    std::fs::write(
+        f.capsule.join("policy.json"),
+        json!({"effective": {"filesystem": {"deny": [".env"]}}}).to_string(),
+    )
+    .unwrap();
+    f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
+    let script = "echo ok > allowed.txt; echo x > .env; echo x > .agentdiff/forged; exit 0";
+    let ev = run(
+        &f,
+        f.spec_os(vec!["/bin/sh".into(), "-c".into(), script.into()], true),
+    );
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    assert!(f.root.join("allowed.txt").exists());
+    assert_eq!(sha256_file(&f.root.join(".env")), env_before);
+    assert!(!f.root.join(".agentdiff/forged").exists());
+    let w = ev.wrapper.unwrap();
+    assert_eq!(w["settings"]["source"], "generated_from_policy");
+    assert_eq!(w["settings"]["bridge"]["controls"], "requested");
+    assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
+}
