@@ -1,3 +1,4 @@
 mod policy;
+mod rollback;
 mod scanner;
 mod store;

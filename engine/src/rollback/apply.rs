@@ -1,0 +1,1264 @@
+//! Conflict-checked application of recorded transitions to the tree.
+//!
+//! A [`Transition`] says what a path must hold now (`expected`) and what it should hold afterwards
+//! (`target`), both as scanner [`Entry`]s (`None` = absent). Rollback passes expected = post-run
+//! state and target = pre-run state; promote passes the opposite. For each path the [`Applier`]:
+//!
+//! 1. reaches the parent through directory handles opened `O_NOFOLLOW` from the root;
+//! 2. reads the current state (`fstatat(AT_SYMLINK_NOFOLLOW)`, content hashed through an fd opened
+//!    `O_NOFOLLOW` whose identity is compared with the `fstatat`);
+//! 3. acts only when the current state equals `expected`; reports `already_restored` when it equals
+//!    `target`, and a conflict (current state preserved) otherwise;
+//! 4. writes new content to a temporary file in the same directory (content, then mode, then
+//!    fsync), re-checks the target's identity and metadata just before the swap, renames
+//!    (`renameat2(RENAME_NOREPLACE)` when the path must not exist) and fsyncs the directory.
+//!
+//! Removals rename the file aside to a temporary name first and unlink it only when the renamed
+//! inode is the one that was checked; otherwise it is renamed back. Every file is therefore at
+//! any instant either in its expected or in its target state, and a crash leaves at most a
+//! temporary file, which the next run removes ([`DirHandle::remove_stale_temps`]).
+//!
+//! Not defended (seed 000): a same-user process that rewrites a file in place between the final
+//! identity check and the rename, within the same timestamp granularity.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::diff_preview;
+use super::secure_dir::{self, DirHandle, NodeKind, NodeMeta};
+use crate::fs::{BackupSkip, BackupState, Entry, EntryKind};
+use crate::store::{ObjectStore, StoreError};
+
+/// One path to move from `expected` to `target`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub path: String,
+    pub expected: Option<Entry>,
+    pub target: Option<Entry>,
+}
+
+/// The write an eligible transition needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// Replace a regular file's content (and mode) from a verified object.
+    WriteFile,
+    /// Same content, different mode.
+    ChmodFile,
+    /// Create an absent regular file from a verified object.
+    CreateFile,
+    /// Remove a regular file.
+    RemoveFile,
+    /// Create an absent directory.
+    CreateDir,
+    /// Remove a directory when it is empty.
+    RemoveDir,
+    /// Change a directory's mode.
+    ChmodDir,
+    /// Give a directory created by [`OpKind::CreateDir`] its final mode after its children were
+    /// written (for modes without owner write/search permission, e.g. 0555).
+    SettleDirMode,
+}
+
+/// Why a transition cannot be applied automatically, or `Ok` with the write it needs.
+pub fn classify(t: &Transition) -> Result<OpKind, String> {
+    let (e, g) = (t.expected.as_ref(), t.target.as_ref());
+    if e.map(|x| x.kind) == Some(EntryKind::Symlink)
+        || g.map(|x| x.kind) == Some(EntryKind::Symlink)
+    {
+        return Err("symlinks are reported, never changed automatically".into());
+    }
+    match (e, g) {
+        (None, None) => Err("no entry on either side (not a regular file or directory)".into()),
+        (Some(e), Some(g)) if e.kind != g.kind => Err(format!(
+            "changed kind ({} to {}); restore it by hand",
+            kind_word(e.kind),
+            kind_word(g.kind)
+        )),
+        (Some(e), Some(g)) if e.kind == EntryKind::File => {
+            check_single_link(e)?;
+            let (Some(es), Some(gs)) = (&e.sha256, &g.sha256) else {
+                return Err(
+                    "its content was not hashed on both sides, so a change since cannot be detected"
+                        .into(),
+                );
+            };
+            if es == gs {
+                if e.mode == g.mode {
+                    Err("no recorded difference".into())
+                } else {
+                    Ok(OpKind::ChmodFile)
+                }
+            } else {
+                check_backup(g)?;
+                Ok(OpKind::WriteFile)
+            }
+        }
+        (Some(e), Some(g)) => {
+            if e.mode == g.mode {
+                Err("no recorded difference".into())
+            } else {
+                Ok(OpKind::ChmodDir)
+            }
+        }
+        (None, Some(g)) if g.kind == EntryKind::File => {
+            check_backup(g)?;
+            Ok(OpKind::CreateFile)
+        }
+        (None, Some(_)) => Ok(OpKind::CreateDir),
+        (Some(e), None) if e.kind == EntryKind::File => {
+            check_single_link(e)?;
+            if e.sha256.is_none() {
+                return Err(
+                    "its content was not hashed, so a change since cannot be detected".into(),
+                );
+            }
+            Ok(OpKind::RemoveFile)
+        }
+        (Some(_), None) => Ok(OpKind::RemoveDir),
+    }
+}
+
+fn kind_word(k: EntryKind) -> &'static str {
+    match k {
+        EntryKind::File => "regular file",
+        EntryKind::Directory => "directory",
+        EntryKind::Symlink => "symlink",
+    }
+}
+
+fn check_single_link(e: &Entry) -> Result<(), String> {
+    if e.nlink > 1 {
+        Err(format!(
+            "hardlinked ({} names); changing one name would silently diverge from the others",
+            e.nlink
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A file that must be written needs a hash, a single link, and a backup that was not skipped.
+fn check_backup(g: &Entry) -> Result<(), String> {
+    check_single_link(g)?;
+    if g.sha256.is_none() {
+        return Err("its content was never hashed, so there is no verified backup".into());
+    }
+    match &g.backup {
+        BackupState::Skipped { reason, detail } => Err(match reason {
+            BackupSkip::TooLarge => {
+                "no backup: larger than the backup size limit (rollback.max_backup_file_mb)".into()
+            }
+            BackupSkip::Hardlinked => {
+                "no backup: it was hardlinked, and restoring one name would diverge from the others"
+                    .into()
+            }
+            BackupSkip::ChangedDuringCapture => {
+                "no backup: it changed while it was being captured".into()
+            }
+            BackupSkip::NotHashed => "no backup: it could not be read when captured".into(),
+            BackupSkip::StoreFailed => format!(
+                "no backup: storing it failed ({})",
+                detail.as_deref().unwrap_or("no detail recorded")
+            ),
+        }),
+        BackupState::NotApplicable => Err("no backup applies to this entry".into()),
+        BackupState::Stored | BackupState::NotRequested => Ok(()),
+    }
+}
+
+/// One write to perform (see [`order`] for the sequence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyOp {
+    pub path: String,
+    pub kind: OpKind,
+    pub expected: Option<Entry>,
+    pub target: Option<Entry>,
+}
+
+/// Per-path result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// An existing path got its target content and/or mode.
+    Restored,
+    /// A path absent in the target state was removed.
+    Removed,
+    /// A path absent now was created with its target content/mode.
+    Recreated,
+    /// The path already was in its target state; nothing written.
+    AlreadyRestored,
+    /// The current state differs from the expected one; it was preserved.
+    Conflict,
+    /// Not something this tool changes automatically (symlink, hardlink, no backup, ...).
+    Skipped,
+    /// The write could not be done (I/O error, corrupt backup object, ...); the path was
+    /// preserved.
+    Failed,
+    /// Dry run: would be restored / removed / re-created.
+    WouldRestore,
+    WouldRemove,
+    WouldRecreate,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Restored => "restored",
+            Outcome::Removed => "removed",
+            Outcome::Recreated => "recreated",
+            Outcome::AlreadyRestored => "already_restored",
+            Outcome::Conflict => "conflict",
+            Outcome::Skipped => "skipped",
+            Outcome::Failed => "failed",
+            Outcome::WouldRestore => "would_restore",
+            Outcome::WouldRemove => "would_remove",
+            Outcome::WouldRecreate => "would_recreate",
+        }
+    }
+
+    /// The path did not reach its target state and was left as it was.
+    pub fn preserved_a_difference(self) -> bool {
+        matches!(self, Outcome::Conflict | Outcome::Failed)
+    }
+}
+
+/// Result of one op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpResult {
+    pub outcome: Outcome,
+    pub reason: Option<String>,
+    /// Dry run: unified diff of text content from the current state to the target state.
+    pub diff: Option<String>,
+}
+
+impl OpResult {
+    fn new(outcome: Outcome) -> OpResult {
+        OpResult {
+            outcome,
+            reason: None,
+            diff: None,
+        }
+    }
+
+    fn with(outcome: Outcome, reason: impl Into<String>) -> OpResult {
+        OpResult {
+            outcome,
+            reason: Some(reason.into()),
+            diff: None,
+        }
+    }
+}
+
+/// What to do when the injected fault point is reached (tests only; see [`Fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Stop immediately and return [`Interrupted`], leaving everything (even a temporary file)
+    /// exactly as a crash at this point would.
+    Stop,
+    /// `abort()` the process: a real crash.
+    Abort,
+}
+
+/// Test-only fault injection: stop after `after_ops` mutating steps (a temporary file written,
+/// a rename, an unlink, a mkdir, a chmod). Only reachable by passing it explicitly through the
+/// API; the CLI honours `AGENTDIFF_TEST_ROLLBACK_FAULT_AFTER` only in debug builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub after_ops: usize,
+    pub action: FaultAction,
+}
+
+/// The injected fault was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interrupted {
+    pub after_ops: usize,
+}
+
+/// The order writes must happen in: directories created (and opened up) top-down, files written,
+/// files removed, directories removed bottom-up, restrictive directory modes applied bottom-up.
+pub fn order(ops: &mut [ApplyOp]) {
+    ops.sort_by(|a, b| {
+        let (pa, pb) = (phase(a), phase(b));
+        pa.cmp(&pb).then_with(|| {
+            let (da, db) = (depth(&a.path), depth(&b.path));
+            if pa == 0 {
+                da.cmp(&db).then_with(|| a.path.cmp(&b.path))
+            } else if pa >= 3 {
+                db.cmp(&da).then_with(|| a.path.cmp(&b.path))
+            } else {
+                a.path.cmp(&b.path)
+            }
+        })
+    });
+}
+
+fn depth(path: &str) -> usize {
+    path.bytes().filter(|b| *b == b'/').count()
+}
+
+/// The owner needs write and search permission on a directory to fill it.
+const OWNER_RWX: u32 = 0o700;
+
+fn phase(op: &ApplyOp) -> u8 {
+    let target_mode = op.target.as_ref().map(|t| t.mode).unwrap_or(0);
+    match op.kind {
+        OpKind::CreateDir => 0,
+        OpKind::ChmodDir if target_mode & OWNER_RWX == OWNER_RWX => 0,
+        OpKind::WriteFile | OpKind::ChmodFile | OpKind::CreateFile => 1,
+        OpKind::RemoveFile => 2,
+        OpKind::RemoveDir => 3,
+        OpKind::ChmodDir | OpKind::SettleDirMode => 4,
+    }
+}
+
+/// Mode a created directory has while it is being filled.
+pub fn working_dir_mode(target_mode: u32) -> u32 {
+    target_mode | OWNER_RWX
+}
+
+/// What the path holds now.
+enum Current {
+    Absent,
+    File {
+        meta: NodeMeta,
+        /// `None` when the size already rules out both recorded states.
+        sha: Option<String>,
+        file: File,
+    },
+    Dir(NodeMeta),
+    Other(NodeMeta),
+}
+
+impl Current {
+    fn kind_text(&self) -> &'static str {
+        match self {
+            Current::Absent => "absent",
+            Current::File { .. } => NodeKind::File.describe(),
+            Current::Dir(_) => NodeKind::Directory.describe(),
+            Current::Other(m) => m.kind.describe(),
+        }
+    }
+}
+
+/// `None` when `cur` equals `want`; otherwise a sentence saying how it differs.
+fn mismatch(cur: &Current, want: Option<&Entry>) -> Option<String> {
+    match (cur, want) {
+        (Current::Absent, None) => None,
+        (_, None) => Some(format!("it exists ({})", cur.kind_text())),
+        (Current::Absent, Some(w)) => Some(format!("the {} is absent", kind_word(w.kind))),
+        (Current::File { meta, sha, .. }, Some(w)) if w.kind == EntryKind::File => {
+            if sha.is_none() || sha.as_deref() != w.sha256.as_deref() {
+                Some(format!(
+                    "its content differs ({} bytes{}, recorded {} bytes sha256 {})",
+                    meta.size,
+                    sha.as_deref()
+                        .map(|s| format!(" sha256 {}", short(s)))
+                        .unwrap_or_default(),
+                    w.size,
+                    w.sha256.as_deref().map(short).unwrap_or("unknown")
+                ))
+            } else if meta.mode != w.mode {
+                Some(format!(
+                    "its mode is {:04o}, recorded {:04o}",
+                    meta.mode, w.mode
+                ))
+            } else if meta.nlink != 1 {
+                Some(format!("it now has {} hard links", meta.nlink))
+            } else {
+                None
+            }
+        }
+        (Current::Dir(meta), Some(w)) if w.kind == EntryKind::Directory => {
+            if meta.mode != w.mode {
+                Some(format!(
+                    "its mode is {:04o}, recorded {:04o}",
+                    meta.mode, w.mode
+                ))
+            } else {
+                None
+            }
+        }
+        (_, Some(w)) => Some(format!(
+            "it is {}, recorded as a {}",
+            cur.kind_text(),
+            kind_word(w.kind)
+        )),
+    }
+}
+
+fn short(hex: &str) -> &str {
+    hex.get(..12).unwrap_or(hex)
+}
+
+fn hash_file(file: &mut File) -> io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn split_path(path: &str) -> (&str, &OsStr) {
+    match path.rsplit_once('/') {
+        Some((parent, name)) => (parent, OsStr::new(name)),
+        None => ("", OsStr::new(path)),
+    }
+}
+
+/// Executes ordered ops against one root.
+pub struct Applier<'a> {
+    root: DirHandle,
+    objects: &'a ObjectStore,
+    dry_run: bool,
+    fault: Option<Fault>,
+    steps: usize,
+    /// Names that are in their expected state but must not count as "extra" when a directory is
+    /// checked for emptiness (the run's own entries that were not selected).
+    pub temps_removed: usize,
+}
+
+/// Step result: `Err` only for the injected fault.
+type Step<T> = Result<T, Interrupted>;
+
+impl<'a> Applier<'a> {
+    pub fn new(
+        root: DirHandle,
+        objects: &'a ObjectStore,
+        dry_run: bool,
+        fault: Option<Fault>,
+    ) -> Applier<'a> {
+        Applier {
+            root,
+            objects,
+            dry_run,
+            fault,
+            steps: 0,
+            temps_removed: 0,
+        }
+    }
+
+    /// Mutating steps performed so far.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Called before every mutating step.
+    fn step(&mut self) -> Step<()> {
+        if let Some(f) = self.fault {
+            if self.steps >= f.after_ops {
+                match f.action {
+                    FaultAction::Stop => {
+                        return Err(Interrupted {
+                            after_ops: self.steps,
+                        })
+                    }
+                    FaultAction::Abort => std::process::abort(),
+                }
+            }
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// Removes leftover temporary files of an interrupted earlier run in the directories `ops`
+    /// write to (not in dry runs). Errors are ignored here: a directory that cannot be listed
+    /// will fail its own ops with a clear reason.
+    pub fn clean_stale_temps(&mut self, ops: &[ApplyOp]) {
+        if self.dry_run {
+            return;
+        }
+        let mut dirs: Vec<&str> = ops
+            .iter()
+            .flat_map(|op| {
+                let parent = split_path(&op.path).0;
+                let own = if matches!(op.kind, OpKind::RemoveDir) {
+                    Some(op.path.as_str())
+                } else {
+                    None
+                };
+                std::iter::once(parent).chain(own)
+            })
+            .collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        for dir in dirs {
+            if let Ok(handle) = self.root.open_relative(dir) {
+                if let Ok(n) = handle.remove_stale_temps() {
+                    self.temps_removed += n;
+                }
+            }
+        }
+    }
+
+    /// Applies one op. `extra_ok` lists names inside a directory to be removed that belong to
+    /// the run but were not selected (they make the directory non-empty without being a
+    /// conflict).
+    pub fn apply(&mut self, op: &ApplyOp, unselected_children: &[String]) -> Step<OpResult> {
+        let (parent_rel, name) = split_path(&op.path);
+        let parent = match self.root.open_relative(parent_rel) {
+            Ok(p) => Some(p),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) if secure_dir::is_not_a_directory(&e) => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    format!(
+                    "a parent directory ({}) is no longer a directory (replaced by a symlink or \
+                         a file?); nothing was written through it",
+                    if parent_rel.is_empty() {
+                        "."
+                    } else {
+                        parent_rel
+                    }
+                ),
+                ))
+            }
+            Err(e) => {
+                return Ok(OpResult::with(
+                    Outcome::Failed,
+                    format!("cannot open the parent directory: {e}"),
+                ))
+            }
+        };
+        let current = match &parent {
+            Some(p) => match read_current(p, name, op) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Ok(OpResult::with(
+                        Outcome::Failed,
+                        format!("cannot read the current state: {e}"),
+                    ))
+                }
+            },
+            None => Current::Absent,
+        };
+        let expected_miss = mismatch(&current, op.expected.as_ref());
+        let target_miss = mismatch(&current, op.target.as_ref());
+        if op.kind == OpKind::SettleDirMode {
+            return self.settle_dir_mode(op, parent.as_ref(), name, &current);
+        }
+        if target_miss.is_none() {
+            return Ok(OpResult::new(Outcome::AlreadyRestored));
+        }
+        // A directory this tool created and left with its working mode (interrupted earlier).
+        if op.kind == OpKind::CreateDir {
+            if let (Current::Dir(meta), Some(t)) = (&current, &op.target) {
+                if meta.mode == working_dir_mode(t.mode) || meta.mode == OWNER_RWX {
+                    return Ok(OpResult::with(
+                        Outcome::AlreadyRestored,
+                        "re-created by an interrupted earlier rollback; its final mode is applied \
+                         after its contents",
+                    ));
+                }
+            }
+        }
+        if let Some(why) = expected_miss {
+            let mut r = OpResult::with(
+                Outcome::Conflict,
+                format!("changed since the recorded state: {why}; the current state was preserved"),
+            );
+            if self.dry_run {
+                r.diff = self.preview(op, &current);
+            }
+            return Ok(r);
+        }
+        if self.dry_run {
+            let mut r = OpResult::new(match op.kind {
+                OpKind::RemoveFile | OpKind::RemoveDir => Outcome::WouldRemove,
+                OpKind::CreateFile | OpKind::CreateDir => Outcome::WouldRecreate,
+                _ => Outcome::WouldRestore,
+            });
+            if let (OpKind::RemoveDir, Some(parent)) = (op.kind, &parent) {
+                if let Some(why) = self.dir_not_empty(parent, name, unselected_children) {
+                    r = why;
+                }
+            }
+            r.diff = self.preview(op, &current);
+            return Ok(r);
+        }
+        let Some(parent) = parent else {
+            // Expected state matched "absent" only because the parent is gone, and the target
+            // needs the path: the parent's own re-creation must have failed.
+            return Ok(OpResult::with(
+                Outcome::Failed,
+                format!(
+                    "its parent directory {} does not exist (see that directory's outcome)",
+                    if parent_rel.is_empty() {
+                        "."
+                    } else {
+                        parent_rel
+                    }
+                ),
+            ));
+        };
+        match op.kind {
+            OpKind::WriteFile => self.write_file(op, &parent, name, current, false),
+            OpKind::CreateFile => self.write_file(op, &parent, name, current, true),
+            OpKind::ChmodFile => self.chmod_file(op, &parent, name, current),
+            OpKind::RemoveFile => self.remove_file(&parent, name, current),
+            OpKind::CreateDir => self.create_dir(op, &parent, name),
+            OpKind::RemoveDir => self.remove_dir(&parent, name, current, unselected_children),
+            OpKind::ChmodDir => self.chmod_dir(op, &parent, name, current),
+            OpKind::SettleDirMode => Ok(OpResult::new(Outcome::AlreadyRestored)),
+        }
+    }
+
+    /// Unified diff from the current content to the target content, for text files.
+    fn preview(&self, op: &ApplyOp, current: &Current) -> Option<String> {
+        let is_file = |e: &Option<Entry>| e.as_ref().is_some_and(|e| e.kind == EntryKind::File);
+        if !is_file(&op.target) && !is_file(&op.expected) {
+            return None;
+        }
+        let cur_bytes = match current {
+            Current::Absent => Vec::new(),
+            Current::File { meta, file, .. } => {
+                if meta.size > diff_preview::MAX_PREVIEW_BYTES {
+                    return Some(diff_preview::NoPreview::TooLarge.describe().into());
+                }
+                let mut buf = Vec::new();
+                let mut f = file.try_clone().ok()?;
+                use std::io::Seek;
+                f.seek(io::SeekFrom::Start(0)).ok()?;
+                f.take(diff_preview::MAX_PREVIEW_BYTES + 1)
+                    .read_to_end(&mut buf)
+                    .ok()?;
+                buf
+            }
+            _ => return None,
+        };
+        let target_bytes = match &op.target {
+            Some(t) if t.kind == EntryKind::File => {
+                let hex = t.sha256.as_deref()?;
+                match self
+                    .objects
+                    .read_verified(hex, diff_preview::MAX_PREVIEW_BYTES)
+                {
+                    Ok(b) => b,
+                    Err(StoreError::TooLarge { .. }) => {
+                        return Some(diff_preview::NoPreview::TooLarge.describe().into())
+                    }
+                    Err(e) => return Some(format!("no diff shown: {e}")),
+                }
+            }
+            _ => Vec::new(),
+        };
+        let cur_label = if matches!(current, Current::Absent) {
+            "/dev/null".to_string()
+        } else {
+            format!("{} (current)", op.path)
+        };
+        let target_label = if op.target.is_none() {
+            "/dev/null".to_string()
+        } else {
+            format!("{} (after rollback)", op.path)
+        };
+        Some(
+            match diff_preview::unified(&cur_bytes, &target_bytes, &cur_label, &target_label) {
+                Ok(d) => d,
+                Err(why) => why.describe().to_string(),
+            },
+        )
+    }
+
+    /// Writes the target content into a temp file (content, then mode, fsync) and swaps it in.
+    fn write_file(
+        &mut self,
+        op: &ApplyOp,
+        parent: &DirHandle,
+        name: &OsStr,
+        current: Current,
+        create: bool,
+    ) -> Step<OpResult> {
+        let Some(target) = &op.target else {
+            return Ok(OpResult::with(Outcome::Failed, "no target entry"));
+        };
+        let Some(hex) = target.sha256.as_deref() else {
+            return Ok(OpResult::with(
+                Outcome::Failed,
+                "the target has no recorded hash",
+            ));
+        };
+        self.step()?;
+        let (mut tmp, tmp_name) = match parent.create_temp() {
+            Ok(t) => t,
+            Err(e) => {
+                return Ok(OpResult::with(
+                    Outcome::Failed,
+                    format!("cannot create a temporary file beside it: {e}"),
+                ))
+            }
+        };
+        let filled = self
+            .objects
+            .copy_verified_to(hex, &mut tmp)
+            .map_err(|e| match e {
+                StoreError::ObjectCorrupt { .. } => format!(
+                    "its backup object {hex} no longer matches its hash; refusing to restore from it"
+                ),
+                other => format!("cannot copy its backup: {other}"),
+            })
+            .and_then(|n| {
+                if n == target.size {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "its backup object has {n} bytes, the recorded file {}",
+                        target.size
+                    ))
+                }
+            })
+            .and_then(|()| {
+                secure_dir::chmod_file(&tmp, target.mode)
+                    .and_then(|()| tmp.flush())
+                    .and_then(|()| tmp.sync_all())
+                    .map_err(|e| format!("cannot write the temporary file: {e}"))
+            });
+        drop(tmp);
+        if let Err(why) = filled {
+            let _ = parent.unlink_file(&tmp_name);
+            return Ok(OpResult::with(Outcome::Failed, why));
+        }
+        // Re-check that the path still is what was checked, just before the swap.
+        let still = match (&current, parent.stat(name)) {
+            (Current::Absent, Ok(None)) => Ok(()),
+            (Current::File { meta, file, .. }, Ok(Some(now))) => {
+                match secure_dir::file_meta(file) {
+                    Ok(fd_now) if now.same_identity(meta) && fd_now.unchanged_since(meta) => Ok(()),
+                    _ => Err("it was replaced or modified while being restored".to_string()),
+                }
+            }
+            (_, Ok(_)) => Err("it changed while being restored".to_string()),
+            (_, Err(e)) => Err(format!("cannot re-check it: {e}")),
+        };
+        if let Err(why) = still {
+            let _ = parent.unlink_file(&tmp_name);
+            return Ok(OpResult::with(
+                Outcome::Conflict,
+                format!("{why}; the current state was preserved"),
+            ));
+        }
+        self.step()?;
+        let swapped = if create {
+            parent.rename_noreplace(&tmp_name, name)
+        } else {
+            parent.rename(&tmp_name, name)
+        };
+        if let Err(e) = swapped {
+            let _ = parent.unlink_file(&tmp_name);
+            return Ok(if e.kind() == io::ErrorKind::AlreadyExists {
+                OpResult::with(
+                    Outcome::Conflict,
+                    "it was created by someone else while being restored; the current state was \
+                     preserved",
+                )
+            } else {
+                OpResult::with(Outcome::Failed, format!("cannot rename into place: {e}"))
+            });
+        }
+        if let Err(e) = parent.sync() {
+            return Ok(OpResult::with(
+                Outcome::Failed,
+                format!("restored, but the directory could not be synced: {e}"),
+            ));
+        }
+        Ok(OpResult::new(if create {
+            Outcome::Recreated
+        } else {
+            Outcome::Restored
+        }))
+    }
+
+    fn chmod_file(
+        &mut self,
+        op: &ApplyOp,
+        parent: &DirHandle,
+        name: &OsStr,
+        current: Current,
+    ) -> Step<OpResult> {
+        let (Current::File { meta, file, .. }, Some(target)) = (current, &op.target) else {
+            return Ok(OpResult::with(Outcome::Failed, "not a regular file"));
+        };
+        match parent.stat(name) {
+            Ok(Some(now)) if now.same_identity(&meta) => {}
+            _ => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    "it was replaced while being restored; the current state was preserved",
+                ))
+            }
+        }
+        self.step()?;
+        match secure_dir::chmod_file(&file, target.mode).and_then(|()| file.sync_all()) {
+            Ok(()) => Ok(OpResult::new(Outcome::Restored)),
+            Err(e) => Ok(OpResult::with(
+                Outcome::Failed,
+                format!("cannot change its mode: {e}"),
+            )),
+        }
+    }
+
+    /// Renames the file aside, checks it is the inode that was verified, then unlinks it (or
+    /// renames it back).
+    fn remove_file(
+        &mut self,
+        parent: &DirHandle,
+        name: &OsStr,
+        current: Current,
+    ) -> Step<OpResult> {
+        let Current::File { meta, file, .. } = current else {
+            return Ok(OpResult::with(Outcome::Failed, "not a regular file"));
+        };
+        let aside = match parent.unused_temp_name() {
+            Ok(n) => n,
+            Err(e) => {
+                return Ok(OpResult::with(
+                    Outcome::Failed,
+                    format!("cannot choose a temporary name: {e}"),
+                ))
+            }
+        };
+        // Last check before touching it: still the inode that was hashed, unmodified.
+        match (parent.stat(name), secure_dir::file_meta(&file)) {
+            (Ok(Some(now)), Ok(fd_now))
+                if now.same_identity(&meta) && fd_now.unchanged_since(&meta) => {}
+            _ => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    "it was replaced or modified while being removed; the current state was \
+                     preserved",
+                ))
+            }
+        }
+        self.step()?;
+        if let Err(e) = parent.rename_noreplace(name, &aside) {
+            return Ok(if e.kind() == io::ErrorKind::NotFound {
+                OpResult::with(
+                    Outcome::AlreadyRestored,
+                    "removed by someone else meanwhile",
+                )
+            } else {
+                OpResult::with(Outcome::Failed, format!("cannot move it aside: {e}"))
+            });
+        }
+        let ours = match (parent.stat(&aside), secure_dir::file_meta(&file)) {
+            // The rename itself updates ctime, so only size and mtime are compared here.
+            (Ok(Some(moved)), Ok(fd_now)) => {
+                moved.same_identity(&meta)
+                    && fd_now.size == meta.size
+                    && fd_now.mtime_ns == meta.mtime_ns
+            }
+            _ => false,
+        };
+        if !ours {
+            let back = parent.rename_noreplace(&aside, name);
+            let _ = parent.sync();
+            return Ok(OpResult::with(
+                Outcome::Conflict,
+                match back {
+                    Ok(()) => "it was replaced or modified while being removed; it was put back \
+                               unchanged"
+                        .to_string(),
+                    Err(e) => format!(
+                        "it was replaced while being removed and could not be put back ({e}); \
+                         it is kept as {}",
+                        aside.to_string_lossy()
+                    ),
+                },
+            ));
+        }
+        self.step()?;
+        if let Err(e) = parent.unlink_file(&aside) {
+            let _ = parent.rename_noreplace(&aside, name);
+            return Ok(OpResult::with(
+                Outcome::Failed,
+                format!("cannot unlink it: {e}"),
+            ));
+        }
+        match parent.sync() {
+            Ok(()) => Ok(OpResult::new(Outcome::Removed)),
+            Err(e) => Ok(OpResult::with(
+                Outcome::Failed,
+                format!("removed, but the directory could not be synced: {e}"),
+            )),
+        }
+    }
+
+    fn create_dir(&mut self, op: &ApplyOp, parent: &DirHandle, name: &OsStr) -> Step<OpResult> {
+        let Some(target) = &op.target else {
+            return Ok(OpResult::with(Outcome::Failed, "no target entry"));
+        };
+        self.step()?;
+        if let Err(e) = parent.mkdir(name, OWNER_RWX) {
+            return Ok(if e.kind() == io::ErrorKind::AlreadyExists {
+                OpResult::with(
+                    Outcome::Conflict,
+                    "it was created by someone else while being restored; the current state was \
+                     preserved",
+                )
+            } else {
+                OpResult::with(Outcome::Failed, format!("cannot create it: {e}"))
+            });
+        }
+        let made = parent
+            .open_dir(name)
+            .and_then(|d| {
+                let work = working_dir_mode(target.mode);
+                d.chmod(work)
+            })
+            .and_then(|()| parent.sync());
+        match made {
+            Ok(()) => Ok(OpResult::new(Outcome::Recreated)),
+            Err(e) => Ok(OpResult::with(
+                Outcome::Failed,
+                format!("created, but cannot set its mode: {e}"),
+            )),
+        }
+    }
+
+    /// `Some` when the directory holds entries that are not leftovers of this tool.
+    fn dir_not_empty(
+        &self,
+        parent: &DirHandle,
+        name: &OsStr,
+        unselected_children: &[String],
+    ) -> Option<OpResult> {
+        let entries = match parent.open_dir(name).and_then(|d| d.entries()) {
+            Ok(e) => e,
+            Err(e) => {
+                return Some(OpResult::with(
+                    Outcome::Failed,
+                    format!("cannot list it: {e}"),
+                ))
+            }
+        };
+        let extra: Vec<String> = entries
+            .iter()
+            .filter(|n| !(self.dry_run && secure_dir::is_temp_name(n)))
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        if extra.is_empty() {
+            return None;
+        }
+        if extra.iter().all(|n| unselected_children.contains(n)) {
+            return Some(OpResult::with(
+                Outcome::Skipped,
+                format!(
+                    "not empty: it still holds {} entr{} the run created that {} not selected",
+                    extra.len(),
+                    if extra.len() == 1 { "y" } else { "ies" },
+                    if extra.len() == 1 { "was" } else { "were" }
+                ),
+            ));
+        }
+        let shown: Vec<&str> = extra.iter().take(5).map(String::as_str).collect();
+        Some(OpResult::with(
+            Outcome::Conflict,
+            format!(
+                "not empty: it holds entries added after the run ({}{}); it was kept",
+                shown.join(", "),
+                if extra.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ),
+        ))
+    }
+
+    fn remove_dir(
+        &mut self,
+        parent: &DirHandle,
+        name: &OsStr,
+        current: Current,
+        unselected_children: &[String],
+    ) -> Step<OpResult> {
+        let Current::Dir(meta) = current else {
+            return Ok(OpResult::with(Outcome::Failed, "not a directory"));
+        };
+        if let Some(r) = self.dir_not_empty(parent, name, unselected_children) {
+            return Ok(r);
+        }
+        match parent.stat(name) {
+            Ok(Some(now)) if now.same_identity(&meta) => {}
+            _ => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    "it was replaced while being removed; the current state was preserved",
+                ))
+            }
+        }
+        self.step()?;
+        if let Err(e) = parent.remove_dir(name) {
+            let not_empty =
+                e.raw_os_error() == Some(libc::ENOTEMPTY) || e.raw_os_error() == Some(libc::EEXIST);
+            return Ok(if not_empty {
+                OpResult::with(
+                    Outcome::Conflict,
+                    "entries were added to it while it was being removed; it was kept",
+                )
+            } else {
+                OpResult::with(Outcome::Failed, format!("cannot remove it: {e}"))
+            });
+        }
+        match parent.sync() {
+            Ok(()) => Ok(OpResult::new(Outcome::Removed)),
+            Err(e) => Ok(OpResult::with(
+                Outcome::Failed,
+                format!("removed, but the directory could not be synced: {e}"),
+            )),
+        }
+    }
+
+    fn chmod_dir(
+        &mut self,
+        op: &ApplyOp,
+        parent: &DirHandle,
+        name: &OsStr,
+        current: Current,
+    ) -> Step<OpResult> {
+        let (Current::Dir(meta), Some(target)) = (current, &op.target) else {
+            return Ok(OpResult::with(Outcome::Failed, "not a directory"));
+        };
+        let dir = match parent.open_dir(name) {
+            Ok(d) => d,
+            Err(e) => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    format!("it was replaced while being restored ({e}); nothing was changed"),
+                ))
+            }
+        };
+        match dir.meta() {
+            Ok(now) if now.same_identity(&meta) => {}
+            _ => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    "it was replaced while being restored; nothing was changed",
+                ))
+            }
+        }
+        self.step()?;
+        match dir.chmod(target.mode).and_then(|()| dir.sync()) {
+            Ok(()) => Ok(OpResult::new(Outcome::Restored)),
+            Err(e) => Ok(OpResult::with(
+                Outcome::Failed,
+                format!("cannot change its mode: {e}"),
+            )),
+        }
+    }
+
+    /// Final mode of a directory created by this tool; reports only problems.
+    fn settle_dir_mode(
+        &mut self,
+        op: &ApplyOp,
+        parent: Option<&DirHandle>,
+        name: &OsStr,
+        current: &Current,
+    ) -> Step<OpResult> {
+        let Some(target) = &op.target else {
+            return Ok(OpResult::with(Outcome::Failed, "no target entry"));
+        };
+        let (Some(parent), Current::Dir(meta)) = (parent, current) else {
+            // Its creation already reported why it is not there.
+            return Ok(OpResult::new(Outcome::AlreadyRestored));
+        };
+        if meta.mode == target.mode {
+            return Ok(OpResult::new(Outcome::AlreadyRestored));
+        }
+        if meta.mode != working_dir_mode(target.mode) && meta.mode != OWNER_RWX {
+            return Ok(OpResult::with(
+                Outcome::Conflict,
+                format!(
+                    "its mode changed while it was being restored (now {:04o}); it was kept",
+                    meta.mode
+                ),
+            ));
+        }
+        if self.dry_run {
+            return Ok(OpResult::new(Outcome::WouldRestore));
+        }
+        let dir = match parent.open_dir(name) {
+            Ok(d) if d.meta().is_ok_and(|m| m.same_identity(meta)) => d,
+            _ => {
+                return Ok(OpResult::with(
+                    Outcome::Conflict,
+                    "it was replaced while being restored; nothing was changed",
+                ))
+            }
+        };
+        self.step()?;
+        match dir.chmod(target.mode).and_then(|()| dir.sync()) {
+            Ok(()) => Ok(OpResult::new(Outcome::Restored)),
+            Err(e) => Ok(OpResult::with(
+                Outcome::Failed,
+                format!("cannot set its final mode {:04o}: {e}", target.mode),
+            )),
+        }
+    }
+}
+
+/// Reads the current state of `name` in `parent`. Files are hashed only when their size matches
+/// one of the two recorded states.
+fn read_current(parent: &DirHandle, name: &OsStr, op: &ApplyOp) -> io::Result<Current> {
+    let Some(meta) = parent.stat(name)? else {
+        return Ok(Current::Absent);
+    };
+    match meta.kind {
+        NodeKind::Directory => Ok(Current::Dir(meta)),
+        NodeKind::File => {
+            let mut file = match parent.open_file(name) {
+                Ok(f) => f,
+                // Replaced by a symlink between the stat and the open.
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                    return Ok(Current::Other(NodeMeta {
+                        kind: NodeKind::Symlink,
+                        ..meta
+                    }))
+                }
+                Err(e) => return Err(e),
+            };
+            let before = secure_dir::file_meta(&file)?;
+            if !before.same_identity(&meta) || before.kind != NodeKind::File {
+                return Err(io::Error::other(
+                    "it was replaced while being checked; run the rollback again",
+                ));
+            }
+            let sizes = [op.expected.as_ref(), op.target.as_ref()];
+            let worth_hashing = sizes
+                .iter()
+                .flatten()
+                .any(|e| e.kind == EntryKind::File && e.size == before.size);
+            let sha = if worth_hashing {
+                let sha = hash_file(&mut file)?;
+                let after = secure_dir::file_meta(&file)?;
+                if !after.unchanged_since(&before) {
+                    return Err(io::Error::other(
+                        "it changed while being hashed; run the rollback again",
+                    ));
+                }
+                Some(sha)
+            } else {
+                None
+            };
+            Ok(Current::File {
+                meta: before,
+                sha,
+                file,
+            })
+        }
+        _ => Ok(Current::Other(meta)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: EntryKind, mode: u32, sha: Option<&str>) -> Entry {
+        Entry {
+            kind,
+            size: 1,
+            mode,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            dev: 1,
+            ino: 1,
+            nlink: 1,
+            sha256: sha.map(str::to_string),
+            symlink_target: None,
+            backup: if kind == EntryKind::File {
+                BackupState::Stored
+            } else {
+                BackupState::NotApplicable
+            },
+        }
+    }
+
+    fn t(expected: Option<Entry>, target: Option<Entry>) -> Transition {
+        Transition {
+            path: "p".into(),
+            expected,
+            target,
+        }
+    }
+
+    #[test]
+    fn classification() {
+        let f = |sha| Some(entry(EntryKind::File, 0o644, Some(sha)));
+        let d = |mode| Some(entry(EntryKind::Directory, mode, None));
+        assert_eq!(classify(&t(f("a"), f("b"))), Ok(OpKind::WriteFile));
+        assert_eq!(classify(&t(None, f("b"))), Ok(OpKind::CreateFile));
+        assert_eq!(classify(&t(f("a"), None)), Ok(OpKind::RemoveFile));
+        assert_eq!(classify(&t(None, d(0o755))), Ok(OpKind::CreateDir));
+        assert_eq!(classify(&t(d(0o755), None)), Ok(OpKind::RemoveDir));
+        assert_eq!(classify(&t(d(0o700), d(0o755))), Ok(OpKind::ChmodDir));
+        let mut chmod = f("a");
+        if let Some(e) = chmod.as_mut() {
+            e.mode = 0o600;
+        }
+        assert_eq!(classify(&t(chmod, f("a"))), Ok(OpKind::ChmodFile));
+        let link = Some(entry(EntryKind::Symlink, 0o777, None));
+        assert!(classify(&t(link, None)).is_err());
+        assert!(classify(&t(f("a"), d(0o755))).is_err());
+        let mut hard = f("a");
+        if let Some(e) = hard.as_mut() {
+            e.nlink = 2;
+        }
+        assert!(classify(&t(hard, None)).unwrap_err().contains("hardlinked"));
+        let mut big = f("b");
+        if let Some(e) = big.as_mut() {
+            e.backup = BackupState::Skipped {
+                reason: BackupSkip::TooLarge,
+                detail: None,
+            };
+        }
+        assert!(classify(&t(f("a"), big))
+            .unwrap_err()
+            .contains("size limit"));
+    }
+
+    #[test]
+    fn ordering_puts_directories_around_files() {
+        let op = |path: &str, kind, mode| ApplyOp {
+            path: path.into(),
+            kind,
+            expected: None,
+            target: Some(entry(EntryKind::Directory, mode, None)),
+        };
+        let mut ops = vec![
+            op("d/e", OpKind::SettleDirMode, 0o555),
+            op("d/e/f", OpKind::CreateFile, 0o644),
+            op("x/y", OpKind::RemoveDir, 0o755),
+            op("x", OpKind::RemoveDir, 0o755),
+            op("d/e", OpKind::CreateDir, 0o555),
+            op("d", OpKind::CreateDir, 0o755),
+            op("n", OpKind::RemoveFile, 0o644),
+            op("d", OpKind::SettleDirMode, 0o500),
+        ];
+        order(&mut ops);
+        let got: Vec<(&str, OpKind)> = ops.iter().map(|o| (o.path.as_str(), o.kind)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("d", OpKind::CreateDir),
+                ("d/e", OpKind::CreateDir),
+                ("d/e/f", OpKind::CreateFile),
+                ("n", OpKind::RemoveFile),
+                ("x/y", OpKind::RemoveDir),
+                ("x", OpKind::RemoveDir),
+                ("d/e", OpKind::SettleDirMode),
+                ("d", OpKind::SettleDirMode),
+            ]
+        );
+    }
+}

@@ -1,0 +1,450 @@
+//! Building a rollback plan from a sealed capsule: every refusal happens here, before anything
+//! is written.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::apply::{classify, ApplyOp, OpKind, Transition};
+use super::secure_dir::{DirHandle, NodeKind};
+use super::{RollbackError, Scope, Selection};
+use crate::fs::{ChangeType, EntryKind, Manifest, STORE_DIR};
+use crate::store::{Artifact, Capsule, ObjectStore, StoreError};
+
+/// What rollback will do with one recorded change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlannedStep {
+    /// Check and write.
+    Apply(Box<ApplyOp>),
+    /// Reported, never touched (symlink, hardlink, no backup, outside `--safe-only`, ...).
+    Skip(String),
+    /// Refused before anything is written (e.g. its backup object fails verification).
+    Fail(String),
+}
+
+/// One recorded change in the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanItem {
+    pub path: String,
+    pub change_type: ChangeType,
+    pub entry_kind: EntryKind,
+    pub decision: String,
+    /// Included only because a selected path below it needs it.
+    pub implied: bool,
+    pub step: PlannedStep,
+}
+
+/// A verified, validated plan. Build it with [`plan`], run it with [`super::execute`].
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub run_id: String,
+    /// The recorded (resolved) project root.
+    pub root: PathBuf,
+    pub scope: Scope,
+    pub paths: Vec<String>,
+    /// Sorted by path.
+    pub items: Vec<PlanItem>,
+    /// Recorded changes outside the selection.
+    pub not_selected: usize,
+    pub(crate) objects: ObjectStore,
+    /// For a directory to be removed: names of its children whose own removal was not selected.
+    pub(crate) unselected_children: BTreeMap<String, Vec<String>>,
+}
+
+/// The part of result.json rollback reads (field names from the transaction's `ChangeRecord`).
+#[derive(Debug, Deserialize)]
+struct RecordedResult {
+    changes: Vec<RecordedChange>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RecordedChange {
+    path: String,
+    change_type: ChangeType,
+    entry_kind: EntryKind,
+    decision: String,
+}
+
+/// Checks a recorded path: relative, `/`-separated, no empty, `.` or `..` components, no NUL,
+/// not inside the run store.
+pub fn validate_recorded_path(path: &str) -> Result<(), &'static str> {
+    if path.is_empty() {
+        return Err("the path is empty");
+    }
+    if path.starts_with('/') {
+        return Err("the path is absolute");
+    }
+    if path.contains('\0') {
+        return Err("the path contains a NUL byte");
+    }
+    for part in path.split('/') {
+        match part {
+            "" => return Err("the path has an empty component"),
+            "." | ".." => return Err("the path has a '.' or '..' component"),
+            _ => {}
+        }
+    }
+    if path.split('/').next() == Some(STORE_DIR) {
+        return Err("the path is inside the run store");
+    }
+    Ok(())
+}
+
+/// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything).
+fn normalize_arg(arg: &str) -> Result<String, &'static str> {
+    let mut s = arg.trim_end_matches('/');
+    while let Some(rest) = s.strip_prefix("./") {
+        s = rest.trim_start_matches('/');
+    }
+    if s == "." || s.is_empty() {
+        return Ok(String::new());
+    }
+    validate_recorded_path(s)?;
+    Ok(s.to_string())
+}
+
+fn under(path: &str, prefix: &str) -> bool {
+    prefix.is_empty()
+        || path == prefix
+        || (path.len() > prefix.len()
+            && path.starts_with(prefix)
+            && path.as_bytes()[prefix.len()] == b'/')
+}
+
+fn parent_of(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(p, _)| p)
+}
+
+/// Verifies the capsule and plans the rollback of `selection` below `root` (the project root the
+/// user named; it must resolve to the root the run recorded).
+pub fn plan(
+    capsule: &Capsule,
+    objects: &ObjectStore,
+    root: &Path,
+    selection: &Selection,
+) -> Result<Plan, RollbackError> {
+    let run_id = capsule.id().to_string();
+
+    // 1. The capsule must be sealed and intact. Problems with individual backup objects only
+    //    refuse the paths that need them (checked below); anything else refuses everything.
+    if !capsule.is_sealed() {
+        return Err(RollbackError::NotSealed { run_id });
+    }
+    let verify = capsule.verify(objects)?;
+    let fatal: Vec<String> = verify
+        .problems
+        .iter()
+        .filter(|p| !p.subject.starts_with("object "))
+        .map(|p| format!("{}: {}", p.subject, p.problem))
+        .collect();
+    if !verify.sealed || !fatal.is_empty() {
+        return Err(RollbackError::Verification {
+            run_id,
+            problems: fatal,
+        });
+    }
+
+    // 2. Rollback must have been enabled by the run's effective policy.
+    let policy: Value = capsule.read_artifact(Artifact::Policy)?;
+    match policy.pointer("/effective/rollback/enabled") {
+        Some(Value::Bool(true)) => {}
+        Some(Value::Bool(false)) => return Err(RollbackError::Disabled { run_id }),
+        _ => {
+            return Err(RollbackError::Malformed {
+                run_id,
+                detail: "policy.json does not record whether rollback was enabled \
+                         (effective.rollback.enabled)"
+                    .into(),
+            })
+        }
+    }
+
+    let before: Manifest = capsule.read_artifact(Artifact::Before)?;
+    let after: Manifest = capsule.read_artifact(Artifact::After)?;
+    let result: RecordedResult = capsule.read_artifact(Artifact::Result)?;
+
+    // 3. The root the user named must be the root the run recorded.
+    let given = root.canonicalize().map_err(|source| RollbackError::Io {
+        action: "resolve the project root",
+        path: root.to_path_buf(),
+        source,
+    })?;
+    let recorded = PathBuf::from(&before.root);
+    if given != recorded || before.root != after.root {
+        return Err(RollbackError::RootMismatch {
+            recorded: before.root.clone(),
+            given: given.display().to_string(),
+        });
+    }
+
+    // 4. Every recorded path must stay below the root and never cross a recorded symlink.
+    for change in &result.changes {
+        validate_recorded_path(&change.path).map_err(|reason| RollbackError::UnsafePath {
+            path: change.path.clone(),
+            reason: reason.to_string(),
+        })?;
+        let mut prefix = change.path.as_str();
+        while let Some(parent) = parent_of(prefix) {
+            for m in [&before, &after] {
+                if let Some(e) = m.entries.get(parent) {
+                    if e.kind != EntryKind::Directory {
+                        return Err(RollbackError::UnsafePath {
+                            path: change.path.clone(),
+                            reason: format!(
+                                "its parent {parent} was recorded as a {}, not a directory",
+                                match e.kind {
+                                    EntryKind::Symlink => "symlink",
+                                    _ => "regular file",
+                                }
+                            ),
+                        });
+                    }
+                }
+            }
+            prefix = parent;
+        }
+    }
+
+    // 5. Selection.
+    let mut filters = Vec::new();
+    for arg in &selection.paths {
+        let p = normalize_arg(arg).map_err(|reason| RollbackError::InvalidPathArgument {
+            path: arg.clone(),
+            reason: reason.to_string(),
+        })?;
+        if !result.changes.iter().any(|c| under(&c.path, &p)) {
+            return Err(RollbackError::UnknownPath { path: arg.clone() });
+        }
+        filters.push(p);
+    }
+    let by_path =
+        |c: &RecordedChange| filters.is_empty() || filters.iter().any(|f| under(&c.path, f));
+    let in_scope = |c: &RecordedChange| match selection.scope {
+        Scope::All => true,
+        Scope::SafeOnly => c.decision == "review" || c.decision == "deny",
+    };
+
+    let transition = |path: &str| Transition {
+        path: path.to_string(),
+        expected: after.entries.get(path).cloned(),
+        target: before.entries.get(path).cloned(),
+    };
+
+    let mut chosen: BTreeMap<&str, (&RecordedChange, bool)> = BTreeMap::new();
+    let mut not_selected = 0usize;
+    for c in &result.changes {
+        if !by_path(c) {
+            not_selected += 1;
+        } else if in_scope(c) {
+            chosen.insert(&c.path, (c, false));
+        } else if !filters.is_empty() {
+            // Named explicitly but outside --safe-only: say so rather than drop it silently.
+            chosen.insert(&c.path, (c, false));
+        } else {
+            not_selected += 1;
+        }
+    }
+    let records: BTreeMap<&str, &RecordedChange> = result
+        .changes
+        .iter()
+        .map(|c| (c.path.as_str(), c))
+        .collect();
+
+    // 6. A selected path that needs its parent back pulls in the parent's re-creation.
+    let needs_parent: Vec<&str> = chosen
+        .iter()
+        .filter(|(_, (c, _))| in_scope(c) && before.entries.contains_key(&c.path))
+        .map(|(p, _)| *p)
+        .collect();
+    for path in needs_parent {
+        let mut cur = path;
+        while let Some(parent) = parent_of(cur) {
+            if let Some(rec) = records.get(parent) {
+                let t = transition(parent);
+                if !chosen.contains_key(parent) && classify(&t) == Ok(OpKind::CreateDir) {
+                    chosen.insert(&rec.path, (rec, true));
+                }
+            }
+            cur = parent;
+        }
+    }
+
+    // 7. Steps.
+    let mut items = Vec::new();
+    let mut verified: BTreeMap<String, Result<(), String>> = BTreeMap::new();
+    for (path, (c, implied)) in &chosen {
+        let step = if !implied && !in_scope(c) {
+            PlannedStep::Skip(
+                "allowed by the run's policy; --safe-only touches only review and deny changes \
+                 (use --all to include it)"
+                    .into(),
+            )
+        } else {
+            let t = transition(path);
+            match classify(&t) {
+                Err(why) => PlannedStep::Skip(why),
+                Ok(kind) => {
+                    let needs_object = matches!(kind, OpKind::WriteFile | OpKind::CreateFile);
+                    let hex = t.target.as_ref().and_then(|e| e.sha256.clone());
+                    match (needs_object, hex) {
+                        (true, Some(hex)) => {
+                            let check = verified
+                                .entry(hex.clone())
+                                .or_insert_with(|| check_object(objects, &hex))
+                                .clone();
+                            match check {
+                                Ok(()) => PlannedStep::Apply(Box::new(op(t, kind))),
+                                Err(why) => PlannedStep::Fail(why),
+                            }
+                        }
+                        (true, None) => PlannedStep::Skip("no recorded content hash".into()),
+                        (false, _) => PlannedStep::Apply(Box::new(op(t, kind))),
+                    }
+                }
+            }
+        };
+        items.push(PlanItem {
+            path: path.to_string(),
+            change_type: c.change_type,
+            entry_kind: c.entry_kind,
+            decision: c.decision.clone(),
+            implied: *implied,
+            step,
+        });
+    }
+
+    // Children of a directory to be removed that the run created but that are not selected.
+    let mut unselected_children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for item in &items {
+        if matches!(&item.step, PlannedStep::Apply(op) if op.kind == OpKind::RemoveDir) {
+            let prefix = format!("{}/", item.path);
+            let names: BTreeSet<String> = after
+                .entries
+                .range(prefix.clone()..)
+                .take_while(|(p, _)| p.starts_with(&prefix))
+                .filter(|(p, _)| {
+                    !matches!(
+                        items.iter().find(|i| &i.path == *p).map(|i| &i.step),
+                        Some(PlannedStep::Apply(_))
+                    )
+                })
+                .filter_map(|(p, _)| p[prefix.len()..].split('/').next().map(str::to_string))
+                .collect();
+            unselected_children.insert(item.path.clone(), names.into_iter().collect());
+        }
+    }
+
+    // 8. Nothing may be written through a symlink that is in the tree right now.
+    let root_dir = DirHandle::open_root(&recorded).map_err(|source| RollbackError::Io {
+        action: "open the project root",
+        path: recorded.clone(),
+        source,
+    })?;
+    for item in &items {
+        if let PlannedStep::Apply(op) = &item.step {
+            if let Some(parent) = parent_of(&op.path) {
+                check_no_symlink(&root_dir, parent)?;
+            }
+        }
+    }
+
+    Ok(Plan {
+        run_id,
+        root: recorded,
+        scope: selection.scope,
+        paths: selection.paths.clone(),
+        items,
+        not_selected,
+        objects: objects.clone(),
+        unselected_children,
+    })
+}
+
+fn op(t: Transition, kind: OpKind) -> ApplyOp {
+    ApplyOp {
+        path: t.path,
+        kind,
+        expected: t.expected,
+        target: t.target,
+    }
+}
+
+fn check_object(objects: &ObjectStore, hex: &str) -> Result<(), String> {
+    match objects.verify_object(hex) {
+        Ok(()) => Ok(()),
+        Err(StoreError::ObjectCorrupt { actual, .. }) => Err(format!(
+            "its backup object {hex} no longer matches its hash (content hashes to {actual}); \
+             refusing to restore from it"
+        )),
+        Err(StoreError::ObjectNotFound { .. }) => Err(format!(
+            "its backup object {hex} is missing from the object store"
+        )),
+        Err(e) => Err(format!("its backup object cannot be checked: {e}")),
+    }
+}
+
+/// Walks `rel` from the root without following symlinks; a component that is a symlink now is a
+/// refusal. A missing component ends the walk (it will be re-created or reported).
+fn check_no_symlink(root: &DirHandle, rel: &str) -> Result<(), RollbackError> {
+    let mut dir = match root.try_clone() {
+        Ok(d) => d,
+        Err(_) => return Ok(()),
+    };
+    let mut walked = String::new();
+    for part in rel.split('/') {
+        if !walked.is_empty() {
+            walked.push('/');
+        }
+        walked.push_str(part);
+        match dir.stat(OsStr::new(part)) {
+            Ok(Some(m)) if m.kind == NodeKind::Symlink => {
+                return Err(RollbackError::CrossesSymlink { path: walked })
+            }
+            Ok(Some(m)) if m.kind == NodeKind::Directory => match dir.open_dir(OsStr::new(part)) {
+                Ok(d) => dir = d,
+                Err(_) => return Ok(()),
+            },
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_paths_are_confined() {
+        for ok in ["a", "a/b.txt", "dir/.hidden", "a b/c"] {
+            assert!(validate_recorded_path(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "a/",
+            "./a",
+            "a\0b",
+            ".agentdiff/x",
+            ".agentdiff",
+        ] {
+            assert!(validate_recorded_path(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn path_arguments_are_normalized() {
+        assert_eq!(normalize_arg("./dir/").unwrap(), "dir");
+        assert_eq!(normalize_arg(".").unwrap(), "");
+        assert!(normalize_arg("../x").is_err());
+        assert!(under("dir/a", "dir"));
+        assert!(!under("dirx/a", "dir"));
+        assert!(under("anything", ""));
+    }
+}

@@ -1,0 +1,453 @@
+//! Directory-handle file operations that never follow symlinks.
+//!
+//! Every operation is relative to an open directory file descriptor ([`DirHandle`]), and a path
+//! below the root is reached one component at a time with `openat(O_NOFOLLOW | O_DIRECTORY)`. A
+//! directory replaced by a symlink after it was checked therefore makes the next `openat` fail
+//! (`ELOOP`/`ENOTDIR`) instead of redirecting a write outside the root, and a handle already open
+//! keeps referring to the directory that was checked. Names are single path components: `/`,
+//! `.`, `..` and NUL are refused.
+//!
+//! Used by rollback (restore the before-state) and promote (apply the after-state).
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+
+/// Prefix of every temporary name this module creates. A name with this prefix inside the
+/// project tree is a leftover of an interrupted restore and may be removed by [`DirHandle::remove_stale_temps`].
+pub const TEMP_PREFIX: &str = ".agentdiff-tmp-";
+
+/// True when `name` is one of this module's temporary names.
+pub fn is_temp_name(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
+}
+
+/// What an entry is, by `lstat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    File,
+    Directory,
+    Symlink,
+    /// FIFO, socket, device or anything else.
+    Other,
+}
+
+impl NodeKind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            NodeKind::File => "a regular file",
+            NodeKind::Directory => "a directory",
+            NodeKind::Symlink => "a symlink",
+            NodeKind::Other => "a special file (FIFO, socket or device)",
+        }
+    }
+}
+
+/// The metadata this module compares (from `fstat`/`fstatat(AT_SYMLINK_NOFOLLOW)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeMeta {
+    pub kind: NodeKind,
+    /// Permission bits including setuid/setgid/sticky (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub dev: u64,
+    pub ino: u64,
+    pub nlink: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl NodeMeta {
+    fn from_stat(st: &FileStat) -> NodeMeta {
+        let fmt = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+        let kind = if fmt == SFlag::S_IFREG {
+            NodeKind::File
+        } else if fmt == SFlag::S_IFDIR {
+            NodeKind::Directory
+        } else if fmt == SFlag::S_IFLNK {
+            NodeKind::Symlink
+        } else {
+            NodeKind::Other
+        };
+        #[allow(clippy::unnecessary_cast)] // field widths differ between platforms
+        NodeMeta {
+            kind,
+            mode: (st.st_mode as u32) & 0o7777,
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            nlink: st.st_nlink as u64,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime_ns: (st.st_mtime as i64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(st.st_mtime_nsec as i64),
+            ctime_ns: (st.st_ctime as i64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(st.st_ctime_nsec as i64),
+        }
+    }
+
+    /// Same inode on the same device.
+    pub fn same_identity(&self, other: &NodeMeta) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+
+    /// Same inode, and nothing observable about its content changed (size, mtime, ctime).
+    pub fn unchanged_since(&self, earlier: &NodeMeta) -> bool {
+        self.same_identity(earlier)
+            && self.size == earlier.size
+            && self.mtime_ns == earlier.mtime_ns
+            && self.ctime_ns == earlier.ctime_ns
+    }
+}
+
+/// `fstat` of an open file.
+pub fn file_meta(file: &File) -> io::Result<NodeMeta> {
+    let st = nix::sys::stat::fstat(file.as_raw_fd()).map_err(io::Error::from)?;
+    Ok(NodeMeta::from_stat(&st))
+}
+
+/// `fchmod` of an open file (permission bits only).
+pub fn chmod_file(file: &File, mode: u32) -> io::Result<()> {
+    nix::sys::stat::fchmod(file.as_raw_fd(), Mode::from_bits_truncate(mode as _))
+        .map_err(io::Error::from)
+}
+
+/// One validated path component as a C string.
+fn component(name: &OsStr) -> io::Result<CString> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a single path component"),
+        ));
+    }
+    CString::new(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a path component contains a NUL byte",
+        )
+    })
+}
+
+/// True for the errors `openat(O_NOFOLLOW | O_DIRECTORY)` gives when a component is a symlink or
+/// not a directory.
+pub fn is_not_a_directory(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error().map(Errno::from_raw),
+        Some(Errno::ELOOP) | Some(Errno::ENOTDIR)
+    )
+}
+
+/// An open directory.
+#[derive(Debug)]
+pub struct DirHandle {
+    fd: OwnedFd,
+}
+
+impl DirHandle {
+    fn from_raw(fd: RawFd) -> DirHandle {
+        // SAFETY: `fd` was just returned by a successful open call and is owned by nobody else.
+        DirHandle {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        }
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Opens the root directory itself. The final component must not be a symlink (pass the
+    /// resolved root).
+    pub fn open_root(path: &Path) -> io::Result<DirHandle> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        Ok(DirHandle::from_raw(fd))
+    }
+
+    /// Another handle to the same directory.
+    pub fn try_clone(&self) -> io::Result<DirHandle> {
+        Ok(DirHandle {
+            fd: self.fd.try_clone()?,
+        })
+    }
+
+    /// Opens the child directory `name` without following a symlink.
+    pub fn open_dir(&self, name: &OsStr) -> io::Result<DirHandle> {
+        let c = component(name)?;
+        let fd = nix::fcntl::openat(
+            Some(self.raw()),
+            c.as_c_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        Ok(DirHandle::from_raw(fd))
+    }
+
+    /// Opens the directory at the `/`-separated relative path `rel` one component at a time,
+    /// never following a symlink. An empty `rel` is this directory.
+    pub fn open_relative(&self, rel: &str) -> io::Result<DirHandle> {
+        let mut dir = self.try_clone()?;
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            dir = dir.open_dir(OsStr::new(part))?;
+        }
+        Ok(dir)
+    }
+
+    /// `fstat` of the directory itself.
+    pub fn meta(&self) -> io::Result<NodeMeta> {
+        let st = nix::sys::stat::fstat(self.raw()).map_err(io::Error::from)?;
+        Ok(NodeMeta::from_stat(&st))
+    }
+
+    /// `fstatat(AT_SYMLINK_NOFOLLOW)` of a child; `None` when it does not exist.
+    pub fn stat(&self, name: &OsStr) -> io::Result<Option<NodeMeta>> {
+        let c = component(name)?;
+        match nix::sys::stat::fstatat(Some(self.raw()), c.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+        {
+            Ok(st) => Ok(Some(NodeMeta::from_stat(&st))),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(io::Error::from(e)),
+        }
+    }
+
+    /// Opens a child for reading without following a symlink and without blocking on a FIFO.
+    /// The caller must check that the result is a regular file (see [`file_meta`]).
+    pub fn open_file(&self, name: &OsStr) -> io::Result<File> {
+        let c = component(name)?;
+        let fd = nix::fcntl::openat(
+            Some(self.raw()),
+            c.as_c_str(),
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        // SAFETY: a fresh descriptor from a successful openat.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// Creates a new, empty, private (0600) temporary file in this directory with a random
+    /// [`TEMP_PREFIX`] name (`O_CREAT | O_EXCL | O_NOFOLLOW`). Returns the file and its name.
+    pub fn create_temp(&self) -> io::Result<(File, OsString)> {
+        let mut last = None;
+        for _ in 0..16 {
+            let name = random_temp_name()?;
+            let c = component(&name)?;
+            match nix::fcntl::openat(
+                Some(self.raw()),
+                c.as_c_str(),
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            ) {
+                // SAFETY: a fresh descriptor from a successful openat.
+                Ok(fd) => return Ok((unsafe { File::from_raw_fd(fd) }, name)),
+                Err(Errno::EEXIST) => last = Some(Errno::EEXIST),
+                Err(e) => return Err(io::Error::from(e)),
+            }
+        }
+        Err(io::Error::from(last.unwrap_or(Errno::EEXIST)))
+    }
+
+    /// A fresh [`TEMP_PREFIX`] name that does not exist in this directory right now.
+    pub fn unused_temp_name(&self) -> io::Result<OsString> {
+        for _ in 0..16 {
+            let name = random_temp_name()?;
+            if self.stat(&name)?.is_none() {
+                return Ok(name);
+            }
+        }
+        Err(io::Error::from(Errno::EEXIST))
+    }
+
+    /// `renameat` within this directory; replaces `to` if it exists.
+    pub fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        let (f, t) = (component(from)?, component(to)?);
+        nix::fcntl::renameat(
+            Some(self.raw()),
+            f.as_c_str(),
+            Some(self.raw()),
+            t.as_c_str(),
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// `renameat2(RENAME_NOREPLACE)` within this directory: fails with `AlreadyExists` instead of
+    /// replacing `to`. Only available on Linux; elsewhere it fails with `Unsupported` (no weaker
+    /// check-then-rename fallback).
+    pub fn rename_noreplace(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        let (f, t) = (component(from)?, component(to)?);
+        #[cfg(target_os = "linux")]
+        {
+            nix::fcntl::renameat2(
+                Some(self.raw()),
+                f.as_c_str(),
+                Some(self.raw()),
+                t.as_c_str(),
+                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+            )
+            .map_err(io::Error::from)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (f, t);
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "renaming without replacing needs renameat2(RENAME_NOREPLACE) (Linux)",
+            ))
+        }
+    }
+
+    /// `unlinkat` of a non-directory child.
+    pub fn unlink_file(&self, name: &OsStr) -> io::Result<()> {
+        let c = component(name)?;
+        nix::unistd::unlinkat(
+            Some(self.raw()),
+            c.as_c_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// `unlinkat(AT_REMOVEDIR)`: removes an empty child directory.
+    pub fn remove_dir(&self, name: &OsStr) -> io::Result<()> {
+        let c = component(name)?;
+        nix::unistd::unlinkat(
+            Some(self.raw()),
+            c.as_c_str(),
+            nix::unistd::UnlinkatFlags::RemoveDir,
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// `mkdirat` (the mode is narrowed by the umask; set it afterwards with [`DirHandle::chmod`]).
+    pub fn mkdir(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        let c = component(name)?;
+        nix::sys::stat::mkdirat(
+            Some(self.raw()),
+            c.as_c_str(),
+            Mode::from_bits_truncate(mode as _),
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// `fchmod` of the directory itself.
+    pub fn chmod(&self, mode: u32) -> io::Result<()> {
+        nix::sys::stat::fchmod(self.raw(), Mode::from_bits_truncate(mode as _))
+            .map_err(io::Error::from)
+    }
+
+    /// `fsync` of the directory (makes renames and unlinks in it durable).
+    pub fn sync(&self) -> io::Result<()> {
+        nix::unistd::fsync(self.raw()).map_err(io::Error::from)
+    }
+
+    /// Names of the directory's entries (without `.` and `..`).
+    pub fn entries(&self) -> io::Result<Vec<OsString>> {
+        let mut dir = nix::dir::Dir::openat(
+            Some(self.raw()),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        let mut out = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(io::Error::from)?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                out.push(OsString::from_vec(name.to_vec()));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes regular files named with [`TEMP_PREFIX`] (leftovers of an interrupted restore) and
+    /// returns how many were removed.
+    pub fn remove_stale_temps(&self) -> io::Result<usize> {
+        let mut removed = 0;
+        for name in self.entries()? {
+            if is_temp_name(&name) && self.stat(&name)?.is_some_and(|m| m.kind == NodeKind::File) {
+                match self.unlink_file(&name) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if removed > 0 {
+            self.sync()?;
+        }
+        Ok(removed)
+    }
+}
+
+fn random_temp_name() -> io::Result<OsString> {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(OsString::from(format!(
+        "{TEMP_PREFIX}{}",
+        hex::encode(bytes)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn components_are_validated() {
+        for bad in ["", ".", "..", "a/b", "a\0b"] {
+            assert!(component(OsStr::new(bad)).is_err(), "{bad:?}");
+        }
+        assert!(component(OsStr::new("a.txt")).is_ok());
+    }
+
+    #[test]
+    fn open_relative_refuses_a_symlinked_component() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("link")).unwrap();
+        let root = DirHandle::open_root(tmp.path()).unwrap();
+        assert!(root.open_relative("real").is_ok());
+        let err = root.open_relative("link").unwrap_err();
+        assert!(is_not_a_directory(&err), "{err}");
+    }
+
+    #[test]
+    fn temp_write_rename_noreplace_and_cleanup() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = DirHandle::open_root(tmp.path()).unwrap();
+        let (mut f, name) = root.create_temp().unwrap();
+        f.write_all(b"hello").unwrap();
+        assert!(is_temp_name(&name));
+        std::fs::write(tmp.path().join("taken"), b"x").unwrap();
+        let err = root
+            .rename_noreplace(&name, OsStr::new("taken"))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(tmp.path().join("taken")).unwrap(), b"x");
+        assert_eq!(root.remove_stale_temps().unwrap(), 1);
+        assert_eq!(root.entries().unwrap(), vec![OsString::from("taken")]);
+        let meta = root.stat(OsStr::new("taken")).unwrap().unwrap();
+        assert_eq!(meta.kind, NodeKind::File);
+        assert!(root.stat(OsStr::new("absent")).unwrap().is_none());
+    }
+}
