@@ -195,7 +195,7 @@ impl FakeWrapper {
                 .unwrap_or_default();
             out.push((modified, Recorded { pid, argv, env }));
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_by_key(|a| a.0);
         Ok(out.into_iter().map(|(_, r)| r).collect())
     }
 

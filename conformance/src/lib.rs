@@ -264,8 +264,12 @@ async fn run_check(ctx: &Arc<Ctx>, def: &CheckDef) -> CheckResult {
     } else {
         // Each check runs in its own task so a panic is caught (JoinError) and reported as a
         // failure, and a hung check is bounded by the check timeout.
-        let task = tokio::spawn((def.run)(Arc::clone(ctx)));
-        match tokio::time::timeout(ctx.options.check_timeout, task).await {
+        let mut task = tokio::spawn((def.run)(Arc::clone(ctx)));
+        let outcome = tokio::time::timeout(ctx.options.check_timeout, &mut task).await;
+        if outcome.is_err() {
+            task.abort();
+        }
+        match outcome {
             Ok(Ok(f)) => f,
             Ok(Err(join)) => Finding::fail(
                 format!("the check crashed: {}", panic_message(join)),

@@ -88,3 +88,110 @@ async fn skipped_checks_are_reported_with_reasons_and_never_as_passes() {
     let tap = report.to_tap();
     assert_eq!(tap.matches("# SKIP").count(), 3, "{tap}");
 }
+
+/// A backend whose prepare() panics and whose launch() never returns.
+struct Crashing {
+    hang: bool,
+}
+
+#[async_trait::async_trait]
+impl agentdiff_engine::backend::RuntimeBackend for Crashing {
+    fn id(&self) -> &'static str {
+        "conformance-crashing"
+    }
+    fn capabilities(&self) -> agentdiff_engine::backend::Capabilities {
+        agentdiff_engine::backend::Capabilities::default()
+    }
+    async fn availability(&self) -> agentdiff_engine::backend::Availability {
+        agentdiff_engine::backend::Availability::Ready {
+            detail: "test".into(),
+        }
+    }
+    fn prepare(
+        &self,
+        spec: &agentdiff_engine::backend::LaunchSpec,
+    ) -> agentdiff_engine::backend::Result<agentdiff_engine::backend::PreparedLaunch> {
+        if self.hang {
+            return TestBackend::reference().prepare(spec);
+        }
+        panic!("prepare exploded")
+    }
+    async fn launch(
+        &self,
+        _p: agentdiff_engine::backend::PreparedLaunch,
+        _c: agentdiff_engine::backend::LaunchContext,
+    ) -> agentdiff_engine::backend::Result<Box<dyn agentdiff_engine::backend::RunningCommand>> {
+        std::future::pending().await
+    }
+    async fn cleanup(
+        &self,
+        _ids: &[agentdiff_engine::backend::ProcessIdentity],
+        _g: std::time::Duration,
+    ) -> agentdiff_engine::backend::CleanupReport {
+        agentdiff_engine::backend::CleanupReport::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_or_hanging_check_is_a_failure() {
+    let report = run_suite(
+        Arc::new(|| Box::new(Crashing { hang: false })),
+        SuiteOptions {
+            only: vec!["EXIT-001".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    let c = report.check("EXIT-001").unwrap();
+    assert!(
+        matches!(&c.outcome, agentdiff_conformance::Outcome::Failed { reason } if reason.contains("crashed") && reason.contains("prepare exploded")),
+        "{:?}",
+        c.outcome
+    );
+    let report = run_suite(
+        Arc::new(|| Box::new(Crashing { hang: true })),
+        SuiteOptions {
+            only: vec!["EXIT-001".into()],
+            check_timeout: std::time::Duration::from_secs(2),
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    let c = report.check("EXIT-001").unwrap();
+    assert!(
+        matches!(&c.outcome, agentdiff_conformance::Outcome::Failed { reason } if reason.contains("did not finish")),
+        "{:?}",
+        c.outcome
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_backend_skips_launching_checks_unless_real_backends_are_required() {
+    let make = || -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
+        Box::new(TestBackend::wrapped(
+            Some("/nonexistent/wrapper".into()),
+            agentdiff_conformance::testing::honest_capabilities(),
+        ))
+    };
+    let lenient = run_suite(
+        Arc::new(make),
+        SuiteOptions {
+            only: vec!["AVAIL-".into(), "EXIT-001".into()],
+            require_available: false,
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    assert!(lenient.check("AVAIL-001").unwrap().outcome.is_passed());
+    assert!(lenient.check("EXIT-001").unwrap().outcome.is_skipped());
+    let strict = run_suite(
+        Arc::new(make),
+        SuiteOptions {
+            only: vec!["AVAIL-".into(), "EXIT-001".into()],
+            require_available: true,
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    assert_eq!(strict.failed_ids(), vec!["AVAIL-001", "EXIT-001"]);
+}
