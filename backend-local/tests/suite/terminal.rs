@@ -131,3 +131,93 @@ fn sigint_to_the_launcher_without_a_terminal_ends_the_tree_with_evidence() {
     }
     assert!(ev.processes.iter().any(|p| p.executable == "sleep"));
 }
+
+fn state_of(pid: u32) -> char {
+    agentdiff_engine::process::read_stat(pid)
+        .map(|s| s.state)
+        .unwrap_or('?')
+}
+
+fn wait_for_state(pid: u32, want: char) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if state_of(pid) == want {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn ctrl_z_stops_command_and_launcher_and_fg_resumes_both() {
+    if Command::new("tmux").arg("-V").output().is_err()
+        || Command::new("bash").arg("-c").arg("true").status().is_err()
+    {
+        eprintln!("SKIPPED: tmux and bash are needed for job control");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("daemon.pid");
+    let _guard = PidFileGuard(vec![pidfile.clone()]);
+    let server = TmuxServer(format!("agentdiff-jobs-{}", std::process::id()));
+    let status = Command::new("tmux")
+        .args([
+            "-L",
+            &server.0,
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-x",
+            "120",
+            "-y",
+            "30",
+        ])
+        .args(["bash", "--norc", "--noprofile", "-i"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let line = format!(
+        "cd '{}' && '{}' --evidence ev.json -- sh -c 'echo $PPID > launcher.pid; echo $$ > daemon.pid; exec sleep 300'",
+        d.display(),
+        harness().display()
+    );
+    let keys = |k: &[&str]| {
+        assert!(Command::new("tmux")
+            .args(["-L", &server.0, "send-keys"])
+            .args(k)
+            .status()
+            .unwrap()
+            .success())
+    };
+    keys(&[&line, "Enter"]);
+    assert!(
+        wait_for_file(&pidfile, Duration::from_secs(20)),
+        "command did not start"
+    );
+    let child: u32 = read(&pidfile).trim().parse().unwrap();
+    let launcher: u32 = read(&d.join("launcher.pid")).trim().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
+    keys(&["C-z"]);
+    assert!(wait_for_state(child, 'T'), "the command did not stop");
+    assert!(
+        wait_for_state(launcher, 'T'),
+        "the launcher did not stop with it"
+    );
+
+    keys(&["fg", "Enter"]);
+    assert!(wait_for_state(child, 'S'), "the command did not continue");
+    std::thread::sleep(Duration::from_millis(200));
+    // The command has the terminal again: Ctrl-C reaches it.
+    keys(&["C-c"]);
+    assert!(
+        wait_for_file(&d.join("ev.json"), Duration::from_secs(20)),
+        "no evidence after Ctrl-C"
+    );
+    let ev = evidence(&d.join("ev.json"));
+    assert_eq!(ev.exit.signal, Some(libc::SIGINT), "{:?}", ev.exit);
+}

@@ -1,11 +1,421 @@
+//! `agentdiff cleanup RUN`: stop processes a run left behind, from the identities stored in its
+//! capsule. Each identity (pid + start time + boot id) is verified before anything is signalled;
+//! a pid that now belongs to another process is refused, never signalled.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
+use agentdiff_engine::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, Registry};
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::exit;
+
+/// Stop processes a run left behind, after verifying their identities.
+///
+/// Every process recorded in the run's runtime evidence is checked against its pid, start time
+/// and boot id; only a process that still matches is sent TERM, then KILL after the grace period.
+/// A recorded pid that now belongs to another process is refused (`pid_reused`) and left alone.
+/// The result is written to the capsule as `cleanup-result.json`.
+///
+/// Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity was
+/// refused (pid reused, access denied) or a process could not be stopped (escaped); 66 when the
+/// run does not exist or its id is invalid; 67 when its runtime evidence is unreadable.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(
+    after_help = "Each recorded process is verified (pid + start time + boot id) before it is \
+signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
+refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
+Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity was \
+refused (pid_reused, access_denied) or a process could not be stopped (escaped); 66 when the run \
+does not exist or its id is invalid; 67 when its runtime evidence is unreadable or a symlink."
+)]
+pub struct Args {
+    /// Run id (as shown by `agentdiff runs`).
+    run: String,
+    /// Project root holding `.agentdiff/` (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Seconds between TERM and KILL.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    grace_period: f64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Summary)]
+    format: Format,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::with_code(
-        crate::exit::INTERNAL,
-        anyhow::anyhow!("`agentdiff cleanup` is not implemented in this build"),
-    ))
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Summary,
+    Json,
+}
+
+/// What `cleanup-result.json` holds.
+#[derive(Debug, Serialize)]
+struct CleanupResult {
+    schema_version: u32,
+    run_id: String,
+    backend: String,
+    refused_or_escaped: usize,
+    cleanup: CleanupReport,
+}
+
+/// Run ids are `[A-Za-z0-9][A-Za-z0-9._-]{0,127}` without `..`.
+fn valid_run_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+        && !id.contains("..")
+}
+
+/// Refuse a path component that is a symlink (the capsule must be where it claims to be).
+fn no_symlink(path: &Path, what: &str) -> anyhow::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(exit::with_code(
+            exit::INVALID_CAPSULE,
+            anyhow::anyhow!(
+                "{what} {} is a symlink; refusing to follow it",
+                path.display()
+            ),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(exit::with_code(
+            exit::NO_SUCH_RUN,
+            anyhow::anyhow!("{what} {} does not exist", path.display()),
+        )),
+        Err(e) => Err(exit::with_code(
+            exit::INVALID_CAPSULE,
+            anyhow::Error::new(e).context(format!("cannot inspect {}", path.display())),
+        )),
+    }
+}
+
+/// The run directory, validated component by component.
+fn run_dir(root: &Path, run: &str) -> anyhow::Result<PathBuf> {
+    if !valid_run_id(run) {
+        return Err(exit::with_code(
+            exit::NO_SUCH_RUN,
+            anyhow::anyhow!(
+                "invalid run id `{}`: use letters, digits, `.`, `_` and `-` (as listed by `agentdiff runs`)",
+                agentdiff_engine::redact::escape_terminal(run)
+            ),
+        ));
+    }
+    let store = root.join(".agentdiff");
+    no_symlink(&store, "the run store")?;
+    let runs = store.join("runs");
+    no_symlink(&runs, "the runs directory")?;
+    let dir = runs.join(run);
+    no_symlink(&dir, "run")?;
+    Ok(dir)
+}
+
+/// Stored identities and the backend that recorded them.
+fn stored_identities(dir: &Path) -> anyhow::Result<(String, Vec<ProcessIdentity>)> {
+    let path = dir.join("runtime.json");
+    no_symlink(&path, "runtime evidence")?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let invalid = |msg: &str| {
+        exit::with_code(
+            exit::INVALID_CAPSULE,
+            anyhow::anyhow!("{}: {msg}", path.display()),
+        )
+    };
+    let backend = value
+        .get("backend")
+        .and_then(|b| b.as_str())
+        .ok_or_else(|| invalid("no `backend` field"))?
+        .to_string();
+    let processes = value
+        .get("processes")
+        .and_then(|p| p.as_array())
+        .ok_or_else(|| invalid("no `processes` list"))?;
+    let mut ids: Vec<ProcessIdentity> = Vec::with_capacity(processes.len());
+    for p in processes {
+        let id: ProcessIdentity = p
+            .get("identity")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| invalid(&format!("a process identity is malformed: {e}")))?
+            .ok_or_else(|| invalid("a process has no `identity`"))?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok((backend, ids))
+}
+
+/// Write `bytes` to `path` as a private file: temp file (0600), fsync, rename, directory fsync.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().context("result path has no directory")?;
+    let tmp = dir.join(format!(".cleanup-result.json.{}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(anyhow::Error::new(e).context(format!("cannot write {}", path.display())));
+    }
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+fn refused_or_escaped(report: &CleanupReport) -> usize {
+    report
+        .records
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.outcome,
+                CleanupOutcome::PidReused | CleanupOutcome::AccessDenied | CleanupOutcome::Escaped
+            )
+        })
+        .count()
+}
+
+fn outcome_name(o: CleanupOutcome) -> &'static str {
+    match o {
+        CleanupOutcome::AlreadyExited => "already_exited",
+        CleanupOutcome::Terminated => "terminated",
+        CleanupOutcome::Killed => "killed",
+        CleanupOutcome::PidReused => "pid_reused",
+        CleanupOutcome::AccessDenied => "access_denied",
+        CleanupOutcome::Escaped => "escaped",
+    }
+}
+
+/// Clean up one run; returns the result document (already written to the capsule).
+fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<CleanupResult> {
+    let dir = run_dir(root, run)?;
+    let (backend_id, ids) = stored_identities(&dir)?;
+    let registry = Registry::from_inventory().context("the backend registry is inconsistent")?;
+    let backend = registry.create(&backend_id).map_err(|e| {
+        exit::with_code(
+            exit::BACKEND_UNAVAILABLE,
+            anyhow::Error::new(e).context("the run was recorded by a backend this build lacks"),
+        )
+    })?;
+    let report = super::runtime()?.block_on(backend.cleanup(&ids, grace));
+    let result = CleanupResult {
+        schema_version: agentdiff_engine::SCHEMA_VERSION,
+        run_id: run.to_string(),
+        backend: backend_id,
+        refused_or_escaped: refused_or_escaped(&report),
+        cleanup: report,
+    };
+    let json = serde_json::to_vec_pretty(&result).context("cannot serialise the result")?;
+    write_private(&dir.join("cleanup-result.json"), &json)?;
+    Ok(result)
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if !args.grace_period.is_finite() || args.grace_period < 0.0 || args.grace_period > 3600.0 {
+        return Err(exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!("--grace-period must be between 0 and 3600 seconds"),
+        ));
+    }
+    let root = match args.root {
+        Some(r) => r,
+        None => std::env::current_dir().context("cannot determine the current directory")?,
+    };
+    let grace = Duration::from_secs_f64(args.grace_period);
+    let result = cleanup_run(&root, &args.run, grace)?;
+    match args.format {
+        Format::Json => {
+            let text =
+                serde_json::to_string_pretty(&result).context("cannot serialise the result")?;
+            println!("{text}");
+        }
+        Format::Summary => {
+            let r = &result.cleanup;
+            println!(
+                "cleanup of run {} ({} backend, {}, grace {} ms): {} identities",
+                agentdiff_engine::redact::escape_terminal(&result.run_id),
+                result.backend,
+                r.mechanism,
+                r.grace_ms,
+                r.records.len()
+            );
+            for rec in &r.records {
+                println!(
+                    "  {:<15} pid {:<8} {}{}",
+                    outcome_name(rec.outcome),
+                    rec.identity.pid,
+                    agentdiff_engine::redact::escape_terminal(&rec.executable),
+                    rec.detail
+                        .as_deref()
+                        .map(|d| format!(" ({})", agentdiff_engine::redact::escape_terminal(d)))
+                        .unwrap_or_default()
+                );
+            }
+            for e in &r.errors {
+                println!("  error: {}", agentdiff_engine::redact::escape_terminal(e));
+            }
+        }
+    }
+    if result.refused_or_escaped > 0 {
+        eprintln!(
+            "agentdiff: {} identities were refused or could not be stopped; see cleanup-result.json",
+            result.refused_or_escaped
+        );
+        return Ok(ExitCode::from(exit::CONFLICT));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    struct Sleeper(std::process::Child);
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
+        let dir = root.join(".agentdiff/runs").join(run);
+        std::fs::create_dir_all(&dir).unwrap();
+        let processes: Vec<serde_json::Value> = ids
+            .iter()
+            .map(|id| {
+                serde_json::json!({"identity": id, "ppid": 1, "relation": "reparented",
+                "executable": "sleep", "first_seen_ms": 1, "alive_after_root_exit": true})
+            })
+            .collect();
+        let ev = serde_json::json!({"backend": "local", "processes": processes});
+        std::fs::write(dir.join("runtime.json"), ev.to_string()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn run_ids_are_validated() {
+        assert!(valid_run_id("20260101-abc.1_x"));
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            ".hidden",
+            "a..b",
+            "x y",
+            &"a".repeat(129),
+        ] {
+            assert!(!valid_run_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn reused_pid_in_a_copied_capsule_is_refused_and_the_process_survives() {
+        let root = tempfile::tempdir().unwrap();
+        let mut victim = Sleeper(
+            Command::new("sleep")
+                .arg("300")
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
+        // The stored start time differs: the pid belongs to a different process now.
+        id.start_time_ticks += 3;
+        let dir = capsule(root.path(), "run-1", std::slice::from_ref(&id));
+        let result = cleanup_run(root.path(), "run-1", Duration::from_millis(100)).unwrap();
+        assert_eq!(result.cleanup.records[0].outcome, CleanupOutcome::PidReused);
+        assert_eq!(result.refused_or_escaped, 1);
+        assert!(
+            victim.0.try_wait().unwrap().is_none(),
+            "must not be signalled"
+        );
+        let written = std::fs::read_to_string(dir.join("cleanup-result.json")).unwrap();
+        assert!(written.contains("pid_reused"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("cleanup-result.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn matching_identity_is_terminated() {
+        let root = tempfile::tempdir().unwrap();
+        let mut victim = Sleeper(
+            Command::new("sleep")
+                .arg("300")
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
+        capsule(root.path(), "run-2", &[id]);
+        let result = cleanup_run(root.path(), "run-2", Duration::from_millis(500)).unwrap();
+        assert_eq!(
+            result.cleanup.records[0].outcome,
+            CleanupOutcome::Terminated
+        );
+        assert_eq!(result.refused_or_escaped, 0);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(victim.0.wait().unwrap().signal(), Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn missing_run_symlinks_and_bad_ids_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let err = cleanup_run(root.path(), "nope", Duration::ZERO).unwrap_err();
+        assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
+        let err = cleanup_run(root.path(), "../etc", Duration::ZERO).unwrap_err();
+        assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
+
+        let elsewhere = tempfile::tempdir().unwrap();
+        capsule(elsewhere.path(), "real", &[]);
+        std::fs::create_dir_all(root.path().join(".agentdiff/runs")).unwrap();
+        std::os::unix::fs::symlink(
+            elsewhere.path().join(".agentdiff/runs/real"),
+            root.path().join(".agentdiff/runs/link"),
+        )
+        .unwrap();
+        let err = cleanup_run(root.path(), "link", Duration::ZERO).unwrap_err();
+        assert_eq!(exit::code_of(&err), exit::INVALID_CAPSULE);
+        assert!(format!("{err:#}").contains("symlink"));
+    }
+
+    #[test]
+    fn malformed_runtime_evidence_is_an_invalid_capsule() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join(".agentdiff/runs/bad");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("runtime.json"),
+            "{\"backend\":\"local\",\"processes\":[{}]}",
+        )
+        .unwrap();
+        let err = cleanup_run(root.path(), "bad", Duration::ZERO).unwrap_err();
+        assert_eq!(exit::code_of(&err), exit::INVALID_CAPSULE);
+    }
 }

@@ -6,7 +6,7 @@
 //! well as for root), the child joins it between `fork` and `exec`, and it is removed after
 //! cleanup.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +19,8 @@ pub struct RunCgroup {
     procs_w: OwnedFd,
     /// The cgroup directory, for `clone3(CLONE_INTO_CGROUP)`.
     dir: OwnedFd,
+    /// `cgroup.procs` kept open for reading: each poll re-reads it from offset 0.
+    procs_r: std::fs::File,
     /// The path as `/proc/PID/cgroup` shows it (`0::<rel>`), to verify membership.
     rel: String,
 }
@@ -78,10 +80,18 @@ impl RunCgroup {
                 return Err(format!("cannot open {}: {e}", path.display()));
             }
         };
+        let procs_r = match std::fs::File::open(path.join("cgroup.procs")) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_dir(&path);
+                return Err(format!("cannot read {}/cgroup.procs: {e}", path.display()));
+            }
+        };
         Ok(RunCgroup {
             path,
             procs_w,
             dir,
+            procs_r,
             rel,
         })
     }
@@ -109,9 +119,8 @@ impl RunCgroup {
 
     /// Pids currently in the cgroup, reusing `buf` and `out`.
     pub fn pids(&self, buf: &mut String, out: &mut Vec<u32>) -> std::io::Result<()> {
-        buf.clear();
         out.clear();
-        std::fs::File::open(self.path.join("cgroup.procs"))?.read_to_string(buf)?;
+        read_from_start(&self.procs_r, buf)?;
         out.extend(buf.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
         Ok(())
     }
@@ -140,6 +149,27 @@ impl RunCgroup {
         }
         Err(last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EBUSY)))
     }
+}
+
+/// Read a `/proc` or cgroup file from offset 0 into `buf` through an fd kept open (no
+/// open/close per poll).
+pub fn read_from_start(f: &std::fs::File, buf: &mut String) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    buf.clear();
+    let mut bytes = std::mem::take(buf).into_bytes();
+    let mut chunk = [0u8; 4096];
+    let mut off = 0u64;
+    loop {
+        let n = f.read_at(&mut chunk, off)?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        off += n as u64;
+    }
+    *buf = String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))?;
+    Ok(())
 }
 
 /// Join the cgroup whose `cgroup.procs` is open as `fd`. Runs in the forked child before `exec`:

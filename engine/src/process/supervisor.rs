@@ -203,6 +203,8 @@ mod unix {
                 ))
             })?,
         };
+        // Everything that can fail before the spawn comes before the run cgroup exists.
+        let stdio = stdio_fds(&ctx)?;
         let ports = spec.observe_ports.then(PortObserver::start);
         let (cgroup, mut warnings) = tracker::prepare(request)?;
 
@@ -213,7 +215,6 @@ mod unix {
             None
         };
 
-        let stdio = stdio_fds(&ctx)?;
         let foreground = terminal.is_some();
         let launched = Instant::now();
         #[cfg(target_os = "linux")]
@@ -553,5 +554,100 @@ mod unix {
                 warnings: self.warnings,
             })
         }
+    }
+}
+
+#[cfg(test)]
+#[cfg(target_os = "linux")]
+mod tests {
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::backend::{BackendOptions, LaunchSpec, Level, StdioMode};
+
+    fn prepared(dir: &std::path::Path, argv: &[&str]) -> PreparedLaunch {
+        let spec = LaunchSpec {
+            run_id: "unit".into(),
+            root: dir.to_path_buf(),
+            workdir: dir.to_path_buf(),
+            capsule_dir: dir.join("capsule"),
+            argv: argv.iter().map(OsString::from).collect(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            timeout: None,
+            grace: Duration::from_millis(300),
+            poll_interval: Duration::from_millis(5),
+            observe_ports: false,
+            options: BackendOptions::new(),
+        };
+        PreparedLaunch {
+            program: "sh".into(),
+            args: vec!["-c".into(), "echo wrapped; exit 3".into()],
+            env: spec.env.clone(),
+            cwd: dir.to_path_buf(),
+            enforcement: "external_sandbox_requested".into(),
+            wrapper_argv: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                "echo wrapped; exit 3".into(),
+            ]),
+            runtime_config: serde_json::json!({"wrapper": "sh"}),
+            spec,
+        }
+    }
+
+    #[test]
+    fn wrapping_backends_get_their_labels_and_wrapper_argv_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = Capabilities {
+            network: Level::Requested,
+            ..Capabilities::default()
+        };
+        let labels = EvidenceLabels {
+            backend: "wrapper".into(),
+            enforcement: "external_sandbox_requested".into(),
+            capabilities: caps.clone(),
+        };
+        let ctx = LaunchContext::new(StdioMode::Files {
+            stdin: None,
+            stdout: dir.path().join("out"),
+            stderr: dir.path().join("err"),
+        });
+        let cmd = spawn_supervised(prepared(dir.path(), &["inner"]), ctx, labels).unwrap();
+        assert!(cmd.pid() > 0);
+        let ev = cmd.wait_blocking().unwrap();
+        assert_eq!(ev.backend, "wrapper");
+        assert_eq!(ev.enforcement, "external_sandbox_requested");
+        assert_eq!(ev.capabilities, caps);
+        assert_eq!(ev.exit.code, Some(3));
+        assert_eq!(
+            ev.wrapper_argv.as_deref(),
+            Some(&["sh".to_string(), "-c".into(), "echo wrapped; exit 3".into()][..])
+        );
+        assert_eq!(ev.runtime_config["wrapper"], "sh");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("out")).unwrap(),
+            "wrapped\n"
+        );
+        assert_eq!(PathBuf::from(&ev.observation_root), dir.path());
+        assert_eq!(ev.environment.unwrap().mode, "inherit");
+    }
+
+    #[test]
+    fn unknown_tracking_request_is_refused_before_anything_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = prepared(dir.path(), &["x"]);
+        p.spec.options.push("tracking", "psychic");
+        let err = spawn_supervised(
+            p,
+            LaunchContext::new(StdioMode::Inherit),
+            EvidenceLabels {
+                backend: "t".into(),
+                enforcement: "none".into(),
+                capabilities: Capabilities::default(),
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("psychic"));
     }
 }

@@ -116,6 +116,13 @@ impl Tracker {
         if stat.start_time_ticks < self.root_start {
             return false;
         }
+        // Already recorded under this identity: nothing new (a pid reused within the run is a
+        // new process and gets its own record).
+        if let Some(&i) = self.index.get(&pid) {
+            if self.records[i].identity.start_time_ticks == stat.start_time_ticks {
+                return false;
+            }
+        }
         let relation = if pid == self.root {
             ProcessRelation::Root
         } else if stat.ppid == self.self_pid {
@@ -241,6 +248,8 @@ mod imp {
         path: String,
         pids: Vec<u32>,
         mechanism: &'static str,
+        /// agentdiff's own `children` file (main thread), kept open: read on every poll.
+        self_children: Option<std::fs::File>,
     }
 
     pub(super) fn claim(t: &Tracker, pid: u32) {
@@ -310,6 +319,7 @@ mod imp {
         request: TrackingRequest,
     ) -> Result<(Option<RunCgroup>, Vec<String>), ProcessError> {
         let mut warnings = Vec::new();
+        enable_subreaper()?;
         let cg = match request {
             TrackingRequest::ProcPoll => None,
             TrackingRequest::Cgroup => Some(RunCgroup::create().map_err(|e| {
@@ -329,7 +339,6 @@ mod imp {
                 }
             },
         };
-        enable_subreaper()?;
         Ok((cg, warnings))
     }
 
@@ -399,6 +408,10 @@ mod imp {
                     path: String::with_capacity(64),
                     pids: Vec::with_capacity(64),
                     mechanism,
+                    self_children: std::fs::File::open(format!(
+                        "/proc/{self_pid}/task/{self_pid}/children"
+                    ))
+                    .ok(),
                 },
             };
             if !t.add(root, ProcessRelation::Root) {
@@ -465,14 +478,13 @@ mod imp {
             if let Some(cg) = &self.state.cgroup {
                 match cg.pids(&mut text, &mut pids) {
                     Ok(()) => {
-                        let present: HashSet<u32> = pids.iter().copied().collect();
                         for p in &pids {
-                            if !self.index.contains_key(p) {
+                            if !self.live.contains(p) {
                                 found.push((*p, ProcessRelation::Descendant));
                             }
                         }
                         // Exited members leave cgroup.procs.
-                        self.live.retain(|p| present.contains(p));
+                        self.live.retain(|p| pids.contains(p));
                     }
                     Err(e) => {
                         let msg = format!("reading {}/cgroup.procs: {e}", cg.path().display());
@@ -490,7 +502,7 @@ mod imp {
                         continue;
                     }
                     for c in &pids {
-                        if !self.index.contains_key(c) {
+                        if !self.live.contains(c) {
                             found.push((*c, ProcessRelation::Descendant));
                         }
                     }
@@ -502,25 +514,36 @@ mod imp {
 
             // Orphans re-parented to agentdiff (the subreaper) are children of its main thread.
             pids.clear();
-            path.clear();
-            {
-                use std::fmt::Write;
-                let _ = write!(path, "/proc/{0}/task/{0}/children", self.self_pid);
+            if let Some(f) = &self.state.self_children {
+                if cgroup::read_from_start(f, &mut text).is_ok() {
+                    pids.extend(
+                        text.split_ascii_whitespace()
+                            .filter_map(|w| w.parse::<u32>().ok()),
+                    );
+                }
             }
-            Self::read_children(&path, &mut text, &mut pids);
             for &c in &pids {
                 if c == self.root {
                     continue;
                 }
                 match self.index.get(&c) {
                     Some(&i) => {
+                        let Ok(stat) = read_stat(c) else { continue };
                         let r = &mut self.records[i];
+                        if stat.start_time_ticks != r.identity.start_time_ticks {
+                            // A recycled pid: a new child of ours, judged as an unknown one.
+                            if self.state.cgroup.is_none() && self.claimable_orphan(c) {
+                                found.push((c, ProcessRelation::Reparented));
+                            }
+                            continue;
+                        }
                         if r.relation == ProcessRelation::Descendant {
                             r.relation = ProcessRelation::Reparented;
                         }
-                        // A re-parented process that exited is our zombie: reap it (a no-op
-                        // while it runs).
-                        crate::process::cleanup::reap_child(c);
+                        // A re-parented process of ours that exited is our zombie: reap it.
+                        if stat.is_zombie() {
+                            crate::process::cleanup::reap_child(c);
+                        }
                     }
                     None if self.state.cgroup.is_none() && self.claimable_orphan(c) => {
                         found.push((c, ProcessRelation::Reparented));
@@ -530,9 +553,7 @@ mod imp {
             }
 
             for (pid, rel) in found {
-                if !self.index.contains_key(&pid) {
-                    self.add(pid, rel);
-                }
+                self.add(pid, rel);
             }
             self.state.pids = pids;
             self.state.text = text;
@@ -586,9 +607,6 @@ mod imp {
                 };
                 if tracked.contains(&pid) {
                     seen_live.insert(pid);
-                    continue;
-                }
-                if self.index.contains_key(&pid) {
                     continue;
                 }
                 if let Ok(stat) = read_stat(pid) {
