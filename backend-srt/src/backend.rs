@@ -229,6 +229,26 @@ impl SrtBackend {
             .map_err(|(reason, remedy)| unavailable(reason, remedy))?;
         let marker = spec.capsule_dir.join(START_MARKER_FILE);
 
+        // srt is a Node.js program: its argv are JS strings, so non-UTF-8 bytes would be replaced
+        // before the command sees them. Refuse instead of running a different argv.
+        let own = [
+            Some(shim.as_os_str()),
+            Some(marker.as_os_str()),
+            settings.path().map(Path::as_os_str),
+        ];
+        if let Some(bad) = spec
+            .argv
+            .iter()
+            .map(OsString::as_os_str)
+            .chain(own.into_iter().flatten())
+            .find(|a| a.to_str().is_none())
+        {
+            return Err(invalid(format!(
+                "srt cannot pass the argument {bad:?} unchanged: it is not valid UTF-8 (srt \
+                 handles arguments as Node.js strings); rename the path or pass the value another way"
+            )));
+        }
+
         let mut args: Vec<OsString> = Vec::new();
         if let Some(p) = settings.path() {
             args.push("--settings".into());
@@ -324,10 +344,28 @@ impl RuntimeBackend for SrtBackend {
         let plan = self.plan(spec)?;
         let mut wrapper_argv = vec![plan.srt.as_os_str().to_os_string()];
         wrapper_argv.extend(plan.args.iter().cloned());
+        // The shim checks the argv it receives against this salted digest (see `shim`).
+        let mut salt = [0u8; 16];
+        getrandom::getrandom(&mut salt).map_err(|e| {
+            unavailable(
+                format!("no random source for the argv check: {e}"),
+                "check that the kernel's random source (getrandom/urandom) is available",
+            )
+        })?;
+        let mut env: Vec<(OsString, OsString)> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| k != shim::ENV_ARGV_DIGEST)
+            .cloned()
+            .collect();
+        env.push((
+            shim::ENV_ARGV_DIGEST.into(),
+            shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
+        ));
         Ok(PreparedLaunch {
             program: plan.srt.as_os_str().to_os_string(),
             args: plan.args.clone(),
-            env: spec.env.clone(),
+            env,
             cwd: spec.workdir.clone(),
             enforcement: ENFORCEMENT.into(),
             wrapper_argv: Some(wrapper_argv),
@@ -361,6 +399,7 @@ impl RuntimeBackend for SrtBackend {
             })?;
 
         let mut bridge_evidence = None;
+        let mut generated = None;
         if let SettingsChoice::FromPolicy(path) = &plan.settings {
             let denies = settings::read_policy_denies(&spec.capsule_dir)
                 .map_err(|e| launch_error(format!("--srt-settings-from-policy: {e}")))?;
@@ -373,7 +412,12 @@ impl RuntimeBackend for SrtBackend {
             );
             settings::write_generated(path, &bridged.settings)
                 .map_err(|e| launch_error(e.to_string()))?;
+            generated = Some(RemoveOnDrop(path.clone()));
             bridge_evidence = Some(json!({
+                // The capsule seals only its known artifacts, so the file is removed after the
+                // run; its full content and digest are recorded here instead.
+                "content": bridged.settings,
+                "file_removed_after_run": true,
                 "expressed_denies": bridged.expressed,
                 "not_expressed_denies": bridged.not_expressed,
                 "allowed_domains": plan.allow_domains,
@@ -408,6 +452,7 @@ impl RuntimeBackend for SrtBackend {
         Ok(Box::new(SrtRunning {
             inner,
             marker,
+            generated,
             wrapper,
             expected_argc,
         }))
@@ -434,10 +479,21 @@ impl RuntimeBackend for SrtBackend {
     }
 }
 
+/// A file removed when dropped: the generated settings, which must not outlive the run in the
+/// capsule (on success or on any early return).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A running srt wrapper: the supervised host process plus the start marker.
 struct SrtRunning {
     inner: SupervisedCommand,
     marker: StartMarker,
+    generated: Option<RemoveOnDrop>,
     wrapper: Value,
     expected_argc: usize,
 }
@@ -452,13 +508,20 @@ impl RunningCommand for SrtRunning {
         let SrtRunning {
             inner,
             mut marker,
+            generated,
             wrapper,
             expected_argc,
         } = *self;
         let evidence = Box::new(inner).wait().await;
         let state = StartState::from_marker(&marker.read_available());
         drop(marker);
+        drop(generated);
         let mut evidence = evidence?;
+        // The digest is agentdiff's own plumbing, not the command's environment; even as a
+        // fingerprint it does not belong in the evidence.
+        if let Some(env) = &mut evidence.environment {
+            env.variables.remove(shim::ENV_ARGV_DIGEST);
+        }
         attribute_exit(&mut evidence, &state, expected_argc, wrapper);
         Ok(evidence)
     }
@@ -530,6 +593,15 @@ pub fn attribute_exit(
             });
             (false, "wrapper")
         }
+        StartState::ArgvAltered { what } => {
+            evidence.failure = Some(FailureKind::WrapperSetupFailed {
+                message: format!(
+                    "the arguments the exec shim received differ from those agentdiff sent \
+                     ({what}); the command was not started"
+                ),
+            });
+            (false, "wrapper")
+        }
         StartState::Garbled { text } => {
             evidence.failure = Some(FailureKind::WrapperSetupFailed {
                 message: format!(
@@ -542,6 +614,8 @@ pub fn attribute_exit(
     };
     if let Value::Object(map) = &mut wrapper {
         map.insert("command_started".into(), json!(started));
+        // The shim marks the start only after the argv count and digest matched.
+        map.insert("argv_verified".into(), json!(started));
         map.insert("start_state".into(), json!(state.label()));
         map.insert("exit_attribution".into(), json!(attribution));
     }

@@ -38,7 +38,9 @@ pub struct DoctorReport {
     pub prerequisites: Vec<Prerequisite>,
     pub user_namespaces: Option<UserNamespaces>,
     pub namespace_probe: Option<NamespaceProbe>,
-    /// Whether `--runtime srt` can run here (options such as --srt-executable aside).
+    /// Whether the host side is ready: prerequisites present, user namespaces usable.
+    pub host_ready: bool,
+    /// Whether `--runtime srt` can run here with the srt found on PATH.
     pub ready: bool,
     pub enforcement: &'static str,
     pub capabilities: Capabilities,
@@ -50,8 +52,20 @@ pub struct DoctorReport {
 }
 
 impl DoctorReport {
-    /// The report as an [`Availability`].
+    /// The report as an [`Availability`]. Only what no run option can change makes the backend
+    /// unavailable (prerequisites, user namespaces): a run may still name its srt with
+    /// `--srt-executable`, which `prepare` checks.
     pub fn availability(&self) -> Availability {
+        if self.host_ready && !self.ready {
+            let error = self.srt.error.as_deref().unwrap_or("not usable");
+            return Availability::Ready {
+                detail: format!(
+                    "host prerequisites present, but srt from PATH is not usable ({error}); a \
+                     run must name srt with --srt-executable; {}",
+                    self.remedies.join("; ")
+                ),
+            };
+        }
         if self.ready {
             let prereqs: Vec<String> = self
                 .prerequisites
@@ -79,9 +93,6 @@ impl DoctorReport {
             Availability::Ready { detail }
         } else {
             let mut reasons = Vec::new();
-            if let Some(e) = &self.srt.error {
-                reasons.push(format!("srt: {e}"));
-            }
             let missing: Vec<&str> = self
                 .prerequisites
                 .iter()
@@ -207,10 +218,10 @@ pub async fn doctor_report() -> DoctorReport {
     } else {
         (Vec::new(), None, None)
     };
-    let ready = srt.error.is_none()
-        && prerequisites.iter().all(Prerequisite::found)
+    let host_ready = prerequisites.iter().all(Prerequisite::found)
         && user_namespaces.as_ref().map_or(true, |u| u.allowed)
         && namespace_probe.as_ref().map_or(true, |p| p.ok);
+    let ready = host_ready && srt.error.is_none();
     DoctorReport {
         backend: ID,
         sandbox_runtime_cli_detected: detected,
@@ -218,6 +229,7 @@ pub async fn doctor_report() -> DoctorReport {
         prerequisites,
         user_namespaces,
         namespace_probe,
+        host_ready,
         ready,
         enforcement: ENFORCEMENT,
         capabilities: crate::capabilities(),
@@ -225,5 +237,61 @@ pub async fn doctor_report() -> DoctorReport {
         network_enforcement: false,
         remedies,
         limits: crate::backend::LIMITS.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(srt_error: Option<&str>, missing_socat: bool) -> DoctorReport {
+        DoctorReport {
+            backend: ID,
+            sandbox_runtime_cli_detected: srt_error.is_none(),
+            srt: SrtStatus {
+                path: srt_error.is_none().then(|| PathBuf::from("/usr/bin/srt")),
+                version: srt_error.is_none().then(|| "1.2.3".to_string()),
+                error: srt_error.map(str::to_string),
+            },
+            prerequisites: vec![Prerequisite {
+                name: "socat",
+                program: "socat",
+                path: (!missing_socat).then(|| PathBuf::from("/usr/bin/socat")),
+                package: "socat",
+            }],
+            user_namespaces: None,
+            namespace_probe: None,
+            host_ready: !missing_socat,
+            ready: srt_error.is_none() && !missing_socat,
+            enforcement: ENFORCEMENT,
+            capabilities: crate::capabilities(),
+            sandboxed: false,
+            network_enforcement: false,
+            remedies: vec!["install it".into()],
+            limits: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn availability_names_what_is_missing_and_the_remedy() {
+        let a = report(Some("`srt` was not found on PATH"), true).availability();
+        let Availability::Unavailable { reason, remedy } = a else {
+            panic!("{a:?}")
+        };
+        assert!(reason.contains("missing socat"), "{reason}");
+        assert_eq!(remedy, "install it");
+        // srt missing from PATH alone does not make the backend unavailable: a run may name it.
+        let a = report(Some("`srt` was not found on PATH"), false).availability();
+        let Availability::Ready { detail } = a else {
+            panic!("{a:?}")
+        };
+        assert!(detail.contains("--srt-executable"), "{detail}");
+        assert!(detail.contains("was not found on PATH"), "{detail}");
+        let a = report(None, false).availability();
+        let Availability::Ready { detail } = a else {
+            panic!("{a:?}")
+        };
+        assert!(detail.starts_with("srt 1.2.3 at /usr/bin/srt"), "{detail}");
+        assert!(detail.contains("not verified"), "{detail}");
     }
 }

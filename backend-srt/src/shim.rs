@@ -8,8 +8,13 @@
 //!
 //! Shim argv (after `agentdiff __srt-exec-shim`): `v1 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
 //! to start the command when the argument count it received differs from `ARGC` (the wrapper split
-//! or merged arguments), and when the marker cannot be written (nothing would tell the host that
-//! the command ran). The marker lines are defined by [`MarkerLine`].
+//! or merged arguments), when the salted digest of the argv in [`ENV_ARGV_DIGEST`] does not match
+//! what it received (the wrapper altered an argument), and when the marker cannot be written
+//! (nothing would tell the host that the command ran). The digest travels in the environment, not
+//! in the argv, because the wrapper argv is stored as evidence: a digest of an argv with a weak
+//! secret in it could be brute-forced from the capsule; the per-run random salt, and dropping the
+//! variable from the environment evidence, keep it out. The marker lines are defined by
+//! [`MarkerLine`].
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
@@ -17,10 +22,14 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
+use sha2::{Digest, Sha256};
+
 /// Name of the hidden `agentdiff` subcommand that runs the shim.
 pub const SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
 /// Version of the shim's argv layout and marker lines.
 pub const SHIM_PROTOCOL: &str = "v1";
+/// Environment variable carrying `SALT:DIGEST` of the argv to the shim; removed before `exec`.
+pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_SRT_ARGV_DIGEST";
 /// Exit code of the shim when it refuses to start the command (bad shim argv, argument count
 /// changed by the wrapper, marker unreachable). The host does not rely on it: the marker decides.
 pub const SHIM_REFUSED_EXIT: u8 = 125;
@@ -56,6 +65,38 @@ pub fn shim_args(marker: &Path, argv: &[OsString]) -> Vec<OsString> {
     out
 }
 
+/// SHA-256 over the salt and each argument, length-prefixed so boundaries count.
+pub fn argv_digest(salt: &str, argv: &[OsString]) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut h = Sha256::new();
+    h.update((salt.len() as u64).to_le_bytes());
+    h.update(salt.as_bytes());
+    for a in argv {
+        h.update((a.len() as u64).to_le_bytes());
+        h.update(a.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// The value of [`ENV_ARGV_DIGEST`] for `argv` with this salt.
+pub fn digest_env_value(salt: &str, argv: &[OsString]) -> String {
+    format!("{salt}:{}", argv_digest(salt, argv))
+}
+
+/// Check the received argv against the digest value; `Err` names what is wrong (one word).
+pub fn verify_argv(value: Option<&OsStr>, argv: &[OsString]) -> Result<(), &'static str> {
+    let value = value.ok_or("digest_missing")?;
+    let (salt, digest) = value
+        .to_str()
+        .and_then(|v| v.split_once(':'))
+        .ok_or("digest_malformed")?;
+    if argv_digest(salt, argv) == digest {
+        Ok(())
+    } else {
+        Err("digest_mismatch")
+    }
+}
+
 /// One line the shim writes on the marker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MarkerLine {
@@ -63,6 +104,9 @@ pub enum MarkerLine {
     Started { argc: usize },
     /// The argument count differed from the one the host sent: nothing was started.
     ArgcMismatch { expected: usize, received: usize },
+    /// The arguments differ from those the host sent (`what`: `digest_mismatch`,
+    /// `digest_missing`, `digest_malformed`): nothing was started.
+    ArgvAltered { what: String },
     /// `exec` failed after the start mark: the command could not be executed.
     ExecFailed { reason: String },
 }
@@ -74,6 +118,7 @@ impl MarkerLine {
             MarkerLine::ArgcMismatch { expected, received } => {
                 format!("argc_mismatch expected={expected} received={received}\n")
             }
+            MarkerLine::ArgvAltered { what } => format!("argv_altered what={what}\n"),
             MarkerLine::ExecFailed { reason } => {
                 // One line: the reason comes from an io::Error, but keep the format robust.
                 let reason: String = reason
@@ -102,6 +147,14 @@ impl MarkerLine {
                 received: field(rest, "received=")?,
             });
         }
+        if let Some(rest) = line.strip_prefix("argv_altered ") {
+            return rest
+                .strip_prefix("what=")
+                .filter(|w| !w.is_empty() && !w.contains(' '))
+                .map(|w| MarkerLine::ArgvAltered {
+                    what: w.to_string(),
+                });
+        }
         line.strip_prefix("exec_failed ")
             .map(|reason| MarkerLine::ExecFailed {
                 reason: reason.to_string(),
@@ -120,6 +173,8 @@ pub enum StartState {
     ExecFailed { reason: String },
     /// The wrapper changed the argument count; the shim refused to start the command.
     ArgcMismatch { expected: usize, received: usize },
+    /// The wrapper changed the arguments (or dropped the digest); the shim refused.
+    ArgvAltered { what: String },
     /// The marker held something the shim never writes.
     Garbled { text: String },
 }
@@ -140,6 +195,9 @@ impl StartState {
                 (Some(MarkerLine::ArgcMismatch { expected, received }), StartState::NotStarted) => {
                     StartState::ArgcMismatch { expected, received }
                 }
+                (Some(MarkerLine::ArgvAltered { what }), StartState::NotStarted) => {
+                    StartState::ArgvAltered { what }
+                }
                 _ => {
                     return StartState::Garbled {
                         text: text.chars().take(200).collect(),
@@ -157,6 +215,7 @@ impl StartState {
             StartState::Started { .. } => "started",
             StartState::ExecFailed { .. } => "exec_failed",
             StartState::ArgcMismatch { .. } => "argc_mismatch",
+            StartState::ArgvAltered { .. } => "argv_altered",
             StartState::Garbled { .. } => "garbled",
         }
     }
@@ -232,7 +291,12 @@ impl Drop for StartMarker {
 /// code.
 pub fn run(args: &[OsString]) -> u8 {
     match parse_args(args) {
-        Ok((marker, expected, argv)) => start(&marker, expected, argv),
+        Ok((marker, expected, argv)) => start(
+            &marker,
+            expected,
+            argv,
+            std::env::var_os(ENV_ARGV_DIGEST).as_deref(),
+        ),
         Err(message) => {
             eprintln!("agentdiff exec shim: {message}; the command was not started");
             SHIM_REFUSED_EXIT
@@ -261,7 +325,7 @@ fn parse_args(args: &[OsString]) -> Result<(PathBuf, usize, &[OsString]), String
     Ok((PathBuf::from(marker), expected, argv))
 }
 
-fn start(marker: &Path, expected: usize, argv: &[OsString]) -> u8 {
+fn start(marker: &Path, expected: usize, argv: &[OsString], digest: Option<&OsStr>) -> u8 {
     let mut fifo = match open_marker(marker) {
         Ok(f) => f,
         Err(e) => {
@@ -286,6 +350,17 @@ fn start(marker: &Path, expected: usize, argv: &[OsString]) -> u8 {
         );
         return SHIM_REFUSED_EXIT;
     }
+    if let Err(what) = verify_argv(digest, argv) {
+        let line = MarkerLine::ArgvAltered {
+            what: what.to_string(),
+        };
+        let _ = fifo.write_all(line.render().as_bytes());
+        eprintln!(
+            "agentdiff exec shim: the arguments differ from those agentdiff sent ({what}); the \
+             command was not started"
+        );
+        return SHIM_REFUSED_EXIT;
+    }
     let started = MarkerLine::Started { argc: argv.len() };
     if let Err(e) = fifo.write_all(started.render().as_bytes()) {
         eprintln!(
@@ -294,7 +369,10 @@ fn start(marker: &Path, expected: usize, argv: &[OsString]) -> u8 {
         return SHIM_REFUSED_EXIT;
     }
     // The FIFO is close-on-exec: a successful exec closes it; a failed one leaves it to report.
-    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+    let err = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env_remove(ENV_ARGV_DIGEST)
+        .exec();
     let line = MarkerLine::ExecFailed {
         reason: err.to_string(),
     };
@@ -336,6 +414,9 @@ mod tests {
             },
             MarkerLine::ExecFailed {
                 reason: "No such file or directory (os error 2)".into(),
+            },
+            MarkerLine::ArgvAltered {
+                what: "digest_mismatch".into(),
             },
         ] {
             let text = line.render();
@@ -436,14 +517,58 @@ mod tests {
     }
 
     #[test]
+    fn argv_digest_counts_boundaries_and_salt() {
+        let a: Vec<OsString> = ["a b", "c"].iter().map(OsString::from).collect();
+        let b: Vec<OsString> = ["a", "b c"].iter().map(OsString::from).collect();
+        assert_ne!(argv_digest("s", &a), argv_digest("s", &b));
+        assert_ne!(argv_digest("s", &a), argv_digest("t", &a));
+        let v = OsString::from(digest_env_value("salt", &a));
+        assert_eq!(verify_argv(Some(&v), &a), Ok(()));
+        assert_eq!(verify_argv(Some(&v), &b), Err("digest_mismatch"));
+        assert_eq!(verify_argv(None, &a), Err("digest_missing"));
+        assert_eq!(
+            verify_argv(Some(OsStr::new("nocolon")), &a),
+            Err("digest_malformed")
+        );
+    }
+
+    #[test]
+    fn altered_argv_is_marked_and_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
+        let sent = vec![OsString::from("/bin/echo"), OsString::from("a b")];
+        let received = vec![OsString::from("/bin/echo"), OsString::from("a")];
+        let digest = OsString::from(digest_env_value("salt", &sent));
+        assert_eq!(
+            start(marker.path(), 2, &received, Some(&digest)),
+            SHIM_REFUSED_EXIT
+        );
+        assert_eq!(
+            StartState::from_marker(&marker.read_available()),
+            StartState::ArgvAltered {
+                what: "digest_mismatch".into()
+            }
+        );
+        // Without a digest nothing is started either.
+        assert_eq!(start(marker.path(), 2, &sent, None), SHIM_REFUSED_EXIT);
+        assert_eq!(
+            StartState::from_marker(&marker.read_available()),
+            StartState::ArgvAltered {
+                what: "digest_missing".into()
+            }
+        );
+    }
+
+    #[test]
     fn exec_failure_is_marked_after_the_start() {
         let dir = tempfile::tempdir().unwrap();
         let mut marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
-        let args = shim_args(
-            marker.path(),
-            &[OsString::from("/nonexistent/agentdiff-no-such-program")],
+        let argv = [OsString::from("/nonexistent/agentdiff-no-such-program")];
+        let digest = OsString::from(digest_env_value("salt", &argv));
+        assert_eq!(
+            start(marker.path(), 1, &argv, Some(&digest)),
+            EXEC_NOT_FOUND_EXIT
         );
-        assert_eq!(run(&args), EXEC_NOT_FOUND_EXIT);
         let state = StartState::from_marker(&marker.read_available());
         assert!(matches!(state, StartState::ExecFailed { .. }), "{state:?}");
     }

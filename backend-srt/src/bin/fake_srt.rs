@@ -7,7 +7,8 @@
 //! - everything after `--` is run as an argv, never through a shell, and its exit code is
 //!   returned (a command ended by SIGINT/SIGTERM gives 0 and other signals 1, as srt does);
 //! - `FAKE_SRT_MODE=refuse` fails setup with exit 1 before running anything;
-//!   `FAKE_SRT_MODE=broken-version` makes `--version` fail.
+//!   `FAKE_SRT_MODE=broken-version` makes `--version` fail;
+//!   `FAKE_SRT_MODE=alter` changes the last argument's content (a wrapper that mangles argv).
 //!
 //! `-c` is refused: agentdiff must never use it.
 
@@ -35,6 +36,20 @@ fn record(argv: &[OsString]) {
         "cwd": std::env::current_dir().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default(),
         "env": env,
     });
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+fn record_settings(content: &str) {
+    let Some(path) = std::env::var_os("FAKE_SRT_RECORD") else {
+        return;
+    };
+    let line = serde_json::json!({ "settings_content": content });
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -85,9 +100,15 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     if let Some(s) = &settings {
-        if !std::path::Path::new(s).is_file() {
+        let Ok(content) = std::fs::read_to_string(s) else {
             eprintln!("Error: {} does not exist.", s.to_string_lossy());
             return ExitCode::from(1);
+        };
+        record_settings(&content);
+    }
+    if mode == "alter" {
+        if let Some(last) = command.last_mut() {
+            last.push("-altered");
         }
     }
     let Some((program, args)) = command.split_first() else {

@@ -119,11 +119,22 @@ impl Fixture {
         }
     }
 
+    /// The settings content the fake srt read, if it was given a file.
+    pub fn settings_record(&self) -> Option<String> {
+        self.records()
+            .into_iter()
+            .find_map(|r| r["settings_content"].as_str().map(str::to_string))
+    }
+
     /// The fake srt's record of the wrapped run (not `--version`).
     pub fn run_record(&self) -> serde_json::Value {
         self.records()
             .into_iter()
-            .find(|r| r["argv"].as_array().unwrap().iter().any(|a| a == "--"))
+            .find(|r| {
+                r["argv"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a == "--"))
+            })
             .expect("the fake srt recorded the run")
     }
 }

@@ -406,8 +406,12 @@ fn settings_from_policy_are_generated_in_the_capsule() {
     let ev = run(&f, f.spec(&["/bin/true"]));
     assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
     let generated = f.capsule.join("srt-settings.json");
-    let settings: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&generated).unwrap()).unwrap();
+    // srt read the generated file from the capsule...
+    let rec = f.run_record();
+    assert_eq!(rec["argv"][1], "--settings");
+    assert_eq!(rec["argv"][2], generated.to_str().unwrap());
+    let read_by_srt = f.settings_record().unwrap();
+    let settings: serde_json::Value = serde_json::from_str(&read_by_srt).unwrap();
     let root = f.root.to_string_lossy().into_owned();
     assert_eq!(settings["filesystem"]["allowWrite"], json!([root]));
     assert_eq!(
@@ -422,12 +426,19 @@ fn settings_from_policy_are_generated_in_the_capsule() {
         settings["network"]["allowedDomains"],
         json!(["example.com"])
     );
-    let rec = f.run_record();
-    assert_eq!(rec["argv"][1], "--settings");
-    assert_eq!(rec["argv"][2], generated.to_str().unwrap());
-    let s = &ev.wrapper.unwrap()["settings"];
+    // ...which is gone after the run (the capsule seals known artifacts only), while the
+    // evidence holds its exact content and digest.
+    assert!(!generated.exists());
+    let s = &ev.wrapper.as_ref().unwrap()["settings"];
     assert_eq!(s["source"], "generated_from_policy");
-    assert_eq!(s["sha256"], sha256_file(&generated));
+    assert_eq!(s["bridge"]["content"], settings);
+    {
+        use sha2::Digest;
+        assert_eq!(
+            s["sha256"],
+            hex::encode(sha2::Sha256::digest(read_by_srt.as_bytes()))
+        );
+    }
     assert_eq!(s["bridge"]["not_expressed_denies"], json!(["**/*.pem"]));
     assert_eq!(s["bridge"]["controls"], "requested");
     assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
@@ -461,4 +472,64 @@ fn registered_as_srt() {
     let registry = agentdiff_engine::backend::Registry::from_inventory().unwrap();
     assert!(registry.ids().contains(&"srt"));
     assert_eq!(registry.create("srt").unwrap().id(), "srt");
+}
+
+#[test]
+fn non_utf8_arguments_are_refused_rather_than_altered() {
+    use std::os::unix::ffi::OsStringExt;
+    let f = Fixture::fake();
+    let spec = f.spec_os(
+        vec![
+            OsString::from("/bin/echo"),
+            OsString::from_vec(vec![b'a', 0xff, b'b']),
+        ],
+        false,
+    );
+    let err = SrtBackend::new().prepare(&spec).unwrap_err();
+    assert!(matches!(err, BackendError::InvalidRequest { .. }), "{err}");
+    assert!(err.to_string().contains("UTF-8"), "{err}");
+}
+
+#[test]
+fn a_wrapper_that_alters_an_argument_never_starts_the_command() {
+    let mut f = Fixture::fake();
+    f.extra_env
+        .push((OsString::from("FAKE_SRT_MODE"), OsString::from("alter")));
+    let witness = f.root.join("ran");
+    let ev = run(&f, f.spec(&["/usr/bin/touch", witness.to_str().unwrap()]));
+    assert!(!witness.exists(), "the command ran with an altered argv");
+    let Some(FailureKind::WrapperSetupFailed { message }) = &ev.failure else {
+        panic!("{:?}", ev.failure);
+    };
+    assert!(message.contains("digest_mismatch"), "{message}");
+    let w = ev.wrapper.unwrap();
+    assert_eq!(w["start_state"], "argv_altered");
+    assert_eq!(w["argv_verified"], false);
+}
+
+#[test]
+fn the_argv_digest_stays_out_of_the_command_and_the_evidence() {
+    let f = Fixture::fake();
+    let out = f.root.join("env.out");
+    let ev = run(
+        &f,
+        f.spec(&["/bin/sh", "-c", &format!("env > '{}'", out.display())]),
+    );
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    // srt received it (that is how it reaches the shim)...
+    let rec = f.run_record();
+    assert!(rec["env"][agentdiff_backend_srt::shim::ENV_ARGV_DIGEST].is_string());
+    // ...the command's environment and the evidence do not have it.
+    let env = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        !env.contains(agentdiff_backend_srt::shim::ENV_ARGV_DIGEST),
+        "{env}"
+    );
+    assert!(env.contains("FAKE_SRT_RECORD="), "{env}");
+    let recorded = ev.environment.unwrap();
+    assert!(!recorded
+        .variables
+        .contains_key(agentdiff_backend_srt::shim::ENV_ARGV_DIGEST));
+    assert!(recorded.variables.contains_key("PATH"));
+    assert_eq!(ev.wrapper.unwrap()["argv_verified"], true);
 }

@@ -1,3 +1,4 @@
 mod common;
 mod fake;
 mod real;
+mod transaction;

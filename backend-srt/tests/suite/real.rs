@@ -12,7 +12,7 @@ use serde_json::json;
 use super::common::*;
 
 /// The real srt on the host PATH, or `None` after printing why the test does not run.
-fn real_srt(test: &str) -> Option<PathBuf> {
+pub fn real_srt(test: &str) -> Option<PathBuf> {
     let required = std::env::var("AGENTDIFF_REQUIRE_REAL_BACKENDS").as_deref() == Ok("1");
     let mut missing = Vec::new();
     let srt = which::which("srt").ok();
@@ -216,4 +216,67 @@ fn real_srt_with_settings_from_policy_protects_denied_paths_and_the_store() {
     assert_eq!(w["settings"]["source"], "generated_from_policy");
     assert_eq!(w["settings"]["bridge"]["controls"], "requested");
     assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
+}
+
+#[test]
+fn real_srt_timeout_ends_the_whole_tree() {
+    if real_srt("real_srt_timeout_ends_the_whole_tree").is_none() {
+        return;
+    }
+    let mut f = Fixture::bare();
+    let settings = settings_allowing_only(f.dir.path(), &f.root);
+    f.options.push(OPT_SETTINGS, settings.to_str().unwrap());
+    // A distinctive sleep so that a leftover can be searched for afterwards.
+    let marker = format!(
+        "{}.{}",
+        3000 + std::process::id() % 1000,
+        std::process::id()
+    );
+    let mut spec = f.spec_os(
+        vec!["/bin/sleep".into(), OsString::from(marker.clone())],
+        true,
+    );
+    spec.timeout = Some(std::time::Duration::from_secs(3));
+    let ev = run(&f, spec);
+    assert!(ev.exit.timed_out, "{:?}", ev.exit);
+    assert_eq!(ev.wrapper.unwrap()["command_started"], true);
+    let leftovers = std::process::Command::new("pgrep")
+        .args(["-f", &format!("sleep {marker}")])
+        .output()
+        .unwrap();
+    assert!(
+        leftovers.stdout.is_empty(),
+        "a sandboxed process outlived the run: {}",
+        String::from_utf8_lossy(&leftovers.stdout)
+    );
+}
+
+#[test]
+fn doctor_reports_the_real_srt_and_its_prerequisites() {
+    let Some(srt) = real_srt("doctor_reports_the_real_srt") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let report = rt.block_on(agentdiff_backend_srt::doctor_report());
+    assert!(report.sandbox_runtime_cli_detected);
+    assert_eq!(report.srt.path.as_deref(), Some(srt.as_path()));
+    assert!(report.srt.version.is_some(), "{:?}", report.srt);
+    assert!(report.prerequisites.iter().all(|p| p.found()));
+    assert!(!report.sandboxed && !report.network_enforcement);
+    assert_eq!(report.enforcement, "external_sandbox_requested");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["capabilities"]["filesystem_writes"], "requested");
+    if report.ready {
+        let avail = report.availability();
+        let agentdiff_engine::backend::Availability::Ready { detail } = avail else {
+            panic!("{avail:?}")
+        };
+        assert!(detail.contains("not verified"), "{detail}");
+    } else {
+        // Namespaces refused here: the report must say so and what to do.
+        assert!(!report.remedies.is_empty(), "{json}");
+    }
 }
