@@ -2,3 +2,4 @@ mod fake_engine;
 mod helpers;
 mod real_docker;
 mod real_podman;
+mod transaction;
