@@ -63,9 +63,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ArtifactName::Result => Artifact::Result,
             ArtifactName::Integrity => Artifact::Integrity,
         };
-        let value = capsule
-            .read_artifact_value(artifact)
-            .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        // Manifests keep their entries in the object store; show them whole.
+        let value = match artifact {
+            Artifact::Before | Artifact::After => capsule
+                .read_manifest(artifact, store.objects())
+                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))
+                .and_then(|m| serde_json::to_value(m).map_err(anyhow::Error::from))?,
+            other => capsule
+                .read_artifact_value(other)
+                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?,
+        };
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }

@@ -213,7 +213,7 @@ pub(crate) fn backup_state(
     if seen.size > req.max_file_bytes {
         return skip(BackupSkip::TooLarge, None);
     }
-    if req.sink.contains(sha) {
+    if req.sink.contains(sha, seen.size) {
         out.backup_reused = true;
         return BackupState::Stored;
     }

@@ -38,8 +38,9 @@ pub const DEFAULT_MAX_HASH_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Where backups go during the before-scan (the object store implements it).
 pub trait BackupSink: Sync {
-    /// Whether a verified object with this hash is already stored.
-    fn contains(&self, sha256_hex: &str) -> bool;
+    /// Whether an object with this hash and size is already stored (a wrong-sized object, e.g.
+    /// one cut short by a crash, does not count, so it is stored again).
+    fn contains(&self, sha256_hex: &str, size: u64) -> bool;
     /// Copies `file` (reading from its start; the sink seeks itself) into the store and verifies
     /// the copy hashes to `sha256_hex`; an error says why the object could not be stored.
     fn store_from(

@@ -547,7 +547,7 @@ impl Walker<'_, '_> {
             return Some((sha, BackupState::NotRequested, false));
         };
         let eligible = seen.nlink == 1 && seen.size <= req.max_file_bytes;
-        if eligible && !req.sink.contains(&sha) {
+        if eligible && !req.sink.contains(&sha, seen.size) {
             return None; // needs the open file to copy from
         }
         let mut scratch = Captured {

@@ -21,6 +21,7 @@ mod atomic;
 mod capsule;
 mod error;
 mod integrity;
+mod manifest;
 mod objects;
 mod run_id;
 

@@ -1,9 +1,15 @@
 //! Content-addressed object store for before-state backups: `objects/sha256/ab/cdef…`.
 //!
 //! Objects are named by the SHA-256 of their content and shared by every run, so an unchanged tree
-//! costs no new bytes on the next run. Content is written once (temp file in `objects/tmp/`, fsync,
+//! costs no new bytes on the next run. Content is written once (temp file in `objects/tmp/`,
 //! rename) and never modified; every read recomputes the hash, so a corrupted or swapped backup is
 //! refused rather than restored.
+//!
+//! Durability is batched: [`ObjectStore::put_from_file`] does not fsync each object (one fsync per
+//! file made a first run on a real tree cost seconds); [`ObjectStore::sync`] flushes the whole
+//! filesystem once, and the transaction calls it before it seals a run. An object cut short by a
+//! crash before that has the wrong size or hash: the sink's size-aware `contains` stores it again,
+//! and every read verifies the hash, so it is never restored.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -73,6 +79,39 @@ impl ObjectStore {
         Ok(self.hash_dir().join(&hex[..2]).join(&hex[2..]))
     }
 
+    /// Flushes every object written so far to stable storage (`syncfs` on Linux, `sync`
+    /// elsewhere). Call before sealing evidence that references new objects.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let dir = File::open(&self.base).map_err(|e| StoreError::io("open", &self.base, e))?;
+            // SAFETY: syncfs takes any open descriptor on the filesystem; `dir` outlives the call.
+            let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
+            if rc != 0 {
+                return Err(StoreError::io(
+                    "syncfs",
+                    &self.base,
+                    io::Error::last_os_error(),
+                ));
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            nix::unistd::sync();
+        }
+        Ok(())
+    }
+
+    /// True when a regular file of `size` bytes is stored under `hex`. Cheap (one lstat); content
+    /// is verified on every read, not here.
+    pub fn contains_sized(&self, hex: &str, size: u64) -> bool {
+        self.object_path(hex)
+            .ok()
+            .and_then(|p| fs::symlink_metadata(p).ok())
+            .is_some_and(|m| m.is_file() && m.len() == size)
+    }
+
     /// True when a regular file is stored under `hex`. Cheap (one lstat); content is verified on
     /// every read, not here.
     pub fn contains(&self, hex: &str) -> bool {
@@ -113,19 +152,18 @@ impl ObjectStore {
                 actual_size,
             });
         }
-        if let Err(e) = tmp.sync_all() {
-            drop(tmp);
-            let _ = fs::remove_file(&tmp_path);
-            return Err(StoreError::io("fsync", &tmp_path, e));
-        }
         drop(tmp);
-        self.install(&tmp_path, &dest, size)
+        self.install(&tmp_path, &dest, size, false)
     }
 
     /// Stores `bytes`; returns their SHA-256 (the object name).
     pub fn put_bytes(&self, bytes: &[u8]) -> Result<String, StoreError> {
         let hex = hex::encode(Sha256::digest(bytes));
         let dest = self.object_path(&hex)?;
+        // Unchanged content (e.g. the manifest of an unchanged tree) costs no write at all.
+        if self.contains_sized(&hex, bytes.len() as u64) {
+            return Ok(hex);
+        }
         let (mut tmp, tmp_path) = atomic::create_temp_in(&self.tmp_dir(), "object")?;
         let written = tmp.write_all(bytes).and_then(|()| tmp.sync_all());
         drop(tmp);
@@ -133,14 +171,21 @@ impl ObjectStore {
             let _ = fs::remove_file(&tmp_path);
             return Err(StoreError::io("write", &tmp_path, e));
         }
-        self.install(&tmp_path, &dest, bytes.len() as u64)?;
+        self.install(&tmp_path, &dest, bytes.len() as u64, true)?;
         Ok(hex)
     }
 
-    /// Moves a verified, fsynced temp object into place unless an object of the right size is
-    /// already there. Two writers racing on the same name hold identical verified bytes, so either
-    /// rename winning is correct; an existing object of the wrong size is corrupt and is replaced.
-    fn install(&self, tmp_path: &Path, dest: &Path, size: u64) -> Result<PutOutcome, StoreError> {
+    /// Moves a verified temp object into place unless an object of the right size is already
+    /// there. Two writers racing on the same name hold identical verified bytes, so either rename
+    /// winning is correct; an existing object of the wrong size is corrupt and is replaced.
+    /// `durable` fsyncs the shard directory now; batched writers rely on [`ObjectStore::sync`].
+    fn install(
+        &self,
+        tmp_path: &Path,
+        dest: &Path,
+        size: u64,
+        durable: bool,
+    ) -> Result<PutOutcome, StoreError> {
         let existing = fs::symlink_metadata(dest).ok();
         if existing
             .as_ref()
@@ -160,7 +205,9 @@ impl ObjectStore {
             let _ = fs::remove_file(tmp_path);
             return Err(e);
         }
-        atomic::sync_dir(&shard)?;
+        if durable {
+            atomic::sync_dir(&shard)?;
+        }
         Ok(PutOutcome::Stored)
     }
 
@@ -334,8 +381,8 @@ fn copy_hashing(src: &mut File, dst: &mut dyn Write, limit: u64) -> io::Result<(
 
 /// The scanner stores before-state backups through this sink.
 impl crate::fs::BackupSink for ObjectStore {
-    fn contains(&self, sha256_hex: &str) -> bool {
-        ObjectStore::contains(self, sha256_hex)
+    fn contains(&self, sha256_hex: &str, size: u64) -> bool {
+        self.contains_sized(sha256_hex, size)
     }
 
     fn store_from(&self, file: &mut File, sha256_hex: &str, size: u64) -> Result<(), String> {
@@ -534,7 +581,8 @@ mod tests {
                 });
             }
         });
-        assert!(sink.contains(&hex));
+        assert!(sink.contains(&hex, 300_000));
+        assert!(!sink.contains(&hex, 299_999));
         assert_eq!(objects.list().unwrap(), vec![hex.clone()]);
         assert!(tmp_is_empty(&objects));
         let err = sink

@@ -233,7 +233,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         opts.progress = progress_ref;
         fs::scan(&root, &opts)?
     };
-    capsule.write_artifact(Artifact::Before, &before)?;
+    let before_entries = capsule.write_manifest(Artifact::Before, &before, store.objects())?;
     capsule.event(
         "before_captured",
         json!({ "entries": before.entries.len(), "unsupported": before.unsupported.len() }),
@@ -315,7 +315,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
                 }),
             )?;
             // Nothing ran, so there is no after-state to capture.
-            let referenced = referenced_objects(&before);
+            let mut referenced = referenced_objects(&before);
+            referenced.push(before_entries.clone());
+            store.objects().sync()?;
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
         }
     };
@@ -362,7 +364,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         }
         fs::scan(&workdir, &opts)?
     };
-    capsule.write_artifact(Artifact::After, &after)?;
+    let after_entries = capsule.write_manifest(Artifact::After, &after, store.objects())?;
     capsule.event(
         "after_captured",
         json!({ "entries": after.entries.len(), "unsupported": after.unsupported.len() }),
@@ -457,9 +459,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         duration_ms: started.elapsed().as_millis() as u64,
     };
     let mut referenced = referenced_objects(&before);
+    referenced.push(before_entries);
+    referenced.push(after_entries);
     if private_workspace {
         referenced.extend(referenced_objects(&after));
     }
+    // Backups were written without a per-file fsync; make them durable before the seal vouches
+    // for them.
+    store.objects().sync()?;
     base.command_decision = command_decision;
     base.seal(result, &referenced, None)
 }

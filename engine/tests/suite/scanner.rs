@@ -30,8 +30,12 @@ struct MemSink {
 }
 
 impl BackupSink for MemSink {
-    fn contains(&self, sha256_hex: &str) -> bool {
-        self.objects.lock().unwrap().contains_key(sha256_hex)
+    fn contains(&self, sha256_hex: &str, size: u64) -> bool {
+        self.objects
+            .lock()
+            .unwrap()
+            .get(sha256_hex)
+            .is_some_and(|b| b.len() as u64 == size)
     }
 
     fn store_from(&self, file: &mut fs::File, sha256_hex: &str, size: u64) -> Result<(), String> {
@@ -216,7 +220,7 @@ fn hardlinked_files_get_nlink_2_and_no_backup() {
             .map(Vec::as_slice),
         Some(&b"solo"[..])
     );
-    assert!(!sink.contains(&sha(b"shared")));
+    assert!(!sink.contains(&sha(b"shared"), 6));
     assert_eq!((m.stats.backups_stored, m.stats.backups_reused), (1, 0));
 
     // A second before-scan finds the object already stored.
