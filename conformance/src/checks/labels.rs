@@ -73,24 +73,69 @@ pub async fn prepare_is_pure(ctx: Arc<Ctx>) -> Finding {
             return Finding::fail(format!("prepare failed: {e}"), json!(null))
         }
     };
-    let same = a.program == b.program
-        && a.args == b.args
-        && a.env == b.env
-        && a.cwd == b.cwd
-        && a.enforcement == b.enforcement
-        && a.wrapper_argv == b.wrapper_argv
-        && a.runtime_config == b.runtime_config;
-    let details = json!({"program": a.program.to_string_lossy(), "args": a.args.iter().map(|x| x.to_string_lossy().into_owned()).collect::<Vec<_>>(), "enforcement": a.enforcement});
+    let mut differ = Vec::new();
+    for (name, same) in [
+        ("program", a.program == b.program),
+        ("args", a.args == b.args),
+        ("cwd", a.cwd == b.cwd),
+        ("enforcement", a.enforcement == b.enforcement),
+        ("wrapper_argv", a.wrapper_argv == b.wrapper_argv),
+        ("env", a.env == b.env),
+        ("runtime_config", a.runtime_config == b.runtime_config),
+    ] {
+        if !same {
+            differ.push(name);
+        }
+    }
+    let details = json!({
+        "program": a.program.to_string_lossy(),
+        "args": a.args.iter().map(|x| x.to_string_lossy().into_owned()).collect::<Vec<_>>(),
+        "enforcement": a.enforcement,
+        "differs_between_two_calls": differ,
+    });
     if before != after {
         return Finding::fail(
             "prepare() changed the root, workspace or capsule directory",
             details,
         );
     }
+    Finding::pass(details)
+}
+
+pub async fn prepare_is_deterministic(ctx: Arc<Ctx>) -> Finding {
+    let backend = ctx.backend();
+    let scratch = match ctx.scratch() {
+        Ok(s) => s,
+        Err(e) => return scratch_failure(e),
+    };
+    let spec = harness::spec_for(&scratch, &ctx.sh("exit 0"), "conformance-prepare");
+    let (a, b) = match (backend.prepare(&spec), backend.prepare(&spec)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            return Finding::fail(format!("prepare failed: {e}"), json!(null))
+        }
+    };
+    // What will be executed and how it is labelled must not vary; the environment and the
+    // recorded configuration may carry per-launch values (a salt, a nonce).
+    let mut differ = Vec::new();
+    for (name, same) in [
+        ("program", a.program == b.program),
+        ("args", a.args == b.args),
+        ("cwd", a.cwd == b.cwd),
+        ("enforcement", a.enforcement == b.enforcement),
+        ("wrapper_argv", a.wrapper_argv == b.wrapper_argv),
+    ] {
+        if !same {
+            differ.push(name);
+        }
+    }
     Finding::require(
-        same,
-        "two prepare() calls on the same request differ",
-        details,
+        differ.is_empty(),
+        format!(
+            "two prepare() calls on the same request differ in: {}",
+            differ.join(", ")
+        ),
+        json!({"differs": differ}),
     )
 }
 

@@ -111,8 +111,9 @@ pub fn catalogue() -> Vec<CheckDef> {
     vec![
         def!("AVAIL-001", Must, "availability() answers Ready, or Unavailable with a reason and a remedy", false, always, labels::availability),
         def!("LABEL-001", Must, "declared labels are consistent: sandboxed and network_enforcement are backed by at least requested controls", false, always, labels::declared_consistency),
-        def!("PREP-001", Must, "prepare() is pure: it writes nothing and gives the same result twice", false, always, labels::prepare_is_pure),
+        def!("PREP-001", Must, "prepare() is pure: it writes nothing in the root, the workspace or the capsule directory", false, always, labels::prepare_is_pure),
         def!("PREP-002", Must, "prepare() refuses an empty command with an error", false, always, labels::prepare_refuses_empty),
+        def!("PREP-003", Should, "prepare() gives the same program, arguments, cwd and labels twice for the same request", false, always, labels::prepare_is_deterministic),
         def!("ARGV-001", Must, "arguments with spaces, quotes and shell metacharacters arrive byte-identical", true, always, argv::spaces_quotes),
         def!("ARGV-002", Must, "arguments with newlines and control characters arrive byte-identical", true, always, argv::newlines),
         def!("ARGV-003", Must, "arguments with leading dashes, `-` and `--` arrive as arguments of the command", true, always, argv::dashes),
