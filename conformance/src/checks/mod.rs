@@ -12,6 +12,7 @@ mod labels;
 mod process;
 mod stdio;
 mod timeout;
+mod transaction;
 mod workspace;
 
 use std::future::Future;
@@ -138,6 +139,8 @@ pub fn catalogue() -> Vec<CheckDef> {
         def!("EVID-002", Must, "secrets in argv are redacted in evidence as stored", true, always, evidence::argv_redaction),
         def!("EVID-003", Must, "environment evidence holds fingerprints only, never values", true, always, evidence::environment_fingerprints),
         def!("EVID-004", Must, "evidence names the backend and claims no more than the declared capabilities", true, always, evidence::labels_match),
+        def!("TXN-001", Must, "through a full transaction, runtime.json is stored, validates against its schema and holds no secret from argv", true, always, transaction::stored_runtime),
+        def!("TXN-002", Must, "through a full transaction, a private-workspace backend leaves the host tree unchanged and reports the workspace changes", true, private_workspace, transaction::private_host_tree),
         def!("WORK-001", Must, "a private-workspace backend leaves the host project tree unchanged", true, private_workspace, workspace::host_tree_unchanged),
         def!("HONEST-FS-001", Must, "filesystem_writes labelled enforced withstands the outside-write probe", true, gate_fs, honesty::filesystem_writes),
         def!("HONEST-HOST-001", Must, "host_repository labelled enforced withstands the host-tree probe", true, gate_host, honesty::host_repository),

@@ -7,6 +7,9 @@
 //!   sandbox it never sets up. Must fail `HONEST-FS-001` (and only the honesty checks).
 //! - [`TestBackend::broken_argv`]: hands the command over through a line-oriented channel that
 //!   drops empty arguments and splits arguments at newlines. Must fail the argv checks.
+//! - [`TestBackend::leaky_evidence`]: honest launcher, but it records the command line as one
+//!   joined string in the evidence's warnings, where no redaction reaches it. Must fail the
+//!   redaction checks.
 //! - [`TestBackend::wrapped`]: runs every command through a wrapper executable
 //!   (`WRAPPER [FLAGS] -- ARGV…`), typically the generic fake wrapper, with declared capabilities
 //!   of the caller's choice; the wrapper path comes from the `wrapper` option so a missing wrapper
@@ -29,6 +32,7 @@ enum Flavour {
     Reference,
     Dishonest,
     BrokenArgv,
+    LeakyEvidence,
     Wrapped { default_wrapper: Option<PathBuf> },
 }
 
@@ -74,6 +78,14 @@ impl TestBackend {
         Self {
             id: "conformance-broken-argv",
             flavour: Flavour::BrokenArgv,
+            capabilities: honest_capabilities(),
+        }
+    }
+
+    pub fn leaky_evidence() -> Self {
+        Self {
+            id: "conformance-leaky-evidence",
+            flavour: Flavour::LeakyEvidence,
             capabilities: honest_capabilities(),
         }
     }
@@ -213,7 +225,14 @@ impl RuntimeBackend for TestBackend {
                 });
             }
         }
-        launcher::spawn(
+        let joined = prepared
+            .spec
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let running = launcher::spawn(
             prepared.clone(),
             ctx,
             launcher::Labels {
@@ -221,11 +240,36 @@ impl RuntimeBackend for TestBackend {
                 enforcement: prepared.enforcement.clone(),
                 capabilities: self.capabilities.clone(),
             },
-        )
+        )?;
+        if self.flavour == Flavour::LeakyEvidence {
+            return Ok(Box::new(Leaky {
+                inner: running,
+                line: format!("launched: {joined}"),
+            }));
+        }
+        Ok(running)
     }
 
     async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
         launcher::cleanup_identities(ids, grace).await
+    }
+}
+
+/// Adds the joined command line to the evidence's warnings (the leaky test backend).
+struct Leaky {
+    inner: Box<dyn RunningCommand>,
+    line: String,
+}
+
+#[async_trait]
+impl RunningCommand for Leaky {
+    fn pid(&self) -> Option<u32> {
+        self.inner.pid()
+    }
+    async fn wait(self: Box<Self>) -> Result<agentdiff_engine::backend::RunEvidence, BackendError> {
+        let mut evidence = self.inner.wait().await?;
+        evidence.warnings.push(self.line);
+        Ok(evidence)
     }
 }
 

@@ -195,3 +195,17 @@ async fn an_unavailable_backend_skips_launching_checks_unless_real_backends_are_
     .await;
     assert_eq!(strict.failed_ids(), vec!["AVAIL-001", "EXIT-001"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_storing_the_joined_command_line_fails_the_redaction_checks() {
+    let report = run_suite(
+        factory(TestBackend::leaky_evidence),
+        SuiteOptions {
+            only: vec!["EVID-".into(), "TXN-".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    println!("{}", report.to_tap());
+    assert_eq!(report.failed_ids(), vec!["EVID-002", "TXN-001"]);
+}
