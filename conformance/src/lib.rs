@@ -75,7 +75,7 @@ pub struct SuiteOptions {
     pub fail_closed: Vec<FailClosedCase>,
     /// An unavailable backend fails every launching check instead of skipping it.
     pub require_available: bool,
-    /// Where `runtime.schema.json` is published (default: the repository's `docs/schemas`).
+    /// A directory holding `runtime.schema.json` to check against instead of the compiled-in copy.
     pub schema_dir: Option<PathBuf>,
     /// Run only checks whose id starts with one of these prefixes (all when empty).
     pub only: Vec<String>,
@@ -111,19 +111,32 @@ impl SuiteOptions {
         }
     }
 
-    /// The directory holding the published schemas.
-    pub fn schema_dir(&self) -> PathBuf {
-        self.schema_dir
+    /// The published runtime schema: `runtime.schema.json` from `schema_dir` (or
+    /// `AGENTDIFF_SCHEMA_DIR`) when one is given, else the copy compiled into this crate from the
+    /// repository's `docs/schemas`. Returns where it came from and its text.
+    pub fn runtime_schema(&self) -> Result<(String, String), String> {
+        let dir = self
+            .schema_dir
             .clone()
-            .or_else(|| std::env::var_os("AGENTDIFF_SCHEMA_DIR").map(PathBuf::from))
-            .unwrap_or_else(|| {
-                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("..")
-                    .join("docs")
-                    .join("schemas")
-            })
+            .or_else(|| std::env::var_os("AGENTDIFF_SCHEMA_DIR").map(PathBuf::from));
+        match dir {
+            Some(d) => {
+                let path = d.join("runtime.schema.json");
+                std::fs::read_to_string(&path)
+                    .map(|t| (path.display().to_string(), t))
+                    .map_err(|e| format!("could not read {}: {e}", path.display()))
+            }
+            None => Ok((
+                "docs/schemas/runtime.schema.json (compiled in)".to_string(),
+                RUNTIME_SCHEMA.to_string(),
+            )),
+        }
     }
 }
+
+/// The runtime schema published in docs/schemas, compiled in so the suite checks against it
+/// wherever it runs.
+pub const RUNTIME_SCHEMA: &str = include_str!("../../docs/schemas/runtime.schema.json");
 
 /// Everything a check gets.
 pub struct Ctx {

@@ -264,6 +264,13 @@ mod tests {
     }
 
     #[test]
+    fn the_compiled_in_runtime_schema_parses_and_rejects_an_empty_document() {
+        let schema: Value = serde_json::from_str(crate::RUNTIME_SCHEMA).unwrap();
+        let v = validate(&schema, &json!({}));
+        assert!(v.errors.iter().any(|e| e.contains("`launched`")), "{:?}", v.errors);
+    }
+
+    #[test]
     fn unresolvable_refs_are_errors() {
         let v = validate(&json!({"$ref": "#/$defs/none"}), &json!(1));
         assert!(!v.is_valid());

@@ -62,24 +62,13 @@ fn find_string(value: &Value, needle: &str, path: &str, out: &mut Vec<String>) {
 }
 
 pub async fn schema(ctx: Arc<Ctx>) -> Finding {
-    let path = ctx.options.schema_dir().join("runtime.schema.json");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) => {
-            return Finding::skip(format!(
-                "the runtime schema is not published at {} ({e})",
-                path.display()
-            ))
-        }
+    let (path, text) = match ctx.options.runtime_schema() {
+        Ok(found) => found,
+        Err(e) => return Finding::fail(e, json!(null)),
     };
     let schema: Value = match serde_json::from_str(&text) {
         Ok(s) => s,
-        Err(e) => {
-            return Finding::fail(
-                format!("{} is not valid JSON: {e}", path.display()),
-                json!(null),
-            )
-        }
+        Err(e) => return Finding::fail(format!("{path} is not valid JSON: {e}"), json!(null)),
     };
     let ran = match run_once(&ctx, ctx.sh("exit 0")).await {
         Ok(r) => r,
@@ -87,7 +76,8 @@ pub async fn schema(ctx: Arc<Ctx>) -> Finding {
     };
     let doc = as_stored(&ran.evidence);
     let v = crate::schema::validate(&schema, &doc);
-    let details = json!({"schema": path.display().to_string(), "errors": v.errors, "keywords_not_checked": v.ignored_keywords});
+    let details =
+        json!({"schema": path, "errors": v.errors, "keywords_not_checked": v.ignored_keywords});
     Finding::require(
         v.is_valid(),
         format!("{} schema violations", v.errors.len()),

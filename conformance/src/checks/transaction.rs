@@ -103,16 +103,20 @@ pub async fn stored_runtime(ctx: Arc<Ctx>) -> Finding {
         .filter(|s| text.contains(s))
         .collect();
     let doc: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    let schema_path = ctx.options.schema_dir().join("runtime.schema.json");
-    let schema_errors = std::fs::read_to_string(&schema_path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        .map(|schema| crate::schema::validate(&schema, &doc).errors);
+    let (schema_path, schema_errors) = match ctx.options.runtime_schema() {
+        Ok((path, text)) => (
+            path,
+            serde_json::from_str::<Value>(&text)
+                .ok()
+                .map(|schema| crate::schema::validate(&schema, &doc).errors),
+        ),
+        Err(e) => (e, None),
+    };
     let details = json!({
         "runtime_json": path.display().to_string(),
         "launched": doc.get("launched"),
         "secrets_found": leaked,
-        "schema": schema_path.display().to_string(),
+        "schema": schema_path,
         "schema_errors": schema_errors,
     });
     if doc.get("launched") != Some(&Value::Bool(true)) {
@@ -123,10 +127,7 @@ pub async fn stored_runtime(ctx: Arc<Ctx>) -> Finding {
     }
     match schema_errors {
         None => Finding::fail(
-            format!(
-                "the runtime schema is not published at {}",
-                schema_path.display()
-            ),
+            format!("the runtime schema could not be loaded: {schema_path}"),
             details,
         ),
         Some(errors) if !errors.is_empty() => Finding::fail(
