@@ -267,7 +267,11 @@ mod tests {
     fn the_compiled_in_runtime_schema_parses_and_rejects_an_empty_document() {
         let schema: Value = serde_json::from_str(crate::RUNTIME_SCHEMA).unwrap();
         let v = validate(&schema, &json!({}));
-        assert!(v.errors.iter().any(|e| e.contains("`launched`")), "{:?}", v.errors);
+        assert!(
+            v.errors.iter().any(|e| e.contains("`launched`")),
+            "{:?}",
+            v.errors
+        );
     }
 
     #[test]

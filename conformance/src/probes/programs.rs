@@ -368,10 +368,11 @@ async fn environment(
         );
     }
     if !canary_seen {
+        // Withholding even the given variables is a stricter filter, not a leak.
         return result(
             kind,
-            Verdict::NotEnforced,
-            "the environment handed over did not reach the command",
+            Verdict::Verified,
+            "no host variable reached the command (the backend also withheld the given canary)",
             evidence,
         );
     }

@@ -10,6 +10,8 @@
 //! - [`TestBackend::leaky_evidence`]: honest launcher, but it records the command line as one
 //!   joined string in the evidence's warnings, where no redaction reaches it. Must fail the
 //!   redaction checks.
+//! - [`TestBackend::host_environment`]: claims the environment `enforced` but hands the command
+//!   agentdiff's own environment on top of the given one. Must fail `HONEST-ENV-001`.
 //! - [`TestBackend::wrapped`]: runs every command through a wrapper executable
 //!   (`WRAPPER [FLAGS] -- ARGV…`), typically the generic fake wrapper, with declared capabilities
 //!   of the caller's choice; the wrapper path comes from the `wrapper` option so a missing wrapper
@@ -33,6 +35,7 @@ enum Flavour {
     Dishonest,
     BrokenArgv,
     LeakyEvidence,
+    HostEnvironment,
     Wrapped { default_wrapper: Option<PathBuf> },
 }
 
@@ -86,6 +89,14 @@ impl TestBackend {
         Self {
             id: "conformance-leaky-evidence",
             flavour: Flavour::LeakyEvidence,
+            capabilities: honest_capabilities(),
+        }
+    }
+
+    pub fn host_environment() -> Self {
+        Self {
+            id: "conformance-host-environment",
+            flavour: Flavour::HostEnvironment,
             capabilities: honest_capabilities(),
         }
     }
@@ -194,10 +205,14 @@ impl RuntimeBackend for TestBackend {
             }
             None => (program.clone(), args.to_vec(), None),
         };
+        let mut env = spec.env.clone();
+        if self.flavour == Flavour::HostEnvironment {
+            env.extend(std::env::vars_os().filter(|(k, _)| !spec.env.iter().any(|(s, _)| s == k)));
+        }
         Ok(PreparedLaunch {
             program,
             args,
-            env: spec.env.clone(),
+            env,
             cwd: spec.workdir.clone(),
             enforcement: self.enforcement().into(),
             wrapper_argv,

@@ -209,3 +209,22 @@ async fn a_backend_storing_the_joined_command_line_fails_the_redaction_checks() 
     println!("{}", report.to_tap());
     assert_eq!(report.failed_ids(), vec!["EVID-002", "TXN-001"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_leaking_the_host_environment_fails_the_environment_honesty_check() {
+    let report = run_suite(
+        factory(TestBackend::host_environment),
+        SuiteOptions {
+            only: vec!["HONEST-".into(), "EVID-003".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    println!("{}", report.to_tap());
+    assert_eq!(report.failed_ids(), vec!["HONEST-ENV-001"]);
+    let env = report.check("HONEST-ENV-001").unwrap();
+    assert!(!env.details["probe"]["evidence"]["host_variables_leaked"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
