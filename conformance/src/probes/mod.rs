@@ -8,7 +8,7 @@
 pub(crate) mod programs;
 mod record;
 
-pub use record::{settings_digest, HostId, ProbeRecord, RecordError};
+pub use record::{cite, read_records, settings_digest, Citation, HostId, ProbeRecord, RecordError};
 
 use std::path::PathBuf;
 

@@ -12,6 +12,8 @@ use super::{ProbeResult, Verdict};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
+    #[error("could not read probe records from {path}: {message}")]
+    Read { path: String, message: String },
     #[error("could not identify this host: {0}")]
     Host(String),
     #[error("could not serialise the backend settings: {0}")]
@@ -97,6 +99,61 @@ impl ProbeRecord {
     }
 }
 
+/// What a run's evidence cites when a probe record vouches for a control.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Citation {
+    pub boundary: Boundary,
+    pub backend: String,
+    pub settings_digest: String,
+    pub host: HostId,
+    pub probed_at_unix: u64,
+    pub max_age_seconds: u64,
+    pub summary: String,
+}
+
+/// Read the records `agentdiff doctor --probe --record FILE` wrote (a JSON array).
+pub fn read_records(path: &std::path::Path) -> Result<Vec<ProbeRecord>, RecordError> {
+    let err = |message: String| RecordError::Read {
+        path: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| err(e.to_string()))
+}
+
+/// The newest record that vouches for `boundary` for this backend, settings and host, within
+/// `max_age`, as a citation for the run's evidence. `None` means the control stays at its
+/// declared level.
+pub fn cite(
+    records: &[ProbeRecord],
+    backend: &str,
+    options: &BackendOptions,
+    boundary: Boundary,
+    max_age: Duration,
+) -> Option<Citation> {
+    let digest = settings_digest(backend, options).ok()?;
+    let host = HostId::current().ok()?;
+    let now = now_unix();
+    records
+        .iter()
+        .filter(|r| r.vouches_for(backend, &digest, &host, boundary, max_age, now))
+        .max_by_key(|r| r.made_at_unix)
+        .map(|r| Citation {
+            boundary,
+            backend: r.backend.clone(),
+            settings_digest: r.settings_digest.clone(),
+            host: r.host.clone(),
+            probed_at_unix: r.made_at_unix,
+            max_age_seconds: max_age.as_secs(),
+            summary: r
+                .results
+                .iter()
+                .find(|x| x.boundary == Some(boundary))
+                .map(|x| x.summary.clone())
+                .unwrap_or_default(),
+        })
+}
+
 pub fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -156,6 +213,45 @@ mod tests {
             hour,
             1500
         ));
+    }
+
+    #[test]
+    fn cite_picks_a_fresh_matching_record_and_nothing_else() {
+        let options = BackendOptions::new();
+        let mut fresh = record(Verdict::Verified);
+        fresh.settings_digest = settings_digest("srt", &options).unwrap();
+        fresh.host = HostId::current().unwrap();
+        fresh.made_at_unix = now_unix() - 10;
+        let mut stale = fresh.clone();
+        stale.made_at_unix = now_unix() - 10_000;
+        let hour = Duration::from_secs(3600);
+        let c = cite(
+            &[stale.clone(), fresh.clone()],
+            "srt",
+            &options,
+            Boundary::FilesystemWrites,
+            hour,
+        )
+        .unwrap();
+        assert_eq!(c.probed_at_unix, fresh.made_at_unix);
+        assert_eq!(c.max_age_seconds, 3600);
+        assert!(cite(&[stale], "srt", &options, Boundary::FilesystemWrites, hour).is_none());
+        let mut other = BackendOptions::new();
+        other.push("srt-settings", "/other.json");
+        assert!(cite(
+            &[fresh.clone()],
+            "srt",
+            &other,
+            Boundary::FilesystemWrites,
+            hour
+        )
+        .is_none());
+        // Round trip through the file doctor writes.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.json");
+        std::fs::write(&path, serde_json::to_string(&vec![fresh.clone()]).unwrap()).unwrap();
+        assert_eq!(read_records(&path).unwrap(), vec![fresh]);
+        assert!(read_records(&dir.path().join("missing.json")).is_err());
     }
 
     #[test]
