@@ -101,7 +101,7 @@ impl RuntimeBackend for LocalBackend {
         if let Some(t) = spec.options.get("tracking") {
             if agentdiff_engine::process::tracker::TrackingRequest::parse(t).is_none() {
                 return Err(invalid(format!(
-                    "unknown tracking mechanism `{t}`; use auto, cgroup or proc_poll"
+                    "unknown tracking mechanism `{t}`; use auto, cgroup, proc_poll or proc_scan"
                 )));
             }
         }

@@ -7,7 +7,7 @@ use agentdiff_engine::backend::{CleanupOutcome, ProcessRelation, RunEvidence};
 use super::common::*;
 
 fn daemon_case(tracking: &str, script: &str) {
-    let _lock = (tracking == "proc_poll").then(poll_lock);
+    let _lock = (tracking != "cgroup").then(poll_lock);
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("daemon.pid");
     let _guard = PidFileGuard(vec![pidfile.clone()]);
@@ -15,10 +15,10 @@ fn daemon_case(tracking: &str, script: &str) {
         spec(dir.path(), &["sh", "-c", script]),
         tracking,
     ));
-    let expected_tracking = if tracking == "cgroup" {
-        "cgroup"
-    } else {
-        "subreaper_proc_poll"
+    let expected_tracking = match tracking {
+        "cgroup" => "cgroup",
+        "proc_scan" => "subreaper_proc_scan",
+        _ => "subreaper_proc_poll",
     };
     assert_eq!(ev.tracking, expected_tracking);
     assert_eq!(ev.exit.code, Some(0));
@@ -65,6 +65,12 @@ fn setsid_daemon_is_reparented_and_ended_with_cgroup() {
         return;
     }
     daemon_case("cgroup", SETSID);
+}
+
+#[test]
+fn setsid_daemon_is_reparented_and_ended_with_a_full_proc_scan() {
+    daemon_case("proc_scan", SETSID);
+    daemon_case("proc_scan", DOUBLE_FORK);
 }
 
 #[test]
@@ -133,7 +139,7 @@ fn term_ignoring_tree_is_killed_after_the_grace_period() {
         &[
             "sh",
             "-c",
-            "trap '' TERM; sleep 300 & echo $! > daemon.pid; wait; sleep 300",
+            "trap '' TERM; sleep 300 & echo $! >> daemon.pid; sleep 300 & echo $! >> daemon.pid; wait",
         ],
     );
     s.timeout = Some(Duration::from_millis(300));
@@ -151,7 +157,7 @@ fn term_ignoring_tree_is_killed_after_the_grace_period() {
         .find(|r| r.identity == root.identity)
         .expect("root cleaned up");
     assert_eq!(root_rec.outcome, CleanupOutcome::Killed);
-    let pid: u32 = read(&pidfile).trim().parse().unwrap();
+    let pid: u32 = read(&pidfile).lines().next().unwrap().parse().unwrap();
     let sleeper = ev
         .cleanup
         .records
@@ -173,7 +179,8 @@ fn timeout_ends_the_whole_tree() {
         &[
             "sh",
             "-c",
-            "sleep 300 & echo $! > daemon.pid; (sleep 300 &); sleep 300",
+            "sleep 300 & echo $! >> daemon.pid; (sleep 300 & echo $! >> daemon.pid); \
+             sleep 300 & echo $! >> daemon.pid; wait",
         ],
     );
     s.timeout = Some(Duration::from_millis(300));

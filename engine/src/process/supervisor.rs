@@ -199,7 +199,7 @@ mod unix {
             None => TrackingRequest::Auto,
             Some(s) => TrackingRequest::parse(s).ok_or_else(|| {
                 ProcessError::Unsupported(format!(
-                    "unknown tracking mechanism `{s}`; use auto, cgroup or proc_poll"
+                    "unknown tracking mechanism `{s}`; use auto, cgroup, proc_poll or proc_scan"
                 ))
             })?,
         };
@@ -258,7 +258,12 @@ mod unix {
             // Also from the parent, as shells do, so neither side races the other.
             t.give_to(pid as libc::pid_t);
         }
-        let tracker = Tracker::new(pid, launched, cgroup);
+        #[allow(unused_mut)]
+        let mut tracker = Tracker::new(pid, launched, cgroup);
+        #[cfg(target_os = "linux")]
+        if request == TrackingRequest::ProcScan {
+            tracker.force_scan();
+        }
         if tracker.mechanism() != "cgroup" && request == TrackingRequest::Cgroup {
             warnings.push(
                 "cgroup tracking was requested but the command did not join the run cgroup".into(),

@@ -80,8 +80,15 @@ mod imp {
             self.restore();
         }
 
-        /// The command continues: hand the terminal back with its own modes.
+        /// The command continues: hand the terminal back with its own modes, but only when
+        /// agentdiff was continued in the foreground (`fg`); after `bg` both run in the
+        /// background, as a job-control shell would have it.
         pub fn command_continues(&mut self, pgid: libc::pid_t) {
+            // SAFETY: tcgetpgrp/getpgrp on fd 0.
+            let foreground = unsafe { libc::tcgetpgrp(TTY) == libc::getpgrp() };
+            if !foreground {
+                return;
+            }
             if let Some(modes) = self.child_modes.take() {
                 // SAFETY: tcsetattr from a termios previously read by tcgetattr.
                 with_ttou_blocked(|| unsafe { libc::tcsetattr(TTY, libc::TCSADRAIN, &modes) });

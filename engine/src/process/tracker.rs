@@ -37,6 +37,9 @@ pub enum TrackingRequest {
     Cgroup,
     /// Subreaper + `/proc` polling even where a cgroup could be created.
     ProcPoll,
+    /// Subreaper + a full `/proc` scan per poll (the fallback for kernels without `children`
+    /// files; selectable to test and compare it).
+    ProcScan,
 }
 
 impl TrackingRequest {
@@ -45,6 +48,7 @@ impl TrackingRequest {
             "auto" => Some(Self::Auto),
             "cgroup" => Some(Self::Cgroup),
             "proc_poll" | "subreaper_proc_poll" | "poll" => Some(Self::ProcPoll),
+            "proc_scan" | "subreaper_proc_scan" => Some(Self::ProcScan),
             _ => None,
         }
     }
@@ -321,7 +325,7 @@ mod imp {
         let mut warnings = Vec::new();
         enable_subreaper()?;
         let cg = match request {
-            TrackingRequest::ProcPoll => None,
+            TrackingRequest::ProcPoll | TrackingRequest::ProcScan => None,
             TrackingRequest::Cgroup => Some(RunCgroup::create().map_err(|e| {
                 ProcessError::Unsupported(format!(
                     "cgroup tracking was requested but no run cgroup can be created: {e}; \
@@ -424,6 +428,15 @@ mod imp {
 
         pub fn mechanism(&self) -> &'static str {
             self.state.mechanism
+        }
+
+        /// Use the full `/proc` scan even where `children` files exist (no effect with a
+        /// cgroup).
+        pub fn force_scan(&mut self) {
+            if self.state.cgroup.is_none() {
+                self.state.children_files = false;
+                self.state.mechanism = "subreaper_proc_scan";
+            }
         }
 
         pub fn cgroup(&self) -> Option<&RunCgroup> {
@@ -752,6 +765,10 @@ mod tests {
         assert_eq!(
             TrackingRequest::parse("proc_poll"),
             Some(TrackingRequest::ProcPoll)
+        );
+        assert_eq!(
+            TrackingRequest::parse("proc_scan"),
+            Some(TrackingRequest::ProcScan)
         );
         assert_eq!(TrackingRequest::parse("x"), None);
     }
