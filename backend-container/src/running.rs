@@ -65,13 +65,45 @@ pub(crate) async fn launch(
         program: program.clone(),
         env: prepared.env.clone(),
     };
-    let version = engine.version().await.map_err(|e| {
+    // The version probe and the rootfs check (a tree walk) run concurrently: both sit on the
+    // launch path whose overhead over a bare engine run is budgeted.
+    let rootfs_check = async {
+        match &plan.options.source {
+            Source::Image(_) => None,
+            Source::Rootfs(dir) => {
+                let dir = PathBuf::from(dir);
+                let root = spec.root.clone();
+                let command = spec
+                    .argv
+                    .first()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let non_root = plan.user.uid != 0;
+                Some(
+                    tokio::task::spawn_blocking(move || {
+                        crate::rootfs::check(&dir, &root, &command, non_root)
+                    })
+                    .await,
+                )
+            }
+        }
+    };
+    let probes = async {
+        let version = engine.version().await;
+        let server = match &version {
+            Ok(_) => engine.server_version().await,
+            Err(_) => Ok(None),
+        };
+        (version, server)
+    };
+    let ((version, server_version), rootfs_checked) = tokio::join!(probes, rootfs_check);
+    let version = version.map_err(|e| {
         unavailable(
             format!("{} does not run: {e}", plan.kind.as_str()),
             "repair the engine installation (try `podman info` / `docker version`)",
         )
     })?;
-    let server_version = engine.server_version().await.map_err(|e| {
+    let server_version = server_version.map_err(|e| {
         unavailable(
             format!("the docker CLI cannot reach its API server: {e}"),
             "start the Docker daemon, or point DOCKER_HOST at a running socket (e.g. `podman system service --time=0 unix:///run/podman/podman.sock` and DOCKER_HOST=unix:///run/podman/podman.sock)",
@@ -80,44 +112,31 @@ pub(crate) async fn launch(
     // 2. The image is present locally (never pulled unless asked), or the rootfs is usable.
     let mut image_id = None;
     let mut rootfs_facts = None;
-    match &plan.options.source {
-        Source::Image(image) => {
-            image_id = engine.local_image_id(image).await.map_err(|e| {
-                unavailable(
-                    format!(
-                        "could not ask {} about image {image}: {e}",
-                        plan.kind.as_str()
-                    ),
-                    "check the engine works (`podman info` / `docker version`)",
-                )
-            })?;
-            if image_id.is_none() && !plan.options.pull {
-                return Err(unavailable(
-                    format!("image {image} is not present locally and pulling was not allowed"),
-                    format!(
-                        "load or import it first (`{0} pull {image}`, `{0} load`, or `{0} import rootfs.tar {image}`), or pass `--pull` to let the engine pull it",
-                        plan.kind.as_str()
-                    ),
-                ));
-            }
+    if let Source::Image(image) = &plan.options.source {
+        image_id = engine.local_image_id(image).await.map_err(|e| {
+            unavailable(
+                format!(
+                    "could not ask {} about image {image}: {e}",
+                    plan.kind.as_str()
+                ),
+                "check the engine works (`podman info` / `docker version`)",
+            )
+        })?;
+        if image_id.is_none() && !plan.options.pull {
+            return Err(unavailable(
+                format!("image {image} is not present locally and pulling was not allowed"),
+                format!(
+                    "load or import it first (`{0} pull {image}`, `{0} load`, or `{0} import rootfs.tar {image}`), or pass `--pull` to let the engine pull it",
+                    plan.kind.as_str()
+                ),
+            ));
         }
-        Source::Rootfs(dir) => {
-            let dir = PathBuf::from(dir);
-            let root = spec.root.clone();
-            let command = spec
-                .argv
-                .first()
-                .map(|a| a.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let non_root = plan.user.uid != 0;
-            let checked = tokio::task::spawn_blocking(move || {
-                crate::rootfs::check(&dir, &root, &command, non_root)
-            })
-            .await
+    }
+    if let Some(checked) = rootfs_checked {
+        let checked = checked
             .map_err(|e| launch_error(format!("rootfs check did not finish: {e}")))?
             .map_err(|e| unavailable(format!("unusable rootfs: {e}"), e.remedy()))?;
-            rootfs_facts = Some(checked);
-        }
+        rootfs_facts = Some(checked);
     }
     // 3. The private workspace exists and the container user can write it.
     let ws_meta =
@@ -456,7 +475,21 @@ impl RunningCommand for RunningContainer {
             errors: std::mem::take(&mut ev.cleanup.errors),
         };
         let mut removed = Vec::new();
-        match self.engine.containers_of_run(&self.run_id).await {
+        // podman's client removes a `--rm` container itself before it exits normally; any other
+        // ending (engine error codes, a signal, a stop, docker's asynchronous auto-remove) is
+        // followed by a sweep by label.
+        let clean_podman_exit = self.engine.kind == EngineKind::Podman
+            && !ev.exit.timed_out
+            && ev.exit.interrupted_by.is_none()
+            && ev.exit.signal.is_none()
+            && ev.failure.is_none()
+            && !matches!(ev.exit.code, None | Some(125..=127));
+        let listed = if clean_podman_exit {
+            Ok(Vec::new())
+        } else {
+            self.engine.containers_of_run(&self.run_id).await
+        };
+        match listed {
             Ok(ids) => {
                 for id in ids {
                     match self.engine.remove(&id).await {
