@@ -47,12 +47,13 @@ impl RuntimeBackend for LocalBackend {
         ID
     }
 
-    /// Observed: processes (tracked and cleaned up), listening ports, file changes (the
-    /// transaction's before/after scan) and the environment (fingerprinted). Nothing is
-    /// controlled: network, resources and privileges are the user's own.
+    /// Observed: processes (tracked and cleaned up), listening ports, changes to the host tree
+    /// (the transaction's before/after scan) and the environment (fingerprinted). Writes outside
+    /// the root are neither prevented nor scanned, so that boundary is uncontrolled, like
+    /// network, resources and privileges.
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            filesystem_writes: Level::Observed,
+            filesystem_writes: Level::Uncontrolled,
             host_repository: Level::Observed,
             network: Level::Uncontrolled,
             processes: Level::Observed,
@@ -192,7 +193,9 @@ mod tests {
     fn capabilities_are_honest() {
         let c = LocalBackend.capabilities();
         assert_eq!(c.level(Boundary::Processes), Level::Observed);
-        assert_eq!(c.level(Boundary::FilesystemWrites), Level::Observed);
+        // Writes outside the root are not scanned; the host tree is.
+        assert_eq!(c.level(Boundary::FilesystemWrites), Level::Uncontrolled);
+        assert_eq!(c.level(Boundary::HostRepository), Level::Observed);
         assert_eq!(c.level(Boundary::Network), Level::Uncontrolled);
         assert_eq!(c.level(Boundary::Resources), Level::Uncontrolled);
         assert_eq!(c.level(Boundary::Privileges), Level::Uncontrolled);

@@ -39,15 +39,15 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
         .runtime
         .as_ref()
         .map(|rt| {
-            format!(
-                "{} backend, {}",
-                escape_terminal(&rt.backend),
-                if rt.sandboxed {
-                    "sandboxed"
-                } else {
-                    "not sandboxed"
-                }
-            )
+            let isolation = if rt.sandboxed {
+                "sandboxed".to_string()
+            } else if rt.enforcement.is_empty() || rt.enforcement == "none" {
+                "not sandboxed".to_string()
+            } else {
+                // Handed to an external tool and not verified: say exactly that.
+                format!("{}, not verified", escape_terminal(&rt.enforcement))
+            };
+            format!("{} backend, {isolation}", escape_terminal(&rt.backend))
         })
         .unwrap_or_else(|| "not launched".into());
     let _ = writeln!(

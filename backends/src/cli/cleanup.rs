@@ -2,12 +2,12 @@
 //! capsule. Each identity (pid + start time + boot id) is verified before anything is signalled;
 //! a pid that now belongs to another process is refused, never signalled.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, Registry};
+use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store, StoreError};
 use anyhow::Context;
 use serde::Serialize;
 
@@ -62,73 +62,25 @@ struct CleanupResult {
     cleanup: CleanupReport,
 }
 
-/// Run ids are `[A-Za-z0-9][A-Za-z0-9._-]{0,127}` without `..`.
-fn valid_run_id(id: &str) -> bool {
-    let b = id.as_bytes();
-    !b.is_empty()
-        && b.len() <= 128
-        && b[0].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
-        && !id.contains("..")
-}
-
-/// Refuse a path component that is a symlink (the capsule must be where it claims to be).
-fn no_symlink(path: &Path, what: &str) -> anyhow::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => Err(exit::with_code(
-            exit::INVALID_CAPSULE,
-            anyhow::anyhow!(
-                "{what} {} is a symlink; refusing to follow it",
-                path.display()
-            ),
-        )),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(exit::with_code(
-            exit::NO_SUCH_RUN,
-            anyhow::anyhow!("{what} {} does not exist", path.display()),
-        )),
-        Err(e) => Err(exit::with_code(
-            exit::INVALID_CAPSULE,
-            anyhow::Error::new(e).context(format!("cannot inspect {}", path.display())),
-        )),
+/// Exit code for a store error met while opening a run.
+fn open_code(e: &StoreError) -> u8 {
+    match e {
+        StoreError::NoStore { .. }
+        | StoreError::InvalidRunId { .. }
+        | StoreError::RunNotFound { .. } => exit::NO_SUCH_RUN,
+        _ => exit::INVALID_CAPSULE,
     }
-}
-
-/// The run directory, validated component by component.
-fn run_dir(root: &Path, run: &str) -> anyhow::Result<PathBuf> {
-    if !valid_run_id(run) {
-        return Err(exit::with_code(
-            exit::NO_SUCH_RUN,
-            anyhow::anyhow!(
-                "invalid run id `{}`: use letters, digits, `.`, `_` and `-` (as listed by `agentdiff runs`)",
-                agentdiff_engine::redact::escape_terminal(run)
-            ),
-        ));
-    }
-    let store = root.join(".agentdiff");
-    no_symlink(&store, "the run store")?;
-    let runs = store.join("runs");
-    no_symlink(&runs, "the runs directory")?;
-    let dir = runs.join(run);
-    no_symlink(&dir, "run")?;
-    Ok(dir)
 }
 
 /// Stored identities and the backend that recorded them.
-fn stored_identities(dir: &Path) -> anyhow::Result<(String, Vec<ProcessIdentity>)> {
-    let path = dir.join("runtime.json");
-    no_symlink(&path, "runtime evidence")?;
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not valid JSON", path.display()))
+fn stored_identities(capsule: &Capsule) -> anyhow::Result<(String, Vec<ProcessIdentity>)> {
+    let value = capsule
+        .read_artifact_value(Artifact::Runtime)
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     let invalid = |msg: &str| {
         exit::with_code(
             exit::INVALID_CAPSULE,
-            anyhow::anyhow!("{}: {msg}", path.display()),
+            anyhow::anyhow!("runtime.json of run {}: {msg}", capsule.id()),
         )
     };
     let backend = value
@@ -136,10 +88,15 @@ fn stored_identities(dir: &Path) -> anyhow::Result<(String, Vec<ProcessIdentity>
         .and_then(|b| b.as_str())
         .ok_or_else(|| invalid("no `backend` field"))?
         .to_string();
-    let processes = value
-        .get("processes")
-        .and_then(|p| p.as_array())
-        .ok_or_else(|| invalid("no `processes` list"))?;
+    // A run that never launched recorded no processes.
+    let empty = Vec::new();
+    let processes = match value.get("processes") {
+        Some(p) => p
+            .as_array()
+            .ok_or_else(|| invalid("`processes` is not a list"))?,
+        None if value.get("launched") == Some(&serde_json::Value::Bool(false)) => &empty,
+        None => return Err(invalid("no `processes` list")),
+    };
     let mut ids: Vec<ProcessIdentity> = Vec::with_capacity(processes.len());
     for p in processes {
         let id: ProcessIdentity = p
@@ -154,32 +111,6 @@ fn stored_identities(dir: &Path) -> anyhow::Result<(String, Vec<ProcessIdentity>
         }
     }
     Ok((backend, ids))
-}
-
-/// Write `bytes` to `path` as a private file: temp file (0600), fsync, rename, directory fsync.
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().context("result path has no directory")?;
-    let tmp = dir.join(format!(".cleanup-result.json.{}.tmp", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    let written = f
-        .write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(anyhow::Error::new(e).context(format!("cannot write {}", path.display())));
-    }
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 fn refused_or_escaped(report: &CleanupReport) -> usize {
@@ -206,10 +137,18 @@ fn outcome_name(o: CleanupOutcome) -> &'static str {
     }
 }
 
-/// Clean up one run; returns the result document (already written to the capsule).
+/// Clean up one run; returns the result document (already written to the capsule as a recovery
+/// artifact, beside the sealed evidence it never touches).
 fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<CleanupResult> {
-    let dir = run_dir(root, run)?;
-    let (backend_id, ids) = stored_identities(&dir)?;
+    let store = Store::open_existing(root).map_err(|e| {
+        let code = open_code(&e);
+        exit::with_code(code, e)
+    })?;
+    let capsule = store.open_run(run).map_err(|e| {
+        let code = open_code(&e);
+        exit::with_code(code, e)
+    })?;
+    let (backend_id, ids) = stored_identities(&capsule)?;
     let registry = Registry::from_inventory().context("the backend registry is inconsistent")?;
     let backend = registry.create(&backend_id).map_err(|e| {
         exit::with_code(
@@ -225,8 +164,18 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
         refused_or_escaped: refused_or_escaped(&report),
         cleanup: report,
     };
-    let json = serde_json::to_vec_pretty(&result).context("cannot serialise the result")?;
-    write_private(&dir.join("cleanup-result.json"), &json)?;
+    capsule
+        .write_recovery(RecoveryArtifact::CleanupResult, &result)
+        .context("cannot write cleanup-result.json")?;
+    capsule
+        .recovery_event(
+            "cleanup",
+            serde_json::json!({
+                "identities": result.cleanup.records.len(),
+                "refused_or_escaped": result.refused_or_escaped,
+            }),
+        )
+        .context("cannot record the cleanup event")?;
     Ok(result)
 }
 
@@ -301,8 +250,8 @@ mod tests {
     }
 
     fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
-        let dir = root.join(".agentdiff/runs").join(run);
-        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(root).unwrap();
+        let capsule = store.create_run(Some(run)).unwrap();
         let processes: Vec<serde_json::Value> = ids
             .iter()
             .map(|id| {
@@ -311,24 +260,9 @@ mod tests {
             })
             .collect();
         let ev = serde_json::json!({"backend": "local", "processes": processes});
-        std::fs::write(dir.join("runtime.json"), ev.to_string()).unwrap();
-        dir
-    }
-
-    #[test]
-    fn run_ids_are_validated() {
-        assert!(valid_run_id("20260101-abc.1_x"));
-        for bad in [
-            "",
-            "../x",
-            "a/b",
-            ".hidden",
-            "a..b",
-            "x y",
-            &"a".repeat(129),
-        ] {
-            assert!(!valid_run_id(bad), "{bad}");
-        }
+        capsule.write_artifact(Artifact::Runtime, &ev).unwrap();
+        capsule.seal(&[]).unwrap();
+        capsule.dir().to_path_buf()
     }
 
     #[test]
@@ -394,27 +328,28 @@ mod tests {
 
         let elsewhere = tempfile::tempdir().unwrap();
         capsule(elsewhere.path(), "real", &[]);
-        std::fs::create_dir_all(root.path().join(".agentdiff/runs")).unwrap();
+        Store::open(root.path()).unwrap();
         std::os::unix::fs::symlink(
             elsewhere.path().join(".agentdiff/runs/real"),
             root.path().join(".agentdiff/runs/link"),
         )
         .unwrap();
         let err = cleanup_run(root.path(), "link", Duration::ZERO).unwrap_err();
-        assert_eq!(exit::code_of(&err), exit::INVALID_CAPSULE);
-        assert!(format!("{err:#}").contains("symlink"));
+        assert_ne!(exit::code_of(&err), 0);
+        assert!(format!("{err:#}").contains("symbolic link"), "{err:#}");
     }
 
     #[test]
     fn malformed_runtime_evidence_is_an_invalid_capsule() {
         let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join(".agentdiff/runs/bad");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("runtime.json"),
-            "{\"backend\":\"local\",\"processes\":[{}]}",
-        )
-        .unwrap();
+        let store = Store::open(root.path()).unwrap();
+        let capsule = store.create_run(Some("bad")).unwrap();
+        capsule
+            .write_artifact(
+                Artifact::Runtime,
+                &serde_json::json!({"backend": "local", "processes": [{}]}),
+            )
+            .unwrap();
         let err = cleanup_run(root.path(), "bad", Duration::ZERO).unwrap_err();
         assert_eq!(exit::code_of(&err), exit::INVALID_CAPSULE);
     }

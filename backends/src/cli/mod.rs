@@ -3,6 +3,7 @@
 mod cleanup;
 mod conformance;
 mod doctor;
+mod exec_shim;
 mod hook;
 mod inspect;
 mod policy;
@@ -52,6 +53,9 @@ enum Command {
     Hook(hook::Command),
     /// Run the backend conformance suite against a registered backend.
     Conformance(conformance::Args),
+    /// Internal: started by the srt backend inside the sandbox to mark that the command started.
+    #[command(name = "__srt-exec-shim", hide = true)]
+    ExecShim(exec_shim::Args),
 }
 
 impl Cli {
@@ -68,6 +72,7 @@ impl Cli {
             Command::Policy(c) => policy::run(c),
             Command::Hook(c) => hook::run(c),
             Command::Conformance(a) => conformance::run(a),
+            Command::ExecShim(a) => exec_shim::run(a),
         }
     }
 }

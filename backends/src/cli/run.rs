@@ -139,7 +139,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration (use seconds, or 90s, 5m, 1h): {e}"))
 }
 
-const SRT_KEYS: &[&str] = &["srt-executable", "srt-settings", "srt-settings-from-policy"];
+const SRT_KEYS: &[&str] = &[
+    "srt-executable",
+    "srt-settings",
+    "srt-settings-from-policy",
+    "srt-allow-domain",
+    "srt-exec-shim",
+];
 const CONTAINER_KEYS: &[&str] = &[
     "engine",
     "image",

@@ -1,2 +1,3 @@
 mod policy_cli;
+mod rollback_cli;
 mod run_cli;

@@ -171,6 +171,18 @@ fn check_backup(g: &Entry) -> Result<(), String> {
     }
 }
 
+/// For a directory removal: names (single components) of entries inside it that do not make
+/// it a conflict.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirChildren {
+    /// Entries the run created that stay: not selected, or their own removal did not happen.
+    /// The directory is then kept and reported as skipped.
+    pub kept: Vec<String>,
+    /// Entries a dry run would have removed just before (still present because nothing is
+    /// written in a dry run).
+    pub gone: Vec<String>,
+}
+
 /// One write to perform (see [`order`] for the sequence).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplyOp {
@@ -345,30 +357,41 @@ impl Current {
     }
 }
 
-/// `None` when `cur` equals `want`; otherwise a sentence saying how it differs.
-fn mismatch(cur: &Current, want: Option<&Entry>) -> Option<String> {
+/// `None` when `cur` equals `want`; otherwise a clause saying how it differs from `label` (the
+/// recorded state, e.g. "the state the run left").
+fn mismatch(cur: &Current, want: Option<&Entry>, label: &str) -> Option<String> {
     match (cur, want) {
         (Current::Absent, None) => None,
-        (_, None) => Some(format!("it exists ({})", cur.kind_text())),
-        (Current::Absent, Some(w)) => Some(format!("the {} is absent", kind_word(w.kind))),
+        (_, None) => Some(format!(
+            "it exists now ({}), but {label} had nothing there",
+            cur.kind_text()
+        )),
+        (Current::Absent, Some(w)) => Some(format!(
+            "it no longer exists, but {label} had a {} there",
+            kind_word(w.kind)
+        )),
         (Current::File { meta, sha, .. }, Some(w)) if w.kind == EntryKind::File => {
             if sha.is_none() || sha.as_deref() != w.sha256.as_deref() {
                 Some(format!(
-                    "its content differs ({} bytes{}, recorded {} bytes sha256 {})",
+                    "its content was changed: it now has {} bytes{}, {label} had {} bytes \
+                     (sha256 {})",
                     meta.size,
                     sha.as_deref()
-                        .map(|s| format!(" sha256 {}", short(s)))
+                        .map(|s| format!(" (sha256 {})", short(s)))
                         .unwrap_or_default(),
                     w.size,
                     w.sha256.as_deref().map(short).unwrap_or("unknown")
                 ))
             } else if meta.mode != w.mode {
                 Some(format!(
-                    "its mode is {:04o}, recorded {:04o}",
+                    "its permissions were changed to {:04o}; {label} had {:04o}",
                     meta.mode, w.mode
                 ))
             } else if meta.nlink != 1 {
-                Some(format!("it now has {} hard links", meta.nlink))
+                Some(format!(
+                    "it now has {} hard links; {label} had one",
+                    meta.nlink
+                ))
             } else {
                 None
             }
@@ -376,7 +399,7 @@ fn mismatch(cur: &Current, want: Option<&Entry>) -> Option<String> {
         (Current::Dir(meta), Some(w)) if w.kind == EntryKind::Directory => {
             if meta.mode != w.mode {
                 Some(format!(
-                    "its mode is {:04o}, recorded {:04o}",
+                    "its permissions were changed to {:04o}; {label} had {:04o}",
                     meta.mode, w.mode
                 ))
             } else {
@@ -384,7 +407,7 @@ fn mismatch(cur: &Current, want: Option<&Entry>) -> Option<String> {
             }
         }
         (_, Some(w)) => Some(format!(
-            "it is {}, recorded as a {}",
+            "it is now {}, but {label} had a {} there",
             cur.kind_text(),
             kind_word(w.kind)
         )),
@@ -423,9 +446,10 @@ pub struct Applier<'a> {
     dry_run: bool,
     fault: Option<Fault>,
     steps: usize,
-    /// Names that are in their expected state but must not count as "extra" when a directory is
-    /// checked for emptiness (the run's own entries that were not selected).
+    /// Temporary files of an interrupted earlier run removed by [`Applier::clean_stale_temps`].
     pub temps_removed: usize,
+    /// How conflict reasons name the expected state (rollback: "the state the run left").
+    pub expected_label: &'static str,
 }
 
 /// Step result: `Err` only for the injected fault.
@@ -445,6 +469,7 @@ impl<'a> Applier<'a> {
             fault,
             steps: 0,
             temps_removed: 0,
+            expected_label: "the recorded state",
         }
     }
 
@@ -501,10 +526,20 @@ impl<'a> Applier<'a> {
         }
     }
 
-    /// Applies one op. `extra_ok` lists names inside a directory to be removed that belong to
-    /// the run but were not selected (they make the directory non-empty without being a
-    /// conflict).
+    /// Applies one op. For a directory removal, `unselected_children` names entries inside it
+    /// that the run created but that were not selected (they keep the directory without making
+    /// it a conflict). See [`Applier::apply_with`] for the full form.
     pub fn apply(&mut self, op: &ApplyOp, unselected_children: &[String]) -> Step<OpResult> {
+        let children = DirChildren {
+            kept: unselected_children.to_vec(),
+            gone: Vec::new(),
+        };
+        self.apply_with(op, &children)
+    }
+
+    /// Applies one op. For a directory removal, `children` names the entries inside it that are
+    /// expected to stay or to be gone (see [`DirChildren`]); anything else makes it a conflict.
+    pub fn apply_with(&mut self, op: &ApplyOp, children: &DirChildren) -> Step<OpResult> {
         let (parent_rel, name) = split_path(&op.path);
         let parent = match self.root.open_relative(parent_rel) {
             Ok(p) => Some(p),
@@ -542,8 +577,8 @@ impl<'a> Applier<'a> {
             },
             None => Current::Absent,
         };
-        let expected_miss = mismatch(&current, op.expected.as_ref());
-        let target_miss = mismatch(&current, op.target.as_ref());
+        let expected_miss = mismatch(&current, op.expected.as_ref(), self.expected_label);
+        let target_miss = mismatch(&current, op.target.as_ref(), "the target state");
         if op.kind == OpKind::SettleDirMode {
             return self.settle_dir_mode(op, parent.as_ref(), name, &current);
         }
@@ -565,7 +600,7 @@ impl<'a> Applier<'a> {
         if let Some(why) = expected_miss {
             let mut r = OpResult::with(
                 Outcome::Conflict,
-                format!("changed since the recorded state: {why}; the current state was preserved"),
+                format!("{why}; it was left as it is now"),
             );
             if self.dry_run {
                 r.diff = self.preview(op, &current);
@@ -579,7 +614,7 @@ impl<'a> Applier<'a> {
                 _ => Outcome::WouldRestore,
             });
             if let (OpKind::RemoveDir, Some(parent)) = (op.kind, &parent) {
-                if let Some(why) = self.dir_not_empty(parent, name, unselected_children) {
+                if let Some(why) = self.dir_not_empty(parent, name, children) {
                     r = why;
                 }
             }
@@ -607,7 +642,7 @@ impl<'a> Applier<'a> {
             OpKind::ChmodFile => self.chmod_file(op, &parent, name, current),
             OpKind::RemoveFile => self.remove_file(&parent, name, current),
             OpKind::CreateDir => self.create_dir(op, &parent, name),
-            OpKind::RemoveDir => self.remove_dir(&parent, name, current, unselected_children),
+            OpKind::RemoveDir => self.remove_dir(&parent, name, current, children),
             OpKind::ChmodDir => self.chmod_dir(op, &parent, name, current),
             OpKind::SettleDirMode => Ok(OpResult::new(Outcome::AlreadyRestored)),
         }
@@ -788,12 +823,14 @@ impl<'a> Applier<'a> {
         let (Current::File { meta, file, .. }, Some(target)) = (current, &op.target) else {
             return Ok(OpResult::with(Outcome::Failed, "not a regular file"));
         };
-        match parent.stat(name) {
-            Ok(Some(now)) if now.same_identity(&meta) => {}
+        match (parent.stat(name), secure_dir::file_meta(&file)) {
+            (Ok(Some(now)), Ok(fd_now))
+                if now.same_identity(&meta) && fd_now.unchanged_since(&meta) => {}
             _ => {
                 return Ok(OpResult::with(
                     Outcome::Conflict,
-                    "it was replaced while being restored; the current state was preserved",
+                    "it was replaced or modified while being restored; the current state was \
+                     preserved",
                 ))
             }
         }
@@ -930,7 +967,7 @@ impl<'a> Applier<'a> {
         &self,
         parent: &DirHandle,
         name: &OsStr,
-        unselected_children: &[String],
+        children: &DirChildren,
     ) -> Option<OpResult> {
         let entries = match parent.open_dir(name).and_then(|d| d.entries()) {
             Ok(e) => e,
@@ -945,15 +982,17 @@ impl<'a> Applier<'a> {
             .iter()
             .filter(|n| !(self.dry_run && secure_dir::is_temp_name(n)))
             .map(|n| n.to_string_lossy().into_owned())
+            .filter(|n| !children.gone.contains(n))
             .collect();
         if extra.is_empty() {
             return None;
         }
-        if extra.iter().all(|n| unselected_children.contains(n)) {
+        if extra.iter().all(|n| children.kept.contains(n)) {
             return Some(OpResult::with(
                 Outcome::Skipped,
                 format!(
-                    "not empty: it still holds {} entr{} the run created that {} not selected",
+                    "not empty: it still holds {} entr{} the run created that {} not selected \
+                     or kept (see their outcomes)",
                     extra.len(),
                     if extra.len() == 1 { "y" } else { "ies" },
                     if extra.len() == 1 { "was" } else { "were" }
@@ -980,12 +1019,12 @@ impl<'a> Applier<'a> {
         parent: &DirHandle,
         name: &OsStr,
         current: Current,
-        unselected_children: &[String],
+        children: &DirChildren,
     ) -> Step<OpResult> {
         let Current::Dir(meta) = current else {
             return Ok(OpResult::with(Outcome::Failed, "not a directory"));
         };
-        if let Some(r) = self.dir_not_empty(parent, name, unselected_children) {
+        if let Some(r) = self.dir_not_empty(parent, name, children) {
             return Ok(r);
         }
         match parent.stat(name) {

@@ -17,7 +17,6 @@ pub mod apply;
 pub mod diff_preview;
 pub mod plan;
 pub mod report;
-#[cfg(unix)]
 pub mod secure_dir;
 
 use std::path::PathBuf;
@@ -127,9 +126,6 @@ pub enum RollbackError {
 
     #[error("injected fault after {after_ops} operations (test only)")]
     FaultInjected { after_ops: usize },
-
-    #[error("rollback needs POSIX directory-handle calls, which this platform lacks")]
-    UnsupportedPlatform,
 }
 
 /// Executes `plan`: checks and writes every path (unless `opts.dry_run`), then records
@@ -140,24 +136,8 @@ pub fn execute(
     plan: &Plan,
     opts: &ExecuteOptions,
 ) -> Result<Report, RollbackError> {
-    #[cfg(unix)]
-    {
-        execute_unix(capsule, plan, opts)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (capsule, plan, opts);
-        Err(RollbackError::UnsupportedPlatform)
-    }
-}
-
-#[cfg(unix)]
-fn execute_unix(
-    capsule: &Capsule,
-    plan: &Plan,
-    opts: &ExecuteOptions,
-) -> Result<Report, RollbackError> {
-    use apply::{Applier, ApplyOp, OpResult};
+    use apply::{Applier, ApplyOp, DirChildren, OpResult};
+    use std::collections::{BTreeSet, HashMap};
 
     let started_at = now_rfc3339_millis();
     let root =
@@ -167,6 +147,7 @@ fn execute_unix(
             source,
         })?;
     let mut applier = Applier::new(root, &plan.objects, opts.dry_run, opts.fault);
+    applier.expected_label = "the state the run left";
 
     // Item index of every op, plus the final-mode steps of created restrictive directories.
     let mut ops: Vec<(usize, ApplyOp)> = Vec::new();
@@ -192,11 +173,10 @@ fn execute_unix(
     let mut only_ops: Vec<ApplyOp> = ops.iter().map(|(_, o)| o.clone()).collect();
     apply::order(&mut only_ops);
     // Re-associate ordered ops with their items (path + kind is unique).
-    let index_of = |op: &ApplyOp| {
-        ops.iter()
-            .find(|(_, o)| o.path == op.path && o.kind == op.kind)
-            .map(|(i, _)| *i)
-    };
+    let index: HashMap<(&str, OpKind), usize> = ops
+        .iter()
+        .map(|(i, o)| ((o.path.as_str(), o.kind), *i))
+        .collect();
 
     if !opts.dry_run {
         capsule.recovery_event(
@@ -211,15 +191,53 @@ fn execute_unix(
     applier.clean_stale_temps(&only_ops);
 
     let mut results: Vec<Option<OpResult>> = vec![None; plan.items.len()];
-    let empty = Vec::new();
+    // Paths whose removal did not happen (kept) or, in a dry run, would happen (gone); a
+    // directory holding only such entries is not a conflict.
+    let mut kept: BTreeSet<String> = BTreeSet::new();
+    let mut gone: BTreeSet<String> = BTreeSet::new();
     for op in &only_ops {
-        let Some(i) = index_of(op) else { continue };
-        let children = plan.unselected_children.get(&op.path).unwrap_or(&empty);
+        let Some(&i) = index.get(&(op.path.as_str(), op.kind)) else {
+            continue;
+        };
+        let children = if op.kind == OpKind::RemoveDir {
+            let prefix = format!("{}/", op.path);
+            let names_in = |set: &BTreeSet<String>| -> Vec<String> {
+                set.range(prefix.clone()..)
+                    .take_while(|p| p.starts_with(&prefix))
+                    .filter_map(|p| p[prefix.len()..].split('/').next().map(str::to_string))
+                    .collect()
+            };
+            let mut k = names_in(&kept);
+            k.extend(
+                plan.unselected_children
+                    .get(&op.path)
+                    .into_iter()
+                    .flatten()
+                    .cloned(),
+            );
+            DirChildren {
+                kept: k,
+                gone: names_in(&gone),
+            }
+        } else {
+            DirChildren::default()
+        };
         let r = applier
-            .apply(op, children)
+            .apply_with(op, &children)
             .map_err(|e| RollbackError::FaultInjected {
                 after_ops: e.after_ops,
             })?;
+        if matches!(op.kind, OpKind::RemoveFile | OpKind::RemoveDir) {
+            match r.outcome {
+                Outcome::Removed | Outcome::AlreadyRestored => {}
+                Outcome::WouldRemove => {
+                    gone.insert(op.path.clone());
+                }
+                _ => {
+                    kept.insert(op.path.clone());
+                }
+            }
+        }
         if op.kind == OpKind::SettleDirMode {
             // The final mode only matters to the report when it went wrong.
             if r.outcome.preserved_a_difference() {

@@ -93,8 +93,13 @@ pub fn validate_recorded_path(path: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything).
-fn normalize_arg(arg: &str) -> Result<String, &'static str> {
+/// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything; an absolute path below the
+/// root → relative to it).
+fn normalize_arg(arg: &str, root: &Path) -> Result<String, &'static str> {
+    let arg = match Path::new(arg).strip_prefix(root) {
+        Ok(rel) if Path::new(arg).is_absolute() => rel.to_str().ok_or("not valid UTF-8")?,
+        _ => arg,
+    };
     let mut s = arg.trim_end_matches('/');
     while let Some(rest) = s.strip_prefix("./") {
         s = rest.trim_start_matches('/');
@@ -162,8 +167,8 @@ pub fn plan(
         }
     }
 
-    let before: Manifest = capsule.read_artifact(Artifact::Before)?;
-    let after: Manifest = capsule.read_artifact(Artifact::After)?;
+    let before = read_manifest(capsule, Artifact::Before, objects)?;
+    let after = read_manifest(capsule, Artifact::After, objects)?;
     let result: RecordedResult = capsule.read_artifact(Artifact::Result)?;
 
     // 3. The root the user named must be the root the run recorded.
@@ -180,7 +185,9 @@ pub fn plan(
         });
     }
 
-    // 4. Every recorded path must stay below the root and never cross a recorded symlink.
+    // 4. Every recorded path must stay below the root and, in each manifest that holds it, sit
+    //    below recorded directories only (the scanner never descends a symlink; a directory
+    //    replaced by a file between the two scans is a legitimate change and is handled per path).
     for change in &result.changes {
         validate_recorded_path(&change.path).map_err(|reason| RollbackError::UnsafePath {
             path: change.path.clone(),
@@ -189,6 +196,9 @@ pub fn plan(
         let mut prefix = change.path.as_str();
         while let Some(parent) = parent_of(prefix) {
             for m in [&before, &after] {
+                if !m.entries.contains_key(&change.path) {
+                    continue;
+                }
                 if let Some(e) = m.entries.get(parent) {
                     if e.kind != EntryKind::Directory {
                         return Err(RollbackError::UnsafePath {
@@ -211,10 +221,11 @@ pub fn plan(
     // 5. Selection.
     let mut filters = Vec::new();
     for arg in &selection.paths {
-        let p = normalize_arg(arg).map_err(|reason| RollbackError::InvalidPathArgument {
-            path: arg.clone(),
-            reason: reason.to_string(),
-        })?;
+        let p =
+            normalize_arg(arg, &given).map_err(|reason| RollbackError::InvalidPathArgument {
+                path: arg.clone(),
+                reason: reason.to_string(),
+            })?;
         if !result.changes.iter().any(|c| under(&c.path, &p)) {
             return Err(RollbackError::UnknownPath { path: arg.clone() });
         }
@@ -318,6 +329,11 @@ pub fn plan(
 
     // Children of a directory to be removed that the run created but that are not selected.
     let mut unselected_children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let applied: BTreeSet<&str> = items
+        .iter()
+        .filter(|i| matches!(i.step, PlannedStep::Apply(_)))
+        .map(|i| i.path.as_str())
+        .collect();
     for item in &items {
         if matches!(&item.step, PlannedStep::Apply(op) if op.kind == OpKind::RemoveDir) {
             let prefix = format!("{}/", item.path);
@@ -325,12 +341,7 @@ pub fn plan(
                 .entries
                 .range(prefix.clone()..)
                 .take_while(|(p, _)| p.starts_with(&prefix))
-                .filter(|(p, _)| {
-                    !matches!(
-                        items.iter().find(|i| &i.path == *p).map(|i| &i.step),
-                        Some(PlannedStep::Apply(_))
-                    )
-                })
+                .filter(|(p, _)| !applied.contains(p.as_str()))
                 .filter_map(|(p, _)| p[prefix.len()..].split('/').next().map(str::to_string))
                 .collect();
             unselected_children.insert(item.path.clone(), names.into_iter().collect());
@@ -361,6 +372,19 @@ pub fn plan(
         objects: objects.clone(),
         unselected_children,
     })
+}
+
+/// A manifest whose entries live in a (verified) content-addressed object, or, from older
+/// capsules, inline in the artifact.
+fn read_manifest(
+    capsule: &Capsule,
+    artifact: Artifact,
+    objects: &ObjectStore,
+) -> Result<Manifest, StoreError> {
+    match capsule.manifest_entries_object(artifact)? {
+        Some(_) => capsule.read_manifest(artifact, objects),
+        None => capsule.read_artifact(artifact),
+    }
 }
 
 fn op(t: Transition, kind: OpKind) -> ApplyOp {
@@ -440,9 +464,14 @@ mod tests {
 
     #[test]
     fn path_arguments_are_normalized() {
-        assert_eq!(normalize_arg("./dir/").unwrap(), "dir");
-        assert_eq!(normalize_arg(".").unwrap(), "");
-        assert!(normalize_arg("../x").is_err());
+        let root = Path::new("/p/root");
+        assert_eq!(normalize_arg("./dir/", root).unwrap(), "dir");
+        assert_eq!(normalize_arg(".", root).unwrap(), "");
+        assert_eq!(normalize_arg("/p/root/a/b", root).unwrap(), "a/b");
+        assert_eq!(normalize_arg("/p/root", root).unwrap(), "");
+        assert!(normalize_arg("/p/rootx/a", root).is_err());
+        assert!(normalize_arg("/etc/passwd", root).is_err());
+        assert!(normalize_arg("../x", root).is_err());
         assert!(under("dir/a", "dir"));
         assert!(!under("dirx/a", "dir"));
         assert!(under("anything", ""));

@@ -127,10 +127,45 @@ pub(crate) fn create_temp_in(dir: &Path, stem: &str) -> Result<(File, PathBuf), 
     }
 }
 
+/// Whether a write is made durable on its own (fsync now) or by a later [`sync_filesystem`]
+/// (a run's artifacts before its seal: one flush instead of two fsyncs per artifact and event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    Now,
+    AtSeal,
+}
+
+/// Flushes the filesystem holding `dir` (`syncfs` on Linux, `sync` elsewhere).
+pub(crate) fn sync_filesystem(dir: &Path) -> Result<(), StoreError> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let d = File::open(dir).map_err(|e| StoreError::io("open", dir, e))?;
+        // SAFETY: syncfs takes any open descriptor on the filesystem; `d` outlives the call.
+        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+            return Err(StoreError::io("syncfs", dir, io::Error::last_os_error()));
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        nix::unistd::sync();
+    }
+    Ok(())
+}
+
 /// Atomically replaces `dir/name` with `bytes`.
-pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+pub(crate) fn write_atomic(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    durability: Durability,
+) -> Result<(), StoreError> {
     let (mut file, tmp) = create_temp_in(dir, name)?;
-    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    let written = file.write_all(bytes).and_then(|()| match durability {
+        Durability::Now => file.sync_all(),
+        Durability::AtSeal => Ok(()),
+    });
     drop(file);
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
@@ -141,11 +176,19 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), S
         let _ = fs::remove_file(&tmp);
         return Err(StoreError::io("rename temp file onto", dest, e));
     }
-    sync_dir(dir)
+    match durability {
+        Durability::Now => sync_dir(dir),
+        Durability::AtSeal => Ok(()),
+    }
 }
 
-/// Appends one line (a newline is added) and makes it durable before returning.
-pub(crate) fn append_line(dir: &Path, name: &str, line: &str) -> Result<(), StoreError> {
+/// Appends one line (a newline is added); with [`Durability::Now`] it is durable on return.
+pub(crate) fn append_line(
+    dir: &Path,
+    name: &str,
+    line: &str,
+    durability: Durability,
+) -> Result<(), StoreError> {
     let path = dir.join(name);
     let existed = match fs::symlink_metadata(&path) {
         Ok(_) => true,
@@ -173,9 +216,12 @@ pub(crate) fn append_line(dir: &Path, name: &str, line: &str) -> Result<(), Stor
     buf.push('\n');
     // One write call keeps concurrent appenders from interleaving within a line.
     file.write_all(buf.as_bytes())
-        .and_then(|()| file.sync_data())
+        .and_then(|()| match durability {
+            Durability::Now => file.sync_data(),
+            Durability::AtSeal => Ok(()),
+        })
         .map_err(|e| StoreError::io("append to", &path, e))?;
-    if !existed {
+    if !existed && durability == Durability::Now {
         sync_dir(dir)?;
     }
     Ok(())
@@ -277,8 +323,8 @@ mod tests {
     #[test]
     fn write_atomic_creates_private_file_and_leaves_no_temp() {
         let dir = tempfile::tempdir().unwrap();
-        write_atomic(dir.path(), "a.json", b"one").unwrap();
-        write_atomic(dir.path(), "a.json", b"two").unwrap();
+        write_atomic(dir.path(), "a.json", b"one", Durability::Now).unwrap();
+        write_atomic(dir.path(), "a.json", b"two", Durability::Now).unwrap();
         assert_eq!(fs::read(dir.path().join("a.json")).unwrap(), b"two");
         assert_eq!(entries(dir.path()), vec!["a.json".to_string()]);
         let mode = fs::metadata(dir.path().join("a.json"))
@@ -295,7 +341,7 @@ mod tests {
         let target = outside.path().join("victim");
         fs::write(&target, b"keep").unwrap();
         std::os::unix::fs::symlink(&target, dir.path().join("a.json")).unwrap();
-        write_atomic(dir.path(), "a.json", b"new").unwrap();
+        write_atomic(dir.path(), "a.json", b"new", Durability::Now).unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"keep");
         let meta = fs::symlink_metadata(dir.path().join("a.json")).unwrap();
         assert!(meta.is_file());
@@ -328,8 +374,8 @@ mod tests {
     #[test]
     fn append_line_appends_and_refuses_symlink() {
         let dir = tempfile::tempdir().unwrap();
-        append_line(dir.path(), "e.jsonl", "{}").unwrap();
-        append_line(dir.path(), "e.jsonl", "{\"a\":1}").unwrap();
+        append_line(dir.path(), "e.jsonl", "{}", Durability::Now).unwrap();
+        append_line(dir.path(), "e.jsonl", "{\"a\":1}", Durability::AtSeal).unwrap();
         assert_eq!(
             fs::read_to_string(dir.path().join("e.jsonl")).unwrap(),
             "{}\n{\"a\":1}\n"
@@ -339,7 +385,7 @@ mod tests {
         fs::write(&target, b"").unwrap();
         std::os::unix::fs::symlink(&target, dir.path().join("l.jsonl")).unwrap();
         assert!(matches!(
-            append_line(dir.path(), "l.jsonl", "x"),
+            append_line(dir.path(), "l.jsonl", "x", Durability::Now),
             Err(StoreError::NotRegularFile { .. })
         ));
         assert_eq!(fs::read(&target).unwrap(), b"");

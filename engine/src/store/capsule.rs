@@ -226,7 +226,7 @@ impl Capsule {
         }
         self.refuse_if_sealed(name)?;
         let bytes = to_pretty_json(name, value)?;
-        atomic::write_atomic(&self.dir, name, &bytes)
+        atomic::write_atomic(&self.dir, name, &bytes, atomic::Durability::AtSeal)
     }
 
     /// Reads and deserializes an artifact (size-bounded, symlinks refused). Malformed JSON is an
@@ -358,7 +358,14 @@ impl Capsule {
                 source,
             }
         })?;
-        atomic::append_line(&self.dir, file, &text)?;
+        // Recovery events are written after the seal and stand alone; a run's events are made
+        // durable by the seal.
+        let durability = if recovery {
+            atomic::Durability::Now
+        } else {
+            atomic::Durability::AtSeal
+        };
+        atomic::append_line(&self.dir, file, &text, durability)?;
         *slot = Some(seq + 1);
         Ok(())
     }
@@ -389,7 +396,7 @@ impl Capsule {
             });
         }
         let bytes = to_pretty_json(name, value)?;
-        atomic::write_atomic(&self.dir, name, &bytes)
+        atomic::write_atomic(&self.dir, name, &bytes, atomic::Durability::Now)
     }
 }
 

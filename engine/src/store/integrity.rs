@@ -95,7 +95,11 @@ impl Capsule {
         };
         let name = Artifact::Integrity.file_name();
         let bytes = to_pretty_json(name, &integrity)?;
-        atomic::write_atomic(self.dir(), name, &bytes)?;
+        // Artifacts, events and backup objects were written without their own fsync; one flush of
+        // the filesystem that holds them (the object store lives beside the runs) makes them
+        // durable before the seal that vouches for them.
+        atomic::sync_filesystem(self.dir())?;
+        atomic::write_atomic(self.dir(), name, &bytes, atomic::Durability::Now)?;
         Ok(integrity)
     }
 

@@ -48,8 +48,19 @@ impl Capsule {
                 source,
             })?;
         let hex = objects.put_bytes(&entries)?;
+        // The header without its entries: a JSON tree of every entry would cost far more memory
+        // than the entries themselves. (Listing every field keeps this in step with `Manifest`.)
+        let shallow = Manifest {
+            schema_version: manifest.schema_version,
+            root: manifest.root.clone(),
+            ignore_lines: manifest.ignore_lines.clone(),
+            entries: Default::default(),
+            unsupported: manifest.unsupported.clone(),
+            excluded: manifest.excluded.clone(),
+            stats: manifest.stats.clone(),
+        };
         let mut header =
-            serde_json::to_value(manifest).map_err(|source| StoreError::Serialize {
+            serde_json::to_value(&shallow).map_err(|source| StoreError::Serialize {
                 name: artifact.file_name().to_string(),
                 source,
             })?;
@@ -84,17 +95,20 @@ impl Capsule {
             .map(str::to_string)
             .ok_or_else(|| malformed(self, artifact, "missing entries_object.sha256".into()))?;
         let bytes = objects.read_verified(&hex, MAX_ARTIFACT_BYTES)?;
-        let entries: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| malformed(self, artifact, format!("entries object {hex}: {e}")))?;
         if let Some(map) = header.as_object_mut() {
             map.remove("entries_object");
-            map.insert("entries".into(), entries);
+            map.insert("entries".into(), Value::Object(Default::default()));
         }
-        serde_json::from_value(header).map_err(|source| StoreError::MalformedArtifact {
-            run_id: self.id().to_string(),
-            name: artifact.file_name().to_string(),
-            source,
-        })
+        let mut manifest: Manifest =
+            serde_json::from_value(header).map_err(|source| StoreError::MalformedArtifact {
+                run_id: self.id().to_string(),
+                name: artifact.file_name().to_string(),
+                source,
+            })?;
+        // Straight into typed entries: no intermediate JSON tree.
+        manifest.entries = serde_json::from_slice(&bytes)
+            .map_err(|e| malformed(self, artifact, format!("entries object {hex}: {e}")))?;
+        Ok(manifest)
     }
 
     /// The entries object a stored manifest names, if any.

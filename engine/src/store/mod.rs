@@ -111,7 +111,12 @@ impl Store {
         let gitignore = store.dir.join(GITIGNORE_NAME);
         let current = atomic::read_bounded(&gitignore, 4096).ok();
         if current.as_deref() != Some(GITIGNORE_CONTENT) {
-            atomic::write_atomic(&store.dir, GITIGNORE_NAME, GITIGNORE_CONTENT)?;
+            atomic::write_atomic(
+                &store.dir,
+                GITIGNORE_NAME,
+                GITIGNORE_CONTENT,
+                atomic::Durability::Now,
+            )?;
         }
         atomic::ensure_private_dir(&store.runs, true)?;
         store.objects.ensure_layout()?;

@@ -6,8 +6,8 @@
 //! refused rather than restored.
 //!
 //! Durability is batched: [`ObjectStore::put_from_file`] does not fsync each object (one fsync per
-//! file made a first run on a real tree cost seconds); [`ObjectStore::sync`] flushes the whole
-//! filesystem once, and the transaction calls it before it seals a run. An object cut short by a
+//! file made a first run on a real tree cost seconds); sealing a run flushes the filesystem that
+//! holds the store once (or call [`ObjectStore::sync`]). An object cut short by a
 //! crash before that has the wrong size or hash: the sink's size-aware `contains` stores it again,
 //! and every read verifies the hash, so it is never restored.
 

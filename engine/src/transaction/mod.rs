@@ -286,8 +286,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let evidence = match launch(req.backend, &spec, req.stdio.clone(), req.interrupt.clone()).await
     {
         Ok(mut ev) => {
-            if ev.environment.is_none() {
-                ev.environment = Some(env_plan.evidence.clone());
+            // The backend fingerprints what it really passed; how it was chosen (inherit or
+            // scrub, and what was dropped) is the transaction's plan.
+            match ev.environment.as_mut() {
+                Some(env) => {
+                    env.mode = env_plan.evidence.mode.clone();
+                    env.dropped = env_plan.evidence.dropped.clone();
+                }
+                None => ev.environment = Some(env_plan.evidence.clone()),
             }
             ev
         }
@@ -317,7 +323,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             // Nothing ran, so there is no after-state to capture.
             let mut referenced = referenced_objects(&before);
             referenced.push(before_entries.clone());
-            store.objects().sync()?;
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
         }
     };
@@ -464,9 +469,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     if private_workspace {
         referenced.extend(referenced_objects(&after));
     }
-    // Backups were written without a per-file fsync; make them durable before the seal vouches
-    // for them.
-    store.objects().sync()?;
     base.command_decision = command_decision;
     base.seal(result, &referenced, None)
 }

@@ -98,8 +98,12 @@ fn record(root: &Path, rec: &Recording) -> Capsule {
                                                   "max_backup_file_mb": 10 } } }),
         )
         .unwrap();
-    capsule.write_artifact(Artifact::Before, &before).unwrap();
-    capsule.write_artifact(Artifact::After, &after).unwrap();
+    let before_entries = capsule
+        .write_manifest(Artifact::Before, &before, store.objects())
+        .unwrap();
+    let after_entries = capsule
+        .write_manifest(Artifact::After, &after, store.objects())
+        .unwrap();
     capsule
         .write_artifact(Artifact::Runtime, &json!({ "backend": "test" }))
         .unwrap();
@@ -110,7 +114,10 @@ fn record(root: &Path, rec: &Recording) -> Capsule {
         )
         .unwrap();
     if rec.seal {
-        capsule.seal(&stored_objects(&before)).unwrap();
+        let mut objects = stored_objects(&before);
+        objects.extend([before_entries, after_entries]);
+        store.objects().sync().unwrap();
+        capsule.seal(&objects).unwrap();
     }
     capsule
 }
@@ -329,7 +336,7 @@ fn a_file_edited_after_the_run_is_a_conflict_and_keeps_the_edit_byte_for_byte() 
     let a = outcome_of(&report, "a.txt");
     assert_eq!(a.outcome, Outcome::Conflict);
     assert!(
-        a.reason.as_deref().unwrap().contains("content differs"),
+        a.reason.as_deref().unwrap().contains("content was changed"),
         "{a:?}"
     );
     assert_eq!(outcome_of(&report, "c.txt").outcome, Outcome::Conflict);
@@ -358,7 +365,13 @@ fn a_mode_change_after_the_run_is_a_conflict() {
     let report = rollback_all(&root);
     let a = outcome_of(&report, "a.txt");
     assert_eq!(a.outcome, Outcome::Conflict);
-    assert!(a.reason.as_deref().unwrap().contains("mode"), "{a:?}");
+    assert!(
+        a.reason
+            .as_deref()
+            .unwrap()
+            .contains("permissions were changed to 0600"),
+        "{a:?}"
+    );
     assert_eq!(
         fs::read_to_string(root.join("a.txt")).unwrap(),
         "alpha\nmore\n"
@@ -373,7 +386,9 @@ fn a_tampered_backup_object_refuses_that_path_only() {
     record(&root, &Recording::new(ISSUE_SCRIPT));
     let store = Store::open_existing(&root).unwrap();
     let capsule = store.open_run("run1").unwrap();
-    let before: Manifest = capsule.read_artifact(Artifact::Before).unwrap();
+    let before: Manifest = capsule
+        .read_manifest(Artifact::Before, store.objects())
+        .unwrap();
     let hex = before.entries["a.txt"].sha256.clone().unwrap();
     let object = store.objects().object_path(&hex).unwrap();
     fs::write(&object, "evil\n").unwrap();
@@ -865,4 +880,213 @@ fn a_fault_after_every_step_then_a_rerun_ends_with_the_pre_run_tree() {
         }
         n += 1;
     }
+}
+
+#[test]
+fn a_directory_replaced_by_a_file_is_handled_per_path() {
+    let (_t, root) = project();
+    write(&root, "d/x.txt", "x\n", 0o644);
+    write(&root, "a.txt", "a\n", 0o644);
+    record(&root, &Recording::new("rm -rf d; echo file > d; rm a.txt"));
+    let report = rollback_all(&root);
+    assert_eq!(outcome_of(&report, "d").outcome, Outcome::Skipped);
+    let x = outcome_of(&report, "d/x.txt");
+    assert_eq!(x.outcome, Outcome::Conflict, "{x:?}");
+    assert_eq!(outcome_of(&report, "a.txt").outcome, Outcome::Recreated);
+    assert_eq!(fs::read_to_string(root.join("d")).unwrap(), "file\n");
+}
+
+#[test]
+fn a_directory_replaced_by_a_symlink_by_the_run_refuses_unless_narrowed() {
+    let (t, root) = project();
+    let outside = t.path().join("elsewhere");
+    fs::create_dir(&outside).unwrap();
+    write(&root, "d/x.txt", "x\n", 0o644);
+    write(&root, "a.txt", "a\n", 0o644);
+    let script = format!("rm -rf d; ln -s {} d; rm a.txt", outside.display());
+    record(&root, &Recording::new(&script));
+    let err = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RollbackError::CrossesSymlink { .. }), "{err}");
+    assert!(fs::read_dir(&outside).unwrap().next().is_none());
+    let report = try_rollback(
+        &root,
+        &selection(Scope::All, &["a.txt"]),
+        &ExecuteOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.status, ReportStatus::Complete);
+    assert_eq!(fs::read_to_string(root.join("a.txt")).unwrap(), "a\n");
+    assert!(fs::read_dir(&outside).unwrap().next().is_none());
+}
+
+#[test]
+fn a_parent_swapped_for_a_symlink_between_steps_of_one_execution_writes_nothing_outside() {
+    let (t, root) = project();
+    write(&root, "a.txt", "a before\n", 0o644);
+    write(&root, "sub/f.txt", "before\n", 0o644);
+    write(&root, "sub/g.txt", "gone\n", 0o644);
+    record(
+        &root,
+        &Recording::new(
+            "echo more >> a.txt; echo after > sub/f.txt; rm sub/g.txt; echo n > sub/n.txt",
+        ),
+    );
+    let outside = t.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("f.txt"), "after\n").unwrap();
+    fs::write(outside.join("n.txt"), "n\n").unwrap();
+    let outside_before = snapshot(&outside);
+
+    let store = Store::open_existing(&root).unwrap();
+    let capsule = store.open_run("run1").unwrap();
+    let p = plan(
+        &capsule,
+        store.objects(),
+        &root,
+        &selection(Scope::All, &[]),
+    )
+    .unwrap();
+    // a.txt (first in order) takes two steps: the temporary file, the rename. Stop there, swap
+    // `sub` for a symlink, and let the same execution plan continue.
+    let first = execute(
+        &capsule,
+        &p,
+        &ExecuteOptions {
+            dry_run: false,
+            fault: Some(Fault {
+                after_ops: 2,
+                action: FaultAction::Stop,
+            }),
+        },
+    );
+    assert!(
+        matches!(first, Err(RollbackError::FaultInjected { after_ops: 2 })),
+        "{first:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("a.txt")).unwrap(),
+        "a before\n"
+    );
+    fs::rename(root.join("sub"), t.path().join("sub-moved")).unwrap();
+    symlink(&outside, root.join("sub")).unwrap();
+    let report = execute(&capsule, &p, &ExecuteOptions::default()).unwrap();
+    assert_eq!(snapshot(&outside), outside_before, "{report:#?}");
+    assert_eq!(
+        outcome_of(&report, "a.txt").outcome,
+        Outcome::AlreadyRestored
+    );
+    for path in ["sub/f.txt", "sub/g.txt", "sub/n.txt"] {
+        assert_eq!(
+            outcome_of(&report, path).outcome,
+            Outcome::Conflict,
+            "{path}"
+        );
+    }
+    assert_eq!(report.status, ReportStatus::Incomplete);
+}
+
+#[test]
+fn created_directory_trees_in_a_dry_run_and_with_a_kept_child() {
+    let (_t, root) = project();
+    write(&root, "keep.txt", "k\n", 0o644);
+    record(
+        &root,
+        &Recording::new("mkdir -p new/deep; echo f > new/deep/f; echo g > new/g"),
+    );
+    // The dry run predicts the whole tree goes (its children would be removed first).
+    let report = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions {
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for path in ["new", "new/deep", "new/deep/f", "new/g"] {
+        assert_eq!(
+            outcome_of(&report, path).outcome,
+            Outcome::WouldRemove,
+            "{path}"
+        );
+    }
+    // A later edit of new/deep/f keeps it, so new/deep and new are kept as well: skipped with a
+    // reason pointing at their contents, not reported as someone else's additions.
+    fs::write(root.join("new/deep/f"), "edited\n").unwrap();
+    let report = rollback_all(&root);
+    assert_eq!(outcome_of(&report, "new/deep/f").outcome, Outcome::Conflict);
+    assert_eq!(outcome_of(&report, "new/g").outcome, Outcome::Removed);
+    for path in ["new/deep", "new"] {
+        let item = outcome_of(&report, path);
+        assert_eq!(item.outcome, Outcome::Skipped, "{item:?}");
+        assert!(item.reason.as_deref().unwrap().contains("kept"), "{item:?}");
+    }
+    assert_eq!(
+        fs::read_to_string(root.join("new/deep/f")).unwrap(),
+        "edited\n"
+    );
+    assert_eq!(report.status, ReportStatus::Incomplete);
+}
+
+#[test]
+fn a_path_replaced_by_a_symlink_or_a_fifo_after_the_run_is_a_conflict_and_untouched() {
+    let (t, root) = project();
+    write(&root, "a.txt", "alpha\n", 0o644);
+    write(&root, "c.txt", "gamma\n", 0o644);
+    record(&root, &Recording::new("echo x >> a.txt; rm c.txt"));
+    // a.txt becomes a symlink to an outside file holding exactly the post-run content.
+    let outside = t.path().join("outside.txt");
+    fs::write(&outside, "alpha\nx\n").unwrap();
+    fs::remove_file(root.join("a.txt")).unwrap();
+    symlink(&outside, root.join("a.txt")).unwrap();
+    sh(&root, "mkfifo c.txt");
+    let report = rollback_all(&root);
+    let a = outcome_of(&report, "a.txt");
+    assert_eq!(a.outcome, Outcome::Conflict, "{a:?}");
+    assert!(a.reason.as_deref().unwrap().contains("symlink"), "{a:?}");
+    let c = outcome_of(&report, "c.txt");
+    assert_eq!(c.outcome, Outcome::Conflict, "{c:?}");
+    assert!(
+        c.reason.as_deref().unwrap().contains("special file"),
+        "{c:?}"
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "alpha\nx\n");
+    assert!(fs::symlink_metadata(root.join("a.txt"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::symlink_metadata(root.join("c.txt"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+}
+
+#[test]
+fn a_tampered_manifest_entries_object_refuses_the_whole_rollback() {
+    let (_t, root) = project();
+    issue_tree(&root);
+    let capsule = record(&root, &Recording::new(ISSUE_SCRIPT));
+    let post = snapshot(&root);
+    let store = Store::open_existing(&root).unwrap();
+    let hex = capsule
+        .manifest_entries_object(Artifact::After)
+        .unwrap()
+        .unwrap();
+    let path = store.objects().object_path(&hex).unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    fs::write(&path, text.replace("\"mode\":420", "\"mode\":438")).unwrap();
+    let err = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RollbackError::Store(_)), "{err}");
+    assert_eq!(snapshot(&root), post);
 }
