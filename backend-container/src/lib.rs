@@ -1,1 +1,413 @@
-//! agentdiff runtime backend `container` (placeholder: registers nothing yet).
+//! agentdiff runtime backend `container`: runs the command in an ephemeral podman or docker
+//! container on a private copy of the project (the workspace agentdiff materialised from the
+//! captured before-state), with restrictive defaults: no network, all capabilities dropped,
+//! `no-new-privileges`, a read-only root filesystem with a tmpfs `/tmp`, a non-root user, memory,
+//! CPU and pids limits and an init process. The host project tree is never mounted, and neither is
+//! the engine's socket.
+//!
+//! [`RuntimeBackend::prepare`] is a pure transform to the engine argv ([`argv`]); everything that
+//! depends on the machine (engine present, image present locally, rootfs usable) is checked in
+//! [`RuntimeBackend::launch`], which fails closed with
+//! [`BackendError::Unavailable`](agentdiff_engine::backend::BackendError) and a remedy.
+//!
+//! Options (`LaunchSpec::options`, from flags or the policy's `runtime.options`) are listed in
+//! [`options::KEYS`]; see `docs/backends/container.md`.
+
+pub mod argv;
+pub mod cleanup;
+pub mod engine;
+mod identity;
+pub mod options;
+pub mod ownership;
+pub mod rootfs;
+mod running;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentdiff_engine::backend::{
+    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
+    PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend, WorkspaceMode,
+};
+use async_trait::async_trait;
+
+pub use cleanup::{remove_run_containers, CleanupError, RemovedContainers};
+use engine::{Engine, EngineKind, ProgramSource, ENGINE_CLIENT_VARS};
+use options::{ContainerOptions, EngineChoice, Source};
+use ownership::Invoker;
+
+/// Backend id used by `--runtime container`.
+pub const ID: &str = "container";
+/// Enforcement label in evidence: the controls were handed to the engine.
+pub const ENFORCEMENT: &str = "container_requested";
+
+fn factory() -> Box<dyn RuntimeBackend> {
+    Box::new(ContainerBackend::new())
+}
+
+inventory::submit! {
+    agentdiff_engine::backend::BackendDescriptor::new(
+        ID,
+        "podman or docker container on a private workspace copy, with network, privilege and resource limits",
+        factory,
+    )
+}
+
+/// The container backend. [`ContainerBackend::new`] finds `podman`/`docker` on PATH; the builder
+/// methods pin exact binaries (embedders, tests with a fake engine).
+#[derive(Debug, Clone)]
+pub struct ContainerBackend {
+    podman: ProgramSource,
+    docker: ProgramSource,
+    /// Environment of the engine client process (not of the container).
+    client_env: Vec<(OsString, OsString)>,
+    invoker: Invoker,
+}
+
+impl Default for ContainerBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ContainerBackend {
+    /// Engines from PATH; the engine client gets agentdiff's own [`ENGINE_CLIENT_VARS`].
+    pub fn new() -> Self {
+        let client_env = std::env::vars_os()
+            .filter(|(k, _)| ENGINE_CLIENT_VARS.iter().any(|n| k == *n))
+            .collect();
+        Self {
+            podman: ProgramSource::SearchPath,
+            docker: ProgramSource::SearchPath,
+            client_env,
+            invoker: Invoker::current(),
+        }
+    }
+
+    /// Use these binaries instead of searching PATH.
+    pub fn with_engines(mut self, podman: ProgramSource, docker: ProgramSource) -> Self {
+        self.podman = podman;
+        self.docker = docker;
+        self
+    }
+
+    /// Add (or replace) one variable of the engine client's environment.
+    pub fn with_client_env(
+        mut self,
+        name: impl Into<OsString>,
+        value: impl Into<OsString>,
+    ) -> Self {
+        let name = name.into();
+        self.client_env.retain(|(k, _)| *k != name);
+        self.client_env.push((name, value.into()));
+        self
+    }
+
+    /// Pretend to be invoked by another user (tests of the ownership decision).
+    pub fn with_invoker(mut self, invoker: Invoker) -> Self {
+        self.invoker = invoker;
+        self
+    }
+
+    fn source(&self, kind: EngineKind) -> &ProgramSource {
+        match kind {
+            EngineKind::Podman => &self.podman,
+            EngineKind::Docker => &self.docker,
+        }
+    }
+
+    /// The engine a request uses: explicit, or for `auto` podman when found, else docker.
+    fn choose(&self, choice: EngineChoice) -> (EngineKind, Option<PathBuf>) {
+        match choice {
+            EngineChoice::Podman => (EngineKind::Podman, self.podman.resolve(EngineKind::Podman)),
+            EngineChoice::Docker => (EngineKind::Docker, self.docker.resolve(EngineKind::Docker)),
+            EngineChoice::Auto => match self.podman.resolve(EngineKind::Podman) {
+                Some(p) => (EngineKind::Podman, Some(p)),
+                None => match self.docker.resolve(EngineKind::Docker) {
+                    Some(d) => (EngineKind::Docker, Some(d)),
+                    None => (EngineKind::Podman, None),
+                },
+            },
+        }
+    }
+
+    fn plan(&self, spec: &LaunchSpec) -> Result<Plan> {
+        let invalid = |message: String| BackendError::InvalidRequest {
+            backend: ID.into(),
+            message,
+        };
+        let options = ContainerOptions::parse(&spec.options).map_err(|e| invalid(e.to_string()))?;
+        let (mut kind, mut program) = self.choose(options.engine);
+        if matches!(options.source, Source::Rootfs(_)) && kind == EngineKind::Docker {
+            // `auto` with a rootfs can only mean podman (docker has no --rootfs).
+            if options.engine == EngineChoice::Auto {
+                kind = EngineKind::Podman;
+                program = None;
+            } else {
+                return Err(invalid(
+                    options::OptionsError::RootfsNeedsPodman.to_string(),
+                ));
+            }
+        }
+        check_private_workspace(&spec.root, &spec.workdir).map_err(invalid)?;
+        if let Source::Rootfs(dir) = &options.source {
+            if spec.root.starts_with(Path::new(dir)) {
+                return Err(invalid(format!(
+                    "rootfs {dir} is the project root or one of its ancestors; the host tree would be visible in the container"
+                )));
+            }
+        }
+        let (user, keep_id) = ownership::container_user(options.user, self.invoker, kind);
+        let args = argv::run_args(&argv::RunRequest {
+            kind,
+            run_id: &spec.run_id,
+            workspace: &spec.workdir,
+            options: &options,
+            user,
+            userns_keep_id: keep_id,
+            command: &spec.argv,
+        })
+        .map_err(|e| invalid(e.to_string()))?;
+        Ok(Plan {
+            kind,
+            program: program.unwrap_or_else(|| PathBuf::from(kind.as_str())),
+            options,
+            user,
+            keep_id,
+            args,
+        })
+    }
+
+    /// The engine client's environment: its own variables, then each `--env NAME` taken from the
+    /// command's environment (so the engine copies exactly that value into the container).
+    fn client_env(
+        &self,
+        spec: &LaunchSpec,
+        options: &ContainerOptions,
+    ) -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = self
+            .client_env
+            .iter()
+            .filter(|(k, _)| !options.env.iter().any(|n| k == n.as_str()))
+            .cloned()
+            .collect();
+        for name in &options.env {
+            if let Some((k, v)) = spec.env.iter().find(|(k, _)| k == name.as_str()) {
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        env
+    }
+}
+
+/// What `prepare` decided, recomputed identically by `launch`.
+#[derive(Debug, Clone)]
+struct Plan {
+    kind: EngineKind,
+    program: PathBuf,
+    options: ContainerOptions,
+    user: options::UserSpec,
+    keep_id: bool,
+    args: Vec<OsString>,
+}
+
+/// The container must never see the host tree: the workspace may not be the root, an ancestor of
+/// it, or a directory of the project other than agentdiff's own store.
+fn check_private_workspace(root: &Path, workdir: &Path) -> std::result::Result<(), String> {
+    if root.starts_with(workdir) {
+        return Err(format!(
+            "the workspace {} is the project root or one of its ancestors; the container backend only mounts a private workspace (the transaction materialises it)",
+            workdir.display()
+        ));
+    }
+    if workdir.starts_with(root) && !workdir.starts_with(root.join(".agentdiff")) {
+        return Err(format!(
+            "the workspace {} lies inside the project tree; the container backend only mounts a private workspace under .agentdiff/workspaces/",
+            workdir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Declared capabilities; see docs/backends/container.md for why each level is what it is.
+pub fn declared_capabilities() -> Capabilities {
+    Capabilities {
+        // agentdiff itself never mounts the host tree: the container gets a private copy only.
+        host_repository: Level::Enforced,
+        // Read-only rootfs, network none, cgroup limits, dropped capabilities and the env
+        // allowlist are handed to the engine; unverified here until a probe checks them.
+        filesystem_writes: Level::Requested,
+        network: Level::Requested,
+        resources: Level::Requested,
+        privileges: Level::Requested,
+        environment: Level::Requested,
+        // The engine client is observed on the host; processes inside the container end with it.
+        processes: Level::Observed,
+        // The command only ever runs inside a container: without one it never runs (fail closed).
+        sandboxed: true,
+        network_enforcement: false,
+        workspace: WorkspaceMode::Private,
+    }
+}
+
+#[async_trait]
+impl RuntimeBackend for ContainerBackend {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        declared_capabilities()
+    }
+
+    async fn availability(&self) -> Availability {
+        let mut found = Vec::new();
+        let mut problems = Vec::new();
+        for kind in [EngineKind::Podman, EngineKind::Docker] {
+            let Some(program) = self.source(kind).resolve(kind) else {
+                continue;
+            };
+            let engine = Engine {
+                kind,
+                program: program.clone(),
+                env: self.client_env.clone(),
+            };
+            match engine.version().await {
+                Err(e) => problems.push(e.to_string()),
+                Ok(version) => match engine.server_version().await {
+                    Ok(Some(server)) => found.push(format!(
+                        "{} at {} ({version}; API server {server})",
+                        kind.as_str(),
+                        program.display()
+                    )),
+                    Ok(None) => found.push(format!(
+                        "{} at {} ({version})",
+                        kind.as_str(),
+                        program.display()
+                    )),
+                    Err(e) => problems.push(format!(
+                        "docker CLI at {} cannot reach its API server: {e}",
+                        program.display()
+                    )),
+                },
+            }
+        }
+        if found.is_empty() {
+            Availability::Unavailable {
+                reason: if problems.is_empty() {
+                    "no container engine (podman or docker) found on PATH".into()
+                } else {
+                    problems.join("; ")
+                },
+                remedy: "install podman (`apt-get install podman runc`) or the docker CLI with a reachable DOCKER_HOST; image or rootfs checks happen at launch".into(),
+            }
+        } else {
+            let mut detail = found.join("; ");
+            if !problems.is_empty() {
+                detail.push_str("; also: ");
+                detail.push_str(&problems.join("; "));
+            }
+            Availability::Ready { detail }
+        }
+    }
+
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
+        let plan = self.plan(spec)?;
+        let env = self.client_env(spec, &plan.options);
+        let mut wrapper_argv = vec![plan.program.clone().into_os_string()];
+        wrapper_argv.extend(plan.args.iter().cloned());
+        let runtime_config = serde_json::json!({
+            "engine": plan.kind.as_str(),
+            "engine_program": plan.program.display().to_string(),
+            "engine_choice": plan.options.engine,
+            "source": plan.options.source,
+            "pull": plan.options.pull,
+            "network": plan.options.network.as_str(),
+            "memory": plan.options.memory,
+            "memory_swap": plan.options.memory,
+            "cpus": plan.options.cpus,
+            "pids_limit": plan.options.pids_limit,
+            "user": plan.user.render(),
+            "userns_keep_id": plan.keep_id,
+            "env_names": plan.options.env,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "read_only_rootfs": true,
+            "tmpfs": [options::TMPFS_TMP],
+            "init": true,
+            "remove_after_run": true,
+            "container_name": argv::container_name(&spec.run_id).unwrap_or_default(),
+            "labels": {
+                argv::RUN_LABEL: spec.run_id,
+                "agentdiff.managed": "true",
+            },
+            "mounts": [{
+                "source": spec.workdir.display().to_string(),
+                "target": argv::CONTAINER_WORKDIR,
+                "kind": "private_workspace",
+            }],
+            "workdir": argv::CONTAINER_WORKDIR,
+            "host_repository_mounted": false,
+            "engine_socket_mounted": false,
+            "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),
+            "grace_ms": spec.grace.as_millis() as u64,
+        });
+        Ok(PreparedLaunch {
+            program: plan.program.into_os_string(),
+            args: plan.args,
+            env,
+            cwd: spec.workdir.clone(),
+            enforcement: ENFORCEMENT.into(),
+            wrapper_argv: Some(wrapper_argv),
+            runtime_config,
+            spec: spec.clone(),
+        })
+    }
+
+    async fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> Result<Box<dyn RunningCommand>> {
+        let plan = self.plan(&prepared.spec)?;
+        running::launch(self, plan, prepared, ctx).await
+    }
+
+    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+        cleanup::stop_identities(ids, grace).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_are_honest() {
+        let c = declared_capabilities();
+        assert_eq!(c.workspace, WorkspaceMode::Private);
+        assert_eq!(c.host_repository, Level::Enforced);
+        for l in [
+            c.filesystem_writes,
+            c.network,
+            c.resources,
+            c.privileges,
+            c.environment,
+        ] {
+            assert_eq!(l, Level::Requested);
+        }
+        assert_eq!(c.processes, Level::Observed);
+        assert!(!c.network_enforcement);
+    }
+
+    #[test]
+    fn workspace_must_be_private() {
+        let root = Path::new("/p");
+        assert!(check_private_workspace(root, Path::new("/p")).is_err());
+        assert!(check_private_workspace(root, Path::new("/")).is_err());
+        assert!(check_private_workspace(root, Path::new("/p/src")).is_err());
+        assert!(check_private_workspace(root, Path::new("/p/.agentdiff/workspaces/r")).is_ok());
+        assert!(check_private_workspace(root, Path::new("/var/tmp/ws")).is_ok());
+    }
+}

@@ -8,6 +8,7 @@ pub mod environment;
 pub mod fs;
 pub mod policy;
 pub mod process;
+pub mod promote;
 pub mod redact;
 pub mod rollback;
 pub mod score;

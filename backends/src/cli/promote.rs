@@ -1,11 +1,92 @@
+//! `agentdiff promote RUN`: apply a private-workspace run's changes to the host tree, one path at
+//! a time, only where the host still holds the captured before-state.
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use anyhow::Context;
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::with_code(
-        crate::exit::INTERNAL,
-        anyhow::anyhow!("`agentdiff promote` is not implemented in this build"),
-    ))
+use agentdiff_engine::promote::{self, PromoteError, Scope, Selection};
+use agentdiff_engine::store::Store;
+
+use crate::exit;
+
+#[derive(Debug, clap::Args)]
+#[command(
+    group(clap::ArgGroup::new("scope").required(true).args(["safe_only", "all"])),
+    after_help = "Promote writes a path only when the host still holds exactly what the run \
+captured before it started; otherwise it reports a conflict and preserves the host state. \
+--safe-only promotes allow-classified changes, --all adds review-classified ones; deny-classified \
+changes are promoted only when named with --path and --force.\n\nExit codes: 0 done (or nothing to \
+do); 68 at least one conflict or failure preserved a host path; 67 the capsule does not verify; \
+66 no such run; 64 bad arguments."
+)]
+pub struct Args {
+    /// The run id (see `agentdiff runs`).
+    run: String,
+    /// Promote only changes the policy allowed.
+    #[arg(long)]
+    safe_only: bool,
+    /// Promote allowed and review-classified changes.
+    #[arg(long)]
+    all: bool,
+    /// Only these recorded paths (or directories above them); repeatable.
+    #[arg(long = "path", value_name = "P")]
+    paths: Vec<String>,
+    /// With --path: also promote deny-classified changes under the named paths.
+    #[arg(long)]
+    force: bool,
+    /// Check every path and show a diff preview; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Project root (default: the current directory).
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "summary")]
+    format: super::inspect::Format,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let store =
+        Store::open_existing(&args.root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let capsule = store
+        .open_run(&args.run)
+        .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let selection = Selection {
+        scope: if args.all {
+            Scope::All
+        } else {
+            Scope::SafeOnly
+        },
+        paths: args.paths.clone(),
+        force: args.force,
+    };
+    let plan = promote::plan(&capsule, store.objects(), &args.root, &selection).map_err(|e| {
+        let code = match &e {
+            PromoteError::NotSealed { .. } | PromoteError::Verification { .. } => {
+                exit::INVALID_CAPSULE
+            }
+            PromoteError::InvalidPathArgument { .. }
+            | PromoteError::UnknownPath { .. }
+            | PromoteError::ForceWithoutPath
+            | PromoteError::NotPrivate { .. }
+            | PromoteError::RootMismatch { .. } => exit::USAGE,
+            _ => exit::INTERNAL,
+        };
+        exit::with_code(code, e)
+    })?;
+    let report = promote::execute(&capsule, &plan, args.dry_run).context("promote stopped")?;
+    match args.format {
+        super::inspect::Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("serialising the report")?
+        ),
+        super::inspect::Format::Summary => print!("{}", promote::render_summary(&report)),
+    }
+    Ok(ExitCode::from(if report.has_conflicts() {
+        exit::CONFLICT
+    } else {
+        0
+    }))
 }

@@ -1,0 +1,260 @@
+//! The pure transform from a validated request to the engine's `run` argv.
+//!
+//! Layout (argv boundaries of the command are preserved exactly; `--` ends the engine's flags
+//! before the image or rootfs, because after the image every word, `--` included, belongs to the
+//! command):
+//!
+//! ```text
+//! run --rm --name agentdiff-<run> --label agentdiff.run=<run> --label agentdiff.managed=true
+//!     --network none --cap-drop ALL --security-opt no-new-privileges --read-only
+//!     --tmpfs /tmp:rw,size=64m,mode=1777 --user 65532:65532 [--userns keep-id]
+//!     --memory 512m --memory-swap 512m --cpus 1 --pids-limit 64 --init
+//!     [--env NAME]… -v <workspace>:/workspace -w /workspace
+//!     (--pull never|missing -- IMAGE | --rootfs -- DIR) ARGV…
+//! ```
+//!
+//! Nothing else is mounted: not the host project tree, not the engine's socket.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use crate::engine::EngineKind;
+use crate::options::{ContainerOptions, Source, UserSpec, TMPFS_TMP};
+
+/// Label carrying the run id; `agentdiff cleanup` finds a crashed run's containers by it.
+pub const RUN_LABEL: &str = "agentdiff.run";
+/// Label marking every container agentdiff starts.
+pub const MANAGED_LABEL: &str = "agentdiff.managed=true";
+/// Where the private workspace appears inside the container.
+pub const CONTAINER_WORKDIR: &str = "/workspace";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ArgvError {
+    #[error("run id {0:?} cannot name a container; run ids are letters, digits, `-`, `_` and `.`")]
+    RunId(String),
+    #[error("the workspace path {0:?} cannot be bind-mounted: it must be absolute UTF-8 without `:`, `,` or control characters")]
+    WorkspacePath(String),
+    #[error("the command is empty; give the command after `--`")]
+    EmptyCommand,
+}
+
+/// Everything the run argv depends on.
+#[derive(Debug, Clone)]
+pub struct RunRequest<'a> {
+    pub kind: EngineKind,
+    pub run_id: &'a str,
+    pub workspace: &'a Path,
+    pub options: &'a ContainerOptions,
+    /// The container user actually used (explicit or the invoker's default).
+    pub user: UserSpec,
+    /// Rootless podman: map the invoking user to itself so the workspace it owns is writable.
+    pub userns_keep_id: bool,
+    pub command: &'a [OsString],
+}
+
+/// Container name for a run.
+pub fn container_name(run_id: &str) -> Result<String, ArgvError> {
+    let ok = !run_id.is_empty()
+        && run_id.len() <= 128
+        && run_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && run_id.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(format!("agentdiff-{run_id}"))
+    } else {
+        Err(ArgvError::RunId(run_id.to_string()))
+    }
+}
+
+/// The arguments after the engine program.
+pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
+    let name = container_name(req.run_id)?;
+    if req.command.is_empty() {
+        return Err(ArgvError::EmptyCommand);
+    }
+    let workspace = req
+        .workspace
+        .to_str()
+        .filter(|w| {
+            req.workspace.is_absolute()
+                && !w.contains([':', ','])
+                && !w.chars().any(char::is_control)
+        })
+        .ok_or_else(|| ArgvError::WorkspacePath(req.workspace.display().to_string()))?;
+    let o = req.options;
+    let mut a: Vec<String> = vec![
+        "run".into(),
+        "--rm".into(),
+        "--name".into(),
+        name,
+        "--label".into(),
+        format!("{RUN_LABEL}={}", req.run_id),
+        "--label".into(),
+        MANAGED_LABEL.into(),
+        "--network".into(),
+        o.network.as_str().into(),
+        "--cap-drop".into(),
+        "ALL".into(),
+        "--security-opt".into(),
+        "no-new-privileges".into(),
+        "--read-only".into(),
+        "--tmpfs".into(),
+        TMPFS_TMP.into(),
+        "--user".into(),
+        req.user.render(),
+    ];
+    if req.userns_keep_id && req.kind == EngineKind::Podman {
+        a.extend(["--userns".into(), "keep-id".into()]);
+    }
+    a.extend([
+        "--memory".into(),
+        o.memory.clone(),
+        // Equal to --memory: the limit is not silently doubled by swap.
+        "--memory-swap".into(),
+        o.memory.clone(),
+        "--cpus".into(),
+        o.cpus.clone(),
+        "--pids-limit".into(),
+        o.pids_limit.to_string(),
+        "--init".into(),
+    ]);
+    for name in &o.env {
+        // Name only: the engine copies the value from its own environment, so values never
+        // appear on a command line or in evidence.
+        a.extend(["--env".into(), name.clone()]);
+    }
+    a.extend([
+        "-v".into(),
+        format!("{workspace}:{CONTAINER_WORKDIR}"),
+        "-w".into(),
+        CONTAINER_WORKDIR.into(),
+    ]);
+    match &o.source {
+        Source::Image(image) => {
+            let pull = if o.pull { "missing" } else { "never" };
+            a.extend(["--pull".into(), pull.into(), "--".into(), image.clone()]);
+        }
+        Source::Rootfs(dir) => {
+            a.extend(["--rootfs".into(), "--".into(), dir.clone()]);
+        }
+    }
+    let mut out: Vec<OsString> = a.into_iter().map(OsString::from).collect();
+    out.extend(req.command.iter().cloned());
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentdiff_engine::backend::BackendOptions;
+
+    fn options(pairs: &[(&str, &str)]) -> ContainerOptions {
+        let mut o = BackendOptions::new();
+        for (k, v) in pairs {
+            o.push(*k, *v);
+        }
+        ContainerOptions::parse(&o).unwrap()
+    }
+
+    #[test]
+    fn default_image_argv_is_exact() {
+        let o = options(&[("image", "localhost/x:1")]);
+        let cmd: Vec<OsString> = vec!["sh".into(), "-c".into(), "echo a  b".into(), "--".into()];
+        let args = run_args(&RunRequest {
+            kind: EngineKind::Podman,
+            run_id: "r1",
+            workspace: Path::new("/p/.agentdiff/workspaces/r1"),
+            options: &o,
+            user: UserSpec {
+                uid: 65532,
+                gid: 65532,
+            },
+            userns_keep_id: false,
+            command: &cmd,
+        })
+        .unwrap();
+        let expected = "run --rm --name agentdiff-r1 --label agentdiff.run=r1 --label agentdiff.managed=true \
+            --network none --cap-drop ALL --security-opt no-new-privileges --read-only \
+            --tmpfs /tmp:rw,size=64m,mode=1777 --user 65532:65532 --memory 512m --memory-swap 512m \
+            --cpus 1 --pids-limit 64 --init -v /p/.agentdiff/workspaces/r1:/workspace -w /workspace \
+            --pull never -- localhost/x:1";
+        let got: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let split: Vec<&str> = expected.split_whitespace().collect();
+        assert_eq!(&got[..split.len()], &split[..]);
+        assert_eq!(&args[split.len()..], &cmd[..]);
+    }
+
+    #[test]
+    fn rootfs_env_and_keep_id() {
+        let o = options(&[
+            ("engine", "podman"),
+            ("rootfs", "/srv/rfs"),
+            ("env", "LANG"),
+            ("network", "bridge"),
+        ]);
+        let cmd: Vec<OsString> = vec!["-x".into()];
+        let args = run_args(&RunRequest {
+            kind: EngineKind::Podman,
+            run_id: "r2",
+            workspace: Path::new("/w"),
+            options: &o,
+            user: UserSpec {
+                uid: 1000,
+                gid: 1000,
+            },
+            userns_keep_id: true,
+            command: &cmd,
+        })
+        .unwrap();
+        let s: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let joined = s.join(" ");
+        assert!(joined.contains("--user 1000:1000 --userns keep-id"));
+        assert!(joined.contains("--network bridge"));
+        assert!(joined.contains("--env LANG -v /w:/workspace"));
+        assert!(joined.ends_with("--rootfs -- /srv/rfs -x"));
+        assert!(!joined.contains("--pull"));
+    }
+
+    #[test]
+    fn refuses_unmountable_workspaces_and_bad_ids() {
+        let o = options(&[("image", "a")]);
+        let cmd: Vec<OsString> = vec!["true".into()];
+        for (run, ws) in [
+            ("r", "relative"),
+            ("r", "/a:b"),
+            ("r", "/a,b"),
+            ("r", "/a\nb"),
+            ("-r", "/w"),
+            ("r/x", "/w"),
+            ("", "/w"),
+        ] {
+            let res = run_args(&RunRequest {
+                kind: EngineKind::Docker,
+                run_id: run,
+                workspace: Path::new(ws),
+                options: &o,
+                user: UserSpec { uid: 1, gid: 1 },
+                userns_keep_id: false,
+                command: &cmd,
+            });
+            assert!(res.is_err(), "{run:?} {ws:?}");
+        }
+        let res = run_args(&RunRequest {
+            kind: EngineKind::Docker,
+            run_id: "r",
+            workspace: Path::new("/w"),
+            options: &o,
+            user: UserSpec { uid: 1, gid: 1 },
+            userns_keep_id: false,
+            command: &[],
+        });
+        assert_eq!(res.unwrap_err(), ArgvError::EmptyCommand);
+    }
+}

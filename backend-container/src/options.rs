@@ -1,0 +1,456 @@
+//! The container backend's options: parsed and validated from [`BackendOptions`] (command-line
+//! flags and the policy's version-2 `runtime.options` map feed the same keys).
+
+use agentdiff_engine::backend::BackendOptions;
+use serde::Serialize;
+
+/// Option keys this backend reads. Any other key is refused, so a typo never silently weakens a
+/// run.
+pub const KEYS: [&str; 10] = [
+    "engine",
+    "image",
+    "rootfs",
+    "network",
+    "memory",
+    "cpus",
+    "pids-limit",
+    "user",
+    "env",
+    "pull",
+];
+
+pub const DEFAULT_NETWORK: Network = Network::None;
+pub const DEFAULT_MEMORY: &str = "512m";
+pub const DEFAULT_CPUS: &str = "1";
+pub const DEFAULT_PIDS_LIMIT: u32 = 64;
+/// Non-root default user inside the container (the conventional "nonroot" uid/gid).
+pub const DEFAULT_USER: UserSpec = UserSpec {
+    uid: 65532,
+    gid: 65532,
+};
+/// Size of the writable tmpfs mounted on /tmp.
+pub const TMPFS_TMP: &str = "/tmp:rw,size=64m,mode=1777";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum OptionsError {
+    #[error("unknown container option `{0}`; known options: {keys}", keys = KEYS.join(", "))]
+    UnknownKey(String),
+    #[error("option `{key}` was given more than once; give it once")]
+    Repeated { key: String },
+    #[error("invalid value {value:?} for `{key}`: {expected}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("the container backend needs exactly one of `--image REF` or `--rootfs DIR`")]
+    NoImageOrRootfs,
+    #[error("`--image` and `--rootfs` are mutually exclusive; give one")]
+    BothImageAndRootfs,
+    #[error("the docker CLI has no `--rootfs`; use `--engine podman`, or import the directory as an image (`tar -C DIR -cf rootfs.tar . && docker import rootfs.tar localhost/NAME:TAG`) and pass `--image`")]
+    RootfsNeedsPodman,
+    #[error("`--pull` only applies to `--image`; a rootfs is never pulled")]
+    PullWithRootfs,
+}
+
+/// Which container engine CLI to drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineChoice {
+    Podman,
+    Docker,
+    /// podman when found on PATH, else docker.
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// Only a loopback interface.
+    None,
+    /// The engine's default bridge network.
+    Bridge,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Bridge => "bridge",
+        }
+    }
+}
+
+/// Numeric `UID:GID` of the container user (names would be resolved inside an untrusted image).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct UserSpec {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl UserSpec {
+    pub fn render(self) -> String {
+        format!("{}:{}", self.uid, self.gid)
+    }
+}
+
+/// What the container runs from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum Source {
+    /// An image reference that must already be present locally (unless `pull`).
+    Image(String),
+    /// A root filesystem directory (podman `--rootfs`).
+    Rootfs(String),
+}
+
+/// Validated options of one container run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ContainerOptions {
+    pub engine: EngineChoice,
+    pub source: Source,
+    pub network: Network,
+    pub memory: String,
+    pub cpus: String,
+    pub pids_limit: u32,
+    /// `None` means "the default for this invoker" (see [`crate::ownership`]).
+    pub user: Option<UserSpec>,
+    /// Host environment variable names passed through (`--env NAME`; values never on argv).
+    pub env: Vec<String>,
+    pub pull: bool,
+}
+
+impl ContainerOptions {
+    pub fn parse(options: &BackendOptions) -> Result<Self, OptionsError> {
+        for key in options.keys() {
+            if !KEYS.contains(&key) {
+                return Err(OptionsError::UnknownKey(key.to_string()));
+            }
+            if key != "env" && options.get_all(key).len() > 1 {
+                return Err(OptionsError::Repeated {
+                    key: key.to_string(),
+                });
+            }
+        }
+        let engine = match options.get("engine").unwrap_or("auto") {
+            "podman" => EngineChoice::Podman,
+            "docker" => EngineChoice::Docker,
+            "auto" => EngineChoice::Auto,
+            other => {
+                return Err(invalid("engine", other, "one of podman, docker, auto"));
+            }
+        };
+        let source = match (options.get("image"), options.get("rootfs")) {
+            (Some(_), Some(_)) => return Err(OptionsError::BothImageAndRootfs),
+            (None, None) => return Err(OptionsError::NoImageOrRootfs),
+            (Some(image), None) => {
+                validate_image(image)?;
+                Source::Image(image.to_string())
+            }
+            (None, Some(dir)) => {
+                if dir.is_empty() || dir.chars().any(char::is_control) {
+                    return Err(invalid("rootfs", dir, "a directory path"));
+                }
+                Source::Rootfs(dir.to_string())
+            }
+        };
+        if engine == EngineChoice::Docker && matches!(source, Source::Rootfs(_)) {
+            return Err(OptionsError::RootfsNeedsPodman);
+        }
+        let network = match options.get("network").unwrap_or(DEFAULT_NETWORK.as_str()) {
+            "none" => Network::None,
+            "bridge" => Network::Bridge,
+            other => return Err(invalid("network", other, "none or bridge")),
+        };
+        let memory = options.get("memory").unwrap_or(DEFAULT_MEMORY);
+        validate_memory(memory)?;
+        let cpus = options.get("cpus").unwrap_or(DEFAULT_CPUS);
+        validate_cpus(cpus)?;
+        let pids_limit = match options.get("pids-limit") {
+            None => DEFAULT_PIDS_LIMIT,
+            Some(v) => match v.parse::<u32>() {
+                Ok(n) if (1..=1_000_000).contains(&n) => n,
+                _ => {
+                    return Err(invalid(
+                        "pids-limit",
+                        v,
+                        "a whole number from 1 to 1000000 (a run is never unlimited)",
+                    ))
+                }
+            },
+        };
+        let user = match options.get("user") {
+            None => None,
+            Some(v) => Some(parse_user(v)?),
+        };
+        let mut env = Vec::new();
+        for name in options.get_all("env") {
+            if !valid_env_name(name) {
+                return Err(invalid(
+                    "env",
+                    name,
+                    "a variable name ([A-Za-z_][A-Za-z0-9_]*); values are taken from the host environment, never given on the command line",
+                ));
+            }
+            if !env.contains(name) {
+                env.push(name.clone());
+            }
+        }
+        let pull = match options.get("pull") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => return Err(invalid("pull", other, "true or false")),
+        };
+        if pull && matches!(source, Source::Rootfs(_)) {
+            return Err(OptionsError::PullWithRootfs);
+        }
+        Ok(Self {
+            engine,
+            source,
+            network,
+            memory: memory.to_ascii_lowercase(),
+            cpus: cpus.to_string(),
+            pids_limit,
+            user,
+            env,
+            pull,
+        })
+    }
+}
+
+fn invalid(key: &'static str, value: &str, expected: &'static str) -> OptionsError {
+    OptionsError::Invalid {
+        key,
+        value: value.to_string(),
+        expected,
+    }
+}
+
+/// An image reference must not look like a flag and must be one printable token.
+fn validate_image(image: &str) -> Result<(), OptionsError> {
+    let ok = !image.is_empty()
+        && image.len() <= 512
+        && !image.starts_with('-')
+        && image
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "./:_-@+".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "image",
+            image,
+            "an image reference such as localhost/name:tag or name@sha256:…",
+        ))
+    }
+}
+
+fn validate_memory(memory: &str) -> Result<(), OptionsError> {
+    let lower = memory.to_ascii_lowercase();
+    let digits = lower.trim_end_matches(['b', 'k', 'm', 'g']);
+    let suffix_len = lower.len() - digits.len();
+    let ok = !digits.is_empty()
+        && suffix_len <= 1
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && digits.len() <= 15
+        && digits.parse::<u64>().map(|n| n > 0).unwrap_or(false)
+        // Engines refuse limits below 6 MiB; refuse them here with a clearer message.
+        && memory_bytes(&lower).is_some_and(|b| b >= 6 * 1024 * 1024);
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "memory",
+            memory,
+            "a size of at least 6m with an optional b, k, m or g suffix, e.g. 512m",
+        ))
+    }
+}
+
+fn memory_bytes(lower: &str) -> Option<u64> {
+    let (digits, mult) = match lower.chars().last()? {
+        'k' => (&lower[..lower.len() - 1], 1024u64),
+        'm' => (&lower[..lower.len() - 1], 1024 * 1024),
+        'g' => (&lower[..lower.len() - 1], 1024 * 1024 * 1024),
+        'b' => (&lower[..lower.len() - 1], 1),
+        _ => (lower, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+fn validate_cpus(cpus: &str) -> Result<(), OptionsError> {
+    let ok = cpus.len() <= 12
+        && cpus.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && cpus
+            .parse::<f64>()
+            .map(|n| (0.01..=1024.0).contains(&n))
+            .unwrap_or(false);
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "cpus",
+            cpus,
+            "a number of CPUs from 0.01 to 1024, e.g. 1 or 0.5",
+        ))
+    }
+}
+
+fn parse_user(v: &str) -> Result<UserSpec, OptionsError> {
+    const EXPECTED: &str =
+        "numeric UID:GID of a non-root user, e.g. 65532:65532 (root inside the container is refused)";
+    let Some((u, g)) = v.split_once(':') else {
+        return Err(invalid("user", v, EXPECTED));
+    };
+    let num = |s: &str| -> Option<u32> {
+        if s.is_empty() || s.len() > 10 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            None
+        } else {
+            s.parse().ok()
+        }
+    };
+    match (num(u), num(g)) {
+        (Some(uid), Some(gid)) if uid != 0 && gid != 0 => Ok(UserSpec { uid, gid }),
+        _ => Err(invalid("user", v, EXPECTED)),
+    }
+}
+
+pub(crate) fn valid_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && name.len() <= 256
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(pairs: &[(&str, &str)]) -> BackendOptions {
+        let mut o = BackendOptions::new();
+        for (k, v) in pairs {
+            o.push(*k, *v);
+        }
+        o
+    }
+
+    #[test]
+    fn defaults_are_the_restrictive_ones() {
+        let o = ContainerOptions::parse(&opts(&[("image", "localhost/x:1")])).unwrap();
+        assert_eq!(o.engine, EngineChoice::Auto);
+        assert_eq!(o.network, Network::None);
+        assert_eq!(o.memory, "512m");
+        assert_eq!(o.cpus, "1");
+        assert_eq!(o.pids_limit, 64);
+        assert_eq!(o.user, None);
+        assert!(o.env.is_empty());
+        assert!(!o.pull);
+    }
+
+    #[test]
+    fn image_and_rootfs_are_exclusive_and_one_is_needed() {
+        assert_eq!(
+            ContainerOptions::parse(&opts(&[])).unwrap_err(),
+            OptionsError::NoImageOrRootfs
+        );
+        assert_eq!(
+            ContainerOptions::parse(&opts(&[("image", "a"), ("rootfs", "/r")])).unwrap_err(),
+            OptionsError::BothImageAndRootfs
+        );
+        assert_eq!(
+            ContainerOptions::parse(&opts(&[("engine", "docker"), ("rootfs", "/r")])).unwrap_err(),
+            OptionsError::RootfsNeedsPodman
+        );
+        assert_eq!(
+            ContainerOptions::parse(&opts(&[("rootfs", "/r"), ("pull", "true")])).unwrap_err(),
+            OptionsError::PullWithRootfs
+        );
+    }
+
+    #[test]
+    fn adversarial_values_are_refused() {
+        for (k, v) in [
+            ("image", "--privileged"),
+            ("image", "a b"),
+            ("image", ""),
+            ("network", "host"),
+            ("network", "container:x"),
+            ("memory", "0"),
+            ("memory", "1k"),
+            ("memory", "-1"),
+            ("memory", "12x"),
+            ("memory", "99999999999999999999g"),
+            ("cpus", "0"),
+            ("cpus", "-1"),
+            ("cpus", "1e3"),
+            ("cpus", "NaN"),
+            ("pids-limit", "0"),
+            ("pids-limit", "-1"),
+            ("pids-limit", "unlimited"),
+            ("user", "0:0"),
+            ("user", "1000:0"),
+            ("user", "root"),
+            ("user", "1000"),
+            ("user", "a:b"),
+            ("env", "A=B"),
+            ("env", "1A"),
+            ("env", ""),
+            ("pull", "yes"),
+            ("engine", "lxc"),
+        ] {
+            let mut o = opts(&[(k, v)]);
+            if k != "image" {
+                o.push("image", "localhost/x:1");
+            }
+            assert!(
+                ContainerOptions::parse(&o).is_err(),
+                "{k}={v:?} must be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_and_repeated_keys_are_refused() {
+        assert_eq!(
+            ContainerOptions::parse(&opts(&[("image", "a"), ("privileged", "true")])).unwrap_err(),
+            OptionsError::UnknownKey("privileged".into())
+        );
+        assert_eq!(
+            ContainerOptions::parse(&opts(&[("image", "a"), ("image", "b")])).unwrap_err(),
+            OptionsError::Repeated {
+                key: "image".into()
+            }
+        );
+    }
+
+    #[test]
+    fn explicit_values_are_kept() {
+        let o = ContainerOptions::parse(&opts(&[
+            ("engine", "podman"),
+            ("rootfs", "/srv/rootfs"),
+            ("network", "bridge"),
+            ("memory", "1G"),
+            ("cpus", "0.5"),
+            ("pids-limit", "128"),
+            ("user", "1000:1000"),
+            ("env", "HOME"),
+            ("env", "LANG"),
+            ("env", "HOME"),
+        ]))
+        .unwrap();
+        assert_eq!(o.engine, EngineChoice::Podman);
+        assert_eq!(o.source, Source::Rootfs("/srv/rootfs".into()));
+        assert_eq!(o.network, Network::Bridge);
+        assert_eq!(o.memory, "1g");
+        assert_eq!(o.cpus, "0.5");
+        assert_eq!(o.pids_limit, 128);
+        assert_eq!(
+            o.user,
+            Some(UserSpec {
+                uid: 1000,
+                gid: 1000
+            })
+        );
+        assert_eq!(o.env, vec!["HOME".to_string(), "LANG".to_string()]);
+    }
+}

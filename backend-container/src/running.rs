@@ -1,0 +1,540 @@
+//! Launching the engine client (`podman run …`) and waiting for it: timeout and interruption stop
+//! the container (TERM to its init, KILL after the grace period), leftovers are removed by label,
+//! and the evidence says what was requested from the engine and what was seen.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use agentdiff_engine::backend::{
+    BackendError, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind, LaunchContext,
+    PortEvidence, PreparedLaunch, ProcessRecord, ProcessRelation, Result, RunEvidence,
+    RunningCommand, StdioMode,
+};
+use async_trait::async_trait;
+
+use crate::engine::{Engine, EngineKind};
+use crate::options::Source;
+use crate::{ContainerBackend, Plan, ENFORCEMENT, ID};
+
+fn unavailable(reason: String, remedy: impl Into<String>) -> BackendError {
+    BackendError::Unavailable {
+        backend: ID.into(),
+        reason,
+        remedy: remedy.into(),
+    }
+}
+
+fn launch_error(message: String) -> BackendError {
+    BackendError::Launch {
+        backend: ID.into(),
+        message,
+    }
+}
+
+pub(crate) async fn launch(
+    backend: &ContainerBackend,
+    plan: Plan,
+    prepared: PreparedLaunch,
+    ctx: LaunchContext,
+) -> Result<Box<dyn RunningCommand>> {
+    let spec = &prepared.spec;
+    if plan.args != prepared.args || plan.program.as_os_str() != prepared.program {
+        return Err(BackendError::InvalidRequest {
+            backend: ID.into(),
+            message: "the prepared engine argv differs from what the request yields; prepare and launch the same request".into(),
+        });
+    }
+    // 1. The engine exists and runs.
+    let program = PathBuf::from(&prepared.program);
+    if backend.source(plan.kind).resolve(plan.kind).as_deref() != Some(program.as_path()) {
+        return Err(unavailable(
+            format!("no usable `{}` executable found", plan.kind.as_str()),
+            match plan.kind {
+                EngineKind::Podman => {
+                    "install podman (`apt-get install podman runc`), or choose `--engine docker`"
+                }
+                EngineKind::Docker => "install the docker CLI, or choose `--engine podman`",
+            },
+        ));
+    }
+    let engine = Engine {
+        kind: plan.kind,
+        program: program.clone(),
+        env: prepared.env.clone(),
+    };
+    // The version probe and the rootfs check (a tree walk) run concurrently: both sit on the
+    // launch path whose overhead over a bare engine run is budgeted.
+    let rootfs_check = async {
+        match &plan.options.source {
+            Source::Image(_) => None,
+            Source::Rootfs(dir) => {
+                let dir = PathBuf::from(dir);
+                let root = spec.root.clone();
+                let command = spec
+                    .argv
+                    .first()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let non_root = plan.user.uid != 0;
+                Some(
+                    tokio::task::spawn_blocking(move || {
+                        crate::rootfs::check(&dir, &root, &command, non_root)
+                    })
+                    .await,
+                )
+            }
+        }
+    };
+    let probes = async {
+        let version = engine.version().await;
+        let server = match &version {
+            Ok(_) => engine.server_version().await,
+            Err(_) => Ok(None),
+        };
+        (version, server)
+    };
+    let ((version, server_version), rootfs_checked) = tokio::join!(probes, rootfs_check);
+    let version = version.map_err(|e| {
+        unavailable(
+            format!("{} does not run: {e}", plan.kind.as_str()),
+            "repair the engine installation (try `podman info` / `docker version`)",
+        )
+    })?;
+    let server_version = server_version.map_err(|e| {
+        unavailable(
+            format!("the docker CLI cannot reach its API server: {e}"),
+            "start the Docker daemon, or point DOCKER_HOST at a running socket (e.g. `podman system service --time=0 unix:///run/podman/podman.sock` and DOCKER_HOST=unix:///run/podman/podman.sock)",
+        )
+    })?;
+    // 2. The image is present locally (never pulled unless asked), or the rootfs is usable.
+    let mut image_id = None;
+    let mut rootfs_facts = None;
+    if let Source::Image(image) = &plan.options.source {
+        image_id = engine.local_image_id(image).await.map_err(|e| {
+            unavailable(
+                format!(
+                    "could not ask {} about image {image}: {e}",
+                    plan.kind.as_str()
+                ),
+                "check the engine works (`podman info` / `docker version`)",
+            )
+        })?;
+        if image_id.is_none() && !plan.options.pull {
+            return Err(unavailable(
+                format!("image {image} is not present locally and pulling was not allowed"),
+                format!(
+                    "load or import it first (`{0} pull {image}`, `{0} load`, or `{0} import rootfs.tar {image}`), or pass `--pull` to let the engine pull it",
+                    plan.kind.as_str()
+                ),
+            ));
+        }
+    }
+    if let Some(checked) = rootfs_checked {
+        let checked = checked
+            .map_err(|e| launch_error(format!("rootfs check did not finish: {e}")))?
+            .map_err(|e| unavailable(format!("unusable rootfs: {e}"), e.remedy()))?;
+        rootfs_facts = Some(checked);
+    }
+    // 3. The private workspace exists and the container user can write it.
+    let ws_meta =
+        std::fs::symlink_metadata(&spec.workdir).map_err(|e| BackendError::InvalidRequest {
+            backend: ID.into(),
+            message: format!("private workspace {}: {e}", spec.workdir.display()),
+        })?;
+    if !ws_meta.is_dir() {
+        return Err(BackendError::InvalidRequest {
+            backend: ID.into(),
+            message: format!(
+                "private workspace {} is not a directory",
+                spec.workdir.display()
+            ),
+        });
+    }
+    let mut warnings = Vec::new();
+    {
+        let ws = spec.workdir.clone();
+        let (user, invoker) = (plan.user, backend.invoker);
+        let handed =
+            tokio::task::spawn_blocking(move || crate::ownership::hand_over(&ws, user, invoker))
+                .await
+                .map_err(|e| launch_error(format!("workspace hand-over did not finish: {e}")))?
+                .map_err(|e| launch_error(e.to_string()))?;
+        warnings.extend(handed);
+    }
+    // 4. Start the client. The container id comes back through a private --cidfile.
+    let cid_dir = tempfile::Builder::new()
+        .prefix("agentdiff-cid-")
+        .tempdir()
+        .map_err(|e| {
+            launch_error(format!(
+                "could not create a private temporary directory: {e}"
+            ))
+        })?;
+    let cid_path = cid_dir.path().join("cid");
+    let mut args = prepared.args.clone();
+    let cid_arg: OsString = cid_path.clone().into_os_string();
+    args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(&args)
+        .env_clear()
+        .envs(prepared.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&prepared.cwd)
+        .stdin(Stdio::null())
+        .kill_on_drop(false);
+    #[cfg(unix)]
+    {
+        // Own process group: agentdiff decides how the container is stopped (interrupt channel),
+        // not a terminal signal racing it.
+        cmd.process_group(0);
+    }
+    match &ctx.stdio {
+        StdioMode::Inherit => {
+            cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+        }
+        StdioMode::StdoutToStderr => {
+            #[cfg(unix)]
+            {
+                use std::os::fd::AsFd;
+                let fd = std::io::stderr()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| launch_error(format!("could not duplicate stderr: {e}")))?;
+                cmd.stdout(Stdio::from(fd)).stderr(Stdio::inherit());
+            }
+            #[cfg(not(unix))]
+            {
+                cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+            }
+        }
+        StdioMode::Files { stdout, stderr, .. } => {
+            let out = std::fs::File::create(stdout)
+                .map_err(|e| launch_error(format!("{}: {e}", stdout.display())))?;
+            let err = std::fs::File::create(stderr)
+                .map_err(|e| launch_error(format!("{}: {e}", stderr.display())))?;
+            cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
+        }
+    }
+    let since_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs().saturating_sub(1))
+        .unwrap_or(0);
+    let started = Instant::now();
+    let child = cmd
+        .spawn()
+        .map_err(|e| launch_error(format!("could not start {}: {e}", program.display())))?;
+    let pid = child.id();
+    let identity = pid.and_then(crate::identity::read);
+
+    let mut wrapper_argv = vec![prepared.program.clone()];
+    wrapper_argv.extend(args);
+    let environment = environment_evidence(&prepared, &plan, &mut warnings);
+    let wrapper = serde_json::json!({
+        "engine": plan.kind.as_str(),
+        "program": program.display().to_string(),
+        "version": version,
+        "api_server_version": server_version,
+        "image": match &plan.options.source { Source::Image(i) => Some(i.clone()), Source::Rootfs(_) => None },
+        "image_id": image_id,
+        "rootfs": rootfs_facts.as_ref().map(|r| serde_json::json!({
+            "path": r.path.display().to_string(),
+            "manifest_digest": r.manifest_digest,
+            "entries": r.entries,
+        })),
+        "container_name": crate::argv::container_name(&spec.run_id).unwrap_or_default(),
+    });
+    Ok(Box::new(RunningContainer {
+        engine,
+        child,
+        pid,
+        identity,
+        started,
+        since_unix,
+        cid_dir,
+        cid_path,
+        name: crate::argv::container_name(&spec.run_id).unwrap_or_default(),
+        run_id: spec.run_id.clone(),
+        timeout: spec.timeout,
+        grace: spec.grace,
+        interrupt: ctx.interrupt,
+        evidence: RunEvidence {
+            backend: ID.into(),
+            enforcement: ENFORCEMENT.into(),
+            capabilities: crate::declared_capabilities(),
+            tracking: "container_engine".into(),
+            wrapper_argv: Some(
+                wrapper_argv
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect(),
+            ),
+            wrapper: Some(wrapper),
+            image_digest: image_id.clone(),
+            runtime_config: prepared.runtime_config.clone(),
+            observation_root: spec.workdir.display().to_string(),
+            environment: Some(environment),
+            ports: PortEvidence {
+                mode: "off".into(),
+                note: "the container has its own network namespace; host listening sockets are not observed by this backend".into(),
+                ..PortEvidence::default()
+            },
+            warnings,
+            ..RunEvidence::default()
+        },
+        image_pulled_ref: match (&plan.options.source, image_id.is_none()) {
+            (Source::Image(i), true) => Some(i.clone()),
+            _ => None,
+        },
+    }))
+}
+
+/// Names handed to the container with their fingerprints; values are never recorded.
+fn environment_evidence(
+    prepared: &PreparedLaunch,
+    plan: &Plan,
+    warnings: &mut Vec<String>,
+) -> EnvironmentEvidence {
+    let mut variables = BTreeMap::new();
+    for name in &plan.options.env {
+        match prepared.spec.env.iter().find(|(k, _)| k == name.as_str()) {
+            Some((_, v)) => {
+                variables.insert(
+                    name.clone(),
+                    agentdiff_engine::redact::fingerprint(name, v.as_encoded_bytes()),
+                );
+            }
+            None => warnings.push(format!(
+                "--env {name}: the variable is not set, so the container does not get it"
+            )),
+        }
+    }
+    let mut dropped: Vec<String> = prepared
+        .spec
+        .env
+        .iter()
+        .filter_map(|(k, _)| k.to_str())
+        .filter(|k| !plan.options.env.iter().any(|n| n == k))
+        .map(str::to_string)
+        .collect();
+    dropped.sort();
+    dropped.dedup();
+    EnvironmentEvidence {
+        mode: "allowlist".into(),
+        variables,
+        dropped,
+    }
+}
+
+struct RunningContainer {
+    engine: Engine,
+    child: tokio::process::Child,
+    pid: Option<u32>,
+    identity: Option<agentdiff_engine::process::ProcessIdentity>,
+    started: Instant,
+    since_unix: u64,
+    /// Kept alive until the container id is read; removed on drop.
+    #[allow(dead_code)]
+    cid_dir: tempfile::TempDir,
+    cid_path: PathBuf,
+    name: String,
+    run_id: String,
+    timeout: Option<Duration>,
+    grace: Duration,
+    interrupt: tokio::sync::watch::Receiver<Option<i32>>,
+    evidence: RunEvidence,
+    image_pulled_ref: Option<String>,
+}
+
+enum Ending {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    TimedOut,
+    Interrupted(i32),
+}
+
+impl RunningContainer {
+    /// TERM to the container's init, KILL after the grace period, then make sure the client ends.
+    async fn stop(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        if let Err(e) = self.engine.stop(&self.name, self.grace).await {
+            self.evidence
+                .cleanup
+                .errors
+                .push(format!("stopping container {}: {e}", self.name));
+        }
+        let limit = self.grace + Duration::from_secs(10);
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                if let Err(e) = self.engine.remove(&self.name).await {
+                    self.evidence
+                        .cleanup
+                        .errors
+                        .push(format!("removing container {}: {e}", self.name));
+                }
+                let _ = self.child.start_kill();
+                self.child.wait().await
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl RunningCommand for RunningContainer {
+    fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    async fn wait(mut self: Box<Self>) -> Result<RunEvidence> {
+        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut interrupts_open = true;
+        let ending = loop {
+            if let Some(sig) = *self.interrupt.borrow() {
+                break Ending::Interrupted(sig);
+            }
+            tokio::select! {
+                status = self.child.wait() => break Ending::Exited(status),
+                _ = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending::<()>().await,
+                    }
+                } => break Ending::TimedOut,
+                changed = self.interrupt.changed(), if interrupts_open => {
+                    if changed.is_err() {
+                        interrupts_open = false;
+                    }
+                }
+            }
+        };
+        let mut exit = ExitInfo::default();
+        let status = match ending {
+            Ending::Exited(s) => s,
+            Ending::TimedOut => {
+                exit.timed_out = true;
+                self.stop().await
+            }
+            Ending::Interrupted(sig) => {
+                exit.interrupted_by = Some(sig);
+                self.stop().await
+            }
+        };
+        exit.duration_ms = self.started.elapsed().as_millis() as u64;
+        let status = status.map_err(|e| BackendError::Runtime {
+            backend: ID.into(),
+            message: format!("waiting for the engine client failed: {e}"),
+        })?;
+        exit.code = status.code();
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            exit.signal = status.signal();
+        }
+        let container_id = std::fs::read_to_string(&self.cid_path)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit()));
+        let mut ev = std::mem::take(&mut self.evidence);
+        ev.container_id = container_id.clone();
+        // 125–127 come from the engine (it failed, or the OCI runtime could not start the
+        // process) or from the command itself; the engine's event log tells which.
+        if !exit.timed_out && exit.interrupted_by.is_none() {
+            if let Some(code @ 125..=127) = exit.code {
+                match &container_id {
+                    None => {
+                        ev.failure = Some(FailureKind::WrapperSetupFailed {
+                            message: format!(
+                                "{} exited {code} before creating a container; the command never ran (see the engine's message above)",
+                                self.engine.kind.as_str()
+                            ),
+                        })
+                    }
+                    Some(id) => match self.engine.container_started(id, self.since_unix).await {
+                        Ok(false) => {
+                            ev.failure = Some(FailureKind::WrapperSetupFailed {
+                                message: format!(
+                                    "{} created container {id} but could not start it (exit {code}, e.g. an OCI runtime error); the command never ran (see the engine's message above)",
+                                    self.engine.kind.as_str()
+                                ),
+                            })
+                        }
+                        Ok(true) => {}
+                        Err(e) => ev.warnings.push(format!(
+                            "exit {code} may come from the engine or from the command; the engine's events could not tell: {e}"
+                        )),
+                    },
+                }
+            }
+        }
+        ev.exit = exit;
+        // Leftovers: `--rm` normally removes the container; remove anything still labelled.
+        let mut cleanup = CleanupReport {
+            mechanism: "container_engine".into(),
+            grace_ms: self.grace.as_millis() as u64,
+            records: Vec::new(),
+            errors: std::mem::take(&mut ev.cleanup.errors),
+        };
+        let mut removed = Vec::new();
+        // podman's client removes a `--rm` container itself before it exits normally; any other
+        // ending (engine error codes, a signal, a stop, docker's asynchronous auto-remove) is
+        // followed by a sweep by label.
+        let clean_podman_exit = self.engine.kind == EngineKind::Podman
+            && !ev.exit.timed_out
+            && ev.exit.interrupted_by.is_none()
+            && ev.exit.signal.is_none()
+            && ev.failure.is_none()
+            && !matches!(ev.exit.code, None | Some(125..=127));
+        let listed = if clean_podman_exit {
+            Ok(Vec::new())
+        } else {
+            self.engine.containers_of_run(&self.run_id).await
+        };
+        match listed {
+            Ok(ids) => {
+                for id in ids {
+                    match self.engine.remove(&id).await {
+                        Ok(()) => removed.push(id),
+                        Err(e) => cleanup.errors.push(format!("removing container {id}: {e}")),
+                    }
+                }
+            }
+            Err(e) => cleanup
+                .errors
+                .push(format!("listing containers of run {}: {e}", self.run_id)),
+        }
+        if !removed.is_empty() {
+            ev.warnings.push(format!(
+                "removed {} container(s) still present after the run: {}",
+                removed.len(),
+                removed.join(", ")
+            ));
+        }
+        ev.cleanup = cleanup;
+        if let Some(image) = &self.image_pulled_ref {
+            match self.engine.local_image_id(image).await {
+                Ok(id) => ev.image_digest = id,
+                Err(e) => ev.warnings.push(format!("image id after pull: {e}")),
+            }
+        }
+        if let Some(w) = ev.wrapper.as_mut().and_then(|w| w.as_object_mut()) {
+            w.insert(
+                "leftover_containers_removed".into(),
+                serde_json::json!(removed),
+            );
+            if let Some(d) = &ev.image_digest {
+                w.insert("image_id".into(), serde_json::json!(d));
+            }
+        }
+        if let Some(identity) = self.identity.clone() {
+            ev.processes.push(ProcessRecord {
+                ppid: std::process::id(),
+                identity,
+                relation: ProcessRelation::Root,
+                executable: self.engine.kind.as_str().into(),
+                first_seen_ms: 0,
+                alive_after_root_exit: false,
+            });
+        }
+        Ok(ev)
+    }
+}

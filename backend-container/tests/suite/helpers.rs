@@ -1,0 +1,267 @@
+//! Shared helpers: launch specs, the fake engine, a busybox rootfs, real-component gating.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentdiff_backend_container::engine::ProgramSource;
+use agentdiff_backend_container::ContainerBackend;
+use agentdiff_engine::backend::{
+    BackendOptions, LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode,
+};
+
+pub const FAKE: &str = env!("CARGO_BIN_EXE_agentdiff-fake-container-engine");
+pub const TEST_IMAGE: &str = "localhost/agentdiff-test:busybox";
+pub const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
+
+/// A project root with a private workspace under `.agentdiff/workspaces/<run>`, as the
+/// transaction lays it out.
+pub struct Layout {
+    pub _dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub workspace: PathBuf,
+    pub capsule: PathBuf,
+}
+
+pub fn layout(run_id: &str) -> Layout {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("project");
+    let workspace = root.join(".agentdiff/workspaces").join(run_id);
+    let capsule = root.join(".agentdiff/runs").join(run_id);
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::create_dir_all(&capsule).unwrap();
+    std::fs::write(root.join("host.txt"), b"host content\n").unwrap();
+    std::fs::write(workspace.join("host.txt"), b"host content\n").unwrap();
+    Layout {
+        _dir: dir,
+        root,
+        workspace,
+        capsule,
+    }
+}
+
+pub fn spec(l: &Layout, run_id: &str, argv: &[&str], options: &[(&str, &str)]) -> LaunchSpec {
+    let mut o = BackendOptions::new();
+    for (k, v) in options {
+        o.push(*k, *v);
+    }
+    LaunchSpec {
+        run_id: run_id.into(),
+        root: l.root.clone(),
+        workdir: l.workspace.clone(),
+        capsule_dir: l.capsule.clone(),
+        argv: argv.iter().map(OsString::from).collect(),
+        env: vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("SECRET_TOKEN".into(), "hunter2-value".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ],
+        timeout: Some(Duration::from_secs(60)),
+        grace: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(50),
+        observe_ports: false,
+        options: o,
+    }
+}
+
+/// Output files for a launch, so tests can read what the command printed.
+pub fn files_stdio(dir: &Path) -> (StdioMode, PathBuf, PathBuf) {
+    let out = dir.join("stdout");
+    let err = dir.join("stderr");
+    (
+        StdioMode::Files {
+            stdin: None,
+            stdout: out.clone(),
+            stderr: err.clone(),
+        },
+        out,
+        err,
+    )
+}
+
+pub async fn run(
+    backend: &dyn RuntimeBackend,
+    spec: &LaunchSpec,
+    stdio: StdioMode,
+) -> Result<RunEvidence, agentdiff_engine::backend::BackendError> {
+    let prepared = backend.prepare(spec)?;
+    let running = backend.launch(prepared, LaunchContext::new(stdio)).await?;
+    running.wait().await
+}
+
+/// Fake-engine backend, logging to `log`.
+pub fn fake_backend(log: &Path, kind: &str, extra: &[(&str, &str)]) -> ContainerBackend {
+    let fake = ProgramSource::Fixed(PathBuf::from(FAKE));
+    let mut b = ContainerBackend::new()
+        .with_engines(fake.clone(), fake)
+        .with_client_env("FAKE_ENGINE_LOG", log)
+        .with_client_env("FAKE_ENGINE_KIND", kind);
+    for (k, v) in extra {
+        b = b.with_client_env(*k, *v);
+    }
+    b
+}
+
+/// Every logged invocation's argv.
+pub fn logged(log: &Path) -> Vec<(Vec<String>, serde_json::Value)> {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return Vec::new();
+    };
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let argv = v["argv"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect();
+            (argv, v["env"].clone())
+        })
+        .collect()
+}
+
+/// Real components: `Some(reason)` when missing. With AGENTDIFF_REQUIRE_REAL_BACKENDS=1 a missing
+/// component fails the test instead of skipping it.
+pub fn skip_or_fail(test: &str, missing: Option<String>) -> bool {
+    match missing {
+        None => false,
+        Some(reason) => {
+            if std::env::var("AGENTDIFF_REQUIRE_REAL_BACKENDS").as_deref() == Ok("1") {
+                panic!("{test}: required real component missing: {reason}");
+            }
+            eprintln!("SKIP {test}: {reason} (not counted as a pass; set AGENTDIFF_REQUIRE_REAL_BACKENDS=1 to fail instead)");
+            true
+        }
+    }
+}
+
+/// Podman that can actually start a container here.
+pub fn podman_missing() -> Option<String> {
+    let Ok(podman) = which::which("podman") else {
+        return Some(
+            "podman is not installed (apt-get install -y podman runc busybox-static)".into(),
+        );
+    };
+    let ok = std::process::Command::new(podman)
+        .args(["info", "--format", "{{.Host.OCIRuntime.Name}}"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        return Some(
+            "`podman info` fails; see ENVIRONMENT.md for the containers.conf drop-in".into(),
+        );
+    }
+    if !Path::new("/bin/busybox").exists() {
+        return Some("/bin/busybox is missing (apt-get install -y busybox-static)".into());
+    }
+    None
+}
+
+/// A busybox root filesystem in a fresh 0755 temp dir: bin/busybox and one link per applet.
+pub fn busybox_rootfs() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = d.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
+    let list = std::process::Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let applet = applet.trim();
+        // `busybox --list` names busybox itself: linking it would replace the binary.
+        if applet.is_empty() || applet == "busybox" {
+            continue;
+        }
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+    d
+}
+
+/// Make the busybox image available to the engine (podman import; visible over the socket too).
+pub fn ensure_test_image() -> Result<(), String> {
+    let exists = std::process::Command::new("podman")
+        .args(["image", "exists", TEST_IMAGE])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if exists.success() {
+        return Ok(());
+    }
+    let rootfs = busybox_rootfs();
+    let tar_dir = tempfile::tempdir().unwrap();
+    let tar = tar_dir.path().join("rootfs.tar");
+    let st = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(rootfs.path())
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("tar failed".into());
+    }
+    let st = std::process::Command::new("podman")
+        .args(["import", "-q"])
+        .arg(&tar)
+        .arg(TEST_IMAGE)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !st.status.success() {
+        return Err(String::from_utf8_lossy(&st.stderr).into_owned());
+    }
+    Ok(())
+}
+
+/// The docker CLI and a live podman socket.
+pub fn docker_socket_missing() -> Option<String> {
+    if which::which("docker").is_err() {
+        return Some("the docker CLI is not installed".into());
+    }
+    if !Path::new(PODMAN_SOCKET).exists() {
+        return Some(format!(
+            "{PODMAN_SOCKET} is missing; start `podman system service --time=0 unix://{PODMAN_SOCKET}`"
+        ));
+    }
+    let ok = std::process::Command::new("docker")
+        .env("DOCKER_HOST", format!("unix://{PODMAN_SOCKET}"))
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        return Some(format!(
+            "the docker CLI cannot reach unix://{PODMAN_SOCKET}"
+        ));
+    }
+    None
+}
+
+/// Bytes of every regular file below `dir` (relative path → content), for "unchanged" checks.
+pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+            if rel.starts_with(".agentdiff") {
+                continue;
+            }
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(p);
+            } else if ft.is_file() {
+                out.insert(rel, std::fs::read(&p).unwrap());
+            } else {
+                out.insert(rel, b"<other>".to_vec());
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,5 @@
+mod fake_engine;
+mod helpers;
+mod real_docker;
+mod real_podman;
+mod transaction;

@@ -1,0 +1,192 @@
+//! The whole transaction with the real podman backend: private workspace materialised from the
+//! before-state, host tree untouched, then promote (conflict-checked) and deny handling.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use agentdiff_backend_container::ContainerBackend;
+use agentdiff_engine::backend::{BackendOptions, StdioMode};
+use agentdiff_engine::promote::{self, PromoteError, Scope, Selection};
+use agentdiff_engine::store::Store;
+use agentdiff_engine::transaction::{self, RunRequest};
+
+use super::helpers::*;
+
+async fn run_in_container(root: &Path, rootfs: &Path, script: &str) -> String {
+    let backend = ContainerBackend::new();
+    let mut options = BackendOptions::new();
+    options.push("engine", "podman");
+    options.push("rootfs", rootfs.to_str().unwrap());
+    let (_tx, rx) = tokio::sync::watch::channel(None);
+    let logs = root.parent().unwrap().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let outcome = transaction::run(RunRequest {
+        root: root.to_path_buf(),
+        policy: agentdiff_engine::policy::load(root, None).unwrap(),
+        argv: ["/bin/sh", "-c", script]
+            .iter()
+            .map(OsString::from)
+            .collect(),
+        task: None,
+        timeout: Some(Duration::from_secs(60)),
+        run_id: None,
+        backend: &backend,
+        options,
+        stdio: StdioMode::Files {
+            stdin: None,
+            stdout: logs.join("out"),
+            stderr: logs.join("err"),
+        },
+        interrupt: rx,
+        env_mode: None,
+        env_pass: Vec::new(),
+        grace: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(50),
+        progress: None,
+    })
+    .await
+    .unwrap();
+    assert!(outcome.refusal.is_none(), "{:?}", outcome.refusal);
+    outcome
+        .capsule_dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[tokio::test]
+async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_changes() {
+    if skip_or_fail("container_run_and_promote", podman_missing()) {
+        return;
+    }
+    let rootfs = busybox_rootfs();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("project");
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    std::fs::write(root.join("a.txt"), b"a before\n").unwrap();
+    std::fs::write(root.join("b.txt"), b"b before\n").unwrap();
+    std::fs::write(root.join("src/lib.rs"), b"// lib\n").unwrap();
+    std::os::unix::fs::symlink("src/lib.rs", root.join("lib-link")).unwrap();
+    let root = root.canonicalize().unwrap();
+    let host_before = snapshot(&root);
+
+    let run_id = run_in_container(
+        &root,
+        rootfs.path(),
+        "test \"$(cat a.txt)\" = 'a before' || exit 9; readlink lib-link > seen-link; \
+         echo 'a after' > a.txt; echo 'b after' > b.txt; mkdir -p new/deep; echo made > new/deep/c.txt; \
+         echo SECRET=1 > .env; rm src/lib.rs",
+    )
+    .await;
+    // The run saw the captured state, and the host tree is byte-for-byte unchanged.
+    assert_eq!(snapshot(&root), host_before);
+    let store = Store::open_existing(&root).unwrap();
+    let capsule = store.open_run(&run_id).unwrap();
+    assert!(capsule.is_sealed());
+    let result: serde_json::Value = capsule
+        .read_artifact(agentdiff_engine::store::Artifact::Result)
+        .unwrap();
+    assert_eq!(result["exit_code"], 0, "{result:#}");
+    let changes = result["changes"].as_array().unwrap();
+    let decision = |p: &str| {
+        changes
+            .iter()
+            .find(|c| c["path"] == p)
+            .map(|c| c["decision"].as_str().unwrap().to_string())
+    };
+    assert_eq!(decision(".env").as_deref(), Some("deny"));
+    assert!(decision("a.txt").is_some());
+    assert!(decision("seen-link").is_some());
+    assert!(changes.iter().all(|c| c["reversible"] == false));
+    let runtime: serde_json::Value = capsule
+        .read_artifact(agentdiff_engine::store::Artifact::Runtime)
+        .unwrap();
+    assert_eq!(runtime["capabilities"]["workspace"], "private");
+    assert!(runtime["observation_root"]
+        .as_str()
+        .unwrap()
+        .contains(".agentdiff/workspaces/"));
+
+    // Someone edits b.txt on the host after the run.
+    std::fs::write(root.join("b.txt"), b"b edited on the host\n").unwrap();
+
+    // Dry run: nothing written, a preview is shown.
+    let all = Selection {
+        scope: Scope::All,
+        paths: Vec::new(),
+        force: false,
+    };
+    let plan = promote::plan(&capsule, store.objects(), &root, &all).unwrap();
+    let preview = promote::execute(&capsule, &plan, true).unwrap();
+    assert_eq!(preview.status, "dry_run");
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"a before\n");
+    let a = preview.items.iter().find(|i| i.path == "a.txt").unwrap();
+    assert!(a.diff.as_deref().unwrap().contains("+a after"));
+
+    let report = promote::execute(&capsule, &plan, false).unwrap();
+    let outcome = |p: &str| {
+        report
+            .items
+            .iter()
+            .find(|i| i.path == p)
+            .map(|i| i.outcome.clone())
+            .unwrap_or_else(|| panic!("{p} not in the report: {report:#?}"))
+    };
+    assert_eq!(outcome("a.txt"), "applied");
+    assert_eq!(outcome("b.txt"), "conflict");
+    assert_eq!(outcome("new/deep/c.txt"), "created");
+    assert_eq!(outcome("src/lib.rs"), "removed");
+    assert_eq!(outcome(".env"), "skipped");
+    assert!(report.has_conflicts());
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"a after\n");
+    assert_eq!(
+        std::fs::read(root.join("b.txt")).unwrap(),
+        b"b edited on the host\n",
+        "the host edit is preserved"
+    );
+    assert_eq!(
+        std::fs::read(root.join("new/deep/c.txt")).unwrap(),
+        b"made\n"
+    );
+    assert!(!root.join("src/lib.rs").exists());
+    assert!(
+        !root.join(".env").exists(),
+        "deny changes are never promoted by default"
+    );
+
+    // A deny change needs --path and --force.
+    let named = Selection {
+        scope: Scope::All,
+        paths: vec![".env".into()],
+        force: false,
+    };
+    let plan = promote::plan(&capsule, store.objects(), &root, &named).unwrap();
+    let r = promote::execute(&capsule, &plan, false).unwrap();
+    assert_eq!(r.items[0].outcome, "skipped");
+    assert!(!root.join(".env").exists());
+    assert!(matches!(
+        promote::plan(
+            &capsule,
+            store.objects(),
+            &root,
+            &Selection {
+                scope: Scope::All,
+                paths: Vec::new(),
+                force: true
+            }
+        ),
+        Err(PromoteError::ForceWithoutPath)
+    ));
+    let forced = Selection {
+        scope: Scope::All,
+        paths: vec![".env".into()],
+        force: true,
+    };
+    let plan = promote::plan(&capsule, store.objects(), &root, &forced).unwrap();
+    let r = promote::execute(&capsule, &plan, false).unwrap();
+    assert_eq!(r.items[0].outcome, "created");
+    assert_eq!(std::fs::read(root.join(".env")).unwrap(), b"SECRET=1\n");
+    assert!(capsule.dir().join("promote-result.json").exists());
+}

@@ -1,0 +1,699 @@
+//! Promote: apply a private-workspace run's changes to the host tree.
+//!
+//! The mirror image of rollback, through the same conflict-checked applier
+//! ([`crate::rollback::apply`]): for each selected path the host must still hold the captured
+//! **before**-state (what the workspace started from); only then is it moved to the recorded
+//! **after**-state of the workspace, from verified objects. Anything else is a conflict and the
+//! host state is preserved. Symlinks, hardlinked files and files without verified objects are
+//! reported, never written.
+//!
+//! Selection: `--safe-only` promotes changes the run's policy classified `allow`; `--all` adds
+//! `review`. `deny` changes are never promoted unless named with `--path` and `--force`.
+//!
+//! [`plan`] verifies the capsule (sealed, intact, recorded by a private-workspace backend) before
+//! anything is written; [`execute`] writes (or, with `dry_run`, only checks and previews) and
+//! records `promote-result.json`, a `promote-<time>.json` history copy and recovery events.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::fs::{ChangeType, EntryKind, Manifest};
+use crate::rollback::apply::{self, ApplyOp, OpKind, Outcome, Transition};
+use crate::rollback::plan::validate_recorded_path;
+use crate::store::{
+    now_rfc3339_millis, Artifact, Capsule, ObjectStore, RecoveryArtifact, StoreError,
+};
+
+/// Which recorded changes promote applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Changes the policy classified `allow`.
+    SafeOnly,
+    /// `allow` and `review` changes.
+    All,
+}
+
+/// The user's selection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    pub scope: Scope,
+    /// `--path` filters: a recorded path or a directory above recorded paths; empty = all.
+    pub paths: Vec<String>,
+    /// With `--path`: also promote `deny` changes under the named paths.
+    pub force: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteError {
+    #[error("run '{run_id}' is not sealed: its recorded workspace state cannot be trusted; nothing was changed")]
+    NotSealed { run_id: String },
+    #[error("run '{run_id}' failed verification ({problems}); refusing to promote from evidence that may have been tampered with; nothing was changed — run `agentdiff verify {run_id}`")]
+    Verification { run_id: String, problems: String },
+    #[error("run '{run_id}' did not run in a private workspace (its changes were made on the host tree); use `agentdiff rollback` instead")]
+    NotPrivate { run_id: String },
+    #[error("the project root {given} is not the root run recorded ({recorded}); run promote from the project the run belongs to")]
+    RootMismatch { recorded: String, given: String },
+    #[error("recorded path {path:?} is unsafe: {reason}; nothing was changed")]
+    UnsafePath { path: String, reason: String },
+    #[error("--path {path:?}: {reason}")]
+    InvalidPathArgument { path: String, reason: String },
+    #[error("--path {path:?} names no recorded change of this run")]
+    UnknownPath { path: String },
+    #[error("--force only applies together with --path: deny-classified changes are promoted only when named")]
+    ForceWithoutPath,
+    #[error("run '{run_id}' has a malformed record: {detail}")]
+    Malformed { run_id: String, detail: String },
+    #[error("could not {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("promote needs POSIX directory-handle calls, which this platform lacks")]
+    UnsupportedPlatform,
+}
+
+/// What promote will do with one path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Apply(Box<ApplyOp>),
+    /// Reported, never touched.
+    Skip(String),
+    /// Refused before anything is written (e.g. its object fails verification).
+    Fail(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanItem {
+    pub path: String,
+    pub change_type: ChangeType,
+    pub entry_kind: EntryKind,
+    pub decision: String,
+    /// Included only because a selected path below it needs it.
+    pub implied: bool,
+    pub step: Step,
+}
+
+/// A verified plan; run it with [`execute`].
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub run_id: String,
+    pub root: PathBuf,
+    pub scope: Scope,
+    pub force: bool,
+    pub paths: Vec<String>,
+    pub items: Vec<PlanItem>,
+    pub not_selected: usize,
+    objects: ObjectStore,
+    unselected_children: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RecordedResult {
+    changes: Vec<RecordedChange>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct RecordedChange {
+    path: String,
+    change_type: ChangeType,
+    entry_kind: EntryKind,
+    decision: String,
+}
+
+fn normalize_arg(arg: &str) -> Result<String, &'static str> {
+    let mut s = arg.trim_end_matches('/');
+    while let Some(rest) = s.strip_prefix("./") {
+        s = rest.trim_start_matches('/');
+    }
+    if s == "." || s.is_empty() {
+        return Ok(String::new());
+    }
+    validate_recorded_path(s)?;
+    Ok(s.to_string())
+}
+
+fn under(path: &str, prefix: &str) -> bool {
+    prefix.is_empty()
+        || path == prefix
+        || (path.len() > prefix.len()
+            && path.starts_with(prefix)
+            && path.as_bytes()[prefix.len()] == b'/')
+}
+
+fn parent_of(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(p, _)| p)
+}
+
+/// Verify the capsule and plan the promotion of `selection` into `root`.
+pub fn plan(
+    capsule: &Capsule,
+    objects: &ObjectStore,
+    root: &Path,
+    selection: &Selection,
+) -> Result<Plan, PromoteError> {
+    let run_id = capsule.id().to_string();
+    if selection.force && selection.paths.is_empty() {
+        return Err(PromoteError::ForceWithoutPath);
+    }
+    if !capsule.is_sealed() {
+        return Err(PromoteError::NotSealed { run_id });
+    }
+    let verify = capsule.verify(objects)?;
+    let fatal: Vec<String> = verify
+        .problems
+        .iter()
+        .filter(|p| !p.subject.starts_with("object "))
+        .map(|p| format!("{}: {}", p.subject, p.problem))
+        .collect();
+    if !verify.sealed || !fatal.is_empty() {
+        return Err(PromoteError::Verification {
+            run_id,
+            problems: if fatal.is_empty() {
+                "not sealed".into()
+            } else {
+                fatal.join("; ")
+            },
+        });
+    }
+    let runtime: Value = capsule.read_artifact(Artifact::Runtime)?;
+    if runtime.pointer("/capabilities/workspace") != Some(&Value::String("private".into())) {
+        return Err(PromoteError::NotPrivate { run_id });
+    }
+    let before: Manifest = capsule.read_artifact(Artifact::Before)?;
+    let after: Manifest = capsule.read_artifact(Artifact::After)?;
+    let result: RecordedResult = capsule.read_artifact(Artifact::Result)?;
+
+    let given = root.canonicalize().map_err(|source| PromoteError::Io {
+        action: "resolve the project root",
+        path: root.to_path_buf(),
+        source,
+    })?;
+    if given != Path::new(&before.root) {
+        return Err(PromoteError::RootMismatch {
+            recorded: before.root.clone(),
+            given: given.display().to_string(),
+        });
+    }
+
+    // Every recorded path stays below the root and never crosses a recorded symlink or file.
+    for change in &result.changes {
+        validate_recorded_path(&change.path).map_err(|reason| PromoteError::UnsafePath {
+            path: change.path.clone(),
+            reason: reason.to_string(),
+        })?;
+        let mut prefix = change.path.as_str();
+        while let Some(parent) = parent_of(prefix) {
+            for m in [&before, &after] {
+                if let Some(e) = m.entries.get(parent) {
+                    if e.kind != EntryKind::Directory {
+                        return Err(PromoteError::UnsafePath {
+                            path: change.path.clone(),
+                            reason: format!("its parent {parent} was recorded as a non-directory"),
+                        });
+                    }
+                }
+            }
+            prefix = parent;
+        }
+    }
+
+    let mut filters = Vec::new();
+    for arg in &selection.paths {
+        let p = normalize_arg(arg).map_err(|reason| PromoteError::InvalidPathArgument {
+            path: arg.clone(),
+            reason: reason.to_string(),
+        })?;
+        if !result.changes.iter().any(|c| under(&c.path, &p)) {
+            return Err(PromoteError::UnknownPath { path: arg.clone() });
+        }
+        filters.push(p);
+    }
+    let named = |c: &RecordedChange| filters.iter().any(|f| under(&c.path, f));
+    let by_path = |c: &RecordedChange| filters.is_empty() || named(c);
+
+    let transition = |path: &str| Transition {
+        path: path.to_string(),
+        expected: before.entries.get(path).cloned(),
+        target: after.entries.get(path).cloned(),
+    };
+
+    let mut items: BTreeMap<String, PlanItem> = BTreeMap::new();
+    let mut not_selected = 0usize;
+    for c in &result.changes {
+        if !by_path(c) {
+            not_selected += 1;
+            continue;
+        }
+        let in_scope = matches!(
+            (c.decision.as_str(), selection.scope),
+            ("allow", _) | ("review", Scope::All)
+        );
+        let step = if c.decision == "deny" && !(selection.force && named(c)) {
+            if filters.is_empty() {
+                Step::Skip(
+                    "deny-classified: promoted only when named with --path and --force".into(),
+                )
+            } else {
+                Step::Skip("deny-classified: add --force to promote a named deny change".into())
+            }
+        } else if c.decision == "deny" || in_scope || !filters.is_empty() {
+            // A named review change under --safe-only is promoted only with --all; say so.
+            if c.decision == "review" && selection.scope == Scope::SafeOnly {
+                Step::Skip("review-classified: use --all to promote it".into())
+            } else {
+                match apply::classify(&transition(&c.path)) {
+                    Ok(kind) => Step::Apply(Box::new(ApplyOp {
+                        path: c.path.clone(),
+                        kind,
+                        expected: before.entries.get(&c.path).cloned(),
+                        target: after.entries.get(&c.path).cloned(),
+                    })),
+                    Err(reason) => Step::Skip(reason),
+                }
+            }
+        } else {
+            not_selected += 1;
+            continue;
+        };
+        items.insert(
+            c.path.clone(),
+            PlanItem {
+                path: c.path.clone(),
+                change_type: c.change_type,
+                entry_kind: c.entry_kind,
+                decision: c.decision.clone(),
+                implied: false,
+                step,
+            },
+        );
+    }
+
+    // A created path needs its created parent directories, even when they were not selected.
+    let records: BTreeMap<&str, &RecordedChange> = result
+        .changes
+        .iter()
+        .map(|c| (c.path.as_str(), c))
+        .collect();
+    let creating: Vec<String> = items
+        .values()
+        .filter(|i| matches!(&i.step, Step::Apply(op) if op.target.is_some()))
+        .map(|i| i.path.clone())
+        .collect();
+    for path in creating {
+        let mut p = path.as_str();
+        while let Some(parent) = parent_of(p) {
+            let needs = !before.entries.contains_key(parent)
+                && after.entries.get(parent).map(|e| e.kind) == Some(EntryKind::Directory);
+            if needs && !items.contains_key(parent) {
+                let step = match apply::classify(&transition(parent)) {
+                    Ok(kind) => Step::Apply(Box::new(ApplyOp {
+                        path: parent.to_string(),
+                        kind,
+                        expected: None,
+                        target: after.entries.get(parent).cloned(),
+                    })),
+                    Err(reason) => Step::Skip(reason),
+                };
+                let decision = records
+                    .get(parent)
+                    .map(|c| c.decision.clone())
+                    .unwrap_or_else(|| "allow".into());
+                items.insert(
+                    parent.to_string(),
+                    PlanItem {
+                        path: parent.to_string(),
+                        change_type: ChangeType::Created,
+                        entry_kind: EntryKind::Directory,
+                        decision,
+                        implied: true,
+                        step,
+                    },
+                );
+            }
+            p = parent;
+        }
+    }
+
+    // Objects needed for writes must verify now, before anything is written.
+    for item in items.values_mut() {
+        if let Step::Apply(op) = &item.step {
+            if matches!(op.kind, OpKind::WriteFile | OpKind::CreateFile) {
+                if let Some(sha) = op.target.as_ref().and_then(|t| t.sha256.as_deref()) {
+                    if let Err(e) = objects.verify_object(sha) {
+                        item.step = Step::Fail(format!("its workspace object is unusable: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    // Directories to remove: children (in the before-state) whose removal is not being applied.
+    let removing: BTreeSet<&str> = items
+        .values()
+        .filter(|i| matches!(&i.step, Step::Apply(op) if op.target.is_none()))
+        .map(|i| i.path.as_str())
+        .collect();
+    let mut unselected_children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for item in items.values() {
+        if let Step::Apply(op) = &item.step {
+            if op.kind == OpKind::RemoveDir {
+                let prefix = format!("{}/", op.path);
+                let kids: Vec<String> = before
+                    .entries
+                    .keys()
+                    .filter(|k| k.starts_with(&prefix) && !k[prefix.len()..].contains('/'))
+                    .filter(|k| !removing.contains(k.as_str()))
+                    .map(|k| k[prefix.len()..].to_string())
+                    .collect();
+                unselected_children.insert(op.path.clone(), kids);
+            }
+        }
+    }
+
+    Ok(Plan {
+        run_id,
+        root: given,
+        scope: selection.scope,
+        force: selection.force,
+        paths: filters,
+        items: items.into_values().collect(),
+        not_selected,
+        objects: objects.clone(),
+        unselected_children,
+    })
+}
+
+/// One path's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ItemReport {
+    pub path: String,
+    pub change_type: ChangeType,
+    pub entry_kind: EntryKind,
+    pub decision: String,
+    pub implied: bool,
+    pub action: Option<OpKind>,
+    /// `applied`, `created`, `removed`, `already_applied`, `conflict`, `skipped`, `failed`,
+    /// `would_apply`, `would_create`, `would_remove`.
+    pub outcome: String,
+    pub reason: Option<String>,
+    /// Dry run: unified diff of text content from the host state to the workspace state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub schema_version: u32,
+    pub run_id: String,
+    pub root: String,
+    pub scope: Scope,
+    pub force: bool,
+    pub paths: Vec<String>,
+    pub dry_run: bool,
+    /// `promoted`, `partial` (conflicts or failures preserved host state), `nothing_to_do`,
+    /// `dry_run`.
+    pub status: String,
+    pub totals: BTreeMap<String, usize>,
+    pub not_selected: usize,
+    pub items: Vec<ItemReport>,
+    pub started_at: String,
+    pub finished_at: String,
+}
+
+impl Report {
+    /// At least one path kept its host state because it differed from the captured state or
+    /// could not be written.
+    pub fn has_conflicts(&self) -> bool {
+        self.items
+            .iter()
+            .any(|i| i.outcome == "conflict" || i.outcome == "failed")
+    }
+}
+
+fn promote_word(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Restored => "applied",
+        Outcome::Recreated => "created",
+        Outcome::Removed => "removed",
+        Outcome::AlreadyRestored => "already_applied",
+        Outcome::Conflict => "conflict",
+        Outcome::Skipped => "skipped",
+        Outcome::Failed => "failed",
+        Outcome::WouldRestore => "would_apply",
+        Outcome::WouldRecreate => "would_create",
+        Outcome::WouldRemove => "would_remove",
+    }
+}
+
+/// Execute `plan` (or only check and preview it with `dry_run`) and record the result.
+pub fn execute(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report, PromoteError> {
+    #[cfg(unix)]
+    {
+        execute_unix(capsule, plan, dry_run)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (capsule, plan, dry_run);
+        Err(PromoteError::UnsupportedPlatform)
+    }
+}
+
+#[cfg(unix)]
+fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report, PromoteError> {
+    use crate::rollback::apply::Applier;
+    use crate::rollback::secure_dir::DirHandle;
+
+    let started_at = now_rfc3339_millis();
+    let root = DirHandle::open_root(&plan.root).map_err(|source| PromoteError::Io {
+        action: "open the project root",
+        path: plan.root.clone(),
+        source,
+    })?;
+    let mut applier = Applier::new(root, &plan.objects, dry_run, None);
+
+    let mut ops: Vec<(usize, ApplyOp)> = Vec::new();
+    for (i, item) in plan.items.iter().enumerate() {
+        if let Step::Apply(op) = &item.step {
+            ops.push((i, (**op).clone()));
+            if op.kind == OpKind::CreateDir
+                && op
+                    .target
+                    .as_ref()
+                    .is_some_and(|t| apply::working_dir_mode(t.mode) != t.mode)
+            {
+                ops.push((
+                    i,
+                    ApplyOp {
+                        kind: OpKind::SettleDirMode,
+                        ..(**op).clone()
+                    },
+                ));
+            }
+        }
+    }
+    let mut ordered: Vec<ApplyOp> = ops.iter().map(|(_, o)| o.clone()).collect();
+    apply::order(&mut ordered);
+    let index_of = |op: &ApplyOp| {
+        ops.iter()
+            .find(|(_, o)| o.path == op.path && o.kind == op.kind)
+            .map(|(i, _)| *i)
+    };
+    if !dry_run {
+        capsule.recovery_event(
+            "promote_started",
+            json!({ "scope": plan.scope, "force": plan.force, "paths": plan.paths, "operations": ordered.len() }),
+        )?;
+    }
+    applier.clean_stale_temps(&ordered);
+
+    let mut results: Vec<Option<(OpKind, apply::OpResult)>> = vec![None; plan.items.len()];
+    let empty = Vec::new();
+    for op in &ordered {
+        let Some(i) = index_of(op) else { continue };
+        let children = plan.unselected_children.get(&op.path).unwrap_or(&empty);
+        // No fault is injected here, so the applier cannot be interrupted.
+        let Ok(r) = applier.apply(op, children) else {
+            continue;
+        };
+        if op.kind == OpKind::SettleDirMode {
+            if r.outcome.preserved_a_difference() {
+                results[i] = Some((op.kind, r));
+            }
+            continue;
+        }
+        if !dry_run
+            && matches!(
+                r.outcome,
+                Outcome::Restored
+                    | Outcome::Removed
+                    | Outcome::Recreated
+                    | Outcome::Conflict
+                    | Outcome::Failed
+            )
+        {
+            capsule.recovery_event(
+                "promote_path",
+                json!({
+                    "path": op.path,
+                    "action": op.kind,
+                    "outcome": promote_word(r.outcome),
+                    "reason": r.reason,
+                }),
+            )?;
+        }
+        results[i] = Some((op.kind, r));
+    }
+
+    let mut totals: BTreeMap<String, usize> = BTreeMap::new();
+    let mut items = Vec::with_capacity(plan.items.len());
+    for (item, result) in plan.items.iter().zip(results) {
+        let (action, outcome, reason, diff) = match (&item.step, result) {
+            (Step::Apply(op), Some((_, r))) => (
+                Some(op.kind),
+                promote_word(r.outcome).to_string(),
+                r.reason,
+                r.diff.map(|d| relabel(&d)),
+            ),
+            (Step::Apply(op), None) => (
+                Some(op.kind),
+                "skipped".into(),
+                Some("not reached".into()),
+                None,
+            ),
+            (Step::Skip(reason), _) => (None, "skipped".into(), Some(reason.clone()), None),
+            (Step::Fail(reason), _) => (None, "failed".into(), Some(reason.clone()), None),
+        };
+        *totals.entry(outcome.clone()).or_default() += 1;
+        items.push(ItemReport {
+            path: item.path.clone(),
+            change_type: item.change_type,
+            entry_kind: item.entry_kind,
+            decision: item.decision.clone(),
+            implied: item.implied,
+            action,
+            outcome,
+            reason,
+            diff,
+        });
+    }
+    let mut report = Report {
+        schema_version: crate::SCHEMA_VERSION,
+        run_id: plan.run_id.clone(),
+        root: plan.root.display().to_string(),
+        scope: plan.scope,
+        force: plan.force,
+        paths: plan.paths.clone(),
+        dry_run,
+        status: String::new(),
+        totals,
+        not_selected: plan.not_selected,
+        items,
+        started_at,
+        finished_at: now_rfc3339_millis(),
+    };
+    let wrote = report
+        .items
+        .iter()
+        .any(|i| matches!(i.outcome.as_str(), "applied" | "created" | "removed"));
+    report.status = if dry_run {
+        "dry_run"
+    } else if report.has_conflicts() {
+        "partial"
+    } else if wrote {
+        "promoted"
+    } else {
+        "nothing_to_do"
+    }
+    .into();
+    if !dry_run {
+        capsule.write_recovery(RecoveryArtifact::PromoteResult, &report)?;
+        let suffix: String = report
+            .finished_at
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        if let Ok(h) = RecoveryArtifact::history("promote", &suffix) {
+            capsule.write_recovery(h, &report)?;
+        }
+        capsule.recovery_event(
+            "promote_finished",
+            json!({ "status": report.status, "totals": report.totals }),
+        )?;
+    }
+    Ok(report)
+}
+
+/// The shared applier labels the target side of a preview for rollback; name it for promote.
+fn relabel(diff: &str) -> String {
+    diff.lines()
+        .map(|l| {
+            match l
+                .strip_prefix("+++ ")
+                .and_then(|r| r.strip_suffix(" (after rollback)"))
+            {
+                Some(path) => format!("+++ {path} (after promote)"),
+                None => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Human summary of a report.
+pub fn render_summary(report: &Report) -> String {
+    use crate::redact::escape_terminal;
+    let mut out = String::new();
+    out.push_str(&format!(
+        "promote {}{}: {}\n",
+        escape_terminal(&report.run_id),
+        if report.dry_run {
+            " (dry run: nothing written)"
+        } else {
+            ""
+        },
+        report.status
+    ));
+    for i in &report.items {
+        out.push_str(&format!(
+            "  {:<15} {:<8} {}{}{}\n",
+            i.outcome,
+            i.decision,
+            escape_terminal(&i.path),
+            if i.implied {
+                " (parent of a selected path)"
+            } else {
+                ""
+            },
+            i.reason
+                .as_deref()
+                .map(|r| format!(" — {}", escape_terminal(r)))
+                .unwrap_or_default()
+        ));
+        if let Some(d) = &i.diff {
+            for line in d.lines() {
+                out.push_str(&format!("      {}\n", escape_terminal(line)));
+            }
+        }
+    }
+    if report.not_selected > 0 {
+        out.push_str(&format!(
+            "  {} recorded change(s) outside the selection\n",
+            report.not_selected
+        ));
+    }
+    let totals: Vec<String> = report
+        .totals
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect();
+    out.push_str(&format!("  totals: {}\n", totals.join(", ")));
+    out
+}
