@@ -1,7 +1,7 @@
 //! `agentdiff conformance --runtime ID`: run the backend conformance suite against any registered
 //! backend (built in, or compiled in by a third party) and print TAP 13 or JSON.
 //!
-//! Exit status: 0 when no MUST check failed; [`CONFORMANCE_FAILED`] when at least one did;
+//! Exit status: 0 when no MUST check failed; `exit::CONFORMANCE_FAILED` (74) when at least one did;
 //! `BACKEND_UNAVAILABLE` (69) when the backend cannot run here, so that a report made only of
 //! skips never looks like a pass.
 
@@ -13,10 +13,6 @@ use agentdiff_engine::backend::{BackendOptions, Registry};
 use anyhow::Context;
 
 use crate::exit;
-
-/// At least one MUST check failed. To move to `exit.rs` (and docs/cli.md) as
-/// `exit::CONFORMANCE_FAILED`.
-pub const CONFORMANCE_FAILED: u8 = 74;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -134,7 +130,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .write_all(text.as_bytes())
         .context("writing the report to stdout")?;
     if !report.conformant() {
-        return Ok(ExitCode::from(CONFORMANCE_FAILED));
+        return Ok(ExitCode::from(exit::CONFORMANCE_FAILED));
     }
     if !report.availability.is_ready() {
         eprintln!(

@@ -18,29 +18,9 @@ async fn run_once(ctx: &Ctx, inv: Invocation) -> Result<harness::Ran, Finding> {
         .map_err(stage_failure)
 }
 
-/// The evidence as the transaction stores it in `runtime.json`: the evidence serialised, the
-/// wrapper argv through `redact_argv`, `runtime_config` and `wrapper` through `redact_value`, plus
-/// `schema_version` and `launched`. Every other field is stored as the backend reported it, so a
-/// secret there reaches the capsule. (Mirrors engine/src/transaction `redact_runtime`.)
+/// The evidence as the transaction stores it in `runtime.json`.
 pub fn as_stored(evidence: &RunEvidence) -> Value {
-    let mut doc = serde_json::to_value(evidence).unwrap_or(Value::Null);
-    if let Some(argv) = &evidence.wrapper_argv {
-        doc["wrapper_argv"] = json!(redact::redact_argv(argv));
-    }
-    if let Some(cfg) = doc.get_mut("runtime_config") {
-        redact::redact_value(cfg);
-    }
-    if let Some(w) = doc.get_mut("wrapper") {
-        redact::redact_value(w);
-    }
-    if let Some(obj) = doc.as_object_mut() {
-        obj.insert(
-            "schema_version".into(),
-            json!(agentdiff_engine::SCHEMA_VERSION),
-        );
-        obj.insert("launched".into(), json!(true));
-    }
-    doc
+    agentdiff_engine::transaction::runtime_document(evidence)
 }
 
 /// JSON paths of string values containing `needle`.
