@@ -1,6 +1,8 @@
 //! A small structural validator for the subset of JSON Schema the published artifact schemas use:
 //! `type` (one or several), `required`, `properties`, `additionalProperties` (boolean or schema),
-//! `items`, `enum`, `const`, `minimum`, `anyOf`/`oneOf`/`allOf`, and local `$ref`
+//! `items`, `enum`, `const`, `minimum`, `maximum`, `pattern` (anchored sequences of literals and
+//! bracket classes with `{n}`/`{m,n}` counts — what the schemas use), `anyOf`/`oneOf`/`allOf`,
+//! and local `$ref`
 //! (`#/definitions/…`, `#/$defs/…`). Other keywords are ignored and listed, so a schema relying on
 //! them is visibly not fully checked. Kept in-house to avoid a heavy dependency for a test-time
 //! check.
@@ -19,6 +21,8 @@ const KNOWN: &[&str] = &[
     "enum",
     "const",
     "minimum",
+    "maximum",
+    "pattern",
     "anyOf",
     "oneOf",
     "allOf",
@@ -133,6 +137,24 @@ fn check(root: &Value, schema: &Value, doc: &Value, path: &str, v: &mut Validati
                 .push(format!("{path}: {n} is below the minimum {min}"));
         }
     }
+    if let (Some(max), Some(n)) = (obj.get("maximum").and_then(Value::as_f64), doc.as_f64()) {
+        if n > max {
+            v.errors
+                .push(format!("{path}: {n} is above the maximum {max}"));
+        }
+    }
+    if let (Some(pattern), Some(text)) = (obj.get("pattern").and_then(Value::as_str), doc.as_str())
+    {
+        match pattern_matches(pattern, text) {
+            Some(true) => {}
+            Some(false) => v
+                .errors
+                .push(format!("{path}: {text:?} does not match {pattern}")),
+            None => {
+                v.ignored_keywords.insert(format!("pattern {pattern}"));
+            }
+        }
+    }
     if let Some(map) = doc.as_object() {
         if let Some(req) = obj.get("required").and_then(Value::as_array) {
             for name in req.iter().filter_map(Value::as_str) {
@@ -203,6 +225,95 @@ fn kind(doc: &Value) -> &'static str {
     }
 }
 
+/// One element of an anchored pattern: a set of characters and how many times it repeats.
+struct Atom {
+    chars: Vec<(char, char)>,
+    min: usize,
+    max: usize,
+}
+
+/// Parses `^…$` made of literal characters and `[…]` classes (ranges allowed), each optionally
+/// followed by `{n}` or `{m,n}`. `None` for anything else: the caller reports it unchecked.
+fn parse_pattern(pattern: &str) -> Option<Vec<Atom>> {
+    let body = pattern.strip_prefix('^')?.strip_suffix('$')?;
+    let chars: Vec<char> = body.chars().collect();
+    let mut atoms = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let mut set = Vec::new();
+        match chars[i] {
+            '[' => {
+                i += 1;
+                while i < chars.len() && chars[i] != ']' {
+                    let lo = chars[i];
+                    if i + 2 < chars.len() && chars[i + 1] == '-' && chars[i + 2] != ']' {
+                        set.push((lo, chars[i + 2]));
+                        i += 3;
+                    } else {
+                        set.push((lo, lo));
+                        i += 1;
+                    }
+                }
+                if i >= chars.len() {
+                    return None;
+                }
+                i += 1;
+            }
+            '\\' | '(' | ')' | '|' | '*' | '+' | '?' | '.' | '{' => return None,
+            c => {
+                set.push((c, c));
+                i += 1;
+            }
+        }
+        let (mut min, mut max) = (1, 1);
+        if i < chars.len() && chars[i] == '{' {
+            let close = chars[i..].iter().position(|c| *c == '}')? + i;
+            let spec: String = chars[i + 1..close].iter().collect();
+            let (lo, hi) = match spec.split_once(',') {
+                Some((lo, hi)) => (lo.parse().ok()?, hi.parse().ok()?),
+                None => {
+                    let n = spec.parse().ok()?;
+                    (n, n)
+                }
+            };
+            min = lo;
+            max = hi;
+            i = close + 1;
+        }
+        atoms.push(Atom {
+            chars: set,
+            min,
+            max,
+        });
+    }
+    Some(atoms)
+}
+
+fn pattern_matches(pattern: &str, text: &str) -> Option<bool> {
+    let atoms = parse_pattern(pattern)?;
+    let text: Vec<char> = text.chars().collect();
+    // Greedy is exact here: consecutive atoms in the schemas never share characters, and a
+    // mismatch is still a mismatch (no backtracking needed for these anchored sequences).
+    let mut pos = 0;
+    for atom in &atoms {
+        let mut n = 0;
+        while n < atom.max
+            && pos < text.len()
+            && atom
+                .chars
+                .iter()
+                .any(|(lo, hi)| (*lo..=*hi).contains(&text[pos]))
+        {
+            n += 1;
+            pos += 1;
+        }
+        if n < atom.min {
+            return Some(false);
+        }
+    }
+    Some(pos == text.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,7 +371,8 @@ mod tests {
             &json!({"backend": "x", "exit": {"code": 1}, "pat": "y"}),
         );
         assert!(v.is_valid());
-        assert!(v.ignored_keywords.contains("pattern"));
+        // An unanchored pattern is outside the subset: listed as unchecked, not passed off.
+        assert!(v.ignored_keywords.contains("pattern ^x"), "{v:?}");
     }
 
     #[test]
@@ -278,5 +390,25 @@ mod tests {
     fn unresolvable_refs_are_errors() {
         let v = validate(&json!({"$ref": "#/$defs/none"}), &json!(1));
         assert!(!v.is_valid());
+    }
+
+    #[test]
+    fn anchored_patterns_used_by_the_schemas() {
+        let hex = "^[0-9a-f]{64}$";
+        assert_eq!(pattern_matches(hex, &"a".repeat(64)), Some(true));
+        assert_eq!(pattern_matches(hex, &"a".repeat(63)), Some(false));
+        assert_eq!(pattern_matches(hex, &"A".repeat(64)), Some(false));
+        let fp = "^sha256:[0-9a-f]{16}$";
+        assert_eq!(pattern_matches(fp, "sha256:0123456789abcdef"), Some(true));
+        assert_eq!(pattern_matches(fp, "sha256:0123456789abcde"), Some(false));
+        assert_eq!(pattern_matches(fp, "sha1:0123456789abcdef"), Some(false));
+        let ev = "^[a-z0-9_.]{1,64}$";
+        assert_eq!(pattern_matches(ev, "rollback_started"), Some(true));
+        assert_eq!(pattern_matches(ev, ""), Some(false));
+        assert_eq!(pattern_matches(ev, "Bad"), Some(false));
+        assert_eq!(pattern_matches("^(a|b)$", "a"), None);
+        let schema = serde_json::json!({"type": "integer", "maximum": 100});
+        assert!(!validate(&schema, &serde_json::json!(101)).is_valid());
+        assert!(validate(&schema, &serde_json::json!(100)).is_valid());
     }
 }
