@@ -411,14 +411,12 @@ fn parse_diag_reply(
         match kind {
             NLMSG_DONE => return Ok(Progress::Done),
             NLMSG_ERROR => {
-                let errno = ne_u32(payload, 0)
-                    .ok_or(Malformed("truncated error message"))?
-                    as i32;
+                let errno = ne_u32(payload, 0).ok_or(Malformed("truncated error message"))? as i32;
                 // The kernel sends -errno; 0 would be an acknowledgement, which was not asked for.
                 return match errno.checked_neg() {
-                    Some(e) if e > 0 => Err(SockDiagError::Kernel(
-                        std::io::Error::from_raw_os_error(e),
-                    )),
+                    Some(e) if e > 0 => {
+                        Err(SockDiagError::Kernel(std::io::Error::from_raw_os_error(e)))
+                    }
                     _ => Err(Malformed("error message without an error number")),
                 };
             }
@@ -434,11 +432,7 @@ fn parse_diag_reply(
 }
 
 /// One `inet_diag_msg`.
-fn parse_diag_msg(
-    table: &Table,
-    msg: &[u8],
-    out: &mut Vec<Listener>,
-) -> Result<(), SockDiagError> {
+fn parse_diag_msg(table: &Table, msg: &[u8], out: &mut Vec<Listener>) -> Result<(), SockDiagError> {
     use SockDiagError::Malformed;
     if msg.len() < DIAG_MSG_LEN {
         return Err(Malformed("truncated inet_diag_msg"));
@@ -698,7 +692,10 @@ impl PortObserver {
     fn note(&self) -> String {
         let all_sock_diag = self.sources.len() == TABLES.len()
             && self.sources.values().all(|n| *n == self.snapshots)
-            && self.sources.keys().all(|k| k.ends_with(" via netlink sock_diag"));
+            && self
+                .sources
+                .keys()
+                .all(|k| k.ends_with(" via netlink sock_diag"));
         if all_sock_diag {
             return format!(
                 "{OBSERVE_NOTE} All {} snapshots were read via netlink sock_diag.",
@@ -1067,7 +1064,10 @@ mod tests {
                 "error i32::MIN",
                 nlmsg(NLMSG_ERROR, SEQ, &i32::MIN.to_ne_bytes()),
             ),
-            ("positive error", nlmsg(NLMSG_ERROR, SEQ, &5i32.to_ne_bytes())),
+            (
+                "positive error",
+                nlmsg(NLMSG_ERROR, SEQ, &5i32.to_ne_bytes()),
+            ),
         ];
         for (what, d) in cases {
             let (r, _) = parse(0, &d);
@@ -1159,8 +1159,18 @@ mod tests {
         };
         assert!(diag.sources.iter().all(|(_, s)| *s == Source::SockDiag));
         let mut own = vec![
-            ("tcp", inode_of(&tcp), "127.0.0.1", tcp.local_addr().unwrap().port()),
-            ("udp", inode_of(&udp), "127.0.0.1", udp.local_addr().unwrap().port()),
+            (
+                "tcp",
+                inode_of(&tcp),
+                "127.0.0.1",
+                tcp.local_addr().unwrap().port(),
+            ),
+            (
+                "udp",
+                inode_of(&udp),
+                "127.0.0.1",
+                udp.local_addr().unwrap().port(),
+            ),
         ];
         if let Some(l) = &tcp6 {
             own.push(("tcp6", inode_of(l), "::1", l.local_addr().unwrap().port()));
