@@ -24,6 +24,8 @@ pub const GATE_DENIED: u8 = 71;
 pub const GATE_REVIEW: u8 = 72;
 /// Command policy blocked the launch.
 pub const BLOCKED: u8 = 73;
+/// `agentdiff conformance`: at least one MUST check failed.
+pub const CONFORMANCE_FAILED: u8 = 74;
 /// The run's deadline expired (as timeout(1)).
 pub const TIMED_OUT: u8 = 124;
 

@@ -36,3 +36,16 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use agentdiff_engine::backend::Registry;
+
+    /// The linker drops a backend crate nothing references (dtolnay/inventory#50); this pins the
+    /// built-in set so a lost registration fails here rather than at a user's `--runtime`.
+    #[test]
+    fn the_built_in_backends_are_registered() {
+        let registry = Registry::from_inventory().unwrap();
+        assert_eq!(registry.ids(), vec!["container", "local", "srt"]);
+    }
+}

@@ -98,7 +98,7 @@ fn cgroup_available() -> bool {
     match cg {
         Some(c) if c.available => true,
         other => {
-            eprintln!("SKIPPED: no run cgroup can be created here: {other:?}");
+            skip(&format!("no run cgroup can be created here: {other:?}"));
             false
         }
     }

@@ -1,4 +1,5 @@
 mod common;
+mod conformance;
 mod daemons;
 mod environment;
 mod ports;

@@ -14,7 +14,7 @@ fn python() -> Option<String> {
     if ok {
         Some("python3".into())
     } else {
-        eprintln!("SKIPPED: python3 is needed to open a listener from the child");
+        skip("python3 is needed to open a listener from the child");
         None
     }
 }

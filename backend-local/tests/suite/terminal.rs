@@ -27,7 +27,7 @@ impl Drop for TmuxServer {
 #[test]
 fn ctrl_c_in_tmux_reaches_the_foreground_command_and_evidence_is_written() {
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("SKIPPED: tmux is not installed");
+        skip("tmux is not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -154,7 +154,7 @@ fn ctrl_z_stops_command_and_launcher_and_fg_resumes_both() {
     if Command::new("tmux").arg("-V").output().is_err()
         || Command::new("bash").arg("-c").arg("true").status().is_err()
     {
-        eprintln!("SKIPPED: tmux and bash are needed for job control");
+        skip("tmux and bash are needed for job control");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -5,7 +5,7 @@
 //! - `--version` / `-V` prints `FAKE_SRT_VERSION` (default `0.0.0-fake`);
 //! - `--settings FILE` must name an existing file (srt refuses a missing one with exit 1);
 //! - everything after `--` is run as an argv, never through a shell, and its exit code is
-//!   returned (a command ended by SIGINT/SIGTERM gives 0 and other signals 1, as srt does);
+//!   returned (a command killed by signal N gives 128+N, as srt 0.0.78 does);
 //! - `FAKE_SRT_MODE=refuse` fails setup with exit 1 before running anything;
 //!   `FAKE_SRT_MODE=broken-version` makes `--version` fail;
 //!   `FAKE_SRT_MODE=alter` changes the last argument's content (a wrapper that mangles argv).
@@ -118,7 +118,8 @@ fn main() -> ExitCode {
     match std::process::Command::new(program).args(args).status() {
         Ok(status) => match (status.code(), status.signal()) {
             (Some(c), _) => ExitCode::from(c as u8),
-            (None, Some(libc::SIGINT)) | (None, Some(libc::SIGTERM)) => ExitCode::SUCCESS,
+            // As the real srt (0.0.78): a command killed by signal N exits 128+N.
+            (None, Some(sig)) => ExitCode::from(128u8.saturating_add(sig as u8)),
             _ => ExitCode::from(1),
         },
         Err(e) => {

@@ -1,4 +1,5 @@
 mod common;
+mod conformance;
 mod fake;
 mod real;
 mod transaction;

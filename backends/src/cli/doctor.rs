@@ -1,11 +1,342 @@
+//! `agentdiff doctor`: the capability matrix of every registered backend — declared level per
+//! boundary, availability with remedies — and, with `--probe`, what the conformance probes
+//! verified on this host.
+
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use agentdiff_conformance::probes::{self, HostId, ProbeOptions, ProbeRecord, Verdict};
+use agentdiff_engine::backend::{Availability, BackendOptions, Boundary, Registry, WorkspaceMode};
+use anyhow::Context;
+use serde_json::{json, Value};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::with_code(
-        crate::exit::INTERNAL,
-        anyhow::anyhow!("`agentdiff doctor` is not implemented in this build"),
-    ))
+use crate::exit;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Summary,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Run the probes (outside write, outside read, host loopback connection, environment,
+    /// daemon, pids limit, capabilities, host tree) inside each available backend and report what
+    /// holds on this host.
+    #[arg(long)]
+    probe: bool,
+    /// Only this backend.
+    #[arg(long, value_name = "ID")]
+    runtime: Option<String>,
+    #[arg(long, value_enum, default_value = "summary")]
+    format: Format,
+    /// KEY=VALUE option handed to the backend for probes (repeatable), e.g.
+    /// `srt-settings=FILE` or `rootfs=DIR`.
+    #[arg(long = "backend-option", value_name = "KEY=VALUE")]
+    backend_option: Vec<String>,
+    /// With --probe: also write each backend's dated probe record (backend, settings digest,
+    /// host, time, results) to this file as JSON, for runs to cite.
+    #[arg(long, value_name = "FILE", requires = "probe")]
+    record: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let registry = Registry::from_inventory().context("could not build the backend registry")?;
+    let ids: Vec<&'static str> = match &args.runtime {
+        Some(id) => match registry.get(id) {
+            Some(d) => vec![d.id],
+            None => {
+                return Err(exit::with_code(
+                    exit::USAGE,
+                    anyhow::anyhow!(
+                        "unknown runtime backend `{id}`; registered backends: {}",
+                        registry.ids().join(", ")
+                    ),
+                ))
+            }
+        },
+        None => registry.ids(),
+    };
+    let options = parse_options(&args.backend_option)?;
+    let rt = crate::cli::runtime()?;
+    let doc = rt.block_on(assemble(&registry, &ids, &options, args.probe))?;
+    if let Some(path) = &args.record {
+        let records: Vec<&Value> = doc["backends"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|b| b.get("probe_record")).collect())
+            .unwrap_or_default();
+        let text = serde_json::to_string_pretty(&records).context("serialising probe records")?;
+        std::fs::write(path, text)
+            .with_context(|| format!("could not write the probe record to {}", path.display()))?;
+    }
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        Format::Json => {
+            let text = serde_json::to_string_pretty(&doc).context("serialising the report")?;
+            writeln!(out, "{text}").context("writing to stdout")?;
+        }
+        Format::Summary => {
+            write!(out, "{}", render_summary(&doc)).context("writing to stdout")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `KEY=VALUE` words into backend options.
+pub fn parse_options(words: &[String]) -> anyhow::Result<BackendOptions> {
+    let mut o = BackendOptions::new();
+    for kv in words {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(exit::with_code(
+                exit::USAGE,
+                anyhow::anyhow!("--backend-option `{kv}` must be KEY=VALUE"),
+            ));
+        };
+        o.push(k.trim(), v);
+    }
+    Ok(o)
+}
+
+fn availability_json(a: &Availability) -> Value {
+    match a {
+        Availability::Ready { detail } => json!({"state": "ready", "detail": detail}),
+        Availability::Unavailable { reason, remedy } => {
+            json!({"state": "unavailable", "reason": reason, "remedy": remedy})
+        }
+    }
+}
+
+async fn assemble(
+    registry: &Registry,
+    ids: &[&'static str],
+    options: &BackendOptions,
+    probe: bool,
+) -> anyhow::Result<Value> {
+    let host = HostId::current().ok();
+    let tracking: Vec<Value> = agentdiff_engine::process::tracking_mechanisms_available()
+        .into_iter()
+        .map(|m| json!({"name": m.name, "available": m.available, "detail": m.detail}))
+        .collect();
+    let mut backends = Vec::new();
+    for id in ids {
+        let Some(descriptor) = registry.get(id) else {
+            continue;
+        };
+        let backend = (descriptor.factory)();
+        let caps = backend.capabilities();
+        let availability = backend.availability().await;
+        let mut entry = json!({
+            "id": descriptor.id,
+            "summary": descriptor.summary,
+            "capabilities": caps.matrix(),
+            "sandboxed": caps.sandboxed,
+            "network_enforcement": caps.network_enforcement,
+            "workspace": match caps.workspace {
+                WorkspaceMode::InPlace => "in_place",
+                WorkspaceMode::Private => "private",
+            },
+            "availability": availability_json(&availability),
+        });
+        #[cfg(unix)]
+        if descriptor.id == agentdiff_backend_srt::ID {
+            let report = agentdiff_backend_srt::doctor_report().await;
+            entry["sandbox_runtime_cli_detected"] = json!(report.sandbox_runtime_cli_detected);
+            entry["details"] = serde_json::to_value(&report).unwrap_or(Value::Null);
+        }
+        if probe {
+            entry["probe"] = if availability.is_ready() {
+                let probe_options = ProbeOptions {
+                    backend_options: options.clone(),
+                    ..ProbeOptions::default()
+                };
+                let results = probes::run_all(backend.as_ref(), &probe_options).await;
+                let verified: serde_json::Map<String, Value> = Boundary::ALL
+                    .iter()
+                    .map(|b| {
+                        let r = results.iter().find(|r| r.boundary == Some(*b));
+                        (
+                            b.as_str().to_string(),
+                            json!(r.map(|r| r.verdict.as_str()).unwrap_or("not_probed")),
+                        )
+                    })
+                    .collect();
+                match ProbeRecord::new(descriptor.id, options, results.clone()) {
+                    Ok(record) => {
+                        entry["probe_record"] = serde_json::to_value(&record).unwrap_or(Value::Null)
+                    }
+                    Err(e) => entry["probe_record_error"] = json!(e.to_string()),
+                }
+                json!({"verified": verified, "results": results})
+            } else {
+                json!({"skipped": "backend unavailable; nothing was probed"})
+            };
+        }
+        backends.push(entry);
+    }
+    Ok(json!({
+        "schema_version": 1,
+        "host": host,
+        "process_tracking": tracking,
+        "backends": backends,
+    }))
+}
+
+fn render_summary(doc: &Value) -> String {
+    let esc = agentdiff_engine::redact::escape_terminal;
+    let s = |v: &Value| esc(v.as_str().unwrap_or(""));
+    let mut out = String::new();
+    out.push_str("agentdiff doctor: runtime backends on this host\n");
+    out.push_str("process tracking:\n");
+    for m in doc["process_tracking"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {:<22} {}  {}\n",
+            s(&m["name"]),
+            if m["available"].as_bool() == Some(true) {
+                "available  "
+            } else {
+                "unavailable"
+            },
+            s(&m["detail"])
+        ));
+    }
+    for b in doc["backends"].as_array().into_iter().flatten() {
+        out.push('\n');
+        out.push_str(&format!("{} — {}\n", s(&b["id"]), s(&b["summary"])));
+        let a = &b["availability"];
+        if a["state"] == "ready" {
+            out.push_str(&format!("  availability: ready ({})\n", s(&a["detail"])));
+        } else {
+            out.push_str(&format!(
+                "  availability: UNAVAILABLE: {}\n",
+                s(&a["reason"])
+            ));
+            out.push_str(&format!("  remedy: {}\n", s(&a["remedy"])));
+        }
+        out.push_str(&format!(
+            "  sandboxed: {}\n  network_enforcement: {}\n  workspace: {}\n",
+            b["sandboxed"],
+            b["network_enforcement"],
+            s(&b["workspace"])
+        ));
+        if let Some(d) = b.get("sandbox_runtime_cli_detected") {
+            out.push_str(&format!("  sandbox_runtime_cli_detected: {d}\n"));
+        }
+        let probed = b.get("probe").and_then(|p| p.get("results")).is_some();
+        let header = format!(
+            "  {:<18} {:<13}{}",
+            "boundary",
+            "declared",
+            if probed { "verified here" } else { "" }
+        );
+        out.push_str(header.trim_end());
+        out.push('\n');
+        for boundary in Boundary::ALL {
+            let name = boundary.as_str();
+            let declared = s(&b["capabilities"][name]);
+            let mut line = format!("  {name:<18} {declared:<13}");
+            if probed {
+                let result = b["probe"]["results"]
+                    .as_array()
+                    .and_then(|rs| rs.iter().find(|r| r["boundary"] == name));
+                match result {
+                    Some(r) => {
+                        line.push_str(&format!("{}: {}", s(&r["verdict"]), s(&r["summary"])))
+                    }
+                    None => line.push_str("not probed"),
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        if let Some(results) = b.get("probe").and_then(|p| p["results"].as_array()) {
+            for r in results.iter().filter(|r| r["boundary"].is_null()) {
+                out.push_str(&format!(
+                    "  {:<18} {:<13}{}: {}\n",
+                    s(&r["probe"]),
+                    "(info)",
+                    s(&r["verdict"]),
+                    s(&r["summary"])
+                ));
+            }
+        }
+        if let Some(skipped) = b.get("probe").and_then(|p| p.get("skipped")) {
+            out.push_str(&format!("  probes: {}\n", s(skipped)));
+        }
+    }
+    out.push_str(&format!(
+        "\nlevels: uncontrolled < observed < requested (handed to an external tool, not verified) < enforced.\n\
+         `{}` means a probe showed the control holding on this host; `{}` means the attempt succeeded.\n",
+        Verdict::Verified.as_str(),
+        Verdict::NotEnforced.as_str()
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        Registry::from_inventory().unwrap()
+    }
+
+    #[test]
+    fn matrix_lists_every_builtin_backend_with_the_seed_wording_for_local() {
+        let rt = crate::cli::runtime().unwrap();
+        let reg = registry();
+        let ids = reg.ids();
+        let doc = rt
+            .block_on(assemble(&reg, &ids, &BackendOptions::new(), false))
+            .unwrap();
+        let backends = doc["backends"].as_array().unwrap();
+        let listed: Vec<&str> = backends.iter().map(|b| b["id"].as_str().unwrap()).collect();
+        assert_eq!(listed, ids);
+        let local = backends.iter().find(|b| b["id"] == "local").unwrap();
+        assert_eq!(local["sandboxed"], false);
+        assert_eq!(local["network_enforcement"], false);
+        for b in Boundary::ALL {
+            assert!(
+                local["capabilities"][b.as_str()].is_string(),
+                "{}",
+                b.as_str()
+            );
+        }
+        assert!(local.get("probe").is_none(), "no probe without --probe");
+        assert!(!doc["process_tracking"].as_array().unwrap().is_empty());
+        let text = render_summary(&doc);
+        assert!(text.contains("sandboxed: false"));
+        assert!(text.contains("network_enforcement: false"));
+    }
+
+    #[test]
+    fn probing_local_verifies_nothing_it_does_not_control() {
+        let rt = crate::cli::runtime().unwrap();
+        let reg = registry();
+        let doc = rt
+            .block_on(assemble(&reg, &["local"], &BackendOptions::new(), true))
+            .unwrap();
+        let local = &doc["backends"][0];
+        // The local backend is not a sandbox: the outside write lands and the loopback
+        // connection succeeds.
+        assert_eq!(
+            local["probe"]["verified"]["filesystem_writes"],
+            "not_enforced"
+        );
+        assert_eq!(local["probe"]["verified"]["network"], "not_enforced");
+        assert_eq!(
+            local["probe"]["verified"]["host_repository"],
+            "not_applicable"
+        );
+        let record: ProbeRecord = serde_json::from_value(local["probe_record"].clone()).unwrap();
+        assert_eq!(record.backend, "local");
+        assert!(record.settings_digest.starts_with("sha256:"));
+    }
+
+    #[test]
+    fn backend_options_must_be_key_value() {
+        assert!(parse_options(&["a=b".into(), "c=".into()]).is_ok());
+        let err = parse_options(&["nokey".into()]).unwrap_err();
+        assert_eq!(exit::code_of(&err), exit::USAGE);
+    }
 }

@@ -1,3 +1,4 @@
 mod policy_cli;
 mod rollback_cli;
 mod run_cli;
+mod terminal_cli;

@@ -382,3 +382,82 @@ fn the_store_is_private_and_never_committed() {
         assert_eq!(mode(&entry.path()), 0o600, "{:?}", entry.file_name());
     }
 }
+
+/// Every artifact of a real capsule validates against its published schema in docs/schemas.
+#[test]
+fn capsule_artifacts_validate_against_the_published_schemas() {
+    use agentdiff_conformance::schema::validate;
+
+    let schema_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schemas");
+    let load = |name: &str| -> Value {
+        serde_json::from_slice(&fs::read(schema_dir.join(name)).unwrap()).unwrap()
+    };
+    let check = |schema: &str, doc: &Value, what: &str| {
+        let v = validate(&load(schema), doc);
+        assert!(v.is_valid(), "{what} against {schema}: {:#?}", v.errors);
+        assert!(
+            v.ignored_keywords.is_empty(),
+            "{schema} uses keywords the validator does not check: {:?}",
+            v.ignored_keywords
+        );
+    };
+
+    let p = project();
+    fs::write(p.path().join("data.bin"), [0u8, 1, 2]).unwrap();
+    // Changes of every kind, a leftover daemon, a denied path and a timeout-free exit.
+    let (_, r, _) = run_json(
+        p.path(),
+        &["--fail-on", "never", "--task", "schema check"],
+        &[
+            "sh",
+            "-c",
+            "echo x >> a.txt; echo y > b.txt; rm c.txt; chmod 755 src/lib.rs; mkdir d; \
+             echo T=1 > .env; ln -s a.txt l; (sleep 30 &) ; exit 0",
+        ],
+    );
+    let id = r["run_id"].as_str().unwrap();
+    let run_dir = p.path().join(".agentdiff/runs").join(id);
+    let read = |name: &str| -> Value {
+        serde_json::from_slice(&fs::read(run_dir.join(name)).unwrap()).unwrap()
+    };
+    check("result.schema.json", &r, "result (stdout)");
+    check("result.schema.json", &read("result.json"), "result.json");
+    check(
+        "metadata.schema.json",
+        &read("metadata.json"),
+        "metadata.json",
+    );
+    check("policy.schema.json", &read("policy.json"), "policy.json");
+    check("runtime.schema.json", &read("runtime.json"), "runtime.json");
+    check(
+        "integrity.schema.json",
+        &read("integrity.json"),
+        "integrity.json",
+    );
+    for name in ["before.json", "after.json"] {
+        let header = read(name);
+        check("manifest.schema.json", &header, name);
+        let hex = header["entries_object"]["sha256"].as_str().unwrap();
+        let object = p
+            .path()
+            .join(".agentdiff/objects/sha256")
+            .join(&hex[..2])
+            .join(&hex[2..]);
+        let entries: Value = serde_json::from_slice(&fs::read(object).unwrap()).unwrap();
+        check("manifest-entries.schema.json", &entries, name);
+    }
+    let events = fs::read_to_string(run_dir.join("events.jsonl")).unwrap();
+    for line in events.lines() {
+        check(
+            "event.schema.json",
+            &serde_json::from_str(line).unwrap(),
+            "events.jsonl",
+        );
+    }
+    // The run exercised the interesting parts of the schemas.
+    assert!(r["changes"].as_array().unwrap().len() >= 6, "{r:#}");
+    assert!(
+        r["summary"]["leftover_processes"].as_u64().unwrap() >= 1,
+        "{r:#}"
+    );
+}

@@ -163,7 +163,12 @@ mod imp {
 
         fn exited(&self) -> bool {
             match &self.handle {
-                Handle::Pidfd(fd) => pidfd_wait(fd, Duration::ZERO),
+                // A zombie that its own parent has not reaped yet has ended too; the pidfd pins
+                // the pid, so the stat read is of the same process.
+                Handle::Pidfd(fd) => {
+                    pidfd_wait(fd, Duration::ZERO)
+                        || read_stat(self.target.identity.pid).map_or(true, |s| s.is_zombie())
+                }
                 Handle::Plain => match read_stat(self.target.identity.pid) {
                     Ok(s) => {
                         s.start_time_ticks != self.target.identity.start_time_ticks || s.is_zombie()
@@ -373,10 +378,10 @@ mod imp {
             if now >= deadline {
                 return;
             }
-            let mut slice = deadline - now;
-            if any_plain {
-                slice = slice.min(Duration::from_millis(10));
-            }
+            // Wake up regularly even with pidfds: a zombie whose parent has not reaped it may not
+            // make its pidfd readable, and is noticed by the stat check above.
+            let slice =
+                (deadline - now).min(Duration::from_millis(if any_plain { 10 } else { 50 }));
             if fds.is_empty() {
                 std::thread::sleep(slice);
             } else {

@@ -18,7 +18,9 @@ use crate::backend::{
 
 /// Default poll interval when the spec asks for zero.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(10);
-/// How often listening sockets are sampled while the command runs.
+/// How often listening sockets are sampled while the command runs. A sock_diag snapshot costs
+/// tens of microseconds, so sampling this often is cheap and catches short-lived listeners while
+/// their owner is still alive to be attributed.
 pub const PORT_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The labels a backend puts on the evidence of a supervised run.

@@ -326,13 +326,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
         }
     };
-    let mut runtime_doc = serde_json::to_value(&evidence).unwrap_or_else(|_| json!({}));
-    redact_runtime(&mut runtime_doc, &evidence);
-    if let Some(obj) = runtime_doc.as_object_mut() {
-        obj.insert("schema_version".into(), json!(crate::SCHEMA_VERSION));
-        obj.insert("launched".into(), json!(true));
-    }
-    capsule.write_artifact(Artifact::Runtime, &runtime_doc)?;
+    capsule.write_artifact(Artifact::Runtime, &runtime_document(&evidence))?;
     capsule.event(
         "exited",
         json!({
@@ -485,8 +479,10 @@ async fn launch(
     running.wait().await
 }
 
-/// Redact what a backend reported before it is stored.
-fn redact_runtime(doc: &mut serde_json::Value, evidence: &RunEvidence) {
+/// `runtime.json` as stored: the backend's evidence with the wrapper argv redacted, sensitive
+/// keys in `runtime_config` and `wrapper` redacted, and `schema_version` and `launched` added.
+pub fn runtime_document(evidence: &RunEvidence) -> serde_json::Value {
+    let mut doc = serde_json::to_value(evidence).unwrap_or_else(|_| json!({}));
     if let Some(argv) = &evidence.wrapper_argv {
         doc["wrapper_argv"] = json!(redact::redact_argv(argv));
     }
@@ -496,6 +492,11 @@ fn redact_runtime(doc: &mut serde_json::Value, evidence: &RunEvidence) {
     if let Some(w) = doc.get_mut("wrapper") {
         redact::redact_value(w);
     }
+    if let Some(obj) = doc.as_object_mut() {
+        obj.insert("schema_version".into(), json!(crate::SCHEMA_VERSION));
+        obj.insert("launched".into(), json!(true));
+    }
+    doc
 }
 
 fn referenced_objects(manifest: &Manifest) -> Vec<String> {

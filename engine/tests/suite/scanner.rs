@@ -180,7 +180,9 @@ fn character_device_is_reported_when_one_can_be_made() {
         nix::sys::stat::makedev(1, 3),
     );
     if let Err(e) = made {
-        eprintln!("SKIPPED character_device_is_reported_when_one_can_be_made: mknod refused ({e})");
+        super::skip(&format!(
+            "character_device_is_reported_when_one_can_be_made: mknod refused ({e})"
+        ));
         return;
     }
     let root = d.path().to_path_buf();
@@ -392,16 +394,16 @@ fn unreadable_directory_and_file_are_reported() {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         ),
-        Ok(o) => eprintln!(
-            "SKIPPED unreadable_directory_and_file_are_reported: running as root and the rerun as \
+        Ok(o) => super::skip(&format!(
+            "unreadable_directory_and_file_are_reported: running as root and the rerun as \
              uid 65534 could not run the test ({:?}): {}",
             o.status,
             String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => eprintln!(
-            "SKIPPED unreadable_directory_and_file_are_reported: running as root (permissions are \
+        )),
+        Err(e) => super::skip(&format!(
+            "unreadable_directory_and_file_are_reported: running as root (permissions are \
              bypassed) and the test binary cannot be rerun as uid 65534: {e}"
-        ),
+        )),
     }
 }
 

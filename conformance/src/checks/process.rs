@@ -1,0 +1,152 @@
+//! Process identities, including a daemonised grandchild.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentdiff_engine::backend::{ProcessIdentity, ProcessRelation};
+use serde_json::json;
+
+use super::{scratch_failure, stage_failure};
+use crate::harness::{self, Ran, Scratch};
+use crate::host;
+use crate::probes::programs::{daemon_invocation, heartbeat_alive, reap_daemon};
+use crate::{Ctx, Finding};
+
+pub async fn root_identity(ctx: Arc<Ctx>) -> Finding {
+    let backend = ctx.backend();
+    let scratch = match ctx.scratch() {
+        Ok(s) => s,
+        Err(e) => return scratch_failure(e),
+    };
+    let ran = match harness::run(backend.as_ref(), &scratch, &ctx.sh("sleep 0.3")).await {
+        Ok(r) => r,
+        Err(stage) => return stage_failure(stage),
+    };
+    let boot = host::boot_id().ok();
+    let roots: Vec<_> = ran
+        .evidence
+        .processes
+        .iter()
+        .filter(|p| p.relation == ProcessRelation::Root)
+        .collect();
+    let details = json!({"pid": ran.pid, "roots": roots, "host_boot_id": boot, "tracking": ran.evidence.tracking});
+    let Some(root) = roots.first() else {
+        return Finding::fail("no process is recorded as the root", details);
+    };
+    if roots.len() != 1 {
+        return Finding::fail("more than one process is recorded as the root", details);
+    }
+    if ran.pid.is_some_and(|p| p != root.identity.pid) {
+        return Finding::fail(
+            "the recorded root pid differs from the launched pid",
+            details,
+        );
+    }
+    if root.identity.start_time_ticks == 0 || root.identity.pid == 0 {
+        return Finding::fail("the root identity has no start time or pid", details);
+    }
+    if boot.as_deref() != Some(root.identity.boot_id.as_str()) {
+        return Finding::fail("the root identity does not carry this boot's id", details);
+    }
+    if ran.evidence.tracking.is_empty() {
+        return Finding::fail("evidence does not say how processes were tracked", details);
+    }
+    Finding::pass(details)
+}
+
+struct DaemonRun {
+    ran: Ran,
+    daemon: Option<ProcessIdentity>,
+    token: String,
+    scratch: Scratch,
+}
+
+async fn run_daemon(ctx: &Ctx) -> Result<DaemonRun, Finding> {
+    let backend = ctx.backend();
+    let scratch = ctx.scratch().map_err(scratch_failure)?;
+    let token = host::random_token();
+    let inv = daemon_invocation(&token).options(&ctx.options.backend_options);
+    let started = harness::start(backend.as_ref(), &scratch, &inv)
+        .await
+        .map_err(stage_failure)?;
+    // Find the daemon's host identity while the command runs (the root sleeps 1 s).
+    let name = format!("agentdiff-probe-daemon-{token}");
+    let mut daemon = None;
+    harness::wait_until(Duration::from_secs(3), || {
+        // The daemon is the `sh` whose $0 is the name; a short-lived subshell may match first.
+        daemon = host::find_by_cmdline(&name).into_iter().next();
+        daemon.is_some()
+    })
+    .await;
+    let ran = started.finish().await.map_err(stage_failure)?;
+    Ok(DaemonRun {
+        ran,
+        daemon,
+        token,
+        scratch,
+    })
+}
+
+pub async fn daemon_recorded(ctx: Arc<Ctx>) -> Finding {
+    let run = match run_daemon(&ctx).await {
+        Ok(r) => r,
+        Err(f) => return f,
+    };
+    reap_daemon(&run.token);
+    let recorded: Vec<_> = run
+        .ran
+        .evidence
+        .processes
+        .iter()
+        .map(
+            |p| json!({"identity": p.identity, "relation": p.relation, "executable": p.executable}),
+        )
+        .collect();
+    let details = json!({"daemon_host_identity": run.daemon, "recorded": recorded, "tracking": run.ran.evidence.tracking});
+    if run.ran.evidence.container_id.is_some() {
+        return Finding::skip("the command ran in a container; its processes are the engine's to track, not host identities");
+    }
+    let Some(daemon) = run.daemon else {
+        return Finding::fail(
+            "the daemon was never seen on the host, so its recording could not be checked",
+            details,
+        );
+    };
+    let found = run.ran.evidence.processes.iter().any(|p| {
+        p.identity.pid == daemon.pid
+            && p.identity.start_time_ticks == daemon.start_time_ticks
+            && p.relation != ProcessRelation::Root
+    });
+    Finding::require(
+        found,
+        format!(
+            "the daemonised grandchild (pid {}) is not among the recorded processes",
+            daemon.pid
+        ),
+        details,
+    )
+}
+
+pub async fn daemon_ended(ctx: Arc<Ctx>) -> Finding {
+    let run = match run_daemon(&ctx).await {
+        Ok(r) => r,
+        Err(f) => return f,
+    };
+    let hb = run.scratch.work_file("probe-heartbeat");
+    let started = hb.exists();
+    let alive = started && heartbeat_alive(&hb, Duration::from_millis(1200)).await;
+    let still = run.daemon.as_ref().is_some_and(host::is_alive);
+    let reaped = reap_daemon(&run.token);
+    let details = json!({"heartbeat_seen": started, "alive_after_wait": alive || still, "reaped_by_suite": reaped, "cleanup": run.ran.evidence.cleanup});
+    if !started {
+        return Finding::fail(
+            "the daemon never started, so its ending could not be checked",
+            details,
+        );
+    }
+    Finding::require(
+        !alive && !still,
+        "a daemonised grandchild outlived wait()",
+        details,
+    )
+}

@@ -1,0 +1,311 @@
+//! Test backends that validate the suite itself:
+//!
+//! - [`TestBackend::reference`]: honest, launches directly, declares only what it does
+//!   (processes `observed`, environment `enforced` because it hands over exactly the given
+//!   environment). Must pass every applicable check.
+//! - [`TestBackend::dishonest`]: the same launcher, but it claims filesystem confinement and a
+//!   sandbox it never sets up. Must fail `HONEST-FS-001` (and only the honesty checks).
+//! - [`TestBackend::broken_argv`]: hands the command over through a line-oriented channel that
+//!   drops empty arguments and splits arguments at newlines. Must fail the argv checks.
+//! - [`TestBackend::leaky_evidence`]: honest launcher, but it records the command line as one
+//!   joined string in the evidence's warnings, where no redaction reaches it. Must fail the
+//!   redaction checks.
+//! - [`TestBackend::host_environment`]: claims the environment `enforced` but hands the command
+//!   agentdiff's own environment on top of the given one. Must fail `HONEST-ENV-001`.
+//! - [`TestBackend::wrapped`]: runs every command through a wrapper executable
+//!   (`WRAPPER [FLAGS] -- ARGV…`), typically the generic fake wrapper, with declared capabilities
+//!   of the caller's choice; the wrapper path comes from the `wrapper` option so a missing wrapper
+//!   can be tested for fail-closed behaviour.
+
+pub mod launcher;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentdiff_engine::backend::{
+    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
+    PreparedLaunch, ProcessIdentity, RunningCommand, RuntimeBackend,
+};
+use async_trait::async_trait;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Flavour {
+    Reference,
+    Dishonest,
+    BrokenArgv,
+    LeakyEvidence,
+    HostEnvironment,
+    Wrapped { default_wrapper: Option<PathBuf> },
+}
+
+/// One of the suite's own test backends (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct TestBackend {
+    id: &'static str,
+    flavour: Flavour,
+    capabilities: Capabilities,
+}
+
+/// What the reference launcher really does.
+pub fn honest_capabilities() -> Capabilities {
+    Capabilities {
+        processes: Level::Observed,
+        environment: Level::Enforced,
+        ..Capabilities::default()
+    }
+}
+
+impl TestBackend {
+    pub fn reference() -> Self {
+        Self {
+            id: "conformance-reference",
+            flavour: Flavour::Reference,
+            capabilities: honest_capabilities(),
+        }
+    }
+
+    pub fn dishonest() -> Self {
+        Self {
+            id: "conformance-dishonest",
+            flavour: Flavour::Dishonest,
+            capabilities: Capabilities {
+                filesystem_writes: Level::Enforced,
+                sandboxed: true,
+                ..honest_capabilities()
+            },
+        }
+    }
+
+    pub fn broken_argv() -> Self {
+        Self {
+            id: "conformance-broken-argv",
+            flavour: Flavour::BrokenArgv,
+            capabilities: honest_capabilities(),
+        }
+    }
+
+    pub fn leaky_evidence() -> Self {
+        Self {
+            id: "conformance-leaky-evidence",
+            flavour: Flavour::LeakyEvidence,
+            capabilities: honest_capabilities(),
+        }
+    }
+
+    pub fn host_environment() -> Self {
+        Self {
+            id: "conformance-host-environment",
+            flavour: Flavour::HostEnvironment,
+            capabilities: honest_capabilities(),
+        }
+    }
+
+    /// A wrapping backend. `wrapper` is used unless the launch options name another one
+    /// (`wrapper=PATH`).
+    pub fn wrapped(wrapper: Option<PathBuf>, capabilities: Capabilities) -> Self {
+        Self {
+            id: "conformance-wrapped",
+            flavour: Flavour::Wrapped {
+                default_wrapper: wrapper,
+            },
+            capabilities,
+        }
+    }
+
+    fn enforcement(&self) -> &'static str {
+        match self.flavour {
+            Flavour::Wrapped { .. } => "external_sandbox_requested",
+            _ => "none",
+        }
+    }
+
+    fn wrapper_for(&self, spec: &LaunchSpec) -> Option<PathBuf> {
+        match &self.flavour {
+            Flavour::Wrapped { default_wrapper } => spec
+                .options
+                .get("wrapper")
+                .map(PathBuf::from)
+                .or_else(|| default_wrapper.clone()),
+            _ => None,
+        }
+    }
+
+    fn invalid(&self, message: impl Into<String>) -> BackendError {
+        BackendError::InvalidRequest {
+            backend: self.id.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The broken transport: arguments travel one per line, so empty ones vanish and embedded
+/// newlines split an argument in two.
+fn line_transport(argv: &[OsString]) -> Vec<OsString> {
+    let joined = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("\n");
+    joined
+        .split('\n')
+        .filter(|l| !l.is_empty())
+        .map(OsString::from)
+        .collect()
+}
+
+#[async_trait]
+impl RuntimeBackend for TestBackend {
+    fn id(&self) -> &'static str {
+        self.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities.clone()
+    }
+
+    async fn availability(&self) -> Availability {
+        match &self.flavour {
+            Flavour::Wrapped {
+                default_wrapper: Some(w),
+            } if !w.is_file() => Availability::Unavailable {
+                reason: format!("wrapper {} not found", w.display()),
+                remedy: "install the wrapper or pass wrapper=PATH".into(),
+            },
+            Flavour::Wrapped {
+                default_wrapper: None,
+            } => Availability::Unavailable {
+                reason: "no wrapper configured".into(),
+                remedy: "pass wrapper=PATH".into(),
+            },
+            _ => Availability::Ready {
+                detail: "test backend".into(),
+            },
+        }
+    }
+
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch, BackendError> {
+        let argv = match self.flavour {
+            Flavour::BrokenArgv => line_transport(&spec.argv),
+            _ => spec.argv.clone(),
+        };
+        let Some((program, args)) = argv.split_first() else {
+            return Err(self.invalid("empty command"));
+        };
+        let (program, args, wrapper_argv) = match self.wrapper_for(spec) {
+            Some(wrapper) => {
+                let mut full: Vec<OsString> = vec![wrapper.clone().into_os_string()];
+                full.push("--fake-flag=1".into());
+                full.push("--".into());
+                full.extend(argv.iter().cloned());
+                (wrapper.into_os_string(), full[1..].to_vec(), Some(full))
+            }
+            None if matches!(self.flavour, Flavour::Wrapped { .. }) => {
+                return Err(self.invalid("no wrapper configured; pass wrapper=PATH"))
+            }
+            None => (program.clone(), args.to_vec(), None),
+        };
+        let mut env = spec.env.clone();
+        if self.flavour == Flavour::HostEnvironment {
+            env.extend(std::env::vars_os().filter(|(k, _)| !spec.env.iter().any(|(s, _)| s == k)));
+        }
+        Ok(PreparedLaunch {
+            program,
+            args,
+            env,
+            cwd: spec.workdir.clone(),
+            enforcement: self.enforcement().into(),
+            wrapper_argv,
+            runtime_config: serde_json::json!({ "backend": self.id }),
+            spec: spec.clone(),
+        })
+    }
+
+    async fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> Result<Box<dyn RunningCommand>, BackendError> {
+        if let Some(w) = &prepared.wrapper_argv {
+            let exists = w
+                .first()
+                .map(|p| PathBuf::from(p).is_file())
+                .unwrap_or(false);
+            if !exists {
+                // Fail closed: never fall back to running the command unwrapped.
+                return Err(BackendError::Unavailable {
+                    backend: self.id.into(),
+                    reason: format!("wrapper {:?} not found", w.first()),
+                    remedy: "install the wrapper or pass wrapper=PATH".into(),
+                });
+            }
+        }
+        let joined = prepared
+            .spec
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let running = launcher::spawn(
+            prepared.clone(),
+            ctx,
+            launcher::Labels {
+                backend: self.id,
+                enforcement: prepared.enforcement.clone(),
+                capabilities: self.capabilities.clone(),
+            },
+        )?;
+        if self.flavour == Flavour::LeakyEvidence {
+            return Ok(Box::new(Leaky {
+                inner: running,
+                line: format!("launched: {joined}"),
+            }));
+        }
+        Ok(running)
+    }
+
+    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+        launcher::cleanup_identities(ids, grace).await
+    }
+}
+
+/// Adds the joined command line to the evidence's warnings (the leaky test backend).
+struct Leaky {
+    inner: Box<dyn RunningCommand>,
+    line: String,
+}
+
+#[async_trait]
+impl RunningCommand for Leaky {
+    fn pid(&self) -> Option<u32> {
+        self.inner.pid()
+    }
+    async fn wait(self: Box<Self>) -> Result<agentdiff_engine::backend::RunEvidence, BackendError> {
+        let mut evidence = self.inner.wait().await?;
+        evidence.warnings.push(self.line);
+        Ok(evidence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_transport_loses_boundaries() {
+        let argv: Vec<OsString> = vec!["a".into(), "".into(), "b\nc".into(), "d e".into()];
+        assert_eq!(
+            line_transport(&argv),
+            vec![OsString::from("a"), "b".into(), "c".into(), "d e".into()]
+        );
+    }
+
+    #[test]
+    fn dishonest_claims_more_than_reference() {
+        let d = TestBackend::dishonest().capabilities();
+        let r = TestBackend::reference().capabilities();
+        assert_eq!(d.filesystem_writes, Level::Enforced);
+        assert_eq!(r.filesystem_writes, Level::Uncontrolled);
+    }
+}

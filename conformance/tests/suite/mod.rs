@@ -1,0 +1,3 @@
+mod fake_wrapper;
+mod local;
+mod self_validation;

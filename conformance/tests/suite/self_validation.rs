@@ -1,0 +1,230 @@
+//! The suite validated against its own test backends: the honest one passes, the dishonest and
+//! the broken ones fail with the right check ids.
+
+use std::sync::Arc;
+
+use agentdiff_conformance::testing::TestBackend;
+use agentdiff_conformance::{run_suite, BackendFactory, Report, SuiteOptions};
+
+fn factory(make: fn() -> TestBackend) -> BackendFactory {
+    Arc::new(move || Box::new(make()))
+}
+
+async fn suite(make: fn() -> TestBackend) -> Report {
+    let report = run_suite(factory(make), SuiteOptions::default()).await;
+    println!("{}", report.to_tap());
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_backend_passes_every_applicable_check() {
+    let report = suite(TestBackend::reference).await;
+    assert!(
+        report.failed_ids().is_empty(),
+        "failed: {:?}",
+        report.failed_ids()
+    );
+    assert!(report.conformant());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dishonest_backend_fails_exactly_the_filesystem_honesty_check() {
+    let report = suite(TestBackend::dishonest).await;
+    assert_eq!(report.failed_ids(), vec!["HONEST-FS-001"]);
+    let fs = report.check("HONEST-FS-001").unwrap();
+    assert_eq!(
+        fs.details["probe"]["verdict"], "not_enforced",
+        "{:?}",
+        fs.details
+    );
+    assert!(!report.conformant());
+    // The probe evidence is in the report: the sentinel's hash changed.
+    let probe = report
+        .probes
+        .iter()
+        .find(|p| p.probe == agentdiff_conformance::ProbeKind::OutsideWrite)
+        .unwrap();
+    assert_ne!(
+        probe.evidence["sha256_before"],
+        probe.evidence["sha256_after"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_backend_fails_the_argv_checks_it_breaks() {
+    let report = suite(TestBackend::broken_argv).await;
+    assert_eq!(
+        report.failed_ids(),
+        vec!["ARGV-002", "ARGV-004", "ARGV-006"]
+    );
+    assert!(
+        !report.conformant(),
+        "ARGV-002 and ARGV-004 are MUST checks"
+    );
+    let empty = report.check("ARGV-004").unwrap();
+    assert!(
+        matches!(&empty.outcome, agentdiff_conformance::Outcome::Failed { reason } if reason.contains("sent 4 arguments, the command received 1")),
+        "{:?}",
+        empty.outcome
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_checks_are_reported_with_reasons_and_never_as_passes() {
+    let report = run_suite(
+        factory(TestBackend::reference),
+        SuiteOptions {
+            only: vec!["WORK-".into(), "HONEST-NET".into(), "FAIL-".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    assert_eq!(report.checks.len(), 3);
+    for c in &report.checks {
+        assert!(c.outcome.is_skipped(), "{} {:?}", c.id, c.outcome);
+    }
+    assert_eq!(report.summary.passed, 0);
+    assert_eq!(report.summary.skipped, 3);
+    let tap = report.to_tap();
+    assert_eq!(tap.matches("# SKIP").count(), 3, "{tap}");
+}
+
+/// A backend whose prepare() panics and whose launch() never returns.
+struct Crashing {
+    hang: bool,
+}
+
+#[async_trait::async_trait]
+impl agentdiff_engine::backend::RuntimeBackend for Crashing {
+    fn id(&self) -> &'static str {
+        "conformance-crashing"
+    }
+    fn capabilities(&self) -> agentdiff_engine::backend::Capabilities {
+        agentdiff_engine::backend::Capabilities::default()
+    }
+    async fn availability(&self) -> agentdiff_engine::backend::Availability {
+        agentdiff_engine::backend::Availability::Ready {
+            detail: "test".into(),
+        }
+    }
+    fn prepare(
+        &self,
+        spec: &agentdiff_engine::backend::LaunchSpec,
+    ) -> agentdiff_engine::backend::Result<agentdiff_engine::backend::PreparedLaunch> {
+        if self.hang {
+            return TestBackend::reference().prepare(spec);
+        }
+        panic!("prepare exploded")
+    }
+    async fn launch(
+        &self,
+        _p: agentdiff_engine::backend::PreparedLaunch,
+        _c: agentdiff_engine::backend::LaunchContext,
+    ) -> agentdiff_engine::backend::Result<Box<dyn agentdiff_engine::backend::RunningCommand>> {
+        std::future::pending().await
+    }
+    async fn cleanup(
+        &self,
+        _ids: &[agentdiff_engine::backend::ProcessIdentity],
+        _g: std::time::Duration,
+    ) -> agentdiff_engine::backend::CleanupReport {
+        agentdiff_engine::backend::CleanupReport::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_or_hanging_check_is_a_failure() {
+    let report = run_suite(
+        Arc::new(|| Box::new(Crashing { hang: false })),
+        SuiteOptions {
+            only: vec!["EXIT-001".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    let c = report.check("EXIT-001").unwrap();
+    assert!(
+        matches!(&c.outcome, agentdiff_conformance::Outcome::Failed { reason } if reason.contains("crashed") && reason.contains("prepare exploded")),
+        "{:?}",
+        c.outcome
+    );
+    let report = run_suite(
+        Arc::new(|| Box::new(Crashing { hang: true })),
+        SuiteOptions {
+            only: vec!["EXIT-001".into()],
+            check_timeout: std::time::Duration::from_secs(2),
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    let c = report.check("EXIT-001").unwrap();
+    assert!(
+        matches!(&c.outcome, agentdiff_conformance::Outcome::Failed { reason } if reason.contains("did not finish")),
+        "{:?}",
+        c.outcome
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_backend_skips_launching_checks_unless_real_backends_are_required() {
+    let make = || -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
+        Box::new(TestBackend::wrapped(
+            Some("/nonexistent/wrapper".into()),
+            agentdiff_conformance::testing::honest_capabilities(),
+        ))
+    };
+    let lenient = run_suite(
+        Arc::new(make),
+        SuiteOptions {
+            only: vec!["AVAIL-".into(), "EXIT-001".into()],
+            require_available: false,
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    assert!(lenient.check("AVAIL-001").unwrap().outcome.is_passed());
+    assert!(lenient.check("EXIT-001").unwrap().outcome.is_skipped());
+    let strict = run_suite(
+        Arc::new(make),
+        SuiteOptions {
+            only: vec!["AVAIL-".into(), "EXIT-001".into()],
+            require_available: true,
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    assert_eq!(strict.failed_ids(), vec!["AVAIL-001", "EXIT-001"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_storing_the_joined_command_line_fails_the_redaction_checks() {
+    let report = run_suite(
+        factory(TestBackend::leaky_evidence),
+        SuiteOptions {
+            only: vec!["EVID-".into(), "TXN-".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    println!("{}", report.to_tap());
+    assert_eq!(report.failed_ids(), vec!["EVID-002", "TXN-001"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_leaking_the_host_environment_fails_the_environment_honesty_check() {
+    let report = run_suite(
+        factory(TestBackend::host_environment),
+        SuiteOptions {
+            only: vec!["HONEST-".into(), "EVID-003".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    println!("{}", report.to_tap());
+    assert_eq!(report.failed_ids(), vec!["HONEST-ENV-001"]);
+    let env = report.check("HONEST-ENV-001").unwrap();
+    assert!(!env.details["probe"]["evidence"]["host_variables_leaked"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
