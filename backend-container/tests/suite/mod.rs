@@ -1,3 +1,4 @@
+mod conformance;
 mod fake_engine;
 mod helpers;
 mod real_docker;

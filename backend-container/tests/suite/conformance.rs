@@ -1,0 +1,66 @@
+//! The agentdiff conformance suite against the container backend on real podman (busybox rootfs),
+//! including fail-closed cases: no engine at all, and an image that is not present locally.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agentdiff_backend_container::engine::ProgramSource;
+use agentdiff_backend_container::ContainerBackend;
+use agentdiff_conformance::{assert_conformant, FailClosedCase, SuiteOptions};
+use agentdiff_engine::backend::BackendOptions;
+
+use super::helpers::*;
+
+#[test]
+fn container_backend_is_conformant_on_podman() {
+    if skip_or_fail(
+        "container_backend_is_conformant_on_podman",
+        podman_missing(),
+    ) {
+        return;
+    }
+    let rootfs = busybox_rootfs();
+    let mut options = BackendOptions::new();
+    options.push("engine", "podman");
+    options.push("rootfs", rootfs.path().to_str().unwrap());
+    let mut absent_image = BackendOptions::new();
+    absent_image.push("engine", "podman");
+    absent_image.push("image", "localhost/agentdiff-absent:never");
+    let report = assert_conformant(
+        Arc::new(|| Box::new(ContainerBackend::new())),
+        SuiteOptions {
+            backend_options: options.clone(),
+            fail_closed: vec![
+                FailClosedCase {
+                    name: "no container engine".into(),
+                    options: options.clone(),
+                    factory: Some(Arc::new(|| {
+                        let missing = ProgramSource::Fixed(PathBuf::from("/nonexistent/podman"));
+                        Box::new(ContainerBackend::new().with_engines(missing.clone(), missing))
+                    })),
+                },
+                FailClosedCase {
+                    name: "image not present locally".into(),
+                    options: absent_image,
+                    factory: None,
+                },
+            ],
+            require_available: true,
+            ..SuiteOptions::default()
+        },
+    );
+    for id in [
+        "FAIL-001",
+        "ARGV-003",
+        "STDIO-001",
+        "TIME-001",
+        "WORK-001",
+        "TXN-002",
+        "HONEST-HOST-001",
+    ] {
+        let check = report
+            .check(id)
+            .unwrap_or_else(|| panic!("{id} missing from the report"));
+        assert!(check.outcome.is_passed(), "{id}: {:?}", check.outcome);
+    }
+}
