@@ -473,7 +473,7 @@ impl RunningCommand for RunningContainer {
                         Ok(false) => {
                             ev.failure = Some(FailureKind::WrapperSetupFailed {
                                 message: format!(
-                                    "{} created container {id} but could not start it (exit {code}, e.g. an OCI runtime error); the command never ran (see the engine's message above)",
+                                    "{} created container {id} but could not start it (exit {code}, e.g. an OCI runtime error); the command never ran (see the engine's message above); check the engine's OCI runtime (`podman info`; on cgroup v1 hybrid hosts set runtime = \"runc\" in containers.conf) and that the rootfs or image is readable by the container user",
                                     self.engine.kind.as_str()
                                 ),
                             })
