@@ -82,6 +82,7 @@ pub async fn stop_identities(ids: &[ProcessIdentity], grace: Duration) -> Cleanu
         grace_ms: grace.as_millis() as u64,
         records: Vec::new(),
         errors: Vec::new(),
+        resources_removed: Vec::new(),
     };
     for id in ids {
         let outcome = stop_one(id, grace).await;

@@ -381,6 +381,35 @@ impl RuntimeBackend for ContainerBackend {
     async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
         cleanup::stop_identities(ids, grace).await
     }
+
+    /// Host-side processes first, then every container labelled with the run id (a crashed run
+    /// can leave one behind).
+    async fn cleanup_run(
+        &self,
+        run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
+        let mut report = cleanup::stop_identities(ids, grace).await;
+        match cleanup::remove_run_containers(run_id).await {
+            Ok(removed) => {
+                for (engine, id) in removed.removed {
+                    report
+                        .resources_removed
+                        .push(format!("{engine} container {id}"));
+                }
+                for (engine, why) in removed.unreachable {
+                    report.errors.push(format!(
+                        "{engine} could not be asked for the run's containers: {why}"
+                    ));
+                }
+            }
+            Err(e) => report
+                .errors
+                .push(format!("the run's containers could not be removed: {e}")),
+        }
+        report
+    }
 }
 
 #[cfg(test)]

@@ -493,6 +493,7 @@ impl RunningCommand for RunningContainer {
             grace_ms: self.grace.as_millis() as u64,
             records: Vec::new(),
             errors: std::mem::take(&mut ev.cleanup.errors),
+            resources_removed: Vec::new(),
         };
         // docker runs have no `--rm` (see argv.rs): remove our own container now that its exit
         // code has been read.

@@ -147,6 +147,7 @@ impl RuntimeBackend for LocalBackend {
                 grace_ms: grace.as_millis() as u64,
                 records: Vec::new(),
                 errors: vec![format!("cleanup did not complete: {e}")],
+                resources_removed: Vec::new(),
             },
         }
     }

@@ -156,7 +156,17 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
             anyhow::Error::new(e).context("the run was recorded by a backend this build lacks"),
         )
     })?;
-    let report = super::runtime()?.block_on(backend.cleanup(&ids, grace));
+    let mut report = super::runtime()?.block_on(backend.cleanup_run(run, &ids, grace));
+    // A private workspace left by a crashed run holds a full copy of the tree.
+    match agentdiff_engine::workspace::discard(&store, capsule.id()) {
+        Ok(true) => report
+            .resources_removed
+            .push(format!("private workspace of run {}", capsule.id())),
+        Ok(false) => {}
+        Err(e) => report.errors.push(format!(
+            "the run's private workspace could not be removed: {e}"
+        )),
+    }
     let result = CleanupResult {
         schema_version: agentdiff_engine::SCHEMA_VERSION,
         run_id: run.to_string(),
@@ -218,6 +228,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         .as_deref()
                         .map(|d| format!(" ({})", agentdiff_engine::redact::escape_terminal(d)))
                         .unwrap_or_default()
+                );
+            }
+            for res in &r.resources_removed {
+                println!(
+                    "  removed {}",
+                    agentdiff_engine::redact::escape_terminal(res)
                 );
             }
             for e in &r.errors {

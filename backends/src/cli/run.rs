@@ -260,7 +260,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             },
             interrupt: rx,
             env_mode: args.scrub_env.then_some(EnvMode::Scrub),
-            env_pass: args.pass_env.clone(),
+            // A variable named for the container with --env must survive scrubbing to reach it.
+            env_pass: args.pass_env.iter().chain(&args.env).cloned().collect(),
             grace: args.grace_period,
             poll_interval: Duration::from_millis(10),
             progress: if show_progress { Some(&progress) } else { None },

@@ -214,6 +214,7 @@ pub async fn cleanup_identities(ids: &[ProcessIdentity], grace: Duration) -> Cle
         grace_ms: grace.as_millis() as u64,
         records: end_all(ids, grace).await,
         errors: Vec::new(),
+        resources_removed: Vec::new(),
     }
 }
 
@@ -333,6 +334,7 @@ impl RunningCommand for Running {
                 grace_ms: spec.grace.as_millis() as u64,
                 records: cleanup_records,
                 errors: Vec::new(),
+                resources_removed: Vec::new(),
             },
             ports: PortEvidence {
                 mode: "off".into(),

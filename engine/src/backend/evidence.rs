@@ -99,6 +99,9 @@ pub struct CleanupReport {
     pub grace_ms: u64,
     pub records: Vec<CleanupRecord>,
     pub errors: Vec<String>,
+    /// Other resources removed (e.g. `podman container 3f2a…`), for backends that create them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources_removed: Vec<String>,
 }
 
 impl CleanupReport {

@@ -80,4 +80,16 @@ pub trait RuntimeBackend: Send + Sync {
     /// Stop processes recorded by an earlier run (`agentdiff cleanup`): each identity is verified
     /// before it is signalled, and a mismatch is refused, never signalled.
     async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport;
+    /// Clean up everything a recorded run left behind (`agentdiff cleanup RUN`): by default its
+    /// processes; a backend that creates other resources (containers) removes those too, found by
+    /// the run id.
+    async fn cleanup_run(
+        &self,
+        run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
+        let _ = run_id;
+        self.cleanup(ids, grace).await
+    }
 }

@@ -188,6 +188,7 @@ mod imp {
             grace_ms: opts.grace.as_millis() as u64,
             records: Vec::with_capacity(targets.len()),
             errors: Vec::new(),
+            resources_removed: Vec::new(),
         };
         let this_boot = match boot_id() {
             Ok(b) => b,
@@ -423,6 +424,7 @@ mod imp {
             grace_ms: opts.grace.as_millis() as u64,
             records: Vec::new(),
             errors: vec!["pidfd is unavailable on this platform; start times are compared in seconds and a narrow pid-reuse race remains".into()],
+            resources_removed: Vec::new(),
         };
         let this_boot = boot_id().unwrap_or_default();
         for t in targets {

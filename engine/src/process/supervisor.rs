@@ -416,6 +416,7 @@ mod unix {
                 grace_ms: grace.as_millis() as u64,
                 records: Vec::new(),
                 errors: Vec::new(),
+                resources_removed: Vec::new(),
             };
             let mut opts = CleanupOptions::new(grace);
             opts.reap = true;

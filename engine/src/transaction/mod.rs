@@ -286,12 +286,18 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let evidence = match launch(req.backend, &spec, req.stdio.clone(), req.interrupt.clone()).await
     {
         Ok(mut ev) => {
-            // The backend fingerprints what it really passed; how it was chosen (inherit or
-            // scrub, and what was dropped) is the transaction's plan.
+            // The backend fingerprints what it really passed. What the transaction's plan
+            // dropped before the backend saw the environment is added; a backend that filtered
+            // further (a container gets only named variables) keeps its own stricter mode.
             match ev.environment.as_mut() {
                 Some(env) => {
-                    env.mode = env_plan.evidence.mode.clone();
-                    env.dropped = env_plan.evidence.dropped.clone();
+                    if env.mode != "scrub" {
+                        env.mode = env_plan.evidence.mode.clone();
+                    }
+                    env.dropped
+                        .extend(env_plan.evidence.dropped.iter().cloned());
+                    env.dropped.sort();
+                    env.dropped.dedup();
                 }
                 None => ev.environment = Some(env_plan.evidence.clone()),
             }
@@ -321,6 +327,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
                 }),
             )?;
             // Nothing ran, so there is no after-state to capture.
+            if private_workspace {
+                discard_workspace(&store, &capsule)?;
+            }
             let mut referenced = referenced_objects(&before);
             referenced.push(before_entries.clone());
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
@@ -368,6 +377,11 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         "after_captured",
         json!({ "entries": after.entries.len(), "unsupported": after.unsupported.len() }),
     )?;
+    if private_workspace {
+        // The after-state now lives in the object store (promote applies it from there); the
+        // workspace copy of the whole tree is not needed any more.
+        discard_workspace(&store, &capsule)?;
+    }
 
     // Decisions, limits, score.
     let diff = fs::diff(&before, &after);
@@ -563,6 +577,18 @@ fn observation_warnings(
     }
     warnings.extend(evidence.warnings.iter().cloned());
     warnings
+}
+
+/// Remove the run's private workspace, recording that it happened (or why it could not).
+fn discard_workspace(store: &Store, capsule: &Capsule) -> Result<(), TransactionError> {
+    match crate::workspace::discard(store, capsule.id()) {
+        Ok(_) => capsule.event("workspace_discarded", json!({}))?,
+        Err(e) => capsule.event(
+            "workspace_not_discarded",
+            json!({ "error": e.to_string(), "remedy": "agentdiff cleanup RUN removes it" }),
+        )?,
+    }
+    Ok(())
 }
 
 #[cfg(unix)]
