@@ -119,7 +119,17 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
             Action::Deny => "deny",
         }
     );
-    if r.recovery_available {
+    let private = r.runtime.as_ref().is_some_and(|rt| {
+        rt.capabilities.workspace == agentdiff_engine::backend::WorkspaceMode::Private
+    });
+    if private {
+        let _ = writeln!(
+            s,
+            "  host tree: unchanged (the command worked on a private copy); review and apply with \
+             agentdiff promote {} --all --dry-run",
+            escape_terminal(&r.run_id)
+        );
+    } else if r.recovery_available {
         let _ = writeln!(
             s,
             "  recovery: available — agentdiff rollback {} --safe-only",
