@@ -20,12 +20,19 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::fs::{ChangeType, EntryKind, Manifest};
+use crate::fs::{ChangeType, EntryKind};
 use crate::rollback::apply::{self, ApplyOp, OpKind, Outcome, Transition};
-use crate::rollback::plan::validate_recorded_path;
+use crate::rollback::plan::{
+    normalize_path_arg, parent_of, read_manifest, under, validate_recorded_path,
+    verification_problems,
+};
 use crate::store::{
     now_rfc3339_millis, Artifact, Capsule, ObjectStore, RecoveryArtifact, StoreError,
 };
+
+/// What promote does with one path, and one path of a plan: the same shapes as rollback's, so
+/// both run through the same execution loop ([`crate::rollback::execute`]).
+pub use crate::rollback::plan::{PlanItem, PlannedStep as Step};
 
 /// Which recorded changes promote applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,27 +87,6 @@ pub enum PromoteError {
     UnsupportedPlatform,
 }
 
-/// What promote will do with one path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    Apply(Box<ApplyOp>),
-    /// Reported, never touched.
-    Skip(String),
-    /// Refused before anything is written (e.g. its object fails verification).
-    Fail(String),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanItem {
-    pub path: String,
-    pub change_type: ChangeType,
-    pub entry_kind: EntryKind,
-    pub decision: String,
-    /// Included only because a selected path below it needs it.
-    pub implied: bool,
-    pub step: Step,
-}
-
 /// A verified plan; run it with [`execute`].
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -128,26 +114,6 @@ struct RecordedChange {
     decision: String,
 }
 
-fn normalize_arg(arg: &str) -> Result<String, &'static str> {
-    let mut s = arg.trim_end_matches('/');
-    while let Some(rest) = s.strip_prefix("./") {
-        s = rest.trim_start_matches('/');
-    }
-    if s == "." || s.is_empty() {
-        return Ok(String::new());
-    }
-    validate_recorded_path(s)?;
-    Ok(s.to_string())
-}
-
-fn under(path: &str, prefix: &str) -> bool {
-    prefix.is_empty()
-        || path == prefix
-        || (path.len() > prefix.len()
-            && path.starts_with(prefix)
-            && path.as_bytes()[prefix.len()] == b'/')
-}
-
 /// The workspace was written by the command: a setuid or setgid bit it set would become a
 /// privileged file owned by whoever promotes. Such paths are reported, never written.
 fn unsafe_target_mode(target: Option<&crate::fs::Entry>) -> Option<String> {
@@ -158,23 +124,6 @@ fn unsafe_target_mode(target: Option<&crate::fs::Entry>) -> Option<String> {
             mode & 0o7777
         )
     })
-}
-
-fn parent_of(path: &str) -> Option<&str> {
-    path.rsplit_once('/').map(|(p, _)| p)
-}
-
-/// A manifest whose entries live in a verified content-addressed object, or, in older capsules,
-/// inline in the artifact.
-fn read_manifest(
-    capsule: &Capsule,
-    artifact: Artifact,
-    objects: &ObjectStore,
-) -> Result<Manifest, StoreError> {
-    match capsule.manifest_entries_object(artifact)? {
-        Some(_) => capsule.read_manifest(artifact, objects),
-        None => capsule.read_artifact(artifact),
-    }
 }
 
 /// Verify the capsule and plan the promotion of `selection` into `root`.
@@ -191,20 +140,13 @@ pub fn plan(
     if !capsule.is_sealed() {
         return Err(PromoteError::NotSealed { run_id });
     }
-    let verify = capsule.verify(objects)?;
-    let fatal: Vec<String> = verify
-        .problems
-        .iter()
-        .filter(|p| !p.subject.starts_with("object "))
-        .map(|p| format!("{}: {}", p.subject, p.problem))
-        .collect();
-    if !verify.sealed || !fatal.is_empty() {
+    if let Some(problems) = verification_problems(capsule, objects)? {
         return Err(PromoteError::Verification {
             run_id,
-            problems: if fatal.is_empty() {
+            problems: if problems.is_empty() {
                 "not sealed".into()
             } else {
-                fatal.join("; ")
+                problems.join("; ")
             },
         });
     }
@@ -252,9 +194,11 @@ pub fn plan(
 
     let mut filters = Vec::new();
     for arg in &selection.paths {
-        let p = normalize_arg(arg).map_err(|reason| PromoteError::InvalidPathArgument {
-            path: arg.clone(),
-            reason: reason.to_string(),
+        let p = normalize_path_arg(arg, &given).map_err(|reason| {
+            PromoteError::InvalidPathArgument {
+                path: arg.clone(),
+                reason: reason.to_string(),
+            }
         })?;
         if !result.changes.iter().any(|c| under(&c.path, &p)) {
             return Err(PromoteError::UnknownPath { path: arg.clone() });
@@ -499,6 +443,7 @@ pub fn execute(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report, 
 #[cfg(unix)]
 fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report, PromoteError> {
     use crate::rollback::apply::Applier;
+    use crate::rollback::execute;
     use crate::rollback::secure_dir::DirHandle;
 
     let started_at = now_rfc3339_millis();
@@ -508,67 +453,21 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
         source,
     })?;
     let mut applier = Applier::new(root, &plan.objects, dry_run, None);
+    applier.target_label = "after promote";
 
-    let mut ops: Vec<(usize, ApplyOp)> = Vec::new();
-    for (i, item) in plan.items.iter().enumerate() {
-        if let Step::Apply(op) = &item.step {
-            ops.push((i, (**op).clone()));
-            if op.kind == OpKind::CreateDir
-                && op
-                    .target
-                    .as_ref()
-                    .is_some_and(|t| apply::working_dir_mode(t.mode) != t.mode)
-            {
-                ops.push((
-                    i,
-                    ApplyOp {
-                        kind: OpKind::SettleDirMode,
-                        ..(**op).clone()
-                    },
-                ));
-            }
-        }
-    }
-    let mut ordered: Vec<ApplyOp> = ops.iter().map(|(_, o)| o.clone()).collect();
-    apply::order(&mut ordered);
-    let index_of = |op: &ApplyOp| {
-        ops.iter()
-            .find(|(_, o)| o.path == op.path && o.kind == op.kind)
-            .map(|(i, _)| *i)
-    };
-    if !dry_run {
-        capsule.recovery_event(
-            "promote_started",
-            json!({ "scope": plan.scope, "force": plan.force, "paths": plan.paths, "operations": ordered.len() }),
-        )?;
-    }
-    applier.clean_stale_temps(&ordered);
-
-    let mut results: Vec<Option<(OpKind, apply::OpResult)>> = vec![None; plan.items.len()];
-    let empty = Vec::new();
-    for op in &ordered {
-        let Some(i) = index_of(op) else { continue };
-        let children = plan.unselected_children.get(&op.path).unwrap_or(&empty);
-        // No fault is injected here, so the applier cannot be interrupted.
-        let Ok(r) = applier.apply(op, children) else {
-            continue;
-        };
-        if op.kind == OpKind::SettleDirMode {
-            if r.outcome.preserved_a_difference() {
-                results[i] = Some((op.kind, r));
-            }
-            continue;
-        }
-        if !dry_run
-            && matches!(
-                r.outcome,
-                Outcome::Restored
-                    | Outcome::Removed
-                    | Outcome::Recreated
-                    | Outcome::Conflict
-                    | Outcome::Failed
+    // No fault is injected here, so `interrupted` stays `None`; were it set, the items not
+    // reached would be reported as failed, which makes the report partial.
+    let executed = execute::run(
+        &mut applier,
+        &plan.items,
+        &plan.unselected_children,
+        |operations| {
+            capsule.recovery_event(
+                "promote_started",
+                json!({ "scope": plan.scope, "force": plan.force, "paths": plan.paths, "operations": operations }),
             )
-        {
+        },
+        |op, r| {
             capsule.recovery_event(
                 "promote_path",
                 json!({
@@ -577,30 +476,14 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
                     "outcome": promote_word(r.outcome),
                     "reason": r.reason,
                 }),
-            )?;
-        }
-        results[i] = Some((op.kind, r));
-    }
+            )
+        },
+    )?;
 
     let mut totals: BTreeMap<String, usize> = BTreeMap::new();
     let mut items = Vec::with_capacity(plan.items.len());
-    for (item, result) in plan.items.iter().zip(results) {
-        let (action, outcome, reason, diff) = match (&item.step, result) {
-            (Step::Apply(op), Some((_, r))) => (
-                Some(op.kind),
-                promote_word(r.outcome).to_string(),
-                r.reason,
-                r.diff.map(|d| relabel(&d)),
-            ),
-            (Step::Apply(op), None) => (
-                Some(op.kind),
-                "skipped".into(),
-                Some("not reached".into()),
-                None,
-            ),
-            (Step::Skip(reason), _) => (None, "skipped".into(), Some(reason.clone()), None),
-            (Step::Fail(reason), _) => (None, "failed".into(), Some(reason.clone()), None),
-        };
+    for (item, done) in plan.items.iter().zip(executed.items) {
+        let outcome = promote_word(done.result.outcome).to_string();
         *totals.entry(outcome.clone()).or_default() += 1;
         items.push(ItemReport {
             path: item.path.clone(),
@@ -608,10 +491,10 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
             entry_kind: item.entry_kind,
             decision: item.decision.clone(),
             implied: item.implied,
-            action,
+            action: done.action,
             outcome,
-            reason,
-            diff,
+            reason: done.result.reason,
+            diff: done.result.diff,
         });
     }
     let mut report = Report {
@@ -659,22 +542,6 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
         )?;
     }
     Ok(report)
-}
-
-/// The shared applier labels the target side of a preview for rollback; name it for promote.
-fn relabel(diff: &str) -> String {
-    diff.lines()
-        .map(|l| {
-            match l
-                .strip_prefix("+++ ")
-                .and_then(|r| r.strip_suffix(" (after rollback)"))
-            {
-                Some(path) => format!("+++ {path} (after promote)"),
-                None => l.to_string(),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// Human summary of a report.
@@ -726,4 +593,178 @@ pub fn render_summary(report: &Report) -> String {
         .collect();
     out.push_str(&format!("  totals: {}\n", totals.join(", ")));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::{diff, scan, BackupRequest, BackupState, IgnoreSource, ScanOptions};
+    use crate::store::Store;
+    use std::process::Command;
+
+    fn sh(dir: &Path, script: &str) {
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "script failed: {script}");
+    }
+
+    /// Records a sealed private-workspace run the way the transaction does: the host captured
+    /// before, `script` run in a copy of it (the workspace), the copy captured after.
+    fn record_private_run(root: &Path, workspace: &Path, script: &str) -> (Store, Capsule) {
+        sh(root, &format!("cp -a . '{}'", workspace.display()));
+        let store = Store::open(root).unwrap();
+        let capsule = store.create_run(Some("run1")).unwrap();
+        let mut opts = ScanOptions::new();
+        opts.backup = Some(BackupRequest {
+            sink: store.objects(),
+            max_file_bytes: 1 << 20,
+        });
+        let before = scan(root, &opts).unwrap();
+        sh(workspace, script);
+        let mut after_opts = ScanOptions::new();
+        after_opts.backup = Some(BackupRequest {
+            sink: store.objects(),
+            max_file_bytes: 1 << 20,
+        });
+        after_opts.ignore = IgnoreSource::Lines(before.ignore_lines.clone());
+        let after = scan(workspace, &after_opts).unwrap();
+        let changes: Vec<Value> = diff(&before, &after)
+            .iter()
+            .map(|c| {
+                json!({
+                    "path": c.path,
+                    "change_type": c.change_type,
+                    "entry_kind": c.entry_kind,
+                    "decision": "allow",
+                })
+            })
+            .collect();
+        capsule
+            .write_artifact(Artifact::Metadata, &json!({ "run_id": "run1" }))
+            .unwrap();
+        let before_entries = capsule
+            .write_manifest(Artifact::Before, &before, store.objects())
+            .unwrap();
+        let after_entries = capsule
+            .write_manifest(Artifact::After, &after, store.objects())
+            .unwrap();
+        capsule
+            .write_artifact(
+                Artifact::Runtime,
+                &json!({ "backend": "test", "capabilities": { "workspace": "private" } }),
+            )
+            .unwrap();
+        capsule
+            .write_artifact(
+                Artifact::Result,
+                &json!({ "run_id": "run1", "changes": changes }),
+            )
+            .unwrap();
+        let mut objects: Vec<String> = [&before, &after]
+            .iter()
+            .flat_map(|m| m.entries.values())
+            .filter(|e| e.backup == BackupState::Stored)
+            .filter_map(|e| e.sha256.clone())
+            .collect();
+        objects.sort();
+        objects.dedup();
+        objects.extend([before_entries, after_entries]);
+        store.objects().sync().unwrap();
+        capsule.seal(&objects).unwrap();
+        (store, capsule)
+    }
+
+    fn item<'r>(report: &'r Report, path: &str) -> &'r ItemReport {
+        report
+            .items
+            .iter()
+            .find(|i| i.path == path)
+            .unwrap_or_else(|| panic!("{path} not in the report: {report:#?}"))
+    }
+
+    fn all() -> Selection {
+        Selection {
+            scope: Scope::All,
+            paths: Vec::new(),
+            force: false,
+        }
+    }
+
+    #[test]
+    fn a_directory_removed_with_its_only_child_is_previewed_as_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("project");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::fs::write(root.join("d/f"), b"old\n").unwrap();
+        std::fs::write(root.join("keep.txt"), b"keep\n").unwrap();
+        let root = root.canonicalize().unwrap();
+        let (store, capsule) = record_private_run(&root, &dir.path().join("workspace"), "rm -r d");
+
+        // The dry run knows d/f would be gone before d is removed: d is not a conflict.
+        let plan = plan(&capsule, store.objects(), &root, &all()).unwrap();
+        let preview = execute(&capsule, &plan, true).unwrap();
+        assert_eq!(item(&preview, "d/f").outcome, "would_remove");
+        assert_eq!(item(&preview, "d").outcome, "would_remove", "{preview:#?}");
+        assert!(!preview.has_conflicts());
+        assert!(root.join("d/f").exists(), "a dry run writes nothing");
+
+        // An edit to d/f on the host keeps it, and with it d; d is kept because of that child,
+        // not reported as holding entries added after the run.
+        std::fs::write(root.join("d/f"), b"edited on the host\n").unwrap();
+        let report = execute(&capsule, &plan, false).unwrap();
+        assert_eq!(item(&report, "d/f").outcome, "conflict");
+        let d = item(&report, "d");
+        assert_eq!(d.outcome, "skipped", "{report:#?}");
+        assert!(
+            d.reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("not selected or kept"),
+            "{d:?}"
+        );
+        assert_eq!(
+            std::fs::read(root.join("d/f")).unwrap(),
+            b"edited on the host\n"
+        );
+
+        // With the host back in the captured state, promote removes both.
+        std::fs::write(root.join("d/f"), b"old\n").unwrap();
+        let report = execute(&capsule, &plan, false).unwrap();
+        assert_eq!(report.status, "promoted", "{report:#?}");
+        assert_eq!(item(&report, "d").outcome, "removed");
+        assert!(!root.join("d").exists());
+        assert!(root.join("keep.txt").exists());
+    }
+
+    #[test]
+    fn previews_name_the_promoted_side_and_absolute_path_arguments_select() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("project");
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(root.join("src/a.txt"), b"before\n").unwrap();
+        std::fs::write(root.join("b.txt"), b"b\n").unwrap();
+        let root = root.canonicalize().unwrap();
+        let (store, capsule) = record_private_run(
+            &root,
+            &dir.path().join("workspace"),
+            "echo after > src/a.txt; echo b2 > b.txt",
+        );
+        let selection = Selection {
+            paths: vec![root.join("src").display().to_string()],
+            ..all()
+        };
+        let plan = plan(&capsule, store.objects(), &root, &selection).unwrap();
+        assert_eq!(plan.paths, vec!["src".to_string()]);
+        assert_eq!(plan.not_selected, 1);
+        let preview = execute(&capsule, &plan, true).unwrap();
+        let a = item(&preview, "src/a.txt");
+        assert_eq!(a.outcome, "would_apply");
+        let diff = a.diff.as_deref().unwrap_or("");
+        assert!(diff.contains("+++ src/a.txt (after promote)"), "{diff}");
+        assert!(!diff.contains("rollback"), "{diff}");
+    }
 }

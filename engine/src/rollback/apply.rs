@@ -175,8 +175,8 @@ fn check_backup(g: &Entry) -> Result<(), String> {
 /// it a conflict.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DirChildren {
-    /// Entries the run created that stay: not selected, or their own removal did not happen.
-    /// The directory is then kept and reported as skipped.
+    /// Entries that stay: their own removal was not selected or did not happen. The directory
+    /// is then kept and reported as skipped.
     pub kept: Vec<String>,
     /// Entries a dry run would have removed just before (still present because nothing is
     /// written in a dry run).
@@ -450,6 +450,8 @@ pub struct Applier<'a> {
     pub temps_removed: usize,
     /// How conflict reasons name the expected state (rollback: "the state the run left").
     pub expected_label: &'static str,
+    /// How diff previews name the target side: `<path> (<target_label>)`.
+    pub target_label: &'static str,
 }
 
 /// Step result: `Err` only for the injected fault.
@@ -470,7 +472,13 @@ impl<'a> Applier<'a> {
             steps: 0,
             temps_removed: 0,
             expected_label: "the recorded state",
+            target_label: "after rollback",
         }
+    }
+
+    /// Whether this applier only checks and previews.
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
     }
 
     /// Mutating steps performed so far.
@@ -527,8 +535,8 @@ impl<'a> Applier<'a> {
     }
 
     /// Applies one op. For a directory removal, `unselected_children` names entries inside it
-    /// that the run created but that were not selected (they keep the directory without making
-    /// it a conflict). See [`Applier::apply_with`] for the full form.
+    /// whose own removal was not selected (they keep the directory without making it a
+    /// conflict). See [`Applier::apply_with`] for the full form.
     pub fn apply(&mut self, op: &ApplyOp, unselected_children: &[String]) -> Step<OpResult> {
         let children = DirChildren {
             kept: unselected_children.to_vec(),
@@ -695,7 +703,7 @@ impl<'a> Applier<'a> {
         let target_label = if op.target.is_none() {
             "/dev/null".to_string()
         } else {
-            format!("{} (after rollback)", op.path)
+            format!("{} ({})", op.path, self.target_label)
         };
         Some(
             match diff_preview::unified(&cur_bytes, &target_bytes, &cur_label, &target_label) {
@@ -991,8 +999,8 @@ impl<'a> Applier<'a> {
             return Some(OpResult::with(
                 Outcome::Skipped,
                 format!(
-                    "not empty: it still holds {} entr{} the run created that {} not selected \
-                     or kept (see their outcomes)",
+                    "not empty: it still holds {} entr{} that {} not selected or kept (see \
+                     their outcomes)",
                     extra.len(),
                     if extra.len() == 1 { "y" } else { "ies" },
                     if extra.len() == 1 { "was" } else { "were" }

@@ -15,6 +15,7 @@
 
 pub mod apply;
 pub mod diff_preview;
+pub mod execute;
 pub mod plan;
 pub mod report;
 pub mod secure_dir;
@@ -136,9 +137,6 @@ pub fn execute(
     plan: &Plan,
     opts: &ExecuteOptions,
 ) -> Result<Report, RollbackError> {
-    use apply::{Applier, ApplyOp, DirChildren, OpResult};
-    use std::collections::{BTreeSet, HashMap};
-
     let started_at = now_rfc3339_millis();
     let root =
         secure_dir::DirHandle::open_root(&plan.root).map_err(|source| RollbackError::Io {
@@ -146,115 +144,20 @@ pub fn execute(
             path: plan.root.clone(),
             source,
         })?;
-    let mut applier = Applier::new(root, &plan.objects, opts.dry_run, opts.fault);
+    let mut applier = apply::Applier::new(root, &plan.objects, opts.dry_run, opts.fault);
     applier.expected_label = "the state the run left";
 
-    // Item index of every op, plus the final-mode steps of created restrictive directories.
-    let mut ops: Vec<(usize, ApplyOp)> = Vec::new();
-    for (i, item) in plan.items.iter().enumerate() {
-        if let PlannedStep::Apply(op) = &item.step {
-            ops.push((i, (**op).clone()));
-            if op.kind == OpKind::CreateDir
-                && op
-                    .target
-                    .as_ref()
-                    .is_some_and(|t| apply::working_dir_mode(t.mode) != t.mode)
-            {
-                ops.push((
-                    i,
-                    ApplyOp {
-                        kind: OpKind::SettleDirMode,
-                        ..(**op).clone()
-                    },
-                ));
-            }
-        }
-    }
-    let mut only_ops: Vec<ApplyOp> = ops.iter().map(|(_, o)| o.clone()).collect();
-    apply::order(&mut only_ops);
-    // Re-associate ordered ops with their items (path + kind is unique).
-    let index: HashMap<(&str, OpKind), usize> = ops
-        .iter()
-        .map(|(i, o)| ((o.path.as_str(), o.kind), *i))
-        .collect();
-
-    if !opts.dry_run {
-        capsule.recovery_event(
-            "rollback_started",
-            json!({
-                "scope": plan.scope,
-                "paths": plan.paths,
-                "operations": only_ops.len(),
-            }),
-        )?;
-    }
-    applier.clean_stale_temps(&only_ops);
-
-    let mut results: Vec<Option<OpResult>> = vec![None; plan.items.len()];
-    // Paths whose removal did not happen (kept) or, in a dry run, would happen (gone); a
-    // directory holding only such entries is not a conflict.
-    let mut kept: BTreeSet<String> = BTreeSet::new();
-    let mut gone: BTreeSet<String> = BTreeSet::new();
-    for op in &only_ops {
-        let Some(&i) = index.get(&(op.path.as_str(), op.kind)) else {
-            continue;
-        };
-        let children = if op.kind == OpKind::RemoveDir {
-            let prefix = format!("{}/", op.path);
-            let names_in = |set: &BTreeSet<String>| -> Vec<String> {
-                set.range(prefix.clone()..)
-                    .take_while(|p| p.starts_with(&prefix))
-                    .filter_map(|p| p[prefix.len()..].split('/').next().map(str::to_string))
-                    .collect()
-            };
-            let mut k = names_in(&kept);
-            k.extend(
-                plan.unselected_children
-                    .get(&op.path)
-                    .into_iter()
-                    .flatten()
-                    .cloned(),
-            );
-            DirChildren {
-                kept: k,
-                gone: names_in(&gone),
-            }
-        } else {
-            DirChildren::default()
-        };
-        let r = applier
-            .apply_with(op, &children)
-            .map_err(|e| RollbackError::FaultInjected {
-                after_ops: e.after_ops,
-            })?;
-        if matches!(op.kind, OpKind::RemoveFile | OpKind::RemoveDir) {
-            match r.outcome {
-                Outcome::Removed | Outcome::AlreadyRestored => {}
-                Outcome::WouldRemove => {
-                    gone.insert(op.path.clone());
-                }
-                _ => {
-                    kept.insert(op.path.clone());
-                }
-            }
-        }
-        if op.kind == OpKind::SettleDirMode {
-            // The final mode only matters to the report when it went wrong.
-            if r.outcome.preserved_a_difference() {
-                results[i] = Some(r);
-            }
-            continue;
-        }
-        if !opts.dry_run
-            && matches!(
-                r.outcome,
-                Outcome::Restored
-                    | Outcome::Removed
-                    | Outcome::Recreated
-                    | Outcome::Conflict
-                    | Outcome::Failed
+    let executed = execute::run(
+        &mut applier,
+        &plan.items,
+        &plan.unselected_children,
+        |operations| {
+            capsule.recovery_event(
+                "rollback_started",
+                json!({ "scope": plan.scope, "paths": plan.paths, "operations": operations }),
             )
-        {
+        },
+        |op, r| {
             capsule.recovery_event(
                 "rollback_path",
                 json!({
@@ -263,41 +166,19 @@ pub fn execute(
                     "outcome": r.outcome,
                     "reason": r.reason,
                 }),
-            )?;
-        }
-        results[i] = Some(r);
+            )
+        },
+    )?;
+    if let Some(stop) = executed.interrupted {
+        return Err(RollbackError::FaultInjected {
+            after_ops: stop.after_ops,
+        });
     }
 
     let mut totals = Totals::default();
     let mut items = Vec::with_capacity(plan.items.len());
-    for (item, result) in plan.items.iter().zip(results) {
-        let (action, r) = match (&item.step, result) {
-            (PlannedStep::Apply(op), Some(r)) => (Some(op.kind), r),
-            (PlannedStep::Apply(op), None) => (
-                Some(op.kind),
-                OpResult {
-                    outcome: Outcome::Failed,
-                    reason: Some("was not processed".into()),
-                    diff: None,
-                },
-            ),
-            (PlannedStep::Skip(why), _) => (
-                None,
-                OpResult {
-                    outcome: Outcome::Skipped,
-                    reason: Some(why.clone()),
-                    diff: None,
-                },
-            ),
-            (PlannedStep::Fail(why), _) => (
-                None,
-                OpResult {
-                    outcome: Outcome::Failed,
-                    reason: Some(why.clone()),
-                    diff: None,
-                },
-            ),
-        };
+    for (item, done) in plan.items.iter().zip(executed.items) {
+        let r = done.result;
         totals.count(r.outcome);
         items.push(ItemReport {
             path: item.path.clone(),
@@ -305,7 +186,7 @@ pub fn execute(
             entry_kind: item.entry_kind,
             decision: item.decision.clone(),
             implied: item.implied,
-            action,
+            action: done.action,
             outcome: r.outcome,
             reason: r.reason,
             diff: r.diff,

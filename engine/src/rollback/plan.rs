@@ -94,8 +94,8 @@ pub fn validate_recorded_path(path: &str) -> Result<(), &'static str> {
 }
 
 /// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything; an absolute path below the
-/// root → relative to it).
-fn normalize_arg(arg: &str, root: &Path) -> Result<String, &'static str> {
+/// root → relative to it). Shared with promote.
+pub(crate) fn normalize_path_arg(arg: &str, root: &Path) -> Result<String, &'static str> {
     let arg = match Path::new(arg).strip_prefix(root) {
         Ok(rel) if Path::new(arg).is_absolute() => rel.to_str().ok_or("not valid UTF-8")?,
         _ => arg,
@@ -111,7 +111,8 @@ fn normalize_arg(arg: &str, root: &Path) -> Result<String, &'static str> {
     Ok(s.to_string())
 }
 
-fn under(path: &str, prefix: &str) -> bool {
+/// `path` is `prefix` or below it (`""` is above everything).
+pub(crate) fn under(path: &str, prefix: &str) -> bool {
     prefix.is_empty()
         || path == prefix
         || (path.len() > prefix.len()
@@ -119,7 +120,7 @@ fn under(path: &str, prefix: &str) -> bool {
             && path.as_bytes()[prefix.len()] == b'/')
 }
 
-fn parent_of(path: &str) -> Option<&str> {
+pub(crate) fn parent_of(path: &str) -> Option<&str> {
     path.rsplit_once('/').map(|(p, _)| p)
 }
 
@@ -138,18 +139,8 @@ pub fn plan(
     if !capsule.is_sealed() {
         return Err(RollbackError::NotSealed { run_id });
     }
-    let verify = capsule.verify(objects)?;
-    let fatal: Vec<String> = verify
-        .problems
-        .iter()
-        .filter(|p| !p.subject.starts_with("object "))
-        .map(|p| format!("{}: {}", p.subject, p.problem))
-        .collect();
-    if !verify.sealed || !fatal.is_empty() {
-        return Err(RollbackError::Verification {
-            run_id,
-            problems: fatal,
-        });
+    if let Some(problems) = verification_problems(capsule, objects)? {
+        return Err(RollbackError::Verification { run_id, problems });
     }
 
     // 2. Rollback must have been enabled by the run's effective policy.
@@ -221,11 +212,12 @@ pub fn plan(
     // 5. Selection.
     let mut filters = Vec::new();
     for arg in &selection.paths {
-        let p =
-            normalize_arg(arg, &given).map_err(|reason| RollbackError::InvalidPathArgument {
+        let p = normalize_path_arg(arg, &given).map_err(|reason| {
+            RollbackError::InvalidPathArgument {
                 path: arg.clone(),
                 reason: reason.to_string(),
-            })?;
+            }
+        })?;
         if !result.changes.iter().any(|c| under(&c.path, &p)) {
             return Err(RollbackError::UnknownPath { path: arg.clone() });
         }
@@ -374,9 +366,26 @@ pub fn plan(
     })
 }
 
+/// Why a sealed capsule cannot be trusted: `None` when it verifies; otherwise its problems
+/// (empty: the seal itself is missing). Problems with individual objects are left to the paths
+/// that need them.
+pub(crate) fn verification_problems(
+    capsule: &Capsule,
+    objects: &ObjectStore,
+) -> Result<Option<Vec<String>>, StoreError> {
+    let verify = capsule.verify(objects)?;
+    let fatal: Vec<String> = verify
+        .problems
+        .iter()
+        .filter(|p| !p.subject.starts_with("object "))
+        .map(|p| format!("{}: {}", p.subject, p.problem))
+        .collect();
+    Ok((!verify.sealed || !fatal.is_empty()).then_some(fatal))
+}
+
 /// A manifest whose entries live in a (verified) content-addressed object, or, from older
 /// capsules, inline in the artifact.
-fn read_manifest(
+pub(crate) fn read_manifest(
     capsule: &Capsule,
     artifact: Artifact,
     objects: &ObjectStore,
@@ -465,13 +474,13 @@ mod tests {
     #[test]
     fn path_arguments_are_normalized() {
         let root = Path::new("/p/root");
-        assert_eq!(normalize_arg("./dir/", root).unwrap(), "dir");
-        assert_eq!(normalize_arg(".", root).unwrap(), "");
-        assert_eq!(normalize_arg("/p/root/a/b", root).unwrap(), "a/b");
-        assert_eq!(normalize_arg("/p/root", root).unwrap(), "");
-        assert!(normalize_arg("/p/rootx/a", root).is_err());
-        assert!(normalize_arg("/etc/passwd", root).is_err());
-        assert!(normalize_arg("../x", root).is_err());
+        assert_eq!(normalize_path_arg("./dir/", root).unwrap(), "dir");
+        assert_eq!(normalize_path_arg(".", root).unwrap(), "");
+        assert_eq!(normalize_path_arg("/p/root/a/b", root).unwrap(), "a/b");
+        assert_eq!(normalize_path_arg("/p/root", root).unwrap(), "");
+        assert!(normalize_path_arg("/p/rootx/a", root).is_err());
+        assert!(normalize_path_arg("/etc/passwd", root).is_err());
+        assert!(normalize_path_arg("../x", root).is_err());
         assert!(under("dir/a", "dir"));
         assert!(!under("dirx/a", "dir"));
         assert!(under("anything", ""));
