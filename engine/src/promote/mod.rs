@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 use crate::fs::{ChangeType, EntryKind};
 use crate::rollback::apply::{self, ApplyOp, OpKind, Outcome, Transition};
 use crate::rollback::plan::{
-    normalize_path_arg, parent_of, read_manifest, under, validate_recorded_path,
-    verification_problems,
+    parent_of, path_filters, read_manifest, under, validate_recorded_path, verification_problems,
+    PathArgError,
 };
 use crate::store::{
     now_rfc3339_millis, Artifact, Capsule, ObjectStore, RecoveryArtifact, StoreError,
@@ -192,19 +192,14 @@ pub fn plan(
         }
     }
 
-    let mut filters = Vec::new();
-    for arg in &selection.paths {
-        let p = normalize_path_arg(arg, &given).map_err(|reason| {
-            PromoteError::InvalidPathArgument {
-                path: arg.clone(),
-                reason: reason.to_string(),
-            }
-        })?;
-        if !result.changes.iter().any(|c| under(&c.path, &p)) {
-            return Err(PromoteError::UnknownPath { path: arg.clone() });
-        }
-        filters.push(p);
-    }
+    let recorded_paths: Vec<&str> = result.changes.iter().map(|c| c.path.as_str()).collect();
+    let filters = path_filters(&selection.paths, &given, &recorded_paths).map_err(|e| match e {
+        PathArgError::Invalid { arg, reason } => PromoteError::InvalidPathArgument {
+            path: arg,
+            reason: reason.to_string(),
+        },
+        PathArgError::Unknown { arg } => PromoteError::UnknownPath { path: arg },
+    })?;
     let named = |c: &RecordedChange| filters.iter().any(|f| under(&c.path, f));
     let by_path = |c: &RecordedChange| filters.is_empty() || named(c);
 

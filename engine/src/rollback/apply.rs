@@ -257,7 +257,7 @@ impl OpResult {
         }
     }
 
-    fn with(outcome: Outcome, reason: impl Into<String>) -> OpResult {
+    pub(crate) fn with(outcome: Outcome, reason: impl Into<String>) -> OpResult {
         OpResult {
             outcome,
             reason: Some(reason.into()),

@@ -152,27 +152,15 @@ pub fn run<E>(
             },
             (PlannedStep::Apply(op), None) => ItemResult {
                 action: Some(op.kind),
-                result: OpResult {
-                    outcome: Outcome::Failed,
-                    reason: Some("was not processed".into()),
-                    diff: None,
-                },
+                result: OpResult::with(Outcome::Failed, "was not processed"),
             },
             (PlannedStep::Skip(why), _) => ItemResult {
                 action: None,
-                result: OpResult {
-                    outcome: Outcome::Skipped,
-                    reason: Some(why.clone()),
-                    diff: None,
-                },
+                result: OpResult::with(Outcome::Skipped, why.clone()),
             },
             (PlannedStep::Fail(why), _) => ItemResult {
                 action: None,
-                result: OpResult {
-                    outcome: Outcome::Failed,
-                    reason: Some(why.clone()),
-                    diff: None,
-                },
+                result: OpResult::with(Outcome::Failed, why.clone()),
             },
         })
         .collect();

@@ -111,6 +111,37 @@ pub(crate) fn normalize_path_arg(arg: &str, root: &Path) -> Result<String, &'sta
     Ok(s.to_string())
 }
 
+/// A `--path` argument that selects nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PathArgError {
+    /// Not a path below the project root.
+    Invalid { arg: String, reason: &'static str },
+    /// No recorded change is at or below it.
+    Unknown { arg: String },
+}
+
+/// The normalized `--path` filters (see [`normalize_path_arg`]); each must name a recorded path
+/// or a directory above one. Shared with promote.
+pub(crate) fn path_filters(
+    args: &[String],
+    root: &Path,
+    recorded: &[&str],
+) -> Result<Vec<String>, PathArgError> {
+    args.iter()
+        .map(|arg| {
+            let p = normalize_path_arg(arg, root).map_err(|reason| PathArgError::Invalid {
+                arg: arg.clone(),
+                reason,
+            })?;
+            if recorded.iter().any(|r| under(r, &p)) {
+                Ok(p)
+            } else {
+                Err(PathArgError::Unknown { arg: arg.clone() })
+            }
+        })
+        .collect()
+}
+
 /// `path` is `prefix` or below it (`""` is above everything).
 pub(crate) fn under(path: &str, prefix: &str) -> bool {
     prefix.is_empty()
@@ -210,19 +241,14 @@ pub fn plan(
     }
 
     // 5. Selection.
-    let mut filters = Vec::new();
-    for arg in &selection.paths {
-        let p = normalize_path_arg(arg, &given).map_err(|reason| {
-            RollbackError::InvalidPathArgument {
-                path: arg.clone(),
-                reason: reason.to_string(),
-            }
-        })?;
-        if !result.changes.iter().any(|c| under(&c.path, &p)) {
-            return Err(RollbackError::UnknownPath { path: arg.clone() });
-        }
-        filters.push(p);
-    }
+    let recorded_paths: Vec<&str> = result.changes.iter().map(|c| c.path.as_str()).collect();
+    let filters = path_filters(&selection.paths, &given, &recorded_paths).map_err(|e| match e {
+        PathArgError::Invalid { arg, reason } => RollbackError::InvalidPathArgument {
+            path: arg,
+            reason: reason.to_string(),
+        },
+        PathArgError::Unknown { arg } => RollbackError::UnknownPath { path: arg },
+    })?;
     let by_path =
         |c: &RecordedChange| filters.is_empty() || filters.iter().any(|f| under(&c.path, f));
     let in_scope = |c: &RecordedChange| match selection.scope {
@@ -484,5 +510,24 @@ mod tests {
         assert!(under("dir/a", "dir"));
         assert!(!under("dirx/a", "dir"));
         assert!(under("anything", ""));
+    }
+
+    #[test]
+    fn path_filters_must_select_a_recorded_change() {
+        let root = Path::new("/p/root");
+        let recorded = ["dir/a", "b.txt"];
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            path_filters(&args(&["./dir/", "/p/root/b.txt"]), root, &recorded).unwrap(),
+            vec!["dir", "b.txt"]
+        );
+        assert_eq!(
+            path_filters(&args(&["dir", "di"]), root, &recorded),
+            Err(PathArgError::Unknown { arg: "di".into() })
+        );
+        assert!(matches!(
+            path_filters(&args(&["../x"]), root, &recorded),
+            Err(PathArgError::Invalid { .. })
+        ));
     }
 }
