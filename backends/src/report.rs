@@ -44,8 +44,13 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
             } else if rt.enforcement.is_empty() || rt.enforcement == "none" {
                 "not sandboxed".to_string()
             } else {
-                // Handed to an external tool and not verified: say exactly that.
-                format!("{}, not verified", escape_terminal(&rt.enforcement))
+                // Handed to an external tool: verified only where a recorded probe says so.
+                let how = if rt.verified_controls.is_empty() {
+                    "not verified"
+                } else {
+                    "verified only where listed below"
+                };
+                format!("{}, {how}", escape_terminal(&rt.enforcement))
             };
             format!("{} backend, {isolation}", escape_terminal(&rt.backend))
         })
@@ -107,6 +112,31 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
             "  new listening sockets: {} (observed, not blocked)",
             sm.opened_ports
         );
+    }
+    if let Some(rt) = &r.runtime {
+        if !rt.verified_controls.is_empty() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let names: Vec<String> = rt
+                .verified_controls
+                .iter()
+                .map(|v| {
+                    let at = v.citation["probed_at_unix"].as_u64().unwrap_or(now);
+                    format!(
+                        "{} ({} min ago)",
+                        v.boundary.as_str(),
+                        now.saturating_sub(at) / 60
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "  verified by a recorded probe on this host: {}",
+                names.join(", ")
+            );
+        }
     }
     let b = &r.blast_radius;
     let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);

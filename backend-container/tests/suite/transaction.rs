@@ -44,6 +44,7 @@ async fn run_in_container(root: &Path, rootfs: &Path, script: &str) -> String {
         grace: Duration::from_secs(1),
         poll_interval: Duration::from_millis(50),
         progress: None,
+        verified_controls: Vec::new(),
     })
     .await
     .unwrap();

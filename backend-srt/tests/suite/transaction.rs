@@ -40,6 +40,7 @@ fn run_transaction(f: &Fixture, argv: Vec<OsString>) -> transaction::RunOutcome 
         grace: Duration::from_millis(500),
         poll_interval: Duration::from_millis(10),
         progress: None,
+        verified_controls: Vec::new(),
     }))
     .unwrap()
 }

@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::ValueEnum;
 
-use agentdiff_engine::backend::{BackendOptions, Registry, StdioMode};
+use agentdiff_engine::backend::{BackendOptions, Boundary, Registry, StdioMode};
 use agentdiff_engine::environment::EnvMode;
 use agentdiff_engine::fs::ScanProgress;
 use agentdiff_engine::policy::{self, Action};
-use agentdiff_engine::transaction::{self, Refusal, RunOutcome, RunRequest, Status};
+use agentdiff_engine::transaction::{
+    self, Refusal, RunOutcome, RunRequest, Status, VerifiedControl,
+};
 
 use crate::exit;
 use crate::report;
@@ -116,6 +118,14 @@ pub struct Args {
     /// container backend: allow pulling a missing image.
     #[arg(long, help_heading = "container backend")]
     pull: bool,
+    /// Probe records written by `agentdiff doctor --probe --record FILE`: a control a record
+    /// verified for this backend, the same options and settings content, on this host and boot, is
+    /// cited in the run's evidence as verified.
+    #[arg(long, value_name = "FILE")]
+    probe_records: Option<PathBuf>,
+    /// How old a probe record may be to be cited.
+    #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_duration)]
+    probe_max_age: Duration,
     /// Any backend: KEY=VALUE option for third-party backends (repeatable).
     #[arg(long = "backend-option", value_name = "KEY=VALUE")]
     backend_option: Vec<String>,
@@ -230,6 +240,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .create(&args.runtime)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let options = backend_options(&args)?;
+    let verified_controls = match &args.probe_records {
+        Some(path) => cite_probes(path, backend.id(), &options, args.probe_max_age)?,
+        None => Vec::new(),
+    };
 
     let rt = crate::cli::runtime()?;
     let (tx, rx) = tokio::sync::watch::channel(None);
@@ -265,6 +279,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             grace: args.grace_period,
             poll_interval: Duration::from_millis(10),
             progress: if show_progress { Some(&progress) } else { None },
+            verified_controls: verified_controls.clone(),
         };
         let out = transaction::run(req).await;
         if let Ok(mut s) = progress_state.lock() {
@@ -293,6 +308,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(exit_code(&outcome, args.fail_on)))
+}
+
+/// Controls that the given probe records verified for this backend, options and host.
+fn cite_probes(
+    path: &std::path::Path,
+    backend: &str,
+    options: &BackendOptions,
+    max_age: Duration,
+) -> anyhow::Result<Vec<VerifiedControl>> {
+    let records = agentdiff_conformance::probes::read_records(path)
+        .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
+    Ok(Boundary::ALL
+        .iter()
+        .filter_map(|b| {
+            agentdiff_conformance::probes::cite(&records, backend, options, *b, max_age)
+        })
+        .map(|c| VerifiedControl {
+            boundary: c.boundary,
+            citation: serde_json::to_value(&c).unwrap_or_default(),
+        })
+        .collect())
 }
 
 /// Map a finished transaction to the process exit code (docs/cli.md).

@@ -461,3 +461,99 @@ fn capsule_artifacts_validate_against_the_published_schemas() {
         "{r:#}"
     );
 }
+
+/// A control that `doctor --probe --record` verified is cited by a run of the same backend and
+/// options on this host, and only while the record is recent enough.
+#[test]
+fn runs_cite_recent_probe_records_for_the_same_backend_and_settings() {
+    let p = project();
+    let records = p.path().join("probes.json");
+    let out = agentdiff(
+        p.path(),
+        &[
+            "doctor",
+            "--probe",
+            "--runtime",
+            "local",
+            "--record",
+            records.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doctor: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verified: Vec<String> = doctor["backends"][0]["probe"]["verified"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| *v == "verified")
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(!verified.is_empty(), "{doctor:#}");
+
+    let rec = records.to_str().unwrap();
+    let (_, r, _) = run_json(p.path(), &["--probe-records", rec], &["true"]);
+    let mut cited: Vec<String> = r["runtime"]["verified_controls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["boundary"].as_str().unwrap().to_string())
+        .collect();
+    cited.sort();
+    let mut expected = verified.clone();
+    expected.sort();
+    assert_eq!(cited, expected);
+    // The declared labels are unchanged: a citation adds evidence, it does not relabel.
+    assert_eq!(r["runtime"]["capabilities"]["network"], "uncontrolled");
+
+    // Another backend's options do not match the record's settings digest.
+    let (_, r, _) = run_json(
+        p.path(),
+        &[
+            "--probe-records",
+            rec,
+            "--backend-option",
+            "tracking=proc_poll",
+        ],
+        &["true"],
+    );
+    assert!(r["runtime"]["verified_controls"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    // A record older than --probe-max-age is not cited.
+    let mut doc: Value = serde_json::from_slice(&fs::read(&records).unwrap()).unwrap();
+    let made = doc[0]["made_at_unix"].as_u64().unwrap();
+    doc[0]["made_at_unix"] = Value::from(made - 7200);
+    fs::write(&records, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let (_, r, _) = run_json(
+        p.path(),
+        &["--probe-records", rec, "--probe-max-age", "1h"],
+        &["true"],
+    );
+    assert!(r["runtime"]["verified_controls"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    // An unreadable record file is a configuration error, and nothing runs.
+    let out = agentdiff(
+        p.path(),
+        &[
+            "run",
+            "--probe-records",
+            "missing.json",
+            "--",
+            "touch",
+            "ran",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(65));
+    assert!(!p.path().join("ran").exists());
+}

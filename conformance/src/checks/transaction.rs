@@ -45,6 +45,7 @@ async fn transact(
         grace: Duration::from_millis(500),
         poll_interval: Duration::from_millis(50),
         progress: None,
+        verified_controls: Vec::new(),
     };
     transaction::run(request)
         .await

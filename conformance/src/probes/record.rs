@@ -38,14 +38,29 @@ impl HostId {
     }
 }
 
-/// `sha256:<hex>` of the backend id and its options (the settings a probe ran with).
+/// `sha256:<hex>` of the backend id, its options, and the content of every regular file an option
+/// names (a settings file edited after the probe must not inherit the probe's verdict).
 pub fn settings_digest(backend: &str, options: &BackendOptions) -> Result<String, RecordError> {
     let json = serde_json::to_vec(options).map_err(|e| RecordError::Settings(e.to_string()))?;
     let mut h = Sha256::new();
-    h.update(b"agentdiff-probe-settings-v1\0");
+    h.update(b"agentdiff-probe-settings-v2\0");
     h.update(backend.as_bytes());
     h.update(b"\0");
     h.update(&json);
+    for key in options.keys() {
+        for value in options.get_all(key) {
+            let path = std::path::Path::new(value);
+            let is_file = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() <= 1 << 20);
+            if is_file {
+                let content = std::fs::read(path)
+                    .map_err(|e| RecordError::Settings(format!("{value}: {e}")))?;
+                h.update(b"\0file\0");
+                h.update(value.as_bytes());
+                h.update(b"\0");
+                h.update(Sha256::digest(&content));
+            }
+        }
+    }
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }
 

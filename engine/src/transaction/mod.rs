@@ -19,6 +19,7 @@ use serde_json::json;
 pub use classify::{classify_changes, evaluate_limits};
 pub use result::{
     ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
+    VerifiedControl,
 };
 
 use crate::backend::{
@@ -69,6 +70,8 @@ pub struct RunRequest<'a> {
     pub grace: Duration,
     pub poll_interval: Duration,
     pub progress: Option<ProgressFn<'a>>,
+    /// Controls that recorded probes verified for this backend, settings and host.
+    pub verified_controls: Vec<VerifiedControl>,
 }
 
 /// What a finished transaction hands back.
@@ -335,7 +338,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
         }
     };
-    capsule.write_artifact(Artifact::Runtime, &runtime_document(&evidence))?;
+    let mut runtime_doc = runtime_document(&evidence);
+    runtime_doc["verified_controls"] = json!(req.verified_controls);
+    capsule.write_artifact(Artifact::Runtime, &runtime_doc)?;
     capsule.event(
         "exited",
         json!({
@@ -463,6 +468,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             failure: evidence.failure.clone(),
             tracking: evidence.tracking.clone(),
             observation_root: evidence.observation_root.clone(),
+            verified_controls: req.verified_controls.clone(),
         }),
         execution_error,
         summary,

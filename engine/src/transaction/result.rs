@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Capabilities, ExitInfo, FailureKind};
+use crate::backend::{Boundary, Capabilities, ExitInfo, FailureKind};
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::{Action, Decision};
 use crate::score::BlastRadius;
@@ -89,6 +89,16 @@ pub struct Summary {
     pub unsupported_entries: u64,
 }
 
+/// A control that a recorded probe verified on this host for the same backend and settings
+/// (`agentdiff doctor --probe --record`), cited by a run. The declared level is unchanged; the
+/// citation says what was proven, where and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifiedControl {
+    pub boundary: Boundary,
+    /// The probe record's facts: backend, settings digest, host, when, what the probe saw.
+    pub citation: serde_json::Value,
+}
+
 /// Runtime facts copied into the result for CI consumers (full evidence is in runtime.json).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RuntimeSummary {
@@ -101,6 +111,9 @@ pub struct RuntimeSummary {
     pub failure: Option<FailureKind>,
     pub tracking: String,
     pub observation_root: String,
+    /// Controls a recent probe verified here (empty unless the run was given probe records).
+    #[serde(default)]
+    pub verified_controls: Vec<VerifiedControl>,
 }
 
 /// `result.json`.
