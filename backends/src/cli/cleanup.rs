@@ -72,11 +72,19 @@ fn open_code(e: &StoreError) -> u8 {
     }
 }
 
-/// Stored identities and the backend that recorded them.
-fn stored_identities(capsule: &Capsule) -> anyhow::Result<(String, Vec<ProcessIdentity>)> {
-    let value = capsule
-        .read_artifact_value(Artifact::Runtime)
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+/// Stored identities and the backend that recorded them. A run whose agentdiff was killed
+/// before it wrote `runtime.json` is cleaned from its `launched` event instead: the root identity
+/// and every process still in the run's cgroup.
+fn stored_identities(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
+    let value = match capsule.read_artifact_value(Artifact::Runtime) {
+        Ok(v) => v,
+        Err(StoreError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound && !capsule.is_sealed() =>
+        {
+            return from_launch_event(capsule);
+        }
+        Err(e) => return Err(exit::with_code(exit::INVALID_CAPSULE, e)),
+    };
     let invalid = |msg: &str| {
         exit::with_code(
             exit::INVALID_CAPSULE,
@@ -110,7 +118,91 @@ fn stored_identities(capsule: &Capsule) -> anyhow::Result<(String, Vec<ProcessId
             ids.push(id);
         }
     }
-    Ok((backend, ids))
+    Ok(RunProcesses {
+        backend,
+        ids,
+        cgroup: None,
+    })
+}
+
+/// What cleanup acts on.
+struct RunProcesses {
+    backend: String,
+    ids: Vec<ProcessIdentity>,
+    /// The run's cgroup, when the run was interrupted before writing evidence.
+    cgroup: Option<PathBuf>,
+}
+
+/// The processes of a run whose agentdiff died mid-run, from its `launched` event.
+fn from_launch_event(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
+    let invalid = |msg: String| {
+        exit::with_code(
+            exit::INVALID_CAPSULE,
+            anyhow::anyhow!("run {} has no runtime.json and {msg}", capsule.id()),
+        )
+    };
+    let metadata = capsule
+        .read_artifact_value(Artifact::Metadata)
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let backend = metadata["backend"]
+        .as_str()
+        .ok_or_else(|| invalid("its metadata.json names no backend".into()))?
+        .to_string();
+    let events = capsule
+        .read_events()
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let Some(launched) = events.iter().rev().find(|e| e["event"] == "launched") else {
+        // Nothing was launched: nothing to stop.
+        return Ok(RunProcesses {
+            backend,
+            ids: Vec::new(),
+            cgroup: None,
+        });
+    };
+    let mut ids = Vec::new();
+    if let Some(root) = launched.get("root").filter(|r| !r.is_null()) {
+        let id: ProcessIdentity = serde_json::from_value(root.clone())
+            .map_err(|e| invalid(format!("its launched event is malformed: {e}")))?;
+        ids.push(id);
+    }
+    let cgroup = launched["cgroup"].as_str().map(PathBuf::from);
+    if let Some(cg) = &cgroup {
+        if !is_run_cgroup(cg) {
+            return Err(invalid(format!(
+                "its launched event names `{}`, which is not an agentdiff run cgroup; refused",
+                agentdiff_engine::redact::escape_terminal(&cg.display().to_string())
+            )));
+        }
+        // Membership of the run's cgroup is the attribution: every process still in it belongs
+        // to the run (children cannot leave a cgroup without privileges the command lacks).
+        if let Ok(text) = std::fs::read_to_string(cg.join("cgroup.procs")) {
+            for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                if let Ok(id) = agentdiff_engine::process::read_identity(pid) {
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+    }
+    Ok(RunProcesses {
+        backend,
+        ids,
+        cgroup,
+    })
+}
+
+/// A cgroup directory agentdiff created for a run: below the cgroup filesystem, named
+/// `agentdiff-…`, no `..`.
+fn is_run_cgroup(path: &Path) -> bool {
+    path.starts_with("/sys/fs/cgroup")
+        && path
+            .components()
+            .all(|c| !matches!(c, std::path::Component::ParentDir))
+        && path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("agentdiff-"))
 }
 
 fn refused_or_escaped(report: &CleanupReport) -> usize {
@@ -148,7 +240,11 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
         let code = open_code(&e);
         exit::with_code(code, e)
     })?;
-    let (backend_id, ids) = stored_identities(&capsule)?;
+    let RunProcesses {
+        backend: backend_id,
+        ids,
+        cgroup,
+    } = stored_identities(&capsule)?;
     let registry = Registry::from_inventory().context("the backend registry is inconsistent")?;
     let backend = registry.create(&backend_id).map_err(|e| {
         exit::with_code(
@@ -157,6 +253,20 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
         )
     })?;
     let mut report = super::runtime()?.block_on(backend.cleanup_run(run, &ids, grace));
+    if let Some(cg) = &cgroup {
+        // Empty now that its processes were stopped; a leftover cgroup directory is harmless
+        // but untidy, so a failure is only reported.
+        match std::fs::remove_dir(cg) {
+            Ok(()) => report
+                .resources_removed
+                .push(format!("run cgroup {}", cg.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => report.errors.push(format!(
+                "the run cgroup {} was not removed: {e}",
+                cg.display()
+            )),
+        }
+    }
     // A private workspace left by a crashed run holds a full copy of the tree.
     match agentdiff_engine::workspace::discard(&store, capsule.id()) {
         Ok(true) => report

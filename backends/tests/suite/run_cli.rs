@@ -557,3 +557,70 @@ fn runs_cite_recent_probe_records_for_the_same_backend_and_settings() {
     assert_eq!(out.status.code(), Some(65));
     assert!(!p.path().join("ran").exists());
 }
+
+/// agentdiff killed with SIGKILL mid-run writes no runtime.json; `agentdiff cleanup` still finds
+/// the run's processes from the `launched` event (root identity and run cgroup) and stops them.
+#[test]
+fn cleanup_stops_the_processes_of_a_run_whose_agentdiff_was_killed() {
+    let p = project();
+    let secs = 500_000 + std::process::id() % 100_000;
+    let marker = format!("sleep {secs}");
+    let mut child = Command::new(bin())
+        .args([
+            "run",
+            "--run-id",
+            "killed",
+            "--fail-on",
+            "never",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("{marker} & {marker}"))
+        .current_dir(p.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let events = p.path().join(".agentdiff/runs/killed/events.jsonl");
+    let alive = || {
+        let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+        String::from_utf8_lossy(&ps.stdout)
+            .lines()
+            .filter(|l| l.trim() == marker)
+            .count()
+    };
+    let started = Instant::now();
+    while !(fs::read_to_string(&events).is_ok_and(|e| e.contains("\"launched\"")) && alive() == 2) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the run did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(alive(), 2, "the command should outlive its killed monitor");
+
+    let out = agentdiff(p.path(), &["cleanup", "killed", "--format", "json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let started = Instant::now();
+    while alive() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "processes survived cleanup"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let records = report["cleanup"]["records"].as_array().unwrap();
+    assert!(records.len() >= 3, "{report:#}");
+    // The unsealed capsule is reported as such, and the cleanup is a recovery artifact.
+    let verify = agentdiff(p.path(), &["verify", "killed"]);
+    assert_eq!(verify.status.code(), Some(67));
+    assert!(p
+        .path()
+        .join(".agentdiff/runs/killed/cleanup-result.json")
+        .exists());
+}

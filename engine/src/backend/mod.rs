@@ -53,6 +53,12 @@ pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 pub trait RunningCommand: Send {
     /// Host pid of the launched process (the wrapper's pid for wrapping backends).
     fn pid(&self) -> Option<u32>;
+    /// Facts recorded the moment the command started (root identity, tracking cgroup), so that
+    /// `agentdiff cleanup` can still find the run's processes if agentdiff itself is killed before
+    /// the evidence is written. `Null` when the backend has nothing to add.
+    fn launch_facts(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
     /// Wait for the end of the command and collect its evidence.
     async fn wait(self: Box<Self>) -> Result<RunEvidence>;
 }

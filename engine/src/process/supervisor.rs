@@ -39,6 +39,7 @@ pub struct EvidenceLabels {
 pub struct SupervisedCommand {
     pid: u32,
     backend: String,
+    facts: serde_json::Value,
     result: tokio::sync::oneshot::Receiver<Result<RunEvidence, ProcessError>>,
 }
 
@@ -60,6 +61,10 @@ impl SupervisedCommand {
 impl RunningCommand for SupervisedCommand {
     fn pid(&self) -> Option<u32> {
         Some(self.pid)
+    }
+
+    fn launch_facts(&self) -> serde_json::Value {
+        self.facts.clone()
     }
 
     async fn wait(self: Box<Self>) -> crate::backend::Result<RunEvidence> {
@@ -260,6 +265,15 @@ mod unix {
             // Also from the parent, as shells do, so neither side races the other.
             t.give_to(pid as libc::pid_t);
         }
+        // What `agentdiff cleanup` needs if this process dies before writing evidence.
+        #[cfg(target_os = "linux")]
+        let cgroup_path = cgroup.as_ref().map(|c| c.path().display().to_string());
+        #[cfg(not(target_os = "linux"))]
+        let cgroup_path: Option<String> = None;
+        let facts = serde_json::json!({
+            "root": crate::process::read_identity(pid).ok(),
+            "cgroup": cgroup_path,
+        });
         #[allow(unused_mut)]
         let mut tracker = Tracker::new(pid, launched, cgroup);
         #[cfg(target_os = "linux")]
@@ -300,6 +314,7 @@ mod unix {
         Ok(SupervisedCommand {
             pid,
             backend,
+            facts,
             result: rx,
         })
     }

@@ -286,7 +286,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         options,
     };
 
-    let evidence = match launch(req.backend, &spec, req.stdio.clone(), req.interrupt.clone()).await
+    let evidence = match launch(
+        req.backend,
+        &spec,
+        req.stdio.clone(),
+        req.interrupt.clone(),
+        &capsule,
+    )
+    .await
     {
         Ok(mut ev) => {
             // The backend fingerprints what it really passed. What the transaction's plan
@@ -492,10 +499,19 @@ async fn launch(
     spec: &LaunchSpec,
     stdio: StdioMode,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
+    capsule: &Capsule,
 ) -> Result<RunEvidence, BackendError> {
     let prepared = backend.prepare(spec)?;
     let ctx = LaunchContext { stdio, interrupt };
     let running = backend.launch(prepared, ctx).await?;
+    // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
+    // processes from this event. A failed write must not orphan the command, so it only warns.
+    let mut fields = match running.launch_facts() {
+        serde_json::Value::Object(map) => serde_json::Value::Object(map),
+        _ => json!({}),
+    };
+    fields["pid"] = json!(running.pid());
+    let _ = capsule.event("launched", fields);
     running.wait().await
 }
 
