@@ -168,7 +168,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         "command_decided",
         json!({ "action": command_decision.action, "rule": command_decision.rule }),
     )?;
-    let mut base = Finisher {
+    let base = Finisher {
         capsule: &capsule,
         run_id: run_id.clone(),
         command_decision: command_decision.clone(),
@@ -451,7 +451,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         reversible: changes.iter().filter(|c| c.reversible).count() as u64,
         leftover_processes: evidence.cleanup.leftovers() as u64,
         opened_ports: evidence.ports.opened.len() as u64,
-        unsupported_entries: (before.unsupported.len() + after.unsupported.len()) as u64,
+        // Each entry that could not be captured, once, whether before, after or both.
+        unsupported_entries: before
+            .unsupported
+            .iter()
+            .chain(&after.unsupported)
+            .map(|u| (u.path.as_str(), u.kind.as_str()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u64,
     };
     let result = RunResult {
         schema_version: crate::SCHEMA_VERSION,
@@ -490,7 +497,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     if private_workspace {
         referenced.extend(referenced_objects(&after));
     }
-    base.command_decision = command_decision;
     base.seal(result, &referenced, None)
 }
 
@@ -636,7 +642,7 @@ struct Finisher<'c> {
 impl Finisher<'_> {
     /// A run that never launched (blocked, backend unavailable, launch refused).
     fn finish_without_run(
-        &mut self,
+        &self,
         status: Status,
         error: Option<String>,
         refusal: Option<Refusal>,
