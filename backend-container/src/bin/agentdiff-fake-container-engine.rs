@@ -10,7 +10,12 @@
 //!   `engine-fail` (exit 125 before creating anything), `hang` (runs until `stop`).
 //! - `FAKE_ENGINE_PS`: comma-separated container ids `ps` reports for any label filter.
 //! - `FAKE_ENGINE_VERSION_FAIL`, `FAKE_ENGINE_SERVER_FAIL`: make `--version` / `version` fail.
-//! - `FAKE_ENGINE_STATE`: directory for the pid of a hanging `run` (so `stop` can end it).
+//! - `FAKE_ENGINE_STATE`: directory for the pid of a running `run` (so `stop`/`rm -f` can end it);
+//!   defaults to the directory of `FAKE_ENGINE_LOG`.
+//!
+//! Like a container's pid namespace, everything the command starts ends with it: `run` is a child
+//! subreaper, so daemons re-parent to it, and it kills what is left when the command exits;
+//! `stop` and `rm -f` kill the running `run`'s whole tree.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -76,14 +81,14 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        "rm" => ExitCode::SUCCESS,
-        "stop" => {
-            let state = var("FAKE_ENGINE_STATE");
-            if let Ok(pid) = std::fs::read_to_string(format!("{state}/run.pid")) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
+        "rm" | "stop" => {
+            if let Ok(pid) = std::fs::read_to_string(state_dir().join("run.pid")) {
+                if let Ok(pid) = pid.trim().parse::<u32>() {
+                    // The container's processes end with it; then the `run` itself.
+                    kill_descendants(pid);
                     // SAFETY: plain kill(2) on a pid this fake wrote itself.
                     unsafe {
-                        libc::kill(pid, libc::SIGTERM);
+                        libc::kill(pid as i32, libc::SIGKILL);
                     }
                 }
             }
@@ -166,11 +171,10 @@ fn run(args: &[String]) -> ExitCode {
         eprintln!("Error: runc: runc create failed: unable to start container process: OCI permission denied");
         return ExitCode::from(126);
     }
+    if std::fs::write(state_dir().join("run.pid"), std::process::id().to_string()).is_err() {
+        return ExitCode::from(125);
+    }
     if mode == "hang" {
-        let state = var("FAKE_ENGINE_STATE");
-        if std::fs::write(format!("{state}/run.pid"), std::process::id().to_string()).is_err() {
-            return ExitCode::from(125);
-        }
         loop {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
@@ -189,8 +193,72 @@ fn run(args: &[String]) -> ExitCode {
     if let Some(w) = workspace {
         cmd.current_dir(w);
     }
-    match cmd.status() {
+    // SAFETY: prctl with constant arguments; only affects this process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let code = match cmd.status() {
         Ok(s) => ExitCode::from(s.code().map(|c| c as u8).unwrap_or(137)),
         Err(_) => ExitCode::from(127),
+    };
+    // The container is gone: so is everything its command started.
+    kill_descendants(std::process::id());
+    code
+}
+
+fn state_dir() -> std::path::PathBuf {
+    match std::env::var_os("FAKE_ENGINE_STATE") {
+        Some(d) if !d.is_empty() => d.into(),
+        _ => std::env::var_os("FAKE_ENGINE_LOG")
+            .map(std::path::PathBuf::from)
+            .and_then(|l| l.parent().map(|p| p.to_path_buf()))
+            .unwrap_or_else(std::env::temp_dir),
+    }
+}
+
+/// Parent pid of every process, from /proc.
+fn parents() -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        if let Some(ppid) = after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            out.push((pid, ppid));
+        }
+    }
+    out
+}
+
+/// SIGKILL every descendant of `root` (repeatedly: a dying parent re-parents its children to
+/// the subreaper) and reap what is ours.
+fn kill_descendants(root: u32) {
+    for _ in 0..50 {
+        let all = parents();
+        let mut tree = vec![root];
+        let mut i = 0;
+        while i < tree.len() {
+            let p = tree[i];
+            tree.extend(all.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+            i += 1;
+        }
+        if tree.len() == 1 {
+            return;
+        }
+        for pid in &tree[1..] {
+            // SAFETY: kill(2); a pid that vanished in between gives ESRCH, which is fine.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+        let mut status = 0;
+        // SAFETY: non-blocking reap of any of our children.
+        while unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } > 0 {}
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

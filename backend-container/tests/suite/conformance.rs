@@ -64,3 +64,71 @@ fn container_backend_is_conformant_on_podman() {
         assert!(check.outcome.is_passed(), "{id}: {:?}", check.outcome);
     }
 }
+
+#[test]
+fn container_backend_is_conformant_with_the_docker_cli_on_podmans_socket() {
+    if skip_or_fail(
+        "container_backend_is_conformant_with_the_docker_cli_on_podmans_socket",
+        podman_missing().or_else(docker_socket_missing),
+    ) {
+        return;
+    }
+    ensure_test_image().unwrap();
+    let mut options = BackendOptions::new();
+    options.push("engine", "docker");
+    options.push("image", TEST_IMAGE);
+    let report = assert_conformant(
+        Arc::new(|| {
+            Box::new(
+                ContainerBackend::new()
+                    .with_client_env("DOCKER_HOST", format!("unix://{PODMAN_SOCKET}")),
+            )
+        }),
+        SuiteOptions {
+            backend_options: options,
+            require_available: true,
+            ..SuiteOptions::default()
+        },
+    );
+    for id in [
+        "ARGV-003",
+        "STDIO-001",
+        "TIME-001",
+        "WORK-001",
+        "HONEST-HOST-001",
+    ] {
+        let check = report
+            .check(id)
+            .unwrap_or_else(|| panic!("{id} missing from the report"));
+        assert!(check.outcome.is_passed(), "{id}: {:?}", check.outcome);
+    }
+}
+
+#[test]
+fn container_backend_is_conformant_with_the_fake_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = busybox_rootfs();
+    let log = dir.path().join("engine.log");
+    let mut options = BackendOptions::new();
+    options.push("engine", "podman");
+    options.push("rootfs", rootfs.path().to_str().unwrap());
+    let fail_log = log.clone();
+    assert_conformant(
+        Arc::new(move || Box::new(fake_backend(&log, "podman", &[]))),
+        SuiteOptions {
+            backend_options: options.clone(),
+            fail_closed: vec![FailClosedCase {
+                name: "engine fails before creating the container".into(),
+                options,
+                factory: Some(Arc::new(move || {
+                    Box::new(fake_backend(
+                        &fail_log,
+                        "podman",
+                        &[("FAKE_ENGINE_RUN", "engine-fail")],
+                    ))
+                })),
+            }],
+            ..SuiteOptions::default()
+        },
+    );
+}
