@@ -57,9 +57,10 @@ pub struct Args {
     /// Wall-clock limit in seconds (or with a unit: 90s, 5m, 1h).
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
-    /// Runtime backend (`agentdiff doctor` lists them).
-    #[arg(long, default_value = "local")]
-    runtime: String,
+    /// Runtime backend (`agentdiff doctor` lists them); default: the policy's `runtime.backend`
+    /// (version 2), else `local`.
+    #[arg(long)]
+    runtime: Option<String>,
     /// Request a run id instead of a generated one.
     #[arg(long)]
     run_id: Option<String>,
@@ -169,7 +170,7 @@ const CONTAINER_KEYS: &[&str] = &[
     "pull",
 ];
 
-fn backend_options(args: &Args) -> anyhow::Result<BackendOptions> {
+fn backend_options(args: &Args, runtime: &str) -> anyhow::Result<BackendOptions> {
     let mut o = BackendOptions::new();
     let mut put = |key: &str, value: &Option<String>| {
         if let Some(v) = value {
@@ -216,12 +217,12 @@ fn backend_options(args: &Args) -> anyhow::Result<BackendOptions> {
     };
     for key in o.keys() {
         if let Some(owner) = owner_of(key) {
-            if owner != args.runtime {
+            if owner != runtime {
                 return Err(exit::with_code(
                     exit::USAGE,
                     anyhow::anyhow!(
                         "--{key} applies to --runtime {owner}, not --runtime {}",
-                        args.runtime
+                        runtime
                     ),
                 ));
             }
@@ -235,11 +236,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         transaction::resolve_root(&args.root).map_err(|e| exit::with_code(exit::USAGE, e))?;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
+    let runtime = args
+        .runtime
+        .clone()
+        .or_else(|| loaded.policy.runtime().backend.clone())
+        .unwrap_or_else(|| "local".to_string());
     let registry = Registry::from_inventory().context("backend registry")?;
     let backend = registry
-        .create(&args.runtime)
+        .create(&runtime)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
-    let options = backend_options(&args)?;
+    let options = backend_options(&args, &runtime)?;
     let verified_controls = match &args.probe_records {
         Some(path) => cite_probes(path, backend.id(), &options, args.probe_max_age)?,
         None => Vec::new(),

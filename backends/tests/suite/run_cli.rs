@@ -624,3 +624,42 @@ fn cleanup_stops_the_processes_of_a_run_whose_agentdiff_was_killed() {
         .join(".agentdiff/runs/killed/cleanup-result.json")
         .exists());
 }
+
+/// `observe.include` (policy v2) brings a default-excluded directory into the transaction.
+#[test]
+fn observe_include_scans_a_default_excluded_directory() {
+    let p = project();
+    fs::create_dir(p.path().join("node_modules")).unwrap();
+    fs::write(p.path().join("node_modules/dep.js"), "1\n").unwrap();
+    let script = "echo 2 >> node_modules/dep.js";
+    let (_, r, _) = run_json(p.path(), &["--fail-on", "never"], &["sh", "-c", script]);
+    assert!(r["changes"].as_array().unwrap().is_empty(), "{r:#}");
+    fs::write(
+        p.path().join("agentdiff.yaml"),
+        "version: 2\nobserve:\n  include: [node_modules/**]\n",
+    )
+    .unwrap();
+    let (_, r, _) = run_json(p.path(), &["--fail-on", "never"], &["sh", "-c", script]);
+    assert_eq!(change(&r, "node_modules/dep.js")["change_type"], "modified");
+}
+
+/// A version-2 policy's `runtime.backend` chooses the backend when `--runtime` is not given.
+#[test]
+fn the_policy_can_choose_the_backend() {
+    let p = project();
+    fs::write(
+        p.path().join("agentdiff.yaml"),
+        "version: 2\nruntime:\n  backend: no-such-backend\n",
+    )
+    .unwrap();
+    let out = agentdiff(p.path(), &["run", "--", "touch", "x"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown runtime backend `no-such-backend`")
+    );
+    assert!(!p.path().join("x").exists());
+    // --runtime wins over the policy.
+    let (code, r, _) = run_json(p.path(), &["--runtime", "local"], &["true"]);
+    assert_eq!(code, 0);
+    assert_eq!(r["runtime"]["backend"], "local");
+}

@@ -214,7 +214,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let capabilities = req.backend.capabilities();
     let private_workspace = capabilities.workspace == WorkspaceMode::Private;
     let max_backup = rollback.max_backup_file_mb.saturating_mul(1024 * 1024);
-    let reinclude = policy.deny_patterns();
+    // Deny patterns and `observe.include` (v2) bring default-excluded directories back into view.
+    let mut reinclude = policy.deny_patterns();
+    reinclude.extend(policy.observe().include.iter().cloned());
     let before = {
         let mut opts = ScanOptions::new();
         opts.reinclude = reinclude.clone();
