@@ -151,7 +151,13 @@ impl ContainerOptions {
                 if dir.is_empty() || dir.chars().any(char::is_control) {
                     return Err(invalid("rootfs", dir, "a directory path"));
                 }
-                Source::Rootfs(dir.to_string())
+                // The engine runs in the private workspace, so a relative path must be resolved
+                // here, against the directory agentdiff was started in (as the rootfs check does).
+                let absolute = std::path::absolute(dir)
+                    .ok()
+                    .and_then(|p| p.to_str().map(str::to_string))
+                    .ok_or_else(|| invalid("rootfs", dir, "a directory path"))?;
+                Source::Rootfs(absolute)
             }
         };
         if engine == EngineChoice::Docker && matches!(source, Source::Rootfs(_)) {
@@ -452,5 +458,15 @@ mod tests {
             })
         );
         assert_eq!(o.env, vec!["HOME".to_string(), "LANG".to_string()]);
+    }
+
+    #[test]
+    fn a_relative_rootfs_is_resolved_before_it_reaches_the_engine() {
+        let o = ContainerOptions::parse(&opts(&[("rootfs", "../rootfs")])).unwrap();
+        let Source::Rootfs(dir) = &o.source else {
+            panic!("expected a rootfs source");
+        };
+        assert!(std::path::Path::new(dir).is_absolute(), "{dir}");
+        assert!(dir.ends_with("rootfs"));
     }
 }

@@ -55,7 +55,8 @@ pub const LIMITS: &[&str] = &[
      restrictive, so filesystem and network controls are labelled requested, not enforced",
     "writes below the project root are allowed by typical settings and are observed by \
      agentdiff's before/after manifests, not prevented",
-    "srt reports a command killed by SIGINT or SIGTERM as exit 0",
+    "srt reports a command killed by signal N as exit code 128+N, so such a death is recorded as \
+     that exit code, not as a signal",
 ];
 
 /// The `srt` runtime backend.

@@ -129,9 +129,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .lock()
         .write_all(text.as_bytes())
         .context("writing the report to stdout")?;
-    if !report.conformant() {
-        return Ok(ExitCode::from(exit::CONFORMANCE_FAILED));
-    }
+    // An unavailable backend is reported as such first: its failed launching checks (under
+    // --require-available) say nothing about the backend's conformance.
     if !report.availability.is_ready() {
         eprintln!(
             "agentdiff: runtime backend `{}` is unavailable here; launching checks were {}",
@@ -143,6 +142,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         );
         return Ok(ExitCode::from(exit::BACKEND_UNAVAILABLE));
+    }
+    if !report.conformant() {
+        return Ok(ExitCode::from(exit::CONFORMANCE_FAILED));
     }
     Ok(ExitCode::SUCCESS)
 }

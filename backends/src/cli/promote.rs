@@ -64,9 +64,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let plan = promote::plan(&capsule, store.objects(), &args.root, &selection).map_err(|e| {
         let code = match &e {
-            PromoteError::NotSealed { .. } | PromoteError::Verification { .. } => {
-                exit::INVALID_CAPSULE
-            }
+            PromoteError::NotSealed { .. }
+            | PromoteError::Verification { .. }
+            | PromoteError::Malformed { .. }
+            | PromoteError::UnsafePath { .. }
+            | PromoteError::Store(_) => exit::INVALID_CAPSULE,
             PromoteError::InvalidPathArgument { .. }
             | PromoteError::UnknownPath { .. }
             | PromoteError::ForceWithoutPath
@@ -76,7 +78,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         exit::with_code(code, e)
     })?;
-    let report = promote::execute(&capsule, &plan, args.dry_run).context("promote stopped")?;
+    // A write that could not finish preserved what it could not change: the conflict code, as
+    // for rollback.
+    let report = promote::execute(&capsule, &plan, args.dry_run)
+        .context("promote stopped")
+        .map_err(|e| exit::with_code(exit::CONFLICT, e))?;
     match args.format {
         super::inspect::Format::Json => println!(
             "{}",

@@ -14,6 +14,7 @@ use agentdiff_engine::backend::{BackendOptions, Boundary, Registry, StdioMode};
 use agentdiff_engine::environment::EnvMode;
 use agentdiff_engine::fs::ScanProgress;
 use agentdiff_engine::policy::{self, Action};
+use agentdiff_engine::store::StoreError;
 use agentdiff_engine::transaction::{
     self, Refusal, RunOutcome, RunRequest, Status, VerifiedControl,
 };
@@ -295,8 +296,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     let outcome = match outcome {
         Ok(o) => o,
-        Err(e @ transaction::TransactionError::Store(_)) => {
-            return Err(exit::with_code(exit::INTERNAL, e))
+        Err(transaction::TransactionError::Store(e)) => {
+            let code = match &e {
+                StoreError::InvalidRunId { .. } => exit::NO_SUCH_RUN,
+                StoreError::RunExists { .. } => exit::USAGE,
+                _ => exit::INTERNAL,
+            };
+            return Err(exit::with_code(code, e));
         }
         Err(e @ transaction::TransactionError::EmptyCommand) => {
             return Err(exit::with_code(exit::USAGE, e))

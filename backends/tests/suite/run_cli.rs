@@ -224,7 +224,7 @@ fn bad_input_gets_documented_codes_and_changes_nothing() {
         p.path(),
         &["run", "--run-id", "../evil", "--", "touch", "x"],
     );
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(66));
     assert!(!p.path().join("x").exists());
     assert!(!p.path().join(".agentdiff/evil").exists());
 
@@ -242,7 +242,7 @@ fn a_requested_run_id_is_used_once() {
         p.path(),
         &["run", "--run-id", "my-run.1", "--", "touch", "again"],
     );
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(64));
     assert!(!p.path().join("again").exists());
 }
 
@@ -662,4 +662,32 @@ fn the_policy_can_choose_the_backend() {
     let (code, r, _) = run_json(p.path(), &["--runtime", "local"], &["true"]);
     assert_eq!(code, 0);
     assert_eq!(r["runtime"]["backend"], "local");
+}
+
+/// An unavailable backend is reported as unavailable (69) by `agentdiff conformance`, even when
+/// `--require-available` turns its skipped checks into failures.
+#[test]
+fn conformance_of_an_unavailable_backend_exits_69() {
+    let p = project();
+    let out = Command::new(bin())
+        .args([
+            "conformance",
+            "--runtime",
+            "srt",
+            "--require-available",
+            "--only",
+            "AVAIL",
+            "--only",
+            "ARGV-001",
+        ])
+        .current_dir(p.path())
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

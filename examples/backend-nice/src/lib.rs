@@ -69,7 +69,7 @@ impl RuntimeBackend for NiceBackend {
         Capabilities {
             processes: Level::Observed,
             environment: Level::Observed,
-            filesystem_writes: Level::Observed,
+            filesystem_writes: Level::Uncontrolled,
             host_repository: Level::Observed,
             ..Capabilities::default()
         }
