@@ -36,8 +36,11 @@ fn corpus_dir() -> Option<PathBuf> {
         .find(|c| c.join("make-corpus.sh").is_file())
 }
 
-/// Run a command, returning wall time and the child's max RSS in KiB.
+/// Run a command, returning wall time and the child's max RSS in KiB. Dirty data left by the
+/// previous step (unpacking the corpus, a copy) is flushed first, so that agentdiff's seal —
+/// which flushes the filesystem — does not pay for writes that are not its own.
 fn timed(cmd: &mut Command) -> (Duration, u64, i32) {
+    let _ = Command::new("sync").status();
     let start = Instant::now();
     let child = cmd
         .stdout(Stdio::null())
