@@ -82,25 +82,7 @@ impl ObjectStore {
     /// Flushes every object written so far to stable storage (`syncfs` on Linux, `sync`
     /// elsewhere). Call before sealing evidence that references new objects.
     pub fn sync(&self) -> Result<(), StoreError> {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let dir = File::open(&self.base).map_err(|e| StoreError::io("open", &self.base, e))?;
-            // SAFETY: syncfs takes any open descriptor on the filesystem; `dir` outlives the call.
-            let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
-            if rc != 0 {
-                return Err(StoreError::io(
-                    "syncfs",
-                    &self.base,
-                    io::Error::last_os_error(),
-                ));
-            }
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            nix::unistd::sync();
-        }
-        Ok(())
+        atomic::sync_filesystem(&self.base)
     }
 
     /// True when a regular file of `size` bytes is stored under `hex`. Cheap (one lstat); content
