@@ -774,10 +774,11 @@ impl<'a> Applier<'a> {
         // Re-check that the path still is what was checked, just before the swap.
         let still = match (&current, parent.stat(name)) {
             (Current::Absent, Ok(None)) => Ok(()),
-            (Current::File { meta, file, .. }, Ok(Some(now))) => {
-                match secure_dir::file_meta(file) {
-                    Ok(fd_now) if now.same_identity(meta) && fd_now.unchanged_since(meta) => Ok(()),
-                    _ => Err("it was replaced or modified while being restored".to_string()),
+            (Current::File { meta, file, .. }, Ok(Some(_))) => {
+                if still_verified(parent, name, meta, file) {
+                    Ok(())
+                } else {
+                    Err("it was replaced or modified while being restored".to_string())
                 }
             }
             (_, Ok(_)) => Err("it changed while being restored".to_string()),
@@ -831,16 +832,11 @@ impl<'a> Applier<'a> {
         let (Current::File { meta, file, .. }, Some(target)) = (current, &op.target) else {
             return Ok(OpResult::with(Outcome::Failed, "not a regular file"));
         };
-        match (parent.stat(name), secure_dir::file_meta(&file)) {
-            (Ok(Some(now)), Ok(fd_now))
-                if now.same_identity(&meta) && fd_now.unchanged_since(&meta) => {}
-            _ => {
-                return Ok(OpResult::with(
-                    Outcome::Conflict,
-                    "it was replaced or modified while being restored; the current state was \
-                     preserved",
-                ))
-            }
+        if !still_verified(parent, name, &meta, &file) {
+            return Ok(OpResult::with(
+                Outcome::Conflict,
+                "it was replaced or modified while being restored; the current state was preserved",
+            ));
         }
         self.step()?;
         match secure_dir::chmod_file(&file, target.mode).and_then(|()| file.sync_all()) {
@@ -873,16 +869,11 @@ impl<'a> Applier<'a> {
             }
         };
         // Last check before touching it: still the inode that was hashed, unmodified.
-        match (parent.stat(name), secure_dir::file_meta(&file)) {
-            (Ok(Some(now)), Ok(fd_now))
-                if now.same_identity(&meta) && fd_now.unchanged_since(&meta) => {}
-            _ => {
-                return Ok(OpResult::with(
-                    Outcome::Conflict,
-                    "it was replaced or modified while being removed; the current state was \
-                     preserved",
-                ))
-            }
+        if !still_verified(parent, name, &meta, &file) {
+            return Ok(OpResult::with(
+                Outcome::Conflict,
+                "it was replaced or modified while being removed; the current state was preserved",
+            ));
         }
         self.step()?;
         if let Err(e) = parent.rename_noreplace(name, &aside) {
@@ -1204,6 +1195,15 @@ fn read_current(parent: &DirHandle, name: &OsStr, op: &ApplyOp) -> io::Result<Cu
             })
         }
         _ => Ok(Current::Other(meta)),
+    }
+}
+
+/// The last check before a swap: `name` is still the inode that was verified (looked up afresh in
+/// its parent), and the open file was not modified since.
+fn still_verified(parent: &DirHandle, name: &OsStr, meta: &NodeMeta, file: &std::fs::File) -> bool {
+    match (parent.stat(name), secure_dir::file_meta(file)) {
+        (Ok(Some(now)), Ok(fd_now)) => now.same_identity(meta) && fd_now.unchanged_since(meta),
+        _ => false,
     }
 }
 
