@@ -534,17 +534,6 @@ impl<'a> Applier<'a> {
         }
     }
 
-    /// Applies one op. For a directory removal, `unselected_children` names entries inside it
-    /// whose own removal was not selected (they keep the directory without making it a
-    /// conflict). See [`Applier::apply_with`] for the full form.
-    pub fn apply(&mut self, op: &ApplyOp, unselected_children: &[String]) -> Step<OpResult> {
-        let children = DirChildren {
-            kept: unselected_children.to_vec(),
-            gone: Vec::new(),
-        };
-        self.apply_with(op, &children)
-    }
-
     /// Applies one op. For a directory removal, `children` names the entries inside it that are
     /// expected to stay or to be gone (see [`DirChildren`]); anything else makes it a conflict.
     pub fn apply_with(&mut self, op: &ApplyOp, children: &DirChildren) -> Step<OpResult> {
