@@ -35,6 +35,26 @@ pub const SUITE_VERSION: u32 = 1;
 /// Environment variable that makes an unavailable backend a failure instead of a skip.
 pub const REQUIRE_REAL_BACKENDS_ENV: &str = "AGENTDIFF_REQUIRE_REAL_BACKENDS";
 
+/// Whether `AGENTDIFF_REQUIRE_REAL_BACKENDS=1` (CI): a missing real component is a failure.
+pub fn real_components_required() -> bool {
+    std::env::var(REQUIRE_REAL_BACKENDS_ENV).is_ok_and(|v| v == "1")
+}
+
+/// The one skip rule for tests that need a component this machine may lack: under
+/// `AGENTDIFF_REQUIRE_REAL_BACKENDS=1` it panics (the test fails); otherwise it prints
+/// `SKIPPED (not a pass): <reason>` and the caller returns. Returns `true` when the test must stop.
+pub fn skip_unless_required(reason: &str) -> bool {
+    if real_components_required() {
+        // A test-support function: failing the calling test is its purpose.
+        #[allow(clippy::panic)]
+        {
+            panic!("required component missing: {reason} ({REQUIRE_REAL_BACKENDS_ENV}=1)");
+        }
+    }
+    eprintln!("SKIPPED (not a pass): {reason}");
+    true
+}
+
 /// Builds a fresh backend instance; called once per check.
 pub type BackendFactory = Arc<dyn Fn() -> Box<dyn RuntimeBackend> + Send + Sync>;
 
@@ -92,7 +112,7 @@ impl Default for SuiteOptions {
         Self {
             backend_options: BackendOptions::new(),
             fail_closed: Vec::new(),
-            require_available: std::env::var(REQUIRE_REAL_BACKENDS_ENV).is_ok_and(|v| v == "1"),
+            require_available: real_components_required(),
             schema_dir: None,
             only: Vec::new(),
             scratch_base: None,

@@ -124,16 +124,9 @@ pub fn logged(log: &Path) -> Vec<(Vec<String>, serde_json::Value)> {
 /// Real components: `Some(reason)` when missing. With AGENTDIFF_REQUIRE_REAL_BACKENDS=1 a missing
 /// component fails the test instead of skipping it.
 pub fn skip_or_fail(test: &str, missing: Option<String>) -> bool {
-    match missing {
-        None => false,
-        Some(reason) => {
-            if std::env::var("AGENTDIFF_REQUIRE_REAL_BACKENDS").as_deref() == Ok("1") {
-                panic!("{test}: required real component missing: {reason}");
-            }
-            eprintln!("SKIP {test}: {reason} (not counted as a pass; set AGENTDIFF_REQUIRE_REAL_BACKENDS=1 to fail instead)");
-            true
-        }
-    }
+    missing.is_some_and(|reason| {
+        agentdiff_conformance::skip_unless_required(&format!("{test}: {reason}"))
+    })
 }
 
 /// Podman that can actually start a container here.

@@ -120,25 +120,7 @@ pub fn harness() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_agentdiff-local-harness"))
 }
 
-/// A test that cannot run here says why. Under `AGENTDIFF_REQUIRE_REAL_BACKENDS=1` (CI) a missing
-/// component is a failure, never a skip; elsewhere the reason is printed and the skip is counted
-/// in `target/tmp/agentdiff-skips.log`, so it is never mistaken for a pass.
+/// A test that cannot run here says why; under `AGENTDIFF_REQUIRE_REAL_BACKENDS=1` it fails.
 pub fn skip(reason: &str) {
-    if std::env::var_os("AGENTDIFF_REQUIRE_REAL_BACKENDS").is_some_and(|v| v == "1") {
-        panic!("required component missing: {reason} (AGENTDIFF_REQUIRE_REAL_BACKENDS=1)");
-    }
-    eprintln!("SKIPPED (not a pass): {reason}");
-    record_skip(reason);
-}
-
-fn record_skip(reason: &str) {
-    use std::io::Write;
-    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("agentdiff-skips.log");
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-    {
-        let _ = writeln!(f, "backend-local: {reason}");
-    }
+    agentdiff_conformance::skip_unless_required(&format!("backend-local: {reason}"));
 }

@@ -34,17 +34,10 @@ fn wait_for(path: &Path, limit: Duration) -> bool {
     false
 }
 
-fn skip(reason: &str) {
-    if std::env::var_os("AGENTDIFF_REQUIRE_REAL_BACKENDS").is_some_and(|v| v == "1") {
-        panic!("required component missing: {reason} (AGENTDIFF_REQUIRE_REAL_BACKENDS=1)");
-    }
-    eprintln!("SKIPPED (not a pass): {reason}");
-}
-
 #[test]
 fn ctrl_c_in_a_terminal_stops_the_agent_and_seals_the_capsule() {
     if Command::new("tmux").arg("-V").output().is_err() {
-        skip("tmux is not installed");
+        agentdiff_conformance::skip_unless_required("tmux is not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
