@@ -5,7 +5,9 @@
 //! - warm (second run, tree unchanged) vs `sha256sum` over every file (target ≤ 1.5×);
 //! - bytes the warm run adds to `.agentdiff/` vs the tree's bytes (target ≤ 2%);
 //! - peak memory (max RSS) of agentdiff (target ≤ 64 MB at N=8);
-//! - `git status` for reference.
+//! - `git status` for reference;
+//! - in an empty directory: `agentdiff run -- true` against `true` (target: ≤ 15 ms added, median)
+//!   and agentdiff's CPU while the command sleeps 10 s (target: ≤ 2% of one core).
 //!
 //! Run with `cargo bench -p agentdiff --bench transaction` (set `AGENTDIFF_BENCH_N=1,8` to choose
 //! scales and `AGENTDIFF_CORPUS=DIR` to point at the corpus folder).
@@ -36,11 +38,24 @@ fn corpus_dir() -> Option<PathBuf> {
         .find(|c| c.join("make-corpus.sh").is_file())
 }
 
+/// What one command cost.
+struct Cost {
+    wall: Duration,
+    cpu: Duration,
+    max_rss_kib: u64,
+    code: i32,
+}
+
 /// Run a command, returning wall time and the child's max RSS in KiB. Dirty data left by the
 /// previous step (unpacking the corpus, a copy) is flushed first, so that agentdiff's seal —
 /// which flushes the filesystem — does not pay for writes that are not its own.
 fn timed(cmd: &mut Command) -> (Duration, u64, i32) {
     let _ = Command::new("sync").status();
+    let c = measure(cmd);
+    (c.wall, c.max_rss_kib, c.code)
+}
+
+fn measure(cmd: &mut Command) -> Cost {
     let start = Instant::now();
     let child = cmd
         .stdout(Stdio::null())
@@ -59,7 +74,61 @@ fn timed(cmd: &mut Command) -> (Duration, u64, i32) {
     } else {
         -1
     };
-    (elapsed, usage.ru_maxrss as u64, code)
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Cost {
+        wall: elapsed,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+        max_rss_kib: usage.ru_maxrss as u64,
+        code,
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Launch overhead and monitor CPU in an empty directory (issue targets for the local backend).
+fn launch_overhead(bin: &Path) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = 51;
+    let direct = median(
+        (0..runs)
+            .map(|_| measure(&mut Command::new("true")).wall)
+            .collect(),
+    );
+    let wrapped = median(
+        (0..runs)
+            .map(|_| {
+                let c = measure(
+                    Command::new(bin)
+                        .args(["run", "--fail-on", "never", "--", "true"])
+                        .current_dir(dir.path()),
+                );
+                assert_eq!(c.code, 0, "agentdiff run -- true failed");
+                c.wall
+            })
+            .collect(),
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "empty directory: `true` {:.2} ms, `agentdiff run -- true` {:.2} ms (median of {runs}): \
+         +{:.2} ms   [target <= 15 ms]",
+        ms(direct),
+        ms(wrapped),
+        ms(wrapped.saturating_sub(direct))
+    );
+    let sleeping = measure(
+        Command::new(bin)
+            .args(["run", "--fail-on", "never", "--", "sleep", "10"])
+            .current_dir(dir.path()),
+    );
+    println!(
+        "  agentdiff CPU while the command sleeps 10 s: {:.3} s over {:.1} s = {:.2}% of one core   [target <= 2%]",
+        sleeping.cpu.as_secs_f64(),
+        sleeping.wall.as_secs_f64(),
+        sleeping.cpu.as_secs_f64() * 100.0 / sleeping.wall.as_secs_f64()
+    );
 }
 
 fn sh(script: &str, dir: &Path) -> Command {
@@ -87,6 +156,8 @@ fn best_of(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
 
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
+    launch_overhead(&bin);
     let Some(corpus) = corpus_dir() else {
         println!(
             "SKIPPED: corpus not found (set AGENTDIFF_CORPUS to the folder with make-corpus.sh)"
@@ -98,7 +169,6 @@ fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
     for n in scales {
         let work = tempfile::tempdir().expect("tempdir");
         let tree = work.path().join("tree");
