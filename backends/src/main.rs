@@ -13,12 +13,26 @@ mod cli;
 mod exit;
 mod report;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
+use agentdiff_engine::backend::{EntryPoint, Registry};
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
+    let registry = match Registry::from_inventory() {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("agentdiff: error: the backend registry is inconsistent: {err}");
+            return ExitCode::from(exit::INTERNAL);
+        }
+    };
+    // A backend's hidden entry point (e.g. the exec shim started inside a sandbox) takes every
+    // following argument verbatim, so it is dispatched before any option parsing.
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some((entry, rest)) = entry_point(&registry, &argv) {
+        return ExitCode::from((entry.run)(rest));
+    }
+    let cli = match cli::Cli::try_parse_with(&registry) {
         Ok(cli) => cli,
         Err(err) => {
             // Help and version are not errors; everything else is a usage error.
@@ -37,9 +51,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// The backend entry point `argv[1]` names, with the arguments after it.
+fn entry_point<'a>(
+    registry: &Registry,
+    argv: &'a [OsString],
+) -> Option<(EntryPoint, &'a [OsString])> {
+    let name = argv.get(1)?;
+    registry
+        .descriptors()
+        .filter_map(|d| d.entry_point)
+        .find(|e| name == e.name)
+        .map(|e| (e, &argv[2..]))
+}
+
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsString;
+    use std::path::Path;
+
     use agentdiff_engine::backend::Registry;
+
+    use super::entry_point;
 
     /// The linker drops a backend crate nothing references (dtolnay/inventory#50); this pins the
     /// built-in set so a lost registration fails here rather than at a user's `--runtime`.
@@ -47,5 +79,88 @@ mod tests {
     fn the_built_in_backends_are_registered() {
         let registry = Registry::from_inventory().unwrap();
         assert_eq!(registry.ids(), vec!["container", "local", "srt"]);
+    }
+
+    /// Registration here is the one place the binary names a backend: the subcommand files
+    /// build everything (flags, validation, doctor, conformance cases) from descriptors. A file
+    /// under `cli/` that names a built-in backend (its id as a word in code, or its crate) fails
+    /// this test; test modules are not scanned.
+    #[test]
+    fn no_subcommand_file_names_a_built_in_backend() {
+        let registry = Registry::from_inventory().unwrap();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
+        let mut offenders = Vec::new();
+        let mut scanned = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            scanned += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Code before the test module only.
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            for (n, line) in code.lines().enumerate() {
+                let lower = line.to_ascii_lowercase();
+                let words: Vec<&str> = lower
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .collect();
+                let named = registry
+                    .ids()
+                    .into_iter()
+                    .find(|id| words.contains(id))
+                    .map(str::to_string)
+                    .or_else(|| {
+                        lower
+                            .contains("agentdiff_backend_")
+                            .then(|| "a backend crate".into())
+                    });
+                if let Some(id) = named {
+                    offenders.push(format!("{}:{}: names {id}: {line}", path.display(), n + 1));
+                }
+            }
+        }
+        assert!(
+            scanned >= 10,
+            "only {scanned} files scanned in {}",
+            dir.display()
+        );
+        assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+    }
+
+    #[test]
+    fn entry_point_arguments_pass_through_verbatim() {
+        let registry = Registry::from_inventory().unwrap();
+        let entry = registry
+            .descriptors()
+            .find_map(|d| d.entry_point)
+            .expect("a built-in backend declares an entry point");
+        let tail: Vec<OsString> = [
+            "v1",
+            "/cap/m.fifo",
+            "9",
+            "tool",
+            "--",
+            "--help",
+            "-h",
+            "-V",
+            "",
+            "a b",
+            "x\ny",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let mut argv = vec![OsString::from("agentdiff"), OsString::from(entry.name)];
+        argv.extend(tail.iter().cloned());
+        let (found, rest) = entry_point(&registry, &argv).unwrap();
+        assert_eq!(found.name, entry.name);
+        assert_eq!(rest, &tail[..]);
+        assert!(entry_point(
+            &registry,
+            &[OsString::from("agentdiff"), OsString::from("run")]
+        )
+        .is_none());
+        assert!(entry_point(&registry, &[OsString::from("agentdiff")]).is_none());
     }
 }

@@ -23,8 +23,8 @@ pub use result::{
 };
 
 use crate::backend::{
-    Availability, BackendError, BackendOptions, LaunchContext, LaunchSpec, RunEvidence,
-    RuntimeBackend, StdioMode, WorkspaceMode,
+    Availability, BackendError, BackendOptions, EnvironmentPlan, LaunchContext, LaunchSpec,
+    RunEvidence, RuntimeBackend, StdioMode, WorkspaceMode,
 };
 use crate::environment::{self, EnvMode};
 use crate::fs::{self, BackupRequest, IgnoreSource, Manifest, ScanOptions, ScanProgress};
@@ -186,8 +186,18 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         return base.finish_without_run(Status::Blocked, Some(message), None, &[]);
     }
 
+    // Command-line options win over the policy's `runtime.options`, key by key.
+    let mut options = req.options.clone();
+    for (key, values) in &policy.runtime().options {
+        if !options.is_set(key) {
+            for v in values {
+                options.push(key.clone(), v.clone());
+            }
+        }
+    }
+
     // Fail closed before touching anything when the backend cannot run here.
-    if let Availability::Unavailable { reason, remedy } = req.backend.availability().await {
+    if let Availability::Unavailable { reason, remedy } = req.backend.availability(&options).await {
         let message = format!(
             "runtime backend `{}` is unavailable: {reason}; {remedy}",
             req.backend.id()
@@ -211,7 +221,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 
     // Before-state.
     let rollback = policy.rollback();
-    let capabilities = req.backend.capabilities();
+    let capabilities = req.backend.capabilities(&options);
     let private_workspace = capabilities.workspace == WorkspaceMode::Private;
     let max_backup = rollback.max_backup_file_mb.saturating_mul(1024 * 1024);
     // Deny patterns and `observe.include` (v2) bring default-excluded directories back into view.
@@ -266,14 +276,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     pass.extend(req.env_pass.iter().cloned());
     let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
 
-    let mut options = req.options.clone();
-    for (key, values) in &policy.runtime().options {
-        if !options.is_set(key) {
-            for v in values {
-                options.push(key.clone(), v.clone());
-            }
-        }
-    }
     let spec = LaunchSpec {
         run_id: run_id.clone(),
         root: root.clone(),
@@ -281,6 +283,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         capsule_dir: capsule.dir().to_path_buf(),
         argv: req.argv.clone(),
         env: env_plan.env,
+        env_plan: EnvironmentPlan {
+            mode: env_mode,
+            dropped: env_plan.evidence.dropped.clone(),
+        },
         timeout,
         grace: req.grace,
         poll_interval: req.poll_interval,
@@ -318,7 +324,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Err(err) => {
             let (status, refusal) = match &err {
                 BackendError::Unavailable { .. } => (Status::Error, Refusal::BackendUnavailable),
-                BackendError::InvalidRequest { .. } => (Status::Error, Refusal::InvalidRequest),
+                BackendError::InvalidRequest { .. } | BackendError::Option(_) => {
+                    (Status::Error, Refusal::InvalidRequest)
+                }
                 BackendError::Launch { .. } => (Status::Failed, Refusal::LaunchFailed),
                 BackendError::Runtime { .. } => (Status::Error, Refusal::Internal),
             };
@@ -476,7 +484,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         blast_radius,
         runtime: Some(RuntimeSummary {
             backend: evidence.backend.clone(),
-            enforcement: evidence.enforcement.clone(),
+            enforcement: evidence.enforcement,
             sandboxed: evidence.capabilities.sandboxed,
             network_enforcement: evidence.capabilities.network_enforcement,
             capabilities: evidence.capabilities.clone(),
@@ -514,12 +522,11 @@ async fn launch(
     let running = backend.launch(prepared, ctx).await?;
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
     // processes from this event. A failed write must not orphan the command, so it only warns.
-    let mut fields = match running.launch_facts() {
-        serde_json::Value::Object(map) => serde_json::Value::Object(map),
-        _ => json!({}),
-    };
-    fields["pid"] = json!(running.pid());
-    let _ = capsule.event("launched", fields);
+    let mut facts = running.launch_facts();
+    if facts.pid.is_none() {
+        facts.pid = running.pid();
+    }
+    let _ = capsule.event("launched", json!(facts));
     running.wait().await
 }
 
