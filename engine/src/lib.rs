@@ -9,6 +9,7 @@ pub mod fs;
 pub mod policy;
 pub mod process;
 pub mod promote;
+pub mod recovery;
 pub mod redact;
 pub mod rollback;
 pub mod score;
