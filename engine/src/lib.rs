@@ -6,6 +6,8 @@
 pub mod backend;
 pub mod environment;
 pub mod fs;
+#[cfg(unix)]
+pub mod host;
 pub mod policy;
 pub mod process;
 pub mod promote;
