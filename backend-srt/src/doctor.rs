@@ -193,7 +193,7 @@ pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
             }
         },
         Err(e) => {
-            remedies.push(e.remedy());
+            remedies.push(crate::host::remedy(&e));
             SrtStatus {
                 path: None,
                 version: None,

@@ -5,6 +5,7 @@
 
 // Link every built-in backend so its `inventory` registration survives linking
 // (dtolnay/inventory#50).
+use agentdiff_backend_bwrap as _;
 use agentdiff_backend_container as _;
 use agentdiff_backend_local as _;
 use agentdiff_backend_srt as _;
@@ -16,9 +17,16 @@ mod report;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use agentdiff_engine::backend::{EntryPoint, Registry};
+use agentdiff_engine::backend::Registry;
+use agentdiff_engine::process::exec_shim;
 
 fn main() -> ExitCode {
+    // The exec shim (started by wrapping backends inside their sandbox) takes every following
+    // argument verbatim, so it is dispatched before any option parsing.
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some(rest) = shim_arguments(&argv) {
+        return ExitCode::from(exec_shim::run(rest));
+    }
     let registry = match Registry::from_inventory() {
         Ok(r) => r,
         Err(err) => {
@@ -26,12 +34,6 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::INTERNAL);
         }
     };
-    // A backend's hidden entry point (e.g. the exec shim started inside a sandbox) takes every
-    // following argument verbatim, so it is dispatched before any option parsing.
-    let argv: Vec<OsString> = std::env::args_os().collect();
-    if let Some((entry, rest)) = entry_point(&registry, &argv) {
-        return ExitCode::from((entry.run)(rest));
-    }
     let cli = match cli::Cli::try_parse_with(&registry) {
         Ok(cli) => cli,
         Err(err) => {
@@ -51,17 +53,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The backend entry point `argv[1]` names, with the arguments after it.
-fn entry_point<'a>(
-    registry: &Registry,
-    argv: &'a [OsString],
-) -> Option<(EntryPoint, &'a [OsString])> {
-    let name = argv.get(1)?;
-    registry
-        .descriptors()
-        .filter_map(|d| d.entry_point)
-        .find(|e| name == e.name)
-        .map(|e| (e, &argv[2..]))
+/// The arguments after the hidden exec-shim subcommand, when `argv[1]` is it.
+fn shim_arguments(argv: &[OsString]) -> Option<&[OsString]> {
+    (argv.get(1)? == exec_shim::SHIM_SUBCOMMAND).then(|| &argv[2..])
 }
 
 #[cfg(test)]
@@ -71,13 +65,16 @@ mod tests {
 
     use agentdiff_engine::backend::Registry;
 
-    use super::entry_point;
+    use super::{exec_shim, shim_arguments};
 
     /// The linker drops a backend crate nothing references (dtolnay/inventory#50); this pins the
     /// built-in set so a lost registration fails here rather than at a user's `--runtime`.
     #[test]
     fn the_built_in_backends_are_registered() {
         let registry = Registry::from_inventory().unwrap();
+        #[cfg(target_os = "linux")]
+        assert_eq!(registry.ids(), vec!["bwrap", "container", "local", "srt"]);
+        #[cfg(not(target_os = "linux"))]
         assert_eq!(registry.ids(), vec!["container", "local", "srt"]);
     }
 
@@ -129,12 +126,7 @@ mod tests {
     }
 
     #[test]
-    fn entry_point_arguments_pass_through_verbatim() {
-        let registry = Registry::from_inventory().unwrap();
-        let entry = registry
-            .descriptors()
-            .find_map(|d| d.entry_point)
-            .expect("a built-in backend declares an entry point");
+    fn shim_arguments_pass_through_verbatim() {
         let tail: Vec<OsString> = [
             "v1",
             "/cap/m.fifo",
@@ -151,16 +143,14 @@ mod tests {
         .iter()
         .map(OsString::from)
         .collect();
-        let mut argv = vec![OsString::from("agentdiff"), OsString::from(entry.name)];
+        let mut argv = vec![
+            OsString::from("agentdiff"),
+            OsString::from(exec_shim::SHIM_SUBCOMMAND),
+        ];
         argv.extend(tail.iter().cloned());
-        let (found, rest) = entry_point(&registry, &argv).unwrap();
-        assert_eq!(found.name, entry.name);
-        assert_eq!(rest, &tail[..]);
-        assert!(entry_point(
-            &registry,
-            &[OsString::from("agentdiff"), OsString::from("run")]
-        )
-        .is_none());
-        assert!(entry_point(&registry, &[OsString::from("agentdiff")]).is_none());
+        assert_eq!(shim_arguments(&argv), Some(&tail[..]));
+        let run = [OsString::from("agentdiff"), OsString::from("run")];
+        assert_eq!(shim_arguments(&run), None);
+        assert_eq!(shim_arguments(&[OsString::from("agentdiff")]), None);
     }
 }

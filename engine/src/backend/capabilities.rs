@@ -43,6 +43,8 @@ pub enum Enforcement {
     ExternalSandboxRequested,
     /// The controls were handed to a container engine, not verified here.
     ContainerRequested,
+    /// A bubblewrap sandbox whose every control agentdiff chose itself.
+    BwrapSandbox,
 }
 
 impl Enforcement {
@@ -51,6 +53,7 @@ impl Enforcement {
             Enforcement::None => "none",
             Enforcement::ExternalSandboxRequested => "external_sandbox_requested",
             Enforcement::ContainerRequested => "container_requested",
+            Enforcement::BwrapSandbox => "bwrap_sandbox",
         }
     }
 }

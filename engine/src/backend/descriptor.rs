@@ -246,17 +246,6 @@ pub type DiagnosticsFuture = Pin<Box<dyn Future<Output = Diagnostics> + Send>>;
 /// The diagnostics hook: called by `agentdiff doctor` with the options it was given.
 pub type DiagnosticsHook = fn(BackendOptions) -> DiagnosticsFuture;
 
-/// A hidden program entry point a backend needs inside its sandbox (`agentdiff NAME ARGS…`):
-/// every argument after the name is handed over verbatim, and the return value is the exit code.
-/// A started command usually replaces the process, so `run` returns only on failure.
-#[derive(Debug, Clone, Copy)]
-pub struct EntryPoint {
-    /// The first argument that selects it; starts with `__` so it never collides with a
-    /// subcommand.
-    pub name: &'static str,
-    pub run: fn(&[std::ffi::OsString]) -> u8,
-}
-
 /// A registered backend: id, one-line summary, a constructor, and everything the CLI needs to
 /// know about it.
 pub struct BackendDescriptor {
@@ -266,7 +255,6 @@ pub struct BackendDescriptor {
     pub options: &'static [OptionSpec],
     pub fail_closed: &'static [FailClosedSpec],
     pub diagnostics: Option<DiagnosticsHook>,
-    pub entry_point: Option<EntryPoint>,
     /// The backend `agentdiff run` uses when neither `--runtime` nor the policy names one. At
     /// most one registered backend may say so.
     pub is_default: bool,
@@ -285,7 +273,6 @@ impl BackendDescriptor {
             options: &[],
             fail_closed: &[],
             diagnostics: None,
-            entry_point: None,
             is_default: false,
         }
     }
@@ -307,11 +294,6 @@ impl BackendDescriptor {
 
     pub const fn with_diagnostics(mut self, hook: DiagnosticsHook) -> Self {
         self.diagnostics = Some(hook);
-        self
-    }
-
-    pub const fn with_entry_point(mut self, entry: EntryPoint) -> Self {
-        self.entry_point = Some(entry);
         self
     }
 
@@ -339,7 +321,6 @@ impl std::fmt::Debug for BackendDescriptor {
             .field("options", &self.options)
             .field("fail_closed", &self.fail_closed)
             .field("diagnostics", &self.diagnostics.is_some())
-            .field("entry_point", &self.entry_point.map(|e| e.name))
             .finish()
     }
 }

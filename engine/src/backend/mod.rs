@@ -17,7 +17,7 @@ use async_trait::async_trait;
 pub use capabilities::{Availability, Boundary, Capabilities, Enforcement, Level, WorkspaceMode};
 pub use descriptor::{
     validate_options, BackendDescriptor, DiagnosticFact, Diagnostics, DiagnosticsFuture,
-    DiagnosticsHook, EntryPoint, FailClosedSpec, OptionError, OptionKind, OptionSpec,
+    DiagnosticsHook, FailClosedSpec, OptionError, OptionKind, OptionSpec,
 };
 pub use evidence::{
     CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
@@ -107,6 +107,13 @@ pub trait RuntimeBackend: Send + Sync {
     /// Whether the backend can run here with these options, with a remedy when it cannot. Must
     /// not answer `Ready` when `prepare` would refuse for a missing component.
     async fn availability(&self, options: &BackendOptions) -> Availability;
+    /// Whether the command always gets the scrubbed environment (allowlist, `--pass-env` names,
+    /// credential-like and runtime-injection variables dropped), whatever `--scrub-env` and the
+    /// policy's `environment.mode` say. A sandboxing backend scrubs by default so that an
+    /// exported credential never reaches a command it confines.
+    fn requires_scrubbed_environment(&self) -> bool {
+        false
+    }
     /// Pure transform from the request to what will be executed: no process started, no file
     /// written. The backend's own plan travels inside the [`PreparedLaunch`].
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch>;
