@@ -11,6 +11,7 @@ pub mod process;
 pub mod promote;
 pub mod redact;
 pub mod rollback;
+pub mod root;
 pub mod score;
 pub mod store;
 pub mod transaction;

@@ -44,19 +44,25 @@ pub struct Args {
     /// Check every path and show what would happen (with a diff of text files); write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Wait for another agentdiff running in this project instead of exiting 75.
+    #[arg(long)]
+    wait: bool,
     #[arg(long, value_enum, default_value_t = Format::Summary)]
     format: Format,
-    /// The project root (default: the current directory).
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
     #[arg(long, value_name = "R")]
     root: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = match &args.root {
-        Some(r) => r.clone(),
-        None => std::env::current_dir().context("cannot determine the current directory")?,
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(store_error)?;
+    // A preview writes nothing and may run beside a run; a real rollback may not.
+    let _lock = match args.dry_run {
+        true => None,
+        false => Some(super::lock_store(&store, args.wait)?),
+    };
     let capsule = store.open_run(&args.run).map_err(store_error)?;
     let selection = Selection {
         scope: if args.all {
@@ -74,8 +80,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let report = rollback::execute(&capsule, &plan, &opts).map_err(rollback_error)?;
     match args.format {
-        Format::Summary => print!("{}", render_summary(&report)),
-        Format::Json => println!(
+        Format::Summary => out!("{}", render_summary(&report)),
+        Format::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&report).context("cannot serialize the report")?
         ),

@@ -8,6 +8,7 @@
 //! will never run needs no tree captured, and the capsule still records the refusal.
 
 mod classify;
+mod preflight;
 mod result;
 
 use std::ffi::OsString;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::json;
 
 pub use classify::{classify_changes, evaluate_limits};
+pub use preflight::{check_request, effective_options};
 pub use result::{
     ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
     VerifiedControl,
@@ -266,14 +268,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     pass.extend(req.env_pass.iter().cloned());
     let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
 
-    let mut options = req.options.clone();
-    for (key, values) in &policy.runtime().options {
-        if !options.is_set(key) {
-            for v in values {
-                options.push(key.clone(), v.clone());
-            }
-        }
-    }
+    let options = effective_options(&req.options, policy);
     let spec = LaunchSpec {
         run_id: run_id.clone(),
         root: root.clone(),
