@@ -5,6 +5,9 @@
 //! to the nearest version-control root (`.git`, `.hg`, `.jj`); when there is none either, the
 //! current directory is the root, so a first run in a plain folder keeps working.
 //!
+//! An in-place command started from a subdirectory still works in that subdirectory
+//! ([`invocation_dir`]); only the observed tree grows to the project.
+//!
 //! `$HOME` and `/` are never chosen implicitly: a run there would capture and back up everything
 //! below them. The walk passes over them, and a current directory that is one of them is refused
 //! unless the root is named explicitly.
@@ -118,6 +121,15 @@ pub fn discover(
         path: cwd,
         reason: Reason::CurrentDir,
     })
+}
+
+/// The current directory when it lies strictly below `root` (and outside the store): a command
+/// run from a subdirectory works there, while the whole project is observed. `None` otherwise.
+pub fn invocation_dir(root: &Path) -> Option<PathBuf> {
+    let cwd = std::env::current_dir().ok()?.canonicalize().ok()?;
+    let rel = cwd.strip_prefix(root).ok()?;
+    let first = rel.components().next()?;
+    (first.as_os_str() != STORE_MARKER).then_some(cwd)
 }
 
 fn found(dir: &Path, reason: Reason) -> Root {

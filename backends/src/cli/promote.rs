@@ -42,6 +42,10 @@ pub struct Args {
     /// Wait for another agentdiff running in this project instead of exiting 75.
     #[arg(long)]
     wait: bool,
+    /// With --dry-run: show content diffs of sensitive files (denied changes, `.env*`, keys)
+    /// instead of their sizes and hashes.
+    #[arg(long)]
+    show_secrets: bool,
     /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
     /// the nearest VCS root, else the current directory).
     #[arg(long)]
@@ -71,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         paths: args.paths.clone(),
         force: args.force,
     };
-    let plan = promote::plan(&capsule, store.objects(), &root, &selection).map_err(|e| {
+    let mut plan = promote::plan(&capsule, store.objects(), &root, &selection).map_err(|e| {
         let code = match &e {
             PromoteError::NotSealed { .. }
             | PromoteError::Verification { .. }
@@ -89,6 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     // A write that could not finish preserved what it could not change: the conflict code, as
     // for rollback.
+    plan.show_secrets = args.show_secrets;
     let report = promote::execute(&capsule, &plan, args.dry_run)
         .context("promote stopped")
         .map_err(|e| exit::with_code(exit::CONFLICT, e))?;

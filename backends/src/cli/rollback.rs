@@ -47,6 +47,10 @@ pub struct Args {
     /// Wait for another agentdiff running in this project instead of exiting 75.
     #[arg(long)]
     wait: bool,
+    /// With --dry-run: show content diffs of sensitive files (denied changes, `.env*`, keys)
+    /// instead of their sizes and hashes.
+    #[arg(long)]
+    show_secrets: bool,
     #[arg(long, value_enum, default_value_t = Format::Summary)]
     format: Format,
     /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
@@ -72,8 +76,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         paths: args.paths.clone(),
     };
-    let plan =
+    let mut plan =
         rollback::plan(&capsule, store.objects(), &root, &selection).map_err(rollback_error)?;
+    plan.show_secrets = args.show_secrets;
     let opts = ExecuteOptions {
         dry_run: args.dry_run,
         fault: test_fault(),
@@ -111,8 +116,11 @@ fn rollback_error(e: RollbackError) -> anyhow::Error {
         RollbackError::NotSealed { .. }
         | RollbackError::Verification { .. }
         | RollbackError::Malformed { .. }
-        | RollbackError::UnsafePath { .. }
-        | RollbackError::Store(_) => exit::INVALID_CAPSULE,
+        | RollbackError::UnsafePath { .. } => exit::INVALID_CAPSULE,
+        // Writing the recovery record failed (a read-only or full store): the rollback could
+        // not finish, which is not a verification failure.
+        RollbackError::Store(StoreError::Io { .. }) => exit::CONFLICT,
+        RollbackError::Store(_) => exit::INVALID_CAPSULE,
         RollbackError::Disabled { .. } => exit::INVALID_CONFIG,
         RollbackError::UnknownPath { .. }
         | RollbackError::InvalidPathArgument { .. }

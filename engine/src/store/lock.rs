@@ -41,11 +41,7 @@ pub enum LockError {
     )]
     Busy { path: PathBuf, holder: Option<u32> },
     #[error("cannot lock {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    Io { path: PathBuf, source: io::Error },
 }
 
 /// The held lock; dropping it (or the process ending) releases it.
@@ -76,15 +72,22 @@ fn lock_file(
         source,
     };
     // O_NOFOLLOW: a planted symlink must not make us create or truncate a file elsewhere.
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(io_err)?;
+    let open = |write: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(write)
+            .create(write)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    };
+    // On a read-only filesystem an existing lock file still locks (flock needs no write access);
+    // whatever then needs to write reports its own failure.
+    let mut file = match open(true) {
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => open(false).map_err(io_err)?,
+        other => other.map_err(io_err)?,
+    };
     if !try_flock(&file, false).map_err(io_err)? {
         let holder = read_pid(&mut file);
         if wait == Wait::No {

@@ -504,7 +504,13 @@ async fn launch(
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     capsule: &Capsule,
 ) -> Result<RunEvidence, BackendError> {
-    let prepared = backend.prepare(spec)?;
+    let mut prepared = backend.prepare(spec)?;
+    // Started from a subdirectory of the project: the command works there, as it would unwrapped.
+    if prepared.cwd == spec.workdir && spec.workdir == spec.root {
+        if let Some(dir) = crate::root::invocation_dir(&spec.root) {
+            prepared.cwd = dir;
+        }
+    }
     let ctx = LaunchContext { stdio, interrupt };
     let running = backend.launch(prepared, ctx).await?;
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
