@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::store::{Artifact, Capsule, Store, StoreError};
-use agentdiff_engine::transaction::{Metadata, RunResult};
+use agentdiff_engine::transaction::RunResult;
 
 use crate::exit;
 
@@ -100,7 +100,7 @@ fn row(store: &Store, listing: &agentdiff_engine::store::RunListing) -> Row {
             return row;
         }
     };
-    if let Ok(meta) = capsule.read_artifact::<Metadata>(Artifact::Metadata) {
+    if let Ok(meta) = capsule.metadata() {
         row.backend = Some(meta.backend);
         row.task = meta.task;
         row.started_at = Some(meta.created_at);
@@ -139,7 +139,7 @@ fn read_result(capsule: &Capsule) -> Option<RunResult> {
     if std::fs::symlink_metadata(capsule.dir().join(Artifact::Result.file_name())).is_err() {
         return None;
     }
-    capsule.read_artifact(Artifact::Result).ok()
+    capsule.result().ok()
 }
 
 fn render(r: &Row) -> String {

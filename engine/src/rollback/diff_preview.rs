@@ -10,6 +10,7 @@
 //! `--show-secrets`: the preview shows sizes and hashes only ([`withheld`]).
 
 use crate::fs::Entry;
+use crate::policy::Action;
 use crate::redact::escape_terminal;
 pub use crate::score::is_sensitive_path;
 
@@ -37,8 +38,8 @@ impl NoPreview {
 
 /// Whether a plan item's content diff is withheld: its recorded decision was `deny`, or its path
 /// names secrets.
-pub fn is_sensitive(path: &str, decision: &str) -> bool {
-    decision == "deny" || is_sensitive_path(path)
+pub fn is_sensitive(path: &str, decision: Action) -> bool {
+    decision == Action::Deny || is_sensitive_path(path)
 }
 
 /// What a withheld diff shows instead: each side's size and SHA-256 prefix.

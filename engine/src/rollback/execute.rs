@@ -150,7 +150,7 @@ pub fn run<E>(
             (PlannedStep::Apply(op), Some(mut result)) => {
                 if result.diff.is_some()
                     && !applier.show_secrets
-                    && diff_preview::is_sensitive(&item.path, &item.decision)
+                    && diff_preview::is_sensitive(&item.path, item.decision)
                 {
                     result.diff = Some(diff_preview::withheld(
                         op.expected.as_ref(),

@@ -32,15 +32,19 @@ pub(super) fn plan(
     timeout: Option<std::time::Duration>,
 ) -> LaunchPlan {
     let env_settings = policy.environment();
-    let env_mode = req.env_mode.unwrap_or(match env_settings.mode {
-        crate::policy::EnvMode::Scrub => EnvMode::Scrub,
-        crate::policy::EnvMode::Inherit => EnvMode::Inherit,
-    });
+    let env_mode = if req.backend.requires_scrubbed_environment() {
+        EnvMode::Scrub
+    } else {
+        req.env_mode.unwrap_or(match env_settings.mode {
+            crate::policy::EnvMode::Scrub => EnvMode::Scrub,
+            crate::policy::EnvMode::Inherit => EnvMode::Inherit,
+        })
+    };
     let mut pass = env_settings.pass.clone();
     pass.extend(req.env_pass.iter().cloned());
     let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
 
-    let options = super::effective_options(&req.options, policy);
+    let options = super::effective_options(&req.options, policy, req.backend.id());
     LaunchPlan {
         spec: LaunchSpec {
             run_id: run_id.to_string(),

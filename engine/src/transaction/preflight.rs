@@ -16,11 +16,17 @@ use crate::store::{RUNS_DIR_NAME, STORE_DIR_NAME};
 /// The run id the preflight spec carries; never used for a real run directory.
 const PREFLIGHT_RUN_ID: &str = "preflight";
 
-/// The backend options in force: the request's, then the policy's `runtime.options` for keys the
+/// The backend options in force: the request's, then the policy's `runtime.options` and its
+/// section for this backend (`runtime.bwrap`, which reaches only that backend) for keys the
 /// request does not set.
-pub fn effective_options(requested: &BackendOptions, policy: &Policy) -> BackendOptions {
+pub fn effective_options(
+    requested: &BackendOptions,
+    policy: &Policy,
+    backend_id: &str,
+) -> BackendOptions {
     let mut options = requested.clone();
-    for (key, values) in &policy.runtime().options {
+    let section = policy.runtime().section_options(backend_id);
+    for (key, values) in policy.runtime().options.iter().chain(&section) {
         if !options.is_set(key) {
             for v in values {
                 options.push(key.clone(), v.clone());
@@ -57,7 +63,7 @@ pub fn check_request(
         grace: Duration::from_secs(1),
         poll_interval: Duration::from_millis(10),
         observe_ports: policy.network_mode() == NetworkMode::Observe,
-        options: effective_options(options, policy),
+        options: effective_options(options, policy, backend.id()),
     };
     match backend.prepare(&spec) {
         Err(e @ BackendError::InvalidRequest { .. }) => Err(e),
