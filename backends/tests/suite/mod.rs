@@ -2,4 +2,5 @@ mod bwrap_cli;
 mod policy_cli;
 mod rollback_cli;
 mod run_cli;
+mod safe_defaults_cli;
 mod terminal_cli;

@@ -181,6 +181,20 @@ impl PreparedLaunch {
         self
     }
 
+    /// Start the program in `dir` instead of the project root, when the launch runs in the host
+    /// tree itself (cwd, workdir and root are the same) and `dir` lies below the root; otherwise
+    /// unchanged. The transaction uses it so a command started from a subdirectory works there.
+    pub fn starting_in(mut self, dir: PathBuf) -> Self {
+        let spec = &self.spec;
+        if self.command.cwd == spec.workdir
+            && spec.workdir == spec.root
+            && dir.starts_with(&spec.root)
+        {
+            self.command.cwd = dir;
+        }
+        self
+    }
+
     /// The backend's plan, when this launch was prepared by that backend with a plan of type `P`.
     pub fn plan<P: Any>(&self) -> Option<&P> {
         self.plan.downcast_ref::<P>()

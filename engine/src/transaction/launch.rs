@@ -20,22 +20,6 @@ pub(super) struct LaunchPlan {
     pub env_evidence: EnvironmentEvidence,
 }
 
-/// The backend options: the request's, then the policy's `runtime.options` and the backend's own
-/// policy section for every key the command line did not set.
-pub(super) fn options(req: &RunRequest<'_>, policy: &Policy) -> BackendOptions {
-    let mut options = req.options.clone();
-    // A per-backend policy section (`runtime.bwrap`) reaches only that backend.
-    let section = policy.runtime().section_options(req.backend.id());
-    for (key, values) in policy.runtime().options.iter().chain(&section) {
-        if !options.is_set(key) {
-            for v in values {
-                options.push(key.clone(), v.clone());
-            }
-        }
-    }
-    options
-}
-
 /// Builds the launch spec: the policy's environment settings (overridden by the request), and the
 /// backend `options`.
 #[allow(clippy::too_many_arguments)]
@@ -91,7 +75,11 @@ pub(super) async fn launch(
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     capsule: &Capsule,
 ) -> Result<RunEvidence, BackendError> {
-    let prepared = backend.prepare(&plan.spec)?;
+    let mut prepared = backend.prepare(&plan.spec)?;
+    // Started from a subdirectory of the project: the command works there, as it would unwrapped.
+    if let Some(dir) = crate::root::invocation_dir(&plan.spec.root) {
+        prepared = prepared.starting_in(dir);
+    }
     let ctx = LaunchContext { stdio, interrupt };
     let running = backend.launch(prepared, ctx).await?;
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's

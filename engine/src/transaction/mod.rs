@@ -15,6 +15,7 @@ mod capture;
 mod classify;
 pub mod decide;
 mod launch;
+mod preflight;
 mod result;
 mod seal;
 
@@ -26,6 +27,7 @@ use serde_json::json;
 
 pub use classify::{classify_changes, evaluate_limits};
 pub use decide::{Evidence, RunFrame};
+pub use preflight::{check_request, effective_options};
 pub use result::{
     ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
     VerifiedControl,
@@ -156,7 +158,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         return sealer.seal_not_run(Status::Blocked, Some(message), None, &[]);
     }
     // Fail closed before touching anything when the backend cannot run here (with these options).
-    let options = launch::options(&req, policy);
+    let options = effective_options(&req.options, policy, req.backend.id());
     if let Availability::Unavailable { reason, remedy } = req.backend.availability(&options).await {
         let message = record_unavailable(&capsule, req.backend.id(), reason, remedy)?;
         let refusal = Some(Refusal::BackendUnavailable);
