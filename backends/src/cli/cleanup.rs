@@ -37,7 +37,7 @@ does not exist or its id is invalid; 67 when its runtime evidence is unreadable 
 pub struct Args {
     /// Run id (as shown by `agentdiff runs`).
     run: String,
-    /// Project root holding `.agentdiff/` (default: the current directory).
+    /// Project root holding `.agentdiff/` (default: discovered like `run`).
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
     /// Seconds between TERM and KILL.
@@ -116,7 +116,7 @@ fn outcome_name(o: CleanupOutcome) -> &'static str {
 
 fn render_summary(result: &CleanupResult) {
     let r = &result.cleanup;
-    println!(
+    outln!(
         "cleanup of run {} ({} backend, {}, grace {} ms): {} identities",
         escape_terminal(&result.run_id),
         result.backend,
@@ -125,7 +125,7 @@ fn render_summary(result: &CleanupResult) {
         r.records.len()
     );
     for rec in &r.records {
-        println!(
+        outln!(
             "  {:<15} pid {:<8} {}{}",
             outcome_name(rec.outcome),
             rec.identity.pid,
@@ -137,10 +137,10 @@ fn render_summary(result: &CleanupResult) {
         );
     }
     for res in &r.resources_removed {
-        println!("  removed {}", escape_terminal(res));
+        outln!("  removed {}", escape_terminal(res));
     }
     for e in &r.errors {
-        println!("  error: {}", escape_terminal(e));
+        outln!("  error: {}", escape_terminal(e));
     }
 }
 
@@ -151,22 +151,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             anyhow::anyhow!("--grace-period must be between 0 and 3600 seconds"),
         ));
     }
-    let root = match args.root {
-        Some(r) => r,
-        None => std::env::current_dir().context("cannot determine the current directory")?,
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
     let result = cleanup_run(&root, &args.run, grace)?;
     match args.format {
         Format::Json => {
             let text =
                 serde_json::to_string_pretty(&result).context("cannot serialise the result")?;
-            println!("{text}");
+            outln!("{text}");
         }
         Format::Summary => render_summary(&result),
     }
     if result.refused_or_escaped > 0 {
-        eprintln!(
+        eoutln!(
             "agentdiff: {} identities were refused or could not be stopped; see cleanup-result.json",
             result.refused_or_escaped
         );
