@@ -163,7 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Format::Summary => render_summary(&result),
     }
     if result.refused_or_escaped > 0 {
-        eoutln!(
+        errln!(
             "agentdiff: {} identities were refused or could not be stopped; see cleanup-result.json",
             result.refused_or_escaped
         );
