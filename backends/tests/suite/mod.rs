@@ -1,3 +1,4 @@
+mod hook_cli;
 mod policy_cli;
 mod rollback_cli;
 mod run_cli;
