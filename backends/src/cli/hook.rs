@@ -9,7 +9,7 @@
 //! Everything on stderr is shown to the agent, so a policy problem is reported without quoting
 //! the policy file: the file may not be a policy at all (a symlink to a foreign file).
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -31,8 +31,8 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct PreToolUseArgs {
     /// Project root: tool paths outside it are denied.
-    #[arg(long, value_name = "DIR", default_value = ".")]
-    root: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
     /// Policy file to use instead of ROOT/agentdiff.yaml (followed wherever it is).
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
@@ -55,19 +55,12 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<ExitCode> {
     let text = String::from_utf8(input)
         .map_err(|_| PolicyError::HookInput("stdin is not UTF-8".to_owned()))?;
     let call = hook::ToolCall::parse(&text)?;
-    let root = if args.root.is_absolute() {
-        args.root
-    } else {
-        std::env::current_dir()
-            .context("cannot determine the current directory")?
-            .join(args.root)
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let loaded = hook::load_policy(&root, args.policy.as_deref())
         .map_err(|err| without_policy_text(err, &root))?;
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
     if let Some(answer) = verdict.to_claude_json() {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{answer}").context("cannot write the decision to standard output")?;
+        outln!("{answer}");
     }
     Ok(ExitCode::SUCCESS)
 }

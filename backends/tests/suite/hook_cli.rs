@@ -425,6 +425,20 @@ fn hook_malformed_input_blocks_and_never_allows() {
 }
 
 #[test]
+fn an_unusable_root_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let input = claude_input(dir.path(), "Read", json!({"file_path": "a"}));
+    let out = agentdiff(
+        dir.path(),
+        &["hook", "pre-tool-use", "--root", missing.to_str().unwrap()],
+        Some(&input),
+    );
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+}
+
+#[test]
 fn hook_uses_the_builtin_policy_and_explicit_policy() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
