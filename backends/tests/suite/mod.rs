@@ -1,4 +1,5 @@
 mod bwrap_cli;
+mod cleanup_cli;
 mod hook_cli;
 mod policy_cli;
 mod rollback_cli;
