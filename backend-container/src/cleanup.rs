@@ -1,9 +1,7 @@
-//! Cleanup: containers a crashed run left behind (found by label), and identity-checked stopping
-//! of recorded engine-client processes.
+//! Cleanup of containers a crashed run left behind, found by their run label. The recorded
+//! engine-client processes are ordinary host processes: the engine's identity-checked pidfd
+//! cleanup stops them (see `ContainerBackend::cleanup_run`).
 
-use std::time::Duration;
-
-use agentdiff_engine::backend::{CleanupOutcome, CleanupRecord, CleanupReport, ProcessIdentity};
 use serde::Serialize;
 
 use crate::engine::{Engine, EngineError, EngineKind, ProgramSource, ENGINE_CLIENT_VARS};
@@ -72,104 +70,4 @@ pub async fn remove_run_containers_with(
         }
     }
     Ok(out)
-}
-
-/// Stop recorded processes (the engine client of an earlier run), each only after its pid and
-/// start time match the record.
-pub async fn stop_identities(ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
-    let mut report = CleanupReport {
-        mechanism: "kill_with_start_time_check".into(),
-        grace_ms: grace.as_millis() as u64,
-        records: Vec::new(),
-        errors: Vec::new(),
-        resources_removed: Vec::new(),
-    };
-    for id in ids {
-        let outcome = stop_one(id, grace).await;
-        report.records.push(CleanupRecord {
-            identity: id.clone(),
-            executable: String::new(),
-            outcome,
-            detail: None,
-        });
-    }
-    report
-}
-
-async fn stop_one(id: &ProcessIdentity, grace: Duration) -> CleanupOutcome {
-    #[cfg(unix)]
-    {
-        use nix::sys::signal::{kill, Signal};
-        use nix::unistd::Pid;
-        // A killed child of the caller stays a zombie until reaped: it has ended all the same.
-        let matches = || {
-            crate::identity::read(id.pid).as_ref() == Some(id)
-                && !crate::identity::is_zombie(id.pid)
-        };
-        match crate::identity::read(id.pid) {
-            None => return CleanupOutcome::AlreadyExited,
-            Some(now) if now != *id => return CleanupOutcome::PidReused,
-            Some(_) => {}
-        }
-        let Ok(pid) = i32::try_from(id.pid).map(Pid::from_raw) else {
-            return CleanupOutcome::AccessDenied;
-        };
-        if let Err(e) = kill(pid, Signal::SIGTERM) {
-            return if e == nix::errno::Errno::ESRCH {
-                CleanupOutcome::AlreadyExited
-            } else {
-                CleanupOutcome::AccessDenied
-            };
-        }
-        let deadline = tokio::time::Instant::now() + grace;
-        while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            if !matches() {
-                return CleanupOutcome::Terminated;
-            }
-        }
-        // Re-check right before KILL: the short window left is the documented residual risk of
-        // plain signals (the process branch's pidfd path closes it for local runs).
-        if !matches() {
-            return CleanupOutcome::Terminated;
-        }
-        if kill(pid, Signal::SIGKILL).is_err() {
-            return CleanupOutcome::Escaped;
-        }
-        for _ in 0..40 {
-            tokio::time::sleep(Duration::from_millis(25)).await;
-            if !matches() {
-                return CleanupOutcome::Killed;
-            }
-        }
-        CleanupOutcome::Escaped
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (id, grace);
-        CleanupOutcome::AccessDenied
-    }
-}
-
-#[cfg(all(test, target_os = "linux"))]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_matching_identity_is_terminated_and_a_mismatch_is_never_signalled() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let id = crate::identity::read(child.id()).unwrap();
-        let mut wrong = id.clone();
-        wrong.start_time_ticks += 1;
-        let report = stop_identities(&[wrong], Duration::from_millis(200)).await;
-        assert_eq!(report.records[0].outcome, CleanupOutcome::PidReused);
-        // The child is ours, so it stays a zombie until reaped: still reported as terminated.
-        let report = stop_identities(&[id], Duration::from_secs(2)).await;
-        assert_eq!(report.records[0].outcome, CleanupOutcome::Terminated);
-        let status = child.wait().unwrap();
-        assert!(!status.success());
-    }
 }

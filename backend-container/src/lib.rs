@@ -16,7 +16,6 @@
 pub mod argv;
 pub mod cleanup;
 pub mod engine;
-mod identity;
 pub mod options;
 pub mod ownership;
 pub mod rootfs;
@@ -27,9 +26,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
-    FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec,
-    PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend, WorkspaceMode,
+    cleanup_host_processes, Availability, BackendError, BackendOptions, Capabilities,
+    CleanupReport, Enforcement, FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level,
+    OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity, Result, RunningCommand,
+    RuntimeBackend, WorkspaceMode,
 };
 use async_trait::async_trait;
 
@@ -459,7 +459,7 @@ impl RuntimeBackend for ContainerBackend {
         ids: &[ProcessIdentity],
         grace: Duration,
     ) -> CleanupReport {
-        let mut report = cleanup::stop_identities(ids, grace).await;
+        let mut report = cleanup_host_processes(ids, grace).await;
         match cleanup::remove_run_containers(run_id).await {
             Ok(removed) => {
                 for (engine, id) in removed.removed {

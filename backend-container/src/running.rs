@@ -239,7 +239,7 @@ pub(crate) async fn launch(
         .spawn()
         .map_err(|e| launch_error(format!("could not start {}: {e}", program.display())))?;
     let pid = child.id();
-    let identity = pid.and_then(crate::identity::read);
+    let identity = pid.and_then(|p| agentdiff_engine::process::read_identity(p).ok());
 
     let mut wrapper_argv = vec![prepared.program().clone()];
     wrapper_argv.extend(args);

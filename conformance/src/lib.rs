@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentdiff_engine::backend::{
-    Availability, BackendDescriptor, BackendOptions, Capabilities, RuntimeBackend,
+    Availability, BackendDescriptor, BackendOptions, Capabilities, FailClosedSpec, RuntimeBackend,
 };
 
 pub use checks::{catalogue, CheckDef};
@@ -82,8 +82,12 @@ impl FailClosedCase {
     /// The fail-closed cases a backend's descriptor declares, applied on top of `base` (the
     /// options the suite runs with).
     pub fn declared(descriptor: &BackendDescriptor, base: &BackendOptions) -> Vec<Self> {
-        descriptor
-            .fail_closed
+        Self::from_specs(descriptor.fail_closed, base)
+    }
+
+    /// Cases from declared specs (a backend crate's own `FAIL_CLOSED`), applied on top of `base`.
+    pub fn from_specs(specs: &[FailClosedSpec], base: &BackendOptions) -> Vec<Self> {
+        specs
             .iter()
             .map(|case| FailClosedCase {
                 name: case.name.to_string(),
@@ -109,7 +113,8 @@ impl std::fmt::Debug for FailClosedCase {
 pub struct SuiteOptions {
     /// Options every launch carries (settings file, image, engine…).
     pub backend_options: BackendOptions,
-    /// Unusable configurations for `FAIL-001`; empty means the check is skipped with a reason.
+    /// Unusable configurations for `FAIL-001`; empty means the check is not run, and the report
+    /// is then never conformant.
     pub fail_closed: Vec<FailClosedCase>,
     /// An unavailable backend fails every launching check instead of skipping it.
     pub require_available: bool,
@@ -245,6 +250,14 @@ impl Finding {
             details: serde_json::Value::Null,
         }
     }
+    /// The check needs input it was not given: nothing was verified, and a MUST check left
+    /// unrun keeps the report from being conformant.
+    pub fn not_run(reason: impl Into<String>) -> Self {
+        Self {
+            outcome: Outcome::not_run(reason),
+            details: serde_json::Value::Null,
+        }
+    }
     /// Pass when `ok`, else fail with `reason`.
     pub fn require(ok: bool, reason: impl Into<String>, details: serde_json::Value) -> Self {
         if ok {
@@ -374,6 +387,13 @@ pub fn assert_conformant(factory: BackendFactory, options: SuiteOptions) -> Repo
     };
     let report = rt.block_on(run_suite(factory, options));
     println!("{}", report.to_tap());
+    if !report.not_run_ids().is_empty() {
+        panic!(
+            "backend `{}` is not conformant: MUST checks not run (give a fail-closed case): {}",
+            report.backend,
+            report.not_run_ids().join(", ")
+        );
+    }
     if !report.conformant() {
         panic!(
             "backend `{}` is not conformant: MUST checks failed: {}",

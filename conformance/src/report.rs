@@ -23,13 +23,22 @@ impl RequirementLevel {
     }
 }
 
-/// The outcome of one check. A skipped check is never counted as passed.
+/// The outcome of one check. A skipped check is never counted as passed; a MUST check that
+/// could not be run for lack of input (no fail-closed case) makes the report non-conformant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     Passed,
-    Skipped { reason: String },
-    Failed { reason: String },
+    Skipped {
+        reason: String,
+    },
+    Failed {
+        reason: String,
+    },
+    /// The check needs input the suite was not given; nothing was verified.
+    NotRun {
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -51,6 +60,14 @@ impl Outcome {
     }
     pub fn is_skipped(&self) -> bool {
         matches!(self, Outcome::Skipped { .. })
+    }
+    pub fn not_run(reason: impl Into<String>) -> Self {
+        Outcome::NotRun {
+            reason: reason.into(),
+        }
+    }
+    pub fn is_not_run(&self) -> bool {
+        matches!(self, Outcome::NotRun { .. })
     }
 }
 
@@ -75,6 +92,9 @@ pub struct Summary {
     pub skipped: usize,
     pub must_failed: usize,
     pub should_failed: usize,
+    /// MUST checks that were not run for lack of input.
+    #[serde(default)]
+    pub must_not_run: usize,
 }
 
 /// A complete suite run against one backend.
@@ -100,6 +120,13 @@ impl Report {
             match &c.outcome {
                 Outcome::Passed => s.passed += 1,
                 Outcome::Skipped { .. } => s.skipped += 1,
+                Outcome::NotRun { .. } => {
+                    if c.level == RequirementLevel::Must {
+                        s.must_not_run += 1;
+                    } else {
+                        s.skipped += 1;
+                    }
+                }
                 Outcome::Failed { .. } => {
                     s.failed += 1;
                     match c.level {
@@ -112,9 +139,18 @@ impl Report {
         s
     }
 
-    /// True when no MUST check failed.
+    /// True when no MUST check failed and every MUST check was run.
     pub fn conformant(&self) -> bool {
-        self.summary.must_failed == 0
+        self.summary.must_failed == 0 && self.summary.must_not_run == 0
+    }
+
+    /// Ids of MUST checks that were not run, in suite order.
+    pub fn not_run_ids(&self) -> Vec<&str> {
+        self.checks
+            .iter()
+            .filter(|c| c.level == RequirementLevel::Must && c.outcome.is_not_run())
+            .map(|c| c.id.as_str())
+            .collect()
     }
 
     pub fn check(&self, id: &str) -> Option<&CheckResult> {
@@ -158,6 +194,9 @@ impl Report {
                 Outcome::Failed { .. } => {
                     out.push_str(&format!("not ok {n} - {desc}\n"));
                 }
+                Outcome::NotRun { .. } => {
+                    out.push_str(&format!("not ok {n} - {desc} (not run)\n"));
+                }
             }
             if !c.outcome.is_passed() {
                 out.push_str("  ---\n");
@@ -170,6 +209,10 @@ impl Report {
                     }
                     Outcome::Skipped { reason } => {
                         out.push_str("  outcome: skipped\n");
+                        out.push_str(&format!("  reason: {}\n", json_str(reason)));
+                    }
+                    Outcome::NotRun { reason } => {
+                        out.push_str("  outcome: not_run\n");
                         out.push_str(&format!("  reason: {}\n", json_str(reason)));
                     }
                     Outcome::Passed => {}
@@ -185,15 +228,20 @@ impl Report {
         }
         let s = &self.summary;
         out.push_str(&format!(
-            "# passed {} failed {} (MUST {}, SHOULD {}) skipped {}\n",
-            s.passed, s.failed, s.must_failed, s.should_failed, s.skipped
+            "# passed {} failed {} (MUST {}, SHOULD {}) skipped {} not run (MUST) {}\n",
+            s.passed, s.failed, s.must_failed, s.should_failed, s.skipped, s.must_not_run
         ));
         out.push_str(&format!(
             "# {}\n",
             if self.conformant() {
-                "conformant: no MUST check failed"
+                "conformant: no MUST check failed".to_string()
+            } else if s.must_failed > 0 {
+                "NOT conformant: at least one MUST check failed".to_string()
             } else {
-                "NOT conformant: at least one MUST check failed"
+                format!(
+                    "NOT conformant: MUST check(s) not run: {}",
+                    self.not_run_ids().join(", ")
+                )
             }
         ));
         out

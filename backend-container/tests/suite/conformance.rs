@@ -85,6 +85,10 @@ fn container_backend_is_conformant_with_the_docker_cli_on_podmans_socket() {
             )
         }),
         SuiteOptions {
+            fail_closed: FailClosedCase::from_specs(
+                agentdiff_backend_container::FAIL_CLOSED,
+                &options,
+            ),
             backend_options: options,
             require_available: true,
             ..SuiteOptions::default()

@@ -101,6 +101,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(exit::BACKEND_UNAVAILABLE));
     }
+    let not_run = report.not_run_ids();
+    if report.summary.must_failed == 0 && !not_run.is_empty() {
+        errln!(
+            "agentdiff: MUST check(s) not run for runtime backend `{}`: {}; the backend declares \
+             no fail-closed case: give one with --fail-closed-option KEY=VALUE",
+            descriptor.id,
+            not_run.join(", ")
+        );
+    }
     if !report.conformant() {
         return Ok(ExitCode::from(exit::CONFORMANCE_FAILED));
     }

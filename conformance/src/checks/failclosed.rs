@@ -10,8 +10,10 @@ use crate::{Ctx, Finding};
 
 pub async fn fails_closed(ctx: Arc<Ctx>) -> Finding {
     if ctx.options.fail_closed.is_empty() {
-        return Finding::skip(
-            "no unusable configuration was given for this backend (SuiteOptions::fail_closed)",
+        return Finding::not_run(
+            "no unusable configuration was given and the backend declares none \
+             (BackendDescriptor::with_fail_closed, SuiteOptions::fail_closed, \
+             --fail-closed-option): fail-closed behaviour was not verified",
         );
     }
     let mut cases = Vec::new();

@@ -24,7 +24,13 @@ async fn reference_backend_passes_every_applicable_check() {
         "failed: {:?}",
         report.failed_ids()
     );
-    assert!(report.conformant());
+    // No fail-closed case was given: FAIL-001 is not run, so the report never says conformant.
+    assert!(report.check("FAIL-001").unwrap().outcome.is_not_run());
+    assert_eq!(report.not_run_ids(), vec!["FAIL-001"]);
+    assert!(!report.conformant());
+    assert!(report
+        .to_tap()
+        .contains("NOT conformant: MUST check(s) not run: FAIL-001"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

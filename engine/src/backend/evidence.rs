@@ -94,7 +94,7 @@ pub struct CleanupRecord {
 /// What cleanup did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CleanupReport {
-    /// e.g. `pidfd`, `kill_with_start_time_check`, `container_engine`.
+    /// e.g. `pidfd`, `container_engine`.
     pub mechanism: String,
     pub grace_ms: u64,
     pub records: Vec<CleanupRecord>,
