@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    cleanup_host_processes, Availability, BackendError, BackendOptions, Capabilities,
+    cleanup_host_processes, Availability, BackendError, BackendFacts, BackendOptions, Capabilities,
     CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
     Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
@@ -373,7 +373,7 @@ impl RunningCommand for BwrapRunning {
         }
         let init = discount_sandbox_init(&mut evidence, root_pid);
         attribute_exit(&mut evidence, &state, expected_argc, network, wrapper);
-        if let (Some(init), Some(Value::Object(map))) = (init, evidence.wrapper.as_mut()) {
+        if let (Some(init), Some(Value::Object(map))) = (init, evidence.wrapper.as_deref_mut()) {
             map.insert("sandbox_init".into(), init);
         }
         Ok(evidence)
@@ -440,7 +440,7 @@ pub fn attribute_exit(
         map.insert("start_state".into(), json!(state.label()));
         map.insert("exit_attribution".into(), json!(attribution.by));
     }
-    evidence.wrapper = Some(wrapper);
+    evidence.wrapper = Some(BackendFacts::from_value(wrapper));
 }
 
 #[cfg(test)]

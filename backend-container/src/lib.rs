@@ -21,6 +21,8 @@ pub mod ownership;
 pub mod rootfs;
 mod running;
 
+pub use running::{ContainerFacts, RootfsFacts};
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -9,11 +9,12 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agentdiff_engine::backend::{
-    BackendError, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind, LaunchContext,
-    LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord, ProcessRelation, Result, RunEvidence,
-    RunningCommand, StdioMode,
+    BackendError, BackendFacts, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
+    LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord, ProcessRelation,
+    Result, RunEvidence, RunningCommand, StdioMode,
 };
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, EngineKind};
 use crate::options::Source;
@@ -244,20 +245,25 @@ pub(crate) async fn launch(
     let mut wrapper_argv = vec![prepared.program().clone()];
     wrapper_argv.extend(args);
     let environment = environment_evidence(&prepared, &plan, &mut warnings);
-    let wrapper = serde_json::json!({
-        "engine": plan.kind.as_str(),
-        "program": program.display().to_string(),
-        "version": version,
-        "api_server_version": server_version,
-        "image": match &plan.options.source { Source::Image(i) => Some(i.clone()), Source::Rootfs(_) => None },
-        "image_id": image_id,
-        "rootfs": rootfs_facts.as_ref().map(|r| serde_json::json!({
-            "path": r.path.display().to_string(),
-            "manifest_digest": r.manifest_digest,
-            "entries": r.entries,
-        })),
-        "container_name": crate::argv::container_name(&spec.run_id).unwrap_or_default(),
-    });
+    let facts = ContainerFacts {
+        engine: plan.kind.as_str().to_string(),
+        program: program.display().to_string(),
+        version,
+        api_server_version: server_version,
+        image: match &plan.options.source {
+            Source::Image(i) => Some(i.clone()),
+            Source::Rootfs(_) => None,
+        },
+        image_id: image_id.clone(),
+        rootfs: rootfs_facts.as_ref().map(|r| RootfsFacts {
+            path: r.path.display().to_string(),
+            manifest_digest: r.manifest_digest.clone(),
+            entries: r.entries,
+        }),
+        container_name: crate::argv::container_name(&spec.run_id).unwrap_or_default(),
+        container_id: None,
+        leftover_containers_removed: Vec::new(),
+    };
     Ok(Box::new(RunningContainer {
         engine,
         child,
@@ -283,8 +289,6 @@ pub(crate) async fn launch(
                     .map(|a| a.to_string_lossy().into_owned())
                     .collect(),
             ),
-            wrapper: Some(wrapper),
-            image_digest: image_id.clone(),
             runtime_config: prepared.runtime_config().clone(),
             observation_root: spec.workdir.display().to_string(),
             environment: Some(environment),
@@ -296,6 +300,7 @@ pub(crate) async fn launch(
             warnings,
             ..RunEvidence::default()
         },
+        facts,
         image_pulled_ref: match (&plan.options.source, image_id.is_none()) {
             (Source::Image(i), true) => Some(i.clone()),
             _ => None,
@@ -358,7 +363,40 @@ struct RunningContainer {
     grace: Duration,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     evidence: RunEvidence,
+    facts: ContainerFacts,
     image_pulled_ref: Option<String>,
+}
+
+/// The container backend's own section of the evidence (`wrapper` in runtime.json): the engine,
+/// the image or rootfs the command ran from, and the container it ran in.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerFacts {
+    /// `podman` or `docker`.
+    pub engine: String,
+    pub program: String,
+    pub version: String,
+    /// The docker API server's version (docker CLI only).
+    pub api_server_version: Option<String>,
+    /// The image reference, when the run used one.
+    pub image: Option<String>,
+    /// The local image id (`sha256:…`): the digest of what ran.
+    pub image_id: Option<String>,
+    pub rootfs: Option<RootfsFacts>,
+    pub container_name: String,
+    /// The engine's id of the container (from `--cidfile`); none when none was created.
+    #[serde(default)]
+    pub container_id: Option<String>,
+    /// Containers of this run still present after it and removed.
+    #[serde(default)]
+    pub leftover_containers_removed: Vec<String>,
+}
+
+/// A rootfs run's source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootfsFacts {
+    pub path: String,
+    pub manifest_digest: String,
+    pub entries: usize,
 }
 
 enum Ending {
@@ -457,7 +495,7 @@ impl RunningCommand for RunningContainer {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit()));
         let mut ev = std::mem::take(&mut self.evidence);
-        ev.container_id = container_id.clone();
+        self.facts.container_id = container_id.clone();
         // 125–127 come from the engine (it failed, or the OCI runtime could not start the
         // process) or from the command itself; the engine's event log tells which.
         if !exit.timed_out && exit.interrupted_by.is_none() {
@@ -546,19 +584,17 @@ impl RunningCommand for RunningContainer {
         ev.cleanup = cleanup;
         if let Some(image) = &self.image_pulled_ref {
             match self.engine.local_image_id(image).await {
-                Ok(id) => ev.image_digest = id,
+                Ok(id) => self.facts.image_id = id,
                 Err(e) => ev.warnings.push(format!("image id after pull: {e}")),
             }
         }
-        if let Some(w) = ev.wrapper.as_mut().and_then(|w| w.as_object_mut()) {
-            w.insert(
-                "leftover_containers_removed".into(),
-                serde_json::json!(removed),
-            );
-            if let Some(d) = &ev.image_digest {
-                w.insert("image_id".into(), serde_json::json!(d));
-            }
-        }
+        self.facts.leftover_containers_removed = removed;
+        ev.wrapper = Some(
+            BackendFacts::new(&self.facts).map_err(|e| BackendError::Runtime {
+                backend: ID.into(),
+                message: e.to_string(),
+            })?,
+        );
         if let Some(identity) = self.identity.clone() {
             ev.processes.push(ProcessRecord {
                 ppid: std::process::id(),

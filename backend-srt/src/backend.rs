@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    cleanup_host_processes, validate_options, Availability, BackendError, BackendOptions,
-    Capabilities, CleanupReport, LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch,
-    Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+    cleanup_host_processes, validate_options, Availability, BackendError, BackendFacts,
+    BackendOptions, Capabilities, CleanupReport, LaunchCommand, LaunchContext, LaunchSpec, Level,
+    PreparedLaunch, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 use agentdiff_engine::process::ProcessIdentity;
@@ -518,7 +518,7 @@ pub fn attribute_exit(
         map.insert("start_state".into(), json!(state.label()));
         map.insert("exit_attribution".into(), json!(attribution.by));
     }
-    evidence.wrapper = Some(wrapper);
+    evidence.wrapper = Some(BackendFacts::from_value(wrapper));
 }
 
 #[cfg(test)]

@@ -20,5 +20,9 @@ pub mod store;
 pub mod transaction;
 pub mod workspace;
 
-/// Version of every JSON artifact schema this engine writes.
+/// Version of every JSON artifact schema this engine writes, except `runtime.json`.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// Version of the `runtime.json` schema. 2: backend-specific facts (the container id and image
+/// digest) live only in the backend's own `wrapper` section, not as top-level fields.
+pub const RUNTIME_SCHEMA_VERSION: u32 = 2;

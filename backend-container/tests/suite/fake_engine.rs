@@ -190,11 +190,16 @@ async fn runs_in_the_workspace_and_records_evidence() {
     assert_eq!(ev.capabilities.host_repository, Level::Enforced);
     assert_eq!(ev.capabilities.network, Level::Requested);
     assert_eq!(ev.observation_root, l.workspace.display().to_string());
-    assert_eq!(ev.container_id.as_deref().map(str::len), Some(64));
+    // The backend-specific facts are the backend's own typed section.
+    let facts: agentdiff_backend_container::ContainerFacts =
+        ev.wrapper.as_ref().unwrap().decode().unwrap();
+    assert_eq!(facts.container_id.as_deref().map(str::len), Some(64));
     assert_eq!(
-        ev.image_digest.as_deref(),
+        facts.image_id.as_deref(),
         Some(format!("sha256:{}", "ab".repeat(32)).as_str())
     );
+    assert_eq!(facts.engine, "podman");
+    assert!(facts.leftover_containers_removed.is_empty());
     assert_eq!(
         ev.wrapper.as_ref().unwrap()["version"],
         "podman version 99.0.0-fake"

@@ -50,7 +50,9 @@ async fn docker_cli_runs_on_the_podman_socket_with_the_same_controls() {
         "lo\n"
     );
     assert_eq!(snapshot(&l.root), host_before);
-    assert!(ev.image_digest.as_deref().unwrap().starts_with("sha256:"));
+    let facts: agentdiff_backend_container::ContainerFacts =
+        ev.wrapper.as_ref().unwrap().decode().unwrap();
+    assert!(facts.image_id.as_deref().unwrap().starts_with("sha256:"));
     let w = ev.wrapper.unwrap();
     assert!(w["version"].as_str().unwrap().starts_with("Docker version"));
     assert!(w["api_server_version"].is_string());

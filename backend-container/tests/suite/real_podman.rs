@@ -64,7 +64,9 @@ async fn podman_writes_land_in_the_workspace_and_the_host_tree_is_unchanged() {
         host_before,
         "the host tree must be byte-for-byte unchanged"
     );
-    assert_eq!(ev.container_id.as_deref().map(str::len), Some(64));
+    let facts: agentdiff_backend_container::ContainerFacts =
+        ev.wrapper.as_ref().unwrap().decode().unwrap();
+    assert_eq!(facts.container_id.as_deref().map(str::len), Some(64));
     let w = ev.wrapper.unwrap();
     assert!(w["version"].as_str().unwrap().starts_with("podman version"));
     assert!(w["rootfs"]["manifest_digest"]

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{ProcessIdentity, ProcessRelation};
+use agentdiff_engine::backend::{Enforcement, ProcessIdentity, ProcessRelation};
 use serde_json::json;
 
 use super::{scratch_failure, stage_failure};
@@ -103,7 +103,7 @@ pub async fn daemon_recorded(ctx: Arc<Ctx>) -> Finding {
         )
         .collect();
     let details = json!({"daemon_host_identity": run.daemon, "recorded": recorded, "tracking": run.ran.evidence.tracking});
-    if run.ran.evidence.container_id.is_some() {
+    if run.ran.evidence.enforcement == Enforcement::ContainerRequested {
         return Finding::skip("the command ran in a container; its processes are the engine's to track, not host identities");
     }
     let Some(daemon) = run.daemon else {

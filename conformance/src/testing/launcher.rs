@@ -346,8 +346,6 @@ impl RunningCommand for Running {
                 .as_ref()
                 .map(|w| w.iter().map(|a| a.to_string_lossy().into_owned()).collect()),
             wrapper: None,
-            container_id: None,
-            image_digest: None,
             runtime_config: prepared.runtime_config().clone(),
             observation_root: prepared.cwd().display().to_string(),
             environment: Some(environment),

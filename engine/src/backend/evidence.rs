@@ -151,6 +151,54 @@ pub struct EnvironmentEvidence {
     pub dropped: Vec<String>,
 }
 
+/// Why a backend's facts could not be converted.
+#[derive(Debug, thiserror::Error)]
+pub enum FactsError {
+    #[error("the backend's facts cannot be recorded as JSON: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("the recorded backend facts do not have the expected shape: {0}")]
+    Decode(#[source] serde_json::Error),
+}
+
+/// The backend-owned section of the evidence: a backend serialises its own typed facts into it
+/// ([`BackendFacts::new`]) and reads them back with [`BackendFacts::decode`]; the engine only
+/// stores it (redacting sensitive keys) and never interprets it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BackendFacts(serde_json::Value);
+
+impl BackendFacts {
+    /// The facts of a backend's own type.
+    pub fn new<T: Serialize>(facts: &T) -> Result<Self, FactsError> {
+        serde_json::to_value(facts)
+            .map(BackendFacts)
+            .map_err(FactsError::Encode)
+    }
+
+    /// Facts a backend assembled as JSON.
+    pub fn from_value(value: serde_json::Value) -> Self {
+        BackendFacts(value)
+    }
+
+    /// The facts as the backend's own type.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, FactsError> {
+        T::deserialize(&self.0).map_err(FactsError::Decode)
+    }
+}
+
+impl std::ops::Deref for BackendFacts {
+    type Target = serde_json::Value;
+    fn deref(&self) -> &serde_json::Value {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for BackendFacts {
+    fn deref_mut(&mut self) -> &mut serde_json::Value {
+        &mut self.0
+    }
+}
+
 /// Everything a backend reports about one run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunEvidence {
@@ -167,10 +215,9 @@ pub struct RunEvidence {
     /// The wrapper's argv (program first) when wrapped. Raw here; the transaction redacts it
     /// before anything is stored.
     pub wrapper_argv: Option<Vec<String>>,
-    /// Wrapper facts (version, settings path and digest…).
-    pub wrapper: Option<serde_json::Value>,
-    pub container_id: Option<String>,
-    pub image_digest: Option<String>,
+    /// The backend's own facts about the run (wrapper version and settings, container id, image
+    /// digest…), in a structure the backend owns; stored under `wrapper` in runtime.json.
+    pub wrapper: Option<BackendFacts>,
     pub runtime_config: serde_json::Value,
     /// Directory whose changes were observed (the root, or a private workspace).
     pub observation_root: String,

@@ -20,8 +20,8 @@ pub use descriptor::{
     DiagnosticsHook, FailClosedSpec, OptionError, OptionKind, OptionSpec,
 };
 pub use evidence::{
-    CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
-    PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
+    BackendFacts, CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo,
+    FactsError, FailureKind, PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
 };
 pub use registry::{Registry, RegistryError};
 pub use spec::{

@@ -570,8 +570,6 @@ mod unix {
                 ports,
                 wrapper_argv: self.prepared.wrapper_argv().as_deref().map(lossy),
                 wrapper: None,
-                container_id: None,
-                image_digest: None,
                 runtime_config: self.prepared.runtime_config().clone(),
                 observation_root: spec.workdir.display().to_string(),
                 environment: Some(environment),

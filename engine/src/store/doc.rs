@@ -113,7 +113,7 @@ impl RuntimeDoc {
             redact::redact_value(w);
         }
         RuntimeDoc::Launched(Box::new(LaunchedRuntime {
-            schema_version: crate::SCHEMA_VERSION,
+            schema_version: crate::RUNTIME_SCHEMA_VERSION,
             launched: true,
             evidence,
             verified_controls: verified_controls.to_vec(),
@@ -123,7 +123,7 @@ impl RuntimeDoc {
     /// A backend that said it cannot run here.
     pub fn unavailable(backend: &str, reason: String, remedy: String) -> RuntimeDoc {
         RuntimeDoc::NotLaunched(NotLaunched {
-            schema_version: crate::SCHEMA_VERSION,
+            schema_version: crate::RUNTIME_SCHEMA_VERSION,
             launched: false,
             backend: backend.to_string(),
             availability: Some(Unavailable {
@@ -138,7 +138,7 @@ impl RuntimeDoc {
     /// A launch the backend refused or could not start.
     pub fn refused(backend: &str, error: String) -> RuntimeDoc {
         RuntimeDoc::NotLaunched(NotLaunched {
-            schema_version: crate::SCHEMA_VERSION,
+            schema_version: crate::RUNTIME_SCHEMA_VERSION,
             launched: false,
             backend: backend.to_string(),
             availability: None,
