@@ -366,7 +366,7 @@ impl RunningCommand for BwrapRunning {
         if let Some(env) = &mut evidence.environment {
             // The digest is agentdiff's plumbing, not the command's environment.
             env.variables.remove(exec_shim::ENV_ARGV_DIGEST);
-            env.mode = "scrub".into();
+            env.mode = agentdiff_engine::environment::EnvMode::Scrub;
             env.dropped.extend(env_dropped);
             env.dropped.sort();
             env.dropped.dedup();

@@ -228,7 +228,7 @@ impl ContainerBackend {
                 ));
             }
         }
-        check_private_workspace(&spec.root, &spec.workdir).map_err(invalid)?;
+        check_private_workspace(&spec.root, &spec.workdir).map_err(|e| invalid(e.to_string()))?;
         if let Source::Rootfs(dir) = &options.source {
             if spec.root.starts_with(Path::new(dir)) {
                 return Err(invalid(format!(
@@ -290,20 +290,23 @@ struct Plan {
     args: Vec<OsString>,
 }
 
+/// Why a workspace cannot be mounted into the container.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WorkspaceError {
+    #[error("the workspace {} is the project root or one of its ancestors; the container backend only mounts a private workspace (the transaction materialises it)", .0.display())]
+    HostTree(PathBuf),
+    #[error("the workspace {} lies inside the project tree; the container backend only mounts a private workspace under .agentdiff/workspaces/", .0.display())]
+    InsideProject(PathBuf),
+}
+
 /// The container must never see the host tree: the workspace may not be the root, an ancestor of
 /// it, or a directory of the project other than agentdiff's own store.
-fn check_private_workspace(root: &Path, workdir: &Path) -> std::result::Result<(), String> {
+fn check_private_workspace(root: &Path, workdir: &Path) -> std::result::Result<(), WorkspaceError> {
     if root.starts_with(workdir) {
-        return Err(format!(
-            "the workspace {} is the project root or one of its ancestors; the container backend only mounts a private workspace (the transaction materialises it)",
-            workdir.display()
-        ));
+        return Err(WorkspaceError::HostTree(workdir.to_path_buf()));
     }
     if workdir.starts_with(root) && !workdir.starts_with(root.join(".agentdiff")) {
-        return Err(format!(
-            "the workspace {} lies inside the project tree; the container backend only mounts a private workspace under .agentdiff/workspaces/",
-            workdir.display()
-        ));
+        return Err(WorkspaceError::InsideProject(workdir.to_path_buf()));
     }
     Ok(())
 }

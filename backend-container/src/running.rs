@@ -282,7 +282,7 @@ pub(crate) async fn launch(
             backend: ID.into(),
             enforcement: ENFORCEMENT,
             capabilities: crate::declared_capabilities(),
-            tracking: "container_engine".into(),
+            tracking: agentdiff_engine::backend::Tracking::ContainerEngine,
             wrapper_argv: Some(
                 wrapper_argv
                     .iter()
@@ -293,7 +293,7 @@ pub(crate) async fn launch(
             observation_root: spec.workdir.display().to_string(),
             environment: Some(environment),
             ports: PortEvidence {
-                mode: "off".into(),
+                mode: agentdiff_engine::backend::PortMode::Off,
                 note: "the container has its own network namespace; host listening sockets are not observed by this backend".into(),
                 ..PortEvidence::default()
             },
@@ -340,7 +340,7 @@ fn environment_evidence(
     dropped.dedup();
     EnvironmentEvidence {
         // Scrubbed: the container gets only the named variables.
-        mode: "scrub".into(),
+        mode: agentdiff_engine::environment::EnvMode::Scrub,
         variables,
         dropped,
     }

@@ -128,12 +128,13 @@ fn settings_error(e: SettingsError) -> BackendError {
 
 /// The exec-shim program: the `srt-exec-shim` option, else `AGENTDIFF_SRT_EXEC_SHIM`, else this
 /// program when it is the `agentdiff` binary (which has the hidden `__srt-exec-shim` subcommand).
-pub fn locate_shim(option: Option<&str>) -> std::result::Result<PathBuf, (String, String)> {
+pub fn locate_shim(option: Option<&str>) -> std::result::Result<PathBuf, BackendError> {
     let remedy = format!(
         "run through the `agentdiff` binary, or set {ENV_EXEC_SHIM} (or the `{OPT_EXEC_SHIM}` \
          backend option) to the path of the agentdiff binary"
     );
-    shim::locate(option.map(absolute), &[ENV_EXEC_SHIM], &remedy).map_err(|e| (e.reason, e.remedy))
+    shim::locate(option.map(absolute), &[ENV_EXEC_SHIM], &remedy)
+        .map_err(|e| unavailable(e.reason, e.remedy))
 }
 
 impl SrtBackend {
@@ -205,8 +206,7 @@ impl SrtBackend {
             }
         }
 
-        let shim = locate_shim(o.get(OPT_EXEC_SHIM))
-            .map_err(|(reason, remedy)| unavailable(reason, remedy))?;
+        let shim = locate_shim(o.get(OPT_EXEC_SHIM))?;
         let marker = spec.capsule_dir.join(START_MARKER_FILE);
 
         // srt is a Node.js program: its argv are JS strings, so non-UTF-8 bytes would be replaced
@@ -264,11 +264,30 @@ fn runtime_config(plan: &Plan) -> Value {
     })
 }
 
+/// Why `srt --version` gave no version.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    #[error("`{} --version` did not answer within {VERSION_TIMEOUT:?}", program.display())]
+    Timeout { program: PathBuf },
+    #[error("cannot run `{} --version`: {source}", program.display())]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{} --version` failed ({status}): {message}", program.display())]
+    Failed {
+        program: PathBuf,
+        status: std::process::ExitStatus,
+        message: String,
+    },
+}
+
 /// `srt --version`, run with the command's environment (srt is a Node script found through it).
 pub async fn srt_version(
     srt: &Path,
     env: Option<&[(OsString, OsString)]>,
-) -> std::result::Result<String, String> {
+) -> std::result::Result<String, VersionError> {
     let mut cmd = tokio::process::Command::new(srt);
     cmd.arg("--version")
         .stdin(std::process::Stdio::null())
@@ -280,28 +299,27 @@ pub async fn srt_version(
     }
     let out = tokio::time::timeout(VERSION_TIMEOUT, cmd.output())
         .await
-        .map_err(|_| {
-            format!(
-                "`{} --version` did not answer within {VERSION_TIMEOUT:?}",
-                srt.display()
-            )
+        .map_err(|_| VersionError::Timeout {
+            program: srt.to_path_buf(),
         })?
-        .map_err(|e| format!("cannot run `{} --version`: {e}", srt.display()))?;
+        .map_err(|source| VersionError::Spawn {
+            program: srt.to_path_buf(),
+            source,
+        })?;
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || stdout.is_empty() || stdout.lines().count() != 1 {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "`{} --version` failed ({}): {}",
-            srt.display(),
-            out.status,
-            stderr
+        return Err(VersionError::Failed {
+            program: srt.to_path_buf(),
+            status: out.status,
+            message: stderr
                 .lines()
                 .next()
                 .unwrap_or("no output")
                 .chars()
                 .take(200)
-                .collect::<String>()
-        ));
+                .collect(),
+        });
     }
     Ok(stdout.chars().take(100).collect())
 }
@@ -367,7 +385,7 @@ impl RuntimeBackend for SrtBackend {
             .await
             .map_err(|e| {
                 unavailable(
-                e,
+                e.to_string(),
                 "reinstall srt (`npm install -g @anthropic-ai/sandbox-runtime`) and check that \
                  `srt --version` works",
             )

@@ -188,7 +188,7 @@ pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
                 SrtStatus {
                     path: Some(p),
                     version: None,
-                    error: Some(e),
+                    error: Some(e.to_string()),
                 }
             }
         },

@@ -157,7 +157,7 @@ impl SuiteOptions {
     /// The published runtime schema: `runtime.schema.json` from `schema_dir` (or
     /// `AGENTDIFF_SCHEMA_DIR`) when one is given, else the copy compiled into this crate from the
     /// repository's `docs/schemas`. Returns where it came from and its text.
-    pub fn runtime_schema(&self) -> Result<(String, String), String> {
+    pub fn runtime_schema(&self) -> Result<(String, String), SchemaSourceError> {
         let dir = self
             .schema_dir
             .clone()
@@ -167,7 +167,7 @@ impl SuiteOptions {
                 let path = d.join("runtime.schema.json");
                 std::fs::read_to_string(&path)
                     .map(|t| (path.display().to_string(), t))
-                    .map_err(|e| format!("could not read {}: {e}", path.display()))
+                    .map_err(|source| SchemaSourceError { path, source })
             }
             None => Ok((
                 "docs/schemas/runtime.schema.json (compiled in)".to_string(),
@@ -175,6 +175,15 @@ impl SuiteOptions {
             )),
         }
     }
+}
+
+/// A schema directory was given but its runtime schema cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("could not read {}: {source}", path.display())]
+pub struct SchemaSourceError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
 }
 
 /// The runtime schema published in docs/schemas, compiled in so the suite checks against it

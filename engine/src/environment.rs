@@ -13,7 +13,8 @@ use crate::backend::EnvironmentEvidence;
 use crate::redact::fingerprint;
 
 /// How the environment is handed to the command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EnvMode {
     /// Everything agentdiff has (the default).
     #[default]
@@ -171,7 +172,7 @@ pub fn plan(
     env.sort();
     dropped.sort();
     let evidence = EnvironmentEvidence {
-        mode: mode.as_str().into(),
+        mode,
         variables: fingerprints(&env),
         dropped,
     };
@@ -190,15 +191,15 @@ pub fn fingerprints(env: &[(OsString, OsString)]) -> BTreeMap<String, String> {
 }
 
 /// Evidence for the environment a backend actually launched with. `mode` and `dropped` come from
-/// the [`plan`] the transaction made (passed to backends as the `env-mode` / `env-dropped`
-/// options); the fingerprints are computed from what was launched.
+/// the [`plan`] the transaction made (the launch request's `env_plan`); the fingerprints are
+/// computed from what was launched.
 pub fn evidence_for_launch(
     env: &[(OsString, OsString)],
-    mode: &str,
+    mode: EnvMode,
     dropped: &[String],
 ) -> EnvironmentEvidence {
     EnvironmentEvidence {
-        mode: mode.to_string(),
+        mode,
         variables: fingerprints(env),
         dropped: dropped.to_vec(),
     }
@@ -233,7 +234,7 @@ mod tests {
     fn inherit_keeps_everything_and_records_only_fingerprints() {
         let p = plan(EnvMode::Inherit, &[], vars(SAMPLE).into_iter());
         assert_eq!(p.env.len(), SAMPLE.len());
-        assert_eq!(p.evidence.mode, "inherit");
+        assert_eq!(p.evidence.mode, EnvMode::Inherit);
         assert!(p.evidence.dropped.is_empty());
         let json = serde_json::to_string(&p.evidence).unwrap();
         for (name, value) in SAMPLE {
@@ -266,7 +267,7 @@ mod tests {
                 "RANDOM_THING"
             ]
         );
-        assert_eq!(p.evidence.mode, "scrub");
+        assert_eq!(p.evidence.mode, EnvMode::Scrub);
         let json = serde_json::to_string(&p.evidence).unwrap();
         for (_, value) in SAMPLE {
             assert!(!json.contains(value));
@@ -296,7 +297,7 @@ mod tests {
     #[test]
     fn evidence_for_launch_fingerprints_what_was_launched() {
         let env = vars(&[("A", "1")]);
-        let ev = evidence_for_launch(&env, "scrub", &["B".into()]);
+        let ev = evidence_for_launch(&env, EnvMode::Scrub, &["B".into()]);
         assert_eq!(ev.variables["A"], fingerprint("A", b"1"));
         assert_eq!(ev.dropped, ["B"]);
     }

@@ -218,7 +218,7 @@ async fn runs_in_the_workspace_and_records_evidence() {
     assert!(!l.root.join("out.txt").exists());
     // Environment evidence: fingerprints, never values.
     let env = ev.environment.unwrap();
-    assert_eq!(env.mode, "scrub");
+    assert_eq!(env.mode, agentdiff_engine::environment::EnvMode::Scrub);
     assert!(env.variables["SECRET_TOKEN"].starts_with("sha256:"));
     assert!(!serde_json::to_string(&env).unwrap().contains("hunter2"));
     assert!(env.dropped.contains(&"LANG".to_string()));

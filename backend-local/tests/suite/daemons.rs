@@ -20,7 +20,7 @@ fn daemon_case(tracking: &str, script: &str) {
         "proc_scan" => "subreaper_proc_scan",
         _ => "subreaper_proc_poll",
     };
-    assert_eq!(ev.tracking, expected_tracking);
+    assert_eq!(ev.tracking.as_str(), expected_tracking);
     assert_eq!(ev.exit.code, Some(0));
     let daemon_pid: u32 = read(&pidfile).trim().parse().expect("daemon pid written");
     let rec = ev

@@ -42,7 +42,7 @@ fn scrubbed_plan_reaches_the_child_and_the_evidence() {
         "{out}"
     );
     let env = ev.environment.unwrap();
-    assert_eq!(env.mode, "scrub");
+    assert_eq!(env.mode, EnvMode::Scrub);
     assert_eq!(env.dropped, ["API_TOKEN", "LD_PRELOAD"]);
     assert_eq!(env.variables.keys().collect::<Vec<_>>(), ["PATH"]);
 }

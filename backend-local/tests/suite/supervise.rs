@@ -140,9 +140,9 @@ fn evidence_labels_are_honest() {
     assert_eq!(ev.capabilities.resources, Level::Uncontrolled);
     assert_eq!(ev.capabilities.privileges, Level::Uncontrolled);
     assert!(ev.wrapper_argv.is_none());
-    assert_eq!(ev.ports.mode, "off");
+    assert_eq!(ev.ports.mode, agentdiff_engine::backend::PortMode::Off);
     assert!(ev.ports.note.contains("does not disable"));
-    assert!(!ev.tracking.is_empty());
+    assert_ne!(ev.tracking, agentdiff_engine::backend::Tracking::Untracked);
 }
 
 #[test]

@@ -44,7 +44,7 @@ fn find_string(value: &Value, needle: &str, path: &str, out: &mut Vec<String>) {
 pub async fn schema(ctx: Arc<Ctx>) -> Finding {
     let (path, text) = match ctx.options.runtime_schema() {
         Ok(found) => found,
-        Err(e) => return Finding::fail(e, json!(null)),
+        Err(e) => return Finding::fail(e.to_string(), json!(null)),
     };
     let schema: Value = match serde_json::from_str(&text) {
         Ok(s) => s,

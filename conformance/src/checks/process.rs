@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{Enforcement, ProcessIdentity, ProcessRelation};
+use agentdiff_engine::backend::{Enforcement, ProcessIdentity, ProcessRelation, Tracking};
 use serde_json::json;
 
 use super::{scratch_failure, stage_failure};
@@ -48,7 +48,7 @@ pub async fn root_identity(ctx: Arc<Ctx>) -> Finding {
     if boot.as_deref() != Some(root.identity.boot_id.as_str()) {
         return Finding::fail("the root identity does not carry this boot's id", details);
     }
-    if ran.evidence.tracking.is_empty() {
+    if ran.evidence.tracking == Tracking::Untracked {
         return Finding::fail("evidence does not say how processes were tracked", details);
     }
     Finding::pass(details)

@@ -111,7 +111,7 @@ pub async fn stored_runtime(ctx: Arc<Ctx>) -> Finding {
                 .ok()
                 .map(|schema| crate::schema::validate(&schema, &doc).errors),
         ),
-        Err(e) => (e, None),
+        Err(e) => (e.to_string(), None),
     };
     let details = json!({
         "runtime_json": path.display().to_string(),

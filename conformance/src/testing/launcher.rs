@@ -303,7 +303,7 @@ impl RunningCommand for Running {
 
         let (code, signal) = exit_parts(&status);
         let environment = EnvironmentEvidence {
-            mode: "inherit".into(),
+            mode: agentdiff_engine::environment::EnvMode::Inherit,
             variables: prepared
                 .env()
                 .iter()
@@ -327,7 +327,7 @@ impl RunningCommand for Running {
                 duration_ms: started.elapsed().as_millis() as u64,
             },
             failure: None,
-            tracking: "env_marker_proc_scan".into(),
+            tracking: agentdiff_engine::backend::Tracking::EnvMarkerProcScan,
             processes: tracker.seen.into_values().collect(),
             cleanup: CleanupReport {
                 mechanism: "pidfd".into(),
@@ -337,7 +337,7 @@ impl RunningCommand for Running {
                 resources_removed: Vec::new(),
             },
             ports: PortEvidence {
-                mode: "off".into(),
+                mode: agentdiff_engine::backend::PortMode::Off,
                 note: "listening sockets are not observed by this backend".into(),
                 ..PortEvidence::default()
             },

@@ -3,6 +3,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{Capabilities, Enforcement};
+use crate::environment::EnvMode;
 use crate::process::ProcessIdentity;
 
 /// How the command ended.
@@ -128,11 +129,62 @@ pub struct PortRecord {
     pub owner: Option<ProcessIdentity>,
 }
 
+/// Whether listening sockets were watched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortMode {
+    /// Sampled while the command ran.
+    Observe,
+    /// Not observed.
+    #[default]
+    Off,
+}
+
+/// How a run's processes were tracked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tracking {
+    /// Nothing tracked the processes.
+    #[default]
+    Untracked,
+    /// A run cgroup: every process of the run stays in it.
+    Cgroup,
+    /// Child subreaper and `/proc/PID/task/TID/children` polling.
+    SubreaperProcPoll,
+    /// Child subreaper and a full `/proc` scan per poll.
+    SubreaperProcScan,
+    /// Portable polling (non-Linux).
+    SysinfoPoll,
+    /// The container engine owns the command's processes.
+    ContainerEngine,
+    /// A marker variable found by scanning `/proc` (the conformance suite's test launcher).
+    EnvMarkerProcScan,
+}
+
+impl Tracking {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tracking::Untracked => "untracked",
+            Tracking::Cgroup => "cgroup",
+            Tracking::SubreaperProcPoll => "subreaper_proc_poll",
+            Tracking::SubreaperProcScan => "subreaper_proc_scan",
+            Tracking::SysinfoPoll => "sysinfo_poll",
+            Tracking::ContainerEngine => "container_engine",
+            Tracking::EnvMarkerProcScan => "env_marker_proc_scan",
+        }
+    }
+}
+
+impl std::fmt::Display for Tracking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Listening-socket observation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortEvidence {
-    /// `observe` or `off`.
-    pub mode: String,
+    pub mode: PortMode,
     pub opened: Vec<PortRecord>,
     pub closed: Vec<PortRecord>,
     pub errors: Vec<String>,
@@ -143,8 +195,7 @@ pub struct PortEvidence {
 /// The command's environment, as names and fingerprints only.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvironmentEvidence {
-    /// `inherit` or `scrub`.
-    pub mode: String,
+    pub mode: EnvMode,
     /// Name → `sha256:<hex>` fingerprint of the value; never the value.
     pub variables: BTreeMap<String, String>,
     /// Names removed by scrubbing.
@@ -207,8 +258,8 @@ pub struct RunEvidence {
     pub capabilities: Capabilities,
     pub exit: ExitInfo,
     pub failure: Option<FailureKind>,
-    /// How processes were tracked: `cgroup`, `subreaper_proc_poll`, `proc_poll`, `sysinfo_poll`…
-    pub tracking: String,
+    /// How processes were tracked.
+    pub tracking: Tracking,
     pub processes: Vec<ProcessRecord>,
     pub cleanup: CleanupReport,
     pub ports: PortEvidence,

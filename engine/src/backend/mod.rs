@@ -21,7 +21,8 @@ pub use descriptor::{
 };
 pub use evidence::{
     BackendFacts, CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo,
-    FactsError, FailureKind, PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
+    FactsError, FailureKind, PortEvidence, PortMode, PortRecord, ProcessRecord, ProcessRelation,
+    RunEvidence, Tracking,
 };
 pub use registry::{Registry, RegistryError};
 pub use spec::{

@@ -772,7 +772,7 @@ impl PortObserver {
             .collect();
         closed.sort();
         PortEvidence {
-            mode: "observe".into(),
+            mode: crate::backend::PortMode::Observe,
             opened,
             closed,
             errors: self.errors,
@@ -784,7 +784,7 @@ impl PortObserver {
 /// Evidence for `network.mode: off`.
 pub fn off_evidence() -> PortEvidence {
     PortEvidence {
-        mode: "off".into(),
+        mode: crate::backend::PortMode::Off,
         opened: Vec::new(),
         closed: Vec::new(),
         errors: Vec::new(),
@@ -870,7 +870,7 @@ mod tests {
         assert!(rec.attributed);
         assert_eq!(rec.owner.as_ref(), Some(&id));
         assert_eq!(rec.address, "127.0.0.1");
-        assert_eq!(ev.mode, "observe");
+        assert_eq!(ev.mode, crate::backend::PortMode::Observe);
     }
 
     #[cfg(target_os = "linux")]

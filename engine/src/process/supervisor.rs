@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use super::ProcessError;
 use crate::backend::{
     BackendError, Capabilities, Enforcement, LaunchContext, LaunchFacts, PreparedLaunch,
-    RunEvidence, RunningCommand,
+    RunEvidence, RunningCommand, Tracking,
 };
 
 /// Default poll interval when the spec asks for zero.
@@ -281,7 +281,7 @@ mod unix {
         if request == TrackingRequest::ProcScan {
             tracker.force_scan();
         }
-        if tracker.mechanism() != "cgroup" && request == TrackingRequest::Cgroup {
+        if tracker.mechanism() != Tracking::Cgroup && request == TrackingRequest::Cgroup {
             warnings.push(
                 "cgroup tracking was requested but the command did not join the run cgroup".into(),
             );
@@ -534,7 +534,7 @@ mod unix {
                 Some(st) if libc::WIFSIGNALED(st) => (None, Some(libc::WTERMSIG(st))),
                 _ => (None, None),
             };
-            let tracking = self.tracker.mechanism().to_string();
+            let tracking = self.tracker.mechanism();
             let (processes, tracker_errors) = self.tracker.into_parts();
             self.warnings.extend(tracker_errors);
             self.warnings.extend(errors);
@@ -546,7 +546,7 @@ mod unix {
             let spec = self.prepared.spec();
             let environment = crate::environment::evidence_for_launch(
                 self.prepared.env(),
-                spec.env_plan.mode.as_str(),
+                spec.env_plan.mode,
                 &spec.env_plan.dropped,
             );
             Ok(RunEvidence {
@@ -659,7 +659,10 @@ mod tests {
             "wrapped\n"
         );
         assert_eq!(PathBuf::from(&ev.observation_root), dir.path());
-        assert_eq!(ev.environment.unwrap().mode, "inherit");
+        assert_eq!(
+            ev.environment.unwrap().mode,
+            crate::environment::EnvMode::Inherit
+        );
     }
 
     #[test]

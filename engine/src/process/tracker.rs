@@ -219,7 +219,7 @@ mod imp {
     use std::time::Instant;
 
     use super::{Tracker, TrackingMechanism, TrackingRequest};
-    use crate::backend::ProcessRelation;
+    use crate::backend::{ProcessRelation, Tracking};
     use crate::process::cgroup::{self, RunCgroup};
     use crate::process::identity::read_stat;
     use crate::process::ProcessError;
@@ -251,7 +251,7 @@ mod imp {
         text: String,
         path: String,
         pids: Vec<u32>,
-        mechanism: &'static str,
+        mechanism: Tracking,
         /// agentdiff's own `children` file (main thread), kept open: read on every poll.
         self_children: Option<std::fs::File>,
     }
@@ -373,11 +373,11 @@ mod imp {
             };
             let children_files = children_supported();
             let mechanism = if cgroup.is_some() {
-                "cgroup"
+                Tracking::Cgroup
             } else if children_files {
-                "subreaper_proc_poll"
+                Tracking::SubreaperProcPoll
             } else {
-                "subreaper_proc_scan"
+                Tracking::SubreaperProcScan
             };
             let token = {
                 use std::sync::atomic::{AtomicU64, Ordering};
@@ -426,7 +426,7 @@ mod imp {
             t
         }
 
-        pub fn mechanism(&self) -> &'static str {
+        pub fn mechanism(&self) -> Tracking {
             self.state.mechanism
         }
 
@@ -435,7 +435,7 @@ mod imp {
         pub fn force_scan(&mut self) {
             if self.state.cgroup.is_none() {
                 self.state.children_files = false;
-                self.state.mechanism = "subreaper_proc_scan";
+                self.state.mechanism = Tracking::SubreaperProcScan;
             }
         }
 
@@ -651,7 +651,7 @@ mod imp {
     use std::time::Instant;
 
     use super::{Tracker, TrackingMechanism, TrackingRequest};
-    use crate::backend::ProcessRelation;
+    use crate::backend::{ProcessRelation, Tracking};
     use crate::process::ProcessError;
 
     #[derive(Debug)]
@@ -703,8 +703,8 @@ mod imp {
             t
         }
 
-        pub fn mechanism(&self) -> &'static str {
-            "sysinfo_poll"
+        pub fn mechanism(&self) -> Tracking {
+            Tracking::SysinfoPoll
         }
 
         pub fn tick(&mut self) {

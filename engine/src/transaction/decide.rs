@@ -226,7 +226,7 @@ fn runtime_summary(run: &RunEvidence, verified_controls: &[VerifiedControl]) -> 
         capabilities: run.capabilities.clone(),
         exit: run.exit.clone(),
         failure: run.failure.clone(),
-        tracking: run.tracking.clone(),
+        tracking: run.tracking,
         observation_root: run.observation_root.clone(),
         verified_controls: verified_controls.to_vec(),
     }

@@ -100,8 +100,8 @@ pub(super) async fn launch(
 fn merge_environment(evidence: &mut RunEvidence, planned: &EnvironmentEvidence) {
     match evidence.environment.as_mut() {
         Some(env) => {
-            if env.mode != EnvMode::Scrub.as_str() {
-                env.mode = planned.mode.clone();
+            if env.mode != EnvMode::Scrub {
+                env.mode = planned.mode;
             }
             env.dropped.extend(planned.dropped.iter().cloned());
             env.dropped.sort();

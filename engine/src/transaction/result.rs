@@ -109,7 +109,7 @@ pub struct RuntimeSummary {
     pub capabilities: Capabilities,
     pub exit: ExitInfo,
     pub failure: Option<FailureKind>,
-    pub tracking: String,
+    pub tracking: crate::backend::Tracking,
     pub observation_root: String,
     /// Controls a recent probe verified here (empty unless the run was given probe records).
     #[serde(default)]

@@ -83,7 +83,7 @@ fn exited(code: i32) -> RunEvidence {
     RunEvidence {
         backend: "test".into(),
         enforcement: crate::backend::Enforcement::None,
-        tracking: "proc_poll".into(),
+        tracking: crate::backend::Tracking::SubreaperProcPoll,
         exit: ExitInfo {
             code: Some(code),
             ..ExitInfo::default()
@@ -367,7 +367,10 @@ fn failures_become_the_execution_error() {
     );
     let runtime = result.runtime.unwrap();
     assert_eq!(runtime.backend, "test");
-    assert_eq!(runtime.tracking, "proc_poll");
+    assert_eq!(
+        runtime.tracking,
+        crate::backend::Tracking::SubreaperProcPoll
+    );
 }
 
 #[test]
