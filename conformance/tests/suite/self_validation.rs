@@ -86,13 +86,21 @@ async fn skipped_checks_are_reported_with_reasons_and_never_as_passes() {
     )
     .await;
     assert_eq!(report.checks.len(), 3);
-    for c in &report.checks {
+    for c in report.checks.iter().filter(|c| c.id != "FAIL-001") {
         assert!(c.outcome.is_skipped(), "{} {:?}", c.id, c.outcome);
     }
+    // Without a fail-closed case FAIL-001 is not run: neither a skip nor a pass, and the
+    // report is not conformant.
+    let fail = report.check("FAIL-001").unwrap();
+    assert!(fail.outcome.is_not_run(), "{:?}", fail.outcome);
     assert_eq!(report.summary.passed, 0);
-    assert_eq!(report.summary.skipped, 3);
+    assert_eq!(report.summary.skipped, 2);
+    assert_eq!(report.summary.must_not_run, 1);
+    assert!(!report.conformant());
     let tap = report.to_tap();
-    assert_eq!(tap.matches("# SKIP").count(), 3, "{tap}");
+    assert_eq!(tap.matches("# SKIP").count(), 2, "{tap}");
+    assert!(tap.contains("FAIL-001 [MUST]") && tap.contains("(not run)"), "{tap}");
+    assert!(tap.contains("outcome: not_run"), "{tap}");
 }
 
 /// A backend whose prepare() panics and whose launch() never returns.
