@@ -39,7 +39,7 @@ impl LocalBackend {
 }
 
 /// Options the local backend understands (`--runtime-option key=value`).
-const KNOWN_OPTIONS: &[&str] = &["tracking", "env-mode", "env-dropped"];
+const KNOWN_OPTIONS: &[&str] = &["tracking", "exec-events", "env-mode", "env-dropped"];
 
 #[async_trait]
 impl RuntimeBackend for LocalBackend {
@@ -106,6 +106,13 @@ impl RuntimeBackend for LocalBackend {
                 )));
             }
         }
+        if let Some(t) = spec.options.get("exec-events") {
+            if agentdiff_engine::process::exec_log::ExecRequest::parse(t).is_none() {
+                return Err(invalid(format!(
+                    "unknown exec-events mechanism `{t}`; use auto, cn_proc or proc_poll"
+                )));
+            }
+        }
         Ok(PreparedLaunch {
             program: program.clone(),
             args: args.to_vec(),
@@ -115,6 +122,7 @@ impl RuntimeBackend for LocalBackend {
             wrapper_argv: None,
             runtime_config: serde_json::json!({
                 "tracking": spec.options.get("tracking").unwrap_or("auto"),
+                "exec_events": spec.options.get("exec-events").unwrap_or("auto"),
                 "poll_interval_ms": spec.poll_interval.as_millis() as u64,
                 "grace_ms": spec.grace.as_millis() as u64,
                 "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),

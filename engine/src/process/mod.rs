@@ -9,6 +9,10 @@
 #[cfg(target_os = "linux")]
 pub mod cgroup;
 pub mod cleanup;
+#[cfg(target_os = "linux")]
+pub mod cn_proc;
+pub mod containers;
+pub mod exec_log;
 pub mod identity;
 pub mod ports;
 #[cfg(target_os = "linux")]

@@ -8,6 +8,7 @@
 //! will never run needs no tree captured, and the capsule still records the refusal.
 
 mod classify;
+mod findings;
 mod result;
 
 use std::ffi::OsString;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::json;
 
 pub use classify::{classify_changes, evaluate_limits};
+pub use findings::{evidence_findings, EvidenceFinding};
 pub use result::{
     ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
     VerifiedControl,
@@ -404,8 +406,11 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let blast_radius = score::compute(&counts, policy.weights());
     let warnings = observation_warnings(&before, &after, &diff, &evidence);
     let exit = &evidence.exit;
-    let denied = changes.iter().any(|c| c.decision == Action::Deny);
+    let findings = evidence_findings(&evidence);
+    let denied = changes.iter().any(|c| c.decision == Action::Deny)
+        || findings.iter().any(|f| f.action == Action::Deny);
     let review = changes.iter().any(|c| c.decision == Action::Review)
+        || findings.iter().any(|f| f.action == Action::Review)
         || !limit_violations.is_empty()
         || !warnings.is_empty()
         || command_decision.action == Action::Review;
@@ -453,6 +458,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         reversible: changes.iter().filter(|c| c.reversible).count() as u64,
         leftover_processes: evidence.cleanup.leftovers() as u64,
         opened_ports: evidence.ports.opened.len() as u64,
+        containers_started: evidence
+            .containers
+            .as_ref()
+            .map_or(0, |c| c.containers.len() as u64 + c.omitted),
         // Each entry that could not be captured, once, whether before, after or both.
         unsupported_entries: before
             .unsupported
@@ -473,6 +482,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         changes,
         limit_violations,
         observation_warnings: warnings,
+        evidence_findings: findings,
         blast_radius,
         runtime: Some(RuntimeSummary {
             backend: evidence.backend.clone(),
@@ -665,6 +675,7 @@ impl Finisher<'_> {
             changes: Vec::new(),
             limit_violations: Vec::new(),
             observation_warnings: Vec::new(),
+            evidence_findings: Vec::new(),
             blast_radius: score::compute(&counts, &crate::policy::Weights::default()),
             runtime: None,
             execution_error: error,
