@@ -92,6 +92,19 @@ pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
     out
 }
 
+/// The safety outcome `base` made at least as strict as the strictest finding.
+pub fn with_findings(base: Action, findings: &[EvidenceFinding]) -> Action {
+    let rank = |a: Action| match a {
+        Action::Allow => 0,
+        Action::Review => 1,
+        Action::Deny => 2,
+    };
+    findings
+        .iter()
+        .map(|f| f.action)
+        .fold(base, |acc, a| if rank(a) > rank(acc) { a } else { acc })
+}
+
 fn short_id(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
@@ -180,6 +193,21 @@ mod tests {
                 ("container_started".to_string(), 0)
             ]
         );
+    }
+
+    #[test]
+    fn findings_only_ever_tighten_the_outcome() {
+        let f = evidence_findings(&RunEvidence {
+            processes: vec![process(Some("/"))],
+            ..RunEvidence::default()
+        });
+        assert_eq!(with_findings(Action::Allow, &f), Action::Deny);
+        assert_eq!(with_findings(Action::Review, &[]), Action::Review);
+        let review = EvidenceFinding {
+            action: Action::Review,
+            ..f[0].clone()
+        };
+        assert_eq!(with_findings(Action::Deny, &[review]), Action::Deny);
     }
 
     #[test]
