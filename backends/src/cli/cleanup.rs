@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, Registry};
+use agentdiff_engine::process::containers::{self, ContainerEvidence, ContainerStop};
 use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store, StoreError};
 use anyhow::Context;
 use serde::Serialize;
@@ -28,8 +29,12 @@ use crate::exit;
     after_help = "Each recorded process is verified (pid + start time + boot id) before it is \
 signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
 refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
-Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity was \
-refused (pid_reused, access_denied) or a process could not be stopped (escaped); 66 when the run \
+With --containers, each container the run recorded as started during it is stopped through its \
+engine by id, only after the engine confirms the container was created inside the run's window; \
+any other container is refused (refused_outside_window).\n\n\
+Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity or \
+container was refused (pid_reused, access_denied, refused_outside_window) or could not be stopped \
+(escaped, error); 66 when the run \
 does not exist or its id is invalid; 67 when its runtime evidence is unreadable or a symlink."
 )]
 pub struct Args {
@@ -44,6 +49,10 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Summary)]
     format: Format,
+    /// Also stop the containers the run recorded as started during it (by id, each only after
+    /// the engine confirms it was created inside the run's window).
+    #[arg(long)]
+    containers: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -60,6 +69,9 @@ struct CleanupResult {
     backend: String,
     refused_or_escaped: usize,
     cleanup: CleanupReport,
+    /// With `--containers`: what happened to each recorded container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    containers: Option<Vec<ContainerStop>>,
 }
 
 /// Exit code for a store error met while opening a run.
@@ -205,6 +217,34 @@ fn is_run_cgroup(path: &Path) -> bool {
             .is_some_and(|n| n.starts_with("agentdiff-"))
 }
 
+/// The containers a run recorded as started during it (none for a run without that evidence).
+fn recorded_containers(capsule: &Capsule) -> anyhow::Result<ContainerEvidence> {
+    let value = match capsule.read_artifact_value(Artifact::Runtime) {
+        Ok(v) => v,
+        // A run whose monitor died recorded no containers.
+        Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(ContainerEvidence::default())
+        }
+        Err(e) => return Err(exit::with_code(exit::INVALID_CAPSULE, e)),
+    };
+    match value.get("containers") {
+        None | Some(serde_json::Value::Null) => Ok(ContainerEvidence::default()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+            exit::with_code(
+                exit::INVALID_CAPSULE,
+                anyhow::anyhow!(
+                    "runtime.json of run {}: `containers` is malformed: {e}",
+                    capsule.id()
+                ),
+            )
+        }),
+    }
+}
+
+fn stop_succeeded(s: &ContainerStop) -> bool {
+    matches!(s.outcome.as_str(), "stopped" | "already_stopped" | "gone")
+}
+
 fn refused_or_escaped(report: &CleanupReport) -> usize {
     report
         .records
@@ -231,7 +271,12 @@ fn outcome_name(o: CleanupOutcome) -> &'static str {
 
 /// Clean up one run; returns the result document (already written to the capsule as a recovery
 /// artifact, beside the sealed evidence it never touches).
-fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<CleanupResult> {
+fn cleanup_run(
+    root: &Path,
+    run: &str,
+    grace: Duration,
+    stop_containers: bool,
+) -> anyhow::Result<CleanupResult> {
     let store = Store::open_existing(root).map_err(|e| {
         let code = open_code(&e);
         exit::with_code(code, e)
@@ -277,12 +322,26 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
             "the run's private workspace could not be removed: {e}"
         )),
     }
+    let stops = if stop_containers {
+        Some(containers::stop_recorded(
+            &recorded_containers(&capsule)?,
+            grace,
+        ))
+    } else {
+        None
+    };
+    let refused_containers = stops
+        .iter()
+        .flatten()
+        .filter(|s| !stop_succeeded(s))
+        .count();
     let result = CleanupResult {
         schema_version: agentdiff_engine::SCHEMA_VERSION,
         run_id: run.to_string(),
         backend: backend_id,
-        refused_or_escaped: refused_or_escaped(&report),
+        refused_or_escaped: refused_or_escaped(&report) + refused_containers,
         cleanup: report,
+        containers: stops,
     };
     capsule
         .write_recovery(RecoveryArtifact::CleanupResult, &result)
@@ -311,7 +370,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => std::env::current_dir().context("cannot determine the current directory")?,
     };
     let grace = Duration::from_secs_f64(args.grace_period);
-    let result = cleanup_run(&root, &args.run, grace)?;
+    let result = cleanup_run(&root, &args.run, grace, args.containers)?;
     match args.format {
         Format::Json => {
             let text =
@@ -348,6 +407,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
             for e in &r.errors {
                 println!("  error: {}", agentdiff_engine::redact::escape_terminal(e));
+            }
+            for c in result.containers.iter().flatten() {
+                println!(
+                    "  container {:<24} {}{}",
+                    c.outcome,
+                    agentdiff_engine::redact::escape_terminal(c.id.get(..12).unwrap_or(&c.id)),
+                    c.detail
+                        .as_deref()
+                        .map(|d| format!(" ({})", agentdiff_engine::redact::escape_terminal(d)))
+                        .unwrap_or_default()
+                );
             }
         }
     }
@@ -405,7 +475,7 @@ mod tests {
         // The stored start time differs: the pid belongs to a different process now.
         id.start_time_ticks += 3;
         let dir = capsule(root.path(), "run-1", std::slice::from_ref(&id));
-        let result = cleanup_run(root.path(), "run-1", Duration::from_millis(100)).unwrap();
+        let result = cleanup_run(root.path(), "run-1", Duration::from_millis(100), false).unwrap();
         assert_eq!(result.cleanup.records[0].outcome, CleanupOutcome::PidReused);
         assert_eq!(result.refused_or_escaped, 1);
         assert!(
@@ -434,7 +504,7 @@ mod tests {
         );
         let id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
         capsule(root.path(), "run-2", &[id]);
-        let result = cleanup_run(root.path(), "run-2", Duration::from_millis(500)).unwrap();
+        let result = cleanup_run(root.path(), "run-2", Duration::from_millis(500), false).unwrap();
         assert_eq!(
             result.cleanup.records[0].outcome,
             CleanupOutcome::Terminated
@@ -447,9 +517,9 @@ mod tests {
     #[test]
     fn missing_run_symlinks_and_bad_ids_are_refused() {
         let root = tempfile::tempdir().unwrap();
-        let err = cleanup_run(root.path(), "nope", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(root.path(), "nope", Duration::ZERO, false).unwrap_err();
         assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
-        let err = cleanup_run(root.path(), "../etc", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(root.path(), "../etc", Duration::ZERO, false).unwrap_err();
         assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
 
         let elsewhere = tempfile::tempdir().unwrap();
@@ -460,7 +530,7 @@ mod tests {
             root.path().join(".agentdiff/runs/link"),
         )
         .unwrap();
-        let err = cleanup_run(root.path(), "link", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(root.path(), "link", Duration::ZERO, false).unwrap_err();
         assert_ne!(exit::code_of(&err), 0);
         assert!(format!("{err:#}").contains("symbolic link"), "{err:#}");
     }
@@ -476,7 +546,7 @@ mod tests {
                 &serde_json::json!({"backend": "local", "processes": [{}]}),
             )
             .unwrap();
-        let err = cleanup_run(root.path(), "bad", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(root.path(), "bad", Duration::ZERO, false).unwrap_err();
         assert_eq!(exit::code_of(&err), exit::INVALID_CAPSULE);
     }
 }

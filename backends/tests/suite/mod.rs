@@ -1,4 +1,5 @@
 mod policy_cli;
+mod process_evidence_cli;
 mod rollback_cli;
 mod run_cli;
 mod terminal_cli;

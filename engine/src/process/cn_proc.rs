@@ -340,7 +340,9 @@ impl Listener {
                     }
                 }
                 Ok(None) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => lock(&shared).snapshot.lost += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    lock(&shared).snapshot.lost += 1
+                }
                 Err(source) => {
                     return Err(CnProcError::Sys {
                         what: "recv from the process-events connector",
@@ -455,7 +457,13 @@ mod tests {
         let (events, ack) = parse(&buf);
         assert_eq!(ack, Some(0));
         assert_eq!(events.len(), 3, "{events:?}");
-        assert!(matches!(events[0], Event::Fork { parent: 10, child: 11 }));
+        assert!(matches!(
+            events[0],
+            Event::Fork {
+                parent: 10,
+                child: 11
+            }
+        ));
         assert!(matches!(events[1], Event::Exec { pid: 11 }));
         assert!(matches!(events[2], Event::Exit { pid: 11 }));
     }

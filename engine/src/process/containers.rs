@@ -192,8 +192,13 @@ fn parse_response(raw: &[u8]) -> Result<Response, String> {
         .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
     {
         dechunk(rest)?
-    } else if let Some(len) = r.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
-        rest.get(..len).ok_or("a body shorter than Content-Length")?.to_vec()
+    } else if let Some(len) = r
+        .header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        rest.get(..len)
+            .ok_or("a body shorter than Content-Length")?
+            .to_vec()
     } else {
         rest.to_vec()
     };
@@ -309,7 +314,11 @@ pub fn reachable_engines(candidates: &[PathBuf]) -> Vec<EngineRecord> {
 
 // ---- observation ----
 
-fn created_ids(engine: &EngineRecord, since_ns: u64, until_ns: u64) -> Result<Vec<(String, serde_json::Value)>, ContainerError> {
+fn created_ids(
+    engine: &EngineRecord,
+    since_ns: u64,
+    until_ns: u64,
+) -> Result<Vec<(String, serde_json::Value)>, ContainerError> {
     let socket = Path::new(&engine.socket);
     let since_s = since_ns / 1_000_000_000;
     let filters = "%7B%22type%22%3A%5B%22container%22%5D%2C%22event%22%3A%5B%22create%22%5D%7D";
@@ -338,7 +347,10 @@ fn created_ids(engine: &EngineRecord, since_ns: u64, until_ns: u64) -> Result<Ve
         let Ok(ev) = serde_json::from_slice::<serde_json::Value>(line) else {
             continue;
         };
-        let action = ev["Action"].as_str().or(ev["status"].as_str()).unwrap_or("");
+        let action = ev["Action"]
+            .as_str()
+            .or(ev["status"].as_str())
+            .unwrap_or("");
         if ev["Type"].as_str() != Some("container") || action != "create" {
             continue;
         }
@@ -346,7 +358,10 @@ fn created_ids(engine: &EngineRecord, since_ns: u64, until_ns: u64) -> Result<Ve
         if t < since_ns || t > until_ns {
             continue;
         }
-        let id = ev["Actor"]["ID"].as_str().or(ev["id"].as_str()).unwrap_or("");
+        let id = ev["Actor"]["ID"]
+            .as_str()
+            .or(ev["id"].as_str())
+            .unwrap_or("");
         if !id.is_empty() && !out.iter().any(|(i, _)| i == id) {
             out.push((id.to_string(), ev));
         }
@@ -356,7 +371,11 @@ fn created_ids(engine: &EngineRecord, since_ns: u64, until_ns: u64) -> Result<Ve
 
 fn str_list(v: &serde_json::Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -385,7 +404,11 @@ fn record(
         return Ok(rec);
     };
     rec.removed = false;
-    rec.name = c["Name"].as_str().unwrap_or("").trim_start_matches('/').to_string();
+    rec.name = c["Name"]
+        .as_str()
+        .unwrap_or("")
+        .trim_start_matches('/')
+        .to_string();
     if let Some(img) = c["Config"]["Image"].as_str().filter(|s| !s.is_empty()) {
         rec.image = img.to_string();
     }
@@ -445,7 +468,9 @@ pub fn refresh_after_cleanup(ev: &mut ContainerEvidence) {
     ev.until_ns = now_ns().max(ev.until_ns);
     for c in ev.containers.iter_mut().filter(|c| !c.removed) {
         match get_json(Path::new(&c.socket), &format!("/containers/{}/json", c.id)) {
-            Ok(Some(v)) => c.running_after_cleanup = v["State"]["Running"].as_bool().unwrap_or(false),
+            Ok(Some(v)) => {
+                c.running_after_cleanup = v["State"]["Running"].as_bool().unwrap_or(false)
+            }
             Ok(None) => c.running_after_cleanup = false,
             Err(e) => ev.errors.push(e.to_string()),
         }
@@ -504,8 +529,8 @@ pub fn stop_recorded(ev: &ContainerEvidence, grace: Duration) -> Vec<ContainerSt
             }
         };
         let created = info["Created"].as_str().unwrap_or("");
-        let inside = parse_created_ns(created)
-            .is_some_and(|t| t >= ev.since_ns && t <= ev.until_ns);
+        let inside =
+            parse_created_ns(created).is_some_and(|t| t >= ev.since_ns && t <= ev.until_ns);
         if !inside || info["Id"].as_str() != Some(c.id.as_str()) {
             out.push(stop(
                 "refused_outside_window",
@@ -555,9 +580,7 @@ mod tests {
         assert_eq!((r.status, r.body.as_slice()), (404, b"nope".as_slice()));
         assert!(parse_response(b"HTTP/1.1 200 OK\r\n").is_err());
         assert!(parse_response(b"garbage\r\n\r\n").is_err());
-        assert!(
-            parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort").is_err()
-        );
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort").is_err());
     }
 
     #[test]
@@ -579,7 +602,9 @@ mod tests {
             std::ffi::OsString::from("DOCKER_HOST"),
             std::ffi::OsString::from("tcp://1.2.3.4:2375"),
         )];
-        assert!(!candidate_sockets(&tcp).iter().any(|p| p.to_string_lossy().contains("1.2.3.4")));
+        assert!(!candidate_sockets(&tcp)
+            .iter()
+            .any(|p| p.to_string_lossy().contains("1.2.3.4")));
     }
 
     #[test]

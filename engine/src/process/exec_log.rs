@@ -197,12 +197,12 @@ impl ExecObserver {
         #[cfg(target_os = "linux")]
         match super::cn_proc::Listener::open() {
             Ok(l) => Ok((ExecObserver::CnProc(l), None)),
-            Err(e) if request == ExecRequest::CnProc => Err(super::ProcessError::Unsupported(
-                format!(
+            Err(e) if request == ExecRequest::CnProc => {
+                Err(super::ProcessError::Unsupported(format!(
                     "exec events through the kernel connector were requested but are unavailable \
                      ({e}); use exec-events=auto or proc_poll"
-                ),
-            )),
+                )))
+            }
             Err(e) => Ok((
                 ExecObserver::Poll(ExecPoller::default()),
                 Some(format!(

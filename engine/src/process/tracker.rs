@@ -612,8 +612,7 @@ mod imp {
                     found => {
                         let r = &mut self.records[i];
                         if r.left_run_cgroup.is_none() {
-                            r.left_run_cgroup =
-                                Some(found.unwrap_or_else(|| "unreadable".into()));
+                            r.left_run_cgroup = Some(found.unwrap_or_else(|| "unreadable".into()));
                         }
                     }
                 }
@@ -638,7 +637,8 @@ mod imp {
                     return false;
                 }
                 if let Some(p) = &cg {
-                    if others().any(|(_, r)| r.cgroup.as_deref().is_some_and(|c| cgroup::within(p, c)))
+                    if others()
+                        .any(|(_, r)| r.cgroup.as_deref().is_some_and(|c| cgroup::within(p, c)))
                     {
                         return false;
                     }

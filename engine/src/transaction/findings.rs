@@ -56,6 +56,14 @@ pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
             if main_pids.contains(&p.identity.pid) || container_cgroups.contains(&cg.as_str()) {
                 continue;
             }
+            // A child forked after its parent moved inherits the parent's cgroup: one finding,
+            // for the mover.
+            let inherited = evidence.processes.iter().any(|q| {
+                q.identity.pid == p.ppid && q.left_run_cgroup.as_deref() == Some(cg.as_str())
+            });
+            if inherited {
+                continue;
+            }
             out.push(EvidenceFinding {
                 kind: "left_run_cgroup".into(),
                 action: Action::Deny,
@@ -159,7 +167,10 @@ mod tests {
         };
         let f = evidence_findings(&ev);
         assert_eq!(f.len(), 2, "{f:#?}");
-        assert_eq!((f[0].kind.as_str(), f[0].action), ("left_run_cgroup", Action::Deny));
+        assert_eq!(
+            (f[0].kind.as_str(), f[0].action),
+            ("left_run_cgroup", Action::Deny)
+        );
         assert!(f[0].detail.contains("/elsewhere"));
         assert_eq!(
             (f[1].kind.as_str(), f[1].action),
