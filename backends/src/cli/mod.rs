@@ -60,6 +60,7 @@ enum Command {
 
 impl Cli {
     pub fn dispatch(self) -> anyhow::Result<ExitCode> {
+        self.orphan_notice();
         match self.command {
             Command::Run(a) => run::run(*a),
             Command::Verify(a) => verify::run(a),
@@ -73,6 +74,26 @@ impl Cli {
             Command::Hook(c) => hook::run(c),
             Command::Conformance(a) => conformance::run(a),
             Command::ExecShim(a) => exec_shim::run(a),
+        }
+    }
+}
+
+impl Cli {
+    /// One line on stderr when the last run in this root lost its monitor and left processes
+    /// running. Not for `cleanup` (it is the remedy) or internal and hook commands (their output
+    /// is read by programs).
+    fn orphan_notice(&self) {
+        if matches!(
+            self.command,
+            Command::Cleanup(_) | Command::ExecShim(_) | Command::Hook(_)
+        ) {
+            return;
+        }
+        let Ok(root) = std::env::current_dir() else {
+            return;
+        };
+        if let Some(run) = agentdiff_engine::process::orphans::orphaned_last_run(&root) {
+            eprintln!("{}", agentdiff_engine::process::orphans::notice(&run));
         }
     }
 }

@@ -511,3 +511,95 @@ fn cleanup_containers_refuses_a_container_created_outside_the_run_window() {
     );
     assert_eq!(container_state(&id), "running");
 }
+
+// ---- a killed monitor ----
+
+/// agentdiff SIGKILLed mid-run: the command keeps writing into the tree. The next agentdiff
+/// command in that root prints one line pointing to `agentdiff cleanup RUN`; after the cleanup
+/// nothing of the run survives and the line is gone.
+#[test]
+fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
+    let p = project();
+    let secs = unique_secs().to_string();
+    let script = format!("while :; do echo x >> log.txt; sleep 0.05; done & sleep {secs}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
+        .args([
+            "run",
+            "--run-id",
+            "orphaned",
+            "--fail-on",
+            "never",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .current_dir(p.path())
+        .env_remove("AGENTDIFF_POLICY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let events = p.path().join(".agentdiff/runs/orphaned/events.jsonl");
+    let started = Instant::now();
+    let launched = || fs::read_to_string(&events).is_ok_and(|e| e.contains("\"launched\""));
+    while !launched() || running(&["sleep", &secs]).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the run did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let size = || fs::metadata(p.path().join("log.txt")).map_or(0, |m| m.len());
+    let before = size();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        size() > before,
+        "the command should keep writing after its monitor died"
+    );
+
+    let notice = |args: &[&str]| -> Vec<String> {
+        let out = agentdiff(p.path(), args);
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains("agentdiff cleanup orphaned"))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(notice(&["runs"]).len(), 1, "one line from `runs`");
+    assert_eq!(
+        notice(&["inspect", "orphaned"]).len(),
+        1,
+        "one line from `inspect`"
+    );
+    // A run started now in the same root gets the line too, before anything else.
+    let (_, out_line) = {
+        let out = agentdiff(p.path(), &["run", "--fail-on", "never", "--", "true"]);
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert!(
+        out_line.contains("agentdiff cleanup orphaned"),
+        "{out_line}"
+    );
+
+    let out = agentdiff(p.path(), &["cleanup", "orphaned"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_gone(&["sleep", &secs]);
+    let after = size();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(size(), after, "the writer survived cleanup");
+    assert!(
+        notice(&["runs"]).is_empty(),
+        "the line outlived the cleanup"
+    );
+}

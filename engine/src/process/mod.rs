@@ -14,6 +14,7 @@ pub mod cn_proc;
 pub mod containers;
 pub mod exec_log;
 pub mod identity;
+pub mod orphans;
 pub mod ports;
 #[cfg(target_os = "linux")]
 pub mod spawn;

@@ -285,9 +285,11 @@ mod unix {
         let cgroup_path = cgroup.as_ref().map(|c| c.path().display().to_string());
         #[cfg(not(target_os = "linux"))]
         let cgroup_path: Option<String> = None;
+        // `monitor` (this process) tells a run in progress from one whose monitor died.
         let facts = serde_json::json!({
             "root": crate::process::read_identity(pid).ok(),
             "cgroup": cgroup_path,
+            "monitor": crate::process::read_identity(std::process::id()).ok(),
         });
         #[allow(unused_mut)]
         let mut tracker = Tracker::new(pid, launched, cgroup);
