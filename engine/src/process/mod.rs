@@ -13,6 +13,8 @@ pub mod cleanup;
 pub mod cn_proc;
 pub mod containers;
 pub mod exec_log;
+#[cfg(unix)]
+pub mod exec_shim;
 pub mod identity;
 pub mod orphans;
 pub mod ports;

@@ -31,23 +31,16 @@ pub fn orphaned_last_run(project_root: &Path) -> Option<String> {
     if capsule.is_sealed() {
         return None;
     }
-    let events = capsule.read_events().ok()?;
-    let launched = events.iter().rev().find(|e| e["event"] == "launched")?;
-    let identity = |v: &serde_json::Value| -> Option<ProcessIdentity> {
-        serde_json::from_value(v.clone()).ok()
-    };
-    let monitor = identity(&launched["monitor"])?;
+    let launched = capsule.launched_event().ok()??;
+    let monitor = launched.monitor?;
     if running(&monitor) {
         // The run is still in progress.
         return None;
     }
-    let mut alive = launched
-        .get("root")
-        .and_then(identity)
-        .is_some_and(|id| running(&id));
+    let mut alive = launched.root.as_ref().is_some_and(running);
     #[cfg(target_os = "linux")]
     if !alive {
-        if let Some(cg) = launched["cgroup"].as_str() {
+        if let Some(cg) = &launched.cgroup {
             alive = std::fs::read_to_string(Path::new(cg).join("cgroup.procs"))
                 .is_ok_and(|t| t.lines().any(|l| !l.trim().is_empty()));
         }
