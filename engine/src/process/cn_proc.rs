@@ -6,7 +6,8 @@
 //!   `PROC_EVENT_NONE` reply with error 0). Without the acknowledgement (no `CAP_NET_ADMIN`, a
 //!   kernel without `CONFIG_PROC_EVENTS`, or a non-initial pid/user namespace, where the kernel
 //!   drops events silently) [`Listener::open`] fails and callers fall back to polling.
-//! - Events are read by one thread that blocks on the socket; the receive buffer is enlarged
+//! - Events are read by one thread that blocks in `poll(2)` on the socket and an eventfd (written
+//!   by [`Listener::finish`], so stopping never waits for a timeout); the receive buffer is enlarged
 //!   (`SO_RCVBUFFORCE` as root) so a burst does not overflow it. An overflow (`ENOBUFS`) is counted
 //!   in [`Snapshot::lost`]: the log is then known to be incomplete and says so.
 //! - Attribution is by ancestry: the root, then every process forked by an attributed process
@@ -145,6 +146,24 @@ pub struct Listener {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     fd: Arc<OwnedFd>,
+    /// Written once to wake the reader when the listener stops.
+    wake: Arc<OwnedFd>,
+}
+
+fn eventfd() -> Result<OwnedFd, CnProcError> {
+    // SAFETY: eventfd(2) with constant flags; the fd is owned at once.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw < 0 {
+        return Err(sys("eventfd"));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+fn wake(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: write(2) of 8 bytes to an eventfd we own.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
 fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
@@ -299,10 +318,11 @@ fn open_socket() -> Result<OwnedFd, CnProcError> {
     Ok(fd)
 }
 
-/// One `recv`: Ok(Some(bytes)) on data, Ok(None) on timeout, Err(ENOBUFS) on overflow.
-fn recv(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+/// One `recv`: Ok(Some(bytes)) on data, Ok(None) on timeout or nothing pending, Err(ENOBUFS) on
+/// overflow.
+fn recv(fd: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<Option<usize>> {
     // SAFETY: recv(2) into a local buffer of the given length.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
     if n >= 0 {
         return Ok(Some(n as usize));
     }
@@ -326,7 +346,7 @@ impl Listener {
                 let _ = send_control(&fd, PROC_CN_MCAST_IGNORE);
                 return Err(CnProcError::NoAck(ACK_TIMEOUT));
             }
-            match recv(&fd, &mut buf) {
+            match recv(&fd, &mut buf, 0) {
                 Ok(Some(n)) => {
                     let (events, ack) = parse(&buf[..n]);
                     let mut s = lock(&shared);
@@ -352,12 +372,14 @@ impl Listener {
             }
         }
         let fd = Arc::new(fd);
+        let wake_fd = Arc::new(eventfd()?);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (fd, shared, stop) = (fd.clone(), shared.clone(), stop.clone());
+            let (fd, wake_fd, shared, stop) =
+                (fd.clone(), wake_fd.clone(), shared.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("agentdiff-cn-proc".into())
-                .spawn(move || read_loop(&fd, &shared, &stop, buf))
+                .spawn(move || read_loop(&fd, &wake_fd, &shared, &stop, buf))
                 .map_err(|source| CnProcError::Sys {
                     what: "a process-events thread",
                     source,
@@ -368,6 +390,7 @@ impl Listener {
             stop,
             thread: Some(thread),
             fd,
+            wake: wake_fd,
         })
     }
 
@@ -386,6 +409,7 @@ impl Listener {
     /// Stop reading and return everything gathered.
     pub fn finish(mut self) -> Snapshot {
         self.stop.store(true, Ordering::Relaxed);
+        wake(&self.wake);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -398,29 +422,65 @@ impl Drop for Listener {
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
             self.stop.store(true, Ordering::Relaxed);
+            wake(&self.wake);
             let _ = t.join();
             let _ = send_control(&self.fd, PROC_CN_MCAST_IGNORE);
         }
     }
 }
 
-fn read_loop(fd: &OwnedFd, shared: &Mutex<Shared>, stop: &AtomicBool, mut buf: Vec<u8>) {
-    while !stop.load(Ordering::Relaxed) {
-        match recv(fd, &mut buf) {
-            Ok(Some(n)) => {
-                let (events, _) = parse(&buf[..n]);
-                let mut s = lock(shared);
-                for e in events {
-                    s.handle(e);
+fn read_loop(
+    fd: &OwnedFd,
+    wake_fd: &OwnedFd,
+    shared: &Mutex<Shared>,
+    stop: &AtomicBool,
+    mut buf: Vec<u8>,
+) {
+    let mut fds = [
+        libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake_fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // Drain what is pending first, so the events before a stop are all handled.
+        loop {
+            match recv(fd, &mut buf, libc::MSG_DONTWAIT) {
+                Ok(Some(n)) => {
+                    let (events, _) = parse(&buf[..n]);
+                    let mut s = lock(shared);
+                    for e in events {
+                        s.handle(e);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    lock(shared).snapshot.lost += 1
+                }
+                Err(_) => {
+                    // A broken socket: whatever follows is unknown.
+                    lock(shared).snapshot.lost += 1;
+                    return;
                 }
             }
-            Ok(None) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => lock(shared).snapshot.lost += 1,
-            Err(_) => {
-                // A broken socket: whatever follows is unknown.
-                lock(shared).snapshot.lost += 1;
-                return;
-            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: poll(2) on two descriptors we own, with a local array.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if rc < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            lock(shared).snapshot.lost += 1;
+            return;
+        }
+        for f in &mut fds {
+            f.revents = 0;
         }
     }
 }

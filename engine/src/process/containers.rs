@@ -427,15 +427,14 @@ fn record(
     Ok(rec)
 }
 
-/// Read the containers created in `[since_ns, now]` on every reachable engine. `run_pids` are
-/// the run's tracked pids (for attribution). Called when the command has ended, before cleanup.
-pub fn observe(
+/// Read the containers created in `[since_ns, now]` on `engines`. `run_pids` are the run's
+/// tracked pids (for attribution).
+fn observe_engines(
     since_ns: u64,
-    command_env: &[(std::ffi::OsString, std::ffi::OsString)],
+    engines: Vec<EngineRecord>,
     run_pids: &[u32],
 ) -> ContainerEvidence {
     let until_ns = now_ns();
-    let engines = reachable_engines(&candidate_sockets(command_env));
     let mut ev = ContainerEvidence {
         since_ns,
         until_ns,
@@ -461,6 +460,50 @@ pub fn observe(
     }
     ev.engines = engines;
     ev
+}
+
+/// Container observation of one run. Engine discovery (a `/_ping` per existing socket) runs in
+/// the background from the launch, so its latency overlaps the command; the event-log query runs
+/// when the command has ended, before cleanup, so `running_at_end` is the state the command left.
+#[derive(Debug)]
+pub struct ContainerWatch {
+    since_ns: u64,
+    candidates: Vec<PathBuf>,
+    discovery: Option<std::thread::JoinHandle<Vec<EngineRecord>>>,
+}
+
+impl ContainerWatch {
+    /// Start discovery; `since_ns` opens the run window (taken just before the launch).
+    pub fn start(since_ns: u64, command_env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Self {
+        let candidates = candidate_sockets(command_env);
+        let for_thread = candidates.clone();
+        let discovery = std::thread::Builder::new()
+            .name("agentdiff-engines".into())
+            .spawn(move || reachable_engines(&for_thread))
+            .ok();
+        ContainerWatch {
+            since_ns,
+            candidates,
+            discovery,
+        }
+    }
+
+    /// The command ended: the containers created since the launch. A socket that appeared
+    /// during the run (an engine the command started) is included. `run_pids` are the run's
+    /// tracked pids (for attribution).
+    pub fn observe(self, run_pids: &[u32]) -> ContainerEvidence {
+        let mut engines = match self.discovery {
+            Some(h) => h.join().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let late: Vec<PathBuf> = self
+            .candidates
+            .into_iter()
+            .filter(|c| !engines.iter().any(|e| Path::new(&e.socket) == c.as_path()))
+            .collect();
+        engines.extend(reachable_engines(&late));
+        observe_engines(self.since_ns, engines, run_pids)
+    }
 }
 
 /// After cleanup: whether each recorded container still runs; extends the window to now.

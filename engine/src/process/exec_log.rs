@@ -47,7 +47,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// The exec log of a run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecEvidence {
     /// `cn_proc`, `proc_poll`, or `none` (a backend that does not observe execs).
     pub mechanism: String,
@@ -60,6 +60,19 @@ pub struct ExecEvidence {
     /// Kernel events lost to a receive-buffer overflow (`cn_proc` only): the log is incomplete.
     #[serde(default)]
     pub lost: u64,
+}
+
+impl Default for ExecEvidence {
+    /// What a backend that does not observe execs reports (and what older capsules read as).
+    fn default() -> Self {
+        ExecEvidence {
+            mechanism: "none".into(),
+            note: "execs were not observed".into(),
+            events: Vec::new(),
+            dropped: 0,
+            lost: 0,
+        }
+    }
 }
 
 pub const CN_PROC_NOTE: &str = "kernel process events connector: every exec of the run's \

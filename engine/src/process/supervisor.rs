@@ -227,7 +227,8 @@ mod unix {
         let ports = spec.observe_ports.then(PortObserver::start);
         let (cgroup, mut warnings) = tracker::prepare(request)?;
         warnings.extend(exec_warning);
-        let window_start_ns = containers::now_ns();
+        let container_watch =
+            containers::ContainerWatch::start(containers::now_ns(), &prepared.env);
 
         let interactive = matches!(ctx.stdio, StdioMode::Inherit | StdioMode::StdoutToStderr);
         let terminal = if interactive {
@@ -317,7 +318,7 @@ mod unix {
             warnings,
             pidfd,
             exec,
-            window_start_ns,
+            containers: Some(container_watch),
         };
         let spawned = std::thread::Builder::new()
             .name("agentdiff-monitor".into())
@@ -350,8 +351,7 @@ mod unix {
         warnings: Vec<String>,
         pidfd: Option<OwnedFd>,
         exec: ExecObserver,
-        /// Wall-clock start of the run window (containers created after it are recorded).
-        window_start_ns: u64,
+        containers: Option<containers::ContainerWatch>,
     }
 
     /// waitpid(pid, WNOHANG|WUNTRACED): Ok(None) while running, Ok(Some(status)) on an event.
@@ -458,8 +458,7 @@ mod unix {
                 .iter()
                 .map(|r| r.identity.pid)
                 .collect();
-            let mut container_evidence =
-                containers::observe(self.window_start_ns, &self.prepared.env, &run_pids);
+            let mut container_evidence = self.containers.take().map(|w| w.observe(&run_pids));
 
             let mut cleanup = CleanupReport {
                 mechanism: if cfg!(target_os = "linux") {
@@ -562,7 +561,9 @@ mod unix {
                     }
                 }
             }
-            containers::refresh_after_cleanup(&mut container_evidence);
+            if let Some(ev) = &mut container_evidence {
+                containers::refresh_after_cleanup(ev);
+            }
             let execs = self.exec.finish();
             if execs.lost > 0 {
                 self.warnings.push(format!(
@@ -622,7 +623,7 @@ mod unix {
                 observation_root: spec.workdir.display().to_string(),
                 environment: Some(environment),
                 execs,
-                containers: Some(container_evidence),
+                containers: container_evidence,
                 warnings: self.warnings,
             })
         }
