@@ -40,7 +40,7 @@ does not exist or its id is invalid; 67 when its runtime evidence is unreadable 
 pub struct Args {
     /// Run id (as shown by `agentdiff runs`).
     run: String,
-    /// Project root holding `.agentdiff/` (default: the current directory).
+    /// Project root holding `.agentdiff/` (default: discovered like `run`).
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
     /// Seconds between TERM and KILL.
@@ -326,21 +326,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             anyhow::anyhow!("--grace-period must be between 0 and 3600 seconds"),
         ));
     }
-    let root = match args.root {
-        Some(r) => r,
-        None => std::env::current_dir().context("cannot determine the current directory")?,
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
     let result = cleanup_run(&root, &args.run, grace, args.containers)?;
     match args.format {
         Format::Json => {
             let text =
                 serde_json::to_string_pretty(&result).context("cannot serialise the result")?;
-            println!("{text}");
+            outln!("{text}");
         }
         Format::Summary => {
             let r = &result.cleanup;
-            println!(
+            outln!(
                 "cleanup of run {} ({} backend, {}, grace {} ms): {} identities",
                 agentdiff_engine::redact::escape_terminal(&result.run_id),
                 result.backend,
@@ -349,7 +346,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 r.records.len()
             );
             for rec in &r.records {
-                println!(
+                outln!(
                     "  {:<15} pid {:<8} {}{}",
                     outcome_name(rec.outcome),
                     rec.identity.pid,
@@ -361,13 +358,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
             }
             for res in &r.resources_removed {
-                println!(
+                outln!(
                     "  removed {}",
                     agentdiff_engine::redact::escape_terminal(res)
                 );
             }
             for e in &r.errors {
-                println!("  error: {}", agentdiff_engine::redact::escape_terminal(e));
+                outln!("  error: {}", agentdiff_engine::redact::escape_terminal(e));
             }
             for c in result.containers.iter().flatten() {
                 println!(
@@ -383,7 +380,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if result.refused_or_escaped > 0 {
-        eprintln!(
+        errln!(
             "agentdiff: {} identities were refused or could not be stopped; see cleanup-result.json",
             result.refused_or_escaped
         );

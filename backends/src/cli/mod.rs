@@ -60,7 +60,11 @@ enum Command {
 
 impl Cli {
     pub fn dispatch(self) -> anyhow::Result<ExitCode> {
-        self.orphan_notice();
+        let notice = !matches!(
+            self.command,
+            Command::Cleanup(_) | Command::ExecShim(_) | Command::Hook(_)
+        );
+        ORPHAN_NOTICE.store(notice, std::sync::atomic::Ordering::Relaxed);
         match self.command {
             Command::Run(a) => run::run(*a),
             Command::Verify(a) => verify::run(a),
@@ -78,23 +82,18 @@ impl Cli {
     }
 }
 
-impl Cli {
-    /// One line on stderr when the last run in this root lost its monitor and left processes
-    /// running. Not for `cleanup` (it is the remedy) or internal and hook commands (their output
-    /// is read by programs).
-    fn orphan_notice(&self) {
-        if matches!(
-            self.command,
-            Command::Cleanup(_) | Command::ExecShim(_) | Command::Hook(_)
-        ) {
-            return;
-        }
-        let Ok(root) = std::env::current_dir() else {
-            return;
-        };
-        if let Some(run) = agentdiff_engine::process::orphans::orphaned_last_run(&root) {
-            eprintln!("{}", agentdiff_engine::process::orphans::notice(&run));
-        }
+/// Whether [`project_root`] points to `agentdiff cleanup` when the root's last run lost its
+/// monitor. Off for `cleanup` (it is the remedy) and for hook and internal commands (their output
+/// is read by programs).
+static ORPHAN_NOTICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// One line on stderr when the last run in `root` lost its monitor and left processes running.
+fn orphan_notice(root: &std::path::Path) {
+    if !ORPHAN_NOTICE.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    if let Some(run) = agentdiff_engine::process::orphans::orphaned_last_run(root) {
+        errln!("{}", agentdiff_engine::process::orphans::notice(&run));
     }
 }
 
@@ -106,4 +105,53 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("could not start the async runtime")
+}
+
+/// The project root every subcommand works on: `--root` if given, else the discovery of
+/// `agentdiff_engine::root` (nearest `.agentdiff/` or `agentdiff.yaml`, else the nearest VCS
+/// root, else the current directory; `$HOME` and `/` only when named). The chosen root is printed
+/// on stderr whenever it is not the current directory, so a run never silently covers another
+/// tree than the user expects.
+pub fn project_root(
+    explicit: Option<&std::path::Path>,
+) -> anyhow::Result<agentdiff_engine::root::Root> {
+    use anyhow::Context;
+    let cwd = std::env::current_dir()
+        .context("cannot determine the current directory; pass --root")
+        .map_err(|e| crate::exit::with_code(crate::exit::USAGE, e))?;
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let root = agentdiff_engine::root::discover(explicit, &cwd, home.as_deref())
+        .map_err(|e| crate::exit::with_code(crate::exit::USAGE, e))?;
+    let same_as_cwd = std::fs::canonicalize(&cwd).is_ok_and(|c| c == root.path);
+    if root.reason != agentdiff_engine::root::Reason::Explicit && !same_as_cwd {
+        errln!(
+            "agentdiff: project root: {} ({})",
+            agentdiff_engine::redact::escape_terminal(&root.path.display().to_string()),
+            root.describe()
+        );
+    }
+    orphan_notice(&root.path);
+    Ok(root)
+}
+
+/// Takes the project lock (`.agentdiff/lock`) for a command that writes the tree or the store:
+/// another `run`, `rollback` or `promote` in the same root is refused (exit 75) or, with
+/// `--wait`, waited for with a message.
+pub fn lock_store(
+    store: &agentdiff_engine::store::Store,
+    wait: bool,
+) -> anyhow::Result<agentdiff_engine::store::StoreLock> {
+    use agentdiff_engine::store::{LockError, Wait};
+    let mode = if wait { Wait::Yes } else { Wait::No };
+    store
+        .lock(mode, |holder| {
+            errln!(
+                "agentdiff: waiting for the other agentdiff{} in this project to finish",
+                holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+            )
+        })
+        .map_err(|e| match e {
+            LockError::Busy { .. } => crate::exit::with_code(crate::exit::BUSY, e),
+            LockError::Io { .. } => crate::exit::with_code(crate::exit::INTERNAL, e),
+        })
 }
