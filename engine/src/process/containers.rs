@@ -415,7 +415,7 @@ fn record(
     let mut command = vec![c["Path"].as_str().unwrap_or("").to_string()];
     command.extend(str_list(&c["Args"]));
     command.retain(|s| !s.is_empty());
-    rec.command = crate::redact::redact_argv(&command);
+    rec.command = crate::redact::redact_argv_deep(&command);
     rec.created = c["Created"].as_str().unwrap_or("").to_string();
     rec.running_at_end = c["State"]["Running"].as_bool().unwrap_or(false);
     let pid_of = |k: &str| c["State"][k].as_u64().map(|p| p as u32).filter(|p| *p > 0);

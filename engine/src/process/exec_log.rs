@@ -10,8 +10,8 @@
 //!   Misses a process that starts and exits between two polls, and every exec but the last
 //!   between two polls; an exec of the same program with the same arguments is invisible.
 //!
-//! Invariants: argument vectors are redacted ([`crate::redact::redact_argv`]) and bounded
-//! ([`MAX_ARGS`], [`MAX_ARG_BYTES`]) before they are kept; the log keeps at most
+//! Invariants: argument vectors are redacted ([`crate::redact::redact_argv_deep`], before they
+//! are cut) and bounded ([`MAX_ARGS`], [`MAX_ARG_BYTES`]) before they are kept; the log keeps at most
 //! [`super::cn_proc::MAX_EXEC_EVENTS`] events and counts the rest.
 
 use std::collections::HashMap;
@@ -88,9 +88,13 @@ fn bounded_argv(raw: &[u8]) -> (Vec<String>, u64) {
     for a in raw.split(|b| *b == 0).filter(|a| !a.is_empty()) {
         if args.len() >= MAX_ARGS {
             omitted += 1;
-            continue;
+        } else {
+            args.push(String::from_utf8_lossy(a).into_owned());
         }
-        let mut s = String::from_utf8_lossy(a).into_owned();
+    }
+    // Redacted whole, then cut: a cut secret could escape recognition.
+    let mut args = crate::redact::redact_argv_deep(&args);
+    for s in &mut args {
         if s.len() > MAX_ARG_BYTES {
             let mut cut = MAX_ARG_BYTES;
             while !s.is_char_boundary(cut) {
@@ -99,9 +103,8 @@ fn bounded_argv(raw: &[u8]) -> (Vec<String>, u64) {
             s.truncate(cut);
             s.push('…');
         }
-        args.push(s);
     }
-    (crate::redact::redact_argv(&args), omitted)
+    (args, omitted)
 }
 
 /// Read what `pid` runs now into an event.
