@@ -1,4 +1,5 @@
 mod bwrap_cli;
+mod cleanup_cli;
 mod policy_cli;
 mod process_evidence_cli;
 mod rollback_cli;

@@ -117,6 +117,16 @@ pub struct ContainerStop {
     pub detail: Option<String>,
 }
 
+impl ContainerStop {
+    /// Stopped, or nothing to stop; anything else was refused or failed.
+    pub fn succeeded(&self) -> bool {
+        matches!(
+            self.outcome.as_str(),
+            "stopped" | "already_stopped" | "gone"
+        )
+    }
+}
+
 pub fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
