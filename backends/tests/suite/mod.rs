@@ -1,5 +1,6 @@
 mod bwrap_cli;
 mod cleanup_cli;
+mod hook_cli;
 mod policy_cli;
 mod process_evidence_cli;
 mod rollback_cli;
