@@ -90,6 +90,7 @@ pub(crate) fn spec() -> Spec {
         environment: EnvironmentSettings::default(),
         runtime: RuntimeSettings::default(),
         observe: ObserveSettings::default(),
+        deny_read: None,
     }
 }
 
