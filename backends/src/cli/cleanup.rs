@@ -30,11 +30,11 @@ use crate::exit;
     after_help = "Each recorded process is verified (pid + start time + boot id) before it is \
 signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
 refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
-With --containers, each container the run recorded as started during it is stopped through its \
-engine by id, only after the engine confirms the container was created inside the run's window; \
-any other container is refused (refused_outside_window).\n\n\
+With --containers, the containers the run recorded as started during it are stopped through their \
+engine, each by id and only after the engine confirms it was created inside the run's window; \
+others are refused (refused_outside_window).\n\n\
 Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity or \
-container was refused (pid_reused, access_denied, refused_outside_window) or could not be stopped \
+one of the containers was refused (pid_reused, access_denied, refused_outside_window) or could not be stopped \
 (escaped, error); 66 when the run \
 does not exist or its id is invalid; 67 when its runtime evidence is unreadable or a symlink."
 )]
@@ -158,7 +158,7 @@ fn render_summary(result: &CleanupResult) {
     }
     for c in result.containers.iter().flatten() {
         outln!(
-            "  container {:<24} {}{}",
+            "  containers: {:<24} {}{}",
             c.outcome,
             escape_terminal(c.id.get(..12).unwrap_or(&c.id)),
             c.detail
