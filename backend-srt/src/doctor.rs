@@ -15,6 +15,8 @@ use crate::{ENFORCEMENT, ID};
 pub struct SrtStatus {
     pub path: Option<PathBuf>,
     pub version: Option<String>,
+    /// Whether `srt --version` ran now or an earlier answer for the same srt binary was reused.
+    pub version_source: Option<crate::version::VersionSource>,
     /// Why it was not found or did not answer.
     pub error: Option<String>,
 }
@@ -52,20 +54,10 @@ pub struct DoctorReport {
 }
 
 impl DoctorReport {
-    /// The report as an [`Availability`]. Only what no run option can change makes the backend
-    /// unavailable (prerequisites, user namespaces): a run may still name its srt with
-    /// `--srt-executable`, which `prepare` checks.
+    /// The report as an [`Availability`]: Ready only when the srt that a run without
+    /// `--srt-executable` launches exists and answers `srt --version`, and the host
+    /// prerequisites are there; otherwise Unavailable with what is missing and the remedies.
     pub fn availability(&self) -> Availability {
-        if self.host_ready && !self.ready {
-            let error = self.srt.error.as_deref().unwrap_or("not usable");
-            return Availability::Ready {
-                detail: format!(
-                    "host prerequisites present, but srt from PATH is not usable ({error}); a \
-                     run must name srt with --srt-executable; {}",
-                    self.remedies.join("; ")
-                ),
-            };
-        }
         if self.ready {
             let prereqs: Vec<String> = self
                 .prerequisites
@@ -90,31 +82,33 @@ impl DoctorReport {
                 detail.push_str(&format!("; user namespaces: {}", p.detail));
             }
             detail.push_str("; sandbox requested, not verified");
-            Availability::Ready { detail }
-        } else {
-            let mut reasons = Vec::new();
-            let missing: Vec<&str> = self
-                .prerequisites
-                .iter()
-                .filter(|p| !p.found())
-                .map(|p| p.name)
-                .collect();
-            if !missing.is_empty() {
-                reasons.push(format!("missing {}", missing.join(", ")));
-            }
-            if let Some(u) = self.user_namespaces.as_ref().filter(|u| !u.allowed) {
-                reasons.push(u.detail.clone());
-            }
-            if let Some(p) = self.namespace_probe.as_ref().filter(|p| !p.ok) {
-                reasons.push(format!(
-                    "bubblewrap cannot create a user namespace: {}",
-                    p.detail
-                ));
-            }
-            Availability::Unavailable {
-                reason: reasons.join("; "),
-                remedy: self.remedies.join("; "),
-            }
+            return Availability::Ready { detail };
+        }
+        let mut reasons = Vec::new();
+        if let Some(e) = &self.srt.error {
+            reasons.push(format!("srt is not usable: {e}"));
+        }
+        let missing: Vec<&str> = self
+            .prerequisites
+            .iter()
+            .filter(|p| !p.found())
+            .map(|p| p.name)
+            .collect();
+        if !missing.is_empty() {
+            reasons.push(format!("missing {}", missing.join(", ")));
+        }
+        if let Some(u) = self.user_namespaces.as_ref().filter(|u| !u.allowed) {
+            reasons.push(u.detail.clone());
+        }
+        if let Some(p) = self.namespace_probe.as_ref().filter(|p| !p.ok) {
+            reasons.push(format!(
+                "bubblewrap cannot create a user namespace: {}",
+                p.detail
+            ));
+        }
+        Availability::Unavailable {
+            reason: reasons.join("; "),
+            remedy: self.remedies.join("; "),
         }
     }
 }
@@ -160,11 +154,13 @@ pub async fn doctor_report() -> DoctorReport {
     let path = std::env::var_os("PATH");
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut remedies = Vec::new();
+    let state_dir = crate::settings::agentdiff_state_dir();
     let srt = match host::resolve_executable(OsStr::new("srt"), path.as_deref(), &cwd) {
-        Ok(p) => match crate::backend::srt_version(&p, None).await {
+        Ok(p) => match crate::version::version(&p, None, state_dir.as_deref()).await {
             Ok(v) => SrtStatus {
                 path: Some(p),
-                version: Some(v),
+                version: Some(v.version),
+                version_source: Some(v.source),
                 error: None,
             },
             Err(e) => {
@@ -174,6 +170,7 @@ pub async fn doctor_report() -> DoctorReport {
                 SrtStatus {
                     path: Some(p),
                     version: None,
+                    version_source: None,
                     error: Some(e),
                 }
             }
@@ -183,6 +180,7 @@ pub async fn doctor_report() -> DoctorReport {
             SrtStatus {
                 path: None,
                 version: None,
+                version_source: None,
                 error: Some(e.to_string()),
             }
         }
@@ -251,6 +249,7 @@ mod tests {
             srt: SrtStatus {
                 path: srt_error.is_none().then(|| PathBuf::from("/usr/bin/srt")),
                 version: srt_error.is_none().then(|| "1.2.3".to_string()),
+                version_source: None,
                 error: srt_error.map(str::to_string),
             },
             prerequisites: vec![Prerequisite {
@@ -280,13 +279,13 @@ mod tests {
         };
         assert!(reason.contains("missing socat"), "{reason}");
         assert_eq!(remedy, "install it");
-        // srt missing from PATH alone does not make the backend unavailable: a run may name it.
+        // srt missing from PATH alone makes the backend unavailable, with the remedy.
         let a = report(Some("`srt` was not found on PATH"), false).availability();
-        let Availability::Ready { detail } = a else {
+        let Availability::Unavailable { reason, remedy } = a else {
             panic!("{a:?}")
         };
-        assert!(detail.contains("--srt-executable"), "{detail}");
-        assert!(detail.contains("was not found on PATH"), "{detail}");
+        assert!(reason.contains("was not found on PATH"), "{reason}");
+        assert_eq!(remedy, "install it");
         let a = report(None, false).availability();
         let Availability::Ready { detail } = a else {
             panic!("{a:?}")

@@ -1,7 +1,9 @@
 //! agentdiff runtime backend `srt`: runs the command under Anthropic's Sandbox Runtime CLI.
 //!
 //! The command is launched as
-//! `srt [--settings FILE] -- AGENTDIFF __srt-exec-shim v1 MARKER ARGC ARGV…`: argv boundaries
+//! `srt --settings FILE -- AGENTDIFF __srt-exec-shim v1 MARKER ARGC ARGV…`, where FILE is the
+//! user's `--srt-settings` or, by default, settings derived from the effective policy
+//! ([`settings`]): argv boundaries
 //! are kept (never `-c`, never a shell string from agentdiff), and `--` always ends srt's own
 //! options. The exec shim marks "the command started" on a FIFO before it `exec`s the argv, so an
 //! exit without the mark is srt's setup failure, never the command's exit code.
@@ -19,12 +21,14 @@ pub mod host;
 pub mod settings;
 #[cfg(unix)]
 pub mod shim;
+#[cfg(unix)]
+pub mod version;
 
 #[cfg(unix)]
 mod backend;
 
 #[cfg(unix)]
-pub use backend::{capabilities, SrtBackend};
+pub use backend::{capabilities, separate_srt_listeners, SrtBackend};
 #[cfg(unix)]
 pub use doctor::{doctor_report, DoctorReport};
 
@@ -37,9 +41,10 @@ pub const ENFORCEMENT: &str = "external_sandbox_requested";
 pub const OPT_EXECUTABLE: &str = "srt-executable";
 /// Option key: an srt settings file handed to `srt --settings`.
 pub const OPT_SETTINGS: &str = "srt-settings";
-/// Option key (value `true`): generate the settings from the agentdiff policy.
+/// Option key (`true` or `false`): settings derived from the agentdiff policy. They are the
+/// default; `false` is accepted only together with `srt-settings`.
 pub const OPT_SETTINGS_FROM_POLICY: &str = "srt-settings-from-policy";
-/// Option key (repeatable): a domain the generated settings allow network access to.
+/// Option key (repeatable): a domain the derived settings allow network access to.
 pub const OPT_ALLOW_DOMAIN: &str = "srt-allow-domain";
 /// Option key: the program that runs the exec shim (the `agentdiff` binary).
 pub const OPT_EXEC_SHIM: &str = "srt-exec-shim";

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 pub use capabilities::{Availability, Boundary, Capabilities, Level, WorkspaceMode};
 pub use evidence::{
     CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
-    PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
+    InfrastructurePort, PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
 };
 pub use registry::{BackendDescriptor, Registry, RegistryError};
 pub use spec::{BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, StdioMode};

@@ -777,6 +777,7 @@ impl PortObserver {
             closed,
             errors: self.errors,
             note,
+            infrastructure: Vec::new(),
         }
     }
 }
@@ -789,6 +790,7 @@ pub fn off_evidence() -> PortEvidence {
         closed: Vec::new(),
         errors: Vec::new(),
         note: OFF_NOTE.into(),
+        infrastructure: Vec::new(),
     }
 }
 
