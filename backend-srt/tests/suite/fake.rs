@@ -405,7 +405,7 @@ fn prepare_is_pure() {
 #[test]
 fn the_exec_shim_must_be_located() {
     if std::env::var_os(agentdiff_backend_srt::ENV_EXEC_SHIM).is_some() {
-        eprintln!("SKIPPED (not a pass): AGENTDIFF_SRT_EXEC_SHIM is set in this environment");
+        agentdiff_conformance::print_skip("AGENTDIFF_SRT_EXEC_SHIM is set in this environment");
         return;
     }
     let mut f = Fixture::fake();
