@@ -689,6 +689,51 @@ mod tests {
     }
 
     #[test]
+    fn only_listeners_held_by_the_srt_process_are_infrastructure() {
+        use agentdiff_engine::backend::{PortRecord, ProcessRecord};
+        let id = |pid| ProcessIdentity {
+            pid,
+            start_time_ticks: 7,
+            boot_id: "b".into(),
+        };
+        let proc = |pid, relation| ProcessRecord {
+            identity: id(pid),
+            ppid: 1,
+            relation,
+            executable: "x".into(),
+            first_seen_ms: 0,
+            alive_after_root_exit: false,
+        };
+        let port = |port, owner: Option<ProcessIdentity>| PortRecord {
+            protocol: "tcp".into(),
+            address: "127.0.0.1".into(),
+            port,
+            inode: u64::from(port),
+            attributed: owner.is_some(),
+            owner,
+        };
+        let mut e = ev(0);
+        e.processes = vec![
+            proc(10, ProcessRelation::Root),
+            proc(11, ProcessRelation::Descendant),
+        ];
+        let mut reused = id(10);
+        reused.start_time_ticks = 8;
+        e.ports.opened = vec![
+            port(1000, Some(id(10))),
+            port(2000, Some(id(11))),
+            port(3000, None),
+            port(4000, Some(reused)),
+        ];
+        separate_srt_listeners(&mut e);
+        let kept: Vec<u16> = e.ports.opened.iter().map(|p| p.port).collect();
+        assert_eq!(kept, vec![2000, 3000, 4000]);
+        assert_eq!(e.ports.infrastructure.len(), 1);
+        assert_eq!(e.ports.infrastructure[0].port.port, 1000);
+        assert_eq!(e.ports.infrastructure[0].component, "srt");
+    }
+
+    #[test]
     fn timeout_before_start_is_not_the_commands() {
         let mut e = ev(0);
         e.exit.code = None;

@@ -421,7 +421,12 @@ mod tests {
         let homes = [PathBuf::from("/h")];
         let b = bridge(&input(&[], &homes));
         let reads = b.settings["filesystem"]["denyRead"].as_array().unwrap();
-        for p in ["/h/.ssh", "/h/.aws", "/h/.netrc", "/h/.local/state/agentdiff"] {
+        for p in [
+            "/h/.ssh",
+            "/h/.aws",
+            "/h/.netrc",
+            "/h/.local/state/agentdiff",
+        ] {
             assert!(reads.contains(&json!(p)), "{p} not in {reads:?}");
         }
         assert!(b.reads_left_readable.is_empty());
@@ -438,9 +443,8 @@ mod tests {
 
     #[test]
     fn the_state_directory_follows_xdg_then_home() {
-        let s = |x: Option<&str>, h: Option<&str>| {
-            state_dir_from(x.map(OsStr::new), h.map(OsStr::new))
-        };
+        let s =
+            |x: Option<&str>, h: Option<&str>| state_dir_from(x.map(OsStr::new), h.map(OsStr::new));
         assert_eq!(
             s(Some("/x"), Some("/h")),
             Some(PathBuf::from("/x/agentdiff"))

@@ -314,9 +314,15 @@ mod tests {
         let state = dir.path().join("state");
         let srt = script(dir.path(), "srt-a", "#!/bin/sh\necho 1.0.0\n");
         let v = version(&srt, None, Some(&state)).await.unwrap();
-        assert_eq!((v.version.as_str(), v.source), ("1.0.0", VersionSource::Probed));
+        assert_eq!(
+            (v.version.as_str(), v.source),
+            ("1.0.0", VersionSource::Probed)
+        );
         let v = version(&srt, None, Some(&state)).await.unwrap();
-        assert_eq!((v.version.as_str(), v.source), ("1.0.0", VersionSource::Cached));
+        assert_eq!(
+            (v.version.as_str(), v.source),
+            ("1.0.0", VersionSource::Cached)
+        );
         let mode = std::fs::metadata(state.join(CACHE_FILE))
             .unwrap()
             .permissions()
@@ -328,7 +334,10 @@ mod tests {
         assert_eq!(v.source, VersionSource::Cached);
         std::fs::write(&srt, "#!/bin/sh\necho 2.0.0\n").unwrap();
         let v = version(&srt, None, Some(&state)).await.unwrap();
-        assert_eq!((v.version.as_str(), v.source), ("2.0.0", VersionSource::Probed));
+        assert_eq!(
+            (v.version.as_str(), v.source),
+            ("2.0.0", VersionSource::Probed)
+        );
     }
 
     #[tokio::test]
@@ -348,7 +357,10 @@ mod tests {
         std::fs::write(&file, serde_json::to_vec(&forged).unwrap()).unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
         let v = version(&srt, None, Some(&state)).await.unwrap();
-        assert_eq!((v.version.as_str(), v.source), ("3.0.0", VersionSource::Probed));
+        assert_eq!(
+            (v.version.as_str(), v.source),
+            ("3.0.0", VersionSource::Probed)
+        );
     }
 
     #[tokio::test]

@@ -149,19 +149,43 @@ fn srt_overhead(bin: &Path) {
     let dir = tempfile::tempdir().expect("tempdir");
     let pairs = 21;
     // One warm-up of each (page cache, srt's version cached by agentdiff).
-    let _ = measure(Command::new("srt").args(["--", "true"]).current_dir(dir.path()));
+    let _ = measure(
+        Command::new("srt")
+            .args(["--", "true"])
+            .current_dir(dir.path()),
+    );
     let _ = measure(
         Command::new(bin)
-            .args(["run", "--runtime", "srt", "--fail-on", "never", "--", "true"])
+            .args([
+                "run",
+                "--runtime",
+                "srt",
+                "--fail-on",
+                "never",
+                "--",
+                "true",
+            ])
             .current_dir(dir.path()),
     );
     let (mut bare, mut wrapped) = (Vec::new(), Vec::new());
     for _ in 0..pairs {
-        let b = measure(Command::new("srt").args(["--", "true"]).current_dir(dir.path()));
+        let b = measure(
+            Command::new("srt")
+                .args(["--", "true"])
+                .current_dir(dir.path()),
+        );
         assert_eq!(b.code, 0, "srt -- true failed");
         let w = measure(
             Command::new(bin)
-                .args(["run", "--runtime", "srt", "--fail-on", "never", "--", "true"])
+                .args([
+                    "run",
+                    "--runtime",
+                    "srt",
+                    "--fail-on",
+                    "never",
+                    "--",
+                    "true",
+                ])
                 .current_dir(dir.path()),
         );
         assert_eq!(w.code, 0, "agentdiff run --runtime srt -- true failed");

@@ -148,8 +148,14 @@ fn no_settings_means_settings_derived_from_the_built_in_policy() {
     }
     let deny_read = content["filesystem"]["denyRead"].as_array().unwrap();
     let home = f.home.to_string_lossy().into_owned();
-    assert!(deny_read.contains(&json!(format!("{home}/.ssh"))), "{deny_read:?}");
-    assert!(deny_read.contains(&json!(format!("{home}/.aws"))), "{deny_read:?}");
+    assert!(
+        deny_read.contains(&json!(format!("{home}/.ssh"))),
+        "{deny_read:?}"
+    );
+    assert!(
+        deny_read.contains(&json!(format!("{home}/.aws"))),
+        "{deny_read:?}"
+    );
     assert_eq!(content["network"]["allowedDomains"], json!([]));
     // The digest is of the exact bytes srt read.
     {
@@ -174,7 +180,11 @@ fn the_srt_version_is_probed_once_per_binary_identity() {
     let versions = f
         .records()
         .iter()
-        .filter(|r| r["argv"].as_array().is_some_and(|a| a.iter().any(|a| a == "--version")))
+        .filter(|r| {
+            r["argv"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|a| a == "--version"))
+        })
         .count();
     assert_eq!(versions, 1, "`srt --version` ran once for two runs");
 }
@@ -507,8 +517,11 @@ fn settings_from_policy_are_generated_in_the_capsule() {
 fn a_policy_json_that_is_not_a_policy_refuses_to_launch() {
     // Never a silent fallback to the built-in policy when the run's policy cannot be read.
     let f = Fixture::fake();
-    std::fs::write(f.capsule.join("policy.json"), r#"{"effective": {"filesystem": {}}}"#)
-        .unwrap();
+    std::fs::write(
+        f.capsule.join("policy.json"),
+        r#"{"effective": {"filesystem": {}}}"#,
+    )
+    .unwrap();
     let prepared = SrtBackend::new().prepare(&f.spec(&["/bin/true"])).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

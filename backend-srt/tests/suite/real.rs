@@ -214,7 +214,10 @@ fn real_srt_with_no_options_protects_denied_paths_the_store_and_the_outside() {
     assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
     assert!(f.root.join("allowed.txt").exists(), "inside write");
     assert_eq!(sha256_file(&f.root.join(".env")), env_before, ".env");
-    assert!(!f.root.join("secrets/k").exists(), "denied path not yet existing");
+    assert!(
+        !f.root.join("secrets/k").exists(),
+        "denied path not yet existing"
+    );
     assert!(!f.root.join(".agentdiff/forged").exists(), "evidence store");
     assert!(!outside.exists(), "outside the root");
     assert!(!f.root.join(".git/hooks/pre-commit").exists(), ".git");

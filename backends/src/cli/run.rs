@@ -84,10 +84,11 @@ pub struct Args {
     /// srt backend: path of the srt executable.
     #[arg(long, value_name = "PATH", help_heading = "srt backend")]
     srt_executable: Option<String>,
-    /// srt backend: settings file handed to srt.
+    /// srt backend: settings file handed to srt instead of the settings derived from the policy.
     #[arg(long, value_name = "FILE", help_heading = "srt backend")]
     srt_settings: Option<String>,
-    /// srt backend: generate srt settings from the agentdiff policy.
+    /// srt backend: derive srt settings from the agentdiff policy (the default without
+    /// --srt-settings).
     #[arg(long, help_heading = "srt backend")]
     srt_settings_from_policy: bool,
     /// container backend: podman, docker or auto.

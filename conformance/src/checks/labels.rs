@@ -23,7 +23,9 @@ fn refused_as_unavailable(ctx: &Ctx, e: &BackendError) -> Option<Finding> {
             json!(null),
         )
     } else {
-        Finding::skip(format!("backend unavailable, prepare() cannot plan here: {e}"))
+        Finding::skip(format!(
+            "backend unavailable, prepare() cannot plan here: {e}"
+        ))
     })
 }
 
@@ -93,9 +95,8 @@ pub async fn prepare_is_pure(ctx: Arc<Ctx>) -> Finding {
                     json!(null),
                 );
             }
-            return refused_as_unavailable(&ctx, &e).unwrap_or_else(|| {
-                Finding::fail(format!("prepare failed: {e}"), json!(null))
-            });
+            return refused_as_unavailable(&ctx, &e)
+                .unwrap_or_else(|| Finding::fail(format!("prepare failed: {e}"), json!(null)));
         }
     };
     let mut differ = Vec::new();
@@ -137,9 +138,8 @@ pub async fn prepare_is_deterministic(ctx: Arc<Ctx>) -> Finding {
     let (a, b) = match (backend.prepare(&spec), backend.prepare(&spec)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
-            return refused_as_unavailable(&ctx, &e).unwrap_or_else(|| {
-                Finding::fail(format!("prepare failed: {e}"), json!(null))
-            })
+            return refused_as_unavailable(&ctx, &e)
+                .unwrap_or_else(|| Finding::fail(format!("prepare failed: {e}"), json!(null)))
         }
     };
     // What will be executed and how it is labelled must not vary; the environment and the
