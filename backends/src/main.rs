@@ -5,6 +5,7 @@
 
 // Link every built-in backend so its `inventory` registration survives linking
 // (dtolnay/inventory#50).
+use agentdiff_backend_bwrap as _;
 use agentdiff_backend_container as _;
 use agentdiff_backend_local as _;
 use agentdiff_backend_srt as _;
@@ -46,6 +47,9 @@ mod tests {
     #[test]
     fn the_built_in_backends_are_registered() {
         let registry = Registry::from_inventory().unwrap();
+        #[cfg(target_os = "linux")]
+        assert_eq!(registry.ids(), vec!["bwrap", "container", "local", "srt"]);
+        #[cfg(not(target_os = "linux"))]
         assert_eq!(registry.ids(), vec!["container", "local", "srt"]);
     }
 }

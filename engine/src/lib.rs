@@ -6,9 +6,12 @@
 pub mod backend;
 pub mod environment;
 pub mod fs;
+#[cfg(unix)]
+pub mod host;
 pub mod policy;
 pub mod process;
 pub mod promote;
+pub mod recovery;
 pub mod redact;
 pub mod rollback;
 pub mod score;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, Registry};
-use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store, StoreError};
+use agentdiff_engine::store::{Capsule, RecoveryArtifact, Store, StoreError};
 use anyhow::Context;
 use serde::Serialize;
 
@@ -76,8 +76,8 @@ fn open_code(e: &StoreError) -> u8 {
 /// before it wrote `runtime.json` is cleaned from its `launched` event instead: the root identity
 /// and every process still in the run's cgroup.
 fn stored_identities(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
-    let value = match capsule.read_artifact_value(Artifact::Runtime) {
-        Ok(v) => v,
+    let runtime = match capsule.runtime() {
+        Ok(doc) => doc,
         Err(StoreError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound && !capsule.is_sealed() =>
         {
@@ -85,41 +85,19 @@ fn stored_identities(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
         }
         Err(e) => return Err(exit::with_code(exit::INVALID_CAPSULE, e)),
     };
-    let invalid = |msg: &str| {
-        exit::with_code(
-            exit::INVALID_CAPSULE,
-            anyhow::anyhow!("runtime.json of run {}: {msg}", capsule.id()),
-        )
-    };
-    let backend = value
-        .get("backend")
-        .and_then(|b| b.as_str())
-        .ok_or_else(|| invalid("no `backend` field"))?
-        .to_string();
     // A run that never launched recorded no processes.
-    let empty = Vec::new();
-    let processes = match value.get("processes") {
-        Some(p) => p
-            .as_array()
-            .ok_or_else(|| invalid("`processes` is not a list"))?,
-        None if value.get("launched") == Some(&serde_json::Value::Bool(false)) => &empty,
-        None => return Err(invalid("no `processes` list")),
-    };
-    let mut ids: Vec<ProcessIdentity> = Vec::with_capacity(processes.len());
-    for p in processes {
-        let id: ProcessIdentity = p
-            .get("identity")
-            .cloned()
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(|e| invalid(&format!("a process identity is malformed: {e}")))?
-            .ok_or_else(|| invalid("a process has no `identity`"))?;
-        if !ids.contains(&id) {
-            ids.push(id);
+    let mut ids: Vec<ProcessIdentity> = Vec::new();
+    for p in runtime
+        .evidence()
+        .map(|e| e.processes.as_slice())
+        .unwrap_or(&[])
+    {
+        if !ids.contains(&p.identity) {
+            ids.push(p.identity.clone());
         }
     }
     Ok(RunProcesses {
-        backend,
+        backend: runtime.backend().to_string(),
         ids,
         cgroup: None,
     })
@@ -141,17 +119,14 @@ fn from_launch_event(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
             anyhow::anyhow!("run {} has no runtime.json and {msg}", capsule.id()),
         )
     };
-    let metadata = capsule
-        .read_artifact_value(Artifact::Metadata)
+    let backend = capsule
+        .metadata()
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?
+        .backend;
+    let launched = capsule
+        .launched_event()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let backend = metadata["backend"]
-        .as_str()
-        .ok_or_else(|| invalid("its metadata.json names no backend".into()))?
-        .to_string();
-    let events = capsule
-        .read_events()
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let Some(launched) = events.iter().rev().find(|e| e["event"] == "launched") else {
+    let Some(launched) = launched else {
         // Nothing was launched: nothing to stop.
         return Ok(RunProcesses {
             backend,
@@ -159,13 +134,8 @@ fn from_launch_event(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
             cgroup: None,
         });
     };
-    let mut ids = Vec::new();
-    if let Some(root) = launched.get("root").filter(|r| !r.is_null()) {
-        let id: ProcessIdentity = serde_json::from_value(root.clone())
-            .map_err(|e| invalid(format!("its launched event is malformed: {e}")))?;
-        ids.push(id);
-    }
-    let cgroup = launched["cgroup"].as_str().map(PathBuf::from);
+    let mut ids: Vec<ProcessIdentity> = launched.root.into_iter().collect();
+    let cgroup = launched.cgroup.map(PathBuf::from);
     if let Some(cg) = &cgroup {
         if !is_run_cgroup(cg) {
             return Err(invalid(format!(
@@ -366,6 +336,7 @@ mod tests {
     use std::process::{Command, Stdio};
 
     use super::*;
+    use agentdiff_engine::store::Artifact;
 
     struct Sleeper(std::process::Child);
     impl Drop for Sleeper {
@@ -378,14 +349,24 @@ mod tests {
     fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
         let store = Store::open(root).unwrap();
         let capsule = store.create_run(Some(run)).unwrap();
-        let processes: Vec<serde_json::Value> = ids
+        use agentdiff_engine::backend::{ProcessRecord, ProcessRelation, RunEvidence};
+        let processes = ids
             .iter()
-            .map(|id| {
-                serde_json::json!({"identity": id, "ppid": 1, "relation": "reparented",
-                "executable": "sleep", "first_seen_ms": 1, "alive_after_root_exit": true})
+            .map(|id| ProcessRecord {
+                identity: id.clone(),
+                ppid: 1,
+                relation: ProcessRelation::Reparented,
+                executable: "sleep".into(),
+                first_seen_ms: 1,
+                alive_after_root_exit: true,
             })
             .collect();
-        let ev = serde_json::json!({"backend": "local", "processes": processes});
+        let ev = RunEvidence {
+            backend: "local".into(),
+            processes,
+            ..RunEvidence::default()
+        };
+        let ev = agentdiff_engine::store::RuntimeDoc::launched(&ev, &[]);
         capsule.write_artifact(Artifact::Runtime, &ev).unwrap();
         capsule.seal(&[]).unwrap();
         capsule.dir().to_path_buf()
@@ -473,7 +454,7 @@ mod tests {
         capsule
             .write_artifact(
                 Artifact::Runtime,
-                &serde_json::json!({"backend": "local", "processes": [{}]}),
+                &serde_json::json!({"launched": true, "backend": "local", "processes": [{}]}),
             )
             .unwrap();
         let err = cleanup_run(root.path(), "bad", Duration::ZERO).unwrap_err();

@@ -54,30 +54,32 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .open_run(&args.run)
         .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     if let Some(name) = args.artifact {
-        let artifact = match name {
-            ArtifactName::Metadata => Artifact::Metadata,
-            ArtifactName::Policy => Artifact::Policy,
-            ArtifactName::Before => Artifact::Before,
-            ArtifactName::After => Artifact::After,
-            ArtifactName::Runtime => Artifact::Runtime,
-            ArtifactName::Result => Artifact::Result,
-            ArtifactName::Integrity => Artifact::Integrity,
-        };
-        // Manifests keep their entries in the object store; show them whole.
-        let value = match artifact {
-            Artifact::Before | Artifact::After => capsule
-                .read_manifest(artifact, store.objects())
-                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))
-                .and_then(|m| serde_json::to_value(m).map_err(anyhow::Error::from))?,
-            other => capsule
-                .read_artifact_value(other)
-                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?,
-        };
+        // Every artifact goes through its typed reader; manifests are shown whole (their entries
+        // live in the object store).
+        let invalid = |e| exit::with_code(exit::INVALID_CAPSULE, e);
+        let value = match name {
+            ArtifactName::Before => serde_json::to_value(
+                capsule
+                    .manifest(Artifact::Before, store.objects())
+                    .map_err(invalid)?,
+            ),
+            ArtifactName::After => serde_json::to_value(
+                capsule
+                    .manifest(Artifact::After, store.objects())
+                    .map_err(invalid)?,
+            ),
+            ArtifactName::Metadata => serde_json::to_value(capsule.metadata().map_err(invalid)?),
+            ArtifactName::Policy => serde_json::to_value(capsule.policy_doc().map_err(invalid)?),
+            ArtifactName::Runtime => serde_json::to_value(capsule.runtime().map_err(invalid)?),
+            ArtifactName::Result => serde_json::to_value(capsule.result().map_err(invalid)?),
+            ArtifactName::Integrity => serde_json::to_value(capsule.integrity().map_err(invalid)?),
+        }
+        .context("cannot serialise the artifact")?;
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
     let result: RunResult = capsule
-        .read_artifact(Artifact::Result)
+        .result()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&result)?),

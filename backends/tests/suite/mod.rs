@@ -1,3 +1,4 @@
+mod bwrap_cli;
 mod policy_cli;
 mod rollback_cli;
 mod run_cli;

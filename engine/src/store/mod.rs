@@ -19,6 +19,7 @@
 
 mod atomic;
 mod capsule;
+pub mod doc;
 mod error;
 mod integrity;
 mod manifest;
@@ -36,6 +37,9 @@ use serde_json::Value;
 
 pub use capsule::{
     now_rfc3339_millis, Artifact, Capsule, HistoryName, RecoveryArtifact, MAX_ARTIFACT_BYTES,
+};
+pub use doc::{
+    Event, LaunchedEvent, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc, Unavailable,
 };
 pub use error::StoreError;
 pub use integrity::{Integrity, VerifyProblem, VerifyReport, ALGORITHM};

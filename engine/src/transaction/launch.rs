@@ -32,16 +32,22 @@ pub(super) fn plan(
     timeout: Option<std::time::Duration>,
 ) -> LaunchPlan {
     let env_settings = policy.environment();
-    let env_mode = req.env_mode.unwrap_or(match env_settings.mode {
-        crate::policy::EnvMode::Scrub => EnvMode::Scrub,
-        crate::policy::EnvMode::Inherit => EnvMode::Inherit,
-    });
+    let env_mode = if req.backend.requires_scrubbed_environment() {
+        EnvMode::Scrub
+    } else {
+        req.env_mode.unwrap_or(match env_settings.mode {
+            crate::policy::EnvMode::Scrub => EnvMode::Scrub,
+            crate::policy::EnvMode::Inherit => EnvMode::Inherit,
+        })
+    };
     let mut pass = env_settings.pass.clone();
     pass.extend(req.env_pass.iter().cloned());
     let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
 
     let mut options = req.options.clone();
-    for (key, values) in &policy.runtime().options {
+    // A per-backend policy section (`runtime.bwrap`) reaches only that backend.
+    let section = policy.runtime().section_options(req.backend.id());
+    for (key, values) in policy.runtime().options.iter().chain(&section) {
         if !options.is_set(key) {
             for v in values {
                 options.push(key.clone(), v.clone());
