@@ -14,6 +14,7 @@ pub mod promote;
 pub mod recovery;
 pub mod redact;
 pub mod rollback;
+pub mod root;
 pub mod score;
 pub mod store;
 pub mod transaction;

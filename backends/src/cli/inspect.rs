@@ -32,9 +32,10 @@ pub enum ArtifactName {
 pub struct Args {
     /// The run id (see `agentdiff runs`).
     run: String,
-    /// Project root (default: the current directory).
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
+    #[arg(long)]
+    root: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: Format,
@@ -44,11 +45,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = args
-        .root
-        .canonicalize()
-        .with_context(|| format!("project root {} cannot be resolved", args.root.display()))
-        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let root = super::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     let capsule = store
         .open_run(&args.run)
@@ -75,18 +72,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ArtifactName::Integrity => serde_json::to_value(capsule.integrity().map_err(invalid)?),
         }
         .context("cannot serialise the artifact")?;
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
     let result: RunResult = capsule
         .result()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&result)?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
         Format::Summary => {
-            print!("{}", crate::report::run_summary(&result, &root));
+            out!("{}", crate::report::run_summary(&result, &root));
             if !capsule.is_sealed() {
-                println!("  warning: this capsule is not sealed (the run did not finish)");
+                outln!("  warning: this capsule is not sealed (the run did not finish)");
             }
         }
     }

@@ -97,6 +97,8 @@ pub struct Plan {
     pub paths: Vec<String>,
     pub items: Vec<PlanItem>,
     pub not_selected: usize,
+    /// Dry run: show content diffs of sensitive files too (default: sizes and hashes only).
+    pub show_secrets: bool,
     objects: ObjectStore,
     unselected_children: BTreeMap<String, Vec<String>>,
 }
@@ -326,6 +328,7 @@ pub fn plan(
         paths: filters,
         items: items.into_values().collect(),
         not_selected,
+        show_secrets: false,
         objects: objects.clone(),
         unselected_children,
     })
@@ -420,6 +423,7 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
     })?;
     let mut applier = Applier::new(root, &plan.objects, dry_run, None);
     applier.target_label = "after promote";
+    applier.show_secrets = plan.show_secrets;
 
     // No fault is injected here, so `interrupted` stays `None`; were it set, the items not
     // reached would be reported as failed, which makes the report partial.

@@ -170,6 +170,7 @@ pub fn execute(
         })?;
     let mut applier = apply::Applier::new(root, &plan.objects, opts.dry_run, opts.fault);
     applier.expected_label = "the state the run left";
+    applier.show_secrets = plan.show_secrets;
 
     let executed = execute::run(
         &mut applier,

@@ -49,6 +49,8 @@ pub struct Plan {
     pub items: Vec<PlanItem>,
     /// Recorded changes outside the selection.
     pub not_selected: usize,
+    /// Dry run: show content diffs of sensitive files too (default: sizes and hashes only).
+    pub show_secrets: bool,
     pub(crate) objects: ObjectStore,
     /// For a directory to be removed: names of its children whose own removal was not selected.
     pub(crate) unselected_children: BTreeMap<String, Vec<String>>,
@@ -281,6 +283,7 @@ pub fn plan(
         paths: selection.paths.clone(),
         items,
         not_selected,
+        show_secrets: false,
         objects: objects.clone(),
         unselected_children,
     })

@@ -15,6 +15,7 @@ mod capture;
 mod classify;
 pub mod decide;
 mod launch;
+mod preflight;
 mod result;
 mod seal;
 
@@ -26,6 +27,7 @@ use serde_json::json;
 
 pub use classify::{classify_changes, evaluate_limits};
 pub use decide::{Evidence, RunFrame};
+pub use preflight::{check_request, effective_options};
 pub use result::{
     ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
     VerifiedControl,
