@@ -30,8 +30,8 @@ pub use error::PolicyError;
 pub use load::{load, load_file, LoadedPolicy, PolicySource, MAX_POLICY_BYTES, POLICY_FILE_NAME};
 pub use path::normalize_path;
 pub use schema::{
-    BwrapSettings, EnvMode, EnvironmentSettings, Limits, NetworkMode, ObserveSettings,
-    RollbackSettings, RuntimeSettings, Weights, SUPPORTED_VERSIONS, WEIGHT_NAMES,
+    BwrapSettings, CaptureSettings, EnvMode, EnvironmentSettings, Limits, NetworkMode,
+    ObserveSettings, RollbackSettings, RuntimeSettings, Weights, SUPPORTED_VERSIONS, WEIGHT_NAMES,
 };
 
 use decide::Rules;
@@ -49,10 +49,13 @@ pub struct Policy {
 struct Inner {
     version: u32,
     filesystem: Rules,
+    /// `filesystem.deny_read`, for the pre-tool-use hook.
+    deny_read: hook::DenyRead,
     process: Rules,
     network_mode: NetworkMode,
     limits: Limits,
     rollback: RollbackSettings,
+    capture: CaptureSettings,
     weights: Weights,
     environment: EnvironmentSettings,
     runtime: RuntimeSettings,
@@ -90,10 +93,12 @@ impl Policy {
                     "filesystem.review",
                     "filesystem.deny",
                 ),
+                deny_read: hook::DenyRead::empty(),
                 process: rules("process", "process.allow", "process.review", "process.deny"),
                 network_mode: NetworkMode::Observe,
                 limits: Limits::default(),
                 rollback: RollbackSettings::default(),
+                capture: CaptureSettings::default(),
                 weights: Weights::default(),
                 environment: EnvironmentSettings::default(),
                 runtime: RuntimeSettings::default(),
@@ -136,6 +141,14 @@ impl Policy {
         // Observe patterns are handed to the scanner; compile them here so a bad glob is a
         // policy error, not a scan-time surprise.
         let _ = compile("observe.include", spec.observe.include.clone(), true);
+        let deny_read = hook::DenyRead::compile(
+            spec.deny_read
+                .unwrap_or_else(hook::DenyRead::default_patterns),
+        )
+        .unwrap_or_else(|mut p| {
+            problems.append(&mut p);
+            hook::DenyRead::empty()
+        });
         if !problems.is_empty() {
             return Err(PolicyError::Invalid {
                 origin: origin.to_owned(),
@@ -147,10 +160,12 @@ impl Policy {
             inner: Arc::new(Inner {
                 version: spec.version,
                 filesystem,
+                deny_read,
                 process,
                 network_mode: spec.network_mode,
                 limits: spec.limits,
                 rollback: spec.rollback,
+                capture: spec.capture,
                 weights: spec.weights,
                 environment: spec.environment,
                 runtime: spec.runtime,
@@ -221,6 +236,10 @@ impl Policy {
         &self.inner.rollback
     }
 
+    pub fn capture(&self) -> &CaptureSettings {
+        &self.inner.capture
+    }
+
     pub fn network_mode(&self) -> NetworkMode {
         self.inner.network_mode
     }
@@ -233,6 +252,11 @@ impl Policy {
     /// (such as `.git`) that a deny pattern names.
     pub fn deny_patterns(&self) -> Vec<String> {
         self.inner.filesystem.deny.patterns().to_vec()
+    }
+
+    /// `filesystem.deny_read` (its default when the policy does not set it).
+    pub fn deny_read(&self) -> &hook::DenyRead {
+        &self.inner.deny_read
     }
 
     /// Globs the scanner must always observe, whatever `.agentdiffignore` says: the deny patterns
@@ -272,15 +296,25 @@ impl Policy {
                 "default": rules.default,
             })
         };
+        let mut filesystem = section(&i.filesystem, "allow_write");
+        if let Value::Object(map) = &mut filesystem {
+            map.insert("deny_read".to_owned(), json!(i.deny_read.patterns()));
+        }
         let mut doc = json!({
             "version": i.version,
-            "filesystem": section(&i.filesystem, "allow_write"),
+            "filesystem": filesystem,
             "process": section(&i.process, "allow"),
             "network": { "mode": i.network_mode },
             "limits": i.limits,
             "rollback": i.rollback,
             "scoring": { "weights": i.weights },
         });
+        // Only when set, so the effective document (and digest) of other policies is unchanged.
+        if i.capture.require_backups {
+            if let Value::Object(map) = &mut doc {
+                map.insert("capture".to_owned(), json!(i.capture));
+            }
+        }
         if i.version >= 2 {
             if let Value::Object(map) = &mut doc {
                 map.insert("environment".to_owned(), json!(i.environment));

@@ -47,6 +47,14 @@ impl Default for RollbackSettings {
     }
 }
 
+/// How the before-state is captured (`capture:`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureSettings {
+    /// Refuse to launch when a backup rollback needs could not be written (a full disk): the run
+    /// would otherwise change files it cannot restore.
+    pub require_backups: bool,
+}
+
 /// Network observation. Neither mode blocks network access.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -257,19 +265,23 @@ pub(crate) struct Spec {
     pub(crate) network_mode: NetworkMode,
     pub(crate) limits: Limits,
     pub(crate) rollback: RollbackSettings,
+    pub(crate) capture: CaptureSettings,
     pub(crate) weights: Weights,
     pub(crate) environment: EnvironmentSettings,
     pub(crate) runtime: RuntimeSettings,
     pub(crate) observe: ObserveSettings,
+    /// `filesystem.deny_read` as written; `None` when absent (the default list applies).
+    pub(crate) deny_read: Option<Vec<String>>,
 }
 
-const ROOT_KEYS_V1: [&str; 7] = [
+const ROOT_KEYS_V1: [&str; 8] = [
     "version",
     "filesystem",
     "process",
     "network",
     "limits",
     "rollback",
+    "capture",
     "scoring",
 ];
 const ROOT_KEYS_V2: [&str; 3] = ["environment", "runtime", "observe"];
@@ -497,6 +509,9 @@ impl Checker {
         let rollback = lookup(entries, "rollback")
             .map(|n| self.rollback(n))
             .unwrap_or_default();
+        let capture = lookup(entries, "capture")
+            .map(|n| self.capture(n))
+            .unwrap_or_default();
         let weights = lookup(entries, "scoring")
             .map(|n| self.scoring(n))
             .unwrap_or_default();
@@ -509,6 +524,7 @@ impl Checker {
         let observe = lookup(entries, "observe")
             .map(|n| self.observe(n))
             .unwrap_or_default();
+        let deny_read = lookup(entries, "filesystem").and_then(|n| self.deny_read(n));
 
         Some(Spec {
             version: version?,
@@ -517,10 +533,12 @@ impl Checker {
             network_mode: network_mode?,
             limits,
             rollback,
+            capture,
             weights,
             environment,
             runtime,
             observe,
+            deny_read,
         })
     }
 
@@ -531,7 +549,13 @@ impl Checker {
         allow_key: &'static str,
         paths: bool,
     ) -> Option<SectionSpec> {
-        let entries = self.mapping(node, path, &[allow_key, "review", "deny", "default"])?;
+        // `deny_read` is read by [`Checker::deny_read`]; it exists for paths only.
+        let keys: &[&str] = if paths {
+            &[allow_key, "review", "deny", "default", "deny_read"]
+        } else {
+            &[allow_key, "review", "deny", "default"]
+        };
+        let entries = self.mapping(node, path, keys)?;
         let patterns = |key: &str, this: &mut Checker| -> Vec<String> {
             let key_path = join(path, key);
             let Some(list) = lookup(entries, key) else {
@@ -569,6 +593,23 @@ impl Checker {
             deny,
             default,
         })
+    }
+
+    /// `filesystem.deny_read`: globs anchored at the project, at `~/` or at `/`.
+    fn deny_read(&mut self, filesystem: &Node) -> Option<Vec<String>> {
+        let Node::Map(entries) = filesystem else {
+            return None;
+        };
+        let list = lookup(entries, "deny_read")?;
+        let raw = self.string_list(list, "filesystem.deny_read");
+        let mut patterns = Vec::new();
+        for (i, p) in raw.iter().enumerate() {
+            match crate::policy::hook::check_read_pattern(p) {
+                Ok(p) => patterns.push(p),
+                Err(reason) => self.problem(format!("filesystem.deny_read[{i}]: {reason}")),
+            }
+        }
+        Some(patterns)
     }
 
     fn network(&mut self, node: &Node) -> Option<NetworkMode> {
@@ -661,6 +702,19 @@ impl Checker {
             (None, None) => {}
         }
         rollback
+    }
+
+    fn capture(&mut self, node: &Node) -> CaptureSettings {
+        let mut capture = CaptureSettings::default();
+        let Some(entries) = self.mapping(node, "capture", &["require_backups"]) else {
+            return capture;
+        };
+        if let Some(n) = lookup(entries, "require_backups") {
+            if let Some(b) = self.boolean(n, "capture.require_backups") {
+                capture.require_backups = b;
+            }
+        }
+        capture
     }
 
     fn scoring(&mut self, node: &Node) -> Weights {
