@@ -6,6 +6,7 @@
 
 mod capabilities;
 mod evidence;
+pub mod recommend;
 pub mod registry;
 mod spec;
 
