@@ -10,6 +10,8 @@ use agentdiff_backend_container as _;
 use agentdiff_backend_local as _;
 use agentdiff_backend_srt as _;
 
+#[macro_use]
+mod out;
 mod cli;
 mod exit;
 mod report;
@@ -28,13 +30,21 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    match cli.dispatch() {
+    let code = match cli.dispatch() {
         Ok(code) => code,
         Err(err) => {
             let code = exit::code_of(&err);
-            eprintln!("agentdiff: error: {}", exit::render(&err));
+            errln!("agentdiff: error: {}", exit::render(&err));
             ExitCode::from(code)
         }
+    };
+    // Output the user asked for was lost (not a closed pipe, which ends output quietly).
+    match out::failure() {
+        Some(failure) => {
+            errln!("agentdiff: error: {failure}");
+            ExitCode::from(exit::INTERNAL)
+        }
+        None => code,
     }
 }
 

@@ -1,15 +1,17 @@
-//! `agentdiff cleanup RUN`: stop processes a run left behind, from the identities stored in its
-//! capsule. Each identity (pid + start time + boot id) is verified before anything is signalled;
-//! a pid that now belongs to another process is refused, never signalled.
+//! `agentdiff cleanup RUN`: argument parsing, rendering and exit codes. What is cleaned up and
+//! how lives in the engine (`agentdiff_engine::recovery::cleanup`): each identity (pid + start
+//! time + boot id) is verified before it is signalled; a pid that now belongs to another process is
+//! refused, never signalled.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, Registry};
-use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store, StoreError};
+use agentdiff_engine::backend::{CleanupOutcome, Registry};
+use agentdiff_engine::recovery::cleanup::{self, CleanupError, CleanupResult};
+use agentdiff_engine::redact::escape_terminal;
+use agentdiff_engine::store::{Store, StoreError};
 use anyhow::Context;
-use serde::Serialize;
 
 use crate::exit;
 
@@ -35,7 +37,7 @@ does not exist or its id is invalid; 67 when its runtime evidence is unreadable 
 pub struct Args {
     /// Run id (as shown by `agentdiff runs`).
     run: String,
-    /// Project root holding `.agentdiff/` (default: the current directory).
+    /// Project root holding `.agentdiff/` (default: discovered like `run`).
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
     /// Seconds between TERM and KILL.
@@ -52,16 +54,6 @@ enum Format {
     Json,
 }
 
-/// What `cleanup-result.json` holds.
-#[derive(Debug, Serialize)]
-struct CleanupResult {
-    schema_version: u32,
-    run_id: String,
-    backend: String,
-    refused_or_escaped: usize,
-    cleanup: CleanupReport,
-}
-
 /// Exit code for a store error met while opening a run.
 fn open_code(e: &StoreError) -> u8 {
     match e {
@@ -72,150 +64,43 @@ fn open_code(e: &StoreError) -> u8 {
     }
 }
 
-/// Stored identities and the backend that recorded them. A run whose agentdiff was killed
-/// before it wrote `runtime.json` is cleaned from its `launched` event instead: the root identity
-/// and every process still in the run's cgroup.
-fn stored_identities(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
-    let value = match capsule.read_artifact_value(Artifact::Runtime) {
-        Ok(v) => v,
-        Err(StoreError::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound && !capsule.is_sealed() =>
-        {
-            return from_launch_event(capsule);
-        }
-        Err(e) => return Err(exit::with_code(exit::INVALID_CAPSULE, e)),
+fn cleanup_code(e: &CleanupError) -> u8 {
+    match e {
+        CleanupError::Capsule(_) | CleanupError::NotARunCgroup { .. } => exit::INVALID_CAPSULE,
+        CleanupError::Record { .. } => exit::INTERNAL,
+    }
+}
+
+/// Clean up one run; returns the result document (already written to the capsule as a recovery
+/// artifact, beside the sealed evidence it never touches).
+fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<CleanupResult> {
+    let opened = |e: StoreError| {
+        let code = open_code(&e);
+        exit::with_code(code, e)
     };
-    let invalid = |msg: &str| {
+    let store = Store::open_existing(root).map_err(opened)?;
+    let capsule = store.open_run(run).map_err(opened)?;
+    let engine_error = |e: CleanupError| {
+        let code = cleanup_code(&e);
+        exit::with_code(code, e)
+    };
+    let processes = cleanup::recorded_processes(&capsule).map_err(engine_error)?;
+    let registry = Registry::from_inventory().context("the backend registry is inconsistent")?;
+    let backend = registry.create(&processes.backend).map_err(|e| {
         exit::with_code(
-            exit::INVALID_CAPSULE,
-            anyhow::anyhow!("runtime.json of run {}: {msg}", capsule.id()),
+            exit::BACKEND_UNAVAILABLE,
+            anyhow::Error::new(e).context("the run was recorded by a backend this build lacks"),
         )
-    };
-    let backend = value
-        .get("backend")
-        .and_then(|b| b.as_str())
-        .ok_or_else(|| invalid("no `backend` field"))?
-        .to_string();
-    // A run that never launched recorded no processes.
-    let empty = Vec::new();
-    let processes = match value.get("processes") {
-        Some(p) => p
-            .as_array()
-            .ok_or_else(|| invalid("`processes` is not a list"))?,
-        None if value.get("launched") == Some(&serde_json::Value::Bool(false)) => &empty,
-        None => return Err(invalid("no `processes` list")),
-    };
-    let mut ids: Vec<ProcessIdentity> = Vec::with_capacity(processes.len());
-    for p in processes {
-        let id: ProcessIdentity = p
-            .get("identity")
-            .cloned()
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(|e| invalid(&format!("a process identity is malformed: {e}")))?
-            .ok_or_else(|| invalid("a process has no `identity`"))?;
-        if !ids.contains(&id) {
-            ids.push(id);
-        }
-    }
-    Ok(RunProcesses {
-        backend,
-        ids,
-        cgroup: None,
-    })
-}
-
-/// What cleanup acts on.
-struct RunProcesses {
-    backend: String,
-    ids: Vec<ProcessIdentity>,
-    /// The run's cgroup, when the run was interrupted before writing evidence.
-    cgroup: Option<PathBuf>,
-}
-
-/// The processes of a run whose agentdiff died mid-run, from its `launched` event.
-fn from_launch_event(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
-    let invalid = |msg: String| {
-        exit::with_code(
-            exit::INVALID_CAPSULE,
-            anyhow::anyhow!("run {} has no runtime.json and {msg}", capsule.id()),
-        )
-    };
-    let metadata = capsule
-        .read_artifact_value(Artifact::Metadata)
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let backend = metadata["backend"]
-        .as_str()
-        .ok_or_else(|| invalid("its metadata.json names no backend".into()))?
-        .to_string();
-    let events = capsule
-        .read_events()
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let Some(launched) = events.iter().rev().find(|e| e["event"] == "launched") else {
-        // Nothing was launched: nothing to stop.
-        return Ok(RunProcesses {
-            backend,
-            ids: Vec::new(),
-            cgroup: None,
-        });
-    };
-    let mut ids = Vec::new();
-    if let Some(root) = launched.get("root").filter(|r| !r.is_null()) {
-        let id: ProcessIdentity = serde_json::from_value(root.clone())
-            .map_err(|e| invalid(format!("its launched event is malformed: {e}")))?;
-        ids.push(id);
-    }
-    let cgroup = launched["cgroup"].as_str().map(PathBuf::from);
-    if let Some(cg) = &cgroup {
-        if !is_run_cgroup(cg) {
-            return Err(invalid(format!(
-                "its launched event names `{}`, which is not an agentdiff run cgroup; refused",
-                agentdiff_engine::redact::escape_terminal(&cg.display().to_string())
-            )));
-        }
-        // Membership of the run's cgroup is the attribution: every process still in it belongs
-        // to the run (children cannot leave a cgroup without privileges the command lacks).
-        if let Ok(text) = std::fs::read_to_string(cg.join("cgroup.procs")) {
-            for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
-                if let Ok(id) = agentdiff_engine::process::read_identity(pid) {
-                    if !ids.contains(&id) {
-                        ids.push(id);
-                    }
-                }
-            }
-        }
-    }
-    Ok(RunProcesses {
-        backend,
-        ids,
-        cgroup,
-    })
-}
-
-/// A cgroup directory agentdiff created for a run: below the cgroup filesystem, named
-/// `agentdiff-…`, no `..`.
-fn is_run_cgroup(path: &Path) -> bool {
-    path.starts_with("/sys/fs/cgroup")
-        && path
-            .components()
-            .all(|c| !matches!(c, std::path::Component::ParentDir))
-        && path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("agentdiff-"))
-}
-
-fn refused_or_escaped(report: &CleanupReport) -> usize {
-    report
-        .records
-        .iter()
-        .filter(|r| {
-            matches!(
-                r.outcome,
-                CleanupOutcome::PidReused | CleanupOutcome::AccessDenied | CleanupOutcome::Escaped
-            )
-        })
-        .count()
+    })?;
+    super::runtime()?
+        .block_on(cleanup::cleanup_run(
+            &store,
+            &capsule,
+            backend.as_ref(),
+            processes,
+            grace,
+        ))
+        .map_err(engine_error)
 }
 
 fn outcome_name(o: CleanupOutcome) -> &'static str {
@@ -229,74 +114,34 @@ fn outcome_name(o: CleanupOutcome) -> &'static str {
     }
 }
 
-/// Clean up one run; returns the result document (already written to the capsule as a recovery
-/// artifact, beside the sealed evidence it never touches).
-fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<CleanupResult> {
-    let store = Store::open_existing(root).map_err(|e| {
-        let code = open_code(&e);
-        exit::with_code(code, e)
-    })?;
-    let capsule = store.open_run(run).map_err(|e| {
-        let code = open_code(&e);
-        exit::with_code(code, e)
-    })?;
-    let RunProcesses {
-        backend: backend_id,
-        ids,
-        cgroup,
-    } = stored_identities(&capsule)?;
-    let registry = Registry::from_inventory().context("the backend registry is inconsistent")?;
-    let backend = registry.create(&backend_id).map_err(|e| {
-        exit::with_code(
-            exit::BACKEND_UNAVAILABLE,
-            anyhow::Error::new(e).context("the run was recorded by a backend this build lacks"),
-        )
-    })?;
-    let mut report = super::runtime()?.block_on(backend.cleanup_run(run, &ids, grace));
-    if let Some(cg) = &cgroup {
-        // Empty now that its processes were stopped; a leftover cgroup directory is harmless
-        // but untidy, so a failure is only reported.
-        match std::fs::remove_dir(cg) {
-            Ok(()) => report
-                .resources_removed
-                .push(format!("run cgroup {}", cg.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => report.errors.push(format!(
-                "the run cgroup {} was not removed: {e}",
-                cg.display()
-            )),
-        }
+fn render_summary(result: &CleanupResult) {
+    let r = &result.cleanup;
+    outln!(
+        "cleanup of run {} ({} backend, {}, grace {} ms): {} identities",
+        escape_terminal(&result.run_id),
+        result.backend,
+        r.mechanism,
+        r.grace_ms,
+        r.records.len()
+    );
+    for rec in &r.records {
+        outln!(
+            "  {:<15} pid {:<8} {}{}",
+            outcome_name(rec.outcome),
+            rec.identity.pid,
+            escape_terminal(&rec.executable),
+            rec.detail
+                .as_deref()
+                .map(|d| format!(" ({})", escape_terminal(d)))
+                .unwrap_or_default()
+        );
     }
-    // A private workspace left by a crashed run holds a full copy of the tree.
-    match agentdiff_engine::workspace::discard(&store, capsule.id()) {
-        Ok(true) => report
-            .resources_removed
-            .push(format!("private workspace of run {}", capsule.id())),
-        Ok(false) => {}
-        Err(e) => report.errors.push(format!(
-            "the run's private workspace could not be removed: {e}"
-        )),
+    for res in &r.resources_removed {
+        outln!("  removed {}", escape_terminal(res));
     }
-    let result = CleanupResult {
-        schema_version: agentdiff_engine::SCHEMA_VERSION,
-        run_id: run.to_string(),
-        backend: backend_id,
-        refused_or_escaped: refused_or_escaped(&report),
-        cleanup: report,
-    };
-    capsule
-        .write_recovery(RecoveryArtifact::CleanupResult, &result)
-        .context("cannot write cleanup-result.json")?;
-    capsule
-        .recovery_event(
-            "cleanup",
-            serde_json::json!({
-                "identities": result.cleanup.records.len(),
-                "refused_or_escaped": result.refused_or_escaped,
-            }),
-        )
-        .context("cannot record the cleanup event")?;
-    Ok(result)
+    for e in &r.errors {
+        outln!("  error: {}", escape_terminal(e));
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -306,177 +151,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             anyhow::anyhow!("--grace-period must be between 0 and 3600 seconds"),
         ));
     }
-    let root = match args.root {
-        Some(r) => r,
-        None => std::env::current_dir().context("cannot determine the current directory")?,
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
     let result = cleanup_run(&root, &args.run, grace)?;
     match args.format {
         Format::Json => {
             let text =
                 serde_json::to_string_pretty(&result).context("cannot serialise the result")?;
-            println!("{text}");
+            outln!("{text}");
         }
-        Format::Summary => {
-            let r = &result.cleanup;
-            println!(
-                "cleanup of run {} ({} backend, {}, grace {} ms): {} identities",
-                agentdiff_engine::redact::escape_terminal(&result.run_id),
-                result.backend,
-                r.mechanism,
-                r.grace_ms,
-                r.records.len()
-            );
-            for rec in &r.records {
-                println!(
-                    "  {:<15} pid {:<8} {}{}",
-                    outcome_name(rec.outcome),
-                    rec.identity.pid,
-                    agentdiff_engine::redact::escape_terminal(&rec.executable),
-                    rec.detail
-                        .as_deref()
-                        .map(|d| format!(" ({})", agentdiff_engine::redact::escape_terminal(d)))
-                        .unwrap_or_default()
-                );
-            }
-            for res in &r.resources_removed {
-                println!(
-                    "  removed {}",
-                    agentdiff_engine::redact::escape_terminal(res)
-                );
-            }
-            for e in &r.errors {
-                println!("  error: {}", agentdiff_engine::redact::escape_terminal(e));
-            }
-        }
+        Format::Summary => render_summary(&result),
     }
     if result.refused_or_escaped > 0 {
-        eprintln!(
+        errln!(
             "agentdiff: {} identities were refused or could not be stopped; see cleanup-result.json",
             result.refused_or_escaped
         );
         return Ok(ExitCode::from(exit::CONFLICT));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::process::{Command, Stdio};
-
-    use super::*;
-
-    struct Sleeper(std::process::Child);
-    impl Drop for Sleeper {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
-        let store = Store::open(root).unwrap();
-        let capsule = store.create_run(Some(run)).unwrap();
-        let processes: Vec<serde_json::Value> = ids
-            .iter()
-            .map(|id| {
-                serde_json::json!({"identity": id, "ppid": 1, "relation": "reparented",
-                "executable": "sleep", "first_seen_ms": 1, "alive_after_root_exit": true})
-            })
-            .collect();
-        let ev = serde_json::json!({"backend": "local", "processes": processes});
-        capsule.write_artifact(Artifact::Runtime, &ev).unwrap();
-        capsule.seal(&[]).unwrap();
-        capsule.dir().to_path_buf()
-    }
-
-    #[test]
-    fn reused_pid_in_a_copied_capsule_is_refused_and_the_process_survives() {
-        let root = tempfile::tempdir().unwrap();
-        let mut victim = Sleeper(
-            Command::new("sleep")
-                .arg("300")
-                .stdin(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let mut id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
-        // The stored start time differs: the pid belongs to a different process now.
-        id.start_time_ticks += 3;
-        let dir = capsule(root.path(), "run-1", std::slice::from_ref(&id));
-        let result = cleanup_run(root.path(), "run-1", Duration::from_millis(100)).unwrap();
-        assert_eq!(result.cleanup.records[0].outcome, CleanupOutcome::PidReused);
-        assert_eq!(result.refused_or_escaped, 1);
-        assert!(
-            victim.0.try_wait().unwrap().is_none(),
-            "must not be signalled"
-        );
-        let written = std::fs::read_to_string(dir.join("cleanup-result.json")).unwrap();
-        assert!(written.contains("pid_reused"));
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.join("cleanup-result.json"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
-    }
-
-    #[test]
-    fn matching_identity_is_terminated() {
-        let root = tempfile::tempdir().unwrap();
-        let mut victim = Sleeper(
-            Command::new("sleep")
-                .arg("300")
-                .stdin(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
-        capsule(root.path(), "run-2", &[id]);
-        let result = cleanup_run(root.path(), "run-2", Duration::from_millis(500)).unwrap();
-        assert_eq!(
-            result.cleanup.records[0].outcome,
-            CleanupOutcome::Terminated
-        );
-        assert_eq!(result.refused_or_escaped, 0);
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(victim.0.wait().unwrap().signal(), Some(libc::SIGTERM));
-    }
-
-    #[test]
-    fn missing_run_symlinks_and_bad_ids_are_refused() {
-        let root = tempfile::tempdir().unwrap();
-        let err = cleanup_run(root.path(), "nope", Duration::ZERO).unwrap_err();
-        assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
-        let err = cleanup_run(root.path(), "../etc", Duration::ZERO).unwrap_err();
-        assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
-
-        let elsewhere = tempfile::tempdir().unwrap();
-        capsule(elsewhere.path(), "real", &[]);
-        Store::open(root.path()).unwrap();
-        std::os::unix::fs::symlink(
-            elsewhere.path().join(".agentdiff/runs/real"),
-            root.path().join(".agentdiff/runs/link"),
-        )
-        .unwrap();
-        let err = cleanup_run(root.path(), "link", Duration::ZERO).unwrap_err();
-        assert_ne!(exit::code_of(&err), 0);
-        assert!(format!("{err:#}").contains("symbolic link"), "{err:#}");
-    }
-
-    #[test]
-    fn malformed_runtime_evidence_is_an_invalid_capsule() {
-        let root = tempfile::tempdir().unwrap();
-        let store = Store::open(root.path()).unwrap();
-        let capsule = store.create_run(Some("bad")).unwrap();
-        capsule
-            .write_artifact(
-                Artifact::Runtime,
-                &serde_json::json!({"backend": "local", "processes": [{}]}),
-            )
-            .unwrap();
-        let err = cleanup_run(root.path(), "bad", Duration::ZERO).unwrap_err();
-        assert_eq!(exit::code_of(&err), exit::INVALID_CAPSULE);
-    }
 }

@@ -19,17 +19,18 @@ rewrite the whole capsule can rewrite its manifest too."
 pub struct Args {
     /// The run id (see `agentdiff runs`).
     run: String,
-    /// Project root (default: the current directory).
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
+    #[arg(long)]
+    root: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: super::inspect::Format,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let store =
-        Store::open_existing(&args.root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let root = super::project_root(args.root.as_deref())?.path;
+    let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     let capsule = store
         .open_run(&args.run)
         .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
@@ -38,25 +39,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
         super::inspect::Format::Json => {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&report).context("serialising the report")?
             );
         }
         super::inspect::Format::Summary => {
             if report.ok {
-                println!(
+                outln!(
                     "verified: run {} is sealed and every artifact and backup object matches its hash",
                     escape_terminal(report.run_id.as_str())
                 );
             } else {
-                println!(
+                outln!(
                     "NOT verified: run {} has {} problem(s):",
                     escape_terminal(report.run_id.as_str()),
                     report.problems.len()
                 );
                 for p in &report.problems {
-                    println!(
+                    outln!(
                         "  {}: {}",
                         escape_terminal(&p.subject),
                         escape_terminal(&p.problem)

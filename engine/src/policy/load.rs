@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::node::{self, Node};
@@ -19,7 +19,7 @@ pub const POLICY_FILE_NAME: &str = "agentdiff.yaml";
 const MISNAMED: [&str; 2] = ["agentdiff.yml", "agentdiff.json"];
 
 /// Where the policy in force came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PolicySource {
     /// No policy file: the conservative built-in policy.
@@ -50,7 +50,16 @@ pub struct LoadedPolicy {
 /// current directory), as users expect of a command-line flag.
 pub fn load(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, PolicyError> {
     if let Some(path) = explicit {
-        return load_file(path);
+        let mut loaded = load_file(path)?;
+        // A policy file kept inside the project is protected configuration like agentdiff.yaml.
+        let inside = std::fs::canonicalize(path)
+            .ok()
+            .zip(std::fs::canonicalize(root).ok())
+            .and_then(|(p, r)| p.strip_prefix(r).ok().map(Path::to_path_buf));
+        if let Some(rel) = inside.as_ref().and_then(|r| r.to_str()) {
+            loaded.policy.protect_source(rel);
+        }
+        return Ok(loaded);
     }
     // A mistyped root must not look like "no policy file here" and fall back to the built-in.
     match std::fs::metadata(root) {

@@ -44,16 +44,7 @@ pub(super) fn plan(
     pass.extend(req.env_pass.iter().cloned());
     let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
 
-    let mut options = req.options.clone();
-    // A per-backend policy section (`runtime.bwrap`) reaches only that backend.
-    let section = policy.runtime().section_options(req.backend.id());
-    for (key, values) in policy.runtime().options.iter().chain(&section) {
-        if !options.is_set(key) {
-            for v in values {
-                options.push(key.clone(), v.clone());
-            }
-        }
-    }
+    let options = super::effective_options(&req.options, policy, req.backend.id());
     LaunchPlan {
         spec: LaunchSpec {
             run_id: run_id.to_string(),
@@ -80,7 +71,14 @@ pub(super) async fn launch(
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     capsule: &Capsule,
 ) -> Result<RunEvidence, BackendError> {
-    let prepared = backend.prepare(&plan.spec)?;
+    let mut prepared = backend.prepare(&plan.spec)?;
+    // Started from a subdirectory of the project: the command works there, as it would unwrapped.
+    let spec = &plan.spec;
+    if prepared.cwd == spec.workdir && spec.workdir == spec.root {
+        if let Some(dir) = crate::root::invocation_dir(&spec.root) {
+            prepared.cwd = dir;
+        }
+    }
     let ctx = LaunchContext { stdio, interrupt };
     let running = backend.launch(prepared, ctx).await?;
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's

@@ -15,6 +15,7 @@ mod capture;
 mod classify;
 pub mod decide;
 mod launch;
+mod preflight;
 mod result;
 mod seal;
 
@@ -26,6 +27,7 @@ use serde_json::json;
 
 pub use classify::{classify_changes, evaluate_limits};
 pub use decide::{Evidence, RunFrame};
+pub use preflight::{check_request, effective_options};
 pub use result::{
     ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
     VerifiedControl,
@@ -38,7 +40,7 @@ use crate::environment::EnvMode;
 use crate::fs::ScanProgress;
 use crate::policy::{Action, LoadedPolicy};
 use crate::redact;
-use crate::store::{Artifact, Capsule, Store};
+use crate::store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store};
 use capture::CapturePlan;
 use seal::Sealer;
 
@@ -52,6 +54,8 @@ pub enum TransactionError {
     Scan(#[from] crate::fs::ScanError),
     #[error("the command is empty: give the command after `--`")]
     EmptyCommand,
+    #[error("could not record the effective policy: {0}")]
+    EffectivePolicy(#[source] serde_json::Error),
     #[error("could not prepare the private workspace: {0}")]
     Workspace(String),
 }
@@ -254,15 +258,8 @@ fn open_capsule<'c>(
         uid: current_uid(),
     };
     capsule.write_artifact(Artifact::Metadata, &metadata)?;
-    capsule.write_artifact(
-        Artifact::Policy,
-        &json!({
-            "schema_version": crate::SCHEMA_VERSION,
-            "source": req.policy.source,
-            "policy_version": policy.version(),
-            "effective": policy.to_json(),
-        }),
-    )?;
+    let policy_doc = PolicyDoc::of(&req.policy).map_err(TransactionError::EffectivePolicy)?;
+    capsule.write_artifact(Artifact::Policy, &policy_doc)?;
     capsule.event("capsule_created", json!({ "run_id": run_id }))?;
     let command_decision = policy.decide_command(&req.argv[0]);
     capsule.event(
@@ -289,12 +286,7 @@ fn record_unavailable(
     let message = format!("runtime backend `{backend}` is unavailable: {reason}; {remedy}");
     capsule.write_artifact(
         Artifact::Runtime,
-        &json!({
-            "schema_version": crate::SCHEMA_VERSION,
-            "backend": backend,
-            "launched": false,
-            "availability": { "state": "unavailable", "reason": reason, "remedy": remedy },
-        }),
+        &RuntimeDoc::unavailable(backend, reason, remedy),
     )?;
     Ok(message)
 }
@@ -304,12 +296,7 @@ fn record_refused(capsule: &Capsule, backend: &str, message: &str) -> Result<(),
     capsule.event("launch_refused", json!({ "message": message }))?;
     capsule.write_artifact(
         Artifact::Runtime,
-        &json!({
-            "schema_version": crate::SCHEMA_VERSION,
-            "backend": backend,
-            "launched": false,
-            "error": message,
-        }),
+        &RuntimeDoc::refused(backend, message.to_string()),
     )?;
     Ok(())
 }
@@ -320,9 +307,10 @@ fn record_exited(
     evidence: &RunEvidence,
     verified_controls: &[VerifiedControl],
 ) -> Result<(), TransactionError> {
-    let mut runtime_doc = runtime_document(evidence);
-    runtime_doc["verified_controls"] = json!(verified_controls);
-    capsule.write_artifact(Artifact::Runtime, &runtime_doc)?;
+    capsule.write_artifact(
+        Artifact::Runtime,
+        &RuntimeDoc::launched(evidence, verified_controls),
+    )?;
     capsule.event(
         "exited",
         json!({
@@ -350,24 +338,9 @@ fn materialize_workspace(
     Ok(dir)
 }
 
-/// `runtime.json` as stored: the backend's evidence with the wrapper argv redacted, sensitive
-/// keys in `runtime_config` and `wrapper` redacted, and `schema_version` and `launched` added.
+/// `runtime.json` as stored for this evidence (see [`RuntimeDoc::launched`]), as JSON.
 pub fn runtime_document(evidence: &RunEvidence) -> serde_json::Value {
-    let mut doc = serde_json::to_value(evidence).unwrap_or_else(|_| json!({}));
-    if let Some(argv) = &evidence.wrapper_argv {
-        doc["wrapper_argv"] = json!(redact::redact_argv(argv));
-    }
-    if let Some(cfg) = doc.get_mut("runtime_config") {
-        redact::redact_value(cfg);
-    }
-    if let Some(w) = doc.get_mut("wrapper") {
-        redact::redact_value(w);
-    }
-    if let Some(obj) = doc.as_object_mut() {
-        obj.insert("schema_version".into(), json!(crate::SCHEMA_VERSION));
-        obj.insert("launched".into(), json!(true));
-    }
-    doc
+    serde_json::to_value(RuntimeDoc::launched(evidence, &[])).unwrap_or_else(|_| json!({}))
 }
 
 #[cfg(unix)]
