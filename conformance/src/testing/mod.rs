@@ -21,14 +21,18 @@
 //!   can be tested for fail-closed behaviour.
 
 pub mod launcher;
+mod spec;
+
+pub use spec::{launch_spec, SpecBuilder, TEST_PATH, TEST_RUN_ID};
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
-    PreparedLaunch, ProcessIdentity, RunningCommand, RuntimeBackend,
+    Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
+    LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
+    RunningCommand, RuntimeBackend,
 };
 use async_trait::async_trait;
 
@@ -140,10 +144,12 @@ impl TestBackend {
         }
     }
 
-    fn enforcement(&self) -> &'static str {
+    fn enforcement(&self) -> Enforcement {
         match self.flavour {
-            Flavour::Wrapped { .. } | Flavour::PrivateTmpOnly => "external_sandbox_requested",
-            _ => "none",
+            Flavour::Wrapped { .. } | Flavour::PrivateTmpOnly => {
+                Enforcement::ExternalSandboxRequested
+            }
+            _ => Enforcement::None,
         }
     }
 
@@ -187,11 +193,11 @@ impl RuntimeBackend for TestBackend {
         self.id
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
         self.capabilities.clone()
     }
 
-    async fn availability(&self) -> Availability {
+    async fn availability(&self, _options: &BackendOptions) -> Availability {
         match &self.flavour {
             Flavour::Wrapped {
                 default_wrapper: Some(w),
@@ -223,20 +229,17 @@ impl RuntimeBackend for TestBackend {
         let Some((program, args)) = argv.split_first() else {
             return Err(self.invalid("empty command"));
         };
-        let (program, args, wrapper_argv) = match self.wrapper_for(spec) {
+        let (program, args, wrapped) = match self.wrapper_for(spec) {
             Some(wrapper) => {
-                let mut full: Vec<OsString> = vec![wrapper.clone().into_os_string()];
-                full.push("--fake-flag=1".into());
-                full.push("--".into());
-                full.extend(argv.iter().cloned());
-                (wrapper.into_os_string(), full[1..].to_vec(), Some(full))
+                let mut args: Vec<OsString> = vec!["--fake-flag=1".into(), "--".into()];
+                args.extend(argv.iter().cloned());
+                (wrapper.into_os_string(), args, true)
             }
             None if self.flavour == Flavour::PrivateTmpOnly => {
                 let bwrap = find_bwrap().ok_or_else(|| self.invalid("bwrap not found"))?;
                 let (root, work) = (spec.root.as_os_str(), spec.workdir.as_os_str());
                 let s = |t: &'static str| std::ffi::OsStr::new(t);
-                let mut full: Vec<OsString> = [
-                    bwrap.as_os_str(),
+                let mut args: Vec<OsString> = [
                     s("--bind"),
                     s("/"),
                     s("/"),
@@ -248,32 +251,35 @@ impl RuntimeBackend for TestBackend {
                     s("--bind"),
                     work,
                     work,
+                    s("--"),
                 ]
                 .iter()
                 .map(|a| a.to_os_string())
                 .collect();
-                full.push("--".into());
-                full.extend(argv.iter().cloned());
-                (full[0].clone(), full[1..].to_vec(), Some(full))
+                args.extend(argv.iter().cloned());
+                (bwrap.into_os_string(), args, true)
             }
             None if matches!(self.flavour, Flavour::Wrapped { .. }) => {
                 return Err(self.invalid("no wrapper configured; pass wrapper=PATH"))
             }
-            None => (program.clone(), args.to_vec(), None),
+            None => (program.clone(), args.to_vec(), false),
         };
         let mut env = spec.env.clone();
         if self.flavour == Flavour::HostEnvironment {
             env.extend(std::env::vars_os().filter(|(k, _)| !spec.env.iter().any(|(s, _)| s == k)));
         }
-        Ok(PreparedLaunch {
+        let command = LaunchCommand {
             program,
             args,
             env,
             cwd: spec.workdir.clone(),
-            enforcement: self.enforcement().into(),
-            wrapper_argv,
-            runtime_config: serde_json::json!({ "backend": self.id }),
-            spec: spec.clone(),
+        };
+        let prepared = PreparedLaunch::new(self.id, spec, command, self.enforcement(), ())
+            .with_runtime_config(serde_json::json!({ "backend": self.id }));
+        Ok(if wrapped {
+            prepared.wrapped()
+        } else {
+            prepared
         })
     }
 
@@ -282,7 +288,7 @@ impl RuntimeBackend for TestBackend {
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>, BackendError> {
-        if let Some(w) = &prepared.wrapper_argv {
+        if let Some(w) = &prepared.wrapper_argv() {
             let exists = w
                 .first()
                 .map(|p| PathBuf::from(p).is_file())
@@ -297,7 +303,7 @@ impl RuntimeBackend for TestBackend {
             }
         }
         let joined = prepared
-            .spec
+            .spec()
             .argv
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
@@ -308,7 +314,7 @@ impl RuntimeBackend for TestBackend {
             ctx,
             launcher::Labels {
                 backend: self.id,
-                enforcement: prepared.enforcement.clone(),
+                enforcement: prepared.enforcement(),
                 capabilities: self.capabilities.clone(),
             },
         )?;
@@ -321,7 +327,12 @@ impl RuntimeBackend for TestBackend {
         Ok(running)
     }
 
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+    async fn cleanup_run(
+        &self,
+        _run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
         launcher::cleanup_identities(ids, grace).await
     }
 }
@@ -359,8 +370,8 @@ mod tests {
 
     #[test]
     fn dishonest_claims_more_than_reference() {
-        let d = TestBackend::dishonest().capabilities();
-        let r = TestBackend::reference().capabilities();
+        let d = TestBackend::dishonest().capabilities(&BackendOptions::new());
+        let r = TestBackend::reference().capabilities(&BackendOptions::new());
         assert_eq!(d.filesystem_writes, Level::Enforced);
         assert_eq!(r.filesystem_writes, Level::Uncontrolled);
     }
