@@ -55,6 +55,11 @@ pub struct ProcessRecord {
     pub first_seen_ms: u64,
     /// Still alive when the root process exited (a leftover that cleanup handled).
     pub alive_after_root_exit: bool,
+    /// The cgroup this process was found in after it moved itself out of the run cgroup: the
+    /// command tried to escape observation (a deny-level finding). `None` when it stayed, or
+    /// when the run had no cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_run_cgroup: Option<String>,
 }
 
 /// Outcome of cleanup for one identity.
@@ -190,6 +195,22 @@ pub struct PortEvidence {
     pub errors: Vec<String>,
     /// What this observation does and does not mean.
     pub note: String,
+    /// Listeners held by the sandbox's own machinery (e.g. srt's host-side proxies, held by the
+    /// wrapper process itself), moved out of `opened` by the backend that knows them: they are
+    /// not the command's new listening sockets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub infrastructure: Vec<InfrastructurePort>,
+}
+
+/// A listening socket of the sandbox's own machinery.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct InfrastructurePort {
+    #[serde(flatten)]
+    pub port: PortRecord,
+    /// The component that holds it (`srt`).
+    pub component: String,
+    /// Why it is there.
+    pub role: String,
 }
 
 /// The command's environment, as names and fingerprints only.
@@ -273,5 +294,11 @@ pub struct RunEvidence {
     /// Directory whose changes were observed (the root, or a private workspace).
     pub observation_root: String,
     pub environment: Option<EnvironmentEvidence>,
+    /// Every program the run's processes executed, and how that was observed.
+    #[serde(default)]
+    pub execs: crate::process::exec_log::ExecEvidence,
+    /// Containers a reachable container engine created during the run (not owned by the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<crate::process::containers::ContainerEvidence>,
     pub warnings: Vec<String>,
 }

@@ -7,6 +7,7 @@
 mod capabilities;
 pub mod descriptor;
 mod evidence;
+pub mod recommend;
 pub mod registry;
 mod spec;
 
@@ -21,8 +22,8 @@ pub use descriptor::{
 };
 pub use evidence::{
     BackendFacts, CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo,
-    FactsError, FailureKind, PortEvidence, PortMode, PortRecord, ProcessRecord, ProcessRelation,
-    RunEvidence, Tracking,
+    FactsError, FailureKind, InfrastructurePort, PortEvidence, PortMode, PortRecord, ProcessRecord,
+    ProcessRelation, RunEvidence, Tracking,
 };
 pub use registry::{Registry, RegistryError};
 pub use spec::{
@@ -73,6 +74,10 @@ pub struct LaunchFacts {
     /// The run's tracking cgroup, when the command was placed in one.
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Identity of the agentdiff process supervising the run, set by the transaction: tells a
+    /// run in progress from one whose monitor died.
+    #[serde(default)]
+    pub monitor: Option<ProcessIdentity>,
 }
 
 /// A launched command. `wait` resolves when the command has ended (normally, by timeout or by

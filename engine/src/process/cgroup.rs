@@ -4,7 +4,8 @@
 //!
 //! The run cgroup is created below agentdiff's own cgroup (so it works in a delegated subtree as
 //! well as for root), the child joins it between `fork` and `exec`, and it is removed after
-//! cleanup.
+//! cleanup. An agentdiff killed mid-run cannot remove it; the next agentdiff that creates a run
+//! cgroup beside it removes it once it is empty and its creator is gone ([`sweep_stale`]).
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -67,6 +68,9 @@ impl RunCgroup {
         );
         let rel = format!("{parent_rel}/{name}");
         let path = mount.join(rel.trim_start_matches('/'));
+        if let Some(parent) = path.parent() {
+            sweep_stale(parent);
+        }
         std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         let procs_w = match open_write(&path.join("cgroup.procs")) {
             Ok(fd) => fd,
@@ -119,6 +123,11 @@ impl RunCgroup {
             .unwrap_or(false)
     }
 
+    /// The path as `/proc/PID/cgroup` shows it.
+    pub fn rel(&self) -> &str {
+        &self.rel
+    }
+
     /// Pids currently in the cgroup, reusing `buf` and `out`.
     pub fn pids(&self, buf: &mut String, out: &mut Vec<u32>) -> std::io::Result<()> {
         out.clear();
@@ -151,6 +160,38 @@ impl RunCgroup {
         }
         Err(last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EBUSY)))
     }
+}
+
+/// Removes run cgroups in `parent` left by an agentdiff that died (its pid, part of the name, is
+/// gone) once they are empty; returns how many were removed. A cgroup with members is kept (its
+/// processes are `agentdiff cleanup`'s business) and `rmdir` of a non-empty cgroup fails anyway.
+/// A reused pid only delays the removal until that process is gone too.
+pub fn sweep_stale(parent: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(creator) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(RUN_CGROUP_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{creator}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let empty = std::fs::read_to_string(path.join("cgroup.procs"))
+            .is_ok_and(|procs| procs.trim().is_empty());
+        if empty && std::fs::remove_dir(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Read a `/proc` or cgroup file from offset 0 into `buf` through an fd kept open (no
@@ -201,16 +242,21 @@ pub fn probe() -> Result<String, String> {
     ))
 }
 
-/// Whether `pid`'s cgroup is another agentdiff run's cgroup (used to keep concurrent runs in one
-/// process from claiming each other's orphans).
-pub fn in_foreign_run_cgroup(pid: u32, own: Option<&RunCgroup>) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-        return false;
-    };
-    text.lines().filter_map(|l| l.strip_prefix("0::")).any(|p| {
-        let base = p.rsplit('/').next().unwrap_or("");
-        base.starts_with(RUN_CGROUP_PREFIX) && own.map_or(true, |c| c.rel != p)
-    })
+/// `pid`'s cgroup v2 path as `/proc/PID/cgroup` shows it (`0::<path>`), if readable.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// Whether the cgroup path `path` is `rel` or lies below it (a sub-cgroup the command made
+/// inside its own run cgroup is still the run's).
+pub fn within(path: &str, rel: &str) -> bool {
+    path == rel
+        || path
+            .strip_prefix(rel)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 #[cfg(test)]

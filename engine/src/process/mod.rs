@@ -9,15 +9,21 @@
 #[cfg(target_os = "linux")]
 pub mod cgroup;
 pub mod cleanup;
+#[cfg(target_os = "linux")]
+pub mod cn_proc;
+pub mod containers;
+pub mod exec_log;
 #[cfg(unix)]
 pub mod exec_shim;
 pub mod identity;
+pub mod orphans;
 pub mod ports;
 #[cfg(target_os = "linux")]
 pub mod spawn;
 pub mod supervisor;
 pub mod terminal;
 pub mod tracker;
+pub mod tty_guard;
 
 use serde::{Deserialize, Serialize};
 
