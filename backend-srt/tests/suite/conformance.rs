@@ -49,6 +49,8 @@ fn srt_backend_is_conformant_with_the_real_srt_and_no_options() {
     let report = assert_conformant(
         Arc::new(|| Box::new(SrtBackend::new())),
         SuiteOptions {
+            // The case the backend declares (srt missing), as `agentdiff conformance` uses it.
+            fail_closed: FailClosedCase::from_specs(agentdiff_backend_srt::FAIL_CLOSED, &o),
             backend_options: o,
             ..SuiteOptions::default()
         },
