@@ -1,5 +1,6 @@
 mod bwrap_cli;
 mod cleanup_cli;
+mod hook_cli;
 mod policy_cli;
 mod rollback_cli;
 mod run_cli;
