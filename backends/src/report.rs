@@ -41,7 +41,7 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
         .map(|rt| {
             let isolation = if rt.sandboxed {
                 "sandboxed".to_string()
-            } else if rt.enforcement.is_empty() || rt.enforcement == "none" {
+            } else if rt.enforcement == agentdiff_engine::backend::Enforcement::None {
                 "not sandboxed".to_string()
             } else {
                 // Handed to an external tool: verified only where a recorded probe says so.
@@ -50,7 +50,7 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
                 } else {
                     "verified only where listed below"
                 };
-                format!("{}, {how}", escape_terminal(&rt.enforcement))
+                format!("{}, {how}", rt.enforcement)
             };
             format!("{} backend, {isolation}", escape_terminal(&rt.backend))
         })
