@@ -364,7 +364,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             outln!("{text}");
         }
         Format::Summary => {
-            errout!("{}", report::run_summary(&outcome.result, &root));
+            errout!("{}", report::run_summary(&outcome.result, &root, true));
         }
     }
     Ok(ExitCode::from(exit_code(&outcome, args.fail_on)))

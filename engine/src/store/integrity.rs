@@ -54,8 +54,9 @@ pub struct VerifyProblem {
 }
 
 impl Capsule {
-    /// Seals the run: records a final `sealed` event in events.jsonl, then writes integrity.json
-    /// with the SHA-256 of every transaction artifact present and the referenced backup objects.
+    /// Seals the run: records a final `sealing` event in events.jsonl, writes integrity.json with
+    /// the SHA-256 of every transaction artifact present and the referenced backup objects, and
+    /// once that is durable appends `sealed` to recovery-events.jsonl (outside the seal).
     /// After this only recovery artifacts may be written. Refuses to seal a directory holding
     /// anything other than transaction or recovery artifacts.
     pub fn seal(&self, referenced_objects: &[String]) -> Result<Integrity, StoreError> {
@@ -77,7 +78,9 @@ impl Capsule {
         // Check the directory before recording the seal event, so a refused seal leaves the
         // event log untouched.
         self.sealable_artifacts()?;
-        self.event("sealed", json!({ "objects": objects.len() }))?;
+        // `sealing` is covered by the seal; `sealed` is logged only once integrity.json is
+        // durable (below), so a log never claims a seal that a crash prevented.
+        self.event("sealing", json!({ "objects": objects.len() }))?;
 
         let mut artifacts = BTreeMap::new();
         for artifact in self.sealable_artifacts()? {
@@ -100,6 +103,7 @@ impl Capsule {
         // durable before the seal that vouches for them.
         atomic::sync_filesystem(self.dir())?;
         atomic::write_atomic(self.dir(), name, &bytes, atomic::Durability::Now)?;
+        self.recovery_event("sealed", json!({ "objects": integrity.objects.len() }))?;
         Ok(integrity)
     }
 

@@ -113,6 +113,8 @@ pub enum Refusal {
     LaunchFailed,
     /// The backend failed in an unexpected way.
     Internal,
+    /// `capture.require_backups`: a backup could not be written, so nothing was launched.
+    BackupsMissing,
 }
 
 /// Resolve and check the project root.
@@ -176,6 +178,12 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let before = capture.before(&root)?;
     let mut referenced = capture::referenced_objects(&before.manifest);
     referenced.push(before.entries_object.clone());
+    if policy.capture().require_backups {
+        if let Some(message) = capture::missing_backups(&before.manifest) {
+            let refusal = Some(Refusal::BackupsMissing);
+            return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
+        }
+    }
     let workdir = if private_workspace {
         materialize_workspace(&store, &capsule, &before.manifest)?
     } else {
