@@ -259,6 +259,35 @@ fn a_second_run_in_the_same_root_is_refused_or_waits() {
     assert_eq!(runs.as_array().unwrap().len(), 2);
 }
 
+#[test]
+fn rollback_never_removes_a_file_a_later_run_recorded() {
+    let (_t, root) = project();
+    let (_, a, _) = run_json(
+        &root,
+        &["--fail-on", "never"],
+        &["sh", "-c", "echo v1 > f.txt"],
+    );
+    let (_, b, _) = run_json(
+        &root,
+        &["--fail-on", "never"],
+        &["sh", "-c", "echo v2 > f.txt"],
+    );
+    let (a, b) = (a["run_id"].as_str().unwrap(), b["run_id"].as_str().unwrap());
+    // Someone puts back exactly what run A left: A's rollback would see "unchanged since A".
+    fs::write(root.join("f.txt"), "v1\n").unwrap();
+    let out = agentdiff(&root, &["rollback", a, "--all"]);
+    assert_eq!(out.status.code(), Some(68), "{}", text(&out.stdout));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("conflict") && shown.contains(b), "{shown}");
+    assert!(root.join("f.txt").exists(), "the later run's file was kept");
+    // Once run B is rolled back, the file is A's alone again.
+    let out = agentdiff(&root, &["rollback", b, "--all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let out = agentdiff(&root, &["rollback", a, "--all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(!root.join("f.txt").exists());
+}
+
 // ---- 6. Safe preview -----------------------------------------------------------------------
 
 #[test]
@@ -624,4 +653,34 @@ fn backups_that_failed_are_named_as_unrecoverable_or_refuse_the_launch() {
         text(&out.stderr)
     );
     assert!(root.join("big.bin").exists(), "nothing ran");
+}
+
+// ---- 7. Exit codes of docs/cli.md not covered elsewhere ------------------------------------
+
+#[test]
+fn signal_exits_are_128_plus_n() {
+    let (_t, root) = project();
+    // The command killed by SIGTERM (15).
+    let out = agentdiff(&root, &["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    // agentdiff itself interrupted by SIGINT (2): it ends the command, seals, exits 130.
+    let child = cmd(&root, &["run", "--", "sh", "-c", "touch started; sleep 30"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !root.join("started").exists() {
+        assert!(Instant::now() < deadline, "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("status: terminated"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -23,6 +23,8 @@ pub enum PlannedStep {
     Skip(String),
     /// Refused before anything is written (e.g. its backup object fails verification).
     Fail(String),
+    /// Preserved as a conflict before anything is written (a later run recorded a change to it).
+    Conflict(String),
 }
 
 /// One recorded change in the plan.
@@ -198,6 +200,7 @@ pub fn plan(
     }
 
     // Steps.
+    let later = super::later::later_changes(&recorded, &run.run_id, &run.result.started_at);
     let mut items = Vec::new();
     let mut verified: BTreeMap<String, Result<(), String>> = BTreeMap::new();
     for (path, (c, implied)) in &chosen {
@@ -208,7 +211,7 @@ pub fn plan(
                     .into(),
             )
         } else {
-            restore_step(transition(path), objects, &mut verified)
+            restore_step(transition(path), objects, &mut verified, later.get(*path))
         };
         items.push(PlanItem {
             path: path.to_string(),
@@ -242,6 +245,7 @@ fn restore_step(
     t: Transition,
     objects: &ObjectStore,
     verified: &mut BTreeMap<String, Result<(), String>>,
+    changed_later_by: Option<&String>,
 ) -> PlannedStep {
     let kind = match classify(&t) {
         Err(why) => return PlannedStep::Skip(why),
@@ -261,7 +265,13 @@ fn restore_step(
             }
         }
         (true, None) => PlannedStep::Skip("no recorded content hash".into()),
-        (false, _) => PlannedStep::Apply(Box::new(op(t, kind))),
+        (false, _) => match changed_later_by {
+            Some(by) if kind == OpKind::RemoveFile => PlannedStep::Conflict(format!(
+                "a later run ({by}) recorded a change to it; removing it would undo that run's \
+                 work, so it was left as it is (roll back {by} first)"
+            )),
+            _ => PlannedStep::Apply(Box::new(op(t, kind))),
+        },
     }
 }
 
