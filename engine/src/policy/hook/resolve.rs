@@ -13,11 +13,17 @@
 //! until a `..` leads back to a directory that exists (creating the missing directories, as
 //! `mkdir -p` does, gives exactly that result).
 //!
+//! A symlink on `/proc` is not followed ([`ResolveError::ProcLink`]): `/proc/self/…` and
+//! `/proc/PID/fd/…` lead wherever the *following* process's state says, which is the hook's
+//! here and the tool's later.
+//!
 //! Cost: every component costs a constant number of system calls and the work list holds at
 //! most [`MAX_SYMLINK_HOPS`] + 1 path texts of at most [`PATH_MAX`] bytes each, so resolution
 //! is linear in the input.
 //!
-//! Not defended: the answer describes the tree at the time of the walk. A process that swaps a
+//! Not defended: a bind mount makes one directory reachable under two names; the walk judges
+//! the name it was given (mounting needs privileges the threat model excludes). The answer
+//! describes the tree at the time of the walk. A process that swaps a
 //! directory for a symlink between this walk and the tool's write wins that race; the walk
 //! itself never follows a swapped entry (`O_NOFOLLOW` on every step fails instead).
 
