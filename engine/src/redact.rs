@@ -136,6 +136,39 @@ fn redact_word(word: &str) -> Option<String> {
     None
 }
 
+/// Redact an argument vector that may hold shell command strings (`sh -c "tool --token X"`, as
+/// seen in a process's `cmdline`): [`redact_argv`], then every argument with whitespace is split
+/// into words (quotes stripped for the check) and redacted as an argument vector of its own. A
+/// redacted argument is rejoined with single spaces.
+pub fn redact_argv_deep<S: AsRef<str>>(argv: &[S]) -> Vec<String> {
+    redact_argv(argv)
+        .into_iter()
+        .map(|arg| {
+            if !arg.contains(char::is_whitespace) {
+                return arg;
+            }
+            let words: Vec<&str> = arg.split_whitespace().collect();
+            let bare: Vec<&str> = std::iter::once("")
+                .chain(
+                    words
+                        .iter()
+                        .map(|w| w.trim_matches(|c| c == '\'' || c == '"')),
+                )
+                .collect();
+            let redacted = redact_argv(&bare);
+            if redacted.iter().zip(&bare).all(|(r, b)| r == b) {
+                return arg;
+            }
+            words
+                .iter()
+                .zip(redacted.iter().skip(1).zip(bare.iter().skip(1)))
+                .map(|(w, (r, b))| if r == b { (*w).to_string() } else { r.clone() })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
 /// Redact an argument vector for storage. The first element (the program) is kept.
 pub fn redact_argv<S: AsRef<str>>(argv: &[S]) -> Vec<String> {
     let mut out = Vec::with_capacity(argv.len());
@@ -245,6 +278,25 @@ pub fn escape_terminal_lines(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_inside_shell_strings_are_redacted() {
+        let argv = [
+            "sh",
+            "-c",
+            "deploy --token hunter2 '--password=pw1' https://u:pw2@h/x API_KEY=k3y; echo ok",
+        ];
+        let out = redact_argv_deep(&argv);
+        let joined = out.join(" ");
+        for secret in ["hunter2", "pw1", "pw2", "k3y"] {
+            assert!(!joined.contains(secret), "{secret} survived: {out:?}");
+        }
+        assert!(joined.contains("echo ok"));
+        assert_eq!(
+            redact_argv_deep(&["sh", "-c", "echo  plain"])[2],
+            "echo  plain"
+        );
+    }
 
     #[test]
     fn flags_with_separate_values_are_redacted() {

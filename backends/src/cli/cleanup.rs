@@ -30,8 +30,12 @@ use crate::exit;
     after_help = "Each recorded process is verified (pid + start time + boot id) before it is \
 signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
 refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
-Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity was \
-refused (pid_reused, access_denied) or a process could not be stopped (escaped); 66 when the run \
+With --containers, the containers the run recorded as started during it are stopped through their \
+engine, each by id and only after the engine confirms it was created inside the run's window; \
+others are refused (refused_outside_window).\n\n\
+Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity or \
+one of the containers was refused (pid_reused, access_denied, refused_outside_window) or could not be stopped \
+(escaped, error); 66 when the run \
 does not exist or its id is invalid; 67 when its runtime evidence is unreadable or a symlink."
 )]
 pub struct Args {
@@ -46,6 +50,10 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Summary)]
     format: Format,
+    /// Also stop the containers the run recorded as started during it (by id, each only after
+    /// the engine confirms it was created inside the run's window).
+    #[arg(long)]
+    containers: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -73,7 +81,12 @@ fn cleanup_code(e: &CleanupError) -> u8 {
 
 /// Clean up one run; returns the result document (already written to the capsule as a recovery
 /// artifact, beside the sealed evidence it never touches).
-fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<CleanupResult> {
+fn cleanup_run(
+    root: &Path,
+    run: &str,
+    grace: Duration,
+    stop_containers: bool,
+) -> anyhow::Result<CleanupResult> {
     let opened = |e: StoreError| {
         let code = open_code(&e);
         exit::with_code(code, e)
@@ -99,6 +112,7 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
             backend.as_ref(),
             processes,
             grace,
+            stop_containers,
         ))
         .map_err(engine_error)
 }
@@ -142,6 +156,17 @@ fn render_summary(result: &CleanupResult) {
     for e in &r.errors {
         outln!("  error: {}", escape_terminal(e));
     }
+    for c in result.containers.iter().flatten() {
+        outln!(
+            "  containers: {:<24} {}{}",
+            c.outcome,
+            escape_terminal(c.id.get(..12).unwrap_or(&c.id)),
+            c.detail
+                .as_deref()
+                .map(|d| format!(" ({})", escape_terminal(d)))
+                .unwrap_or_default()
+        );
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -153,7 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let root = super::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
-    let result = cleanup_run(&root, &args.run, grace)?;
+    let result = cleanup_run(&root, &args.run, grace, args.containers)?;
     match args.format {
         Format::Json => {
             let text =

@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::classify::{classify_changes, evaluate_limits};
+use super::findings::{evidence_findings, with_findings};
 use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
 use super::{Refusal, VerifiedControl};
 use crate::backend::{BackendError, ExitInfo, FailureKind, RunEvidence};
@@ -47,11 +48,15 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let changes = classify_changes(ev.policy, &diff, ev.private_workspace);
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let warnings = observation_warnings(ev.before, ev.after, &diff, ev.run);
-    let safety_outcome = safety_outcome(
-        &changes,
-        &limit_violations,
-        &warnings,
-        ev.command_decision.action,
+    let findings = evidence_findings(ev.run);
+    let safety_outcome = with_findings(
+        safety_outcome(
+            &changes,
+            &limit_violations,
+            &warnings,
+            ev.command_decision.action,
+        ),
+        &findings,
     );
     let status = status(&ev.run.exit, ev.run.failure.as_ref(), safety_outcome);
     let summary = summarize(&changes, ev.before, ev.after, ev.run);
@@ -66,6 +71,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
         changes,
         limit_violations,
         observation_warnings: warnings,
+        evidence_findings: findings,
         blast_radius: score::compute(&counts, ev.policy.weights()),
         runtime: Some(runtime_summary(ev.run, ev.verified_controls)),
         execution_error: ev.run.failure.as_ref().map(execution_error),
@@ -99,6 +105,7 @@ pub fn not_run(
         changes: Vec::new(),
         limit_violations: Vec::new(),
         observation_warnings: Vec::new(),
+        evidence_findings: Vec::new(),
         blast_radius: score::compute(&score::Counts::default(), &Weights::default()),
         runtime: None,
         execution_error: error,
@@ -206,6 +213,10 @@ pub fn summarize(
         reversible: changes.iter().filter(|c| c.reversible).count() as u64,
         leftover_processes: run.cleanup.leftovers() as u64,
         opened_ports: run.ports.opened.len() as u64,
+        containers_started: run
+            .containers
+            .as_ref()
+            .map_or(0, |c| c.containers.len() as u64 + c.omitted),
         // Each entry that could not be captured, once, whether before, after or both.
         unsupported_entries: before
             .unsupported

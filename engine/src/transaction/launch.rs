@@ -88,6 +88,7 @@ pub(super) async fn launch(
     if facts.pid.is_none() {
         facts.pid = running.pid();
     }
+    facts.monitor = crate::process::read_identity(std::process::id()).ok();
     let _ = capsule.event("launched", json!(facts));
     let mut evidence = running.wait().await?;
     merge_environment(&mut evidence, &plan.env_evidence);
