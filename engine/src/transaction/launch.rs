@@ -89,7 +89,7 @@ pub(super) async fn launch(
         facts.pid = running.pid();
     }
     facts.monitor = crate::process::read_identity(std::process::id()).ok();
-    let _ = capsule.event("launched", json!(facts));
+    let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, json!(facts));
     let mut evidence = running.wait().await?;
     merge_environment(&mut evidence, &plan.env_evidence);
     Ok(evidence)
