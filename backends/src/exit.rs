@@ -28,6 +28,9 @@ pub const BLOCKED: u8 = 73;
 pub const CONFORMANCE_FAILED: u8 = 74;
 /// Another agentdiff holds the project lock (`run`, `rollback`, `promote`; see `--wait`).
 pub const BUSY: u8 = 75;
+/// `run --summary-file`: the run succeeded but its report could not be appended (the run is
+/// recorded and sealed).
+pub const SUMMARY_NOT_WRITTEN: u8 = 76;
 /// The run's deadline expired (as timeout(1)).
 pub const TIMED_OUT: u8 = 124;
 
