@@ -26,6 +26,9 @@ pub const GATE_REVIEW: u8 = 72;
 pub const BLOCKED: u8 = 73;
 /// `agentdiff conformance`: at least one MUST check failed.
 pub const CONFORMANCE_FAILED: u8 = 74;
+/// `agentdiff verify`: the capsule is intact but could not be authenticated here (no key for
+/// this user, another user's or machine's key, or an older seal format).
+pub const UNAUTHENTICATED: u8 = 75;
 /// The run's deadline expired (as timeout(1)).
 pub const TIMED_OUT: u8 = 124;
 

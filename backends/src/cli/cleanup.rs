@@ -1,12 +1,18 @@
 //! `agentdiff cleanup RUN`: stop processes a run left behind, from the identities stored in its
-//! capsule. Each identity (pid + start time + boot id) is verified before anything is signalled;
-//! a pid that now belongs to another process is refused, never signalled.
+//! capsule. The capsule must authenticate first (a sealed run: its seal's MAC under this user's
+//! key; an unsealed run whose monitor died: its MAC'd `launched` event), so a forged capsule cannot
+//! name an unrelated process; `--force` overrides this and says so. Each identity (pid, start time
+//! and boot id) is verified before anything is signalled; a pid that now belongs to another
+//! process is refused, never signalled.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, Registry};
+use agentdiff_engine::store::seal::{
+    trusted_process_evidence, StateDir, TrustedEvidence, VerifyContext,
+};
 use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store, StoreError};
 use anyhow::Context;
 use serde::Serialize;
@@ -25,7 +31,11 @@ use crate::exit;
 /// run does not exist or its id is invalid; 67 when its runtime evidence is unreadable.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Each recorded process is verified (pid + start time + boot id) before it is \
+    after_help = "Cleanup acts only on evidence that authenticates under this user's seal key: a \
+sealed run whose seal verifies as authenticated, or an unsealed run (its agentdiff was killed) \
+whose `launched` event carries this user's MAC. Anything else is refused (exit 67) and nothing \
+is signalled; --force acts on it anyway and states the risk.\n\n\
+Each recorded process is verified (pid + start time + boot id) before it is \
 signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
 refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
 Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity was \
@@ -44,6 +54,16 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Summary)]
     format: Format,
+    /// Act on a capsule that does not authenticate. Risk: a forged capsule can name any process
+    /// of yours (its real pid and start time), and cleanup would signal it.
+    #[arg(long)]
+    force: bool,
+}
+
+/// What cleanup may trust: this user's key and ledger, and whether `--force` was given.
+pub(crate) struct Trust {
+    pub ctx: VerifyContext,
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,6 +79,11 @@ struct CleanupResult {
     run_id: String,
     backend: String,
     refused_or_escaped: usize,
+    /// `authenticated_seal`, `authenticated_launch_event`, `nothing_launched` or `forced`.
+    evidence: &'static str,
+    /// Why the evidence did not authenticate, when `--force` acted on it anyway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forced_over: Option<String>,
     cleanup: CleanupReport,
 }
 
@@ -76,15 +101,14 @@ fn open_code(e: &StoreError) -> u8 {
 /// before it wrote `runtime.json` is cleaned from its `launched` event instead: the root identity
 /// and every process still in the run's cgroup.
 fn stored_identities(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
-    let value = match capsule.read_artifact_value(Artifact::Runtime) {
-        Ok(v) => v,
-        Err(StoreError::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound && !capsule.is_sealed() =>
-        {
-            return from_launch_event(capsule);
-        }
-        Err(e) => return Err(exit::with_code(exit::INVALID_CAPSULE, e)),
-    };
+    // An unsealed run is cleaned from its (authenticated) `launched` event only: its runtime.json,
+    // if any, was never sealed.
+    if !capsule.is_sealed() {
+        return from_launch_event(capsule);
+    }
+    let value = capsule
+        .read_artifact_value(Artifact::Runtime)
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     let invalid = |msg: &str| {
         exit::with_code(
             exit::INVALID_CAPSULE,
@@ -231,7 +255,12 @@ fn outcome_name(o: CleanupOutcome) -> &'static str {
 
 /// Clean up one run; returns the result document (already written to the capsule as a recovery
 /// artifact, beside the sealed evidence it never touches).
-fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<CleanupResult> {
+fn cleanup_run(
+    root: &Path,
+    run: &str,
+    grace: Duration,
+    trust: &Trust,
+) -> anyhow::Result<CleanupResult> {
     let store = Store::open_existing(root).map_err(|e| {
         let code = open_code(&e);
         exit::with_code(code, e)
@@ -240,6 +269,7 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
         let code = open_code(&e);
         exit::with_code(code, e)
     })?;
+    let (evidence, forced_over) = authenticate(&capsule, &store, trust)?;
     let RunProcesses {
         backend: backend_id,
         ids,
@@ -282,6 +312,8 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
         run_id: run.to_string(),
         backend: backend_id,
         refused_or_escaped: refused_or_escaped(&report),
+        evidence,
+        forced_over,
         cleanup: report,
     };
     capsule
@@ -299,6 +331,40 @@ fn cleanup_run(root: &Path, run: &str, grace: Duration) -> anyhow::Result<Cleanu
     Ok(result)
 }
 
+/// Refuses evidence that does not authenticate, unless `--force`; returns how it was trusted.
+fn authenticate(
+    capsule: &Capsule,
+    store: &Store,
+    trust: &Trust,
+) -> anyhow::Result<(&'static str, Option<String>)> {
+    let checked = trusted_process_evidence(capsule, store.objects(), &trust.ctx)
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    match checked {
+        Ok(TrustedEvidence::Sealed) => Ok(("authenticated_seal", None)),
+        Ok(TrustedEvidence::LaunchEvent) => Ok(("authenticated_launch_event", None)),
+        Ok(TrustedEvidence::NothingLaunched) => Ok(("nothing_launched", None)),
+        Err(why) if trust.force => {
+            eprintln!(
+                "agentdiff: --force: acting on evidence that does not authenticate ({}). A forged \
+                 capsule can name any process of yours with its real pid and start time, and it \
+                 will be signalled.",
+                agentdiff_engine::redact::escape_terminal(&why)
+            );
+            Ok(("forced", Some(why)))
+        }
+        Err(why) => Err(exit::with_code(
+            exit::INVALID_CAPSULE,
+            anyhow::anyhow!(
+                "refusing to clean up run {}: {why}; nothing was signalled. Check it with \
+                 `agentdiff verify {}`; `agentdiff cleanup --force` acts on it anyway, at the risk \
+                 of signalling an unrelated process the capsule names",
+                capsule.id(),
+                capsule.id()
+            ),
+        )),
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !args.grace_period.is_finite() || args.grace_period < 0.0 || args.grace_period > 3600.0 {
         return Err(exit::with_code(
@@ -311,7 +377,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => std::env::current_dir().context("cannot determine the current directory")?,
     };
     let grace = Duration::from_secs_f64(args.grace_period);
-    let result = cleanup_run(&root, &args.run, grace)?;
+    // A state directory that cannot be used leaves nothing to authenticate with: cleanup then
+    // refuses unless --force.
+    let ctx = match StateDir::from_env().and_then(|state| VerifyContext::for_user(&state, &root)) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!(
+                "agentdiff: the seal key cannot be used, so no capsule can authenticate: {}",
+                agentdiff_engine::redact::escape_terminal(&e.to_string())
+            );
+            VerifyContext::default()
+        }
+    };
+    let trust = Trust {
+        ctx,
+        force: args.force,
+    };
+    let result = cleanup_run(&root, &args.run, grace, &trust)?;
     match args.format {
         Format::Json => {
             let text =
@@ -375,6 +457,21 @@ mod tests {
         }
     }
 
+    /// A key and ledger private to the test (never the real user's).
+    fn state(root: &Path) -> StateDir {
+        static BASE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        let base = BASE.get_or_init(|| tempfile::tempdir().unwrap());
+        StateDir::at(base.path().join(root.file_name().unwrap())).unwrap()
+    }
+
+    fn trust(root: &Path, force: bool) -> Trust {
+        Trust {
+            ctx: VerifyContext::for_user(&state(root), root).unwrap(),
+            force,
+        }
+    }
+
+    /// A sealed, authenticated capsule naming `ids`.
     fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
         let store = Store::open(root).unwrap();
         let capsule = store.create_run(Some(run)).unwrap();
@@ -386,8 +483,17 @@ mod tests {
             })
             .collect();
         let ev = serde_json::json!({"backend": "local", "processes": processes});
-        capsule.write_artifact(Artifact::Runtime, &ev).unwrap();
-        capsule.seal(&[]).unwrap();
+        for (artifact, value) in [
+            (Artifact::Metadata, serde_json::json!({"backend": "local"})),
+            (Artifact::Policy, serde_json::json!({})),
+            (Artifact::Runtime, ev),
+            (Artifact::Result, serde_json::json!({"status": "passed"})),
+        ] {
+            capsule.write_artifact(artifact, &value).unwrap();
+        }
+        let authority =
+            agentdiff_engine::store::seal::SealAuthority::open(&state(root), root).unwrap();
+        capsule.seal_with(&[], Some(&authority)).unwrap();
         capsule.dir().to_path_buf()
     }
 
@@ -405,7 +511,13 @@ mod tests {
         // The stored start time differs: the pid belongs to a different process now.
         id.start_time_ticks += 3;
         let dir = capsule(root.path(), "run-1", std::slice::from_ref(&id));
-        let result = cleanup_run(root.path(), "run-1", Duration::from_millis(100)).unwrap();
+        let result = cleanup_run(
+            root.path(),
+            "run-1",
+            Duration::from_millis(100),
+            &trust(root.path(), false),
+        )
+        .unwrap();
         assert_eq!(result.cleanup.records[0].outcome, CleanupOutcome::PidReused);
         assert_eq!(result.refused_or_escaped, 1);
         assert!(
@@ -434,7 +546,13 @@ mod tests {
         );
         let id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
         capsule(root.path(), "run-2", &[id]);
-        let result = cleanup_run(root.path(), "run-2", Duration::from_millis(500)).unwrap();
+        let result = cleanup_run(
+            root.path(),
+            "run-2",
+            Duration::from_millis(500),
+            &trust(root.path(), false),
+        )
+        .unwrap();
         assert_eq!(
             result.cleanup.records[0].outcome,
             CleanupOutcome::Terminated
@@ -447,9 +565,21 @@ mod tests {
     #[test]
     fn missing_run_symlinks_and_bad_ids_are_refused() {
         let root = tempfile::tempdir().unwrap();
-        let err = cleanup_run(root.path(), "nope", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(
+            root.path(),
+            "nope",
+            Duration::ZERO,
+            &trust(root.path(), false),
+        )
+        .unwrap_err();
         assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
-        let err = cleanup_run(root.path(), "../etc", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(
+            root.path(),
+            "../etc",
+            Duration::ZERO,
+            &trust(root.path(), false),
+        )
+        .unwrap_err();
         assert_eq!(exit::code_of(&err), exit::NO_SUCH_RUN);
 
         let elsewhere = tempfile::tempdir().unwrap();
@@ -460,7 +590,13 @@ mod tests {
             root.path().join(".agentdiff/runs/link"),
         )
         .unwrap();
-        let err = cleanup_run(root.path(), "link", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(
+            root.path(),
+            "link",
+            Duration::ZERO,
+            &trust(root.path(), false),
+        )
+        .unwrap_err();
         assert_ne!(exit::code_of(&err), 0);
         assert!(format!("{err:#}").contains("symbolic link"), "{err:#}");
     }
@@ -476,7 +612,13 @@ mod tests {
                 &serde_json::json!({"backend": "local", "processes": [{}]}),
             )
             .unwrap();
-        let err = cleanup_run(root.path(), "bad", Duration::ZERO).unwrap_err();
+        let err = cleanup_run(
+            root.path(),
+            "bad",
+            Duration::ZERO,
+            &trust(root.path(), false),
+        )
+        .unwrap_err();
         assert_eq!(exit::code_of(&err), exit::INVALID_CAPSULE);
     }
 }

@@ -287,6 +287,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             poll_interval: Duration::from_millis(10),
             progress: if show_progress { Some(&progress) } else { None },
             verified_controls: verified_controls.clone(),
+            state_dir: None,
         };
         let out = transaction::run(req).await;
         if let Ok(mut s) = progress_state.lock() {
@@ -300,6 +301,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let code = match &e {
                 StoreError::InvalidRunId { .. } => exit::NO_SUCH_RUN,
                 StoreError::RunExists { .. } => exit::USAGE,
+                StoreError::StateDir { .. } => exit::INVALID_CONFIG,
                 _ => exit::INTERNAL,
             };
             return Err(exit::with_code(code, e));

@@ -24,6 +24,7 @@ fn agentdiff(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_agentdiff"))
         .args(args)
         .current_dir(root)
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .envs(env.iter().copied())
         .output()
         .expect("agentdiff runs")

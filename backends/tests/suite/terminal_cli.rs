@@ -48,8 +48,9 @@ fn ctrl_c_in_a_terminal_stops_the_agent_and_seals_the_capsule() {
     let agent = "echo x >> a.txt; (echo via-tty > /dev/tty) && echo ok > tty-ok; \
                  echo $$ > agent.pid; exec sleep 300";
     let script = format!(
-        "cd '{}' && '{}' run --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
+        "cd '{}' && AGENTDIFF_STATE_DIR='{}' '{}' run --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
         d.display(),
+        super::state_dir().display(),
         bin.display(),
         agent
     );
@@ -109,6 +110,7 @@ fn ctrl_c_in_a_terminal_stops_the_agent_and_seals_the_capsule() {
     let verify = Command::new(&bin)
         .args(["verify", "tty-run"])
         .current_dir(d)
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .output()
         .unwrap();
     assert!(

@@ -641,6 +641,10 @@ mod tests {
         capsule
             .write_artifact(Artifact::Metadata, &json!({ "run_id": "run1" }))
             .unwrap();
+        // A sealed capsule always holds metadata, policy, result and events.
+        capsule
+            .write_artifact(Artifact::Policy, &json!({ "effective": {} }))
+            .unwrap();
         let before_entries = capsule
             .write_manifest(Artifact::Before, &before, store.objects())
             .unwrap();

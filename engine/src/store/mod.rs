@@ -24,6 +24,9 @@ mod integrity;
 mod manifest;
 mod objects;
 mod run_id;
+pub mod seal;
+mod tamper;
+pub use tamper::{StoreSnapshot, TamperFinding};
 
 use std::collections::BTreeSet;
 use std::fs::{self, DirBuilder};
@@ -38,8 +41,11 @@ pub use capsule::{
     now_rfc3339_millis, Artifact, Capsule, HistoryName, RecoveryArtifact, MAX_ARTIFACT_BYTES,
 };
 pub use error::StoreError;
-pub use integrity::{Integrity, VerifyProblem, VerifyReport, ALGORITHM};
-pub use objects::{validate_object_id, ObjectStore, PutOutcome};
+pub use integrity::{
+    Integrity, LegacyIntegrity, SealFormatKind, SealMac, Verdict, VerifyProblem, VerifyReport,
+    ALGORITHM, MAC_ALGORITHM, SEAL_FORMAT,
+};
+pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome};
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
 
 /// Name of the store directory below the project root (always excluded from scans).
@@ -211,7 +217,7 @@ impl Store {
         atomic::sync_dir(&self.runs)?;
         // Re-check what was created (umask can only narrow 0700, but fail closed regardless).
         atomic::ensure_private_dir(&dir, false)?;
-        Ok(Some(Capsule::new(id, dir)))
+        Ok(Some(Capsule::new_tracked(id, dir)))
     }
 
     /// Opens an existing run after validating its id.
@@ -302,9 +308,9 @@ impl Store {
         for listing in self.list_runs()? {
             let integrity = self
                 .open_run(listing.id.as_str())
-                .and_then(|capsule| capsule.integrity());
+                .and_then(|capsule| capsule.sealed_objects());
             match integrity {
-                Ok(integrity) => refs.objects.extend(integrity.objects),
+                Ok(objects) => refs.objects.extend(objects),
                 Err(_) => refs.unknown.push(listing.id),
             }
         }

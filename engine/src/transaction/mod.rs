@@ -8,6 +8,7 @@
 //! will never run needs no tree captured, and the capsule still records the refusal.
 
 mod classify;
+mod guard;
 mod result;
 
 use std::ffi::OsString;
@@ -31,6 +32,7 @@ use crate::fs::{self, BackupRequest, IgnoreSource, Manifest, ScanOptions, ScanPr
 use crate::policy::{Action, LoadedPolicy, NetworkMode};
 use crate::redact;
 use crate::score;
+use crate::store::seal::{MacPurpose, SealAuthority, SealKey, StateDir};
 use crate::store::{Artifact, Capsule, Store};
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,9 @@ pub struct RunRequest<'a> {
     pub progress: Option<ProgressFn<'a>>,
     /// Controls that recorded probes verified for this backend, settings and host.
     pub verified_controls: Vec<VerifiedControl>,
+    /// Where the per-user seal key and ledger live; `None` resolves it from the environment
+    /// (`AGENTDIFF_STATE_DIR`, `XDG_STATE_HOME`, `HOME`).
+    pub state_dir: Option<StateDir>,
 }
 
 /// What a finished transaction hands back.
@@ -132,6 +137,13 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let started_at = now();
     let root = resolve_root(&req.root)?;
     let policy = &req.policy.policy;
+    // The key is loaded before anything is written and kept in memory: replacing the key file
+    // during the run does not change what seals this run.
+    let state_dir = match &req.state_dir {
+        Some(dir) => dir.clone(),
+        None => StateDir::from_env()?,
+    };
+    let authority = SealAuthority::open(&state_dir, &root)?;
     let store = Store::open(&root)?;
     let capsule = store.create_run(req.run_id.as_deref())?;
     let run_id = capsule.id().to_string();
@@ -170,6 +182,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     )?;
     let base = Finisher {
         capsule: &capsule,
+        authority: &authority,
         run_id: run_id.clone(),
         command_decision: command_decision.clone(),
         task: req.task.clone(),
@@ -217,7 +230,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     // Deny patterns and `observe.include` (v2) bring default-excluded directories back into view.
     let mut reinclude = policy.deny_patterns();
     reinclude.extend(policy.observe().include.iter().cloned());
-    let before = {
+    let mut before = {
         let mut opts = ScanOptions::new();
         opts.reinclude = reinclude.clone();
         if rollback.enabled || private_workspace {
@@ -238,7 +251,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         opts.progress = progress_ref;
         fs::scan(&root, &opts)?
     };
-    let before_entries = capsule.write_manifest(Artifact::Before, &before, store.objects())?;
+    let mut before_entries = capsule.write_manifest(Artifact::Before, &before, store.objects())?;
     capsule.event(
         "before_captured",
         json!({ "entries": before.entries.len(), "unsupported": before.unsupported.len() }),
@@ -288,12 +301,15 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         options,
     };
 
+    // What agentdiff wrote before launch is checked against this after the command ran.
+    let store_snapshot = store.snapshot()?;
     let evidence = match launch(
         req.backend,
         &spec,
         req.stdio.clone(),
         req.interrupt.clone(),
         &capsule,
+        authority.key(),
     )
     .await
     {
@@ -312,6 +328,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
                     env.dropped.dedup();
                 }
                 None => ev.environment = Some(env_plan.evidence.clone()),
+            }
+            if let Some(env) = ev.environment.as_mut() {
+                environment::key_fingerprints(env, authority.key());
             }
             ev
         }
@@ -347,6 +366,11 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             return base.finish_without_run(status, Some(message), Some(refusal), &referenced);
         }
     };
+    let (capsule_tampered, rewritten) =
+        guard::after_command(&store, &capsule, &store_snapshot, &mut before)?;
+    if let Some(entries) = rewritten {
+        before_entries = entries;
+    }
     let mut runtime_doc = runtime_document(&evidence);
     runtime_doc["verified_controls"] = json!(req.verified_controls);
     capsule.write_artifact(Artifact::Runtime, &runtime_doc)?;
@@ -404,7 +428,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let blast_radius = score::compute(&counts, policy.weights());
     let warnings = observation_warnings(&before, &after, &diff, &evidence);
     let exit = &evidence.exit;
-    let denied = changes.iter().any(|c| c.decision == Action::Deny);
+    // Tampering with the capsule is a deny-level finding whatever the changes were.
+    let denied = changes.iter().any(|c| c.decision == Action::Deny) || !capsule_tampered.is_empty();
     let review = changes.iter().any(|c| c.decision == Action::Review)
         || !limit_violations.is_empty()
         || !warnings.is_empty()
@@ -473,6 +498,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         changes,
         limit_violations,
         observation_warnings: warnings,
+        capsule_tampered,
         blast_radius,
         runtime: Some(RuntimeSummary {
             backend: evidence.backend.clone(),
@@ -508,6 +534,7 @@ async fn launch(
     stdio: StdioMode,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     capsule: &Capsule,
+    key: &SealKey,
 ) -> Result<RunEvidence, BackendError> {
     let prepared = backend.prepare(spec)?;
     let ctx = LaunchContext { stdio, interrupt };
@@ -519,6 +546,13 @@ async fn launch(
         _ => json!({}),
     };
     fields["pid"] = json!(running.pid());
+    // MAC'd so that `agentdiff cleanup` of a run whose monitor died trusts only an event this
+    // user's agentdiff wrote.
+    let mac = key.mac(
+        MacPurpose::LaunchEvent,
+        &crate::store::seal::launch_event_body(capsule.id().as_str(), &fields),
+    );
+    fields["mac"] = json!(mac);
     let _ = capsule.event("launched", fields);
     running.wait().await
 }
@@ -544,12 +578,7 @@ pub fn runtime_document(evidence: &RunEvidence) -> serde_json::Value {
 }
 
 fn referenced_objects(manifest: &Manifest) -> Vec<String> {
-    manifest
-        .entries
-        .values()
-        .filter(|e| matches!(e.backup, fs::BackupState::Stored))
-        .filter_map(|e| e.sha256.clone())
-        .collect()
+    crate::store::manifest_objects(manifest)
 }
 
 fn observation_warnings(
@@ -634,6 +663,7 @@ fn current_uid() -> Option<u32> {
 /// Writes the final artifacts and seals the capsule.
 struct Finisher<'c> {
     capsule: &'c Capsule,
+    authority: &'c SealAuthority,
     run_id: String,
     command_decision: crate::policy::Decision,
     task: Option<String>,
@@ -665,6 +695,7 @@ impl Finisher<'_> {
             changes: Vec::new(),
             limit_violations: Vec::new(),
             observation_warnings: Vec::new(),
+            capsule_tampered: Vec::new(),
             blast_radius: score::compute(&counts, &crate::policy::Weights::default()),
             runtime: None,
             execution_error: error,
@@ -692,7 +723,7 @@ impl Finisher<'_> {
         let mut objects = referenced.to_vec();
         objects.sort();
         objects.dedup();
-        self.capsule.seal(&objects)?;
+        self.capsule.seal_with(&objects, Some(self.authority))?;
         Ok(RunOutcome {
             result,
             capsule_dir: self.capsule.dir().to_path_buf(),

@@ -129,6 +129,10 @@ pub struct RunResult {
     pub changes: Vec<ChangeRecord>,
     pub limit_violations: Vec<LimitViolation>,
     pub observation_warnings: Vec<String>,
+    /// What changed under `.agentdiff/` while the command ran (a deny-level finding; the
+    /// artifacts were put back from memory and changed backups no longer count as recovery).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capsule_tampered: Vec<crate::store::TamperFinding>,
     pub blast_radius: BlastRadius,
     pub runtime: Option<RuntimeSummary>,
     pub execution_error: Option<String>,
