@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build agentdiff and run it once on a fresh demo folder with the built-in defaults
 # (local backend, built-in policy): a command that edits, creates and deletes files and
-# writes a protected `.env`. Prints the run summary, then verifies and rolls back the run.
+# writes a protected `.env`. Prints the run summary, verifies the run, previews the rollback
+# (the `.env` diff shows sizes and hashes only), then really rolls it back and lists the folder.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cargo build --release --quiet --manifest-path "$repo/Cargo.toml" -p agentdiff
@@ -23,3 +24,6 @@ echo "agentdiff run exited $code (71 = denied findings under the default --fail-
 run=$("$bin" runs --format json | sed -n 's/.*"id": "\(.*\)".*/\1/p' | tail -n 1)
 "$bin" verify "$run"
 "$bin" rollback "$run" --all --dry-run || true
+"$bin" rollback "$run" --all
+echo "after rollback:"
+ls -A "$demo" | grep -v '^\.agentdiff$'

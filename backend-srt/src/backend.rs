@@ -6,9 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendError, Capabilities, CleanupReport, FailureKind, LaunchContext,
-    LaunchSpec, Level, PreparedLaunch, Result, RunEvidence, RunningCommand, RuntimeBackend,
-    WorkspaceMode,
+    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
+    PreparedLaunch, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 use agentdiff_engine::process::ProcessIdentity;
@@ -133,29 +132,7 @@ pub fn locate_shim(option: Option<&str>) -> std::result::Result<PathBuf, (String
         "run through the `agentdiff` binary, or set {ENV_EXEC_SHIM} (or the `{OPT_EXEC_SHIM}` \
          backend option) to the path of the agentdiff binary"
     );
-    let candidate = match (option, std::env::var_os(ENV_EXEC_SHIM)) {
-        (Some(p), _) => absolute(p),
-        (None, Some(p)) if !p.is_empty() => PathBuf::from(p),
-        _ => {
-            let exe = std::env::current_exe()
-                .map_err(|e| (format!("cannot locate this program: {e}"), remedy.clone()))?;
-            let is_agentdiff = exe
-                .file_name()
-                .is_some_and(|n| n == OsStr::new("agentdiff"));
-            if !is_agentdiff {
-                return Err((
-                    format!(
-                        "the exec shim is the `agentdiff` binary, but this program is {}",
-                        exe.display()
-                    ),
-                    remedy,
-                ));
-            }
-            exe
-        }
-    };
-    host::resolve_executable(candidate.as_os_str(), None, Path::new("/"))
-        .map_err(|e| (format!("exec shim: {e}"), remedy))
+    shim::locate(option.map(absolute), &[ENV_EXEC_SHIM], &remedy).map_err(|e| (e.reason, e.remedy))
 }
 
 impl SrtBackend {
@@ -202,7 +179,7 @@ impl SrtBackend {
             return Err(invalid(format!("`{OPT_EXECUTABLE}` is empty")));
         }
         let srt = host::resolve_executable(OsStr::new(requested), search.as_deref(), &cwd)
-            .map_err(|e: ExecutableError| unavailable(format!("srt: {e}"), e.remedy()))?;
+            .map_err(|e: ExecutableError| unavailable(format!("srt: {e}"), host::remedy(&e)))?;
 
         let settings = if from_policy {
             SettingsChoice::FromPolicy(spec.capsule_dir.join(settings::GENERATED_SETTINGS_FILE))
@@ -540,86 +517,19 @@ pub fn attribute_exit(
     evidence.backend = ID.into();
     evidence.enforcement = ENFORCEMENT.into();
     evidence.capabilities = capabilities();
-    let exit_desc = match (evidence.exit.code, evidence.exit.signal) {
-        (Some(c), _) => format!("exited with code {c}"),
-        (None, Some(s)) => format!("was killed by signal {s}"),
-        (None, None) => "ended".to_string(),
-    };
-    let ended_by_agentdiff = evidence.exit.timed_out || evidence.exit.interrupted_by.is_some();
-    let (started, attribution) = match state {
-        StartState::Started { argc } => {
-            if *argc != expected_argc {
-                // The shim checks this itself; a mismatch here means the marker is not ours.
-                evidence.warnings.push(format!(
-                    "the exec shim reported {argc} argument(s) where {expected_argc} were sent"
-                ));
-            }
-            (true, "command")
-        }
-        StartState::ExecFailed { reason } => {
-            if evidence.failure.is_none() {
-                evidence.failure = Some(FailureKind::LaunchFailed {
-                    message: format!("the command could not be executed inside srt: {reason}"),
-                });
-            }
-            (true, "command")
-        }
-        StartState::NotStarted if ended_by_agentdiff => {
-            if evidence.failure.is_none() {
-                evidence.failure = Some(FailureKind::WrapperSetupFailed {
-                    message: "srt was ended (timeout or interruption) before it started the \
-                              command; the command never ran"
-                        .into(),
-                });
-            }
-            (false, "wrapper")
-        }
-        StartState::NotStarted => {
-            if evidence.failure.is_none() {
-                evidence.failure = Some(FailureKind::WrapperSetupFailed {
-                    message: format!(
-                        "srt {exit_desc} before the command started (no start mark from the \
-                         exec shim): this is srt's own failure, not the command's exit code; \
-                         see srt's message above and `agentdiff doctor`"
-                    ),
-                });
-            }
-            (false, "wrapper")
-        }
-        StartState::ArgcMismatch { expected, received } => {
-            evidence.failure = Some(FailureKind::WrapperSetupFailed {
-                message: format!(
-                    "srt handed the exec shim {received} argument(s) where {expected} were sent; \
-                     the command was not started"
-                ),
-            });
-            (false, "wrapper")
-        }
-        StartState::ArgvAltered { what } => {
-            evidence.failure = Some(FailureKind::WrapperSetupFailed {
-                message: format!(
-                    "the arguments the exec shim received differ from those agentdiff sent \
-                     ({what}); the command was not started"
-                ),
-            });
-            (false, "wrapper")
-        }
-        StartState::Garbled { text } => {
-            evidence.failure = Some(FailureKind::WrapperSetupFailed {
-                message: format!(
-                    "the start marker held unexpected data ({text:?}); the exit code cannot be \
-                     attributed to the command"
-                ),
-            });
-            (false, "wrapper")
-        }
-    };
+    let attribution = shim::attribute_exit(
+        evidence,
+        state,
+        expected_argc,
+        "srt",
+        "see srt's message above and `agentdiff doctor`",
+    );
     if let Value::Object(map) = &mut wrapper {
-        map.insert("command_started".into(), json!(started));
+        map.insert("command_started".into(), json!(attribution.started));
         // The shim marks the start only after the argv count and digest matched.
-        map.insert("argv_verified".into(), json!(started));
+        map.insert("argv_verified".into(), json!(attribution.started));
         map.insert("start_state".into(), json!(state.label()));
-        map.insert("exit_attribution".into(), json!(attribution));
+        map.insert("exit_attribution".into(), json!(attribution.by));
     }
     evidence.wrapper = Some(wrapper);
 }
@@ -627,7 +537,7 @@ pub fn attribute_exit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_engine::backend::ExitInfo;
+    use agentdiff_engine::backend::{ExitInfo, FailureKind};
 
     #[test]
     fn capabilities_never_claim_enforcement() {

@@ -179,7 +179,7 @@ pub async fn doctor_report() -> DoctorReport {
             }
         },
         Err(e) => {
-            remedies.push(e.remedy());
+            remedies.push(crate::host::remedy(&e));
             SrtStatus {
                 path: None,
                 version: None,

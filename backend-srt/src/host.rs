@@ -1,109 +1,36 @@
 //! What srt needs on this host, checked without starting anything: the srt executable itself,
 //! and on Linux bubblewrap, socat, ripgrep and usable user namespaces.
 
-use std::ffi::{OsStr, OsString};
-use std::os::unix::fs::PermissionsExt;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+pub use agentdiff_engine::host::{
+    check_executable, euid, resolve_executable, search_path, user_namespaces, ExecutableError,
+    UserNamespaces,
+};
 use serde::Serialize;
 
 /// How to install srt and its Linux prerequisites (Debian/Ubuntu names).
 pub const INSTALL_SRT: &str = "install it with `npm install -g @anthropic-ai/sandbox-runtime` \
      (Node.js 18 or later), or name it with --srt-executable PATH";
 
-/// Why the srt executable cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ExecutableError {
-    #[error("`{name}` was not found on PATH")]
-    NotOnPath { name: String },
-    #[error("{path} does not exist")]
-    Missing { path: PathBuf },
-    #[error("{path} is not a regular file")]
-    NotAFile { path: PathBuf },
-    #[error("{path} is not executable")]
-    NotExecutable { path: PathBuf },
-    #[error("{path} cannot be inspected: {message}")]
-    Unreadable { path: PathBuf, message: String },
-}
-
-impl ExecutableError {
-    /// What to do about it.
-    pub fn remedy(&self) -> String {
-        match self {
-            ExecutableError::NotOnPath { .. } | ExecutableError::Missing { .. } => {
-                INSTALL_SRT.to_string()
-            }
-            ExecutableError::NotAFile { path } | ExecutableError::NotExecutable { path } => {
-                format!(
-                    "point --srt-executable at the srt program itself, or make {} executable \
+/// What to do about an unusable srt executable.
+pub fn remedy(e: &ExecutableError) -> String {
+    match e {
+        ExecutableError::NotOnPath { .. } | ExecutableError::Missing { .. } => {
+            INSTALL_SRT.to_string()
+        }
+        ExecutableError::NotAFile { path } | ExecutableError::NotExecutable { path } => {
+            format!(
+                "point --srt-executable at the srt program itself, or make {} executable \
                      (chmod +x)",
-                    path.display()
-                )
-            }
-            ExecutableError::Unreadable { .. } => {
-                "check the permissions of the path and its parent directories".to_string()
-            }
+                path.display()
+            )
+        }
+        ExecutableError::Unreadable { .. } => {
+            "check the permissions of the path and its parent directories".to_string()
         }
     }
-}
-
-/// The PATH srt will run with: the one in the command's environment, else agentdiff's own.
-pub fn search_path(env: &[(OsString, OsString)]) -> Option<OsString> {
-    env.iter()
-        .rev()
-        .find(|(k, _)| k.as_os_str() == OsStr::new("PATH"))
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var_os("PATH"))
-}
-
-/// Find `program` (a bare name looked up on `path`, or a path) and check that it is an
-/// executable regular file. Symlinks are followed (npm installs srt as a link to its script).
-pub fn resolve_executable(
-    program: &OsStr,
-    path: Option<&OsStr>,
-    cwd: &Path,
-) -> Result<PathBuf, ExecutableError> {
-    let as_path = Path::new(program);
-    let candidate = if as_path.components().count() > 1 || as_path.is_absolute() {
-        if as_path.is_absolute() {
-            as_path.to_path_buf()
-        } else {
-            cwd.join(as_path)
-        }
-    } else {
-        let name = program.to_string_lossy().into_owned();
-        which::which_in(program, path, cwd).map_err(|_| ExecutableError::NotOnPath { name })?
-    };
-    check_executable(&candidate)?;
-    Ok(candidate)
-}
-
-fn check_executable(path: &Path) -> Result<(), ExecutableError> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ExecutableError::Missing {
-                path: path.to_path_buf(),
-            })
-        }
-        Err(e) => {
-            return Err(ExecutableError::Unreadable {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })
-        }
-    };
-    if !meta.is_file() {
-        return Err(ExecutableError::NotAFile {
-            path: path.to_path_buf(),
-        });
-    }
-    if meta.permissions().mode() & 0o111 == 0 {
-        return Err(ExecutableError::NotExecutable {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(())
 }
 
 /// One program srt needs on Linux.
@@ -147,59 +74,6 @@ pub fn linux_prerequisites(path: Option<&OsStr>, cwd: &Path) -> Vec<Prerequisite
         .collect()
 }
 
-/// Whether user namespaces can be created, from the kernel's switches (no process started).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct UserNamespaces {
-    /// `false` only when a switch says they are off for this user.
-    pub allowed: bool,
-    pub detail: String,
-    pub remedy: Option<String>,
-}
-
-/// Read the sysctls that switch user namespaces off. `proc_sys` is `/proc/sys` (a parameter so
-/// tests can point it at a fake tree).
-pub fn user_namespaces(proc_sys: &Path, euid: u32) -> UserNamespaces {
-    let read = |rel: &str| -> Option<i64> {
-        std::fs::read_to_string(proc_sys.join(rel))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-    };
-    if read("user/max_user_namespaces") == Some(0) {
-        return UserNamespaces {
-            allowed: false,
-            detail: "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
-            remedy: Some("enable them: `sysctl -w user.max_user_namespaces=15000`".into()),
-        };
-    }
-    if euid != 0 && read("kernel/unprivileged_userns_clone") == Some(0) {
-        return UserNamespaces {
-            allowed: false,
-            detail: "unprivileged user namespaces are disabled \
-                     (kernel.unprivileged_userns_clone = 0)"
-                .into(),
-            remedy: Some("enable them: `sysctl -w kernel.unprivileged_userns_clone=1`".into()),
-        };
-    }
-    let mut detail = "no kernel switch disables user namespaces".to_string();
-    if euid != 0 && read("kernel/apparmor_restrict_unprivileged_userns") == Some(1) {
-        // Not a refusal: bwrap may have its own AppArmor profile. The doctor probe decides.
-        detail.push_str(
-            "; AppArmor restricts unprivileged user namespaces \
-             (kernel.apparmor_restrict_unprivileged_userns = 1), bwrap needs a profile",
-        );
-    }
-    UserNamespaces {
-        allowed: true,
-        detail,
-        remedy: None,
-    }
-}
-
-/// The effective user id of this process.
-pub fn euid() -> u32 {
-    nix::unistd::geteuid().as_raw()
-}
-
 /// What is missing for srt on this host, as (reason, remedy), or `None` when nothing is.
 pub fn missing_linux_prerequisites(
     prerequisites: &[Prerequisite],
@@ -241,6 +115,8 @@ pub fn missing_linux_prerequisites(
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn write_exec(dir: &Path, name: &str, mode: u32) -> PathBuf {
@@ -265,9 +141,7 @@ mod tests {
         );
         let err = resolve_executable(OsStr::new("srt-nope"), Some(&path), dir.path()).unwrap_err();
         assert!(matches!(err, ExecutableError::NotOnPath { .. }));
-        assert!(err
-            .remedy()
-            .contains("npm install -g @anthropic-ai/sandbox-runtime"));
+        assert!(remedy(&err).contains("npm install -g @anthropic-ai/sandbox-runtime"));
     }
 
     #[test]
@@ -320,25 +194,5 @@ mod tests {
         write_exec(dir.path(), "rg", 0o755);
         let prereqs = linux_prerequisites(Some(&path), dir.path());
         assert_eq!(missing_linux_prerequisites(&prereqs, &ok), None);
-    }
-
-    #[test]
-    fn user_namespace_switches_are_read() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("user")).unwrap();
-        std::fs::create_dir_all(dir.path().join("kernel")).unwrap();
-        assert!(user_namespaces(dir.path(), 1000).allowed);
-        std::fs::write(dir.path().join("kernel/unprivileged_userns_clone"), "0\n").unwrap();
-        let u = user_namespaces(dir.path(), 1000);
-        assert!(!u.allowed);
-        assert!(u.remedy.unwrap().contains("unprivileged_userns_clone=1"));
-        // root is not subject to that switch
-        assert!(user_namespaces(dir.path(), 0).allowed);
-        std::fs::write(dir.path().join("user/max_user_namespaces"), "0\n").unwrap();
-        let u = user_namespaces(dir.path(), 0);
-        assert!(!u.allowed);
-        let (reason, remedy) = missing_linux_prerequisites(&[], &u).unwrap();
-        assert!(reason.contains("max_user_namespaces"));
-        assert!(remedy.contains("sysctl"));
     }
 }

@@ -17,8 +17,9 @@ pub mod doctor;
 pub mod host;
 #[cfg(unix)]
 pub mod settings;
+/// The exec shim, shared with other wrapping backends (it lives in the engine).
 #[cfg(unix)]
-pub mod shim;
+pub use agentdiff_engine::process::exec_shim as shim;
 
 #[cfg(unix)]
 mod backend;

@@ -26,9 +26,11 @@ pub const GATE_REVIEW: u8 = 72;
 pub const BLOCKED: u8 = 73;
 /// `agentdiff conformance`: at least one MUST check failed.
 pub const CONFORMANCE_FAILED: u8 = 74;
+/// Another agentdiff holds the project lock (`run`, `rollback`, `promote`; see `--wait`).
+pub const BUSY: u8 = 75;
 /// `agentdiff verify`: the capsule is intact but could not be authenticated here (no key for
 /// this user, another user's or machine's key, or an older seal format).
-pub const UNAUTHENTICATED: u8 = 75;
+pub const UNAUTHENTICATED: u8 = 76;
 /// The run's deadline expired (as timeout(1)).
 pub const TIMED_OUT: u8 = 124;
 

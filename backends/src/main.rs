@@ -5,10 +5,13 @@
 
 // Link every built-in backend so its `inventory` registration survives linking
 // (dtolnay/inventory#50).
+use agentdiff_backend_bwrap as _;
 use agentdiff_backend_container as _;
 use agentdiff_backend_local as _;
 use agentdiff_backend_srt as _;
 
+#[macro_use]
+mod out;
 mod cli;
 mod exit;
 mod report;
@@ -27,13 +30,21 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    match cli.dispatch() {
+    let code = match cli.dispatch() {
         Ok(code) => code,
         Err(err) => {
             let code = exit::code_of(&err);
-            eprintln!("agentdiff: error: {}", exit::render(&err));
+            errln!("agentdiff: error: {}", exit::render(&err));
             ExitCode::from(code)
         }
+    };
+    // Output the user asked for was lost (not a closed pipe, which ends output quietly).
+    match out::failure() {
+        Some(failure) => {
+            errln!("agentdiff: error: {failure}");
+            ExitCode::from(exit::INTERNAL)
+        }
+        None => code,
     }
 }
 
@@ -46,6 +57,9 @@ mod tests {
     #[test]
     fn the_built_in_backends_are_registered() {
         let registry = Registry::from_inventory().unwrap();
+        #[cfg(target_os = "linux")]
+        assert_eq!(registry.ids(), vec!["bwrap", "container", "local", "srt"]);
+        #[cfg(not(target_os = "linux"))]
         assert_eq!(registry.ids(), vec!["container", "local", "srt"]);
     }
 }

@@ -6,11 +6,15 @@
 pub mod backend;
 pub mod environment;
 pub mod fs;
+#[cfg(unix)]
+pub mod host;
 pub mod policy;
 pub mod process;
 pub mod promote;
+pub mod recovery;
 pub mod redact;
 pub mod rollback;
+pub mod root;
 pub mod score;
 pub mod store;
 pub mod transaction;

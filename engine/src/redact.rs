@@ -382,7 +382,11 @@ pub fn fingerprint(name: &str, value: &[u8]) -> String {
     format!("sha256:{}", &hex::encode(digest)[..16])
 }
 
-/// Escape control characters (C0, DEL, C1, and bidi overrides) so text is safe to print.
+/// The one escaping function for human output: every recorded string (file names, reasons, diff
+/// lines, errors) passes through it before it reaches a terminal. Escapes C0 controls (so a
+/// newline in a file name cannot start a fake report line), DEL, C1 controls, the Unicode line
+/// and paragraph separators, and every bidirectional control (embeddings, overrides, isolates,
+/// and the LRM/RLM/ALM marks), which could reorder what the reader sees.
 pub fn escape_terminal(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -391,9 +395,13 @@ pub fn escape_terminal(text: &str) -> String {
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
             c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
-                out.push_str(&format!("\\u{{{:x}}}", c as u32))
-            }
+            '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{061c}'
+            | '\u{2028}'
+            | '\u{2029}' => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
     }
@@ -565,5 +573,16 @@ mod tests {
     fn control_characters_are_escaped() {
         assert_eq!(escape_terminal("a\x1b[31mb\n"), "a\\u{1b}[31mb\\n");
         assert_eq!(escape_terminal("x\u{202e}y"), "x\\u{202e}y");
+        for c in [
+            '\u{0}', '\r', '\u{7f}', '\u{85}', '\u{9b}', '\u{200e}', '\u{200f}', '\u{61c}',
+            '\u{202a}', '\u{202d}', '\u{2066}', '\u{2069}', '\u{2028}', '\u{2029}',
+        ] {
+            let shown = escape_terminal(&format!("a{c}b"));
+            assert!(!shown.contains(c), "{c:?} printed raw: {shown}");
+            assert!(shown.starts_with('a') && shown.ends_with('b'), "{shown}");
+        }
+        // A file name cannot print a fake report line.
+        let name = "x\n  would_create     .env";
+        assert_eq!(escape_terminal(name).lines().count(), 1);
     }
 }

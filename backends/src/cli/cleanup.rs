@@ -13,7 +13,7 @@ use agentdiff_engine::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, 
 use agentdiff_engine::store::seal::{
     trusted_process_evidence, StateDir, TrustedEvidence, VerifyContext,
 };
-use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store, StoreError};
+use agentdiff_engine::store::{Capsule, RecoveryArtifact, Store, StoreError};
 use anyhow::Context;
 use serde::Serialize;
 
@@ -34,7 +34,7 @@ use crate::exit;
     after_help = "Cleanup acts only on evidence that authenticates under this user's seal key: a \
 sealed run whose seal verifies as authenticated, or an unsealed run (its agentdiff was killed) \
 whose `launched` event carries this user's MAC. Anything else is refused (exit 67) and nothing \
-is signalled; --force acts on it anyway and states the risk.\n\n\
+is signalled; --force acts anyway and states the risk.\n\n\
 Each recorded process is verified (pid + start time + boot id) before it is \
 signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
 refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
@@ -45,7 +45,7 @@ does not exist or its id is invalid; 67 when its runtime evidence is unreadable 
 pub struct Args {
     /// Run id (as shown by `agentdiff runs`).
     run: String,
-    /// Project root holding `.agentdiff/` (default: the current directory).
+    /// Project root holding `.agentdiff/` (default: discovered like `run`).
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
     /// Seconds between TERM and KILL.
@@ -106,44 +106,22 @@ fn stored_identities(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
     if !capsule.is_sealed() {
         return from_launch_event(capsule);
     }
-    let value = capsule
-        .read_artifact_value(Artifact::Runtime)
+    let runtime = capsule
+        .runtime()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let invalid = |msg: &str| {
-        exit::with_code(
-            exit::INVALID_CAPSULE,
-            anyhow::anyhow!("runtime.json of run {}: {msg}", capsule.id()),
-        )
-    };
-    let backend = value
-        .get("backend")
-        .and_then(|b| b.as_str())
-        .ok_or_else(|| invalid("no `backend` field"))?
-        .to_string();
     // A run that never launched recorded no processes.
-    let empty = Vec::new();
-    let processes = match value.get("processes") {
-        Some(p) => p
-            .as_array()
-            .ok_or_else(|| invalid("`processes` is not a list"))?,
-        None if value.get("launched") == Some(&serde_json::Value::Bool(false)) => &empty,
-        None => return Err(invalid("no `processes` list")),
-    };
-    let mut ids: Vec<ProcessIdentity> = Vec::with_capacity(processes.len());
-    for p in processes {
-        let id: ProcessIdentity = p
-            .get("identity")
-            .cloned()
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(|e| invalid(&format!("a process identity is malformed: {e}")))?
-            .ok_or_else(|| invalid("a process has no `identity`"))?;
-        if !ids.contains(&id) {
-            ids.push(id);
+    let mut ids: Vec<ProcessIdentity> = Vec::new();
+    for p in runtime
+        .evidence()
+        .map(|e| e.processes.as_slice())
+        .unwrap_or(&[])
+    {
+        if !ids.contains(&p.identity) {
+            ids.push(p.identity.clone());
         }
     }
     Ok(RunProcesses {
-        backend,
+        backend: runtime.backend().to_string(),
         ids,
         cgroup: None,
     })
@@ -165,17 +143,14 @@ fn from_launch_event(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
             anyhow::anyhow!("run {} has no runtime.json and {msg}", capsule.id()),
         )
     };
-    let metadata = capsule
-        .read_artifact_value(Artifact::Metadata)
+    let backend = capsule
+        .metadata()
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?
+        .backend;
+    let launched = capsule
+        .launched_event()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let backend = metadata["backend"]
-        .as_str()
-        .ok_or_else(|| invalid("its metadata.json names no backend".into()))?
-        .to_string();
-    let events = capsule
-        .read_events()
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let Some(launched) = events.iter().rev().find(|e| e["event"] == "launched") else {
+    let Some(launched) = launched else {
         // Nothing was launched: nothing to stop.
         return Ok(RunProcesses {
             backend,
@@ -183,13 +158,8 @@ fn from_launch_event(capsule: &Capsule) -> anyhow::Result<RunProcesses> {
             cgroup: None,
         });
     };
-    let mut ids = Vec::new();
-    if let Some(root) = launched.get("root").filter(|r| !r.is_null()) {
-        let id: ProcessIdentity = serde_json::from_value(root.clone())
-            .map_err(|e| invalid(format!("its launched event is malformed: {e}")))?;
-        ids.push(id);
-    }
-    let cgroup = launched["cgroup"].as_str().map(PathBuf::from);
+    let mut ids: Vec<ProcessIdentity> = launched.root.into_iter().collect();
+    let cgroup = launched.cgroup.map(PathBuf::from);
     if let Some(cg) = &cgroup {
         if !is_run_cgroup(cg) {
             return Err(invalid(format!(
@@ -372,10 +342,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             anyhow::anyhow!("--grace-period must be between 0 and 3600 seconds"),
         ));
     }
-    let root = match args.root {
-        Some(r) => r,
-        None => std::env::current_dir().context("cannot determine the current directory")?,
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
     // A state directory that cannot be used leaves nothing to authenticate with: cleanup then
     // refuses unless --force.
@@ -398,11 +365,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Format::Json => {
             let text =
                 serde_json::to_string_pretty(&result).context("cannot serialise the result")?;
-            println!("{text}");
+            outln!("{text}");
         }
         Format::Summary => {
             let r = &result.cleanup;
-            println!(
+            outln!(
                 "cleanup of run {} ({} backend, {}, grace {} ms): {} identities",
                 agentdiff_engine::redact::escape_terminal(&result.run_id),
                 result.backend,
@@ -411,7 +378,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 r.records.len()
             );
             for rec in &r.records {
-                println!(
+                outln!(
                     "  {:<15} pid {:<8} {}{}",
                     outcome_name(rec.outcome),
                     rec.identity.pid,
@@ -423,18 +390,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
             }
             for res in &r.resources_removed {
-                println!(
+                outln!(
                     "  removed {}",
                     agentdiff_engine::redact::escape_terminal(res)
                 );
             }
             for e in &r.errors {
-                println!("  error: {}", agentdiff_engine::redact::escape_terminal(e));
+                outln!("  error: {}", agentdiff_engine::redact::escape_terminal(e));
             }
         }
     }
     if result.refused_or_escaped > 0 {
-        eprintln!(
+        errln!(
             "agentdiff: {} identities were refused or could not be stopped; see cleanup-result.json",
             result.refused_or_escaped
         );
@@ -448,6 +415,7 @@ mod tests {
     use std::process::{Command, Stdio};
 
     use super::*;
+    use agentdiff_engine::store::Artifact;
 
     struct Sleeper(std::process::Child);
     impl Drop for Sleeper {
@@ -475,18 +443,34 @@ mod tests {
     fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
         let store = Store::open(root).unwrap();
         let capsule = store.create_run(Some(run)).unwrap();
-        let processes: Vec<serde_json::Value> = ids
+        use agentdiff_engine::backend::{ProcessRecord, ProcessRelation, RunEvidence};
+        let processes = ids
             .iter()
-            .map(|id| {
-                serde_json::json!({"identity": id, "ppid": 1, "relation": "reparented",
-                "executable": "sleep", "first_seen_ms": 1, "alive_after_root_exit": true})
+            .map(|id| ProcessRecord {
+                identity: id.clone(),
+                ppid: 1,
+                relation: ProcessRelation::Reparented,
+                executable: "sleep".into(),
+                first_seen_ms: 1,
+                alive_after_root_exit: true,
             })
             .collect();
-        let ev = serde_json::json!({"backend": "local", "processes": processes});
+        let ev = RunEvidence {
+            backend: "local".into(),
+            processes,
+            ..RunEvidence::default()
+        };
+        let ev = agentdiff_engine::store::RuntimeDoc::launched(&ev, &[]);
+        capsule.write_artifact(Artifact::Runtime, &ev).unwrap();
+        seal_minimal(root, &capsule);
+        capsule.dir().to_path_buf()
+    }
+
+    /// Adds the artifacts every sealed capsule holds and seals it with the test's key.
+    fn seal_minimal(root: &Path, capsule: &Capsule) {
         for (artifact, value) in [
             (Artifact::Metadata, serde_json::json!({"backend": "local"})),
             (Artifact::Policy, serde_json::json!({})),
-            (Artifact::Runtime, ev),
             (Artifact::Result, serde_json::json!({"status": "passed"})),
         ] {
             capsule.write_artifact(artifact, &value).unwrap();
@@ -494,7 +478,6 @@ mod tests {
         let authority =
             agentdiff_engine::store::seal::SealAuthority::open(&state(root), root).unwrap();
         capsule.seal_with(&[], Some(&authority)).unwrap();
-        capsule.dir().to_path_buf()
     }
 
     #[test]
@@ -609,9 +592,10 @@ mod tests {
         capsule
             .write_artifact(
                 Artifact::Runtime,
-                &serde_json::json!({"backend": "local", "processes": [{}]}),
+                &serde_json::json!({"launched": true, "backend": "local", "processes": [{}]}),
             )
             .unwrap();
+        seal_minimal(root.path(), &capsule);
         let err = cleanup_run(
             root.path(),
             "bad",

@@ -5,7 +5,6 @@
 //! `BACKEND_UNAVAILABLE` (69) when the backend cannot run here, so that a report made only of
 //! skips never looks like a pass.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use agentdiff_conformance::{factory_fn, run_suite, FailClosedCase, SuiteOptions};
@@ -125,14 +124,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Format::Tap => report.to_tap(),
         Format::Json => format!("{}\n", report.to_json()),
     };
-    std::io::stdout()
-        .lock()
-        .write_all(text.as_bytes())
-        .context("writing the report to stdout")?;
+    out!("{text}");
     // An unavailable backend is reported as such first: its failed launching checks (under
     // --require-available) say nothing about the backend's conformance.
     if !report.availability.is_ready() {
-        eprintln!(
+        errln!(
             "agentdiff: runtime backend `{}` is unavailable here; launching checks were {}",
             descriptor.id,
             if report.summary.must_failed > 0 {

@@ -2,7 +2,6 @@
 //! boundary, availability with remedies — and, with `--probe`, what the conformance probes
 //! verified on this host.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -70,15 +69,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         std::fs::write(path, text)
             .with_context(|| format!("could not write the probe record to {}", path.display()))?;
     }
-    let mut out = std::io::stdout().lock();
     match args.format {
         Format::Json => {
             let text = serde_json::to_string_pretty(&doc).context("serialising the report")?;
-            writeln!(out, "{text}").context("writing to stdout")?;
+            outln!("{text}");
         }
-        Format::Summary => {
-            write!(out, "{}", render_summary(&doc)).context("writing to stdout")?;
-        }
+        Format::Summary => out!("{}", render_summary(&doc)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -27,8 +27,8 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct PreToolUseArgs {
     /// Project root: tool paths outside it are denied.
-    #[arg(long, value_name = "DIR", default_value = ".")]
-    root: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
     /// Policy file to use instead of ROOT/agentdiff.yaml.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
@@ -51,15 +51,9 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<ExitCode> {
     let text = String::from_utf8(input)
         .map_err(|_| policy::PolicyError::HookInput("stdin is not UTF-8".to_owned()))?;
     let call = hook::ToolCall::parse(&text)?;
-    let root = if args.root.is_absolute() {
-        args.root
-    } else {
-        std::env::current_dir()
-            .context("cannot determine the current directory")?
-            .join(args.root)
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())?;
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
-    println!("{}", verdict.to_claude_json());
+    outln!("{}", verdict.to_claude_json());
     Ok(ExitCode::SUCCESS)
 }

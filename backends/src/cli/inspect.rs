@@ -32,9 +32,10 @@ pub enum ArtifactName {
 pub struct Args {
     /// The run id (see `agentdiff runs`).
     run: String,
-    /// Project root (default: the current directory).
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
+    #[arg(long)]
+    root: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: Format,
@@ -44,47 +45,45 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = args
-        .root
-        .canonicalize()
-        .with_context(|| format!("project root {} cannot be resolved", args.root.display()))
-        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let root = super::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     let capsule = store
         .open_run(&args.run)
         .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     if let Some(name) = args.artifact {
-        let artifact = match name {
-            ArtifactName::Metadata => Artifact::Metadata,
-            ArtifactName::Policy => Artifact::Policy,
-            ArtifactName::Before => Artifact::Before,
-            ArtifactName::After => Artifact::After,
-            ArtifactName::Runtime => Artifact::Runtime,
-            ArtifactName::Result => Artifact::Result,
-            ArtifactName::Integrity => Artifact::Integrity,
-        };
-        // Manifests keep their entries in the object store; show them whole.
-        let value = match artifact {
-            Artifact::Before | Artifact::After => capsule
-                .read_manifest(artifact, store.objects())
-                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))
-                .and_then(|m| serde_json::to_value(m).map_err(anyhow::Error::from))?,
-            other => capsule
-                .read_artifact_value(other)
-                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?,
-        };
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        // Every artifact goes through its typed reader; manifests are shown whole (their entries
+        // live in the object store).
+        let invalid = |e| exit::with_code(exit::INVALID_CAPSULE, e);
+        let value = match name {
+            ArtifactName::Before => serde_json::to_value(
+                capsule
+                    .manifest(Artifact::Before, store.objects())
+                    .map_err(invalid)?,
+            ),
+            ArtifactName::After => serde_json::to_value(
+                capsule
+                    .manifest(Artifact::After, store.objects())
+                    .map_err(invalid)?,
+            ),
+            ArtifactName::Metadata => serde_json::to_value(capsule.metadata().map_err(invalid)?),
+            ArtifactName::Policy => serde_json::to_value(capsule.policy_doc().map_err(invalid)?),
+            ArtifactName::Runtime => serde_json::to_value(capsule.runtime().map_err(invalid)?),
+            ArtifactName::Result => serde_json::to_value(capsule.result().map_err(invalid)?),
+            ArtifactName::Integrity => serde_json::to_value(capsule.integrity().map_err(invalid)?),
+        }
+        .context("cannot serialise the artifact")?;
+        outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
     let result: RunResult = capsule
-        .read_artifact(Artifact::Result)
+        .result()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&result)?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
         Format::Summary => {
-            print!("{}", crate::report::run_summary(&result, &root));
+            out!("{}", crate::report::run_summary(&result, &root));
             if !capsule.is_sealed() {
-                println!("  warning: this capsule is not sealed (the run did not finish)");
+                outln!("  warning: this capsule is not sealed (the run did not finish)");
             }
         }
     }

@@ -86,3 +86,51 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()
         .context("could not start the async runtime")
 }
+
+/// The project root every subcommand works on: `--root` if given, else the discovery of
+/// `agentdiff_engine::root` (nearest `.agentdiff/` or `agentdiff.yaml`, else the nearest VCS
+/// root, else the current directory; `$HOME` and `/` only when named). The chosen root is printed
+/// on stderr whenever it is not the current directory, so a run never silently covers another
+/// tree than the user expects.
+pub fn project_root(
+    explicit: Option<&std::path::Path>,
+) -> anyhow::Result<agentdiff_engine::root::Root> {
+    use anyhow::Context;
+    let cwd = std::env::current_dir()
+        .context("cannot determine the current directory; pass --root")
+        .map_err(|e| crate::exit::with_code(crate::exit::USAGE, e))?;
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let root = agentdiff_engine::root::discover(explicit, &cwd, home.as_deref())
+        .map_err(|e| crate::exit::with_code(crate::exit::USAGE, e))?;
+    let same_as_cwd = std::fs::canonicalize(&cwd).is_ok_and(|c| c == root.path);
+    if root.reason != agentdiff_engine::root::Reason::Explicit && !same_as_cwd {
+        errln!(
+            "agentdiff: project root: {} ({})",
+            agentdiff_engine::redact::escape_terminal(&root.path.display().to_string()),
+            root.describe()
+        );
+    }
+    Ok(root)
+}
+
+/// Takes the project lock (`.agentdiff/lock`) for a command that writes the tree or the store:
+/// another `run`, `rollback` or `promote` in the same root is refused (exit 75) or, with
+/// `--wait`, waited for with a message.
+pub fn lock_store(
+    store: &agentdiff_engine::store::Store,
+    wait: bool,
+) -> anyhow::Result<agentdiff_engine::store::StoreLock> {
+    use agentdiff_engine::store::{LockError, Wait};
+    let mode = if wait { Wait::Yes } else { Wait::No };
+    store
+        .lock(mode, |holder| {
+            errln!(
+                "agentdiff: waiting for the other agentdiff{} in this project to finish",
+                holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+            )
+        })
+        .map_err(|e| match e {
+            LockError::Busy { .. } => crate::exit::with_code(crate::exit::BUSY, e),
+            LockError::Io { .. } => crate::exit::with_code(crate::exit::INTERNAL, e),
+        })
+}

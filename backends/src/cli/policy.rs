@@ -26,8 +26,8 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {
     /// Project root.
-    #[arg(long, value_name = "DIR", default_value = ".")]
-    root: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
     /// Where to write the starter (`-` for standard output).
     #[arg(long, short, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -48,8 +48,8 @@ pub enum Format {
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
     /// Project root (its agentdiff.yaml is read unless --policy is given).
-    #[arg(long, value_name = "DIR", default_value = ".")]
-    root: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
     /// Policy file to check instead of ROOT/agentdiff.yaml.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
@@ -70,8 +70,8 @@ pub struct ExplainArgs {
     #[arg(long, value_name = "EXE")]
     command: Option<OsString>,
     /// Project root (its agentdiff.yaml is read unless --policy is given).
-    #[arg(long, value_name = "DIR", default_value = ".")]
-    root: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
     /// Policy file to use instead of ROOT/agentdiff.yaml.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
@@ -97,13 +97,14 @@ fn load(root: &Path, explicit: Option<&Path>) -> anyhow::Result<LoadedPolicy> {
 }
 
 fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
-    let target = args
-        .output
-        .unwrap_or_else(|| args.root.join(POLICY_FILE_NAME));
+    let target = match args.output {
+        Some(output) => output,
+        None => super::project_root(args.root.as_deref())?
+            .path
+            .join(POLICY_FILE_NAME),
+    };
     if target == Path::new("-") {
-        std::io::stdout()
-            .write_all(policy::STARTER.as_bytes())
-            .context("cannot write to standard output")?;
+        crate::out::stdout_bytes(policy::STARTER.as_bytes());
         return Ok(ExitCode::SUCCESS);
     }
     let mut options = std::fs::OpenOptions::new();
@@ -130,27 +131,36 @@ fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
     file.write_all(policy::STARTER.as_bytes())
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", target.display()))?;
-    println!(
+    outln!(
         "wrote starter policy to {}; check it with `agentdiff policy validate`",
         escape_terminal(&target.display().to_string())
     );
     Ok(ExitCode::SUCCESS)
 }
 
+/// The policy in force: `--policy FILE` needs no project root; otherwise the root is discovered.
+fn load_for(root: Option<&Path>, explicit: Option<&Path>) -> anyhow::Result<policy::LoadedPolicy> {
+    let root = match explicit {
+        Some(_) => std::path::PathBuf::from("."),
+        None => super::project_root(root)?.path,
+    };
+    load(&root, explicit)
+}
+
 fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
-    let loaded = load(&args.root, args.policy.as_deref())?;
+    let loaded = load_for(args.root.as_deref(), args.policy.as_deref())?;
     let digest = match &loaded.source {
         PolicySource::File { sha256, .. } => sha256.clone(),
         PolicySource::BuiltIn => loaded.policy.effective_sha256(),
     };
     match args.format {
-        Format::Summary => println!(
+        Format::Summary => outln!(
             "OK: {} (policy version {}, sha256 {})",
             escape_terminal(&loaded.source.describe()),
             loaded.policy.version(),
             digest
         ),
-        Format::Json => println!(
+        Format::Json => outln!(
             "{}",
             serde_json::json!({
                 "ok": true,
@@ -165,7 +175,7 @@ fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    let loaded = load(&args.root, args.policy.as_deref())?;
+    let loaded = load_for(args.root.as_deref(), args.policy.as_deref())?;
     let decision = match (&args.path, &args.command) {
         (_, Some(exe)) => loaded.policy.decide_command(exe),
         (Some(path), None) => loaded
@@ -180,7 +190,7 @@ fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         }
     };
     match args.format {
-        Format::Json => println!(
+        Format::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&decision).context("cannot encode the decision")?
         ),
@@ -204,7 +214,7 @@ fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 ),
             ];
             for (name, value) in lines {
-                println!("{:<8} {}", format!("{name}:"), escape_terminal(&value));
+                outln!("{:<8} {}", format!("{name}:"), escape_terminal(&value));
             }
         }
     }

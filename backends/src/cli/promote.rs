@@ -39,17 +39,30 @@ pub struct Args {
     /// Check every path and show a diff preview; write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Project root (default: the current directory).
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
+    /// Wait for another agentdiff running in this project instead of exiting 75.
+    #[arg(long)]
+    wait: bool,
+    /// With --dry-run: show content diffs of sensitive files (denied changes, `.env*`, keys)
+    /// instead of their sizes and hashes.
+    #[arg(long)]
+    show_secrets: bool,
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
+    #[arg(long)]
+    root: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: super::inspect::Format,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let store =
-        Store::open_existing(&args.root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let root = super::project_root(args.root.as_deref())?.path;
+    let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    // A preview writes nothing and may run beside a run; a real promote may not.
+    let _lock = match args.dry_run {
+        true => None,
+        false => Some(super::lock_store(&store, args.wait)?),
+    };
     let capsule = store
         .open_run(&args.run)
         .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
@@ -62,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         paths: args.paths.clone(),
         force: args.force,
     };
-    let plan = promote::plan(&capsule, store.objects(), &args.root, &selection).map_err(|e| {
+    let mut plan = promote::plan(&capsule, store.objects(), &root, &selection).map_err(|e| {
         let code = match &e {
             PromoteError::NotSealed { .. }
             | PromoteError::Verification { .. }
@@ -80,15 +93,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     // A write that could not finish preserved what it could not change: the conflict code, as
     // for rollback.
+    plan.show_secrets = args.show_secrets;
     let report = promote::execute(&capsule, &plan, args.dry_run)
         .context("promote stopped")
         .map_err(|e| exit::with_code(exit::CONFLICT, e))?;
     match args.format {
-        super::inspect::Format::Json => println!(
+        super::inspect::Format::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&report).context("serialising the report")?
         ),
-        super::inspect::Format::Summary => print!("{}", promote::render_summary(&report)),
+        super::inspect::Format::Summary => out!("{}", promote::render_summary(&report)),
     }
     Ok(ExitCode::from(if report.has_conflicts() {
         exit::CONFLICT

@@ -44,19 +44,29 @@ pub struct Args {
     /// Check every path and show what would happen (with a diff of text files); write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Wait for another agentdiff running in this project instead of exiting 75.
+    #[arg(long)]
+    wait: bool,
+    /// With --dry-run: show content diffs of sensitive files (denied changes, `.env*`, keys)
+    /// instead of their sizes and hashes.
+    #[arg(long)]
+    show_secrets: bool,
     #[arg(long, value_enum, default_value_t = Format::Summary)]
     format: Format,
-    /// The project root (default: the current directory).
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
     #[arg(long, value_name = "R")]
     root: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = match &args.root {
-        Some(r) => r.clone(),
-        None => std::env::current_dir().context("cannot determine the current directory")?,
-    };
+    let root = super::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(store_error)?;
+    // A preview writes nothing and may run beside a run; a real rollback may not.
+    let _lock = match args.dry_run {
+        true => None,
+        false => Some(super::lock_store(&store, args.wait)?),
+    };
     let capsule = store.open_run(&args.run).map_err(store_error)?;
     let selection = Selection {
         scope: if args.all {
@@ -66,16 +76,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         paths: args.paths.clone(),
     };
-    let plan =
+    let mut plan =
         rollback::plan(&capsule, store.objects(), &root, &selection).map_err(rollback_error)?;
+    plan.show_secrets = args.show_secrets;
     let opts = ExecuteOptions {
         dry_run: args.dry_run,
         fault: test_fault(),
     };
     let report = rollback::execute(&capsule, &plan, &opts).map_err(rollback_error)?;
     match args.format {
-        Format::Summary => print!("{}", render_summary(&report)),
-        Format::Json => println!(
+        Format::Summary => out!("{}", render_summary(&report)),
+        Format::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&report).context("cannot serialize the report")?
         ),
@@ -105,8 +116,11 @@ fn rollback_error(e: RollbackError) -> anyhow::Error {
         RollbackError::NotSealed { .. }
         | RollbackError::Verification { .. }
         | RollbackError::Malformed { .. }
-        | RollbackError::UnsafePath { .. }
-        | RollbackError::Store(_) => exit::INVALID_CAPSULE,
+        | RollbackError::UnsafePath { .. } => exit::INVALID_CAPSULE,
+        // Writing the recovery record failed (a read-only or full store): the rollback could
+        // not finish, which is not a verification failure.
+        RollbackError::Store(StoreError::Io { .. }) => exit::CONFLICT,
+        RollbackError::Store(_) => exit::INVALID_CAPSULE,
         RollbackError::Disabled { .. } => exit::INVALID_CONFIG,
         RollbackError::UnknownPath { .. }
         | RollbackError::InvalidPathArgument { .. }

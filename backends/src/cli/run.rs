@@ -14,7 +14,7 @@ use agentdiff_engine::backend::{BackendOptions, Boundary, Registry, StdioMode};
 use agentdiff_engine::environment::EnvMode;
 use agentdiff_engine::fs::ScanProgress;
 use agentdiff_engine::policy::{self, Action};
-use agentdiff_engine::store::StoreError;
+use agentdiff_engine::store::{Store, StoreError};
 use agentdiff_engine::transaction::{
     self, Refusal, RunOutcome, RunRequest, Status, VerifiedControl,
 };
@@ -42,13 +42,15 @@ pub enum FailOn {
 #[command(
     after_help = "Exit codes: the command's own non-zero code is passed through; \
 64 usage, 65 invalid policy, 69 backend unavailable, 70 internal error, 71 denied findings, \
-72 review findings (--fail-on review), 73 blocked by command policy, 124 timed out, \
+72 review findings (--fail-on review), 73 blocked by command policy, 75 another agentdiff is \
+running in this project, 124 timed out, \
 128+N interrupted by signal N. See docs/cli.md."
 )]
 pub struct Args {
-    /// Project root (default: the current directory).
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
+    #[arg(long)]
+    root: Option<PathBuf>,
     /// Policy file (default: ROOT/agentdiff.yaml, else the built-in policy).
     #[arg(long)]
     policy: Option<PathBuf>,
@@ -128,6 +130,9 @@ pub struct Args {
     /// How old a probe record may be to be cited.
     #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_duration)]
     probe_max_age: Duration,
+    /// Wait for another agentdiff running in this project instead of exiting 75.
+    #[arg(long)]
+    wait: bool,
     /// Any backend: KEY=VALUE option for third-party backends (repeatable).
     #[arg(long = "backend-option", value_name = "KEY=VALUE")]
     backend_option: Vec<String>,
@@ -233,8 +238,7 @@ fn backend_options(args: &Args, runtime: &str) -> anyhow::Result<BackendOptions>
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root =
-        transaction::resolve_root(&args.root).map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let root = super::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
     let runtime = args
@@ -247,10 +251,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .create(&runtime)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let options = backend_options(&args, &runtime)?;
+    // A request the backend refuses is a usage error: nothing is written, no capsule claims a
+    // policy outcome for a command that never ran.
+    transaction::check_request(
+        backend.as_ref(),
+        &root,
+        &args.command,
+        &options,
+        &loaded.policy,
+    )
+    .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let verified_controls = match &args.probe_records {
         Some(path) => cite_probes(path, backend.id(), &options, args.probe_max_age)?,
         None => Vec::new(),
     };
+
+    // One run per project at a time; held until the capsule is sealed and the process exits.
+    let store = Store::open(&root).map_err(|e| exit::with_code(exit::INTERNAL, e))?;
+    let _lock = super::lock_store(&store, args.wait)?;
 
     let rt = crate::cli::runtime()?;
     let (tx, rx) = tokio::sync::watch::channel(None);
@@ -315,10 +333,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Format::Json => {
             let text =
                 serde_json::to_string_pretty(&outcome.result).context("serialising the result")?;
-            println!("{text}");
+            outln!("{text}");
         }
         Format::Summary => {
-            eprint!("{}", report::run_summary(&outcome.result, &root));
+            errout!("{}", report::run_summary(&outcome.result, &root));
         }
     }
     Ok(ExitCode::from(exit_code(&outcome, args.fail_on)))
@@ -428,7 +446,7 @@ impl ProgressState {
         }
         self.last = Some(now);
         self.shown = true;
-        eprint!(
+        errout!(
             "\r\x1b[2Kagentdiff: scanning ({phase}): {} files, {:.1} MB hashed",
             p.files_seen,
             p.bytes_hashed as f64 / 1_048_576.0
@@ -437,7 +455,7 @@ impl ProgressState {
 
     fn clear(&mut self) {
         if self.shown {
-            eprint!("\r\x1b[2K");
+            errout!("\r\x1b[2K");
             self.shown = false;
         }
     }

@@ -35,9 +35,10 @@ pub struct Args {
     /// that are missing from it.
     #[arg(long)]
     all: bool,
-    /// Project root (default: the current directory).
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
+    #[arg(long)]
+    root: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: super::inspect::Format,
@@ -82,8 +83,9 @@ fn code_for(verdict: Verdict) -> u8 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let store = Store::open_existing(&args.root).map_err(|e| exit::with_code(open_code(&e), e))?;
-    let (ctx, context_problem) = context(&args.root);
+    let root = super::project_root(args.root.as_deref())?.path;
+    let store = Store::open_existing(&root).map_err(|e| exit::with_code(open_code(&e), e))?;
+    let (ctx, context_problem) = context(&root);
     if let Some(p) = &context_problem {
         eprintln!(
             "agentdiff: the seal key could not be used, so nothing can be authenticated: {}",
@@ -100,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .verify_with(store.objects(), &ctx)
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
-        super::inspect::Format::Json => println!(
+        super::inspect::Format::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&report).context("serialising the report")?
         ),
@@ -150,7 +152,7 @@ fn verify_all(
                 missing_from_store: missing,
                 context_problem,
             };
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&all).context("serialising the report")?
             );
@@ -160,14 +162,14 @@ fn verify_all(
                 print_report(r);
             }
             for m in &missing {
-                println!(
+                outln!(
                     "MISSING: run {} is recorded in this user's ledger for this root but its \
                      capsule is gone from the store",
                     escape_terminal(m)
                 );
             }
             if reports.is_empty() && missing.is_empty() {
-                println!("no runs in the store");
+                outln!("no runs in the store");
             }
         }
     }
@@ -177,31 +179,31 @@ fn verify_all(
 fn print_report(report: &VerifyReport) {
     let id = escape_terminal(report.run_id.as_str());
     match report.verdict {
-        Verdict::Authenticated => println!(
+        Verdict::Authenticated => outln!(
             "authenticated: run {id} is sealed, every artifact and object matches the seal, and \
              the seal's MAC checks under this user's key"
         ),
-        Verdict::IntactNotAuthenticated => println!(
+        Verdict::IntactNotAuthenticated => outln!(
             "intact, NOT authenticated: run {id} matches its seal, but {}",
             escape_terminal(&report.authentication.detail)
         ),
-        Verdict::Forged => println!(
+        Verdict::Forged => outln!(
             "FORGED: run {id} does not match what agentdiff sealed ({} problem(s)):",
             report.problems.len() + usize::from(report.authentication.is_forged())
         ),
-        Verdict::Unsealed => println!("UNSEALED: run {id} has no seal:"),
+        Verdict::Unsealed => outln!("UNSEALED: run {id} has no seal:"),
     }
     if report.authentication.is_forged() {
-        println!("  seal: {}", escape_terminal(&report.authentication.detail));
+        outln!("  seal: {}", escape_terminal(&report.authentication.detail));
     }
     for p in &report.problems {
-        println!(
+        outln!(
             "  {}: {}",
             escape_terminal(&p.subject),
             escape_terminal(&p.problem)
         );
     }
     for n in &report.notes {
-        println!("  note: {}", escape_terminal(n));
+        outln!("  note: {}", escape_terminal(n));
     }
 }

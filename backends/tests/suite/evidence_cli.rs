@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 const INVALID_CAPSULE: i32 = 67;
 const GATE_DENIED: i32 = 71;
-const UNAUTHENTICATED: i32 = 75;
+const UNAUTHENTICATED: i32 = 76;
 
 /// A project with a private state directory (key and ledger) beside it, never the user's.
 struct Project {
@@ -507,17 +507,30 @@ fn argv_secrets_are_redacted_and_environment_fingerprints_are_keyed() {
     let mysql = bin.join("mysql").display().to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
         .args(["run", "--run-id", "secrets", "--", "sh", "-c", "true", "x"])
-        .args(["-u", "admin:PASS1", "--oauth2-bearer", "TOK2"])
-        .args(["-H", "X-Api-Key: KEY3", "-H", "Authorization: Bearer TOK4"])
+        .args(["-u", "admin:Pw-one-q9z", "--oauth2-bearer", "Tok-two-q9z"])
+        .args([
+            "-H",
+            "X-Api-Key: Key-three-q9z",
+            "-H",
+            "Authorization: Bearer Tok-four-q9z",
+        ])
         .current_dir(&p.root)
         .env("AGENTDIFF_STATE_DIR", &p.state)
         .env("PIN", "4821")
+        .env("SOME_VALUE", "Env-six-q9z")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let out = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
         .args([
-            "run", "--run-id", "mysql", "--", &mysql, "-uroot", "-pPASS5", "db",
+            "run",
+            "--run-id",
+            "mysql",
+            "--",
+            &mysql,
+            "-uroot",
+            "-pPw-five-q9z",
+            "db",
         ])
         .current_dir(&p.root)
         .env("AGENTDIFF_STATE_DIR", &p.state)
@@ -527,7 +540,14 @@ fn argv_secrets_are_redacted_and_environment_fingerprints_are_keyed() {
     for run in ["secrets", "mysql"] {
         for entry in fs::read_dir(p.run_dir(run)).unwrap() {
             let body = fs::read_to_string(entry.unwrap().path()).unwrap();
-            for secret in ["PASS1", "TOK2", "KEY3", "TOK4", "PASS5", "4821"] {
+            for secret in [
+                "Pw-one",
+                "Tok-two",
+                "Key-three",
+                "Tok-four",
+                "Pw-five",
+                "Env-six",
+            ] {
                 assert!(
                     !body.contains(secret),
                     "{secret} reached the capsule of {run}"

@@ -1,10 +1,12 @@
 //! Tests of the `agentdiff` binary. Every spawned `agentdiff` gets [`state_dir`] as
 //! `AGENTDIFF_STATE_DIR`, so tests never read or create the real user's seal key and ledger.
 
+mod bwrap_cli;
 mod evidence_cli;
 mod policy_cli;
 mod rollback_cli;
 mod run_cli;
+mod safe_defaults_cli;
 mod terminal_cli;
 
 /// A seal key and ledger private to this test process.

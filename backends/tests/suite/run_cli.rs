@@ -455,6 +455,39 @@ fn capsule_artifacts_validate_against_the_published_schemas() {
             "events.jsonl",
         );
     }
+    // The typed reader reads every artifact back, and writes it out again unchanged: the reader
+    // and the writer share one set of types and nothing is dropped.
+    let store = agentdiff_engine::store::Store::open_existing(p.path()).unwrap();
+    let capsule = store.open_run(id).unwrap();
+    let same = |typed: Value, name: &str| assert_eq!(typed, read(name), "{name} round trip");
+    same(
+        serde_json::to_value(capsule.metadata().unwrap()).unwrap(),
+        "metadata.json",
+    );
+    same(
+        serde_json::to_value(capsule.policy_doc().unwrap()).unwrap(),
+        "policy.json",
+    );
+    same(
+        serde_json::to_value(capsule.runtime().unwrap()).unwrap(),
+        "runtime.json",
+    );
+    same(
+        serde_json::to_value(capsule.result().unwrap()).unwrap(),
+        "result.json",
+    );
+    let typed_events: Vec<Value> = capsule
+        .events()
+        .unwrap()
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    let raw_events: Vec<Value> = events
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(typed_events, raw_events);
+    assert!(capsule.launched_event().unwrap().unwrap().pid.is_some());
     // The run exercised the interesting parts of the schemas.
     assert!(r["changes"].as_array().unwrap().len() >= 6, "{r:#}");
     assert!(

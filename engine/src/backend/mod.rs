@@ -74,6 +74,13 @@ pub trait RuntimeBackend: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// Whether the backend can run here, with a remedy when it cannot.
     async fn availability(&self) -> Availability;
+    /// Whether the command always gets the scrubbed environment (allowlist, `--pass-env` names,
+    /// credential-like and runtime-injection variables dropped), whatever `--scrub-env` and the
+    /// policy's `environment.mode` say. A sandboxing backend scrubs by default so that an
+    /// exported credential never reaches a command it confines.
+    fn requires_scrubbed_environment(&self) -> bool {
+        false
+    }
     /// Pure transform from the request to what will be executed: no process started, no file
     /// written.
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch>;

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::node::{self, Node};
@@ -19,7 +19,7 @@ pub const POLICY_FILE_NAME: &str = "agentdiff.yaml";
 const MISNAMED: [&str; 2] = ["agentdiff.yml", "agentdiff.json"];
 
 /// Where the policy in force came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PolicySource {
     /// No policy file: the conservative built-in policy.

@@ -30,8 +30,8 @@ pub use error::PolicyError;
 pub use load::{load, load_file, LoadedPolicy, PolicySource, MAX_POLICY_BYTES, POLICY_FILE_NAME};
 pub use path::normalize_path;
 pub use schema::{
-    EnvMode, EnvironmentSettings, Limits, NetworkMode, ObserveSettings, RollbackSettings,
-    RuntimeSettings, Weights, SUPPORTED_VERSIONS, WEIGHT_NAMES,
+    BwrapSettings, EnvMode, EnvironmentSettings, Limits, NetworkMode, ObserveSettings,
+    RollbackSettings, RuntimeSettings, Weights, SUPPORTED_VERSIONS, WEIGHT_NAMES,
 };
 
 use decide::Rules;

@@ -10,8 +10,11 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-/// Most values one document may hold after alias expansion. A policy is a few hundred values.
-pub(crate) const MAX_NODES: usize = 20_000;
+/// Most values one document may hold after alias expansion: one more than a document of
+/// [`MAX_POLICY_BYTES`](super::MAX_POLICY_BYTES) can spell out (every value takes at least two
+/// bytes, as in `[1,1,…]`), so only alias expansion can reach it and a long written-out list never
+/// does.
+pub(crate) const MAX_NODES: usize = super::MAX_POLICY_BYTES / 2 + 16;
 /// Deepest nesting accepted; the schema itself is at most four levels deep.
 pub(crate) const MAX_DEPTH: usize = 16;
 
@@ -64,8 +67,8 @@ impl NodeSeed<'_> {
         let left = self.budget.get();
         if left == 0 {
             return Err(E::custom(format!(
-                "the document expands to more than {MAX_NODES} values (YAML aliases are expanded \
-                 with a small bound; write the lists out instead)"
+                "the document expands to more than {MAX_NODES} values, more than its size can hold \
+                 written out: YAML aliases are expanded with a bound; write the lists out instead"
             )));
         }
         self.budget.set(left - 1);

@@ -190,7 +190,46 @@ pub struct RuntimeSettings {
     /// Option name → values (a scalar in the file becomes a one-element list).
     #[serde(default)]
     pub options: BTreeMap<String, Vec<String>>,
+    /// `runtime.bwrap`: handed only to the bwrap backend (see [`RuntimeSettings::section_options`]),
+    /// so another backend never sees (and rejects) its keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwrap: Option<BwrapSettings>,
 }
+
+/// `runtime.bwrap` (version 2): extra hidden paths, extra writable paths, the network mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BwrapSettings {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hide: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable: Vec<String>,
+    /// `none` (the default) or `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+}
+
+impl RuntimeSettings {
+    /// The options a per-backend section gives the backend `id` (option name → values); empty
+    /// for a backend without a section.
+    pub fn section_options(&self, id: &str) -> BTreeMap<String, Vec<String>> {
+        let mut out = BTreeMap::new();
+        if let (Some(b), "bwrap") = (&self.bwrap, id) {
+            if !b.hide.is_empty() {
+                out.insert("hide".to_string(), b.hide.clone());
+            }
+            if !b.writable.is_empty() {
+                out.insert("writable".to_string(), b.writable.clone());
+            }
+            if let Some(n) = &b.network {
+                out.insert("network".to_string(), vec![n.clone()]);
+            }
+        }
+        out
+    }
+}
+
+/// Keys of `runtime.bwrap`: extra hidden paths, extra writable paths, and the network mode.
+const BWRAP_KEYS: [&str; 3] = ["hide", "writable", "network"];
 
 /// `observe` section (version 2): extra paths the scanner observes even where they are excluded
 /// by default (e.g. `node_modules/**`), so that they can be decided and scored.
@@ -685,9 +724,12 @@ impl Checker {
 
     fn runtime(&mut self, node: &Node) -> RuntimeSettings {
         let mut runtime = RuntimeSettings::default();
-        let Some(entries) = self.mapping(node, "runtime", &["backend", "options"]) else {
+        let Some(entries) = self.mapping(node, "runtime", &["backend", "options", "bwrap"]) else {
             return runtime;
         };
+        if let Some(n) = lookup(entries, "bwrap") {
+            runtime.bwrap = Some(self.bwrap_section(n));
+        }
         if let Some(n) = lookup(entries, "backend") {
             if let Some(id) = self.string(n, "runtime.backend") {
                 if is_identifier(&id) {
@@ -722,6 +764,45 @@ impl Checker {
             }
         }
         runtime
+    }
+
+    /// `runtime.bwrap`: `hide` and `writable` are lists of absolute (or `~/`) paths, `network` is
+    /// `none` (default) or `host`.
+    fn bwrap_section(&mut self, node: &Node) -> BwrapSettings {
+        let mut section = BwrapSettings::default();
+        let Some(entries) = self.mapping(node, "runtime.bwrap", &BWRAP_KEYS) else {
+            return section;
+        };
+        for key in ["hide", "writable"] {
+            if let Some(n) = lookup(entries, key) {
+                let path = join("runtime.bwrap", key);
+                let values = self.string_list(n, &path);
+                for (i, v) in values.iter().enumerate() {
+                    if !(v.starts_with('/') || v.starts_with("~/")) {
+                        self.problem(format!(
+                            "{path}[{i}]: {v:?} must be an absolute path or start with `~/`"
+                        ));
+                    }
+                }
+                if key == "hide" {
+                    section.hide = values;
+                } else {
+                    section.writable = values;
+                }
+            }
+        }
+        if let Some(n) = lookup(entries, "network") {
+            if let Some(mode) = self.string(n, "runtime.bwrap.network") {
+                if mode == "host" || mode == "none" {
+                    section.network = Some(mode);
+                } else {
+                    self.problem(format!(
+                        "runtime.bwrap.network: {mode:?} is not `none` or `host`"
+                    ));
+                }
+            }
+        }
+        section
     }
 
     fn option_values(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {

@@ -485,3 +485,27 @@ fn load_refuses_a_fifo() {
         Err(PolicyError::NotAFile { .. })
     ));
 }
+
+#[test]
+fn runtime_bwrap_section_is_checked_and_kept_apart_from_generic_options() {
+    let p = parse(
+        "version: 2\nruntime:\n  bwrap:\n    hide: [~/.secrets, /opt/keys]\n    writable: [~/.cache/cargo]\n    network: host\n",
+    )
+    .unwrap();
+    let section = p.runtime().section_options("bwrap");
+    assert_eq!(section["hide"], vec!["~/.secrets", "/opt/keys"]);
+    assert_eq!(section["writable"], vec!["~/.cache/cargo"]);
+    assert_eq!(section["network"], vec!["host"]);
+    assert!(p.runtime().options.is_empty());
+    // Another backend never sees the section's keys.
+    assert!(p.runtime().section_options("local").is_empty());
+    // The effective policy (stored in the capsule) parses back to the same section.
+    let again = Policy::from_yaml_or_json(&p.to_json().to_string(), "effective.json").unwrap();
+    assert_eq!(again.runtime().section_options("bwrap"), section);
+    let p = problems("version: 2\nruntime:\n  bwrap:\n    network: bridge\n");
+    assert!(p[0].starts_with("runtime.bwrap.network"), "{p:?}");
+    let p = problems("version: 2\nruntime:\n  bwrap:\n    hide: [relative/path]\n");
+    assert!(p[0].starts_with("runtime.bwrap.hide[0]"), "{p:?}");
+    let p = problems("version: 2\nruntime:\n  bwrap:\n    mounts: [/x]\n");
+    assert!(p[0].contains("mounts"), "{p:?}");
+}

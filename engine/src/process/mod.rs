@@ -9,6 +9,8 @@
 #[cfg(target_os = "linux")]
 pub mod cgroup;
 pub mod cleanup;
+#[cfg(unix)]
+pub mod exec_shim;
 pub mod identity;
 pub mod ports;
 #[cfg(target_os = "linux")]

@@ -18,17 +18,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
+use crate::backend::WorkspaceMode;
 use crate::fs::{ChangeType, EntryKind};
+use crate::policy::Action;
+use crate::recovery::recorded::parent_of;
+use crate::recovery::{RecordedError, RecordedRun, RecordedTree};
 use crate::rollback::apply::{self, ApplyOp, OpKind, Outcome, Transition};
-use crate::rollback::plan::{
-    parent_of, path_filters, read_manifest, under, validate_recorded_path, verification_problems,
-    PathArgError,
-};
-use crate::store::{
-    now_rfc3339_millis, Artifact, Capsule, ObjectStore, RecoveryArtifact, StoreError,
-};
+use crate::rollback::plan::{path_filters, under, PathArgError};
+use crate::store::{now_rfc3339_millis, Capsule, ObjectStore, RecoveryArtifact, StoreError};
+use crate::transaction::ChangeRecord;
 
 /// What promote does with one path, and one path of a plan: the same shapes as rollback's, so
 /// both run through the same execution loop ([`crate::rollback::execute`]).
@@ -97,21 +97,36 @@ pub struct Plan {
     pub paths: Vec<String>,
     pub items: Vec<PlanItem>,
     pub not_selected: usize,
+    /// Dry run: show content diffs of sensitive files too (default: sizes and hashes only).
+    pub show_secrets: bool,
     objects: ObjectStore,
     unselected_children: BTreeMap<String, Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
-struct RecordedResult {
-    changes: Vec<RecordedChange>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct RecordedChange {
-    path: String,
-    change_type: ChangeType,
-    entry_kind: EntryKind,
-    decision: String,
+impl From<RecordedError> for PromoteError {
+    fn from(e: RecordedError) -> Self {
+        match e {
+            RecordedError::NotSealed { run_id } => PromoteError::NotSealed { run_id },
+            RecordedError::Verification { run_id, problems } => PromoteError::Verification {
+                run_id,
+                problems: if problems.is_empty() {
+                    "not sealed".into()
+                } else {
+                    problems.join("; ")
+                },
+            },
+            RecordedError::RootMismatch { recorded, given } => {
+                PromoteError::RootMismatch { recorded, given }
+            }
+            RecordedError::UnsafePath { path, reason } => PromoteError::UnsafePath { path, reason },
+            RecordedError::Root { path, source } => PromoteError::Io {
+                action: "resolve the project root",
+                path,
+                source,
+            },
+            RecordedError::Store(e) => PromoteError::Store(e),
+        }
+    }
 }
 
 /// The workspace was written by the command: a setuid or setgid bit it set would become a
@@ -133,75 +148,38 @@ pub fn plan(
     root: &Path,
     selection: &Selection,
 ) -> Result<Plan, PromoteError> {
-    let run_id = capsule.id().to_string();
     if selection.force && selection.paths.is_empty() {
         return Err(PromoteError::ForceWithoutPath);
     }
-    if !capsule.is_sealed() {
-        return Err(PromoteError::NotSealed { run_id });
-    }
-    if let Some(problems) = verification_problems(capsule, objects)? {
-        return Err(PromoteError::Verification {
-            run_id,
-            problems: if problems.is_empty() {
-                "not sealed".into()
+    let run = RecordedRun::open(
+        capsule,
+        objects,
+        root,
+        RecordedTree::PrivateWorkspace,
+        |c| {
+            let private = c
+                .runtime()?
+                .evidence()
+                .is_some_and(|e| e.capabilities.workspace == WorkspaceMode::Private);
+            if private {
+                Ok(())
             } else {
-                problems.join("; ")
-            },
-        });
-    }
-    let runtime: Value = capsule.read_artifact(Artifact::Runtime)?;
-    if runtime.pointer("/capabilities/workspace") != Some(&Value::String("private".into())) {
-        return Err(PromoteError::NotPrivate { run_id });
-    }
-    let before = read_manifest(capsule, Artifact::Before, objects)?;
-    let after = read_manifest(capsule, Artifact::After, objects)?;
-    let result: RecordedResult = capsule.read_artifact(Artifact::Result)?;
-
-    let given = root.canonicalize().map_err(|source| PromoteError::Io {
-        action: "resolve the project root",
-        path: root.to_path_buf(),
-        source,
-    })?;
-    if given != Path::new(&before.root) {
-        return Err(PromoteError::RootMismatch {
-            recorded: before.root.clone(),
-            given: given.display().to_string(),
-        });
-    }
-
-    // Every recorded path stays below the root and never crosses a recorded symlink or file.
-    for change in &result.changes {
-        validate_recorded_path(&change.path).map_err(|reason| PromoteError::UnsafePath {
-            path: change.path.clone(),
-            reason: reason.to_string(),
-        })?;
-        let mut prefix = change.path.as_str();
-        while let Some(parent) = parent_of(prefix) {
-            for m in [&before, &after] {
-                if let Some(e) = m.entries.get(parent) {
-                    if e.kind != EntryKind::Directory {
-                        return Err(PromoteError::UnsafePath {
-                            path: change.path.clone(),
-                            reason: format!("its parent {parent} was recorded as a non-directory"),
-                        });
-                    }
-                }
+                Err(PromoteError::NotPrivate {
+                    run_id: c.id().to_string(),
+                })
             }
-            prefix = parent;
-        }
-    }
-
-    let recorded_paths: Vec<&str> = result.changes.iter().map(|c| c.path.as_str()).collect();
-    let filters = path_filters(&selection.paths, &given, &recorded_paths).map_err(|e| match e {
+        },
+    )?;
+    let (before, after) = (&run.before, &run.after);
+    let filters = path_filters(&selection.paths, &run.root, &run.paths()).map_err(|e| match e {
         PathArgError::Invalid { arg, reason } => PromoteError::InvalidPathArgument {
             path: arg,
             reason: reason.to_string(),
         },
         PathArgError::Unknown { arg } => PromoteError::UnknownPath { path: arg },
     })?;
-    let named = |c: &RecordedChange| filters.iter().any(|f| under(&c.path, f));
-    let by_path = |c: &RecordedChange| filters.is_empty() || named(c);
+    let named = |c: &ChangeRecord| filters.iter().any(|f| under(&c.path, f));
+    let by_path = |c: &ChangeRecord| filters.is_empty() || named(c);
 
     let transition = |path: &str| Transition {
         path: path.to_string(),
@@ -211,16 +189,17 @@ pub fn plan(
 
     let mut items: BTreeMap<String, PlanItem> = BTreeMap::new();
     let mut not_selected = 0usize;
-    for c in &result.changes {
+    for c in run.changes() {
         if !by_path(c) {
             not_selected += 1;
             continue;
         }
         let in_scope = matches!(
-            (c.decision.as_str(), selection.scope),
-            ("allow", _) | ("review", Scope::All)
+            (c.decision, selection.scope),
+            (Action::Allow, _) | (Action::Review, Scope::All)
         );
-        let step = if c.decision == "deny" && !(selection.force && named(c)) {
+        let deny = c.decision == Action::Deny;
+        let step = if deny && !(selection.force && named(c)) {
             if filters.is_empty() {
                 Step::Skip(
                     "deny-classified: promoted only when named with --path and --force".into(),
@@ -228,9 +207,9 @@ pub fn plan(
             } else {
                 Step::Skip("deny-classified: add --force to promote a named deny change".into())
             }
-        } else if c.decision == "deny" || in_scope || !filters.is_empty() {
+        } else if deny || in_scope || !filters.is_empty() {
             // A named review change under --safe-only is promoted only with --all; say so.
-            if c.decision == "review" && selection.scope == Scope::SafeOnly {
+            if c.decision == Action::Review && selection.scope == Scope::SafeOnly {
                 Step::Skip("review-classified: use --all to promote it".into())
             } else if let Some(reason) = unsafe_target_mode(after.entries.get(&c.path)) {
                 Step::Skip(reason)
@@ -255,7 +234,7 @@ pub fn plan(
                 path: c.path.clone(),
                 change_type: c.change_type,
                 entry_kind: c.entry_kind,
-                decision: c.decision.clone(),
+                decision: c.decision,
                 implied: false,
                 step,
             },
@@ -263,11 +242,8 @@ pub fn plan(
     }
 
     // A created path needs its created parent directories, even when they were not selected.
-    let records: BTreeMap<&str, &RecordedChange> = result
-        .changes
-        .iter()
-        .map(|c| (c.path.as_str(), c))
-        .collect();
+    let records: BTreeMap<&str, &ChangeRecord> =
+        run.changes().iter().map(|c| (c.path.as_str(), c)).collect();
     let creating: Vec<String> = items
         .values()
         .filter(|i| matches!(&i.step, Step::Apply(op) if op.target.is_some()))
@@ -291,10 +267,7 @@ pub fn plan(
                         Err(reason) => Step::Skip(reason),
                     },
                 };
-                let decision = records
-                    .get(parent)
-                    .map(|c| c.decision.clone())
-                    .unwrap_or_else(|| "allow".into());
+                let decision = records.get(parent).map_or(Action::Allow, |c| c.decision);
                 items.insert(
                     parent.to_string(),
                     PlanItem {
@@ -348,13 +321,14 @@ pub fn plan(
     }
 
     Ok(Plan {
-        run_id,
-        root: given,
+        run_id: run.run_id.clone(),
+        root: run.root.clone(),
         scope: selection.scope,
         force: selection.force,
         paths: filters,
         items: items.into_values().collect(),
         not_selected,
+        show_secrets: false,
         objects: objects.clone(),
         unselected_children,
     })
@@ -366,7 +340,7 @@ pub struct ItemReport {
     pub path: String,
     pub change_type: ChangeType,
     pub entry_kind: EntryKind,
-    pub decision: String,
+    pub decision: Action,
     pub implied: bool,
     pub action: Option<OpKind>,
     /// `applied`, `created`, `removed`, `already_applied`, `conflict`, `skipped`, `failed`,
@@ -449,6 +423,7 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
     })?;
     let mut applier = Applier::new(root, &plan.objects, dry_run, None);
     applier.target_label = "after promote";
+    applier.show_secrets = plan.show_secrets;
 
     // No fault is injected here, so `interrupted` stays `None`; were it set, the items not
     // reached would be reported as failed, which makes the report partial.
@@ -484,7 +459,7 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
             path: item.path.clone(),
             change_type: item.change_type,
             entry_kind: item.entry_kind,
-            decision: item.decision.clone(),
+            decision: item.decision,
             implied: item.implied,
             action: done.action,
             outcome,
@@ -557,7 +532,7 @@ pub fn render_summary(report: &Report) -> String {
         out.push_str(&format!(
             "  {:<15} {:<8} {}{}{}\n",
             i.outcome,
-            i.decision,
+            i.decision.as_str(),
             escape_terminal(&i.path),
             if i.implied {
                 " (parent of a selected path)"
@@ -593,8 +568,8 @@ pub fn render_summary(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::{diff, scan, BackupRequest, BackupState, IgnoreSource, ScanOptions};
-    use crate::store::Store;
+    use crate::fs::{scan, BackupRequest, BackupState, IgnoreSource, ScanOptions};
+    use crate::store::{Artifact, Store};
     use std::process::Command;
 
     fn sh(dir: &Path, script: &str) {
@@ -627,21 +602,10 @@ mod tests {
         });
         after_opts.ignore = IgnoreSource::Lines(before.ignore_lines.clone());
         let after = scan(workspace, &after_opts).unwrap();
-        let changes: Vec<Value> = diff(&before, &after)
-            .iter()
-            .map(|c| {
-                json!({
-                    "path": c.path,
-                    "change_type": c.change_type,
-                    "entry_kind": c.entry_kind,
-                    "decision": "allow",
-                })
-            })
-            .collect();
+        // A sealed capsule always holds metadata, policy, result and events.
         capsule
             .write_artifact(Artifact::Metadata, &json!({ "run_id": "run1" }))
             .unwrap();
-        // A sealed capsule always holds metadata, policy, result and events.
         capsule
             .write_artifact(Artifact::Policy, &json!({ "effective": {} }))
             .unwrap();
@@ -651,18 +615,42 @@ mod tests {
         let after_entries = capsule
             .write_manifest(Artifact::After, &after, store.objects())
             .unwrap();
+        // The decision step writes the result as a run would; every change allowed.
+        let policy = crate::policy::Policy::builtin();
+        let command = policy.decide_command(std::ffi::OsStr::new("sh"));
+        let mut run = crate::backend::RunEvidence {
+            backend: "test".into(),
+            ..Default::default()
+        };
+        run.capabilities.workspace = crate::backend::WorkspaceMode::Private;
+        let evidence = crate::transaction::Evidence {
+            policy: &policy,
+            command_decision: &command,
+            before: &before,
+            after: &after,
+            run: &run,
+            private_workspace: true,
+            verified_controls: &[],
+            capsule_tampered: &[],
+        };
+        let frame = crate::transaction::RunFrame {
+            run_id: "run1".into(),
+            task: None,
+            started_at: String::new(),
+            finished_at: String::new(),
+            duration_ms: 0,
+        };
+        let mut result = crate::transaction::decide::decide(&evidence, frame);
+        for c in &mut result.changes {
+            c.decision = Action::Allow;
+        }
         capsule
             .write_artifact(
                 Artifact::Runtime,
-                &json!({ "backend": "test", "capabilities": { "workspace": "private" } }),
+                &crate::store::RuntimeDoc::launched(&run, &[]),
             )
             .unwrap();
-        capsule
-            .write_artifact(
-                Artifact::Result,
-                &json!({ "run_id": "run1", "changes": changes }),
-            )
-            .unwrap();
+        capsule.write_artifact(Artifact::Result, &result).unwrap();
         let mut objects: Vec<String> = [&before, &after]
             .iter()
             .flat_map(|m| m.entries.values())

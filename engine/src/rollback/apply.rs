@@ -452,6 +452,9 @@ pub struct Applier<'a> {
     pub expected_label: &'static str,
     /// How diff previews name the target side: `<path> (<target_label>)`.
     pub target_label: &'static str,
+    /// Show content diffs of sensitive files too (`--show-secrets`); see
+    /// [`diff_preview::withheld`].
+    pub show_secrets: bool,
 }
 
 /// Step result: `Err` only for the injected fault.
@@ -473,6 +476,7 @@ impl<'a> Applier<'a> {
             temps_removed: 0,
             expected_label: "the recorded state",
             target_label: "after rollback",
+            show_secrets: false,
         }
     }
 
@@ -582,15 +586,13 @@ impl<'a> Applier<'a> {
         if target_miss.is_none() {
             return Ok(OpResult::new(Outcome::AlreadyRestored));
         }
-        // A directory this tool created and left with its working mode (interrupted earlier).
+        // A directory an interrupted earlier execution created (still at its creation or working
+        // mode): finish it. `already_restored` is only for a path whose type, mode and content
+        // match the target, which `target_miss` checked above.
         if op.kind == OpKind::CreateDir {
-            if let (Current::Dir(meta), Some(t)) = (&current, &op.target) {
+            if let (Current::Dir(meta), Some(t), Some(parent)) = (&current, &op.target, &parent) {
                 if meta.mode == working_dir_mode(t.mode) || meta.mode == OWNER_RWX {
-                    return Ok(OpResult::with(
-                        Outcome::AlreadyRestored,
-                        "re-created by an interrupted earlier rollback; its final mode is applied \
-                         after its contents",
-                    ));
+                    return self.finish_created_dir(parent, name, meta, t.mode);
                 }
             }
         }
@@ -934,6 +936,9 @@ impl<'a> Applier<'a> {
                 OpResult::with(Outcome::Failed, format!("cannot create it: {e}"))
             });
         }
+        // A crash between the mkdir and the chmod leaves it at 0700; the next execution finishes
+        // it (see `finish_created_dir`).
+        self.step()?;
         let made = parent
             .open_dir(name)
             .and_then(|d| {
@@ -948,6 +953,43 @@ impl<'a> Applier<'a> {
                 format!("created, but cannot set its mode: {e}"),
             )),
         }
+    }
+
+    /// Finishes a directory an interrupted earlier execution created: gives it its working mode
+    /// (its final mode, when that leaves the owner full access; otherwise the final mode follows
+    /// after its contents, from the `SettleDirMode` step that is planned for it in every
+    /// execution).
+    fn finish_created_dir(
+        &mut self,
+        parent: &DirHandle,
+        name: &OsStr,
+        meta: &NodeMeta,
+        target_mode: u32,
+    ) -> Step<OpResult> {
+        let work = working_dir_mode(target_mode);
+        let reason = "re-created by an interrupted earlier rollback; finished now";
+        if self.dry_run {
+            return Ok(OpResult::with(Outcome::WouldRecreate, reason));
+        }
+        if meta.mode != work {
+            let dir = match parent.open_dir(name) {
+                Ok(d) if d.meta().is_ok_and(|m| m.same_identity(meta)) => d,
+                _ => {
+                    return Ok(OpResult::with(
+                        Outcome::Conflict,
+                        "it was replaced while being restored; nothing was changed",
+                    ))
+                }
+            };
+            self.step()?;
+            if let Err(e) = dir.chmod(work).and_then(|()| parent.sync()) {
+                return Ok(OpResult::with(
+                    Outcome::Failed,
+                    format!("cannot set its mode {work:04o}: {e}"),
+                ));
+            }
+        }
+        Ok(OpResult::with(Outcome::Recreated, reason))
     }
 
     /// `Some` when the directory holds entries that are not leftovers of this tool.

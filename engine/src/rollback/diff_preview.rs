@@ -2,6 +2,17 @@
 //!
 //! Only valid UTF-8 without NUL bytes is shown; binary content, very large files and changes too
 //! large for the bounded line comparison return `None` (the caller says why no diff is shown).
+//! The `---`/`+++` labels name paths, so they pass through the one display escape: a newline in
+//! a file name cannot print a fake header or report line.
+//!
+//! Sensitive files (a change the run's policy denied, or a path [`is_sensitive_path`] names:
+//! `.env*`, keys, credentials) never get a content diff unless the user asks with
+//! `--show-secrets`: the preview shows sizes and hashes only ([`withheld`]).
+
+use crate::fs::Entry;
+use crate::policy::Action;
+use crate::redact::escape_terminal;
+pub use crate::score::is_sensitive_path;
 
 /// Largest side shown inline.
 pub const MAX_PREVIEW_BYTES: u64 = 1024 * 1024;
@@ -23,6 +34,37 @@ impl NoPreview {
             NoPreview::TooLarge => "no diff shown: the content is too large to compare inline",
         }
     }
+}
+
+/// Whether a plan item's content diff is withheld: its recorded decision was `deny`, or its path
+/// names secrets.
+pub fn is_sensitive(path: &str, decision: Action) -> bool {
+    decision == Action::Deny || is_sensitive_path(path)
+}
+
+/// What a withheld diff shows instead: each side's size and SHA-256 prefix.
+pub fn withheld(
+    from: Option<&Entry>,
+    from_label: &str,
+    to: Option<&Entry>,
+    to_label: &str,
+) -> String {
+    let side = |e: Option<&Entry>| match e {
+        None => "absent".to_owned(),
+        Some(e) => format!(
+            "{} bytes, sha256 {}",
+            e.size,
+            e.sha256
+                .as_deref()
+                .map(|h| h.get(..16).unwrap_or(h))
+                .unwrap_or("unknown")
+        ),
+    };
+    format!(
+        "content diff withheld: sensitive file (pass --show-secrets to see it)\n{from_label}: {}\n{to_label}: {}\n",
+        side(from),
+        side(to)
+    )
 }
 
 fn as_text(bytes: &[u8]) -> Result<&str, NoPreview> {
@@ -54,7 +96,11 @@ pub fn unified(
     let a: Vec<&str> = old.split_inclusive('\n').collect();
     let b: Vec<&str> = new.split_inclusive('\n').collect();
     let script = edit_script(&a, &b)?;
-    let mut out = format!("--- {old_label}\n+++ {new_label}\n");
+    let mut out = format!(
+        "--- {}\n+++ {}\n",
+        escape_terminal(old_label),
+        escape_terminal(new_label)
+    );
     // Line positions (1-based) of each script element in a and b.
     let mut pos = Vec::with_capacity(script.len());
     let (mut i, mut j) = (0usize, 0usize);

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::apply::{self, Applier, ApplyOp, DirChildren, Interrupted, OpKind, OpResult, Outcome};
+use super::diff_preview;
 use super::plan::{PlanItem, PlannedStep};
 
 /// What happened to one plan item.
@@ -146,10 +147,23 @@ pub fn run<E>(
         .iter()
         .zip(results)
         .map(|(item, result)| match (&item.step, result) {
-            (PlannedStep::Apply(op), Some(result)) => ItemResult {
-                action: Some(op.kind),
-                result,
-            },
+            (PlannedStep::Apply(op), Some(mut result)) => {
+                if result.diff.is_some()
+                    && !applier.show_secrets
+                    && diff_preview::is_sensitive(&item.path, item.decision)
+                {
+                    result.diff = Some(diff_preview::withheld(
+                        op.expected.as_ref(),
+                        applier.expected_label,
+                        op.target.as_ref(),
+                        applier.target_label,
+                    ));
+                }
+                ItemResult {
+                    action: Some(op.kind),
+                    result,
+                }
+            }
             (PlannedStep::Apply(op), None) => ItemResult {
                 action: Some(op.kind),
                 result: OpResult::with(Outcome::Failed, "was not processed"),

@@ -29,6 +29,7 @@ pub use apply::{Fault, FaultAction, OpKind, Outcome};
 pub use plan::{plan, Plan, PlanItem, PlannedStep};
 pub use report::{render_summary, ItemReport, Report, ReportStatus, Totals};
 
+use crate::recovery::RecordedError;
 use crate::store::{now_rfc3339_millis, Capsule, RecoveryArtifact, StoreError};
 
 /// Which recorded changes a rollback touches.
@@ -129,6 +130,29 @@ pub enum RollbackError {
     FaultInjected { after_ops: usize },
 }
 
+impl From<RecordedError> for RollbackError {
+    fn from(e: RecordedError) -> Self {
+        match e {
+            RecordedError::NotSealed { run_id } => RollbackError::NotSealed { run_id },
+            RecordedError::Verification { run_id, problems } => {
+                RollbackError::Verification { run_id, problems }
+            }
+            RecordedError::RootMismatch { recorded, given } => {
+                RollbackError::RootMismatch { recorded, given }
+            }
+            RecordedError::UnsafePath { path, reason } => {
+                RollbackError::UnsafePath { path, reason }
+            }
+            RecordedError::Root { path, source } => RollbackError::Io {
+                action: "resolve the project root",
+                path,
+                source,
+            },
+            RecordedError::Store(e) => RollbackError::Store(e),
+        }
+    }
+}
+
 /// Executes `plan`: checks and writes every path (unless `opts.dry_run`), then records
 /// `rollback-result.json` (plus a `rollback-<time>.json` history copy) and recovery events in
 /// `capsule`. A dry run writes nothing anywhere.
@@ -146,6 +170,7 @@ pub fn execute(
         })?;
     let mut applier = apply::Applier::new(root, &plan.objects, opts.dry_run, opts.fault);
     applier.expected_label = "the state the run left";
+    applier.show_secrets = plan.show_secrets;
 
     let executed = execute::run(
         &mut applier,
@@ -184,7 +209,7 @@ pub fn execute(
             path: item.path.clone(),
             change_type: item.change_type,
             entry_kind: item.entry_kind,
-            decision: item.decision.clone(),
+            decision: item.decision,
             implied: item.implied,
             action: done.action,
             outcome: r.outcome,

@@ -5,14 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use serde_json::Value;
-
 use super::apply::{classify, ApplyOp, OpKind, Transition};
 use super::secure_dir::{DirHandle, NodeKind};
 use super::{RollbackError, Scope, Selection};
-use crate::fs::{ChangeType, EntryKind, Manifest, STORE_DIR};
-use crate::store::{Artifact, Capsule, ObjectStore, StoreError};
+use crate::fs::{ChangeType, EntryKind};
+use crate::policy::Action;
+use crate::recovery::{RecordedRun, RecordedTree};
+use crate::store::{Capsule, ObjectStore, StoreError};
+use crate::transaction::ChangeRecord;
 
 /// What rollback will do with one recorded change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub struct PlanItem {
     pub path: String,
     pub change_type: ChangeType,
     pub entry_kind: EntryKind,
-    pub decision: String,
+    pub decision: Action,
     /// Included only because a selected path below it needs it.
     pub implied: bool,
     pub step: PlannedStep,
@@ -49,49 +49,15 @@ pub struct Plan {
     pub items: Vec<PlanItem>,
     /// Recorded changes outside the selection.
     pub not_selected: usize,
+    /// Dry run: show content diffs of sensitive files too (default: sizes and hashes only).
+    pub show_secrets: bool,
     pub(crate) objects: ObjectStore,
     /// For a directory to be removed: names of its children whose own removal was not selected.
     pub(crate) unselected_children: BTreeMap<String, Vec<String>>,
 }
 
-/// The part of result.json rollback reads (field names from the transaction's `ChangeRecord`).
-#[derive(Debug, Deserialize)]
-struct RecordedResult {
-    changes: Vec<RecordedChange>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RecordedChange {
-    path: String,
-    change_type: ChangeType,
-    entry_kind: EntryKind,
-    decision: String,
-}
-
-/// Checks a recorded path: relative, `/`-separated, no empty, `.` or `..` components, no NUL,
-/// not inside the run store.
-pub fn validate_recorded_path(path: &str) -> Result<(), &'static str> {
-    if path.is_empty() {
-        return Err("the path is empty");
-    }
-    if path.starts_with('/') {
-        return Err("the path is absolute");
-    }
-    if path.contains('\0') {
-        return Err("the path contains a NUL byte");
-    }
-    for part in path.split('/') {
-        match part {
-            "" => return Err("the path has an empty component"),
-            "." | ".." => return Err("the path has a '.' or '..' component"),
-            _ => {}
-        }
-    }
-    if path.split('/').next() == Some(STORE_DIR) {
-        return Err("the path is inside the run store");
-    }
-    Ok(())
-}
+pub(crate) use crate::recovery::recorded::parent_of;
+pub use crate::recovery::recorded::validate_recorded_path;
 
 /// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything; an absolute path below the
 /// root → relative to it). Shared with promote.
@@ -151,10 +117,6 @@ pub(crate) fn under(path: &str, prefix: &str) -> bool {
             && path.as_bytes()[prefix.len()] == b'/')
 }
 
-pub(crate) fn parent_of(path: &str) -> Option<&str> {
-    path.rsplit_once('/').map(|(p, _)| p)
-}
-
 /// Verifies the capsule and plans the rollback of `selection` below `root` (the project root the
 /// user named; it must resolve to the root the run recorded).
 pub fn plan(
@@ -163,86 +125,23 @@ pub fn plan(
     root: &Path,
     selection: &Selection,
 ) -> Result<Plan, RollbackError> {
-    let run_id = capsule.id().to_string();
-
-    // 1. The capsule must be sealed and intact. Problems with individual backup objects only
-    //    refuse the paths that need them (checked below); anything else refuses everything.
-    if !capsule.is_sealed() {
-        return Err(RollbackError::NotSealed { run_id });
-    }
-    if let Some(problems) = verification_problems(capsule, objects)? {
-        return Err(RollbackError::Verification { run_id, problems });
-    }
-
-    // 2. Rollback must have been enabled by the run's effective policy.
-    let policy: Value = capsule.read_artifact(Artifact::Policy)?;
-    match policy.pointer("/effective/rollback/enabled") {
-        Some(Value::Bool(true)) => {}
-        Some(Value::Bool(false)) => return Err(RollbackError::Disabled { run_id }),
-        _ => {
-            return Err(RollbackError::Malformed {
-                run_id,
-                detail: "policy.json does not record whether rollback was enabled \
-                         (effective.rollback.enabled)"
-                    .into(),
+    // The capsule must be sealed and intact (problems with individual backup objects only refuse
+    // the paths that need them, checked below), rollback must have been enabled by the run's
+    // effective policy, the root must be the recorded one and every recorded path confined.
+    let run = RecordedRun::open(capsule, objects, root, RecordedTree::InPlace, |c| {
+        if c.policy_doc()?.effective.rollback.enabled {
+            Ok(())
+        } else {
+            Err(RollbackError::Disabled {
+                run_id: c.id().to_string(),
             })
         }
-    }
-
-    let before = read_manifest(capsule, Artifact::Before, objects)?;
-    let after = read_manifest(capsule, Artifact::After, objects)?;
-    let result: RecordedResult = capsule.read_artifact(Artifact::Result)?;
-
-    // 3. The root the user named must be the root the run recorded.
-    let given = root.canonicalize().map_err(|source| RollbackError::Io {
-        action: "resolve the project root",
-        path: root.to_path_buf(),
-        source,
     })?;
-    let recorded = PathBuf::from(&before.root);
-    if given != recorded || before.root != after.root {
-        return Err(RollbackError::RootMismatch {
-            recorded: before.root.clone(),
-            given: given.display().to_string(),
-        });
-    }
+    let (before, after, given) = (&run.before, &run.after, &run.root);
+    let recorded = run.root.clone();
 
-    // 4. Every recorded path must stay below the root and, in each manifest that holds it, sit
-    //    below recorded directories only (the scanner never descends a symlink; a directory
-    //    replaced by a file between the two scans is a legitimate change and is handled per path).
-    for change in &result.changes {
-        validate_recorded_path(&change.path).map_err(|reason| RollbackError::UnsafePath {
-            path: change.path.clone(),
-            reason: reason.to_string(),
-        })?;
-        let mut prefix = change.path.as_str();
-        while let Some(parent) = parent_of(prefix) {
-            for m in [&before, &after] {
-                if !m.entries.contains_key(&change.path) {
-                    continue;
-                }
-                if let Some(e) = m.entries.get(parent) {
-                    if e.kind != EntryKind::Directory {
-                        return Err(RollbackError::UnsafePath {
-                            path: change.path.clone(),
-                            reason: format!(
-                                "its parent {parent} was recorded as a {}, not a directory",
-                                match e.kind {
-                                    EntryKind::Symlink => "symlink",
-                                    _ => "regular file",
-                                }
-                            ),
-                        });
-                    }
-                }
-            }
-            prefix = parent;
-        }
-    }
-
-    // 5. Selection.
-    let recorded_paths: Vec<&str> = result.changes.iter().map(|c| c.path.as_str()).collect();
-    let filters = path_filters(&selection.paths, &given, &recorded_paths).map_err(|e| match e {
+    // Selection.
+    let filters = path_filters(&selection.paths, given, &run.paths()).map_err(|e| match e {
         PathArgError::Invalid { arg, reason } => RollbackError::InvalidPathArgument {
             path: arg,
             reason: reason.to_string(),
@@ -250,10 +149,10 @@ pub fn plan(
         PathArgError::Unknown { arg } => RollbackError::UnknownPath { path: arg },
     })?;
     let by_path =
-        |c: &RecordedChange| filters.is_empty() || filters.iter().any(|f| under(&c.path, f));
-    let in_scope = |c: &RecordedChange| match selection.scope {
+        |c: &ChangeRecord| filters.is_empty() || filters.iter().any(|f| under(&c.path, f));
+    let in_scope = |c: &ChangeRecord| match selection.scope {
         Scope::All => true,
-        Scope::SafeOnly => c.decision == "review" || c.decision == "deny",
+        Scope::SafeOnly => c.decision != Action::Allow,
     };
 
     let transition = |path: &str| Transition {
@@ -262,9 +161,9 @@ pub fn plan(
         target: before.entries.get(path).cloned(),
     };
 
-    let mut chosen: BTreeMap<&str, (&RecordedChange, bool)> = BTreeMap::new();
+    let mut chosen: BTreeMap<&str, (&ChangeRecord, bool)> = BTreeMap::new();
     let mut not_selected = 0usize;
-    for c in &result.changes {
+    for c in run.changes() {
         if !by_path(c) {
             not_selected += 1;
         } else if in_scope(c) {
@@ -276,13 +175,10 @@ pub fn plan(
             not_selected += 1;
         }
     }
-    let records: BTreeMap<&str, &RecordedChange> = result
-        .changes
-        .iter()
-        .map(|c| (c.path.as_str(), c))
-        .collect();
+    let records: BTreeMap<&str, &ChangeRecord> =
+        run.changes().iter().map(|c| (c.path.as_str(), c)).collect();
 
-    // 6. A selected path that needs its parent back pulls in the parent's re-creation.
+    // A selected path that needs its parent back pulls in the parent's re-creation.
     let needs_parent: Vec<&str> = chosen
         .iter()
         .filter(|(_, (c, _))| in_scope(c) && before.entries.contains_key(&c.path))
@@ -301,7 +197,7 @@ pub fn plan(
         }
     }
 
-    // 7. Steps.
+    // Steps.
     let mut items = Vec::new();
     let mut verified: BTreeMap<String, Result<(), String>> = BTreeMap::new();
     for (path, (c, implied)) in &chosen {
@@ -339,7 +235,7 @@ pub fn plan(
             path: path.to_string(),
             change_type: c.change_type,
             entry_kind: c.entry_kind,
-            decision: c.decision.clone(),
+            decision: c.decision,
             implied: *implied,
             step,
         });
@@ -366,7 +262,7 @@ pub fn plan(
         }
     }
 
-    // 8. Nothing may be written through a symlink that is in the tree right now.
+    // Nothing may be written through a symlink that is in the tree right now.
     let root_dir = DirHandle::open_root(&recorded).map_err(|source| RollbackError::Io {
         action: "open the project root",
         path: recorded.clone(),
@@ -381,45 +277,16 @@ pub fn plan(
     }
 
     Ok(Plan {
-        run_id,
+        run_id: run.run_id.clone(),
         root: recorded,
         scope: selection.scope,
         paths: selection.paths.clone(),
         items,
         not_selected,
+        show_secrets: false,
         objects: objects.clone(),
         unselected_children,
     })
-}
-
-/// Why a sealed capsule cannot be trusted: `None` when it verifies; otherwise its problems
-/// (empty: the seal itself is missing). Problems with individual objects are left to the paths
-/// that need them.
-pub(crate) fn verification_problems(
-    capsule: &Capsule,
-    objects: &ObjectStore,
-) -> Result<Option<Vec<String>>, StoreError> {
-    let verify = capsule.verify(objects)?;
-    let fatal: Vec<String> = verify
-        .problems
-        .iter()
-        .filter(|p| !p.subject.starts_with("object "))
-        .map(|p| format!("{}: {}", p.subject, p.problem))
-        .collect();
-    Ok((!verify.sealed || !fatal.is_empty()).then_some(fatal))
-}
-
-/// A manifest whose entries live in a (verified) content-addressed object, or, from older
-/// capsules, inline in the artifact.
-pub(crate) fn read_manifest(
-    capsule: &Capsule,
-    artifact: Artifact,
-    objects: &ObjectStore,
-) -> Result<Manifest, StoreError> {
-    match capsule.manifest_entries_object(artifact)? {
-        Some(_) => capsule.read_manifest(artifact, objects),
-        None => capsule.read_artifact(artifact),
-    }
 }
 
 fn op(t: Transition, kind: OpKind) -> ApplyOp {

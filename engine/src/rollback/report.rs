@@ -14,7 +14,7 @@ pub struct ItemReport {
     pub change_type: ChangeType,
     pub entry_kind: EntryKind,
     /// The run's policy decision (`allow`, `review`, `deny`).
-    pub decision: String,
+    pub decision: crate::policy::Action,
     /// Not selected itself, but a selected path below it needs it (a deleted parent directory).
     pub implied: bool,
     /// The write this path needs, when it is one rollback performs.

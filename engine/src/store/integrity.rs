@@ -22,7 +22,7 @@ use std::fs;
 use std::io;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::atomic;
@@ -599,29 +599,27 @@ impl Capsule {
         f: &mut Findings,
     ) {
         let mut required: BTreeSet<Artifact> = ALWAYS_REQUIRED.into_iter().collect();
-        match self.read_events() {
+        match self.events() {
             Ok(events) => {
                 for e in &events {
-                    let needs = match e.get("event").and_then(Value::as_str) {
-                        Some("before_captured") => Some(Artifact::Before),
-                        Some("after_captured") => Some(Artifact::After),
-                        Some("exited" | "launch_refused") => Some(Artifact::Runtime),
+                    let needs = match e.event.as_str() {
+                        "before_captured" => Some(Artifact::Before),
+                        "after_captured" => Some(Artifact::After),
+                        "exited" | "launch_refused" => Some(Artifact::Runtime),
                         _ => None,
                     };
                     required.extend(needs);
                 }
-                if events.last().and_then(|e| e.get("event")).and_then(Value::as_str)
-                    != Some("sealed")
-                {
+                if events.last().map(|e| e.event.as_str()) != Some("sealed") {
                     f.problem(
                         Artifact::Events.file_name(),
                         "the event log does not end with the `sealed` event",
                     );
                 }
             }
-            Err(e) => f
-                .notes
-                .push(format!("the event log could not be read ({e}); required artifacts were not derived from it")),
+            Err(e) => f.notes.push(format!(
+                "the event log could not be read ({e}); required artifacts were not derived from it"
+            )),
         }
         for artifact in required {
             if !listed.contains_key(artifact.file_name()) {

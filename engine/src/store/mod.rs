@@ -3,6 +3,7 @@
 //! ```text
 //! ROOT/.agentdiff/                 0700, owned by the current user, never a symlink
 //! ├── .gitignore                   "*": the store is never committed by accident (seed 000)
+//! ├── lock                         flock held by the one run/rollback/promote at a time (lock.rs)
 //! ├── runs/<run-id>/               0700; artifacts 0600 (seed 003 names)
 //! │   ├── metadata.json policy.json before.json after.json runtime.json result.json
 //! │   ├── events.jsonl             append-only, one JSON object per line
@@ -19,8 +20,10 @@
 
 mod atomic;
 mod capsule;
+pub mod doc;
 mod error;
 mod integrity;
+mod lock;
 mod manifest;
 mod objects;
 mod run_id;
@@ -40,11 +43,15 @@ use serde_json::Value;
 pub use capsule::{
     now_rfc3339_millis, Artifact, Capsule, HistoryName, RecoveryArtifact, MAX_ARTIFACT_BYTES,
 };
+pub use doc::{
+    Event, LaunchedEvent, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc, Unavailable,
+};
 pub use error::StoreError;
 pub use integrity::{
     Integrity, LegacyIntegrity, SealFormatKind, SealMac, Verdict, VerifyProblem, VerifyReport,
     ALGORITHM, MAC_ALGORITHM, SEAL_FORMAT,
 };
+pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
 pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome};
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
 

@@ -12,9 +12,9 @@
 //!
 //! Not defended: a process that changes a file and puts the same inode back within one ctime tick
 //! of the snapshot (practically impossible on ext4's nanosecond ctime), root, or a change to the
-//! monitor's own memory (seed 000). Concurrent agentdiff runs in the same store may add objects
-//! (their content is verified, so genuine ones are not findings) and write their own unsealed run
-//! directories (not watched).
+//! monitor's own memory (seed 000). Runs in one project are serialised by the store lock; objects
+//! another process adds with content matching their name are not findings, and unsealed run
+//! directories other than this run's are not watched.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -211,10 +211,12 @@ impl Store {
             }
         };
         // Top-level files only (`.gitignore`): the directories' own times change whenever a run
-        // adds to them.
+        // adds to them, and the lock file's content (the holder's pid) is informative only.
         for name in list(self.dir())? {
             let path = self.dir().join(&name);
-            if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            if name != super::LOCK_FILE_NAME
+                && !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+            {
                 add(name, &path)?;
             }
         }

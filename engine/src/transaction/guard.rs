@@ -11,8 +11,14 @@ use crate::store::{Artifact, Capsule, Store, StoreError, StoreSnapshot, TamperFi
 const LOST_BACKUP: &str =
     "the backup object was changed while the command ran (capsule tampering); it was quarantined";
 
-/// Findings after the command ran, and the before manifest's new entries object when it was
-/// written again. `before` is the in-memory before manifest: entries whose
+/// What the check after the command found.
+pub(crate) struct Tampering {
+    pub findings: Vec<TamperFinding>,
+    /// The before manifest's entries object, when the manifest was written again.
+    pub rewritten_entries: Option<String>,
+}
+
+/// Findings after the command ran. `before` is the in-memory before manifest: entries whose
 /// backup object no longer verifies are marked as not backed up, and the manifest (entries object
 /// included) is written again from memory.
 pub(crate) fn after_command(
@@ -20,11 +26,14 @@ pub(crate) fn after_command(
     capsule: &Capsule,
     snapshot: &StoreSnapshot,
     before: &mut Manifest,
-) -> Result<(Vec<TamperFinding>, Option<String>), StoreError> {
+) -> Result<Tampering, StoreError> {
     let mut findings = capsule.tampered_artifacts();
     findings.extend(store.tamper_since(snapshot)?);
     if findings.is_empty() {
-        return Ok((findings, None));
+        return Ok(Tampering {
+            findings,
+            rewritten_entries: None,
+        });
     }
     let objects = store.objects();
     let mut lost = BTreeSet::new();
@@ -49,5 +58,8 @@ pub(crate) fn after_command(
     // Rewriting the manifest stores its entries object again if it was lost, and records the
     // withdrawn backups.
     let entries = capsule.write_manifest(Artifact::Before, before, objects)?;
-    Ok((findings, Some(entries)))
+    Ok(Tampering {
+        findings,
+        rewritten_entries: Some(entries),
+    })
 }

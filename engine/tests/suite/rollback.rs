@@ -10,15 +10,19 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use agentdiff_engine::backend::RunEvidence;
 use agentdiff_engine::fs::{
     diff, scan, BackupRequest, BackupState, Change, IgnoreSource, Manifest, ScanOptions,
 };
+use agentdiff_engine::policy::{Action, LoadedPolicy, Policy, PolicySource};
 use agentdiff_engine::rollback::{
     self, execute, plan, ExecuteOptions, Fault, FaultAction, Outcome, Report, ReportStatus,
     RollbackError, Scope, Selection,
 };
-use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store};
-use serde_json::{json, Value};
+use agentdiff_engine::store::{Artifact, Capsule, PolicyDoc, RecoveryArtifact, RuntimeDoc, Store};
+use agentdiff_engine::transaction::decide::{self, Evidence, RunFrame};
+use agentdiff_engine::transaction::Metadata;
+use serde_json::json;
 
 /// How a test run is recorded.
 struct Recording<'a> {
@@ -71,47 +75,26 @@ fn record(root: &Path, rec: &Recording) -> Capsule {
     after_opts.reuse = Some(&before);
     after_opts.ignore = IgnoreSource::Lines(before.ignore_lines.clone());
     let after = scan(root, &after_opts).unwrap();
-    let changes: Vec<Value> = diff(&before, &after)
-        .iter()
-        .map(|c| {
-            json!({
-                "path": c.path,
-                "change_type": c.change_type,
-                "entry_kind": c.entry_kind,
-                "content_changed": c.content_changed,
-                "mode_changed": c.mode_changed,
-                "decision": (rec.decide)(c),
-                "reversible": true,
-                "recovery_reason": "",
-                "before_sha256": c.before.as_ref().and_then(|e| e.sha256.clone()),
-                "after_sha256": c.after.as_ref().and_then(|e| e.sha256.clone()),
-            })
-        })
-        .collect();
-    capsule
-        .write_artifact(Artifact::Metadata, &json!({ "run_id": rec.id }))
-        .unwrap();
-    capsule
-        .write_artifact(
-            Artifact::Policy,
-            &json!({ "effective": { "rollback": { "enabled": rec.rollback_enabled,
-                                                  "max_backup_file_mb": 10 } } }),
-        )
-        .unwrap();
+    let policy = Policy::from_yaml_or_json(
+        &format!(
+            "version: 1\nrollback:\n  enabled: {}\n",
+            rec.rollback_enabled
+        ),
+        "test.yaml",
+    )
+    .unwrap();
+    let loaded = LoadedPolicy {
+        policy,
+        source: PolicySource::BuiltIn,
+    };
+    write_run_docs(&capsule, &loaded, &before, &after, |c| {
+        action((rec.decide)(c))
+    });
     let before_entries = capsule
         .write_manifest(Artifact::Before, &before, store.objects())
         .unwrap();
     let after_entries = capsule
         .write_manifest(Artifact::After, &after, store.objects())
-        .unwrap();
-    capsule
-        .write_artifact(Artifact::Runtime, &json!({ "backend": "test" }))
-        .unwrap();
-    capsule
-        .write_artifact(
-            Artifact::Result,
-            &json!({ "run_id": rec.id, "status": "review", "changes": changes }),
-        )
         .unwrap();
     if rec.seal {
         let mut objects = stored_objects(&before);
@@ -120,6 +103,72 @@ fn record(root: &Path, rec: &Recording) -> Capsule {
         capsule.seal(&objects).unwrap();
     }
     capsule
+}
+
+fn action(name: &str) -> Action {
+    serde_json::from_value(json!(name)).unwrap()
+}
+
+/// Writes metadata, policy, runtime and result as the transaction does (the same types), with
+/// the decision of each change from `decide`.
+fn write_run_docs(
+    capsule: &Capsule,
+    loaded: &LoadedPolicy,
+    before: &Manifest,
+    after: &Manifest,
+    decide: impl Fn(&Change) -> Action,
+) {
+    let policy = &loaded.policy;
+    let command = policy.decide_command(std::ffi::OsStr::new("sh"));
+    let run = RunEvidence {
+        backend: "test".into(),
+        ..RunEvidence::default()
+    };
+    let frame = RunFrame {
+        run_id: capsule.id().to_string(),
+        task: None,
+        started_at: "2026-01-01T00:00:00.000Z".into(),
+        finished_at: "2026-01-01T00:00:01.000Z".into(),
+        duration_ms: 1000,
+    };
+    let evidence = Evidence {
+        policy,
+        command_decision: &command,
+        before,
+        after,
+        run: &run,
+        private_workspace: false,
+        verified_controls: &[],
+        capsule_tampered: &[],
+    };
+    let mut result = decide::decide(&evidence, frame);
+    let diff = diff(before, after);
+    for (record, change) in result.changes.iter_mut().zip(&diff) {
+        record.decision = decide(change);
+    }
+    let metadata = Metadata {
+        schema_version: 1,
+        run_id: capsule.id().to_string(),
+        created_at: result.started_at.clone(),
+        agentdiff_version: "test".into(),
+        root: before.root.clone(),
+        argv: vec!["sh".into()],
+        task: None,
+        backend: "test".into(),
+        timeout_seconds: None,
+        platform: "test".into(),
+        uid: None,
+    };
+    capsule
+        .write_artifact(Artifact::Metadata, &metadata)
+        .unwrap();
+    capsule
+        .write_artifact(Artifact::Policy, &PolicyDoc::of(loaded).unwrap())
+        .unwrap();
+    capsule
+        .write_artifact(Artifact::Runtime, &RuntimeDoc::launched(&run, &[]))
+        .unwrap();
+    capsule.write_artifact(Artifact::Result, &result).unwrap();
 }
 
 fn stored_objects(m: &Manifest) -> Vec<String> {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::super::{Capsule, ObjectStore, StoreError, Verdict};
+use super::super::{Capsule, Event, ObjectStore, StoreError, Verdict};
 use super::{launch_event_authenticates, VerifyContext};
 
 /// Which evidence authenticated.
@@ -52,17 +52,20 @@ pub fn trusted_process_evidence(
                 .into(),
         ));
     };
-    let events = match capsule.read_events() {
+    let events = match capsule.events() {
         Ok(events) => events,
         Err(e) => return Ok(Err(format!("its event log cannot be read ({e})"))),
     };
-    let launched: Vec<&Value> = events
-        .iter()
-        .filter(|e| e.get("event").and_then(Value::as_str) == Some("launched"))
-        .collect();
+    let launched: Vec<&Event> = events.iter().filter(|e| e.event == "launched").collect();
     Ok(match launched.as_slice() {
         [] => Ok(TrustedEvidence::NothingLaunched),
-        [one] if launch_event_authenticates(key, capsule.id().as_str(), one) => {
+        [one]
+            if launch_event_authenticates(
+                key,
+                capsule.id().as_str(),
+                &Value::Object(one.fields.clone()),
+            ) =>
+        {
             Ok(TrustedEvidence::LaunchEvent)
         }
         [_] => Err(

@@ -1,7 +1,7 @@
-//! The exec shim: the program srt starts inside the sandbox, which marks "the command started"
-//! on a host-side FIFO and then `exec`s the real argv.
+//! The exec shim: the program a wrapping backend (srt, bwrap) starts inside its sandbox, which
+//! marks "the command started" on a host-side FIFO and then `exec`s the real argv.
 //!
-//! srt exits 1 both when its own setup fails and when the command exits 1. With the shim in
+//! Wrappers exit 1 both when their own setup fails and when the command exits 1. With the shim in
 //! between, an exit without the start mark is the sandbox's failure, never the command's. The
 //! mark is written on a FIFO the host holds open for reading: opening a FIFO for writing works on
 //! a read-only mount, so the mark gets through even when the sandbox allows no writes at all.
@@ -24,12 +24,13 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-/// Name of the hidden `agentdiff` subcommand that runs the shim.
+/// Name of the hidden `agentdiff` subcommand that runs the shim (first used by the srt backend,
+/// hence the name; every wrapping backend uses the same subcommand).
 pub const SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
 /// Version of the shim's argv layout and marker lines.
 pub const SHIM_PROTOCOL: &str = "v1";
 /// Environment variable carrying `SALT:DIGEST` of the argv to the shim; removed before `exec`.
-pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_SRT_ARGV_DIGEST";
+pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_EXEC_SHIM_ARGV_DIGEST";
 /// Exit code of the shim when it refuses to start the command (bad shim argv, argument count
 /// changed by the wrapper, marker unreachable). The host does not rely on it: the marker decides.
 pub const SHIM_REFUSED_EXIT: u8 = 125;
@@ -398,6 +399,169 @@ fn open_marker(marker: &Path) -> std::io::Result<std::fs::File> {
         ));
     }
     Ok(file)
+}
+
+/// How a wrapper's exit was attributed from the start marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attribution {
+    /// The shim marked the start (the command ran, or its `exec` failed).
+    pub started: bool,
+    /// `command` when the exit is the command's, `wrapper` when it is the wrapper's own.
+    pub by: &'static str,
+}
+
+/// Put the start state on the evidence: the exit is the command's only when the shim marked the
+/// start; otherwise it is the wrapper's (`wrapper_name`: `srt`, `bwrap`) and the run records a
+/// wrapper setup failure. `setup_hint` is appended to that failure (what to check next). An
+/// earlier failure on the evidence is kept, except where the marker proves the argv was tampered
+/// with. Returns the attribution so the backend can record it in its own evidence section.
+pub fn attribute_exit(
+    evidence: &mut crate::backend::RunEvidence,
+    state: &StartState,
+    expected_argc: usize,
+    wrapper_name: &str,
+    setup_hint: &str,
+) -> Attribution {
+    use crate::backend::FailureKind;
+    let exit_desc = match (evidence.exit.code, evidence.exit.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        (None, None) => "ended".to_string(),
+    };
+    let ended_by_agentdiff = evidence.exit.timed_out || evidence.exit.interrupted_by.is_some();
+    let setup_failed =
+        |evidence: &mut crate::backend::RunEvidence, message: String, force: bool| {
+            if force || evidence.failure.is_none() {
+                evidence.failure = Some(FailureKind::WrapperSetupFailed { message });
+            }
+        };
+    let command = Attribution {
+        started: true,
+        by: "command",
+    };
+    let wrapper = Attribution {
+        started: false,
+        by: "wrapper",
+    };
+    match state {
+        StartState::Started { argc } => {
+            if *argc != expected_argc {
+                // The shim checks this itself; a mismatch here means the marker is not ours.
+                evidence.warnings.push(format!(
+                    "the exec shim reported {argc} argument(s) where {expected_argc} were sent"
+                ));
+            }
+            command
+        }
+        StartState::ExecFailed { reason } => {
+            if evidence.failure.is_none() {
+                evidence.failure = Some(FailureKind::LaunchFailed {
+                    message: format!(
+                        "the command could not be executed inside {wrapper_name}: {reason}"
+                    ),
+                });
+            }
+            command
+        }
+        StartState::NotStarted if ended_by_agentdiff => {
+            setup_failed(
+                evidence,
+                format!(
+                    "{wrapper_name} was ended (timeout or interruption) before it started the \
+                     command; the command never ran"
+                ),
+                false,
+            );
+            wrapper
+        }
+        StartState::NotStarted => {
+            setup_failed(
+                evidence,
+                format!(
+                    "{wrapper_name} {exit_desc} before the command started (no start mark from \
+                     the exec shim): this is {wrapper_name}'s own failure, not the command's exit \
+                     code; {setup_hint}"
+                ),
+                false,
+            );
+            wrapper
+        }
+        StartState::ArgcMismatch { expected, received } => {
+            setup_failed(
+                evidence,
+                format!(
+                    "{wrapper_name} handed the exec shim {received} argument(s) where {expected} \
+                     were sent; the command was not started"
+                ),
+                true,
+            );
+            wrapper
+        }
+        StartState::ArgvAltered { what } => {
+            setup_failed(
+                evidence,
+                format!(
+                    "the arguments the exec shim received differ from those agentdiff sent \
+                     ({what}); the command was not started"
+                ),
+                true,
+            );
+            wrapper
+        }
+        StartState::Garbled { text } => {
+            setup_failed(
+                evidence,
+                format!(
+                    "the start marker held unexpected data ({text:?}); the exit code cannot be \
+                     attributed to the command"
+                ),
+                true,
+            );
+            wrapper
+        }
+    }
+}
+
+/// Errors locating the exec-shim program: the reason and the remedy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct LocateError {
+    pub reason: String,
+    pub remedy: String,
+}
+
+/// The exec-shim program: `explicit` (an option, already absolute), else the first of `env_vars`
+/// that is set and not empty, else this program when it is the `agentdiff` binary (which has the
+/// hidden [`SHIM_SUBCOMMAND`]). `remedy` says how to name it.
+pub fn locate(
+    explicit: Option<PathBuf>,
+    env_vars: &[&str],
+    remedy: &str,
+) -> Result<PathBuf, LocateError> {
+    let fail = |reason: String| LocateError {
+        reason,
+        remedy: remedy.to_string(),
+    };
+    let from_env = env_vars
+        .iter()
+        .find_map(|v| std::env::var_os(v).filter(|p| !p.is_empty()));
+    let candidate = match (explicit, from_env) {
+        (Some(p), _) => p,
+        (None, Some(p)) => PathBuf::from(p),
+        _ => {
+            let exe = std::env::current_exe()
+                .map_err(|e| fail(format!("cannot locate this program: {e}")))?;
+            if exe.file_name() != Some(OsStr::new("agentdiff")) {
+                return Err(fail(format!(
+                    "the exec shim is the `agentdiff` binary, but this program is {}",
+                    exe.display()
+                )));
+            }
+            exe
+        }
+    };
+    crate::host::resolve_executable(candidate.as_os_str(), None, Path::new("/"))
+        .map_err(|e| fail(format!("exec shim: {e}")))
 }
 
 #[cfg(test)]

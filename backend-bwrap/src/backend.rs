@@ -1,0 +1,512 @@
+//! The `bwrap` backend: plan (pure), launch through the shared supervisor, and evidence that
+//! tells bwrap's setup failures from the command's exit.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentdiff_engine::backend::{
+    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
+    PreparedLaunch, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+};
+use agentdiff_engine::policy::Policy;
+use agentdiff_engine::process::exec_shim::{self, StartMarker, StartState};
+use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
+use agentdiff_engine::process::ProcessIdentity;
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::host;
+use crate::plan::{self, HostFacts, Network, Plan, PlanError, Programs};
+use crate::{ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_EXECUTABLE, OPT_EXEC_SHIM};
+
+/// The capsule artifact holding the effective policy (its deny patterns become re-binds).
+const POLICY_ARTIFACT: &str = "policy.json";
+
+/// What the bwrap backend declares by default (network unshared). Filesystem writes outside the
+/// root and the writable options, network, processes (the pid namespace dies with its init, the
+/// run), privileges (all capabilities dropped, no-new-privileges) and environment (agentdiff
+/// hands over only the scrubbed set) are applied by the sandbox agentdiff builds, and the
+/// conformance probes check each on this host. The project tree itself is writable and observed.
+/// Resources are not limited.
+pub fn capabilities() -> Capabilities {
+    capabilities_for(Network::None)
+}
+
+/// The labels for a planned network mode: with the host network, network is `uncontrolled`.
+pub fn capabilities_for(network: Network) -> Capabilities {
+    let enforced_net = network == Network::None;
+    Capabilities {
+        filesystem_writes: Level::Enforced,
+        host_repository: Level::Observed,
+        network: if enforced_net {
+            Level::Enforced
+        } else {
+            Level::Uncontrolled
+        },
+        processes: Level::Enforced,
+        resources: Level::Uncontrolled,
+        privileges: Level::Enforced,
+        environment: Level::Enforced,
+        sandboxed: true,
+        network_enforcement: enforced_net,
+        workspace: WorkspaceMode::InPlace,
+    }
+}
+
+/// What the backend knows does not hold, stated with every run's evidence.
+pub const LIMITS: &[&str] = &[
+    "the host filesystem stays readable except the hidden credential locations; a secret \
+     elsewhere on the host can be read (and, with the host network, sent out)",
+    "writes below the project root are allowed and observed by the before/after manifests; \
+     .git, .agentdiff and literal deny paths are read-only, wildcard deny patterns are decided \
+     after the run",
+    "no CPU, memory or process-count limit is applied",
+    "the command runs in a new session without a controlling terminal: Ctrl-C ends the whole \
+     sandbox, and job control (Ctrl-Z) inside it is not available",
+];
+
+/// The `bwrap` runtime backend.
+#[derive(Debug, Default)]
+pub struct BwrapBackend;
+
+impl BwrapBackend {
+    pub fn new() -> Self {
+        BwrapBackend
+    }
+}
+
+fn unavailable(reason: impl Into<String>, remedy: impl Into<String>) -> BackendError {
+    BackendError::Unavailable {
+        backend: ID.into(),
+        reason: reason.into(),
+        remedy: remedy.into(),
+    }
+}
+
+fn launch_error(message: impl Into<String>) -> BackendError {
+    BackendError::Launch {
+        backend: ID.into(),
+        message: message.into(),
+    }
+}
+
+fn plan_error(e: PlanError) -> BackendError {
+    BackendError::InvalidRequest {
+        backend: ID.into(),
+        message: e.to_string(),
+    }
+}
+
+/// A path from an option, absolute against agentdiff's own working directory.
+fn absolute(p: &str) -> PathBuf {
+    let path = PathBuf::from(p);
+    if path.is_absolute() {
+        path
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(&path))
+            .unwrap_or(path)
+    }
+}
+
+/// The effective policy in the capsule, as stored by the transaction.
+#[derive(Debug, Deserialize)]
+struct PolicyArtifact {
+    effective: Value,
+}
+
+/// The policy's filesystem deny patterns, from the capsule; none when the run has no policy
+/// artifact (a bare launch, as in conformance probes).
+fn policy_denies(capsule_dir: &Path) -> std::result::Result<Vec<String>, String> {
+    let path = capsule_dir.join(POLICY_ARTIFACT);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let artifact: PolicyArtifact =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let policy = Policy::from_yaml_or_json(&artifact.effective.to_string(), "policy.json")
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(policy.deny_patterns())
+}
+
+impl BwrapBackend {
+    fn plan(&self, spec: &LaunchSpec) -> Result<Plan> {
+        let o = &spec.options;
+        let search = host::search_path(&spec.env);
+        let bwrap =
+            host::resolve_bwrap(o.get(OPT_EXECUTABLE).unwrap_or("bwrap"), search.as_deref())
+                .map_err(|e| unavailable(e.reason, e.remedy))?;
+        let remedy = format!(
+            "run through the `agentdiff` binary, or set {ENV_EXEC_SHIM} (or the `{OPT_EXEC_SHIM}` \
+             backend option) to the path of the agentdiff binary"
+        );
+        let shim = exec_shim::locate(
+            o.get(OPT_EXEC_SHIM).map(absolute),
+            &[ENV_EXEC_SHIM],
+            &remedy,
+        )
+        .map_err(|e| unavailable(e.reason, e.remedy))?;
+        let denies = policy_denies(&spec.capsule_dir)
+            .map_err(|e| launch_error(format!("reading the run's policy: {e}")))?;
+        plan::plan(
+            spec,
+            &HostFacts::current(&spec.env),
+            Programs { bwrap, shim },
+            &denies,
+        )
+        .map_err(plan_error)
+    }
+}
+
+fn runtime_config(plan: &Plan) -> Value {
+    json!({
+        "backend": ID,
+        "bwrap_executable": plan.bwrap.to_string_lossy(),
+        "exec_shim": plan.shim.to_string_lossy(),
+        "start_marker": plan.marker.to_string_lossy(),
+        "network": plan.network,
+        "base": ["ro-bind / /", "dev /dev", "proc /proc", "tmpfs /tmp"],
+        "mounts": plan.mounts,
+        "not_applied": plan.not_applied,
+        "namespaces": namespaces(plan.network),
+        "die_with_parent": true,
+        "new_session": true,
+        "cap_drop": "ALL",
+        "env_dropped_by_backend": plan.env_dropped,
+    })
+}
+
+fn namespaces(network: Network) -> Vec<&'static str> {
+    let mut n = vec!["mount", "pid", "ipc", "uts"];
+    if network == Network::None {
+        n.push("net");
+    }
+    n
+}
+
+/// The level of every control, as recorded with the run.
+fn controls(plan: &Plan) -> Value {
+    let caps = capabilities_for(plan.network);
+    json!({
+        "filesystem_writes": {"level": caps.filesystem_writes, "how": "host read-only; root and writable options bound writable; private /tmp"},
+        "host_repository": {"level": caps.host_repository, "how": "root writable and observed; .git, .agentdiff and literal deny paths read-only"},
+        "credentials": {"level": Level::Enforced, "how": "credential locations and agentdiff's key directory hidden", "hidden": plan.mounts.iter().filter(|m| matches!(m.kind, plan::MountKind::HiddenDir | plan::MountKind::HiddenFile)).map(|m| m.path.to_string_lossy()).collect::<Vec<_>>()},
+        "network": {"level": caps.network, "how": if plan.network == Network::None { "network namespace unshared (loopback only)" } else { "host network (runtime.bwrap.network: host)" }},
+        "processes": {"level": caps.processes, "how": "pid namespace: everything the command starts dies with it"},
+        "privileges": {"level": caps.privileges, "how": "--cap-drop ALL, no-new-privileges"},
+        "environment": {"level": caps.environment, "how": "scrubbed allowlist; runtime-injection variables dropped"},
+        "resources": {"level": caps.resources, "how": "no limit applied"},
+    })
+}
+
+#[async_trait]
+impl RuntimeBackend for BwrapBackend {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+
+    fn requires_scrubbed_environment(&self) -> bool {
+        true
+    }
+
+    async fn availability(&self) -> Availability {
+        let bwrap = match host::resolve_bwrap("bwrap", std::env::var_os("PATH").as_deref()) {
+            Ok(b) => b,
+            Err(e) => {
+                return Availability::Unavailable {
+                    reason: e.reason,
+                    remedy: e.remedy,
+                }
+            }
+        };
+        let userns = host::user_namespaces();
+        if !userns.allowed {
+            return Availability::Unavailable {
+                reason: format!("bwrap cannot create its namespaces: {}", userns.detail),
+                remedy: userns.remedy.unwrap_or_default(),
+            };
+        }
+        // Only a real start tells whether AppArmor lets bwrap have a user namespace; elsewhere a
+        // setup failure is caught per run by the start marker, so no extra process is started.
+        if host::apparmor_restricted(Path::new("/proc/sys"), agentdiff_engine::host::euid()) {
+            if let Err(e) = host::smoke_test(&bwrap).await {
+                return Availability::Unavailable {
+                    reason: e.reason,
+                    remedy: e.remedy,
+                };
+            }
+        }
+        Availability::Ready {
+            detail: format!("bwrap at {}; {}", bwrap.display(), userns.detail),
+        }
+    }
+
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
+        let plan = self.plan(spec)?;
+        let mut wrapper_argv = vec![plan.bwrap.as_os_str().to_os_string()];
+        wrapper_argv.extend(plan.args.iter().cloned());
+        // The shim checks the argv it receives against this salted digest.
+        let mut salt = [0u8; 16];
+        getrandom::getrandom(&mut salt).map_err(|e| {
+            unavailable(
+                format!("no random source for the argv check: {e}"),
+                "check that the kernel's random source (getrandom/urandom) is available",
+            )
+        })?;
+        let mut env: Vec<(OsString, OsString)> = plan.env.clone();
+        env.push((
+            exec_shim::ENV_ARGV_DIGEST.into(),
+            exec_shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
+        ));
+        Ok(PreparedLaunch {
+            program: plan.bwrap.as_os_str().to_os_string(),
+            args: plan.args.clone(),
+            env,
+            cwd: plan.workdir.clone(),
+            enforcement: ENFORCEMENT.into(),
+            wrapper_argv: Some(wrapper_argv),
+            runtime_config: runtime_config(&plan),
+            spec: spec.clone(),
+        })
+    }
+
+    async fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> Result<Box<dyn RunningCommand>> {
+        // Re-plan and compare, so a PreparedLaunch edited after prepare is refused.
+        let plan = self.plan(&prepared.spec)?;
+        if plan.bwrap.as_os_str() != prepared.program || plan.args != prepared.args {
+            return Err(launch_error(
+                "the prepared bwrap argv differs from the one this backend plans for the \
+                 request; refusing to launch",
+            ));
+        }
+        let marker = StartMarker::create(&plan.marker).map_err(|e| launch_error(e.to_string()))?;
+        let labels = EvidenceLabels {
+            backend: ID.into(),
+            enforcement: ENFORCEMENT.into(),
+            capabilities: capabilities_for(plan.network),
+        };
+        let wrapper = json!({
+            "kind": "bwrap",
+            "executable": plan.bwrap.to_string_lossy(),
+            "exec_shim": plan.shim.to_string_lossy(),
+            "sandbox": "applied_by_agentdiff",
+            "controls": controls(&plan),
+            "limits": LIMITS,
+        });
+        let expected_argc = prepared.spec.argv.len();
+        let env_dropped = plan.env_dropped.clone();
+        let inner = spawn_supervised(prepared, ctx, labels)
+            .map_err(|e| launch_error(format!("cannot start bwrap: {e}")))?;
+        Ok(Box::new(BwrapRunning {
+            inner,
+            marker,
+            wrapper,
+            expected_argc,
+            network: plan.network,
+            env_dropped,
+        }))
+    }
+
+    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+        // bwrap and the command are ordinary host processes (the pid namespace only renumbers
+        // them inside): the identity-checked cleanup applies unchanged.
+        let ids = ids.to_vec();
+        match tokio::task::spawn_blocking(move || {
+            agentdiff_engine::process::cleanup_identities(&ids, grace)
+        })
+        .await
+        {
+            Ok(report) => report,
+            Err(e) => CleanupReport {
+                mechanism: "pidfd".into(),
+                grace_ms: grace.as_millis() as u64,
+                records: Vec::new(),
+                errors: vec![format!("cleanup did not complete: {e}")],
+                resources_removed: Vec::new(),
+            },
+        }
+    }
+}
+
+/// A running sandbox: the supervised bwrap process plus the start marker.
+struct BwrapRunning {
+    inner: SupervisedCommand,
+    marker: StartMarker,
+    wrapper: Value,
+    expected_argc: usize,
+    network: Network,
+    env_dropped: Vec<String>,
+}
+
+#[async_trait]
+impl RunningCommand for BwrapRunning {
+    fn pid(&self) -> Option<u32> {
+        Some(self.inner.pid())
+    }
+
+    fn launch_facts(&self) -> Value {
+        self.inner.launch_facts()
+    }
+
+    async fn wait(self: Box<Self>) -> Result<RunEvidence> {
+        let BwrapRunning {
+            inner,
+            mut marker,
+            wrapper,
+            expected_argc,
+            network,
+            env_dropped,
+        } = *self;
+        let root_pid = inner.pid();
+        let evidence = Box::new(inner).wait().await;
+        let state = StartState::from_marker(&marker.read_available());
+        drop(marker);
+        let mut evidence = evidence?;
+        if let Some(env) = &mut evidence.environment {
+            // The digest is agentdiff's plumbing, not the command's environment.
+            env.variables.remove(exec_shim::ENV_ARGV_DIGEST);
+            env.mode = "scrub".into();
+            env.dropped.extend(env_dropped);
+            env.dropped.sort();
+            env.dropped.dedup();
+        }
+        let init = discount_sandbox_init(&mut evidence, root_pid);
+        attribute_exit(&mut evidence, &state, expected_argc, network, wrapper);
+        if let (Some(init), Some(Value::Object(map))) = (init, evidence.wrapper.as_mut()) {
+            map.insert("sandbox_init".into(), init);
+        }
+        Ok(evidence)
+    }
+}
+
+/// bwrap's own pid-1 init (the outer bwrap's only child) reports the command's exit to the
+/// outer bwrap and exits a moment later, so the supervisor may still see it alive and end it.
+/// It is the sandbox's process, not one the command left behind: it is not counted as a
+/// leftover, and what happened to it is returned for the wrapper evidence. Everything the
+/// command started runs below it, inside the pid namespace, and stays counted.
+fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<Value> {
+    let mut inits = evidence
+        .processes
+        .iter_mut()
+        .filter(|p| p.ppid == root_pid && p.executable == "bwrap" && p.identity.pid != root_pid);
+    let init = inits.next()?;
+    if inits.next().is_some() {
+        // More than one child of the outer bwrap is not bwrap's layout: count them all.
+        return None;
+    }
+    let was_alive = init.alive_after_root_exit;
+    init.alive_after_root_exit = false;
+    let identity = init.identity.clone();
+    let cleanup = evidence
+        .cleanup
+        .records
+        .iter()
+        .position(|r| r.identity == identity)
+        .map(|i| evidence.cleanup.records.remove(i));
+    Some(json!({
+        "pid": identity.pid,
+        "alive_after_bwrap_exit": was_alive,
+        "ended_by_cleanup": cleanup.map(|r| r.outcome),
+        "counted_as_leftover": false,
+    }))
+}
+
+/// Labels and start state on the evidence: the exit is the command's only when the shim marked
+/// the start inside the sandbox.
+pub fn attribute_exit(
+    evidence: &mut RunEvidence,
+    state: &StartState,
+    expected_argc: usize,
+    network: Network,
+    mut wrapper: Value,
+) {
+    evidence.backend = ID.into();
+    evidence.enforcement = ENFORCEMENT.into();
+    evidence.capabilities = capabilities_for(network);
+    let hint = if matches!(state, StartState::NotStarted) {
+        host::setup_hint()
+    } else {
+        String::new()
+    };
+    let attribution = exec_shim::attribute_exit(evidence, state, expected_argc, "bwrap", &hint);
+    if !attribution.started {
+        // Nothing ran inside the sandbox: claim nothing about it.
+        evidence.capabilities.sandboxed = false;
+    }
+    if let Value::Object(map) = &mut wrapper {
+        map.insert("command_started".into(), json!(attribution.started));
+        map.insert("argv_verified".into(), json!(attribution.started));
+        map.insert("start_state".into(), json!(state.label()));
+        map.insert("exit_attribution".into(), json!(attribution.by));
+    }
+    evidence.wrapper = Some(wrapper);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentdiff_engine::backend::{ExitInfo, FailureKind};
+
+    fn ev(code: i32) -> RunEvidence {
+        RunEvidence {
+            exit: ExitInfo {
+                code: Some(code),
+                ..ExitInfo::default()
+            },
+            ..RunEvidence::default()
+        }
+    }
+
+    #[test]
+    fn host_network_lowers_only_the_network_label() {
+        let none = capabilities_for(Network::None);
+        let host = capabilities_for(Network::Host);
+        assert_eq!(none.network, Level::Enforced);
+        assert!(none.network_enforcement && none.sandboxed);
+        assert_eq!(host.network, Level::Uncontrolled);
+        assert!(!host.network_enforcement);
+        assert_eq!(host.filesystem_writes, Level::Enforced);
+        assert_eq!(none.host_repository, Level::Observed);
+        assert_eq!(none.resources, Level::Uncontrolled);
+    }
+
+    #[test]
+    fn exit_1_without_start_mark_is_bwraps_setup_failure() {
+        let mut e = ev(1);
+        attribute_exit(&mut e, &StartState::NotStarted, 1, Network::None, json!({}));
+        let Some(FailureKind::WrapperSetupFailed { message }) = &e.failure else {
+            panic!("{:?}", e.failure)
+        };
+        assert!(message.contains("bwrap exited with code 1"), "{message}");
+        assert!(message.contains("doctor"), "{message}");
+        assert!(!e.capabilities.sandboxed);
+        assert_eq!(e.wrapper.unwrap()["exit_attribution"], "wrapper");
+    }
+
+    #[test]
+    fn exit_1_after_start_mark_is_the_commands() {
+        let mut e = ev(1);
+        attribute_exit(
+            &mut e,
+            &StartState::Started { argc: 1 },
+            1,
+            Network::None,
+            json!({}),
+        );
+        assert_eq!(e.failure, None);
+        assert!(e.capabilities.sandboxed);
+        assert_eq!(e.wrapper.unwrap()["exit_attribution"], "command");
+    }
+}

@@ -1,0 +1,73 @@
+//! agentdiff runtime backend `bwrap`: runs the command in the host's real tree under a
+//! bubblewrap sandbox whose every control agentdiff chooses itself.
+//!
+//! The command is launched as `bwrap MOUNTS NAMESPACES -- SHIM __srt-exec-shim v1 MARKER ARGC
+//! ARGV…`. The mounts make the host read-only (`--ro-bind / /`), give a fresh `/dev`, `/proc` and
+//! a private `/tmp`, bind the project root writable, re-bind its `.git`, `.agentdiff` and the
+//! policy's literal deny paths read-only, and hide credential locations (`~/.ssh`, `~/.aws`, …,
+//! agentdiff's own key directory). Network, pid, IPC and UTS namespaces are unshared, all
+//! capabilities dropped, the sandbox dies with agentdiff and runs in a new session (no TIOCSTI
+//! into the caller's terminal). The argv is built by the pure [`plan`] module, so every control
+//! is testable without running bwrap.
+//!
+//! Invariants: bwrap is never run with an argv other than the planned one (`launch` uses the plan
+//! `prepare` made, checked against a re-plan); the command's exit code is attributed to it only
+//! when the exec shim marked the start inside the sandbox, so a bwrap setup failure is never
+//! reported as the command's exit 1; nothing falls back to an unsandboxed launch.
+//!
+//! Not defended (see docs/backends/bwrap.md): reads of the host outside the hidden locations
+//! (the host is readable, only credential locations are hidden); writes below the project root
+//! (allowed, observed by the manifests); deny patterns with wildcards (only literal paths can be
+//! re-bound); resource limits; kernel exploits against namespaces.
+
+#[cfg(target_os = "linux")]
+pub mod host;
+#[cfg(target_os = "linux")]
+pub mod plan;
+
+#[cfg(target_os = "linux")]
+mod backend;
+
+#[cfg(target_os = "linux")]
+pub use backend::{capabilities, BwrapBackend};
+
+/// Backend id (`--runtime bwrap`).
+pub const ID: &str = "bwrap";
+/// Enforcement label on the evidence: agentdiff built the sandbox and bwrap applied it.
+pub const ENFORCEMENT: &str = "bwrap_sandbox";
+
+/// Option key: the bwrap executable (a name looked up on PATH, or a path).
+pub const OPT_EXECUTABLE: &str = "bwrap-executable";
+/// Option key: the program that runs the exec shim (the `agentdiff` binary).
+pub const OPT_EXEC_SHIM: &str = "bwrap-exec-shim";
+/// Option key (repeatable): an extra path hidden from the command (`runtime.bwrap.hide`).
+pub const OPT_HIDE: &str = "hide";
+/// Option key (repeatable): an extra writable path (`runtime.bwrap.writable`).
+pub const OPT_WRITABLE: &str = "writable";
+/// Option key: `none` (default, network namespace unshared) or `host` (`runtime.bwrap.network`).
+pub const OPT_NETWORK: &str = "network";
+/// Every option key this backend reads; any other is refused so a typo never weakens a run.
+pub const OPTION_KEYS: [&str; 5] = [
+    OPT_EXECUTABLE,
+    OPT_EXEC_SHIM,
+    OPT_HIDE,
+    OPT_WRITABLE,
+    OPT_NETWORK,
+];
+/// Environment variable naming the exec-shim program when no option does.
+pub const ENV_EXEC_SHIM: &str = "AGENTDIFF_EXEC_SHIM";
+
+#[cfg(target_os = "linux")]
+fn factory() -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
+    Box::new(BwrapBackend::new())
+}
+
+#[cfg(target_os = "linux")]
+inventory::submit! {
+    agentdiff_engine::backend::BackendDescriptor::new(
+        ID,
+        "bubblewrap sandbox built by agentdiff: host read-only, root writable, .git and \
+         credentials protected, no network",
+        factory,
+    )
+}

@@ -1,0 +1,802 @@
+//! The pure part of the backend: from a launch request and a few host facts to the exact bwrap
+//! argv. Nothing here starts a process or writes a file; it only looks at which paths exist, so
+//! that a hidden or re-bound path that does not exist is never handed to bwrap (which would fail
+//! to create a mount point on the read-only host).
+//!
+//! Mount order matters (later mounts cover earlier ones): host read-only, fresh `/dev` and
+//! `/proc`, private `/tmp`, the project root and extra writable paths, then the read-only
+//! re-binds inside them, then the hidden credential locations (which win over everything, so a
+//! writable or protected path inside a hidden one stays hidden), and last the exec shim and its
+//! start marker (bound read-only so they are reachable wherever they live, `/tmp` included).
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Component, Path, PathBuf};
+
+use agentdiff_engine::backend::LaunchSpec;
+use agentdiff_engine::environment::is_runtime_injection;
+use agentdiff_engine::process::exec_shim;
+use serde::Serialize;
+
+use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, OPT_WRITABLE};
+
+/// Name of the start-marker FIFO in the run capsule (removed when the run ends).
+pub const START_MARKER_FILE: &str = "bwrap-start-marker.fifo";
+
+/// Credential locations below a home directory, hidden from the command when they exist.
+pub const CREDENTIAL_LOCATIONS: [&str; 12] = [
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".config/gcloud",
+    ".kube",
+    ".docker",
+    ".npmrc",
+    ".netrc",
+    ".pypirc",
+    ".git-credentials",
+    ".config/gh",
+    ".azure",
+];
+
+/// Errors of planning: the request cannot be turned into a sandbox as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("no command to run")]
+    NoCommand,
+    #[error("unknown bwrap option `{0}`; the bwrap backend accepts: {keys}", keys = OPTION_KEYS.join(", "))]
+    UnknownOption(String),
+    #[error("`{key}`: {message}")]
+    BadOption { key: &'static str, message: String },
+    #[error("{0}")]
+    Layout(String),
+}
+
+/// Whether the command gets a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// `--unshare-net`: only a loopback interface of its own.
+    None,
+    /// The host's network (`runtime.bwrap.network: host`).
+    Host,
+}
+
+/// What one mount does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MountKind {
+    /// `--bind P P`.
+    Writable,
+    /// `--ro-bind P P` inside a writable path.
+    ReadOnly,
+    /// `--tmpfs P --remount-ro P`: an empty, read-only directory.
+    HiddenDir,
+    /// `--ro-bind /dev/null P`: an empty, read-only file.
+    HiddenFile,
+}
+
+/// One planned mount with the reason it is there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    pub kind: MountKind,
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Facts about the user that decide which locations are hidden.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostFacts {
+    /// Home directories whose credential locations are hidden (agentdiff's and the command's).
+    pub homes: Vec<PathBuf>,
+    /// agentdiff's per-user state directory (its signing key lives there).
+    pub key_dirs: Vec<PathBuf>,
+}
+
+impl HostFacts {
+    /// From agentdiff's own environment and the command's.
+    pub fn current(command_env: &[(OsString, OsString)]) -> HostFacts {
+        let own: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+        let mut facts = HostFacts::default();
+        for env in [own.as_slice(), command_env] {
+            let get = |name: &str| {
+                env.iter()
+                    .rev()
+                    .find(|(k, _)| k.as_os_str() == OsStr::new(name))
+                    .map(|(_, v)| PathBuf::from(v))
+                    .filter(|p| p.is_absolute())
+            };
+            let home = get("HOME");
+            let key_dir = get("XDG_STATE_HOME")
+                .or_else(|| home.as_ref().map(|h| h.join(".local/state")))
+                .map(|d| d.join("agentdiff"));
+            if let Some(h) = home {
+                if !facts.homes.contains(&h) {
+                    facts.homes.push(h);
+                }
+            }
+            if let Some(k) = key_dir {
+                if !facts.key_dirs.contains(&k) {
+                    facts.key_dirs.push(k);
+                }
+            }
+        }
+        facts
+    }
+}
+
+/// Everything `prepare` decides; `launch` runs exactly this.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub bwrap: PathBuf,
+    pub shim: PathBuf,
+    pub marker: PathBuf,
+    pub root: PathBuf,
+    pub workdir: PathBuf,
+    pub network: Network,
+    /// Mounts after the fixed base (`/`, `/dev`, `/proc`, `/tmp`), in order.
+    pub mounts: Vec<Mount>,
+    /// Hide requests and deny patterns that name nothing on this host, or that a mount cannot
+    /// express (wildcards): they stay decided by the policy after the run.
+    pub not_applied: Vec<String>,
+    /// Environment variable names dropped here (runtime-injection variables).
+    pub env_dropped: Vec<String>,
+    /// The environment bwrap (and through it the command) gets.
+    pub env: Vec<(OsString, OsString)>,
+    /// bwrap's arguments (after the program).
+    pub args: Vec<OsString>,
+}
+
+/// The executables the plan names, resolved by the caller (the only host lookups besides
+/// existence checks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Programs {
+    pub bwrap: PathBuf,
+    pub shim: PathBuf,
+}
+
+/// The literal root-relative path a deny pattern names, when a mount can express it: no glob
+/// characters, except a trailing `/**`.
+pub fn literal_path(pattern: &str) -> Option<&str> {
+    let base = pattern.strip_suffix("/**").unwrap_or(pattern);
+    let base = base.trim_start_matches("./").trim_end_matches('/');
+    let is_glob = base.contains(['*', '?', '[', ']', '{', '}', '!']);
+    let escapes = base.split('/').any(|seg| seg == "..");
+    if base.is_empty() || is_glob || escapes || base.starts_with('/') {
+        None
+    } else {
+        Some(base)
+    }
+}
+
+/// `~/x` against `home`, an absolute path as is; anything else is refused by the caller.
+fn expand(p: &str, home: Option<&Path>) -> Option<PathBuf> {
+    if let Some(rest) = p.strip_prefix("~/") {
+        home.map(|h| h.join(rest))
+    } else if p.starts_with('/') {
+        Some(PathBuf::from(p))
+    } else {
+        None
+    }
+}
+
+fn is_within(path: &Path, dir: &Path) -> bool {
+    path.starts_with(dir)
+}
+
+fn has_parent_refs(p: &Path) -> bool {
+    p.components().any(|c| matches!(c, Component::ParentDir))
+}
+
+/// Read the options into (network, writable, hide) after refusing unknown keys.
+fn read_options(
+    spec: &LaunchSpec,
+    home: Option<&Path>,
+) -> Result<(Network, Vec<PathBuf>, Vec<String>), PlanError> {
+    let o = &spec.options;
+    if let Some(k) = o.keys().find(|k| !OPTION_KEYS.contains(k)) {
+        return Err(PlanError::UnknownOption(k.to_string()));
+    }
+    let network = match o.get(OPT_NETWORK) {
+        None | Some("none") => Network::None,
+        Some("host") => Network::Host,
+        Some(v) => {
+            return Err(PlanError::BadOption {
+                key: OPT_NETWORK,
+                message: format!("`{v}` is not `none` or `host`"),
+            })
+        }
+    };
+    let mut writable = Vec::new();
+    for w in o.get_all(OPT_WRITABLE) {
+        let path = expand(w, home)
+            .filter(|p| !has_parent_refs(p))
+            .ok_or_else(|| PlanError::BadOption {
+                key: OPT_WRITABLE,
+                message: format!("{w:?} must be an absolute path or start with `~/`, without `..`"),
+            })?;
+        let canonical = path.canonicalize().map_err(|e| PlanError::BadOption {
+            key: OPT_WRITABLE,
+            message: format!("{}: {e}; create it before the run", path.display()),
+        })?;
+        if canonical == Path::new("/") {
+            return Err(PlanError::BadOption {
+                key: OPT_WRITABLE,
+                message: "`/` would make the whole host writable; name the directories the \
+                          command needs"
+                    .into(),
+            });
+        }
+        writable.push(canonical);
+    }
+    let mut hide = Vec::new();
+    for h in o.get_all(OPT_HIDE) {
+        if expand(h, home).is_none() {
+            return Err(PlanError::BadOption {
+                key: OPT_HIDE,
+                message: format!("{h:?} must be an absolute path or start with `~/`"),
+            });
+        }
+        hide.push(h.clone());
+    }
+    for key in [OPT_EXECUTABLE, OPT_EXEC_SHIM] {
+        if o.get(key) == Some("") {
+            return Err(PlanError::BadOption {
+                key,
+                message: "is empty".into(),
+            });
+        }
+    }
+    Ok((network, writable, hide))
+}
+
+/// The hidden locations: credential locations under every home, agentdiff's key directory,
+/// and the `hide` option. Absent ones are listed in `not_applied`.
+fn hidden(
+    facts: &HostFacts,
+    extra: &[String],
+    not_applied: &mut Vec<String>,
+) -> Vec<(PathBuf, String)> {
+    let mut wanted: Vec<(PathBuf, String)> = Vec::new();
+    for home in &facts.homes {
+        for rel in CREDENTIAL_LOCATIONS {
+            wanted.push((home.join(rel), "credential location".into()));
+        }
+    }
+    for k in &facts.key_dirs {
+        wanted.push((k.clone(), "agentdiff key directory".into()));
+    }
+    for h in extra {
+        let reason = format!("hide option {h:?}");
+        if h.starts_with("~/") {
+            for home in &facts.homes {
+                wanted.extend(expand(h, Some(home)).map(|p| (p, reason.clone())));
+            }
+        } else {
+            wanted.push((PathBuf::from(h), reason));
+        }
+    }
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    for (p, reason) in wanted {
+        match p.canonicalize() {
+            Ok(c) => {
+                if !out.iter().any(|(q, _)| *q == c) {
+                    out.push((c, reason));
+                }
+            }
+            Err(_) if reason.starts_with("hide option") => {
+                not_applied.push(format!("{}: does not exist, nothing to hide", p.display()));
+            }
+            Err(_) => {}
+        }
+    }
+    out
+}
+
+/// The read-only re-binds inside writable paths: `.git`, `.agentdiff`, the capsule and every
+/// literal deny path that exists.
+fn protected(
+    spec: &LaunchSpec,
+    root: &Path,
+    writable: &[PathBuf],
+    denies: &[String],
+    not_applied: &mut Vec<String>,
+) -> Vec<(PathBuf, String)> {
+    let mut wanted: Vec<(PathBuf, String)> = vec![
+        (root.join(".git"), "repository metadata".into()),
+        (root.join(".agentdiff"), "evidence store".into()),
+        (spec.capsule_dir.clone(), "run capsule".into()),
+    ];
+    for d in denies {
+        match literal_path(d) {
+            Some(rel) => wanted.push((root.join(rel), format!("deny pattern {d:?}"))),
+            None => not_applied.push(format!(
+                "deny pattern {d:?}: a wildcard pattern cannot be a mount; decided after the run"
+            )),
+        }
+    }
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    for (p, reason) in wanted {
+        let Ok(c) = p.canonicalize() else { continue };
+        // Outside every writable path, or inside one already re-bound, it is read-only already.
+        if !writable.iter().any(|w| is_within(&c, w)) || out.iter().any(|(q, _)| is_within(&c, q)) {
+            continue;
+        }
+        out.push((c, reason));
+    }
+    out
+}
+
+/// Plan the sandbox for `spec`. `denies` are the policy's filesystem deny patterns.
+pub fn plan(
+    spec: &LaunchSpec,
+    facts: &HostFacts,
+    programs: Programs,
+    denies: &[String],
+) -> Result<Plan, PlanError> {
+    if spec.argv.is_empty() {
+        return Err(PlanError::NoCommand);
+    }
+    let (network, extra_writable, extra_hide) =
+        read_options(spec, facts.homes.first().map(PathBuf::as_path))?;
+    let layout = |m: String| PlanError::Layout(m);
+    let root = spec
+        .root
+        .canonicalize()
+        .map_err(|e| layout(format!("project root {}: {e}", spec.root.display())))?;
+    let workdir = spec
+        .workdir
+        .canonicalize()
+        .map_err(|e| layout(format!("working directory {}: {e}", spec.workdir.display())))?;
+    if root == Path::new("/") {
+        return Err(layout(
+            "the project root is `/`: the sandbox would make the whole host writable; run in a \
+             project directory"
+                .into(),
+        ));
+    }
+    let mut writable = vec![root.clone()];
+    writable.extend(extra_writable);
+    let mut not_applied = Vec::new();
+    let hide = hidden(facts, &extra_hide, &mut not_applied);
+    let protect = protected(spec, &root, &writable, denies, &mut not_applied);
+    for (h, reason) in &hide {
+        if is_within(&root, h) || is_within(&workdir, h) {
+            return Err(layout(format!(
+                "the project root {} is inside a hidden location {} ({reason}); run from \
+                 another directory",
+                root.display(),
+                h.display()
+            )));
+        }
+    }
+    let mut mounts: Vec<Mount> = writable
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Mount {
+            kind: MountKind::Writable,
+            path: p.clone(),
+            reason: if i == 0 {
+                "project root".into()
+            } else {
+                "writable option".into()
+            },
+        })
+        .collect();
+    mounts.extend(protect.into_iter().map(|(path, reason)| Mount {
+        kind: MountKind::ReadOnly,
+        path,
+        reason,
+    }));
+    mounts.extend(hide.into_iter().map(|(path, reason)| Mount {
+        kind: if path.is_dir() {
+            MountKind::HiddenDir
+        } else {
+            MountKind::HiddenFile
+        },
+        path,
+        reason,
+    }));
+
+    let marker = spec.capsule_dir.join(START_MARKER_FILE);
+    let (env, env_dropped) = sandbox_env(&spec.env);
+    let args = build_args(
+        &mounts,
+        network,
+        &programs.shim,
+        &marker,
+        &workdir,
+        &spec.argv,
+    );
+    Ok(Plan {
+        bwrap: programs.bwrap,
+        shim: programs.shim,
+        marker,
+        root,
+        workdir,
+        network,
+        mounts,
+        not_applied,
+        env_dropped,
+        env,
+        args,
+    })
+}
+
+/// The command's environment minus runtime-injection variables (always dropped, even when the
+/// transaction was told to pass them) and minus a stale argv digest.
+fn sandbox_env(env: &[(OsString, OsString)]) -> (Vec<(OsString, OsString)>, Vec<String>) {
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    for (k, v) in env {
+        let name = k.to_string_lossy();
+        if k.as_os_str() == OsStr::new(exec_shim::ENV_ARGV_DIGEST) {
+            continue;
+        }
+        if is_runtime_injection(&name) {
+            dropped.push(name.into_owned());
+        } else {
+            kept.push((k.clone(), v.clone()));
+        }
+    }
+    (kept, dropped)
+}
+
+/// bwrap's arguments for these mounts and this command.
+pub fn build_args(
+    mounts: &[Mount],
+    network: Network,
+    shim: &Path,
+    marker: &Path,
+    workdir: &Path,
+    argv: &[OsString],
+) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+    let s = |t: &'static str| OsStr::new(t);
+    push(&[s("--ro-bind"), s("/"), s("/")]);
+    push(&[s("--dev"), s("/dev")]);
+    push(&[s("--proc"), s("/proc")]);
+    push(&[s("--tmpfs"), s("/tmp")]);
+    for m in mounts {
+        let p = m.path.as_os_str();
+        match m.kind {
+            MountKind::Writable => push(&[s("--bind"), p, p]),
+            MountKind::ReadOnly => push(&[s("--ro-bind"), p, p]),
+            MountKind::HiddenDir => push(&[s("--tmpfs"), p, s("--remount-ro"), p]),
+            MountKind::HiddenFile => push(&[s("--ro-bind"), s("/dev/null"), p]),
+        }
+    }
+    push(&[s("--ro-bind"), shim.as_os_str(), shim.as_os_str()]);
+    push(&[s("--ro-bind"), marker.as_os_str(), marker.as_os_str()]);
+    push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
+    if network == Network::None {
+        push(&[s("--unshare-net")]);
+    }
+    push(&[
+        s("--die-with-parent"),
+        s("--new-session"),
+        s("--cap-drop"),
+        s("ALL"),
+        s("--chdir"),
+        workdir.as_os_str(),
+        // `--` ends bwrap's options: nothing of the command is read as one.
+        s("--"),
+        shim.as_os_str(),
+        s(exec_shim::SHIM_SUBCOMMAND),
+    ]);
+    a.extend(exec_shim::shim_args(marker, argv));
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use agentdiff_engine::backend::BackendOptions;
+
+    use super::*;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        root: PathBuf,
+        home: PathBuf,
+        capsule: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let root = base.join("proj");
+        let home = base.join("home");
+        let capsule = root.join(".agentdiff/runs/r1");
+        for d in [
+            root.join(".git"),
+            capsule.clone(),
+            root.join("secrets"),
+            home.join(".ssh"),
+            home.join(".local/state/agentdiff"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(home.join(".npmrc"), "//registry/:_authToken=x\n").unwrap();
+        std::fs::write(root.join(".env"), "A=1\n").unwrap();
+        Fixture {
+            _dir: dir,
+            root,
+            home,
+            capsule,
+        }
+    }
+
+    fn spec(f: &Fixture, options: BackendOptions) -> LaunchSpec {
+        LaunchSpec {
+            run_id: "r1".into(),
+            root: f.root.clone(),
+            workdir: f.root.clone(),
+            capsule_dir: f.capsule.clone(),
+            argv: ["tool", "--", "a b", "", "-c"]
+                .iter()
+                .map(OsString::from)
+                .collect(),
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("LD_PRELOAD".into(), "/tmp/evil.so".into()),
+                ("NODE_OPTIONS".into(), "--require x".into()),
+                (exec_shim::ENV_ARGV_DIGEST.into(), "forged".into()),
+            ],
+            timeout: None,
+            grace: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(10),
+            observe_ports: false,
+            options,
+        }
+    }
+
+    fn facts(f: &Fixture) -> HostFacts {
+        HostFacts {
+            homes: vec![f.home.clone()],
+            key_dirs: vec![f.home.join(".local/state/agentdiff")],
+        }
+    }
+
+    fn programs() -> Programs {
+        Programs {
+            bwrap: "/usr/bin/bwrap".into(),
+            shim: "/opt/agentdiff".into(),
+        }
+    }
+
+    fn plan_with(f: &Fixture, options: BackendOptions, denies: &[&str]) -> Result<Plan, PlanError> {
+        let denies: Vec<String> = denies.iter().map(|s| s.to_string()).collect();
+        plan(&spec(f, options), &facts(f), programs(), &denies)
+    }
+
+    fn strs(args: &[OsString]) -> Vec<String> {
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Index of the window `seq` in `args`.
+    fn find(args: &[String], seq: &[&str]) -> Option<usize> {
+        args.windows(seq.len())
+            .position(|w| w.iter().zip(seq).all(|(a, b)| a == b))
+    }
+
+    #[test]
+    fn the_argv_holds_every_control_in_mount_order() {
+        let f = fixture();
+        let p = plan_with(
+            &f,
+            BackendOptions::new(),
+            &[".env", "secrets/**", "**/*.pem"],
+        )
+        .unwrap();
+        let a = strs(&p.args);
+        let root = f.root.display().to_string();
+        let git = f.root.join(".git").display().to_string();
+        let store = f.root.join(".agentdiff").display().to_string();
+        let ssh = f.home.join(".ssh").display().to_string();
+        let npmrc = f.home.join(".npmrc").display().to_string();
+        let keys = f.home.join(".local/state/agentdiff").display().to_string();
+        let at = |seq: &[&str]| find(&a, seq).unwrap_or_else(|| panic!("{seq:?} not in {a:?}"));
+        assert_eq!(at(&["--ro-bind", "/", "/"]), 0);
+        let dev = at(&["--dev", "/dev"]);
+        let proc_ = at(&["--proc", "/proc"]);
+        let tmp = at(&["--tmpfs", "/tmp"]);
+        let bind_root = at(&["--bind", &root, &root]);
+        let ro_git = at(&["--ro-bind", &git, &git]);
+        let ro_store = at(&["--ro-bind", &store, &store]);
+        let env_file = f.root.join(".env").display().to_string();
+        let secrets = f.root.join("secrets").display().to_string();
+        let ro_env = at(&["--ro-bind", &env_file, &env_file]);
+        let ro_secrets = at(&["--ro-bind", &secrets, &secrets]);
+        let hide_ssh = at(&["--tmpfs", &ssh, "--remount-ro", &ssh]);
+        let hide_npmrc = at(&["--ro-bind", "/dev/null", &npmrc]);
+        let hide_keys = at(&["--tmpfs", &keys, "--remount-ro", &keys]);
+        assert!(dev < tmp && proc_ < tmp && tmp < bind_root, "{a:?}");
+        for ro in [ro_git, ro_store, ro_env, ro_secrets] {
+            assert!(bind_root < ro, "{a:?}");
+        }
+        for hide in [hide_ssh, hide_npmrc, hide_keys] {
+            assert!(ro_secrets < hide, "{a:?}");
+        }
+        for flag in [
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-net",
+            "--die-with-parent",
+            "--new-session",
+        ] {
+            assert!(a.contains(&flag.to_string()), "{flag} missing: {a:?}");
+        }
+        at(&["--cap-drop", "ALL"]);
+        at(&["--chdir", &root]);
+        // The wildcard pattern is reported, not silently dropped.
+        assert!(
+            p.not_applied.iter().any(|n| n.contains("**/*.pem")),
+            "{:?}",
+            p.not_applied
+        );
+        // The capsule is inside the (read-only) store: no separate mount for it.
+        assert!(!p.mounts.iter().any(|m| m.path == f.capsule));
+    }
+
+    #[test]
+    fn the_command_follows_the_separator_verbatim_through_the_shim() {
+        let f = fixture();
+        let p = plan_with(&f, BackendOptions::new(), &[]).unwrap();
+        let a = strs(&p.args);
+        let sep = find(&a, &["--", "/opt/agentdiff"]).unwrap();
+        let marker = f.capsule.join(START_MARKER_FILE).display().to_string();
+        assert_eq!(
+            &a[sep + 1..],
+            [
+                "/opt/agentdiff",
+                exec_shim::SHIM_SUBCOMMAND,
+                "v1",
+                &marker,
+                "5",
+                "tool",
+                "--",
+                "a b",
+                "",
+                "-c"
+            ]
+        );
+        // The shim and the marker are reachable inside the sandbox wherever they live.
+        assert!(find(&a, &["--ro-bind", "/opt/agentdiff", "/opt/agentdiff"]).is_some());
+        assert!(find(&a, &["--ro-bind", &marker, &marker]).is_some());
+    }
+
+    #[test]
+    fn host_network_is_opt_in_and_drops_only_unshare_net() {
+        let f = fixture();
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_NETWORK, "host");
+        let p = plan_with(&f, o, &[]).unwrap();
+        let a = strs(&p.args);
+        assert_eq!(p.network, Network::Host);
+        assert!(!a.contains(&"--unshare-net".to_string()));
+        assert!(a.contains(&"--unshare-pid".to_string()));
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_NETWORK, "bridge");
+        assert!(matches!(
+            plan_with(&f, o, &[]),
+            Err(PlanError::BadOption { key: "network", .. })
+        ));
+    }
+
+    #[test]
+    fn injection_variables_and_a_forged_digest_never_reach_the_sandbox() {
+        let f = fixture();
+        let p = plan_with(&f, BackendOptions::new(), &[]).unwrap();
+        let names: Vec<String> = p
+            .env
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into())
+            .collect();
+        assert_eq!(names, ["PATH"]);
+        assert_eq!(p.env_dropped, ["LD_PRELOAD", "NODE_OPTIONS"]);
+    }
+
+    #[test]
+    fn options_are_checked() {
+        let f = fixture();
+        let bad = |k: &str, v: &str| {
+            let mut o = BackendOptions::new();
+            o.push(k, v);
+            plan_with(&f, o, &[]).unwrap_err()
+        };
+        assert!(matches!(bad("image", "x"), PlanError::UnknownOption(k) if k == "image"));
+        assert!(bad("writable", "/")
+            .to_string()
+            .contains("whole host writable"));
+        assert!(bad("writable", "/nonexistent-agentdiff-dir")
+            .to_string()
+            .contains("create it before the run"));
+        assert!(bad("writable", "relative").to_string().contains("absolute"));
+        assert!(bad("hide", "relative").to_string().contains("absolute"));
+        let mut o = BackendOptions::new();
+        o.push("writable", f.home.join(".ssh").display().to_string());
+        o.push("hide", "~/.config/absent");
+        o.push("hide", "~/.npmrc");
+        let p = plan_with(&f, o, &[]).unwrap();
+        // A writable path inside a hidden one stays hidden: the hide comes later.
+        let a = strs(&p.args);
+        let ssh = f.home.join(".ssh").display().to_string();
+        let w = find(&a, &["--bind", &ssh, &ssh]).unwrap();
+        let h = find(&a, &["--tmpfs", &ssh, "--remount-ro", &ssh]).unwrap();
+        assert!(w < h);
+        assert!(p.not_applied.iter().any(|n| n.contains(".config/absent")));
+    }
+
+    #[test]
+    fn symlinked_credentials_are_hidden_at_their_target() {
+        let f = fixture();
+        let real = f.home.join("real-aws");
+        std::fs::create_dir_all(&real).unwrap();
+        std::os::unix::fs::symlink(&real, f.home.join(".aws")).unwrap();
+        let p = plan_with(&f, BackendOptions::new(), &[]).unwrap();
+        assert!(p
+            .mounts
+            .iter()
+            .any(|m| m.path == real && m.kind == MountKind::HiddenDir));
+    }
+
+    #[test]
+    fn a_root_that_is_slash_or_inside_a_hidden_location_is_refused() {
+        let f = fixture();
+        let mut s = spec(&f, BackendOptions::new());
+        s.root = "/".into();
+        assert!(plan(&s, &facts(&f), programs(), &[])
+            .unwrap_err()
+            .to_string()
+            .contains("`/`"));
+        let inside = f.home.join(".ssh/proj");
+        std::fs::create_dir_all(&inside).unwrap();
+        let mut s = spec(&f, BackendOptions::new());
+        s.root = inside.clone();
+        s.workdir = inside;
+        assert!(plan(&s, &facts(&f), programs(), &[])
+            .unwrap_err()
+            .to_string()
+            .contains("inside a hidden location"));
+        let mut s = spec(&f, BackendOptions::new());
+        s.argv.clear();
+        assert_eq!(
+            plan(&s, &facts(&f), programs(), &[]).unwrap_err(),
+            PlanError::NoCommand
+        );
+    }
+
+    #[test]
+    fn host_facts_find_the_key_directory_under_xdg_state_home() {
+        let env = vec![
+            (OsString::from("HOME"), OsString::from("/home/cmd")),
+            (
+                OsString::from("XDG_STATE_HOME"),
+                OsString::from("/var/state"),
+            ),
+        ];
+        let f = HostFacts::current(&env);
+        assert!(f.homes.contains(&PathBuf::from("/home/cmd")));
+        assert!(f.key_dirs.contains(&PathBuf::from("/var/state/agentdiff")));
+        let f = HostFacts::current(&[(OsString::from("HOME"), OsString::from("/home/x"))]);
+        assert!(f
+            .key_dirs
+            .contains(&PathBuf::from("/home/x/.local/state/agentdiff")));
+    }
+
+    #[test]
+    fn literal_deny_paths() {
+        assert_eq!(literal_path("secrets/**"), Some("secrets"));
+        assert_eq!(literal_path(".env"), Some(".env"));
+        assert_eq!(literal_path("./config/"), Some("config"));
+        assert_eq!(literal_path("**/*.pem"), None);
+        assert_eq!(literal_path(".env.*"), None);
+        assert_eq!(literal_path("../x"), None);
+        assert_eq!(literal_path("/etc"), None);
+    }
+}

@@ -1,0 +1,319 @@
+//! `agentdiff run --runtime bwrap` end to end with the real bubblewrap: what the sandbox lets
+//! through and what it refuses, the evidence, and the fail-closed paths.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
+}
+
+/// `true` (and the test returns) when bwrap is missing here and the skip rule allows it.
+fn no_bwrap() -> bool {
+    let works = Command::new("bwrap")
+        .args(["--ro-bind", "/", "/", "--unshare-net", "--", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    !works && agentdiff_conformance::skip_unless_required("bwrap is not installed or cannot start")
+}
+
+/// A project in $TMPDIR and a home outside it (so `$HOME` is a real host location), with a key
+/// in `~/.ssh`.
+struct Fixture {
+    project: tempfile::TempDir,
+    home: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let project = tempfile::tempdir().unwrap();
+        fs::write(project.path().join("a.txt"), "a\n").unwrap();
+        fs::create_dir_all(project.path().join(".git")).unwrap();
+        fs::write(project.path().join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        let home = tempfile::Builder::new()
+            .prefix("agentdiff-bwrap-home-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        fs::create_dir_all(home.path().join(".ssh")).unwrap();
+        fs::write(home.path().join(".ssh/id_test"), "PRIVATE-KEY-CANARY\n").unwrap();
+        Fixture { project, home }
+    }
+
+    fn root(&self) -> &Path {
+        self.project.path()
+    }
+
+    fn run(&self, extra: &[&str], argv: &[&str], env: &[(&str, &str)]) -> (i32, Value, Output) {
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--runtime", "bwrap", "--format", "json"])
+            .args(extra)
+            .arg("--")
+            .args(argv)
+            .current_dir(self.root())
+            .env_remove("AGENTDIFF_POLICY")
+            .env("AGENTDIFF_STATE_DIR", super::state_dir())
+            .env("HOME", self.home.path());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code().unwrap_or(-1), json, out)
+    }
+
+    fn runtime_json(&self, result: &Value) -> Value {
+        let id = result["run_id"].as_str().unwrap();
+        let path = self
+            .root()
+            .join(".agentdiff/runs")
+            .join(id)
+            .join("runtime.json");
+        serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap()
+    }
+}
+
+/// A host loopback listener that records whether anything connected.
+fn listener() -> (u16, Arc<AtomicBool>, Arc<AtomicBool>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    l.set_nonblocking(true).unwrap();
+    let hit = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (h, s) = (Arc::clone(&hit), Arc::clone(&stop));
+    std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            if let Ok((mut c, _)) = l.accept() {
+                let mut buf = [0u8; 16];
+                let _ = c.read(&mut buf);
+                h.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    (port, hit, stop)
+}
+
+#[test]
+fn bwrap_confines_writes_reads_and_network_and_records_the_change() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let token = format!("{}", std::process::id());
+    let var_tmp = PathBuf::from(format!("/var/tmp/agentdiff-bwrap-probe-{token}"));
+    let home_file = f.home.path().join("written-by-command");
+    let (port, hit, stop) = listener();
+    // Each attempt reports ok/fail into report.txt inside the root.
+    let script = r#"
+r=report.txt
+try() { name=$1; shift; if "$@" 2>/dev/null; then echo "$name=ok" >> $r; else echo "$name=fail" >> $r; fi; }
+try inside sh -c 'echo new > inside.txt'
+try var_tmp sh -c "echo x > $VAR_TMP"
+try home sh -c "echo x > $HOME_FILE"
+try git sh -c 'echo x > .git/injected'
+try store sh -c 'mkdir -p .agentdiff/x && echo x > .agentdiff/x/y'
+try ssh_read sh -c 'cat "$HOME/.ssh/id_test" | grep -q PRIVATE-KEY-CANARY'
+try loopback bash -c "echo hi > /dev/tcp/127.0.0.1/$PORT"
+exit 0
+"#;
+    // The variables are not on the allowlist: name them so they pass the scrub.
+    let (code, result, out) = f.run(
+        &[
+            "--pass-env",
+            "VAR_TMP",
+            "--pass-env",
+            "HOME_FILE",
+            "--pass-env",
+            "PORT",
+        ],
+        &["sh", "-c", script],
+        &[
+            ("VAR_TMP", var_tmp.to_str().unwrap()),
+            ("HOME_FILE", home_file.to_str().unwrap()),
+            ("PORT", &port.to_string()),
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(code, 69, "{stderr}");
+    let report = fs::read_to_string(f.root().join("report.txt"))
+        .unwrap_or_else(|e| panic!("no report ({e}); code {code}; stderr {stderr}"));
+    let _ = fs::remove_file(&var_tmp);
+    for line in [
+        "inside=ok",
+        "var_tmp=fail",
+        "home=fail",
+        "git=fail",
+        "store=fail",
+        "ssh_read=fail",
+        "loopback=fail",
+    ] {
+        assert!(
+            report.contains(line),
+            "{line} not in {report}; stderr {stderr}"
+        );
+    }
+    assert!(
+        !hit.load(Ordering::Relaxed),
+        "a connection reached the host listener"
+    );
+    assert!(!home_file.exists());
+    assert!(!f.root().join(".git/injected").exists());
+    // The change inside the root is recorded.
+    let changes = result["changes"].as_array().unwrap();
+    assert!(
+        changes.iter().any(|c| c["path"] == "inside.txt"),
+        "{result:#}"
+    );
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["capabilities"]["sandboxed"], true, "{rt:#}");
+    for (boundary, level) in [
+        ("filesystem_writes", "enforced"),
+        ("network", "enforced"),
+        ("processes", "enforced"),
+        ("privileges", "enforced"),
+        ("environment", "enforced"),
+        ("host_repository", "observed"),
+        ("resources", "uncontrolled"),
+    ] {
+        assert_eq!(rt["capabilities"][boundary], level, "{boundary}: {rt:#}");
+    }
+    assert_eq!(rt["wrapper"]["command_started"], true);
+    assert_eq!(
+        rt["wrapper"]["controls"]["credentials"]["level"],
+        "enforced"
+    );
+    assert_eq!(rt["environment"]["mode"], "scrub");
+}
+
+#[test]
+fn bwrap_scrubs_the_environment_and_passes_only_named_variables() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let script = "env > seen.txt";
+    let env = [
+        ("MY_API_TOKEN", "tok-secret"),
+        ("OTHER_SETTING", "plain"),
+        ("NODE_OPTIONS", "--require /x.js"),
+    ];
+    let (code, _, out) = f.run(
+        &["--pass-env", "MY_API_TOKEN", "--pass-env", "NODE_OPTIONS"],
+        &["sh", "-c", script],
+        &env,
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let seen = fs::read_to_string(f.root().join("seen.txt")).unwrap();
+    assert!(seen.contains("MY_API_TOKEN=tok-secret"), "{seen}");
+    assert!(!seen.contains("OTHER_SETTING"), "{seen}");
+    // Runtime-injection variables are dropped even when named.
+    assert!(!seen.contains("NODE_OPTIONS"), "{seen}");
+    assert!(!seen.contains("ARGV_DIGEST"), "{seen}");
+    let (_, _, _) = f.run(&[], &["sh", "-c", script], &env);
+    let seen = fs::read_to_string(f.root().join("seen.txt")).unwrap();
+    assert!(!seen.contains("MY_API_TOKEN"), "{seen}");
+}
+
+#[test]
+fn bwrap_exit_1_of_the_command_is_the_commands_and_a_setup_failure_is_not() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let (code, result, _) = f.run(&[], &["sh", "-c", "exit 1"], &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        f.runtime_json(&result)["wrapper"]["exit_attribution"],
+        "command"
+    );
+
+    // A bwrap whose setup fails: exits 1 without starting anything.
+    let fake = f.home.path().join("fake-bwrap");
+    fs::write(
+        &fake,
+        "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n",
+    )
+    .unwrap();
+    fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let opt = format!("bwrap-executable={}", fake.display());
+    let (code, result, out) = f.run(
+        &["--backend-option", &opt],
+        &["sh", "-c", "echo ran > ran.txt"],
+        &[],
+    );
+    assert_eq!(code, 69, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!f.root().join("ran.txt").exists());
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["wrapper"]["exit_attribution"], "wrapper", "{rt:#}");
+    assert_eq!(rt["capabilities"]["sandboxed"], false);
+    let failure = rt["failure"].to_string();
+    assert!(
+        failure.contains("bwrap exited with code 1 before the command started"),
+        "{failure}"
+    );
+}
+
+#[test]
+fn without_bwrap_on_path_the_command_does_not_run_and_bubblewrap_is_named() {
+    let f = Fixture::new();
+    let empty = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args([
+            "run",
+            "--runtime",
+            "bwrap",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo ran > ran.txt",
+        ])
+        .current_dir(f.root())
+        .env("PATH", empty.path())
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+        .env("HOME", f.home.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("bubblewrap"), "{stderr}");
+    assert!(stderr.contains("apt-get install -y bubblewrap"), "{stderr}");
+    assert!(!f.root().join("ran.txt").exists());
+}
+
+#[test]
+fn host_network_from_the_policy_is_labelled_uncontrolled() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    fs::write(
+        f.root().join("agentdiff.yaml"),
+        "version: 2\nruntime:\n  bwrap:\n    network: host\n",
+    )
+    .unwrap();
+    let (port, hit, stop) = listener();
+    let script = format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'");
+    let (code, result, out) = f.run(&[], &["sh", "-c", &script], &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        hit.load(Ordering::Relaxed),
+        "the host network was asked for"
+    );
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["capabilities"]["network"], "uncontrolled", "{rt:#}");
+    assert_eq!(rt["capabilities"]["network_enforcement"], false);
+    assert_eq!(rt["capabilities"]["filesystem_writes"], "enforced");
+}

@@ -1,0 +1,379 @@
+//! Safe defaults and truthful reports, through the real binary: protected configuration, root
+//! discovery, one run per root, exact rollback resume, truthful summaries, safe previews, CLI
+//! hygiene and recovery after a killed monitor.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
+}
+
+fn cmd(cwd: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(bin());
+    c.args(args)
+        .current_dir(cwd)
+        .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+        .env("HOME", "/nonexistent-home-for-tests");
+    c
+}
+
+fn agentdiff(cwd: &Path, args: &[&str]) -> Output {
+    cmd(cwd, args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn project() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("proj");
+    fs::create_dir_all(root.join("src/deep")).unwrap();
+    let root = root.canonicalize().unwrap();
+    fs::write(root.join("README.md"), "readme\n").unwrap();
+    fs::write(root.join("src/lib.rs"), "// lib\n").unwrap();
+    (t, root)
+}
+
+/// `run --format json` from `cwd`; returns (code, result).
+fn run_json(cwd: &Path, extra: &[&str], argv: &[&str]) -> (i32, Value, Output) {
+    let mut args = vec!["run", "--format", "json"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = agentdiff(cwd, &args);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {} / {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), v, out)
+}
+
+fn change_paths(r: &Value) -> Vec<String> {
+    r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+// ---- 2. Root discovery -------------------------------------------------------------------
+
+#[test]
+fn a_run_from_a_subdirectory_observes_the_whole_project_and_runs_lists_it() {
+    let (_t, root) = project();
+    fs::create_dir(root.join(".git")).unwrap();
+    let sub = root.join("src/deep");
+    let (code, r, out) = run_json(&sub, &[], &["sh", "-c", "echo edit >> ../../README.md"]);
+    assert_eq!(code, 0, "{}", text(&out.stderr));
+    assert_eq!(change_paths(&r), vec!["README.md"], "{r:#}");
+    assert_eq!(r["status"], "review");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("project root: {}", root.display())),
+        "the chosen root is printed when it is not cwd: {stderr}"
+    );
+    // The store is at the root, and every subcommand finds it from below.
+    assert!(root.join(".agentdiff/runs").is_dir());
+    assert!(!sub.join(".agentdiff").exists());
+    let out = agentdiff(&root.join("src"), &["runs", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 1, "{runs:#}");
+    let id = runs[0]["id"].as_str().unwrap();
+    let out = agentdiff(&sub, &["inspect", id, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A policy marker below the VCS root is nearer and wins.
+    fs::write(root.join("src/agentdiff.yaml"), "version: 1\n").unwrap();
+    let out = agentdiff(&sub, &["policy", "validate"]);
+    assert!(
+        text(&out.stdout).contains(&root.join("src/agentdiff.yaml").display().to_string()),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn home_and_the_filesystem_root_are_refused_unless_named() {
+    let (_t, root) = project();
+    let home = root.join("src");
+    let out = cmd(&home, &["run", "--", "true"])
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("home directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!home.join(".agentdiff").exists(), "nothing written");
+    let out = cmd(&home, &["run", "--root", ".", "--", "true"])
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = agentdiff(Path::new("/"), &["runs"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("filesystem root"));
+}
+
+// ---- 3. One run per root -----------------------------------------------------------------
+
+#[test]
+fn a_second_run_in_the_same_root_is_refused_or_waits() {
+    let (_t, root) = project();
+    let mut first = cmd(&root, &["run", "--", "sh", "-c", "touch started; sleep 3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !root.join("started").exists() {
+        assert!(Instant::now() < deadline, "first run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = agentdiff(&root, &["run", "--", "sh", "-c", "echo b > b.txt"]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--wait"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!root.join("b.txt").exists(), "the refused run ran nothing");
+    // Rollback and promote take the same lock (before the run is even looked up).
+    for sub in ["rollback", "promote"] {
+        let out = agentdiff(&root, &[sub, "some-run", "--all"]);
+        assert_eq!(out.status.code(), Some(75), "{sub}: {}", text(&out.stderr));
+    }
+    // --wait waits for the first run, then records only its own change.
+    let (code, r, out) = run_json(&root, &["--wait"], &["sh", "-c", "echo b > b.txt"]);
+    assert_eq!(code, 0, "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("waiting for the other agentdiff"));
+    assert_eq!(change_paths(&r), vec!["b.txt"], "{r:#}");
+    assert!(first.wait().unwrap().success());
+    // Sequential runs: each capsule lists only its own file.
+    let out = agentdiff(&root, &["runs", "--format", "json"]);
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 2);
+}
+
+// ---- 6. Safe preview -----------------------------------------------------------------------
+
+#[test]
+fn preview_escapes_names_and_withholds_secret_diffs() {
+    let (_t, root) = project();
+    fs::write(root.join(".env"), "TOKEN=old-secret\n").unwrap();
+    let forged = "x\n  would_create     forged.txt\n+++ fake";
+    let script = format!(
+        "echo TOKEN=new-secret > .env; printf 'y\\n' > '{forged}'; printf '\\342\\200\\256evil\\n' > bidi.txt"
+    );
+    let (_, r, _) = run_json(&root, &["--fail-on", "never"], &["sh", "-c", &script]);
+    let id = r["run_id"].as_str().unwrap();
+    let out = agentdiff(&root, &["rollback", id, "--all", "--dry-run"]);
+    let stdout = text(&out.stdout);
+    assert!(
+        !stdout.contains("old-secret") && !stdout.contains("new-secret"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("content diff withheld"), "{stdout}");
+    for line in stdout.lines() {
+        assert!(
+            !line.trim_start().starts_with("would_create     forged"),
+            "a file name printed a report line: {stdout}"
+        );
+        assert!(!line.starts_with("+++ fake"), "{stdout}");
+    }
+    assert!(stdout.contains("x\\n  would_create"), "{stdout}");
+    assert!(
+        !stdout.contains('\u{202e}'),
+        "bidi override printed raw: {stdout}"
+    );
+    let out = agentdiff(
+        &root,
+        &["rollback", id, "--all", "--dry-run", "--show-secrets"],
+    );
+    assert!(
+        text(&out.stdout).contains("-TOKEN=new-secret"),
+        "{}",
+        text(&out.stdout)
+    );
+    // The run summary escapes the names too.
+    let out = agentdiff(&root, &["inspect", id]);
+    assert!(
+        !text(&out.stdout).contains("\n  would_create"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+// ---- 7. CLI hygiene ------------------------------------------------------------------------
+
+/// A stdout whose reader is already gone: every write fails with EPIPE.
+fn closed_pipe() -> Stdio {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) fills two new descriptors that nothing else owns.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned here.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    Stdio::from(write)
+}
+
+#[test]
+fn a_closed_stdout_never_panics() {
+    let (_t, root) = project();
+    let (_, r, _) = run_json(&root, &[], &["sh", "-c", "echo a > a.txt"]);
+    let id = r["run_id"].as_str().unwrap().to_owned();
+    let cases: Vec<(Vec<&str>, i32)> = vec![
+        (vec!["runs"], 0),
+        (vec!["runs", "--format", "json"], 0),
+        (vec!["inspect", &id], 0),
+        (vec!["inspect", &id, "--format", "json"], 0),
+        (vec!["verify", &id], 0),
+        (vec!["policy", "explain", ".env"], 0),
+        (vec!["policy", "init", "--output", "-"], 0),
+        (vec!["doctor"], 0),
+        (vec!["rollback", &id, "--all", "--dry-run"], 0),
+        (vec!["run", "--format", "json", "--", "true"], 0),
+    ];
+    for (args, want) in cases {
+        let out = cmd(&root, &args)
+            .stdout(closed_pipe())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(want), "{args:?}: {stderr}");
+    }
+    // The run whose output was lost still sealed its capsule.
+    let out = agentdiff(&root, &["runs", "--format", "json"]);
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["seal"] == "verified"));
+}
+
+#[test]
+fn an_empty_store_lists_nothing_with_exit_0() {
+    let (_t, root) = project();
+    let out = agentdiff(&root, &["runs"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+    let out = agentdiff(&root, &["runs", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+        Value::Array(vec![])
+    );
+    assert!(!root.join(".agentdiff").exists(), "listing creates nothing");
+}
+
+#[test]
+fn an_invalid_backend_request_is_refused_before_a_capsule_exists() {
+    let (_t, root) = project();
+    let out = agentdiff(&root, &["run", "--runtime", "container", "--", "true"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--image"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!root.join(".agentdiff").exists(), "no capsule, no store");
+}
+
+#[test]
+fn runs_shows_details_and_checks_the_seal() {
+    let (_t, root) = project();
+    let (_, r, _) = run_json(
+        &root,
+        &["--task", "tidy up"],
+        &["sh", "-c", "echo a > a.txt; echo b > .env"],
+    );
+    let id = r["run_id"].as_str().unwrap().to_owned();
+    let out = agentdiff(&root, &["runs"]);
+    let line = text(&out.stdout);
+    for want in [
+        id.as_str(),
+        "local",
+        "denied",
+        "seal verified",
+        "2 changes",
+        "1 protected",
+        "task: tidy up",
+    ] {
+        assert!(line.contains(want), "missing {want:?}: {line}");
+    }
+    let started = r["started_at"].as_str().unwrap();
+    assert!(line.contains(started), "{line}");
+    // A garbage seal is not "sealed".
+    fs::write(
+        root.join(format!(".agentdiff/runs/{id}/integrity.json")),
+        "garbage",
+    )
+    .unwrap();
+    let out = agentdiff(&root, &["runs", "--format", "json"]);
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs[0]["seal"], "broken", "{runs:#}");
+    assert!(text(&agentdiff(&root, &["runs"]).stdout).contains("SEAL BROKEN"));
+}
+
+#[test]
+fn a_policy_with_30000_plain_entries_is_accepted() {
+    let (_t, root) = project();
+    let mut doc = String::from("version: 1\nfilesystem:\n  review:\n");
+    for i in 0..30_000 {
+        doc.push_str(&format!("    - gen/file{i}.txt\n"));
+    }
+    fs::write(root.join("agentdiff.yaml"), doc).unwrap();
+    let out = agentdiff(&root, &["policy", "validate"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("alias"));
+}
+
+#[test]
+fn rollback_on_a_read_only_tree_exits_68_not_67() {
+    let (_t, root) = project();
+    let (_, r, _) = run_json(&root, &[], &["sh", "-c", "echo changed > README.md"]);
+    let id = r["run_id"].as_str().unwrap();
+    // A read-only bind mount in a private mount namespace (root on the CI machines).
+    let script = format!(
+        "mount --bind '{0}' '{0}' && mount -o remount,ro,bind '{0}' && cd '{0}' && exec '{1}' rollback {id} --all",
+        root.display(),
+        bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output();
+    let out = match out {
+        Ok(o) if !text(&o.stderr).contains("mount:") && !text(&o.stderr).contains("unshare:") => o,
+        _ => {
+            if agentdiff_conformance::skip_unless_required(
+                "a private read-only bind mount (unshare -m, root) is not available",
+            ) {
+                return;
+            }
+            unreachable!()
+        }
+    };
+    assert_eq!(out.status.code(), Some(68), "{}", text(&out.stderr));
+    assert_eq!(
+        fs::read_to_string(root.join("README.md")).unwrap(),
+        "changed\n"
+    );
+}

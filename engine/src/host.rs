@@ -1,0 +1,210 @@
+//! Host checks shared by wrapping backends, done without starting anything: resolving an
+//! executable on PATH, and the kernel switches that turn user namespaces off.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// Why an executable (a wrapper, the exec shim) cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecutableError {
+    #[error("`{name}` was not found on PATH")]
+    NotOnPath { name: String },
+    #[error("{path} does not exist")]
+    Missing { path: PathBuf },
+    #[error("{path} is not a regular file")]
+    NotAFile { path: PathBuf },
+    #[error("{path} is not executable")]
+    NotExecutable { path: PathBuf },
+    #[error("{path} cannot be inspected: {message}")]
+    Unreadable { path: PathBuf, message: String },
+}
+
+/// The PATH a wrapper is looked up on: the one in the command's environment, else agentdiff's own.
+pub fn search_path(env: &[(OsString, OsString)]) -> Option<OsString> {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k.as_os_str() == OsStr::new("PATH"))
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var_os("PATH"))
+}
+
+/// Find `program` (a bare name looked up on `path`, or a path) and check that it is an
+/// executable regular file. Symlinks are followed (npm installs srt as a link to its script).
+pub fn resolve_executable(
+    program: &OsStr,
+    path: Option<&OsStr>,
+    cwd: &Path,
+) -> Result<PathBuf, ExecutableError> {
+    let as_path = Path::new(program);
+    let candidate = if as_path.components().count() > 1 || as_path.is_absolute() {
+        if as_path.is_absolute() {
+            as_path.to_path_buf()
+        } else {
+            cwd.join(as_path)
+        }
+    } else {
+        let name = program.to_string_lossy().into_owned();
+        which::which_in(program, path, cwd).map_err(|_| ExecutableError::NotOnPath { name })?
+    };
+    check_executable(&candidate)?;
+    Ok(candidate)
+}
+
+pub fn check_executable(path: &Path) -> Result<(), ExecutableError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ExecutableError::Missing {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => {
+            return Err(ExecutableError::Unreadable {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })
+        }
+    };
+    if !meta.is_file() {
+        return Err(ExecutableError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(ExecutableError::NotExecutable {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether user namespaces can be created, from the kernel's switches (no process started).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UserNamespaces {
+    /// `false` only when a switch says they are off for this user.
+    pub allowed: bool,
+    pub detail: String,
+    pub remedy: Option<String>,
+}
+
+/// Read the sysctls that switch user namespaces off. `proc_sys` is `/proc/sys` (a parameter so
+/// tests can point it at a fake tree).
+pub fn user_namespaces(proc_sys: &Path, euid: u32) -> UserNamespaces {
+    let read = |rel: &str| -> Option<i64> {
+        std::fs::read_to_string(proc_sys.join(rel))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    if read("user/max_user_namespaces") == Some(0) {
+        return UserNamespaces {
+            allowed: false,
+            detail: "user namespaces are disabled (user.max_user_namespaces = 0)".into(),
+            remedy: Some("enable them: `sysctl -w user.max_user_namespaces=15000`".into()),
+        };
+    }
+    if euid != 0 && read("kernel/unprivileged_userns_clone") == Some(0) {
+        return UserNamespaces {
+            allowed: false,
+            detail: "unprivileged user namespaces are disabled \
+                     (kernel.unprivileged_userns_clone = 0)"
+                .into(),
+            remedy: Some("enable them: `sysctl -w kernel.unprivileged_userns_clone=1`".into()),
+        };
+    }
+    let mut detail = "no kernel switch disables user namespaces".to_string();
+    if euid != 0 && read("kernel/apparmor_restrict_unprivileged_userns") == Some(1) {
+        // Not a refusal: bwrap may have its own AppArmor profile. A probe decides.
+        detail.push_str(
+            "; AppArmor restricts unprivileged user namespaces \
+             (kernel.apparmor_restrict_unprivileged_userns = 1), bwrap needs a profile",
+        );
+    }
+    UserNamespaces {
+        allowed: true,
+        detail,
+        remedy: None,
+    }
+}
+
+/// The effective user id of this process.
+pub fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_exec(dir: &Path, name: &str, mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    #[test]
+    fn refuses_missing_directory_and_non_executable_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = write_exec(dir.path(), "plain", 0o644);
+        assert!(matches!(
+            resolve_executable(plain.as_os_str(), None, dir.path()),
+            Err(ExecutableError::NotExecutable { .. })
+        ));
+        assert!(matches!(
+            resolve_executable(dir.path().as_os_str(), None, dir.path()),
+            Err(ExecutableError::NotAFile { .. })
+        ));
+        let gone = dir.path().join("gone");
+        assert!(matches!(
+            resolve_executable(gone.as_os_str(), None, dir.path()),
+            Err(ExecutableError::Missing { .. })
+        ));
+        // A relative path is taken relative to the working directory, not looked up on PATH.
+        assert_eq!(
+            resolve_executable(OsStr::new("./plain"), None, dir.path()).unwrap_err(),
+            ExecutableError::NotExecutable {
+                path: dir.path().join("./plain")
+            }
+        );
+    }
+
+    #[test]
+    fn resolves_on_the_given_path_and_checks_the_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let tool = write_exec(dir.path(), "tool", 0o755);
+        let path = dir.path().as_os_str().to_os_string();
+        assert_eq!(
+            resolve_executable(OsStr::new("tool"), Some(&path), dir.path()).unwrap(),
+            tool
+        );
+        let err = resolve_executable(OsStr::new("tool-nope"), Some(&path), dir.path()).unwrap_err();
+        assert!(matches!(err, ExecutableError::NotOnPath { .. }));
+        let plain = write_exec(dir.path(), "plain", 0o644);
+        assert!(matches!(
+            resolve_executable(plain.as_os_str(), None, dir.path()),
+            Err(ExecutableError::NotExecutable { .. })
+        ));
+    }
+
+    #[test]
+    fn user_namespace_switches_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("user")).unwrap();
+        std::fs::create_dir_all(dir.path().join("kernel")).unwrap();
+        assert!(user_namespaces(dir.path(), 1000).allowed);
+        std::fs::write(dir.path().join("kernel/unprivileged_userns_clone"), "0\n").unwrap();
+        let u = user_namespaces(dir.path(), 1000);
+        assert!(!u.allowed);
+        assert!(u.remedy.unwrap().contains("unprivileged_userns_clone=1"));
+        // root is not subject to that switch
+        assert!(user_namespaces(dir.path(), 0).allowed);
+        std::fs::write(dir.path().join("user/max_user_namespaces"), "0\n").unwrap();
+        let u = user_namespaces(dir.path(), 0);
+        assert!(!u.allowed);
+        assert!(u.detail.contains("max_user_namespaces"));
+        assert!(u.remedy.unwrap().contains("sysctl"));
+    }
+}

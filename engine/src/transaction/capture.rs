@@ -1,0 +1,142 @@
+//! The before- and after-captures of the project tree, written to the capsule.
+//!
+//! Invariant: the after-scan uses the before-scan's ignore lines and re-includes, so the command
+//! cannot hide its own writes by editing `.agentdiffignore` or the policy mid-run.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use super::{ProgressFn, TransactionError};
+use crate::fs::{self, BackupRequest, IgnoreSource, Manifest, ScanOptions, ScanProgress};
+use crate::policy::Policy;
+use crate::store::{Artifact, Capsule, Store};
+
+/// What a capture needs to know about the run.
+pub(super) struct CapturePlan<'a> {
+    pub store: &'a Store,
+    pub capsule: &'a Capsule,
+    /// Deny patterns and `observe.include` (v2): default-excluded directories they name are
+    /// scanned.
+    pub reinclude: Vec<String>,
+    /// The command runs in a private copy of the tree materialised from backups.
+    pub private_workspace: bool,
+    /// Back up files before the run (rollback enabled, or a private workspace to materialise).
+    pub backup_before: bool,
+    /// `rollback.max_backup_file_mb` in bytes.
+    pub max_backup_bytes: u64,
+    pub progress: Option<ProgressFn<'a>>,
+}
+
+/// A stored manifest and the object holding its entries.
+pub(super) struct Captured {
+    pub manifest: Manifest,
+    pub entries_object: String,
+}
+
+impl<'a> CapturePlan<'a> {
+    pub fn new(
+        store: &'a Store,
+        capsule: &'a Capsule,
+        policy: &Policy,
+        private_workspace: bool,
+        progress: Option<ProgressFn<'a>>,
+    ) -> Self {
+        let rollback = policy.rollback();
+        let mut reinclude = policy.deny_patterns();
+        reinclude.extend(policy.observe().include.iter().cloned());
+        CapturePlan {
+            store,
+            capsule,
+            reinclude,
+            private_workspace,
+            backup_before: rollback.enabled || private_workspace,
+            max_backup_bytes: rollback.max_backup_file_mb.saturating_mul(1024 * 1024),
+            progress,
+        }
+    }
+
+    /// Scans `root` before the run, backing up what rollback or the workspace needs.
+    pub fn before(&self, root: &Path) -> Result<Captured, TransactionError> {
+        let backup = self.backup_before.then(|| BackupRequest {
+            sink: self.store.objects(),
+            // A private workspace is materialised from backups, so every file is captured.
+            max_file_bytes: if self.private_workspace {
+                fs::DEFAULT_MAX_HASH_BYTES
+            } else {
+                self.max_backup_bytes
+            },
+        });
+        let step = Step {
+            artifact: Artifact::Before,
+            phase: "before",
+            event: "before_captured",
+        };
+        self.scan_and_store(root, step, backup, None, IgnoreSource::ProjectFile)
+    }
+
+    /// Scans `workdir` after the run with the before-scan's ignore rules, reusing unchanged
+    /// hashes when it is the same tree.
+    pub fn after(&self, workdir: &Path, before: &Manifest) -> Result<Captured, TransactionError> {
+        let ignore = IgnoreSource::Lines(before.ignore_lines.clone());
+        let step = Step {
+            artifact: Artifact::After,
+            phase: "after",
+            event: "after_captured",
+        };
+        if self.private_workspace {
+            // Changes in the workspace are kept as objects so promote can apply them.
+            let backup = Some(BackupRequest {
+                sink: self.store.objects(),
+                max_file_bytes: fs::DEFAULT_MAX_HASH_BYTES,
+            });
+            self.scan_and_store(workdir, step, backup, None, ignore)
+        } else {
+            self.scan_and_store(workdir, step, None, Some(before), ignore)
+        }
+    }
+
+    fn scan_and_store(
+        &self,
+        dir: &Path,
+        step: Step,
+        backup: Option<BackupRequest<'_>>,
+        reuse: Option<&Manifest>,
+        ignore: IgnoreSource,
+    ) -> Result<Captured, TransactionError> {
+        let phase = step.phase;
+        let progress = self.progress.map(|p| move |s: &ScanProgress| p(phase, s));
+        let mut opts = ScanOptions::new();
+        opts.reinclude = self.reinclude.clone();
+        opts.backup = backup;
+        opts.reuse = reuse;
+        opts.ignore = ignore;
+        opts.progress = progress
+            .as_ref()
+            .map(|p| p as &(dyn Fn(&ScanProgress) + Sync));
+        let manifest = fs::scan(dir, &opts)?;
+        let entries_object =
+            self.capsule
+                .write_manifest(step.artifact, &manifest, self.store.objects())?;
+        self.capsule.event(
+            step.event,
+            json!({ "entries": manifest.entries.len(), "unsupported": manifest.unsupported.len() }),
+        )?;
+        Ok(Captured {
+            manifest,
+            entries_object,
+        })
+    }
+}
+
+/// Which capture this is: the artifact, the progress phase and the event name.
+struct Step {
+    artifact: Artifact,
+    phase: &'static str,
+    event: &'static str,
+}
+
+/// Objects a manifest's backups live in (kept alive by the seal).
+pub(super) fn referenced_objects(manifest: &Manifest) -> Vec<String> {
+    crate::store::manifest_objects(manifest)
+}

@@ -1,0 +1,298 @@
+//! The decision step: a pure function from a run's evidence to its [`RunResult`].
+//!
+//! Nothing here launches, scans, reads the clock or writes: the caller passes the manifests, the
+//! backend's evidence and the run's timing, so every status, safety outcome, limit and summary
+//! count can be tested from literal inputs (see `tests.rs`).
+//!
+//! Precedence, strongest first: an interrupt, then the deadline, then a failed or non-zero command,
+//! then the safety outcome (deny > review > allow). A run that succeeded with denied changes is
+//! `denied`, never `passed`; review findings include warnings about what could not be observed.
+
+use std::collections::BTreeSet;
+
+use super::classify::{classify_changes, evaluate_limits};
+use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
+use super::{Refusal, VerifiedControl};
+use crate::backend::{BackendError, ExitInfo, FailureKind, RunEvidence};
+use crate::fs::{self, Manifest};
+use crate::policy::{Action, Decision, Policy, Weights};
+use crate::redact;
+use crate::score;
+
+/// Everything the decision reads about a run that was launched.
+pub struct Evidence<'a> {
+    pub policy: &'a Policy,
+    pub command_decision: &'a Decision,
+    pub before: &'a Manifest,
+    pub after: &'a Manifest,
+    pub run: &'a RunEvidence,
+    /// The command ran in a private workspace (its changes are promoted, not rolled back).
+    pub private_workspace: bool,
+    pub verified_controls: &'a [VerifiedControl],
+    /// What changed under `.agentdiff/` while the command ran (a deny-level finding).
+    pub capsule_tampered: &'a [crate::store::TamperFinding],
+}
+
+/// Identity and timing of the run, taken by the caller so the decision stays pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFrame {
+    pub run_id: String,
+    pub task: Option<String>,
+    pub started_at: String,
+    pub finished_at: String,
+    pub duration_ms: u64,
+}
+
+/// The result of a run that was launched.
+pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
+    let diff = fs::diff(ev.before, ev.after);
+    let changes = classify_changes(ev.policy, &diff, ev.private_workspace);
+    let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
+    let warnings = observation_warnings(ev.before, ev.after, &diff, ev.run);
+    let safety_outcome = if ev.capsule_tampered.is_empty() {
+        safety_outcome(
+            &changes,
+            &limit_violations,
+            &warnings,
+            ev.command_decision.action,
+        )
+    } else {
+        // Tampering with the capsule is denied whatever the changes were.
+        Action::Deny
+    };
+    let status = status(&ev.run.exit, ev.run.failure.as_ref(), safety_outcome);
+    let summary = summarize(&changes, ev.before, ev.after, ev.run);
+    RunResult {
+        schema_version: crate::SCHEMA_VERSION,
+        run_id: frame.run_id,
+        status,
+        safety_outcome,
+        command_decision: ev.command_decision.clone(),
+        exit_code: ev.run.exit.code,
+        recovery_available: summary.reversible > 0 && ev.policy.rollback().enabled,
+        changes,
+        limit_violations,
+        observation_warnings: warnings,
+        capsule_tampered: ev.capsule_tampered.to_vec(),
+        blast_radius: score::compute(&counts, ev.policy.weights()),
+        runtime: Some(runtime_summary(ev.run, ev.verified_controls)),
+        execution_error: ev.run.failure.as_ref().map(execution_error),
+        summary,
+        task: frame.task,
+        started_at: frame.started_at,
+        finished_at: frame.finished_at,
+        duration_ms: frame.duration_ms,
+    }
+}
+
+/// The result of a run whose command never started (blocked, backend unavailable, launch
+/// refused): no changes, no runtime, and a safety outcome that never reads as clean.
+pub fn not_run(
+    command_decision: &Decision,
+    status: Status,
+    error: Option<String>,
+    frame: RunFrame,
+) -> RunResult {
+    RunResult {
+        schema_version: crate::SCHEMA_VERSION,
+        run_id: frame.run_id,
+        status,
+        safety_outcome: if status == Status::Blocked {
+            Action::Deny
+        } else {
+            Action::Review
+        },
+        command_decision: command_decision.clone(),
+        exit_code: None,
+        changes: Vec::new(),
+        limit_violations: Vec::new(),
+        observation_warnings: Vec::new(),
+        capsule_tampered: Vec::new(),
+        blast_radius: score::compute(&score::Counts::default(), &Weights::default()),
+        runtime: None,
+        execution_error: error,
+        summary: Summary::default(),
+        recovery_available: false,
+        task: frame.task,
+        started_at: frame.started_at,
+        finished_at: frame.finished_at,
+        duration_ms: frame.duration_ms,
+    }
+}
+
+/// Why a launch the backend refused did not run, as recorded and as the CLI maps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedLaunch {
+    pub status: Status,
+    pub refusal: Refusal,
+    pub message: String,
+}
+
+/// Maps a backend error before or at launch: the command not starting is the command's failure;
+/// anything else is agentdiff's or the backend's error.
+pub fn refused_launch(err: &BackendError) -> RefusedLaunch {
+    let (status, refusal) = match err {
+        BackendError::Unavailable { .. } => (Status::Error, Refusal::BackendUnavailable),
+        BackendError::InvalidRequest { .. } => (Status::Error, Refusal::InvalidRequest),
+        BackendError::Launch { .. } => (Status::Failed, Refusal::LaunchFailed),
+        BackendError::Runtime { .. } => (Status::Error, Refusal::Internal),
+    };
+    let message = match err {
+        BackendError::Launch { message, .. } => {
+            format!("the command could not be launched: {message}")
+        }
+        other => other.to_string(),
+    };
+    RefusedLaunch {
+        status,
+        refusal,
+        message,
+    }
+}
+
+/// The strictest decision among changes, budgets, warnings and the command decision.
+pub fn safety_outcome(
+    changes: &[ChangeRecord],
+    limit_violations: &[LimitViolation],
+    warnings: &[String],
+    command: Action,
+) -> Action {
+    if changes.iter().any(|c| c.decision == Action::Deny) {
+        Action::Deny
+    } else if changes.iter().any(|c| c.decision == Action::Review)
+        || !limit_violations.is_empty()
+        || !warnings.is_empty()
+        || command == Action::Review
+    {
+        Action::Review
+    } else {
+        Action::Allow
+    }
+}
+
+/// The run's status from how the command ended and the safety outcome.
+pub fn status(exit: &ExitInfo, failure: Option<&FailureKind>, safety: Action) -> Status {
+    if exit.interrupted_by.is_some() {
+        Status::Terminated
+    } else if exit.timed_out {
+        Status::TimedOut
+    } else if failure.is_some() || exit.code != Some(0) {
+        Status::Failed
+    } else {
+        match safety {
+            Action::Deny => Status::Denied,
+            Action::Review => Status::Review,
+            Action::Allow => Status::Passed,
+        }
+    }
+}
+
+fn execution_error(failure: &FailureKind) -> String {
+    match failure {
+        FailureKind::LaunchFailed { message } => {
+            format!("the command could not be launched: {message}")
+        }
+        FailureKind::WrapperSetupFailed { message } => {
+            format!("the wrapper failed before the command started: {message}")
+        }
+    }
+}
+
+/// The counts a person reads first.
+pub fn summarize(
+    changes: &[ChangeRecord],
+    before: &Manifest,
+    after: &Manifest,
+    run: &RunEvidence,
+) -> Summary {
+    let with = |action: Action| changes.iter().filter(|c| c.decision == action).count() as u64;
+    Summary {
+        expected: with(Action::Allow),
+        unexpected: with(Action::Review),
+        protected: with(Action::Deny),
+        reversible: changes.iter().filter(|c| c.reversible).count() as u64,
+        leftover_processes: run.cleanup.leftovers() as u64,
+        opened_ports: run.ports.opened.len() as u64,
+        // Each entry that could not be captured, once, whether before, after or both.
+        unsupported_entries: before
+            .unsupported
+            .iter()
+            .chain(&after.unsupported)
+            .map(|u| (u.path.as_str(), u.kind.as_str()))
+            .collect::<BTreeSet<_>>()
+            .len() as u64,
+    }
+}
+
+fn runtime_summary(run: &RunEvidence, verified_controls: &[VerifiedControl]) -> RuntimeSummary {
+    RuntimeSummary {
+        backend: run.backend.clone(),
+        enforcement: run.enforcement.clone(),
+        sandboxed: run.capabilities.sandboxed,
+        network_enforcement: run.capabilities.network_enforcement,
+        capabilities: run.capabilities.clone(),
+        exit: run.exit.clone(),
+        failure: run.failure.clone(),
+        tracking: run.tracking.clone(),
+        observation_root: run.observation_root.clone(),
+        verified_controls: verified_controls.to_vec(),
+    }
+}
+
+/// What could not be observed or captured: each makes the run need review.
+pub fn observation_warnings(
+    before: &Manifest,
+    after: &Manifest,
+    diff: &[fs::Change],
+    run: &RunEvidence,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    // Entries that are not files, directories or symlinks (FIFOs, sockets, devices, names that
+    // are not UTF-8) and appeared, vanished or changed kind.
+    for u in fs::diff_unsupported(before, after) {
+        let kind = u
+            .after_kind
+            .as_deref()
+            .or(u.before_kind.as_deref())
+            .unwrap_or("entry");
+        warnings.push(format!(
+            "{}: {} {:?} — not captured",
+            redact::escape_terminal(&u.path),
+            kind,
+            u.change_type
+        ));
+    }
+    // Content that could not be captured after the run (too large, unreadable, changed while it
+    // was read).
+    for u in &after.unsupported {
+        let new_problem = !before
+            .unsupported
+            .iter()
+            .any(|b| b.path == u.path && b.kind == u.kind);
+        if new_problem && after.entries.contains_key(&u.path) {
+            warnings.push(format!(
+                "{}: {} ({}) — not captured",
+                redact::escape_terminal(&u.path),
+                u.kind,
+                u.reason
+            ));
+        }
+    }
+    for c in diff {
+        if let Some(note) = &c.unverified {
+            warnings.push(format!(
+                "{}: {}",
+                redact::escape_terminal(&c.path),
+                redact::escape_terminal(note)
+            ));
+        }
+    }
+    for e in &run.ports.errors {
+        warnings.push(format!("port observation: {e}"));
+    }
+    for e in &run.cleanup.errors {
+        warnings.push(format!("cleanup: {e}"));
+    }
+    warnings.extend(run.warnings.iter().cloned());
+    warnings
+}

@@ -1,0 +1,72 @@
+//! A request the backend cannot accept is refused before anything is written.
+//!
+//! [`RuntimeBackend::prepare`] is a pure transform (no process, no file), so it can be asked
+//! once before the store and the capsule exist, with the spec the transaction would build. An
+//! `InvalidRequest` there (a container run without `--image`/`--rootfs`, an unknown option) is
+//! a usage error and leaves no capsule claiming a policy outcome for a command that never ran.
+//! Anything else (unavailable, runtime errors) is left to the transaction, which records it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::backend::{BackendError, BackendOptions, LaunchSpec, RuntimeBackend, WorkspaceMode};
+use crate::policy::{NetworkMode, Policy};
+use crate::store::{RUNS_DIR_NAME, STORE_DIR_NAME};
+
+/// The run id the preflight spec carries; never used for a real run directory.
+const PREFLIGHT_RUN_ID: &str = "preflight";
+
+/// The backend options in force: the request's, then the policy's `runtime.options` and its
+/// section for this backend (`runtime.bwrap`, which reaches only that backend) for keys the
+/// request does not set.
+pub fn effective_options(
+    requested: &BackendOptions,
+    policy: &Policy,
+    backend_id: &str,
+) -> BackendOptions {
+    let mut options = requested.clone();
+    let section = policy.runtime().section_options(backend_id);
+    for (key, values) in policy.runtime().options.iter().chain(&section) {
+        if !options.is_set(key) {
+            for v in values {
+                options.push(key.clone(), v.clone());
+            }
+        }
+    }
+    options
+}
+
+/// `Err` when the backend refuses the request as invalid; `Ok` otherwise (including when it
+/// fails for another reason, which the transaction records).
+pub fn check_request(
+    backend: &dyn RuntimeBackend,
+    root: &Path,
+    argv: &[std::ffi::OsString],
+    options: &BackendOptions,
+    policy: &Policy,
+) -> Result<(), BackendError> {
+    let store = root.join(STORE_DIR_NAME);
+    let workdir = match backend.capabilities().workspace {
+        WorkspaceMode::Private => store
+            .join(crate::workspace::WORKSPACES_DIR_NAME)
+            .join(PREFLIGHT_RUN_ID),
+        _ => root.to_path_buf(),
+    };
+    let spec = LaunchSpec {
+        run_id: PREFLIGHT_RUN_ID.to_owned(),
+        root: root.to_path_buf(),
+        workdir,
+        capsule_dir: store.join(RUNS_DIR_NAME).join(PREFLIGHT_RUN_ID),
+        argv: argv.to_vec(),
+        env: Vec::new(),
+        timeout: None,
+        grace: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(10),
+        observe_ports: policy.network_mode() == NetworkMode::Observe,
+        options: effective_options(options, policy, backend.id()),
+    };
+    match backend.prepare(&spec) {
+        Err(e @ BackendError::InvalidRequest { .. }) => Err(e),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,646 @@
+//! Table tests of the decision step: literal manifests and evidence in, `RunResult` out; nothing
+//! is launched, scanned or written.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+
+use super::decide::{self, Evidence, RunFrame};
+use super::{Refusal, Status};
+use crate::backend::{
+    BackendError, CleanupOutcome, CleanupRecord, ExitInfo, FailureKind, PortRecord, ProcessRecord,
+    ProcessRelation, RunEvidence,
+};
+use crate::fs::{BackupSkip, BackupState, Entry, EntryKind, Manifest, Unsupported};
+use crate::policy::{Action, Decision, Policy};
+use crate::process::ProcessIdentity;
+
+const POLICY: &str = "version: 1
+filesystem:
+  allow_write: [src/**]
+  review: [docs/**]
+  deny: [.env]
+  default: review
+process:
+  review: [curl]
+  default: allow
+";
+
+fn policy(extra: &str) -> Policy {
+    Policy::from_yaml_or_json(&format!("{POLICY}{extra}"), "test.yaml").unwrap()
+}
+
+fn frame() -> RunFrame {
+    RunFrame {
+        run_id: "r1".into(),
+        task: Some("task".into()),
+        started_at: "2026-01-01T00:00:00.000Z".into(),
+        finished_at: "2026-01-01T00:00:01.000Z".into(),
+        duration_ms: 1000,
+    }
+}
+
+fn file(sha: &str, backup: BackupState) -> Entry {
+    Entry {
+        kind: EntryKind::File,
+        size: 1,
+        mode: 0o644,
+        mtime_ns: 1,
+        ctime_ns: 1,
+        dev: 1,
+        ino: sha.len() as u64,
+        nlink: 1,
+        sha256: Some(sha.repeat(64 / sha.len())),
+        symlink_target: None,
+        backup,
+    }
+}
+
+fn dir() -> Entry {
+    Entry {
+        kind: EntryKind::Directory,
+        sha256: None,
+        backup: BackupState::NotApplicable,
+        ..file("d", BackupState::NotApplicable)
+    }
+}
+
+fn manifest(entries: &[(&str, Entry)]) -> Manifest {
+    Manifest {
+        schema_version: 1,
+        root: "/p".into(),
+        ignore_lines: Vec::new(),
+        entries: entries
+            .iter()
+            .map(|(p, e)| ((*p).to_string(), e.clone()))
+            .collect::<BTreeMap<_, _>>(),
+        unsupported: Vec::new(),
+        excluded: Vec::new(),
+        stats: Default::default(),
+    }
+}
+
+fn exited(code: i32) -> RunEvidence {
+    RunEvidence {
+        backend: "test".into(),
+        enforcement: "none".into(),
+        tracking: "proc_poll".into(),
+        exit: ExitInfo {
+            code: Some(code),
+            ..ExitInfo::default()
+        },
+        ..RunEvidence::default()
+    }
+}
+
+fn identity(pid: u32) -> ProcessIdentity {
+    ProcessIdentity {
+        pid,
+        start_time_ticks: 1,
+        boot_id: "b".into(),
+    }
+}
+
+fn command(p: &Policy, argv0: &str) -> Decision {
+    p.decide_command(OsStr::new(argv0))
+}
+
+/// One decision case: the tree before and after, how the command ended, what was decided.
+struct Case {
+    name: &'static str,
+    policy_extra: &'static str,
+    argv0: &'static str,
+    before: Manifest,
+    after: Manifest,
+    run: RunEvidence,
+    private_workspace: bool,
+    tampered: Vec<crate::store::TamperFinding>,
+}
+
+impl Case {
+    fn new(name: &'static str, before: Manifest, after: Manifest) -> Case {
+        Case {
+            name,
+            policy_extra: "",
+            argv0: "true",
+            before,
+            after,
+            run: exited(0),
+            private_workspace: false,
+            tampered: Vec::new(),
+        }
+    }
+
+    fn decide(&self) -> super::RunResult {
+        let policy = policy(self.policy_extra);
+        let command = command(&policy, self.argv0);
+        let ev = Evidence {
+            policy: &policy,
+            command_decision: &command,
+            before: &self.before,
+            after: &self.after,
+            run: &self.run,
+            private_workspace: self.private_workspace,
+            verified_controls: &[],
+            capsule_tampered: &self.tampered,
+        };
+        decide::decide(&ev, frame())
+    }
+}
+
+fn stored() -> BackupState {
+    BackupState::Stored
+}
+
+#[test]
+fn status_and_safety_outcome_follow_the_evidence() {
+    let src = || manifest(&[("src/a.rs", file("a", stored()))]);
+    let mut cases = vec![
+        (
+            Case::new("nothing changed", src(), src()),
+            Status::Passed,
+            Action::Allow,
+        ),
+        (
+            Case::new(
+                "allowed write",
+                src(),
+                manifest(&[("src/a.rs", file("b", BackupState::NotRequested))]),
+            ),
+            Status::Passed,
+            Action::Allow,
+        ),
+        (
+            Case::new(
+                "reviewed creation",
+                src(),
+                manifest(&[
+                    ("src/a.rs", file("a", stored())),
+                    ("docs/x.md", file("c", BackupState::NotRequested)),
+                ]),
+            ),
+            Status::Review,
+            Action::Review,
+        ),
+        (
+            Case::new(
+                "denied and reviewed: deny wins",
+                src(),
+                manifest(&[
+                    ("src/a.rs", file("a", stored())),
+                    ("docs/x.md", file("c", BackupState::NotRequested)),
+                    (".env", file("e", BackupState::NotRequested)),
+                ]),
+            ),
+            Status::Denied,
+            Action::Deny,
+        ),
+        (
+            Case::new(
+                "denied deletion",
+                manifest(&[(".env", file("e", stored()))]),
+                manifest(&[]),
+            ),
+            Status::Denied,
+            Action::Deny,
+        ),
+    ];
+    let mut reviewed_command = Case::new("command under review", src(), src());
+    reviewed_command.argv0 = "/usr/bin/curl";
+    cases.push((reviewed_command, Status::Review, Action::Review));
+
+    let mut port_error = Case::new("port observation failed", src(), src());
+    port_error.run.ports.errors.push("no /proc/net".into());
+    cases.push((port_error, Status::Review, Action::Review));
+
+    let mut backend_warning = Case::new("backend warning", src(), src());
+    backend_warning
+        .run
+        .warnings
+        .push("tracking degraded".into());
+    cases.push((backend_warning, Status::Review, Action::Review));
+
+    let mut cleanup_error = Case::new("cleanup error", src(), src());
+    cleanup_error
+        .run
+        .cleanup
+        .errors
+        .push("could not kill".into());
+    cases.push((cleanup_error, Status::Review, Action::Review));
+
+    let mut unsupported = Case::new("fifo appeared", src(), src());
+    unsupported.after.unsupported.push(Unsupported {
+        path: "pipe".into(),
+        kind: "fifo".into(),
+        reason: "not a regular file".into(),
+    });
+    cases.push((unsupported, Status::Review, Action::Review));
+
+    let mut failed_with_deny = Case::new(
+        "non-zero exit outranks deny",
+        src(),
+        manifest(&[
+            ("src/a.rs", file("a", stored())),
+            (".env", file("e", BackupState::NotRequested)),
+        ]),
+    );
+    failed_with_deny.run = exited(3);
+    cases.push((failed_with_deny, Status::Failed, Action::Deny));
+
+    for (case, status, safety) in cases {
+        let result = case.decide();
+        assert_eq!(
+            (result.status, result.safety_outcome),
+            (status, safety),
+            "case `{}`: {:?}",
+            case.name,
+            result.observation_warnings
+        );
+        assert_eq!(result.run_id, "r1", "case `{}`", case.name);
+        assert_eq!(result.exit_code, case.run.exit.code, "case `{}`", case.name);
+    }
+}
+
+#[test]
+fn capsule_tampering_denies_an_otherwise_clean_run() {
+    let tree = || manifest(&[("a.txt", file("aa", stored()))]);
+    let mut case = Case::new("tampered", tree(), tree());
+    case.tampered = vec![crate::store::TamperFinding {
+        path: "runs/r/before.json".into(),
+        change: "modified".into(),
+        detail: "changed".into(),
+        object: None,
+    }];
+    let r = case.decide();
+    assert_eq!(r.status, Status::Denied);
+    assert_eq!(r.safety_outcome, Action::Deny);
+    assert_eq!(r.capsule_tampered, case.tampered);
+    let clean = Case::new("clean", tree(), tree()).decide();
+    assert_eq!(clean.status, Status::Passed);
+    assert!(clean.capsule_tampered.is_empty());
+}
+
+#[test]
+fn exit_maps_to_status_by_precedence() {
+    let exit = |code: Option<i32>, signal, timed_out, interrupted_by| ExitInfo {
+        code,
+        signal,
+        timed_out,
+        interrupted_by,
+        duration_ms: 0,
+    };
+    let launch_failed = FailureKind::LaunchFailed {
+        message: "not found".into(),
+    };
+    let wrapper_failed = FailureKind::WrapperSetupFailed {
+        message: "bwrap".into(),
+    };
+    let table: Vec<(&str, ExitInfo, Option<&FailureKind>, Action, Status)> = vec![
+        (
+            "clean",
+            exit(Some(0), None, false, None),
+            None,
+            Action::Allow,
+            Status::Passed,
+        ),
+        (
+            "review",
+            exit(Some(0), None, false, None),
+            None,
+            Action::Review,
+            Status::Review,
+        ),
+        (
+            "deny",
+            exit(Some(0), None, false, None),
+            None,
+            Action::Deny,
+            Status::Denied,
+        ),
+        (
+            "non-zero",
+            exit(Some(1), None, false, None),
+            None,
+            Action::Allow,
+            Status::Failed,
+        ),
+        (
+            "signalled",
+            exit(None, Some(9), false, None),
+            None,
+            Action::Allow,
+            Status::Failed,
+        ),
+        (
+            "launch failed",
+            exit(Some(0), None, false, None),
+            Some(&launch_failed),
+            Action::Allow,
+            Status::Failed,
+        ),
+        (
+            "wrapper failed",
+            exit(Some(0), None, false, None),
+            Some(&wrapper_failed),
+            Action::Deny,
+            Status::Failed,
+        ),
+        (
+            "timed out",
+            exit(None, Some(15), true, None),
+            None,
+            Action::Deny,
+            Status::TimedOut,
+        ),
+        (
+            "interrupted beats timeout",
+            exit(None, Some(15), true, Some(2)),
+            None,
+            Action::Allow,
+            Status::Terminated,
+        ),
+        (
+            "interrupted after a clean exit",
+            exit(Some(0), None, false, Some(15)),
+            None,
+            Action::Allow,
+            Status::Terminated,
+        ),
+    ];
+    for (name, exit, failure, safety, want) in table {
+        assert_eq!(
+            decide::status(&exit, failure, safety),
+            want,
+            "case `{name}`"
+        );
+    }
+}
+
+#[test]
+fn failures_become_the_execution_error() {
+    let mut case = Case::new("wrapper", manifest(&[]), manifest(&[]));
+    case.run.failure = Some(FailureKind::WrapperSetupFailed {
+        message: "no userns".into(),
+    });
+    let result = case.decide();
+    assert_eq!(result.status, Status::Failed);
+    assert_eq!(
+        result.execution_error.as_deref(),
+        Some("the wrapper failed before the command started: no userns")
+    );
+    let runtime = result.runtime.unwrap();
+    assert_eq!(runtime.backend, "test");
+    assert_eq!(runtime.tracking, "proc_poll");
+}
+
+#[test]
+fn limits_are_review_findings_with_observed_values() {
+    let before = manifest(&[
+        ("src/a.rs", file("a", stored())),
+        ("src/b.rs", file("b", stored())),
+    ]);
+    let after = manifest(&[
+        ("src/a.rs", file("c", BackupState::NotRequested)),
+        ("src/n1.rs", file("d", BackupState::NotRequested)),
+        ("src/n2.rs", file("e", BackupState::NotRequested)),
+        ("src/dir", dir()),
+    ]);
+    let mut case = Case::new("limits", before, after);
+    case.policy_extra = "limits:
+  files_changed: 3
+  files_deleted: 0
+  processes_spawned: 1
+  duration_seconds: 2
+";
+    // Three processes: the root and two children (two spawned, one over the limit).
+    for (pid, relation) in [
+        (10, ProcessRelation::Root),
+        (11, ProcessRelation::Descendant),
+        (12, ProcessRelation::Reparented),
+    ] {
+        case.run.processes.push(ProcessRecord {
+            identity: identity(pid),
+            ppid: 1,
+            relation,
+            executable: "sh".into(),
+            first_seen_ms: 0,
+            alive_after_root_exit: false,
+        });
+    }
+    case.run.exit.duration_ms = 2999;
+    let result = case.decide();
+    let got: Vec<(&str, u64, u64)> = result
+        .limit_violations
+        .iter()
+        .map(|v| (v.limit.as_str(), v.limit_value, v.observed))
+        .collect();
+    // The created directory is a change but not a file: 4 files changed, not 5; 2999 ms is 2 s,
+    // which is not over a 2 s limit.
+    assert_eq!(
+        got,
+        vec![
+            ("files_changed", 3, 4),
+            ("files_deleted", 0, 1),
+            ("processes_spawned", 1, 2),
+        ]
+    );
+    assert_eq!(result.changes.len(), 5);
+    assert_eq!(
+        (result.status, result.safety_outcome),
+        (Status::Review, Action::Review)
+    );
+    assert!(result.blast_radius.score > 0);
+
+    case.run.exit.duration_ms = 3000;
+    let result = case.decide();
+    assert!(result
+        .limit_violations
+        .iter()
+        .any(|v| v.limit == "duration_seconds" && v.observed == 3));
+}
+
+#[test]
+fn limits_within_budget_leave_an_allowed_run_passed() {
+    let mut case = Case::new(
+        "within",
+        manifest(&[]),
+        manifest(&[("src/a.rs", file("a", BackupState::NotRequested))]),
+    );
+    case.policy_extra = "limits:\n  files_changed: 1\n  files_deleted: 0\n";
+    let result = case.decide();
+    assert!(result.limit_violations.is_empty());
+    assert_eq!(result.status, Status::Passed);
+}
+
+#[test]
+fn summary_counts_each_kind_once() {
+    let mut before = manifest(&[
+        ("src/a.rs", file("a", stored())),
+        ("docs/old.md", file("o", stored())),
+        (
+            "docs/big.bin",
+            file(
+                "g",
+                BackupState::Skipped {
+                    reason: BackupSkip::TooLarge,
+                    detail: None,
+                },
+            ),
+        ),
+    ]);
+    let mut after = manifest(&[
+        ("src/a.rs", file("b", BackupState::NotRequested)),
+        ("docs/new.md", file("n", BackupState::NotRequested)),
+        (".env", file("e", BackupState::NotRequested)),
+    ]);
+    // The same unsupported entry on both sides counts once; a different one counts too.
+    let sock = Unsupported {
+        path: "run.sock".into(),
+        kind: "socket".into(),
+        reason: "socket".into(),
+    };
+    before.unsupported.push(sock.clone());
+    after.unsupported.push(sock);
+    after.unsupported.push(Unsupported {
+        path: "p".into(),
+        kind: "fifo".into(),
+        reason: "fifo".into(),
+    });
+    let mut case = Case::new("summary", before, after);
+    case.run.cleanup.records = vec![
+        CleanupRecord {
+            identity: identity(20),
+            executable: "sleep".into(),
+            outcome: CleanupOutcome::Killed,
+            detail: None,
+        },
+        CleanupRecord {
+            identity: identity(21),
+            executable: "sh".into(),
+            outcome: CleanupOutcome::AlreadyExited,
+            detail: None,
+        },
+    ];
+    case.run.ports.opened.push(PortRecord {
+        protocol: "tcp".into(),
+        address: "127.0.0.1".into(),
+        port: 8080,
+        inode: 1,
+        attributed: true,
+        owner: Some(identity(20)),
+    });
+    let result = case.decide();
+    let s = &result.summary;
+    // src/a.rs allowed; docs/new.md, docs/old.md, docs/big.bin reviewed; .env denied.
+    assert_eq!((s.expected, s.unexpected, s.protected), (1, 3, 1));
+    // Reversible: src/a.rs and docs/old.md (backed up), docs/new.md and .env (created);
+    // docs/big.bin has no backup.
+    assert_eq!(s.reversible, 4);
+    assert_eq!(s.leftover_processes, 1);
+    assert_eq!(s.opened_ports, 1);
+    assert_eq!(s.unsupported_entries, 2);
+    assert!(result.recovery_available);
+    let big = result
+        .changes
+        .iter()
+        .find(|c| c.path == "docs/big.bin")
+        .unwrap();
+    assert!(!big.reversible);
+    assert!(
+        big.recovery_reason.contains("larger than"),
+        "{}",
+        big.recovery_reason
+    );
+}
+
+#[test]
+fn recovery_needs_rollback_enabled_and_a_host_tree() {
+    let before = || manifest(&[("src/a.rs", file("a", stored()))]);
+    let after = || manifest(&[("src/a.rs", file("b", BackupState::NotRequested))]);
+    let mut disabled = Case::new("rollback disabled", before(), after());
+    disabled.policy_extra = "rollback:\n  enabled: false\n";
+    let mut private = Case::new("private workspace", before(), after());
+    private.private_workspace = true;
+    let enabled = Case::new("rollback enabled", before(), after());
+    for (case, reversible, available) in [
+        (disabled, 1, false),
+        (private, 0, false),
+        (enabled, 1, true),
+    ] {
+        let result = case.decide();
+        assert_eq!(
+            (result.summary.reversible, result.recovery_available),
+            (reversible, available),
+            "case `{}`",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn refused_launches_map_to_status_and_refusal() {
+    let b = || "x".to_string();
+    let table = [
+        (
+            BackendError::Unavailable {
+                backend: b(),
+                reason: "no srt".into(),
+                remedy: "install it".into(),
+            },
+            Status::Error,
+            Refusal::BackendUnavailable,
+            "runtime backend `x` is unavailable: no srt; install it",
+        ),
+        (
+            BackendError::InvalidRequest {
+                backend: b(),
+                message: "bad option".into(),
+            },
+            Status::Error,
+            Refusal::InvalidRequest,
+            "invalid request for runtime backend `x`: bad option",
+        ),
+        (
+            BackendError::Launch {
+                backend: b(),
+                message: "ENOENT".into(),
+            },
+            Status::Failed,
+            Refusal::LaunchFailed,
+            "the command could not be launched: ENOENT",
+        ),
+        (
+            BackendError::Runtime {
+                backend: b(),
+                message: "lost".into(),
+            },
+            Status::Error,
+            Refusal::Internal,
+            "runtime backend `x` failed while the command ran: lost",
+        ),
+    ];
+    for (err, status, refusal, message) in table {
+        let got = decide::refused_launch(&err);
+        assert_eq!(
+            (got.status, got.refusal, got.message.as_str()),
+            (status, refusal, message)
+        );
+    }
+}
+
+#[test]
+fn runs_that_never_started_never_read_as_clean() {
+    let policy = policy("");
+    let decision = command(&policy, "rm");
+    for (status, safety) in [
+        (Status::Blocked, Action::Deny),
+        (Status::Error, Action::Review),
+        (Status::Failed, Action::Review),
+    ] {
+        let result = decide::not_run(&decision, status, Some("why".into()), frame());
+        assert_eq!((result.status, result.safety_outcome), (status, safety));
+        assert!(result.changes.is_empty() && result.runtime.is_none());
+        assert!(!result.recovery_available);
+        assert_eq!(result.execution_error.as_deref(), Some("why"));
+        assert_eq!(result.duration_ms, 1000);
+    }
+}
