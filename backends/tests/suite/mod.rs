@@ -2,6 +2,7 @@
 //! `AGENTDIFF_STATE_DIR`, so tests never read or create the real user's seal key and ledger.
 
 mod bwrap_cli;
+mod cleanup_cli;
 mod evidence_cli;
 mod policy_cli;
 mod rollback_cli;

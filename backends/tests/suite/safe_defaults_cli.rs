@@ -69,6 +69,96 @@ fn change_paths(r: &Value) -> Vec<String> {
         .collect()
 }
 
+// ---- 1. Protected configuration -----------------------------------------------------------
+
+fn decision_of(r: &Value, path: &str) -> (String, String) {
+    let c = r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == path)
+        .unwrap_or_else(|| panic!("{path} not observed: {r:#}"));
+    (
+        c["decision"].as_str().unwrap().to_owned(),
+        c["policy_decision"]["rule"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn a_run_cannot_blind_later_runs() {
+    let (_t, root) = project();
+    fs::create_dir(root.join(".git")).unwrap();
+    fs::write(root.join(".git/config"), "[core]\n").unwrap();
+    fs::write(root.join(".env"), "A=1\n").unwrap();
+    // Writing the ignore file, the policy, or a nested ignore file is denied by the built-in rule.
+    let (code, r, _) = run_json(
+        &root,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "printf '.env\\n.git/\\n*.pem\\n*\\n' > .agentdiffignore; mkdir d; echo x > d/.agentdiffignore",
+        ],
+    );
+    assert_eq!(code, 71, "{r:#}");
+    for path in [".agentdiffignore", "d/.agentdiffignore"] {
+        let want = ("deny".to_owned(), "builtin.protected_config".to_owned());
+        assert_eq!(decision_of(&r, path), want, "{path}");
+    }
+    // The next run: deny patterns are observed whatever the ignore file says, at any depth.
+    let (code, r, _) = run_json(
+        &root,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo B=2 >> .env; echo x >> .git/config; mkdir -p k/l; echo k > k/l/x.pem; echo n > notes.txt",
+        ],
+    );
+    assert_eq!(code, 71, "{r:#}");
+    for path in [".env", ".git/config", "k/l/x.pem"] {
+        assert_eq!(decision_of(&r, path).0, "deny", "{path}: {r:#}");
+    }
+    // What the ignore file really ignores stays ignored.
+    assert!(!change_paths(&r).contains(&"notes.txt".to_owned()), "{r:#}");
+    // The policy itself, and a policy file named with --policy inside the project.
+    fs::write(root.join("agentdiff.yaml"), "version: 1\n").unwrap();
+    fs::write(root.join("custom.yaml"), "version: 1\n").unwrap();
+    let (code, r, _) = run_json(
+        &root,
+        &["--policy", "custom.yaml"],
+        &[
+            "sh",
+            "-c",
+            "echo '# x' >> agentdiff.yaml; echo '# y' >> custom.yaml",
+        ],
+    );
+    assert_eq!(code, 71, "{r:#}");
+    for path in ["agentdiff.yaml", "custom.yaml"] {
+        assert_eq!(
+            decision_of(&r, path).1,
+            "builtin.protected_config",
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn ignore_rules_come_from_the_before_state() {
+    let (_t, root) = project();
+    let (code, r, _) = run_json(
+        &root,
+        &["--fail-on", "never"],
+        &[
+            "sh",
+            "-c",
+            "echo secret.txt > .agentdiffignore; echo s > secret.txt",
+        ],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(decision_of(&r, "secret.txt").0, "review", "{r:#}");
+}
+
 // ---- 2. Root discovery -------------------------------------------------------------------
 
 #[test]

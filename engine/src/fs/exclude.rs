@@ -1,10 +1,23 @@
 //! What the scan skips on purpose, and why: the run store, default generated directories (unless a
 //! deny glob names them) and `ROOT/.agentdiffignore` (Git semantics via the `ignore` crate).
+//!
+//! Invariant: an ignore rule never hides a path a deny (or `observe.include`) glob names. A path
+//! such a glob matches is scanned even when `.agentdiffignore` lists it or a parent directory of
+//! it, at any depth; an ignored directory that could hold such a path is searched
+//! ([`Verdict::Search`]): walked, with only the named paths recorded. The ignore rules themselves
+//! come from the before-state (`IgnoreSource::Lines` for the after-scan), never from what the
+//! command wrote, and the ignore file is protected configuration in every policy.
+//!
+//! Not defended: default-excluded directories (`node_modules`, `target`, …) are re-included only
+//! by a glob whose leading segments name them literally (see [`DEFAULT_EXCLUDED_DIRS`]).
 
 use std::path::Path;
 
+use globset::Candidate;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
+
+use crate::policy::glob::RuleSet;
 
 use super::manifest::exclusion_reason;
 use super::ScanError;
@@ -47,11 +60,27 @@ pub const DEFAULT_EXCLUDED_DIRS: &[&str] = &[
 /// Upper bound for `.agentdiffignore`; a larger file is almost certainly not an ignore file.
 const MAX_IGNORE_FILE_BYTES: usize = 1 << 20;
 
+/// What the walk does with one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Record it (and walk it, for a directory).
+    Scan,
+    /// Skip it, for this reason.
+    Exclude(&'static str),
+    /// An ignored directory that may hold a path a deny glob names: walk it, recording only
+    /// named paths (the directory itself is reported excluded for this reason).
+    Search(&'static str),
+}
+
 /// The compiled exclusion rules of one scan.
 pub(crate) struct Rules {
     ignore: Gitignore,
     /// Literal leading segments of each re-including deny glob (never empty).
     reinclude: Vec<Vec<String>>,
+    /// The deny and include globs themselves: a path they name is never ignored.
+    named: RuleSet,
+    /// Each glob's literal leading segments (possibly empty) and whether it is literal throughout.
+    prefixes: Vec<(Vec<String>, bool)>,
 }
 
 impl Rules {
@@ -69,27 +98,82 @@ impl Rules {
         let ignore = builder
             .build()
             .map_err(|e| ScanError::IgnoreFile(format!("cannot compile patterns: {e}")))?;
+        let named = RuleSet::compile("filesystem.deny", reinclude.to_vec(), true).map_err(|p| {
+            ScanError::IgnoreFile(format!("invalid deny pattern: {}", p.join("; ")))
+        })?;
+        let prefixes = reinclude
+            .iter()
+            .map(|g| {
+                let lit = literal_prefix(g);
+                let whole = lit.len() == g.trim().trim_matches('/').split('/').count();
+                (lit, whole)
+            })
+            .collect();
         let reinclude = reinclude
             .iter()
             .map(|g| literal_prefix(g))
             .filter(|p| !p.is_empty())
             .collect();
-        Ok(Self { ignore, reinclude })
+        Ok(Self {
+            ignore,
+            reinclude,
+            named,
+            prefixes,
+        })
     }
 
     /// Why `rel` (a project-relative path, `/`-separated) is excluded, or `None` to scan it.
+    #[cfg(test)]
     pub(crate) fn excluded(&self, rel: &str, name: &str, is_dir: bool) -> Option<&'static str> {
+        match self.verdict(rel, name, is_dir, false) {
+            Verdict::Scan => None,
+            Verdict::Exclude(r) | Verdict::Search(r) => Some(r),
+        }
+    }
+
+    /// What to do with `rel` (project-relative, `/`-separated). `inside_ignored`: a parent
+    /// directory is ignored (the walk is searching it for named paths).
+    pub(crate) fn verdict(
+        &self,
+        rel: &str,
+        name: &str,
+        is_dir: bool,
+        inside_ignored: bool,
+    ) -> Verdict {
         if rel == STORE_DIR {
-            return Some(exclusion_reason::AGENTDIFF_STORE);
+            return Verdict::Exclude(exclusion_reason::AGENTDIFF_STORE);
         }
         if is_dir && DEFAULT_EXCLUDED_DIRS.contains(&name) && !self.reincluded(rel) {
-            return Some(exclusion_reason::DEFAULT_GENERATED);
+            return Verdict::Exclude(exclusion_reason::DEFAULT_GENERATED);
         }
         // The ignore file cannot hide itself: a change to the rules must stay visible.
-        if rel != IGNORE_FILE && matches!(self.ignore.matched(rel, is_dir), Match::Ignore(_)) {
-            return Some(exclusion_reason::AGENTDIFFIGNORE);
+        let ignored = inside_ignored
+            || (rel != IGNORE_FILE
+                && matches!(
+                    self.ignore.matched_path_or_any_parents(rel, is_dir),
+                    Match::Ignore(_)
+                ));
+        if !ignored || self.named.first_match(&Candidate::new(rel)).is_some() {
+            return Verdict::Scan;
         }
-        None
+        if is_dir && self.may_hold_named(rel) {
+            return Verdict::Search(exclusion_reason::AGENTDIFFIGNORE);
+        }
+        Verdict::Exclude(exclusion_reason::AGENTDIFFIGNORE)
+    }
+
+    /// Whether a deny or include glob could name a path below directory `rel`: its literal
+    /// leading segments agree with `rel` as far as both go, and it is not a literal path that
+    /// ends at or above `rel`.
+    fn may_hold_named(&self, rel: &str) -> bool {
+        let segs: Vec<&str> = rel.split('/').collect();
+        self.prefixes.iter().any(|(lit, whole)| {
+            if *whole && lit.len() <= segs.len() {
+                return false;
+            }
+            let n = lit.len().min(segs.len());
+            lit[..n].iter().zip(&segs[..n]).all(|(a, b)| a == b)
+        })
     }
 
     /// A default-excluded directory is re-included when a deny glob's literal leading segments and
@@ -234,6 +318,48 @@ mod tests {
             None
         );
         assert_eq!(r.excluded("x", "x", false), Some("agentdiffignore"));
+    }
+
+    #[test]
+    fn an_ignore_rule_never_hides_a_path_a_deny_glob_names() {
+        let r = rules(
+            &["*", "!keep"],
+            &[".env", "**/*.pem", "config/secrets/**", "docs/a.txt"],
+        );
+        let v = |rel: &str, is_dir: bool, inside: bool| {
+            let name = rel.rsplit('/').next().unwrap();
+            r.verdict(rel, name, is_dir, inside)
+        };
+        assert_eq!(v(".env", false, false), Verdict::Scan);
+        assert_eq!(
+            v("x.txt", false, false),
+            Verdict::Exclude("agentdiffignore")
+        );
+        // An ignored directory is searched for named paths at every depth.
+        assert_eq!(v("a", true, false), Verdict::Search("agentdiffignore"));
+        assert_eq!(v("a/b", true, true), Verdict::Search("agentdiffignore"));
+        assert_eq!(v("a/b/c.pem", false, true), Verdict::Scan);
+        assert_eq!(
+            v("a/b/c.txt", false, true),
+            Verdict::Exclude("agentdiffignore")
+        );
+        assert_eq!(v("config/secrets", true, true), Verdict::Scan);
+        assert_eq!(v("config/secrets/k", false, true), Verdict::Scan);
+        // A literal deny path ends where it ends: nothing below docs/a.txt can match.
+        let r = rules(&["docs/", "other/"], &["docs/a.txt"]);
+        assert_eq!(
+            r.verdict("docs", "docs", true, false),
+            Verdict::Search("agentdiffignore")
+        );
+        assert_eq!(r.verdict("docs/a.txt", "a.txt", false, true), Verdict::Scan);
+        assert_eq!(
+            r.verdict("docs/b.txt", "b.txt", false, true),
+            Verdict::Exclude("agentdiffignore")
+        );
+        assert_eq!(
+            r.verdict("other", "other", true, false),
+            Verdict::Exclude("agentdiffignore")
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, openat, readlinkat, AtFlags, FcntlArg, OFlag};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
 
-use super::exclude::{parse_ignore_file, Rules, IGNORE_FILE};
+use super::exclude::{parse_ignore_file, Rules, Verdict, IGNORE_FILE};
 use super::hash::{backup_state, capture, Captured, Meta, CHUNK};
 use super::manifest::{
     unsupported_kind as uk, BackupSkip, BackupState, Entry, EntryKind, Exclusion, Manifest,
@@ -64,6 +64,9 @@ struct PendingDir {
     name: CString,
     rel: String,
     seen: Meta,
+    /// Inside a directory `.agentdiffignore` excludes: only entries a deny or include glob names
+    /// are recorded (see [`Verdict::Search`]).
+    searched: bool,
 }
 
 struct Counters {
@@ -314,7 +317,7 @@ impl Walker<'_, '_> {
 
     fn walk(&mut self, root: Arc<OwnedFd>, jobs: SyncSender<FileJob>) {
         let mut stack: Vec<PendingDir> = Vec::new();
-        self.list_dir(&root, "", &mut stack, &jobs);
+        self.list_dir(&root, "", false, &mut stack, &jobs);
         drop(root);
         while let Some(dir) = stack.pop() {
             #[cfg(test)]
@@ -328,11 +331,12 @@ impl Walker<'_, '_> {
                 name,
                 rel,
                 seen,
+                searched,
             } = dir;
             let opened = open_dir(&parent, &name, &seen);
             drop(parent);
             match opened {
-                Ok(fd) => self.list_dir(&Arc::new(fd), &rel, &mut stack, &jobs),
+                Ok(fd) => self.list_dir(&Arc::new(fd), &rel, searched, &mut stack, &jobs),
                 Err((kind, reason)) => self.report(rel, kind, reason),
             }
         }
@@ -342,6 +346,7 @@ impl Walker<'_, '_> {
         &mut self,
         fd: &Arc<OwnedFd>,
         rel: &str,
+        searched: bool,
         stack: &mut Vec<PendingDir>,
         jobs: &SyncSender<FileJob>,
     ) {
@@ -398,12 +403,34 @@ impl Walker<'_, '_> {
                 }
             };
             let is_dir = seen.is(SFlag::S_IFDIR);
-            if let Some(reason) = self.rules.excluded(&path, name_str, is_dir) {
-                self.excluded.push(Exclusion {
-                    path,
-                    reason: reason.to_string(),
-                });
-                continue;
+            match self.rules.verdict(&path, name_str, is_dir, searched) {
+                Verdict::Scan => {}
+                Verdict::Exclude(reason) => {
+                    // Inside an ignored directory the directory's own record covers it.
+                    if !searched {
+                        self.excluded.push(Exclusion {
+                            path,
+                            reason: reason.to_string(),
+                        });
+                    }
+                    continue;
+                }
+                Verdict::Search(reason) => {
+                    if !searched {
+                        self.excluded.push(Exclusion {
+                            path: path.clone(),
+                            reason: reason.to_string(),
+                        });
+                    }
+                    subdirs.push(PendingDir {
+                        parent: Arc::clone(fd),
+                        name,
+                        rel: path,
+                        seen,
+                        searched: true,
+                    });
+                    continue;
+                }
             }
             if is_dir {
                 self.stats.directories += 1;
@@ -416,6 +443,7 @@ impl Walker<'_, '_> {
                     name,
                     rel: path,
                     seen,
+                    searched,
                 });
             } else if seen.is(SFlag::S_IFLNK) {
                 self.symlink(fd, &name, path, &seen);

@@ -1,7 +1,7 @@
 //! The built-in policy (used when the project has no policy file) and the starter written by
 //! `agentdiff policy init`.
 
-use super::decide::Action;
+use super::decide::{Action, Decision, Phase};
 use super::schema::{
     EnvironmentSettings, Limits, NetworkMode, ObserveSettings, RollbackSettings, RuntimeSettings,
     SectionSpec, Spec, Weights,
@@ -11,6 +11,59 @@ use super::schema::{
 pub const BUILTIN_DENY: [&str; 6] = [
     ".env", ".env.*", ".git/**", ".ssh/**", "**/*.key", "**/*.pem",
 ];
+
+/// The rule that decides changes to agentdiff's own configuration, in every policy.
+pub const PROTECTED_CONFIG_RULE: &str = "builtin.protected_config";
+
+/// Names that configure what agentdiff observes and decides: the policy file, the names `policy
+/// load` refuses as misnamed policies (creating one makes later runs fail), and ignore files at
+/// any depth.
+const PROTECTED_ROOT_NAMES: [&str; 3] = ["agentdiff.yaml", "agentdiff.yml", "agentdiff.json"];
+const PROTECTED_ANY_DEPTH: &str = ".agentdiffignore";
+
+/// A change to agentdiff's own configuration is denied, whatever the policy's patterns say: a run
+/// that edits the policy or an ignore file would otherwise switch off observation or decisions
+/// for every later run (a policy cannot allow it, because the policy is what is being changed).
+/// `extra` holds further project-relative paths the policy in force was loaded from.
+pub(crate) fn protected_config(
+    subject: &str,
+    extra: &[String],
+    version: u32,
+    phase: Phase,
+) -> Option<Decision> {
+    let name = subject.rsplit('/').next().unwrap_or(subject);
+    let what = if PROTECTED_ROOT_NAMES.contains(&subject) {
+        "a policy file"
+    } else if name == PROTECTED_ANY_DEPTH {
+        "an ignore file"
+    } else if extra.iter().any(|p| p == subject) {
+        "the policy file in force"
+    } else {
+        return None;
+    };
+    Some(Decision {
+        action: Action::Deny,
+        subject: subject.to_owned(),
+        rule: PROTECTED_CONFIG_RULE.to_owned(),
+        pattern: None,
+        reason: format!(
+            "path is {what} of agentdiff; changing it would change what later runs observe or \
+             decide, so it is denied in every policy"
+        ),
+        policy_version: version,
+        phase,
+    })
+}
+
+/// [`protected_config`]'s names as scanner globs.
+pub(crate) fn protected_globs() -> Vec<String> {
+    let mut globs: Vec<String> = PROTECTED_ROOT_NAMES
+        .iter()
+        .map(|n| (*n).to_owned())
+        .collect();
+    globs.push(format!("**/{PROTECTED_ANY_DEPTH}"));
+    globs
+}
 
 /// Conservative defaults: credentials and Git data denied, every other write reviewed, command
 /// launch allowed.

@@ -50,7 +50,16 @@ pub struct LoadedPolicy {
 /// current directory), as users expect of a command-line flag.
 pub fn load(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, PolicyError> {
     if let Some(path) = explicit {
-        return load_file(path);
+        let mut loaded = load_file(path)?;
+        // A policy file kept inside the project is protected configuration like agentdiff.yaml.
+        let inside = std::fs::canonicalize(path)
+            .ok()
+            .zip(std::fs::canonicalize(root).ok())
+            .and_then(|(p, r)| p.strip_prefix(r).ok().map(Path::to_path_buf));
+        if let Some(rel) = inside.as_ref().and_then(|r| r.to_str()) {
+            loaded.policy.protect_source(rel);
+        }
+        return Ok(loaded);
     }
     // A mistyped root must not look like "no policy file here" and fall back to the built-in.
     match std::fs::metadata(root) {

@@ -11,7 +11,7 @@
 mod builtin;
 mod decide;
 mod error;
-mod glob;
+pub(crate) mod glob;
 pub mod hook;
 mod load;
 mod node;
@@ -24,7 +24,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-pub use builtin::{BUILTIN_DENY, STARTER};
+pub use builtin::{BUILTIN_DENY, PROTECTED_CONFIG_RULE, STARTER};
 pub use decide::{Action, Decision, Phase};
 pub use error::PolicyError;
 pub use load::{load, load_file, LoadedPolicy, PolicySource, MAX_POLICY_BYTES, POLICY_FILE_NAME};
@@ -41,6 +41,8 @@ use glob::RuleSet;
 #[derive(Debug, Clone)]
 pub struct Policy {
     inner: Arc<Inner>,
+    /// Project-relative paths the policy was loaded from (protected like `agentdiff.yaml`).
+    loaded_from: Arc<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -79,6 +81,7 @@ impl Policy {
             default: Action::Review,
         };
         Policy {
+            loaded_from: Arc::default(),
             inner: Arc::new(Inner {
                 version: 1,
                 filesystem: rules(
@@ -140,6 +143,7 @@ impl Policy {
             });
         }
         Ok(Policy {
+            loaded_from: Arc::default(),
             inner: Arc::new(Inner {
                 version: spec.version,
                 filesystem,
@@ -157,8 +161,17 @@ impl Policy {
 
     /// Decide a write/delete of a project-relative path. The path is normalised first
     /// ([`normalize_path`]); an invalid path is an error, never a decision.
+    ///
+    /// agentdiff's own configuration (`agentdiff.yaml`, `.agentdiffignore` at any depth, the file
+    /// the policy was loaded from) is denied first, by the built-in rule
+    /// `builtin.protected_config`.
     pub fn decide_path(&self, rel_path: &str, phase: Phase) -> Result<Decision, PolicyError> {
         let subject = normalize_path(rel_path)?;
+        if let Some(d) =
+            builtin::protected_config(&subject, &self.loaded_from, self.inner.version, phase)
+        {
+            return Ok(d);
+        }
         Ok(self
             .inner
             .filesystem
@@ -188,6 +201,14 @@ impl Policy {
             .decide(subject, self.inner.version, Phase::Command)
     }
 
+    /// Records that the policy was loaded from `rel_path` below the project root, so a change to
+    /// that file is protected configuration.
+    pub fn protect_source(&mut self, rel_path: &str) {
+        if let Ok(p) = normalize_path(rel_path) {
+            Arc::make_mut(&mut self.loaded_from).push(p);
+        }
+    }
+
     pub fn version(&self) -> u32 {
         self.inner.version
     }
@@ -212,6 +233,16 @@ impl Policy {
     /// (such as `.git`) that a deny pattern names.
     pub fn deny_patterns(&self) -> Vec<String> {
         self.inner.filesystem.deny.patterns().to_vec()
+    }
+
+    /// Globs the scanner must always observe, whatever `.agentdiffignore` says: the deny patterns
+    /// and agentdiff's own configuration (the policy files and ignore files at any depth, and the
+    /// file this policy was loaded from).
+    pub fn always_observed(&self) -> Vec<String> {
+        let mut globs = self.deny_patterns();
+        globs.extend(builtin::protected_globs());
+        globs.extend(self.loaded_from.iter().cloned());
+        globs
     }
 
     /// Environment handling (version 2; version 1 policies inherit the environment).

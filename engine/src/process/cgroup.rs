@@ -11,6 +11,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::RUN_CGROUP_PREFIX;
+
 /// A cgroup created for one run.
 #[derive(Debug)]
 pub struct RunCgroup {
@@ -26,7 +28,7 @@ pub struct RunCgroup {
 }
 
 /// Where cgroup v2 is mounted, from `/proc/self/mountinfo`.
-fn cgroup2_mount() -> Option<PathBuf> {
+pub fn cgroup2_mount() -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     for line in text.lines() {
         // ... mount-point ... - fstype source options
@@ -59,7 +61,7 @@ impl RunCgroup {
         let own = own_cgroup().ok_or("this process is not in a cgroup v2 hierarchy")?;
         let parent_rel = own.trim_end_matches('/');
         let name = format!(
-            "agentdiff-{}-{}",
+            "{RUN_CGROUP_PREFIX}{}-{}",
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
@@ -207,7 +209,7 @@ pub fn in_foreign_run_cgroup(pid: u32, own: Option<&RunCgroup>) -> bool {
     };
     text.lines().filter_map(|l| l.strip_prefix("0::")).any(|p| {
         let base = p.rsplit('/').next().unwrap_or("");
-        base.starts_with("agentdiff-") && own.map_or(true, |c| c.rel != p)
+        base.starts_with(RUN_CGROUP_PREFIX) && own.map_or(true, |c| c.rel != p)
     })
 }
 

@@ -22,6 +22,9 @@ pub mod tracker;
 use serde::{Deserialize, Serialize};
 
 pub use cleanup::{cleanup_identities, CleanupTarget};
+
+/// Every run cgroup's name starts with this (the one place it is spelled).
+pub const RUN_CGROUP_PREFIX: &str = "agentdiff-";
 pub use identity::{boot_id, read_identity, read_stat, StatInfo};
 pub use supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 pub use tracker::{tracking_mechanisms_available, TrackingMechanism};

@@ -43,7 +43,7 @@ impl<'a> CapturePlan<'a> {
         progress: Option<ProgressFn<'a>>,
     ) -> Self {
         let rollback = policy.rollback();
-        let mut reinclude = policy.deny_patterns();
+        let mut reinclude = policy.always_observed();
         reinclude.extend(policy.observe().include.iter().cloned());
         CapturePlan {
             store,
