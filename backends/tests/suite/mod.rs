@@ -4,6 +4,7 @@
 mod bwrap_cli;
 mod cleanup_cli;
 mod evidence_cli;
+mod hook_cli;
 mod policy_cli;
 mod rollback_cli;
 mod run_cli;

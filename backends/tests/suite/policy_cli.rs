@@ -1,17 +1,17 @@
-//! `agentdiff policy …` and `agentdiff hook pre-tool-use` run as a user or Claude Code would.
+//! `agentdiff policy …` run as a user would (the hook's tests are in `hook_cli`).
 
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-const SEED_POLICY: &str = include_str!("../../../engine/tests/fixtures/seed-policy.yaml");
+pub(super) const SEED_POLICY: &str =
+    include_str!("../../../engine/tests/fixtures/seed-policy.yaml");
 const USAGE: i32 = 64;
 const INVALID_CONFIG: i32 = 65;
-const HOOK_BLOCK: i32 = 2;
 
-fn agentdiff(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+pub(super) fn agentdiff(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
         .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .args(args)
@@ -30,15 +30,15 @@ fn agentdiff(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     child.wait_with_output().expect("agentdiff finishes")
 }
 
-fn stdout(out: &Output) -> String {
+pub(super) fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn stderr(out: &Output) -> String {
+pub(super) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn project_with_seed_policy() -> tempfile::TempDir {
+pub(super) fn project_with_seed_policy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("agentdiff.yaml"), SEED_POLICY).unwrap();
     std::fs::create_dir_all(dir.path().join("src")).unwrap();
@@ -248,247 +248,4 @@ fn explain_usage_errors() {
         assert_eq!(out.status.code(), Some(USAGE), "{args:?}: {}", stderr(&out));
         assert!(stdout(&out).is_empty(), "{args:?}");
     }
-}
-
-/// A PreToolUse input as Claude Code sends it.
-fn claude_input(root: &Path, tool_name: &str, tool_input: Value) -> String {
-    json!({
-        "session_id": "5f0c8a2e-1d4b-4c1e-9a57-3f1f3b0a9d11",
-        "transcript_path": "/home/dev/.claude/projects/demo/5f0c8a2e.jsonl",
-        "cwd": root,
-        "permission_mode": "default",
-        "hook_event_name": "PreToolUse",
-        "tool_name": tool_name,
-        "tool_input": tool_input,
-    })
-    .to_string()
-}
-
-fn hook(root: &Path, input: &str) -> (Output, Option<Value>) {
-    let out = agentdiff(
-        root,
-        &["hook", "pre-tool-use", "--root", root.to_str().unwrap()],
-        Some(input),
-    );
-    let value = serde_json::from_str(&stdout(&out)).ok();
-    (out, value)
-}
-
-fn decision_of(root: &Path, tool_name: &str, tool_input: Value) -> (String, String) {
-    let (out, value) = hook(root, &claude_input(root, tool_name, tool_input));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let value = value.expect("stdout is one JSON object");
-    let specific = &value["hookSpecificOutput"];
-    assert_eq!(specific["hookEventName"], "PreToolUse");
-    assert_eq!(value.as_object().unwrap().len(), 1, "{value}");
-    (
-        specific["permissionDecision"].as_str().unwrap().to_owned(),
-        specific["permissionDecisionReason"]
-            .as_str()
-            .unwrap()
-            .to_owned(),
-    )
-}
-
-#[test]
-fn hook_decides_claude_code_file_tools() {
-    let dir = project_with_seed_policy();
-    let root = dir.path();
-
-    let (d, reason) = decision_of(
-        root,
-        "Write",
-        json!({"file_path": root.join("src/main.py"), "content": "print(1)\n"}),
-    );
-    assert_eq!(d, "allow", "{reason}");
-    assert!(
-        reason.contains("filesystem.allow_write[0]") && reason.contains("src/**"),
-        "{reason}"
-    );
-
-    let (d, reason) = decision_of(
-        root,
-        "Write",
-        json!({"file_path": root.join(".env"), "content": "TOKEN=x\n"}),
-    );
-    assert_eq!(d, "deny");
-    assert!(
-        reason.contains("filesystem.deny[0]") && reason.contains("`.env`"),
-        "{reason}"
-    );
-
-    let (d, reason) = decision_of(
-        root,
-        "Edit",
-        json!({"file_path": root.join("docs/guide.md"), "old_string": "a", "new_string": "b"}),
-    );
-    assert_eq!(d, "ask", "review maps to ask: {reason}");
-    assert!(reason.contains("filesystem.review[0]"), "{reason}");
-
-    let (d, _) = decision_of(
-        root,
-        "MultiEdit",
-        json!({"file_path": root.join("tests/test_a.py"), "edits": [{"old_string": "a", "new_string": "b"}]}),
-    );
-    assert_eq!(d, "allow");
-
-    let (d, reason) = decision_of(
-        root,
-        "NotebookEdit",
-        json!({"notebook_path": root.join("keys/deploy.key"), "new_source": "x"}),
-    );
-    assert_eq!(d, "deny", "{reason}");
-}
-
-#[test]
-fn hook_shell_read_and_unknown_tools() {
-    let dir = project_with_seed_policy();
-    let root = dir.path();
-    let (d, reason) = decision_of(
-        root,
-        "Bash",
-        json!({"command": "echo hi > src/a.py", "description": "write a file"}),
-    );
-    assert_eq!(d, "ask");
-    assert!(reason.contains("hook.shell_command"), "{reason}");
-
-    let (d, _) = decision_of(root, "Read", json!({"file_path": root.join("src/a.py")}));
-    assert_eq!(d, "allow");
-    let (d, _) = decision_of(root, "Grep", json!({"pattern": "TODO"}));
-    assert_eq!(d, "allow");
-    let (d, _) = decision_of(root, "mcp__fs__read_text_file", json!({"path": "src/a.py"}));
-    assert_eq!(d, "allow");
-    let (d, reason) = decision_of(
-        root,
-        "mcp__shell__execute_command",
-        json!({"command": "ls"}),
-    );
-    assert_eq!(d, "ask", "{reason}");
-    let (d, reason) = decision_of(root, "mcp__deploy__push_release", json!({"tag": "v1"}));
-    assert_eq!(d, "ask");
-    assert!(reason.contains("hook.unknown_tool"), "{reason}");
-}
-
-#[test]
-fn hook_mcp_move_takes_the_strictest_path() {
-    let dir = project_with_seed_policy();
-    let root = dir.path();
-    let (d, reason) = decision_of(
-        root,
-        "mcp__fs__move_file",
-        json!({"source": root.join("src/hooks.sh"), "destination": root.join(".git/hooks/pre-commit")}),
-    );
-    assert_eq!(d, "deny");
-    assert!(
-        reason.contains("filesystem.deny[2]") && reason.contains(".git/**"),
-        "{reason}"
-    );
-
-    let (d, _) = decision_of(
-        root,
-        "mcp__fs__move_file",
-        json!({"source": "src/a.py", "destination": "src/b.py"}),
-    );
-    assert_eq!(d, "allow");
-
-    let (d, _) = decision_of(
-        root,
-        "mcp__filesystem__create_directory",
-        json!({"path": root.join("src/pkg")}),
-    );
-    assert_eq!(d, "allow");
-    let (d, _) = decision_of(root, "delete_file", json!({"path": "README.md"}));
-    assert_eq!(d, "ask");
-}
-
-#[test]
-fn hook_denies_paths_outside_the_root() {
-    let dir = project_with_seed_policy();
-    let root = dir.path();
-    let (d, reason) = decision_of(
-        root,
-        "Write",
-        json!({"file_path": "/etc/cron.d/x", "content": ""}),
-    );
-    assert_eq!(d, "deny");
-    assert!(reason.contains("outside the project root"), "{reason}");
-    let (d, reason) = decision_of(
-        root,
-        "Edit",
-        json!({"file_path": root.join("src/../../elsewhere.txt")}),
-    );
-    assert_eq!(d, "deny", "{reason}");
-    let (d, _) = decision_of(
-        root,
-        "mcp__fs__move_file",
-        json!({"source": root.join("src/a.py"), "destination": "/tmp/exfiltrated.py"}),
-    );
-    assert_eq!(d, "deny");
-}
-
-#[test]
-fn hook_malformed_input_blocks_and_never_allows() {
-    let dir = project_with_seed_policy();
-    let root = dir.path();
-    for input in [
-        "",
-        "{not json",
-        "[]",
-        r#"{"tool_input": {"file_path": "src/a.py"}}"#,
-        r#"{"tool_name": "Write", "tool_input": {"content": "no path"}}"#,
-        r#"{"tool_name": "Write", "tool_input": {"file_path": 42}}"#,
-        r#"{"hook_event_name": "PostToolUse", "tool_name": "Read", "tool_input": {}}"#,
-    ] {
-        let (out, _) = hook(root, input);
-        assert_eq!(out.status.code(), Some(HOOK_BLOCK), "{input:?}");
-        assert!(
-            stdout(&out).is_empty(),
-            "{input:?} printed {}",
-            stdout(&out)
-        );
-        assert!(
-            stderr(&out).contains("blocked"),
-            "{input:?}: {}",
-            stderr(&out)
-        );
-    }
-}
-
-#[test]
-fn hook_with_an_invalid_policy_blocks() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("agentdiff.yaml"), "version: 1\nbogus: 1\n").unwrap();
-    let input = claude_input(dir.path(), "Read", json!({"file_path": "a"}));
-    let (out, _) = hook(dir.path(), &input);
-    assert_eq!(out.status.code(), Some(HOOK_BLOCK));
-    assert!(
-        stderr(&out).contains("unknown policy key: bogus"),
-        "{}",
-        stderr(&out)
-    );
-}
-
-#[test]
-fn hook_uses_the_builtin_policy_and_explicit_policy() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let (d, reason) = decision_of(
-        root,
-        "Write",
-        json!({"file_path": root.join(".ssh/id_ed25519")}),
-    );
-    assert_eq!(d, "deny", "{reason}");
-    let (d, _) = decision_of(root, "Write", json!({"file_path": root.join("src/a.rs")}));
-    assert_eq!(d, "ask", "the built-in policy reviews ordinary writes");
-
-    std::fs::write(root.join("p.yaml"), SEED_POLICY).unwrap();
-    let input = claude_input(root, "Write", json!({"file_path": root.join("src/a.rs")}));
-    let out = agentdiff(
-        root,
-        &["hook", "pre-tool-use", "--policy", "p.yaml"],
-        Some(&input),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let value: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert_eq!(value["hookSpecificOutput"]["permissionDecision"], "allow");
 }

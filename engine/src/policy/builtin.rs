@@ -89,6 +89,7 @@ pub(crate) fn spec() -> Spec {
         environment: EnvironmentSettings::default(),
         runtime: RuntimeSettings::default(),
         observe: ObserveSettings::default(),
+        deny_read: None,
     }
 }
 

@@ -49,6 +49,8 @@ pub struct Policy {
 struct Inner {
     version: u32,
     filesystem: Rules,
+    /// `filesystem.deny_read`, for the pre-tool-use hook.
+    deny_read: hook::DenyRead,
     process: Rules,
     network_mode: NetworkMode,
     limits: Limits,
@@ -90,6 +92,7 @@ impl Policy {
                     "filesystem.review",
                     "filesystem.deny",
                 ),
+                deny_read: hook::DenyRead::empty(),
                 process: rules("process", "process.allow", "process.review", "process.deny"),
                 network_mode: NetworkMode::Observe,
                 limits: Limits::default(),
@@ -136,6 +139,14 @@ impl Policy {
         // Observe patterns are handed to the scanner; compile them here so a bad glob is a
         // policy error, not a scan-time surprise.
         let _ = compile("observe.include", spec.observe.include.clone(), true);
+        let deny_read = hook::DenyRead::compile(
+            spec.deny_read
+                .unwrap_or_else(hook::DenyRead::default_patterns),
+        )
+        .unwrap_or_else(|mut p| {
+            problems.append(&mut p);
+            hook::DenyRead::empty()
+        });
         if !problems.is_empty() {
             return Err(PolicyError::Invalid {
                 origin: origin.to_owned(),
@@ -147,6 +158,7 @@ impl Policy {
             inner: Arc::new(Inner {
                 version: spec.version,
                 filesystem,
+                deny_read,
                 process,
                 network_mode: spec.network_mode,
                 limits: spec.limits,
@@ -235,6 +247,11 @@ impl Policy {
         self.inner.filesystem.deny.patterns().to_vec()
     }
 
+    /// `filesystem.deny_read` (its default when the policy does not set it).
+    pub fn deny_read(&self) -> &hook::DenyRead {
+        &self.inner.deny_read
+    }
+
     /// Globs the scanner must always observe, whatever `.agentdiffignore` says: the deny patterns
     /// and agentdiff's own configuration (the policy files and ignore files at any depth, and the
     /// file this policy was loaded from).
@@ -272,9 +289,13 @@ impl Policy {
                 "default": rules.default,
             })
         };
+        let mut filesystem = section(&i.filesystem, "allow_write");
+        if let Value::Object(map) = &mut filesystem {
+            map.insert("deny_read".to_owned(), json!(i.deny_read.patterns()));
+        }
         let mut doc = json!({
             "version": i.version,
-            "filesystem": section(&i.filesystem, "allow_write"),
+            "filesystem": filesystem,
             "process": section(&i.process, "allow"),
             "network": { "mode": i.network_mode },
             "limits": i.limits,

@@ -261,6 +261,8 @@ pub(crate) struct Spec {
     pub(crate) environment: EnvironmentSettings,
     pub(crate) runtime: RuntimeSettings,
     pub(crate) observe: ObserveSettings,
+    /// `filesystem.deny_read` as written; `None` when absent (the default list applies).
+    pub(crate) deny_read: Option<Vec<String>>,
 }
 
 const ROOT_KEYS_V1: [&str; 7] = [
@@ -509,6 +511,7 @@ impl Checker {
         let observe = lookup(entries, "observe")
             .map(|n| self.observe(n))
             .unwrap_or_default();
+        let deny_read = lookup(entries, "filesystem").and_then(|n| self.deny_read(n));
 
         Some(Spec {
             version: version?,
@@ -521,6 +524,7 @@ impl Checker {
             environment,
             runtime,
             observe,
+            deny_read,
         })
     }
 
@@ -531,7 +535,13 @@ impl Checker {
         allow_key: &'static str,
         paths: bool,
     ) -> Option<SectionSpec> {
-        let entries = self.mapping(node, path, &[allow_key, "review", "deny", "default"])?;
+        // `deny_read` is read by [`Checker::deny_read`]; it exists for paths only.
+        let keys: &[&str] = if paths {
+            &[allow_key, "review", "deny", "default", "deny_read"]
+        } else {
+            &[allow_key, "review", "deny", "default"]
+        };
+        let entries = self.mapping(node, path, keys)?;
         let patterns = |key: &str, this: &mut Checker| -> Vec<String> {
             let key_path = join(path, key);
             let Some(list) = lookup(entries, key) else {
@@ -569,6 +579,23 @@ impl Checker {
             deny,
             default,
         })
+    }
+
+    /// `filesystem.deny_read`: globs anchored at the project, at `~/` or at `/`.
+    fn deny_read(&mut self, filesystem: &Node) -> Option<Vec<String>> {
+        let Node::Map(entries) = filesystem else {
+            return None;
+        };
+        let list = lookup(entries, "deny_read")?;
+        let raw = self.string_list(list, "filesystem.deny_read");
+        let mut patterns = Vec::new();
+        for (i, p) in raw.iter().enumerate() {
+            match crate::policy::hook::check_read_pattern(p) {
+                Ok(p) => patterns.push(p),
+                Err(reason) => self.problem(format!("filesystem.deny_read[{i}]: {reason}")),
+            }
+        }
+        Some(patterns)
     }
 
     fn network(&mut self, node: &Node) -> Option<NetworkMode> {

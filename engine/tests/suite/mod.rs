@@ -1,3 +1,4 @@
+mod hook_resolve;
 mod policy;
 mod rollback;
 mod scanner;

@@ -1,0 +1,464 @@
+//! `agentdiff hook pre-tool-use` run as Claude Code runs it: JSON on stdin, a decision (or
+//! nothing) on stdout. Each attack of issue 13 is retried here through the real binary.
+
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::policy_cli::{agentdiff, project_with_seed_policy, stderr, stdout, SEED_POLICY};
+
+const HOOK_BLOCK: i32 = 2;
+
+/// The attacker's policy from the issue: everything may be written except `.env` and `.git`.
+const OPEN_POLICY: &str =
+    "version: 1\nfilesystem:\n  allow_write: [\"**\"]\n  deny: [.env, .git/**]\n";
+
+fn open_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("agentdiff.yaml"), OPEN_POLICY).unwrap();
+    std::fs::create_dir_all(root.join(".git/hooks")).unwrap();
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    std::fs::write(root.join(".git/config"), "[core]\n").unwrap();
+    std::fs::write(root.join(".env"), "TOKEN=secret\n").unwrap();
+    dir
+}
+
+/// A PreToolUse input as Claude Code sends it.
+fn claude_input(root: &Path, tool_name: &str, tool_input: Value) -> String {
+    json!({
+        "session_id": "5f0c8a2e-1d4b-4c1e-9a57-3f1f3b0a9d11",
+        "transcript_path": "/home/dev/.claude/projects/demo/5f0c8a2e.jsonl",
+        "cwd": root,
+        "permission_mode": "default",
+        "hook_event_name": "PreToolUse",
+        "tool_name": tool_name,
+        "tool_input": tool_input,
+        "tool_use_id": "toolu_01ABC123",
+    })
+    .to_string()
+}
+
+fn hook(root: &Path, input: &str) -> Output {
+    agentdiff(
+        root,
+        &["hook", "pre-tool-use", "--root", root.to_str().unwrap()],
+        Some(input),
+    )
+}
+
+/// The answer: `Some((decision, reason))`, or `None` for no decision (exit 0, empty stdout).
+fn answer(root: &Path, tool_name: &str, tool_input: Value) -> Option<(String, String)> {
+    let out = hook(root, &claude_input(root, tool_name, tool_input));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    if stdout(&out).trim().is_empty() {
+        return None;
+    }
+    let value: Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON object");
+    assert_eq!(value.as_object().unwrap().len(), 1, "{value}");
+    let specific = &value["hookSpecificOutput"];
+    assert_eq!(specific["hookEventName"], "PreToolUse");
+    Some((
+        specific["permissionDecision"].as_str().unwrap().to_owned(),
+        specific["permissionDecisionReason"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    ))
+}
+
+fn decision(root: &Path, tool_name: &str, tool_input: Value) -> (String, String) {
+    answer(root, tool_name, tool_input).expect("a decision")
+}
+
+fn home() -> String {
+    std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned())
+}
+
+#[test]
+fn hook_decides_claude_code_file_tools() {
+    let dir = project_with_seed_policy();
+    let root = dir.path();
+    let (d, reason) = decision(
+        root,
+        "Write",
+        json!({"file_path": root.join("src/main.py"), "content": "print(1)\n"}),
+    );
+    assert_eq!(d, "allow", "{reason}");
+    assert!(reason.contains("filesystem.allow_write[0]") && reason.contains("src/**"));
+    let (d, reason) = decision(root, "Write", json!({"file_path": root.join(".env")}));
+    assert_eq!(d, "deny");
+    assert!(
+        reason.contains("filesystem.deny[0]") && reason.contains("`.env`"),
+        "{reason}"
+    );
+    let (d, reason) = decision(
+        root,
+        "Edit",
+        json!({"file_path": root.join("docs/guide.md"), "old_string": "a", "new_string": "b"}),
+    );
+    assert_eq!(d, "ask", "review maps to ask: {reason}");
+    let (d, _) = decision(
+        root,
+        "MultiEdit",
+        json!({"file_path": root.join("tests/test_a.py"), "edits": []}),
+    );
+    assert_eq!(d, "allow");
+    let (d, _) = decision(
+        root,
+        "NotebookEdit",
+        json!({"notebook_path": root.join("keys/deploy.key"), "new_source": "x"}),
+    );
+    assert_eq!(d, "deny");
+    let (d, reason) = decision(root, "Write", json!({"file_path": "/etc/cron.d/x"}));
+    assert_eq!(d, "deny");
+    assert!(reason.contains("outside the project root"), "{reason}");
+    let (d, _) = decision(root, "Bash", json!({"command": "echo hi > src/a.py"}));
+    assert_eq!(d, "ask");
+}
+
+#[test]
+fn symlink_then_dotdot_is_judged_where_the_kernel_lands() {
+    let dir = open_project();
+    let root = dir.path();
+    symlink(".git/hooks", root.join("hookslink")).unwrap();
+    for path in [
+        "hookslink/../config".to_owned(),
+        format!("{}/hookslink/../config", root.display()),
+        "src/../hookslink/../config".to_owned(),
+    ] {
+        let (d, reason) = decision(root, "Write", json!({"file_path": path, "content": "x"}));
+        assert_eq!(d, "deny", "{path}: {reason}");
+        assert!(reason.contains("`.git/config`"), "{reason}");
+    }
+    let patch =
+        "*** Begin Patch\n*** Update File: hookslink/../config\n@@\n-a\n+b\n*** End Patch\n";
+    let (d, reason) = decision(root, "apply_patch", json!({"input": patch}));
+    assert_eq!(d, "deny", "{reason}");
+    // The kernel agrees: opening the same path reaches the denied file.
+    let via_link = std::fs::read_to_string(root.join("hookslink/../config")).unwrap();
+    assert_eq!(via_link, "[core]\n");
+}
+
+#[test]
+fn a_hard_link_to_a_denied_file_is_denied() {
+    let dir = open_project();
+    let root = dir.path();
+    std::fs::hard_link(root.join(".env"), root.join("src/envhl")).unwrap();
+    let (d, reason) = decision(root, "Write", json!({"file_path": root.join("src/envhl")}));
+    assert_eq!(d, "deny");
+    assert!(
+        reason.contains("hard link") && reason.contains("`.env`"),
+        "{reason}"
+    );
+    let (d, _) = decision(root, "Edit", json!({"file_path": "src/envhl"}));
+    assert_eq!(d, "deny");
+    // A hard link to a file outside the project root writes outside the root.
+    let outside = tempfile::tempdir_in(root.parent().unwrap()).unwrap();
+    std::fs::write(outside.path().join("bashrc"), "x").unwrap();
+    std::fs::hard_link(outside.path().join("bashrc"), root.join("src/rc")).unwrap();
+    let (d, reason) = decision(root, "Write", json!({"file_path": "src/rc"}));
+    assert_eq!(d, "deny", "{reason}");
+    assert!(reason.contains("outside the project root"), "{reason}");
+}
+
+#[test]
+fn the_patch_body_is_read_whatever_other_keys_say() {
+    let dir = open_project();
+    let root = dir.path();
+    let body = "*** Begin Patch\n*** Update File: .git/config\n@@\n-a\n+b\n*** End Patch\n";
+    let (d, _) = decision(root, "apply_patch", json!({"path": "src/a", "input": body}));
+    assert_eq!(d, "deny");
+    let (d, _) = decision(
+        root,
+        "apply_patch",
+        json!({"path": "src/a", "input": "*** Update File: .git/config\n+x\n"}),
+    );
+    assert_eq!(d, "deny", "a broken patch still names its files");
+    let (d, reason) = decision(root, "apply_patch", json!({"input": "rewrite everything"}));
+    assert_eq!(d, "ask", "an unparsed patch is never allowed: {reason}");
+    let moved =
+        "*** Begin Patch\n*** Update File: src/a\n*** Move to: .env\n@@\n-a\n+b\n*** End Patch\n";
+    let (d, _) = decision(root, "apply_patch", json!({"input": moved}));
+    assert_eq!(d, "deny");
+    let deleted = "*** Begin Patch\n*** Delete File: .git/config\n*** End Patch\n";
+    let (d, _) = decision(root, "apply_patch", json!({"input": deleted}));
+    assert_eq!(d, "deny");
+    let good = "*** Begin Patch\n*** Add File: src/new.rs\n+fn main() {}\n*** End Patch\n";
+    let (d, _) = decision(root, "apply_patch", json!({"input": good}));
+    assert_eq!(d, "allow");
+}
+
+#[test]
+fn unknown_mcp_tools_get_no_decision() {
+    let dir = open_project();
+    let root = dir.path();
+    for (name, input) in [
+        (
+            "mcp__evil__read_file",
+            json!({"path": "src/a", "content": "#!/bin/sh\n"}),
+        ),
+        ("mcp__evil__Task", json!({"prompt": "write .git/config"})),
+        ("mcp____Read", json!({"file_path": "src/a"})),
+        (
+            "mcp__fs__write_file",
+            json!({"path": "src/a", "content": "x"}),
+        ),
+        (
+            "mcp__fs__move_file",
+            json!({"source": "src/a", "destination": "src/b"}),
+        ),
+        ("Task", json!({"description": "x", "prompt": "y"})),
+    ] {
+        assert_eq!(answer(root, name, input.clone()), None, "{name} {input}");
+    }
+    // A denied path among the arguments is still denied.
+    let (d, _) = decision(
+        root,
+        "mcp__fs__move_file",
+        json!({"source": "src/a", "destination": root.join(".git/hooks/pre-commit")}),
+    );
+    assert_eq!(d, "deny");
+}
+
+#[test]
+fn reads_outside_the_root_and_web_fetch_are_never_allowed() {
+    let dir = open_project();
+    let root = dir.path();
+    assert_eq!(
+        answer(root, "Read", json!({"file_path": "/etc/shadow"})),
+        None
+    );
+    assert_eq!(
+        answer(
+            root,
+            "WebFetch",
+            json!({"url": "https://example.com", "prompt": "summarise"})
+        ),
+        None
+    );
+    assert_eq!(answer(root, "WebSearch", json!({"query": "x"})), None);
+    let key = format!("{}/.ssh/id_rsa", home());
+    let (d, reason) = decision(root, "Read", json!({"file_path": key}));
+    assert_eq!(d, "deny");
+    assert!(reason.contains("filesystem.deny_read[0]"), "{reason}");
+    let (d, _) = decision(
+        root,
+        "Read",
+        json!({"file_path": "~/.ssh/id_rsa".replace('~', &home())}),
+    );
+    assert_eq!(d, "deny");
+    let (d, _) = decision(root, "Read", json!({"file_path": root.join(".env")}));
+    assert_eq!(d, "deny");
+    let (d, _) = decision(
+        root,
+        "Grep",
+        json!({"pattern": "x", "path": format!("{}/.aws", home())}),
+    );
+    assert_eq!(d, "deny");
+    std::fs::write(root.join("src/a.py"), "x").unwrap();
+    let (d, _) = decision(root, "Read", json!({"file_path": root.join("src/a.py")}));
+    assert_eq!(d, "allow");
+}
+
+#[test]
+fn deny_read_is_configurable() {
+    let dir = open_project();
+    let root = dir.path();
+    std::fs::write(
+        root.join("agentdiff.yaml"),
+        format!("{OPEN_POLICY}  deny_read: [\"secrets/**\", \"/etc/hostname\"]\n"),
+    )
+    .unwrap();
+    let (d, reason) = decision(root, "Read", json!({"file_path": "secrets/db.txt"}));
+    assert_eq!(d, "deny");
+    assert!(reason.contains("filesystem.deny_read[0]"), "{reason}");
+    let (d, _) = decision(root, "Read", json!({"file_path": "/etc/hostname"}));
+    assert_eq!(d, "deny");
+    // The defaults are replaced, not extended.
+    let (d, _) = decision(root, "Read", json!({"file_path": ".env"}));
+    assert_eq!(d, "allow");
+    std::fs::write(
+        root.join("agentdiff.yaml"),
+        format!("{OPEN_POLICY}  deny_read: [\"../x\"]\n"),
+    )
+    .unwrap();
+    let out = hook(root, &claude_input(root, "Read", json!({"file_path": "a"})));
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK));
+}
+
+#[test]
+fn long_paths_are_refused_quickly_and_long_valid_paths_are_linear() {
+    let dir = open_project();
+    let root = dir.path();
+    let huge = "a/".repeat(40_000);
+    let started = Instant::now();
+    let out = hook(
+        root,
+        &claude_input(root, "Write", json!({"file_path": huge, "content": ""})),
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK));
+    assert!(stderr(&out).contains("4096"), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+
+    // Within PATH_MAX: 2,000 segments that climb back, through a symlink, to a denied file.
+    symlink(".git", root.join("g")).unwrap();
+    let climb = format!("{}g/config", "src/../".repeat(580));
+    assert!(climb.len() <= 4096);
+    let started = Instant::now();
+    let (d, _) = decision(root, "Write", json!({"file_path": climb}));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(d, "deny");
+
+    let input = json!({"tool_name": "Write", "tool_input": {"file_path": "a", "content": "x".repeat(1024 * 1024)}});
+    let out = hook(root, &input.to_string());
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK));
+    assert!(stderr(&out).contains("1 MiB"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_foreign_policy_file_is_not_quoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let foreign = tempfile::tempdir().unwrap();
+    let shadow = foreign.path().join("shadow");
+    let secret = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::\nbogus: 1\n";
+    std::fs::write(&shadow, secret).unwrap();
+    symlink(&shadow, root.join("agentdiff.yaml")).unwrap();
+    let input = claude_input(root, "Read", json!({"file_path": "a"}));
+    let out = hook(root, &input);
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK));
+    let err = stderr(&out);
+    assert!(err.contains("outside the project root"), "{err}");
+    assert!(!err.contains("saltsalt") && !err.contains("bogus"), "{err}");
+
+    // Named with --policy it is read, and still not quoted.
+    let out = agentdiff(
+        root,
+        &[
+            "hook",
+            "pre-tool-use",
+            "--root",
+            ".",
+            "--policy",
+            shadow.to_str().unwrap(),
+        ],
+        Some(&input),
+    );
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK));
+    let err = stderr(&out);
+    assert!(err.contains("not a valid agentdiff policy"), "{err}");
+    assert!(
+        !err.contains("saltsalt") && !err.contains("bogus") && !err.contains("root:"),
+        "{err}"
+    );
+
+    // A symlink that stays inside the root is followed.
+    std::fs::remove_file(root.join("agentdiff.yaml")).unwrap();
+    std::fs::write(root.join("policy.yaml"), SEED_POLICY).unwrap();
+    symlink("policy.yaml", root.join("agentdiff.yaml")).unwrap();
+    let (d, _) = decision(root, "Write", json!({"file_path": "src/a.py"}));
+    assert_eq!(d, "allow");
+}
+
+#[test]
+fn an_invalid_project_policy_blocks_without_quoting_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("agentdiff.yaml"), "version: 1\nbogus: 1\n").unwrap();
+    let out = hook(
+        dir.path(),
+        &claude_input(dir.path(), "Read", json!({"file_path": "a"})),
+    );
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK));
+    let err = stderr(&out);
+    assert!(
+        err.contains("1 problem") && err.contains("policy validate"),
+        "{err}"
+    );
+    assert!(!err.contains("bogus"), "{err}");
+    let out = agentdiff(dir.path(), &["policy", "validate"], None);
+    assert!(
+        stderr(&out).contains("unknown policy key: bogus"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn hook_malformed_input_blocks_and_never_allows() {
+    let dir = project_with_seed_policy();
+    let root = dir.path();
+    for input in [
+        "",
+        "{not json",
+        "[]",
+        r#"{"tool_input": {"file_path": "src/a.py"}}"#,
+        r#"{"tool_name": "Write", "tool_input": {"content": "no path"}}"#,
+        r#"{"tool_name": "Write", "tool_input": {"file_path": 42}}"#,
+        r#"{"hook_event_name": "PostToolUse", "tool_name": "Read", "tool_input": {}}"#,
+    ] {
+        let out = hook(root, input);
+        assert_eq!(out.status.code(), Some(HOOK_BLOCK), "{input:?}");
+        assert!(
+            stdout(&out).is_empty(),
+            "{input:?} printed {}",
+            stdout(&out)
+        );
+        assert!(
+            stderr(&out).contains("blocked"),
+            "{input:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn an_unusable_root_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let input = claude_input(dir.path(), "Read", json!({"file_path": "a"}));
+    let out = agentdiff(
+        dir.path(),
+        &["hook", "pre-tool-use", "--root", missing.to_str().unwrap()],
+        Some(&input),
+    );
+    assert_eq!(out.status.code(), Some(HOOK_BLOCK), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+}
+
+#[test]
+fn hook_uses_the_builtin_policy_and_explicit_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, reason) = decision(
+        root,
+        "Write",
+        json!({"file_path": root.join(".ssh/id_ed25519")}),
+    );
+    assert_eq!(d, "deny", "{reason}");
+    let (d, _) = decision(root, "Write", json!({"file_path": root.join("src/a.rs")}));
+    assert_eq!(d, "ask", "the built-in policy reviews ordinary writes");
+
+    std::fs::write(root.join("p.yaml"), SEED_POLICY).unwrap();
+    let input = claude_input(root, "Write", json!({"file_path": root.join("src/a.rs")}));
+    let out = agentdiff(
+        root,
+        &["hook", "pre-tool-use", "--policy", "p.yaml"],
+        Some(&input),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let value: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(value["hookSpecificOutput"]["permissionDecision"], "allow");
+}
