@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
-    PreparedLaunch, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+    cleanup_host_processes, Availability, BackendError, BackendOptions, Capabilities,
+    CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
+    Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::policy::Policy;
 use agentdiff_engine::process::exec_shim::{self, StartMarker, StartState};
@@ -19,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::host;
 use crate::plan::{self, HostFacts, Network, Plan, PlanError, Programs};
-use crate::{ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_EXECUTABLE, OPT_EXEC_SHIM};
+use crate::{ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_NETWORK};
 
 /// The capsule artifact holding the effective policy (its deny patterns become re-binds).
 const POLICY_ARTIFACT: &str = "policy.json";
@@ -209,16 +210,21 @@ impl RuntimeBackend for BwrapBackend {
         ID
     }
 
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
+    /// The labels follow the `network` option: with the host network, network is uncontrolled.
+    fn capabilities(&self, options: &BackendOptions) -> Capabilities {
+        match options.get(OPT_NETWORK) {
+            Some("host") => capabilities_for(Network::Host),
+            _ => capabilities(),
+        }
     }
 
     fn requires_scrubbed_environment(&self) -> bool {
         true
     }
 
-    async fn availability(&self) -> Availability {
-        let bwrap = match host::resolve_bwrap("bwrap", std::env::var_os("PATH").as_deref()) {
+    async fn availability(&self, options: &BackendOptions) -> Availability {
+        let requested = options.get(OPT_EXECUTABLE).unwrap_or("bwrap");
+        let bwrap = match host::resolve_bwrap(requested, std::env::var_os("PATH").as_deref()) {
             Ok(b) => b,
             Err(e) => {
                 return Availability::Unavailable {
@@ -251,8 +257,6 @@ impl RuntimeBackend for BwrapBackend {
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
         let plan = self.plan(spec)?;
-        let mut wrapper_argv = vec![plan.bwrap.as_os_str().to_os_string()];
-        wrapper_argv.extend(plan.args.iter().cloned());
         // The shim checks the argv it receives against this salted digest.
         let mut salt = [0u8; 16];
         getrandom::getrandom(&mut salt).map_err(|e| {
@@ -266,16 +270,16 @@ impl RuntimeBackend for BwrapBackend {
             exec_shim::ENV_ARGV_DIGEST.into(),
             exec_shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
         ));
-        Ok(PreparedLaunch {
+        let command = LaunchCommand {
             program: plan.bwrap.as_os_str().to_os_string(),
             args: plan.args.clone(),
             env,
             cwd: plan.workdir.clone(),
-            enforcement: ENFORCEMENT.into(),
-            wrapper_argv: Some(wrapper_argv),
-            runtime_config: runtime_config(&plan),
-            spec: spec.clone(),
-        })
+        };
+        let config = runtime_config(&plan);
+        Ok(PreparedLaunch::new(ID, spec, command, ENFORCEMENT, plan)
+            .wrapped()
+            .with_runtime_config(config))
     }
 
     async fn launch(
@@ -283,18 +287,12 @@ impl RuntimeBackend for BwrapBackend {
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>> {
-        // Re-plan and compare, so a PreparedLaunch edited after prepare is refused.
-        let plan = self.plan(&prepared.spec)?;
-        if plan.bwrap.as_os_str() != prepared.program || plan.args != prepared.args {
-            return Err(launch_error(
-                "the prepared bwrap argv differs from the one this backend plans for the \
-                 request; refusing to launch",
-            ));
-        }
+        // Exactly what prepare planned: the PreparedLaunch cannot be edited after prepare.
+        let plan = prepared.plan_for::<Plan>(ID)?.clone();
         let marker = StartMarker::create(&plan.marker).map_err(|e| launch_error(e.to_string()))?;
         let labels = EvidenceLabels {
             backend: ID.into(),
-            enforcement: ENFORCEMENT.into(),
+            enforcement: ENFORCEMENT,
             capabilities: capabilities_for(plan.network),
         };
         let wrapper = json!({
@@ -305,7 +303,7 @@ impl RuntimeBackend for BwrapBackend {
             "controls": controls(&plan),
             "limits": LIMITS,
         });
-        let expected_argc = prepared.spec.argv.len();
+        let expected_argc = prepared.spec().argv.len();
         let env_dropped = plan.env_dropped.clone();
         let inner = spawn_supervised(prepared, ctx, labels)
             .map_err(|e| launch_error(format!("cannot start bwrap: {e}")))?;
@@ -319,24 +317,15 @@ impl RuntimeBackend for BwrapBackend {
         }))
     }
 
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+    async fn cleanup_run(
+        &self,
+        _run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
         // bwrap and the command are ordinary host processes (the pid namespace only renumbers
         // them inside): the identity-checked cleanup applies unchanged.
-        let ids = ids.to_vec();
-        match tokio::task::spawn_blocking(move || {
-            agentdiff_engine::process::cleanup_identities(&ids, grace)
-        })
-        .await
-        {
-            Ok(report) => report,
-            Err(e) => CleanupReport {
-                mechanism: "pidfd".into(),
-                grace_ms: grace.as_millis() as u64,
-                records: Vec::new(),
-                errors: vec![format!("cleanup did not complete: {e}")],
-                resources_removed: Vec::new(),
-            },
-        }
+        cleanup_host_processes(ids, grace).await
     }
 }
 
@@ -356,7 +345,7 @@ impl RunningCommand for BwrapRunning {
         Some(self.inner.pid())
     }
 
-    fn launch_facts(&self) -> Value {
+    fn launch_facts(&self) -> LaunchFacts {
         self.inner.launch_facts()
     }
 
@@ -433,7 +422,7 @@ pub fn attribute_exit(
     mut wrapper: Value,
 ) {
     evidence.backend = ID.into();
-    evidence.enforcement = ENFORCEMENT.into();
+    evidence.enforcement = ENFORCEMENT;
     evidence.capabilities = capabilities_for(network);
     let hint = if matches!(state, StartState::NotStarted) {
         host::setup_hint()

@@ -34,7 +34,8 @@ pub use backend::{capabilities, BwrapBackend};
 /// Backend id (`--runtime bwrap`).
 pub const ID: &str = "bwrap";
 /// Enforcement label on the evidence: agentdiff built the sandbox and bwrap applied it.
-pub const ENFORCEMENT: &str = "bwrap_sandbox";
+pub const ENFORCEMENT: agentdiff_engine::backend::Enforcement =
+    agentdiff_engine::backend::Enforcement::BwrapSandbox;
 
 /// Option key: the bwrap executable (a name looked up on PATH, or a path).
 pub const OPT_EXECUTABLE: &str = "bwrap-executable";
@@ -54,6 +55,48 @@ pub const OPTION_KEYS: [&str; 5] = [
     OPT_WRITABLE,
     OPT_NETWORK,
 ];
+use agentdiff_engine::backend::{FailClosedSpec, OptionKind, OptionSpec};
+
+/// The options the bwrap backend declares.
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        OPT_EXECUTABLE,
+        OptionKind::Path,
+        "the bwrap executable: a name looked up on PATH, or a path",
+    )
+    .default_value("bwrap"),
+    OptionSpec::new(
+        OPT_EXEC_SHIM,
+        OptionKind::Path,
+        "the program that runs the exec shim (the agentdiff binary)",
+    ),
+    OptionSpec::new(
+        OPT_HIDE,
+        OptionKind::Path,
+        "an extra path hidden from the command (runtime.bwrap.hide)",
+    )
+    .repeatable(),
+    OptionSpec::new(
+        OPT_WRITABLE,
+        OptionKind::Path,
+        "an extra writable path (runtime.bwrap.writable)",
+    )
+    .repeatable(),
+    OptionSpec::new(
+        OPT_NETWORK,
+        OptionKind::Choice(&["none", "host"]),
+        "none (network namespace unshared) or host (runtime.bwrap.network)",
+    )
+    .default_value("none"),
+];
+
+/// bwrap missing must refuse the launch, never run the command unsandboxed.
+pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
+    name: "bwrap executable missing",
+    remove: &[],
+    set: &[(OPT_EXECUTABLE, "/nonexistent/agentdiff-missing-bwrap")],
+}];
+
 /// Environment variable naming the exec-shim program when no option does.
 pub const ENV_EXEC_SHIM: &str = "AGENTDIFF_EXEC_SHIM";
 
@@ -70,4 +113,6 @@ inventory::submit! {
          credentials protected, no network",
         factory,
     )
+    .with_options(OPTIONS)
+    .with_fail_closed(FAIL_CLOSED)
 }

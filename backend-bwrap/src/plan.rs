@@ -490,8 +490,6 @@ pub fn build_args(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use agentdiff_engine::backend::BackendOptions;
 
     use super::*;
@@ -529,27 +527,17 @@ mod tests {
     }
 
     fn spec(f: &Fixture, options: BackendOptions) -> LaunchSpec {
-        LaunchSpec {
-            run_id: "r1".into(),
-            root: f.root.clone(),
-            workdir: f.root.clone(),
-            capsule_dir: f.capsule.clone(),
-            argv: ["tool", "--", "a b", "", "-c"]
-                .iter()
-                .map(OsString::from)
-                .collect(),
-            env: vec![
-                ("PATH".into(), "/usr/bin:/bin".into()),
-                ("LD_PRELOAD".into(), "/tmp/evil.so".into()),
-                ("NODE_OPTIONS".into(), "--require x".into()),
-                (exec_shim::ENV_ARGV_DIGEST.into(), "forged".into()),
-            ],
-            timeout: None,
-            grace: Duration::from_secs(1),
-            poll_interval: Duration::from_millis(10),
-            observe_ports: false,
-            options,
-        }
+        agentdiff_conformance::testing::launch_spec(&f.root, ["tool", "--", "a b", "", "-c"])
+            .run_id("r1")
+            .capsule_dir(&f.capsule)
+            .env([
+                ("PATH", "/usr/bin:/bin"),
+                ("LD_PRELOAD", "/tmp/evil.so"),
+                ("NODE_OPTIONS", "--require x"),
+                (exec_shim::ENV_ARGV_DIGEST, "forged"),
+            ])
+            .options(options)
+            .build()
     }
 
     fn facts(f: &Fixture) -> HostFacts {

@@ -193,6 +193,7 @@ fn start_overhead(scratch: &Path, reps: usize) -> Res<()> {
             capsule_dir: scratch.to_path_buf(),
             argv: vec!["/bin/true".into()],
             env: Vec::new(),
+            env_plan: Default::default(),
             timeout: Some(Duration::from_secs(60)),
             grace: Duration::from_secs(1),
             poll_interval: Duration::from_millis(50),
@@ -200,7 +201,7 @@ fn start_overhead(scratch: &Path, reps: usize) -> Res<()> {
             options,
         };
         let prepared = backend.prepare(&spec)?;
-        let flags: Vec<OsString> = prepared.args.clone();
+        let flags: Vec<OsString> = prepared.args().to_vec();
 
         let t = Instant::now();
         let st = Command::new("podman")

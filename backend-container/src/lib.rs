@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
+    Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
+    FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec,
     PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use async_trait::async_trait;
@@ -40,7 +41,80 @@ use ownership::Invoker;
 /// Backend id used by `--runtime container`.
 pub const ID: &str = "container";
 /// Enforcement label in evidence: the controls were handed to the engine.
-pub const ENFORCEMENT: &str = "container_requested";
+pub const ENFORCEMENT: Enforcement = Enforcement::ContainerRequested;
+
+/// The options the container backend declares, each with the `agentdiff run` flag users rely on.
+/// [`options::ContainerOptions::parse`] is the full check (exclusions between options).
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        "engine",
+        OptionKind::Choice(&["podman", "docker", "auto"]),
+        "container engine CLI: podman, docker, or auto (podman when found, else docker)",
+    )
+    .default_value("auto")
+    .flag("engine"),
+    OptionSpec::new(
+        "image",
+        OptionKind::Text,
+        "image reference, present locally unless pull=true",
+    )
+    .flag("image")
+    .validate(|v| options::validate_image(v).map_err(|_| options::IMAGE_EXPECTED)),
+    OptionSpec::new(
+        "rootfs",
+        OptionKind::Path,
+        "root filesystem directory (podman only)",
+    )
+    .flag("rootfs"),
+    OptionSpec::new(
+        "network",
+        OptionKind::Choice(&["none", "bridge"]),
+        "container network: none (loopback only) or the engine's bridge",
+    )
+    .default_value(options::DEFAULT_NETWORK.as_str())
+    .flag("network"),
+    OptionSpec::new("memory", OptionKind::Text, "memory limit, e.g. 512m")
+        .default_value(options::DEFAULT_MEMORY)
+        .flag("memory")
+        .validate(|v| options::validate_memory(v).map_err(|_| options::MEMORY_EXPECTED)),
+    OptionSpec::new("cpus", OptionKind::Text, "CPU limit, e.g. 1 or 0.5")
+        .default_value(options::DEFAULT_CPUS)
+        .flag("cpus")
+        .validate(|v| options::validate_cpus(v).map_err(|_| options::CPUS_EXPECTED)),
+    OptionSpec::new(
+        "pids-limit",
+        OptionKind::Integer,
+        "process-count limit (1 to 1000000)",
+    )
+    .default_value("64")
+    .flag("pids-limit"),
+    OptionSpec::new(
+        "user",
+        OptionKind::Text,
+        "numeric UID:GID of a non-root user inside the container",
+    )
+    .flag("user"),
+    OptionSpec::new(
+        "env",
+        OptionKind::EnvName,
+        "pass this host variable into the container (repeatable; the value is never on argv)",
+    )
+    .repeatable()
+    .flag("env"),
+    OptionSpec::new("pull", OptionKind::Bool, "allow pulling a missing image")
+        .default_value("false")
+        .flag("pull"),
+];
+
+/// A missing image must refuse the launch, never run the command elsewhere.
+pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
+    name: "image missing",
+    remove: &["image", "rootfs", "pull"],
+    set: &[(
+        "image",
+        "localhost/agentdiff-conformance-missing-image:none",
+    )],
+}];
 
 fn factory() -> Box<dyn RuntimeBackend> {
     Box::new(ContainerBackend::new())
@@ -52,6 +126,8 @@ inventory::submit! {
         "podman or docker container on a private workspace copy, with network, privilege and resource limits",
         factory,
     )
+    .with_options(OPTIONS)
+    .with_fail_closed(FAIL_CLOSED)
 }
 
 /// The container backend. [`ContainerBackend::new`] finds `podman`/`docker` on PATH; the builder
@@ -257,11 +333,11 @@ impl RuntimeBackend for ContainerBackend {
         ID
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
         declared_capabilities()
     }
 
-    async fn availability(&self) -> Availability {
+    async fn availability(&self, _options: &BackendOptions) -> Availability {
         let mut found = Vec::new();
         let mut problems = Vec::new();
         for kind in [EngineKind::Podman, EngineKind::Docker] {
@@ -315,8 +391,6 @@ impl RuntimeBackend for ContainerBackend {
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
         let plan = self.plan(spec)?;
         let env = self.client_env(spec, &plan.options);
-        let mut wrapper_argv = vec![plan.program.clone().into_os_string()];
-        wrapper_argv.extend(plan.args.iter().cloned());
         let runtime_config = serde_json::json!({
             "engine": plan.kind.as_str(),
             "engine_program": plan.program.display().to_string(),
@@ -357,16 +431,15 @@ impl RuntimeBackend for ContainerBackend {
             "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),
             "grace_ms": spec.grace.as_millis() as u64,
         });
-        Ok(PreparedLaunch {
-            program: plan.program.into_os_string(),
-            args: plan.args,
+        let command = LaunchCommand {
+            program: plan.program.clone().into_os_string(),
+            args: plan.args.clone(),
             env,
             cwd: spec.workdir.clone(),
-            enforcement: ENFORCEMENT.into(),
-            wrapper_argv: Some(wrapper_argv),
-            runtime_config,
-            spec: spec.clone(),
-        })
+        };
+        Ok(PreparedLaunch::new(ID, spec, command, ENFORCEMENT, plan)
+            .wrapped()
+            .with_runtime_config(runtime_config))
     }
 
     async fn launch(
@@ -374,12 +447,8 @@ impl RuntimeBackend for ContainerBackend {
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>> {
-        let plan = self.plan(&prepared.spec)?;
+        let plan = prepared.plan_for::<Plan>(ID)?.clone();
         running::launch(self, plan, prepared, ctx).await
-    }
-
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
-        cleanup::stop_identities(ids, grace).await
     }
 
     /// Host-side processes first, then every container labelled with the run id (a crashed run

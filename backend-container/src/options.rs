@@ -22,6 +22,13 @@ pub const KEYS: [&str; 10] = [
 pub const DEFAULT_NETWORK: Network = Network::None;
 pub const DEFAULT_MEMORY: &str = "512m";
 pub const DEFAULT_CPUS: &str = "1";
+/// What a valid `image` looks like.
+pub const IMAGE_EXPECTED: &str = "an image reference such as localhost/name:tag or name@sha256:…";
+/// What a valid `memory` looks like.
+pub const MEMORY_EXPECTED: &str =
+    "a size of at least 6m with an optional b, k, m or g suffix, e.g. 512m";
+/// What a valid `cpus` looks like.
+pub const CPUS_EXPECTED: &str = "a number of CPUs from 0.01 to 1024, e.g. 1 or 0.5";
 pub const DEFAULT_PIDS_LIMIT: u32 = 64;
 /// Non-root default user inside the container (the conventional "nonroot" uid/gid).
 pub const DEFAULT_USER: UserSpec = UserSpec {
@@ -73,7 +80,7 @@ pub enum Network {
 }
 
 impl Network {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Network::None => "none",
             Network::Bridge => "bridge",
@@ -233,7 +240,7 @@ fn invalid(key: &'static str, value: &str, expected: &'static str) -> OptionsErr
 }
 
 /// An image reference must not look like a flag and must be one printable token.
-fn validate_image(image: &str) -> Result<(), OptionsError> {
+pub(crate) fn validate_image(image: &str) -> Result<(), OptionsError> {
     let ok = !image.is_empty()
         && image.len() <= 512
         && !image.starts_with('-')
@@ -243,15 +250,11 @@ fn validate_image(image: &str) -> Result<(), OptionsError> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(
-            "image",
-            image,
-            "an image reference such as localhost/name:tag or name@sha256:…",
-        ))
+        Err(invalid("image", image, IMAGE_EXPECTED))
     }
 }
 
-fn validate_memory(memory: &str) -> Result<(), OptionsError> {
+pub(crate) fn validate_memory(memory: &str) -> Result<(), OptionsError> {
     let lower = memory.to_ascii_lowercase();
     let digits = lower.trim_end_matches(['b', 'k', 'm', 'g']);
     let suffix_len = lower.len() - digits.len();
@@ -265,11 +268,7 @@ fn validate_memory(memory: &str) -> Result<(), OptionsError> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(
-            "memory",
-            memory,
-            "a size of at least 6m with an optional b, k, m or g suffix, e.g. 512m",
-        ))
+        Err(invalid("memory", memory, MEMORY_EXPECTED))
     }
 }
 
@@ -284,7 +283,7 @@ fn memory_bytes(lower: &str) -> Option<u64> {
     digits.parse::<u64>().ok()?.checked_mul(mult)
 }
 
-fn validate_cpus(cpus: &str) -> Result<(), OptionsError> {
+pub(crate) fn validate_cpus(cpus: &str) -> Result<(), OptionsError> {
     let ok = cpus.len() <= 12
         && cpus.bytes().all(|b| b.is_ascii_digit() || b == b'.')
         && cpus
@@ -294,11 +293,7 @@ fn validate_cpus(cpus: &str) -> Result<(), OptionsError> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(
-            "cpus",
-            cpus,
-            "a number of CPUs from 0.01 to 1024, e.g. 1 or 0.5",
-        ))
+        Err(invalid("cpus", cpus, CPUS_EXPECTED))
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agentdiff_engine::backend::{
     BackendError, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind, LaunchContext,
-    PortEvidence, PreparedLaunch, ProcessRecord, ProcessRelation, Result, RunEvidence,
+    LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord, ProcessRelation, Result, RunEvidence,
     RunningCommand, StdioMode,
 };
 use async_trait::async_trait;
@@ -40,15 +40,9 @@ pub(crate) async fn launch(
     prepared: PreparedLaunch,
     ctx: LaunchContext,
 ) -> Result<Box<dyn RunningCommand>> {
-    let spec = &prepared.spec;
-    if plan.args != prepared.args || plan.program.as_os_str() != prepared.program {
-        return Err(BackendError::InvalidRequest {
-            backend: ID.into(),
-            message: "the prepared engine argv differs from what the request yields; prepare and launch the same request".into(),
-        });
-    }
+    let spec = prepared.spec();
     // 1. The engine exists and runs.
-    let program = PathBuf::from(&prepared.program);
+    let program = PathBuf::from(prepared.program());
     if backend.source(plan.kind).resolve(plan.kind).as_deref() != Some(program.as_path()) {
         return Err(unavailable(
             format!("no usable `{}` executable found", plan.kind.as_str()),
@@ -63,7 +57,7 @@ pub(crate) async fn launch(
     let engine = Engine {
         kind: plan.kind,
         program: program.clone(),
-        env: prepared.env.clone(),
+        env: prepared.env().to_vec(),
     };
     // The version probe and the rootfs check (a tree walk) run concurrently: both sit on the
     // launch path whose overhead over a bare engine run is budgeted.
@@ -174,14 +168,14 @@ pub(crate) async fn launch(
             ))
         })?;
     let cid_path = cid_dir.path().join("cid");
-    let mut args = prepared.args.clone();
+    let mut args = prepared.args().to_vec();
     let cid_arg: OsString = cid_path.clone().into_os_string();
     args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(&args)
         .env_clear()
-        .envs(prepared.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&prepared.cwd)
+        .envs(prepared.env().iter().map(|(k, v)| (k, v)))
+        .current_dir(prepared.cwd())
         .kill_on_drop(false);
     #[cfg(unix)]
     {
@@ -247,7 +241,7 @@ pub(crate) async fn launch(
     let pid = child.id();
     let identity = pid.and_then(crate::identity::read);
 
-    let mut wrapper_argv = vec![prepared.program.clone()];
+    let mut wrapper_argv = vec![prepared.program().clone()];
     wrapper_argv.extend(args);
     let environment = environment_evidence(&prepared, &plan, &mut warnings);
     let wrapper = serde_json::json!({
@@ -280,7 +274,7 @@ pub(crate) async fn launch(
         interrupt: ctx.interrupt,
         evidence: RunEvidence {
             backend: ID.into(),
-            enforcement: ENFORCEMENT.into(),
+            enforcement: ENFORCEMENT,
             capabilities: crate::declared_capabilities(),
             tracking: "container_engine".into(),
             wrapper_argv: Some(
@@ -291,7 +285,7 @@ pub(crate) async fn launch(
             ),
             wrapper: Some(wrapper),
             image_digest: image_id.clone(),
-            runtime_config: prepared.runtime_config.clone(),
+            runtime_config: prepared.runtime_config().clone(),
             observation_root: spec.workdir.display().to_string(),
             environment: Some(environment),
             ports: PortEvidence {
@@ -317,7 +311,7 @@ fn environment_evidence(
 ) -> EnvironmentEvidence {
     let mut variables = BTreeMap::new();
     for name in &plan.options.env {
-        match prepared.spec.env.iter().find(|(k, _)| k == name.as_str()) {
+        match prepared.spec().env.iter().find(|(k, _)| k == name.as_str()) {
             Some((_, v)) => {
                 variables.insert(
                     name.clone(),
@@ -330,7 +324,7 @@ fn environment_evidence(
         }
     }
     let mut dropped: Vec<String> = prepared
-        .spec
+        .spec()
         .env
         .iter()
         .filter_map(|(k, _)| k.to_str())
@@ -403,6 +397,14 @@ impl RunningContainer {
 impl RunningCommand for RunningContainer {
     fn pid(&self) -> Option<u32> {
         self.pid
+    }
+
+    fn launch_facts(&self) -> LaunchFacts {
+        LaunchFacts {
+            pid: self.pid,
+            root: self.identity.clone(),
+            cgroup: None,
+        }
     }
 
     async fn wait(mut self: Box<Self>) -> Result<RunEvidence> {

@@ -27,6 +27,7 @@ fn spec(dir: &std::path::Path, argv: &[&str], tracking: Option<&str>) -> LaunchS
         capsule_dir: dir.join(".agentdiff"),
         argv: argv.iter().map(OsString::from).collect(),
         env: std::env::vars_os().collect(),
+        env_plan: Default::default(),
         timeout: None,
         grace: Duration::from_secs(2),
         poll_interval: Duration::from_millis(10),

@@ -8,13 +8,12 @@
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendDescriptor, BackendError, Capabilities, CleanupReport, LaunchContext,
-    LaunchSpec, Level, PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend,
-    WorkspaceMode,
+    cleanup_host_processes, validate_options, Availability, BackendDescriptor, BackendError,
+    BackendOptions, Capabilities, CleanupReport, Enforcement, FailClosedSpec, LaunchCommand,
+    LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity,
+    Result, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
-use agentdiff_engine::process::{
-    cleanup_identities, spawn_supervised, tracking_mechanisms_available, EvidenceLabels,
-};
+use agentdiff_engine::process::{spawn_supervised, tracking_mechanisms_available, EvidenceLabels};
 use async_trait::async_trait;
 
 /// Backend id.
@@ -29,17 +28,49 @@ impl LocalBackend {
         LocalBackend
     }
 
-    fn labels(&self, enforcement: &str) -> EvidenceLabels {
+    fn labels(&self, enforcement: Enforcement) -> EvidenceLabels {
         EvidenceLabels {
             backend: ID.into(),
-            enforcement: enforcement.into(),
-            capabilities: self.capabilities(),
+            enforcement,
+            capabilities: capabilities(),
         }
     }
 }
 
-/// Options the local backend understands (`--runtime-option key=value`).
-const KNOWN_OPTIONS: &[&str] = &["tracking", "env-mode", "env-dropped"];
+/// Options the local backend understands (`--backend-option KEY=VALUE`).
+pub const OPTIONS: &[OptionSpec] = &[OptionSpec::new(
+    "tracking",
+    OptionKind::Choice(&["auto", "cgroup", "proc_poll", "proc_scan"]),
+    "how the command's processes are tracked: auto picks the strongest mechanism available",
+)
+.default_value("auto")];
+
+/// An unusable configuration for the conformance suite: a tracking mechanism that does not
+/// exist must refuse the launch, never fall back to another mechanism.
+pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
+    name: "tracking mechanism that does not exist",
+    remove: &[],
+    set: &[("tracking", "no-such-mechanism")],
+}];
+
+/// Observed: processes (tracked and cleaned up), listening ports, changes to the host tree
+/// (the transaction's before/after scan) and the environment (fingerprinted). Writes outside
+/// the root are neither prevented nor scanned, so that boundary is uncontrolled, like
+/// network, resources and privileges. No option changes this.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        filesystem_writes: Level::Uncontrolled,
+        host_repository: Level::Observed,
+        network: Level::Uncontrolled,
+        processes: Level::Observed,
+        resources: Level::Uncontrolled,
+        privileges: Level::Uncontrolled,
+        environment: Level::Observed,
+        sandboxed: false,
+        network_enforcement: false,
+        workspace: WorkspaceMode::InPlace,
+    }
+}
 
 #[async_trait]
 impl RuntimeBackend for LocalBackend {
@@ -47,26 +78,11 @@ impl RuntimeBackend for LocalBackend {
         ID
     }
 
-    /// Observed: processes (tracked and cleaned up), listening ports, changes to the host tree
-    /// (the transaction's before/after scan) and the environment (fingerprinted). Writes outside
-    /// the root are neither prevented nor scanned, so that boundary is uncontrolled, like
-    /// network, resources and privileges.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            filesystem_writes: Level::Uncontrolled,
-            host_repository: Level::Observed,
-            network: Level::Uncontrolled,
-            processes: Level::Observed,
-            resources: Level::Uncontrolled,
-            privileges: Level::Uncontrolled,
-            environment: Level::Observed,
-            sandboxed: false,
-            network_enforcement: false,
-            workspace: WorkspaceMode::InPlace,
-        }
+    fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
+        capabilities()
     }
 
-    async fn availability(&self) -> Availability {
+    async fn availability(&self, _options: &BackendOptions) -> Availability {
         let mechanisms = tracking_mechanisms_available();
         let mut detail = String::from("runs the command as a direct child process (not sandboxed)");
         match mechanisms.iter().find(|m| m.available) {
@@ -93,35 +109,24 @@ impl RuntimeBackend for LocalBackend {
         if program.is_empty() {
             return Err(invalid("the program name is empty".into()));
         }
-        if let Some(key) = spec.options.keys().find(|k| !KNOWN_OPTIONS.contains(k)) {
-            return Err(invalid(format!(
-                "unknown option `{key}`; the local backend accepts: {}",
-                KNOWN_OPTIONS.join(", ")
-            )));
-        }
-        if let Some(t) = spec.options.get("tracking") {
-            if agentdiff_engine::process::tracker::TrackingRequest::parse(t).is_none() {
-                return Err(invalid(format!(
-                    "unknown tracking mechanism `{t}`; use auto, cgroup, proc_poll or proc_scan"
-                )));
-            }
-        }
-        Ok(PreparedLaunch {
+        validate_options(ID, OPTIONS, &spec.options)?;
+        let command = LaunchCommand {
             program: program.clone(),
             args: args.to_vec(),
             env: spec.env.clone(),
             cwd: spec.workdir.clone(),
-            enforcement: "none".into(),
-            wrapper_argv: None,
-            runtime_config: serde_json::json!({
-                "tracking": spec.options.get("tracking").unwrap_or("auto"),
-                "poll_interval_ms": spec.poll_interval.as_millis() as u64,
-                "grace_ms": spec.grace.as_millis() as u64,
-                "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),
-                "observe_ports": spec.observe_ports,
-            }),
-            spec: spec.clone(),
-        })
+        };
+        Ok(
+            PreparedLaunch::new(ID, spec, command, Enforcement::None, ()).with_runtime_config(
+                serde_json::json!({
+                    "tracking": spec.options.get("tracking").unwrap_or("auto"),
+                    "poll_interval_ms": spec.poll_interval.as_millis() as u64,
+                    "grace_ms": spec.grace.as_millis() as u64,
+                    "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),
+                    "observe_ports": spec.observe_ports,
+                }),
+            ),
+        )
     }
 
     async fn launch(
@@ -129,7 +134,8 @@ impl RuntimeBackend for LocalBackend {
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>> {
-        let labels = self.labels(&prepared.enforcement);
+        prepared.plan_for::<()>(ID)?;
+        let labels = self.labels(prepared.enforcement());
         let cmd = spawn_supervised(prepared, ctx, labels).map_err(|e| BackendError::Launch {
             backend: ID.into(),
             message: e.to_string(),
@@ -137,19 +143,13 @@ impl RuntimeBackend for LocalBackend {
         Ok(Box::new(cmd))
     }
 
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
-        let ids = ids.to_vec();
-        // Cleanup sleeps through grace periods: keep it off the async threads.
-        match tokio::task::spawn_blocking(move || cleanup_identities(&ids, grace)).await {
-            Ok(report) => report,
-            Err(e) => CleanupReport {
-                mechanism: "pidfd".into(),
-                grace_ms: grace.as_millis() as u64,
-                records: Vec::new(),
-                errors: vec![format!("cleanup did not complete: {e}")],
-                resources_removed: Vec::new(),
-            },
-        }
+    async fn cleanup_run(
+        &self,
+        _run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
+        cleanup_host_processes(ids, grace).await
     }
 }
 
@@ -161,38 +161,30 @@ inventory::submit! {
     BackendDescriptor::new(
         ID,
         "direct child process; processes, ports and files observed, nothing isolated",
-        factory
+        factory,
     )
+    .with_options(OPTIONS)
+    .with_fail_closed(FAIL_CLOSED)
+    .default_backend()
 }
 
 #[cfg(test)]
 mod tests {
     use std::ffi::OsString;
-    use std::path::PathBuf;
+    use std::path::Path;
 
-    use agentdiff_engine::backend::{BackendOptions, Boundary};
+    use agentdiff_conformance::testing::launch_spec;
+    use agentdiff_engine::backend::Boundary;
 
     use super::*;
 
     fn spec(argv: &[&str]) -> LaunchSpec {
-        LaunchSpec {
-            run_id: "r1".into(),
-            root: PathBuf::from("/tmp"),
-            workdir: PathBuf::from("/tmp"),
-            capsule_dir: PathBuf::from("/tmp/.agentdiff/runs/r1"),
-            argv: argv.iter().map(OsString::from).collect(),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-            timeout: None,
-            grace: Duration::from_secs(1),
-            poll_interval: Duration::from_millis(10),
-            observe_ports: false,
-            options: BackendOptions::new(),
-        }
+        launch_spec(Path::new("/tmp"), argv.iter().copied()).build()
     }
 
     #[test]
     fn capabilities_are_honest() {
-        let c = LocalBackend.capabilities();
+        let c = LocalBackend.capabilities(&BackendOptions::new());
         assert_eq!(c.level(Boundary::Processes), Level::Observed);
         // Writes outside the root are not scanned; the host tree is.
         assert_eq!(c.level(Boundary::FilesystemWrites), Level::Uncontrolled);
@@ -211,19 +203,19 @@ mod tests {
     fn prepare_is_the_identity_transform() {
         let s = spec(&["printf", "%s\n", "a b", "--x=;rm -rf /"]);
         let p = LocalBackend.prepare(&s).unwrap();
-        assert_eq!(p.program, OsString::from("printf"));
+        assert_eq!(p.program(), &OsString::from("printf"));
         assert_eq!(
-            p.args,
+            p.args(),
             ["%s\n", "a b", "--x=;rm -rf /"]
                 .iter()
                 .map(OsString::from)
                 .collect::<Vec<_>>()
         );
         assert_eq!(p.full_argv(), s.argv);
-        assert_eq!(p.env, s.env);
-        assert_eq!(p.cwd, s.workdir);
-        assert_eq!(p.enforcement, "none");
-        assert!(p.wrapper_argv.is_none());
+        assert_eq!(p.env(), s.env);
+        assert_eq!(p.cwd(), &s.workdir);
+        assert_eq!(p.enforcement(), Enforcement::None);
+        assert!(p.wrapper_argv().is_none());
     }
 
     #[test]
@@ -232,7 +224,7 @@ mod tests {
         let mut s = spec(&["true"]);
         s.options.push("image", "x");
         let err = LocalBackend.prepare(&s).unwrap_err().to_string();
-        assert!(err.contains("unknown option `image`"), "{err}");
+        assert!(err.contains("has no option `image`"), "{err}");
         let mut s = spec(&["true"]);
         s.options.push("tracking", "magic");
         assert!(LocalBackend.prepare(&s).is_err());

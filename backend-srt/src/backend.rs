@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
-    PreparedLaunch, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+    cleanup_host_processes, validate_options, Availability, BackendError, BackendOptions,
+    Capabilities, CleanupReport, LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch,
+    Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 use agentdiff_engine::process::ProcessIdentity;
@@ -18,8 +19,8 @@ use crate::host::{self, ExecutableError};
 use crate::settings::{self, SettingsChoice, SettingsError};
 use crate::shim::{self, StartMarker, StartState};
 use crate::{
-    ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_ALLOW_DOMAIN, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_SETTINGS,
-    OPT_SETTINGS_FROM_POLICY,
+    ENFORCEMENT, ENV_EXEC_SHIM, ID, OPTIONS, OPT_ALLOW_DOMAIN, OPT_EXECUTABLE, OPT_EXEC_SHIM,
+    OPT_SETTINGS, OPT_SETTINGS_FROM_POLICY,
 };
 
 /// Name of the start-marker FIFO in the run capsule (removed when the run ends).
@@ -68,7 +69,7 @@ impl SrtBackend {
     }
 }
 
-/// Everything `prepare` decides, re-derived by `launch` to check the prepared argv is unchanged.
+/// Everything `prepare` decides; `launch` reads it back from the [`PreparedLaunch`].
 #[derive(Debug, Clone, PartialEq)]
 struct Plan {
     srt: PathBuf,
@@ -140,6 +141,7 @@ impl SrtBackend {
         if spec.argv.is_empty() {
             return Err(invalid("no command to run"));
         }
+        validate_options(ID, OPTIONS, &spec.options)?;
         let o = &spec.options;
         let from_policy = match o.get(OPT_SETTINGS_FROM_POLICY) {
             None | Some("false") => false,
@@ -310,12 +312,14 @@ impl RuntimeBackend for SrtBackend {
         ID
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
         capabilities()
     }
 
-    async fn availability(&self) -> Availability {
-        crate::doctor::doctor_report().await.availability()
+    async fn availability(&self, options: &BackendOptions) -> Availability {
+        crate::doctor::doctor_report(options.get(OPT_EXECUTABLE))
+            .await
+            .availability()
     }
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
@@ -340,16 +344,16 @@ impl RuntimeBackend for SrtBackend {
             shim::ENV_ARGV_DIGEST.into(),
             shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
         ));
-        Ok(PreparedLaunch {
+        let command = LaunchCommand {
             program: plan.srt.as_os_str().to_os_string(),
             args: plan.args.clone(),
             env,
             cwd: spec.workdir.clone(),
-            enforcement: ENFORCEMENT.into(),
-            wrapper_argv: Some(wrapper_argv),
-            runtime_config: runtime_config(&plan),
-            spec: spec.clone(),
-        })
+        };
+        let config = runtime_config(&plan);
+        Ok(PreparedLaunch::new(ID, spec, command, ENFORCEMENT, plan)
+            .wrapped()
+            .with_runtime_config(config))
     }
 
     async fn launch(
@@ -357,16 +361,9 @@ impl RuntimeBackend for SrtBackend {
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>> {
-        let spec = &prepared.spec;
-        // Re-plan and compare, so a PreparedLaunch edited after prepare is refused.
-        let plan = self.plan(spec)?;
-        if plan.srt.as_os_str() != prepared.program || plan.args != prepared.args {
-            return Err(launch_error(
-                "the prepared srt argv differs from the one this backend plans for the request; \
-                 refusing to launch",
-            ));
-        }
-        let version = srt_version(&plan.srt, Some(&prepared.env))
+        let plan = prepared.plan_for::<Plan>(ID)?.clone();
+        let spec = prepared.spec();
+        let version = srt_version(&plan.srt, Some(prepared.env()))
             .await
             .map_err(|e| {
                 unavailable(
@@ -404,7 +401,7 @@ impl RuntimeBackend for SrtBackend {
             }));
         }
         let mut settings_ev =
-            settings::settings_evidence(&plan.settings, &prepared.env).map_err(settings_error)?;
+            settings::settings_evidence(&plan.settings, prepared.env()).map_err(settings_error)?;
         if let (Some(b), Value::Object(map)) = (bridge_evidence, &mut settings_ev) {
             map.insert("bridge".into(), b);
         }
@@ -422,7 +419,7 @@ impl RuntimeBackend for SrtBackend {
         let expected_argc = spec.argv.len();
         let labels = EvidenceLabels {
             backend: ID.into(),
-            enforcement: ENFORCEMENT.into(),
+            enforcement: ENFORCEMENT,
             capabilities: capabilities(),
         };
         let inner = spawn_supervised(prepared, ctx, labels)
@@ -436,25 +433,15 @@ impl RuntimeBackend for SrtBackend {
         }))
     }
 
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+    async fn cleanup_run(
+        &self,
+        _run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
         // srt, bwrap and the command are ordinary host processes: the identity-checked cleanup
         // of the local machinery applies unchanged.
-        let ids = ids.to_vec();
-        // Cleanup sleeps through grace periods: keep it off the async threads.
-        match tokio::task::spawn_blocking(move || {
-            agentdiff_engine::process::cleanup_identities(&ids, grace)
-        })
-        .await
-        {
-            Ok(report) => report,
-            Err(e) => CleanupReport {
-                mechanism: "pidfd".into(),
-                grace_ms: grace.as_millis() as u64,
-                records: Vec::new(),
-                errors: vec![format!("cleanup did not complete: {e}")],
-                resources_removed: Vec::new(),
-            },
-        }
+        cleanup_host_processes(ids, grace).await
     }
 }
 
@@ -515,7 +502,7 @@ pub fn attribute_exit(
     mut wrapper: Value,
 ) {
     evidence.backend = ID.into();
-    evidence.enforcement = ENFORCEMENT.into();
+    evidence.enforcement = ENFORCEMENT;
     evidence.capabilities = capabilities();
     let attribution = shim::attribute_exit(
         evidence,

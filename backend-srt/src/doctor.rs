@@ -4,7 +4,9 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::{Availability, Capabilities};
+use agentdiff_engine::backend::{
+    Availability, Capabilities, DiagnosticFact, Diagnostics, Enforcement,
+};
 use serde::Serialize;
 
 use crate::host::{self, Prerequisite, UserNamespaces};
@@ -42,7 +44,7 @@ pub struct DoctorReport {
     pub host_ready: bool,
     /// Whether `--runtime srt` can run here with the srt found on PATH.
     pub ready: bool,
-    pub enforcement: &'static str,
+    pub enforcement: Enforcement,
     pub capabilities: Capabilities,
     /// Always false: srt's sandbox is requested, not verified by agentdiff.
     pub sandboxed: bool,
@@ -52,16 +54,27 @@ pub struct DoctorReport {
 }
 
 impl DoctorReport {
-    /// The report as an [`Availability`]. Only what no run option can change makes the backend
-    /// unavailable (prerequisites, user namespaces): a run may still name its srt with
-    /// `--srt-executable`, which `prepare` checks.
+    /// What `agentdiff doctor` shows: whether srt was found, and the whole report.
+    pub fn diagnostics(&self) -> Diagnostics {
+        Diagnostics {
+            facts: vec![DiagnosticFact {
+                name: "sandbox_runtime_cli_detected".into(),
+                value: serde_json::json!(self.sandbox_runtime_cli_detected),
+            }],
+            details: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// The report as an [`Availability`] for the srt it was made for (the run's
+    /// `srt-executable`, else `srt` on PATH): unavailable when that srt or a host prerequisite is
+    /// missing, so availability never disagrees with `prepare`.
     pub fn availability(&self) -> Availability {
         if self.host_ready && !self.ready {
             let error = self.srt.error.as_deref().unwrap_or("not usable");
-            return Availability::Ready {
-                detail: format!(
-                    "host prerequisites present, but srt from PATH is not usable ({error}); a \
-                     run must name srt with --srt-executable; {}",
+            return Availability::Unavailable {
+                reason: format!("srt is not usable: {error}"),
+                remedy: format!(
+                    "{}; or name a working srt with --srt-executable",
                     self.remedies.join("; ")
                 ),
             };
@@ -154,13 +167,14 @@ async fn namespace_probe(bwrap: &Path) -> NamespaceProbe {
     }
 }
 
-/// Build the doctor report from agentdiff's own PATH. Runs `srt --version` and, on Linux, the
-/// bubblewrap user-namespace probe.
-pub async fn doctor_report() -> DoctorReport {
+/// Build the doctor report for `executable` (the `srt-executable` option; default `srt`) from
+/// agentdiff's own PATH. Runs `srt --version` and, on Linux, the bubblewrap user-namespace probe.
+pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
     let path = std::env::var_os("PATH");
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut remedies = Vec::new();
-    let srt = match host::resolve_executable(OsStr::new("srt"), path.as_deref(), &cwd) {
+    let requested = executable.unwrap_or("srt");
+    let srt = match host::resolve_executable(OsStr::new(requested), path.as_deref(), &cwd) {
         Ok(p) => match crate::backend::srt_version(&p, None).await {
             Ok(v) => SrtStatus {
                 path: Some(p),
@@ -280,13 +294,13 @@ mod tests {
         };
         assert!(reason.contains("missing socat"), "{reason}");
         assert_eq!(remedy, "install it");
-        // srt missing from PATH alone does not make the backend unavailable: a run may name it.
+        // The srt this run would use is missing: unavailable, as `prepare` would refuse.
         let a = report(Some("`srt` was not found on PATH"), false).availability();
-        let Availability::Ready { detail } = a else {
+        let Availability::Unavailable { reason, remedy } = a else {
             panic!("{a:?}")
         };
-        assert!(detail.contains("--srt-executable"), "{detail}");
-        assert!(detail.contains("was not found on PATH"), "{detail}");
+        assert!(remedy.contains("--srt-executable"), "{remedy}");
+        assert!(reason.contains("was not found on PATH"), "{reason}");
         let a = report(None, false).availability();
         let Availability::Ready { detail } = a else {
             panic!("{a:?}")

@@ -32,7 +32,8 @@ pub use doctor::{doctor_report, DoctorReport};
 /// Backend id (`--runtime srt`).
 pub const ID: &str = "srt";
 /// Enforcement label on the evidence.
-pub const ENFORCEMENT: &str = "external_sandbox_requested";
+pub const ENFORCEMENT: agentdiff_engine::backend::Enforcement =
+    agentdiff_engine::backend::Enforcement::ExternalSandboxRequested;
 
 /// `LaunchSpec::options` key: the srt executable (a name looked up on PATH, or a path).
 pub const OPT_EXECUTABLE: &str = "srt-executable";
@@ -47,9 +48,63 @@ pub const OPT_EXEC_SHIM: &str = "srt-exec-shim";
 /// Environment variable naming the exec-shim program when no option does.
 pub const ENV_EXEC_SHIM: &str = "AGENTDIFF_SRT_EXEC_SHIM";
 
+use agentdiff_engine::backend::{FailClosedSpec, OptionKind, OptionSpec};
+
+/// The options the srt backend declares (with the `agentdiff run` flags users rely on).
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        OPT_EXECUTABLE,
+        OptionKind::Path,
+        "the srt executable: a name looked up on the command's PATH, or a path",
+    )
+    .default_value("srt")
+    .flag("srt-executable"),
+    OptionSpec::new(
+        OPT_SETTINGS,
+        OptionKind::Path,
+        "settings file handed to `srt --settings`",
+    )
+    .flag("srt-settings"),
+    OptionSpec::new(
+        OPT_SETTINGS_FROM_POLICY,
+        OptionKind::Bool,
+        "generate the srt settings from the agentdiff policy",
+    )
+    .default_value("false")
+    .flag("srt-settings-from-policy"),
+    OptionSpec::new(
+        OPT_ALLOW_DOMAIN,
+        OptionKind::Text,
+        "with settings from the policy: a domain the generated settings allow network access to",
+    )
+    .repeatable(),
+    OptionSpec::new(
+        OPT_EXEC_SHIM,
+        OptionKind::Path,
+        "the program that runs the exec shim (the agentdiff binary)",
+    ),
+];
+
+/// srt missing must refuse the launch, never run the command unwrapped.
+pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
+    name: "srt executable missing",
+    remove: &[],
+    set: &[(OPT_EXECUTABLE, "/nonexistent/agentdiff-missing-srt")],
+}];
+
 #[cfg(unix)]
 fn factory() -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
     Box::new(SrtBackend::new())
+}
+
+#[cfg(unix)]
+fn diagnostics(
+    options: agentdiff_engine::backend::BackendOptions,
+) -> agentdiff_engine::backend::DiagnosticsFuture {
+    Box::pin(async move {
+        let report = doctor_report(options.get(OPT_EXECUTABLE)).await;
+        report.diagnostics()
+    })
 }
 
 #[cfg(unix)]
@@ -59,4 +114,7 @@ inventory::submit! {
         "Anthropic Sandbox Runtime (srt): OS enforcement delegated to srt, labelled requested",
         factory,
     )
+    .with_options(OPTIONS)
+    .with_fail_closed(FAIL_CLOSED)
+    .with_diagnostics(diagnostics)
 }

@@ -16,12 +16,27 @@ mod cli;
 mod exit;
 mod report;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
+use agentdiff_engine::backend::Registry;
+use agentdiff_engine::process::exec_shim;
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
+    // The exec shim (started by wrapping backends inside their sandbox) takes every following
+    // argument verbatim, so it is dispatched before any option parsing.
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some(rest) = shim_arguments(&argv) {
+        return ExitCode::from(exec_shim::run(rest));
+    }
+    let registry = match Registry::from_inventory() {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("agentdiff: error: the backend registry is inconsistent: {err}");
+            return ExitCode::from(exit::INTERNAL);
+        }
+    };
+    let cli = match cli::Cli::try_parse_with(&registry) {
         Ok(cli) => cli,
         Err(err) => {
             // Help and version are not errors; everything else is a usage error.
@@ -48,9 +63,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// The arguments after the hidden exec-shim subcommand, when `argv[1]` is it.
+fn shim_arguments(argv: &[OsString]) -> Option<&[OsString]> {
+    (argv.get(1)? == exec_shim::SHIM_SUBCOMMAND).then(|| &argv[2..])
+}
+
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsString;
+    use std::path::Path;
+
     use agentdiff_engine::backend::Registry;
+
+    use super::{exec_shim, shim_arguments};
 
     /// The linker drops a backend crate nothing references (dtolnay/inventory#50); this pins the
     /// built-in set so a lost registration fails here rather than at a user's `--runtime`.
@@ -61,5 +86,81 @@ mod tests {
         assert_eq!(registry.ids(), vec!["bwrap", "container", "local", "srt"]);
         #[cfg(not(target_os = "linux"))]
         assert_eq!(registry.ids(), vec!["container", "local", "srt"]);
+    }
+
+    /// Registration here is the one place the binary names a backend: the subcommand files
+    /// build everything (flags, validation, doctor, conformance cases) from descriptors. A file
+    /// under `cli/` that names a built-in backend (its id as a word in code, or its crate) fails
+    /// this test; test modules are not scanned.
+    #[test]
+    fn no_subcommand_file_names_a_built_in_backend() {
+        let registry = Registry::from_inventory().unwrap();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
+        let mut offenders = Vec::new();
+        let mut scanned = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            scanned += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Code before the test module only.
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            for (n, line) in code.lines().enumerate() {
+                let lower = line.to_ascii_lowercase();
+                let words: Vec<&str> = lower
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .collect();
+                let named = registry
+                    .ids()
+                    .into_iter()
+                    .find(|id| words.contains(id))
+                    .map(str::to_string)
+                    .or_else(|| {
+                        lower
+                            .contains("agentdiff_backend_")
+                            .then(|| "a backend crate".into())
+                    });
+                if let Some(id) = named {
+                    offenders.push(format!("{}:{}: names {id}: {line}", path.display(), n + 1));
+                }
+            }
+        }
+        assert!(
+            scanned >= 10,
+            "only {scanned} files scanned in {}",
+            dir.display()
+        );
+        assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+    }
+
+    #[test]
+    fn shim_arguments_pass_through_verbatim() {
+        let tail: Vec<OsString> = [
+            "v1",
+            "/cap/m.fifo",
+            "9",
+            "tool",
+            "--",
+            "--help",
+            "-h",
+            "-V",
+            "",
+            "a b",
+            "x\ny",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let mut argv = vec![
+            OsString::from("agentdiff"),
+            OsString::from(exec_shim::SHIM_SUBCOMMAND),
+        ];
+        argv.extend(tail.iter().cloned());
+        assert_eq!(shim_arguments(&argv), Some(&tail[..]));
+        let run = [OsString::from("agentdiff"), OsString::from("run")];
+        assert_eq!(shim_arguments(&run), None);
+        assert_eq!(shim_arguments(&[OsString::from("agentdiff")]), None);
     }
 }

@@ -32,8 +32,54 @@ fn outcome_line(r: &RunResult) -> String {
     }
 }
 
-/// The end-of-run summary: what happened at a glance, then each change.
-pub fn run_summary(r: &RunResult, root: &Path) -> String {
+/// Most unrecoverable paths listed one by one; the rest are counted.
+const MAX_LISTED: usize = 20;
+
+/// Recovery per path, from what was captured and verified: each change's `reversible` says
+/// whether its backup exists (a backup that failed, e.g. on a full disk, makes it unrecoverable).
+fn recovery_lines(s: &mut String, r: &RunResult) {
+    if r.changes.is_empty() {
+        return;
+    }
+    let lost: Vec<_> = r.changes.iter().filter(|c| !c.reversible).collect();
+    let id = escape_terminal(&r.run_id);
+    if r.recovery_available && lost.is_empty() {
+        let _ = writeln!(
+            s,
+            "  recovery: available for every change — agentdiff rollback {id} --safe-only"
+        );
+        return;
+    }
+    if r.recovery_available {
+        let _ = writeln!(
+            s,
+            "  recovery: available for {} of {} changes — agentdiff rollback {id} --safe-only",
+            r.changes.len() - lost.len(),
+            r.changes.len()
+        );
+    } else {
+        let _ = writeln!(s, "  recovery: not available for these changes");
+    }
+    for c in lost.iter().take(MAX_LISTED) {
+        let _ = writeln!(
+            s,
+            "    cannot be recovered: {} — {}",
+            escape_terminal(&c.path),
+            escape_terminal(&c.recovery_reason)
+        );
+    }
+    if lost.len() > MAX_LISTED {
+        let _ = writeln!(
+            s,
+            "    … and {} more (see result.json)",
+            lost.len() - MAX_LISTED
+        );
+    }
+}
+
+/// The end-of-run summary: what happened at a glance, then each change. `sealed`: whether the
+/// capsule's seal is in place (an interrupted run's capsule is not, and cannot be rolled back).
+pub fn run_summary(r: &RunResult, root: &Path, sealed: bool) -> String {
     let mut s = String::new();
     let backend = r
         .runtime
@@ -41,7 +87,7 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
         .map(|rt| {
             let isolation = if rt.sandboxed {
                 "sandboxed".to_string()
-            } else if rt.enforcement.is_empty() || rt.enforcement == "none" {
+            } else if rt.enforcement == agentdiff_engine::backend::Enforcement::None {
                 "not sandboxed".to_string()
             } else {
                 // Handed to an external tool: verified only where a recorded probe says so.
@@ -50,7 +96,7 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
                 } else {
                     "verified only where listed below"
                 };
-                format!("{}, {how}", escape_terminal(&rt.enforcement))
+                format!("{}, {how}", rt.enforcement)
             };
             format!("{} backend, {isolation}", escape_terminal(&rt.backend))
         })
@@ -159,14 +205,15 @@ pub fn run_summary(r: &RunResult, root: &Path) -> String {
              agentdiff promote {} --all --dry-run",
             escape_terminal(&r.run_id)
         );
-    } else if r.recovery_available {
+    } else if !sealed {
         let _ = writeln!(
             s,
-            "  recovery: available — agentdiff rollback {} --safe-only",
+            "  recovery: not possible — the capsule is NOT sealed (the run was interrupted), so \
+             rollback refuses it; agentdiff cleanup {} stops what the run left behind",
             escape_terminal(&r.run_id)
         );
-    } else if !r.changes.is_empty() {
-        let _ = writeln!(s, "  recovery: not available for these changes");
+    } else {
+        recovery_lines(&mut s, r);
     }
     let _ = writeln!(
         s,

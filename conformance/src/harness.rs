@@ -177,6 +177,7 @@ pub fn spec_for(scratch: &Scratch, inv: &Invocation, run_id: &str) -> LaunchSpec
         capsule_dir: scratch.capsule.clone(),
         argv: inv.argv.clone(),
         env: base_env(&inv.env),
+        env_plan: Default::default(),
         timeout: inv.timeout,
         grace: inv.grace,
         poll_interval: Duration::from_millis(50),

@@ -23,7 +23,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentdiff_engine::backend::{Availability, BackendOptions, Capabilities, RuntimeBackend};
+use agentdiff_engine::backend::{
+    Availability, BackendDescriptor, BackendOptions, Capabilities, RuntimeBackend,
+};
 
 pub use checks::{catalogue, CheckDef};
 pub use probes::{ProbeKind, ProbeOptions, ProbeRecord, ProbeResult, Verdict};
@@ -74,6 +76,22 @@ pub struct FailClosedCase {
     pub options: BackendOptions,
     /// A differently constructed backend, when options alone cannot make it unusable.
     pub factory: Option<BackendFactory>,
+}
+
+impl FailClosedCase {
+    /// The fail-closed cases a backend's descriptor declares, applied on top of `base` (the
+    /// options the suite runs with).
+    pub fn declared(descriptor: &BackendDescriptor, base: &BackendOptions) -> Vec<Self> {
+        descriptor
+            .fail_closed
+            .iter()
+            .map(|case| FailClosedCase {
+                name: case.name.to_string(),
+                options: case.apply(base),
+                factory: None,
+            })
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for FailClosedCase {
@@ -240,9 +258,9 @@ impl Finding {
 /// Run the whole suite against the backend `factory` builds.
 pub async fn run_suite(factory: BackendFactory, options: SuiteOptions) -> Report {
     let probe = factory();
-    let capabilities = probe.capabilities();
+    let capabilities = probe.capabilities(&options.backend_options);
     let backend_id = probe.id().to_string();
-    let availability = probe.availability().await;
+    let availability = probe.availability(&options.backend_options).await;
     drop(probe);
     let ctx = Arc::new(Ctx {
         factory,

@@ -22,7 +22,11 @@ fn registered_in_the_inventory() {
     assert!(reg.ids().contains(&"container"), "{:?}", reg.ids());
     let b = reg.create("container").unwrap();
     assert_eq!(b.id(), "container");
-    assert_eq!(b.capabilities().workspace, WorkspaceMode::Private);
+    assert_eq!(
+        b.capabilities(&agentdiff_engine::backend::BackendOptions::new())
+            .workspace,
+        WorkspaceMode::Private
+    );
 }
 
 #[test]
@@ -52,7 +56,7 @@ fn prepare_builds_the_exact_argv_and_mounts_only_the_workspace() {
         ],
     );
     let p = b.prepare(&s).unwrap();
-    assert_eq!(p.program, OsString::from(FAKE));
+    assert_eq!(p.program(), &OsString::from(FAKE));
     let ws = l.workspace.display().to_string();
     let expected: Vec<String> = [
         "run",
@@ -78,7 +82,7 @@ fn prepare_builds_the_exact_argv_and_mounts_only_the_workspace() {
     .map(|s| s.to_string())
     .collect();
     let got: Vec<String> = p
-        .args
+        .args()
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
@@ -86,7 +90,7 @@ fn prepare_builds_the_exact_argv_and_mounts_only_the_workspace() {
     let tail_start = got.iter().position(|a| a == "--").unwrap();
     assert_eq!(got[tail_start + 1], "localhost/img:1");
     // Every word of the command follows unchanged, including ones that look like engine flags.
-    assert_eq!(&p.args[tail_start + 2..], &s.argv[..]);
+    assert_eq!(&p.args()[tail_start + 2..], &s.argv[..]);
     // Exactly one mount: the private workspace. Never the root, never a socket.
     let mounts: Vec<&String> = got[..tail_start]
         .iter()
@@ -104,16 +108,16 @@ fn prepare_builds_the_exact_argv_and_mounts_only_the_workspace() {
     // `--env NAME` only: the value never appears on the command line.
     assert!(flags.contains("--env SECRET_TOKEN"));
     assert!(!got.iter().any(|a| a.contains("hunter2")));
-    assert_eq!(p.enforcement, "container_requested");
-    assert_eq!(p.runtime_config["network"], "none");
-    assert_eq!(p.runtime_config["host_repository_mounted"], false);
-    assert_eq!(p.runtime_config["labels"]["agentdiff.run"], "run-1");
+    assert_eq!(p.enforcement().as_str(), "container_requested");
+    assert_eq!(p.runtime_config()["network"], "none");
+    assert_eq!(p.runtime_config()["host_repository_mounted"], false);
+    assert_eq!(p.runtime_config()["labels"]["agentdiff.run"], "run-1");
     // The engine client gets the named variable's value (the engine copies it in).
     assert!(p
-        .env
+        .env()
         .iter()
         .any(|(k, v)| k == "SECRET_TOKEN" && v == "hunter2-value"));
-    assert!(!p.env.iter().any(|(k, _)| k == "LANG"));
+    assert!(!p.env().iter().any(|(k, _)| k == "LANG"));
 }
 
 #[test]
@@ -182,7 +186,7 @@ async fn runs_in_the_workspace_and_records_evidence() {
     assert!(!ev.exit.timed_out);
     assert!(ev.failure.is_none(), "{:?}", ev.failure);
     assert_eq!(ev.backend, "container");
-    assert_eq!(ev.enforcement, "container_requested");
+    assert_eq!(ev.enforcement.as_str(), "container_requested");
     assert_eq!(ev.capabilities.host_repository, Level::Enforced);
     assert_eq!(ev.capabilities.network, Level::Requested);
     assert_eq!(ev.observation_root, l.workspace.display().to_string());
@@ -251,7 +255,7 @@ async fn an_absent_image_is_refused_before_anything_runs() {
     let s = spec(&l, "run-3", &["true"], &opts);
     let p = b.prepare(&s).unwrap();
     let got: Vec<String> = p
-        .args
+        .args()
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
@@ -266,7 +270,8 @@ async fn no_engine_means_unavailable_never_a_weaker_run() {
     let missing = ProgramSource::Fixed(PathBuf::from("/nonexistent/podman"));
     let b = ContainerBackend::new().with_engines(missing.clone(), missing);
     assert!(matches!(
-        b.availability().await,
+        b.availability(&agentdiff_engine::backend::BackendOptions::new())
+            .await,
         Availability::Unavailable { .. }
     ));
     let s = spec(&l, "run-4", &["true"], &image_opts());
@@ -478,7 +483,10 @@ async fn availability_reports_the_engines_found() {
     let l = layout("r");
     let log = l.root.join("log");
     let b = fake_backend(&log, "podman", &[]);
-    match b.availability().await {
+    match b
+        .availability(&agentdiff_engine::backend::BackendOptions::new())
+        .await
+    {
         Availability::Ready { detail } => assert!(detail.contains("99.0.0-fake"), "{detail}"),
         other => panic!("{other:?}"),
     }

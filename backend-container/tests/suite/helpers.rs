@@ -56,6 +56,7 @@ pub fn spec(l: &Layout, run_id: &str, argv: &[&str], options: &[(&str, &str)]) -
             ("SECRET_TOKEN".into(), "hunter2-value".into()),
             ("LANG".into(), "C.UTF-8".into()),
         ],
+        env_plan: Default::default(),
         timeout: Some(Duration::from_secs(60)),
         grace: Duration::from_secs(1),
         poll_interval: Duration::from_millis(50),

@@ -79,6 +79,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         capsule_dir: cwd.join(".agentdiff"),
         argv: a.argv,
         env: std::env::vars_os().collect(),
+        env_plan: Default::default(),
         timeout: a.timeout,
         grace: a.grace,
         poll_interval: Duration::from_millis(10),

@@ -27,6 +27,7 @@ pub fn spec(dir: &Path, argv: &[&str]) -> LaunchSpec {
         capsule_dir: dir.join(".agentdiff/runs/test"),
         argv: argv.iter().map(OsString::from).collect(),
         env: vec![("PATH".into(), std::env::var_os("PATH").unwrap_or_default())],
+        env_plan: Default::default(),
         timeout: None,
         grace: Duration::from_millis(500),
         poll_interval: Duration::from_millis(10),

@@ -256,7 +256,7 @@ fn recorded_identity_with_a_reused_pid_is_refused_and_survives() {
     let report = runtime().block_on(async {
         use agentdiff_engine::backend::RuntimeBackend;
         agentdiff_backend_local::LocalBackend::new()
-            .cleanup(std::slice::from_ref(&id), Duration::from_millis(200))
+            .cleanup_run("r", std::slice::from_ref(&id), Duration::from_millis(200))
             .await
     });
     assert_eq!(report.records.len(), 1);

@@ -31,10 +31,10 @@ fn scrubbed_plan_reaches_the_child_and_the_evidence() {
     let p = plan(EnvMode::Scrub, &[], current.into_iter());
     let mut s = spec(dir.path(), &["sh", "-c", "env"]);
     s.env = p.env.clone();
-    s.options.push("env-mode", "scrub");
-    for d in &p.evidence.dropped {
-        s.options.push("env-dropped", d.clone());
-    }
+    s.env_plan = agentdiff_engine::backend::EnvironmentPlan {
+        mode: EnvMode::Scrub,
+        dropped: p.evidence.dropped.clone(),
+    };
     let ev = run(s);
     let out = read(&dir.path().join("stdout.txt"));
     assert!(

@@ -132,7 +132,7 @@ fn evidence_labels_are_honest() {
     let dir = tempfile::tempdir().unwrap();
     let ev = run(spec(dir.path(), &["true"]));
     assert_eq!(ev.backend, "local");
-    assert_eq!(ev.enforcement, "none");
+    assert_eq!(ev.enforcement.as_str(), "none");
     assert!(!ev.capabilities.sandboxed);
     assert!(!ev.capabilities.network_enforcement);
     assert_eq!(ev.capabilities.processes, Level::Observed);
@@ -150,7 +150,8 @@ fn registered_through_inventory_and_ready() {
     let reg = agentdiff_engine::backend::Registry::from_inventory().unwrap();
     assert!(reg.ids().contains(&"local"));
     let b = reg.create("local").unwrap();
-    let avail = runtime().block_on(b.availability());
+    let avail =
+        runtime().block_on(b.availability(&agentdiff_engine::backend::BackendOptions::new()));
     match avail {
         agentdiff_engine::backend::Availability::Ready { detail } => {
             assert!(detail.contains("process tracking"), "{detail}")

@@ -100,6 +100,7 @@ impl Fixture {
             capsule_dir: self.capsule.clone(),
             argv,
             env: self.env(host_path),
+            env_plan: Default::default(),
             timeout: Some(Duration::from_secs(60)),
             grace: Duration::from_millis(500),
             poll_interval: Duration::from_millis(10),

@@ -341,8 +341,8 @@ fn prepare_is_pure() {
         before.len()
     );
     assert!(f2.records().is_empty(), "prepare ran srt");
-    assert_eq!(prepared.enforcement, ENFORCEMENT);
-    assert_eq!(prepared.cwd, f2.root);
+    assert_eq!(prepared.enforcement(), ENFORCEMENT);
+    assert_eq!(prepared.cwd(), &f2.root);
 }
 
 #[test]

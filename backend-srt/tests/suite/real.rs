@@ -100,7 +100,7 @@ fn real_srt_keeps_writes_inside_the_root_and_labels_stay_requested() {
 
     // Labels: requested, never enforced, even though the write was refused here.
     assert_eq!(ev.backend, "srt");
-    assert_eq!(ev.enforcement, "external_sandbox_requested");
+    assert_eq!(ev.enforcement.as_str(), "external_sandbox_requested");
     assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
     assert_eq!(ev.capabilities.network, Level::Requested);
     assert!(!ev.capabilities.sandboxed);
@@ -256,13 +256,13 @@ fn doctor_reports_the_real_srt_and_its_prerequisites() {
         .enable_all()
         .build()
         .unwrap();
-    let report = rt.block_on(agentdiff_backend_srt::doctor_report());
+    let report = rt.block_on(agentdiff_backend_srt::doctor_report(None));
     assert!(report.sandbox_runtime_cli_detected);
     assert_eq!(report.srt.path.as_deref(), Some(srt.as_path()));
     assert!(report.srt.version.is_some(), "{:?}", report.srt);
     assert!(report.prerequisites.iter().all(|p| p.found()));
     assert!(!report.sandboxed && !report.network_enforcement);
-    assert_eq!(report.enforcement, "external_sandbox_requested");
+    assert_eq!(report.enforcement.as_str(), "external_sandbox_requested");
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["capabilities"]["filesystem_writes"], "requested");
     if report.ready {

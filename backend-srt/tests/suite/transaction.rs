@@ -98,7 +98,7 @@ fn real_srt_run_is_recorded_by_the_transaction() {
 
     let runtime = result.runtime.as_ref().unwrap();
     assert_eq!(runtime.backend, "srt");
-    assert_eq!(runtime.enforcement, "external_sandbox_requested");
+    assert_eq!(runtime.enforcement.as_str(), "external_sandbox_requested");
     assert!(!runtime.sandboxed);
     assert_eq!(runtime.capabilities.filesystem_writes, Level::Requested);
     assert_eq!(runtime.failure, None);

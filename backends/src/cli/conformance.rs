@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use agentdiff_conformance::{factory_fn, run_suite, FailClosedCase, SuiteOptions};
-use agentdiff_engine::backend::{BackendOptions, Registry};
+use agentdiff_engine::backend::Registry;
 use anyhow::Context;
 
 use crate::exit;
@@ -26,12 +26,12 @@ pub struct Args {
     runtime: String,
     #[arg(long, value_enum, default_value = "tap")]
     format: Format,
-    /// KEY=VALUE option every launch carries (repeatable), e.g. `srt-settings=FILE`,
-    /// `rootfs=DIR`.
+    /// KEY=VALUE option every launch carries (repeatable); `agentdiff doctor` lists each
+    /// backend's options.
     #[arg(long = "backend-option", value_name = "KEY=VALUE")]
     backend_option: Vec<String>,
     /// KEY=VALUE option that makes the backend unusable (repeatable; together they form one
-    /// fail-closed case on top of --backend-option). Built-in backends have defaults.
+    /// fail-closed case on top of --backend-option). Default: the cases the backend declares.
     #[arg(long = "fail-closed-option", value_name = "KEY=VALUE")]
     fail_closed_option: Vec<String>,
     /// Only checks whose id starts with this prefix (repeatable).
@@ -43,55 +43,17 @@ pub struct Args {
     require_available: bool,
 }
 
-/// Unusable configurations for the built-in wrapping backends.
-fn default_fail_closed(id: &str, base: &BackendOptions) -> Vec<FailClosedCase> {
-    let with = |key: &str, value: &str| {
-        let mut o = base.clone();
-        o.push(key, value);
-        o
-    };
-    match id {
-        "srt" => vec![FailClosedCase {
-            name: "srt executable missing".into(),
-            options: with("srt-executable", "/nonexistent/agentdiff-missing-srt"),
-            factory: None,
-        }],
-        "container" if base.is_set("image") || base.is_set("rootfs") => {
-            let mut o = BackendOptions::new();
-            for key in base.keys().filter(|k| *k != "image" && *k != "rootfs") {
-                for v in base.get_all(key) {
-                    o.push(key, v.clone());
-                }
-            }
-            o.push(
-                "image",
-                "localhost/agentdiff-conformance-missing-image:none",
-            );
-            vec![FailClosedCase {
-                name: "image missing".into(),
-                options: o,
-                factory: None,
-            }]
-        }
-        _ => Vec::new(),
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let registry = Registry::from_inventory().context("could not build the backend registry")?;
-    let Some(descriptor) = registry.get(&args.runtime) else {
-        return Err(exit::with_code(
-            exit::USAGE,
-            anyhow::anyhow!(
-                "unknown runtime backend `{}`; registered backends: {}",
-                args.runtime,
-                registry.ids().join(", ")
-            ),
-        ));
-    };
+    let descriptor = registry
+        .descriptor(&args.runtime)
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let backend_options = crate::cli::doctor::parse_options(&args.backend_option)?;
+    descriptor
+        .validate_options(&backend_options)
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let fail_closed = if args.fail_closed_option.is_empty() {
-        default_fail_closed(descriptor.id, &backend_options)
+        FailClosedCase::declared(descriptor, &backend_options)
     } else {
         let extra = crate::cli::doctor::parse_options(&args.fail_closed_option)?;
         let mut o = backend_options.clone();
@@ -147,26 +109,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
+    use agentdiff_engine::backend::BackendOptions;
+
     use super::*;
 
+    /// FAIL-001 runs for every built-in backend: each declares at least one unusable
+    /// configuration that changes the options it runs with.
     #[test]
-    fn builtin_wrapping_backends_get_an_unusable_configuration() {
-        let mut base = BackendOptions::new();
-        base.push("srt-settings", "/s.json");
-        let srt = default_fail_closed("srt", &base);
-        assert_eq!(srt.len(), 1);
-        assert_eq!(
-            srt[0].options.get("srt-executable"),
-            Some("/nonexistent/agentdiff-missing-srt")
-        );
-        assert_eq!(srt[0].options.get("srt-settings"), Some("/s.json"));
-        let mut c = BackendOptions::new();
-        c.push("rootfs", "/r");
-        c.push("engine", "podman");
-        let container = default_fail_closed("container", &c);
-        assert_eq!(container.len(), 1);
-        assert!(!container[0].options.is_set("rootfs"));
-        assert_eq!(container[0].options.get("engine"), Some("podman"));
-        assert!(default_fail_closed("local", &BackendOptions::new()).is_empty());
+    fn every_built_in_backend_declares_a_fail_closed_case() {
+        let registry = Registry::from_inventory().unwrap();
+        for d in registry.descriptors() {
+            let base = BackendOptions::new();
+            let cases = FailClosedCase::declared(d, &base);
+            assert!(!cases.is_empty(), "{} declares no fail-closed case", d.id);
+            for case in cases {
+                assert_ne!(
+                    case.options, base,
+                    "{}: `{}` changes nothing",
+                    d.id, case.name
+                );
+            }
+        }
     }
 }

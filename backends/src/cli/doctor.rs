@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentdiff_conformance::probes::{self, HostId, ProbeOptions, ProbeRecord, Verdict};
-use agentdiff_engine::backend::{Availability, BackendOptions, Boundary, Registry, WorkspaceMode};
+use agentdiff_engine::backend::{
+    Availability, BackendDescriptor, BackendOptions, Boundary, Registry, WorkspaceMode,
+};
 use anyhow::Context;
 use serde_json::{json, Value};
 
@@ -30,8 +32,8 @@ pub struct Args {
     runtime: Option<String>,
     #[arg(long, value_enum, default_value = "summary")]
     format: Format,
-    /// KEY=VALUE option handed to the backend for probes (repeatable), e.g.
-    /// `srt-settings=FILE` or `rootfs=DIR`.
+    /// KEY=VALUE option handed to the backend for availability, diagnostics and probes
+    /// (repeatable); each backend's options are listed in the report.
     #[arg(long = "backend-option", value_name = "KEY=VALUE")]
     backend_option: Vec<String>,
     /// With --probe: also write each backend's dated probe record (backend, settings digest,
@@ -43,18 +45,12 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let registry = Registry::from_inventory().context("could not build the backend registry")?;
     let ids: Vec<&'static str> = match &args.runtime {
-        Some(id) => match registry.get(id) {
-            Some(d) => vec![d.id],
-            None => {
-                return Err(exit::with_code(
-                    exit::USAGE,
-                    anyhow::anyhow!(
-                        "unknown runtime backend `{id}`; registered backends: {}",
-                        registry.ids().join(", ")
-                    ),
-                ))
-            }
-        },
+        Some(id) => vec![
+            registry
+                .descriptor(id)
+                .map_err(|e| exit::with_code(exit::USAGE, e))?
+                .id,
+        ],
         None => registry.ids(),
     };
     let options = parse_options(&args.backend_option)?;
@@ -120,8 +116,10 @@ async fn assemble(
             continue;
         };
         let backend = (descriptor.factory)();
-        let caps = backend.capabilities();
-        let availability = backend.availability().await;
+        // Options another backend declares are not this backend's: each gets only its own.
+        let own = own_options(descriptor, options);
+        let caps = backend.capabilities(&own);
+        let availability = backend.availability(&own).await;
         let mut entry = json!({
             "id": descriptor.id,
             "summary": descriptor.summary,
@@ -133,17 +131,26 @@ async fn assemble(
                 WorkspaceMode::Private => "private",
             },
             "availability": availability_json(&availability),
+            "options": descriptor.options,
         });
-        #[cfg(unix)]
-        if descriptor.id == agentdiff_backend_srt::ID {
-            let report = agentdiff_backend_srt::doctor_report().await;
-            entry["sandbox_runtime_cli_detected"] = json!(report.sandbox_runtime_cli_detected);
-            entry["details"] = serde_json::to_value(&report).unwrap_or(Value::Null);
+        if let Some(hook) = descriptor.diagnostics {
+            let diagnostics = hook(own.clone()).await;
+            let facts: serde_json::Map<String, Value> = diagnostics
+                .facts
+                .into_iter()
+                .map(|f| (f.name, f.value))
+                .collect();
+            // Facts stay top-level fields of the entry, as the report has always shown them.
+            for (name, value) in &facts {
+                entry[name.as_str()] = value.clone();
+            }
+            entry["diagnostics"] = json!(facts.keys().collect::<Vec<_>>());
+            entry["details"] = diagnostics.details;
         }
         if probe {
             entry["probe"] = if availability.is_ready() {
                 let probe_options = ProbeOptions {
-                    backend_options: options.clone(),
+                    backend_options: own.clone(),
                     ..ProbeOptions::default()
                 };
                 let results = probes::run_all(backend.as_ref(), &probe_options).await;
@@ -157,7 +164,7 @@ async fn assemble(
                         )
                     })
                     .collect();
-                match ProbeRecord::new(descriptor.id, options, results.clone()) {
+                match ProbeRecord::new(descriptor.id, &own, results.clone()) {
                     Ok(record) => {
                         entry["probe_record"] = serde_json::to_value(&record).unwrap_or(Value::Null)
                     }
@@ -176,6 +183,44 @@ async fn assemble(
         "process_tracking": tracking,
         "backends": backends,
     }))
+}
+
+/// The options in `options` that `descriptor` declares.
+fn own_options(descriptor: &BackendDescriptor, options: &BackendOptions) -> BackendOptions {
+    let mut own = BackendOptions::new();
+    for key in options.keys().filter(|k| descriptor.option(k).is_some()) {
+        for v in options.get_all(key) {
+            own.push(key, v.clone());
+        }
+    }
+    own
+}
+
+/// `  options:` and one line per declared option (name, type, default, flag, help).
+fn render_options(out: &mut String, b: &Value) {
+    let esc = agentdiff_engine::redact::escape_terminal;
+    let Some(options) = b["options"].as_array().filter(|o| !o.is_empty()) else {
+        return;
+    };
+    out.push_str("  options (--backend-option KEY=VALUE):\n");
+    for o in options {
+        let mut line = format!(
+            "    {} ({})",
+            esc(o["name"].as_str().unwrap_or("")),
+            esc(o["type"].as_str().unwrap_or(""))
+        );
+        if let Some(d) = o["default"].as_str() {
+            line.push_str(&format!(", default {}", esc(d)));
+        }
+        if o["repeatable"] == true {
+            line.push_str(", repeatable");
+        }
+        if let Some(f) = o["flag"].as_str() {
+            line.push_str(&format!(", flag --{}", esc(f)));
+        }
+        line.push_str(&format!(": {}\n", esc(o["help"].as_str().unwrap_or(""))));
+        out.push_str(&line);
+    }
 }
 
 fn render_summary(doc: &Value) -> String {
@@ -215,9 +260,11 @@ fn render_summary(doc: &Value) -> String {
             b["network_enforcement"],
             s(&b["workspace"])
         ));
-        if let Some(d) = b.get("sandbox_runtime_cli_detected") {
-            out.push_str(&format!("  sandbox_runtime_cli_detected: {d}\n"));
+        for name in b["diagnostics"].as_array().into_iter().flatten() {
+            let name = name.as_str().unwrap_or("");
+            out.push_str(&format!("  {}: {}\n", esc(name), esc(&b[name].to_string())));
         }
+        render_options(&mut out, b);
         let probed = b.get("probe").and_then(|p| p.get("results")).is_some();
         let header = format!(
             "  {:<18} {:<13}{}",

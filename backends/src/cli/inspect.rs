@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::ValueEnum;
 
+use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
 
@@ -75,17 +76,53 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
+    let sealed = capsule.is_sealed();
+    let has_result =
+        std::fs::symlink_metadata(capsule.dir().join(Artifact::Result.file_name())).is_ok();
+    if !has_result {
+        return interrupted(&capsule, args.format);
+    }
     let result: RunResult = capsule
         .result()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
         Format::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
-        Format::Summary => {
-            out!("{}", crate::report::run_summary(&result, &root));
-            if !capsule.is_sealed() {
-                outln!("  warning: this capsule is not sealed (the run did not finish)");
-            }
+        Format::Summary => out!("{}", crate::report::run_summary(&result, &root, sealed)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A run that never recorded its result (agentdiff was killed mid-run): say so, with what is
+/// known from metadata.json and what can still be done, instead of a file-not-found error.
+fn interrupted(
+    capsule: &agentdiff_engine::store::Capsule,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    let id = capsule.id().to_string();
+    let what = format!(
+        "run {id} was interrupted before it recorded its result (no result.json; the capsule is \
+         not sealed): its changes were never classified and rollback refuses it; \
+         `agentdiff cleanup {id}` stops what it left behind"
+    );
+    if format == Format::Json {
+        return Err(exit::with_code(
+            exit::INVALID_CAPSULE,
+            anyhow::anyhow!(what),
+        ));
+    }
+    outln!("\nagentdiff: run {} — INTERRUPTED", escape_terminal(&id));
+    if let Ok(meta) = capsule.metadata() {
+        outln!(
+            "  started {} with the {} backend: {}",
+            escape_terminal(&meta.created_at),
+            escape_terminal(&meta.backend),
+            escape_terminal(&meta.argv.join(" "))
+        );
+        if let Some(task) = &meta.task {
+            outln!("  task: {}", escape_terminal(task));
         }
     }
+    outln!("  {}", escape_terminal(&what));
+    outln!("  status: interrupted");
     Ok(ExitCode::SUCCESS)
 }

@@ -3,7 +3,6 @@
 mod cleanup;
 mod conformance;
 mod doctor;
-mod exec_shim;
 mod hook;
 mod inspect;
 mod policy;
@@ -15,7 +14,8 @@ mod verify;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use agentdiff_engine::backend::Registry;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Wrap one command in an evidence transaction: capture the tree before, run the command through
 /// a runtime backend, capture after, classify every change with a deterministic policy, store a
@@ -53,12 +53,28 @@ enum Command {
     Hook(hook::Command),
     /// Run the backend conformance suite against a registered backend.
     Conformance(conformance::Args),
-    /// Internal: started by the srt backend inside the sandbox to mark that the command started.
-    #[command(name = "__srt-exec-shim", hide = true)]
-    ExecShim(exec_shim::Args),
 }
 
 impl Cli {
+    /// Parse the process arguments, with `agentdiff run` extended by the flag aliases the
+    /// registered backends declare.
+    pub fn try_parse_with(registry: &Registry) -> Result<Self, clap::Error> {
+        let mut command =
+            Self::command().mut_subcommand("run", |c| run::add_backend_flags(c, registry));
+        let matches = command.try_get_matches_from_mut(std::env::args_os())?;
+        let mut cli = Self::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+        cli.attach_backend_flags(&matches, registry);
+        Ok(cli)
+    }
+
+    fn attach_backend_flags(&mut self, matches: &ArgMatches, registry: &Registry) {
+        if let (Command::Run(args), Some(m)) =
+            (&mut self.command, matches.subcommand_matches("run"))
+        {
+            args.backend_flags = run::backend_flags(m, registry);
+        }
+    }
+
     pub fn dispatch(self) -> anyhow::Result<ExitCode> {
         match self.command {
             Command::Run(a) => run::run(*a),
@@ -72,7 +88,6 @@ impl Cli {
             Command::Policy(c) => policy::run(c),
             Command::Hook(c) => hook::run(c),
             Command::Conformance(a) => conformance::run(a),
-            Command::ExecShim(a) => exec_shim::run(a),
         }
     }
 }

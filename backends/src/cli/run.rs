@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::ValueEnum;
 
-use agentdiff_engine::backend::{BackendOptions, Boundary, Registry, StdioMode};
+use agentdiff_engine::backend::{
+    BackendDescriptor, BackendOptions, Boundary, OptionKind, OptionSpec, Registry, StdioMode,
+};
 use agentdiff_engine::environment::EnvMode;
 use agentdiff_engine::fs::ScanProgress;
 use agentdiff_engine::policy::{self, Action};
@@ -60,8 +62,8 @@ pub struct Args {
     /// Wall-clock limit in seconds (or with a unit: 90s, 5m, 1h).
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
-    /// Runtime backend (`agentdiff doctor` lists them); default: the policy's `runtime.backend`
-    /// (version 2), else `local`.
+    /// Runtime backend (`agentdiff doctor` lists them and their options); default: the policy's
+    /// `runtime.backend` (version 2), else the built-in default backend.
     #[arg(long)]
     runtime: Option<String>,
     /// Request a run id instead of a generated one.
@@ -83,45 +85,6 @@ pub struct Args {
     /// Seconds between TERM and KILL when cleaning up leftover processes.
     #[arg(long, default_value = "2", value_parser = parse_duration)]
     grace_period: Duration,
-    /// srt backend: path of the srt executable.
-    #[arg(long, value_name = "PATH", help_heading = "srt backend")]
-    srt_executable: Option<String>,
-    /// srt backend: settings file handed to srt.
-    #[arg(long, value_name = "FILE", help_heading = "srt backend")]
-    srt_settings: Option<String>,
-    /// srt backend: generate srt settings from the agentdiff policy.
-    #[arg(long, help_heading = "srt backend")]
-    srt_settings_from_policy: bool,
-    /// container backend: podman, docker or auto.
-    #[arg(long, value_name = "ENGINE", help_heading = "container backend")]
-    engine: Option<String>,
-    /// container backend: image reference (present locally unless --pull).
-    #[arg(long, value_name = "REF", help_heading = "container backend")]
-    image: Option<String>,
-    /// container backend: root filesystem directory (podman only).
-    #[arg(long, value_name = "DIR", help_heading = "container backend")]
-    rootfs: Option<String>,
-    /// container backend: none (default) or bridge.
-    #[arg(long, value_name = "MODE", help_heading = "container backend")]
-    network: Option<String>,
-    /// container backend: memory limit (e.g. 512m).
-    #[arg(long, help_heading = "container backend")]
-    memory: Option<String>,
-    /// container backend: CPU limit (e.g. 1).
-    #[arg(long, help_heading = "container backend")]
-    cpus: Option<String>,
-    /// container backend: process-count limit.
-    #[arg(long, help_heading = "container backend")]
-    pids_limit: Option<String>,
-    /// container backend: UID:GID inside the container.
-    #[arg(long, value_name = "UID:GID", help_heading = "container backend")]
-    user: Option<String>,
-    /// container backend: pass this host variable into the container (repeatable).
-    #[arg(long = "env", value_name = "NAME", help_heading = "container backend")]
-    env: Vec<String>,
-    /// container backend: allow pulling a missing image.
-    #[arg(long, help_heading = "container backend")]
-    pull: bool,
     /// Probe records written by `agentdiff doctor --probe --record FILE`: a control a record
     /// verified for this backend, the same options and settings content, on this host and boot, is
     /// cited in the run's evidence as verified.
@@ -133,9 +96,14 @@ pub struct Args {
     /// Wait for another agentdiff running in this project instead of exiting 75.
     #[arg(long)]
     wait: bool,
-    /// Any backend: KEY=VALUE option for third-party backends (repeatable).
+    /// KEY=VALUE option of the chosen backend (repeatable); `agentdiff doctor` lists each
+    /// backend's options. Checked against the backend's declaration.
     #[arg(long = "backend-option", value_name = "KEY=VALUE")]
     backend_option: Vec<String>,
+    /// Backend option flags given on the command line (flag name, values), filled in from the
+    /// aliases the registered backends declare.
+    #[arg(skip)]
+    pub backend_flags: Vec<(String, Vec<String>)>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "ARGV")]
     command: Vec<OsString>,
@@ -156,101 +124,164 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration (use seconds, or 90s, 5m, 1h): {e}"))
 }
 
-const SRT_KEYS: &[&str] = &[
-    "srt-executable",
-    "srt-settings",
-    "srt-settings-from-policy",
-    "srt-allow-domain",
-    "srt-exec-shim",
-];
-const CONTAINER_KEYS: &[&str] = &[
-    "engine",
-    "image",
-    "rootfs",
-    "network",
-    "memory",
-    "cpus",
-    "pids-limit",
-    "user",
-    "env",
-    "pull",
-];
+/// Id of the clap argument behind a backend flag alias.
+fn flag_arg_id(flag: &str) -> String {
+    format!("backend-flag:{flag}")
+}
 
-fn backend_options(args: &Args, runtime: &str) -> anyhow::Result<BackendOptions> {
-    let mut o = BackendOptions::new();
-    let mut put = |key: &str, value: &Option<String>| {
-        if let Some(v) = value {
-            o.push(key, v.clone());
-        }
-    };
-    put("srt-executable", &args.srt_executable);
-    put("srt-settings", &args.srt_settings);
-    put("engine", &args.engine);
-    put("image", &args.image);
-    put("rootfs", &args.rootfs);
-    put("network", &args.network);
-    put("memory", &args.memory);
-    put("cpus", &args.cpus);
-    put("pids-limit", &args.pids_limit);
-    put("user", &args.user);
-    if args.srt_settings_from_policy {
-        o.push("srt-settings-from-policy", "true");
-    }
-    if args.pull {
-        o.push("pull", "true");
-    }
-    for name in &args.env {
-        o.push("env", name.clone());
-    }
-    for kv in &args.backend_option {
-        let Some((k, v)) = kv.split_once('=') else {
-            return Err(exit::with_code(
-                exit::USAGE,
-                anyhow::anyhow!("--backend-option `{kv}` must be KEY=VALUE"),
-            ));
-        };
-        o.push(k.trim(), v);
-    }
-    // Backend-specific flags given to another backend are a usage error, not silently ignored.
-    let owner_of = |key: &str| {
-        if SRT_KEYS.contains(&key) {
-            Some("srt")
-        } else if CONTAINER_KEYS.contains(&key) {
-            Some("container")
-        } else {
-            None
-        }
-    };
-    for key in o.keys() {
-        if let Some(owner) = owner_of(key) {
-            if owner != runtime {
-                return Err(exit::with_code(
-                    exit::USAGE,
-                    anyhow::anyhow!(
-                        "--{key} applies to --runtime {owner}, not --runtime {}",
-                        runtime
-                    ),
-                ));
+/// One flag alias and the backends that declare it.
+struct FlagAlias {
+    flag: &'static str,
+    spec: &'static OptionSpec,
+    owners: Vec<&'static str>,
+}
+
+fn flag_aliases(registry: &Registry) -> Vec<FlagAlias> {
+    let mut aliases: Vec<FlagAlias> = Vec::new();
+    for d in registry.descriptors() {
+        for spec in d.options {
+            let Some(flag) = spec.flag else { continue };
+            match aliases.iter_mut().find(|a| a.flag == flag) {
+                Some(a) => a.owners.push(d.id),
+                None => aliases.push(FlagAlias {
+                    flag,
+                    spec,
+                    owners: vec![d.id],
+                }),
             }
         }
     }
+    aliases
+}
+
+/// Add the flag aliases the registered backends declare to `agentdiff run` (e.g. a backend's
+/// `--image`). A flag that would shadow one of run's own flags is not added; the option stays
+/// reachable through `--backend-option`.
+pub fn add_backend_flags(mut cmd: clap::Command, registry: &Registry) -> clap::Command {
+    for alias in flag_aliases(registry) {
+        if cmd
+            .get_arguments()
+            .any(|a| a.get_long() == Some(alias.flag))
+        {
+            continue;
+        }
+        let owners = alias.owners.join(", ");
+        let mut arg = clap::Arg::new(flag_arg_id(alias.flag))
+            .long(alias.flag)
+            .help(alias.spec.help)
+            .help_heading(format!("{owners} backend"));
+        arg = match alias.spec.kind {
+            OptionKind::Bool => arg.action(clap::ArgAction::SetTrue),
+            kind => arg.action(clap::ArgAction::Append).value_name(match kind {
+                OptionKind::Path => "PATH",
+                OptionKind::EnvName => "NAME",
+                OptionKind::Integer => "N",
+                _ => "VALUE",
+            }),
+        };
+        cmd = cmd.arg(arg);
+    }
+    cmd
+}
+
+/// The backend flags given on the command line, as (flag, values).
+pub fn backend_flags(m: &clap::ArgMatches, registry: &Registry) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    for alias in flag_aliases(registry) {
+        let id = flag_arg_id(alias.flag);
+        if m.value_source(&id) != Some(clap::parser::ValueSource::CommandLine) {
+            continue;
+        }
+        let values = match alias.spec.kind {
+            OptionKind::Bool => vec!["true".to_string()],
+            _ => m
+                .get_many::<String>(&id)
+                .map(|v| v.cloned().collect())
+                .unwrap_or_default(),
+        };
+        out.push((alias.flag.to_string(), values));
+    }
+    out
+}
+
+fn usage(message: String) -> anyhow::Error {
+    exit::with_code(exit::USAGE, anyhow::anyhow!(message))
+}
+
+/// The chosen backend's options from its flag aliases and `--backend-option`, checked against
+/// its descriptor. A flag another backend declares is a usage error, not silently ignored.
+fn backend_options(
+    args: &Args,
+    descriptor: &BackendDescriptor,
+    registry: &Registry,
+) -> anyhow::Result<BackendOptions> {
+    let mut o = BackendOptions::new();
+    for (flag, values) in &args.backend_flags {
+        match descriptor.option_for_flag(flag) {
+            Some(spec) => {
+                for v in values {
+                    o.push(spec.name, v.clone());
+                }
+            }
+            None => {
+                let owners: Vec<&str> = registry
+                    .descriptors()
+                    .filter(|d| d.option_for_flag(flag).is_some())
+                    .map(|d| d.id)
+                    .collect();
+                return Err(usage(format!(
+                    "--{flag} applies to --runtime {}, not --runtime {}",
+                    owners.join(" or "),
+                    descriptor.id
+                )));
+            }
+        }
+    }
+    let extra = crate::cli::doctor::parse_options(&args.backend_option)?;
+    for key in extra.keys() {
+        for v in extra.get_all(key) {
+            o.push(key, v.clone());
+        }
+    }
+    descriptor
+        .validate_options(&o)
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
     Ok(o)
+}
+
+/// Variables the backend's options name for the command (handed into its sandbox): they
+/// must survive environment scrubbing to reach it.
+fn env_names_in_options(descriptor: &BackendDescriptor, options: &BackendOptions) -> Vec<String> {
+    descriptor
+        .options
+        .iter()
+        .filter(|s| s.kind == OptionKind::EnvName)
+        .flat_map(|s| options.get_all(s.name).iter().cloned())
+        .collect()
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = super::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
+    let registry = Registry::from_inventory().context("backend registry")?;
     let runtime = args
         .runtime
         .clone()
         .or_else(|| loaded.policy.runtime().backend.clone())
-        .unwrap_or_else(|| "local".to_string());
-    let registry = Registry::from_inventory().context("backend registry")?;
-    let backend = registry
-        .create(&runtime)
+        .or_else(|| registry.default_id().map(str::to_string))
+        .context("no runtime backend chosen and none is the default")?;
+    let descriptor = registry
+        .descriptor(&runtime)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
-    let options = backend_options(&args, &runtime)?;
+    let backend = (descriptor.factory)();
+    let options = backend_options(&args, descriptor, &registry)?;
+    let env_pass: Vec<String> = args
+        .pass_env
+        .iter()
+        .cloned()
+        .chain(env_names_in_options(descriptor, &options))
+        .collect();
     // A request the backend refuses is a usage error: nothing is written, no capsule claims a
     // policy outcome for a command that never ran.
     transaction::check_request(
@@ -299,8 +330,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             },
             interrupt: rx,
             env_mode: args.scrub_env.then_some(EnvMode::Scrub),
-            // A variable named for the container with --env must survive scrubbing to reach it.
-            env_pass: args.pass_env.iter().chain(&args.env).cloned().collect(),
+            env_pass,
             grace: args.grace_period,
             poll_interval: Duration::from_millis(10),
             progress: if show_progress { Some(&progress) } else { None },
@@ -336,7 +366,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             outln!("{text}");
         }
         Format::Summary => {
-            errout!("{}", report::run_summary(&outcome.result, &root));
+            errout!("{}", report::run_summary(&outcome.result, &root, true));
         }
     }
     Ok(ExitCode::from(exit_code(&outcome, args.fail_on)))

@@ -21,9 +21,9 @@ user's key); intact_not_authenticated (everything matches the seal, but it canno
 authenticated here: no key for this user, another key, or an older format — anyone able to \
 rewrite the whole capsule could have made it); forged (an artifact, object, the seal, its MAC or \
 this user's ledger disagrees; each problem is named); unsealed.\n\n\
-The key and ledger are read from $AGENTDIFF_STATE_DIR, else $XDG_STATE_HOME/agentdiff, else \
-~/.local/state/agentdiff. Under the local backend the command runs as you and could read the key: \
-see docs/security-model.md.\n\n\
+The key and ledger are read from $AGENTDIFF_STATE_DIR, else $XDG_STATE_HOME/agentdiff, else the \
+XDG default state directory below $HOME. A command that ran unconfined as you could read the key: \
+see docs/security-model.md for what each backend hides.\n\n\
 Exit codes: 0 authenticated; 75 intact but not authenticated; 67 forged or unsealed (or, with \
 --all, a run the ledger records is missing); 66 no such run."
 )]

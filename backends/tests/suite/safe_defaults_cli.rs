@@ -467,3 +467,162 @@ fn rollback_on_a_read_only_tree_exits_68_not_67() {
         "changed\n"
     );
 }
+
+// ---- 5 and 8. Truthful summaries; recovery after a killed monitor --------------------------
+
+fn only_run_dir(root: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = fs::read_dir(root.join(".agentdiff/runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs.into_iter().next().unwrap()
+}
+
+fn launched_event(run_dir: &Path) -> Option<Value> {
+    let text = fs::read_to_string(run_dir.join("events.jsonl")).ok()?;
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "launched")
+}
+
+#[test]
+fn a_killed_run_is_reported_as_interrupted_and_its_cgroup_is_removed_later() {
+    let (_t, root) = project();
+    let mut monitor = cmd(
+        &root,
+        &["run", "--", "sh", "-c", "echo x > a.txt; sleep 60"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let launched = loop {
+        if let Some(dir) = fs::read_dir(root.join(".agentdiff/runs"))
+            .ok()
+            .and_then(|mut d| d.next())
+        {
+            if let Some(e) = launched_event(&dir.unwrap().path()) {
+                break e;
+            }
+        }
+        assert!(Instant::now() < deadline, "the run never launched");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    monitor.kill().unwrap(); // SIGKILL: no chance to seal or clean up
+    monitor.wait().unwrap();
+    let run_dir = only_run_dir(&root);
+    let id = run_dir.file_name().unwrap().to_str().unwrap().to_owned();
+    let events = fs::read_to_string(run_dir.join("events.jsonl")).unwrap();
+    assert!(
+        !events.contains("\"sealed\""),
+        "no seal was written: {events}"
+    );
+
+    // inspect and runs say what happened and what can still be done.
+    let out = agentdiff(&root, &["inspect", &id]);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(shown.contains("INTERRUPTED"), "{shown}");
+    assert!(
+        shown.contains(&format!("agentdiff cleanup {id}")),
+        "{shown}"
+    );
+    assert!(!shown.contains("recovery: available"), "{shown}");
+    assert!(
+        !text(&out.stderr).contains("No such file"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = agentdiff(&root, &["runs"]);
+    let line = text(&out.stdout);
+    assert!(
+        line.contains("interrupted") && line.contains("NOT sealed"),
+        "{line}"
+    );
+    assert!(line.contains("agentdiff cleanup"), "{line}");
+    let out = agentdiff(&root, &["rollback", &id, "--all"]);
+    assert_eq!(out.status.code(), Some(67), "{}", text(&out.stderr));
+
+    // The run cgroup outlives its agentdiff; once empty, the next agentdiff removes it.
+    let Some(cgroup) = launched["cgroup"].as_str().map(PathBuf::from) else {
+        agentdiff_conformance::skip_unless_required("no run cgroup on this host (cgroup v2)");
+        let _ = agentdiff(&root, &["cleanup", &id]);
+        return;
+    };
+    assert!(cgroup.is_dir(), "{}", cgroup.display());
+    fs::write(cgroup.join("cgroup.kill"), "1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fs::read_to_string(cgroup.join("cgroup.procs"))
+        .unwrap()
+        .trim()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the killed processes never left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = agentdiff(&root, &["run", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !cgroup.exists(),
+        "the empty cgroup of the killed run was left behind"
+    );
+}
+
+/// Runs `agentdiff ARGS` in `root` with a 100 KiB tmpfs as the object store, so backups of
+/// larger files fail with ENOSPC. `None` when a private mount namespace is not available.
+fn with_full_object_store(root: &Path, args: &str) -> Option<Output> {
+    let script = format!(
+        "mount -t tmpfs -o size=100k,mode=0700 tmpfs '{0}/.agentdiff/objects' && cd '{0}' && exec '{1}' {args}",
+        root.display(),
+        bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .env("HOME", "/nonexistent-home-for-tests")
+        .output()
+        .ok()?;
+    let stderr = text(&out.stderr);
+    (!stderr.contains("mount:") && !stderr.contains("unshare:")).then_some(out)
+}
+
+#[test]
+fn backups_that_failed_are_named_as_unrecoverable_or_refuse_the_launch() {
+    let (_t, root) = project();
+    fs::write(root.join("big.bin"), vec![7u8; 300_000]).unwrap();
+    assert_eq!(
+        agentdiff(&root, &["run", "--", "true"]).status.code(),
+        Some(0)
+    );
+    let Some(out) =
+        with_full_object_store(&root, "run -- sh -c 'rm big.bin; echo more >> README.md'")
+    else {
+        agentdiff_conformance::skip_unless_required("a private tmpfs mount (unshare -m, root)");
+        return;
+    };
+    let summary = text(&out.stderr);
+    assert!(
+        summary.contains("recovery: available for 1 of 2 changes"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("cannot be recovered: big.bin") && summary.contains("No space left"),
+        "{summary}"
+    );
+    // With capture.require_backups the run refuses to launch instead.
+    fs::write(root.join("big.bin"), vec![7u8; 300_000]).unwrap();
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 1\ncapture:\n  require_backups: true\n",
+    )
+    .unwrap();
+    let out = with_full_object_store(&root, "run -- rm big.bin").unwrap();
+    assert_eq!(out.status.code(), Some(70), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("capture.require_backups"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(root.join("big.bin").exists(), "nothing ran");
+}

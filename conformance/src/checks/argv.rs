@@ -37,8 +37,8 @@ async fn roundtrip(ctx: Arc<Ctx>, args: Vec<OsString>) -> Finding {
         "sent": show(&sent),
         "received": show(&received),
         "exit": ran.evidence.exit,
-        "prepared_program": ran.prepared.program.to_string_lossy(),
-        "prepared_args": ran.prepared.args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
+        "prepared_program": ran.prepared.program().to_string_lossy(),
+        "prepared_args": ran.prepared.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
     });
     if received == sent && ran.evidence.exit.code == Some(0) {
         return Finding::pass(details);

@@ -49,7 +49,11 @@ async fn refuses(ctx: Arc<Ctx>, mutate: fn(&mut ProcessIdentity)) -> Finding {
     mutate(&mut wrong);
     let backend = ctx.backend();
     let report = backend
-        .cleanup(std::slice::from_ref(&wrong), Duration::from_millis(300))
+        .cleanup_run(
+            "conformance-cleanup",
+            std::slice::from_ref(&wrong),
+            Duration::from_millis(300),
+        )
         .await;
     // Give a signal that was sent time to land.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -97,7 +101,8 @@ pub async fn matching_identity(ctx: Arc<Ctx>) -> Finding {
     };
     let backend = ctx.backend();
     let report = backend
-        .cleanup(
+        .cleanup_run(
+            "conformance-cleanup",
             std::slice::from_ref(&victim.identity),
             Duration::from_millis(500),
         )

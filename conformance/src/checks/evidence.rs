@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use agentdiff_engine::backend::{Boundary, Level, RunEvidence};
+use agentdiff_engine::backend::{Boundary, Enforcement, Level, RunEvidence};
 use agentdiff_engine::redact;
 use serde_json::{json, Value};
 
@@ -146,7 +146,7 @@ pub async fn environment_fingerprints(ctx: Arc<Ctx>) -> Finding {
 
 pub async fn labels_match(ctx: Arc<Ctx>) -> Finding {
     let backend = ctx.backend();
-    let declared = backend.capabilities();
+    let declared = backend.capabilities(&ctx.options.backend_options);
     let id = backend.id().to_string();
     let ran = match run_once(&ctx, ctx.sh("exit 0")).await {
         Ok(r) => r,
@@ -176,10 +176,7 @@ pub async fn labels_match(ctx: Arc<Ctx>) -> Finding {
     if ev.capabilities.network_enforcement && !declared.network_enforcement {
         problems.push("evidence says network_enforcement, the backend does not declare it".into());
     }
-    if ev.enforcement.is_empty() {
-        problems.push("evidence has an empty enforcement label".into());
-    }
-    if ev.enforcement == "none"
+    if ev.enforcement == Enforcement::None
         && Boundary::ALL
             .iter()
             .any(|b| ev.capabilities.level(*b) == Level::Requested)

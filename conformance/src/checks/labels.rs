@@ -75,22 +75,22 @@ pub async fn prepare_is_pure(ctx: Arc<Ctx>) -> Finding {
     };
     let mut differ = Vec::new();
     for (name, same) in [
-        ("program", a.program == b.program),
-        ("args", a.args == b.args),
-        ("cwd", a.cwd == b.cwd),
-        ("enforcement", a.enforcement == b.enforcement),
-        ("wrapper_argv", a.wrapper_argv == b.wrapper_argv),
-        ("env", a.env == b.env),
-        ("runtime_config", a.runtime_config == b.runtime_config),
+        ("program", a.program() == b.program()),
+        ("args", a.args() == b.args()),
+        ("cwd", a.cwd() == b.cwd()),
+        ("enforcement", a.enforcement() == b.enforcement()),
+        ("wrapper_argv", a.wrapper_argv() == b.wrapper_argv()),
+        ("env", a.env() == b.env()),
+        ("runtime_config", a.runtime_config() == b.runtime_config()),
     ] {
         if !same {
             differ.push(name);
         }
     }
     let details = json!({
-        "program": a.program.to_string_lossy(),
-        "args": a.args.iter().map(|x| x.to_string_lossy().into_owned()).collect::<Vec<_>>(),
-        "enforcement": a.enforcement,
+        "program": a.program().to_string_lossy(),
+        "args": a.args().iter().map(|x| x.to_string_lossy().into_owned()).collect::<Vec<_>>(),
+        "enforcement": a.enforcement(),
         "differs_between_two_calls": differ,
     });
     if before != after {
@@ -119,11 +119,11 @@ pub async fn prepare_is_deterministic(ctx: Arc<Ctx>) -> Finding {
     // recorded configuration may carry per-launch values (a salt, a nonce).
     let mut differ = Vec::new();
     for (name, same) in [
-        ("program", a.program == b.program),
-        ("args", a.args == b.args),
-        ("cwd", a.cwd == b.cwd),
-        ("enforcement", a.enforcement == b.enforcement),
-        ("wrapper_argv", a.wrapper_argv == b.wrapper_argv),
+        ("program", a.program() == b.program()),
+        ("args", a.args() == b.args()),
+        ("cwd", a.cwd() == b.cwd()),
+        ("enforcement", a.enforcement() == b.enforcement()),
+        ("wrapper_argv", a.wrapper_argv() == b.wrapper_argv()),
     ] {
         if !same {
             differ.push(name);
@@ -151,7 +151,7 @@ pub async fn prepare_refuses_empty(ctx: Arc<Ctx>) -> Finding {
         Err(e) => Finding::pass(json!({"error": e.to_string()})),
         Ok(p) => Finding::fail(
             "prepare() accepted an empty command",
-            json!({"program": p.program.to_string_lossy()}),
+            json!({"program": p.program().to_string_lossy()}),
         ),
     }
 }

@@ -155,7 +155,7 @@ pub async fn run_probe(
     kind: ProbeKind,
     options: &ProbeOptions,
 ) -> ProbeResult {
-    let workspace = backend.capabilities().workspace;
+    let workspace = backend.capabilities(&options.backend_options).workspace;
     let scratch = match crate::harness::Scratch::new(options.scratch_base.as_deref(), workspace) {
         Ok(s) => s,
         Err(e) => {

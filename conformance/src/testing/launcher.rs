@@ -12,9 +12,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agentdiff_engine::backend::{
-    BackendError, Capabilities, CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence,
-    ExitInfo, LaunchContext, PortEvidence, PreparedLaunch, ProcessIdentity, ProcessRecord,
-    ProcessRelation, RunEvidence, RunningCommand, StdioMode,
+    BackendError, Capabilities, CleanupOutcome, CleanupRecord, CleanupReport, Enforcement,
+    EnvironmentEvidence, ExitInfo, LaunchContext, PortEvidence, PreparedLaunch, ProcessIdentity,
+    ProcessRecord, ProcessRelation, RunEvidence, RunningCommand, StdioMode,
 };
 use async_trait::async_trait;
 
@@ -66,7 +66,7 @@ fn open_stdio(ctx: &LaunchContext, backend: &str) -> Result<(Stdio, Stdio, Stdio
 #[derive(Debug, Clone)]
 pub struct Labels {
     pub backend: &'static str,
-    pub enforcement: String,
+    pub enforcement: Enforcement,
     pub capabilities: Capabilities,
 }
 
@@ -79,12 +79,12 @@ pub fn spawn(
     let backend = labels.backend;
     let token = host::random_token();
     let (sin, sout, serr) = open_stdio(&ctx, backend)?;
-    let mut cmd = std::process::Command::new(&prepared.program);
-    cmd.args(&prepared.args)
+    let mut cmd = std::process::Command::new(prepared.program());
+    cmd.args(prepared.args())
         .env_clear()
-        .envs(prepared.env.iter().map(|(k, v)| (k, v)))
+        .envs(prepared.env().iter().map(|(k, v)| (k, v)))
         .env(MARKER_VAR, &token)
-        .current_dir(&prepared.cwd)
+        .current_dir(prepared.cwd())
         .stdin(sin)
         .stdout(sout)
         .stderr(serr);
@@ -99,7 +99,7 @@ pub fn spawn(
     let child = tcmd.spawn().map_err(|e| {
         launch_error(
             backend,
-            format!("{}: {e}", prepared.program.to_string_lossy()),
+            format!("{}: {e}", prepared.program().to_string_lossy()),
         )
     })?;
     let root = child.id().and_then(host::identity_of);
@@ -234,7 +234,7 @@ impl RunningCommand for Running {
             labels,
             started,
         } = *self;
-        let spec = &prepared.spec;
+        let spec = prepared.spec();
         let entry = format!("{MARKER_VAR}={token}");
         let mut tracker = Tracker {
             root_pid: root.as_ref().map(|r| r.pid),
@@ -305,7 +305,7 @@ impl RunningCommand for Running {
         let environment = EnvironmentEvidence {
             mode: "inherit".into(),
             variables: prepared
-                .env
+                .env()
                 .iter()
                 .map(|(k, v)| {
                     let name = k.to_string_lossy().into_owned();
@@ -342,14 +342,14 @@ impl RunningCommand for Running {
                 ..PortEvidence::default()
             },
             wrapper_argv: prepared
-                .wrapper_argv
+                .wrapper_argv()
                 .as_ref()
                 .map(|w| w.iter().map(|a| a.to_string_lossy().into_owned()).collect()),
             wrapper: None,
             container_id: None,
             image_digest: None,
-            runtime_config: prepared.runtime_config.clone(),
-            observation_root: prepared.cwd.display().to_string(),
+            runtime_config: prepared.runtime_config().clone(),
+            observation_root: prepared.cwd().display().to_string(),
             environment: Some(environment),
             warnings: Vec::new(),
         })

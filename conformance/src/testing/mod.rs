@@ -18,14 +18,18 @@
 //!   can be tested for fail-closed behaviour.
 
 pub mod launcher;
+mod spec;
+
+pub use spec::{launch_spec, SpecBuilder, TEST_PATH, TEST_RUN_ID};
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendError, Capabilities, CleanupReport, LaunchContext, LaunchSpec, Level,
-    PreparedLaunch, ProcessIdentity, RunningCommand, RuntimeBackend,
+    Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
+    LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
+    RunningCommand, RuntimeBackend,
 };
 use async_trait::async_trait;
 
@@ -113,10 +117,10 @@ impl TestBackend {
         }
     }
 
-    fn enforcement(&self) -> &'static str {
+    fn enforcement(&self) -> Enforcement {
         match self.flavour {
-            Flavour::Wrapped { .. } => "external_sandbox_requested",
-            _ => "none",
+            Flavour::Wrapped { .. } => Enforcement::ExternalSandboxRequested,
+            _ => Enforcement::None,
         }
     }
 
@@ -160,11 +164,11 @@ impl RuntimeBackend for TestBackend {
         self.id
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
         self.capabilities.clone()
     }
 
-    async fn availability(&self) -> Availability {
+    async fn availability(&self, _options: &BackendOptions) -> Availability {
         match &self.flavour {
             Flavour::Wrapped {
                 default_wrapper: Some(w),
@@ -192,32 +196,33 @@ impl RuntimeBackend for TestBackend {
         let Some((program, args)) = argv.split_first() else {
             return Err(self.invalid("empty command"));
         };
-        let (program, args, wrapper_argv) = match self.wrapper_for(spec) {
+        let (program, args, wrapped) = match self.wrapper_for(spec) {
             Some(wrapper) => {
-                let mut full: Vec<OsString> = vec![wrapper.clone().into_os_string()];
-                full.push("--fake-flag=1".into());
-                full.push("--".into());
-                full.extend(argv.iter().cloned());
-                (wrapper.into_os_string(), full[1..].to_vec(), Some(full))
+                let mut args: Vec<OsString> = vec!["--fake-flag=1".into(), "--".into()];
+                args.extend(argv.iter().cloned());
+                (wrapper.into_os_string(), args, true)
             }
             None if matches!(self.flavour, Flavour::Wrapped { .. }) => {
                 return Err(self.invalid("no wrapper configured; pass wrapper=PATH"))
             }
-            None => (program.clone(), args.to_vec(), None),
+            None => (program.clone(), args.to_vec(), false),
         };
         let mut env = spec.env.clone();
         if self.flavour == Flavour::HostEnvironment {
             env.extend(std::env::vars_os().filter(|(k, _)| !spec.env.iter().any(|(s, _)| s == k)));
         }
-        Ok(PreparedLaunch {
+        let command = LaunchCommand {
             program,
             args,
             env,
             cwd: spec.workdir.clone(),
-            enforcement: self.enforcement().into(),
-            wrapper_argv,
-            runtime_config: serde_json::json!({ "backend": self.id }),
-            spec: spec.clone(),
+        };
+        let prepared = PreparedLaunch::new(self.id, spec, command, self.enforcement(), ())
+            .with_runtime_config(serde_json::json!({ "backend": self.id }));
+        Ok(if wrapped {
+            prepared.wrapped()
+        } else {
+            prepared
         })
     }
 
@@ -226,7 +231,7 @@ impl RuntimeBackend for TestBackend {
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>, BackendError> {
-        if let Some(w) = &prepared.wrapper_argv {
+        if let Some(w) = &prepared.wrapper_argv() {
             let exists = w
                 .first()
                 .map(|p| PathBuf::from(p).is_file())
@@ -241,7 +246,7 @@ impl RuntimeBackend for TestBackend {
             }
         }
         let joined = prepared
-            .spec
+            .spec()
             .argv
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
@@ -252,7 +257,7 @@ impl RuntimeBackend for TestBackend {
             ctx,
             launcher::Labels {
                 backend: self.id,
-                enforcement: prepared.enforcement.clone(),
+                enforcement: prepared.enforcement(),
                 capabilities: self.capabilities.clone(),
             },
         )?;
@@ -265,7 +270,12 @@ impl RuntimeBackend for TestBackend {
         Ok(running)
     }
 
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+    async fn cleanup_run(
+        &self,
+        _run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
         launcher::cleanup_identities(ids, grace).await
     }
 }
@@ -303,8 +313,8 @@ mod tests {
 
     #[test]
     fn dishonest_claims_more_than_reference() {
-        let d = TestBackend::dishonest().capabilities();
-        let r = TestBackend::reference().capabilities();
+        let d = TestBackend::dishonest().capabilities(&BackendOptions::new());
+        let r = TestBackend::reference().capabilities(&BackendOptions::new());
         assert_eq!(d.filesystem_writes, Level::Enforced);
         assert_eq!(r.filesystem_writes, Level::Uncontrolled);
     }

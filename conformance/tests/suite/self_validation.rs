@@ -99,10 +99,16 @@ impl agentdiff_engine::backend::RuntimeBackend for Crashing {
     fn id(&self) -> &'static str {
         "conformance-crashing"
     }
-    fn capabilities(&self) -> agentdiff_engine::backend::Capabilities {
+    fn capabilities(
+        &self,
+        _o: &agentdiff_engine::backend::BackendOptions,
+    ) -> agentdiff_engine::backend::Capabilities {
         agentdiff_engine::backend::Capabilities::default()
     }
-    async fn availability(&self) -> agentdiff_engine::backend::Availability {
+    async fn availability(
+        &self,
+        _o: &agentdiff_engine::backend::BackendOptions,
+    ) -> agentdiff_engine::backend::Availability {
         agentdiff_engine::backend::Availability::Ready {
             detail: "test".into(),
         }
@@ -123,8 +129,9 @@ impl agentdiff_engine::backend::RuntimeBackend for Crashing {
     ) -> agentdiff_engine::backend::Result<Box<dyn agentdiff_engine::backend::RunningCommand>> {
         std::future::pending().await
     }
-    async fn cleanup(
+    async fn cleanup_run(
         &self,
+        _run: &str,
         _ids: &[agentdiff_engine::backend::ProcessIdentity],
         _g: std::time::Duration,
     ) -> agentdiff_engine::backend::CleanupReport {

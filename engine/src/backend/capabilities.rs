@@ -31,6 +31,39 @@ impl Level {
     }
 }
 
+/// What a run's controls rest on, as a whole: the label on the evidence next to the per-boundary
+/// [`Level`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Enforcement {
+    /// Nothing is applied; the command runs with the user's authority.
+    #[default]
+    None,
+    /// The controls were handed to an external sandbox tool (e.g. srt), not verified here.
+    ExternalSandboxRequested,
+    /// The controls were handed to a container engine, not verified here.
+    ContainerRequested,
+    /// A bubblewrap sandbox whose every control agentdiff chose itself.
+    BwrapSandbox,
+}
+
+impl Enforcement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::None => "none",
+            Enforcement::ExternalSandboxRequested => "external_sandbox_requested",
+            Enforcement::ContainerRequested => "container_requested",
+            Enforcement::BwrapSandbox => "bwrap_sandbox",
+        }
+    }
+}
+
+impl std::fmt::Display for Enforcement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The boundaries every backend labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::Capabilities;
+use super::{Capabilities, Enforcement};
 use crate::process::ProcessIdentity;
 
 /// How the command ended.
@@ -155,8 +155,7 @@ pub struct EnvironmentEvidence {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunEvidence {
     pub backend: String,
-    /// `none`, `external_sandbox_requested`, `container_requested`…
-    pub enforcement: String,
+    pub enforcement: Enforcement,
     pub capabilities: Capabilities,
     pub exit: ExitInfo,
     pub failure: Option<FailureKind>,

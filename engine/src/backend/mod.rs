@@ -5,6 +5,7 @@
 //! claim more than the backend verified (see [`Level`]).
 
 mod capabilities;
+pub mod descriptor;
 mod evidence;
 pub mod registry;
 mod spec;
@@ -13,13 +14,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use capabilities::{Availability, Boundary, Capabilities, Level, WorkspaceMode};
+pub use capabilities::{Availability, Boundary, Capabilities, Enforcement, Level, WorkspaceMode};
+pub use descriptor::{
+    validate_options, BackendDescriptor, DiagnosticFact, Diagnostics, DiagnosticsFuture,
+    DiagnosticsHook, FailClosedSpec, OptionError, OptionKind, OptionSpec,
+};
 pub use evidence::{
     CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
     PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
 };
-pub use registry::{BackendDescriptor, Registry, RegistryError};
-pub use spec::{BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, StdioMode};
+pub use registry::{Registry, RegistryError};
+pub use spec::{
+    BackendOptions, EnvironmentPlan, LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch,
+    StdioMode,
+};
 
 pub use crate::process::ProcessIdentity;
 
@@ -37,6 +45,9 @@ pub enum BackendError {
     /// The launch request is invalid for this backend (bad option, bad path).
     #[error("invalid request for runtime backend `{backend}`: {message}")]
     InvalidRequest { backend: String, message: String },
+    /// An option does not fit the backend's declaration.
+    #[error(transparent)]
+    Option(#[from] OptionError),
     /// Starting the process failed.
     #[error("could not launch the command through `{backend}`: {message}")]
     Launch { backend: String, message: String },
@@ -47,17 +58,35 @@ pub enum BackendError {
 
 pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 
+/// What is recorded the moment the command started (the `launched` event), so that
+/// `agentdiff cleanup` can still find the run's processes if agentdiff itself is killed before the
+/// evidence is written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LaunchFacts {
+    /// Host pid of the launched process.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Verified identity of the launched process.
+    #[serde(default)]
+    pub root: Option<ProcessIdentity>,
+    /// The run's tracking cgroup, when the command was placed in one.
+    #[serde(default)]
+    pub cgroup: Option<String>,
+}
+
 /// A launched command. `wait` resolves when the command has ended (normally, by timeout or by
 /// interruption) and its leftovers have been cleaned up, and returns the evidence.
 #[async_trait]
 pub trait RunningCommand: Send {
     /// Host pid of the launched process (the wrapper's pid for wrapping backends).
     fn pid(&self) -> Option<u32>;
-    /// Facts recorded the moment the command started (root identity, tracking cgroup), so that
-    /// `agentdiff cleanup` can still find the run's processes if agentdiff itself is killed before
-    /// the evidence is written. `Null` when the backend has nothing to add.
-    fn launch_facts(&self) -> serde_json::Value {
-        serde_json::Value::Null
+    /// Facts recorded the moment the command started (see [`LaunchFacts`]). By default only the
+    /// pid.
+    fn launch_facts(&self) -> LaunchFacts {
+        LaunchFacts {
+            pid: self.pid(),
+            ..LaunchFacts::default()
+        }
     }
     /// Wait for the end of the command and collect its evidence.
     async fn wait(self: Box<Self>) -> Result<RunEvidence>;
@@ -65,15 +94,19 @@ pub trait RunningCommand: Send {
 
 /// A pluggable runtime backend. Implementations must be honest: [`RuntimeBackend::capabilities`]
 /// starts from [`Capabilities::default`] (everything `uncontrolled`) and raises a boundary only to
-/// the level the backend really reaches.
+/// the level the backend really reaches with these options.
+///
+/// Everything else the CLI needs (options, fail-closed cases, diagnostics) is declared in the
+/// backend's [`BackendDescriptor`].
 #[async_trait]
 pub trait RuntimeBackend: Send + Sync {
     /// Stable identifier used by `--runtime` (lowercase ASCII, digits, `-`).
     fn id(&self) -> &'static str;
-    /// Declared capabilities per boundary.
-    fn capabilities(&self) -> Capabilities;
-    /// Whether the backend can run here, with a remedy when it cannot.
-    async fn availability(&self) -> Availability;
+    /// Declared capabilities per boundary, for a run with these options.
+    fn capabilities(&self, options: &BackendOptions) -> Capabilities;
+    /// Whether the backend can run here with these options, with a remedy when it cannot. Must
+    /// not answer `Ready` when `prepare` would refuse for a missing component.
+    async fn availability(&self, options: &BackendOptions) -> Availability;
     /// Whether the command always gets the scrubbed environment (allowlist, `--pass-env` names,
     /// credential-like and runtime-injection variables dropped), whatever `--scrub-env` and the
     /// policy's `environment.mode` say. A sandboxing backend scrubs by default so that an
@@ -82,27 +115,41 @@ pub trait RuntimeBackend: Send + Sync {
         false
     }
     /// Pure transform from the request to what will be executed: no process started, no file
-    /// written.
+    /// written. The backend's own plan travels inside the [`PreparedLaunch`].
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch>;
-    /// Start the prepared command.
+    /// Start exactly what `prepare` made.
     async fn launch(
         &self,
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>>;
-    /// Stop processes recorded by an earlier run (`agentdiff cleanup`): each identity is verified
-    /// before it is signalled, and a mismatch is refused, never signalled.
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport;
-    /// Clean up everything a recorded run left behind (`agentdiff cleanup RUN`): by default its
-    /// processes; a backend that creates other resources (containers) removes those too, found by
-    /// the run id.
+    /// Clean up everything a recorded run left behind (`agentdiff cleanup RUN`, and the
+    /// conformance suite): its processes, each identity verified before it is signalled (a
+    /// mismatch is refused, never signalled); a backend that creates other resources (containers)
+    /// removes those too, found by the run id.
     async fn cleanup_run(
         &self,
         run_id: &str,
         ids: &[ProcessIdentity],
         grace: Duration,
-    ) -> CleanupReport {
-        let _ = run_id;
-        self.cleanup(ids, grace).await
+    ) -> CleanupReport;
+}
+
+/// Identity-checked cleanup of host processes (pidfd where available) off the async threads: the
+/// one helper every backend whose processes are ordinary host processes uses in `cleanup_run`.
+pub async fn cleanup_host_processes(ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
+    let owned = ids.to_vec();
+    // Cleanup sleeps through grace periods: keep it off the async threads.
+    match tokio::task::spawn_blocking(move || crate::process::cleanup_identities(&owned, grace))
+        .await
+    {
+        Ok(report) => report,
+        Err(e) => CleanupReport {
+            mechanism: "pidfd".into(),
+            grace_ms: grace.as_millis() as u64,
+            records: Vec::new(),
+            errors: vec![format!("cleanup did not complete: {e}")],
+            resources_removed: Vec::new(),
+        },
     }
 }

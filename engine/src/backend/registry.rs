@@ -2,43 +2,13 @@
 //! [`Registry::register`] path for embedders and tests.
 //!
 //! A backend crate registers itself with
-//! `inventory::submit! { BackendDescriptor::new("id", "summary", factory) }`. The linker drops a
+//! `inventory::submit! { BackendDescriptor::new("id", "summary", factory).with_options(…) }`. The linker drops a
 //! crate nothing references (dtolnay/inventory#50), so the binary names each backend crate
 //! explicitly and a test pins the set of built-in ids.
 
 use std::collections::BTreeMap;
 
-use super::RuntimeBackend;
-
-/// A registered backend: id, one-line summary and a constructor.
-pub struct BackendDescriptor {
-    pub id: &'static str,
-    pub summary: &'static str,
-    pub factory: fn() -> Box<dyn RuntimeBackend>,
-}
-
-impl BackendDescriptor {
-    pub const fn new(
-        id: &'static str,
-        summary: &'static str,
-        factory: fn() -> Box<dyn RuntimeBackend>,
-    ) -> Self {
-        Self {
-            id,
-            summary,
-            factory,
-        }
-    }
-}
-
-impl std::fmt::Debug for BackendDescriptor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BackendDescriptor")
-            .field("id", &self.id)
-            .field("summary", &self.summary)
-            .finish()
-    }
-}
+use super::{BackendDescriptor, RuntimeBackend};
 
 inventory::collect!(BackendDescriptor);
 
@@ -48,6 +18,8 @@ pub enum RegistryError {
     Duplicate(String),
     #[error("invalid runtime backend id `{0}`: use lowercase ASCII letters, digits and `-`")]
     InvalidId(String),
+    #[error("runtime backends `{0}` and `{1}` both declare themselves the default; only one may")]
+    TwoDefaults(String, String),
     #[error("unknown runtime backend `{id}`; registered backends: {known}")]
     Unknown { id: String, known: String },
 }
@@ -84,8 +56,19 @@ impl Registry {
         if self.entries.contains_key(descriptor.id) {
             return Err(RegistryError::Duplicate(descriptor.id.to_string()));
         }
+        if let Some(other) = self.default_id().filter(|_| descriptor.is_default) {
+            return Err(RegistryError::TwoDefaults(
+                other.to_string(),
+                descriptor.id.to_string(),
+            ));
+        }
         self.entries.insert(descriptor.id, descriptor);
         Ok(())
+    }
+
+    /// The backend used when none is chosen.
+    pub fn default_id(&self) -> Option<&'static str> {
+        self.descriptors().find(|d| d.is_default).map(|d| d.id)
     }
 
     /// Registered ids, sorted.
@@ -101,15 +84,17 @@ impl Registry {
         self.entries.get(id).copied()
     }
 
+    /// The descriptor with this id, or the one "unknown runtime backend" error.
+    pub fn descriptor(&self, id: &str) -> Result<&'static BackendDescriptor, RegistryError> {
+        self.get(id).ok_or_else(|| RegistryError::Unknown {
+            id: id.to_string(),
+            known: self.ids().join(", "),
+        })
+    }
+
     /// Construct the backend with this id.
     pub fn create(&self, id: &str) -> Result<Box<dyn RuntimeBackend>, RegistryError> {
-        match self.entries.get(id) {
-            Some(d) => Ok((d.factory)()),
-            None => Err(RegistryError::Unknown {
-                id: id.to_string(),
-                known: self.ids().join(", "),
-            }),
-        }
+        self.descriptor(id).map(|d| (d.factory)())
     }
 }
 
@@ -130,8 +115,8 @@ mod tests {
 
     use super::*;
     use crate::backend::{
-        Availability, Capabilities, CleanupReport, LaunchContext, LaunchSpec, PreparedLaunch,
-        Result, RunningCommand,
+        Availability, BackendOptions, Capabilities, CleanupReport, LaunchContext, LaunchSpec,
+        PreparedLaunch, Result, RunningCommand,
     };
     use crate::process::ProcessIdentity;
 
@@ -142,10 +127,10 @@ mod tests {
         fn id(&self) -> &'static str {
             "dummy"
         }
-        fn capabilities(&self) -> Capabilities {
+        fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
             Capabilities::default()
         }
-        async fn availability(&self) -> Availability {
+        async fn availability(&self, _options: &BackendOptions) -> Availability {
             Availability::Unavailable {
                 reason: "test double".into(),
                 remedy: "none".into(),
@@ -167,7 +152,12 @@ mod tests {
                 message: "dummy".into(),
             })
         }
-        async fn cleanup(&self, _ids: &[ProcessIdentity], _grace: Duration) -> CleanupReport {
+        async fn cleanup_run(
+            &self,
+            _run_id: &str,
+            _ids: &[ProcessIdentity],
+            _grace: Duration,
+        ) -> CleanupReport {
             CleanupReport::default()
         }
     }

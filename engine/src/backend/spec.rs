@@ -1,9 +1,14 @@
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::{BackendError, Enforcement};
+use crate::environment::EnvMode;
 
 /// Backend-specific options from the command line or the policy (e.g. `srt-executable`,
 /// `image`, `env`). Keys are lowercase with `-`; a key may repeat.
@@ -64,6 +69,15 @@ pub enum StdioMode {
     },
 }
 
+/// The environment decision the transaction made before the backend saw the request: the mode
+/// and the names it removed. The variables themselves are [`LaunchSpec::env`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvironmentPlan {
+    pub mode: EnvMode,
+    /// Names removed by scrubbing, sorted.
+    pub dropped: Vec<String>,
+}
+
 /// What the transaction asks a backend to run.
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
@@ -79,6 +93,8 @@ pub struct LaunchSpec {
     pub argv: Vec<OsString>,
     /// The complete environment handed to the command (already scrubbed when scrubbing is on).
     pub env: Vec<(OsString, OsString)>,
+    /// How `env` was decided (recorded in the evidence).
+    pub env_plan: EnvironmentPlan,
     /// Wall-clock limit; the whole process tree is ended when it expires.
     pub timeout: Option<Duration>,
     /// Grace period between TERM and KILL during cleanup.
@@ -90,9 +106,9 @@ pub struct LaunchSpec {
     pub options: BackendOptions,
 }
 
-/// A backend's pure transform of a [`LaunchSpec`]: exactly what will be executed.
-#[derive(Debug, Clone)]
-pub struct PreparedLaunch {
+/// The process a backend starts: program, arguments, environment and working directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchCommand {
     /// Program to execute (the wrapper for wrapping backends).
     pub program: OsString,
     /// Arguments after the program.
@@ -100,24 +116,148 @@ pub struct PreparedLaunch {
     /// The complete environment of the launched program.
     pub env: Vec<(OsString, OsString)>,
     pub cwd: PathBuf,
-    /// Enforcement label for evidence: `none`, `external_sandbox_requested`, `container_requested`…
-    pub enforcement: String,
-    /// The wrapper's full argv (program first) when the command is wrapped; redacted before it is
-    /// stored.
-    pub wrapper_argv: Option<Vec<OsString>>,
-    /// The requested runtime configuration, recorded as evidence.
-    pub runtime_config: serde_json::Value,
-    /// The request this was prepared from.
-    pub spec: LaunchSpec,
+}
+
+/// A backend's pure transform of a [`LaunchSpec`]: exactly what will be executed, plus the
+/// backend's own typed plan.
+///
+/// Invariant: nothing can change a `PreparedLaunch` after `prepare` made it (the fields are
+/// private), and `launch` reads the plan back with [`PreparedLaunch::plan`] instead of planning
+/// again, so what runs is what was prepared. The engine never looks inside the plan.
+#[derive(Clone)]
+pub struct PreparedLaunch {
+    command: LaunchCommand,
+    enforcement: Enforcement,
+    wrapped: bool,
+    runtime_config: serde_json::Value,
+    spec: LaunchSpec,
+    backend: &'static str,
+    plan: Arc<dyn Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for PreparedLaunch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedLaunch")
+            .field("backend", &self.backend)
+            .field("command", &self.command)
+            .field("enforcement", &self.enforcement)
+            .field("wrapped", &self.wrapped)
+            .field("runtime_config", &self.runtime_config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PreparedLaunch {
+    /// What backend `backend` prepared for `spec`: the command to start, the enforcement label
+    /// and the backend's own `plan`, which `launch` gets back with [`PreparedLaunch::plan`].
+    pub fn new<P: Any + Send + Sync>(
+        backend: &'static str,
+        spec: &LaunchSpec,
+        command: LaunchCommand,
+        enforcement: Enforcement,
+        plan: P,
+    ) -> Self {
+        Self {
+            command,
+            enforcement,
+            wrapped: false,
+            runtime_config: serde_json::Value::Null,
+            spec: spec.clone(),
+            backend,
+            plan: Arc::new(plan),
+        }
+    }
+
+    /// The program is a wrapper around the command (a sandbox, a container engine): its full
+    /// argv is recorded (redacted) as `wrapper_argv`.
+    pub fn wrapped(mut self) -> Self {
+        self.wrapped = true;
+        self
+    }
+
+    /// The requested runtime configuration, recorded as evidence.
+    pub fn with_runtime_config(mut self, config: serde_json::Value) -> Self {
+        self.runtime_config = config;
+        self
+    }
+
+    /// Start the program in `dir` instead of the project root, when the launch runs in the host
+    /// tree itself (cwd, workdir and root are the same) and `dir` lies below the root; otherwise
+    /// unchanged. The transaction uses it so a command started from a subdirectory works there.
+    pub fn starting_in(mut self, dir: PathBuf) -> Self {
+        let spec = &self.spec;
+        if self.command.cwd == spec.workdir
+            && spec.workdir == spec.root
+            && dir.starts_with(&spec.root)
+        {
+            self.command.cwd = dir;
+        }
+        self
+    }
+
+    /// The backend's plan, when this launch was prepared by that backend with a plan of type `P`.
+    pub fn plan<P: Any>(&self) -> Option<&P> {
+        self.plan.downcast_ref::<P>()
+    }
+
+    /// Like [`PreparedLaunch::plan`], refusing a launch another backend (or another plan type)
+    /// prepared.
+    pub fn plan_for<P: Any>(&self, backend: &'static str) -> Result<&P, BackendError> {
+        match self.plan::<P>() {
+            Some(p) if self.backend == backend => Ok(p),
+            _ => Err(BackendError::InvalidRequest {
+                backend: backend.into(),
+                message: format!(
+                    "this launch was prepared by `{}`, not by `{backend}`; prepare it with the \
+                     backend that launches it",
+                    self.backend
+                ),
+            }),
+        }
+    }
+
+    pub fn command(&self) -> &LaunchCommand {
+        &self.command
+    }
+    pub fn program(&self) -> &OsString {
+        &self.command.program
+    }
+    pub fn args(&self) -> &[OsString] {
+        &self.command.args
+    }
+    pub fn env(&self) -> &[(OsString, OsString)] {
+        &self.command.env
+    }
+    pub fn cwd(&self) -> &PathBuf {
+        &self.command.cwd
+    }
+    pub fn enforcement(&self) -> Enforcement {
+        self.enforcement
+    }
+    pub fn runtime_config(&self) -> &serde_json::Value {
+        &self.runtime_config
+    }
+    /// The request this was prepared from.
+    pub fn spec(&self) -> &LaunchSpec {
+        &self.spec
+    }
+    /// Id of the backend that prepared it.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
     /// Program followed by its arguments.
     pub fn full_argv(&self) -> Vec<OsString> {
-        let mut argv = Vec::with_capacity(self.args.len() + 1);
-        argv.push(self.program.clone());
-        argv.extend(self.args.iter().cloned());
+        let mut argv = Vec::with_capacity(self.command.args.len() + 1);
+        argv.push(self.command.program.clone());
+        argv.extend(self.command.args.iter().cloned());
         argv
+    }
+
+    /// The wrapper's full argv (program first) when the command is wrapped; redacted before it is
+    /// stored.
+    pub fn wrapper_argv(&self) -> Option<Vec<OsString>> {
+        self.wrapped.then(|| self.full_argv())
     }
 }
 

@@ -3,8 +3,8 @@
 
 use super::decide::{Action, Decision, Phase};
 use super::schema::{
-    EnvironmentSettings, Limits, NetworkMode, ObserveSettings, RollbackSettings, RuntimeSettings,
-    SectionSpec, Spec, Weights,
+    CaptureSettings, EnvironmentSettings, Limits, NetworkMode, ObserveSettings, RollbackSettings,
+    RuntimeSettings, SectionSpec, Spec, Weights,
 };
 
 /// Paths the built-in policy denies: environment files, Git control data, SSH material, keys.
@@ -85,6 +85,7 @@ pub(crate) fn spec() -> Spec {
         network_mode: NetworkMode::Observe,
         limits: Limits::default(),
         rollback: RollbackSettings::default(),
+        capture: CaptureSettings::default(),
         weights: Weights::default(),
         environment: EnvironmentSettings::default(),
         runtime: RuntimeSettings::default(),

@@ -30,8 +30,8 @@ pub use error::PolicyError;
 pub use load::{load, load_file, LoadedPolicy, PolicySource, MAX_POLICY_BYTES, POLICY_FILE_NAME};
 pub use path::normalize_path;
 pub use schema::{
-    BwrapSettings, EnvMode, EnvironmentSettings, Limits, NetworkMode, ObserveSettings,
-    RollbackSettings, RuntimeSettings, Weights, SUPPORTED_VERSIONS, WEIGHT_NAMES,
+    BwrapSettings, CaptureSettings, EnvMode, EnvironmentSettings, Limits, NetworkMode,
+    ObserveSettings, RollbackSettings, RuntimeSettings, Weights, SUPPORTED_VERSIONS, WEIGHT_NAMES,
 };
 
 use decide::Rules;
@@ -55,6 +55,7 @@ struct Inner {
     network_mode: NetworkMode,
     limits: Limits,
     rollback: RollbackSettings,
+    capture: CaptureSettings,
     weights: Weights,
     environment: EnvironmentSettings,
     runtime: RuntimeSettings,
@@ -97,6 +98,7 @@ impl Policy {
                 network_mode: NetworkMode::Observe,
                 limits: Limits::default(),
                 rollback: RollbackSettings::default(),
+                capture: CaptureSettings::default(),
                 weights: Weights::default(),
                 environment: EnvironmentSettings::default(),
                 runtime: RuntimeSettings::default(),
@@ -163,6 +165,7 @@ impl Policy {
                 network_mode: spec.network_mode,
                 limits: spec.limits,
                 rollback: spec.rollback,
+                capture: spec.capture,
                 weights: spec.weights,
                 environment: spec.environment,
                 runtime: spec.runtime,
@@ -231,6 +234,10 @@ impl Policy {
 
     pub fn rollback(&self) -> &RollbackSettings {
         &self.inner.rollback
+    }
+
+    pub fn capture(&self) -> &CaptureSettings {
+        &self.inner.capture
     }
 
     pub fn network_mode(&self) -> NetworkMode {
@@ -302,6 +309,12 @@ impl Policy {
             "rollback": i.rollback,
             "scoring": { "weights": i.weights },
         });
+        // Only when set, so the effective document (and digest) of other policies is unchanged.
+        if i.capture.require_backups {
+            if let Value::Object(map) = &mut doc {
+                map.insert("capture".to_owned(), json!(i.capture));
+            }
+        }
         if i.version >= 2 {
             if let Value::Object(map) = &mut doc {
                 map.insert("environment".to_owned(), json!(i.environment));

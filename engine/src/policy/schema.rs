@@ -47,6 +47,14 @@ impl Default for RollbackSettings {
     }
 }
 
+/// How the before-state is captured (`capture:`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureSettings {
+    /// Refuse to launch when a backup rollback needs could not be written (a full disk): the run
+    /// would otherwise change files it cannot restore.
+    pub require_backups: bool,
+}
+
 /// Network observation. Neither mode blocks network access.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -257,6 +265,7 @@ pub(crate) struct Spec {
     pub(crate) network_mode: NetworkMode,
     pub(crate) limits: Limits,
     pub(crate) rollback: RollbackSettings,
+    pub(crate) capture: CaptureSettings,
     pub(crate) weights: Weights,
     pub(crate) environment: EnvironmentSettings,
     pub(crate) runtime: RuntimeSettings,
@@ -265,13 +274,14 @@ pub(crate) struct Spec {
     pub(crate) deny_read: Option<Vec<String>>,
 }
 
-const ROOT_KEYS_V1: [&str; 7] = [
+const ROOT_KEYS_V1: [&str; 8] = [
     "version",
     "filesystem",
     "process",
     "network",
     "limits",
     "rollback",
+    "capture",
     "scoring",
 ];
 const ROOT_KEYS_V2: [&str; 3] = ["environment", "runtime", "observe"];
@@ -499,6 +509,9 @@ impl Checker {
         let rollback = lookup(entries, "rollback")
             .map(|n| self.rollback(n))
             .unwrap_or_default();
+        let capture = lookup(entries, "capture")
+            .map(|n| self.capture(n))
+            .unwrap_or_default();
         let weights = lookup(entries, "scoring")
             .map(|n| self.scoring(n))
             .unwrap_or_default();
@@ -520,6 +533,7 @@ impl Checker {
             network_mode: network_mode?,
             limits,
             rollback,
+            capture,
             weights,
             environment,
             runtime,
@@ -688,6 +702,19 @@ impl Checker {
             (None, None) => {}
         }
         rollback
+    }
+
+    fn capture(&mut self, node: &Node) -> CaptureSettings {
+        let mut capture = CaptureSettings::default();
+        let Some(entries) = self.mapping(node, "capture", &["require_backups"]) else {
+            return capture;
+        };
+        if let Some(n) = lookup(entries, "require_backups") {
+            if let Some(b) = self.boolean(n, "capture.require_backups") {
+                capture.require_backups = b;
+            }
+        }
+        capture
     }
 
     fn scoring(&mut self, node: &Node) -> Weights {

@@ -4,7 +4,8 @@
 //!
 //! The run cgroup is created below agentdiff's own cgroup (so it works in a delegated subtree as
 //! well as for root), the child joins it between `fork` and `exec`, and it is removed after
-//! cleanup.
+//! cleanup. An agentdiff killed mid-run cannot remove it; the next agentdiff that creates a run
+//! cgroup beside it removes it once it is empty and its creator is gone ([`sweep_stale`]).
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -67,6 +68,9 @@ impl RunCgroup {
         );
         let rel = format!("{parent_rel}/{name}");
         let path = mount.join(rel.trim_start_matches('/'));
+        if let Some(parent) = path.parent() {
+            sweep_stale(parent);
+        }
         std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         let procs_w = match open_write(&path.join("cgroup.procs")) {
             Ok(fd) => fd,
@@ -151,6 +155,38 @@ impl RunCgroup {
         }
         Err(last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EBUSY)))
     }
+}
+
+/// Removes run cgroups in `parent` left by an agentdiff that died (its pid, part of the name, is
+/// gone) once they are empty; returns how many were removed. A cgroup with members is kept (its
+/// processes are `agentdiff cleanup`'s business) and `rmdir` of a non-empty cgroup fails anyway.
+/// A reused pid only delays the removal until that process is gone too.
+pub fn sweep_stale(parent: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(creator) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(RUN_CGROUP_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{creator}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let empty = std::fs::read_to_string(path.join("cgroup.procs"))
+            .is_ok_and(|procs| procs.trim().is_empty());
+        if empty && std::fs::remove_dir(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Read a `/proc` or cgroup file from offset 0 into `buf` through an fd kept open (no

@@ -13,7 +13,8 @@ use async_trait::async_trait;
 
 use super::ProcessError;
 use crate::backend::{
-    BackendError, Capabilities, LaunchContext, PreparedLaunch, RunEvidence, RunningCommand,
+    BackendError, Capabilities, Enforcement, LaunchContext, LaunchFacts, PreparedLaunch,
+    RunEvidence, RunningCommand,
 };
 
 /// Default poll interval when the spec asks for zero.
@@ -28,8 +29,7 @@ pub const PORT_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 pub struct EvidenceLabels {
     /// Backend id.
     pub backend: String,
-    /// `none`, `external_sandbox_requested`, `container_requested`…
-    pub enforcement: String,
+    pub enforcement: Enforcement,
     pub capabilities: Capabilities,
 }
 
@@ -39,7 +39,7 @@ pub struct EvidenceLabels {
 pub struct SupervisedCommand {
     pid: u32,
     backend: String,
-    facts: serde_json::Value,
+    facts: LaunchFacts,
     result: tokio::sync::oneshot::Receiver<Result<RunEvidence, ProcessError>>,
 }
 
@@ -63,7 +63,7 @@ impl RunningCommand for SupervisedCommand {
         Some(self.pid)
     }
 
-    fn launch_facts(&self) -> serde_json::Value {
+    fn launch_facts(&self) -> LaunchFacts {
         self.facts.clone()
     }
 
@@ -155,11 +155,11 @@ mod unix {
         cgroup_fd: Option<i32>,
         foreground: bool,
     ) -> Result<(u32, Option<OwnedFd>), ProcessError> {
-        let mut cmd = Command::new(&prepared.program);
-        cmd.args(&prepared.args)
+        let mut cmd = Command::new(prepared.program());
+        cmd.args(prepared.args())
             .env_clear()
-            .envs(prepared.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&prepared.cwd)
+            .envs(prepared.env().iter().map(|(k, v)| (k, v)))
+            .current_dir(prepared.cwd())
             .process_group(0);
         let [i, o, e] = stdio;
         let pick = |fd: Option<OwnedFd>| fd.map_or_else(Stdio::inherit, Stdio::from);
@@ -182,7 +182,7 @@ mod unix {
             });
         }
         let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
-            program: prepared.program.to_string_lossy().into_owned(),
+            program: prepared.program().to_string_lossy().into_owned(),
             source,
         })?;
         let pid = child.id();
@@ -201,7 +201,7 @@ mod unix {
         ctx: LaunchContext,
         labels: EvidenceLabels,
     ) -> Result<SupervisedCommand, ProcessError> {
-        let spec = &prepared.spec;
+        let spec = prepared.spec();
         let request = match spec.options.get("tracking") {
             None => TrackingRequest::Auto,
             Some(s) => TrackingRequest::parse(s).ok_or_else(|| {
@@ -228,10 +228,10 @@ mod unix {
         let spawned = match &cgroup {
             Some(cg) => {
                 let req = crate::process::spawn::SpawnRequest {
-                    program: &prepared.program,
-                    args: &prepared.args,
-                    env: &prepared.env,
-                    cwd: &prepared.cwd,
+                    program: prepared.program(),
+                    args: prepared.args(),
+                    env: prepared.env(),
+                    cwd: prepared.cwd(),
                     stdio: &stdio,
                     foreground,
                 };
@@ -270,10 +270,11 @@ mod unix {
         let cgroup_path = cgroup.as_ref().map(|c| c.path().display().to_string());
         #[cfg(not(target_os = "linux"))]
         let cgroup_path: Option<String> = None;
-        let facts = serde_json::json!({
-            "root": crate::process::read_identity(pid).ok(),
-            "cgroup": cgroup_path,
-        });
+        let facts = LaunchFacts {
+            pid: Some(pid),
+            root: crate::process::read_identity(pid).ok(),
+            cgroup: cgroup_path,
+        };
         #[allow(unused_mut)]
         let mut tracker = Tracker::new(pid, launched, cgroup);
         #[cfg(target_os = "linux")]
@@ -352,7 +353,7 @@ mod unix {
 
     impl Monitor {
         fn run(mut self) -> Result<RunEvidence, ProcessError> {
-            let spec = &self.prepared.spec;
+            let spec = self.prepared.spec();
             let interval = if spec.poll_interval.is_zero() {
                 DEFAULT_POLL_INTERVAL
             } else {
@@ -542,11 +543,11 @@ mod unix {
                 Some(p) => p.finish(),
                 None => off_evidence(),
             };
-            let spec = &self.prepared.spec;
+            let spec = self.prepared.spec();
             let environment = crate::environment::evidence_for_launch(
-                &self.prepared.env,
-                spec.options.get("env-mode").unwrap_or("inherit"),
-                spec.options.get_all("env-dropped"),
+                self.prepared.env(),
+                spec.env_plan.mode.as_str(),
+                &spec.env_plan.dropped,
             );
             Ok(RunEvidence {
                 backend: self.labels.backend,
@@ -567,11 +568,11 @@ mod unix {
                 processes,
                 cleanup,
                 ports,
-                wrapper_argv: self.prepared.wrapper_argv.as_deref().map(lossy),
+                wrapper_argv: self.prepared.wrapper_argv().as_deref().map(lossy),
                 wrapper: None,
                 container_id: None,
                 image_digest: None,
-                runtime_config: self.prepared.runtime_config.clone(),
+                runtime_config: self.prepared.runtime_config().clone(),
                 observation_root: spec.workdir.display().to_string(),
                 environment: Some(environment),
                 warnings: self.warnings,
@@ -587,9 +588,9 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::backend::{BackendOptions, LaunchSpec, Level, StdioMode};
+    use crate::backend::{BackendOptions, LaunchCommand, LaunchSpec, Level, StdioMode};
 
-    fn prepared(dir: &std::path::Path, argv: &[&str]) -> PreparedLaunch {
+    fn prepared(dir: &std::path::Path, argv: &[&str], options: BackendOptions) -> PreparedLaunch {
         let spec = LaunchSpec {
             run_id: "unit".into(),
             root: dir.to_path_buf(),
@@ -597,26 +598,28 @@ mod tests {
             capsule_dir: dir.join("capsule"),
             argv: argv.iter().map(OsString::from).collect(),
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            env_plan: Default::default(),
             timeout: None,
             grace: Duration::from_millis(300),
             poll_interval: Duration::from_millis(5),
             observe_ports: false,
-            options: BackendOptions::new(),
+            options,
         };
-        PreparedLaunch {
+        let command = LaunchCommand {
             program: "sh".into(),
             args: vec!["-c".into(), "echo wrapped; exit 3".into()],
             env: spec.env.clone(),
             cwd: dir.to_path_buf(),
-            enforcement: "external_sandbox_requested".into(),
-            wrapper_argv: Some(vec![
-                "sh".into(),
-                "-c".into(),
-                "echo wrapped; exit 3".into(),
-            ]),
-            runtime_config: serde_json::json!({"wrapper": "sh"}),
-            spec,
-        }
+        };
+        PreparedLaunch::new(
+            "wrapper",
+            &spec,
+            command,
+            Enforcement::ExternalSandboxRequested,
+            (),
+        )
+        .wrapped()
+        .with_runtime_config(serde_json::json!({"wrapper": "sh"}))
     }
 
     #[test]
@@ -628,7 +631,7 @@ mod tests {
         };
         let labels = EvidenceLabels {
             backend: "wrapper".into(),
-            enforcement: "external_sandbox_requested".into(),
+            enforcement: Enforcement::ExternalSandboxRequested,
             capabilities: caps.clone(),
         };
         let ctx = LaunchContext::new(StdioMode::Files {
@@ -636,11 +639,16 @@ mod tests {
             stdout: dir.path().join("out"),
             stderr: dir.path().join("err"),
         });
-        let cmd = spawn_supervised(prepared(dir.path(), &["inner"]), ctx, labels).unwrap();
+        let cmd = spawn_supervised(
+            prepared(dir.path(), &["inner"], BackendOptions::new()),
+            ctx,
+            labels,
+        )
+        .unwrap();
         assert!(cmd.pid() > 0);
         let ev = cmd.wait_blocking().unwrap();
         assert_eq!(ev.backend, "wrapper");
-        assert_eq!(ev.enforcement, "external_sandbox_requested");
+        assert_eq!(ev.enforcement, Enforcement::ExternalSandboxRequested);
         assert_eq!(ev.capabilities, caps);
         assert_eq!(ev.exit.code, Some(3));
         assert_eq!(
@@ -659,14 +667,15 @@ mod tests {
     #[test]
     fn unknown_tracking_request_is_refused_before_anything_starts() {
         let dir = tempfile::tempdir().unwrap();
-        let mut p = prepared(dir.path(), &["x"]);
-        p.spec.options.push("tracking", "psychic");
+        let mut options = BackendOptions::new();
+        options.push("tracking", "psychic");
+        let p = prepared(dir.path(), &["x"], options);
         let err = spawn_supervised(
             p,
             LaunchContext::new(StdioMode::Inherit),
             EvidenceLabels {
                 backend: "t".into(),
-                enforcement: "none".into(),
+                enforcement: Enforcement::None,
                 capabilities: Capabilities::default(),
             },
         )

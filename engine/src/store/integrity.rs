@@ -198,10 +198,12 @@ impl Capsule {
         self.seal_with(referenced_objects, None)
     }
 
-    /// Seals the run: records a final `sealed` event, then writes integrity.json over every
-    /// transaction artifact present and the referenced objects, MACs it with the authority's key
-    /// and appends it to the authority's ledger. After this only recovery artifacts may be
-    /// written. Refuses a directory holding anything other than transaction or recovery artifacts.
+    /// Seals the run: records a final `sealing` event in events.jsonl, writes integrity.json over
+    /// every transaction artifact present and the referenced objects, MACs it with the
+    /// authority's key and appends it to the authority's ledger; once that is durable, `sealed` is
+    /// appended to recovery-events.jsonl (outside the seal). After this only recovery artifacts
+    /// may be written. Refuses a directory holding anything other than transaction or recovery
+    /// artifacts.
     pub fn seal_with(
         &self,
         referenced_objects: &[String],
@@ -225,7 +227,9 @@ impl Capsule {
         // Check the directory before recording the seal event, so a refused seal leaves the
         // event log untouched.
         self.sealable_artifacts()?;
-        self.event("sealed", json!({ "objects": objects.len() }))?;
+        // `sealing` is covered by the seal; `sealed` is logged only once integrity.json is
+        // durable (below), so a log never claims a seal that a crash prevented.
+        self.event("sealing", json!({ "objects": objects.len() }))?;
         // What this process wrote is what gets sealed: anything changed on disk behind its back
         // is put back from memory first (in-run tamper detection reports it separately).
         self.restore_written_artifacts()?;
@@ -264,6 +268,7 @@ impl Capsule {
         if let Some(authority) = authority {
             authority.record(&integrity)?;
         }
+        self.recovery_event("sealed", json!({ "objects": integrity.objects.len() }))?;
         Ok(integrity)
     }
 
@@ -610,10 +615,10 @@ impl Capsule {
                     };
                     required.extend(needs);
                 }
-                if events.last().map(|e| e.event.as_str()) != Some("sealed") {
+                if events.last().map(|e| e.event.as_str()) != Some("sealing") {
                     f.problem(
                         Artifact::Events.file_name(),
-                        "the event log does not end with the `sealed` event",
+                        "the event log does not end with the `sealing` event",
                     );
                 }
             }

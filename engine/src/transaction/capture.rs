@@ -137,6 +137,44 @@ struct Step {
 }
 
 /// Objects a manifest's backups live in (kept alive by the seal).
+/// Most paths named in the refusal message; the rest are counted.
+const MAX_NAMED: usize = 10;
+
+/// `capture.require_backups`: why the run must not launch, when a backup rollback would need
+/// could not be written (the object store failed, e.g. a full disk). Files skipped by design
+/// (too large, hardlinked) are not counted: the policy chose that.
+pub(super) fn missing_backups(manifest: &Manifest) -> Option<String> {
+    let failed: Vec<String> = manifest
+        .entries
+        .iter()
+        .filter_map(|(path, e)| match &e.backup {
+            fs::BackupState::Skipped {
+                reason: fs::BackupSkip::StoreFailed,
+                detail,
+            } => Some(format!(
+                "{path} ({})",
+                detail.as_deref().unwrap_or("no detail recorded")
+            )),
+            _ => None,
+        })
+        .collect();
+    if failed.is_empty() {
+        return None;
+    }
+    let more = failed.len().saturating_sub(MAX_NAMED);
+    Some(format!(
+        "not launched: capture.require_backups is set and {} backup(s) could not be written: \
+         {}{}; free space in the store and run again",
+        failed.len(),
+        failed[..failed.len().min(MAX_NAMED)].join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    ))
+}
+
 pub(super) fn referenced_objects(manifest: &Manifest) -> Vec<String> {
     crate::store::manifest_objects(manifest)
 }

@@ -133,7 +133,9 @@ pub struct RefusedLaunch {
 pub fn refused_launch(err: &BackendError) -> RefusedLaunch {
     let (status, refusal) = match err {
         BackendError::Unavailable { .. } => (Status::Error, Refusal::BackendUnavailable),
-        BackendError::InvalidRequest { .. } => (Status::Error, Refusal::InvalidRequest),
+        BackendError::InvalidRequest { .. } | BackendError::Option(_) => {
+            (Status::Error, Refusal::InvalidRequest)
+        }
         BackendError::Launch { .. } => (Status::Failed, Refusal::LaunchFailed),
         BackendError::Runtime { .. } => (Status::Error, Refusal::Internal),
     };
@@ -227,7 +229,7 @@ pub fn summarize(
 fn runtime_summary(run: &RunEvidence, verified_controls: &[VerifiedControl]) -> RuntimeSummary {
     RuntimeSummary {
         backend: run.backend.clone(),
-        enforcement: run.enforcement.clone(),
+        enforcement: run.enforcement,
         sandboxed: run.capabilities.sandboxed,
         network_enforcement: run.capabilities.network_enforcement,
         capabilities: run.capabilities.clone(),

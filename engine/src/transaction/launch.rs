@@ -7,8 +7,8 @@ use serde_json::json;
 
 use super::RunRequest;
 use crate::backend::{
-    BackendError, EnvironmentEvidence, LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend,
-    StdioMode,
+    BackendError, BackendOptions, EnvironmentEvidence, EnvironmentPlan, LaunchContext, LaunchSpec,
+    RunEvidence, RuntimeBackend, StdioMode,
 };
 use crate::environment::{self, EnvMode};
 use crate::policy::{NetworkMode, Policy};
@@ -22,10 +22,12 @@ pub(super) struct LaunchPlan {
 }
 
 /// Builds the launch spec: the policy's environment settings (overridden by the request), and the
-/// policy's `runtime.options` for every key the command line did not set.
+/// backend `options`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn plan(
     req: &RunRequest<'_>,
     policy: &Policy,
+    options: BackendOptions,
     run_id: &str,
     root: PathBuf,
     workdir: PathBuf,
@@ -44,8 +46,6 @@ pub(super) fn plan(
     let mut pass = env_settings.pass.clone();
     pass.extend(req.env_pass.iter().cloned());
     let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
-
-    let options = super::effective_options(&req.options, policy, req.backend.id());
     LaunchPlan {
         spec: LaunchSpec {
             run_id: run_id.to_string(),
@@ -54,6 +54,10 @@ pub(super) fn plan(
             capsule_dir: capsule.dir().to_path_buf(),
             argv: req.argv.clone(),
             env: env_plan.env,
+            env_plan: EnvironmentPlan {
+                mode: env_mode,
+                dropped: env_plan.evidence.dropped.clone(),
+            },
             timeout,
             grace: req.grace,
             poll_interval: req.poll_interval,
@@ -75,21 +79,18 @@ pub(super) async fn launch(
 ) -> Result<RunEvidence, BackendError> {
     let mut prepared = backend.prepare(&plan.spec)?;
     // Started from a subdirectory of the project: the command works there, as it would unwrapped.
-    let spec = &plan.spec;
-    if prepared.cwd == spec.workdir && spec.workdir == spec.root {
-        if let Some(dir) = crate::root::invocation_dir(&spec.root) {
-            prepared.cwd = dir;
-        }
+    if let Some(dir) = crate::root::invocation_dir(&plan.spec.root) {
+        prepared = prepared.starting_in(dir);
     }
     let ctx = LaunchContext { stdio, interrupt };
     let running = backend.launch(prepared, ctx).await?;
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
     // processes from this event. A failed write must not orphan the command, so it only warns.
-    let mut fields = match running.launch_facts() {
-        serde_json::Value::Object(map) => serde_json::Value::Object(map),
-        _ => json!({}),
-    };
-    fields["pid"] = json!(running.pid());
+    let mut facts = running.launch_facts();
+    if facts.pid.is_none() {
+        facts.pid = running.pid();
+    }
+    let mut fields = json!(facts);
     // MAC'd so that `agentdiff cleanup` of a run whose monitor died trusts only an event this
     // user's agentdiff wrote.
     let body = launch_event_body(capsule.id().as_str(), &fields);

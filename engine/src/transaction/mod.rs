@@ -112,6 +112,8 @@ pub enum Refusal {
     LaunchFailed,
     /// The backend failed in an unexpected way.
     Internal,
+    /// `capture.require_backups`: a backup could not be written, so nothing was launched.
+    BackupsMissing,
 }
 
 /// Resolve and check the project root.
@@ -171,19 +173,26 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         );
         return sealer.seal_not_run(Status::Blocked, Some(message), None, &[]);
     }
-    // Fail closed before touching anything when the backend cannot run here.
-    if let Availability::Unavailable { reason, remedy } = req.backend.availability().await {
+    // Fail closed before touching anything when the backend cannot run here (with these options).
+    let options = effective_options(&req.options, policy, req.backend.id());
+    if let Availability::Unavailable { reason, remedy } = req.backend.availability(&options).await {
         let message = record_unavailable(&capsule, req.backend.id(), reason, remedy)?;
         let refusal = Some(Refusal::BackendUnavailable);
         return sealer.seal_not_run(Status::Error, Some(message), refusal, &[]);
     }
 
     // Capture before.
-    let private_workspace = req.backend.capabilities().workspace == WorkspaceMode::Private;
+    let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
     let capture = CapturePlan::new(&store, &capsule, policy, private_workspace, req.progress);
     let mut before = capture.before(&root)?;
     let mut referenced = capture::referenced_objects(&before.manifest);
     referenced.push(before.entries_object.clone());
+    if policy.capture().require_backups {
+        if let Some(message) = capture::missing_backups(&before.manifest) {
+            let refusal = Some(Refusal::BackupsMissing);
+            return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
+        }
+    }
     let workdir = if private_workspace {
         materialize_workspace(&store, &capsule, &before.manifest)?
     } else {
@@ -194,6 +203,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let plan = launch::plan(
         &req,
         policy,
+        options,
         &sealer.run_id,
         root,
         workdir.clone(),

@@ -46,7 +46,8 @@ pub fn check_request(
     policy: &Policy,
 ) -> Result<(), BackendError> {
     let store = root.join(STORE_DIR_NAME);
-    let workdir = match backend.capabilities().workspace {
+    let options = effective_options(options, policy, backend.id());
+    let workdir = match backend.capabilities(&options).workspace {
         WorkspaceMode::Private => store
             .join(crate::workspace::WORKSPACES_DIR_NAME)
             .join(PREFLIGHT_RUN_ID),
@@ -59,14 +60,15 @@ pub fn check_request(
         capsule_dir: store.join(RUNS_DIR_NAME).join(PREFLIGHT_RUN_ID),
         argv: argv.to_vec(),
         env: Vec::new(),
+        env_plan: Default::default(),
         timeout: None,
         grace: Duration::from_secs(1),
         poll_interval: Duration::from_millis(10),
         observe_ports: policy.network_mode() == NetworkMode::Observe,
-        options: effective_options(options, policy, backend.id()),
+        options,
     };
     match backend.prepare(&spec) {
-        Err(e @ BackendError::InvalidRequest { .. }) => Err(e),
+        Err(e @ (BackendError::InvalidRequest { .. } | BackendError::Option(_))) => Err(e),
         _ => Ok(()),
     }
 }

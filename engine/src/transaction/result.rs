@@ -103,7 +103,7 @@ pub struct VerifiedControl {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RuntimeSummary {
     pub backend: String,
-    pub enforcement: String,
+    pub enforcement: crate::backend::Enforcement,
     pub sandboxed: bool,
     pub network_enforcement: bool,
     pub capabilities: Capabilities,

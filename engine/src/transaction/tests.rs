@@ -82,7 +82,7 @@ fn manifest(entries: &[(&str, Entry)]) -> Manifest {
 fn exited(code: i32) -> RunEvidence {
     RunEvidence {
         backend: "test".into(),
-        enforcement: "none".into(),
+        enforcement: crate::backend::Enforcement::None,
         tracking: "proc_poll".into(),
         exit: ExitInfo {
             code: Some(code),

@@ -363,7 +363,9 @@ fn recovery_artifacts_are_written_without_touching_sealed_evidence() {
         .iter()
         .map(|e| e["event"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(events.first().map(String::as_str), Some("rollback_started"));
+    // The seal's own `sealed` event comes first (logged once integrity.json was durable).
+    assert_eq!(events.first().map(String::as_str), Some("sealed"));
+    assert_eq!(events.get(1).map(String::as_str), Some("rollback_started"));
     assert_eq!(events.last().map(String::as_str), Some("rollback_finished"));
     assert!(events.iter().any(|e| e == "rollback_path"));
 }

@@ -109,6 +109,8 @@ fn atomic_writes_leave_no_temp_files() {
     let (_store, capsule, _) = full_run(root.path(), "r1");
     let mut expected: Vec<String> = SEALED_NAMES.iter().map(|s| s.to_string()).collect();
     expected.push("integrity.json".into());
+    // The `sealed` event, logged after integrity.json is durable.
+    expected.push("recovery-events.jsonl".into());
     expected.sort();
     assert_eq!(names(capsule.dir()), expected);
     assert!(names(&root.path().join(".agentdiff/objects/tmp")).is_empty());
@@ -419,8 +421,10 @@ fn recovery_artifacts_after_seal_keep_verification_ok() {
     assert!(report.ok, "{report:?}");
 
     let events = capsule.read_recovery_events().unwrap();
-    assert_eq!(events.len(), 2);
-    assert_eq!(events[1]["seq"], 1);
+    // `sealed` (logged by the seal itself), then the two rollback events.
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[0]["event"], "sealed");
+    assert_eq!(events[2]["seq"], 2);
     let result: Value = capsule
         .read_recovery(RecoveryArtifact::RollbackResult)
         .unwrap();
@@ -472,8 +476,16 @@ fn events_are_sequenced_timestamped_and_sealed_last() {
         .collect();
     assert_eq!(
         kinds,
-        vec!["capsule_created", "before_captured", "launched", "sealed"]
+        vec!["capsule_created", "before_captured", "launched", "sealing"]
     );
+    // `sealed` is logged only after integrity.json is durable, outside the sealed log.
+    let after: Vec<String> = capsule
+        .read_recovery_events()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(after, vec!["sealed"]);
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e["seq"], i as u64);
         let at = e["at"].as_str().unwrap();

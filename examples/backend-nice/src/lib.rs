@@ -11,10 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
-    Availability, BackendDescriptor, BackendError, Capabilities, CleanupReport, LaunchContext,
-    LaunchSpec, Level, PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend,
+    cleanup_host_processes, validate_options, Availability, BackendDescriptor, BackendError,
+    BackendOptions, Capabilities, CleanupReport, Enforcement, FailClosedSpec, LaunchCommand,
+    LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity,
+    Result, RunningCommand, RuntimeBackend,
 };
-use agentdiff_engine::process::{cleanup_identities, spawn_supervised, EvidenceLabels};
+use agentdiff_engine::process::{spawn_supervised, EvidenceLabels};
 use async_trait::async_trait;
 
 /// Backend id (`--runtime nice`).
@@ -25,6 +27,29 @@ pub const OPT_EXECUTABLE: &str = "nice-executable";
 pub const NICENESS: &str = "10";
 
 const DEFAULT_LOCATIONS: &[&str] = &["/usr/bin/nice", "/bin/nice"];
+
+/// Everything the CLI shows and checks about this backend's options: `agentdiff doctor` lists
+/// them, `--backend-option` is validated against them, and `prepare` checks them again (options
+/// also come from the policy).
+pub const OPTIONS: &[OptionSpec] = &[OptionSpec::new(
+    OPT_EXECUTABLE,
+    OptionKind::Path,
+    "the `nice` executable (default: /usr/bin/nice or /bin/nice)",
+)];
+
+/// The conformance suite launches a command with this configuration and requires that the
+/// launch fails closed (an error, and the command never runs).
+pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
+    name: "nice executable missing",
+    remove: &[],
+    set: &[(OPT_EXECUTABLE, "/nonexistent/agentdiff-missing-nice")],
+}];
+
+/// What `prepare` decided, handed to `launch` inside the [`PreparedLaunch`].
+#[derive(Debug, Clone)]
+struct Plan {
+    nice: PathBuf,
+}
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NiceBackend;
@@ -65,7 +90,7 @@ impl RuntimeBackend for NiceBackend {
     /// Start from the weakest labels and raise only what this backend really does: the engine's
     /// supervisor observes processes and cleans up leftovers; the environment handed over is
     /// fingerprinted by the transaction. Nothing else is controlled.
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
         Capabilities {
             processes: Level::Observed,
             environment: Level::Observed,
@@ -75,13 +100,13 @@ impl RuntimeBackend for NiceBackend {
         }
     }
 
-    async fn availability(&self) -> Availability {
-        match Self::executable(None) {
+    async fn availability(&self, options: &BackendOptions) -> Availability {
+        match Self::executable(options.get(OPT_EXECUTABLE)).filter(|p| is_executable(p)) {
             Some(p) => Availability::Ready {
                 detail: format!("{} (niceness +{NICENESS}; not sandboxed)", p.display()),
             },
             None => Availability::Unavailable {
-                reason: "`nice` was not found in /usr/bin or /bin".into(),
+                reason: "`nice` was not found (or is not executable)".into(),
                 remedy: format!("install coreutils, or pass {OPT_EXECUTABLE}=PATH"),
             },
         }
@@ -96,31 +121,23 @@ impl RuntimeBackend for NiceBackend {
                 message: "no command to run".into(),
             });
         }
-        if let Some(key) = spec.options.keys().find(|k| *k != OPT_EXECUTABLE) {
-            return Err(BackendError::InvalidRequest {
-                backend: ID.into(),
-                message: format!("unknown option `{key}`; this backend accepts {OPT_EXECUTABLE}"),
-            });
-        }
+        validate_options(ID, OPTIONS, &spec.options)?;
         let nice = Self::executable(spec.options.get(OPT_EXECUTABLE))
             .ok_or_else(|| unavailable("`nice` was not found".into()))?;
-        let mut argv: Vec<OsString> = vec![
-            nice.clone().into_os_string(),
-            "-n".into(),
-            NICENESS.into(),
-            "--".into(),
-        ];
-        argv.extend(spec.argv.iter().cloned());
-        Ok(PreparedLaunch {
-            program: argv[0].clone(),
-            args: argv[1..].to_vec(),
+        let mut args: Vec<OsString> = vec!["-n".into(), NICENESS.into(), "--".into()];
+        args.extend(spec.argv.iter().cloned());
+        let command = LaunchCommand {
+            program: nice.clone().into_os_string(),
+            args,
             env: spec.env.clone(),
             cwd: spec.workdir.clone(),
-            enforcement: "none".into(),
-            wrapper_argv: Some(argv),
-            runtime_config: serde_json::json!({ "niceness": NICENESS }),
-            spec: spec.clone(),
-        })
+        };
+        // The plan travels with the prepared launch: `launch` runs exactly this, never re-plans.
+        Ok(
+            PreparedLaunch::new(ID, spec, command, Enforcement::None, Plan { nice })
+                .wrapped()
+                .with_runtime_config(serde_json::json!({ "niceness": NICENESS })),
+        )
     }
 
     async fn launch(
@@ -128,17 +145,18 @@ impl RuntimeBackend for NiceBackend {
         prepared: PreparedLaunch,
         ctx: LaunchContext,
     ) -> Result<Box<dyn RunningCommand>> {
+        let plan = prepared.plan_for::<Plan>(ID)?;
         // Fail closed: a missing wrapper is an error, never a run without it.
-        if !is_executable(Path::new(&prepared.program)) {
+        if !is_executable(&plan.nice) {
             return Err(unavailable(format!(
                 "{} is not an executable file",
-                Path::new(&prepared.program).display()
+                plan.nice.display()
             )));
         }
         let labels = EvidenceLabels {
             backend: ID.into(),
-            enforcement: prepared.enforcement.clone(),
-            capabilities: self.capabilities(),
+            enforcement: prepared.enforcement(),
+            capabilities: self.capabilities(&prepared.spec().options),
         };
         let running =
             spawn_supervised(prepared, ctx, labels).map_err(|e| BackendError::Launch {
@@ -148,17 +166,15 @@ impl RuntimeBackend for NiceBackend {
         Ok(Box::new(running))
     }
 
-    async fn cleanup(&self, ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
-        let ids = ids.to_vec();
-        tokio::task::spawn_blocking(move || cleanup_identities(&ids, grace))
-            .await
-            .unwrap_or_else(|e| CleanupReport {
-                mechanism: "pidfd".into(),
-                grace_ms: grace.as_millis() as u64,
-                records: Vec::new(),
-                errors: vec![format!("cleanup did not complete: {e}")],
-                resources_removed: Vec::new(),
-            })
+    /// The command's processes are ordinary host processes: the engine's identity-checked
+    /// cleanup applies unchanged.
+    async fn cleanup_run(
+        &self,
+        _run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport {
+        cleanup_host_processes(ids, grace).await
     }
 }
 
@@ -167,28 +183,24 @@ fn factory() -> Box<dyn RuntimeBackend> {
 }
 
 inventory::submit! {
-    BackendDescriptor::new(ID, "example: the command under `nice -n 10`, processes observed, nothing isolated", factory)
+    BackendDescriptor::new(
+        ID,
+        "example: the command under `nice -n 10`, processes observed, nothing isolated",
+        factory,
+    )
+    .with_options(OPTIONS)
+    .with_fail_closed(FAIL_CLOSED)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_engine::backend::BackendOptions;
+    use agentdiff_conformance::testing::launch_spec;
 
     fn spec(argv: &[&str], options: BackendOptions) -> LaunchSpec {
-        LaunchSpec {
-            run_id: "r".into(),
-            root: "/tmp".into(),
-            workdir: "/tmp".into(),
-            capsule_dir: "/tmp".into(),
-            argv: argv.iter().map(OsString::from).collect(),
-            env: vec![],
-            timeout: None,
-            grace: Duration::from_secs(1),
-            poll_interval: Duration::from_millis(50),
-            observe_ports: false,
-            options,
-        }
+        launch_spec(Path::new("/tmp"), argv.iter().copied())
+            .options(options)
+            .build()
     }
 
     #[test]
@@ -196,12 +208,12 @@ mod tests {
         let mut o = BackendOptions::new();
         o.push(OPT_EXECUTABLE, "/opt/nice");
         let p = NiceBackend.prepare(&spec(&["-x", "", "a b"], o)).unwrap();
-        assert_eq!(p.program, "/opt/nice");
+        assert_eq!(p.program(), "/opt/nice");
         assert_eq!(
-            p.args,
+            p.args(),
             ["-n", "10", "--", "-x", "", "a b"].map(OsString::from)
         );
-        assert_eq!(p.wrapper_argv.unwrap()[0], "/opt/nice");
+        assert_eq!(p.wrapper_argv().unwrap()[0], "/opt/nice");
     }
 
     #[test]

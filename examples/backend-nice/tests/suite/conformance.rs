@@ -3,26 +3,24 @@
 
 use std::sync::Arc;
 
-use agentdiff_backend_nice::{NiceBackend, OPT_EXECUTABLE};
+use agentdiff_backend_nice::NiceBackend;
 use agentdiff_conformance::{assert_conformant, FailClosedCase, SuiteOptions};
 use agentdiff_engine::backend::{BackendOptions, Registry};
 
 #[test]
 fn nice_backend_is_conformant() {
-    let mut missing = BackendOptions::new();
-    missing.push(OPT_EXECUTABLE, "/nonexistent/nice");
+    // The fail-closed cases are the ones the backend's descriptor declares, as
+    // `agentdiff conformance --runtime nice` would use them.
+    let registry = Registry::from_inventory().unwrap();
+    let descriptor = registry.descriptor("nice").unwrap();
     let report = assert_conformant(
         Arc::new(|| Box::new(NiceBackend)),
         SuiteOptions {
-            fail_closed: vec![FailClosedCase {
-                name: "nice missing".into(),
-                options: missing,
-                factory: None,
-            }],
+            fail_closed: FailClosedCase::declared(descriptor, &BackendOptions::new()),
             ..SuiteOptions::default()
         },
     );
-    // The fail-closed check really ran (it is skipped when no unusable configuration is given).
+    // The fail-closed check really ran (it is not run when no unusable configuration is given).
     assert!(report.check("FAIL-001").unwrap().outcome.is_passed());
     assert!(report.check("ARGV-004").unwrap().outcome.is_passed());
 }
