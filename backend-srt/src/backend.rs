@@ -7,17 +7,20 @@ use std::time::Duration;
 
 use agentdiff_engine::backend::{
     cleanup_host_processes, validate_options, Availability, BackendError, BackendOptions,
-    Capabilities, CleanupReport, LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch,
-    Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+    Capabilities, CleanupReport, InfrastructurePort, LaunchCommand, LaunchContext, LaunchSpec,
+    Level, PreparedLaunch, ProcessRelation, Result, RunEvidence, RunningCommand, RuntimeBackend,
+    WorkspaceMode,
 };
 use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 use agentdiff_engine::process::ProcessIdentity;
 use async_trait::async_trait;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 use crate::host::{self, ExecutableError};
 use crate::settings::{self, SettingsChoice, SettingsError};
 use crate::shim::{self, StartMarker, StartState};
+use crate::version;
 use crate::{
     ENFORCEMENT, ENV_EXEC_SHIM, ID, OPTIONS, OPT_ALLOW_DOMAIN, OPT_EXECUTABLE, OPT_EXEC_SHIM,
     OPT_SETTINGS, OPT_SETTINGS_FROM_POLICY,
@@ -25,8 +28,9 @@ use crate::{
 
 /// Name of the start-marker FIFO in the run capsule (removed when the run ends).
 pub const START_MARKER_FILE: &str = "srt-start-marker.fifo";
-/// How long `srt --version` may take.
-const VERSION_TIMEOUT: Duration = Duration::from_secs(30);
+/// What srt's own listeners are, recorded with each of them.
+pub const PROXY_ROLE: &str = "srt's host-side network proxy (HTTP/SOCKS), held by the srt \
+     process itself; the sandboxed command reaches it only through srt's bridge";
 
 /// What the srt backend declares. Filesystem and network controls are handed to srt
 /// (`requested`, never `enforced`: no probe here verifies srt's effect). The host tree, processes
@@ -118,8 +122,8 @@ fn absolute(p: &str) -> PathBuf {
 fn settings_error(e: SettingsError) -> BackendError {
     let remedy = match &e {
         SettingsError::Missing { .. } | SettingsError::NotAFile { .. } => {
-            "name an existing srt settings file with --srt-settings, or leave it out to use srt's \
-             defaults"
+            "name an existing srt settings file with --srt-settings, or leave it out to derive \
+             the settings from the policy"
         }
         _ => "make the settings file readable by the user running agentdiff",
     };
@@ -143,24 +147,36 @@ impl SrtBackend {
         }
         validate_options(ID, OPTIONS, &spec.options)?;
         let o = &spec.options;
-        let from_policy = match o.get(OPT_SETTINGS_FROM_POLICY) {
-            None | Some("false") => false,
-            Some("true") => true,
+        // Derived settings are the default; `srt-settings-from-policy=true` only says so
+        // explicitly, and `false` needs a settings file to take their place.
+        let explicit_from_policy = match o.get(OPT_SETTINGS_FROM_POLICY) {
+            None => None,
+            Some("false") => Some(false),
+            Some("true") => Some(true),
             Some(v) => {
                 return Err(invalid(format!(
                     "`{OPT_SETTINGS_FROM_POLICY}` takes `true` or `false`, not `{v}`"
                 )))
             }
         };
-        if from_policy && o.is_set(OPT_SETTINGS) {
-            return Err(invalid(
-                "--srt-settings and --srt-settings-from-policy exclude each other; choose one",
-            ));
+        match (explicit_from_policy, o.is_set(OPT_SETTINGS)) {
+            (Some(true), true) => {
+                return Err(invalid(
+                    "--srt-settings and --srt-settings-from-policy exclude each other; choose one",
+                ))
+            }
+            (Some(false), false) => {
+                return Err(invalid(format!(
+                    "`{OPT_SETTINGS_FROM_POLICY}=false` needs a settings file to use instead: \
+                     name one with --srt-settings"
+                )))
+            }
+            _ => {}
         }
         let allow_domains = o.get_all(OPT_ALLOW_DOMAIN).to_vec();
-        if !allow_domains.is_empty() && !from_policy {
+        if !allow_domains.is_empty() && o.is_set(OPT_SETTINGS) {
             return Err(invalid(format!(
-                "`{OPT_ALLOW_DOMAIN}` only applies to settings generated from the policy; put \
+                "`{OPT_ALLOW_DOMAIN}` only applies to settings derived from the policy; put \
                  network.allowedDomains in your srt settings file instead"
             )));
         }
@@ -183,9 +199,7 @@ impl SrtBackend {
         let srt = host::resolve_executable(OsStr::new(requested), search.as_deref(), &cwd)
             .map_err(|e: ExecutableError| unavailable(format!("srt: {e}"), host::remedy(&e)))?;
 
-        let settings = if from_policy {
-            SettingsChoice::FromPolicy(spec.capsule_dir.join(settings::GENERATED_SETTINGS_FILE))
-        } else if let Some(p) = o.get(OPT_SETTINGS) {
+        let settings = if let Some(p) = o.get(OPT_SETTINGS) {
             if p.is_empty() {
                 return Err(invalid(format!("`{OPT_SETTINGS}` is empty")));
             }
@@ -193,7 +207,7 @@ impl SrtBackend {
             settings::check_settings_file(&path).map_err(settings_error)?;
             SettingsChoice::File(path)
         } else {
-            SettingsChoice::SrtDefault
+            SettingsChoice::FromPolicy(spec.capsule_dir.join(settings::GENERATED_SETTINGS_FILE))
         };
 
         #[cfg(target_os = "linux")]
@@ -212,15 +226,15 @@ impl SrtBackend {
         // srt is a Node.js program: its argv are JS strings, so non-UTF-8 bytes would be replaced
         // before the command sees them. Refuse instead of running a different argv.
         let own = [
-            Some(shim.as_os_str()),
-            Some(marker.as_os_str()),
-            settings.path().map(Path::as_os_str),
+            shim.as_os_str(),
+            marker.as_os_str(),
+            settings.path().as_os_str(),
         ];
         if let Some(bad) = spec
             .argv
             .iter()
             .map(OsString::as_os_str)
-            .chain(own.into_iter().flatten())
+            .chain(own)
             .find(|a| a.to_str().is_none())
         {
             return Err(invalid(format!(
@@ -229,11 +243,10 @@ impl SrtBackend {
             )));
         }
 
-        let mut args: Vec<OsString> = Vec::new();
-        if let Some(p) = settings.path() {
-            args.push("--settings".into());
-            args.push(p.as_os_str().to_os_string());
-        }
+        let mut args: Vec<OsString> = vec![
+            "--settings".into(),
+            settings.path().as_os_str().to_os_string(),
+        ];
         // `--` always ends srt's options: nothing after it is read as srt's `-c`, `-s` or `-d`.
         args.push("--".into());
         args.push(shim.as_os_str().to_os_string());
@@ -256,54 +269,12 @@ fn runtime_config(plan: &Plan) -> Value {
         "srt_executable": plan.srt.to_string_lossy(),
         "settings": {
             "source": plan.settings.source_label(),
-            "path": plan.settings.path().map(|p| p.to_string_lossy().into_owned()),
+            "path": plan.settings.path().to_string_lossy(),
         },
         "allow_domains": plan.allow_domains,
         "exec_shim": plan.shim.to_string_lossy(),
         "start_marker": plan.marker.to_string_lossy(),
     })
-}
-
-/// `srt --version`, run with the command's environment (srt is a Node script found through it).
-pub async fn srt_version(
-    srt: &Path,
-    env: Option<&[(OsString, OsString)]>,
-) -> std::result::Result<String, String> {
-    let mut cmd = tokio::process::Command::new(srt);
-    cmd.arg("--version")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    if let Some(env) = env {
-        cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
-    }
-    let out = tokio::time::timeout(VERSION_TIMEOUT, cmd.output())
-        .await
-        .map_err(|_| {
-            format!(
-                "`{} --version` did not answer within {VERSION_TIMEOUT:?}",
-                srt.display()
-            )
-        })?
-        .map_err(|e| format!("cannot run `{} --version`: {e}", srt.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || stdout.is_empty() || stdout.lines().count() != 1 {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "`{} --version` failed ({}): {}",
-            srt.display(),
-            out.status,
-            stderr
-                .lines()
-                .next()
-                .unwrap_or("no output")
-                .chars()
-                .take(200)
-                .collect::<String>()
-        ));
-    }
-    Ok(stdout.chars().take(100).collect())
 }
 
 #[async_trait]
@@ -363,54 +334,66 @@ impl RuntimeBackend for SrtBackend {
     ) -> Result<Box<dyn RunningCommand>> {
         let plan = prepared.plan_for::<Plan>(ID)?.clone();
         let spec = prepared.spec();
-        let version = srt_version(&plan.srt, Some(prepared.env()))
+        let state_dir = settings::agentdiff_state_dir();
+        let version = version::version(&plan.srt, Some(prepared.env()), state_dir.as_deref())
             .await
             .map_err(|e| {
                 unavailable(
-                e,
-                "reinstall srt (`npm install -g @anthropic-ai/sandbox-runtime`) and check that \
-                 `srt --version` works",
-            )
+                    e,
+                    "reinstall srt (`npm install -g @anthropic-ai/sandbox-runtime`) and check that \
+                     `srt --version` works",
+                )
             })?;
 
-        let mut bridge_evidence = None;
         let mut generated = None;
-        if let SettingsChoice::FromPolicy(path) = &plan.settings {
-            let denies = settings::read_policy_denies(&spec.capsule_dir)
-                .map_err(|e| launch_error(format!("--srt-settings-from-policy: {e}")))?;
-            let bridged = settings::bridge(
-                &spec.workdir,
-                &spec.root,
-                &spec.capsule_dir,
-                &denies,
-                &plan.allow_domains,
-            );
-            settings::write_generated(path, &bridged.settings)
-                .map_err(|e| launch_error(e.to_string()))?;
-            generated = Some(RemoveOnDrop(path.clone()));
-            bridge_evidence = Some(json!({
-                // The capsule seals only its known artifacts, so the file is removed after the
-                // run; its full content and digest are recorded here instead.
-                "content": bridged.settings,
-                "file_removed_after_run": true,
-                "expressed_denies": bridged.expressed,
-                "not_expressed_denies": bridged.not_expressed,
-                "allowed_domains": plan.allow_domains,
-                "limits": settings::BRIDGE_LIMITS,
-                "controls": "requested",
-            }));
-        }
-        let mut settings_ev =
-            settings::settings_evidence(&plan.settings, prepared.env()).map_err(settings_error)?;
-        if let (Some(b), Value::Object(map)) = (bridge_evidence, &mut settings_ev) {
-            map.insert("bridge".into(), b);
-        }
+        let settings_ev = match &plan.settings {
+            SettingsChoice::FromPolicy(path) => {
+                let denies = settings::effective_policy_denies(&spec.capsule_dir)
+                    .map_err(|e| launch_error(format!("srt settings from the policy: {e}")))?;
+                let homes = settings::home_dirs(prepared.env());
+                let bridged = settings::bridge(&settings::BridgeInput {
+                    workdir: &spec.workdir,
+                    root: &spec.root,
+                    capsule_dir: &spec.capsule_dir,
+                    denies: &denies.patterns,
+                    allow_domains: &plan.allow_domains,
+                    homes: &homes,
+                    state_dir: state_dir.as_deref(),
+                });
+                let bytes = settings::write_generated(path, &bridged.settings)
+                    .map_err(|e| launch_error(e.to_string()))?;
+                generated = Some(RemoveOnDrop(path.clone()));
+                json!({
+                    "source": plan.settings.source_label(),
+                    "path": path.to_string_lossy(),
+                    "sha256": hex::encode(Sha256::digest(&bytes)),
+                    "bytes": bytes.len(),
+                    "bridge": {
+                        // The capsule seals only its known artifacts, so the file is removed
+                        // after the run; its full content and digest are recorded here instead.
+                        "content": bridged.settings,
+                        "file_removed_after_run": true,
+                        "policy_source": denies.source,
+                        "expressed_denies": bridged.expressed,
+                        "not_expressed_denies": bridged.not_expressed,
+                        "reads_left_readable": bridged.reads_left_readable,
+                        "allowed_domains": plan.allow_domains,
+                        "limits": settings::BRIDGE_LIMITS,
+                        "controls": "requested",
+                    },
+                })
+            }
+            SettingsChoice::File(_) => {
+                settings::settings_evidence(&plan.settings).map_err(settings_error)?
+            }
+        };
 
         let marker = StartMarker::create(&plan.marker).map_err(|e| launch_error(e.to_string()))?;
         let wrapper = json!({
             "kind": "srt",
             "executable": plan.srt.to_string_lossy(),
-            "version": version,
+            "version": version.version,
+            "version_source": version.source,
             "settings": settings_ev,
             "exec_shim": plan.shim.to_string_lossy(),
             "sandbox": "requested_not_verified",
@@ -489,8 +472,36 @@ impl RunningCommand for SrtRunning {
             env.variables.remove(shim::ENV_ARGV_DIGEST);
         }
         attribute_exit(&mut evidence, &state, expected_argc, wrapper);
+        separate_srt_listeners(&mut evidence);
         Ok(evidence)
     }
+}
+
+/// Move the listeners held by the srt process itself (its proxies) from `opened` to
+/// `infrastructure`. Only a socket whose inode the root process — the srt program agentdiff
+/// started, same pid and start time — held open qualifies; whatever the command opens is held
+/// by the command's own processes and stays in `opened`.
+pub fn separate_srt_listeners(evidence: &mut RunEvidence) {
+    let Some(root) = evidence
+        .processes
+        .iter()
+        .find(|p| p.relation == ProcessRelation::Root)
+        .map(|p| p.identity.clone())
+    else {
+        return;
+    };
+    let (srt, command): (Vec<_>, Vec<_>) = std::mem::take(&mut evidence.ports.opened)
+        .into_iter()
+        .partition(|p| p.attributed && p.owner.as_ref() == Some(&root));
+    evidence.ports.opened = command;
+    evidence
+        .ports
+        .infrastructure
+        .extend(srt.into_iter().map(|port| InfrastructurePort {
+            port,
+            component: ID.into(),
+            role: PROXY_ROLE.into(),
+        }));
 }
 
 /// Put the start state on the evidence: the exit is the command's only when the shim marked the
@@ -573,6 +584,51 @@ mod tests {
         assert_eq!(w["command_started"], true);
         assert_eq!(w["exit_attribution"], "command");
         assert_eq!(e.exit.code, Some(1));
+    }
+
+    #[test]
+    fn only_listeners_held_by_the_srt_process_are_infrastructure() {
+        use agentdiff_engine::backend::{PortRecord, ProcessRecord};
+        let id = |pid| ProcessIdentity {
+            pid,
+            start_time_ticks: 7,
+            boot_id: "b".into(),
+        };
+        let proc = |pid, relation| ProcessRecord {
+            identity: id(pid),
+            ppid: 1,
+            relation,
+            executable: "x".into(),
+            first_seen_ms: 0,
+            alive_after_root_exit: false,
+        };
+        let port = |port, owner: Option<ProcessIdentity>| PortRecord {
+            protocol: "tcp".into(),
+            address: "127.0.0.1".into(),
+            port,
+            inode: u64::from(port),
+            attributed: owner.is_some(),
+            owner,
+        };
+        let mut e = ev(0);
+        e.processes = vec![
+            proc(10, ProcessRelation::Root),
+            proc(11, ProcessRelation::Descendant),
+        ];
+        let mut reused = id(10);
+        reused.start_time_ticks = 8;
+        e.ports.opened = vec![
+            port(1000, Some(id(10))),
+            port(2000, Some(id(11))),
+            port(3000, None),
+            port(4000, Some(reused)),
+        ];
+        separate_srt_listeners(&mut e);
+        let kept: Vec<u16> = e.ports.opened.iter().map(|p| p.port).collect();
+        assert_eq!(kept, vec![2000, 3000, 4000]);
+        assert_eq!(e.ports.infrastructure.len(), 1);
+        assert_eq!(e.ports.infrastructure[0].port.port, 1000);
+        assert_eq!(e.ports.infrastructure[0].component, "srt");
     }
 
     #[test]

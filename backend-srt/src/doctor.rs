@@ -17,6 +17,8 @@ use crate::{ENFORCEMENT, ID};
 pub struct SrtStatus {
     pub path: Option<PathBuf>,
     pub version: Option<String>,
+    /// Whether `srt --version` ran now or an earlier answer for the same srt binary was reused.
+    pub version_source: Option<crate::version::VersionSource>,
     /// Why it was not found or did not answer.
     pub error: Option<String>,
 }
@@ -66,8 +68,9 @@ impl DoctorReport {
     }
 
     /// The report as an [`Availability`] for the srt it was made for (the run's
-    /// `srt-executable`, else `srt` on PATH): unavailable when that srt or a host prerequisite is
-    /// missing, so availability never disagrees with `prepare`.
+    /// `srt-executable`, else `srt` on PATH): Ready only when that srt exists and answers
+    /// `srt --version` and the host prerequisites are there; otherwise Unavailable with what is
+    /// missing and the remedies, so availability never disagrees with `prepare`.
     pub fn availability(&self) -> Availability {
         if self.host_ready && !self.ready {
             let error = self.srt.error.as_deref().unwrap_or("not usable");
@@ -103,31 +106,33 @@ impl DoctorReport {
                 detail.push_str(&format!("; user namespaces: {}", p.detail));
             }
             detail.push_str("; sandbox requested, not verified");
-            Availability::Ready { detail }
-        } else {
-            let mut reasons = Vec::new();
-            let missing: Vec<&str> = self
-                .prerequisites
-                .iter()
-                .filter(|p| !p.found())
-                .map(|p| p.name)
-                .collect();
-            if !missing.is_empty() {
-                reasons.push(format!("missing {}", missing.join(", ")));
-            }
-            if let Some(u) = self.user_namespaces.as_ref().filter(|u| !u.allowed) {
-                reasons.push(u.detail.clone());
-            }
-            if let Some(p) = self.namespace_probe.as_ref().filter(|p| !p.ok) {
-                reasons.push(format!(
-                    "bubblewrap cannot create a user namespace: {}",
-                    p.detail
-                ));
-            }
-            Availability::Unavailable {
-                reason: reasons.join("; "),
-                remedy: self.remedies.join("; "),
-            }
+            return Availability::Ready { detail };
+        }
+        let mut reasons = Vec::new();
+        if let Some(e) = &self.srt.error {
+            reasons.push(format!("srt is not usable: {e}"));
+        }
+        let missing: Vec<&str> = self
+            .prerequisites
+            .iter()
+            .filter(|p| !p.found())
+            .map(|p| p.name)
+            .collect();
+        if !missing.is_empty() {
+            reasons.push(format!("missing {}", missing.join(", ")));
+        }
+        if let Some(u) = self.user_namespaces.as_ref().filter(|u| !u.allowed) {
+            reasons.push(u.detail.clone());
+        }
+        if let Some(p) = self.namespace_probe.as_ref().filter(|p| !p.ok) {
+            reasons.push(format!(
+                "bubblewrap cannot create a user namespace: {}",
+                p.detail
+            ));
+        }
+        Availability::Unavailable {
+            reason: reasons.join("; "),
+            remedy: self.remedies.join("; "),
         }
     }
 }
@@ -173,12 +178,14 @@ pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
     let path = std::env::var_os("PATH");
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut remedies = Vec::new();
+    let state_dir = crate::settings::agentdiff_state_dir();
     let requested = executable.unwrap_or("srt");
     let srt = match host::resolve_executable(OsStr::new(requested), path.as_deref(), &cwd) {
-        Ok(p) => match crate::backend::srt_version(&p, None).await {
+        Ok(p) => match crate::version::version(&p, None, state_dir.as_deref()).await {
             Ok(v) => SrtStatus {
                 path: Some(p),
-                version: Some(v),
+                version: Some(v.version),
+                version_source: Some(v.source),
                 error: None,
             },
             Err(e) => {
@@ -188,6 +195,7 @@ pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
                 SrtStatus {
                     path: Some(p),
                     version: None,
+                    version_source: None,
                     error: Some(e),
                 }
             }
@@ -197,6 +205,7 @@ pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
             SrtStatus {
                 path: None,
                 version: None,
+                version_source: None,
                 error: Some(e.to_string()),
             }
         }
@@ -265,6 +274,7 @@ mod tests {
             srt: SrtStatus {
                 path: srt_error.is_none().then(|| PathBuf::from("/usr/bin/srt")),
                 version: srt_error.is_none().then(|| "1.2.3".to_string()),
+                version_source: None,
                 error: srt_error.map(str::to_string),
             },
             prerequisites: vec![Prerequisite {

@@ -1,7 +1,9 @@
 //! agentdiff runtime backend `srt`: runs the command under Anthropic's Sandbox Runtime CLI.
 //!
 //! The command is launched as
-//! `srt [--settings FILE] -- AGENTDIFF __srt-exec-shim v1 MARKER ARGC ARGV…`: argv boundaries
+//! `srt --settings FILE -- AGENTDIFF __srt-exec-shim v1 MARKER ARGC ARGV…`, where FILE is the
+//! user's `--srt-settings` or, by default, settings derived from the effective policy
+//! ([`settings`]): argv boundaries
 //! are kept (never `-c`, never a shell string from agentdiff), and `--` always ends srt's own
 //! options. The exec shim marks "the command started" on a FIFO before it `exec`s the argv, so an
 //! exit without the mark is srt's setup failure, never the command's exit code.
@@ -20,12 +22,14 @@ pub mod settings;
 /// The exec shim, shared with other wrapping backends (it lives in the engine).
 #[cfg(unix)]
 pub use agentdiff_engine::process::exec_shim as shim;
+#[cfg(unix)]
+pub mod version;
 
 #[cfg(unix)]
 mod backend;
 
 #[cfg(unix)]
-pub use backend::{capabilities, SrtBackend};
+pub use backend::{capabilities, separate_srt_listeners, SrtBackend};
 #[cfg(unix)]
 pub use doctor::{doctor_report, DoctorReport};
 
@@ -39,9 +43,10 @@ pub const ENFORCEMENT: agentdiff_engine::backend::Enforcement =
 pub const OPT_EXECUTABLE: &str = "srt-executable";
 /// Option key: an srt settings file handed to `srt --settings`.
 pub const OPT_SETTINGS: &str = "srt-settings";
-/// Option key (value `true`): generate the settings from the agentdiff policy.
+/// Option key (`true` or `false`): settings derived from the agentdiff policy. They are the
+/// default; `false` is accepted only together with `srt-settings`.
 pub const OPT_SETTINGS_FROM_POLICY: &str = "srt-settings-from-policy";
-/// Option key (repeatable): a domain the generated settings allow network access to.
+/// Option key (repeatable): a domain the derived settings allow network access to.
 pub const OPT_ALLOW_DOMAIN: &str = "srt-allow-domain";
 /// Option key: the program that runs the exec shim (the `agentdiff` binary).
 pub const OPT_EXEC_SHIM: &str = "srt-exec-shim";

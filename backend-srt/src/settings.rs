@@ -1,20 +1,30 @@
-//! srt settings: which file srt reads, its digest for evidence, and the optional bridge that
-//! generates a settings file from the agentdiff policy.
+//! srt settings: which file srt reads, its digest for evidence, and the derivation of a settings
+//! file from the effective agentdiff policy (the default when no `--srt-settings` is named).
+//!
+//! The derived settings let the command write below its working directory and nowhere else, deny
+//! writes to the evidence store, `.git`, the policy's literal deny paths and agentdiff's per-user
+//! state directory (its key and caches), deny reads of well-known credential locations and of
+//! that state directory, and allow network access only to the domains the run lists
+//! (`srt-allow-domain`, from the command line or the policy's `runtime.options`).
+//!
+//! Not defended: the derived file is a request to srt; agentdiff does not audit srt's
+//! enforcement (the labels stay `requested`). Deny globs srt cannot take on Linux are only
+//! decided after the run. Credential locations outside the listed ones are readable.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use agentdiff_engine::policy::Policy;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-/// Name of the generated settings file in the run capsule.
+/// Name of the derived settings file in the run capsule.
 pub const GENERATED_SETTINGS_FILE: &str = "srt-settings.json";
 /// Name of the file the transaction writes before launch, holding the effective policy.
 pub const POLICY_ARTIFACT: &str = "policy.json";
-/// The file srt reads when `--settings` is not given (relative to `$HOME`).
-pub const SRT_DEFAULT_SETTINGS: &str = ".srt-settings.json";
 
 /// Errors of this module.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +41,7 @@ pub enum SettingsError {
     },
     #[error("cannot read the effective policy from {path}: {message}")]
     Policy { path: PathBuf, message: String },
-    #[error("cannot write the generated srt settings {path}: {source}")]
+    #[error("cannot write the derived srt settings {path}: {source}")]
     Write {
         path: PathBuf,
         #[source]
@@ -42,21 +52,17 @@ pub enum SettingsError {
 /// Where srt's settings come from for one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SettingsChoice {
-    /// A file named with `--srt-settings` (absolute).
+    /// A file named with `--srt-settings` (absolute): it wins over the derivation.
     File(PathBuf),
-    /// Generated from the policy into the capsule at launch (`--srt-settings-from-policy`).
+    /// Derived from the effective policy into the capsule at launch (the default).
     FromPolicy(PathBuf),
-    /// Nothing named: srt reads `$HOME/.srt-settings.json` if it exists, else its built-in
-    /// defaults.
-    SrtDefault,
 }
 
 impl SettingsChoice {
-    /// The path handed to `srt --settings`, if any.
-    pub fn path(&self) -> Option<&Path> {
+    /// The path handed to `srt --settings`.
+    pub fn path(&self) -> &Path {
         match self {
-            SettingsChoice::File(p) | SettingsChoice::FromPolicy(p) => Some(p),
-            SettingsChoice::SrtDefault => None,
+            SettingsChoice::File(p) | SettingsChoice::FromPolicy(p) => p,
         }
     }
 
@@ -64,7 +70,6 @@ impl SettingsChoice {
         match self {
             SettingsChoice::File(_) => "file",
             SettingsChoice::FromPolicy(_) => "generated_from_policy",
-            SettingsChoice::SrtDefault => "srt_default",
         }
     }
 }
@@ -105,50 +110,138 @@ pub fn digest_file(path: &Path) -> Result<(String, u64), SettingsError> {
     Ok((hex::encode(Sha256::digest(&bytes)), bytes.len() as u64))
 }
 
-/// Evidence for the settings srt used: source, path and digest, or "srt built-in defaults".
-pub fn settings_evidence(
-    choice: &SettingsChoice,
-    env: &[(OsString, OsString)],
-) -> Result<Value, SettingsError> {
-    match choice {
-        SettingsChoice::File(path) | SettingsChoice::FromPolicy(path) => {
-            let (sha256, bytes) = digest_file(path)?;
-            Ok(json!({
-                "source": choice.source_label(),
-                "path": path.to_string_lossy(),
-                "sha256": sha256,
-                "bytes": bytes,
-            }))
-        }
-        SettingsChoice::SrtDefault => {
-            // srt reads $HOME/.srt-settings.json when no --settings is given; say which applied.
-            let home = env
-                .iter()
-                .rev()
-                .find(|(k, _)| k == "HOME")
-                .map(|(_, v)| PathBuf::from(v));
-            let default_file = home.map(|h| h.join(SRT_DEFAULT_SETTINGS));
-            match default_file.as_deref().filter(|p| p.is_file()) {
-                Some(path) => {
-                    let (sha256, bytes) = digest_file(path)?;
-                    Ok(json!({
-                        "source": "srt_default_file",
-                        "path": path.to_string_lossy(),
-                        "sha256": sha256,
-                        "bytes": bytes,
-                    }))
-                }
-                None => Ok(json!({
-                    "source": "srt_builtin_defaults",
-                    "description": "srt built-in defaults",
-                    "checked_default_path": default_file.map(|p| p.to_string_lossy().into_owned()),
-                })),
-            }
-        }
-    }
+/// Evidence for the settings srt used: source, path, digest and size of the exact bytes.
+pub fn settings_evidence(choice: &SettingsChoice) -> Result<Value, SettingsError> {
+    let path = choice.path();
+    let (sha256, bytes) = digest_file(path)?;
+    Ok(json!({
+        "source": choice.source_label(),
+        "path": path.to_string_lossy(),
+        "sha256": sha256,
+        "bytes": bytes,
+    }))
 }
 
-/// A settings file generated from the policy, and what it could not express.
+/// Credential locations below a home directory whose reads the derived settings deny.
+pub const CREDENTIAL_LOCATIONS: &[&str] = &[
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".config/gh",
+    ".config/hub",
+    ".kube",
+    ".docker/config.json",
+    ".netrc",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".terraform.d/credentials.tfrc.json",
+    ".vault-token",
+];
+
+/// agentdiff's per-user state directory (its key and caches): `$XDG_STATE_HOME/agentdiff` when
+/// that is an absolute path, else `$HOME/.local/state/agentdiff`, from agentdiff's own
+/// environment. `None` when neither variable gives an absolute path.
+pub fn agentdiff_state_dir() -> Option<PathBuf> {
+    state_dir_from(
+        std::env::var_os("XDG_STATE_HOME").as_deref(),
+        std::env::var_os("HOME").as_deref(),
+    )
+}
+
+fn state_dir_from(xdg_state_home: Option<&OsStr>, home: Option<&OsStr>) -> Option<PathBuf> {
+    let absolute = |v: Option<&OsStr>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    absolute(xdg_state_home)
+        .map(|x| x.join("agentdiff"))
+        .or_else(|| absolute(home).map(|h| h.join(".local/state/agentdiff")))
+}
+
+/// The home directories whose credential locations are denied: the command's `HOME` and
+/// agentdiff's own, when they are absolute paths.
+pub fn home_dirs(env: &[(OsString, OsString)]) -> Vec<PathBuf> {
+    let command_home = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "HOME")
+        .map(|(_, v)| PathBuf::from(v));
+    let mut homes: Vec<PathBuf> = Vec::new();
+    for h in [command_home, std::env::var_os("HOME").map(PathBuf::from)]
+        .into_iter()
+        .flatten()
+    {
+        if h.is_absolute() && !homes.contains(&h) {
+            homes.push(h);
+        }
+    }
+    homes
+}
+
+/// The effective policy's filesystem deny patterns and where they came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyDenies {
+    pub patterns: Vec<String>,
+    /// `run_capsule` (the transaction's `policy.json`) or `built_in` (no `policy.json`: a probe
+    /// or a direct backend call outside a transaction).
+    pub source: &'static str,
+}
+
+/// The capsule's `policy.json` as the transaction writes it (a bare policy document is
+/// accepted too).
+#[derive(Debug, Deserialize)]
+struct PolicyArtifact {
+    effective: Option<Value>,
+}
+
+/// Read the effective policy's deny patterns from the capsule's `policy.json`. Without that
+/// file (outside a transaction) the built-in policy applies, and the source says so.
+pub fn effective_policy_denies(capsule_dir: &Path) -> Result<PolicyDenies, SettingsError> {
+    let path = capsule_dir.join(POLICY_ARTIFACT);
+    let err = |message: String| SettingsError::Policy {
+        path: path.clone(),
+        message,
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(PolicyDenies {
+                patterns: Policy::builtin().deny_patterns(),
+                source: "built_in",
+            })
+        }
+        Err(e) => return Err(err(e.to_string())),
+    };
+    let artifact: PolicyArtifact = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let policy = match artifact.effective {
+        Some(doc) => Policy::from_yaml_or_json(&doc.to_string(), &path.to_string_lossy()),
+        None => Policy::from_yaml_or_json(&text, &path.to_string_lossy()),
+    }
+    .map_err(|e| err(e.to_string()))?;
+    Ok(PolicyDenies {
+        patterns: policy.deny_patterns(),
+        source: "run_capsule",
+    })
+}
+
+/// Everything the derivation reads.
+#[derive(Debug, Clone)]
+pub struct BridgeInput<'a> {
+    pub workdir: &'a Path,
+    pub root: &'a Path,
+    pub capsule_dir: &'a Path,
+    pub denies: &'a [String],
+    pub allow_domains: &'a [String],
+    /// Home directories whose [`CREDENTIAL_LOCATIONS`] are denied for reading.
+    pub homes: &'a [PathBuf],
+    /// agentdiff's state directory ([`agentdiff_state_dir`]).
+    pub state_dir: Option<&'a Path>,
+}
+
+/// A settings file derived from the policy, and what it could not express.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bridged {
     pub settings: Value,
@@ -156,34 +249,9 @@ pub struct Bridged {
     pub expressed: Vec<String>,
     /// Policy deny patterns srt cannot take on Linux (globs other than a trailing `/**`).
     pub not_expressed: Vec<String>,
-}
-
-/// Read the effective policy's filesystem deny patterns from the capsule's `policy.json`
-/// (the `effective` object the transaction writes; a bare policy document is accepted too).
-pub fn read_policy_denies(capsule_dir: &Path) -> Result<Vec<String>, SettingsError> {
-    let path = capsule_dir.join(POLICY_ARTIFACT);
-    let err = |message: String| SettingsError::Policy {
-        path: path.clone(),
-        message,
-    };
-    let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
-    let doc: Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-    let policy = doc.get("effective").unwrap_or(&doc);
-    let filesystem = policy
-        .get("filesystem")
-        .ok_or_else(|| err("no `effective.filesystem` section".into()))?;
-    match filesystem.get("deny") {
-        None => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| err("`filesystem.deny` holds a non-string".into()))
-            })
-            .collect(),
-        Some(_) => Err(err("`filesystem.deny` is not a list".into())),
-    }
+    /// Read denials left out because the working directory lies inside them (the command could
+    /// not run at all); the paths stay readable.
+    pub reads_left_readable: Vec<String>,
 }
 
 /// The literal root-relative path a policy pattern names, when srt on Linux can take it:
@@ -200,49 +268,64 @@ fn literal_path(pattern: &str) -> Option<&str> {
     }
 }
 
-/// Translate the policy into srt settings: writes allowed below `workdir`, the evidence store
-/// and the policy's literal deny paths as `denyWrite`, no read denials, and network only to
-/// `allow_domains` (none: no network).
-pub fn bridge(
-    workdir: &Path,
-    root: &Path,
-    capsule_dir: &Path,
-    denies: &[String],
-    allow_domains: &[String],
-) -> Bridged {
+fn push_unique(list: &mut Vec<String>, p: &Path) {
+    let s = p.to_string_lossy().into_owned();
+    if !list.contains(&s) {
+        list.push(s);
+    }
+}
+
+/// Translate the policy into srt settings (see the module documentation).
+pub fn bridge(input: &BridgeInput<'_>) -> Bridged {
     let mut deny_write: Vec<String> = Vec::new();
-    let mut push = |p: PathBuf| {
-        let s = p.to_string_lossy().into_owned();
-        if !deny_write.contains(&s) {
-            deny_write.push(s);
-        }
-    };
-    // The command must not rewrite the evidence of its own run.
-    let store = root.join(".agentdiff");
-    push(store.clone());
-    if !capsule_dir.starts_with(&store) {
-        push(capsule_dir.to_path_buf());
+    // The command must not rewrite the evidence of its own run, nor Git's control data.
+    let store = input.root.join(".agentdiff");
+    push_unique(&mut deny_write, &store);
+    if !input.capsule_dir.starts_with(&store) {
+        push_unique(&mut deny_write, input.capsule_dir);
+    }
+    if let Some(state) = input.state_dir {
+        push_unique(&mut deny_write, state);
+    }
+    push_unique(&mut deny_write, &input.root.join(".git"));
+    if input.workdir != input.root {
+        push_unique(&mut deny_write, &input.workdir.join(".git"));
     }
     let mut expressed = Vec::new();
     let mut not_expressed = Vec::new();
-    for pattern in denies {
+    for pattern in input.denies {
         match literal_path(pattern) {
             Some(rel) => {
-                push(workdir.join(rel));
+                push_unique(&mut deny_write, &input.workdir.join(rel));
                 expressed.push(pattern.clone());
             }
             None => not_expressed.push(pattern.clone()),
         }
     }
+    let mut deny_read: Vec<String> = Vec::new();
+    let mut reads_left_readable = Vec::new();
+    let readable_needed = |p: &Path| input.workdir.starts_with(p) || input.root.starts_with(p);
+    let candidates = input
+        .homes
+        .iter()
+        .flat_map(|h| CREDENTIAL_LOCATIONS.iter().map(move |rel| h.join(rel)))
+        .chain(input.state_dir.map(Path::to_path_buf));
+    for p in candidates {
+        if readable_needed(&p) {
+            push_unique(&mut reads_left_readable, &p);
+        } else {
+            push_unique(&mut deny_read, &p);
+        }
+    }
     let settings = json!({
         "filesystem": {
-            "denyRead": [],
+            "denyRead": deny_read,
             "allowRead": [],
-            "allowWrite": [workdir.to_string_lossy()],
+            "allowWrite": [input.workdir.to_string_lossy()],
             "denyWrite": deny_write,
         },
         "network": {
-            "allowedDomains": allow_domains,
+            "allowedDomains": input.allow_domains,
             "deniedDomains": [],
         },
     });
@@ -250,11 +333,13 @@ pub fn bridge(
         settings,
         expressed,
         not_expressed,
+        reads_left_readable,
     }
 }
 
-/// Write generated settings to `path` (which must not exist yet), mode 0600.
-pub fn write_generated(path: &Path, settings: &Value) -> Result<(), SettingsError> {
+/// Write derived settings to `path` (which must not exist yet), mode 0600. Not flushed to disk:
+/// the file lives only for the run and srt reads it from the page cache.
+pub fn write_generated(path: &Path, settings: &Value) -> Result<Vec<u8>, SettingsError> {
     let err = |source| SettingsError::Write {
         path: path.to_path_buf(),
         source,
@@ -269,17 +354,18 @@ pub fn write_generated(path: &Path, settings: &Value) -> Result<(), SettingsErro
         .open(path)
         .map_err(err)?;
     file.write_all(&text).map_err(err)?;
-    file.sync_all().map_err(err)
+    Ok(text)
 }
 
-/// What the policy bridge cannot express, recorded with every generated file.
+/// What the policy bridge cannot express, recorded with every derived file.
 pub const BRIDGE_LIMITS: &[&str] = &[
     "review and allow_write patterns are not sandbox rules: every path below the working \
      directory stays writable and is decided after the run",
     "deny globs other than a literal path or `dir/**` are not passed to srt (bubblewrap binds \
      literal paths only); they are still decided after the run",
     "process rules and limits are applied by agentdiff, not by srt",
-    "reads are not restricted (denyRead is empty)",
+    "reads are denied only for the listed credential locations and agentdiff's state directory; \
+     everything else the user can read stays readable",
 ];
 
 #[cfg(test)]
@@ -299,19 +385,31 @@ mod tests {
         assert_eq!(literal_path("**"), None);
     }
 
+    fn input<'a>(denies: &'a [String], homes: &'a [PathBuf]) -> BridgeInput<'a> {
+        BridgeInput {
+            workdir: Path::new("/w"),
+            root: Path::new("/w"),
+            capsule_dir: Path::new("/w/.agentdiff/runs/r1"),
+            denies,
+            allow_domains: &[],
+            homes,
+            state_dir: Some(Path::new("/h/.local/state/agentdiff")),
+        }
+    }
+
     #[test]
-    fn bridge_allows_the_workdir_and_denies_the_store_and_literal_paths() {
-        let b = bridge(
-            Path::new("/w"),
-            Path::new("/w"),
-            Path::new("/w/.agentdiff/runs/r1"),
-            &[".env".into(), ".git/**".into(), "**/*.key".into()],
-            &[],
-        );
+    fn bridge_allows_the_workdir_and_denies_the_store_git_state_and_literal_paths() {
+        let denies = [".env".to_string(), ".git/**".into(), "**/*.key".into()];
+        let b = bridge(&input(&denies, &[]));
         assert_eq!(b.settings["filesystem"]["allowWrite"], json!(["/w"]));
         assert_eq!(
             b.settings["filesystem"]["denyWrite"],
-            json!(["/w/.agentdiff", "/w/.env", "/w/.git"])
+            json!([
+                "/w/.agentdiff",
+                "/h/.local/state/agentdiff",
+                "/w/.git",
+                "/w/.env"
+            ])
         );
         assert_eq!(b.settings["network"]["allowedDomains"], json!([]));
         assert_eq!(b.expressed, vec![".env", ".git/**"]);
@@ -319,21 +417,70 @@ mod tests {
     }
 
     #[test]
-    fn policy_denies_are_read_from_the_effective_policy() {
+    fn bridge_denies_credential_reads_but_never_the_working_directory() {
+        let homes = [PathBuf::from("/h")];
+        let b = bridge(&input(&[], &homes));
+        let reads = b.settings["filesystem"]["denyRead"].as_array().unwrap();
+        for p in [
+            "/h/.ssh",
+            "/h/.aws",
+            "/h/.netrc",
+            "/h/.local/state/agentdiff",
+        ] {
+            assert!(reads.contains(&json!(p)), "{p} not in {reads:?}");
+        }
+        assert!(b.reads_left_readable.is_empty());
+        // A project that lives inside a credential location stays usable; the read denial that
+        // would hide it is left out and said so.
+        let mut i = input(&[], &homes);
+        i.workdir = Path::new("/h/.ssh/project");
+        i.root = Path::new("/h/.ssh/project");
+        let b = bridge(&i);
+        let reads = b.settings["filesystem"]["denyRead"].as_array().unwrap();
+        assert!(!reads.contains(&json!("/h/.ssh")));
+        assert_eq!(b.reads_left_readable, vec!["/h/.ssh"]);
+    }
+
+    #[test]
+    fn the_state_directory_follows_xdg_then_home() {
+        let s =
+            |x: Option<&str>, h: Option<&str>| state_dir_from(x.map(OsStr::new), h.map(OsStr::new));
+        assert_eq!(
+            s(Some("/x"), Some("/h")),
+            Some(PathBuf::from("/x/agentdiff"))
+        );
+        assert_eq!(
+            s(Some("relative"), Some("/h")),
+            Some(PathBuf::from("/h/.local/state/agentdiff"))
+        );
+        assert_eq!(s(None, Some("rel")), None);
+    }
+
+    #[test]
+    fn policy_denies_come_from_the_effective_policy_or_the_built_in_one() {
         let dir = tempfile::tempdir().unwrap();
+        let d = effective_policy_denies(dir.path()).unwrap();
+        assert_eq!(d.source, "built_in");
+        assert_eq!(d.patterns, Policy::builtin().deny_patterns());
+        let effective = Policy::from_yaml_or_json(
+            "version: 1\nfilesystem:\n  deny: [.env, \"**/*.pem\"]\n",
+            "t.yaml",
+        )
+        .unwrap()
+        .to_json();
         std::fs::write(
             dir.path().join(POLICY_ARTIFACT),
-            r#"{"effective":{"filesystem":{"deny":[".env","**/*.pem"]}}}"#,
+            json!({ "effective": effective }).to_string(),
         )
         .unwrap();
-        assert_eq!(
-            read_policy_denies(dir.path()).unwrap(),
-            vec![".env".to_string(), "**/*.pem".to_string()]
-        );
+        let d = effective_policy_denies(dir.path()).unwrap();
+        assert_eq!(d.source, "run_capsule");
+        assert_eq!(d.patterns, vec![".env".to_string(), "**/*.pem".to_string()]);
+        // A policy.json that is there but not a policy is an error, never the built-in policy.
         std::fs::write(dir.path().join(POLICY_ARTIFACT), r#"{"effective":{}}"#).unwrap();
-        assert!(read_policy_denies(dir.path()).is_err());
-        std::fs::remove_file(dir.path().join(POLICY_ARTIFACT)).unwrap();
-        assert!(read_policy_denies(dir.path()).is_err());
+        assert!(effective_policy_denies(dir.path()).is_err());
+        std::fs::write(dir.path().join(POLICY_ARTIFACT), "not json").unwrap();
+        assert!(effective_policy_denies(dir.path()).is_err());
     }
 
     #[test]
@@ -356,22 +503,6 @@ mod tests {
             sha,
             "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
-    }
-
-    #[test]
-    fn default_settings_evidence_names_the_builtin_defaults_or_the_home_file() {
-        let home = tempfile::tempdir().unwrap();
-        let env = vec![(
-            OsString::from("HOME"),
-            home.path().as_os_str().to_os_string(),
-        )];
-        let v = settings_evidence(&SettingsChoice::SrtDefault, &env).unwrap();
-        assert_eq!(v["source"], "srt_builtin_defaults");
-        assert_eq!(v["description"], "srt built-in defaults");
-        std::fs::write(home.path().join(SRT_DEFAULT_SETTINGS), b"{}").unwrap();
-        let v = settings_evidence(&SettingsChoice::SrtDefault, &env).unwrap();
-        assert_eq!(v["source"], "srt_default_file");
-        assert_eq!(v["bytes"], 2);
     }
 
     #[test]

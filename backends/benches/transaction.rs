@@ -7,7 +7,9 @@
 //! - peak memory (max RSS) of agentdiff (target ≤ 64 MB at N=8);
 //! - `git status` for reference;
 //! - in an empty directory: `agentdiff run -- true` against `true` (target: ≤ 15 ms added, median)
-//!   and agentdiff's CPU while the command sleeps 10 s (target: ≤ 2% of one core).
+//!   and agentdiff's CPU while the command sleeps 10 s (target: ≤ 2% of one core);
+//! - with srt on PATH: `agentdiff run --runtime srt -- true` against bare `srt -- true`, measured
+//!   pair by pair (target: ratio of medians ≤ 1.10).
 //!
 //! Run with `cargo bench -p agentdiff --bench transaction` (set `AGENTDIFF_BENCH_N=1,8` to choose
 //! scales and `AGENTDIFF_CORPUS=DIR` to point at the corpus folder).
@@ -131,6 +133,75 @@ fn launch_overhead(bin: &Path) {
     );
 }
 
+/// `agentdiff run --runtime srt -- true` against bare `srt -- true`, alternating one of each so
+/// both see the same machine load; the ratio is of the medians.
+fn srt_overhead(bin: &Path) {
+    if Command::new("srt")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        println!("srt: SKIPPED (not a pass): `srt --version` does not run here");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pairs = 21;
+    // One warm-up of each (page cache, srt's version cached by agentdiff).
+    let _ = measure(
+        Command::new("srt")
+            .args(["--", "true"])
+            .current_dir(dir.path()),
+    );
+    let _ = measure(
+        Command::new(bin)
+            .args([
+                "run",
+                "--runtime",
+                "srt",
+                "--fail-on",
+                "never",
+                "--",
+                "true",
+            ])
+            .current_dir(dir.path()),
+    );
+    let (mut bare, mut wrapped) = (Vec::new(), Vec::new());
+    for _ in 0..pairs {
+        let b = measure(
+            Command::new("srt")
+                .args(["--", "true"])
+                .current_dir(dir.path()),
+        );
+        assert_eq!(b.code, 0, "srt -- true failed");
+        let w = measure(
+            Command::new(bin)
+                .args([
+                    "run",
+                    "--runtime",
+                    "srt",
+                    "--fail-on",
+                    "never",
+                    "--",
+                    "true",
+                ])
+                .current_dir(dir.path()),
+        );
+        assert_eq!(w.code, 0, "agentdiff run --runtime srt -- true failed");
+        bare.push(b.wall);
+        wrapped.push(w.wall);
+    }
+    let (b, w) = (median(bare), median(wrapped));
+    println!(
+        "srt: bare `srt -- true` {:.1} ms, `agentdiff run --runtime srt -- true` {:.1} ms \
+         (medians of {pairs} alternating pairs): ratio {:.3}x   [target <= 1.10x]",
+        b.as_secs_f64() * 1000.0,
+        w.as_secs_f64() * 1000.0,
+        w.as_secs_f64() / b.as_secs_f64()
+    );
+}
+
 fn sh(script: &str, dir: &Path) -> Command {
     let mut c = Command::new("sh");
     c.arg("-c").arg(script).current_dir(dir);
@@ -161,6 +232,7 @@ fn main() {
     let state = tempfile::tempdir().expect("tempdir");
     std::env::set_var("AGENTDIFF_STATE_DIR", state.path());
     launch_overhead(&bin);
+    srt_overhead(&bin);
     let Some(corpus) = corpus_dir() else {
         println!(
             "SKIPPED: corpus not found (set AGENTDIFF_CORPUS to the folder with make-corpus.sh)"

@@ -53,8 +53,17 @@ pub fn skip_unless_required(reason: &str) -> bool {
             panic!("required component missing: {reason} ({REQUIRE_REAL_BACKENDS_ENV}=1)");
         }
     }
-    eprintln!("SKIPPED (not a pass): {reason}");
+    print_skip(reason);
     true
+}
+
+/// Print `SKIPPED (not a pass): <reason>` on the real standard error. The test harness captures
+/// only `eprintln!`, so the line shows in `cargo test` output even for a test that passes, and
+/// `.ci/run` counts these lines.
+pub fn print_skip(reason: &str) {
+    use std::io::Write;
+    let line = format!("SKIPPED (not a pass): {}\n", reason.replace('\n', " "));
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Builds a fresh backend instance; called once per check.
@@ -374,6 +383,13 @@ pub fn assert_conformant(factory: BackendFactory, options: SuiteOptions) -> Repo
     };
     let report = rt.block_on(run_suite(factory, options));
     println!("{}", report.to_tap());
+    if let Availability::Unavailable { reason, remedy } = &report.availability {
+        print_skip(&format!(
+            "conformance of backend `{}`: {} check(s) that launch were skipped: backend \
+             unavailable: {reason}; {remedy}",
+            report.backend, report.summary.skipped
+        ));
+    }
     if !report.conformant() {
         panic!(
             "backend `{}` is not conformant: MUST checks failed: {}",

@@ -35,7 +35,9 @@ impl Fixture {
     /// A fixture whose PATH holds the fake srt and stub prerequisites.
     pub fn fake() -> Fixture {
         let f = Fixture::bare();
-        std::os::unix::fs::symlink(FAKE_SRT, f.bin.join("srt")).unwrap();
+        // A copy, not a link: each fixture's srt is a binary of its own identity, so a version
+        // cached for another fixture's srt never answers for this one.
+        std::fs::copy(FAKE_SRT, f.bin.join("srt")).unwrap();
         for p in ["bwrap", "socat", "rg"] {
             write_exec(&f.bin.join(p), "#!/bin/sh\nexit 0\n");
         }

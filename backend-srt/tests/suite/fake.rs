@@ -76,8 +76,15 @@ fn argv_boundaries_reach_the_command_unchanged() {
         .collect();
     let sep = got.iter().position(|a| a == "--").unwrap();
     assert_eq!(
-        sep, 1,
-        "no srt option before `--` without settings: {got:?}"
+        got[1..sep],
+        [
+            "--settings".to_string(),
+            f.capsule
+                .join("srt-settings.json")
+                .to_string_lossy()
+                .into_owned()
+        ],
+        "only the derived settings before `--`: {got:?}"
     );
     assert!(!got[..sep].iter().any(|a| a == "-c"), "{got:?}");
     assert_eq!(got[sep + 1], SHIM);
@@ -121,13 +128,65 @@ fn settings_go_before_the_separator_and_are_digested() {
 }
 
 #[test]
-fn no_settings_is_recorded_as_srt_builtin_defaults() {
+fn no_settings_means_settings_derived_from_the_built_in_policy() {
+    // No policy.json in the capsule (a direct backend call, as probes make): the built-in
+    // policy's denies apply, and the evidence says so.
     let f = Fixture::fake();
     let ev = run(&f, f.spec(&["/bin/true"]));
     let w = ev.wrapper.unwrap();
-    assert_eq!(w["settings"]["description"], "srt built-in defaults");
+    assert_eq!(w["settings"]["source"], "generated_from_policy");
+    assert_eq!(w["settings"]["bridge"]["policy_source"], "built_in");
+    let content = &w["settings"]["bridge"]["content"];
+    let root = f.root.to_string_lossy().into_owned();
+    assert_eq!(content["filesystem"]["allowWrite"], json!([root]));
+    let deny_write = content["filesystem"]["denyWrite"].as_array().unwrap();
+    for p in [".agentdiff", ".git", ".env", ".ssh"] {
+        assert!(
+            deny_write.contains(&json!(format!("{root}/{p}"))),
+            "{p}: {deny_write:?}"
+        );
+    }
+    let deny_read = content["filesystem"]["denyRead"].as_array().unwrap();
+    let home = f.home.to_string_lossy().into_owned();
+    assert!(
+        deny_read.contains(&json!(format!("{home}/.ssh"))),
+        "{deny_read:?}"
+    );
+    assert!(
+        deny_read.contains(&json!(format!("{home}/.aws"))),
+        "{deny_read:?}"
+    );
+    assert_eq!(content["network"]["allowedDomains"], json!([]));
+    // The digest is of the exact bytes srt read.
+    {
+        use sha2::Digest;
+        let read_by_srt = f.settings_record().unwrap();
+        assert_eq!(
+            w["settings"]["sha256"],
+            hex::encode(sha2::Sha256::digest(read_by_srt.as_bytes()))
+        );
+    }
     assert_eq!(w["version"], "0.0.0-fake");
+    assert_eq!(w["version_source"], "probed");
     assert_eq!(w["sandbox"], "requested_not_verified");
+}
+
+#[test]
+fn the_srt_version_is_probed_once_per_binary_identity() {
+    let f = Fixture::fake();
+    run(&f, f.spec(&["/bin/true"]));
+    let ev = run(&f, f.spec(&["/bin/true"]));
+    assert_eq!(ev.wrapper.unwrap()["version_source"], "cached");
+    let versions = f
+        .records()
+        .iter()
+        .filter(|r| {
+            r["argv"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|a| a == "--version"))
+        })
+        .count();
+    assert_eq!(versions, 1, "`srt --version` ran once for two runs");
 }
 
 #[test]
@@ -321,12 +380,20 @@ fn bad_settings_paths_are_invalid_requests() {
         BackendError::InvalidRequest { .. }
     ));
 
+    // Domains go into derived settings only, not into the user's own file.
     let mut f = Fixture::fake();
     f.options.push(OPT_ALLOW_DOMAIN, "example.com");
+    f.options.push(OPT_SETTINGS, "/etc/hostname");
     assert!(matches!(
         prepare_err(&f, &["/bin/true"]),
         BackendError::InvalidRequest { .. }
     ));
+
+    // `false` without a file to take the derived settings' place.
+    let mut f = Fixture::fake();
+    f.options.push(OPT_SETTINGS_FROM_POLICY, "false");
+    let err = prepare_err(&f, &["/bin/true"]);
+    assert!(err.to_string().contains("--srt-settings"), "{err}");
 }
 
 #[test]
@@ -348,7 +415,7 @@ fn prepare_is_pure() {
 #[test]
 fn the_exec_shim_must_be_located() {
     if std::env::var_os(agentdiff_backend_srt::ENV_EXEC_SHIM).is_some() {
-        eprintln!("SKIPPED (not a pass): AGENTDIFF_SRT_EXEC_SHIM is set in this environment");
+        agentdiff_conformance::print_skip("AGENTDIFF_SRT_EXEC_SHIM is set in this environment");
         return;
     }
     let mut f = Fixture::fake();
@@ -398,7 +465,8 @@ fn settings_from_policy_are_generated_in_the_capsule() {
     let mut f = Fixture::fake();
     std::fs::write(
         f.capsule.join("policy.json"),
-        json!({"effective": {"filesystem": {"deny": [".env", ".git/**", "**/*.pem"]}}}).to_string(),
+        json!({"effective": {"version": 1, "filesystem": {"deny": [".env", ".git/**", "**/*.pem"]}}})
+            .to_string(),
     )
     .unwrap();
     f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
@@ -414,14 +482,15 @@ fn settings_from_policy_are_generated_in_the_capsule() {
     let settings: serde_json::Value = serde_json::from_str(&read_by_srt).unwrap();
     let root = f.root.to_string_lossy().into_owned();
     assert_eq!(settings["filesystem"]["allowWrite"], json!([root]));
-    assert_eq!(
-        settings["filesystem"]["denyWrite"],
-        json!([
-            format!("{root}/.agentdiff"),
-            format!("{root}/.env"),
-            format!("{root}/.git")
-        ])
-    );
+    let deny_write = settings["filesystem"]["denyWrite"].as_array().unwrap();
+    for p in [".agentdiff", ".env", ".git"] {
+        assert!(
+            deny_write.contains(&json!(format!("{root}/{p}"))),
+            "{p}: {deny_write:?}"
+        );
+    }
+    // The policy in the capsule, not the built-in one: `.ssh` is not denied here.
+    assert!(!deny_write.contains(&json!(format!("{root}/.ssh"))));
     assert_eq!(
         settings["network"]["allowedDomains"],
         json!(["example.com"])
@@ -445,9 +514,14 @@ fn settings_from_policy_are_generated_in_the_capsule() {
 }
 
 #[test]
-fn settings_from_policy_without_a_policy_refuses_to_launch() {
-    let mut f = Fixture::fake();
-    f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
+fn a_policy_json_that_is_not_a_policy_refuses_to_launch() {
+    // Never a silent fallback to the built-in policy when the run's policy cannot be read.
+    let f = Fixture::fake();
+    std::fs::write(
+        f.capsule.join("policy.json"),
+        r#"{"effective": {"filesystem": {}}}"#,
+    )
+    .unwrap();
     let prepared = SrtBackend::new().prepare(&f.spec(&["/bin/true"])).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

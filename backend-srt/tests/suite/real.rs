@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use agentdiff_backend_srt::{OPT_SETTINGS, OPT_SETTINGS_FROM_POLICY};
+use agentdiff_backend_srt::OPT_SETTINGS;
 use agentdiff_engine::backend::{FailureKind, Level};
 use serde_json::json;
 
@@ -186,30 +186,44 @@ fn real_srt_setup_failure_and_command_exit_1_are_told_apart() {
 }
 
 #[test]
-fn real_srt_with_settings_from_policy_protects_denied_paths_and_the_store() {
-    if real_srt("real_srt_with_settings_from_policy").is_none() {
+fn real_srt_with_no_options_protects_denied_paths_the_store_and_the_outside() {
+    if real_srt("real_srt_with_no_options").is_none() {
         return;
     }
-    let mut f = Fixture::bare();
+    let f = Fixture::bare();
     std::fs::write(f.root.join(".env"), "SECRET=1\n").unwrap();
     let env_before = sha256_file(&f.root.join(".env"));
     std::fs::write(
         f.capsule.join("policy.json"),
-        json!({"effective": {"filesystem": {"deny": [".env"]}}}).to_string(),
+        json!({"effective": {"version": 1, "filesystem": {"deny": [".env", "secrets/**"]}}})
+            .to_string(),
     )
     .unwrap();
-    f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
-    let script = "echo ok > allowed.txt; echo x > .env; echo x > .agentdiff/forged; exit 0";
+    let outside = f.dir.path().join("outside.txt");
+    // Each attempt in its own `sh -c` so one refusal does not stop the others.
+    let script = format!(
+        "echo ok > allowed.txt; (echo x > .env); (mkdir -p secrets && echo x > secrets/k); \
+         (echo x > .agentdiff/forged); (echo x > '{}'); (mkdir -p .git/hooks && echo x > \
+         .git/hooks/pre-commit); exit 0",
+        outside.display()
+    );
     let ev = run(
         &f,
         f.spec_os(vec!["/bin/sh".into(), "-c".into(), script.into()], true),
     );
     assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
-    assert!(f.root.join("allowed.txt").exists());
-    assert_eq!(sha256_file(&f.root.join(".env")), env_before);
-    assert!(!f.root.join(".agentdiff/forged").exists());
+    assert!(f.root.join("allowed.txt").exists(), "inside write");
+    assert_eq!(sha256_file(&f.root.join(".env")), env_before, ".env");
+    assert!(
+        !f.root.join("secrets/k").exists(),
+        "denied path not yet existing"
+    );
+    assert!(!f.root.join(".agentdiff/forged").exists(), "evidence store");
+    assert!(!outside.exists(), "outside the root");
+    assert!(!f.root.join(".git/hooks/pre-commit").exists(), ".git");
     let w = ev.wrapper.unwrap();
     assert_eq!(w["settings"]["source"], "generated_from_policy");
+    assert_eq!(w["settings"]["bridge"]["policy_source"], "run_capsule");
     assert_eq!(w["settings"]["bridge"]["controls"], "requested");
     assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
 }

@@ -117,26 +117,37 @@ fn real_srt_run_is_recorded_by_the_transaction() {
 }
 
 #[test]
-fn real_srt_settings_from_policy_are_recorded_and_the_capsule_seals() {
-    if super::real::real_srt("real_srt_settings_from_policy_are_recorded").is_none() {
+fn real_srt_with_no_options_derives_settings_and_the_capsule_seals() {
+    if super::real::real_srt("real_srt_with_no_options_derives_settings").is_none() {
         return;
     }
-    let mut f = Fixture::bare();
+    let f = Fixture::bare();
     std::fs::remove_dir_all(f.root.join(".agentdiff")).unwrap();
     std::fs::write(f.root.join(".env"), "SECRET=1\n").unwrap();
     let env_before = sha256_file(&f.root.join(".env"));
-    f.options
-        .push(agentdiff_backend_srt::OPT_SETTINGS_FROM_POLICY, "true");
-    let argv: Vec<OsString> = ["/bin/sh", "-c", "echo ok > ok.txt; echo x > .env; exit 0"]
-        .iter()
-        .map(OsString::from)
-        .collect();
+    // No settings option at all: derived from the (built-in) policy by default.
+    let argv: Vec<OsString> = [
+        "/bin/sh",
+        "-c",
+        "echo ok > ok.txt; (echo x > .env); (echo x > .agentdiff/forged); exit 0",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
     // `run` returns an error when the seal finds an unknown file in the capsule.
     let outcome = run_transaction(&f, argv);
     assert_eq!(outcome.result.exit_code, Some(0), "{}", stderr_of(&f));
     // The built-in policy denies .env; the generated settings made srt refuse the write.
     assert_eq!(sha256_file(&f.root.join(".env")), env_before);
     assert!(f.root.join("ok.txt").exists());
+    assert!(!f.root.join(".agentdiff/forged").exists());
+    let paths: Vec<&str> = outcome
+        .result
+        .changes
+        .iter()
+        .map(|c| c.path.as_str())
+        .collect();
+    assert_eq!(paths, vec!["ok.txt"], "only the inside write is a change");
     let doc: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(outcome.capsule_dir.join("runtime.json")).unwrap(),
     )
@@ -159,4 +170,50 @@ fn real_srt_settings_from_policy_are_recorded_and_the_capsule_seals() {
         Level::Requested
     );
     assert!(!outcome.capsule_dir.join("srt-settings.json").exists());
+}
+
+#[test]
+fn real_srt_proxy_listeners_are_infrastructure_not_the_commands() {
+    if super::real::real_srt("real_srt_proxy_listeners_are_infrastructure").is_none() {
+        return;
+    }
+    let f = Fixture::bare();
+    std::fs::remove_dir_all(f.root.join(".agentdiff")).unwrap();
+    let outcome = run_transaction(&f, vec![OsString::from("true")]);
+    assert_eq!(outcome.result.exit_code, Some(0), "{}", stderr_of(&f));
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(outcome.capsule_dir.join("runtime.json")).unwrap(),
+    )
+    .unwrap();
+    // Other tests run srt at the same time: their proxies may show up as machine-wide,
+    // unattributed listeners. Nothing attributed to this run may remain in `opened`.
+    let opened = doc["ports"]["opened"].as_array().unwrap();
+    assert!(
+        opened.iter().all(|l| l["attributed"] == false),
+        "{:#}",
+        doc["ports"]
+    );
+    assert!(
+        !doc["ports"]["infrastructure"]
+            .as_array()
+            .map_or(true, Vec::is_empty),
+        "srt's proxy was seen: {:#}",
+        doc["ports"]
+    );
+    // srt's proxy, when a snapshot saw it, is recorded as srt's and held by the srt process.
+    let root_pid = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["relation"] == "root")
+        .unwrap()["identity"]["pid"]
+        .clone();
+    for l in doc["ports"]["infrastructure"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        assert_eq!(l["component"], "srt");
+        assert_eq!(l["owner"]["pid"], root_pid);
+    }
 }

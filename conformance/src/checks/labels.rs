@@ -2,13 +2,32 @@
 
 use std::sync::Arc;
 
-use agentdiff_engine::backend::{Availability, Level};
+use agentdiff_engine::backend::{Availability, BackendError, Level};
 use serde_json::json;
 
 use super::scratch_failure;
 use crate::harness::{self, Invocation};
 use crate::probes::programs::snapshot;
-use crate::{Ctx, Finding};
+use crate::{Ctx, Finding, REQUIRE_REAL_BACKENDS_ENV};
+
+/// `prepare()` refused with `Unavailable` on a backend that said it is unavailable: the check
+/// cannot be made here, which is a skip (a failure when availability is required), never a
+/// failure of the backend's contract.
+fn refused_as_unavailable(ctx: &Ctx, e: &BackendError) -> Option<Finding> {
+    if ctx.availability.is_ready() || !matches!(e, BackendError::Unavailable { .. }) {
+        return None;
+    }
+    Some(if ctx.options.require_available {
+        Finding::fail(
+            format!("backend unavailable and {REQUIRE_REAL_BACKENDS_ENV}=1: {e}"),
+            json!(null),
+        )
+    } else {
+        Finding::skip(format!(
+            "backend unavailable, prepare() cannot plan here: {e}"
+        ))
+    })
+}
 
 pub async fn availability(ctx: Arc<Ctx>) -> Finding {
     let details = json!({"availability": ctx.availability});
@@ -70,7 +89,14 @@ pub async fn prepare_is_pure(ctx: Arc<Ctx>) -> Finding {
     let (a, b) = match (first, second) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
-            return Finding::fail(format!("prepare failed: {e}"), json!(null))
+            if before != after {
+                return Finding::fail(
+                    format!("prepare() failed ({e}) and changed the root, workspace or capsule"),
+                    json!(null),
+                );
+            }
+            return refused_as_unavailable(&ctx, &e)
+                .unwrap_or_else(|| Finding::fail(format!("prepare failed: {e}"), json!(null)));
         }
     };
     let mut differ = Vec::new();
@@ -112,7 +138,8 @@ pub async fn prepare_is_deterministic(ctx: Arc<Ctx>) -> Finding {
     let (a, b) = match (backend.prepare(&spec), backend.prepare(&spec)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
-            return Finding::fail(format!("prepare failed: {e}"), json!(null))
+            return refused_as_unavailable(&ctx, &e)
+                .unwrap_or_else(|| Finding::fail(format!("prepare failed: {e}"), json!(null)))
         }
     };
     // What will be executed and how it is labelled must not vary; the environment and the

@@ -22,7 +22,9 @@ pub async fn ends_tree(ctx: Arc<Ctx>) -> Finding {
     // A background child writing a heartbeat, and a root that would sleep for a minute.
     let inner =
         "i=0; while [ $i -lt 150 ]; do i=$((i+1)); echo $i > tree-heartbeat; sleep 0.2; done";
-    let timeout = Duration::from_millis(1500);
+    // Long enough for a wrapper that starts a runtime of its own before the command (srt starts
+    // Node.js: over 1.5 s on a loaded host) to start the command before the deadline.
+    let timeout = Duration::from_secs(5);
     let mut inv = Invocation::new([
         "sh".to_string(),
         "-c".into(),

@@ -138,6 +138,22 @@ pub struct PortEvidence {
     pub errors: Vec<String>,
     /// What this observation does and does not mean.
     pub note: String,
+    /// Listeners held by the sandbox's own machinery (e.g. srt's host-side proxies, held by the
+    /// wrapper process itself), moved out of `opened` by the backend that knows them: they are
+    /// not the command's new listening sockets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub infrastructure: Vec<InfrastructurePort>,
+}
+
+/// A listening socket of the sandbox's own machinery.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct InfrastructurePort {
+    #[serde(flatten)]
+    pub port: PortRecord,
+    /// The component that holds it (`srt`).
+    pub component: String,
+    /// Why it is there.
+    pub role: String,
 }
 
 /// The command's environment, as names and fingerprints only.

@@ -21,7 +21,7 @@ pub use descriptor::{
 };
 pub use evidence::{
     CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
-    PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
+    InfrastructurePort, PortEvidence, PortRecord, ProcessRecord, ProcessRelation, RunEvidence,
 };
 pub use registry::{Registry, RegistryError};
 pub use spec::{

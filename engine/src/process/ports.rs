@@ -708,7 +708,7 @@ impl PortObserver {
     }
 
     /// Take a snapshot now and attribute new listeners to the owned processes `owned`
-    /// (pid → identity) that hold their socket inode.
+    /// (pid → identity) that hold their socket inode; of several holders, the earliest started.
     pub fn sample(&mut self, owned: &[(u32, crate::process::ProcessIdentity)]) {
         self.take_snapshot();
         let fresh: Vec<Listener> = self
@@ -726,7 +726,16 @@ impl PortObserver {
                 held.clear();
                 socket_inodes(*pid, &mut held);
                 for l in &fresh {
-                    if held.contains(&l.inode) {
+                    if !held.contains(&l.inode) {
+                        continue;
+                    }
+                    // Children inherit descriptors (a fork holds its parent's sockets until it
+                    // execs), so of several holders the earliest started is the creator's side.
+                    let earlier = match self.opened.get(&l.inode) {
+                        Some((_, Some(cur))) => id.start_time_ticks < cur.start_time_ticks,
+                        _ => true,
+                    };
+                    if earlier {
                         self.opened.insert(l.inode, (l.clone(), Some(id.clone())));
                     }
                 }
@@ -777,6 +786,7 @@ impl PortObserver {
             closed,
             errors: self.errors,
             note,
+            infrastructure: Vec::new(),
         }
     }
 }
@@ -789,6 +799,7 @@ pub fn off_evidence() -> PortEvidence {
         closed: Vec::new(),
         errors: Vec::new(),
         note: OFF_NOTE.into(),
+        infrastructure: Vec::new(),
     }
 }
 

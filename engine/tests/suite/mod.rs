@@ -11,5 +11,7 @@ pub fn skip(reason: &str) {
     if std::env::var_os("AGENTDIFF_REQUIRE_REAL_BACKENDS").is_some_and(|v| v == "1") {
         panic!("cannot run here: {reason} (AGENTDIFF_REQUIRE_REAL_BACKENDS=1)");
     }
-    eprintln!("SKIPPED (not a pass): {reason}");
+    // Straight to the real standard error: the test harness captures only `eprintln!`.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED (not a pass): {reason}");
 }

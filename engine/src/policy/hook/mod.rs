@@ -203,7 +203,17 @@ pub fn load_policy(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy,
                     path: root.join(file),
                 });
             }
-            super::load_file(&found.target)
+            let mut loaded = super::load_file(&found.target)?;
+            // Reached through a symlink, the file in force has another name: protect it too.
+            if let Some(rel) = found
+                .target
+                .strip_prefix(&real_root.target)
+                .ok()
+                .and_then(Path::to_str)
+            {
+                loaded.policy.protect_source(rel);
+            }
+            Ok(loaded)
         }
         // Missing (or a dangling link): the generic loader reports it or falls back.
         Ok(_) => super::load(root, None),

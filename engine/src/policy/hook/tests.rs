@@ -297,5 +297,9 @@ fn the_project_policy_is_not_read_through_a_link_out_of_the_root() {
     std::fs::remove_file(root.join("agentdiff.yaml")).unwrap();
     std::fs::write(root.join("real.yaml"), "version: 1\n").unwrap();
     symlink("real.yaml", root.join("agentdiff.yaml")).unwrap();
-    assert!(load_policy(&root, None).is_ok());
+    let loaded = load_policy(&root, None).unwrap();
+    // The file in force is protected under its real name too.
+    let call = call(json!({"tool_name": "Write", "tool_input": {"file_path": "real.yaml"}}));
+    let v = evaluate(&loaded.policy, &root, &call).unwrap();
+    assert_eq!(v.permission_decision(), Some("deny"), "{v:?}");
 }
