@@ -260,6 +260,35 @@ fn a_second_run_in_the_same_root_is_refused_or_waits() {
     assert_eq!(runs.as_array().unwrap().len(), 2);
 }
 
+#[test]
+fn rollback_never_removes_a_file_a_later_run_recorded() {
+    let (_t, root) = project();
+    let (_, a, _) = run_json(
+        &root,
+        &["--fail-on", "never"],
+        &["sh", "-c", "echo v1 > f.txt"],
+    );
+    let (_, b, _) = run_json(
+        &root,
+        &["--fail-on", "never"],
+        &["sh", "-c", "echo v2 > f.txt"],
+    );
+    let (a, b) = (a["run_id"].as_str().unwrap(), b["run_id"].as_str().unwrap());
+    // Someone puts back exactly what run A left: A's rollback would see "unchanged since A".
+    fs::write(root.join("f.txt"), "v1\n").unwrap();
+    let out = agentdiff(&root, &["rollback", a, "--all"]);
+    assert_eq!(out.status.code(), Some(68), "{}", text(&out.stdout));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("conflict") && shown.contains(b), "{shown}");
+    assert!(root.join("f.txt").exists(), "the later run's file was kept");
+    // Once run B is rolled back, the file is A's alone again.
+    let out = agentdiff(&root, &["rollback", b, "--all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let out = agentdiff(&root, &["rollback", a, "--all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(!root.join("f.txt").exists());
+}
+
 // ---- 6. Safe preview -----------------------------------------------------------------------
 
 #[test]

@@ -172,6 +172,10 @@ pub fn run<E>(
                 action: None,
                 result: OpResult::with(Outcome::Skipped, why.clone()),
             },
+            (PlannedStep::Conflict(why), _) => ItemResult {
+                action: None,
+                result: OpResult::with(Outcome::Conflict, why.clone()),
+            },
             (PlannedStep::Fail(why), _) => ItemResult {
                 action: None,
                 result: OpResult::with(Outcome::Failed, why.clone()),

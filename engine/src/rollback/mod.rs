@@ -16,6 +16,7 @@
 pub mod apply;
 pub mod diff_preview;
 pub mod execute;
+mod later;
 pub mod plan;
 pub mod report;
 pub mod secure_dir;

@@ -23,6 +23,8 @@ pub enum PlannedStep {
     Skip(String),
     /// Refused before anything is written (e.g. its backup object fails verification).
     Fail(String),
+    /// Preserved as a conflict before anything is written (a later run recorded a change to it).
+    Conflict(String),
 }
 
 /// One recorded change in the plan.
@@ -198,6 +200,7 @@ pub fn plan(
     }
 
     // Steps.
+    let later = super::later::later_changes(&recorded, &run.run_id, &run.result.started_at);
     let mut items = Vec::new();
     let mut verified: BTreeMap<String, Result<(), String>> = BTreeMap::new();
     for (path, (c, implied)) in &chosen {
@@ -226,7 +229,16 @@ pub fn plan(
                             }
                         }
                         (true, None) => PlannedStep::Skip("no recorded content hash".into()),
-                        (false, _) => PlannedStep::Apply(Box::new(op(t, kind))),
+                        (false, _) => match later.get(*path) {
+                            Some(by) if kind == OpKind::RemoveFile => {
+                                PlannedStep::Conflict(format!(
+                                "a later run ({by}) recorded a change to it; removing it would \
+                                 undo that run's work, so it was left as it is (roll back {by} \
+                                 first)"
+                            ))
+                            }
+                            _ => PlannedStep::Apply(Box::new(op(t, kind))),
+                        },
                     }
                 }
             }
