@@ -64,8 +64,8 @@ pub const LIMITS: &[&str] = &[
      .git, .agentdiff and literal deny paths are read-only, wildcard deny patterns are decided \
      after the run",
     "no CPU, memory or process-count limit is applied",
-    "the command runs in a new session without a controlling terminal: Ctrl-C ends the whole \
-     sandbox, and job control (Ctrl-Z) inside it is not available",
+    "an interactive run keeps the caller's terminal session (the terminal, Ctrl-C and job \
+     control work); only TIOCSTI and TIOCLINUX are refused, other terminal ioctls are not",
 ];
 
 /// The `bwrap` runtime backend.
@@ -175,7 +175,8 @@ fn runtime_config(plan: &Plan) -> Value {
         "not_applied": plan.not_applied,
         "namespaces": namespaces(plan.network),
         "die_with_parent": true,
-        "new_session": true,
+        "new_session": plan.new_session,
+        "tty_guard": "seccomp filter refusing TIOCSTI and TIOCLINUX, installed by the exec shim",
         "cap_drop": "ALL",
         "env_dropped_by_backend": plan.env_dropped,
     })
@@ -201,6 +202,7 @@ fn controls(plan: &Plan) -> Value {
         "privileges": {"level": caps.privileges, "how": "--cap-drop ALL, no-new-privileges"},
         "environment": {"level": caps.environment, "how": "scrubbed allowlist; runtime-injection variables dropped"},
         "resources": {"level": caps.resources, "how": "no limit applied"},
+        "terminal": {"level": Level::Enforced, "how": if plan.new_session { "new session (no controlling terminal); TIOCSTI and TIOCLINUX refused by a seccomp filter" } else { "interactive: the caller's session is kept; TIOCSTI and TIOCLINUX refused by a seccomp filter" }},
     })
 }
 
@@ -270,6 +272,8 @@ impl RuntimeBackend for BwrapBackend {
             exec_shim::ENV_ARGV_DIGEST.into(),
             exec_shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
         ));
+        // The shim refuses TIOCSTI/TIOCLINUX for the command before it starts it.
+        env.push((exec_shim::ENV_TTY_GUARD.into(), "1".into()));
         let command = LaunchCommand {
             program: plan.bwrap.as_os_str().to_os_string(),
             args: plan.args.clone(),
@@ -364,8 +368,9 @@ impl RunningCommand for BwrapRunning {
         drop(marker);
         let mut evidence = evidence?;
         if let Some(env) = &mut evidence.environment {
-            // The digest is agentdiff's plumbing, not the command's environment.
+            // The shim's variables are agentdiff's plumbing, not the command's environment.
             env.variables.remove(exec_shim::ENV_ARGV_DIGEST);
+            env.variables.remove(exec_shim::ENV_TTY_GUARD);
             env.mode = "scrub".into();
             env.dropped.extend(env_dropped);
             env.dropped.sort();

@@ -6,8 +6,9 @@
 //! a private `/tmp`, bind the project root writable, re-bind its `.git`, `.agentdiff` and the
 //! policy's literal deny paths read-only, and hide credential locations (`~/.ssh`, `~/.aws`, …,
 //! agentdiff's own key directory). Network, pid, IPC and UTS namespaces are unshared, all
-//! capabilities dropped, the sandbox dies with agentdiff and runs in a new session (no TIOCSTI
-//! into the caller's terminal). The argv is built by the pure [`plan`] module, so every control
+//! capabilities dropped, and the sandbox dies with agentdiff. The exec shim refuses TIOCSTI and
+//! TIOCLINUX for the command (a seccomp filter), so an interactive run can keep the caller's
+//! terminal session; a non-interactive one also gets a new session. The argv is built by the pure [`plan`] module, so every control
 //! is testable without running bwrap.
 //!
 //! Invariants: bwrap is never run with an argv other than the planned one (`launch` uses the plan

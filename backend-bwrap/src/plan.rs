@@ -90,13 +90,20 @@ pub struct HostFacts {
     pub homes: Vec<PathBuf>,
     /// agentdiff's per-user state directory (its signing key lives there).
     pub key_dirs: Vec<PathBuf>,
+    /// Whether agentdiff's stdin is a terminal: an interactive run keeps the caller's session
+    /// (so the terminal, Ctrl-C and job control work) and relies on the exec shim's TIOCSTI
+    /// filter; otherwise the sandbox gets a new session as well.
+    pub interactive: bool,
 }
 
 impl HostFacts {
     /// From agentdiff's own environment and the command's.
     pub fn current(command_env: &[(OsString, OsString)]) -> HostFacts {
         let own: Vec<(OsString, OsString)> = std::env::vars_os().collect();
-        let mut facts = HostFacts::default();
+        let mut facts = HostFacts {
+            interactive: std::io::IsTerminal::is_terminal(&std::io::stdin()),
+            ..HostFacts::default()
+        };
         for env in [own.as_slice(), command_env] {
             let get = |name: &str| {
                 env.iter()
@@ -133,6 +140,8 @@ pub struct Plan {
     pub root: PathBuf,
     pub workdir: PathBuf,
     pub network: Network,
+    /// `--new-session` (non-interactive runs).
+    pub new_session: bool,
     /// Mounts after the fixed base (`/`, `/dev`, `/proc`, `/tmp`), in order.
     pub mounts: Vec<Mount>,
     /// Hide requests and deny patterns that name nothing on this host, or that a mount cannot
@@ -399,9 +408,11 @@ pub fn plan(
 
     let marker = spec.capsule_dir.join(START_MARKER_FILE);
     let (env, env_dropped) = sandbox_env(&spec.env);
+    let new_session = !facts.interactive;
     let args = build_args(
         &mounts,
         network,
+        new_session,
         &programs.shim,
         &marker,
         &workdir,
@@ -414,6 +425,7 @@ pub fn plan(
         root,
         workdir,
         network,
+        new_session,
         mounts,
         not_applied,
         env_dropped,
@@ -423,13 +435,15 @@ pub fn plan(
 }
 
 /// The command's environment minus runtime-injection variables (always dropped, even when the
-/// transaction was told to pass them) and minus a stale argv digest.
+/// transaction was told to pass them) and minus the shim's own variables.
 fn sandbox_env(env: &[(OsString, OsString)]) -> (Vec<(OsString, OsString)>, Vec<String>) {
     let mut kept = Vec::new();
     let mut dropped = Vec::new();
     for (k, v) in env {
         let name = k.to_string_lossy();
-        if k.as_os_str() == OsStr::new(exec_shim::ENV_ARGV_DIGEST) {
+        if k.as_os_str() == OsStr::new(exec_shim::ENV_ARGV_DIGEST)
+            || k.as_os_str() == OsStr::new(exec_shim::ENV_TTY_GUARD)
+        {
             continue;
         }
         if is_runtime_injection(&name) {
@@ -445,6 +459,7 @@ fn sandbox_env(env: &[(OsString, OsString)]) -> (Vec<(OsString, OsString)>, Vec<
 pub fn build_args(
     mounts: &[Mount],
     network: Network,
+    new_session: bool,
     shim: &Path,
     marker: &Path,
     workdir: &Path,
@@ -472,9 +487,11 @@ pub fn build_args(
     if network == Network::None {
         push(&[s("--unshare-net")]);
     }
+    push(&[s("--die-with-parent")]);
+    if new_session {
+        push(&[s("--new-session")]);
+    }
     push(&[
-        s("--die-with-parent"),
-        s("--new-session"),
         s("--cap-drop"),
         s("ALL"),
         s("--chdir"),
@@ -544,6 +561,7 @@ mod tests {
         HostFacts {
             homes: vec![f.home.clone()],
             key_dirs: vec![f.home.join(".local/state/agentdiff")],
+            interactive: false,
         }
     }
 
@@ -656,6 +674,19 @@ mod tests {
         // The shim and the marker are reachable inside the sandbox wherever they live.
         assert!(find(&a, &["--ro-bind", "/opt/agentdiff", "/opt/agentdiff"]).is_some());
         assert!(find(&a, &["--ro-bind", &marker, &marker]).is_some());
+    }
+
+    #[test]
+    fn an_interactive_run_keeps_the_session_and_only_then() {
+        let f = fixture();
+        let s = spec(&f, BackendOptions::new());
+        let mut facts = facts(&f);
+        let batch = plan(&s, &facts, programs(), &[]).unwrap();
+        assert!(strs(&batch.args).contains(&"--new-session".to_string()));
+        facts.interactive = true;
+        let tty = plan(&s, &facts, programs(), &[]).unwrap();
+        assert!(!strs(&tty.args).contains(&"--new-session".to_string()));
+        assert!(!tty.new_session);
     }
 
     #[test]

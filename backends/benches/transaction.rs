@@ -8,11 +8,14 @@
 //! - `git status` for reference;
 //! - in an empty directory: `agentdiff run -- true` against `true` (target: ≤ 15 ms added, median)
 //!   and agentdiff's CPU while the command sleeps 10 s (target: ≤ 2% of one core);
+//! - in an empty directory: `agentdiff run --runtime bwrap -- true` against
+//!   `bwrap --ro-bind / / true` (target: ≤ 15 ms added, median; skipped without bwrap);
 //! - with srt on PATH: `agentdiff run --runtime srt -- true` against bare `srt -- true`, measured
 //!   pair by pair (target: ratio of medians ≤ 1.10).
 //!
 //! Run with `cargo bench -p agentdiff --bench transaction` (set `AGENTDIFF_BENCH_N=1,8` to choose
-//! scales and `AGENTDIFF_CORPUS=DIR` to point at the corpus folder).
+//! scales, `AGENTDIFF_CORPUS=DIR` to point at the corpus folder, and `AGENTDIFF_BENCH_LAUNCH_ONLY=1`
+//! to stop after the empty-directory measurements).
 
 // A benchmark is a measuring tool, not library code: a failed step should stop it loudly.
 #![allow(
@@ -225,6 +228,52 @@ fn best_of(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
     (0..n).map(|_| f()).min().unwrap_or_default()
 }
 
+/// The bwrap backend's overhead over a bare bwrap start, in an empty directory.
+fn bwrap_overhead(bin: &Path) {
+    let bare = || {
+        let mut c = Command::new("bwrap");
+        c.args(["--ro-bind", "/", "/", "true"]);
+        c
+    };
+    if !bare().output().is_ok_and(|o| o.status.success()) {
+        println!("SKIPPED: bwrap cannot run here; no bwrap overhead measured");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = 51;
+    let direct = median((0..runs).map(|_| measure(&mut bare()).wall).collect());
+    let wrapped = median(
+        (0..runs)
+            .map(|_| {
+                let c = measure(
+                    Command::new(bin)
+                        .args([
+                            "run",
+                            "--runtime",
+                            "bwrap",
+                            "--fail-on",
+                            "never",
+                            "--",
+                            "true",
+                        ])
+                        .current_dir(dir.path()),
+                );
+                assert_eq!(c.code, 0, "agentdiff run --runtime bwrap -- true failed");
+                c.wall
+            })
+            .collect(),
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "empty directory: `bwrap --ro-bind / / true` {:.2} ms, `agentdiff run --runtime bwrap -- \
+         true` {:.2} ms (median of {runs}): +{:.2} ms ({:.2}x)   [target <= 15 ms]",
+        ms(direct),
+        ms(wrapped),
+        ms(wrapped.saturating_sub(direct)),
+        wrapped.as_secs_f64() / direct.as_secs_f64()
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
@@ -232,7 +281,11 @@ fn main() {
     let state = tempfile::tempdir().expect("tempdir");
     std::env::set_var("AGENTDIFF_STATE_DIR", state.path());
     launch_overhead(&bin);
+    bwrap_overhead(&bin);
     srt_overhead(&bin);
+    if std::env::var_os("AGENTDIFF_BENCH_LAUNCH_ONLY").is_some() {
+        return;
+    }
     let Some(corpus) = corpus_dir() else {
         println!(
             "SKIPPED: corpus not found (set AGENTDIFF_CORPUS to the folder with make-corpus.sh)"

@@ -186,10 +186,13 @@ pub fn run_summary(r: &RunResult, root: &Path, sealed: bool) -> String {
     }
     let b = &r.blast_radius;
     let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
+    // Nothing ran: no change was decided, so there is no outcome to report as if it had.
+    let not_run = r.status == Status::Error && r.changes.is_empty();
     let _ = writeln!(
         s,
         "  policy outcome: {}",
         match r.safety_outcome {
+            _ if not_run => "none (nothing ran)",
             Action::Allow => "allow",
             Action::Review => "review",
             Action::Deny => "deny",

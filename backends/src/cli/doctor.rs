@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentdiff_conformance::probes::{self, HostId, ProbeOptions, ProbeRecord, Verdict};
+use agentdiff_engine::backend::recommend::{recommend, Candidate, ProbeOutcome};
 use agentdiff_engine::backend::{
     Availability, BackendDescriptor, BackendOptions, Boundary, Registry, WorkspaceMode,
 };
@@ -111,6 +112,7 @@ async fn assemble(
         .map(|m| json!({"name": m.name, "available": m.available, "detail": m.detail}))
         .collect();
     let mut backends = Vec::new();
+    let mut candidates = Vec::new();
     for id in ids {
         let Some(descriptor) = registry.get(id) else {
             continue;
@@ -120,6 +122,12 @@ async fn assemble(
         let own = own_options(descriptor, options);
         let caps = backend.capabilities(&own);
         let availability = backend.availability(&own).await;
+        let mut candidate = Candidate {
+            id: descriptor.id.to_string(),
+            capabilities: caps.clone(),
+            available: availability.is_ready(),
+            probes: None,
+        };
         let mut entry = json!({
             "id": descriptor.id,
             "summary": descriptor.summary,
@@ -154,6 +162,12 @@ async fn assemble(
                     ..ProbeOptions::default()
                 };
                 let results = probes::run_all(backend.as_ref(), &probe_options).await;
+                candidate.probes = Some(
+                    results
+                        .iter()
+                        .filter_map(|r| Some((r.boundary?, probe_outcome(r.verdict))))
+                        .collect(),
+                );
                 let verified: serde_json::Map<String, Value> = Boundary::ALL
                     .iter()
                     .map(|b| {
@@ -176,13 +190,23 @@ async fn assemble(
             };
         }
         backends.push(entry);
+        candidates.push(candidate);
     }
     Ok(json!({
         "schema_version": 1,
         "host": host,
         "process_tracking": tracking,
         "backends": backends,
+        "recommended": recommend(&candidates),
     }))
+}
+
+fn probe_outcome(v: Verdict) -> ProbeOutcome {
+    match v {
+        Verdict::Verified => ProbeOutcome::Verified,
+        Verdict::NotEnforced => ProbeOutcome::NotEnforced,
+        Verdict::NotApplicable | Verdict::Inconclusive => ProbeOutcome::Unknown,
+    }
 }
 
 /// The options in `options` that `descriptor` declares.
@@ -306,6 +330,14 @@ fn render_summary(doc: &Value) -> String {
         if let Some(skipped) = b.get("probe").and_then(|p| p.get("skipped")) {
             out.push_str(&format!("  probes: {}\n", s(skipped)));
         }
+    }
+    match doc.get("recommended").filter(|r| !r.is_null()) {
+        Some(r) => out.push_str(&format!(
+            "\nrecommended: {} — {}\n",
+            s(&r["id"]),
+            s(&r["reason"])
+        )),
+        None => out.push_str("\nrecommended: none (no backend is available here)\n"),
     }
     out.push_str(&format!(
         "\nlevels: uncontrolled < observed < requested (handed to an external tool, not verified) < enforced.\n\

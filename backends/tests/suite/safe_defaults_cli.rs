@@ -655,3 +655,33 @@ fn backups_that_failed_are_named_as_unrecoverable_or_refuse_the_launch() {
     );
     assert!(root.join("big.bin").exists(), "nothing ran");
 }
+
+// ---- 7. Exit codes of docs/cli.md not covered elsewhere ------------------------------------
+
+#[test]
+fn signal_exits_are_128_plus_n() {
+    let (_t, root) = project();
+    // The command killed by SIGTERM (15).
+    let out = agentdiff(&root, &["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    // agentdiff itself interrupted by SIGINT (2): it ends the command, seals, exits 130.
+    let child = cmd(&root, &["run", "--", "sh", "-c", "touch started; sleep 30"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !root.join("started").exists() {
+        assert!(Instant::now() < deadline, "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("status: terminated"),
+        "{}",
+        text(&out.stderr)
+    );
+}

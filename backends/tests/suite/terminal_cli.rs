@@ -34,27 +34,80 @@ fn wait_for(path: &Path, limit: Duration) -> bool {
     false
 }
 
+/// Host pids whose command line contains `needle`.
+fn pids_with(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 #[test]
 fn ctrl_c_in_a_terminal_stops_the_agent_and_seals_the_capsule() {
+    ctrl_c_case(&[], false);
+}
+
+/// The bwrap sandbox keeps the terminal usable (the agent opens /dev/tty, Ctrl-C ends it) while
+/// refusing keystroke injection into it.
+#[test]
+fn ctrl_c_in_a_terminal_reaches_a_bwrap_sandbox_that_cannot_inject_keystrokes() {
+    let bwrap = Command::new("bwrap")
+        .args(["--ro-bind", "/", "/", "--", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !bwrap {
+        agentdiff_conformance::skip_unless_required("bwrap cannot run here");
+        return;
+    }
+    let d = ctrl_c_case(&["--runtime", "bwrap"], true);
+    let sti = std::fs::read_to_string(d.path().join("sti.txt")).unwrap();
+    assert!(sti.contains("Operation not permitted"), "TIOCSTI: {sti}");
+}
+
+/// `try_inject`: the agent also tries TIOCSTI on its terminal (only where it must be refused, so
+/// an unsandboxed run does not type into the test's terminal).
+fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
     if Command::new("tmux").arg("-V").output().is_err() {
         agentdiff_conformance::skip_unless_required("tmux is not installed");
-        return;
+        return tempfile::tempdir().unwrap();
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("a.txt"), "a\n").unwrap();
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
-    // The agent proves it can open the terminal, records its pid, then waits for Ctrl-C.
-    let agent = "echo x >> a.txt; (echo via-tty > /dev/tty) && echo ok > tty-ok; \
-                 echo $$ > agent.pid; exec sleep 300";
+    // A sleep whose argument names this test run, so the host can look for it (a pid from
+    // inside a pid namespace means nothing on the host).
+    let token = format!("300.{}{}", std::process::id(), u8::from(try_inject));
+    let inject = if try_inject {
+        "python3 -c \"import fcntl,termios; fcntl.ioctl(open(\\\"/dev/tty\\\"), termios.TIOCSTI, b\\\"x\\\")\" 2> sti.txt;"
+    } else {
+        ""
+    };
+    // The agent proves it can open the terminal, tries to inject a keystroke into it, records
+    // its pid, then waits for Ctrl-C.
+    let agent = format!(
+        "echo x >> a.txt; (echo via-tty > /dev/tty) && echo ok > tty-ok; {inject} \
+         echo $$ > agent.pid; exec sleep {token}"
+    );
     let script = format!(
-        "cd '{}' && AGENTDIFF_STATE_DIR='{}' '{}' run --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
+        "cd '{}' && AGENTDIFF_STATE_DIR='{}' '{}' run {} --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
         d.display(),
         super::state_dir().display(),
         bin.display(),
+        extra.join(" "),
         agent
     );
-    let tmux = Tmux(format!("agentdiff-cli-{}", std::process::id()));
+    let tmux = Tmux(format!(
+        "agentdiff-cli-{}-{}",
+        std::process::id(),
+        u8::from(try_inject)
+    ));
     let ok = Command::new("tmux")
         .args([
             "-L",
@@ -95,17 +148,17 @@ fn ctrl_c_in_a_terminal_stops_the_agent_and_seals_the_capsule() {
     // Killed by SIGINT: 128 + 2.
     let rc = std::fs::read_to_string(d.join("rc.txt")).unwrap();
     assert_eq!(rc.trim(), "130", "exit code after Ctrl-C");
-    let pid: i32 = std::fs::read_to_string(d.join("agent.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let survivors: Vec<String> = pids_with(&format!("sleep\0{token}"))
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| !s.contains(") Z "))
+                .unwrap_or(false)
+        })
+        .collect();
     assert!(
-        !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| s.contains(") Z "))
-                .unwrap_or(true),
-        "the agent survived Ctrl-C"
+        survivors.is_empty(),
+        "the agent survived Ctrl-C: {survivors:?}"
     );
     let verify = Command::new(&bin)
         .args(["verify", "tty-run"])
@@ -133,4 +186,5 @@ fn ctrl_c_in_a_terminal_stops_the_agent_and_seals_the_capsule() {
         .unwrap()
         .iter()
         .any(|c| c["path"] == "a.txt"));
+    dir
 }

@@ -19,11 +19,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeKind {
-    /// Append to a sentinel file outside the root (hashed before and after).
+    /// Append to sentinel files outside the root (hashed before and after) and create new ones:
+    /// next to the root, in `/var/tmp` and in `$HOME`.
     OutsideWrite,
-    /// Read a canary secret file outside the root.
+    /// Read canary secret files outside the root (the same three places).
     OutsideRead,
-    /// Connect to a loopback TCP listener the probe opened on the host.
+    /// Connect to a TCP listener the probe opened on the host, at 127.0.0.1 and at this host's
+    /// non-loopback address.
     HostLoopbackConnect,
     /// See exactly the environment handed over (a canary present, nothing of the host's own).
     Environment,

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::RuntimeBackend;
@@ -78,50 +78,136 @@ async fn launch(
     }
 }
 
+/// Directories outside the root where the filesystem probes leave their files: next to the root
+/// (the scratch directory, in `$TMPDIR`), `/var/tmp` and `$HOME`. The last two are outside
+/// `$TMPDIR`, so a backend that only makes `/tmp` private cannot pass by hiding the scratch
+/// directory.
+fn outside_dirs(scratch: &Scratch) -> Vec<PathBuf> {
+    let mut dirs = vec![scratch.outside.clone()];
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute());
+    for d in [Some(PathBuf::from("/var/tmp")), home]
+        .into_iter()
+        .flatten()
+    {
+        let d = d.canonicalize().unwrap_or(d);
+        if d.is_dir() && !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    dirs
+}
+
+/// Files the probe created outside the root, removed when dropped (also on early returns), so a
+/// probe never leaves anything in `/var/tmp` or the user's home.
+struct Planted(Vec<PathBuf>);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// One location of the outside-write probe.
+struct WriteTarget {
+    sentinel: PathBuf,
+    new_file: PathBuf,
+    before: Option<String>,
+}
+
 async fn outside_write(
     backend: &dyn RuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
     let kind = ProbeKind::OutsideWrite;
-    let sentinel = scratch.outside.join("sentinel");
-    let sibling = scratch.outside.join("sentinel-new");
-    if let Err(e) = std::fs::write(&sentinel, format!("sentinel {}\n", host::random_token())) {
+    let token = host::random_token();
+    let mut planted = Planted(Vec::new());
+    let mut targets = Vec::new();
+    let mut unusable = Vec::new();
+    for dir in outside_dirs(scratch) {
+        let sentinel = dir.join(format!(".agentdiff-probe-{token}-sentinel"));
+        let new_file = dir.join(format!(".agentdiff-probe-{token}-new"));
+        planted.0.push(new_file.clone());
+        match std::fs::write(&sentinel, format!("sentinel {token}\n")) {
+            Ok(()) => {
+                planted.0.push(sentinel.clone());
+                let before = host::file_digest(&sentinel);
+                targets.push(WriteTarget {
+                    sentinel,
+                    new_file,
+                    before,
+                });
+            }
+            Err(e) => unusable.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    if targets.is_empty() {
         return inconclusive(
             kind,
-            format!("could not write the sentinel: {e}"),
+            format!(
+                "could not write a sentinel anywhere: {}",
+                unusable.join("; ")
+            ),
             json!(null),
         );
     }
-    let before = host::file_digest(&sentinel);
     let script = format!(
-        "echo ran > {RAN_MARKER}; echo agentdiff-probe >> \"$1\"; echo agentdiff-probe > \"$2\"; exit 0"
+        "echo ran > {RAN_MARKER}; for f in \"$@\"; do echo agentdiff-probe >> \"$f\"; done; exit 0"
     );
-    let inv = Invocation::new([
+    let mut argv = vec![
         OsString::from("sh"),
         "-c".into(),
         script.into(),
         "sh".into(),
-        sentinel.clone().into_os_string(),
-        sibling.clone().into_os_string(),
-    ]);
-    let ran = match launch(kind, backend, scratch, inv, options).await {
+    ];
+    for t in &targets {
+        argv.push(t.sentinel.clone().into_os_string());
+        argv.push(t.new_file.clone().into_os_string());
+    }
+    let ran = match launch(kind, backend, scratch, Invocation::new(argv), options).await {
         Ok(r) => r,
         Err(r) => return r,
     };
-    let after = host::file_digest(&sentinel);
+    let mut reached = Vec::new();
+    let locations: Vec<serde_json::Value> = targets
+        .iter()
+        .map(|t| {
+            let after = host::file_digest(&t.sentinel);
+            let created = t.new_file.exists();
+            if after != t.before || created {
+                reached.push(
+                    t.sentinel
+                        .parent()
+                        .unwrap_or(Path::new(""))
+                        .display()
+                        .to_string(),
+                );
+            }
+            json!({
+                "sentinel": t.sentinel.display().to_string(),
+                "sha256_before": t.before,
+                "sha256_after": after,
+                "new_file_created": created,
+            })
+        })
+        .collect();
     let evidence = json!({
-        "sentinel": sentinel.display().to_string(),
-        "sha256_before": before,
-        "sha256_after": after,
-        "new_file_outside_created": sibling.exists(),
+        "locations": locations,
+        "locations_not_usable": unusable,
         "run": run_facts(&ran),
     });
-    if before != after || sibling.exists() {
+    if !reached.is_empty() {
         return result(
             kind,
             Verdict::NotEnforced,
-            "a write outside the root reached the host",
+            format!(
+                "a write outside the root reached the host in {}",
+                reached.join(", ")
+            ),
             evidence,
         );
     }
@@ -135,7 +221,10 @@ async fn outside_write(
     result(
         kind,
         Verdict::Verified,
-        "the write outside the root was refused; the sentinel is unchanged",
+        format!(
+            "writes outside the root were refused in {} location(s); every sentinel is unchanged",
+            targets.len()
+        ),
         evidence,
     )
 }
@@ -146,39 +235,57 @@ async fn outside_read(
     options: &ProbeOptions,
 ) -> ProbeResult {
     let kind = ProbeKind::OutsideRead;
-    let canary = scratch.outside.join("canary-secret");
-    let secret = format!("agentdiff-canary-{}", host::random_token());
-    if let Err(e) = std::fs::write(&canary, &secret) {
+    let token = host::random_token();
+    let mut planted = Planted(Vec::new());
+    let mut canaries = Vec::new();
+    for dir in outside_dirs(scratch) {
+        let canary = dir.join(format!(".agentdiff-probe-{token}-canary"));
+        let secret = format!("agentdiff-canary-{}", host::random_token());
+        if std::fs::write(&canary, &secret).is_ok() {
+            planted.0.push(canary.clone());
+            canaries.push((canary, secret));
+        }
+    }
+    if canaries.is_empty() {
         return inconclusive(
             kind,
-            format!("could not write the canary: {e}"),
+            "could not write a canary anywhere".into(),
             json!(null),
         );
     }
-    let script = format!("echo ran > {RAN_MARKER}; cat \"$1\"; exit 0");
-    let inv = Invocation::new([
+    let script =
+        format!("echo ran > {RAN_MARKER}; for f in \"$@\"; do cat \"$f\"; echo; done; exit 0");
+    let mut argv = vec![
         OsString::from("sh"),
         "-c".into(),
         script.into(),
         "sh".into(),
-        canary.clone().into_os_string(),
-    ]);
-    let ran = match launch(kind, backend, scratch, inv, options).await {
+    ];
+    argv.extend(canaries.iter().map(|(c, _)| c.clone().into_os_string()));
+    let ran = match launch(kind, backend, scratch, Invocation::new(argv), options).await {
         Ok(r) => r,
         Err(r) => return r,
     };
-    let leaked = ran.stdout_text().contains(&secret);
+    let out = ran.stdout_text();
+    let read: Vec<String> = canaries
+        .iter()
+        .filter(|(_, secret)| out.contains(secret.as_str()))
+        .map(|(c, _)| c.display().to_string())
+        .collect();
     let evidence = json!({
-        "canary": canary.display().to_string(),
-        "canary_read": leaked,
+        "canaries": canaries.iter().map(|(c, _)| c.display().to_string()).collect::<Vec<_>>(),
+        "canaries_read": read,
         "exit": ran.evidence.exit,
         "stderr": excerpt(&ran.stderr),
     });
-    if leaked {
+    if !read.is_empty() {
         return result(
             kind,
             Verdict::NotEnforced,
-            "a secret file outside the root was readable",
+            format!(
+                "a secret file outside the root was readable: {}",
+                read.join(", ")
+            ),
             evidence,
         );
     }
@@ -188,9 +295,19 @@ async fn outside_read(
     result(
         kind,
         Verdict::Verified,
-        "the canary outside the root could not be read",
+        "no canary outside the root could be read",
         evidence,
     )
+}
+
+/// A non-loopback address of this host (the source address of the default route), found
+/// without sending anything; `None` on a host without one.
+fn host_address() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    // TEST-NET-1: connect() on UDP only selects a route and a source address.
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
 }
 
 async fn loopback(
@@ -199,12 +316,14 @@ async fn loopback(
     options: &ProbeOptions,
 ) -> ProbeResult {
     let kind = ProbeKind::HostLoopbackConnect;
-    let listener = match std::net::TcpListener::bind("127.0.0.1:0") {
+    // Listening on every address: the probe tries loopback and this host's own address, so a
+    // sandbox that blocks only 127.0.0.1 is caught.
+    let listener = match std::net::TcpListener::bind("0.0.0.0:0") {
         Ok(l) => l,
         Err(e) => {
             return inconclusive(
                 kind,
-                format!("could not open a loopback listener: {e}"),
+                format!("could not open a host listener: {e}"),
                 json!(null),
             )
         }
@@ -216,45 +335,55 @@ async fn loopback(
     if let Err(e) = listener.set_nonblocking(true) {
         return inconclusive(kind, format!("listener: {e}"), json!(null));
     }
+    let mut addresses = vec!["127.0.0.1".to_string()];
+    addresses.extend(host_address().map(|a| a.to_string()));
     // Accept in the background for as long as the probe runs.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop_flag = std::sync::Arc::clone(&stop);
     let accepted = std::thread::spawn(move || {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut peers = Vec::new();
         while std::time::Instant::now() < deadline {
             if let Ok((_, peer)) = listener.accept() {
-                return Some(peer.to_string());
+                peers.push(peer.to_string());
+                continue;
             }
             if stop_flag.load(std::sync::atomic::Ordering::Relaxed) {
-                return None;
+                break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        None
+        peers
     });
     let script = format!(
-        "echo ran > {RAN_MARKER}; p=$1; \
-         if command -v nc >/dev/null 2>&1; then echo tool=nc; echo agentdiff-probe | nc -w 2 127.0.0.1 $p; \
-         elif command -v bash >/dev/null 2>&1; then echo tool=bash; bash -c \"echo agentdiff-probe > /dev/tcp/127.0.0.1/$p\"; \
-         elif command -v python3 >/dev/null 2>&1; then echo tool=python3; python3 -c \"import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 2)\" $p; \
-         elif command -v socat >/dev/null 2>&1; then echo tool=socat; echo agentdiff-probe | socat - TCP:127.0.0.1:$p,connect-timeout=2; \
-         else echo tool=none; fi; exit 0"
+        "echo ran > {RAN_MARKER}; p=$1; shift; \
+         if command -v nc >/dev/null 2>&1; then t=nc; \
+         elif command -v bash >/dev/null 2>&1; then t=bash; \
+         elif command -v python3 >/dev/null 2>&1; then t=python3; \
+         elif command -v socat >/dev/null 2>&1; then t=socat; \
+         else t=none; fi; echo tool=$t; \
+         for a in \"$@\"; do case $t in \
+           nc) echo agentdiff-probe | nc -w 2 $a $p;; \
+           bash) bash -c \"echo agentdiff-probe > /dev/tcp/$a/$p\";; \
+           python3) python3 -c \"import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 2)\" $a $p;; \
+           socat) echo agentdiff-probe | socat - TCP:$a:$p,connect-timeout=2;; \
+         esac; done; exit 0"
     );
-    let inv = Invocation::new([
+    let mut argv = vec![
         OsString::from("sh"),
         "-c".into(),
         script.into(),
         "sh".into(),
         port.to_string().into(),
-    ]);
-    let ran = launch(kind, backend, scratch, inv, options).await;
+    ];
+    argv.extend(addresses.iter().map(OsString::from));
+    let ran = launch(kind, backend, scratch, Invocation::new(argv), options).await;
     // Give a connection that raced the command's exit a moment to be accepted.
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let peer = tokio::task::spawn_blocking(move || accepted.join().ok().flatten())
+    let peers = tokio::task::spawn_blocking(move || accepted.join().unwrap_or_default())
         .await
-        .ok()
-        .flatten();
+        .unwrap_or_default();
     let ran = match ran {
         Ok(r) => r,
         Err(r) => return r,
@@ -266,16 +395,17 @@ async fn loopback(
         .unwrap_or("unknown")
         .to_string();
     let evidence = json!({
-        "listener": format!("127.0.0.1:{port}"),
-        "connection_from": peer,
+        "listener": format!("0.0.0.0:{port}"),
+        "addresses_tried": addresses,
+        "connections_from": peers,
         "tool": tool,
         "run": run_facts(&ran),
     });
-    if peer.is_some() {
+    if !peers.is_empty() {
         return result(
             kind,
             Verdict::NotEnforced,
-            "the command connected to a host loopback listener",
+            "the command connected to a listener on this host",
             evidence,
         );
     }
@@ -292,7 +422,10 @@ async fn loopback(
     result(
         kind,
         Verdict::Verified,
-        format!("no connection reached the host listener (tried with {tool})"),
+        format!(
+            "no connection reached the host listener at {} (tried with {tool})",
+            addresses.join(", ")
+        ),
         evidence,
     )
 }

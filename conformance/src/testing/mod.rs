@@ -12,6 +12,9 @@
 //!   redaction checks.
 //! - [`TestBackend::host_environment`]: claims the environment `enforced` but hands the command
 //!   agentdiff's own environment on top of the given one. Must fail `HONEST-ENV-001`.
+//! - [`TestBackend::private_tmp_only`]: runs the command under `bwrap --bind / / --tmpfs /tmp`
+//!   (the root bound back) and claims filesystem confinement and a sandbox. Only `/tmp` is
+//!   private: writes to `/var/tmp` and `$HOME` reach the host. Must fail `HONEST-FS-001`.
 //! - [`TestBackend::wrapped`]: runs every command through a wrapper executable
 //!   (`WRAPPER [FLAGS] -- ARGV…`), typically the generic fake wrapper, with declared capabilities
 //!   of the caller's choice; the wrapper path comes from the `wrapper` option so a missing wrapper
@@ -40,7 +43,18 @@ enum Flavour {
     BrokenArgv,
     LeakyEvidence,
     HostEnvironment,
+    PrivateTmpOnly,
     Wrapped { default_wrapper: Option<PathBuf> },
+}
+
+/// Where the private-/tmp test backend looks for bwrap.
+const BWRAP_LOCATIONS: [&str; 3] = ["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"];
+
+fn find_bwrap() -> Option<PathBuf> {
+    BWRAP_LOCATIONS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
 }
 
 /// One of the suite's own test backends (see the module documentation).
@@ -105,6 +119,19 @@ impl TestBackend {
         }
     }
 
+    /// Claims filesystem confinement, but only makes `/tmp` private (needs bwrap).
+    pub fn private_tmp_only() -> Self {
+        Self {
+            id: "conformance-private-tmp-only",
+            flavour: Flavour::PrivateTmpOnly,
+            capabilities: Capabilities {
+                filesystem_writes: Level::Enforced,
+                sandboxed: true,
+                ..honest_capabilities()
+            },
+        }
+    }
+
     /// A wrapping backend. `wrapper` is used unless the launch options name another one
     /// (`wrapper=PATH`).
     pub fn wrapped(wrapper: Option<PathBuf>, capabilities: Capabilities) -> Self {
@@ -119,7 +146,9 @@ impl TestBackend {
 
     fn enforcement(&self) -> Enforcement {
         match self.flavour {
-            Flavour::Wrapped { .. } => Enforcement::ExternalSandboxRequested,
+            Flavour::Wrapped { .. } | Flavour::PrivateTmpOnly => {
+                Enforcement::ExternalSandboxRequested
+            }
             _ => Enforcement::None,
         }
     }
@@ -176,6 +205,10 @@ impl RuntimeBackend for TestBackend {
                 reason: format!("wrapper {} not found", w.display()),
                 remedy: "install the wrapper or pass wrapper=PATH".into(),
             },
+            Flavour::PrivateTmpOnly if find_bwrap().is_none() => Availability::Unavailable {
+                reason: "bwrap not found".into(),
+                remedy: "apt-get install -y bubblewrap".into(),
+            },
             Flavour::Wrapped {
                 default_wrapper: None,
             } => Availability::Unavailable {
@@ -201,6 +234,30 @@ impl RuntimeBackend for TestBackend {
                 let mut args: Vec<OsString> = vec!["--fake-flag=1".into(), "--".into()];
                 args.extend(argv.iter().cloned());
                 (wrapper.into_os_string(), args, true)
+            }
+            None if self.flavour == Flavour::PrivateTmpOnly => {
+                let bwrap = find_bwrap().ok_or_else(|| self.invalid("bwrap not found"))?;
+                let (root, work) = (spec.root.as_os_str(), spec.workdir.as_os_str());
+                let s = |t: &'static str| std::ffi::OsStr::new(t);
+                let mut args: Vec<OsString> = [
+                    s("--bind"),
+                    s("/"),
+                    s("/"),
+                    s("--tmpfs"),
+                    s("/tmp"),
+                    s("--bind"),
+                    root,
+                    root,
+                    s("--bind"),
+                    work,
+                    work,
+                    s("--"),
+                ]
+                .iter()
+                .map(|a| a.to_os_string())
+                .collect();
+                args.extend(argv.iter().cloned());
+                (bwrap.into_os_string(), args, true)
             }
             None if matches!(self.flavour, Flavour::Wrapped { .. }) => {
                 return Err(self.invalid("no wrapper configured; pass wrapper=PATH"))

@@ -38,16 +38,66 @@ async fn dishonest_backend_fails_exactly_the_filesystem_honesty_check() {
         fs.details
     );
     assert!(!report.conformant());
-    // The probe evidence is in the report: the sentinel's hash changed.
+    // The probe evidence is in the report: a sentinel's hash changed.
     let probe = report
         .probes
         .iter()
         .find(|p| p.probe == agentdiff_conformance::ProbeKind::OutsideWrite)
         .unwrap();
-    assert_ne!(
-        probe.evidence["sha256_before"],
-        probe.evidence["sha256_after"]
+    let locations = probe.evidence["locations"].as_array().unwrap();
+    assert!(
+        locations
+            .iter()
+            .any(|l| l["sha256_before"] != l["sha256_after"]),
+        "{locations:?}"
     );
+}
+
+/// A backend that only makes `/tmp` private hides the scratch directory (in `$TMPDIR`) and would
+/// pass a probe that wrote only there; the sentinels in `/var/tmp` and `$HOME` catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_tmp_only_backend_fails_the_filesystem_honesty_check() {
+    let bwrap_works = std::process::Command::new("bwrap")
+        .args(["--bind", "/", "/", "--", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !bwrap_works && agentdiff_conformance::skip_unless_required("bwrap cannot run here") {
+        return;
+    }
+    let report = suite(TestBackend::private_tmp_only).await;
+    // The double also hides the suite's own scratch files next to the root, which the timing and
+    // daemon checks watch; those fail too, but the point here is the filesystem honesty check.
+    assert!(
+        report.failed_ids().contains(&"HONEST-FS-001"),
+        "{:?}",
+        report.failed_ids()
+    );
+    assert!(!report.conformant());
+    let probe = report
+        .probes
+        .iter()
+        .find(|p| p.probe == agentdiff_conformance::ProbeKind::OutsideWrite)
+        .unwrap();
+    let locations = probe.evidence["locations"].as_array().unwrap();
+    let changed = |dir: &str| {
+        locations.iter().any(|l| {
+            l["sentinel"].as_str().unwrap().starts_with(dir)
+                && (l["sha256_before"] != l["sha256_after"] || l["new_file_created"] == true)
+        })
+    };
+    // The private /tmp held: the sentinel next to the root is unchanged; /var/tmp is not.
+    assert!(!changed(
+        &std::env::temp_dir()
+            .canonicalize()
+            .unwrap()
+            .display()
+            .to_string()
+    ));
+    assert!(changed("/var/tmp"), "{locations:?}");
+    // The suite removed every file it planted.
+    for l in locations {
+        assert!(!std::path::Path::new(l["sentinel"].as_str().unwrap()).exists());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@
 mod capabilities;
 pub mod descriptor;
 mod evidence;
+pub mod recommend;
 pub mod registry;
 mod spec;
 

@@ -31,6 +31,9 @@ pub const SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
 pub const SHIM_PROTOCOL: &str = "v1";
 /// Environment variable carrying `SALT:DIGEST` of the argv to the shim; removed before `exec`.
 pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_EXEC_SHIM_ARGV_DIGEST";
+/// Environment variable (value `1`) asking the shim to install the terminal-injection filter
+/// ([`crate::process::tty_guard`]) before it marks the start; removed before `exec`.
+pub const ENV_TTY_GUARD: &str = "AGENTDIFF_EXEC_SHIM_TTY_GUARD";
 /// Exit code of the shim when it refuses to start the command (bad shim argv, argument count
 /// changed by the wrapper, marker unreachable). The host does not rely on it: the marker decides.
 pub const SHIM_REFUSED_EXIT: u8 = 125;
@@ -362,6 +365,16 @@ fn start(marker: &Path, expected: usize, argv: &[OsString], digest: Option<&OsSt
         );
         return SHIM_REFUSED_EXIT;
     }
+    if std::env::var_os(ENV_TTY_GUARD).is_some_and(|v| v == "1") {
+        if let Err(e) = crate::process::tty_guard::install() {
+            // No start mark: the host records a setup failure, never an unguarded run.
+            eprintln!(
+                "agentdiff exec shim: {e}; the command was not started (it would share the \
+                 terminal without the TIOCSTI guard)"
+            );
+            return SHIM_REFUSED_EXIT;
+        }
+    }
     let started = MarkerLine::Started { argc: argv.len() };
     if let Err(e) = fifo.write_all(started.render().as_bytes()) {
         eprintln!(
@@ -373,6 +386,7 @@ fn start(marker: &Path, expected: usize, argv: &[OsString], digest: Option<&OsSt
     let err = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .env_remove(ENV_ARGV_DIGEST)
+        .env_remove(ENV_TTY_GUARD)
         .exec();
     let line = MarkerLine::ExecFailed {
         reason: err.to_string(),

@@ -18,6 +18,7 @@ pub mod spawn;
 pub mod supervisor;
 pub mod terminal;
 pub mod tracker;
+pub mod tty_guard;
 
 use serde::{Deserialize, Serialize};
 
