@@ -404,6 +404,7 @@ impl RunningCommand for RunningContainer {
             pid: self.pid,
             root: self.identity.clone(),
             cgroup: None,
+            monitor: None,
         }
     }
 
@@ -567,6 +568,7 @@ impl RunningCommand for RunningContainer {
                 executable: self.engine.kind.as_str().into(),
                 first_seen_ms: 0,
                 alive_after_root_exit: false,
+                left_run_cgroup: None,
             });
         }
         Ok(ev)

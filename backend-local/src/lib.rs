@@ -38,12 +38,21 @@ impl LocalBackend {
 }
 
 /// Options the local backend understands (`--backend-option KEY=VALUE`).
-pub const OPTIONS: &[OptionSpec] = &[OptionSpec::new(
-    "tracking",
-    OptionKind::Choice(&["auto", "cgroup", "proc_poll", "proc_scan"]),
-    "how the command's processes are tracked: auto picks the strongest mechanism available",
-)
-.default_value("auto")];
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        "tracking",
+        OptionKind::Choice(&["auto", "cgroup", "proc_poll", "proc_scan"]),
+        "how the command's processes are tracked: auto picks the strongest mechanism available",
+    )
+    .default_value("auto"),
+    OptionSpec::new(
+        "exec-events",
+        OptionKind::Choice(&["auto", "cn_proc", "proc_poll"]),
+        "how the programs the command executes are observed: auto uses the kernel's process \
+         events connector where it works, else /proc polling",
+    )
+    .default_value("auto"),
+];
 
 /// An unusable configuration for the conformance suite: a tracking mechanism that does not
 /// exist must refuse the launch, never fall back to another mechanism.
@@ -120,6 +129,7 @@ impl RuntimeBackend for LocalBackend {
             PreparedLaunch::new(ID, spec, command, Enforcement::None, ()).with_runtime_config(
                 serde_json::json!({
                     "tracking": spec.options.get("tracking").unwrap_or("auto"),
+                    "exec_events": spec.options.get("exec-events").unwrap_or("auto"),
                     "poll_interval_ms": spec.poll_interval.as_millis() as u64,
                     "grace_ms": spec.grace.as_millis() as u64,
                     "timeout_ms": spec.timeout.map(|t| t.as_millis() as u64),

@@ -601,6 +601,7 @@ mod tests {
             executable: "x".into(),
             first_seen_ms: 0,
             alive_after_root_exit: false,
+            left_run_cgroup: None,
         };
         let port = |port, owner: Option<ProcessIdentity>| PortRecord {
             protocol: "tcp".into(),

@@ -152,6 +152,24 @@ pub fn run_summary(r: &RunResult, root: &Path, sealed: bool) -> String {
             sm.leftover_processes
         );
     }
+    for f in &r.evidence_findings {
+        let _ = writeln!(
+            s,
+            "  {} {}: {}",
+            action_word(f.action),
+            escape_terminal(&f.kind),
+            escape_terminal(&f.detail)
+        );
+    }
+    if sm.containers_started > 0 {
+        let _ = writeln!(
+            s,
+            "  containers started during the run: {} (not owned by the run; see runtime.json; \
+             agentdiff cleanup {} --containers stops them)",
+            sm.containers_started,
+            escape_terminal(&r.run_id)
+        );
+    }
     if sm.opened_ports > 0 {
         let _ = writeln!(
             s,

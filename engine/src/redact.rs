@@ -322,6 +322,13 @@ fn redact_shell_words(text: &str) -> Option<String> {
     Some(quoted.join(" "))
 }
 
+/// Redact an argument vector that may hold shell command strings (`sh -c "tool --token X"`, as
+/// seen in a process's `cmdline`). [`redact_argv`] already splits every argument holding
+/// whitespace into shell words and redacts them; this name is kept for the exec log's callers.
+pub fn redact_argv_deep<S: AsRef<str>>(argv: &[S]) -> Vec<String> {
+    redact_argv(argv)
+}
+
 /// Redact an argument vector for storage. The first element (the program) is kept.
 pub fn redact_argv<S: AsRef<str>>(argv: &[S]) -> Vec<String> {
     let mut out = Vec::with_capacity(argv.len());
@@ -419,6 +426,25 @@ pub fn escape_terminal_lines(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_inside_shell_strings_are_redacted() {
+        let argv = [
+            "sh",
+            "-c",
+            "deploy --token hunter2 '--password=pw1' https://u:pw2@h/x API_KEY=k3y; echo ok",
+        ];
+        let out = redact_argv_deep(&argv);
+        let joined = out.join(" ");
+        for secret in ["hunter2", "pw1", "pw2", "k3y"] {
+            assert!(!joined.contains(secret), "{secret} survived: {out:?}");
+        }
+        assert!(joined.contains("echo ok"));
+        assert_eq!(
+            redact_argv_deep(&["sh", "-c", "echo  plain"])[2],
+            "echo  plain"
+        );
+    }
 
     #[test]
     fn flags_with_separate_values_are_redacted() {

@@ -36,8 +36,12 @@ is signalled; --force acts anyway and states the risk.\n\n\
 Each recorded process is verified (pid + start time + boot id) before it is \
 signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
 refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
-Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity was \
-refused (pid_reused, access_denied) or a process could not be stopped (escaped); 66 when the run \
+With --containers, the containers the run recorded as started during it are stopped through their \
+engine, each by id and only after the engine confirms it was created inside the run's window; \
+others are refused (refused_outside_window).\n\n\
+Exit status: 0 when nothing needed cleanup or everything was stopped; 68 when any identity or \
+one of the containers was refused (pid_reused, access_denied, refused_outside_window) or could not be stopped \
+(escaped, error); 66 when the run \
 does not exist or its id is invalid; 67 when its runtime evidence is unreadable or a symlink."
 )]
 pub struct Args {
@@ -52,6 +56,10 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Summary)]
     format: Format,
+    /// Also stop the containers the run recorded as started during it (by id, each only after
+    /// the engine confirms it was created inside the run's window).
+    #[arg(long)]
+    containers: bool,
     /// Act on a capsule that does not authenticate. Risk: a forged capsule can name any process
     /// of yours (its real pid and start time), and cleanup would signal it.
     #[arg(long)]
@@ -89,6 +97,7 @@ fn cleanup_run(
     root: &Path,
     run: &str,
     grace: Duration,
+    stop_containers: bool,
     force: bool,
 ) -> anyhow::Result<CleanupResult> {
     let opened = |e: StoreError| {
@@ -126,6 +135,7 @@ fn cleanup_run(
             backend.as_ref(),
             processes,
             grace,
+            stop_containers,
         ))
         .map_err(engine_error)
 }
@@ -184,6 +194,17 @@ fn render_summary(result: &CleanupResult) {
     for e in &r.errors {
         outln!("  error: {}", escape_terminal(e));
     }
+    for c in result.containers.iter().flatten() {
+        outln!(
+            "  containers: {:<24} {}{}",
+            c.outcome,
+            escape_terminal(c.id.get(..12).unwrap_or(&c.id)),
+            c.detail
+                .as_deref()
+                .map(|d| format!(" ({})", escape_terminal(d)))
+                .unwrap_or_default()
+        );
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -195,7 +216,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let root = super::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
-    let result = cleanup_run(&root, &args.run, grace, args.force)?;
+    let result = cleanup_run(&root, &args.run, grace, args.containers, args.force)?;
     match args.format {
         Format::Json => {
             let text =

@@ -76,6 +76,8 @@ impl Cli {
     }
 
     pub fn dispatch(self) -> anyhow::Result<ExitCode> {
+        let notice = !matches!(self.command, Command::Cleanup(_) | Command::Hook(_));
+        ORPHAN_NOTICE.store(notice, std::sync::atomic::Ordering::Relaxed);
         match self.command {
             Command::Run(a) => run::run(*a),
             Command::Verify(a) => verify::run(a),
@@ -89,6 +91,21 @@ impl Cli {
             Command::Hook(c) => hook::run(c),
             Command::Conformance(a) => conformance::run(a),
         }
+    }
+}
+
+/// Whether [`project_root`] points to `agentdiff cleanup` when the root's last run lost its
+/// monitor. Off for `cleanup` (it is the remedy) and for the hook (its output is read by
+/// programs).
+static ORPHAN_NOTICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// One line on stderr when the last run in `root` lost its monitor and left processes running.
+fn orphan_notice(root: &std::path::Path) {
+    if !ORPHAN_NOTICE.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    if let Some(run) = agentdiff_engine::process::orphans::orphaned_last_run(root) {
+        errln!("{}", agentdiff_engine::process::orphans::notice(&run));
     }
 }
 
@@ -125,6 +142,7 @@ pub fn project_root(
             root.describe()
         );
     }
+    orphan_notice(&root.path);
     Ok(root)
 }
 

@@ -89,6 +89,7 @@ fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
             executable: "sleep".into(),
             first_seen_ms: 1,
             alive_after_root_exit: true,
+            left_run_cgroup: None,
         })
         .collect();
     let evidence = RunEvidence {

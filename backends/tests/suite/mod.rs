@@ -6,6 +6,7 @@ mod cleanup_cli;
 mod evidence_cli;
 mod hook_cli;
 mod policy_cli;
+mod process_evidence_cli;
 mod rollback_cli;
 mod run_cli;
 mod safe_defaults_cli;

@@ -156,6 +156,7 @@ impl Tracker {
                     executable: st.map(|s| s.comm).unwrap_or_default(),
                     first_seen_ms: self.started.elapsed().as_millis() as u64,
                     alive_after_root_exit: false,
+                    left_run_cgroup: None,
                 },
             );
         }
@@ -253,6 +254,7 @@ impl RunningCommand for Running {
                     executable: host::stat(r.pid).map(|s| s.comm).unwrap_or_default(),
                     first_seen_ms: 0,
                     alive_after_root_exit: false,
+                    left_run_cgroup: None,
                 });
         }
         let poll = spec.poll_interval.max(Duration::from_millis(10));
@@ -351,6 +353,8 @@ impl RunningCommand for Running {
             runtime_config: prepared.runtime_config().clone(),
             observation_root: prepared.cwd().display().to_string(),
             environment: Some(environment),
+            execs: Default::default(),
+            containers: None,
             warnings: Vec::new(),
         })
     }

@@ -54,6 +54,11 @@ pub struct ProcessRecord {
     pub first_seen_ms: u64,
     /// Still alive when the root process exited (a leftover that cleanup handled).
     pub alive_after_root_exit: bool,
+    /// The cgroup this process was found in after it moved itself out of the run cgroup: the
+    /// command tried to escape observation (a deny-level finding). `None` when it stayed, or
+    /// when the run had no cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_run_cgroup: Option<String>,
 }
 
 /// Outcome of cleanup for one identity.
@@ -191,5 +196,11 @@ pub struct RunEvidence {
     /// Directory whose changes were observed (the root, or a private workspace).
     pub observation_root: String,
     pub environment: Option<EnvironmentEvidence>,
+    /// Every program the run's processes executed, and how that was observed.
+    #[serde(default)]
+    pub execs: crate::process::exec_log::ExecEvidence,
+    /// Containers a reachable container engine created during the run (not owned by the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<crate::process::containers::ContainerEvidence>,
     pub warnings: Vec<String>,
 }

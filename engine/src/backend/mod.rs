@@ -73,6 +73,10 @@ pub struct LaunchFacts {
     /// The run's tracking cgroup, when the command was placed in one.
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Identity of the agentdiff process supervising the run, set by the transaction: tells a
+    /// run in progress from one whose monitor died.
+    #[serde(default)]
+    pub monitor: Option<ProcessIdentity>,
 }
 
 /// A launched command. `wait` resolves when the command has ended (normally, by timeout or by

@@ -123,6 +123,11 @@ impl RunCgroup {
             .unwrap_or(false)
     }
 
+    /// The path as `/proc/PID/cgroup` shows it.
+    pub fn rel(&self) -> &str {
+        &self.rel
+    }
+
     /// Pids currently in the cgroup, reusing `buf` and `out`.
     pub fn pids(&self, buf: &mut String, out: &mut Vec<u32>) -> std::io::Result<()> {
         out.clear();
@@ -237,16 +242,21 @@ pub fn probe() -> Result<String, String> {
     ))
 }
 
-/// Whether `pid`'s cgroup is another agentdiff run's cgroup (used to keep concurrent runs in one
-/// process from claiming each other's orphans).
-pub fn in_foreign_run_cgroup(pid: u32, own: Option<&RunCgroup>) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-        return false;
-    };
-    text.lines().filter_map(|l| l.strip_prefix("0::")).any(|p| {
-        let base = p.rsplit('/').next().unwrap_or("");
-        base.starts_with(RUN_CGROUP_PREFIX) && own.map_or(true, |c| c.rel != p)
-    })
+/// `pid`'s cgroup v2 path as `/proc/PID/cgroup` shows it (`0::<path>`), if readable.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// Whether the cgroup path `path` is `rel` or lies below it (a sub-cgroup the command made
+/// inside its own run cgroup is still the run's).
+pub fn within(path: &str, rel: &str) -> bool {
+    path == rel
+        || path
+            .strip_prefix(rel)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 #[cfg(test)]

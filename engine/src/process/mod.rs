@@ -9,9 +9,14 @@
 #[cfg(target_os = "linux")]
 pub mod cgroup;
 pub mod cleanup;
+#[cfg(target_os = "linux")]
+pub mod cn_proc;
+pub mod containers;
+pub mod exec_log;
 #[cfg(unix)]
 pub mod exec_shim;
 pub mod identity;
+pub mod orphans;
 pub mod ports;
 #[cfg(target_os = "linux")]
 pub mod spawn;

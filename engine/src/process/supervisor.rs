@@ -109,6 +109,8 @@ mod unix {
     use super::*;
     use crate::backend::{CleanupReport, ExitInfo, StdioMode};
     use crate::process::cleanup::{cleanup_targets, CleanupOptions, CleanupTarget};
+    use crate::process::containers;
+    use crate::process::exec_log::{ExecObserver, ExecRequest};
     use crate::process::ports::{off_evidence, PortObserver};
     use crate::process::terminal::{self, Terminal};
     use crate::process::tracker::{self, Tracker, TrackingRequest};
@@ -210,10 +212,23 @@ mod unix {
                 ))
             })?,
         };
+        let exec_request = match spec.options.get("exec-events") {
+            None => ExecRequest::Auto,
+            Some(s) => ExecRequest::parse(s).ok_or_else(|| {
+                ProcessError::Unsupported(format!(
+                    "unknown exec-events mechanism `{s}`; use auto, cn_proc or proc_poll"
+                ))
+            })?,
+        };
         // Everything that can fail before the spawn comes before the run cgroup exists.
         let stdio = stdio_fds(&ctx)?;
+        // Subscribed before the spawn, so the root's own exec is seen.
+        let (exec, exec_warning) = ExecObserver::start(exec_request)?;
         let ports = spec.observe_ports.then(PortObserver::start);
         let (cgroup, mut warnings) = tracker::prepare(request)?;
+        warnings.extend(exec_warning);
+        let container_watch =
+            containers::ContainerWatch::start(containers::now_ns(), prepared.env());
 
         let interactive = matches!(ctx.stdio, StdioMode::Inherit | StdioMode::StdoutToStderr);
         let terminal = if interactive {
@@ -265,6 +280,7 @@ mod unix {
             // Also from the parent, as shells do, so neither side races the other.
             t.give_to(pid as libc::pid_t);
         }
+        exec.set_root(pid, launched);
         // What `agentdiff cleanup` needs if this process dies before writing evidence.
         #[cfg(target_os = "linux")]
         let cgroup_path = cgroup.as_ref().map(|c| c.path().display().to_string());
@@ -274,6 +290,7 @@ mod unix {
             pid: Some(pid),
             root: crate::process::read_identity(pid).ok(),
             cgroup: cgroup_path,
+            monitor: None,
         };
         #[allow(unused_mut)]
         let mut tracker = Tracker::new(pid, launched, cgroup);
@@ -300,6 +317,8 @@ mod unix {
             terminal,
             warnings,
             pidfd,
+            exec,
+            containers: Some(container_watch),
         };
         let spawned = std::thread::Builder::new()
             .name("agentdiff-monitor".into())
@@ -331,6 +350,8 @@ mod unix {
         terminal: Option<Terminal>,
         warnings: Vec<String>,
         pidfd: Option<OwnedFd>,
+        exec: ExecObserver,
+        containers: Option<containers::ContainerWatch>,
     }
 
     /// waitpid(pid, WNOHANG|WUNTRACED): Ok(None) while running, Ok(Some(status)) on an event.
@@ -397,6 +418,10 @@ mod unix {
                     }
                 }
                 self.tracker.tick();
+                if self.exec.polls() {
+                    let at_ms = self.launched.elapsed().as_millis() as u64;
+                    self.exec.poll(&self.tracker.live_identities(), at_ms);
+                }
                 if let Some(p) = &mut self.ports {
                     if last_ports.elapsed() >= PORT_SAMPLE_INTERVAL {
                         p.sample(&self.tracker.live_identities());
@@ -418,10 +443,22 @@ mod unix {
                 self.tracker.mark_alive_after_root_exit();
             }
             self.tracker.refresh_executables();
+            if self.exec.polls() {
+                let at_ms = self.launched.elapsed().as_millis() as u64;
+                self.exec.poll(&self.tracker.live_identities(), at_ms);
+            }
             if let Some(p) = &mut self.ports {
                 // Before cleanup, while leftovers still hold their sockets.
                 p.sample(&self.tracker.live_identities());
             }
+            // Before cleanup: which containers run now, and whose monitors are ours.
+            let run_pids: Vec<u32> = self
+                .tracker
+                .records()
+                .iter()
+                .map(|r| r.identity.pid)
+                .collect();
+            let mut container_evidence = self.containers.take().map(|w| w.observe(&run_pids));
 
             let mut cleanup = CleanupReport {
                 mechanism: if cfg!(target_os = "linux") {
@@ -524,6 +561,16 @@ mod unix {
                     }
                 }
             }
+            if let Some(ev) = &mut container_evidence {
+                containers::refresh_after_cleanup(ev);
+            }
+            let execs = self.exec.finish();
+            if execs.lost > 0 {
+                self.warnings.push(format!(
+                    "{} process-event overflows: the exec log is incomplete",
+                    execs.lost
+                ));
+            }
             // Give the terminal back only after the command is gone.
             if let Some(t) = self.terminal.take() {
                 drop(t);
@@ -575,6 +622,8 @@ mod unix {
                 runtime_config: self.prepared.runtime_config().clone(),
                 observation_root: spec.workdir.display().to_string(),
                 environment: Some(environment),
+                execs,
+                containers: container_evidence,
                 warnings: self.warnings,
             })
         }

@@ -1,8 +1,11 @@
 //! Descendant tracking.
 //!
 //! Mechanisms, strongest first:
-//! - `cgroup`: the run has its own cgroup v2; `cgroup.procs` lists every process of the run,
-//!   whatever it does. Complete.
+//! - `cgroup`: the run has its own cgroup v2; `cgroup.procs` lists every process of the run that
+//!   stays in it, whatever else it does. Belt and braces: the subreaper's descendant tree is walked
+//!   as well, so a process that moves itself out of the run cgroup (writing its pid to another
+//!   cgroup's `cgroup.procs`, as root can) is still a descendant, is recorded with
+//!   `left_run_cgroup` (the cgroup it was found in) and is cleaned up like any other.
 //! - `subreaper_proc_poll`: agentdiff is a child subreaper, so orphans re-parent to it instead of
 //!   init; each tick reads `/proc/PID/task/TID/children` of every live tracked process and of
 //!   agentdiff itself. A descendant that starts and exits between two ticks can be missed.
@@ -145,6 +148,7 @@ impl Tracker {
             executable: executable_name(pid, &stat.comm),
             first_seen_ms: self.launched.elapsed().as_millis() as u64,
             alive_after_root_exit: false,
+            left_run_cgroup: None,
         };
         self.index.insert(pid, self.records.len());
         self.records.push(record);
@@ -231,7 +235,8 @@ mod imp {
     #[derive(Debug, Default)]
     struct ActiveRun {
         root_pgid: i32,
-        poll_mode: bool,
+        /// The run cgroup's path as `/proc/PID/cgroup` shows it.
+        cgroup: Option<String>,
         pids: HashSet<u32>,
     }
 
@@ -389,7 +394,7 @@ mod imp {
                     token,
                     super::imp::ActiveRun {
                         root_pgid: root_stat.as_ref().map(|s| s.pgrp).unwrap_or(0),
-                        poll_mode: cgroup.is_none(),
+                        cgroup: cgroup.as_ref().map(|c| c.rel().to_string()),
                         pids: HashSet::new(),
                     },
                 )
@@ -488,6 +493,7 @@ mod imp {
             let mut text = std::mem::take(&mut self.state.text);
             let mut path = std::mem::take(&mut self.state.path);
 
+            let mut in_cgroup: Option<Vec<u32>> = None;
             if let Some(cg) = &self.state.cgroup {
                 match cg.pids(&mut text, &mut pids) {
                     Ok(()) => {
@@ -496,8 +502,7 @@ mod imp {
                                 found.push((*p, ProcessRelation::Descendant));
                             }
                         }
-                        // Exited members leave cgroup.procs.
-                        self.live.retain(|p| pids.contains(p));
+                        in_cgroup = Some(pids.clone());
                     }
                     Err(e) => {
                         let msg = format!("reading {}/cgroup.procs: {e}", cg.path().display());
@@ -506,7 +511,10 @@ mod imp {
                         }
                     }
                 }
-            } else if self.state.children_files {
+            }
+            // The descendant tree, with or without a cgroup (belt and braces: a process can
+            // leave the run cgroup, not its parentage).
+            if self.state.children_files {
                 let mut gone = Vec::new();
                 for &pid in &self.live {
                     pids.clear();
@@ -515,7 +523,7 @@ mod imp {
                         continue;
                     }
                     for c in &pids {
-                        if !self.live.contains(c) {
+                        if !self.live.contains(c) && !found.iter().any(|(f, _)| f == c) {
                             found.push((*c, ProcessRelation::Descendant));
                         }
                     }
@@ -545,7 +553,7 @@ mod imp {
                         let r = &mut self.records[i];
                         if stat.start_time_ticks != r.identity.start_time_ticks {
                             // A recycled pid: a new child of ours, judged as an unknown one.
-                            if self.state.cgroup.is_none() && self.claimable_orphan(c) {
+                            if self.claimable_orphan(c) {
                                 found.push((c, ProcessRelation::Reparented));
                             }
                             continue;
@@ -558,7 +566,7 @@ mod imp {
                             crate::process::cleanup::reap_child(c);
                         }
                     }
-                    None if self.state.cgroup.is_none() && self.claimable_orphan(c) => {
+                    None if self.claimable_orphan(c) => {
                         found.push((c, ProcessRelation::Reparented));
                     }
                     None => {}
@@ -568,35 +576,86 @@ mod imp {
             for (pid, rel) in found {
                 self.add(pid, rel);
             }
+            if let Some(members) = in_cgroup {
+                self.check_cgroup_membership(&members);
+            }
             self.state.pids = pids;
             self.state.text = text;
             self.state.path = path;
         }
 
-        /// An unknown child of agentdiff: ours if no other active run claims it.
-        fn claimable_orphan(&self, pid: u32) -> bool {
-            if cgroup::in_foreign_run_cgroup(pid, None) {
-                return false;
+        /// Live processes that are no longer in the run cgroup (or below it) left it: record
+        /// where they went. `members` is this tick's `cgroup.procs`; anything not listed is
+        /// checked through `/proc/PID/cgroup`, since it may have been forked after the read or
+        /// moved into a sub-cgroup of the run's.
+        fn check_cgroup_membership(&mut self, members: &[u32]) {
+            let Some(cg) = &self.state.cgroup else { return };
+            let rel = cg.rel().to_string();
+            let mut gone = Vec::new();
+            for &pid in &self.live {
+                if members.contains(&pid) {
+                    continue;
+                }
+                let Some(&i) = self.index.get(&pid) else {
+                    continue;
+                };
+                let same = read_stat(pid).is_ok_and(|s| {
+                    s.start_time_ticks == self.records[i].identity.start_time_ticks
+                        && !s.is_zombie()
+                });
+                if !same {
+                    gone.push(pid);
+                    continue;
+                }
+                match cgroup::cgroup_of(pid) {
+                    Some(p) if cgroup::within(&p, &rel) => {}
+                    found => {
+                        let r = &mut self.records[i];
+                        if r.left_run_cgroup.is_none() {
+                            r.left_run_cgroup = Some(found.unwrap_or_else(|| "unreadable".into()));
+                        }
+                    }
+                }
             }
+            self.live.retain(|p| !gone.contains(p));
+        }
+
+        /// An unknown child of agentdiff: ours if it is in no other run's cgroup, no other active
+        /// run claims it, and (with several runs active in this process) its process group is
+        /// this run's.
+        fn claimable_orphan(&self, pid: u32) -> bool {
             let Ok(stat) = read_stat(pid) else {
                 return false;
             };
             if stat.start_time_ticks < self.root_start {
                 return false;
             }
+            let cg = cgroup::cgroup_of(pid);
             with_active(|a| {
-                if a.iter()
-                    .any(|(tok, r)| *tok != self.state.token && r.pids.contains(&pid))
-                {
+                let others = || a.iter().filter(|(tok, _)| **tok != self.state.token);
+                if others().any(|(_, r)| r.pids.contains(&pid)) {
                     return false;
                 }
-                let poll_runs: Vec<(&u64, &ActiveRun)> =
-                    a.iter().filter(|(_, r)| r.poll_mode).collect();
-                if poll_runs.len() <= 1 {
+                if let Some(p) = &cg {
+                    if others()
+                        .any(|(_, r)| r.cgroup.as_deref().is_some_and(|c| cgroup::within(p, c)))
+                    {
+                        return false;
+                    }
+                }
+                // A polling run owns unknown orphans unless other polling runs compete; a cgroup
+                // run only sees escapees here (its members are in its cgroup) and competes with
+                // every run.
+                let competing: Vec<(&u64, &ActiveRun)> = if self.state.cgroup.is_none() {
+                    a.iter().filter(|(_, r)| r.cgroup.is_none()).collect()
+                } else {
+                    a.iter().collect()
+                };
+                if competing.len() <= 1 {
                     return true;
                 }
-                // Several runs poll at once: only a matching process group decides.
-                poll_runs
+                // Several runs at once: only a matching process group decides.
+                competing
                     .iter()
                     .find(|(_, r)| r.root_pgid == stat.pgrp)
                     .is_some_and(|(tok, _)| **tok == self.state.token)

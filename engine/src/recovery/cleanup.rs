@@ -10,10 +10,16 @@
 //! otherwise name any process of the user's (its real pid and start time) and have it signalled.
 //!
 //! The processes come from `runtime.json` of a sealed run; an unsealed run (its agentdiff was
-//! killed) is cleaned from its `launched` event only: the root identity and every process still in the
-//! run's cgroup (membership is the attribution: a process cannot leave a cgroup without
-//! privileges the command lacks). Every identity is checked by the backend before it is
-//! signalled; a pid that now belongs to another process is refused, never signalled.
+//! killed) is cleaned from its `launched` event only: the root identity and every process still in
+//! the run's cgroup (membership is the attribution). A process running as root can move itself out
+//! of the run cgroup; a live monitor tracks it as a descendant and records it (`left_run_cgroup`),
+//! but once the monitor is dead such a process is not attributable from the capsule. Every
+//! identity is checked by the backend before it is signalled; a pid that now belongs to another
+//! process is refused, never signalled.
+//!
+//! On request, the containers the run recorded as started during it are stopped through their
+//! engine, each by id after the engine confirms its creation time lies inside the recorded run
+//! window ([`crate::process::containers::stop_recorded`]).
 //!
 //! Not defended: a capsule edited to name another agentdiff run's cgroup below the same mount
 //! (the identities in it are still checked one by one before any signal).
@@ -25,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, RuntimeBackend};
+use crate::process::containers::{self, ContainerEvidence, ContainerStop};
 use crate::process::RUN_CGROUP_PREFIX;
 use crate::store::seal::{trusted_process_evidence, TrustedEvidence, VerifyContext};
 use crate::store::{Capsule, RecoveryArtifact, Store, StoreError};
@@ -89,12 +96,16 @@ pub struct CleanupResult {
     pub schema_version: u32,
     pub run_id: String,
     pub backend: String,
-    /// Identities refused (pid reused, access denied) or not stopped (escaped).
+    /// Identities refused (pid reused, access denied) or not stopped (escaped), and containers
+    /// refused or not stopped.
     pub refused_or_escaped: usize,
     /// How the evidence was trusted (absent in results of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<CleanupTrust>,
     pub cleanup: CleanupReport,
+    /// With `--containers`: what happened to each container the run recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<Vec<ContainerStop>>,
 }
 
 /// Whether the capsule's process evidence may be acted on; with `force`, evidence that does not
@@ -236,6 +247,7 @@ pub async fn cleanup_run(
     backend: &dyn RuntimeBackend,
     processes: RecordedProcesses,
     grace: Duration,
+    stop_containers: bool,
 ) -> Result<CleanupResult, CleanupError> {
     let run_id = capsule.id().to_string();
     let mut report = backend.cleanup_run(&run_id, &processes.ids, grace).await;
@@ -252,13 +264,23 @@ pub async fn cleanup_run(
             "the run's private workspace could not be removed: {e}"
         )),
     }
+    let stops = if stop_containers {
+        Some(containers::stop_recorded(
+            &recorded_containers(capsule)?,
+            grace,
+        ))
+    } else {
+        None
+    };
+    let containers_refused = stops.iter().flatten().filter(|s| !s.succeeded()).count();
     let result = CleanupResult {
         schema_version: crate::SCHEMA_VERSION,
         run_id: run_id.clone(),
         backend: processes.backend,
-        refused_or_escaped: refused_or_escaped(&report),
+        refused_or_escaped: refused_or_escaped(&report) + containers_refused,
         trust: Some(processes.trust),
         cleanup: report,
+        containers: stops,
     };
     let record = |source| CleanupError::Record {
         run_id: run_id.clone(),
@@ -277,6 +299,21 @@ pub async fn cleanup_run(
         )
         .map_err(record)?;
     Ok(result)
+}
+
+/// The containers a run recorded as started during it (none for a run without that evidence, or
+/// whose monitor died before writing it).
+pub fn recorded_containers(capsule: &Capsule) -> Result<ContainerEvidence, CleanupError> {
+    match capsule.runtime() {
+        Ok(doc) => Ok(doc
+            .evidence()
+            .and_then(|e| e.containers.clone())
+            .unwrap_or_default()),
+        Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(ContainerEvidence::default())
+        }
+        Err(e) => Err(CleanupError::Capsule(e)),
+    }
 }
 
 /// Empty now that its processes were stopped; a leftover cgroup directory is harmless but

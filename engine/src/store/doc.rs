@@ -203,6 +203,10 @@ pub struct LaunchedEvent {
     /// The run's tracking cgroup, when the command was placed in one.
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Identity of the agentdiff process supervising the run (tells a run in progress from one
+    /// whose monitor died).
+    #[serde(default)]
+    pub monitor: Option<ProcessIdentity>,
 }
 
 /// Name of the event that records a launch.

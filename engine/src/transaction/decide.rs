@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::classify::{classify_changes, evaluate_limits};
+use super::findings::{evidence_findings, with_findings};
 use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
 use super::{Refusal, VerifiedControl};
 use crate::backend::{BackendError, ExitInfo, FailureKind, RunEvidence};
@@ -49,15 +50,20 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let changes = classify_changes(ev.policy, &diff, ev.private_workspace);
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let warnings = observation_warnings(ev.before, ev.after, &diff, ev.run);
-    let safety_outcome = if ev.capsule_tampered.is_empty() {
+    let findings = evidence_findings(ev.run);
+    let outcome = with_findings(
         safety_outcome(
             &changes,
             &limit_violations,
             &warnings,
             ev.command_decision.action,
-        )
+        ),
+        &findings,
+    );
+    // Tampering with the capsule is denied whatever the changes were.
+    let safety_outcome = if ev.capsule_tampered.is_empty() {
+        outcome
     } else {
-        // Tampering with the capsule is denied whatever the changes were.
         Action::Deny
     };
     let status = status(&ev.run.exit, ev.run.failure.as_ref(), safety_outcome);
@@ -73,6 +79,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
         changes,
         limit_violations,
         observation_warnings: warnings,
+        evidence_findings: findings,
         capsule_tampered: ev.capsule_tampered.to_vec(),
         blast_radius: score::compute(&counts, ev.policy.weights()),
         runtime: Some(runtime_summary(ev.run, ev.verified_controls)),
@@ -107,6 +114,7 @@ pub fn not_run(
         changes: Vec::new(),
         limit_violations: Vec::new(),
         observation_warnings: Vec::new(),
+        evidence_findings: Vec::new(),
         capsule_tampered: Vec::new(),
         blast_radius: score::compute(&score::Counts::default(), &Weights::default()),
         runtime: None,
@@ -215,6 +223,10 @@ pub fn summarize(
         reversible: changes.iter().filter(|c| c.reversible).count() as u64,
         leftover_processes: run.cleanup.leftovers() as u64,
         opened_ports: run.ports.opened.len() as u64,
+        containers_started: run
+            .containers
+            .as_ref()
+            .map_or(0, |c| c.containers.len() as u64 + c.omitted),
         // Each entry that could not be captured, once, whether before, after or both.
         unsupported_entries: before
             .unsupported

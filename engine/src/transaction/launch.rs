@@ -90,6 +90,7 @@ pub(super) async fn launch(
     if facts.pid.is_none() {
         facts.pid = running.pid();
     }
+    facts.monitor = crate::process::read_identity(std::process::id()).ok();
     let mut fields = json!(facts);
     // MAC'd so that `agentdiff cleanup` of a run whose monitor died trusts only an event this
     // user's agentdiff wrote.

@@ -14,6 +14,7 @@
 mod capture;
 mod classify;
 pub mod decide;
+mod findings;
 mod guard;
 mod launch;
 mod preflight;
@@ -28,6 +29,7 @@ use serde_json::json;
 
 pub use classify::{classify_changes, evaluate_limits};
 pub use decide::{Evidence, RunFrame};
+pub use findings::{evidence_findings, EvidenceFinding};
 pub use preflight::{check_request, effective_options};
 pub use result::{
     ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,

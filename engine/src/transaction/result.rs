@@ -87,6 +87,10 @@ pub struct Summary {
     pub leftover_processes: u64,
     pub opened_ports: u64,
     pub unsupported_entries: u64,
+    /// Containers an engine created during the run window (not owned by the run; see
+    /// `runtime.json` `containers`).
+    #[serde(default)]
+    pub containers_started: u64,
 }
 
 /// A control that a recorded probe verified on this host for the same backend and settings
@@ -129,6 +133,9 @@ pub struct RunResult {
     pub changes: Vec<ChangeRecord>,
     pub limit_violations: Vec<LimitViolation>,
     pub observation_warnings: Vec<String>,
+    /// What the process evidence says about the command's conduct (escapes, containers).
+    #[serde(default)]
+    pub evidence_findings: Vec<super::findings::EvidenceFinding>,
     /// What changed under `.agentdiff/` while the command ran (a deny-level finding; the
     /// artifacts were put back from memory and changed backups no longer count as recovery).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

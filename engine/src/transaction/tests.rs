@@ -424,6 +424,7 @@ fn limits_are_review_findings_with_observed_values() {
             executable: "sh".into(),
             first_seen_ms: 0,
             alive_after_root_exit: false,
+            left_run_cgroup: None,
         });
     }
     case.run.exit.duration_ms = 2999;
@@ -469,6 +470,29 @@ fn limits_within_budget_leave_an_allowed_run_passed() {
     let result = case.decide();
     assert!(result.limit_violations.is_empty());
     assert_eq!(result.status, Status::Passed);
+}
+
+#[test]
+fn a_process_that_left_the_run_cgroup_denies_an_otherwise_clean_run() {
+    let m = manifest(&[("a.rs", file("a", BackupState::NotRequested))]);
+    let mut case = Case::new("escape", m.clone(), m);
+    case.run.processes.push(ProcessRecord {
+        identity: identity(11),
+        ppid: 10,
+        relation: ProcessRelation::Reparented,
+        executable: "sleep".into(),
+        first_seen_ms: 5,
+        alive_after_root_exit: true,
+        left_run_cgroup: Some("/".into()),
+    });
+    let result = case.decide();
+    assert_eq!(
+        (result.status, result.safety_outcome),
+        (Status::Denied, Action::Deny)
+    );
+    assert_eq!(result.evidence_findings.len(), 1);
+    assert_eq!(result.evidence_findings[0].kind, "left_run_cgroup");
+    assert_eq!(result.evidence_findings[0].process, Some(identity(11)));
 }
 
 #[test]

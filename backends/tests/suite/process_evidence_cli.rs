@@ -1,0 +1,626 @@
+//! Process evidence through the real binary: a process that leaves the run cgroup, an exec after
+//! a process was first seen, and a container started through an engine during the run. Each
+//! attack must yield a recorded finding and leave no process running.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use agentdiff_conformance::skip_unless_required;
+use serde_json::Value;
+
+fn agentdiff(root: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentdiff"))
+        .args(args)
+        .current_dir(root)
+        .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+        .output()
+        .expect("run agentdiff")
+}
+
+/// `agentdiff run --format json [extra…] -- argv…` → (exit code, result, runtime.json).
+fn run(root: &Path, extra: &[&str], argv: &[&str]) -> (i32, Value, Value) {
+    let mut args = vec!["run", "--format", "json", "--fail-on", "never"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = agentdiff(root, &args);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {} / {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let id = r["run_id"].as_str().unwrap();
+    let rt: Value = serde_json::from_slice(
+        &fs::read(root.join(".agentdiff/runs").join(id).join("runtime.json")).unwrap(),
+    )
+    .unwrap();
+    (out.status.code().unwrap_or(-1), r, rt)
+}
+
+fn project() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    fs::write(d.path().join("a.txt"), "a\n").unwrap();
+    d
+}
+
+/// A sleep duration nothing else on the machine uses.
+fn unique_secs() -> u32 {
+    static N: AtomicU32 = AtomicU32::new(0);
+    300_000 + (std::process::id() % 1000) * 50 + N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Processes whose command line is exactly `words`.
+fn running(words: &[&str]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args == words {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn assert_gone(words: &[&str]) {
+    // Cleanup has finished when agentdiff exits; allow the kernel a moment to reap.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !running(words).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = running(words);
+    for pid in &left {
+        // SAFETY: test cleanup of a process this test started.
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "{words:?} survived the run: {left:?}");
+}
+
+/// Where cgroup v2 is mounted, when a run cgroup can be created here.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next() == Some("cgroup2"))
+            .then(|| pre.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}
+
+fn cgroup_tracking_missing() -> Option<String> {
+    let p = project();
+    let (_, _, rt) = run(p.path(), &[], &["true"]);
+    (rt["tracking"] != "cgroup").then(|| {
+        format!(
+            "no run cgroup can be created here (tracking {}); needs root and cgroup v2",
+            rt["tracking"]
+        )
+    })
+}
+
+fn findings<'a>(r: &'a Value, kind: &str) -> Vec<&'a Value> {
+    r["evidence_findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == kind)
+        .collect()
+}
+
+fn escape_case(tracking: &str, script: impl Fn(&str, &str) -> String) {
+    if let Some(reason) = cgroup_tracking_missing() {
+        if skip_unless_required(&reason) {
+            return;
+        }
+    }
+    let mount = cgroup2_mount().unwrap();
+    let secs = unique_secs().to_string();
+    let procs = mount.join("cgroup.procs").display().to_string();
+    let p = project();
+    let (code, r, rt) = run(
+        p.path(),
+        &["--backend-option", &format!("tracking={tracking}")],
+        &["sh", "-c", &script(&procs, &secs)],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["status"], "denied", "{r:#}");
+    let f = findings(&r, "left_run_cgroup");
+    assert!(!f.is_empty(), "{r:#}");
+    assert!(f.iter().all(|f| f["action"] == "deny"), "{r:#}");
+    let pid = f[0]["process"]["pid"].as_u64().unwrap();
+    let rec = rt["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["identity"]["pid"] == pid)
+        .unwrap();
+    assert!(rec["left_run_cgroup"].is_string(), "{rec:#}");
+    assert!(r["summary"]["leftover_processes"].as_u64().unwrap() >= 1);
+    assert_gone(&["sleep", &secs]);
+}
+
+#[test]
+fn a_process_that_leaves_the_run_cgroup_is_denied_and_ended() {
+    // The attack as reported: a background shell moves itself out, then execs.
+    escape_case("cgroup", |procs, secs| {
+        format!("sh -c \"echo \\$\\$ > {procs}; exec sleep {secs}\" & sleep 0.3")
+    });
+}
+
+#[test]
+fn an_escape_whose_parent_exits_at_once_is_still_caught() {
+    // The escaping process's parent exits at once: it is only ever an orphan of agentdiff.
+    escape_case("cgroup", |procs, secs| {
+        format!("(sh -c \"echo \\$\\$ > {procs}; exec sleep {secs}\" &); sleep 0.3")
+    });
+}
+
+#[test]
+fn polling_without_a_cgroup_ends_the_same_escapee() {
+    // No run cgroup to leave: nothing to record, but the process is a descendant and is ended.
+    let p = project();
+    let secs = unique_secs().to_string();
+    let procs = cgroup2_mount()
+        .map(|m| m.join("cgroup.procs").display().to_string())
+        .unwrap_or_else(|| "/dev/null".into());
+    let script = format!("sh -c \"echo \\$\\$ > {procs}; exec sleep {secs}\" & sleep 0.3");
+    let (code, r, rt) = run(
+        p.path(),
+        &["--backend-option", "tracking=proc_poll"],
+        &["sh", "-c", &script],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(rt["tracking"], "subreaper_proc_poll");
+    assert!(findings(&r, "left_run_cgroup").is_empty(), "{r:#}");
+    assert!(r["summary"]["leftover_processes"].as_u64().unwrap() >= 1);
+    assert_gone(&["sleep", &secs]);
+}
+
+#[test]
+fn an_escape_that_also_daemonises_is_still_caught() {
+    escape_case("cgroup", |procs, secs| {
+        format!("sh -c \"echo \\$\\$ > {procs}; setsid sleep {secs} & sleep 0.2\" & sleep 0.5")
+    });
+}
+
+fn exec_case(mechanism: &str) {
+    let p = project();
+    let (code, r, rt) = run(
+        p.path(),
+        &["--backend-option", &format!("exec-events={mechanism}")],
+        &[
+            "sh",
+            "-c",
+            "sleep .2; exec python3 -c 'import time; time.sleep(.3)'",
+        ],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    let execs = &rt["execs"];
+    let expected = if mechanism == "auto" {
+        "cn_proc"
+    } else {
+        mechanism
+    };
+    assert_eq!(execs["mechanism"], expected, "{execs:#}");
+    assert!(!execs["note"].as_str().unwrap().is_empty());
+    let root = rt["processes"][0]["identity"]["pid"].as_u64().unwrap();
+    assert_eq!(rt["processes"][0]["relation"], "root");
+    let programs: Vec<String> = execs["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["pid"] == root)
+        .map(|e| {
+            Path::new(e["executable"].as_str().unwrap())
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(
+        programs.first().map(String::as_str),
+        Some("dash"),
+        "{programs:?}"
+    );
+    assert!(
+        programs.last().is_some_and(|p| p.starts_with("python3")),
+        "the root's exec of python3 is missing: {programs:?}"
+    );
+    let last = execs["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["pid"] == root)
+        .unwrap();
+    assert_eq!(last["argv"][1], "-c", "{last:#}");
+}
+
+#[test]
+fn an_exec_after_first_sight_is_recorded_by_the_process_events_connector() {
+    let probe = project();
+    let (_, _, rt) = run(probe.path(), &[], &["true"]);
+    if rt["execs"]["mechanism"] != "cn_proc"
+        && skip_unless_required(&format!(
+            "the kernel process events connector is unavailable here (needs CAP_NET_ADMIN in the \
+             initial namespaces): {:?}",
+            rt["warnings"]
+        ))
+    {
+        return;
+    }
+    exec_case("auto");
+}
+
+#[test]
+fn an_exec_after_first_sight_is_recorded_by_polling() {
+    exec_case("proc_poll");
+}
+
+#[test]
+fn an_unknown_exec_mechanism_is_refused_before_anything_runs() {
+    let p = project();
+    let out = agentdiff(
+        p.path(),
+        &[
+            "run",
+            "--backend-option",
+            "exec-events=ptrace",
+            "--",
+            "sh",
+            "-c",
+            "echo x > b.txt",
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exec-events"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!p.path().join("b.txt").exists());
+}
+
+// ---- containers ----
+
+const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
+
+fn podman_missing() -> Option<String> {
+    let Ok(podman) = which_podman() else {
+        return Some("podman is not installed (apt-get install -y podman runc)".into());
+    };
+    if !Path::new("/bin/busybox").exists() {
+        return Some("/bin/busybox is missing (apt-get install -y busybox-static)".into());
+    }
+    if !Path::new(PODMAN_SOCKET).exists() {
+        return Some(format!(
+            "the podman API service is not listening on {PODMAN_SOCKET} (podman system service)"
+        ));
+    }
+    let ok = Command::new(podman)
+        .args(["info", "--format", "{{.Host.OCIRuntime.Name}}"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    (!ok).then(|| "`podman info` fails; see ENVIRONMENT.md for the containers.conf drop-in".into())
+}
+
+fn which_podman() -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("podman"))
+        .find(|p| p.exists())
+        .ok_or(())
+}
+
+/// A busybox root filesystem (bin/busybox and one link per applet), so no image is needed.
+fn busybox_rootfs() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = d.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
+    let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        if applet != "busybox" && !applet.is_empty() {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+        }
+    }
+    d
+}
+
+/// Removes a container by id when the test ends, whatever happened.
+struct RemoveContainer(String);
+impl Drop for RemoveContainer {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            let _ = Command::new("podman")
+                .args(["rm", "-f", "-t", "0", &self.0])
+                .output();
+        }
+    }
+}
+
+fn container_state(id: &str) -> String {
+    let out = Command::new("podman")
+        .args(["inspect", "--format", "{{.State.Status}}", id])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn a_container_started_during_the_run_is_recorded_and_stopped_on_request() {
+    if let Some(reason) = podman_missing() {
+        if skip_unless_required(&reason) {
+            return;
+        }
+    }
+    let rootfs = busybox_rootfs();
+    let secs = unique_secs().to_string();
+    let p = project();
+    let rootfs_arg = rootfs.path().display().to_string();
+    let (code, r, rt) = run(
+        p.path(),
+        &["--timeout", "120"],
+        &[
+            "podman",
+            "run",
+            "-d",
+            "--rootfs",
+            &rootfs_arg,
+            "sleep",
+            &secs,
+        ],
+    );
+    let containers = rt["containers"]["containers"].as_array().unwrap().clone();
+    let ours: Vec<&Value> = containers
+        .iter()
+        .filter(|c| c["command"] == serde_json::json!(["sleep", secs]))
+        .collect();
+    let _guard = RemoveContainer(
+        ours.first()
+            .and_then(|c| c["id"].as_str())
+            .unwrap_or_default()
+            .to_string(),
+    );
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(ours.len(), 1, "{:#}", rt["containers"]);
+    let c = ours[0];
+    let id = c["id"].as_str().unwrap().to_string();
+    assert_eq!(c["attributed"], true, "{c:#}");
+    assert_eq!(c["running_at_end"], true, "{c:#}");
+    assert_eq!(c["socket"], PODMAN_SOCKET);
+    assert!(rt["containers"]["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["kind"] == "podman"));
+    // Reported: not passed, a container finding, counted in the summary.
+    assert_ne!(r["status"], "passed", "{r:#}");
+    let f = findings(&r, "container_started");
+    assert!(f.iter().any(|f| f["container"] == id.as_str()), "{r:#}");
+    assert!(r["summary"]["containers_started"].as_u64().unwrap() >= 1);
+    // The container's process is the engine's: its monitor was ours and was ended, and the
+    // process itself was tracked as a descendant, so nothing of it survives the run.
+    assert_gone(&["sleep", &secs]);
+
+    // The summary format says so too.
+    let run_id = r["run_id"].as_str().unwrap();
+    let out = agentdiff(
+        p.path(),
+        &[
+            "cleanup",
+            run_id,
+            "--containers",
+            "--grace-period",
+            "1",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let res: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stops = res["containers"].as_array().unwrap();
+    let stop = stops.iter().find(|s| s["id"] == id.as_str()).unwrap();
+    assert!(
+        ["stopped", "already_stopped"].contains(&stop["outcome"].as_str().unwrap()),
+        "{stop:#}"
+    );
+    let state = container_state(&id);
+    assert_ne!(
+        state, "running",
+        "the container still runs after cleanup --containers"
+    );
+}
+
+#[test]
+fn cleanup_containers_refuses_a_container_created_outside_the_run_window() {
+    if let Some(reason) = podman_missing() {
+        if skip_unless_required(&reason) {
+            return;
+        }
+    }
+    let rootfs = busybox_rootfs();
+    let secs = unique_secs().to_string();
+    // Created before the run: a recorded id that names it must not be stopped.
+    let out = Command::new("podman")
+        .args(["run", "-d", "--rootfs"])
+        .arg(rootfs.path())
+        .args(["sleep", &secs])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let _guard = RemoveContainer(id.clone());
+    let p = project();
+    let (_, r, _) = run(p.path(), &[], &["true"]);
+    let run_id = r["run_id"].as_str().unwrap();
+    // Forge the run's evidence to name the older container (as a tampered capsule could).
+    let dir = p.path().join(".agentdiff/runs").join(run_id);
+    let rt_path = dir.join("runtime.json");
+    let mut rt: Value = serde_json::from_slice(&fs::read(&rt_path).unwrap()).unwrap();
+    rt["containers"]["containers"] = serde_json::json!([{
+        "id": id, "socket": PODMAN_SOCKET, "name": "x", "image": "", "command": ["sleep", secs],
+        "created": "", "attributed": true, "main_pid": 0, "running_at_end": true,
+        "running_after_cleanup": true, "removed": false
+    }]);
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&rt_path, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(&rt_path, serde_json::to_vec(&rt).unwrap()).unwrap();
+    // The forged capsule no longer authenticates, so cleanup refuses it outright (exit 67)...
+    let out = agentdiff(
+        p.path(),
+        &["cleanup", run_id, "--containers", "--format", "json"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(67),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // ...and even when forced to act on it, the engine's creation time, not the recorded id,
+    // decides: refused, exit 68.
+    let out = agentdiff(
+        p.path(),
+        &[
+            "cleanup",
+            run_id,
+            "--containers",
+            "--force",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(68),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let res: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        res["containers"][0]["outcome"], "refused_outside_window",
+        "{res:#}"
+    );
+    assert_eq!(container_state(&id), "running");
+}
+
+// ---- a killed monitor ----
+
+/// agentdiff SIGKILLed mid-run: the command keeps writing into the tree. The next agentdiff
+/// command in that root prints one line pointing to `agentdiff cleanup RUN`; after the cleanup
+/// nothing of the run survives and the line is gone.
+#[test]
+fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
+    let p = project();
+    let secs = unique_secs().to_string();
+    let script = format!("while :; do echo x >> log.txt; sleep 0.05; done & sleep {secs}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+        .args([
+            "run",
+            "--run-id",
+            "orphaned",
+            "--fail-on",
+            "never",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .current_dir(p.path())
+        .env_remove("AGENTDIFF_POLICY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let events = p.path().join(".agentdiff/runs/orphaned/events.jsonl");
+    let started = Instant::now();
+    let launched = || fs::read_to_string(&events).is_ok_and(|e| e.contains("\"launched\""));
+    while !launched() || running(&["sleep", &secs]).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the run did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let size = || fs::metadata(p.path().join("log.txt")).map_or(0, |m| m.len());
+    let before = size();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        size() > before,
+        "the command should keep writing after its monitor died"
+    );
+
+    let notice = |args: &[&str]| -> Vec<String> {
+        let out = agentdiff(p.path(), args);
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains("agentdiff cleanup orphaned"))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(notice(&["runs"]).len(), 1, "one line from `runs`");
+    assert_eq!(
+        notice(&["inspect", "orphaned"]).len(),
+        1,
+        "one line from `inspect`"
+    );
+    // A run started now in the same root gets the line too, before anything else.
+    let (_, out_line) = {
+        let out = agentdiff(p.path(), &["run", "--fail-on", "never", "--", "true"]);
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert!(
+        out_line.contains("agentdiff cleanup orphaned"),
+        "{out_line}"
+    );
+
+    let out = agentdiff(p.path(), &["cleanup", "orphaned"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_gone(&["sleep", &secs]);
+    let after = size();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(size(), after, "the writer survived cleanup");
+    assert!(
+        notice(&["runs"]).is_empty(),
+        "the line outlived the cleanup"
+    );
+}

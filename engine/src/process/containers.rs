@@ -1,0 +1,669 @@
+//! Containers a container engine created while a run was going on.
+//!
+//! A command can ask a daemon (docker, or podman's API service) to start a container: the
+//! container's processes are then the daemon's, not the command's, and process tracking alone
+//! sees at most a client and a monitor (`conmon`). When an engine API socket is reachable, the
+//! engine's event log is read for the run window and every container created in it is recorded
+//! with its image, command, and whether it was still running when the command ended and after
+//! cleanup. A container is `attributed` when its monitor (`conmon`) or its main process was one
+//! of the run's tracked processes; otherwise it is a machine-wide observation: started during the
+//! run, by someone.
+//!
+//! Invariants:
+//! - Sockets are found from `DOCKER_HOST` (agentdiff's and the command's, `unix://` only) and the
+//!   usual paths; a socket counts only when `GET /_ping` answers `OK`. No socket is created and no
+//!   engine is started.
+//! - The HTTP/1.1 client is deliberately small: one request per connection (`Connection: close`),
+//!   a 2 s timeout per read and write, and at most [`MAX_RESPONSE_BYTES`] read per response;
+//!   `Content-Length`, chunked and read-to-close bodies are understood.
+//! - Containers are never stopped here without a request: [`stop_recorded`] stops a recorded
+//!   container by id only after the engine confirms its creation time lies inside the recorded
+//!   run window.
+//!
+//! Not defended: a container created and removed within the run on an engine whose socket is not
+//! reachable (for example podman used without its API service) is not seen; the evidence's
+//! `note` names installed engine clients with no reachable socket. The engine's own clock and
+//! event log are trusted.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Upper bound of one response body.
+pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Containers recorded per run; the rest is counted.
+pub const MAX_CONTAINERS: usize = 256;
+
+/// Errors of the engine client.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("{socket}: {source}")]
+    Io {
+        socket: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{socket}: {message}")]
+    Protocol { socket: String, message: String },
+    #[error("{socket}: the engine answered {status} to {path}")]
+    Status {
+        socket: String,
+        path: String,
+        status: u16,
+    },
+}
+
+/// One reachable engine API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineRecord {
+    pub socket: String,
+    /// `podman` or `docker`.
+    pub kind: String,
+}
+
+/// One container created during the run window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerRecord {
+    pub id: String,
+    /// The engine socket it was seen on.
+    pub socket: String,
+    pub name: String,
+    /// Image name (empty for a container run from a root filesystem directory).
+    pub image: String,
+    /// Entrypoint and arguments, redacted.
+    pub command: Vec<String>,
+    /// Creation time as the engine reports it (RFC 3339).
+    pub created: String,
+    /// Its monitor or main process was one of the run's processes.
+    pub attributed: bool,
+    /// Host pid of its main process when it was inspected (0 when not running).
+    #[serde(default)]
+    pub main_pid: u32,
+    /// Running when the command ended (before process cleanup).
+    pub running_at_end: bool,
+    /// Running after agentdiff's process cleanup, as the engine reports it (an engine whose
+    /// monitor process was ended by cleanup may still report a container as running until it is
+    /// stopped: `agentdiff cleanup RUN --containers`).
+    pub running_after_cleanup: bool,
+    /// Gone (removed) by the time it was inspected; image and command come from the event.
+    pub removed: bool,
+}
+
+/// The container observation of one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerEvidence {
+    pub engines: Vec<EngineRecord>,
+    /// The run window in nanoseconds since the Unix epoch: from just before the launch to the
+    /// end of cleanup.
+    pub since_ns: u64,
+    pub until_ns: u64,
+    pub containers: Vec<ContainerRecord>,
+    #[serde(default)]
+    pub omitted: u64,
+    pub errors: Vec<String>,
+    pub note: String,
+}
+
+/// What a stop request did to one recorded container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerStop {
+    pub id: String,
+    /// `stopped`, `already_stopped`, `gone`, `refused_outside_window`, `error`.
+    pub outcome: String,
+    pub detail: Option<String>,
+}
+
+impl ContainerStop {
+    /// Stopped, or nothing to stop; anything else was refused or failed.
+    pub fn succeeded(&self) -> bool {
+        matches!(
+            self.outcome.as_str(),
+            "stopped" | "already_stopped" | "gone"
+        )
+    }
+}
+
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+// ---- a minimal HTTP/1.1 client over a Unix socket ----
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn request(socket: &Path, method: &str, path: &str) -> Result<Response, ContainerError> {
+    let shown = socket.display().to_string();
+    let io = |source| ContainerError::Io {
+        socket: shown.clone(),
+        source,
+    };
+    let mut s = UnixStream::connect(socket).map_err(io)?;
+    s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    s.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: d\r\nUser-Agent: agentdiff\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).map_err(io)?;
+    let mut raw = Vec::new();
+    s.take(MAX_RESPONSE_BYTES as u64 + 64 * 1024)
+        .read_to_end(&mut raw)
+        .map_err(io)?;
+    parse_response(&raw).map_err(|message| ContainerError::Protocol {
+        socket: shown,
+        message,
+    })
+}
+
+fn parse_response(raw: &[u8]) -> Result<Response, String> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no end of the response headers")?;
+    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "response headers are not UTF-8")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line `{status_line}`"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut r = Response {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    let rest = &raw[end + 4..];
+    r.body = if r
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+    {
+        dechunk(rest)?
+    } else if let Some(len) = r
+        .header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        rest.get(..len)
+            .ok_or("a body shorter than Content-Length")?
+            .to_vec()
+    } else {
+        rest.to_vec()
+    };
+    if r.body.len() > MAX_RESPONSE_BYTES {
+        return Err(format!("a response over {MAX_RESPONSE_BYTES} bytes"));
+    }
+    Ok(r)
+}
+
+fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            // A stream cut at the size bound or by the engine: keep what arrived whole.
+            return Ok(out);
+        };
+        let size_text = std::str::from_utf8(&b[..eol]).map_err(|_| "bad chunk size")?;
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| format!("bad chunk size `{size_text}`"))?;
+        if size == 0 {
+            return Ok(out);
+        }
+        let start = eol + 2;
+        let Some(chunk) = b.get(start..start + size) else {
+            return Ok(out);
+        };
+        out.extend_from_slice(chunk);
+        b = b.get(start + size + 2..).unwrap_or_default();
+    }
+}
+
+fn get_json(socket: &Path, path: &str) -> Result<Option<serde_json::Value>, ContainerError> {
+    let r = request(socket, "GET", path)?;
+    if r.status == 404 {
+        return Ok(None);
+    }
+    if r.status != 200 {
+        return Err(ContainerError::Status {
+            socket: socket.display().to_string(),
+            path: path.into(),
+            status: r.status,
+        });
+    }
+    serde_json::from_slice(&r.body)
+        .map(Some)
+        .map_err(|e| ContainerError::Protocol {
+            socket: socket.display().to_string(),
+            message: format!("{path}: {e}"),
+        })
+}
+
+// ---- discovery ----
+
+/// Candidate sockets: `DOCKER_HOST` values first (agentdiff's, then the command's), then the
+/// usual places.
+pub fn candidate_sockets(command_env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut hosts: Vec<String> = std::env::var("DOCKER_HOST").into_iter().collect();
+    hosts.extend(
+        command_env
+            .iter()
+            .filter(|(k, _)| k == "DOCKER_HOST")
+            .map(|(_, v)| v.to_string_lossy().into_owned()),
+    );
+    for h in hosts {
+        if let Some(p) = h.strip_prefix("unix://") {
+            out.push(PathBuf::from(p));
+        }
+    }
+    for p in [
+        "/run/podman/podman.sock",
+        "/var/run/docker.sock",
+        "/run/docker.sock",
+    ] {
+        out.push(PathBuf::from(p));
+    }
+    // SAFETY: getuid(2) cannot fail.
+    let uid = unsafe { libc::getuid() };
+    out.push(PathBuf::from(format!("/run/user/{uid}/podman/podman.sock")));
+    out.push(PathBuf::from(format!("/run/user/{uid}/docker.sock")));
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|p| {
+        let key = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        seen.insert(key)
+    });
+    out
+}
+
+fn ping(socket: &Path) -> Option<EngineRecord> {
+    let r = request(socket, "GET", "/_ping").ok()?;
+    if r.status != 200 || r.body.trim_ascii() != b"OK" {
+        return None;
+    }
+    let kind = if r.header("libpod-api-version").is_some() {
+        "podman"
+    } else {
+        "docker"
+    };
+    Some(EngineRecord {
+        socket: socket.display().to_string(),
+        kind: kind.into(),
+    })
+}
+
+/// Reachable engines among the candidates.
+pub fn reachable_engines(candidates: &[PathBuf]) -> Vec<EngineRecord> {
+    candidates
+        .iter()
+        .filter(|p| p.exists())
+        .filter_map(|p| ping(p))
+        .collect()
+}
+
+// ---- observation ----
+
+fn created_ids(
+    engine: &EngineRecord,
+    since_ns: u64,
+    until_ns: u64,
+) -> Result<Vec<(String, serde_json::Value)>, ContainerError> {
+    let socket = Path::new(&engine.socket);
+    let since_s = since_ns / 1_000_000_000;
+    let filters = "%7B%22type%22%3A%5B%22container%22%5D%2C%22event%22%3A%5B%22create%22%5D%7D";
+    // podman's compatible API returns past events and closes with `stream=false` (its `until` in
+    // the past returns nothing in 4.x); docker closes once `until` has passed.
+    let path = if engine.kind == "podman" {
+        format!("/events?since={since_s}&stream=false&filters={filters}")
+    } else {
+        let now = now_ns();
+        format!(
+            "/events?since={since_s}&until={}.{:09}&filters={filters}",
+            now / 1_000_000_000,
+            now % 1_000_000_000
+        )
+    };
+    let r = request(socket, "GET", &path)?;
+    if r.status != 200 {
+        return Err(ContainerError::Status {
+            socket: engine.socket.clone(),
+            path,
+            status: r.status,
+        });
+    }
+    let mut out: Vec<(String, serde_json::Value)> = Vec::new();
+    for line in r.body.split(|b| *b == b'\n') {
+        let Ok(ev) = serde_json::from_slice::<serde_json::Value>(line) else {
+            continue;
+        };
+        let action = ev["Action"]
+            .as_str()
+            .or(ev["status"].as_str())
+            .unwrap_or("");
+        if ev["Type"].as_str() != Some("container") || action != "create" {
+            continue;
+        }
+        let t = ev["timeNano"].as_u64().unwrap_or(0);
+        if t < since_ns || t > until_ns {
+            continue;
+        }
+        let id = ev["Actor"]["ID"]
+            .as_str()
+            .or(ev["id"].as_str())
+            .unwrap_or("");
+        if !id.is_empty() && !out.iter().any(|(i, _)| i == id) {
+            out.push((id.to_string(), ev));
+        }
+    }
+    Ok(out)
+}
+
+fn str_list(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn record(
+    engine: &EngineRecord,
+    id: &str,
+    event: &serde_json::Value,
+    run_pids: &[u32],
+) -> Result<ContainerRecord, ContainerError> {
+    let socket = Path::new(&engine.socket);
+    let attrs = &event["Actor"]["Attributes"];
+    let mut rec = ContainerRecord {
+        id: id.to_string(),
+        socket: engine.socket.clone(),
+        name: attrs["name"].as_str().unwrap_or("").to_string(),
+        image: attrs["image"].as_str().unwrap_or("").to_string(),
+        command: Vec::new(),
+        created: String::new(),
+        attributed: false,
+        main_pid: 0,
+        running_at_end: false,
+        running_after_cleanup: false,
+        removed: true,
+    };
+    let Some(c) = get_json(socket, &format!("/containers/{id}/json"))? else {
+        return Ok(rec);
+    };
+    rec.removed = false;
+    rec.name = c["Name"]
+        .as_str()
+        .unwrap_or("")
+        .trim_start_matches('/')
+        .to_string();
+    if let Some(img) = c["Config"]["Image"].as_str().filter(|s| !s.is_empty()) {
+        rec.image = img.to_string();
+    }
+    let mut command = vec![c["Path"].as_str().unwrap_or("").to_string()];
+    command.extend(str_list(&c["Args"]));
+    command.retain(|s| !s.is_empty());
+    rec.command = crate::redact::redact_argv_deep(&command);
+    rec.created = c["Created"].as_str().unwrap_or("").to_string();
+    rec.running_at_end = c["State"]["Running"].as_bool().unwrap_or(false);
+    let pid_of = |k: &str| c["State"][k].as_u64().map(|p| p as u32).filter(|p| *p > 0);
+    rec.main_pid = pid_of("Pid").unwrap_or(0);
+    rec.attributed = [pid_of("ConmonPid"), pid_of("Pid")]
+        .into_iter()
+        .flatten()
+        .any(|p| run_pids.contains(&p));
+    Ok(rec)
+}
+
+/// Read the containers created in `[since_ns, now]` on `engines`. `run_pids` are the run's
+/// tracked pids (for attribution).
+fn observe_engines(
+    since_ns: u64,
+    engines: Vec<EngineRecord>,
+    run_pids: &[u32],
+) -> ContainerEvidence {
+    let until_ns = now_ns();
+    let mut ev = ContainerEvidence {
+        since_ns,
+        until_ns,
+        note: note_for(&engines),
+        ..ContainerEvidence::default()
+    };
+    for engine in &engines {
+        match created_ids(engine, since_ns, until_ns) {
+            Ok(ids) => {
+                for (id, event) in ids {
+                    if ev.containers.len() >= MAX_CONTAINERS {
+                        ev.omitted += 1;
+                        continue;
+                    }
+                    match record(engine, &id, &event, run_pids) {
+                        Ok(r) => ev.containers.push(r),
+                        Err(e) => ev.errors.push(e.to_string()),
+                    }
+                }
+            }
+            Err(e) => ev.errors.push(e.to_string()),
+        }
+    }
+    ev.engines = engines;
+    ev
+}
+
+/// Container observation of one run. Engine discovery (a `/_ping` per existing socket) runs in
+/// the background from the launch, so its latency overlaps the command; the event-log query runs
+/// when the command has ended, before cleanup, so `running_at_end` is the state the command left.
+#[derive(Debug)]
+pub struct ContainerWatch {
+    since_ns: u64,
+    candidates: Vec<PathBuf>,
+    discovery: Option<std::thread::JoinHandle<Vec<EngineRecord>>>,
+}
+
+impl ContainerWatch {
+    /// Start discovery; `since_ns` opens the run window (taken just before the launch).
+    pub fn start(since_ns: u64, command_env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Self {
+        let candidates = candidate_sockets(command_env);
+        let for_thread = candidates.clone();
+        let discovery = std::thread::Builder::new()
+            .name("agentdiff-engines".into())
+            .spawn(move || reachable_engines(&for_thread))
+            .ok();
+        ContainerWatch {
+            since_ns,
+            candidates,
+            discovery,
+        }
+    }
+
+    /// The command ended: the containers created since the launch. A socket that appeared
+    /// during the run (an engine the command started) is included. `run_pids` are the run's
+    /// tracked pids (for attribution).
+    pub fn observe(self, run_pids: &[u32]) -> ContainerEvidence {
+        let mut engines = match self.discovery {
+            Some(h) => h.join().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let late: Vec<PathBuf> = self
+            .candidates
+            .into_iter()
+            .filter(|c| !engines.iter().any(|e| Path::new(&e.socket) == c.as_path()))
+            .collect();
+        engines.extend(reachable_engines(&late));
+        observe_engines(self.since_ns, engines, run_pids)
+    }
+}
+
+/// After cleanup: whether each recorded container still runs; extends the window to now.
+pub fn refresh_after_cleanup(ev: &mut ContainerEvidence) {
+    ev.until_ns = now_ns().max(ev.until_ns);
+    for c in ev.containers.iter_mut().filter(|c| !c.removed) {
+        match get_json(Path::new(&c.socket), &format!("/containers/{}/json", c.id)) {
+            Ok(Some(v)) => {
+                c.running_after_cleanup = v["State"]["Running"].as_bool().unwrap_or(false)
+            }
+            Ok(None) => c.running_after_cleanup = false,
+            Err(e) => ev.errors.push(e.to_string()),
+        }
+    }
+}
+
+fn note_for(engines: &[EngineRecord]) -> String {
+    let clients: Vec<&str> = ["docker", "podman", "nerdctl"]
+        .into_iter()
+        .filter(|c| which::which(c).is_ok())
+        .collect();
+    let mut note = String::from(
+        "containers created through a reachable engine API during the run; they belong to the \
+         engine, not to the run, and are stopped only on request (agentdiff cleanup RUN \
+         --containers)",
+    );
+    if engines.is_empty() && !clients.is_empty() {
+        note = format!(
+            "{} installed but no engine API socket is reachable: containers started during the \
+             run are not observed",
+            clients.join(", ")
+        );
+    } else if engines.is_empty() {
+        note = "no container engine API socket is reachable".into();
+    }
+    note
+}
+
+fn parse_created_ns(created: &str) -> Option<u64> {
+    humantime::parse_rfc3339(created)
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as u64)
+}
+
+/// Stop the recorded containers that still exist, each by id after the engine confirms its
+/// creation time is inside the recorded window. `grace` is the engine's stop timeout.
+pub fn stop_recorded(ev: &ContainerEvidence, grace: Duration) -> Vec<ContainerStop> {
+    let mut out = Vec::new();
+    for c in &ev.containers {
+        let socket = Path::new(&c.socket);
+        let stop = |outcome: &str, detail: Option<String>| ContainerStop {
+            id: c.id.clone(),
+            outcome: outcome.into(),
+            detail,
+        };
+        let info = match get_json(socket, &format!("/containers/{}/json", c.id)) {
+            Ok(Some(v)) => v,
+            Ok(None) => {
+                out.push(stop("gone", None));
+                continue;
+            }
+            Err(e) => {
+                out.push(stop("error", Some(e.to_string())));
+                continue;
+            }
+        };
+        let created = info["Created"].as_str().unwrap_or("");
+        let inside =
+            parse_created_ns(created).is_some_and(|t| t >= ev.since_ns && t <= ev.until_ns);
+        if !inside || info["Id"].as_str() != Some(c.id.as_str()) {
+            out.push(stop(
+                "refused_outside_window",
+                Some(format!(
+                    "created {created:?}, outside the run window; not the container the run recorded"
+                )),
+            ));
+            continue;
+        }
+        if !info["State"]["Running"].as_bool().unwrap_or(false) {
+            out.push(stop("already_stopped", None));
+            continue;
+        }
+        let path = format!("/containers/{}/stop?t={}", c.id, grace.as_secs());
+        match request(socket, "POST", &path) {
+            Ok(r) if r.status == 204 => out.push(stop("stopped", None)),
+            Ok(r) if r.status == 304 => out.push(stop("already_stopped", None)),
+            Ok(r) if r.status == 404 => out.push(stop("gone", None)),
+            Ok(r) => out.push(stop(
+                "error",
+                Some(format!(
+                    "the engine answered {}: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body).trim()
+                )),
+            )),
+            Err(e) => out.push(stop("error", Some(e.to_string()))),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_with_length_chunks_or_close_parse() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOKextra").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, b"OK".as_slice()));
+        let r = parse_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, b"abcde");
+        let r = parse_response(b"HTTP/1.1 404 Not Found\r\nX: y\r\n\r\nnope").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (404, b"nope".as_slice()));
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\n").is_err());
+        assert!(parse_response(b"garbage\r\n\r\n").is_err());
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort").is_err());
+    }
+
+    #[test]
+    fn a_cut_chunked_stream_keeps_whole_chunks_only() {
+        assert_eq!(dechunk(b"3\r\nabc\r\n5\r\nde").unwrap(), b"abc");
+        assert!(dechunk(b"zz\r\n").is_err());
+    }
+
+    #[test]
+    fn docker_host_and_usual_sockets_are_candidates_once() {
+        let env = vec![(
+            std::ffi::OsString::from("DOCKER_HOST"),
+            std::ffi::OsString::from("unix:///tmp/x.sock"),
+        )];
+        let c = candidate_sockets(&env);
+        assert!(c.contains(&PathBuf::from("/tmp/x.sock")));
+        assert!(c.contains(&PathBuf::from("/run/podman/podman.sock")));
+        let tcp = vec![(
+            std::ffi::OsString::from("DOCKER_HOST"),
+            std::ffi::OsString::from("tcp://1.2.3.4:2375"),
+        )];
+        assert!(!candidate_sockets(&tcp)
+            .iter()
+            .any(|p| p.to_string_lossy().contains("1.2.3.4")));
+    }
+
+    #[test]
+    fn engine_creation_times_parse_to_unix_nanoseconds() {
+        let t = parse_created_ns("2026-11-30T16:53:36.956847568Z").unwrap();
+        assert_eq!(t % 1_000_000_000, 956_847_568);
+        assert!(parse_created_ns("yesterday").is_none());
+    }
+}

@@ -1,0 +1,131 @@
+//! Runs whose monitor died: the capsule is unsealed, the command was launched, the agentdiff
+//! process that supervised it is gone, and processes the run recorded are still alive. Every
+//! agentdiff command run in such a root points the user to `agentdiff cleanup RUN`.
+//!
+//! Invariants: only the most recently modified run directory is examined (one `stat` per run
+//! directory, then one capsule), nothing is signalled or written, and every identity is checked
+//! by pid + start time + boot id, so a recycled pid never makes a run look orphaned. A run whose
+//! `launched` event names no monitor identity (recorded before monitors were named) is not
+//! reported: a run in progress could not be told apart from an orphaned one.
+
+use std::path::Path;
+
+use super::identity::{boot_id, read_stat};
+use super::ProcessIdentity;
+use crate::store::{RunId, Store};
+
+/// The id of the root's last run when its monitor died and its processes still run.
+pub fn orphaned_last_run(project_root: &Path) -> Option<String> {
+    let store = Store::open_existing(project_root).ok()?;
+    let last = std::fs::read_dir(store.runs_dir())
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let id = RunId::parse(e.file_name().to_str()?).ok()?;
+            let modified = e.metadata().ok()?.modified().ok()?;
+            Some((modified, id))
+        })
+        .max_by(|a, b| a.0.cmp(&b.0))?
+        .1;
+    let capsule = store.open_run(last.as_str()).ok()?;
+    if capsule.is_sealed() {
+        return None;
+    }
+    let launched = capsule.launched_event().ok()??;
+    let monitor = launched.monitor?;
+    if running(&monitor) {
+        // The run is still in progress.
+        return None;
+    }
+    let mut alive = launched.root.as_ref().is_some_and(running);
+    #[cfg(target_os = "linux")]
+    if !alive {
+        if let Some(cg) = &launched.cgroup {
+            alive = std::fs::read_to_string(Path::new(cg).join("cgroup.procs"))
+                .is_ok_and(|t| t.lines().any(|l| !l.trim().is_empty()));
+        }
+    }
+    alive.then(|| last.as_str().to_string())
+}
+
+/// Whether `id` names a process that runs now (a zombie has ended; an unreadable boot id or
+/// process counts as not running, so no notice is printed on doubt).
+fn running(id: &ProcessIdentity) -> bool {
+    boot_id().is_ok_and(|b| b == id.boot_id)
+        && read_stat(id.pid)
+            .is_ok_and(|s| s.start_time_ticks == id.start_time_ticks && !s.is_zombie())
+}
+
+/// The one line the CLI prints for an orphaned run.
+pub fn notice(run_id: &str) -> String {
+    format!(
+        "agentdiff: the monitor of run {} died while its command ran, and processes of that run \
+         are still running; stop them with: agentdiff cleanup {}",
+        crate::redact::escape_terminal(run_id),
+        crate::redact::escape_terminal(run_id)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    fn launched(root: &Path, id: &str, fields: serde_json::Value) {
+        let store = Store::open(root).unwrap();
+        let capsule = store.create_run(Some(id)).unwrap();
+        capsule.event("launched", fields).unwrap();
+    }
+
+    fn dead_identity() -> ProcessIdentity {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = crate::process::read_identity(child.id()).unwrap_or(ProcessIdentity {
+            pid: child.id(),
+            start_time_ticks: 1,
+            boot_id: crate::process::boot_id().unwrap(),
+        });
+        child.wait().unwrap();
+        id
+    }
+
+    #[test]
+    fn a_dead_monitor_with_a_live_root_is_reported_and_a_live_monitor_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let root = crate::process::read_identity(sleeper.id()).unwrap();
+        launched(
+            dir.path(),
+            "r1",
+            serde_json::json!({"root": root, "monitor": dead_identity(), "cgroup": null}),
+        );
+        assert_eq!(orphaned_last_run(dir.path()).as_deref(), Some("r1"));
+        assert!(notice("r1").contains("agentdiff cleanup r1"));
+
+        // The monitor is this test process: a run in progress, not an orphan.
+        let me = crate::process::read_identity(std::process::id()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        launched(
+            dir.path(),
+            "r2",
+            serde_json::json!({"root": root, "monitor": me, "cgroup": null}),
+        );
+        assert_eq!(orphaned_last_run(dir.path()), None);
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+    }
+
+    #[test]
+    fn no_store_no_launch_or_nothing_alive_is_silent() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(orphaned_last_run(dir.path()), None);
+        launched(
+            dir.path(),
+            "r1",
+            serde_json::json!({"root": dead_identity(), "monitor": dead_identity()}),
+        );
+        assert_eq!(orphaned_last_run(dir.path()), None);
+    }
+}

@@ -1,0 +1,228 @@
+//! Evidence findings: what the process, exec and container evidence says about the command's
+//! conduct, independent of the file changes. A pure function of the evidence.
+//!
+//! - `left_run_cgroup` (deny): a process of the run moved itself out of the run cgroup, i.e. the
+//!   command tried to escape observation. It was still tracked (as a descendant) and cleaned up.
+//!   Not for a container's processes that its engine moved into the container's cgroup: a process
+//!   counts as the container's when the engine names it as the main process of a container
+//!   attributed to the run, or when it sits in that main process's cgroup; that container is a
+//!   `container_started` finding instead.
+//! - `container_started` (review): a container whose monitor or main process was one of the
+//!   run's processes was created during the run. Containers merely created during the run window
+//!   by someone are counted in the summary (`containers_started`) without a finding, since they
+//!   are not attributable to the command.
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::RunEvidence;
+use crate::policy::Action;
+use crate::process::ProcessIdentity;
+
+/// One finding from the run's process evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvidenceFinding {
+    /// `left_run_cgroup` or `container_started`.
+    pub kind: String,
+    pub action: Action,
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessIdentity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+/// The findings of one run's evidence, processes first.
+pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
+    let mut out = Vec::new();
+    let attributed = || {
+        evidence
+            .containers
+            .iter()
+            .flat_map(|c| &c.containers)
+            .filter(|c| c.attributed)
+    };
+    let main_pids: Vec<u32> = attributed()
+        .map(|c| c.main_pid)
+        .filter(|p| *p > 0)
+        .collect();
+    let container_cgroups: Vec<&str> = evidence
+        .processes
+        .iter()
+        .filter(|p| main_pids.contains(&p.identity.pid))
+        .filter_map(|p| p.left_run_cgroup.as_deref())
+        .collect();
+    for p in &evidence.processes {
+        if let Some(cg) = &p.left_run_cgroup {
+            if main_pids.contains(&p.identity.pid) || container_cgroups.contains(&cg.as_str()) {
+                continue;
+            }
+            // A child forked after its parent moved inherits the parent's cgroup: one finding,
+            // for the mover.
+            let inherited = evidence.processes.iter().any(|q| {
+                q.identity.pid == p.ppid && q.left_run_cgroup.as_deref() == Some(cg.as_str())
+            });
+            if inherited {
+                continue;
+            }
+            out.push(EvidenceFinding {
+                kind: "left_run_cgroup".into(),
+                action: Action::Deny,
+                detail: format!(
+                    "process {} ({}) moved itself out of the run cgroup into {cg}: an attempt to \
+                     escape observation; it was tracked as a descendant and ended",
+                    p.identity.pid,
+                    crate::redact::escape_terminal(&p.executable)
+                ),
+                process: Some(p.identity.clone()),
+                container: None,
+            });
+        }
+    }
+    for c in attributed() {
+        out.push(EvidenceFinding {
+            kind: "container_started".into(),
+            action: Action::Review,
+            detail: format!(
+                "the command started container {} (image {:?}, {}){}",
+                short_id(&c.id),
+                c.image,
+                crate::redact::escape_terminal(&c.command.join(" ")),
+                if c.running_after_cleanup {
+                    "; still running: `agentdiff cleanup RUN --containers` stops it"
+                } else {
+                    ""
+                }
+            ),
+            process: None,
+            container: Some(c.id.clone()),
+        });
+    }
+    out
+}
+
+/// The safety outcome `base` made at least as strict as the strictest finding.
+pub fn with_findings(base: Action, findings: &[EvidenceFinding]) -> Action {
+    let rank = |a: Action| match a {
+        Action::Allow => 0,
+        Action::Review => 1,
+        Action::Deny => 2,
+    };
+    findings
+        .iter()
+        .map(|f| f.action)
+        .fold(base, |acc, a| if rank(a) > rank(acc) { a } else { acc })
+}
+
+fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{ProcessRecord, ProcessRelation};
+    use crate::process::containers::{ContainerEvidence, ContainerRecord};
+
+    fn process(left: Option<&str>) -> ProcessRecord {
+        ProcessRecord {
+            identity: ProcessIdentity {
+                pid: 7,
+                start_time_ticks: 1,
+                boot_id: "b".into(),
+            },
+            ppid: 1,
+            relation: ProcessRelation::Descendant,
+            executable: "sleep".into(),
+            first_seen_ms: 0,
+            alive_after_root_exit: true,
+            left_run_cgroup: left.map(String::from),
+        }
+    }
+
+    fn container(attributed: bool) -> ContainerRecord {
+        ContainerRecord {
+            id: "0123456789abcdef".into(),
+            socket: "/run/podman/podman.sock".into(),
+            name: "n".into(),
+            image: "localhost/x:1".into(),
+            command: vec!["sleep".into(), "800".into()],
+            created: String::new(),
+            attributed,
+            main_pid: 9,
+            running_at_end: true,
+            running_after_cleanup: true,
+            removed: false,
+        }
+    }
+
+    #[test]
+    fn an_escape_is_denied_and_an_attributed_container_reviewed() {
+        let ev = RunEvidence {
+            processes: vec![process(None), process(Some("/elsewhere"))],
+            containers: Some(ContainerEvidence {
+                containers: vec![container(true), container(false)],
+                ..ContainerEvidence::default()
+            }),
+            ..RunEvidence::default()
+        };
+        let f = evidence_findings(&ev);
+        assert_eq!(f.len(), 2, "{f:#?}");
+        assert_eq!(
+            (f[0].kind.as_str(), f[0].action),
+            ("left_run_cgroup", Action::Deny)
+        );
+        assert!(f[0].detail.contains("/elsewhere"));
+        assert_eq!(
+            (f[1].kind.as_str(), f[1].action),
+            ("container_started", Action::Review)
+        );
+        assert!(f[1].detail.contains("--containers"));
+    }
+
+    #[test]
+    fn a_containers_own_processes_are_not_an_escape() {
+        let mut main = process(Some("/libpod_parent/libpod-0123"));
+        main.identity.pid = 9;
+        let mut child = process(Some("/libpod_parent/libpod-0123"));
+        child.identity.pid = 10;
+        let ev = RunEvidence {
+            processes: vec![main, child, process(Some("/"))],
+            containers: Some(ContainerEvidence {
+                containers: vec![container(true)],
+                ..ContainerEvidence::default()
+            }),
+            ..RunEvidence::default()
+        };
+        let kinds: Vec<(String, u32)> = evidence_findings(&ev)
+            .into_iter()
+            .map(|f| (f.kind, f.process.map_or(0, |p| p.pid)))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("left_run_cgroup".to_string(), 7),
+                ("container_started".to_string(), 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn findings_only_ever_tighten_the_outcome() {
+        let f = evidence_findings(&RunEvidence {
+            processes: vec![process(Some("/"))],
+            ..RunEvidence::default()
+        });
+        assert_eq!(with_findings(Action::Allow, &f), Action::Deny);
+        assert_eq!(with_findings(Action::Review, &[]), Action::Review);
+        let review = EvidenceFinding {
+            action: Action::Review,
+            ..f[0].clone()
+        };
+        assert_eq!(with_findings(Action::Deny, &[review]), Action::Deny);
+    }
+
+    #[test]
+    fn clean_evidence_has_no_findings() {
+        assert!(evidence_findings(&RunEvidence::default()).is_empty());
+    }
+}
