@@ -104,6 +104,8 @@ impl RuntimeBackend for LocalBackend {
             }
             None => detail.push_str("; no process tracking mechanism is available"),
         }
+        let (exec, why) = agentdiff_engine::process::exec_log::exec_mechanism_available();
+        detail.push_str(&format!("; exec events: {exec} ({why})"));
         Availability::Ready { detail }
     }
 

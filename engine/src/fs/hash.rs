@@ -225,7 +225,7 @@ pub(crate) fn backup_state(
             out.backup_stored = true;
             BackupState::Stored
         }
-        Err(e) => skip(BackupSkip::StoreFailed, Some(e)),
+        Err(e) => skip(BackupSkip::StoreFailed, Some(e.to_string())),
     }
 }
 

@@ -48,7 +48,23 @@ pub trait BackupSink: Sync {
         file: &mut std::fs::File,
         sha256_hex: &str,
         size: u64,
-    ) -> Result<(), String>;
+    ) -> Result<(), BackupError>;
+}
+
+/// Why a sink could not store a backup. Its message is recorded as the entry's
+/// `backup.detail`, so it is the sink's own error, unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    /// The sink's own failure (I/O, a full disk, a copy that does not match its hash).
+    #[error(transparent)]
+    Sink(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl BackupError {
+    /// Wraps any error of a sink.
+    pub fn sink(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> BackupError {
+        BackupError::Sink(e.into())
+    }
 }
 
 /// Ask the scan to back up eligible regular files (size ≤ `max_file_bytes`, `nlink == 1`, hashed).

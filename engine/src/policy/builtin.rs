@@ -55,13 +55,15 @@ pub(crate) fn protected_config(
     })
 }
 
-/// [`protected_config`]'s names as scanner globs.
+/// The files agentdiff reads as configuration, as scanner globs that no ignore rule can hide.
+/// Only the root ignore file is read, so a nested one is protected where it is observed but does
+/// not force every ignored directory to be searched for it.
 pub(crate) fn protected_globs() -> Vec<String> {
     let mut globs: Vec<String> = PROTECTED_ROOT_NAMES
         .iter()
         .map(|n| (*n).to_owned())
         .collect();
-    globs.push(format!("**/{PROTECTED_ANY_DEPTH}"));
+    globs.push(PROTECTED_ANY_DEPTH.to_owned());
     globs
 }
 

@@ -173,6 +173,20 @@ impl ExecPoller {
     }
 }
 
+/// The exec mechanism `auto` would use here, and why (for availability reports).
+pub fn exec_mechanism_available() -> (String, String) {
+    #[cfg(target_os = "linux")]
+    match super::cn_proc::probe() {
+        Ok(()) => ("cn_proc".into(), CN_PROC_NOTE.into()),
+        Err(e) => (
+            "proc_poll".into(),
+            format!("the process events connector is unavailable ({e}); {POLL_NOTE}"),
+        ),
+    }
+    #[cfg(not(target_os = "linux"))]
+    ("proc_poll".into(), POLL_NOTE.into())
+}
+
 /// Which exec mechanism a run asks for (`exec-events` backend option).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecRequest {

@@ -241,7 +241,28 @@ pub fn plan(
         );
     }
 
-    // A created path needs its created parent directories, even when they were not selected.
+    add_created_parents(&mut items, &run);
+    // Objects needed for writes must verify now, before anything is written.
+    verify_objects(&mut items, objects);
+    let unselected_children = unselected_children(&items, before);
+
+    Ok(Plan {
+        run_id: run.run_id.clone(),
+        root: run.root.clone(),
+        scope: selection.scope,
+        force: selection.force,
+        paths: filters,
+        items: items.into_values().collect(),
+        not_selected,
+        show_secrets: false,
+        objects: objects.clone(),
+        unselected_children,
+    })
+}
+
+/// A created path needs its created parent directories, even when they were not selected.
+fn add_created_parents(items: &mut BTreeMap<String, PlanItem>, run: &RecordedRun) {
+    let (before, after) = (&run.before, &run.after);
     let records: BTreeMap<&str, &ChangeRecord> =
         run.changes().iter().map(|c| (c.path.as_str(), c)).collect();
     let creating: Vec<String> = items
@@ -255,9 +276,14 @@ pub fn plan(
             let needs = !before.entries.contains_key(parent)
                 && after.entries.get(parent).map(|e| e.kind) == Some(EntryKind::Directory);
             if needs && !items.contains_key(parent) {
+                let transition = Transition {
+                    path: parent.to_string(),
+                    expected: None,
+                    target: after.entries.get(parent).cloned(),
+                };
                 let step = match unsafe_target_mode(after.entries.get(parent)) {
                     Some(reason) => Step::Skip(reason),
-                    None => match apply::classify(&transition(parent)) {
+                    None => match apply::classify(&transition) {
                         Ok(kind) => Step::Apply(Box::new(ApplyOp {
                             path: parent.to_string(),
                             kind,
@@ -283,8 +309,10 @@ pub fn plan(
             p = parent;
         }
     }
+}
 
-    // Objects needed for writes must verify now, before anything is written.
+/// A write whose workspace object does not verify fails now, before anything is written.
+fn verify_objects(items: &mut BTreeMap<String, PlanItem>, objects: &ObjectStore) {
     for item in items.values_mut() {
         if let Step::Apply(op) = &item.step {
             if matches!(op.kind, OpKind::WriteFile | OpKind::CreateFile) {
@@ -296,14 +324,19 @@ pub fn plan(
             }
         }
     }
+}
 
-    // Directories to remove: children (in the before-state) whose removal is not being applied.
+/// Directories to remove: their children (in the before-state) whose removal is not applied.
+fn unselected_children(
+    items: &BTreeMap<String, PlanItem>,
+    before: &crate::fs::Manifest,
+) -> BTreeMap<String, Vec<String>> {
     let removing: BTreeSet<&str> = items
         .values()
         .filter(|i| matches!(&i.step, Step::Apply(op) if op.target.is_none()))
         .map(|i| i.path.as_str())
         .collect();
-    let mut unselected_children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut out = BTreeMap::new();
     for item in items.values() {
         if let Step::Apply(op) = &item.step {
             if op.kind == OpKind::RemoveDir {
@@ -315,23 +348,11 @@ pub fn plan(
                     .filter(|k| !removing.contains(k.as_str()))
                     .map(|k| k[prefix.len()..].to_string())
                     .collect();
-                unselected_children.insert(op.path.clone(), kids);
+                out.insert(op.path.clone(), kids);
             }
         }
     }
-
-    Ok(Plan {
-        run_id: run.run_id.clone(),
-        root: run.root.clone(),
-        scope: selection.scope,
-        force: selection.force,
-        paths: filters,
-        items: items.into_values().collect(),
-        not_selected,
-        show_secrets: false,
-        objects: objects.clone(),
-        unselected_children,
-    })
+    out
 }
 
 /// One path's result.

@@ -211,37 +211,7 @@ pub fn plan(
                     .into(),
             )
         } else {
-            let t = transition(path);
-            match classify(&t) {
-                Err(why) => PlannedStep::Skip(why),
-                Ok(kind) => {
-                    let needs_object = matches!(kind, OpKind::WriteFile | OpKind::CreateFile);
-                    let hex = t.target.as_ref().and_then(|e| e.sha256.clone());
-                    match (needs_object, hex) {
-                        (true, Some(hex)) => {
-                            let check = verified
-                                .entry(hex.clone())
-                                .or_insert_with(|| check_object(objects, &hex))
-                                .clone();
-                            match check {
-                                Ok(()) => PlannedStep::Apply(Box::new(op(t, kind))),
-                                Err(why) => PlannedStep::Fail(why),
-                            }
-                        }
-                        (true, None) => PlannedStep::Skip("no recorded content hash".into()),
-                        (false, _) => match later.get(*path) {
-                            Some(by) if kind == OpKind::RemoveFile => {
-                                PlannedStep::Conflict(format!(
-                                "a later run ({by}) recorded a change to it; removing it would \
-                                 undo that run's work, so it was left as it is (roll back {by} \
-                                 first)"
-                            ))
-                            }
-                            _ => PlannedStep::Apply(Box::new(op(t, kind))),
-                        },
-                    }
-                }
-            }
+            restore_step(transition(path), objects, &mut verified, later.get(*path))
         };
         items.push(PlanItem {
             path: path.to_string(),
@@ -252,41 +222,9 @@ pub fn plan(
             step,
         });
     }
-
-    // Children of a directory to be removed that the run created but that are not selected.
-    let mut unselected_children: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let applied: BTreeSet<&str> = items
-        .iter()
-        .filter(|i| matches!(i.step, PlannedStep::Apply(_)))
-        .map(|i| i.path.as_str())
-        .collect();
-    for item in &items {
-        if matches!(&item.step, PlannedStep::Apply(op) if op.kind == OpKind::RemoveDir) {
-            let prefix = format!("{}/", item.path);
-            let names: BTreeSet<String> = after
-                .entries
-                .range(prefix.clone()..)
-                .take_while(|(p, _)| p.starts_with(&prefix))
-                .filter(|(p, _)| !applied.contains(p.as_str()))
-                .filter_map(|(p, _)| p[prefix.len()..].split('/').next().map(str::to_string))
-                .collect();
-            unselected_children.insert(item.path.clone(), names.into_iter().collect());
-        }
-    }
-
+    let unselected_children = unselected_children(&items, after);
     // Nothing may be written through a symlink that is in the tree right now.
-    let root_dir = DirHandle::open_root(&recorded).map_err(|source| RollbackError::Io {
-        action: "open the project root",
-        path: recorded.clone(),
-        source,
-    })?;
-    for item in &items {
-        if let PlannedStep::Apply(op) = &item.step {
-            if let Some(parent) = parent_of(&op.path) {
-                check_no_symlink(&root_dir, parent)?;
-            }
-        }
-    }
+    check_no_symlinks(&recorded, &items)?;
 
     Ok(Plan {
         run_id: run.run_id.clone(),
@@ -299,6 +237,87 @@ pub fn plan(
         objects: objects.clone(),
         unselected_children,
     })
+}
+
+/// The step that restores one path's before-state; a backup object is checked once however many
+/// paths need it.
+fn restore_step(
+    t: Transition,
+    objects: &ObjectStore,
+    verified: &mut BTreeMap<String, Result<(), String>>,
+    changed_later_by: Option<&String>,
+) -> PlannedStep {
+    let kind = match classify(&t) {
+        Err(why) => return PlannedStep::Skip(why),
+        Ok(kind) => kind,
+    };
+    let needs_object = matches!(kind, OpKind::WriteFile | OpKind::CreateFile);
+    let hex = t.target.as_ref().and_then(|e| e.sha256.clone());
+    match (needs_object, hex) {
+        (true, Some(hex)) => {
+            let check = verified
+                .entry(hex.clone())
+                .or_insert_with(|| check_object(objects, &hex))
+                .clone();
+            match check {
+                Ok(()) => PlannedStep::Apply(Box::new(op(t, kind))),
+                Err(why) => PlannedStep::Fail(why),
+            }
+        }
+        (true, None) => PlannedStep::Skip("no recorded content hash".into()),
+        (false, _) => match changed_later_by {
+            Some(by) if kind == OpKind::RemoveFile => PlannedStep::Conflict(format!(
+                "a later run ({by}) recorded a change to it; removing it would undo that run's \
+                 work, so it was left as it is (roll back {by} first)"
+            )),
+            _ => PlannedStep::Apply(Box::new(op(t, kind))),
+        },
+    }
+}
+
+/// For each directory to be removed: the names of children the run created that are not being
+/// removed with it.
+fn unselected_children(
+    items: &[PlanItem],
+    after: &crate::fs::Manifest,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    let applied: BTreeSet<&str> = items
+        .iter()
+        .filter(|i| matches!(i.step, PlannedStep::Apply(_)))
+        .map(|i| i.path.as_str())
+        .collect();
+    for item in items {
+        if matches!(&item.step, PlannedStep::Apply(op) if op.kind == OpKind::RemoveDir) {
+            let prefix = format!("{}/", item.path);
+            let names: BTreeSet<String> = after
+                .entries
+                .range(prefix.clone()..)
+                .take_while(|(p, _)| p.starts_with(&prefix))
+                .filter(|(p, _)| !applied.contains(p.as_str()))
+                .filter_map(|(p, _)| p[prefix.len()..].split('/').next().map(str::to_string))
+                .collect();
+            out.insert(item.path.clone(), names.into_iter().collect());
+        }
+    }
+    out
+}
+
+/// Refuses the whole plan when a path would be written through a symlink now in the tree.
+fn check_no_symlinks(root: &Path, items: &[PlanItem]) -> Result<(), RollbackError> {
+    let root_dir = DirHandle::open_root(root).map_err(|source| RollbackError::Io {
+        action: "open the project root",
+        path: root.to_path_buf(),
+        source,
+    })?;
+    for item in items {
+        if let PlannedStep::Apply(op) = &item.step {
+            if let Some(parent) = parent_of(&op.path) {
+                check_no_symlink(&root_dir, parent)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn op(t: Transition, kind: OpKind) -> ApplyOp {

@@ -10,7 +10,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::{Artifact, Capsule, ObjectStore, StoreError};
-use crate::backend::{ProcessIdentity, RunEvidence};
+pub use crate::backend::LaunchFacts;
+use crate::backend::RunEvidence;
 use crate::fs::Manifest;
 use crate::policy::{PolicySource, RollbackSettings};
 use crate::redact;
@@ -191,30 +192,12 @@ pub struct Event {
     pub fields: Map<String, Value>,
 }
 
-/// The `launched` event's facts: what `agentdiff cleanup` needs when agentdiff was killed before
-/// `runtime.json` was written.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LaunchedEvent {
-    #[serde(default)]
-    pub pid: Option<u32>,
-    /// Identity of the launched process, when the backend recorded it.
-    #[serde(default)]
-    pub root: Option<ProcessIdentity>,
-    /// The run's tracking cgroup, when the command was placed in one.
-    #[serde(default)]
-    pub cgroup: Option<String>,
-    /// Identity of the agentdiff process supervising the run (tells a run in progress from one
-    /// whose monitor died).
-    #[serde(default)]
-    pub monitor: Option<ProcessIdentity>,
-}
-
 /// Name of the event that records a launch.
 pub const LAUNCHED_EVENT: &str = "launched";
 
 impl Event {
     /// The facts of a `launched` event (`None` for any other event).
-    pub fn launched(&self) -> Option<Result<LaunchedEvent, serde_json::Error>> {
+    pub fn launched(&self) -> Option<Result<LaunchFacts, serde_json::Error>> {
         (self.event == LAUNCHED_EVENT)
             .then(|| serde_json::from_value(Value::Object(self.fields.clone())))
     }
@@ -258,7 +241,7 @@ impl Capsule {
     }
 
     /// The last `launched` event's facts, if the command was launched.
-    pub fn launched_event(&self) -> Result<Option<LaunchedEvent>, StoreError> {
+    pub fn launched_event(&self) -> Result<Option<LaunchFacts>, StoreError> {
         let events = self.events()?;
         match events.iter().rev().find_map(Event::launched) {
             Some(facts) => facts

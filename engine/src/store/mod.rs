@@ -44,7 +44,7 @@ pub use capsule::{
     now_rfc3339_millis, Artifact, Capsule, HistoryName, RecoveryArtifact, MAX_ARTIFACT_BYTES,
 };
 pub use doc::{
-    Event, LaunchedEvent, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc, Unavailable,
+    Event, LaunchFacts, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc, Unavailable,
 };
 pub use error::StoreError;
 pub use integrity::{

@@ -463,10 +463,15 @@ impl crate::fs::BackupSink for ObjectStore {
         self.contains_verified(sha256_hex, size)
     }
 
-    fn store_from(&self, file: &mut File, sha256_hex: &str, size: u64) -> Result<(), String> {
+    fn store_from(
+        &self,
+        file: &mut File,
+        sha256_hex: &str,
+        size: u64,
+    ) -> Result<(), crate::fs::BackupError> {
         self.put_from_file(file, sha256_hex, size)
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(crate::fs::BackupError::sink)
     }
 }
 
@@ -666,7 +671,10 @@ mod tests {
         let err = sink
             .store_from(&mut File::open(&src).unwrap(), &sha(b"x"), 1)
             .unwrap_err();
-        assert!(err.contains("changed while it was copied"), "{err}");
+        assert!(
+            err.to_string().contains("changed while it was copied"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub(super) async fn launch(
     // user's agentdiff wrote.
     let body = launch_event_body(capsule.id().as_str(), &fields);
     fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
-    let _ = capsule.event("launched", fields);
+    let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, fields);
     let mut evidence = running.wait().await?;
     merge_environment(&mut evidence, &plan.env_evidence);
     if let Some(env) = evidence.environment.as_mut() {

@@ -50,8 +50,14 @@ use seal::Sealer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransactionError {
-    #[error("project root {path}: {message}")]
-    Root { path: PathBuf, message: String },
+    #[error("project root {}: cannot be resolved ({source})", path.display())]
+    RootUnresolvable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("project root {}: is not a directory", path.display())]
+    RootNotDirectory { path: PathBuf },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error("scanning the project tree failed: {0}")]
@@ -61,7 +67,7 @@ pub enum TransactionError {
     #[error("could not record the effective policy: {0}")]
     EffectivePolicy(#[source] serde_json::Error),
     #[error("could not prepare the private workspace: {0}")]
-    Workspace(String),
+    Workspace(#[source] crate::workspace::WorkspaceError),
 }
 
 /// Progress callback for long scans (phase name, progress).
@@ -120,15 +126,14 @@ pub enum Refusal {
 
 /// Resolve and check the project root.
 pub fn resolve_root(root: &Path) -> Result<PathBuf, TransactionError> {
-    let resolved = root.canonicalize().map_err(|e| TransactionError::Root {
-        path: root.to_path_buf(),
-        message: format!("cannot be resolved ({e})"),
-    })?;
+    let resolved = root
+        .canonicalize()
+        .map_err(|source| TransactionError::RootUnresolvable {
+            path: root.to_path_buf(),
+            source,
+        })?;
     if !resolved.is_dir() {
-        return Err(TransactionError::Root {
-            path: resolved,
-            message: "is not a directory".into(),
-        });
+        return Err(TransactionError::RootNotDirectory { path: resolved });
     }
     Ok(resolved)
 }
@@ -370,7 +375,7 @@ fn materialize_workspace(
     before: &crate::fs::Manifest,
 ) -> Result<PathBuf, TransactionError> {
     let dir = crate::workspace::materialize(store, capsule, before)
-        .map_err(|e| TransactionError::Workspace(e.to_string()))?;
+        .map_err(TransactionError::Workspace)?;
     capsule.event(
         "workspace_materialized",
         json!({ "path": dir.display().to_string() }),

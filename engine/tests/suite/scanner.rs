@@ -17,8 +17,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use agentdiff_engine::fs::{
-    diff, diff_unsupported, scan, BackupRequest, BackupSink, BackupSkip, BackupState, ChangeType,
-    EntryKind, IgnoreSource, Manifest, ScanError, ScanOptions, ScanProgress,
+    diff, diff_unsupported, scan, BackupError, BackupRequest, BackupSink, BackupSkip, BackupState,
+    ChangeType, EntryKind, IgnoreSource, Manifest, ScanError, ScanOptions, ScanProgress,
 };
 use sha2::{Digest, Sha256};
 
@@ -38,17 +38,22 @@ impl BackupSink for MemSink {
             .is_some_and(|b| b.len() as u64 == size)
     }
 
-    fn store_from(&self, file: &mut fs::File, sha256_hex: &str, size: u64) -> Result<(), String> {
+    fn store_from(
+        &self,
+        file: &mut fs::File,
+        sha256_hex: &str,
+        size: u64,
+    ) -> Result<(), BackupError> {
         if self.refuse {
-            return Err("disk full".into());
+            return Err(BackupError::sink("disk full"));
         }
-        file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+        file.seek(SeekFrom::Start(0)).map_err(BackupError::sink)?;
         let mut bytes = Vec::new();
         file.take(size + 1)
             .read_to_end(&mut bytes)
-            .map_err(|e| e.to_string())?;
+            .map_err(BackupError::sink)?;
         if hex::encode(Sha256::digest(&bytes)) != sha256_hex {
-            return Err("copy does not match the hash".into());
+            return Err(BackupError::sink("copy does not match the hash"));
         }
         self.objects
             .lock()

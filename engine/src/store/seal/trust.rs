@@ -56,7 +56,10 @@ pub fn trusted_process_evidence(
         Ok(events) => events,
         Err(e) => return Ok(Err(format!("its event log cannot be read ({e})"))),
     };
-    let launched: Vec<&Event> = events.iter().filter(|e| e.event == "launched").collect();
+    let launched: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.event == super::super::doc::LAUNCHED_EVENT)
+        .collect();
     Ok(match launched.as_slice() {
         [] => Ok(TrustedEvidence::NothingLaunched),
         [one]
