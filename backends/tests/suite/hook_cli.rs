@@ -425,6 +425,27 @@ fn hook_malformed_input_blocks_and_never_allows() {
 }
 
 #[test]
+fn proc_links_are_not_resolved_for_another_process() {
+    let dir = open_project();
+    let root = dir.path();
+    // `/proc/self` is the hook's own process, not the tool's: never judged as a project path.
+    let (d, reason) = decision(root, "Write", json!({"file_path": "/proc/self/cwd/src/a"}));
+    assert_eq!(d, "deny");
+    assert!(reason.contains("/proc link"), "{reason}");
+    symlink("/proc/self/cwd", root.join("here")).unwrap();
+    let (d, _) = decision(root, "Write", json!({"file_path": "here/src/a"}));
+    assert_eq!(d, "deny");
+    assert_eq!(
+        answer(
+            root,
+            "Read",
+            json!({"file_path": "/proc/self/root/etc/hostname"})
+        ),
+        None
+    );
+}
+
+#[test]
 fn an_unusable_root_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing");

@@ -13,11 +13,17 @@
 //! until a `..` leads back to a directory that exists (creating the missing directories, as
 //! `mkdir -p` does, gives exactly that result).
 //!
+//! A symlink on `/proc` is not followed ([`ResolveError::ProcLink`]): `/proc/self/…` and
+//! `/proc/PID/fd/…` lead wherever the *following* process's state says, which is the hook's
+//! here and the tool's later.
+//!
 //! Cost: every component costs a constant number of system calls and the work list holds at
 //! most [`MAX_SYMLINK_HOPS`] + 1 path texts of at most [`PATH_MAX`] bytes each, so resolution
 //! is linear in the input.
 //!
-//! Not defended: the answer describes the tree at the time of the walk. A process that swaps a
+//! Not defended: a bind mount makes one directory reachable under two names; the walk judges
+//! the name it was given (mounting needs privileges the threat model excludes). The answer
+//! describes the tree at the time of the walk. A process that swaps a
 //! directory for a symlink between this walk and the tool's write wins that race; the walk
 //! itself never follows a swapped entry (`O_NOFOLLOW` on every step fails instead).
 
@@ -82,6 +88,10 @@ pub enum ResolveError {
     NotADirectory { at: PathBuf },
     #[error("cannot look up {}: {errno}", at.display())]
     Io { at: PathBuf, errno: Errno },
+    /// `/proc` links (`/proc/self/fd/3`, `/proc/self/cwd`) name the process that follows them:
+    /// the hook would resolve its own, not the tool's.
+    #[error("{} is a /proc link, which leads somewhere else for the tool's process", at.display())]
+    ProcLink { at: PathBuf },
 }
 
 #[cfg(target_os = "linux")]
@@ -266,6 +276,9 @@ impl Walk {
             return Err(ResolveError::Loop);
         }
         let at = self.here().join(OsStr::from_bytes(part));
+        if on_procfs(&self.dir) {
+            return Err(ResolveError::ProcLink { at });
+        }
         let target = readlinkat(Some(self.dir.as_raw_fd()), OsStr::from_bytes(part))
             .map_err(|errno| ResolveError::Io {
                 at: at.clone(),
@@ -306,6 +319,18 @@ impl Walk {
             }),
         }
     }
+}
+
+#[cfg(target_os = "linux")]
+fn on_procfs(dir: &OwnedFd) -> bool {
+    use nix::sys::statfs::{fstatfs, PROC_SUPER_MAGIC};
+    // If the file system cannot be told, assume /proc: refusing is the safe side.
+    fstatfs(dir).map_or(true, |fs| fs.filesystem_type() == PROC_SUPER_MAGIC)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn on_procfs(_dir: &OwnedFd) -> bool {
+    false
 }
 
 fn open_root() -> Result<OwnedFd, ResolveError> {
@@ -382,6 +407,22 @@ mod tests {
         let long = "a/".repeat(PATH_MAX);
         assert_eq!(resolve(&root, Path::new(&long)), Err(ResolveError::TooLong));
         assert_eq!(resolve(&root, Path::new("")), Err(ResolveError::Invalid));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn proc_links_are_not_followed() {
+        for path in ["/proc/self/cwd/x", "/proc/self/fd/0", "/proc/self/root/etc"] {
+            assert!(
+                matches!(
+                    resolve(Path::new("/"), Path::new(path)),
+                    Err(ResolveError::ProcLink { .. })
+                ),
+                "{path}"
+            );
+        }
+        // `/proc/self` itself is a plain symlink to the pid, also refused: it is per process.
+        assert!(resolve(Path::new("/"), Path::new("/proc/cpuinfo")).is_ok());
     }
 
     #[test]

@@ -159,6 +159,8 @@ fn unmodelled_tools_are_never_allowed() {
     // A denied path among an unmodelled tool's arguments is still denied.
     for input in [
         json!({"path": ".git/config"}),
+        json!({"filePath": ".env"}),
+        json!({"args": {"Target-Path": ".git/hooks/x"}}),
         json!({"edits": [{"path": "src/a"}, {"path": ".env"}]}),
         json!({"content": "*** Begin Patch\n*** Add File: .env\n+x\n*** End Patch\n"}),
         json!({"path": "~/.ssh/id_rsa".replace('~', &home_dir_text())}),

@@ -20,24 +20,40 @@ use super::{json_kind, patch, ToolCall};
 use crate::policy::{Action, Decision, Phase, PolicyError};
 
 /// Input keys that name a path in an unmodelled tool's input (at any depth; `paths` may be
-/// a list).
-const PATH_KEYS: [&str; 15] = [
-    "file_path",
-    "notebook_path",
+/// a list), compared after [`key_form`] (so `filePath`, `file_path` and `FILE-PATH` are one).
+const PATH_KEYS: [&str; 22] = [
+    "filepath",
+    "filepaths",
+    "file",
+    "files",
+    "filename",
+    "notebookpath",
     "path",
     "paths",
     "source",
+    "sourcepath",
     "destination",
-    "source_path",
-    "destination_path",
-    "old_path",
-    "new_path",
+    "destinationpath",
+    "dest",
+    "oldpath",
+    "newpath",
     "from",
     "to",
     "target",
-    "target_path",
+    "targetpath",
+    "dir",
     "directory",
+    "cwd",
 ];
+
+/// A key without case, `_` and `-`.
+fn key_form(key: &str) -> String {
+    key.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
 /// Most paths judged in one call (patch files plus path arguments); more is refused.
 pub const MAX_PATHS_PER_CALL: usize = 1000;
 /// Input keys that may carry the text of a patch.
@@ -270,8 +286,9 @@ fn glob_scope(base: &str, pattern: &str) -> Option<String> {
 /// look like patches. The input is at most 1 MiB, so the walk is bounded by it.
 fn collect_foreign(input: &Map<String, Value>, out: &mut Vec<String>) -> Result<(), PolicyError> {
     for (key, value) in input {
-        let path_key = PATH_KEYS.contains(&key.as_str());
-        let patch_key = PATCH_KEYS.contains(&key.as_str());
+        let form = key_form(key);
+        let path_key = PATH_KEYS.contains(&form.as_str());
+        let patch_key = PATCH_KEYS.contains(&form.as_str());
         collect_value(value, path_key, patch_key, out)?;
     }
     Ok(())
