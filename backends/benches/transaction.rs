@@ -239,9 +239,35 @@ fn bwrap_overhead(bin: &Path) {
         println!("SKIPPED: bwrap cannot run here; no bwrap overhead measured");
         return;
     }
+    // The same controls the backend applies, without agentdiff: what the sandbox itself costs.
+    let full = || {
+        let mut c = Command::new("bwrap");
+        c.args([
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-net",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "true",
+        ]);
+        c
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let runs = 51;
     let direct = median((0..runs).map(|_| measure(&mut bare()).wall).collect());
+    let sandbox = median((0..runs).map(|_| measure(&mut full()).wall).collect());
     let wrapped = median(
         (0..runs)
             .map(|_| {
@@ -271,6 +297,12 @@ fn bwrap_overhead(bin: &Path) {
         ms(wrapped),
         ms(wrapped.saturating_sub(direct)),
         wrapped.as_secs_f64() / direct.as_secs_f64()
+    );
+    println!(
+        "  bwrap with the same controls (dev, proc, tmpfs /tmp, namespaces, cap-drop) and no \
+         agentdiff: {:.2} ms; agentdiff on top of it: +{:.2} ms",
+        ms(sandbox),
+        ms(wrapped.saturating_sub(sandbox))
     );
 }
 
