@@ -13,6 +13,7 @@ pub mod process;
 pub mod promote;
 pub mod recovery;
 pub mod redact;
+pub mod report;
 pub mod rollback;
 pub mod root;
 pub mod score;

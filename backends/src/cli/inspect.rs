@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::ValueEnum;
 
 use agentdiff_engine::redact::escape_terminal;
+use agentdiff_engine::report::{markdown, RunView};
 use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
 
@@ -16,6 +17,15 @@ use crate::exit;
 pub enum Format {
     Summary,
     Json,
+}
+
+/// `inspect` also renders markdown (the other commands share [`Format`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InspectFormat {
+    Summary,
+    Json,
+    /// A compact report for `$GITHUB_STEP_SUMMARY` and pull-request comments.
+    Markdown,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -39,7 +49,7 @@ pub struct Args {
     root: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
-    format: Format,
+    format: InspectFormat,
     /// Print one artifact as JSON instead of the result.
     #[arg(long, value_enum)]
     artifact: Option<ArtifactName>,
@@ -82,12 +92,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !has_result {
         return interrupted(&capsule, args.format);
     }
+    if args.format == InspectFormat::Markdown {
+        let view =
+            RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        out!("{}", markdown::render(&view));
+        return Ok(ExitCode::SUCCESS);
+    }
     let result: RunResult = capsule
         .result()
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
-        Format::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
-        Format::Summary => out!("{}", crate::report::run_summary(&result, &root, sealed)),
+        InspectFormat::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
+        InspectFormat::Summary | InspectFormat::Markdown => {
+            out!("{}", crate::report::run_summary(&result, &root, sealed))
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -96,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// known from metadata.json and what can still be done, instead of a file-not-found error.
 fn interrupted(
     capsule: &agentdiff_engine::store::Capsule,
-    format: Format,
+    format: InspectFormat,
 ) -> anyhow::Result<ExitCode> {
     let id = capsule.id().to_string();
     let what = format!(
@@ -104,7 +122,7 @@ fn interrupted(
          not sealed): its changes were never classified and rollback refuses it; \
          `agentdiff cleanup {id}` stops what it left behind"
     );
-    if format == Format::Json {
+    if format != InspectFormat::Summary {
         return Err(exit::with_code(
             exit::INVALID_CAPSULE,
             anyhow::anyhow!(what),

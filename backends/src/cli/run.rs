@@ -23,6 +23,8 @@ use agentdiff_engine::transaction::{
 
 use crate::exit;
 use crate::report;
+use agentdiff_engine::redact::escape_terminal;
+use agentdiff_engine::report::{markdown, ReportError, RunView};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -96,6 +98,13 @@ pub struct Args {
     /// Wait for another agentdiff running in this project instead of exiting 75.
     #[arg(long)]
     wait: bool,
+    /// After the run, append its markdown report (as `agentdiff inspect RUN --format markdown`)
+    /// to this file, e.g. "$GITHUB_STEP_SUMMARY". The file is created if missing; if it cannot be
+    /// written the file is refused before anything runs (exit 64); if writing fails after
+    /// the run, the run stays recorded and sealed and agentdiff exits 76 (or the run's own
+    /// non-zero code).
+    #[arg(long, value_name = "FILE")]
+    summary_file: Option<PathBuf>,
     /// KEY=VALUE option of the chosen backend (repeatable); `agentdiff doctor` lists each
     /// backend's options. Checked against the backend's declaration.
     #[arg(long = "backend-option", value_name = "KEY=VALUE")]
@@ -297,6 +306,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => Vec::new(),
     };
 
+    let summary = args.summary_file.as_deref().map(open_summary).transpose()?;
     // One run per project at a time; held until the capsule is sealed and the process exits.
     let store = Store::open(&root).map_err(|e| exit::with_code(exit::INTERNAL, e))?;
     let _lock = super::lock_store(&store, args.wait)?;
@@ -369,7 +379,71 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             errout!("{}", report::run_summary(&outcome.result, &root, true));
         }
     }
-    Ok(ExitCode::from(exit_code(&outcome, args.fail_on)))
+    let code = exit_code(&outcome, args.fail_on);
+    let code = match (&args.summary_file, summary) {
+        (Some(path), Some(file)) => append_summary(&store, &outcome, (path, file), code),
+        _ => code,
+    };
+    Ok(ExitCode::from(code))
+}
+
+/// Append the run's markdown report to the summary file opened before the run. The capsule is
+/// sealed before this runs, so a failure loses nothing: it is reported with where the run is and
+/// how to render the report again, and the run's own exit code is kept unless it was 0.
+fn append_summary(
+    store: &Store,
+    outcome: &RunOutcome,
+    summary: (&std::path::Path, std::fs::File),
+    code: u8,
+) -> u8 {
+    use std::io::Write as _;
+    let (path, mut file) = summary;
+    let id = &outcome.result.run_id;
+    let written = store
+        .open_run(id)
+        .map_err(ReportError::from)
+        .and_then(|c| RunView::load(&c))
+        .map_err(|e| format!("cannot render the report: {e}"))
+        .and_then(|view| {
+            file.write_all(markdown::render(&view).as_bytes())
+                .and_then(|()| file.flush())
+                .map_err(|e| format!("cannot append the report to {}: {e}", path.display()))
+        });
+    match written {
+        Ok(()) => code,
+        Err(what) => {
+            errout!(
+                "agentdiff: error: {what}; the run is recorded and sealed in {} — \
+                 `agentdiff inspect {} --format markdown` prints the report",
+                escape_terminal(&outcome.capsule_dir.display().to_string()),
+                escape_terminal(id)
+            );
+            if code == 0 {
+                exit::SUMMARY_NOT_WRITTEN
+            } else {
+                code
+            }
+        }
+    }
+}
+
+/// Open the summary file for appending before the run: a bad path is refused before anything
+/// runs, and the file written after the run is the one named now (the command cannot swap it for
+/// a symlink to somewhere else in between).
+fn open_summary(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| {
+            exit::with_code(
+                exit::USAGE,
+                anyhow::anyhow!(
+                    "--summary-file {}: cannot open it for appending: {e} (nothing was run)",
+                    path.display()
+                ),
+            )
+        })
 }
 
 /// Controls that the given probe records verified for this backend, options and host.

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 const INVALID_CAPSULE: i32 = 67;
 const GATE_DENIED: i32 = 71;
-const UNAUTHENTICATED: i32 = 76;
+const UNAUTHENTICATED: i32 = 77;
 
 /// A project with a private state directory (key and ledger) beside it, never the user's.
 struct Project {

@@ -1,0 +1,256 @@
+//! The markdown report (`inspect --format markdown`, `run --summary-file`) of real runs, against
+//! a reviewed golden file.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
+}
+
+fn agentdiff(root: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir(root)
+        .env_remove("AGENTDIFF_POLICY")
+        .output()
+        .expect("run agentdiff")
+}
+
+fn golden_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/inspect_markdown.md")
+}
+
+/// A project whose one run makes every kind of change: added, modified, deleted, a mode change, a
+/// symlink retargeted, under allow, review and deny rules, with names holding `|`, a backtick and
+/// a newline, and a process left behind. Network observation is off: it watches the whole machine,
+/// so other processes' ports would make the report depend on the host.
+fn every_kind_of_change() -> (tempfile::TempDir, &'static str) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    fs::write(p.join("a.txt"), "a\n").unwrap();
+    fs::write(p.join("c.txt"), "c\n").unwrap();
+    fs::write(p.join("run.sh"), "true\n").unwrap();
+    std::os::unix::fs::symlink("a.txt", p.join("link")).unwrap();
+    fs::create_dir(p.join("src")).unwrap();
+    fs::write(p.join("src/lib.rs"), "// lib\n").unwrap();
+    fs::write(
+        p.join("agentdiff.yaml"),
+        "version: 1\nfilesystem:\n  allow_write: [\"src/**\"]\n  deny: [c.txt]\nnetwork:\n  mode: off\n",
+    )
+    .unwrap();
+    let script = "echo x >> a.txt; echo y > 'b|x`y.txt'; rm c.txt; chmod +x run.sh; \
+                  ln -sf c.txt link; echo n > src/new.rs; printf z > \"$(printf 'nl\\nname')\"; \
+                  (sleep 30 &)";
+    (dir, script)
+}
+
+/// Replace the run-specific values the report shows: the pids of leftover processes (the run id
+/// is fixed with --run-id; the report shows no times).
+fn normalise(report: &str) -> String {
+    let mut in_leftovers = false;
+    let mut out = String::new();
+    for line in report.lines() {
+        if line.starts_with("**") {
+            in_leftovers = line.starts_with("**Leftover processes**");
+        }
+        let line = match line.strip_prefix("| ").and_then(|r| r.split_once(" |")) {
+            Some((pid, rest)) if in_leftovers && pid.bytes().all(|b| b.is_ascii_digit()) => {
+                format!("| PID |{rest}")
+            }
+            _ => line.to_string(),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Cells of a table row, split on unescaped `|`.
+fn cells(row: &str) -> usize {
+    let mut n = 0usize;
+    let mut chars = row.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '|' => n += 1,
+            _ => {}
+        }
+    }
+    n.saturating_sub(1)
+}
+
+#[test]
+fn the_markdown_report_of_every_kind_of_change_matches_the_reviewed_golden_file() {
+    let (p, script) = every_kind_of_change();
+    let summary = p.path().join("..").join(format!(
+        "{}-summary.md",
+        p.path().file_name().unwrap().to_string_lossy()
+    ));
+    fs::write(&summary, "earlier step\n").unwrap();
+    let out = agentdiff(
+        p.path(),
+        &[
+            "run",
+            "--run-id",
+            "golden-1",
+            "--summary-file",
+            summary.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(71),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inspect = agentdiff(p.path(), &["inspect", "golden-1", "--format", "markdown"]);
+    assert!(inspect.status.success(), "{inspect:?}");
+    let report = String::from_utf8(inspect.stdout).unwrap();
+    let appended = fs::read_to_string(&summary).unwrap();
+    fs::remove_file(&summary).unwrap();
+    // Appended after what the file held, and the same report inspect prints.
+    assert_eq!(appended, format!("earlier step\n{report}"));
+
+    let got = normalise(&report);
+    if std::env::var_os("AGENTDIFF_BLESS").is_some() {
+        fs::write(golden_path(), &got).unwrap();
+    }
+    let want = fs::read_to_string(golden_path()).unwrap();
+    assert_eq!(
+        got,
+        want,
+        "the markdown report changed; review it and rerun with AGENTDIFF_BLESS=1 to update {}",
+        golden_path().display()
+    );
+}
+
+/// Hostile names stay inside their cell and on their line: every change row has exactly five
+/// cells, no raw newline or backtick reaches the report, and nothing opens HTML.
+#[test]
+fn hostile_file_names_cannot_break_the_markdown_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "for n in 'x|y' 'a`b' '```' \"$(printf 'line\\n| fake | row |')\" '<img src=x>' \
+                  '[l](x)' 'www.example.com' \"$(printf 'r\\342\\200\\256tl')\" '#1 @all' '*_~$:'; \
+                  do printf z > \"$n\"; done";
+    let out = agentdiff(
+        dir.path(),
+        &["run", "--run-id", "hostile-1", "--", "sh", "-c", script],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let inspect = agentdiff(
+        dir.path(),
+        &["inspect", "hostile-1", "--format", "markdown"],
+    );
+    assert!(inspect.status.success(), "{inspect:?}");
+    let report = String::from_utf8(inspect.stdout).unwrap();
+    let rows: Vec<&str> = report
+        .lines()
+        .skip_while(|l| !l.starts_with("| Path |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert_eq!(rows.len(), 10, "{report}");
+    for row in &rows {
+        assert_eq!(cells(row), 5, "row split wrongly: {row}");
+    }
+    assert!(!report.contains("fake | row"), "{report}");
+    assert!(!report.contains('\u{202e}'), "{report}");
+    assert!(!report.contains("<img"), "{report}");
+    assert!(!report.contains("[l]("), "{report}");
+    assert!(!report.contains("www.example"), "{report}");
+    // Backticks appear only escaped, outside the rollback code fence.
+    let outside_fence: String = report
+        .split("```\n")
+        .step_by(2)
+        .collect::<Vec<_>>()
+        .join("");
+    assert!(
+        outside_fence
+            .match_indices('`')
+            .all(|(i, _)| outside_fence[..i].ends_with('\\')),
+        "{report}"
+    );
+}
+
+/// A summary file that cannot be written after the run is a clear error that keeps the run:
+/// the capsule is sealed and the message says where it is.
+#[test]
+fn an_unwritable_summary_file_keeps_the_run_sealed_and_says_where_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = agentdiff(
+        dir.path(),
+        &[
+            "run",
+            "--run-id",
+            "full-1",
+            "--summary-file",
+            "/dev/full",
+            "--",
+            "sh",
+            "-c",
+            "echo y > b.txt",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{stderr}");
+    assert!(
+        stderr.contains("cannot append the report to /dev/full"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(".agentdiff/runs/full-1"), "{stderr}");
+    assert!(dir.path().join("b.txt").exists());
+    let verify = agentdiff(dir.path(), &["verify", "full-1"]);
+    assert!(verify.status.success(), "{verify:?}");
+
+    // A path that cannot be opened is refused before anything runs.
+    let out = agentdiff(
+        dir.path(),
+        &[
+            "run",
+            "--summary-file",
+            "/nonexistent-dir/summary.md",
+            "--",
+            "sh",
+            "-c",
+            "echo z > c.txt",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing was run"));
+    assert!(!dir.path().join("c.txt").exists());
+}
+
+/// A long change table is folded into `<details>`, with every row still there.
+#[test]
+fn a_long_change_table_is_folded() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = agentdiff(
+        dir.path(),
+        &[
+            "run",
+            "--run-id",
+            "long-1",
+            "--",
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo $i > f$i; done",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let inspect = agentdiff(dir.path(), &["inspect", "long-1", "--format", "markdown"]);
+    let report = String::from_utf8(inspect.stdout).unwrap();
+    let open = report
+        .find("<details><summary>Changes (12)</summary>\n\n| Path |")
+        .unwrap_or_else(|| panic!("{report}"));
+    let close = open + report[open..].find("</details>").unwrap();
+    assert_eq!(report[open..close].matches("| added |").count(), 12);
+}

@@ -1,0 +1,454 @@
+//! The markdown report of a run, for `$GITHUB_STEP_SUMMARY` and pull-request comments.
+//!
+//! Invariant: every recorded string (paths, rules, reasons, executables, container names,
+//! warnings) passes through [`escape`] and nothing else; the run id is a validated [`RunId`]
+//! (safe characters only) and the rollback command is built from it.
+//!
+//! Not defended: what a markdown host does after rendering. GitHub links `#123` and `@name` in
+//! rendered text; the report writes `#` and `@` as HTML character references, which GitHub may
+//! still link. Long reports are folded, never truncated, so a huge run gives a huge report.
+//!
+//! [`RunId`]: crate::store::RunId
+
+use std::fmt::Write as _;
+
+use crate::backend::{Boundary, CleanupOutcome, WorkspaceMode};
+use crate::fs::{ChangeType, EntryKind};
+use crate::policy::Action;
+use crate::redact::escape_terminal;
+use crate::transaction::{ChangeRecord, Status};
+
+use super::RunView;
+
+/// Tables with more rows than this are folded into `<details>`.
+pub const FOLD_ROWS: usize = 10;
+
+/// The one escaping function for markdown: control characters, line separators and bidi
+/// controls become the terminal report's visible notation (`\n`, `\u{202e}`), then every character
+/// markdown or GitHub could read as syntax is escaped: markdown punctuation (and `:` of emoji and links, `$` of math) with a backslash, `<`,
+/// `>`, `&`, `#`, `@` as character references (no HTML, no references, no mentions), and the `.`
+/// of `www.` (no autolink). `|` is escaped too, so a value is safe inside a table cell.
+pub fn escape(text: &str) -> String {
+    let visible = escape_terminal(text);
+    let mut out = String::with_capacity(visible.len() + 8);
+    let mut prev: [char; 3] = [' '; 3];
+    for c in visible.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '#' => out.push_str("&#35;"),
+            '@' => out.push_str("&#64;"),
+            '.' if prev.iter().all(|p| p.eq_ignore_ascii_case(&'w')) => out.push_str("\\."),
+            '\\' | '`' | '*' | '_' | '[' | ']' | '|' | '~' | '!' | ':' | '$' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+        prev = [prev[1], prev[2], c];
+    }
+    out
+}
+
+fn action_word(a: Action) -> &'static str {
+    match a {
+        Action::Allow => "allow",
+        Action::Review => "review",
+        Action::Deny => "**deny**",
+    }
+}
+
+fn change_word(c: &ChangeRecord) -> String {
+    let mut word = match c.change_type {
+        ChangeType::Created => "added",
+        ChangeType::Modified if c.mode_changed && !c.content_changed => "mode change",
+        ChangeType::Modified => "modified",
+        ChangeType::Deleted => "deleted",
+    }
+    .to_string();
+    if c.change_type == ChangeType::Modified && c.mode_changed && c.content_changed {
+        word.push_str(" + mode");
+    }
+    match c.entry_kind {
+        EntryKind::Symlink => word.push_str(" (symlink)"),
+        EntryKind::Directory => word.push_str(" (directory)"),
+        EntryKind::File => {}
+    }
+    word
+}
+
+fn cleanup_word(o: CleanupOutcome) -> &'static str {
+    match o {
+        CleanupOutcome::AlreadyExited => "already exited",
+        CleanupOutcome::Terminated => "terminated",
+        CleanupOutcome::Killed => "killed",
+        CleanupOutcome::PidReused => "pid reused, not signalled",
+        CleanupOutcome::AccessDenied => "access denied",
+        CleanupOutcome::Escaped => "**still running**",
+    }
+}
+
+/// Write a table, folded into `<details>` when it is long. `rows` are already escaped cells;
+/// without `heading` the title is shown only on the fold (the caller wrote its own line).
+fn table(s: &mut String, title: &str, heading: bool, header: &[&str], rows: &[Vec<String>]) {
+    let fold = rows.len() > FOLD_ROWS;
+    if fold {
+        let _ = writeln!(s, "<details><summary>{title} ({})</summary>\n", rows.len());
+    } else if heading {
+        let _ = writeln!(s, "**{title}** ({})\n", rows.len());
+    }
+    let _ = writeln!(s, "| {} |", header.join(" | "));
+    let _ = writeln!(s, "|{}", "---|".repeat(header.len()));
+    for r in rows {
+        let _ = writeln!(s, "| {} |", r.join(" | "));
+    }
+    if fold {
+        let _ = writeln!(s, "\n</details>");
+    }
+    s.push('\n');
+}
+
+fn outcome_word(v: &RunView) -> &'static str {
+    let r = &v.result;
+    if r.status == Status::Error && r.changes.is_empty() {
+        return "none (nothing ran)";
+    }
+    match r.safety_outcome {
+        Action::Allow => "allow",
+        Action::Review => "review",
+        Action::Deny => "**deny**",
+    }
+}
+
+fn header(s: &mut String, v: &RunView) {
+    let r = &v.result;
+    let _ = writeln!(s, "### agentdiff run {}\n", escape(&r.run_id));
+    let exit = r
+        .exit_code
+        .map(|c| format!(" · exit {c}"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "**Status:** {}{exit} · **Policy outcome:** {} · **Blast radius:** {} ({}/100)\n",
+        r.status.as_str(),
+        outcome_word(v),
+        r.blast_radius.level.as_str(),
+        r.blast_radius.score
+    );
+    if let Some(task) = &r.task {
+        let _ = writeln!(s, "**Task:** {}\n", escape(task));
+    }
+    if let Some(err) = &r.execution_error {
+        let _ = writeln!(s, "**Error:** {}\n", escape(err));
+    }
+}
+
+fn backend(s: &mut String, v: &RunView) {
+    let Some(rt) = &v.result.runtime else {
+        let name = v.runtime.as_ref().map(|d| d.backend()).unwrap_or("none");
+        let _ = writeln!(s, "**Backend:** {} — not launched\n", escape(name));
+        return;
+    };
+    let caps = &rt.capabilities;
+    let _ = writeln!(
+        s,
+        "**Backend:** {} · enforcement {} · {} · network {} · workspace {}\n",
+        escape(&rt.backend),
+        rt.enforcement.as_str(),
+        if rt.sandboxed {
+            "sandboxed"
+        } else {
+            "not sandboxed"
+        },
+        if rt.network_enforcement {
+            "blocked"
+        } else {
+            "not blocked"
+        },
+        match caps.workspace {
+            WorkspaceMode::Private => "private copy",
+            _ => "host tree",
+        }
+    );
+    let verified: Vec<Boundary> = rt.verified_controls.iter().map(|c| c.boundary).collect();
+    let _ = writeln!(s, "| Boundary | Label |\n|---|---|");
+    for b in Boundary::ALL {
+        let mark = if verified.contains(&b) {
+            " (verified by a recorded probe)"
+        } else {
+            ""
+        };
+        let _ = writeln!(s, "| {} | {}{mark} |", b.as_str(), caps.level(b).as_str());
+    }
+    s.push('\n');
+}
+
+fn changes(s: &mut String, v: &RunView) {
+    let r = &v.result;
+    if r.changes.is_empty() {
+        let _ = writeln!(s, "**Changes:** none\n");
+        return;
+    }
+    let sm = &r.summary;
+    let _ = writeln!(
+        s,
+        "**Changes:** {} — {} allowed, {} for review, {} denied\n",
+        r.changes.len(),
+        sm.expected,
+        sm.unexpected,
+        sm.protected
+    );
+    let rows: Vec<Vec<String>> = r
+        .changes
+        .iter()
+        .map(|c| {
+            vec![
+                escape(&c.path),
+                change_word(c),
+                action_word(c.decision).to_string(),
+                escape(&c.policy_decision.rule),
+                if c.reversible {
+                    "yes".to_string()
+                } else {
+                    format!("no — {}", escape(&c.recovery_reason))
+                },
+            ]
+        })
+        .collect();
+    table(
+        s,
+        "Changes",
+        false,
+        &["Path", "Change", "Decision", "Rule", "Reversible"],
+        &rows,
+    );
+}
+
+fn blast_radius(s: &mut String, v: &RunView) {
+    let b = &v.result.blast_radius;
+    if b.components.is_empty() {
+        return;
+    }
+    let rows: Vec<Vec<String>> = b
+        .components
+        .iter()
+        .map(|c| {
+            vec![
+                escape(&c.name),
+                c.count.to_string(),
+                c.weight.to_string(),
+                c.points.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        s,
+        "Blast radius components",
+        true,
+        &["Component", "Count", "Weight", "Points"],
+        &rows,
+    );
+}
+
+fn process_evidence(s: &mut String, v: &RunView) {
+    let Some(ev) = v.runtime.as_ref().and_then(|d| d.evidence()) else {
+        return;
+    };
+    let leftovers: Vec<Vec<String>> = ev
+        .cleanup
+        .records
+        .iter()
+        .filter(|r| r.outcome.was_leftover())
+        .map(|r| {
+            vec![
+                r.identity.pid.to_string(),
+                escape(&r.executable),
+                cleanup_word(r.outcome).to_string(),
+            ]
+        })
+        .collect();
+    if !leftovers.is_empty() {
+        table(
+            s,
+            "Leftover processes",
+            true,
+            &["Pid", "Executable", "Cleanup"],
+            &leftovers,
+        );
+    }
+    let ports: Vec<Vec<String>> = ev
+        .ports
+        .opened
+        .iter()
+        .map(|p| {
+            vec![
+                escape(&p.protocol),
+                escape(&format!("{}:{}", p.address, p.port)),
+                match &p.owner {
+                    Some(o) => format!("pid {}", o.pid),
+                    None if p.attributed => "the run".to_string(),
+                    None => "not attributed".to_string(),
+                },
+            ]
+        })
+        .collect();
+    if !ports.is_empty() {
+        table(
+            s,
+            "New listening ports (observed, not blocked)",
+            true,
+            &["Protocol", "Address", "Owner"],
+            &ports,
+        );
+    }
+    let containers: Vec<Vec<String>> = ev
+        .containers
+        .iter()
+        .flat_map(|c| c.containers.iter())
+        .map(|c| {
+            vec![
+                escape(&c.name),
+                escape(&c.image),
+                escape(c.id.get(..12).unwrap_or(&c.id)),
+                if c.attributed { "yes" } else { "no" }.to_string(),
+            ]
+        })
+        .collect();
+    if !containers.is_empty() {
+        table(
+            s,
+            "Containers started during the run",
+            true,
+            &["Name", "Image", "Id", "Started by the run"],
+            &containers,
+        );
+    }
+}
+
+fn findings(s: &mut String, v: &RunView) {
+    let r = &v.result;
+    let rows: Vec<Vec<String>> = r
+        .evidence_findings
+        .iter()
+        .map(|f| {
+            vec![
+                action_word(f.action).to_string(),
+                escape(&f.kind),
+                escape(&f.detail),
+            ]
+        })
+        .chain(r.limit_violations.iter().map(|l| {
+            vec![
+                "review".to_string(),
+                "limit exceeded".to_string(),
+                format!(
+                    "{} = {} (limit {})",
+                    escape(&l.limit),
+                    l.observed,
+                    l.limit_value
+                ),
+            ]
+        }))
+        .chain(
+            r.observation_warnings
+                .iter()
+                .map(|w| vec!["note".to_string(), "warning".to_string(), escape(w)]),
+        )
+        .collect();
+    if !rows.is_empty() {
+        table(
+            s,
+            "Evidence findings",
+            true,
+            &["Decision", "Kind", "Detail"],
+            &rows,
+        );
+    }
+}
+
+fn recovery(s: &mut String, v: &RunView) {
+    let r = &v.result;
+    let id = escape(&r.run_id);
+    let private = r
+        .runtime
+        .as_ref()
+        .is_some_and(|rt| rt.capabilities.workspace == WorkspaceMode::Private);
+    let _ = writeln!(s, "**Rollback**\n");
+    if private {
+        let _ = writeln!(
+            s,
+            "The host tree is unchanged (the command worked on a private copy). Review and apply:\n\n```\nagentdiff promote {} --all --dry-run\n```",
+            r.run_id
+        );
+    } else if !v.sealed {
+        let _ = writeln!(
+            s,
+            "Not possible: the capsule is not sealed (the run was interrupted). Stop what it left behind:\n\n```\nagentdiff cleanup {}\n```",
+            r.run_id
+        );
+    } else if r.changes.is_empty() {
+        let _ = writeln!(s, "Nothing to roll back.");
+    } else if !r.recovery_available {
+        let _ = writeln!(s, "Not available for these changes.");
+    } else {
+        let lost = r.changes.iter().filter(|c| !c.reversible).count();
+        if lost > 0 {
+            let _ = writeln!(
+                s,
+                "Available for {} of {} changes.\n",
+                r.changes.len() - lost,
+                r.changes.len()
+            );
+        }
+        let _ = writeln!(s, "```\nagentdiff rollback {} --safe-only\n```", r.run_id);
+    }
+    let _ = writeln!(
+        s,
+        "\n<sub>run {id} · capsule sealed: {}</sub>",
+        if v.sealed { "yes" } else { "no" }
+    );
+}
+
+/// The markdown report of one run.
+pub fn render(v: &RunView) -> String {
+    let mut s = String::new();
+    header(&mut s, v);
+    backend(&mut s, v);
+    changes(&mut s, v);
+    blast_radius(&mut s, v);
+    process_evidence(&mut s, v);
+    findings(&mut s, v);
+    recovery(&mut s, v);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape;
+
+    #[test]
+    fn table_and_code_syntax_is_escaped() {
+        assert_eq!(escape("a|b`c"), "a\\|b\\`c");
+        assert_eq!(escape("*x_[y]*"), "\\*x\\_\\[y\\]\\*");
+    }
+
+    #[test]
+    fn html_references_and_mentions_are_character_references() {
+        assert_eq!(escape("<img src=x>"), "&lt;img src=x&gt;");
+        assert_eq!(escape("#1 @me &"), "&#35;1 &#64;me &amp;");
+    }
+
+    #[test]
+    fn controls_and_bidi_become_visible_and_cannot_break_a_line() {
+        let e = escape("a\nb\r\u{202e}c\u{7}");
+        assert!(!e.contains('\n') && !e.contains('\r') && !e.contains('\u{202e}'));
+        assert_eq!(e, "a\\\\nb\\\\r\\\\u{202e}c\\\\u{7}");
+    }
+
+    #[test]
+    fn www_autolinks_are_broken() {
+        assert_eq!(escape("www.evil"), "www\\.evil");
+        assert_eq!(escape("src/main.rs"), "src/main.rs");
+    }
+}
