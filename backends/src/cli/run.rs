@@ -407,7 +407,12 @@ fn append_summary(
         .and_then(|view| {
             file.write_all(markdown::render(&view).as_bytes())
                 .and_then(|()| file.flush())
-                .map_err(|e| format!("cannot append the report to {}: {e}", path.display()))
+                .map_err(|e| {
+                    format!(
+                        "cannot append the report to {}: {e}",
+                        escape_terminal(&path.display().to_string())
+                    )
+                })
         });
     match written {
         Ok(()) => code,
@@ -440,7 +445,7 @@ fn open_summary(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
                 exit::USAGE,
                 anyhow::anyhow!(
                     "--summary-file {}: cannot open it for appending: {e} (nothing was run)",
-                    path.display()
+                    escape_terminal(&path.display().to_string())
                 ),
             )
         })
