@@ -45,6 +45,10 @@ async fn run_in_container(root: &Path, rootfs: &Path, script: &str) -> String {
         poll_interval: Duration::from_millis(50),
         progress: None,
         verified_controls: Vec::new(),
+        state_dir: Some(
+            agentdiff_engine::store::seal::StateDir::at(root.parent().unwrap().join("state"))
+                .unwrap(),
+        ),
     })
     .await
     .unwrap();

@@ -681,6 +681,13 @@ mod tests {
         });
         after_opts.ignore = IgnoreSource::Lines(before.ignore_lines.clone());
         let after = scan(workspace, &after_opts).unwrap();
+        // A sealed capsule always holds metadata, policy, result and events.
+        capsule
+            .write_artifact(Artifact::Metadata, &json!({ "run_id": "run1" }))
+            .unwrap();
+        capsule
+            .write_artifact(Artifact::Policy, &json!({ "effective": {} }))
+            .unwrap();
         let before_entries = capsule
             .write_manifest(Artifact::Before, &before, store.objects())
             .unwrap();
@@ -703,6 +710,7 @@ mod tests {
             run: &run,
             private_workspace: true,
             verified_controls: &[],
+            capsule_tampered: &[],
         };
         let frame = crate::transaction::RunFrame {
             run_id: "run1".into(),
