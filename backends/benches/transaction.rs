@@ -309,6 +309,9 @@ fn bwrap_overhead(bin: &Path) {
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
+    // Every agentdiff started below seals with a key private to this bench, never the user's.
+    let state = tempfile::tempdir().expect("tempdir");
+    std::env::set_var("AGENTDIFF_STATE_DIR", state.path());
     launch_overhead(&bin);
     bwrap_overhead(&bin);
     srt_overhead(&bin);

@@ -31,6 +31,9 @@ pub const BUSY: u8 = 75;
 /// `run --summary-file`: the run succeeded but its report could not be appended (the run is
 /// recorded and sealed).
 pub const SUMMARY_NOT_WRITTEN: u8 = 76;
+/// `agentdiff verify`: the capsule is intact but could not be authenticated here (no key for
+/// this user, another user's or machine's key, or an older seal format).
+pub const UNAUTHENTICATED: u8 = 77;
 /// The run's deadline expired (as timeout(1)).
 pub const TIMED_OUT: u8 = 124;
 

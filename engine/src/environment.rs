@@ -1,7 +1,7 @@
 //! The command's environment: what is handed over, and what is recorded about it.
 //!
-//! Evidence holds variable *names* with SHA-256 fingerprints of their values, never the values
-//! (seed 000). The default mode inherits agentdiff's environment, because agents need their API
+//! Evidence holds variable *names* with fingerprints of their values, never the values (seed 000);
+//! the transaction keys them with the per-user key ([`key_fingerprints`]). The default mode inherits agentdiff's environment, because agents need their API
 //! keys. The opt-in scrub passes only an allowlist plus names the user adds, always drops
 //! runtime-injection variables (`LD_PRELOAD`, `NODE_OPTIONS`, …), drops names that look like
 //! credentials unless the user named them exactly, and records what it dropped (names only).
@@ -190,6 +190,29 @@ pub fn fingerprints(env: &[(OsString, OsString)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Prefix of keyed fingerprints.
+pub const KEYED_PREFIX: &str = "hmac-sha256:";
+
+/// Replaces every fingerprint by a keyed one: HMAC-SHA256 (per-user key, environment purpose) of
+/// the name and the unkeyed fingerprint, 128 bits in hex. Equal values under one name still
+/// compare equal across this user's runs, but a capsule alone no longer allows guessing a value
+/// offline (a 4-digit PIN fell to 10,000 SHA-256 guesses). Backends fingerprint with
+/// [`crate::redact::fingerprint`] (they need no key); the transaction keys the result.
+pub fn key_fingerprints(evidence: &mut EnvironmentEvidence, key: &crate::store::seal::SealKey) {
+    use crate::store::seal::MacPurpose;
+    for (name, fp) in evidence.variables.iter_mut() {
+        if fp.starts_with(KEYED_PREFIX) {
+            continue;
+        }
+        let mut data = Vec::with_capacity(name.len() + fp.len() + 1);
+        data.extend_from_slice(name.as_bytes());
+        data.push(0);
+        data.extend_from_slice(fp.as_bytes());
+        let mac = key.mac(MacPurpose::EnvFingerprint, &data);
+        *fp = format!("{KEYED_PREFIX}{}", &mac[..32]);
+    }
+}
+
 /// Evidence for the environment a backend actually launched with. `mode` and `dropped` come from
 /// the [`plan`] the transaction made (the launch request's `env_plan`); the fingerprints are
 /// computed from what was launched.
@@ -300,5 +323,30 @@ mod tests {
         let ev = evidence_for_launch(&env, EnvMode::Scrub, &["B".into()]);
         assert_eq!(ev.variables["A"], fingerprint("A", b"1"));
         assert_eq!(ev.dropped, ["B"]);
+    }
+
+    #[test]
+    fn keyed_fingerprints_compare_under_one_key_and_hide_guessable_values() {
+        use crate::store::seal::SealKey;
+        let key = SealKey::from_bytes([1; 32]);
+        let mut a = evidence_for_launch(&vars(&[("PIN", "4821")]), "inherit", &[]);
+        let mut b = a.clone();
+        key_fingerprints(&mut a, &key);
+        key_fingerprints(&mut b, &key);
+        assert_eq!(a, b);
+        let fp = &a.variables["PIN"];
+        assert!(fp.starts_with(KEYED_PREFIX), "{fp}");
+        // The offline guess that worked on unkeyed fingerprints finds nothing.
+        let guessed = (0..10_000).any(|pin| {
+            let unkeyed = fingerprint("PIN", format!("{pin:04}").as_bytes());
+            *fp == unkeyed || fp.ends_with(&unkeyed["sha256:".len()..])
+        });
+        assert!(!guessed);
+        let mut c = evidence_for_launch(&vars(&[("PIN", "4821")]), "inherit", &[]);
+        key_fingerprints(&mut c, &SealKey::from_bytes([2; 32]));
+        assert_ne!(
+            c.variables["PIN"], *fp,
+            "another key gives another fingerprint"
+        );
     }
 }

@@ -1,8 +1,13 @@
 //! Redaction before persistence and terminal-safe display (seed 000: defence in depth, not DLP).
 //!
-//! - argv: values of credential-bearing flags (`--token X`, `--password=X`, `-p X` for known
-//!   tools is not guessed), `KEY=VALUE` words whose key looks sensitive, credentials embedded in
-//!   URLs (`https://user:pass@host`), and well-known token shapes are replaced by `[REDACTED]`;
+//! - argv: values of credential-bearing flags (`--token X`, `--password=X`, `--oauth2-bearer X`),
+//!   the password of `-u`/`--user`/`--proxy-user user:pass` (curl, wget…), the attached `-pPASS`
+//!   after a MySQL-family program (a separate `-p X` is never guessed: `-p` means other things
+//!   elsewhere), sensitive header values after `-H`/`--header` (`X-Api-Key: K`,
+//!   `Authorization: Bearer T`, `Cookie: …`), `KEY=VALUE` words whose key looks sensitive,
+//!   credentials embedded in URLs (`https://user:pass@host`), and well-known token shapes are
+//!   replaced by `[REDACTED]`; a word holding a whole shell command (`sh -c "curl -u a:b …"`) is
+//!   split into words and redacted the same way;
 //! - data: values under sensitive keys are replaced recursively;
 //! - environment: values become SHA-256 fingerprints;
 //! - display: control characters are escaped so recorded names cannot drive the terminal.
@@ -37,7 +42,30 @@ const SENSITIVE_SEGMENTS: &[&str] = &[
     "signature",
     "pwd",
     "pass",
+    "bearer",
 ];
+
+/// Programs whose attached `-pVALUE` is a password (MySQL client family).
+const PASSWORD_P_PROGRAMS: &[&str] = &[
+    "mysql",
+    "mysqldump",
+    "mysqladmin",
+    "mysqlimport",
+    "mysqlshow",
+    "mysqlcheck",
+    "mysqlpump",
+    "mariadb",
+    "mariadb-dump",
+    "mariadb-admin",
+];
+
+/// Flags whose value is `user[:password]`.
+const USER_PASS_FLAGS: &[&str] = &["-u", "--user", "--proxy-user", "-U"];
+/// Flags whose value is an HTTP header.
+const HEADER_FLAGS: &[&str] = &["-H", "--header", "--proxy-header"];
+/// Authorization schemes kept in front of a redacted credential, so the evidence still says which
+/// kind of credential was sent.
+const AUTH_SCHEMES: &[&str] = &["bearer", "basic", "token", "digest", "negotiate"];
 
 /// Prefixes of well-known credential formats that are redacted wherever they appear as a word.
 const TOKEN_PREFIXES: &[&str] = &[
@@ -123,6 +151,9 @@ fn redact_word(word: &str) -> Option<String> {
             return Some(format!("{key}={inner}"));
         }
     }
+    if let Some(header) = redact_header(word) {
+        return Some(header);
+    }
     // Authorization header values: "Bearer xyz", "Authorization: Basic xyz"
     let lower = word.to_ascii_lowercase();
     for marker in ["bearer ", "basic ", "token "] {
@@ -136,62 +167,179 @@ fn redact_word(word: &str) -> Option<String> {
     None
 }
 
+/// `Name: value` with a sensitive header name → `Name: [REDACTED]` (an authorization scheme in
+/// front of the value is kept). `None` when `word` is not such a header.
+fn redact_header(word: &str) -> Option<String> {
+    let (name, value) = word.split_once(':')?;
+    let name_ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
+    let value = value.trim_start();
+    if !name_ok || value.is_empty() || !is_sensitive_name(name) || value.starts_with("//") {
+        return None;
+    }
+    let scheme = value
+        .split_once(' ')
+        .filter(|(s, rest)| {
+            AUTH_SCHEMES.contains(&s.to_ascii_lowercase().as_str()) && !rest.is_empty()
+        })
+        .map(|(s, _)| format!("{s} "))
+        .unwrap_or_default();
+    Some(format!("{name}: {scheme}{REDACTED}"))
+}
+
+/// `user:password` → `user:[REDACTED]`; a bare user name is kept.
+fn redact_user_pass(value: &str) -> String {
+    match value.split_once(':') {
+        Some((user, pass)) if !pass.is_empty() => format!("{user}:{REDACTED}"),
+        _ => value.to_string(),
+    }
+}
+
+/// What the previous word asked of the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// The whole next word is a secret.
+    Value,
+    /// The next word is `user[:password]`.
+    UserPass,
+    /// The next word is an HTTP header.
+    Header,
+}
+
+#[derive(Debug, Default)]
+struct ArgvRedactor {
+    pending: Option<Pending>,
+    /// A MySQL-family program was seen: an attached `-pVALUE` is a password.
+    password_p: bool,
+}
+
+impl ArgvRedactor {
+    fn note_program(&mut self, word: &str) {
+        let base = word.rsplit('/').next().unwrap_or(word);
+        if PASSWORD_P_PROGRAMS.contains(&base) {
+            self.password_p = true;
+        }
+    }
+
+    fn word(&mut self, arg: &str) -> String {
+        if let Some(p) = self.pending.take() {
+            return match p {
+                Pending::Value => REDACTED.to_string(),
+                Pending::UserPass => redact_user_pass(arg),
+                Pending::Header => redact_header(arg)
+                    .or_else(|| redact_word(arg))
+                    .unwrap_or_else(|| arg.to_string()),
+            };
+        }
+        self.note_program(arg);
+        if arg.starts_with('-') && !arg.contains('=') {
+            if USER_PASS_FLAGS.contains(&arg) {
+                self.pending = Some(Pending::UserPass);
+                return arg.to_string();
+            }
+            if HEADER_FLAGS.iter().any(|f| f.eq_ignore_ascii_case(arg)) {
+                self.pending = Some(Pending::Header);
+                return arg.to_string();
+            }
+            if is_sensitive_name(arg) {
+                self.pending = Some(Pending::Value);
+                return arg.to_string();
+            }
+            if let Some(rest) = arg.strip_prefix("-u").filter(|r| r.contains(':')) {
+                return format!("-u{}", redact_user_pass(rest));
+            }
+            if let Some(rest) = arg.strip_prefix("-H").filter(|r| !r.is_empty()) {
+                if let Some(h) = redact_header(rest) {
+                    return format!("-H{h}");
+                }
+            }
+            if self.password_p && arg.len() > 2 && arg.starts_with("-p") && !arg.starts_with("--") {
+                return format!("-p{REDACTED}");
+            }
+        }
+        if arg.chars().any(char::is_whitespace) {
+            if let Some(r) = redact_shell_words(arg) {
+                return r;
+            }
+        }
+        redact_word(arg).unwrap_or_else(|| arg.to_string())
+    }
+}
+
+/// Splits a shell command string into words (single and double quotes group; no other shell
+/// syntax), redacts them as an argv, and re-joins them when anything was redacted.
+fn redact_shell_words(text: &str) -> Option<String> {
+    let mut words: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut in_word = false;
+    for c in text.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    if words.len() < 2 {
+        return None;
+    }
+    let mut r = ArgvRedactor::default();
+    let redacted: Vec<String> = words.iter().map(|w| r.word(w)).collect();
+    if redacted == words {
+        return None;
+    }
+    let quoted: Vec<String> = redacted
+        .iter()
+        .map(|w| {
+            if w.is_empty()
+                || w.chars()
+                    .any(|c| c.is_whitespace() || c == '"' || c == '\'')
+            {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            } else {
+                w.clone()
+            }
+        })
+        .collect();
+    Some(quoted.join(" "))
+}
+
 /// Redact an argument vector that may hold shell command strings (`sh -c "tool --token X"`, as
-/// seen in a process's `cmdline`): [`redact_argv`], then every argument with whitespace is split
-/// into words (quotes stripped for the check) and redacted as an argument vector of its own. A
-/// redacted argument is rejoined with single spaces.
+/// seen in a process's `cmdline`). [`redact_argv`] already splits every argument holding
+/// whitespace into shell words and redacts them; this name is kept for the exec log's callers.
 pub fn redact_argv_deep<S: AsRef<str>>(argv: &[S]) -> Vec<String> {
     redact_argv(argv)
-        .into_iter()
-        .map(|arg| {
-            if !arg.contains(char::is_whitespace) {
-                return arg;
-            }
-            let words: Vec<&str> = arg.split_whitespace().collect();
-            let bare: Vec<&str> = std::iter::once("")
-                .chain(
-                    words
-                        .iter()
-                        .map(|w| w.trim_matches(|c| c == '\'' || c == '"')),
-                )
-                .collect();
-            let redacted = redact_argv(&bare);
-            if redacted.iter().zip(&bare).all(|(r, b)| r == b) {
-                return arg;
-            }
-            words
-                .iter()
-                .zip(redacted.iter().skip(1).zip(bare.iter().skip(1)))
-                .map(|(w, (r, b))| if r == b { (*w).to_string() } else { r.clone() })
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect()
 }
 
 /// Redact an argument vector for storage. The first element (the program) is kept.
 pub fn redact_argv<S: AsRef<str>>(argv: &[S]) -> Vec<String> {
     let mut out = Vec::with_capacity(argv.len());
-    let mut redact_next = false;
+    let mut r = ArgvRedactor::default();
     for (i, arg) in argv.iter().enumerate() {
         let arg = arg.as_ref();
-        if redact_next {
-            out.push(REDACTED.to_string());
-            redact_next = false;
-            continue;
-        }
-        if i > 0 && arg.starts_with('-') && !arg.contains('=') && is_sensitive_name(arg) {
+        if i == 0 {
+            r.note_program(arg);
             out.push(arg.to_string());
-            redact_next = true;
-            continue;
-        }
-        if arg.eq_ignore_ascii_case("-H") || arg.eq_ignore_ascii_case("--header") {
-            out.push(arg.to_string());
-            continue;
-        }
-        match redact_word(arg) {
-            Some(r) if i > 0 => out.push(r),
-            _ => out.push(arg.to_string()),
+        } else {
+            out.push(r.word(arg));
         }
     }
     out
@@ -337,6 +485,89 @@ mod tests {
         assert_eq!(r[3], "https://bob:[REDACTED]@example.com/x");
         assert_eq!(r[4], REDACTED);
         assert_eq!(r[5], "Authorization: Bearer [REDACTED]");
+    }
+
+    #[test]
+    fn the_issue_argv_forms_are_redacted() {
+        let cases: &[(&[&str], &[&str])] = &[
+            (
+                &["curl", "-u", "admin:PASS", "https://x"],
+                &["curl", "-u", "admin:[REDACTED]", "https://x"],
+            ),
+            (&["curl", "-uadmin:PASS"], &["curl", "-uadmin:[REDACTED]"]),
+            (
+                &["mysql", "-uroot", "-pPASS", "db"],
+                &["mysql", "-uroot", "-p[REDACTED]", "db"],
+            ),
+            (
+                &["curl", "--oauth2-bearer", "TOK"],
+                &["curl", "--oauth2-bearer", REDACTED],
+            ),
+            (
+                &["curl", "-H", "X-Api-Key: K"],
+                &["curl", "-H", "X-Api-Key: [REDACTED]"],
+            ),
+            (
+                &["curl", "-H", "Authorization: Bearer T"],
+                &["curl", "-H", "Authorization: Bearer [REDACTED]"],
+            ),
+            (
+                &["curl", "--header=Cookie: s=1"],
+                &["curl", "--header=Cookie: [REDACTED]"],
+            ),
+            (
+                &["tool", "--password", "X", "--password=Y"],
+                &["tool", "--password", REDACTED, "--password=[REDACTED]"],
+            ),
+            (
+                &["git", "clone", "https://u:p@host/r"],
+                &["git", "clone", "https://u:[REDACTED]@host/r"],
+            ),
+            // Wrapped: the secret is inside srt's argv or a shell string.
+            (
+                &["srt", "--settings", "s.json", "--", "mysql", "-pPASS"],
+                &["srt", "--settings", "s.json", "--", "mysql", "-p[REDACTED]"],
+            ),
+            (
+                &["sh", "-c", "curl -u admin:PASS -H 'X-Api-Key: K' https://x"],
+                &[
+                    "sh",
+                    "-c",
+                    "curl -u admin:[REDACTED] -H 'X-Api-Key: [REDACTED]' https://x",
+                ],
+            ),
+        ];
+        for (argv, want) in cases {
+            let got = redact_argv(argv);
+            assert_eq!(got, want.to_vec(), "{argv:?}");
+            let joined = got.join(" ");
+            for secret in ["PASS", "TOK", ": K", "Bearer T", "s=1"] {
+                assert!(
+                    !joined.contains(secret),
+                    "{secret} leaked from {argv:?}: {joined}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn look_alike_flags_of_other_tools_survive() {
+        let argv = [
+            "mkdir",
+            "-p",
+            "-pdir",
+            "ps",
+            "-u",
+            "root",
+            "sort",
+            "-u",
+            "f",
+            "-H",
+            "Accept: text/html",
+        ];
+        assert_eq!(redact_argv(&argv), argv.to_vec());
+        let argv = ["ssh", "-p22", "host", "sh", "-c", "echo hello world"];
+        assert_eq!(redact_argv(&argv), argv.to_vec());
     }
 
     #[test]

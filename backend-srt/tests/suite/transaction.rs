@@ -41,6 +41,9 @@ fn run_transaction(f: &Fixture, argv: Vec<OsString>) -> transaction::RunOutcome 
         poll_interval: Duration::from_millis(10),
         progress: None,
         verified_controls: Vec::new(),
+        state_dir: Some(
+            agentdiff_engine::store::seal::StateDir::at(f.dir.path().join("state")).unwrap(),
+        ),
     }))
     .unwrap()
 }

@@ -1,15 +1,17 @@
 //! `agentdiff cleanup RUN`: argument parsing, rendering and exit codes. What is cleaned up and
-//! how lives in the engine (`agentdiff_engine::recovery::cleanup`): each identity (pid + start
-//! time + boot id) is verified before it is signalled; a pid that now belongs to another process is
-//! refused, never signalled.
+//! how lives in the engine (`agentdiff_engine::recovery::cleanup`): only evidence that
+//! authenticates under this user's seal key is acted on (`--force` overrides it and says so), and
+//! each identity (pid, start time and boot id) is verified before it is signalled; a pid that now
+//! belongs to another process is refused, never signalled.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{CleanupOutcome, Registry};
-use agentdiff_engine::recovery::cleanup::{self, CleanupError, CleanupResult};
+use agentdiff_engine::recovery::cleanup::{self, CleanupError, CleanupResult, CleanupTrust};
 use agentdiff_engine::redact::escape_terminal;
+use agentdiff_engine::store::seal::{StateDir, VerifyContext};
 use agentdiff_engine::store::{Store, StoreError};
 use anyhow::Context;
 
@@ -27,7 +29,11 @@ use crate::exit;
 /// run does not exist or its id is invalid; 67 when its runtime evidence is unreadable.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Each recorded process is verified (pid + start time + boot id) before it is \
+    after_help = "Cleanup acts only on evidence that authenticates under this user's seal key: a \
+sealed run whose seal verifies as authenticated, or an unsealed run (its agentdiff was killed) \
+whose `launched` event carries this user's MAC. Anything else is refused (exit 67) and nothing \
+is signalled; --force acts anyway and states the risk.\n\n\
+Each recorded process is verified (pid + start time + boot id) before it is \
 signalled: TERM, then KILL after the grace period. A pid that now belongs to another process is \
 refused (pid_reused) and never signalled. The result is written to the run as cleanup-result.json.\n\n\
 With --containers, the containers the run recorded as started during it are stopped through their \
@@ -54,6 +60,10 @@ pub struct Args {
     /// the engine confirms it was created inside the run's window).
     #[arg(long)]
     containers: bool,
+    /// Act on a capsule that does not authenticate. Risk: a forged capsule can name any process
+    /// of yours (its real pid and start time), and cleanup would signal it.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -74,7 +84,9 @@ fn open_code(e: &StoreError) -> u8 {
 
 fn cleanup_code(e: &CleanupError) -> u8 {
     match e {
-        CleanupError::Capsule(_) | CleanupError::NotARunCgroup { .. } => exit::INVALID_CAPSULE,
+        CleanupError::Capsule(_)
+        | CleanupError::NotARunCgroup { .. }
+        | CleanupError::NotAuthenticated { .. } => exit::INVALID_CAPSULE,
         CleanupError::Record { .. } => exit::INTERNAL,
     }
 }
@@ -86,6 +98,7 @@ fn cleanup_run(
     run: &str,
     grace: Duration,
     stop_containers: bool,
+    force: bool,
 ) -> anyhow::Result<CleanupResult> {
     let opened = |e: StoreError| {
         let code = open_code(&e);
@@ -97,7 +110,17 @@ fn cleanup_run(
         let code = cleanup_code(&e);
         exit::with_code(code, e)
     };
-    let processes = cleanup::recorded_processes(&capsule).map_err(engine_error)?;
+    let ctx = user_context(root);
+    let processes =
+        cleanup::recorded_processes(&capsule, &store, &ctx, force).map_err(engine_error)?;
+    if let CleanupTrust::Forced { reason } = &processes.trust {
+        errln!(
+            "agentdiff: --force: acting on evidence that does not authenticate ({}). A forged \
+             capsule can name any process of yours with its real pid and start time, and it will \
+             be signalled.",
+            escape_terminal(reason)
+        );
+    }
     let registry = Registry::from_inventory().context("the backend registry is inconsistent")?;
     let backend = registry.create(&processes.backend).map_err(|e| {
         exit::with_code(
@@ -115,6 +138,21 @@ fn cleanup_run(
             stop_containers,
         ))
         .map_err(engine_error)
+}
+
+/// This user's key and ledger. A state directory that cannot be used leaves nothing to
+/// authenticate with: cleanup then refuses unless --force, and says why.
+fn user_context(root: &Path) -> VerifyContext {
+    match StateDir::from_env().and_then(|state| VerifyContext::for_user(&state, root)) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            errln!(
+                "agentdiff: the seal key cannot be used, so no capsule can authenticate: {}",
+                escape_terminal(&e.to_string())
+            );
+            VerifyContext::default()
+        }
+    }
 }
 
 fn outcome_name(o: CleanupOutcome) -> &'static str {
@@ -178,7 +216,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let root = super::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
-    let result = cleanup_run(&root, &args.run, grace, args.containers)?;
+    let result = cleanup_run(&root, &args.run, grace, args.containers, args.force)?;
     match args.format {
         Format::Json => {
             let text =

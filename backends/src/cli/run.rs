@@ -345,6 +345,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             poll_interval: Duration::from_millis(10),
             progress: if show_progress { Some(&progress) } else { None },
             verified_controls: verified_controls.clone(),
+            state_dir: None,
         };
         let out = transaction::run(req).await;
         if let Ok(mut s) = progress_state.lock() {
@@ -358,6 +359,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let code = match &e {
                 StoreError::InvalidRunId { .. } => exit::NO_SUCH_RUN,
                 StoreError::RunExists { .. } => exit::USAGE,
+                StoreError::StateDir { .. } => exit::INVALID_CONFIG,
                 _ => exit::INTERNAL,
             };
             return Err(exit::with_code(code, e));
@@ -405,7 +407,12 @@ fn append_summary(
         .and_then(|view| {
             file.write_all(markdown::render(&view).as_bytes())
                 .and_then(|()| file.flush())
-                .map_err(|e| format!("cannot append the report to {}: {e}", path.display()))
+                .map_err(|e| {
+                    format!(
+                        "cannot append the report to {}: {e}",
+                        escape_terminal(&path.display().to_string())
+                    )
+                })
         });
     match written {
         Ok(()) => code,
@@ -438,7 +445,7 @@ fn open_summary(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
                 exit::USAGE,
                 anyhow::anyhow!(
                     "--summary-file {}: cannot open it for appending: {e} (nothing was run)",
-                    path.display()
+                    escape_terminal(&path.display().to_string())
                 ),
             )
         })

@@ -1,24 +1,40 @@
-//! `agentdiff verify RUN`: check a capsule's integrity seal and its backup objects.
+//! `agentdiff verify [RUN | --all]`: check capsules against their seal, this user's seal key and
+//! this user's ledger.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use serde::Serialize;
 
 use agentdiff_engine::redact::escape_terminal;
-use agentdiff_engine::store::Store;
+use agentdiff_engine::store::seal::{StateDir, VerifyContext};
+use agentdiff_engine::store::{Store, StoreError, Verdict, VerifyReport};
 
 use crate::exit;
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Exit codes: 0 the capsule verifies; 67 it does not (each problem is \
-named); 66 no such run. Verification is tamper evidence, not authenticity: a process that can \
-rewrite the whole capsule can rewrite its manifest too."
+    after_help = "Verdicts: authenticated (intact, and the seal's HMAC checks under this \
+user's key); intact_not_authenticated (everything matches the seal, but it cannot be \
+authenticated here: no key for this user, another key, or an older format — anyone able to \
+rewrite the whole capsule could have made it); forged (an artifact, object, the seal, its MAC or \
+this user's ledger disagrees; each problem is named); unsealed.\n\n\
+The key and ledger are read from $AGENTDIFF_STATE_DIR, else $XDG_STATE_HOME/agentdiff, else the \
+XDG default state directory below $HOME. A command that ran unconfined as you could read the key: \
+see docs/security-model.md for what each backend hides.\n\n\
+Exit codes: 0 authenticated; 75 intact but not authenticated; 67 forged or unsealed (or, with \
+--all, a run the ledger records is missing); 66 no such run."
 )]
 pub struct Args {
     /// The run id (see `agentdiff runs`).
-    run: String,
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    run: Option<String>,
+    /// Verify every run in the store, and report runs this user's ledger records under this root
+    /// that are missing from it.
+    #[arg(long)]
+    all: bool,
     /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
     /// the nearest VCS root, else the current directory).
     #[arg(long)]
@@ -28,47 +44,166 @@ pub struct Args {
     format: super::inspect::Format,
 }
 
+/// `verify --all` as JSON.
+#[derive(Debug, Serialize)]
+struct AllReport {
+    runs: Vec<VerifyReport>,
+    /// Runs the ledger records for this root whose directory is gone.
+    missing_from_store: Vec<String>,
+    /// Why the key or ledger could not be used, if so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_problem: Option<String>,
+}
+
+/// This user's key and ledger; a state directory that cannot be used is reported, not fatal:
+/// verification still checks integrity, and says it could not authenticate.
+fn context(root: &std::path::Path) -> (VerifyContext, Option<String>) {
+    let loaded = StateDir::from_env().and_then(|state| VerifyContext::for_user(&state, root));
+    match loaded {
+        Ok(ctx) => (ctx, None),
+        Err(e) => (VerifyContext::default(), Some(e.to_string())),
+    }
+}
+
+fn open_code(e: &StoreError) -> u8 {
+    match e {
+        StoreError::NoStore { .. }
+        | StoreError::InvalidRunId { .. }
+        | StoreError::RunNotFound { .. } => exit::NO_SUCH_RUN,
+        _ => exit::INVALID_CAPSULE,
+    }
+}
+
+fn code_for(verdict: Verdict) -> u8 {
+    match verdict {
+        Verdict::Authenticated => 0,
+        Verdict::IntactNotAuthenticated => exit::UNAUTHENTICATED,
+        Verdict::Forged | Verdict::Unsealed => exit::INVALID_CAPSULE,
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = super::project_root(args.root.as_deref())?.path;
-    let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let store = Store::open_existing(&root).map_err(|e| exit::with_code(open_code(&e), e))?;
+    let (ctx, context_problem) = context(&root);
+    if let Some(p) = &context_problem {
+        eprintln!(
+            "agentdiff: the seal key could not be used, so nothing can be authenticated: {}",
+            escape_terminal(p)
+        );
+    }
+    let Some(run) = &args.run else {
+        return verify_all(&store, &ctx, context_problem, args.format);
+    };
     let capsule = store
-        .open_run(&args.run)
-        .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+        .open_run(run)
+        .map_err(|e| exit::with_code(open_code(&e), e))?;
     let report = capsule
-        .verify(store.objects())
+        .verify_with(store.objects(), &ctx)
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     match args.format {
+        super::inspect::Format::Json => outln!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("serialising the report")?
+        ),
+        super::inspect::Format::Summary => print_report(&report),
+    }
+    Ok(ExitCode::from(code_for(report.verdict)))
+}
+
+fn verify_all(
+    store: &Store,
+    ctx: &VerifyContext,
+    context_problem: Option<String>,
+    format: super::inspect::Format,
+) -> anyhow::Result<ExitCode> {
+    let mut reports = Vec::new();
+    let mut present = BTreeSet::new();
+    for listing in store.list_runs().context("listing runs")? {
+        present.insert(listing.id.to_string());
+        let capsule = store
+            .open_run(listing.id.as_str())
+            .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        reports.push(
+            capsule
+                .verify_with(store.objects(), ctx)
+                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?,
+        );
+    }
+    let missing: Vec<String> = ctx
+        .ledgered_runs()
+        .into_iter()
+        .filter(|r| !present.contains(r))
+        .collect();
+    let worst = reports
+        .iter()
+        .map(|r| code_for(r.verdict))
+        .chain((!missing.is_empty()).then_some(exit::INVALID_CAPSULE))
+        .max_by_key(|c| match *c {
+            0 => 0,
+            exit::UNAUTHENTICATED => 1,
+            _ => 2,
+        })
+        .unwrap_or(0);
+    match format {
         super::inspect::Format::Json => {
+            let all = AllReport {
+                runs: reports,
+                missing_from_store: missing,
+                context_problem,
+            };
             outln!(
                 "{}",
-                serde_json::to_string_pretty(&report).context("serialising the report")?
+                serde_json::to_string_pretty(&all).context("serialising the report")?
             );
         }
         super::inspect::Format::Summary => {
-            if report.ok {
+            for r in &reports {
+                print_report(r);
+            }
+            for m in &missing {
                 outln!(
-                    "verified: run {} is sealed and every artifact and backup object matches its hash",
-                    escape_terminal(report.run_id.as_str())
+                    "MISSING: run {} is recorded in this user's ledger for this root but its \
+                     capsule is gone from the store",
+                    escape_terminal(m)
                 );
-            } else {
-                outln!(
-                    "NOT verified: run {} has {} problem(s):",
-                    escape_terminal(report.run_id.as_str()),
-                    report.problems.len()
-                );
-                for p in &report.problems {
-                    outln!(
-                        "  {}: {}",
-                        escape_terminal(&p.subject),
-                        escape_terminal(&p.problem)
-                    );
-                }
+            }
+            if reports.is_empty() && missing.is_empty() {
+                outln!("no runs in the store");
             }
         }
     }
-    Ok(ExitCode::from(if report.ok {
-        0
-    } else {
-        exit::INVALID_CAPSULE
-    }))
+    Ok(ExitCode::from(worst))
+}
+
+fn print_report(report: &VerifyReport) {
+    let id = escape_terminal(report.run_id.as_str());
+    match report.verdict {
+        Verdict::Authenticated => outln!(
+            "authenticated: run {id} is sealed, every artifact and object matches the seal, and \
+             the seal's MAC checks under this user's key"
+        ),
+        Verdict::IntactNotAuthenticated => outln!(
+            "intact, NOT authenticated: run {id} matches its seal, but {}",
+            escape_terminal(&report.authentication.detail)
+        ),
+        Verdict::Forged => outln!(
+            "FORGED: run {id} does not match what agentdiff sealed ({} problem(s)):",
+            report.problems.len() + usize::from(report.authentication.is_forged())
+        ),
+        Verdict::Unsealed => outln!("UNSEALED: run {id} has no seal:"),
+    }
+    if report.authentication.is_forged() {
+        outln!("  seal: {}", escape_terminal(&report.authentication.detail));
+    }
+    for p in &report.problems {
+        outln!(
+            "  {}: {}",
+            escape_terminal(&p.subject),
+            escape_terminal(&p.problem)
+        );
+    }
+    for n in &report.notes {
+        outln!("  note: {}", escape_terminal(n));
+    }
 }

@@ -60,6 +60,7 @@ impl Fixture {
             .args(argv)
             .current_dir(self.root())
             .env_remove("AGENTDIFF_POLICY")
+            .env("AGENTDIFF_STATE_DIR", super::state_dir())
             .env("HOME", self.home.path());
         for (k, v) in env {
             cmd.env(k, v);
@@ -279,6 +280,7 @@ fn without_bwrap_on_path_the_command_does_not_run_and_bubblewrap_is_named() {
         ])
         .current_dir(f.root())
         .env("PATH", empty.path())
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .env("HOME", f.home.path())
         .output()
         .unwrap();

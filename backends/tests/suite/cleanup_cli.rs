@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use agentdiff_engine::backend::{ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence};
+use agentdiff_engine::store::seal::{
+    launch_event_body, MacPurpose, SealAuthority, SealKey, StateDir,
+};
 use agentdiff_engine::store::{Artifact, RuntimeDoc, Store};
 use agentdiff_engine::transaction::Metadata;
 use serde_json::{json, Value};
@@ -38,8 +41,39 @@ fn cleanup(root: &Path, run: &str, grace: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_agentdiff"))
         .args(["cleanup", run, "--format", "json", "--grace-period", grace])
         .current_dir(root)
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .output()
         .unwrap()
+}
+
+/// Adds the artifacts every sealed capsule holds and seals it with the tests' key, so it
+/// authenticates (cleanup acts on nothing else).
+fn seal_authenticated(root: &Path, capsule: &agentdiff_engine::store::Capsule) {
+    let metadata = Metadata {
+        schema_version: 1,
+        run_id: capsule.id().to_string(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        agentdiff_version: "test".into(),
+        root: root.display().to_string(),
+        argv: vec!["sh".into()],
+        task: None,
+        backend: "local".into(),
+        timeout_seconds: None,
+        platform: "test".into(),
+        uid: None,
+    };
+    capsule
+        .write_artifact(Artifact::Metadata, &metadata)
+        .unwrap();
+    capsule
+        .write_artifact(Artifact::Policy, &json!({}))
+        .unwrap();
+    capsule
+        .write_artifact(Artifact::Result, &json!({"status": "passed"}))
+        .unwrap();
+    let state = StateDir::at(super::state_dir()).unwrap();
+    let authority = SealAuthority::open(&state, root).unwrap();
+    capsule.seal_with(&[], Some(&authority)).unwrap();
 }
 
 /// A sealed run of the local backend that recorded these processes.
@@ -66,7 +100,7 @@ fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
     capsule
         .write_artifact(Artifact::Runtime, &RuntimeDoc::launched(&evidence, &[]))
         .unwrap();
-    capsule.seal(&[]).unwrap();
+    seal_authenticated(root, &capsule);
     capsule.dir().to_path_buf()
 }
 
@@ -160,6 +194,7 @@ fn malformed_runtime_evidence_is_an_invalid_capsule() {
             &json!({"schema_version": 1, "launched": true, "backend": "local", "processes": [{}]}),
         )
         .unwrap();
+    seal_authenticated(root.path(), &capsule);
     assert_eq!(
         cleanup(root.path(), "bad", "0").status.code(),
         Some(INVALID_CAPSULE)
@@ -192,12 +227,12 @@ fn a_launched_event_naming_a_foreign_directory_is_refused() {
     let victim_dir = tempfile::tempdir().unwrap();
     let foreign = victim_dir.path().join("agentdiff-1-0");
     fs::create_dir(&foreign).unwrap();
-    capsule
-        .event(
-            "launched",
-            json!({ "pid": 1, "cgroup": foreign.display().to_string() }),
-        )
-        .unwrap();
+    // MAC'd with the tests' key, as agentdiff writes it: the cgroup check is what must refuse.
+    let mut fields = json!({ "pid": 1, "cgroup": foreign.display().to_string() });
+    let key = SealKey::load_or_create(&StateDir::at(super::state_dir()).unwrap()).unwrap();
+    let body = launch_event_body("crashed", &fields);
+    fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
+    capsule.event("launched", fields).unwrap();
     let out = cleanup(root.path(), "crashed", "0");
     assert_eq!(out.status.code(), Some(INVALID_CAPSULE), "{out:?}");
     assert!(

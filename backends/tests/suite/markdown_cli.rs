@@ -254,3 +254,39 @@ fn a_long_change_table_is_folded() {
     let close = open + report[open..].find("</details>").unwrap();
     assert_eq!(report[open..close].matches("| added |").count(), 12);
 }
+
+/// A blocked run's report names the chosen backend, says nothing was launched or changed, and
+/// the summary file is still written.
+#[test]
+fn a_blocked_run_reports_its_backend_and_no_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("agentdiff.yaml"),
+        "version: 1\nprocess:\n  deny: [touch]\n",
+    )
+    .unwrap();
+    let summary = dir.path().join("summary.md");
+    let out = agentdiff(
+        dir.path(),
+        &[
+            "run",
+            "--run-id",
+            "blocked-1",
+            "--summary-file",
+            summary.to_str().unwrap(),
+            "--",
+            "touch",
+            "x",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(73), "{out:?}");
+    let report = fs::read_to_string(&summary).unwrap();
+    assert!(report.contains("**Status:** blocked"), "{report}");
+    assert!(
+        report.contains("**Backend:** local — not launched"),
+        "{report}"
+    );
+    assert!(report.contains("**Changes:** none"), "{report}");
+    assert!(report.contains("Nothing to roll back."), "{report}");
+    assert!(!dir.path().join("x").exists());
+}

@@ -13,6 +13,7 @@ const INVALID_CONFIG: i32 = 65;
 
 pub(super) fn agentdiff(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::piped())

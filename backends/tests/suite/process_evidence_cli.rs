@@ -17,6 +17,7 @@ fn agentdiff(root: &Path, args: &[&str]) -> Output {
         .args(args)
         .current_dir(root)
         .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .output()
         .expect("run agentdiff")
 }
@@ -493,11 +494,30 @@ fn cleanup_containers_refuses_a_container_created_outside_the_run_window() {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(&rt_path, fs::Permissions::from_mode(0o600)).unwrap();
     fs::write(&rt_path, serde_json::to_vec(&rt).unwrap()).unwrap();
+    // The forged capsule no longer authenticates, so cleanup refuses it outright (exit 67)...
     let out = agentdiff(
         p.path(),
         &["cleanup", run_id, "--containers", "--format", "json"],
     );
-    // The engine's creation time, not the recorded id, decides: refused, exit 68.
+    assert_eq!(
+        out.status.code(),
+        Some(67),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // ...and even when forced to act on it, the engine's creation time, not the recorded id,
+    // decides: refused, exit 68.
+    let out = agentdiff(
+        p.path(),
+        &[
+            "cleanup",
+            run_id,
+            "--containers",
+            "--force",
+            "--format",
+            "json",
+        ],
+    );
     assert_eq!(
         out.status.code(),
         Some(68),
@@ -523,6 +543,7 @@ fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
     let secs = unique_secs().to_string();
     let script = format!("while :; do echo x >> log.txt; sleep 0.05; done & sleep {secs}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .args([
             "run",
             "--run-id",

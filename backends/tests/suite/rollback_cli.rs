@@ -27,6 +27,7 @@ fn agentdiff(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_agentdiff"))
         .args(args)
         .current_dir(root)
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .envs(env.iter().copied())
         .output()
         .expect("agentdiff runs")
@@ -110,6 +111,7 @@ fn write_run_docs(
         run: &run,
         private_workspace: false,
         verified_controls: &[],
+        capsule_tampered: &[],
     };
     let frame = RunFrame {
         run_id: "run1".into(),
@@ -134,6 +136,22 @@ fn write_run_docs(
         .write_artifact(Artifact::Runtime, &RuntimeDoc::launched(&run, &[]))
         .unwrap();
     capsule.write_artifact(Artifact::Result, &result).unwrap();
+    let metadata = agentdiff_engine::transaction::Metadata {
+        schema_version: 1,
+        run_id: "run1".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        agentdiff_version: "test".into(),
+        root: "/".into(),
+        argv: vec!["sh".into()],
+        task: None,
+        backend: "test".into(),
+        timeout_seconds: None,
+        platform: "test".into(),
+        uid: None,
+    };
+    capsule
+        .write_artifact(Artifact::Metadata, &metadata)
+        .unwrap();
 }
 
 type Snapshot = BTreeMap<String, (bool, u32, Vec<u8>)>;

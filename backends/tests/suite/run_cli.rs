@@ -18,6 +18,7 @@ fn agentdiff(root: &Path, args: &[&str]) -> Output {
         .args(args)
         .current_dir(root)
         .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .output()
         .expect("run agentdiff")
 }
@@ -599,6 +600,7 @@ fn cleanup_stops_the_processes_of_a_run_whose_agentdiff_was_killed() {
     let secs = 500_000 + std::process::id() % 100_000;
     let marker = format!("sleep {secs}");
     let mut child = Command::new(bin())
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .args([
             "run",
             "--run-id",
@@ -703,6 +705,7 @@ fn the_policy_can_choose_the_backend() {
 fn conformance_of_an_unavailable_backend_exits_69() {
     let p = project();
     let out = Command::new(bin())
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .args([
             "conformance",
             "--runtime",

@@ -20,6 +20,7 @@ fn cmd(cwd: &Path, args: &[&str]) -> Command {
     c.args(args)
         .current_dir(cwd)
         .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .env("HOME", "/nonexistent-home-for-tests");
     c
 }

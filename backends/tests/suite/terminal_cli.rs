@@ -96,8 +96,9 @@ fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
          echo $$ > agent.pid; exec sleep {token}"
     );
     let script = format!(
-        "cd '{}' && '{}' run {} --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
+        "cd '{}' && AGENTDIFF_STATE_DIR='{}' '{}' run {} --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
         d.display(),
+        super::state_dir().display(),
         bin.display(),
         extra.join(" "),
         agent
@@ -162,6 +163,7 @@ fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
     let verify = Command::new(&bin)
         .args(["verify", "tty-run"])
         .current_dir(d)
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .output()
         .unwrap();
     assert!(

@@ -22,6 +22,9 @@ async fn transact(
 ) -> Result<RunOutcome, Finding> {
     let backend = ctx.backend();
     let (_tx, interrupt) = tokio::sync::watch::channel(None);
+    // Never the real user's key: a key and ledger private to this scratch.
+    let state_dir = agentdiff_engine::store::seal::StateDir::at(scratch.outside.join("state"))
+        .map_err(|e| Finding::fail(format!("no private state directory: {e}"), json!(null)))?;
     let request = RunRequest {
         root: scratch.root.clone(),
         policy: LoadedPolicy {
@@ -46,6 +49,7 @@ async fn transact(
         poll_interval: Duration::from_millis(50),
         progress: None,
         verified_controls: Vec::new(),
+        state_dir: Some(state_dir),
     };
     transaction::run(request)
         .await

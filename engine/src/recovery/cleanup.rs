@@ -2,9 +2,16 @@
 //! remove its run cgroup and its private workspace, and record what happened as
 //! `cleanup-result.json` beside the sealed evidence (which is never touched).
 //!
-//! The processes come from `runtime.json`; a run whose agentdiff was killed before writing it is
-//! cleaned from its `launched` event instead: the root identity and every process still in the
-//! run's cgroup (membership is the attribution). A process running as root can move itself out
+//! Only evidence that authenticates under this user's seal key is acted on
+//! ([`recorded_processes`] checks it first): a sealed capsule whose seal verifies as authenticated,
+//! or — for a run whose agentdiff was killed before the seal — a `launched` event carrying this
+//! user's MAC. Anything else is refused ([`CleanupError::NotAuthenticated`]) unless the caller
+//! forces it, and the result records how the evidence was trusted. A forged capsule could
+//! otherwise name any process of the user's (its real pid and start time) and have it signalled.
+//!
+//! The processes come from `runtime.json` of a sealed run; an unsealed run (its agentdiff was
+//! killed) is cleaned from its `launched` event only: the root identity and every process still in
+//! the run's cgroup (membership is the attribution). A process running as root can move itself out
 //! of the run cgroup; a live monitor tracks it as a descendant and records it (`left_run_cgroup`),
 //! but once the monitor is dead such a process is not attributable from the capsule. Every
 //! identity is checked by the backend before it is signalled; a pid that now belongs to another
@@ -26,6 +33,7 @@ use serde_json::json;
 use crate::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, RuntimeBackend};
 use crate::process::containers::{self, ContainerEvidence, ContainerStop};
 use crate::process::RUN_CGROUP_PREFIX;
+use crate::store::seal::{trusted_process_evidence, TrustedEvidence, VerifyContext};
 use crate::store::{Capsule, RecoveryArtifact, Store, StoreError};
 
 /// Why a recorded run's processes cannot be determined, or its cleanup not recorded.
@@ -40,6 +48,13 @@ pub enum CleanupError {
          an agentdiff run cgroup; refused"
     )]
     NotARunCgroup { run_id: String, cgroup: String },
+    /// The capsule's process evidence does not authenticate under this user's key.
+    #[error(
+        "refusing to clean up run {run_id}: {reason}; nothing was signalled. Check it with \
+         `agentdiff verify {run_id}`; `agentdiff cleanup --force` acts on it anyway, at the risk \
+         of signalling an unrelated process the capsule names"
+    )]
+    NotAuthenticated { run_id: String, reason: String },
     /// The cleanup happened but could not be written to the capsule.
     #[error("cannot record the cleanup in run {run_id}: {source}")]
     Record {
@@ -57,6 +72,22 @@ pub struct RecordedProcesses {
     pub ids: Vec<ProcessIdentity>,
     /// The run's cgroup, when the run was interrupted before writing evidence.
     pub cgroup: Option<PathBuf>,
+    /// How the evidence was trusted.
+    pub trust: CleanupTrust,
+}
+
+/// How the evidence cleanup acted on was trusted (recorded in `cleanup-result.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+pub enum CleanupTrust {
+    /// The sealed capsule authenticates under this user's key.
+    AuthenticatedSeal,
+    /// The run is unsealed and its `launched` event carries this user's MAC.
+    AuthenticatedLaunchEvent,
+    /// The run is unsealed and never launched anything.
+    NothingLaunched,
+    /// Nothing authenticated; the caller forced the cleanup anyway.
+    Forced { reason: String },
 }
 
 /// `cleanup-result.json`.
@@ -68,24 +99,51 @@ pub struct CleanupResult {
     /// Identities refused (pid reused, access denied) or not stopped (escaped), and containers
     /// refused or not stopped.
     pub refused_or_escaped: usize,
+    /// How the evidence was trusted (absent in results of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<CleanupTrust>,
     pub cleanup: CleanupReport,
     /// With `--containers`: what happened to each container the run recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<Vec<ContainerStop>>,
 }
 
-/// The processes a run recorded, from `runtime.json` or, when agentdiff died before writing it,
-/// from the `launched` event and the run's cgroup.
-pub fn recorded_processes(capsule: &Capsule) -> Result<RecordedProcesses, CleanupError> {
-    let runtime = match capsule.runtime() {
-        Ok(doc) => doc,
-        Err(StoreError::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound && !capsule.is_sealed() =>
-        {
-            return from_launch_event(capsule);
-        }
-        Err(e) => return Err(CleanupError::Capsule(e)),
-    };
+/// Whether the capsule's process evidence may be acted on; with `force`, evidence that does not
+/// authenticate is accepted and the reason recorded.
+pub fn authenticate(
+    capsule: &Capsule,
+    store: &Store,
+    ctx: &VerifyContext,
+    force: bool,
+) -> Result<CleanupTrust, CleanupError> {
+    let checked =
+        trusted_process_evidence(capsule, store.objects(), ctx).map_err(CleanupError::Capsule)?;
+    match checked {
+        Ok(TrustedEvidence::Sealed) => Ok(CleanupTrust::AuthenticatedSeal),
+        Ok(TrustedEvidence::LaunchEvent) => Ok(CleanupTrust::AuthenticatedLaunchEvent),
+        Ok(TrustedEvidence::NothingLaunched) => Ok(CleanupTrust::NothingLaunched),
+        Err(reason) if force => Ok(CleanupTrust::Forced { reason }),
+        Err(reason) => Err(CleanupError::NotAuthenticated {
+            run_id: capsule.id().to_string(),
+            reason,
+        }),
+    }
+}
+
+/// The processes a run recorded, after [`authenticate`]: from the sealed `runtime.json`, or, for a
+/// run whose agentdiff died before the seal, from the `launched` event and the run's cgroup.
+pub fn recorded_processes(
+    capsule: &Capsule,
+    store: &Store,
+    ctx: &VerifyContext,
+    force: bool,
+) -> Result<RecordedProcesses, CleanupError> {
+    let trust = authenticate(capsule, store, ctx, force)?;
+    // An unsealed run's runtime.json, if any, was never sealed: only the launched event counts.
+    if !capsule.is_sealed() {
+        return from_launch_event(capsule, trust);
+    }
+    let runtime = capsule.runtime().map_err(CleanupError::Capsule)?;
     let mut ids = Vec::new();
     // A run that never launched recorded no processes.
     for p in runtime.evidence().map_or(&[][..], |e| &e.processes) {
@@ -95,10 +153,14 @@ pub fn recorded_processes(capsule: &Capsule) -> Result<RecordedProcesses, Cleanu
         backend: runtime.backend().to_string(),
         ids,
         cgroup: None,
+        trust,
     })
 }
 
-fn from_launch_event(capsule: &Capsule) -> Result<RecordedProcesses, CleanupError> {
+fn from_launch_event(
+    capsule: &Capsule,
+    trust: CleanupTrust,
+) -> Result<RecordedProcesses, CleanupError> {
     let backend = capsule.metadata().map_err(CleanupError::Capsule)?.backend;
     let Some(launched) = capsule.launched_event().map_err(CleanupError::Capsule)? else {
         // Nothing was launched: nothing to stop.
@@ -106,6 +168,7 @@ fn from_launch_event(capsule: &Capsule) -> Result<RecordedProcesses, CleanupErro
             backend,
             ids: Vec::new(),
             cgroup: None,
+            trust,
         });
     };
     let mut ids: Vec<ProcessIdentity> = launched.root.into_iter().collect();
@@ -129,6 +192,7 @@ fn from_launch_event(capsule: &Capsule) -> Result<RecordedProcesses, CleanupErro
         backend,
         ids,
         cgroup,
+        trust,
     })
 }
 
@@ -214,6 +278,7 @@ pub async fn cleanup_run(
         run_id: run_id.clone(),
         backend: processes.backend,
         refused_or_escaped: refused_or_escaped(&report) + containers_refused,
+        trust: Some(processes.trust),
         cleanup: report,
         containers: stops,
     };

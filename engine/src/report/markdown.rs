@@ -146,7 +146,12 @@ fn header(s: &mut String, v: &RunView) {
 
 fn backend(s: &mut String, v: &RunView) {
     let Some(rt) = &v.result.runtime else {
-        let name = v.runtime.as_ref().map(|d| d.backend()).unwrap_or("none");
+        let name = v
+            .runtime
+            .as_ref()
+            .map(|d| d.backend())
+            .or(v.backend.as_deref())
+            .unwrap_or("none");
         let _ = writeln!(s, "**Backend:** {} — not launched\n", escape(name));
         return;
     };

@@ -29,6 +29,8 @@ pub struct RunView {
     pub result: RunResult,
     /// `runtime.json`, when the run recorded one.
     pub runtime: Option<RuntimeDoc>,
+    /// `metadata.json`'s backend: the one chosen, even when nothing was launched.
+    pub backend: Option<String>,
     /// Whether the capsule's seal is in place.
     pub sealed: bool,
     pub capsule_dir: PathBuf,
@@ -48,9 +50,15 @@ impl RunView {
         } else {
             None
         };
+        let backend = if present(Artifact::Metadata) {
+            Some(capsule.metadata()?.backend)
+        } else {
+            None
+        };
         Ok(RunView {
             result,
             runtime,
+            backend,
             sealed: capsule.is_sealed(),
             capsule_dir: capsule.dir().to_path_buf(),
         })

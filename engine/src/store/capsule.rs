@@ -157,6 +157,9 @@ pub struct Capsule {
     dir: PathBuf,
     /// Next sequence numbers of events.jsonl and recovery-events.jsonl (None until first needed).
     seqs: Mutex<Seqs>,
+    /// The bytes of every transaction artifact this process wrote (runs it created only): the seal
+    /// vouches for these, not for whatever is on disk (see `super::tamper`).
+    pub(crate) written: Option<Mutex<super::tamper::WrittenArtifacts>>,
 }
 
 #[derive(Debug, Default)]
@@ -171,6 +174,16 @@ impl Capsule {
             id,
             dir,
             seqs: Mutex::new(Seqs::default()),
+            written: None,
+        }
+    }
+
+    /// A capsule for a run directory this process just created: every artifact it writes is
+    /// remembered, so the seal can tell what it wrote from what changed behind its back.
+    pub(crate) fn new_tracked(id: RunId, dir: PathBuf) -> Capsule {
+        Capsule {
+            written: Some(Mutex::default()),
+            ..Capsule::new(id, dir)
         }
     }
 
@@ -226,7 +239,9 @@ impl Capsule {
         }
         self.refuse_if_sealed(name)?;
         let bytes = to_pretty_json(name, value)?;
-        atomic::write_atomic(&self.dir, name, &bytes, atomic::Durability::AtSeal)
+        atomic::write_atomic(&self.dir, name, &bytes, atomic::Durability::AtSeal)?;
+        self.remember_write(artifact, &bytes);
+        Ok(())
     }
 
     /// Reads and deserializes an artifact (size-bounded, symlinks refused). Malformed JSON is an
@@ -366,6 +381,9 @@ impl Capsule {
             atomic::Durability::AtSeal
         };
         atomic::append_line(&self.dir, file, &text, durability)?;
+        if !recovery {
+            self.remember_append(Artifact::Events, &text);
+        }
         *slot = Some(seq + 1);
         Ok(())
     }

@@ -106,6 +106,13 @@ pub enum StoreError {
     )]
     PruneRefused { run_id: String, count: usize },
 
+    #[error(
+        "cannot use the agentdiff state directory {}: {reason}; set AGENTDIFF_STATE_DIR to a \
+         private directory (0700, owned by you) outside every project",
+        path.display()
+    )]
+    StateDir { path: PathBuf, reason: String },
+
     #[error("invalid object id {hex:?}: expected 64 lowercase hexadecimal characters (a SHA-256)")]
     InvalidObjectId { hex: String },
 

@@ -1,8 +1,21 @@
-//! The seal (integrity.json: SHA-256 of every transaction artifact plus the backup objects the run
-//! references) and its verification.
+//! The seal (integrity.json) and its verification.
 //!
-//! This is local tamper evidence, not authenticity (seed 000): a process able to rewrite the whole
-//! capsule can also rewrite the manifest.
+//! A seal of the current format (`seal_format` 2) binds, in one canonical body: the run id, the
+//! seal time, the SHA-256 of every transaction artifact present, and every object the run
+//! references (backups and manifest entries). `digest` is the SHA-256 of that body; `mac` is an
+//! HMAC-SHA256 of it under the per-user key (see [`super::seal`]). The file must be exactly the
+//! canonical pretty serialisation, so any edit of integrity.json itself — a flipped bit in
+//! `sealed_at`, a renamed `run_id`, a dropped object — is detected even without the key.
+//!
+//! `verify` also knows what a capsule must contain independently of the seal's own list: the
+//! always-present artifacts, the ones the sealed event log says were written, and every object the
+//! sealed manifests reference. Missing, extra or altered entries are each named.
+//!
+//! What this does not defend, by itself: a writer who can recompute everything (the whole capsule
+//! and its digest) produces an intact capsule; only the MAC (which needs the key) and the ledger
+//! (outside the project) tell it apart from a genuine one. Seals of the previous format
+//! (`seal_format` absent) carry no digest and no MAC; `verify` names them as older and checks what
+//! they record.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -10,30 +23,128 @@ use std::io;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use super::atomic;
 use super::capsule::{
     now_rfc3339_millis, to_pretty_json, Artifact, Capsule, RecoveryArtifact, MAX_ARTIFACT_BYTES,
 };
-use super::objects::{validate_object_id, ObjectStore};
+use super::objects::{manifest_objects, validate_object_id, ObjectStore};
 use super::run_id::RunId;
+use super::seal::{Authentication, SealAuthority, VerifyContext};
 use super::StoreError;
 use crate::SCHEMA_VERSION;
 
 pub const ALGORITHM: &str = "sha256";
+/// Format of integrity.json written by this version.
+pub const SEAL_FORMAT: u32 = 2;
+pub const MAC_ALGORITHM: &str = "hmac-sha256";
 
-/// Contents of integrity.json.
+/// Artifacts every sealed capsule holds, whatever happened in the run.
+const ALWAYS_REQUIRED: [Artifact; 4] = [
+    Artifact::Metadata,
+    Artifact::Policy,
+    Artifact::Result,
+    Artifact::Events,
+];
+
+/// Contents of integrity.json (current format).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Integrity {
     pub schema_version: u32,
+    pub seal_format: u32,
     pub algorithm: String,
     pub run_id: String,
     pub sealed_at: String,
     /// Artifact file name → lowercase hex SHA-256 of its bytes.
     pub artifacts: BTreeMap<String, String>,
-    /// Backup objects the run references (sorted, deduplicated).
+    /// Objects the run references (sorted, deduplicated).
     pub objects: Vec<String>,
+    /// SHA-256 of the canonical body (every field above, compact JSON, in this order).
+    pub digest: String,
+    /// HMAC of the same body under the per-user key; `None` for a seal made without a key.
+    pub mac: Option<SealMac>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SealMac {
+    pub algorithm: String,
+    /// [`super::seal::SealKey::id`] of the key that made it.
+    pub key_id: String,
+    pub value: String,
+}
+
+/// integrity.json of the previous format (no `seal_format`, digest or MAC).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LegacyIntegrity {
+    pub schema_version: u32,
+    pub algorithm: String,
+    pub run_id: String,
+    pub sealed_at: String,
+    pub artifacts: BTreeMap<String, String>,
+    pub objects: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct SealBody<'a> {
+    schema_version: u32,
+    seal_format: u32,
+    algorithm: &'a str,
+    run_id: &'a str,
+    sealed_at: &'a str,
+    artifacts: &'a BTreeMap<String, String>,
+    objects: &'a [String],
+}
+
+impl Integrity {
+    /// The bytes the digest and the MAC cover.
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&SealBody {
+            schema_version: self.schema_version,
+            seal_format: self.seal_format,
+            algorithm: &self.algorithm,
+            run_id: &self.run_id,
+            sealed_at: &self.sealed_at,
+            artifacts: &self.artifacts,
+            objects: &self.objects,
+        })
+        .unwrap_or_default()
+    }
+
+    pub fn compute_digest(&self) -> String {
+        hex::encode(Sha256::digest(self.body()))
+    }
+}
+
+/// Which seal a capsule carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SealFormatKind {
+    /// No integrity.json.
+    None,
+    /// The previous format: artifact hashes and objects only.
+    Legacy,
+    Current,
+    /// integrity.json exists but is not a seal of any known format.
+    Unreadable,
+}
+
+/// The one-word answer of `verify`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Intact, and the seal's MAC checks under this user's key.
+    Authenticated,
+    /// Everything matches the seal, but the seal could not be authenticated here (no key, another
+    /// key, no MAC, or an older format). Anyone able to rewrite the whole capsule could have made it.
+    IntactNotAuthenticated,
+    /// Something does not match: an artifact, an object, the seal itself, its MAC or the ledger.
+    Forged,
+    /// No seal: the run never finished (interrupted, or still running).
+    Unsealed,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,25 +152,63 @@ pub struct VerifyReport {
     pub run_id: RunId,
     /// integrity.json exists.
     pub sealed: bool,
-    /// Sealed and no problem found.
+    /// Sealed and no problem found (intact; see `verdict` for authenticity).
     pub ok: bool,
+    pub verdict: Verdict,
+    pub format: SealFormatKind,
+    pub authentication: Authentication,
     pub problems: Vec<VerifyProblem>,
+    /// What could not be checked, and why (never a problem by itself).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifyProblem {
-    /// An artifact file name, a directory entry name, or `object <hex>`.
+    /// An artifact file name, a directory entry name, `object <hex>`, or `ledger`.
     pub subject: String,
     pub problem: String,
 }
 
+/// Collects problems and notes while verifying.
+#[derive(Default)]
+pub(crate) struct Findings {
+    pub(crate) problems: Vec<VerifyProblem>,
+    pub(crate) notes: Vec<String>,
+}
+
+impl Findings {
+    pub(crate) fn problem(&mut self, subject: &str, text: impl Into<String>) {
+        self.problems.push(VerifyProblem {
+            subject: subject.to_string(),
+            problem: text.into(),
+        });
+    }
+}
+
+/// What was found in integrity.json.
+enum ParsedSeal {
+    Current(Integrity, Vec<u8>),
+    Legacy(LegacyIntegrity),
+}
+
 impl Capsule {
-    /// Seals the run: records a final `sealing` event in events.jsonl, writes integrity.json with
-    /// the SHA-256 of every transaction artifact present and the referenced backup objects, and
-    /// once that is durable appends `sealed` to recovery-events.jsonl (outside the seal).
-    /// After this only recovery artifacts may be written. Refuses to seal a directory holding
-    /// anything other than transaction or recovery artifacts.
+    /// Seals without a key: the seal is complete and self-checking but verifies only as intact,
+    /// never as authenticated. The transaction seals with [`Capsule::seal_with`].
     pub fn seal(&self, referenced_objects: &[String]) -> Result<Integrity, StoreError> {
+        self.seal_with(referenced_objects, None)
+    }
+
+    /// Seals the run: records a final `sealing` event in events.jsonl, writes integrity.json over
+    /// every transaction artifact present and the referenced objects, MACs it with the
+    /// authority's key and appends it to the authority's ledger; once that is durable, `sealed` is
+    /// appended to recovery-events.jsonl (outside the seal). After this only recovery artifacts
+    /// may be written. Refuses a directory holding anything other than transaction or recovery
+    /// artifacts.
+    pub fn seal_with(
+        &self,
+        referenced_objects: &[String],
+        authority: Option<&SealAuthority>,
+    ) -> Result<Integrity, StoreError> {
         if self.is_sealed() {
             return Err(StoreError::AlreadySealed {
                 run_id: self.id().to_string(),
@@ -81,21 +230,34 @@ impl Capsule {
         // `sealing` is covered by the seal; `sealed` is logged only once integrity.json is
         // durable (below), so a log never claims a seal that a crash prevented.
         self.event("sealing", json!({ "objects": objects.len() }))?;
+        // What this process wrote is what gets sealed: anything changed on disk behind its back
+        // is put back from memory first (in-run tamper detection reports it separately).
+        self.restore_written_artifacts()?;
 
         let mut artifacts = BTreeMap::new();
         for artifact in self.sealable_artifacts()? {
             let name = artifact.file_name();
-            let (hex, _) = atomic::hash_file(&self.dir().join(name))?;
+            let hex = match self.written_digest(artifact) {
+                Some(hex) => hex,
+                None => atomic::hash_file(&self.dir().join(name))?.0,
+            };
             artifacts.insert(name.to_string(), hex);
         }
-        let integrity = Integrity {
+        let mut integrity = Integrity {
             schema_version: SCHEMA_VERSION,
+            seal_format: SEAL_FORMAT,
             algorithm: ALGORITHM.to_string(),
             run_id: self.id().to_string(),
             sealed_at: now_rfc3339_millis(),
             artifacts,
             objects,
+            digest: String::new(),
+            mac: None,
         };
+        integrity.digest = integrity.compute_digest();
+        if let Some(authority) = authority {
+            integrity.mac = Some(authority.mac_seal(&integrity));
+        }
         let name = Artifact::Integrity.file_name();
         let bytes = to_pretty_json(name, &integrity)?;
         // Artifacts, events and backup objects were written without their own fsync; one flush of
@@ -103,6 +265,9 @@ impl Capsule {
         // durable before the seal that vouches for them.
         atomic::sync_filesystem(self.dir())?;
         atomic::write_atomic(self.dir(), name, &bytes, atomic::Durability::Now)?;
+        if let Some(authority) = authority {
+            authority.record(&integrity)?;
+        }
         self.recovery_event("sealed", json!({ "objects": integrity.objects.len() }))?;
         Ok(integrity)
     }
@@ -141,175 +306,394 @@ impl Capsule {
         Ok(found)
     }
 
-    /// Checks the seal: every listed artifact exists as a regular file with its sealed hash, no
-    /// unexpected entry was added, and every referenced object is present and intact. Recovery
-    /// artifacts do not affect the result. Returns `Err` only when the run directory cannot be
-    /// read at all; everything else is a problem in the report.
+    /// Verifies without a key or ledger (intact at best). See [`Capsule::verify_with`].
     pub fn verify(&self, objects: &ObjectStore) -> Result<VerifyReport, StoreError> {
-        let mut problems = Vec::new();
-        let mut problem = |subject: &str, text: String| {
-            problems.push(VerifyProblem {
-                subject: subject.to_string(),
-                problem: text,
-            })
-        };
+        self.verify_with(objects, &VerifyContext::default())
+    }
+
+    /// Checks the seal: integrity.json is a canonical seal of this run whose digest matches;
+    /// every required artifact is present; every listed artifact exists as a regular file with its
+    /// sealed hash; no unexpected entry was added; every object the manifests reference is listed,
+    /// present and intact; the MAC checks under the context's key; and the context's ledger agrees.
+    /// Recovery artifacts do not affect the result. Returns `Err` only when the run directory
+    /// cannot be read at all; everything else is a problem in the report.
+    pub fn verify_with(
+        &self,
+        objects: &ObjectStore,
+        ctx: &VerifyContext,
+    ) -> Result<VerifyReport, StoreError> {
+        let mut f = Findings::default();
         let integrity_name = Artifact::Integrity.file_name();
         let integrity_path = self.dir().join(integrity_name);
-        let report = |sealed, problems: Vec<VerifyProblem>| VerifyReport {
-            run_id: self.id().clone(),
-            sealed,
-            ok: sealed && problems.is_empty(),
-            problems,
-        };
-
         match fs::symlink_metadata(&integrity_path) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                problem(
+                f.problem(
                     integrity_name,
                     "missing: the run was never sealed (interrupted or still running), so its \
-                     artifacts cannot be verified"
-                        .into(),
+                     artifacts cannot be verified",
                 );
-                return Ok(report(false, problems));
+                let auth = Authentication::unsealed();
+                ctx.check_ledger(self.id(), None, &auth, &mut f);
+                return Ok(self.report(SealFormatKind::None, auth, f));
             }
             Err(e) => return Err(StoreError::io("inspect", integrity_path, e)),
         }
-        let manifest: Integrity = match atomic::read_bounded(&integrity_path, MAX_ARTIFACT_BYTES)
-            .and_then(|bytes| {
-                serde_json::from_slice(&bytes).map_err(|source| StoreError::MalformedArtifact {
-                    run_id: self.id().to_string(),
-                    name: integrity_name.into(),
-                    source,
-                })
-            }) {
-            Ok(m) => m,
-            Err(e) => {
-                problem(integrity_name, format!("unreadable seal: {e}"));
-                return Ok(report(true, problems));
+        let parsed = match self.parse_seal() {
+            Ok(parsed) => parsed,
+            Err(text) => {
+                f.problem(integrity_name, text);
+                let auth = Authentication::unreadable();
+                ctx.check_ledger(self.id(), None, &auth, &mut f);
+                return Ok(self.report(SealFormatKind::Unreadable, auth, f));
             }
         };
-        if manifest.algorithm != ALGORITHM {
-            problem(
-                integrity_name,
+        let (format, auth) = match parsed {
+            ParsedSeal::Current(seal, bytes) => {
+                self.check_seal_header(&seal, &bytes, &mut f);
+                self.check_artifacts(&seal.artifacts, &mut f)?;
+                self.check_completeness(&seal.artifacts, &seal.objects, objects, &mut f);
+                check_objects(&seal.objects, objects, &mut f);
+                let auth = ctx.authenticate(&seal);
+                ctx.check_ledger(self.id(), Some(&seal.digest), &auth, &mut f);
+                (SealFormatKind::Current, auth)
+            }
+            ParsedSeal::Legacy(seal) => {
+                self.check_legacy_header(&seal, &mut f);
+                self.check_artifacts(&seal.artifacts, &mut f)?;
+                check_objects(&seal.objects, objects, &mut f);
+                f.notes.push(
+                    "older seal format (before seal_format 2): artifact hashes and the listed \
+                     objects were checked; the seal itself, the completeness of the capsule and \
+                     its authenticity cannot be checked"
+                        .into(),
+                );
+                let auth = Authentication::legacy();
+                ctx.check_ledger(self.id(), None, &auth, &mut f);
+                (SealFormatKind::Legacy, auth)
+            }
+        };
+        Ok(self.report(format, auth, f))
+    }
+
+    fn report(&self, format: SealFormatKind, auth: Authentication, f: Findings) -> VerifyReport {
+        let sealed = !matches!(format, SealFormatKind::None);
+        let intact = sealed && f.problems.is_empty();
+        let verdict = if !sealed {
+            Verdict::Unsealed
+        } else if !intact || auth.is_forged() {
+            Verdict::Forged
+        } else if auth.is_authenticated() {
+            Verdict::Authenticated
+        } else {
+            Verdict::IntactNotAuthenticated
+        };
+        VerifyReport {
+            run_id: self.id().clone(),
+            sealed,
+            ok: intact && !auth.is_forged(),
+            verdict,
+            format,
+            authentication: auth,
+            problems: f.problems,
+            notes: f.notes,
+        }
+    }
+
+    fn parse_seal(&self) -> Result<ParsedSeal, String> {
+        let path = self.dir().join(Artifact::Integrity.file_name());
+        let bytes = atomic::read_bounded(&path, MAX_ARTIFACT_BYTES)
+            .map_err(|e| format!("unreadable seal: {e}"))?;
+        match serde_json::from_slice::<Integrity>(&bytes) {
+            Ok(seal) => Ok(ParsedSeal::Current(seal, bytes)),
+            Err(current_err) => match serde_json::from_slice::<LegacyIntegrity>(&bytes) {
+                Ok(legacy) => Ok(ParsedSeal::Legacy(legacy)),
+                Err(_) => Err(format!(
+                    "not a seal agentdiff can read ({current_err}); it was damaged or edited"
+                )),
+            },
+        }
+    }
+
+    fn check_seal_header(&self, seal: &Integrity, bytes: &[u8], f: &mut Findings) {
+        let name = Artifact::Integrity.file_name();
+        if seal.seal_format != SEAL_FORMAT {
+            f.problem(
+                name,
+                format!(
+                    "seal_format {} is not the supported format {SEAL_FORMAT}",
+                    seal.seal_format
+                ),
+            );
+        }
+        if seal.algorithm != ALGORITHM {
+            f.problem(
+                name,
                 format!(
                     "unsupported algorithm {:?} (expected {ALGORITHM})",
-                    manifest.algorithm
+                    seal.algorithm
                 ),
             );
-            return Ok(report(true, problems));
         }
-        if manifest.schema_version != SCHEMA_VERSION {
-            problem(
-                integrity_name,
+        if seal.schema_version != SCHEMA_VERSION {
+            f.problem(
+                name,
                 format!(
                     "schema_version {} is not the supported version {SCHEMA_VERSION}",
-                    manifest.schema_version
+                    seal.schema_version
                 ),
             );
         }
-        if manifest.run_id != self.id().as_str() {
-            problem(
-                integrity_name,
+        if seal.run_id != self.id().as_str() {
+            f.problem(
+                name,
                 format!(
                     "the seal belongs to run {:?}, not to this run directory",
-                    manifest.run_id
+                    seal.run_id
                 ),
             );
         }
+        let digest = seal.compute_digest();
+        if seal.digest != digest {
+            f.problem(
+                name,
+                format!(
+                    "the seal's digest {} does not match its content ({digest}): integrity.json \
+                     was edited after the seal",
+                    seal.digest
+                ),
+            );
+        }
+        if to_pretty_json(name, seal).ok().as_deref() != Some(bytes) {
+            f.problem(
+                name,
+                "integrity.json is not byte-for-byte the seal agentdiff writes (edited after the \
+                 seal)",
+            );
+        }
+        let mut sorted = seal.objects.clone();
+        sorted.sort();
+        sorted.dedup();
+        if sorted != seal.objects {
+            f.problem(
+                name,
+                "the object list is not sorted and unique (edited after the seal)",
+            );
+        }
+    }
 
-        for (name, expected) in &manifest.artifacts {
+    fn check_legacy_header(&self, seal: &LegacyIntegrity, f: &mut Findings) {
+        let name = Artifact::Integrity.file_name();
+        if seal.algorithm != ALGORITHM {
+            f.problem(
+                name,
+                format!(
+                    "unsupported algorithm {:?} (expected {ALGORITHM})",
+                    seal.algorithm
+                ),
+            );
+        }
+        if seal.run_id != self.id().as_str() {
+            f.problem(
+                name,
+                format!(
+                    "the seal belongs to run {:?}, not to this run directory",
+                    seal.run_id
+                ),
+            );
+        }
+    }
+
+    /// Every listed artifact has its sealed hash; nothing unlisted is present.
+    fn check_artifacts(
+        &self,
+        listed: &BTreeMap<String, String>,
+        f: &mut Findings,
+    ) -> Result<(), StoreError> {
+        for (name, expected) in listed {
             match Artifact::from_file_name(name) {
                 Some(a) if a != Artifact::Integrity => {}
                 _ => {
-                    problem(
+                    f.problem(
                         name,
-                        "listed in integrity.json but not a transaction artifact name".into(),
+                        "listed in integrity.json but not a transaction artifact name",
                     );
                     continue;
                 }
             }
             if validate_object_id(expected).is_err() {
-                problem(
+                f.problem(
                     name,
                     format!("recorded digest {expected:?} is not a SHA-256"),
                 );
                 continue;
             }
-            let path = self.dir().join(name);
-            let meta = match fs::symlink_metadata(&path) {
-                Ok(meta) => meta,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    problem(name, "missing: deleted after the seal".into());
-                    continue;
-                }
-                Err(e) => {
-                    problem(name, format!("cannot inspect: {e}"));
-                    continue;
-                }
-            };
-            if meta.file_type().is_symlink() {
-                problem(
-                    name,
-                    "is a symbolic link, not the sealed file (replaced after the seal)".into(),
-                );
-                continue;
-            }
-            if !meta.is_file() {
-                problem(name, "is not a regular file".into());
-                continue;
-            }
-            match atomic::hash_file(&path) {
-                Ok((actual, _)) if actual == *expected => {}
-                Ok((actual, _)) => problem(
-                    name,
-                    format!(
-                        "content changed since the seal: sealed SHA-256 {expected}, now {actual}"
-                    ),
-                ),
-                Err(e) => problem(name, format!("cannot hash: {e}")),
-            }
+            self.check_one_artifact(name, expected, f);
         }
-
+        let integrity_name = Artifact::Integrity.file_name();
         let entries =
             fs::read_dir(self.dir()).map_err(|e| StoreError::io("list", self.dir(), e))?;
         let mut extra = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| StoreError::io("list", self.dir(), e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name == integrity_name || manifest.artifacts.contains_key(&name) {
+            if name == integrity_name || listed.contains_key(&name) {
                 continue;
             }
             let is_file = entry.file_type().is_ok_and(|t| t.is_file());
             let text = if Artifact::from_file_name(&name).is_some() {
-                "present but not listed in integrity.json (added after the seal)".to_string()
+                "present but not listed in integrity.json (added after the seal)"
             } else if RecoveryArtifact::parse(&name).is_ok() {
                 if is_file {
                     continue;
                 }
-                "recovery artifact is not a regular file".to_string()
+                "recovery artifact is not a regular file"
             } else {
-                "unexpected entry in a sealed run directory".to_string()
+                "unexpected entry in a sealed run directory"
             };
             extra.push((name, text));
         }
         extra.sort();
         for (name, text) in extra {
-            problem(&name, text);
+            f.problem(&name, text);
         }
-
-        for hex in &manifest.objects {
-            let subject = format!("object {hex}");
-            if let Err(e) = validate_object_id(hex).and_then(|()| objects.verify_object(hex)) {
-                problem(&subject, e.to_string());
-            }
-        }
-        Ok(report(true, problems))
+        Ok(())
     }
 
-    /// The sealed manifest, if the run is sealed.
+    fn check_one_artifact(&self, name: &str, expected: &str, f: &mut Findings) {
+        let path = self.dir().join(name);
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                f.problem(name, "missing: deleted after the seal");
+                return;
+            }
+            Err(e) => {
+                f.problem(name, format!("cannot inspect: {e}"));
+                return;
+            }
+        };
+        if meta.file_type().is_symlink() {
+            f.problem(
+                name,
+                "is a symbolic link, not the sealed file (replaced after the seal)",
+            );
+        } else if !meta.is_file() {
+            f.problem(name, "is not a regular file");
+        } else {
+            match atomic::hash_file(&path) {
+                Ok((actual, _)) if actual == expected => {}
+                Ok((actual, _)) => f.problem(
+                    name,
+                    format!(
+                        "content changed since the seal: sealed SHA-256 {expected}, now {actual}"
+                    ),
+                ),
+                Err(e) => f.problem(name, format!("cannot hash: {e}")),
+            }
+        }
+    }
+
+    /// What the capsule must hold, independently of the seal's own lists: the always-present
+    /// artifacts, those the event log says were written, and every object the manifests name.
+    fn check_completeness(
+        &self,
+        listed: &BTreeMap<String, String>,
+        sealed_objects: &[String],
+        objects: &ObjectStore,
+        f: &mut Findings,
+    ) {
+        let mut required: BTreeSet<Artifact> = ALWAYS_REQUIRED.into_iter().collect();
+        match self.events() {
+            Ok(events) => {
+                for e in &events {
+                    let needs = match e.event.as_str() {
+                        "before_captured" => Some(Artifact::Before),
+                        "after_captured" => Some(Artifact::After),
+                        "exited" | "launch_refused" => Some(Artifact::Runtime),
+                        _ => None,
+                    };
+                    required.extend(needs);
+                }
+                if events.last().map(|e| e.event.as_str()) != Some("sealing") {
+                    f.problem(
+                        Artifact::Events.file_name(),
+                        "the event log does not end with the `sealing` event",
+                    );
+                }
+            }
+            Err(e) => f.notes.push(format!(
+                "the event log could not be read ({e}); required artifacts were not derived from it"
+            )),
+        }
+        for artifact in required {
+            if !listed.contains_key(artifact.file_name()) {
+                f.problem(
+                    artifact.file_name(),
+                    "required for this capsule but not listed in the seal (removed from the seal \
+                     and the run directory)",
+                );
+            }
+        }
+        let sealed: BTreeSet<&str> = sealed_objects.iter().map(String::as_str).collect();
+        for artifact in [Artifact::Before, Artifact::After] {
+            if !listed.contains_key(artifact.file_name()) {
+                continue;
+            }
+            let Ok(Some(entries)) = self.manifest_entries_object(artifact) else {
+                f.notes.push(format!(
+                    "{} names no entries object; the objects it references were not checked \
+                     against the seal",
+                    artifact.file_name()
+                ));
+                continue;
+            };
+            let mut needed = vec![entries];
+            match self.read_manifest(artifact, objects) {
+                Ok(manifest) => needed.extend(manifest_objects(&manifest)),
+                // A missing or corrupt entries object is reported under its own name.
+                Err(StoreError::ObjectCorrupt { .. } | StoreError::ObjectNotFound { .. }) => {}
+                Err(e) => f.problem(
+                    artifact.file_name(),
+                    format!("its manifest cannot be read ({e}), so its backups cannot be checked"),
+                ),
+            }
+            for hex in needed {
+                if !sealed.contains(hex.as_str()) {
+                    f.problem(
+                        &format!("object {hex}"),
+                        format!(
+                            "referenced by {} but not listed in the seal (dropped from it)",
+                            artifact.file_name()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The sealed manifest, if the run is sealed with the current format.
     pub fn integrity(&self) -> Result<Integrity, StoreError> {
         self.read_artifact(Artifact::Integrity)
+    }
+
+    /// The objects the seal lists, for either format (pruning keeps them).
+    pub fn sealed_objects(&self) -> Result<Vec<String>, StoreError> {
+        match self.parse_seal() {
+            Ok(ParsedSeal::Current(seal, _)) => Ok(seal.objects),
+            Ok(ParsedSeal::Legacy(seal)) => Ok(seal.objects),
+            Err(_) => self.integrity().map(|i| i.objects),
+        }
+    }
+}
+
+/// Every listed object is a valid name, present and intact.
+fn check_objects(listed: &[String], objects: &ObjectStore, f: &mut Findings) {
+    for hex in listed {
+        let subject = format!("object {hex}");
+        if let Err(e) = validate_object_id(hex).and_then(|()| objects.verify_object(hex)) {
+            f.problem(&subject, e.to_string());
+        }
     }
 }
 
@@ -322,5 +706,6 @@ mod tests {
         let text = r#"{"schema_version":1,"algorithm":"sha256","run_id":"a","sealed_at":"x",
             "artifacts":{},"objects":[],"extra":1}"#;
         assert!(serde_json::from_str::<Integrity>(text).is_err());
+        assert!(serde_json::from_str::<LegacyIntegrity>(text).is_err());
     }
 }

@@ -27,6 +27,9 @@ mod lock;
 mod manifest;
 mod objects;
 mod run_id;
+pub mod seal;
+mod tamper;
+pub use tamper::{StoreSnapshot, TamperFinding};
 
 use std::collections::BTreeSet;
 use std::fs::{self, DirBuilder};
@@ -44,9 +47,12 @@ pub use doc::{
     Event, LaunchFacts, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc, Unavailable,
 };
 pub use error::StoreError;
-pub use integrity::{Integrity, VerifyProblem, VerifyReport, ALGORITHM};
+pub use integrity::{
+    Integrity, LegacyIntegrity, SealFormatKind, SealMac, Verdict, VerifyProblem, VerifyReport,
+    ALGORITHM, MAC_ALGORITHM, SEAL_FORMAT,
+};
 pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
-pub use objects::{validate_object_id, ObjectStore, PutOutcome};
+pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome};
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
 
 /// Name of the store directory below the project root (always excluded from scans).
@@ -218,7 +224,7 @@ impl Store {
         atomic::sync_dir(&self.runs)?;
         // Re-check what was created (umask can only narrow 0700, but fail closed regardless).
         atomic::ensure_private_dir(&dir, false)?;
-        Ok(Some(Capsule::new(id, dir)))
+        Ok(Some(Capsule::new_tracked(id, dir)))
     }
 
     /// Opens an existing run after validating its id.
@@ -309,9 +315,9 @@ impl Store {
         for listing in self.list_runs()? {
             let integrity = self
                 .open_run(listing.id.as_str())
-                .and_then(|capsule| capsule.integrity());
+                .and_then(|capsule| capsule.sealed_objects());
             match integrity {
-                Ok(integrity) => refs.objects.extend(integrity.objects),
+                Ok(objects) => refs.objects.extend(objects),
                 Err(_) => refs.unknown.push(listing.id),
             }
         }

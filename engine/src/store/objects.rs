@@ -5,15 +5,23 @@
 //! rename) and never modified; every read recomputes the hash, so a corrupted or swapped backup is
 //! refused rather than restored.
 //!
+//! Reuse is verified: an object already stored under a name is trusted for a new backup only after
+//! its content has been hashed again in this process (an in-memory set the command cannot reach
+//! remembers what was verified). A file planted under a name with other content is moved to
+//! `objects/quarantine/` and replaced by the real bytes, so it can never stand in for a backup.
+//! In-run tamper detection (`super::tamper`) covers objects changed after they were verified.
+//!
 //! Durability is batched: [`ObjectStore::put_from_file`] does not fsync each object (one fsync per
 //! file made a first run on a real tree cost seconds); sealing a run flushes the filesystem that
 //! holds the store once (or call [`ObjectStore::sync`]). An object cut short by a
 //! crash before that has the wrong size or hash: the sink's size-aware `contains` stores it again,
 //! and every read verifies the hash, so it is never restored.
 
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -23,6 +31,8 @@ use super::StoreError;
 /// Name of the hash directory below `objects/`; the algorithm is part of the layout.
 pub(crate) const ALGORITHM_DIR: &str = "sha256";
 pub(crate) const TMP_DIR: &str = "tmp";
+/// Where objects whose content does not match their name are moved (never read again).
+pub(crate) const QUARANTINE_DIR: &str = "quarantine";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutOutcome {
@@ -47,11 +57,89 @@ pub fn validate_object_id(hex: &str) -> Result<(), StoreError> {
 pub struct ObjectStore {
     /// `.agentdiff/objects`
     base: PathBuf,
+    /// Objects whose content this process hashed and found matching their name.
+    verified: Arc<Mutex<HashSet<String>>>,
+}
+
+/// The backup objects a manifest references (entries whose backup is stored).
+pub fn manifest_objects(manifest: &crate::fs::Manifest) -> Vec<String> {
+    manifest
+        .entries
+        .values()
+        .filter(|e| matches!(e.backup, crate::fs::BackupState::Stored))
+        .filter_map(|e| e.sha256.clone())
+        .collect()
 }
 
 impl ObjectStore {
     pub(crate) fn new(objects_dir: PathBuf) -> ObjectStore {
-        ObjectStore { base: objects_dir }
+        ObjectStore {
+            base: objects_dir,
+            verified: Arc::default(),
+        }
+    }
+
+    fn is_verified(&self, hex: &str) -> bool {
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(hex)
+    }
+
+    fn mark_verified(&self, hex: &str) {
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(hex.to_string());
+    }
+
+    /// Forgets what this process verified (after the command ran, objects are re-checked).
+    pub fn forget_verified(&self) {
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// True when an object of `size` bytes is stored under `hex` and its content hashes to `hex`
+    /// (checked once per process). An object whose content does not match is quarantined, so the
+    /// caller stores the real bytes again.
+    pub fn contains_verified(&self, hex: &str, size: u64) -> bool {
+        if !self.contains_sized(hex, size) {
+            return false;
+        }
+        if self.is_verified(hex) {
+            return true;
+        }
+        match self.verify_object(hex) {
+            Ok(()) => {
+                self.mark_verified(hex);
+                true
+            }
+            Err(StoreError::ObjectCorrupt { .. }) => {
+                let _ = self.quarantine(hex);
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Moves the object named `hex` to `objects/quarantine/` (it is kept for inspection, never
+    /// read as a backup again). Returns the new path, or `None` when there was nothing to move.
+    pub fn quarantine(&self, hex: &str) -> Result<Option<PathBuf>, StoreError> {
+        let path = self.object_path(hex)?;
+        if fs::symlink_metadata(&path).is_err() {
+            return Ok(None);
+        }
+        let dir = self.base.join(QUARANTINE_DIR);
+        atomic::ensure_private_dir(&dir, true)?;
+        let dest = dir.join(format!("{hex}-{}", atomic::random_hex(4)?));
+        fs::rename(&path, &dest).map_err(|e| StoreError::io("quarantine object", &path, e))?;
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(hex);
+        Ok(Some(dest))
     }
 
     /// Creates `objects/`, `objects/sha256/` and `objects/tmp/` (0700) if missing.
@@ -143,7 +231,7 @@ impl ObjectStore {
         let hex = hex::encode(Sha256::digest(bytes));
         let dest = self.object_path(&hex)?;
         // Unchanged content (e.g. the manifest of an unchanged tree) costs no write at all.
-        if self.contains_sized(&hex, bytes.len() as u64) {
+        if self.contains_verified(&hex, bytes.len() as u64) {
             return Ok(hex);
         }
         let (mut tmp, tmp_path) = atomic::create_temp_in(&self.tmp_dir(), "object")?;
@@ -157,9 +245,9 @@ impl ObjectStore {
         Ok(hex)
     }
 
-    /// Moves a verified temp object into place unless an object of the right size is already
-    /// there. Two writers racing on the same name hold identical verified bytes, so either rename
-    /// winning is correct; an existing object of the wrong size is corrupt and is replaced.
+    /// Moves a verified temp object into place unless an intact object is already there. Two
+    /// writers racing on the same name hold identical verified bytes, so either rename winning is
+    /// correct; an existing object of the wrong size or content is quarantined and replaced.
     /// `durable` fsyncs the shard directory now; batched writers rely on [`ObjectStore::sync`].
     fn install(
         &self,
@@ -168,11 +256,8 @@ impl ObjectStore {
         size: u64,
         durable: bool,
     ) -> Result<PutOutcome, StoreError> {
-        let existing = fs::symlink_metadata(dest).ok();
-        if existing
-            .as_ref()
-            .is_some_and(|m| m.is_file() && m.len() == size)
-        {
+        let hex = self.hex_of(dest);
+        if self.contains_verified(&hex, size) {
             let _ = fs::remove_file(tmp_path);
             return Ok(PutOutcome::AlreadyPresent);
         }
@@ -190,7 +275,18 @@ impl ObjectStore {
         if durable {
             atomic::sync_dir(&shard)?;
         }
+        self.mark_verified(&hex);
         Ok(PutOutcome::Stored)
+    }
+
+    /// The object name of a path made by [`ObjectStore::object_path`].
+    fn hex_of(&self, path: &Path) -> String {
+        let name = |p: Option<&Path>| {
+            p.and_then(Path::file_name)
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        format!("{}{}", name(path.parent()), name(Some(path)))
     }
 
     fn open_object(&self, hex: &str) -> Result<(File, fs::Metadata, PathBuf), StoreError> {
@@ -364,7 +460,7 @@ fn copy_hashing(src: &mut File, dst: &mut dyn Write, limit: u64) -> io::Result<(
 /// The scanner stores before-state backups through this sink.
 impl crate::fs::BackupSink for ObjectStore {
     fn contains(&self, sha256_hex: &str, size: u64) -> bool {
-        self.contains_sized(sha256_hex, size)
+        self.contains_verified(sha256_hex, size)
     }
 
     fn store_from(

@@ -176,10 +176,5 @@ pub(super) fn missing_backups(manifest: &Manifest) -> Option<String> {
 }
 
 pub(super) fn referenced_objects(manifest: &Manifest) -> Vec<String> {
-    manifest
-        .entries
-        .values()
-        .filter(|e| matches!(e.backup, fs::BackupState::Stored))
-        .filter_map(|e| e.sha256.clone())
-        .collect()
+    crate::store::manifest_objects(manifest)
 }

@@ -30,6 +30,8 @@ pub struct Evidence<'a> {
     /// The command ran in a private workspace (its changes are promoted, not rolled back).
     pub private_workspace: bool,
     pub verified_controls: &'a [VerifiedControl],
+    /// What changed under `.agentdiff/` while the command ran (a deny-level finding).
+    pub capsule_tampered: &'a [crate::store::TamperFinding],
 }
 
 /// Identity and timing of the run, taken by the caller so the decision stays pure.
@@ -49,7 +51,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let warnings = observation_warnings(ev.before, ev.after, &diff, ev.run);
     let findings = evidence_findings(ev.run);
-    let safety_outcome = with_findings(
+    let outcome = with_findings(
         safety_outcome(
             &changes,
             &limit_violations,
@@ -58,6 +60,12 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
         ),
         &findings,
     );
+    // Tampering with the capsule is denied whatever the changes were.
+    let safety_outcome = if ev.capsule_tampered.is_empty() {
+        outcome
+    } else {
+        Action::Deny
+    };
     let status = status(&ev.run.exit, ev.run.failure.as_ref(), safety_outcome);
     let summary = summarize(&changes, ev.before, ev.after, ev.run);
     RunResult {
@@ -72,6 +80,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
         limit_violations,
         observation_warnings: warnings,
         evidence_findings: findings,
+        capsule_tampered: ev.capsule_tampered.to_vec(),
         blast_radius: score::compute(&counts, ev.policy.weights()),
         runtime: Some(runtime_summary(ev.run, ev.verified_controls)),
         execution_error: ev.run.failure.as_ref().map(execution_error),
@@ -106,6 +115,7 @@ pub fn not_run(
         limit_violations: Vec::new(),
         observation_warnings: Vec::new(),
         evidence_findings: Vec::new(),
+        capsule_tampered: Vec::new(),
         blast_radius: score::compute(&score::Counts::default(), &Weights::default()),
         runtime: None,
         execution_error: error,

@@ -12,6 +12,7 @@ use crate::backend::{
 };
 use crate::environment::{self, EnvMode};
 use crate::policy::{NetworkMode, Policy};
+use crate::store::seal::{launch_event_body, MacPurpose, SealKey};
 use crate::store::Capsule;
 
 /// The spec handed to the backend, and what the environment plan recorded about it.
@@ -74,6 +75,7 @@ pub(super) async fn launch(
     stdio: StdioMode,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     capsule: &Capsule,
+    key: &SealKey,
 ) -> Result<RunEvidence, BackendError> {
     let mut prepared = backend.prepare(&plan.spec)?;
     // Started from a subdirectory of the project: the command works there, as it would unwrapped.
@@ -89,9 +91,17 @@ pub(super) async fn launch(
         facts.pid = running.pid();
     }
     facts.monitor = crate::process::read_identity(std::process::id()).ok();
-    let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, json!(facts));
+    let mut fields = json!(facts);
+    // MAC'd so that `agentdiff cleanup` of a run whose monitor died trusts only an event this
+    // user's agentdiff wrote.
+    let body = launch_event_body(capsule.id().as_str(), &fields);
+    fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
+    let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, fields);
     let mut evidence = running.wait().await?;
     merge_environment(&mut evidence, &plan.env_evidence);
+    if let Some(env) = evidence.environment.as_mut() {
+        environment::key_fingerprints(env, key);
+    }
     Ok(evidence)
 }
 

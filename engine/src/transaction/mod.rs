@@ -15,6 +15,7 @@ mod capture;
 mod classify;
 pub mod decide;
 mod findings;
+mod guard;
 mod launch;
 mod preflight;
 mod result;
@@ -42,6 +43,7 @@ use crate::environment::EnvMode;
 use crate::fs::ScanProgress;
 use crate::policy::{Action, LoadedPolicy};
 use crate::redact;
+use crate::store::seal::{SealAuthority, StateDir};
 use crate::store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store};
 use capture::CapturePlan;
 use seal::Sealer;
@@ -93,6 +95,9 @@ pub struct RunRequest<'a> {
     pub progress: Option<ProgressFn<'a>>,
     /// Controls that recorded probes verified for this backend, settings and host.
     pub verified_controls: Vec<VerifiedControl>,
+    /// Where the per-user seal key and ledger live; `None` resolves it from the environment
+    /// (`AGENTDIFF_STATE_DIR`, `XDG_STATE_HOME`, `HOME`).
+    pub state_dir: Option<StateDir>,
 }
 
 /// What a finished transaction hands back.
@@ -150,10 +155,19 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let started_at = seal::now();
     let root = resolve_root(&req.root)?;
     let policy = &req.policy.policy;
+    // The key is loaded before anything is written and kept in memory: replacing the key file
+    // during the run does not change what seals this run.
+    let state_dir = match &req.state_dir {
+        Some(dir) => dir.clone(),
+        None => StateDir::from_env()?,
+    };
+    let authority = SealAuthority::open(&state_dir, &root)?;
     let store = Store::open(&root)?;
     let capsule = store.create_run(req.run_id.as_deref())?;
     let timeout = effective_timeout(req.timeout, policy.limits().duration_seconds);
-    let sealer = open_capsule(&req, &capsule, &root, timeout, started, started_at)?;
+    let sealer = open_capsule(
+        &req, &capsule, &authority, &root, timeout, started, started_at,
+    )?;
 
     // A denied executable is never launched.
     if sealer.command_decision.action == Action::Deny {
@@ -177,7 +191,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     // Capture before.
     let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
     let capture = CapturePlan::new(&store, &capsule, policy, private_workspace, req.progress);
-    let before = capture.before(&root)?;
+    let mut before = capture.before(&root)?;
     let mut referenced = capture::referenced_objects(&before.manifest);
     referenced.push(before.entries_object.clone());
     if policy.capture().require_backups {
@@ -203,12 +217,15 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         &capsule,
         timeout,
     );
+    // What agentdiff wrote before launch is checked against this after the command ran.
+    let store_snapshot = store.snapshot()?;
     let launched = launch::launch(
         req.backend,
         &plan,
         req.stdio.clone(),
         req.interrupt.clone(),
         &capsule,
+        authority.key(),
     )
     .await;
     let evidence = match launched {
@@ -224,6 +241,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             return sealer.seal_not_run(status, Some(refused.message), refusal, &referenced);
         }
     };
+    let capsule_tampered =
+        guard::after_command(&store, &capsule, &store_snapshot, &mut before.manifest)?;
+    if let Some(entries) = capsule_tampered.rewritten_entries {
+        // Withdrawn backups are no longer referenced; the rewritten manifest's entries are.
+        before.entries_object = entries;
+        referenced = capture::referenced_objects(&before.manifest);
+        referenced.push(before.entries_object.clone());
+    }
     record_exited(&capsule, &evidence, &req.verified_controls)?;
 
     // Capture after.
@@ -245,6 +270,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         run: &evidence,
         private_workspace,
         verified_controls: &req.verified_controls,
+        capsule_tampered: &capsule_tampered.findings,
     };
     let result = decide::decide(&evidence_in, sealer.frame());
     sealer.seal(result, &referenced, None)
@@ -254,6 +280,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 fn open_capsule<'c>(
     req: &RunRequest<'_>,
     capsule: &'c Capsule,
+    authority: &'c SealAuthority,
     root: &Path,
     timeout: Option<Duration>,
     started: Instant,
@@ -285,6 +312,7 @@ fn open_capsule<'c>(
     )?;
     Ok(Sealer {
         capsule,
+        authority,
         run_id,
         command_decision,
         task: req.task.clone(),

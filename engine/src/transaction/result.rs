@@ -136,6 +136,10 @@ pub struct RunResult {
     /// What the process evidence says about the command's conduct (escapes, containers).
     #[serde(default)]
     pub evidence_findings: Vec<super::findings::EvidenceFinding>,
+    /// What changed under `.agentdiff/` while the command ran (a deny-level finding; the
+    /// artifacts were put back from memory and changed backups no longer count as recovery).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capsule_tampered: Vec<crate::store::TamperFinding>,
     pub blast_radius: BlastRadius,
     pub runtime: Option<RuntimeSummary>,
     pub execution_error: Option<String>,

@@ -9,6 +9,7 @@ use super::decide::{self, RunFrame};
 use super::result::{RunResult, Status};
 use super::{Refusal, RunOutcome, TransactionError};
 use crate::policy::Decision;
+use crate::store::seal::SealAuthority;
 use crate::store::{Artifact, Capsule, Store};
 
 pub(super) fn now() -> String {
@@ -18,6 +19,8 @@ pub(super) fn now() -> String {
 /// Holds what every ending of a run needs: the capsule, the run's identity and its start.
 pub(super) struct Sealer<'c> {
     pub capsule: &'c Capsule,
+    /// The per-user key and ledger every seal is MAC'd with and recorded in.
+    pub authority: &'c SealAuthority,
     pub run_id: String,
     pub command_decision: Decision,
     pub task: Option<String>,
@@ -63,7 +66,7 @@ impl Sealer<'_> {
         let mut objects = referenced.to_vec();
         objects.sort();
         objects.dedup();
-        self.capsule.seal(&objects)?;
+        self.capsule.seal_with(&objects, Some(self.authority))?;
         Ok(RunOutcome {
             result,
             capsule_dir: self.capsule.dir().to_path_buf(),

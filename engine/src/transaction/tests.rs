@@ -113,6 +113,7 @@ struct Case {
     after: Manifest,
     run: RunEvidence,
     private_workspace: bool,
+    tampered: Vec<crate::store::TamperFinding>,
 }
 
 impl Case {
@@ -125,6 +126,7 @@ impl Case {
             after,
             run: exited(0),
             private_workspace: false,
+            tampered: Vec::new(),
         }
     }
 
@@ -139,6 +141,7 @@ impl Case {
             run: &self.run,
             private_workspace: self.private_workspace,
             verified_controls: &[],
+            capsule_tampered: &self.tampered,
         };
         decide::decide(&ev, frame())
     }
@@ -255,6 +258,25 @@ fn status_and_safety_outcome_follow_the_evidence() {
         assert_eq!(result.run_id, "r1", "case `{}`", case.name);
         assert_eq!(result.exit_code, case.run.exit.code, "case `{}`", case.name);
     }
+}
+
+#[test]
+fn capsule_tampering_denies_an_otherwise_clean_run() {
+    let tree = || manifest(&[("a.txt", file("aa", stored()))]);
+    let mut case = Case::new("tampered", tree(), tree());
+    case.tampered = vec![crate::store::TamperFinding {
+        path: "runs/r/before.json".into(),
+        change: "modified".into(),
+        detail: "changed".into(),
+        object: None,
+    }];
+    let r = case.decide();
+    assert_eq!(r.status, Status::Denied);
+    assert_eq!(r.safety_outcome, Action::Deny);
+    assert_eq!(r.capsule_tampered, case.tampered);
+    let clean = Case::new("clean", tree(), tree()).decide();
+    assert_eq!(clean.status, Status::Passed);
+    assert!(clean.capsule_tampered.is_empty());
 }
 
 #[test]

@@ -139,6 +139,7 @@ fn write_run_docs(
         run: &run,
         private_workspace: false,
         verified_controls: &[],
+        capsule_tampered: &[],
     };
     let mut result = decide::decide(&evidence, frame);
     let diff = diff(before, after);

@@ -1,0 +1,191 @@
+//! The per-user ledger: `<state dir>/ledger.jsonl`, one line per seal (run id, project root, seal
+//! digest, times, key id) with an HMAC of the line, appended `O_APPEND` and fsynced.
+//!
+//! The ledger lives outside every project, so a command confined to the project (srt, container,
+//! bwrap) cannot edit it, and it answers questions a capsule alone cannot: was this run sealed here,
+//! and is the capsule still the one that was sealed? A capsule deleted together with its seal, or
+//! replaced by an intact but unauthenticated copy, shows up as a ledger mismatch.
+//!
+//! Not defended: a process running as the same user (the `local` backend's command) can truncate
+//! or rewrite the file; without the key it cannot add lines that authenticate.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::super::atomic;
+use super::super::StoreError;
+use super::key::{MacPurpose, SealKey, StateDir};
+
+pub const LEDGER_FILE_NAME: &str = "ledger.jsonl";
+/// Largest ledger `read` loads (hundreds of thousands of seals).
+const MAX_LEDGER_BYTES: u64 = 256 * 1024 * 1024;
+
+/// One seal as recorded in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerEntry {
+    pub run_id: String,
+    /// The resolved project root of the run.
+    pub root: String,
+    /// `digest` of the run's integrity.json.
+    pub seal_digest: String,
+    pub sealed_at: String,
+    pub key_id: String,
+    /// HMAC-SHA256 (ledger purpose) of the entry serialised without this field.
+    pub mac: String,
+}
+
+#[derive(Serialize)]
+struct EntryBody<'a> {
+    run_id: &'a str,
+    root: &'a str,
+    seal_digest: &'a str,
+    sealed_at: &'a str,
+    key_id: &'a str,
+}
+
+impl LedgerEntry {
+    fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&EntryBody {
+            run_id: &self.run_id,
+            root: &self.root,
+            seal_digest: &self.seal_digest,
+            sealed_at: &self.sealed_at,
+            key_id: &self.key_id,
+        })
+        .unwrap_or_default()
+    }
+
+    pub fn new(
+        key: &SealKey,
+        run_id: &str,
+        root: &Path,
+        seal_digest: &str,
+        sealed_at: &str,
+    ) -> LedgerEntry {
+        let mut entry = LedgerEntry {
+            run_id: run_id.to_string(),
+            root: root.display().to_string(),
+            seal_digest: seal_digest.to_string(),
+            sealed_at: sealed_at.to_string(),
+            key_id: key.id().to_string(),
+            mac: String::new(),
+        };
+        entry.mac = key.mac(MacPurpose::Ledger, &entry.body());
+        entry
+    }
+
+    /// Whether the line was written by the holder of `key`.
+    pub fn authenticates(&self, key: &SealKey) -> bool {
+        self.key_id == key.id() && key.verify_mac(MacPurpose::Ledger, &self.body(), &self.mac)
+    }
+}
+
+/// The ledger file of a state directory.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    state: StateDir,
+}
+
+/// What [`Ledger::read`] found.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerContents {
+    /// Lines whose MAC checks under the key they were read with.
+    pub entries: Vec<LedgerEntry>,
+    /// Line numbers (1-based) that are malformed or do not authenticate.
+    pub bad_lines: Vec<usize>,
+}
+
+impl Ledger {
+    pub fn new(state: StateDir) -> Ledger {
+        Ledger { state }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.state.path().join(LEDGER_FILE_NAME)
+    }
+
+    /// Appends one entry and fsyncs it.
+    pub fn append(&self, entry: &LedgerEntry) -> Result<(), StoreError> {
+        let path = self.path();
+        let line = serde_json::to_string(entry).map_err(|source| StoreError::Serialize {
+            name: LEDGER_FILE_NAME.into(),
+            source,
+        })?;
+        let mut file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(atomic::FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| StoreError::io("open the ledger", &path, e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| StoreError::io("inspect", &path, e))?;
+        if !meta.is_file() {
+            return Err(StoreError::NotRegularFile {
+                path,
+                reason: "the ledger must be a regular file",
+            });
+        }
+        // One write keeps concurrent appenders from interleaving within a line.
+        file.write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| file.sync_data())
+            .map_err(|e| StoreError::io("append to the ledger", &path, e))
+    }
+
+    /// Every line; those that do not parse or do not authenticate under `key` are only counted.
+    pub fn read(&self, key: &SealKey) -> Result<LedgerContents, StoreError> {
+        let path = self.path();
+        let bytes = match atomic::read_bounded(&path, MAX_LEDGER_BYTES) {
+            Ok(b) => b,
+            Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok(LedgerContents::default())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = LedgerContents::default();
+        for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<LedgerEntry>(line) {
+                Ok(e) if e.authenticates(key) => out.entries.push(e),
+                _ => out.bad_lines.push(i + 1),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the ledger file exists.
+    pub fn exists(&self) -> bool {
+        fs::symlink_metadata(self.path()).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_forged_lines_are_flagged() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::at(dir.path().join("s")).unwrap();
+        let key = SealKey::load_or_create(&state).unwrap();
+        let ledger = Ledger::new(state);
+        let e = LedgerEntry::new(&key, "r1", Path::new("/p"), &"a".repeat(64), "t");
+        ledger.append(&e).unwrap();
+        let mut forged = e.clone();
+        forged.seal_digest = "b".repeat(64);
+        ledger.append(&forged).unwrap();
+        let read = ledger.read(&key).unwrap();
+        assert_eq!(read.entries, vec![e]);
+        assert_eq!(read.bad_lines, vec![2]);
+        let other = SealKey::from_bytes([7; 32]);
+        assert_eq!(ledger.read(&other).unwrap().bad_lines, vec![1, 2]);
+    }
+}

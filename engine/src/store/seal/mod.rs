@@ -1,0 +1,313 @@
+//! Keyed seals: the per-user key that MACs every seal, the ledger every seal is appended to, and
+//! the verification context `verify` checks a capsule against.
+//!
+//! Who can forge what (docs/security-model.md has the full table): without the key nobody can
+//! produce a seal that authenticates; a process running as the same user can read the key (under
+//! the `local` backend this includes the wrapped command), so "authenticated" means "sealed by
+//! agentdiff with this user's key", and only backends that hide the state directory from the
+//! command make it mean "the command could not have forged it".
+
+mod key;
+mod ledger;
+mod trust;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use key::{MacPurpose, SealKey, StateDir, KEY_FILE_NAME, STATE_DIR_ENV};
+pub use ledger::{Ledger, LedgerContents, LedgerEntry, LEDGER_FILE_NAME};
+pub use trust::{trusted_process_evidence, TrustedEvidence};
+
+use super::integrity::{Findings, Integrity, SealMac, MAC_ALGORITHM};
+use super::run_id::RunId;
+use super::StoreError;
+
+/// What seals a run: the key, the ledger and the resolved project root the ledger records.
+#[derive(Debug, Clone)]
+pub struct SealAuthority {
+    key: SealKey,
+    ledger: Ledger,
+    root: PathBuf,
+}
+
+impl SealAuthority {
+    /// Loads (or creates on first use) the key of `state` for sealing runs of `project_root`.
+    /// Refuses a state directory inside the project.
+    pub fn open(state: &StateDir, project_root: &Path) -> Result<SealAuthority, StoreError> {
+        state.check_outside(project_root)?;
+        let key = SealKey::load_or_create(state)?;
+        Ok(SealAuthority {
+            key,
+            ledger: Ledger::new(state.clone()),
+            root: project_root
+                .canonicalize()
+                .unwrap_or_else(|_| project_root.to_path_buf()),
+        })
+    }
+
+    pub fn key(&self) -> &SealKey {
+        &self.key
+    }
+
+    pub(crate) fn mac_seal(&self, integrity: &Integrity) -> SealMac {
+        SealMac {
+            algorithm: MAC_ALGORITHM.to_string(),
+            key_id: self.key.id().to_string(),
+            value: self.key.mac(MacPurpose::Seal, &integrity.body()),
+        }
+    }
+
+    pub(crate) fn record(&self, integrity: &Integrity) -> Result<(), StoreError> {
+        let entry = LedgerEntry::new(
+            &self.key,
+            &integrity.run_id,
+            &self.root,
+            &integrity.digest,
+            &integrity.sealed_at,
+        );
+        self.ledger.append(&entry)
+    }
+}
+
+/// Whether a seal's MAC checks here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthState {
+    Authenticated,
+    NotAuthenticated,
+    Forged,
+}
+
+/// The authentication part of a verify report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Authentication {
+    pub state: AuthState,
+    /// Why, in words.
+    pub detail: String,
+    /// The key id the seal names, when it names one.
+    pub seal_key_id: Option<String>,
+}
+
+impl Authentication {
+    fn not(detail: &str, seal_key_id: Option<String>) -> Authentication {
+        Authentication {
+            state: AuthState::NotAuthenticated,
+            detail: detail.to_string(),
+            seal_key_id,
+        }
+    }
+
+    pub(crate) fn unsealed() -> Authentication {
+        Authentication::not("the run has no seal", None)
+    }
+
+    pub(crate) fn unreadable() -> Authentication {
+        Authentication::not("the seal cannot be read", None)
+    }
+
+    pub(crate) fn legacy() -> Authentication {
+        Authentication::not(
+            "older seal format: it carries no MAC, so it cannot be authenticated",
+            None,
+        )
+    }
+
+    pub fn is_authenticated(&self) -> bool {
+        self.state == AuthState::Authenticated
+    }
+
+    pub fn is_forged(&self) -> bool {
+        self.state == AuthState::Forged
+    }
+}
+
+/// What `verify` checks a capsule against: this user's key and ledger, if any.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyContext {
+    pub key: Option<SealKey>,
+    /// Where the key was looked for (named in "no key" messages).
+    pub key_path: Option<PathBuf>,
+    pub ledger: Option<LedgerContents>,
+    /// The resolved project root, to match ledger entries.
+    pub root: Option<String>,
+}
+
+impl VerifyContext {
+    /// This user's key and ledger from `state` (nothing is created), for capsules under
+    /// `project_root`.
+    pub fn for_user(state: &StateDir, project_root: &Path) -> Result<VerifyContext, StoreError> {
+        let key = SealKey::load(state)?;
+        let ledger = match &key {
+            Some(key) => Some(Ledger::new(state.clone()).read(key)?),
+            None => None,
+        };
+        let root = project_root
+            .canonicalize()
+            .unwrap_or_else(|_| project_root.to_path_buf());
+        Ok(VerifyContext {
+            key,
+            key_path: Some(state.key_path()),
+            ledger,
+            root: Some(root.display().to_string()),
+        })
+    }
+
+    pub(crate) fn authenticate(&self, seal: &Integrity) -> Authentication {
+        let Some(mac) = &seal.mac else {
+            return Authentication::not("the seal carries no MAC (sealed without a key)", None);
+        };
+        let seal_key = Some(mac.key_id.clone());
+        let Some(key) = &self.key else {
+            let place = self
+                .key_path
+                .as_ref()
+                .map(|p| format!(" ({})", p.display()))
+                .unwrap_or_default();
+            return Authentication::not(
+                &format!(
+                    "no seal key for this user on this machine{place}; the seal names key {} — \
+                     verify where it was sealed to authenticate it",
+                    mac.key_id
+                ),
+                seal_key,
+            );
+        };
+        if mac.key_id != key.id() {
+            return Authentication::not(
+                &format!(
+                    "sealed with key {}, not this user's key {} (another machine or user)",
+                    mac.key_id,
+                    key.id()
+                ),
+                seal_key,
+            );
+        }
+        if mac.algorithm == MAC_ALGORITHM
+            && key.verify_mac(MacPurpose::Seal, &seal.body(), &mac.value)
+        {
+            Authentication {
+                state: AuthState::Authenticated,
+                detail: format!(
+                    "the seal's HMAC-SHA256 checks under this user's key {}",
+                    key.id()
+                ),
+                seal_key_id: seal_key,
+            }
+        } else {
+            Authentication {
+                state: AuthState::Forged,
+                detail: format!(
+                    "the seal names this user's key {} but its MAC does not match: the seal was \
+                     made or changed by someone else",
+                    key.id()
+                ),
+                seal_key_id: seal_key,
+            }
+        }
+    }
+
+    /// Ledger entries of `run` under this context's root.
+    pub fn ledger_entries<'a>(&'a self, run: &'a str) -> impl Iterator<Item = &'a LedgerEntry> {
+        let root = self.root.as_deref();
+        self.ledger
+            .iter()
+            .flat_map(|l| l.entries.iter())
+            .filter(move |e| e.run_id == run && Some(e.root.as_str()) == root)
+    }
+
+    /// Run ids the ledger records under this context's root.
+    pub fn ledgered_runs(&self) -> std::collections::BTreeSet<String> {
+        let root = self.root.as_deref();
+        self.ledger
+            .iter()
+            .flat_map(|l| l.entries.iter())
+            .filter(|e| Some(e.root.as_str()) == root)
+            .map(|e| e.run_id.clone())
+            .collect()
+    }
+
+    pub(crate) fn check_ledger(
+        &self,
+        run: &RunId,
+        digest: Option<&str>,
+        auth: &Authentication,
+        f: &mut Findings,
+    ) {
+        if self.ledger.is_none() {
+            f.notes
+                .push("no ledger for this user here: ledger consistency was not checked".into());
+            return;
+        }
+        let entries: Vec<&LedgerEntry> = self.ledger_entries(run.as_str()).collect();
+        let Some(last) = entries.last() else {
+            if auth.is_authenticated() {
+                f.notes.push(
+                    "this user's ledger has no entry for the run (the ledger was truncated or \
+                     replaced)"
+                        .into(),
+                );
+            }
+            return;
+        };
+        match digest {
+            Some(d) if entries.iter().any(|e| e.seal_digest == d) => {
+                if !auth.is_authenticated() {
+                    f.problem(
+                        "ledger",
+                        format!(
+                            "the ledger records this seal as made here with key {}, but the \
+                             capsule does not authenticate: {}",
+                            last.key_id, auth.detail
+                        ),
+                    );
+                }
+            }
+            Some(d) => f.problem(
+                "ledger",
+                format!(
+                    "ledger mismatch: this user's ledger records run {} sealed at {} with digest \
+                     {}, but the capsule's seal has digest {d} (replaced after the seal)",
+                    run, last.sealed_at, last.seal_digest
+                ),
+            ),
+            None => f.problem(
+                "ledger",
+                format!(
+                    "ledger mismatch: this user's ledger records run {} sealed at {} with digest \
+                     {}, but the capsule has no readable seal of the current format",
+                    run, last.sealed_at, last.seal_digest
+                ),
+            ),
+        }
+    }
+}
+
+/// Bytes the `launched` event's MAC covers: the run id and the event's own fields (without the
+/// log's `seq`, `at`, `event` and the `mac` itself). serde_json maps are sorted, so this is
+/// canonical.
+pub fn launch_event_body(run_id: &str, fields: &serde_json::Value) -> Vec<u8> {
+    let mut fields = fields.clone();
+    if let Some(map) = fields.as_object_mut() {
+        for k in ["seq", "at", "event", "mac"] {
+            map.remove(k);
+        }
+    }
+    serde_json::to_vec(&serde_json::json!({ "run_id": run_id, "fields": fields }))
+        .unwrap_or_default()
+}
+
+/// Whether a `launched` event read back from events.jsonl carries a MAC made with `key` for
+/// this run.
+pub fn launch_event_authenticates(key: &SealKey, run_id: &str, event: &serde_json::Value) -> bool {
+    event
+        .get("mac")
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|mac| {
+            key.verify_mac(
+                MacPurpose::LaunchEvent,
+                &launch_event_body(run_id, event),
+                mac,
+            )
+        })
+}
