@@ -329,7 +329,7 @@ mod tests {
     fn keyed_fingerprints_compare_under_one_key_and_hide_guessable_values() {
         use crate::store::seal::SealKey;
         let key = SealKey::from_bytes([1; 32]);
-        let mut a = evidence_for_launch(&vars(&[("PIN", "4821")]), "inherit", &[]);
+        let mut a = evidence_for_launch(&vars(&[("PIN", "4821")]), EnvMode::Inherit, &[]);
         let mut b = a.clone();
         key_fingerprints(&mut a, &key);
         key_fingerprints(&mut b, &key);
@@ -342,7 +342,7 @@ mod tests {
             *fp == unkeyed || fp.ends_with(&unkeyed["sha256:".len()..])
         });
         assert!(!guessed);
-        let mut c = evidence_for_launch(&vars(&[("PIN", "4821")]), "inherit", &[]);
+        let mut c = evidence_for_launch(&vars(&[("PIN", "4821")]), EnvMode::Inherit, &[]);
         key_fingerprints(&mut c, &SealKey::from_bytes([2; 32]));
         assert_ne!(
             c.variables["PIN"], *fp,
