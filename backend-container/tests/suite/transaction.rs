@@ -150,7 +150,7 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
     };
     let plan = promote::plan(&capsule, store.objects(), &root, &all).unwrap();
     let preview = promote::execute(&capsule, &plan, true).unwrap();
-    assert_eq!(preview.status, "dry_run");
+    assert_eq!(preview.status.to_string(), "dry_run");
     assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"a before\n");
     let a = preview.items.iter().find(|i| i.path == "a.txt").unwrap();
     assert!(a.diff.as_deref().unwrap().contains("+a after"));
@@ -161,7 +161,7 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
             .items
             .iter()
             .find(|i| i.path == p)
-            .map(|i| i.outcome.clone())
+            .map(|i| i.outcome.as_str())
             .unwrap_or_else(|| panic!("{p} not in the report: {report:#?}"))
     };
     assert_eq!(outcome("a.txt"), "applied");
@@ -200,7 +200,7 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
     };
     let plan = promote::plan(&capsule, store.objects(), &root, &named).unwrap();
     let r = promote::execute(&capsule, &plan, false).unwrap();
-    assert_eq!(r.items[0].outcome, "skipped");
+    assert_eq!(r.items[0].outcome.as_str(), "skipped");
     assert!(!root.join(".env").exists());
     assert!(matches!(
         promote::plan(
@@ -222,7 +222,7 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
     };
     let plan = promote::plan(&capsule, store.objects(), &root, &forced).unwrap();
     let r = promote::execute(&capsule, &plan, false).unwrap();
-    assert_eq!(r.items[0].outcome, "created");
+    assert_eq!(r.items[0].outcome.as_str(), "created");
     assert_eq!(std::fs::read(root.join(".env")).unwrap(), b"SECRET=1\n");
     assert!(capsule.dir().join("promote-result.json").exists());
 

@@ -366,7 +366,7 @@ pub struct ItemReport {
     pub action: Option<OpKind>,
     /// `applied`, `created`, `removed`, `already_applied`, `conflict`, `skipped`, `failed`,
     /// `would_apply`, `would_create`, `would_remove`.
-    pub outcome: String,
+    pub outcome: PromoteOutcome,
     pub reason: Option<String>,
     /// Dry run: unified diff of text content from the host state to the workspace state.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -384,7 +384,7 @@ pub struct Report {
     pub dry_run: bool,
     /// `promoted`, `partial` (conflicts or failures preserved host state), `nothing_to_do`,
     /// `dry_run`.
-    pub status: String,
+    pub status: PromoteStatus,
     pub totals: BTreeMap<String, usize>,
     pub not_selected: usize,
     pub items: Vec<ItemReport>,
@@ -398,22 +398,79 @@ impl Report {
     pub fn has_conflicts(&self) -> bool {
         self.items
             .iter()
-            .any(|i| i.outcome == "conflict" || i.outcome == "failed")
+            .any(|i| matches!(i.outcome, PromoteOutcome::Conflict | PromoteOutcome::Failed))
     }
 }
 
-fn promote_word(o: Outcome) -> &'static str {
-    match o {
-        Outcome::Restored => "applied",
-        Outcome::Recreated => "created",
-        Outcome::Removed => "removed",
-        Outcome::AlreadyRestored => "already_applied",
-        Outcome::Conflict => "conflict",
-        Outcome::Skipped => "skipped",
-        Outcome::Failed => "failed",
-        Outcome::WouldRestore => "would_apply",
-        Outcome::WouldRecreate => "would_create",
-        Outcome::WouldRemove => "would_remove",
+/// What happened to one path, in promote's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromoteOutcome {
+    Applied,
+    Created,
+    Removed,
+    AlreadyApplied,
+    Conflict,
+    Skipped,
+    Failed,
+    WouldApply,
+    WouldCreate,
+    WouldRemove,
+}
+
+impl PromoteOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromoteOutcome::Applied => "applied",
+            PromoteOutcome::Created => "created",
+            PromoteOutcome::Removed => "removed",
+            PromoteOutcome::AlreadyApplied => "already_applied",
+            PromoteOutcome::Conflict => "conflict",
+            PromoteOutcome::Skipped => "skipped",
+            PromoteOutcome::Failed => "failed",
+            PromoteOutcome::WouldApply => "would_apply",
+            PromoteOutcome::WouldCreate => "would_create",
+            PromoteOutcome::WouldRemove => "would_remove",
+        }
+    }
+}
+
+impl From<Outcome> for PromoteOutcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Restored => PromoteOutcome::Applied,
+            Outcome::Recreated => PromoteOutcome::Created,
+            Outcome::Removed => PromoteOutcome::Removed,
+            Outcome::AlreadyRestored => PromoteOutcome::AlreadyApplied,
+            Outcome::Conflict => PromoteOutcome::Conflict,
+            Outcome::Skipped => PromoteOutcome::Skipped,
+            Outcome::Failed => PromoteOutcome::Failed,
+            Outcome::WouldRestore => PromoteOutcome::WouldApply,
+            Outcome::WouldRecreate => PromoteOutcome::WouldCreate,
+            Outcome::WouldRemove => PromoteOutcome::WouldRemove,
+        }
+    }
+}
+
+/// How a promote ended as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromoteStatus {
+    Promoted,
+    /// Conflicts or failures preserved host state.
+    Partial,
+    NothingToDo,
+    DryRun,
+}
+
+impl std::fmt::Display for PromoteStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            PromoteStatus::Promoted => "promoted",
+            PromoteStatus::Partial => "partial",
+            PromoteStatus::NothingToDo => "nothing_to_do",
+            PromoteStatus::DryRun => "dry_run",
+        })
     }
 }
 
@@ -464,7 +521,7 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
                 json!({
                     "path": op.path,
                     "action": op.kind,
-                    "outcome": promote_word(r.outcome),
+                    "outcome": PromoteOutcome::from(r.outcome),
                     "reason": r.reason,
                 }),
             )
@@ -474,8 +531,8 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
     let mut totals: BTreeMap<String, usize> = BTreeMap::new();
     let mut items = Vec::with_capacity(plan.items.len());
     for (item, done) in plan.items.iter().zip(executed.items) {
-        let outcome = promote_word(done.result.outcome).to_string();
-        *totals.entry(outcome.clone()).or_default() += 1;
+        let outcome = PromoteOutcome::from(done.result.outcome);
+        *totals.entry(outcome.as_str().to_string()).or_default() += 1;
         items.push(ItemReport {
             path: item.path.clone(),
             change_type: item.change_type,
@@ -496,27 +553,28 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
         force: plan.force,
         paths: plan.paths.clone(),
         dry_run,
-        status: String::new(),
+        status: PromoteStatus::DryRun,
         totals,
         not_selected: plan.not_selected,
         items,
         started_at,
         finished_at: now_rfc3339_millis(),
     };
-    let wrote = report
-        .items
-        .iter()
-        .any(|i| matches!(i.outcome.as_str(), "applied" | "created" | "removed"));
+    let wrote = report.items.iter().any(|i| {
+        matches!(
+            i.outcome,
+            PromoteOutcome::Applied | PromoteOutcome::Created | PromoteOutcome::Removed
+        )
+    });
     report.status = if dry_run {
-        "dry_run"
+        PromoteStatus::DryRun
     } else if report.has_conflicts() {
-        "partial"
+        PromoteStatus::Partial
     } else if wrote {
-        "promoted"
+        PromoteStatus::Promoted
     } else {
-        "nothing_to_do"
-    }
-    .into();
+        PromoteStatus::NothingToDo
+    };
     if !dry_run {
         capsule.write_recovery(RecoveryArtifact::PromoteResult, &report)?;
         let suffix: String = report
@@ -552,7 +610,7 @@ pub fn render_summary(report: &Report) -> String {
     for i in &report.items {
         out.push_str(&format!(
             "  {:<15} {:<8} {}{}{}\n",
-            i.outcome,
+            i.outcome.as_str(),
             i.decision.as_str(),
             escape_terminal(&i.path),
             if i.implied {
@@ -715,8 +773,12 @@ mod tests {
         // The dry run knows d/f would be gone before d is removed: d is not a conflict.
         let plan = plan(&capsule, store.objects(), &root, &all()).unwrap();
         let preview = execute(&capsule, &plan, true).unwrap();
-        assert_eq!(item(&preview, "d/f").outcome, "would_remove");
-        assert_eq!(item(&preview, "d").outcome, "would_remove", "{preview:#?}");
+        assert_eq!(item(&preview, "d/f").outcome, PromoteOutcome::WouldRemove);
+        assert_eq!(
+            item(&preview, "d").outcome,
+            PromoteOutcome::WouldRemove,
+            "{preview:#?}"
+        );
         assert!(!preview.has_conflicts());
         assert!(root.join("d/f").exists(), "a dry run writes nothing");
 
@@ -724,9 +786,9 @@ mod tests {
         // not reported as holding entries added after the run.
         std::fs::write(root.join("d/f"), b"edited on the host\n").unwrap();
         let report = execute(&capsule, &plan, false).unwrap();
-        assert_eq!(item(&report, "d/f").outcome, "conflict");
+        assert_eq!(item(&report, "d/f").outcome, PromoteOutcome::Conflict);
         let d = item(&report, "d");
-        assert_eq!(d.outcome, "skipped", "{report:#?}");
+        assert_eq!(d.outcome, PromoteOutcome::Skipped, "{report:#?}");
         assert!(
             d.reason
                 .as_deref()
@@ -742,8 +804,8 @@ mod tests {
         // With the host back in the captured state, promote removes both.
         std::fs::write(root.join("d/f"), b"old\n").unwrap();
         let report = execute(&capsule, &plan, false).unwrap();
-        assert_eq!(report.status, "promoted", "{report:#?}");
-        assert_eq!(item(&report, "d").outcome, "removed");
+        assert_eq!(report.status, PromoteStatus::Promoted, "{report:#?}");
+        assert_eq!(item(&report, "d").outcome, PromoteOutcome::Removed);
         assert!(!root.join("d").exists());
         assert!(root.join("keep.txt").exists());
     }
@@ -770,7 +832,7 @@ mod tests {
         assert_eq!(plan.not_selected, 1);
         let preview = execute(&capsule, &plan, true).unwrap();
         let a = item(&preview, "src/a.txt");
-        assert_eq!(a.outcome, "would_apply");
+        assert_eq!(a.outcome, PromoteOutcome::WouldApply);
         let diff = a.diff.as_deref().unwrap_or("");
         assert!(diff.contains("+++ src/a.txt (after promote)"), "{diff}");
         assert!(!diff.contains("rollback"), "{diff}");
