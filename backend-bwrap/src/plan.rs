@@ -104,6 +104,11 @@ impl HostFacts {
             interactive: std::io::IsTerminal::is_terminal(&std::io::stdin()),
             ..HostFacts::default()
         };
+        // The state directory agentdiff itself uses for its seal key (AGENTDIFF_STATE_DIR
+        // included), resolved by the store's own rule.
+        if let Ok(d) = agentdiff_engine::store::seal::StateDir::from_env() {
+            facts.key_dirs.push(d.path().to_path_buf());
+        }
         for env in [own.as_slice(), command_env] {
             let get = |name: &str| {
                 env.iter()

@@ -15,6 +15,7 @@ fn agentdiff(root: &Path, args: &[&str]) -> Output {
         .args(args)
         .current_dir(root)
         .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .output()
         .expect("run agentdiff")
 }
