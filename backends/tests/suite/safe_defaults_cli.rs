@@ -682,3 +682,32 @@ fn signal_exits_are_128_plus_n() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_failed_must_check_exits_74() {
+    let (_t, root) = project();
+    // A "fail-closed" option that does not make the local backend unusable: FAIL-001 (MUST)
+    // sees the command run, so the backend is not conformant and the code is 74, not 0 or 1.
+    let out = agentdiff(
+        &root,
+        &[
+            "conformance",
+            "--runtime",
+            "local",
+            "--only",
+            "FAIL",
+            "--fail-closed-option",
+            "tracking=proc_poll",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(74), "{}", text(&out.stderr));
+    let tap = text(&out.stdout);
+    assert!(tap.contains("not ok 1 - FAIL-001"), "{tap}");
+    assert!(tap.contains("the command ran"), "{tap}");
+    // With the case the backend declares, the same check passes and the exit is 0.
+    let out = agentdiff(
+        &root,
+        &["conformance", "--runtime", "local", "--only", "FAIL"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
