@@ -4,4 +4,3 @@ mod daemons;
 mod environment;
 mod ports;
 mod supervise;
-mod terminal;

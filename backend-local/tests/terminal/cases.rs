@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use agentdiff_engine::backend::RunEvidence;
 
-use super::common::*;
+use crate::common::*;
 
 fn evidence(path: &Path) -> RunEvidence {
     serde_json::from_str(&read(path)).unwrap()
