@@ -11,7 +11,7 @@
 //! enforcement (the labels stay `requested`). Deny globs srt cannot take on Linux are only
 //! decided after the run. Credential locations outside the listed ones are readable.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -144,21 +144,14 @@ pub const CREDENTIAL_LOCATIONS: &[&str] = &[
     ".vault-token",
 ];
 
-/// agentdiff's per-user state directory (its key and caches): `$XDG_STATE_HOME/agentdiff` when
-/// that is an absolute path, else `$HOME/.local/state/agentdiff`, from agentdiff's own
-/// environment. `None` when neither variable gives an absolute path.
+/// agentdiff's per-user state directory (its seal key and caches), resolved exactly as the store
+/// resolves it (`$AGENTDIFF_STATE_DIR`, `$XDG_STATE_HOME/agentdiff`, `$HOME/.local/state/agentdiff`),
+/// so the directory denied to the command is the one holding the key. `None` when it cannot be
+/// resolved (the store then refuses to seal as well).
 pub fn agentdiff_state_dir() -> Option<PathBuf> {
-    state_dir_from(
-        std::env::var_os("XDG_STATE_HOME").as_deref(),
-        std::env::var_os("HOME").as_deref(),
-    )
-}
-
-fn state_dir_from(xdg_state_home: Option<&OsStr>, home: Option<&OsStr>) -> Option<PathBuf> {
-    let absolute = |v: Option<&OsStr>| v.map(PathBuf::from).filter(|p| p.is_absolute());
-    absolute(xdg_state_home)
-        .map(|x| x.join("agentdiff"))
-        .or_else(|| absolute(home).map(|h| h.join(".local/state/agentdiff")))
+    agentdiff_engine::store::seal::StateDir::from_env()
+        .ok()
+        .map(|d| d.path().to_path_buf())
 }
 
 /// The home directories whose credential locations are denied: the command's `HOME` and
@@ -439,21 +432,6 @@ mod tests {
         let reads = b.settings["filesystem"]["denyRead"].as_array().unwrap();
         assert!(!reads.contains(&json!("/h/.ssh")));
         assert_eq!(b.reads_left_readable, vec!["/h/.ssh"]);
-    }
-
-    #[test]
-    fn the_state_directory_follows_xdg_then_home() {
-        let s =
-            |x: Option<&str>, h: Option<&str>| state_dir_from(x.map(OsStr::new), h.map(OsStr::new));
-        assert_eq!(
-            s(Some("/x"), Some("/h")),
-            Some(PathBuf::from("/x/agentdiff"))
-        );
-        assert_eq!(
-            s(Some("relative"), Some("/h")),
-            Some(PathBuf::from("/h/.local/state/agentdiff"))
-        );
-        assert_eq!(s(None, Some("rel")), None);
     }
 
     #[test]
