@@ -179,7 +179,10 @@ fn real_srt_proxy_listeners_are_infrastructure_not_the_commands() {
     }
     let f = Fixture::bare();
     std::fs::remove_dir_all(f.root.join(".agentdiff")).unwrap();
-    let outcome = run_transaction(&f, vec![OsString::from("true")]);
+    // The command outlives a few 100 ms port samples, so srt's proxy is seen while srt holds
+    // it (with `true` alone, a loaded host can end srt between two samples).
+    let argv = ["sleep", "0.5"].map(OsString::from).to_vec();
+    let outcome = run_transaction(&f, argv);
     assert_eq!(outcome.result.exit_code, Some(0), "{}", stderr_of(&f));
     let doc: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(outcome.capsule_dir.join("runtime.json")).unwrap(),
