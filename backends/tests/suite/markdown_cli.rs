@@ -58,7 +58,16 @@ fn normalise(report: &str) -> String {
             in_leftovers = line.starts_with("**Leftover processes**");
         }
         let line = match line.strip_prefix("| ").and_then(|r| r.split_once(" |")) {
+            // The pid, and the program the leftover was first seen running: `(sleep 30 &)`
+            // forks a shell that then execs sleep, and a sample may land on either side of the
+            // exec. The row's presence and its cleanup outcome stay compared.
             Some((pid, rest)) if in_leftovers && pid.bytes().all(|b| b.is_ascii_digit()) => {
+                let rest = match rest.trim_start().split_once(" |") {
+                    Some((exe, tail)) if exe == "sleep" || exe == "dash" || exe == "sh" => {
+                        format!(" EXE |{tail}")
+                    }
+                    _ => rest.to_string(),
+                };
                 format!("| PID |{rest}")
             }
             _ => line.to_string(),
