@@ -241,6 +241,9 @@ pub async fn version(
     })
 }
 
+/// How often `srt --version` is retried when exec reports ETXTBSY.
+const ETXTBSY_RETRIES: u32 = 10;
+
 /// Run `srt --version` (with `env`, the command's environment, when given: srt is a Node script
 /// found through its PATH).
 pub async fn probe(srt: &Path, env: Option<&[(OsString, OsString)]>) -> Result<String, String> {
@@ -253,15 +256,28 @@ pub async fn probe(srt: &Path, env: Option<&[(OsString, OsString)]>) -> Result<S
     if let Some(env) = env {
         cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
     }
-    let out = tokio::time::timeout(VERSION_TIMEOUT, cmd.output())
-        .await
-        .map_err(|_| {
-            format!(
-                "`{} --version` did not answer within {VERSION_TIMEOUT:?}",
-                srt.display()
-            )
-        })?
-        .map_err(|e| format!("cannot run `{} --version`: {e}", srt.display()))?;
+    let mut attempt = 0;
+    let out = loop {
+        let result = tokio::time::timeout(VERSION_TIMEOUT, cmd.output())
+            .await
+            .map_err(|_| {
+                format!(
+                    "`{} --version` did not answer within {VERSION_TIMEOUT:?}",
+                    srt.display()
+                )
+            })?;
+        match result {
+            Ok(out) => break out,
+            // ETXTBSY: the file is still open for writing somewhere, typically by a child another
+            // thread forked while srt was being (re)installed or written; that descriptor closes
+            // at the child's exec, so a short wait is enough. Anything else is final.
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < ETXTBSY_RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(format!("cannot run `{} --version`: {e}", srt.display())),
+        }
+    };
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || stdout.is_empty() || stdout.lines().count() != 1 {
         let stderr = String::from_utf8_lossy(&out.stderr);
