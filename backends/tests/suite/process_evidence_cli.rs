@@ -532,8 +532,9 @@ fn a_hung_engine_socket_does_not_block_the_run() {
         fake_engine(&sock, mode);
         let p = project();
         let started = Instant::now();
-        let out = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-            .args([
+        let out = cmd(
+            p.path(),
+            &[
                 "run",
                 "--format",
                 "json",
@@ -541,20 +542,13 @@ fn a_hung_engine_socket_does_not_block_the_run() {
                 "never",
                 "--",
                 "true",
-            ])
-            .current_dir(p.path())
-            .env_remove("AGENTDIFF_POLICY")
-            .env("AGENTDIFF_STATE_DIR", super::state_dir())
-            .env("DOCKER_HOST", format!("unix://{}", sock.display()))
-            .output()
-            .unwrap();
+            ],
+        )
+        .env("DOCKER_HOST", format!("unix://{}", sock.display()))
+        .output()
+        .unwrap();
         let took = started.elapsed();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}", text(&out.stderr));
         // Discovery overlaps the command; the end-of-command phase waits at most 2 s.
         assert!(
             took < Duration::from_secs(8),
