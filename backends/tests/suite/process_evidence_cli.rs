@@ -532,6 +532,95 @@ fn cleanup_containers_refuses_a_container_created_outside_the_run_window() {
     assert_eq!(container_state(&id), "running");
 }
 
+/// A fake engine on a Unix socket: every connection is accepted and then, per `mode`, never
+/// answered or answered one byte every 200 ms (a well-formed response that never ends).
+fn fake_engine(path: &Path, mode: &'static str) {
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                use std::io::Write;
+                if mode == "silent" {
+                    std::thread::sleep(Duration::from_secs(120));
+                    return;
+                }
+                let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+                for b in head.iter().chain(std::iter::repeat(&b'1')) {
+                    if conn.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            });
+        }
+    });
+}
+
+/// An engine socket that accepts and never answers (or answers a byte at a time) does not hold a
+/// run: each observation phase gives up at its deadline and the evidence says the engine did not
+/// answer.
+#[test]
+fn a_hung_engine_socket_does_not_block_the_run() {
+    for mode in ["silent", "trickle"] {
+        let sockets = tempfile::tempdir().unwrap();
+        let sock = sockets.path().join("engine.sock");
+        fake_engine(&sock, mode);
+        let p = project();
+        let started = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
+            .args([
+                "run",
+                "--format",
+                "json",
+                "--fail-on",
+                "never",
+                "--",
+                "true",
+            ])
+            .current_dir(p.path())
+            .env_remove("AGENTDIFF_POLICY")
+            .env("AGENTDIFF_STATE_DIR", super::state_dir())
+            .env("DOCKER_HOST", format!("unix://{}", sock.display()))
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Discovery overlaps the command; the end-of-command phase waits at most 2 s.
+        assert!(
+            took < Duration::from_secs(8),
+            "{mode}: the run took {took:?}"
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rt: Value = serde_json::from_slice(
+            &fs::read(
+                p.path()
+                    .join(".agentdiff/runs")
+                    .join(r["run_id"].as_str().unwrap())
+                    .join("runtime.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let errors = rt["containers"]["errors"].to_string();
+        assert!(
+            errors.contains(&sock.display().to_string()) && errors.contains("did not answer"),
+            "{mode}: {:#}",
+            rt["containers"]
+        );
+        assert!(!rt["containers"]["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["socket"] == sock.display().to_string().as_str()));
+    }
+}
+
 // ---- a killed monitor ----
 
 /// agentdiff SIGKILLed mid-run: the command keeps writing into the tree. The next agentdiff

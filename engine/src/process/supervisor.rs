@@ -458,7 +458,7 @@ mod unix {
                 .iter()
                 .map(|r| r.identity.pid)
                 .collect();
-            let mut container_evidence = self.containers.take().map(|w| w.observe(&run_pids));
+            let container_evidence = self.containers.take().map(|w| w.observe(&run_pids));
 
             let mut cleanup = CleanupReport {
                 mechanism: if cfg!(target_os = "linux") {
@@ -561,9 +561,7 @@ mod unix {
                     }
                 }
             }
-            if let Some(ev) = &mut container_evidence {
-                containers::refresh_after_cleanup(ev);
-            }
+            let container_evidence = container_evidence.map(containers::refresh_after_cleanup);
             let execs = self.exec.finish();
             if execs.lost > 0 {
                 self.warnings.push(format!(
