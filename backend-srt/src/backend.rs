@@ -329,7 +329,7 @@ impl RuntimeBackend for SrtBackend {
             .await
             .map_err(|e| {
                 unavailable(
-                    e,
+                    e.to_string(),
                     "reinstall srt (`npm install -g @anthropic-ai/sandbox-runtime`) and check that \
                      `srt --version` works",
                 )
