@@ -19,6 +19,7 @@ mod process_evidence_cli;
 mod rollback_cli;
 mod run_cli;
 mod safe_defaults_cli;
+mod stat_cache_cli;
 mod terminal_cli;
 
 /// A seal key and ledger private to this test process.

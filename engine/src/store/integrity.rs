@@ -400,6 +400,14 @@ impl Capsule {
         }
     }
 
+    /// integrity.json when it parses as a seal of the current format, with its bytes.
+    pub(crate) fn parse_current_seal(&self) -> Option<(Integrity, Vec<u8>)> {
+        match self.parse_seal() {
+            Ok(ParsedSeal::Current(seal, bytes)) => Some((seal, bytes)),
+            _ => None,
+        }
+    }
+
     fn parse_seal(&self) -> Result<ParsedSeal, String> {
         let path = self.dir().join(Artifact::Integrity.file_name());
         let bytes = atomic::read_bounded(&path, MAX_ARTIFACT_BYTES)
@@ -415,7 +423,7 @@ impl Capsule {
         }
     }
 
-    fn check_seal_header(&self, seal: &Integrity, bytes: &[u8], f: &mut Findings) {
+    pub(crate) fn check_seal_header(&self, seal: &Integrity, bytes: &[u8], f: &mut Findings) {
         let name = Artifact::Integrity.file_name();
         if seal.seal_format != SEAL_FORMAT {
             f.problem(

@@ -87,7 +87,17 @@ impl Capsule {
         objects: &ObjectStore,
     ) -> Result<Manifest, StoreError> {
         check_manifest_artifact(artifact, "read_manifest")?;
-        let mut header = self.read_artifact_value(artifact)?;
+        let header = self.read_artifact_value(artifact)?;
+        self.manifest_from_header(artifact, header, objects)
+    }
+
+    /// The manifest a header names, its entries object verified against its hash.
+    pub(crate) fn manifest_from_header(
+        &self,
+        artifact: Artifact,
+        mut header: Value,
+        objects: &ObjectStore,
+    ) -> Result<Manifest, StoreError> {
         let hex = header
             .get("entries_object")
             .and_then(|o| o.get("sha256"))

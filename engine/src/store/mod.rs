@@ -26,6 +26,7 @@ mod integrity;
 mod lock;
 mod manifest;
 mod objects;
+mod previous;
 mod run_id;
 pub mod seal;
 mod tamper;
@@ -53,6 +54,7 @@ pub use integrity::{
 };
 pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
 pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome};
+pub use previous::PreviousScan;
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
 
 /// Name of the store directory below the project root (always excluded from scans).

@@ -190,7 +190,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 
     // Capture before.
     let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
-    let capture = CapturePlan::new(&store, &capsule, policy, private_workspace, req.progress);
+    let capture = CapturePlan::new(
+        &store,
+        &capsule,
+        policy,
+        &authority,
+        private_workspace,
+        req.progress,
+    );
     let mut before = capture.before(&root)?;
     let mut referenced = capture::referenced_objects(&before.manifest);
     referenced.push(before.entries_object.clone());
