@@ -192,7 +192,7 @@ pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanErro
         });
     }
     Ok(Manifest {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: crate::store::MANIFEST_SCHEMA_VERSION,
         root: root_str,
         ignore_lines,
         entries,

@@ -35,10 +35,10 @@ pub(super) struct CapturePlan<'a> {
     pub progress: Option<ProgressFn<'a>>,
 }
 
-/// A stored manifest and the object holding its entries.
+/// A stored manifest and its root tree.
 pub(super) struct Captured {
     pub manifest: Manifest,
-    pub entries_object: String,
+    pub root_tree: String,
 }
 
 impl<'a> CapturePlan<'a> {
@@ -147,7 +147,7 @@ impl<'a> CapturePlan<'a> {
             .as_ref()
             .map(|p| p as &(dyn Fn(&ScanProgress) + Sync));
         let manifest = fs::scan(dir, &opts)?;
-        let entries_object =
+        let root_tree =
             self.capsule
                 .write_manifest(step.artifact, &manifest, self.store.objects())?;
         self.capsule.event(
@@ -160,7 +160,7 @@ impl<'a> CapturePlan<'a> {
         )?;
         Ok(Captured {
             manifest,
-            entries_object,
+            root_tree,
         })
     }
 }
@@ -172,7 +172,6 @@ struct Step {
     event: &'static str,
 }
 
-/// Objects a manifest's backups live in (kept alive by the seal).
 /// Most paths named in the refusal message; the rest are counted.
 const MAX_NAMED: usize = 10;
 
@@ -209,8 +208,4 @@ pub(super) fn missing_backups(manifest: &Manifest) -> Option<String> {
             String::new()
         }
     ))
-}
-
-pub(super) fn referenced_objects(manifest: &Manifest) -> Vec<String> {
-    crate::store::manifest_objects(manifest)
 }
