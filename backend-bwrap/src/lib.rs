@@ -1,7 +1,7 @@
 //! agentdiff runtime backend `bwrap`: runs the command in the host's real tree under a
 //! bubblewrap sandbox whose every control agentdiff chooses itself.
 //!
-//! The command is launched as `bwrap MOUNTS NAMESPACES -- SHIM __srt-exec-shim v1 MARKER ARGC
+//! The command is launched as `bwrap MOUNTS NAMESPACES -- SHIM __exec-shim v1 MARKER ARGC
 //! ARGV…`. The mounts make the host read-only (`--ro-bind / /`), give a fresh `/dev`, `/proc` and
 //! a private `/tmp`, bind the project root writable, re-bind its `.git`, `.agentdiff` and the
 //! policy's literal deny paths read-only, and hide credential locations (`~/.ssh`, `~/.aws`, …,

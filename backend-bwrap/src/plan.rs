@@ -22,21 +22,9 @@ use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, O
 /// Name of the start-marker FIFO in the run capsule (removed when the run ends).
 pub const START_MARKER_FILE: &str = "bwrap-start-marker.fifo";
 
-/// Credential locations below a home directory, hidden from the command when they exist.
-pub const CREDENTIAL_LOCATIONS: [&str; 12] = [
-    ".ssh",
-    ".aws",
-    ".gnupg",
-    ".config/gcloud",
-    ".kube",
-    ".docker",
-    ".npmrc",
-    ".netrc",
-    ".pypirc",
-    ".git-credentials",
-    ".config/gh",
-    ".azure",
-];
+/// Credential locations below a home directory, hidden from the command when they exist: the
+/// engine's one list, shared with the srt backend and the hook.
+pub use agentdiff_engine::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
 
 /// Errors of planning: the request cannot be turned into a sandbox as asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,8 +76,10 @@ pub struct Mount {
 pub struct HostFacts {
     /// Home directories whose credential locations are hidden (agentdiff's and the command's).
     pub homes: Vec<PathBuf>,
-    /// agentdiff's per-user state directory (its signing key lives there).
-    pub key_dirs: Vec<PathBuf>,
+    /// agentdiff's per-user state directory (its seal key lives there), resolved only by the
+    /// store's own rule (`StateDir::from_env`); `None` when it cannot be resolved (the store then
+    /// refuses to seal as well).
+    pub state_dir: Option<PathBuf>,
     /// Whether agentdiff's stdin is a terminal: an interactive run keeps the caller's session
     /// (so the terminal, Ctrl-C and job control work) and relies on the exec shim's TIOCSTI
     /// filter; otherwise the sandbox gets a new session as well.
@@ -101,34 +91,22 @@ impl HostFacts {
     pub fn current(command_env: &[(OsString, OsString)]) -> HostFacts {
         let own: Vec<(OsString, OsString)> = std::env::vars_os().collect();
         let mut facts = HostFacts {
+            state_dir: agentdiff_engine::store::seal::StateDir::from_env()
+                .ok()
+                .map(|d| d.path().to_path_buf()),
             interactive: std::io::IsTerminal::is_terminal(&std::io::stdin()),
             ..HostFacts::default()
         };
-        // The state directory agentdiff itself uses for its seal key (AGENTDIFF_STATE_DIR
-        // included), resolved by the store's own rule.
-        if let Ok(d) = agentdiff_engine::store::seal::StateDir::from_env() {
-            facts.key_dirs.push(d.path().to_path_buf());
-        }
         for env in [own.as_slice(), command_env] {
-            let get = |name: &str| {
-                env.iter()
-                    .rev()
-                    .find(|(k, _)| k.as_os_str() == OsStr::new(name))
-                    .map(|(_, v)| PathBuf::from(v))
-                    .filter(|p| p.is_absolute())
-            };
-            let home = get("HOME");
-            let key_dir = get("XDG_STATE_HOME")
-                .or_else(|| home.as_ref().map(|h| h.join(".local/state")))
-                .map(|d| d.join("agentdiff"));
+            let home = env
+                .iter()
+                .rev()
+                .find(|(k, _)| k.as_os_str() == OsStr::new("HOME"))
+                .map(|(_, v)| PathBuf::from(v))
+                .filter(|p| p.is_absolute());
             if let Some(h) = home {
                 if !facts.homes.contains(&h) {
                     facts.homes.push(h);
-                }
-            }
-            if let Some(k) = key_dir {
-                if !facts.key_dirs.contains(&k) {
-                    facts.key_dirs.push(k);
                 }
             }
         }
@@ -272,11 +250,11 @@ fn hidden(
 ) -> Vec<(PathBuf, String)> {
     let mut wanted: Vec<(PathBuf, String)> = Vec::new();
     for home in &facts.homes {
-        for rel in CREDENTIAL_LOCATIONS {
+        for rel in CREDENTIAL_LOCATIONS.iter() {
             wanted.push((home.join(rel), "credential location".into()));
         }
     }
-    for k in &facts.key_dirs {
+    if let Some(k) = &facts.state_dir {
         wanted.push((k.clone(), "agentdiff key directory".into()));
     }
     for h in extra {
@@ -565,7 +543,7 @@ mod tests {
     fn facts(f: &Fixture) -> HostFacts {
         HostFacts {
             homes: vec![f.home.clone()],
-            key_dirs: vec![f.home.join(".local/state/agentdiff")],
+            state_dir: Some(f.home.join(".local/state/agentdiff")),
             interactive: false,
         }
     }
@@ -796,7 +774,27 @@ mod tests {
     }
 
     #[test]
-    fn host_facts_find_the_key_directory_under_xdg_state_home() {
+    fn every_shared_credential_location_that_exists_is_hidden() {
+        let f = fixture();
+        for rel in CREDENTIAL_LOCATIONS.iter() {
+            let p = f.home.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            if !p.exists() {
+                std::fs::write(&p, "secret").unwrap();
+            }
+        }
+        let plan = plan_with(&f, BackendOptions::new(), &[]).unwrap();
+        for rel in CREDENTIAL_LOCATIONS.iter() {
+            let p = f.home.join(rel);
+            let hidden = plan.mounts.iter().any(|m| {
+                m.path == p && matches!(m.kind, MountKind::HiddenDir | MountKind::HiddenFile)
+            });
+            assert!(hidden, "{} not hidden: {:?}", p.display(), plan.mounts);
+        }
+    }
+
+    #[test]
+    fn host_facts_take_homes_from_both_environments_and_the_state_dir_from_the_store() {
         let env = vec![
             (OsString::from("HOME"), OsString::from("/home/cmd")),
             (
@@ -806,11 +804,11 @@ mod tests {
         ];
         let f = HostFacts::current(&env);
         assert!(f.homes.contains(&PathBuf::from("/home/cmd")));
-        assert!(f.key_dirs.contains(&PathBuf::from("/var/state/agentdiff")));
-        let f = HostFacts::current(&[(OsString::from("HOME"), OsString::from("/home/x"))]);
-        assert!(f
-            .key_dirs
-            .contains(&PathBuf::from("/home/x/.local/state/agentdiff")));
+        // The command's XDG_STATE_HOME does not move agentdiff's key: only the store's rule does.
+        let store = agentdiff_engine::store::seal::StateDir::from_env()
+            .ok()
+            .map(|d| d.path().to_path_buf());
+        assert_eq!(f.state_dir, store);
     }
 
     #[test]

@@ -131,7 +131,7 @@ fn settings_error(e: SettingsError) -> BackendError {
 }
 
 /// The exec-shim program: the `srt-exec-shim` option, else `AGENTDIFF_SRT_EXEC_SHIM`, else this
-/// program when it is the `agentdiff` binary (which has the hidden `__srt-exec-shim` subcommand).
+/// program when it is the `agentdiff` binary (which has the hidden `__exec-shim` subcommand).
 pub fn locate_shim(option: Option<&str>) -> std::result::Result<PathBuf, BackendError> {
     let remedy = format!(
         "run through the `agentdiff` binary, or set {ENV_EXEC_SHIM} (or the `{OPT_EXEC_SHIM}` \

@@ -1,7 +1,7 @@
 //! agentdiff runtime backend `srt`: runs the command under Anthropic's Sandbox Runtime CLI.
 //!
 //! The command is launched as
-//! `srt --settings FILE -- AGENTDIFF __srt-exec-shim v1 MARKER ARGC ARGV…`, where FILE is the
+//! `srt --settings FILE -- AGENTDIFF __exec-shim v1 MARKER ARGC ARGV…`, where FILE is the
 //! user's `--srt-settings` or, by default, settings derived from the effective policy
 //! ([`settings`]): argv boundaries
 //! are kept (never `-c`, never a shell string from agentdiff), and `--` always ends srt's own

@@ -122,27 +122,9 @@ pub fn settings_evidence(choice: &SettingsChoice) -> Result<Value, SettingsError
     }))
 }
 
-/// Credential locations below a home directory whose reads the derived settings deny.
-pub const CREDENTIAL_LOCATIONS: &[&str] = &[
-    ".ssh",
-    ".gnupg",
-    ".aws",
-    ".azure",
-    ".config/gcloud",
-    ".config/gh",
-    ".config/hub",
-    ".kube",
-    ".docker/config.json",
-    ".netrc",
-    ".git-credentials",
-    ".config/git/credentials",
-    ".npmrc",
-    ".pypirc",
-    ".cargo/credentials",
-    ".cargo/credentials.toml",
-    ".terraform.d/credentials.tfrc.json",
-    ".vault-token",
-];
+/// Credential locations below a home directory whose reads the derived settings deny: the
+/// engine's one list, shared with the bwrap backend and the hook.
+pub use agentdiff_engine::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
 
 /// agentdiff's per-user state directory (its seal key and caches), resolved exactly as the store
 /// resolves it (`$AGENTDIFF_STATE_DIR`, `$XDG_STATE_HOME/agentdiff`, `$HOME/.local/state/agentdiff`),

@@ -65,7 +65,7 @@ fn main() -> ExitCode {
 
 /// The arguments after the hidden exec-shim subcommand, when `argv[1]` is it.
 fn shim_arguments(argv: &[OsString]) -> Option<&[OsString]> {
-    (argv.get(1)? == exec_shim::SHIM_SUBCOMMAND).then(|| &argv[2..])
+    exec_shim::subcommand_arguments(argv.get(1..)?)
 }
 
 #[cfg(test)]
@@ -158,6 +158,9 @@ mod tests {
             OsString::from(exec_shim::SHIM_SUBCOMMAND),
         ];
         argv.extend(tail.iter().cloned());
+        assert_eq!(shim_arguments(&argv), Some(&tail[..]));
+        // The earlier name stays accepted.
+        argv[1] = OsString::from(exec_shim::LEGACY_SHIM_SUBCOMMAND);
         assert_eq!(shim_arguments(&argv), Some(&tail[..]));
         let run = [OsString::from("agentdiff"), OsString::from("run")];
         assert_eq!(shim_arguments(&run), None);

@@ -2,10 +2,12 @@
 //! before it reaches the terminal.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
+use agentdiff_engine::backend::Enforcement;
+use agentdiff_engine::fs::EntryKind;
 use agentdiff_engine::policy::Action;
 use agentdiff_engine::redact::escape_terminal;
+use agentdiff_engine::report::{Recovery, RunView};
 use agentdiff_engine::transaction::{RunResult, Status};
 
 fn action_word(a: Action) -> &'static str {
@@ -35,31 +37,49 @@ fn outcome_line(r: &RunResult) -> String {
 /// Most unrecoverable paths listed one by one; the rest are counted.
 const MAX_LISTED: usize = 20;
 
-/// Recovery per path, from what was captured and verified: each change's `reversible` says
-/// whether its backup exists (a backup that failed, e.g. on a full disk, makes it unrecoverable).
-fn recovery_lines(s: &mut String, r: &RunResult) {
-    if r.changes.is_empty() {
-        return;
-    }
-    let lost: Vec<_> = r.changes.iter().filter(|c| !c.reversible).collect();
+/// Recovery, as [`RunView::recovery`] derives it for every surface.
+fn recovery_lines(s: &mut String, v: &RunView) {
+    let r = &v.result;
     let id = escape_terminal(&r.run_id);
-    if r.recovery_available && lost.is_empty() {
-        let _ = writeln!(
-            s,
-            "  recovery: available for every change — agentdiff rollback {id} --safe-only"
-        );
-        return;
-    }
-    if r.recovery_available {
-        let _ = writeln!(
-            s,
-            "  recovery: available for {} of {} changes — agentdiff rollback {id} --safe-only",
-            r.changes.len() - lost.len(),
-            r.changes.len()
-        );
-    } else {
-        let _ = writeln!(s, "  recovery: not available for these changes");
-    }
+    let lost = match v.recovery() {
+        Recovery::PrivateCopy => {
+            let _ = writeln!(
+                s,
+                "  host tree: unchanged (the command worked on a private copy); review and apply \
+                 with agentdiff promote {id} --all --dry-run"
+            );
+            return;
+        }
+        Recovery::Unsealed => {
+            let _ = writeln!(
+                s,
+                "  recovery: not possible — the capsule is NOT sealed (the run was interrupted), \
+                 so rollback refuses it; agentdiff cleanup {id} stops what the run left behind"
+            );
+            return;
+        }
+        Recovery::NothingChanged => return,
+        Recovery::NotAvailable { lost } => {
+            let _ = writeln!(s, "  recovery: not available for these changes");
+            lost
+        }
+        Recovery::Available { lost } if lost.is_empty() => {
+            let _ = writeln!(
+                s,
+                "  recovery: available for every change — agentdiff rollback {id} --safe-only"
+            );
+            return;
+        }
+        Recovery::Available { lost } => {
+            let _ = writeln!(
+                s,
+                "  recovery: available for {} of {} changes — agentdiff rollback {id} --safe-only",
+                r.changes.len() - lost.len(),
+                r.changes.len()
+            );
+            lost
+        }
+    };
     for c in lost.iter().take(MAX_LISTED) {
         let _ = writeln!(
             s,
@@ -77,39 +97,29 @@ fn recovery_lines(s: &mut String, r: &RunResult) {
     }
 }
 
-/// The end-of-run summary: what happened at a glance, then each change. `sealed`: whether the
-/// capsule's seal is in place (an interrupted run's capsule is not, and cannot be rolled back).
-pub fn run_summary(r: &RunResult, root: &Path, sealed: bool) -> String {
-    let mut s = String::new();
-    let backend = r
-        .runtime
-        .as_ref()
-        .map(|rt| {
-            let isolation = if rt.sandboxed {
-                "sandboxed".to_string()
-            } else if rt.enforcement == agentdiff_engine::backend::Enforcement::None {
-                "not sandboxed".to_string()
-            } else {
-                // Handed to an external tool: verified only where a recorded probe says so.
-                let how = if rt.verified_controls.is_empty() {
-                    "not verified"
-                } else {
-                    "verified only where listed below"
-                };
-                format!("{}, {how}", rt.enforcement)
-            };
-            format!("{} backend, {isolation}", escape_terminal(&rt.backend))
-        })
-        .unwrap_or_else(|| "not launched".into());
-    let _ = writeln!(
-        s,
-        "\nagentdiff: run {} ({backend})",
-        escape_terminal(&r.run_id)
-    );
-    let _ = writeln!(s, "  {}", outcome_line(r));
-    if let Some(err) = &r.execution_error {
-        let _ = writeln!(s, "  error: {}", escape_terminal(err));
-    }
+/// `local backend, not sandboxed`, or what the backend's enforcement is and whether a recorded
+/// probe verified any of it.
+fn backend_label(r: &RunResult) -> String {
+    let Some(rt) = &r.runtime else {
+        return "not launched".into();
+    };
+    let isolation = if rt.sandboxed {
+        "sandboxed".to_string()
+    } else if rt.enforcement == Enforcement::None {
+        "not sandboxed".to_string()
+    } else {
+        // Handed to an external tool: verified only where a recorded probe says so.
+        let how = if rt.verified_controls.is_empty() {
+            "not verified"
+        } else {
+            "verified only where listed below"
+        };
+        format!("{}, {how}", rt.enforcement)
+    };
+    format!("{} backend, {isolation}", escape_terminal(&rt.backend))
+}
+
+fn change_lines(s: &mut String, r: &RunResult) {
     let sm = &r.summary;
     let _ = writeln!(
         s,
@@ -121,9 +131,9 @@ pub fn run_summary(r: &RunResult, root: &Path, sealed: bool) -> String {
     );
     for c in &r.changes {
         let kind = match c.entry_kind {
-            agentdiff_engine::fs::EntryKind::Directory => "/",
-            agentdiff_engine::fs::EntryKind::Symlink => " (symlink)",
-            agentdiff_engine::fs::EntryKind::File => "",
+            EntryKind::Directory => "/",
+            EntryKind::Symlink => " (symlink)",
+            EntryKind::File => "",
         };
         let _ = writeln!(
             s,
@@ -135,6 +145,11 @@ pub fn run_summary(r: &RunResult, root: &Path, sealed: bool) -> String {
             escape_terminal(&c.policy_decision.rule)
         );
     }
+}
+
+/// Limits, warnings, leftovers, findings, containers, ports and probe citations.
+fn evidence_lines(s: &mut String, r: &RunResult) {
+    let sm = &r.summary;
     for v in &r.limit_violations {
         let _ = writeln!(
             s,
@@ -177,75 +192,67 @@ pub fn run_summary(r: &RunResult, root: &Path, sealed: bool) -> String {
             sm.opened_ports
         );
     }
-    if let Some(rt) = &r.runtime {
-        if !rt.verified_controls.is_empty() {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let names: Vec<String> = rt
-                .verified_controls
-                .iter()
-                .map(|v| {
-                    let at = v.citation["probed_at_unix"].as_u64().unwrap_or(now);
-                    format!(
-                        "{} ({} min ago)",
-                        v.boundary.as_str(),
-                        now.saturating_sub(at) / 60
-                    )
-                })
-                .collect();
-            let _ = writeln!(
-                s,
-                "  verified by a recorded probe on this host: {}",
-                names.join(", ")
-            );
-        }
-    }
-    let b = &r.blast_radius;
-    let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
-    // Nothing ran: no change was decided, so there is no outcome to report as if it had.
-    let not_run = r.status == Status::Error && r.changes.is_empty();
+    let Some(rt) = r
+        .runtime
+        .as_ref()
+        .filter(|rt| !rt.verified_controls.is_empty())
+    else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let names: Vec<String> = rt
+        .verified_controls
+        .iter()
+        .map(|v| {
+            let at = v.citation["probed_at_unix"].as_u64().unwrap_or(now);
+            format!(
+                "{} ({} min ago)",
+                v.boundary.as_str(),
+                now.saturating_sub(at) / 60
+            )
+        })
+        .collect();
     let _ = writeln!(
         s,
-        "  policy outcome: {}",
-        match r.safety_outcome {
-            _ if not_run => "none (nothing ran)",
-            Action::Allow => "allow",
-            Action::Review => "review",
-            Action::Deny => "deny",
-        }
+        "  verified by a recorded probe on this host: {}",
+        names.join(", ")
     );
-    let private = r.runtime.as_ref().is_some_and(|rt| {
-        rt.capabilities.workspace == agentdiff_engine::backend::WorkspaceMode::Private
-    });
-    if private {
-        let _ = writeln!(
-            s,
-            "  host tree: unchanged (the command worked on a private copy); review and apply with \
-             agentdiff promote {} --all --dry-run",
-            escape_terminal(&r.run_id)
-        );
-    } else if !sealed {
-        let _ = writeln!(
-            s,
-            "  recovery: not possible — the capsule is NOT sealed (the run was interrupted), so \
-             rollback refuses it; agentdiff cleanup {} stops what the run left behind",
-            escape_terminal(&r.run_id)
-        );
-    } else {
-        recovery_lines(&mut s, r);
+}
+
+/// The end-of-run summary: what happened at a glance, then each change. The facts shared with
+/// the markdown report (policy outcome, recovery) come from [`RunView`].
+pub fn run_summary(v: &RunView) -> String {
+    let r = &v.result;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nagentdiff: run {} ({})",
+        escape_terminal(&r.run_id),
+        backend_label(r)
+    );
+    let _ = writeln!(s, "  {}", outcome_line(r));
+    if let Some(err) = &r.execution_error {
+        let _ = writeln!(s, "  error: {}", escape_terminal(err));
     }
+    change_lines(&mut s, r);
+    evidence_lines(&mut s, r);
+    let b = &r.blast_radius;
+    let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
+    let outcome = match v.policy_outcome() {
+        None => "none (nothing ran)",
+        Some(Action::Allow) => "allow",
+        Some(Action::Review) => "review",
+        Some(Action::Deny) => "deny",
+    };
+    let _ = writeln!(s, "  policy outcome: {outcome}");
+    recovery_lines(&mut s, v);
     let _ = writeln!(
         s,
         "  capsule: {}",
-        escape_terminal(
-            &root
-                .join(".agentdiff/runs")
-                .join(&r.run_id)
-                .display()
-                .to_string()
-        )
+        escape_terminal(&v.capsule_dir.display().to_string())
     );
     let _ = writeln!(s, "  status: {}", r.status.as_str());
     s

@@ -4,6 +4,7 @@
 //! backends link this crate and register themselves through [`backend::registry`].
 
 pub mod backend;
+pub mod credentials;
 pub mod environment;
 pub mod fs;
 #[cfg(unix)]

@@ -88,7 +88,7 @@ fn argv_boundaries_reach_the_command_unchanged() {
     );
     assert!(!got[..sep].iter().any(|a| a == "-c"), "{got:?}");
     assert_eq!(got[sep + 1], SHIM);
-    assert_eq!(got[sep + 2], "__srt-exec-shim");
+    assert_eq!(got[sep + 2], "__exec-shim");
     assert_eq!(got[sep + 3], "v1");
     assert_eq!(got[sep + 5], argv.len().to_string());
     let tail: Vec<OsString> = got[sep + 6..].iter().map(OsString::from).collect();
@@ -243,7 +243,7 @@ fn secrets_in_the_command_are_redacted_from_the_recorded_wrapper_argv() {
     ] {
         assert!(!stored.contains(secret), "{secret} in {stored}");
     }
-    assert!(stored.contains("__srt-exec-shim"));
+    assert!(stored.contains("__exec-shim"));
     assert!(!ev.wrapper.unwrap().to_string().contains("s3cr3t"));
 }
 

@@ -104,7 +104,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.format {
         InspectFormat::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
         InspectFormat::Summary | InspectFormat::Markdown => {
-            out!("{}", crate::report::run_summary(&result, &root, sealed))
+            let view = RunView::of_result(result, sealed, capsule.dir().to_path_buf());
+            out!("{}", crate::report::run_summary(&view))
         }
     }
     Ok(ExitCode::SUCCESS)

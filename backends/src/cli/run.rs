@@ -376,7 +376,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             outln!("{text}");
         }
         Format::Summary => {
-            errout!("{}", report::run_summary(&outcome.result, &root, true));
+            let view =
+                RunView::of_result(outcome.result.clone(), true, outcome.capsule_dir.clone());
+            errout!("{}", report::run_summary(&view));
         }
     }
     let code = exit_code(&outcome, args.fail_on);

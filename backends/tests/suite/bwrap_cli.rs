@@ -3,19 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs;
-use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
-}
 
 /// `true` (and the test returns) when bwrap is missing here and the skip rule allows it.
 fn no_bwrap() -> bool {
@@ -53,14 +45,13 @@ impl Fixture {
     }
 
     fn run(&self, extra: &[&str], argv: &[&str], env: &[(&str, &str)]) -> (i32, Value, Output) {
-        let mut cmd = Command::new(bin());
-        cmd.args(["run", "--runtime", "bwrap", "--format", "json"])
-            .args(extra)
+        let mut cmd = super::cmd(
+            self.root(),
+            &["run", "--runtime", "bwrap", "--format", "json"],
+        );
+        cmd.args(extra)
             .arg("--")
             .args(argv)
-            .current_dir(self.root())
-            .env_remove("AGENTDIFF_POLICY")
-            .env("AGENTDIFF_STATE_DIR", super::state_dir())
             .env("HOME", self.home.path());
         for (k, v) in env {
             cmd.env(k, v);
@@ -81,25 +72,29 @@ impl Fixture {
     }
 }
 
-/// A host loopback listener that records whether anything connected.
-fn listener() -> (u16, Arc<AtomicBool>, Arc<AtomicBool>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    l.set_nonblocking(true).unwrap();
-    let hit = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (h, s) = (Arc::clone(&hit), Arc::clone(&stop));
-    std::thread::spawn(move || {
-        while !s.load(Ordering::Relaxed) {
-            if let Ok((mut c, _)) = l.accept() {
-                let mut buf = [0u8; 16];
-                let _ = c.read(&mut buf);
-                h.store(true, Ordering::Relaxed);
-            }
-            std::thread::sleep(Duration::from_millis(10));
+/// A host loopback listener. A connection made during the run waits in its accept queue (the
+/// kernel completes the handshake before the client's `connect` returns), so one non-blocking
+/// accept after the run tells whether anything connected: no thread, no sleep, no race.
+struct Listener(TcpListener);
+
+impl Listener {
+    fn new() -> Listener {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        Listener(l)
+    }
+
+    fn port(&self) -> u16 {
+        self.0.local_addr().unwrap().port()
+    }
+
+    fn was_connected(&self) -> bool {
+        match self.0.accept() {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => panic!("accept: {e}"),
         }
-    });
-    (port, hit, stop)
+    }
 }
 
 #[test]
@@ -111,7 +106,8 @@ fn bwrap_confines_writes_reads_and_network_and_records_the_change() {
     let token = format!("{}", std::process::id());
     let var_tmp = PathBuf::from(format!("/var/tmp/agentdiff-bwrap-probe-{token}"));
     let home_file = f.home.path().join("written-by-command");
-    let (port, hit, stop) = listener();
+    let listener = Listener::new();
+    let port = listener.port();
     // Each attempt reports ok/fail into report.txt inside the root.
     let script = r#"
 r=report.txt
@@ -142,8 +138,6 @@ exit 0
             ("PORT", &port.to_string()),
         ],
     );
-    std::thread::sleep(Duration::from_millis(200));
-    stop.store(true, Ordering::Relaxed);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(code, 69, "{stderr}");
     let report = fs::read_to_string(f.root().join("report.txt"))
@@ -164,7 +158,7 @@ exit 0
         );
     }
     assert!(
-        !hit.load(Ordering::Relaxed),
+        !listener.was_connected(),
         "a connection reached the host listener"
     );
     assert!(!home_file.exists());
@@ -268,8 +262,9 @@ fn bwrap_exit_1_of_the_command_is_the_commands_and_a_setup_failure_is_not() {
 fn without_bwrap_on_path_the_command_does_not_run_and_bubblewrap_is_named() {
     let f = Fixture::new();
     let empty = tempfile::tempdir().unwrap();
-    let out = Command::new(bin())
-        .args([
+    let out = super::cmd(
+        f.root(),
+        &[
             "run",
             "--runtime",
             "bwrap",
@@ -277,13 +272,12 @@ fn without_bwrap_on_path_the_command_does_not_run_and_bubblewrap_is_named() {
             "/bin/sh",
             "-c",
             "echo ran > ran.txt",
-        ])
-        .current_dir(f.root())
-        .env("PATH", empty.path())
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .env("HOME", f.home.path())
-        .output()
-        .unwrap();
+        ],
+    )
+    .env("PATH", empty.path())
+    .env("HOME", f.home.path())
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "{stderr}");
     assert!(stderr.contains("bubblewrap"), "{stderr}");
@@ -302,16 +296,12 @@ fn host_network_from_the_policy_is_labelled_uncontrolled() {
         "version: 2\nruntime:\n  bwrap:\n    network: host\n",
     )
     .unwrap();
-    let (port, hit, stop) = listener();
+    let listener = Listener::new();
+    let port = listener.port();
     let script = format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'");
     let (code, result, out) = f.run(&[], &["sh", "-c", &script], &[]);
-    std::thread::sleep(Duration::from_millis(200));
-    stop.store(true, Ordering::Relaxed);
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        hit.load(Ordering::Relaxed),
-        "the host network was asked for"
-    );
+    assert!(listener.was_connected(), "the host network was asked for");
     let rt = f.runtime_json(&result);
     assert_eq!(rt["capabilities"]["network"], "uncontrolled", "{rt:#}");
     assert_eq!(rt["capabilities"]["network_enforcement"], false);

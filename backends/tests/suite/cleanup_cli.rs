@@ -38,12 +38,10 @@ fn sleeper() -> Sleeper {
 }
 
 fn cleanup(root: &Path, run: &str, grace: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-        .args(["cleanup", run, "--format", "json", "--grace-period", grace])
-        .current_dir(root)
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .output()
-        .unwrap()
+    super::agentdiff(
+        root,
+        &["cleanup", run, "--format", "json", "--grace-period", grace],
+    )
 }
 
 /// Adds the artifacts every sealed capsule holds and seals it with the tests' key, so it

@@ -9,6 +9,8 @@ use std::process::{Command, Output, Stdio};
 use agentdiff_engine::store::seal::{StateDir, VerifyContext};
 use agentdiff_engine::store::{Integrity, Store, Verdict};
 use serde_json::Value;
+
+use super::{json_of, text};
 use sha2::{Digest, Sha256};
 
 const INVALID_CAPSULE: i32 = 67;
@@ -42,13 +44,17 @@ impl Project {
     }
 
     fn agentdiff_with_state(&self, args: &[&str], state: &Path) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-            .args(args)
-            .current_dir(&self.root)
-            .env_remove("AGENTDIFF_POLICY")
+        self.cmd(args)
             .env("AGENTDIFF_STATE_DIR", state)
             .output()
-            .expect("run agentdiff")
+            .unwrap()
+    }
+
+    /// [`super::cmd`] with this project's own state directory.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = super::cmd(&self.root, args);
+        c.env("AGENTDIFF_STATE_DIR", &self.state);
+        c
     }
 
     /// `agentdiff run --format json --run-id ID -- sh -c SCRIPT` → (exit code, result).
@@ -56,14 +62,7 @@ impl Project {
         let out = self.agentdiff(&[
             "run", "--format", "json", "--run-id", id, "--", "sh", "-c", script,
         ]);
-        let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {} / {}",
-                text(&out.stdout),
-                text(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap_or(-1), json)
+        (out.status.code().unwrap_or(-1), json_of(&out))
     }
 
     fn run_dir(&self, id: &str) -> PathBuf {
@@ -72,14 +71,7 @@ impl Project {
 
     fn verify(&self, id: &str) -> (i32, Value) {
         let out = self.agentdiff(&["verify", id, "--format", "json"]);
-        let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {} / {}",
-                text(&out.stdout),
-                text(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap_or(-1), json)
+        (out.status.code().unwrap_or(-1), json_of(&out))
     }
 
     /// Rewrites integrity.json as an attacker without the key would: edit it, recompute the
@@ -93,10 +85,6 @@ impl Project {
         bytes.push(b'\n');
         fs::write(&path, bytes).unwrap();
     }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn sha(bytes: &[u8]) -> String {
@@ -211,7 +199,7 @@ fn a_planted_object_never_stands_in_for_a_backup() {
     assert_eq!(result["recovery_available"], true, "{result:#}");
     assert_eq!(fs::read(&object).unwrap(), b"hello\n");
     let out = p.agentdiff(&["rollback", "remove", "--all"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    super::assert_exit(&out, 0);
     assert_eq!(fs::read(p.root.join("new.txt")).unwrap(), b"hello\n");
 }
 
@@ -415,12 +403,7 @@ fn without_the_key_a_genuine_capsule_is_intact_but_not_authenticated() {
     assert_eq!(p.run("r1", "echo x >> a.txt").0, 0);
     let elsewhere = tempfile::tempdir().unwrap();
     let out = p.agentdiff_with_state(&["verify", "r1"], elsewhere.path());
-    assert_eq!(
-        out.status.code(),
-        Some(UNAUTHENTICATED),
-        "{}",
-        text(&out.stdout)
-    );
+    super::assert_exit(&out, UNAUTHENTICATED);
     let stdout = text(&out.stdout);
     assert!(stdout.contains("NOT authenticated"), "{stdout}");
     assert!(stdout.contains("no seal key"), "{stdout}");
@@ -438,12 +421,7 @@ fn without_the_key_a_genuine_capsule_is_intact_but_not_authenticated() {
     }
     fs::write(&path, serde_json::to_vec_pretty(&seal).unwrap()).unwrap();
     let out = p.agentdiff_with_state(&["verify", "r1"], elsewhere.path());
-    assert_eq!(
-        out.status.code(),
-        Some(UNAUTHENTICATED),
-        "{}",
-        text(&out.stdout)
-    );
+    super::assert_exit(&out, UNAUTHENTICATED);
     assert!(
         text(&out.stdout).contains("older seal format"),
         "{}",
@@ -463,16 +441,11 @@ fn verify_all_reports_every_run_and_ledgered_runs_that_are_missing() {
     assert_eq!(p.run("r1", "true").0, 0);
     assert_eq!(p.run("r2", "true").0, 0);
     let out = p.agentdiff(&["verify", "--all"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    super::assert_exit(&out, 0);
     assert_eq!(text(&out.stdout).matches("authenticated: run").count(), 2);
     fs::remove_dir_all(p.run_dir("r1")).unwrap();
     let out = p.agentdiff(&["verify", "--all", "--format", "json"]);
-    assert_eq!(
-        out.status.code(),
-        Some(INVALID_CAPSULE),
-        "{}",
-        text(&out.stdout)
-    );
+    super::assert_exit(&out, INVALID_CAPSULE);
     let all: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(all["missing_from_store"], serde_json::json!(["r1"]));
     assert_eq!(all["runs"][0]["verdict"], "authenticated");
@@ -516,12 +489,7 @@ fn cleanup_refuses_forged_evidence_and_the_unrelated_process_survives() {
         s.artifacts.insert("runtime.json".into(), sha(&bytes));
     });
     let out = p.agentdiff(&["cleanup", "r1", "--grace-period", "0.2"]);
-    assert_eq!(
-        out.status.code(),
-        Some(INVALID_CAPSULE),
-        "{}",
-        text(&out.stderr)
-    );
+    super::assert_exit(&out, INVALID_CAPSULE);
     assert!(
         text(&out.stderr).contains("refusing to clean up"),
         "{}",
@@ -545,12 +513,7 @@ fn cleanup_refuses_forged_evidence_and_the_unrelated_process_survives() {
         "root": identity, "pid": identity["pid"], "mac": "00".repeat(32)});
     fs::write(forged.join("events.jsonl"), format!("{event}\n")).unwrap();
     let out = p.agentdiff(&["cleanup", "ghost", "--grace-period", "0.2"]);
-    assert_eq!(
-        out.status.code(),
-        Some(INVALID_CAPSULE),
-        "{}",
-        text(&out.stderr)
-    );
+    super::assert_exit(&out, INVALID_CAPSULE);
     assert!(
         text(&out.stderr).contains("launched"),
         "{}",
@@ -591,8 +554,8 @@ fn argv_secrets_are_redacted_and_environment_fingerprints_are_keyed() {
         .status()
         .unwrap();
     let mysql = bin.join("mysql").display().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-        .args(["run", "--run-id", "secrets", "--", "sh", "-c", "true", "x"])
+    let out = p
+        .cmd(&["run", "--run-id", "secrets", "--", "sh", "-c", "true", "x"])
         .args(["-u", "admin:Pw-one-q9z", "--oauth2-bearer", "Tok-two-q9z"])
         .args([
             "-H",
@@ -600,29 +563,22 @@ fn argv_secrets_are_redacted_and_environment_fingerprints_are_keyed() {
             "-H",
             "Authorization: Bearer Tok-four-q9z",
         ])
-        .current_dir(&p.root)
-        .env("AGENTDIFF_STATE_DIR", &p.state)
         .env("PIN", "4821")
         .env("SOME_VALUE", "Env-six-q9z")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-        .args([
-            "run",
-            "--run-id",
-            "mysql",
-            "--",
-            &mysql,
-            "-uroot",
-            "-pPw-five-q9z",
-            "db",
-        ])
-        .current_dir(&p.root)
-        .env("AGENTDIFF_STATE_DIR", &p.state)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
+    let out = p.agentdiff(&[
+        "run",
+        "--run-id",
+        "mysql",
+        "--",
+        &mysql,
+        "-uroot",
+        "-pPw-five-q9z",
+        "db",
+    ]);
+    super::assert_exit(&out, 0);
     for run in ["secrets", "mysql"] {
         for entry in fs::read_dir(p.run_dir(run)).unwrap() {
             let body = fs::read_to_string(entry.unwrap().path()).unwrap();

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::policy_cli::{agentdiff, project_with_seed_policy, stderr, stdout, SEED_POLICY};
+use super::policy_cli::{project_with_seed_policy, SEED_POLICY};
+use super::{agentdiff, agentdiff_with_stdin, text};
 
 const HOOK_BLOCK: i32 = 2;
 
@@ -43,21 +44,21 @@ fn claude_input(root: &Path, tool_name: &str, tool_input: Value) -> String {
 }
 
 fn hook(root: &Path, input: &str) -> Output {
-    agentdiff(
+    agentdiff_with_stdin(
         root,
         &["hook", "pre-tool-use", "--root", root.to_str().unwrap()],
-        Some(input),
+        input,
     )
 }
 
 /// The answer: `Some((decision, reason))`, or `None` for no decision (exit 0, empty stdout).
 fn answer(root: &Path, tool_name: &str, tool_input: Value) -> Option<(String, String)> {
     let out = hook(root, &claude_input(root, tool_name, tool_input));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    if stdout(&out).trim().is_empty() {
+    super::assert_exit(&out, 0);
+    if text(&out.stdout).trim().is_empty() {
         return None;
     }
-    let value: Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON object");
+    let value: Value = serde_json::from_str(&text(&out.stdout)).expect("stdout is one JSON object");
     assert_eq!(value.as_object().unwrap().len(), 1, "{value}");
     let specific = &value["hookSpecificOutput"];
     assert_eq!(specific["hookEventName"], "PreToolUse");
@@ -306,8 +307,8 @@ fn long_paths_are_refused_quickly_and_long_valid_paths_are_linear() {
         started.elapsed()
     );
     assert_eq!(out.status.code(), Some(HOOK_BLOCK));
-    assert!(stderr(&out).contains("4096"), "{}", stderr(&out));
-    assert!(stdout(&out).is_empty());
+    assert!(text(&out.stderr).contains("4096"), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).is_empty());
 
     // Within PATH_MAX: 2,000 segments that climb back, through a symlink, to a denied file.
     symlink(".git", root.join("g")).unwrap();
@@ -325,7 +326,7 @@ fn long_paths_are_refused_quickly_and_long_valid_paths_are_linear() {
     let input = json!({"tool_name": "Write", "tool_input": {"file_path": "a", "content": "x".repeat(1024 * 1024)}});
     let out = hook(root, &input.to_string());
     assert_eq!(out.status.code(), Some(HOOK_BLOCK));
-    assert!(stderr(&out).contains("1 MiB"), "{}", stderr(&out));
+    assert!(text(&out.stderr).contains("1 MiB"), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -340,12 +341,12 @@ fn a_foreign_policy_file_is_not_quoted() {
     let input = claude_input(root, "Read", json!({"file_path": "a"}));
     let out = hook(root, &input);
     assert_eq!(out.status.code(), Some(HOOK_BLOCK));
-    let err = stderr(&out);
+    let err = text(&out.stderr);
     assert!(err.contains("outside the project root"), "{err}");
     assert!(!err.contains("saltsalt") && !err.contains("bogus"), "{err}");
 
     // Named with --policy it is read, and still not quoted.
-    let out = agentdiff(
+    let out = agentdiff_with_stdin(
         root,
         &[
             "hook",
@@ -355,10 +356,10 @@ fn a_foreign_policy_file_is_not_quoted() {
             "--policy",
             shadow.to_str().unwrap(),
         ],
-        Some(&input),
+        &input,
     );
     assert_eq!(out.status.code(), Some(HOOK_BLOCK));
-    let err = stderr(&out);
+    let err = text(&out.stderr);
     assert!(err.contains("not a valid agentdiff policy"), "{err}");
     assert!(
         !err.contains("saltsalt") && !err.contains("bogus") && !err.contains("root:"),
@@ -382,17 +383,17 @@ fn an_invalid_project_policy_blocks_without_quoting_it() {
         &claude_input(dir.path(), "Read", json!({"file_path": "a"})),
     );
     assert_eq!(out.status.code(), Some(HOOK_BLOCK));
-    let err = stderr(&out);
+    let err = text(&out.stderr);
     assert!(
         err.contains("1 problem") && err.contains("policy validate"),
         "{err}"
     );
     assert!(!err.contains("bogus"), "{err}");
-    let out = agentdiff(dir.path(), &["policy", "validate"], None);
+    let out = agentdiff(dir.path(), &["policy", "validate"]);
     assert!(
-        stderr(&out).contains("unknown policy key: bogus"),
+        text(&out.stderr).contains("unknown policy key: bogus"),
         "{}",
-        stderr(&out)
+        text(&out.stderr)
     );
 }
 
@@ -412,14 +413,14 @@ fn hook_malformed_input_blocks_and_never_allows() {
         let out = hook(root, input);
         assert_eq!(out.status.code(), Some(HOOK_BLOCK), "{input:?}");
         assert!(
-            stdout(&out).is_empty(),
+            text(&out.stdout).is_empty(),
             "{input:?} printed {}",
-            stdout(&out)
+            text(&out.stdout)
         );
         assert!(
-            stderr(&out).contains("blocked"),
+            text(&out.stderr).contains("blocked"),
             "{input:?}: {}",
-            stderr(&out)
+            text(&out.stderr)
         );
     }
 }
@@ -450,13 +451,13 @@ fn an_unusable_root_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing");
     let input = claude_input(dir.path(), "Read", json!({"file_path": "a"}));
-    let out = agentdiff(
+    let out = agentdiff_with_stdin(
         dir.path(),
         &["hook", "pre-tool-use", "--root", missing.to_str().unwrap()],
-        Some(&input),
+        &input,
     );
-    assert_eq!(out.status.code(), Some(HOOK_BLOCK), "{}", stderr(&out));
-    assert!(stdout(&out).is_empty());
+    super::assert_exit(&out, HOOK_BLOCK);
+    assert!(text(&out.stdout).is_empty());
 }
 
 #[test]
@@ -474,12 +475,12 @@ fn hook_uses_the_builtin_policy_and_explicit_policy() {
 
     std::fs::write(root.join("p.yaml"), SEED_POLICY).unwrap();
     let input = claude_input(root, "Write", json!({"file_path": root.join("src/a.rs")}));
-    let out = agentdiff(
+    let out = agentdiff_with_stdin(
         root,
         &["hook", "pre-tool-use", "--policy", "p.yaml"],
-        Some(&input),
+        &input,
     );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let value: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    super::assert_exit(&out, 0);
+    let value: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(value["hookSpecificOutput"]["permissionDecision"], "allow");
 }

@@ -3,22 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
-}
-
-fn agentdiff(root: &Path, args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .current_dir(root)
-        .env_remove("AGENTDIFF_POLICY")
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .output()
-        .expect("run agentdiff")
-}
+use super::{agentdiff, text};
 
 fn golden_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/inspect_markdown.md")
@@ -116,12 +103,7 @@ fn the_markdown_report_of_every_kind_of_change_matches_the_reviewed_golden_file(
             script,
         ],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(71),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::assert_exit(&out, 71);
     let inspect = agentdiff(p.path(), &["inspect", "golden-1", "--format", "markdown"]);
     assert!(inspect.status.success(), "{inspect:?}");
     let report = String::from_utf8(inspect.stdout).unwrap();
@@ -210,7 +192,7 @@ fn an_unwritable_summary_file_keeps_the_run_sealed_and_says_where_it_is() {
             "echo y > b.txt",
         ],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(76), "{stderr}");
     assert!(
         stderr.contains("cannot append the report to /dev/full"),
@@ -235,7 +217,7 @@ fn an_unwritable_summary_file_keeps_the_run_sealed_and_says_where_it_is() {
         ],
     );
     assert_eq!(out.status.code(), Some(64), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing was run"));
+    assert!(text(&out.stderr).contains("nothing was run"));
     assert!(!dir.path().join("c.txt").exists());
 }
 

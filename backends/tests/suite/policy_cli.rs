@@ -1,42 +1,13 @@
 //! `agentdiff policy …` run as a user would (the hook's tests are in `hook_cli`).
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
 use serde_json::Value;
+
+use super::{agentdiff, text};
 
 pub(super) const SEED_POLICY: &str =
     include_str!("../../../engine/tests/fixtures/seed-policy.yaml");
 const USAGE: i32 = 64;
 const INVALID_CONFIG: i32 = 65;
-
-pub(super) fn agentdiff(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("agentdiff starts");
-    let mut pipe = child.stdin.take().expect("stdin is piped");
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes())
-            .expect("stdin accepts the input");
-    }
-    drop(pipe);
-    child.wait_with_output().expect("agentdiff finishes")
-}
-
-pub(super) fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-pub(super) fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 pub(super) fn project_with_seed_policy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -48,51 +19,55 @@ pub(super) fn project_with_seed_policy() -> tempfile::TempDir {
 #[test]
 fn init_writes_a_valid_starter_and_refuses_to_overwrite() {
     let dir = tempfile::tempdir().unwrap();
-    let out = agentdiff(dir.path(), &["policy", "init"], None);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = agentdiff(dir.path(), &["policy", "init"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let file = dir.path().join("agentdiff.yaml");
     let written = std::fs::read_to_string(&file).unwrap();
     assert!(written.starts_with("# agentdiff mutation policy"));
     assert!(written.contains("version: 1"));
 
-    let out = agentdiff(dir.path(), &["policy", "validate"], None);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).starts_with("OK: "), "{}", stdout(&out));
+    let out = agentdiff(dir.path(), &["policy", "validate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("OK: "),
+        "{}",
+        text(&out.stdout)
+    );
 
     std::fs::write(&file, "version: 1\n# edited\n").unwrap();
-    let out = agentdiff(dir.path(), &["policy", "init"], None);
+    let out = agentdiff(dir.path(), &["policy", "init"]);
     assert_eq!(out.status.code(), Some(USAGE));
-    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    assert!(
+        text(&out.stderr).contains("--force"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(
         std::fs::read_to_string(&file).unwrap(),
         "version: 1\n# edited\n"
     );
 
-    let out = agentdiff(dir.path(), &["policy", "init", "--force"], None);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = agentdiff(dir.path(), &["policy", "init", "--force"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), written);
 
-    let out = agentdiff(
-        dir.path(),
-        &["policy", "init", "--output", "custom.yaml"],
-        None,
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = agentdiff(dir.path(), &["policy", "init", "--output", "custom.yaml"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         std::fs::read_to_string(dir.path().join("custom.yaml")).unwrap(),
         written
     );
 
-    let out = agentdiff(dir.path(), &["policy", "init", "--output", "-"], None);
-    assert_eq!(stdout(&out), written);
+    let out = agentdiff(dir.path(), &["policy", "init", "--output", "-"]);
+    assert_eq!(text(&out.stdout), written);
 }
 
 #[test]
 fn validate_reports_source_and_digest() {
     let dir = tempfile::tempdir().unwrap();
-    let out = agentdiff(dir.path(), &["policy", "validate"], None);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let line = stdout(&out);
+    let out = agentdiff(dir.path(), &["policy", "validate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
     assert!(line.starts_with("OK: built-in policy"), "{line}");
     assert!(line.contains("sha256 "), "{line}");
 
@@ -107,10 +82,9 @@ fn validate_reports_source_and_digest() {
             "--format",
             "json",
         ],
-        None,
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(report["ok"], true);
     assert_eq!(report["source"]["kind"], "file");
     assert_eq!(report["version"], 1);
@@ -133,9 +107,9 @@ fn validate_rejects_invalid_policies_with_key_paths() {
         "version: 1\nfilesystem:\n  alow_write: []\nlimits:\n  files_changed: -1\n",
     )
     .unwrap();
-    let out = agentdiff(dir.path(), &["policy", "validate"], None);
+    let out = agentdiff(dir.path(), &["policy", "validate"]);
     assert_eq!(out.status.code(), Some(INVALID_CONFIG));
-    let err = stderr(&out);
+    let err = text(&out.stderr);
     assert!(
         err.contains("unknown policy key: filesystem.alow_write"),
         "{err}"
@@ -144,34 +118,37 @@ fn validate_rejects_invalid_policies_with_key_paths() {
         err.contains("limits.files_changed must be a non-negative integer"),
         "{err}"
     );
-    assert!(stdout(&out).is_empty());
+    assert!(text(&out.stdout).is_empty());
 
     let out = agentdiff(
         dir.path(),
         &["policy", "validate", "--policy", "missing.yaml"],
-        None,
     );
     assert_eq!(out.status.code(), Some(INVALID_CONFIG));
-    assert!(stderr(&out).contains("missing.yaml"));
+    assert!(text(&out.stderr).contains("missing.yaml"));
 
     let other = tempfile::tempdir().unwrap();
     std::fs::write(other.path().join("agentdiff.yml"), "version: 1\n").unwrap();
-    let out = agentdiff(other.path(), &["policy", "validate"], None);
+    let out = agentdiff(other.path(), &["policy", "validate"]);
     assert_eq!(out.status.code(), Some(INVALID_CONFIG));
-    assert!(stderr(&out).contains("agentdiff.yaml"), "{}", stderr(&out));
+    assert!(
+        text(&out.stderr).contains("agentdiff.yaml"),
+        "{}",
+        text(&out.stderr)
+    );
 
     std::fs::write(other.path().join("agentdiff.yaml"), "").unwrap();
-    let out = agentdiff(other.path(), &["policy", "validate"], None);
+    let out = agentdiff(other.path(), &["policy", "validate"]);
     assert_eq!(out.status.code(), Some(INVALID_CONFIG));
-    assert!(stderr(&out).contains("empty"), "{}", stderr(&out));
+    assert!(text(&out.stderr).contains("empty"), "{}", text(&out.stderr));
 }
 
 #[test]
 fn explain_path_summary_and_json() {
     let dir = project_with_seed_policy();
-    let out = agentdiff(dir.path(), &["policy", "explain", ".env"], None);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = stdout(&out);
+    let out = agentdiff(dir.path(), &["policy", "explain", ".env"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
     for line in [
         "action:  deny",
         "subject: .env",
@@ -179,25 +156,28 @@ fn explain_path_summary_and_json() {
         "pattern: .env",
         "reason:  ",
     ] {
-        assert!(text.contains(line), "missing {line:?} in\n{text}");
+        assert!(shown.contains(line), "missing {line:?} in\n{shown}");
     }
 
     let out = agentdiff(
         dir.path(),
         &["policy", "explain", "src/auth.py", "--format", "json"],
-        None,
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let d: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let d: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(d["action"], "allow");
     assert_eq!(d["subject"], "src/auth.py");
     assert_eq!(d["rule"], "filesystem.allow_write[0]");
     assert_eq!(d["pattern"], "src/**");
     assert_eq!(d["policy_version"], 1);
 
-    let out = agentdiff(dir.path(), &["policy", "explain", "README.md"], None);
-    assert!(stdout(&out).contains("pattern: -"), "{}", stdout(&out));
-    assert!(stdout(&out).contains("rule:    filesystem.default"));
+    let out = agentdiff(dir.path(), &["policy", "explain", "README.md"]);
+    assert!(
+        text(&out.stdout).contains("pattern: -"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stdout).contains("rule:    filesystem.default"));
 }
 
 #[test]
@@ -213,24 +193,19 @@ fn explain_command() {
             "--format",
             "json",
         ],
-        None,
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let d: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let d: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(d["action"], "deny");
     assert_eq!(d["subject"], "curl");
     assert_eq!(d["rule"], "process.deny[0]");
     assert_eq!(d["phase"], "command");
 
-    let out = agentdiff(
-        dir.path(),
-        &["policy", "explain", "--command", "python3"],
-        None,
-    );
+    let out = agentdiff(dir.path(), &["policy", "explain", "--command", "python3"]);
     assert!(
-        stdout(&out).contains("rule:    process.allow[0]"),
+        text(&out.stdout).contains("rule:    process.allow[0]"),
         "{}",
-        stdout(&out)
+        text(&out.stdout)
     );
 }
 
@@ -244,8 +219,13 @@ fn explain_usage_errors() {
         &["policy", "explain", ".env", "--command", "curl"][..],
         &["policy", "explain", ".env", "--format", "xml"][..],
     ] {
-        let out = agentdiff(dir.path(), args, None);
-        assert_eq!(out.status.code(), Some(USAGE), "{args:?}: {}", stderr(&out));
-        assert!(stdout(&out).is_empty(), "{args:?}");
+        let out = agentdiff(dir.path(), args);
+        assert_eq!(
+            out.status.code(),
+            Some(USAGE),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stdout).is_empty(), "{args:?}");
     }
 }

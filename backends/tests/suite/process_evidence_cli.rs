@@ -5,43 +5,26 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use agentdiff_conformance::skip_unless_required;
 use serde_json::Value;
 
-fn agentdiff(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-        .args(args)
-        .current_dir(root)
-        .env_remove("AGENTDIFF_POLICY")
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .output()
-        .expect("run agentdiff")
-}
+use super::{agentdiff, cmd, run_json, text};
 
 /// `agentdiff run --format json [extra…] -- argv…` → (exit code, result, runtime.json).
 fn run(root: &Path, extra: &[&str], argv: &[&str]) -> (i32, Value, Value) {
-    let mut args = vec!["run", "--format", "json", "--fail-on", "never"];
+    let mut args = vec!["--fail-on", "never"];
     args.extend_from_slice(extra);
-    args.push("--");
-    args.extend_from_slice(argv);
-    let out = agentdiff(root, &args);
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}): {} / {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let (code, r, _) = run_json(root, &args, argv);
     let id = r["run_id"].as_str().unwrap();
     let rt: Value = serde_json::from_slice(
         &fs::read(root.join(".agentdiff/runs").join(id).join("runtime.json")).unwrap(),
     )
     .unwrap();
-    (out.status.code().unwrap_or(-1), r, rt)
+    (code, r, rt)
 }
 
 fn project() -> tempfile::TempDir {
@@ -273,6 +256,50 @@ fn an_exec_after_first_sight_is_recorded_by_polling() {
     exec_case("proc_poll");
 }
 
+/// A leftover that execs another program when cleanup signals it is recorded, in the process
+/// list and in the cleanup record, under the program it ran when it was ended, not the shell it
+/// was first seen (and verified) as.
+#[test]
+fn a_leftover_is_named_after_the_program_it_ran_when_cleaned_up() {
+    let probe = project();
+    let (_, _, rt) = run(probe.path(), &[], &["true"]);
+    if rt["execs"]["mechanism"] != "cn_proc"
+        && skip_unless_required(&format!(
+            "the kernel process events connector is unavailable here: {:?}",
+            rt["warnings"]
+        ))
+    {
+        return;
+    }
+    let p = project();
+    let secs = unique_secs();
+    let inner = format!("trap 'exec sleep {secs}' TERM; while :; do sleep 0.05; done");
+    let script = format!("sh -c \"{inner}\" & sleep 0.3");
+    let (code, r, rt) = run(p.path(), &["--grace-period", "1"], &["sh", "-c", &script]);
+    assert_eq!(code, 0, "{r:#}");
+    let leftover = rt["cleanup"]["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            rt["execs"]["events"].as_array().unwrap().iter().any(|e| {
+                e["pid"] == c["identity"]["pid"]
+                    && e["argv"] == serde_json::json!(["sleep", secs.to_string()])
+            })
+        })
+        .unwrap_or_else(|| panic!("no leftover exec'd sleep: {:#}", rt["cleanup"]));
+    assert_eq!(leftover["executable"], "sleep", "{leftover:#}");
+    let pid = &leftover["identity"]["pid"];
+    let record = rt["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| &p["identity"]["pid"] == pid)
+        .unwrap();
+    assert_eq!(record["executable"], "sleep", "{record:#}");
+    assert_gone(&["sleep", &secs.to_string()]);
+}
+
 #[test]
 fn an_unknown_exec_mechanism_is_refused_before_anything_runs() {
     let p = project();
@@ -290,9 +317,9 @@ fn an_unknown_exec_mechanism_is_refused_before_anything_runs() {
     );
     assert_ne!(out.status.code(), Some(0));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("exec-events"),
+        text(&out.stderr).contains("exec-events"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        text(&out.stderr)
     );
     assert!(!p.path().join("b.txt").exists());
 }
@@ -363,7 +390,7 @@ fn container_state(id: &str) -> String {
         .args(["inspect", "--format", "{{.State.Status}}", id])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    text(&out.stdout).trim().to_string()
 }
 
 #[test]
@@ -436,12 +463,7 @@ fn a_container_started_during_the_run_is_recorded_and_stopped_on_request() {
             "json",
         ],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::assert_exit(&out, 0);
     let res: Value = serde_json::from_slice(&out.stdout).unwrap();
     let stops = res["containers"].as_array().unwrap();
     let stop = stops.iter().find(|s| s["id"] == id.as_str()).unwrap();
@@ -472,12 +494,8 @@ fn cleanup_containers_refuses_a_container_created_outside_the_run_window() {
         .args(["sleep", &secs])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
     let _guard = RemoveContainer(id.clone());
     let p = project();
     let (_, r, _) = run(p.path(), &[], &["true"]);
@@ -499,12 +517,7 @@ fn cleanup_containers_refuses_a_container_created_outside_the_run_window() {
         p.path(),
         &["cleanup", run_id, "--containers", "--format", "json"],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(67),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::assert_exit(&out, 67);
     // ...and even when forced to act on it, the engine's creation time, not the recorded id,
     // decides: refused, exit 68.
     let out = agentdiff(
@@ -518,18 +531,96 @@ fn cleanup_containers_refuses_a_container_created_outside_the_run_window() {
             "json",
         ],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(68),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::assert_exit(&out, 68);
     let res: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         res["containers"][0]["outcome"], "refused_outside_window",
         "{res:#}"
     );
     assert_eq!(container_state(&id), "running");
+}
+
+/// A fake engine on a Unix socket: every connection is accepted and then, per `mode`, never
+/// answered or answered one byte every 200 ms (a well-formed response that never ends).
+fn fake_engine(path: &Path, mode: &'static str) {
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                use std::io::Write;
+                if mode == "silent" {
+                    std::thread::sleep(Duration::from_secs(120));
+                    return;
+                }
+                let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+                for b in head.iter().chain(std::iter::repeat(&b'1')) {
+                    if conn.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            });
+        }
+    });
+}
+
+/// An engine socket that accepts and never answers (or answers a byte at a time) does not hold a
+/// run: each observation phase gives up at its deadline and the evidence says the engine did not
+/// answer.
+#[test]
+fn a_hung_engine_socket_does_not_block_the_run() {
+    for mode in ["silent", "trickle"] {
+        let sockets = tempfile::tempdir().unwrap();
+        let sock = sockets.path().join("engine.sock");
+        fake_engine(&sock, mode);
+        let p = project();
+        let started = Instant::now();
+        let out = cmd(
+            p.path(),
+            &[
+                "run",
+                "--format",
+                "json",
+                "--fail-on",
+                "never",
+                "--",
+                "true",
+            ],
+        )
+        .env("DOCKER_HOST", format!("unix://{}", sock.display()))
+        .output()
+        .unwrap();
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}", text(&out.stderr));
+        // Discovery overlaps the command; the end-of-command phase waits at most 2 s.
+        assert!(
+            took < Duration::from_secs(8),
+            "{mode}: the run took {took:?}"
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rt: Value = serde_json::from_slice(
+            &fs::read(
+                p.path()
+                    .join(".agentdiff/runs")
+                    .join(r["run_id"].as_str().unwrap())
+                    .join("runtime.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let errors = rt["containers"]["errors"].to_string();
+        assert!(
+            errors.contains(&sock.display().to_string()) && errors.contains("did not answer"),
+            "{mode}: {:#}",
+            rt["containers"]
+        );
+        assert!(!rt["containers"]["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["socket"] == sock.display().to_string().as_str()));
+    }
 }
 
 // ---- a killed monitor ----
@@ -542,8 +633,7 @@ fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
     let p = project();
     let secs = unique_secs().to_string();
     let script = format!("while :; do echo x >> log.txt; sleep 0.05; done & sleep {secs}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+    let mut child = cmd(p.path(), &[])
         .args([
             "run",
             "--run-id",
@@ -555,8 +645,6 @@ fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
             "-c",
         ])
         .arg(&script)
-        .current_dir(p.path())
-        .env_remove("AGENTDIFF_POLICY")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -583,7 +671,7 @@ fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
 
     let notice = |args: &[&str]| -> Vec<String> {
         let out = agentdiff(p.path(), args);
-        String::from_utf8_lossy(&out.stderr)
+        text(&out.stderr)
             .lines()
             .filter(|l| l.contains("agentdiff cleanup orphaned"))
             .map(String::from)
@@ -598,10 +686,7 @@ fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
     // A run started now in the same root gets the line too, before anything else.
     let (_, out_line) = {
         let out = agentdiff(p.path(), &["run", "--fail-on", "never", "--", "true"]);
-        (
-            out.status,
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        (out.status, text(&out.stderr))
     };
     assert!(
         out_line.contains("agentdiff cleanup orphaned"),
@@ -609,12 +694,7 @@ fn the_next_command_points_to_cleanup_after_the_monitor_was_killed() {
     );
 
     let out = agentdiff(p.path(), &["cleanup", "orphaned"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    super::assert_exit(&out, 0);
     assert_gone(&["sleep", &secs]);
     let after = size();
     std::thread::sleep(Duration::from_millis(300));

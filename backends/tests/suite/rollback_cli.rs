@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use agentdiff_engine::backend::RunEvidence;
 use agentdiff_engine::fs::{scan, BackupRequest, BackupState, IgnoreSource, Manifest, ScanOptions};
@@ -17,25 +17,13 @@ use agentdiff_engine::store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store};
 use agentdiff_engine::transaction::decide::{self, Evidence, RunFrame};
 use serde_json::{json, Value};
 
+use super::{agentdiff, cmd, text};
+
 const USAGE: i32 = 64;
 const INVALID_CONFIG: i32 = 65;
 const NO_SUCH_RUN: i32 = 66;
 const INVALID_CAPSULE: i32 = 67;
 const CONFLICT: i32 = 68;
-
-fn agentdiff(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentdiff"))
-        .args(args)
-        .current_dir(root)
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .envs(env.iter().copied())
-        .output()
-        .expect("agentdiff runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 fn sh(root: &Path, script: &str) {
     let ok = Command::new("sh")
@@ -204,7 +192,7 @@ fn rollback_all_restores_and_a_second_run_reports_already_restored() {
     let (_t, root) = project();
     let pre = snapshot(&root);
     record(&root, SCRIPT, true, "review");
-    let out = agentdiff(&root, &["rollback", "run1", "--all"], &[]);
+    let out = agentdiff(&root, &["rollback", "run1", "--all"]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -227,12 +215,8 @@ fn rollback_all_restores_and_a_second_run_reports_already_restored() {
         .starts_with("rollback complete"));
     assert_eq!(snapshot(&root), pre);
 
-    let out = agentdiff(
-        &root,
-        &["rollback", "run1", "--all", "--format", "json"],
-        &[],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = agentdiff(&root, &["rollback", "run1", "--all", "--format", "json"]);
+    super::assert_exit(&out, 0);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["status"], "complete");
     let items = report["items"].as_array().unwrap();
@@ -253,8 +237,8 @@ fn a_conflict_exits_68_and_keeps_the_edit() {
     let (_t, root) = project();
     record(&root, SCRIPT, true, "review");
     fs::write(root.join("a.txt"), "edited later\n").unwrap();
-    let out = agentdiff(&root, &["rollback", "run1", "--safe-only"], &[]);
-    assert_eq!(out.status.code(), Some(CONFLICT), "{}", text(&out.stderr));
+    let out = agentdiff(&root, &["rollback", "run1", "--safe-only"]);
+    super::assert_exit(&out, CONFLICT);
     let stdout = text(&out.stdout);
     assert!(stdout.contains("conflict         a.txt"), "{stdout}");
     assert!(stdout.contains("content was changed"), "{stdout}");
@@ -276,7 +260,7 @@ fn usage_errors_exit_64() {
         vec!["rollback", "run1", "--all", "--safe-only"],
         vec!["rollback", "run1", "--all", "--path", "not-recorded.txt"],
     ] {
-        let out = agentdiff(&root, &args, &[]);
+        let out = agentdiff(&root, &args);
         assert_eq!(
             out.status.code(),
             Some(USAGE),
@@ -292,7 +276,7 @@ fn unknown_or_invalid_run_ids_exit_66() {
     let (_t, root) = project();
     record(&root, SCRIPT, true, "review");
     for id in ["nope", "../run1", "-x"] {
-        let out = agentdiff(&root, &["rollback", "--all", "--", id], &[]);
+        let out = agentdiff(&root, &["rollback", "--all", "--", id]);
         assert_eq!(
             out.status.code(),
             Some(NO_SUCH_RUN),
@@ -301,13 +285,8 @@ fn unknown_or_invalid_run_ids_exit_66() {
         );
     }
     let empty = tempfile::tempdir().unwrap();
-    let out = agentdiff(empty.path(), &["rollback", "run1", "--all"], &[]);
-    assert_eq!(
-        out.status.code(),
-        Some(NO_SUCH_RUN),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = agentdiff(empty.path(), &["rollback", "run1", "--all"]);
+    super::assert_exit(&out, NO_SUCH_RUN);
 }
 
 #[test]
@@ -319,13 +298,8 @@ fn a_tampered_capsule_exits_67_and_changes_nothing() {
     let mut bytes = fs::read(&after).unwrap();
     bytes.push(b' ');
     fs::write(&after, bytes).unwrap();
-    let out = agentdiff(&root, &["rollback", "run1", "--all"], &[]);
-    assert_eq!(
-        out.status.code(),
-        Some(INVALID_CAPSULE),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = agentdiff(&root, &["rollback", "run1", "--all"]);
+    super::assert_exit(&out, INVALID_CAPSULE);
     assert!(
         text(&out.stderr).contains("after.json"),
         "{}",
@@ -338,13 +312,8 @@ fn a_tampered_capsule_exits_67_and_changes_nothing() {
 fn rollback_disabled_in_the_runs_policy_exits_65() {
     let (_t, root) = project();
     record(&root, SCRIPT, false, "review");
-    let out = agentdiff(&root, &["rollback", "run1", "--all"], &[]);
-    assert_eq!(
-        out.status.code(),
-        Some(INVALID_CONFIG),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = agentdiff(&root, &["rollback", "run1", "--all"]);
+    super::assert_exit(&out, INVALID_CONFIG);
     assert!(text(&out.stderr).contains("rollback.enabled"));
 }
 
@@ -365,9 +334,8 @@ fn dry_run_json_shows_each_path_and_a_diff_and_writes_nothing() {
             "--root",
             ".",
         ],
-        &[],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["status"], "dry_run");
     let a = report["items"]
@@ -391,7 +359,6 @@ fn dry_run_json_shows_each_path_and_a_diff_and_writes_nothing() {
             "json",
             "--show-secrets",
         ],
-        &[],
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let a = report["items"]
@@ -409,7 +376,6 @@ fn dry_run_json_shows_each_path_and_a_diff_and_writes_nothing() {
     let out = agentdiff(
         &root,
         &["rollback", "run1", "--all", "--dry-run", "--show-secrets"],
-        &[],
     );
     let stdout = text(&out.stdout);
     assert!(stdout.contains("would_remove     b.txt"), "{stdout}");
@@ -423,13 +389,12 @@ fn an_aborted_rollback_is_finished_by_running_it_again() {
         let (_t, root) = project();
         let pre = snapshot(&root);
         record(&root, SCRIPT, true, "review");
-        let out = agentdiff(
-            &root,
-            &["rollback", "run1", "--all"],
-            &[("AGENTDIFF_TEST_ROLLBACK_FAULT_AFTER", &n.to_string())],
-        );
+        let out = cmd(&root, &["rollback", "run1", "--all"])
+            .env("AGENTDIFF_TEST_ROLLBACK_FAULT_AFTER", n.to_string())
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), None, "n={n}: should die by a signal");
-        let out = agentdiff(&root, &["rollback", "run1", "--all"], &[]);
+        let out = agentdiff(&root, &["rollback", "run1", "--all"]);
         assert_eq!(out.status.code(), Some(0), "n={n}: {}", text(&out.stdout));
         assert_eq!(snapshot(&root), pre, "n={n}");
         let stdout = text(&out.stdout);
@@ -448,11 +413,7 @@ fn an_aborted_rollback_is_finished_by_running_it_again() {
 
 /// Records `script` through `agentdiff run` itself (built-in or project policy).
 fn agentdiff_run(root: &Path, id: &str, script: &str) {
-    let out = agentdiff(
-        root,
-        &["run", "--run-id", id, "--", "sh", "-c", script],
-        &[],
-    );
+    let out = agentdiff(root, &["run", "--run-id", id, "--", "sh", "-c", script]);
     assert!(
         out.status.code().is_some(),
         "agentdiff run died: {}",
@@ -485,7 +446,6 @@ fn end_to_end_agentdiff_run_then_rollback() {
     let out = agentdiff(
         &root,
         &["rollback", "e2e", "--safe-only", "--format", "json"],
-        &[],
     );
     assert_eq!(
         out.status.code(),
@@ -511,10 +471,10 @@ fn end_to_end_agentdiff_run_then_rollback() {
     assert!(report["not_selected"].as_u64().unwrap() >= 4);
 
     // --all finishes the tree; the capsule still verifies (recovery artifacts are not sealed).
-    let out = agentdiff(&root, &["rollback", "e2e", "--all"], &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let out = agentdiff(&root, &["rollback", "e2e", "--all"]);
+    super::assert_exit(&out, 0);
     assert_eq!(snapshot(&root), pre);
-    let out = agentdiff(&root, &["verify", "e2e"], &[]);
+    let out = agentdiff(&root, &["verify", "e2e"]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -522,7 +482,7 @@ fn end_to_end_agentdiff_run_then_rollback() {
         text(&out.stdout),
         text(&out.stderr)
     );
-    let out = agentdiff(&root, &["rollback", "e2e", "--all"], &[]);
+    let out = agentdiff(&root, &["rollback", "e2e", "--all"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0));
     assert!(
@@ -540,12 +500,7 @@ fn end_to_end_rollback_disabled_by_policy_exits_65() {
     )
     .unwrap();
     agentdiff_run(&root, "off", "rm a.txt");
-    let out = agentdiff(&root, &["rollback", "off", "--all"], &[]);
-    assert_eq!(
-        out.status.code(),
-        Some(INVALID_CONFIG),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = agentdiff(&root, &["rollback", "off", "--all"]);
+    super::assert_exit(&out, INVALID_CONFIG);
     assert!(!root.join("a.txt").exists());
 }

@@ -4,41 +4,12 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
-}
-
-fn agentdiff(root: &Path, args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .current_dir(root)
-        .env_remove("AGENTDIFF_POLICY")
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .output()
-        .expect("run agentdiff")
-}
-
-/// `agentdiff run --format json [extra…] -- argv…`, returning (exit code, result JSON, output).
-fn run_json(root: &Path, extra: &[&str], argv: &[&str]) -> (i32, Value, Output) {
-    let mut args = vec!["run", "--format", "json"];
-    args.extend_from_slice(extra);
-    args.push("--");
-    args.extend_from_slice(argv);
-    let out = agentdiff(root, &args);
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON document ({e}); stdout={} stderr={}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap_or(-1), json, out)
-}
+use super::{agentdiff, cmd, run_json, text};
 
 fn project() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -146,7 +117,7 @@ fn json_mode_keeps_stdout_one_document() {
         &["sh", "-c", "echo from-child; echo err >&2"],
     );
     assert_eq!(r["status"], "passed");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = text(&out.stderr);
     assert!(stderr.contains("from-child"), "{stderr}");
     assert!(stderr.contains("err"), "{stderr}");
 }
@@ -188,11 +159,7 @@ fn a_denied_command_is_blocked_and_never_runs() {
     assert!(!p.path().join("ran.txt").exists());
     // The refusal is sealed evidence.
     let out = agentdiff(p.path(), &["verify", r["run_id"].as_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert!(out.status.success(), "{}", text(&out.stdout));
 }
 
 #[test]
@@ -208,12 +175,12 @@ fn bad_input_gets_documented_codes_and_changes_nothing() {
         &["run", "--policy", "bad.yaml", "--", "touch", "x"],
     );
     assert_eq!(out.status.code(), Some(65));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("filesystem.alow_write"));
+    assert!(text(&out.stderr).contains("filesystem.alow_write"));
     assert!(!p.path().join("x").exists());
 
     let out = agentdiff(p.path(), &["run", "--runtime", "nope", "--", "true"]);
     assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown runtime backend `nope`"));
+    assert!(text(&out.stderr).contains("unknown runtime backend `nope`"));
 
     let out = agentdiff(p.path(), &["run", "--image", "x", "--", "true"]);
     assert_eq!(out.status.code(), Some(64));
@@ -254,11 +221,7 @@ fn tampering_with_any_sealed_artifact_or_backup_is_named_by_verify() {
     let id = r["run_id"].as_str().unwrap().to_string();
     let run_dir = p.path().join(".agentdiff/runs").join(&id);
     let ok = agentdiff(p.path(), &["verify", &id]);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stdout)
-    );
+    assert!(ok.status.success(), "{}", text(&ok.stdout));
 
     let integrity: Value =
         serde_json::from_slice(&fs::read(run_dir.join("integrity.json")).unwrap()).unwrap();
@@ -293,7 +256,7 @@ fn tampering_with_any_sealed_artifact_or_backup_is_named_by_verify() {
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         fs::write(&path, &flipped).unwrap();
         let out = agentdiff(p.path(), &["verify", &id]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stdout = text(&out.stdout);
         assert_eq!(out.status.code(), Some(67), "{name}: {stdout}");
         assert!(
             stdout.contains(&name),
@@ -347,7 +310,7 @@ fn the_summary_tells_a_person_what_happened() {
     let p = project();
     let out = agentdiff(p.path(), &["run", "--", "sh", "-c", EDIT]);
     assert_eq!(out.status.code(), Some(0));
-    let text = String::from_utf8_lossy(&out.stderr);
+    let summary = text(&out.stderr);
     for needle in [
         "task completed",
         "changes: 3 (0 expected, 3 for review, 0 protected)",
@@ -359,10 +322,13 @@ fn the_summary_tells_a_person_what_happened() {
         "recovery: available",
         "status: review",
     ] {
-        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+        assert!(
+            summary.contains(needle),
+            "missing `{needle}` in:\n{summary}"
+        );
     }
     let runs = agentdiff(p.path(), &["runs"]);
-    assert!(String::from_utf8_lossy(&runs.stdout).contains("review"));
+    assert!(text(&runs.stdout).contains("review"));
 }
 
 #[test]
@@ -515,11 +481,7 @@ fn runs_cite_recent_probe_records_for_the_same_backend_and_settings() {
             "json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let doctor: Value = serde_json::from_slice(&out.stdout).unwrap();
     let verified: Vec<String> = doctor["backends"][0]["probe"]["verified"]
         .as_object()
@@ -599,8 +561,7 @@ fn cleanup_stops_the_processes_of_a_run_whose_agentdiff_was_killed() {
     let p = project();
     let secs = 500_000 + std::process::id() % 100_000;
     let marker = format!("sleep {secs}");
-    let mut child = Command::new(bin())
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+    let mut child = cmd(p.path(), &[])
         .args([
             "run",
             "--run-id",
@@ -612,7 +573,6 @@ fn cleanup_stops_the_processes_of_a_run_whose_agentdiff_was_killed() {
             "-c",
         ])
         .arg(format!("{marker} & {marker}"))
-        .current_dir(p.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -638,7 +598,7 @@ fn cleanup_stops_the_processes_of_a_run_whose_agentdiff_was_killed() {
     assert_eq!(alive(), 2, "the command should outlive its killed monitor");
 
     let out = agentdiff(p.path(), &["cleanup", "killed", "--format", "json"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     let started = Instant::now();
     while alive() > 0 {
@@ -689,9 +649,7 @@ fn the_policy_can_choose_the_backend() {
     .unwrap();
     let out = agentdiff(p.path(), &["run", "--", "touch", "x"]);
     assert_eq!(out.status.code(), Some(64));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("unknown runtime backend `no-such-backend`")
-    );
+    assert!(text(&out.stderr).contains("unknown runtime backend `no-such-backend`"));
     assert!(!p.path().join("x").exists());
     // --runtime wins over the policy.
     let (code, r, _) = run_json(p.path(), &["--runtime", "local"], &["true"]);
@@ -704,8 +662,7 @@ fn the_policy_can_choose_the_backend() {
 #[test]
 fn conformance_of_an_unavailable_backend_exits_69() {
     let p = project();
-    let out = Command::new(bin())
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+    let out = cmd(p.path(), &[])
         .args([
             "conformance",
             "--runtime",
@@ -716,14 +673,8 @@ fn conformance_of_an_unavailable_backend_exits_69() {
             "--only",
             "ARGV-001",
         ])
-        .current_dir(p.path())
         .env("PATH", "/nonexistent")
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(69),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    super::assert_exit(&out, 69);
 }

@@ -11,26 +11,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"))
-}
+use super::text;
 
+/// [`super::cmd`] with a `$HOME` that does not exist, so no test depends on the real home.
 fn cmd(cwd: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(bin());
-    c.args(args)
-        .current_dir(cwd)
-        .env_remove("AGENTDIFF_POLICY")
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .env("HOME", "/nonexistent-home-for-tests");
+    let mut c = super::cmd(cwd, args);
+    c.env("HOME", NO_HOME);
     c
 }
 
+const NO_HOME: &str = "/nonexistent-home-for-tests";
+
 fn agentdiff(cwd: &Path, args: &[&str]) -> Output {
     cmd(cwd, args).output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn project() -> (tempfile::TempDir, PathBuf) {
@@ -43,21 +36,14 @@ fn project() -> (tempfile::TempDir, PathBuf) {
     (t, root)
 }
 
-/// `run --format json` from `cwd`; returns (code, result).
+/// `run --format json` from `cwd` with no `$HOME`; returns (code, result, output).
 fn run_json(cwd: &Path, extra: &[&str], argv: &[&str]) -> (i32, Value, Output) {
     let mut args = vec!["run", "--format", "json"];
     args.extend_from_slice(extra);
     args.push("--");
     args.extend_from_slice(argv);
     let out = agentdiff(cwd, &args);
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {} / {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap_or(-1), v, out)
+    (out.status.code().unwrap_or(-1), super::json_of(&out), out)
 }
 
 fn change_paths(r: &Value) -> Vec<String> {
@@ -143,6 +129,50 @@ fn a_run_cannot_blind_later_runs() {
     }
 }
 
+/// Variations of item 1: an ignore file already in place with `**`, anchored, negated, directory
+/// and wildcard patterns over every level of the tree never hides a path a deny rule names
+/// (created or modified), while what it ignores elsewhere stays ignored.
+#[test]
+fn ignore_rules_at_any_depth_never_hide_a_denied_path() {
+    let (_t, root) = project();
+    let rules = "/.git\n.env*\ndeep/**\n/deep/a/b/\n!deep/a/b/key.pem\nsub/*\n!sub/*.txt\n\
+                 **/keys/\n*.key\nx*\n";
+    fs::write(root.join(".agentdiffignore"), rules).unwrap();
+    for dir in ["sub", "keys"] {
+        fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    fs::create_dir_all(root.join(".git")).unwrap();
+    fs::create_dir_all(root.join("deep/a/b")).unwrap();
+    for (path, body) in [
+        (".git/config", "[core]\n"),
+        (".env.local", "A=1\n"),
+        ("deep/a/b/key.pem", "pem\n"),
+        ("sub/id.key", "key\n"),
+        ("keys/x.key", "key\n"),
+    ] {
+        fs::write(root.join(path), body).unwrap();
+    }
+    let script = "for f in .git/config .env.local deep/a/b/key.pem sub/id.key keys/x.key; do \
+                  echo more >> \"$f\"; done; echo new > deep/a/b/new.pem; echo n > deep/a/b/notes.txt; \
+                  echo o > sub/other.bin";
+    let (code, r, _) = run_json(&root, &[], &["sh", "-c", script]);
+    assert_eq!(code, 71, "{r:#}");
+    for path in [
+        ".git/config",
+        ".env.local",
+        "deep/a/b/key.pem",
+        "deep/a/b/new.pem",
+        "sub/id.key",
+        "keys/x.key",
+    ] {
+        assert_eq!(decision_of(&r, path).0, "deny", "{path}: {r:#}");
+    }
+    let changed = change_paths(&r);
+    for ignored in ["deep/a/b/notes.txt", "sub/other.bin"] {
+        assert!(!changed.contains(&ignored.to_owned()), "{ignored}: {r:#}");
+    }
+}
+
 #[test]
 fn ignore_rules_come_from_the_before_state() {
     let (_t, root) = project();
@@ -184,7 +214,7 @@ fn a_run_from_a_subdirectory_observes_the_whole_project_and_runs_lists_it() {
     assert_eq!(runs.as_array().unwrap().len(), 1, "{runs:#}");
     let id = runs[0]["id"].as_str().unwrap();
     let out = agentdiff(&sub, &["inspect", id, "--format", "json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
     // A policy marker below the VCS root is nearer and wins.
     fs::write(root.join("src/agentdiff.yaml"), "version: 1\n").unwrap();
     let out = agentdiff(&sub, &["policy", "validate"]);
@@ -203,7 +233,7 @@ fn home_and_the_filesystem_root_are_refused_unless_named() {
         .env("HOME", &home)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    super::assert_exit(&out, 64);
     assert!(
         text(&out.stderr).contains("home directory"),
         "{}",
@@ -214,29 +244,38 @@ fn home_and_the_filesystem_root_are_refused_unless_named() {
         .env("HOME", &home)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
     let out = agentdiff(Path::new("/"), &["runs"]);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    super::assert_exit(&out, 64);
     assert!(text(&out.stderr).contains("filesystem root"));
 }
 
 // ---- 3. One run per root -----------------------------------------------------------------
 
-#[test]
-fn a_second_run_in_the_same_root_is_refused_or_waits() {
-    let (_t, root) = project();
-    let mut first = cmd(&root, &["run", "--", "sh", "-c", "touch started; sleep 3"])
+/// A run that holds the store lock until the test creates `release` (at most 60 s), so nothing
+/// here depends on how fast a loaded host runs the other commands.
+fn holding_run(root: &Path) -> std::process::Child {
+    let script = "touch started; i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do \
+                  sleep 0.05; i=$((i+1)); done";
+    let child = cmd(root, &["run", "--", "sh", "-c", script])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !root.join("started").exists() {
-        assert!(Instant::now() < deadline, "first run never started");
+        assert!(Instant::now() < deadline, "the first run never started");
         std::thread::sleep(Duration::from_millis(20));
     }
+    child
+}
+
+#[test]
+fn a_second_run_in_the_same_root_is_refused_or_waits() {
+    let (_t, root) = project();
+    let mut first = holding_run(&root);
     let out = agentdiff(&root, &["run", "--", "sh", "-c", "echo b > b.txt"]);
-    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    super::assert_exit(&out, 75);
     assert!(
         text(&out.stderr).contains("--wait"),
         "{}",
@@ -248,16 +287,95 @@ fn a_second_run_in_the_same_root_is_refused_or_waits() {
         let out = agentdiff(&root, &[sub, "some-run", "--all"]);
         assert_eq!(out.status.code(), Some(75), "{sub}: {}", text(&out.stderr));
     }
-    // --wait waits for the first run, then records only its own change.
-    let (code, r, out) = run_json(&root, &["--wait"], &["sh", "-c", "echo b > b.txt"]);
-    assert_eq!(code, 0, "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("waiting for the other agentdiff"));
+    // --wait says it waits, waits for the first run, then records only its own change.
+    let mut waiting = cmd(
+        &root,
+        &[
+            "run",
+            "--wait",
+            "--format",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            "echo b > b.txt",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = std::io::BufReader::new(waiting.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("waiting for the other agentdiff") {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+        assert!(n > 0, "--wait ended without waiting: {said}");
+        said.push_str(&line);
+    }
+    assert!(
+        !root.join("b.txt").exists(),
+        "--wait ran before the lock was free"
+    );
+    fs::write(root.join("release"), "").unwrap();
+    let out = waiting.wait_with_output().unwrap();
+    super::assert_exit(&out, 0);
+    let r = super::json_of(&out);
     assert_eq!(change_paths(&r), vec!["b.txt"], "{r:#}");
     assert!(first.wait().unwrap().success());
     // Sequential runs: each capsule lists only its own file.
     let out = agentdiff(&root, &["runs", "--format", "json"]);
     let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 2);
+}
+
+/// Two rollbacks of one run at once: the lock lets one act; the other is refused (75) or, run
+/// after it, finds everything restored. Either way the tree ends exactly as before the run.
+#[test]
+fn two_concurrent_rollbacks_of_one_run_restore_the_tree_once() {
+    let (_t, root) = project();
+    fs::write(root.join("gone.txt"), "kept\n").unwrap();
+    let (_, r, _) = run_json(
+        &root,
+        &["--fail-on", "never"],
+        &[
+            "sh",
+            "-c",
+            "echo edit >> README.md; rm gone.txt; mkdir -p n/m; echo new > n/m/new.txt",
+        ],
+    );
+    let id = r["run_id"].as_str().unwrap();
+    let rollback = || {
+        cmd(&root, &["rollback", id, "--all"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (rollback(), rollback());
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
+    for out in &outs {
+        assert!(
+            matches!(out.status.code(), Some(0 | 75)),
+            "{codes:?}: {} {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    assert!(
+        codes.contains(&Some(0)),
+        "neither rollback acted: {codes:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("README.md")).unwrap(),
+        "readme\n"
+    );
+    assert_eq!(fs::read_to_string(root.join("gone.txt")).unwrap(), "kept\n");
+    assert!(!root.join("n").exists(), "{codes:?}");
+    // A third rollback finds nothing left to do.
+    let out = agentdiff(&root, &["rollback", id, "--all"]);
+    super::assert_exit(&out, 0);
 }
 
 #[test]
@@ -277,15 +395,15 @@ fn rollback_never_removes_a_file_a_later_run_recorded() {
     // Someone puts back exactly what run A left: A's rollback would see "unchanged since A".
     fs::write(root.join("f.txt"), "v1\n").unwrap();
     let out = agentdiff(&root, &["rollback", a, "--all"]);
-    assert_eq!(out.status.code(), Some(68), "{}", text(&out.stdout));
+    super::assert_exit(&out, 68);
     let shown = text(&out.stdout);
     assert!(shown.contains("conflict") && shown.contains(b), "{shown}");
     assert!(root.join("f.txt").exists(), "the later run's file was kept");
     // Once run B is rolled back, the file is A's alone again.
     let out = agentdiff(&root, &["rollback", b, "--all"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    super::assert_exit(&out, 0);
     let out = agentdiff(&root, &["rollback", a, "--all"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    super::assert_exit(&out, 0);
     assert!(!root.join("f.txt").exists());
 }
 
@@ -381,18 +499,17 @@ fn a_closed_stdout_never_panics() {
     // The run whose output was lost still sealed its capsule.
     let out = agentdiff(&root, &["runs", "--format", "json"]);
     let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(runs
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|r| r["seal"] == "verified"));
+    // The first run and the `run` case: both listed, both sealed.
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert!(runs.iter().all(|r| r["seal"] == "verified"), "{runs:#?}");
 }
 
 #[test]
 fn an_empty_store_lists_nothing_with_exit_0() {
     let (_t, root) = project();
     let out = agentdiff(&root, &["runs"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
     assert_eq!(text(&out.stdout), "");
     let out = agentdiff(&root, &["runs", "--format", "json"]);
     assert_eq!(out.status.code(), Some(0));
@@ -407,7 +524,7 @@ fn an_empty_store_lists_nothing_with_exit_0() {
 fn an_invalid_backend_request_is_refused_before_a_capsule_exists() {
     let (_t, root) = project();
     let out = agentdiff(&root, &["run", "--runtime", "container", "--", "true"]);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    super::assert_exit(&out, 64);
     assert!(
         text(&out.stderr).contains("--image"),
         "{}",
@@ -461,7 +578,7 @@ fn a_policy_with_30000_plain_entries_is_accepted() {
     }
     fs::write(root.join("agentdiff.yaml"), doc).unwrap();
     let out = agentdiff(&root, &["policy", "validate"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
     assert!(!text(&out.stderr).contains("alias"));
 }
 
@@ -471,13 +588,12 @@ fn rollback_on_a_read_only_tree_exits_68_not_67() {
     let (_, r, _) = run_json(&root, &[], &["sh", "-c", "echo changed > README.md"]);
     let id = r["run_id"].as_str().unwrap();
     // A read-only bind mount in a private mount namespace (root on the CI machines).
-    let script = format!(
-        "mount --bind '{0}' '{0}' && mount -o remount,ro,bind '{0}' && cd '{0}' && exec '{1}' rollback {id} --all",
-        root.display(),
-        bin().display()
+    let setup = format!(
+        "mount --bind '{0}' '{0}' && mount -o remount,ro,bind '{0}'",
+        root.display()
     );
-    let out = Command::new("unshare")
-        .args(["-m", "sh", "-c", &script])
+    let out = super::in_mount_namespace(&root, &setup, &["rollback", id, "--all"])
+        .env("HOME", NO_HOME)
         .output();
     let out = match out {
         Ok(o) if !text(&o.stderr).contains("mount:") && !text(&o.stderr).contains("unshare:") => o,
@@ -490,7 +606,7 @@ fn rollback_on_a_read_only_tree_exits_68_not_67() {
             unreachable!()
         }
     };
-    assert_eq!(out.status.code(), Some(68), "{}", text(&out.stderr));
+    super::assert_exit(&out, 68);
     assert_eq!(
         fs::read_to_string(root.join("README.md")).unwrap(),
         "changed\n"
@@ -552,7 +668,7 @@ fn a_killed_run_is_reported_as_interrupted_and_its_cgroup_is_removed_later() {
     // inspect and runs say what happened and what can still be done.
     let out = agentdiff(&root, &["inspect", &id]);
     let shown = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
     assert!(shown.contains("INTERRUPTED"), "{shown}");
     assert!(
         shown.contains(&format!("agentdiff cleanup {id}")),
@@ -572,7 +688,7 @@ fn a_killed_run_is_reported_as_interrupted_and_its_cgroup_is_removed_later() {
     );
     assert!(line.contains("agentdiff cleanup"), "{line}");
     let out = agentdiff(&root, &["rollback", &id, "--all"]);
-    assert_eq!(out.status.code(), Some(67), "{}", text(&out.stderr));
+    super::assert_exit(&out, 67);
 
     // The run cgroup outlives its agentdiff; once empty, the next agentdiff removes it.
     let Some(cgroup) = launched["cgroup"].as_str().map(PathBuf::from) else {
@@ -589,7 +705,7 @@ fn a_killed_run_is_reported_as_interrupted_and_its_cgroup_is_removed_later() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = agentdiff(&root, &["run", "--", "true"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    super::assert_exit(&out, 0);
     assert!(
         !cgroup.exists(),
         "the empty cgroup of the killed run was left behind"
@@ -598,15 +714,13 @@ fn a_killed_run_is_reported_as_interrupted_and_its_cgroup_is_removed_later() {
 
 /// Runs `agentdiff ARGS` in `root` with a 100 KiB tmpfs as the object store, so backups of
 /// larger files fail with ENOSPC. `None` when a private mount namespace is not available.
-fn with_full_object_store(root: &Path, args: &str) -> Option<Output> {
-    let script = format!(
-        "mount -t tmpfs -o size=100k,mode=0700 tmpfs '{0}/.agentdiff/objects' && cd '{0}' && exec '{1}' {args}",
-        root.display(),
-        bin().display()
+fn with_full_object_store(root: &Path, args: &[&str]) -> Option<Output> {
+    let setup = format!(
+        "mount -t tmpfs -o size=100k,mode=0700 tmpfs '{}/.agentdiff/objects'",
+        root.display()
     );
-    let out = Command::new("unshare")
-        .args(["-m", "sh", "-c", &script])
-        .env("HOME", "/nonexistent-home-for-tests")
+    let out = super::in_mount_namespace(root, &setup, args)
+        .env("HOME", NO_HOME)
         .output()
         .ok()?;
     let stderr = text(&out.stderr);
@@ -621,9 +735,16 @@ fn backups_that_failed_are_named_as_unrecoverable_or_refuse_the_launch() {
         agentdiff(&root, &["run", "--", "true"]).status.code(),
         Some(0)
     );
-    let Some(out) =
-        with_full_object_store(&root, "run -- sh -c 'rm big.bin; echo more >> README.md'")
-    else {
+    let Some(out) = with_full_object_store(
+        &root,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "rm big.bin; echo more >> README.md",
+        ],
+    ) else {
         agentdiff_conformance::skip_unless_required("a private tmpfs mount (unshare -m, root)");
         return;
     };
@@ -643,8 +764,8 @@ fn backups_that_failed_are_named_as_unrecoverable_or_refuse_the_launch() {
         "version: 1\ncapture:\n  require_backups: true\n",
     )
     .unwrap();
-    let out = with_full_object_store(&root, "run -- rm big.bin").unwrap();
-    assert_eq!(out.status.code(), Some(70), "{}", text(&out.stderr));
+    let out = with_full_object_store(&root, &["run", "--", "rm", "big.bin"]).unwrap();
+    super::assert_exit(&out, 70);
     assert!(
         text(&out.stderr).contains("capture.require_backups"),
         "{}",
@@ -660,7 +781,7 @@ fn signal_exits_are_128_plus_n() {
     let (_t, root) = project();
     // The command killed by SIGTERM (15).
     let out = agentdiff(&root, &["run", "--", "sh", "-c", "kill -TERM $$"]);
-    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    super::assert_exit(&out, 143);
     // agentdiff itself interrupted by SIGINT (2): it ends the command, seals, exits 130.
     let child = cmd(&root, &["run", "--", "sh", "-c", "touch started; sleep 30"])
         .stdout(Stdio::null())
@@ -675,7 +796,7 @@ fn signal_exits_are_128_plus_n() {
     // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    super::assert_exit(&out, 130);
     assert!(
         text(&out.stderr).contains("status: terminated"),
         "{}",
@@ -700,7 +821,7 @@ fn a_failed_must_check_exits_74() {
             "tracking=proc_poll",
         ],
     );
-    assert_eq!(out.status.code(), Some(74), "{}", text(&out.stderr));
+    super::assert_exit(&out, 74);
     let tap = text(&out.stdout);
     assert!(tap.contains("not ok 1 - FAIL-001"), "{tap}");
     assert!(tap.contains("the command ran"), "{tap}");
@@ -709,5 +830,5 @@ fn a_failed_must_check_exits_74() {
         &root,
         &["conformance", "--runtime", "local", "--only", "FAIL"],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    super::assert_exit(&out, 0);
 }

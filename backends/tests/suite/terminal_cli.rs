@@ -2,7 +2,7 @@
 //! the capsule is still sealed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -80,7 +80,6 @@ fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("a.txt"), "a\n").unwrap();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
     // A sleep whose argument names this test run, so the host can look for it (a pid from
     // inside a pid namespace means nothing on the host).
     let token = format!("300.{}{}", std::process::id(), u8::from(try_inject));
@@ -96,10 +95,10 @@ fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
          echo $$ > agent.pid; exec sleep {token}"
     );
     let script = format!(
-        "cd '{}' && AGENTDIFF_STATE_DIR='{}' '{}' run {} --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
+        "cd '{}' && unset AGENTDIFF_POLICY && AGENTDIFF_STATE_DIR='{}' '{}' run {} --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
         d.display(),
         super::state_dir().display(),
-        bin.display(),
+        super::bin().display(),
         extra.join(" "),
         agent
     );
@@ -160,12 +159,7 @@ fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
         survivors.is_empty(),
         "the agent survived Ctrl-C: {survivors:?}"
     );
-    let verify = Command::new(&bin)
-        .args(["verify", "tty-run"])
-        .current_dir(d)
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .output()
-        .unwrap();
+    let verify = super::agentdiff(d, &["verify", "tty-run"]);
     assert!(
         verify.status.success(),
         "the capsule is not sealed: {}",

@@ -1,7 +1,9 @@
 //! The directory-fd walk and the hashing pool.
 //!
 //! The calling thread walks depth-first: it lists one directory through its fd, `fstatat`s every
-//! name without following links, records directories and symlinks itself, and sends regular files
+//! name it records or descends into without following links (a name the listing's `d_type`
+//! already shows to be excluded is dropped without a stat: in an ignored directory searched for
+//! deny paths, that is nearly every name), records directories and symlinks itself, and sends regular files
 //! to the hashing workers over a bounded channel. Each job carries an `Arc` of its parent directory
 //! fd, so a directory fd lives exactly as long as it has unlisted children or unhashed files:
 //! open descriptors stay bounded by the depth of the tree plus the channel capacity plus one file
@@ -17,7 +19,7 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nix::dir::Dir;
+use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, openat, readlinkat, AtFlags, FcntlArg, OFlag};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
@@ -363,26 +365,28 @@ impl Walker<'_, '_> {
             );
             self.report(shown, uk::UNREADABLE, why);
         }
-        names.sort();
+        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         // Pushed in reverse so the depth-first walk visits directories in name order.
         let mut subdirs = Vec::new();
-        for name in names {
-            let shown_name = escape_bytes(name.to_bytes());
+        for (name, d_type) in names {
             let Ok(name_str) = std::str::from_utf8(name.to_bytes()) else {
-                let kind = fstatat(
-                    Some(fd.as_raw_fd()),
-                    name.as_c_str(),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map(|st| describe(&Meta::from_stat(&st)))
-                .unwrap_or("entry");
-                let why = format!(
-                    "name is not valid UTF-8 (a {kind}); not captured and not descended into"
-                );
-                self.report(join(rel, &shown_name), uk::NON_UTF8_NAME, why);
+                self.non_utf8_name(fd, &name, rel);
                 continue;
             };
             let path = join(rel, name_str);
+            // Where the listing gives the entry's type, an excluded entry is dropped without a
+            // stat: inside a searched directory that is every name no glob names.
+            let early = d_type.map(|t| {
+                let is_dir = t == Type::Directory;
+                (
+                    is_dir,
+                    self.rules.verdict(&path, name_str, is_dir, searched),
+                )
+            });
+            if let Some((_, Verdict::Exclude(reason))) = early {
+                self.exclude(path, reason, searched);
+                continue;
+            }
             let seen = match fstatat(
                 Some(fd.as_raw_fd()),
                 name.as_c_str(),
@@ -403,25 +407,19 @@ impl Walker<'_, '_> {
                 }
             };
             let is_dir = seen.is(SFlag::S_IFDIR);
-            match self.rules.verdict(&path, name_str, is_dir, searched) {
+            // The stat decides when it disagrees with the listing (the entry was replaced).
+            let verdict = match early {
+                Some((guess, v)) if guess == is_dir => v,
+                _ => self.rules.verdict(&path, name_str, is_dir, searched),
+            };
+            match verdict {
                 Verdict::Scan => {}
                 Verdict::Exclude(reason) => {
-                    // Inside an ignored directory the directory's own record covers it.
-                    if !searched {
-                        self.excluded.push(Exclusion {
-                            path,
-                            reason: reason.to_string(),
-                        });
-                    }
+                    self.exclude(path, reason, searched);
                     continue;
                 }
                 Verdict::Search(reason) => {
-                    if !searched {
-                        self.excluded.push(Exclusion {
-                            path: path.clone(),
-                            reason: reason.to_string(),
-                        });
-                    }
+                    self.exclude(path.clone(), reason, searched);
                     subdirs.push(PendingDir {
                         parent: Arc::clone(fd),
                         name,
@@ -462,6 +460,26 @@ impl Walker<'_, '_> {
             }
         }
         stack.extend(subdirs.into_iter().rev());
+    }
+
+    /// Records an excluded entry; inside a searched directory the directory's own record covers it.
+    fn exclude(&mut self, path: String, reason: &str, searched: bool) {
+        if !searched {
+            self.excluded.push(Exclusion {
+                path,
+                reason: reason.to_string(),
+            });
+        }
+    }
+
+    fn non_utf8_name(&mut self, fd: &OwnedFd, name: &CStr, rel: &str) {
+        let kind = fstatat(Some(fd.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map(|st| describe(&Meta::from_stat(&st)))
+            .unwrap_or("entry");
+        let why =
+            format!("name is not valid UTF-8 (a {kind}); not captured and not descended into");
+        let shown = escape_bytes(name.to_bytes());
+        self.report(join(rel, &shown), uk::NON_UTF8_NAME, why);
     }
 
     fn symlink(&mut self, fd: &OwnedFd, name: &CStr, path: String, seen: &Meta) {
@@ -679,8 +697,9 @@ fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'st
 }
 
 /// Lists a directory through a duplicate of its fd (the original stays usable for `*at` calls).
-/// Returns the names read and the error that stopped the listing, if any.
-fn read_names(fd: &OwnedFd) -> (Vec<CString>, Option<String>) {
+/// Returns the names read with the type the listing reports (`None` where the filesystem gives
+/// `DT_UNKNOWN`), and the error that stopped the listing, if any.
+fn read_names(fd: &OwnedFd) -> (Vec<(CString, Option<Type>)>, Option<String>) {
     let mut names = Vec::new();
     let dup = match fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(0)) {
         Ok(d) => d,
@@ -696,7 +715,7 @@ fn read_names(fd: &OwnedFd) -> (Vec<CString>, Option<String>) {
             Ok(ent) => {
                 let n = ent.file_name();
                 if n.to_bytes() != b"." && n.to_bytes() != b".." {
-                    names.push(n.to_owned());
+                    names.push((n.to_owned(), ent.file_type()));
                 }
             }
             Err(e) => return (names, Some(e.desc().to_string())),

@@ -14,13 +14,20 @@
 //!   usual paths; a socket counts only when `GET /_ping` answers `OK`. No socket is created and no
 //!   engine is started.
 //! - The HTTP/1.1 client is deliberately small: one request per connection (`Connection: close`),
-//!   a 2 s timeout per read and write, and at most [`MAX_RESPONSE_BYTES`] read per response;
-//!   `Content-Length`, chunked and read-to-close bodies are understood.
+//!   at most [`MAX_RESPONSE_BYTES`] read per response; `Content-Length`, chunked and read-to-close
+//!   bodies are understood.
+//! - Bounded in time: every request shares the deadline of its phase (discovery, the observation
+//!   at the end of the command, the check after cleanup), a deadline no read or write outlives,
+//!   so an engine that accepts and never answers, or answers a byte at a time, costs a run at most
+//!   [`OBSERVE_BUDGET`] per phase; the phase then reports the engine as not answering. A socket
+//!   that did not answer discovery is not asked again at the end.
 //! - Containers are never stopped here without a request: [`stop_recorded`] stops a recorded
 //!   container by id only after the engine confirms its creation time lies inside the recorded
 //!   run window.
 //!
-//! Not defended: a container created and removed within the run on an engine whose socket is not
+//! Not defended: a `connect` to a socket whose listener never accepts and whose backlog is full
+//! blocks the phase's worker thread; the run stops waiting for it at the deadline (the thread is
+//! left behind). A container created and removed within the run on an engine whose socket is not
 //! reachable (for example podman used without its API service) is not seen; the evidence's
 //! `note` names installed engine clients with no reachable socket. The engine's own clock and
 //! event log are trusted.
@@ -28,13 +35,14 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 /// Upper bound of one response body.
 pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time one observation phase may take, whatever the engine does.
+pub const OBSERVE_BUDGET: Duration = Duration::from_secs(2);
 /// Containers recorded per run; the rest is counted.
 pub const MAX_CONTAINERS: usize = 256;
 
@@ -49,6 +57,8 @@ pub enum ContainerError {
     },
     #[error("{socket}: {message}")]
     Protocol { socket: String, message: String },
+    #[error("{socket}: the engine did not answer within {budget:?}")]
+    TimedOut { socket: String, budget: Duration },
     #[error("{socket}: the engine answered {status} to {path}")]
     Status {
         socket: String,
@@ -151,23 +161,62 @@ impl Response {
     }
 }
 
-fn request(socket: &Path, method: &str, path: &str) -> Result<Response, ContainerError> {
+fn request(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    deadline: Instant,
+) -> Result<Response, ContainerError> {
     let shown = socket.display().to_string();
     let io = |source| ContainerError::Io {
         socket: shown.clone(),
         source,
     };
+    let timed_out = || ContainerError::TimedOut {
+        socket: shown.clone(),
+        budget: OBSERVE_BUDGET,
+    };
+    // Each read or write waits at most until the phase's deadline.
+    let until_deadline = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+    };
+    let Some(left) = until_deadline() else {
+        return Err(timed_out());
+    };
     let mut s = UnixStream::connect(socket).map_err(io)?;
-    s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
-    s.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    s.set_write_timeout(Some(left)).map_err(io)?;
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: d\r\nUser-Agent: agentdiff\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
-    s.write_all(req.as_bytes()).map_err(io)?;
+    s.write_all(req.as_bytes()).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => timed_out(),
+        _ => io(e),
+    })?;
+    let limit = MAX_RESPONSE_BYTES + 64 * 1024;
     let mut raw = Vec::new();
-    s.take(MAX_RESPONSE_BYTES as u64 + 64 * 1024)
-        .read_to_end(&mut raw)
-        .map_err(io)?;
+    let mut chunk = [0u8; 16 * 1024];
+    while raw.len() < limit {
+        let Some(left) = until_deadline() else {
+            return Err(timed_out());
+        };
+        s.set_read_timeout(Some(left)).map_err(io)?;
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&chunk[..n.min(limit - raw.len())]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(timed_out())
+            }
+            Err(e) => return Err(io(e)),
+        }
+    }
     parse_response(&raw).map_err(|message| ContainerError::Protocol {
         socket: shown,
         message,
@@ -240,8 +289,12 @@ fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
-fn get_json(socket: &Path, path: &str) -> Result<Option<serde_json::Value>, ContainerError> {
-    let r = request(socket, "GET", path)?;
+fn get_json(
+    socket: &Path,
+    path: &str,
+    deadline: Instant,
+) -> Result<Option<serde_json::Value>, ContainerError> {
+    let r = request(socket, "GET", path, deadline)?;
     if r.status == 404 {
         return Ok(None);
     }
@@ -297,29 +350,21 @@ pub fn candidate_sockets(command_env: &[(std::ffi::OsString, std::ffi::OsString)
     out
 }
 
-fn ping(socket: &Path) -> Option<EngineRecord> {
-    let r = request(socket, "GET", "/_ping").ok()?;
+/// `Ok(None)`: something answered, but not an engine.
+fn ping(socket: &Path, deadline: Instant) -> Result<Option<EngineRecord>, ContainerError> {
+    let r = request(socket, "GET", "/_ping", deadline)?;
     if r.status != 200 || r.body.trim_ascii() != b"OK" {
-        return None;
+        return Ok(None);
     }
     let kind = if r.header("libpod-api-version").is_some() {
         "podman"
     } else {
         "docker"
     };
-    Some(EngineRecord {
+    Ok(Some(EngineRecord {
         socket: socket.display().to_string(),
         kind: kind.into(),
-    })
-}
-
-/// Reachable engines among the candidates.
-pub fn reachable_engines(candidates: &[PathBuf]) -> Vec<EngineRecord> {
-    candidates
-        .iter()
-        .filter(|p| p.exists())
-        .filter_map(|p| ping(p))
-        .collect()
+    }))
 }
 
 // ---- observation ----
@@ -328,6 +373,7 @@ fn created_ids(
     engine: &EngineRecord,
     since_ns: u64,
     until_ns: u64,
+    deadline: Instant,
 ) -> Result<Vec<(String, serde_json::Value)>, ContainerError> {
     let socket = Path::new(&engine.socket);
     let since_s = since_ns / 1_000_000_000;
@@ -344,7 +390,7 @@ fn created_ids(
             now % 1_000_000_000
         )
     };
-    let r = request(socket, "GET", &path)?;
+    let r = request(socket, "GET", &path, deadline)?;
     if r.status != 200 {
         return Err(ContainerError::Status {
             socket: engine.socket.clone(),
@@ -394,6 +440,7 @@ fn record(
     id: &str,
     event: &serde_json::Value,
     run_pids: &[u32],
+    deadline: Instant,
 ) -> Result<ContainerRecord, ContainerError> {
     let socket = Path::new(&engine.socket);
     let attrs = &event["Actor"]["Attributes"];
@@ -410,7 +457,7 @@ fn record(
         running_after_cleanup: false,
         removed: true,
     };
-    let Some(c) = get_json(socket, &format!("/containers/{id}/json"))? else {
+    let Some(c) = get_json(socket, &format!("/containers/{id}/json"), deadline)? else {
         return Ok(rec);
     };
     rec.removed = false;
@@ -443,6 +490,7 @@ fn observe_engines(
     since_ns: u64,
     engines: Vec<EngineRecord>,
     run_pids: &[u32],
+    deadline: Instant,
 ) -> ContainerEvidence {
     let until_ns = now_ns();
     let mut ev = ContainerEvidence {
@@ -452,14 +500,14 @@ fn observe_engines(
         ..ContainerEvidence::default()
     };
     for engine in &engines {
-        match created_ids(engine, since_ns, until_ns) {
+        match created_ids(engine, since_ns, until_ns, deadline) {
             Ok(ids) => {
                 for (id, event) in ids {
                     if ev.containers.len() >= MAX_CONTAINERS {
                         ev.omitted += 1;
                         continue;
                     }
-                    match record(engine, &id, &event, run_pids) {
+                    match record(engine, &id, &event, run_pids, deadline) {
                         Ok(r) => ev.containers.push(r),
                         Err(e) => ev.errors.push(e.to_string()),
                     }
@@ -472,62 +520,137 @@ fn observe_engines(
     ev
 }
 
+/// Run `work` on a thread of its own and wait for it until `deadline` (and a little more, for
+/// the answer to be handed over). `None` when it did not finish: the thread is left to end at
+/// its own deadline (or stays blocked in a `connect` that never completes).
+fn within_deadline<T: Send + 'static>(
+    deadline: Instant,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("agentdiff-engines".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .ok()?;
+    let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(100);
+    rx.recv_timeout(wait).ok()
+}
+
+/// Engines that answered discovery, and sockets that exist but did not answer.
+type Discovery = (Vec<EngineRecord>, Vec<String>);
+
 /// Container observation of one run. Engine discovery (a `/_ping` per existing socket) runs in
 /// the background from the launch, so its latency overlaps the command; the event-log query runs
 /// when the command has ended, before cleanup, so `running_at_end` is the state the command left.
 #[derive(Debug)]
 pub struct ContainerWatch {
     since_ns: u64,
-    candidates: Vec<PathBuf>,
-    discovery: Option<std::thread::JoinHandle<Vec<EngineRecord>>>,
+    /// Candidate sockets that did not exist at the launch (one may appear during the run).
+    absent: Vec<PathBuf>,
+    discovery: Option<std::thread::JoinHandle<Discovery>>,
 }
 
 impl ContainerWatch {
     /// Start discovery; `since_ns` opens the run window (taken just before the launch).
     pub fn start(since_ns: u64, command_env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Self {
-        let candidates = candidate_sockets(command_env);
-        let for_thread = candidates.clone();
+        let (present, absent): (Vec<PathBuf>, Vec<PathBuf>) = candidate_sockets(command_env)
+            .into_iter()
+            .partition(|p| p.exists());
+        let deadline = Instant::now() + OBSERVE_BUDGET;
         let discovery = std::thread::Builder::new()
             .name("agentdiff-engines".into())
-            .spawn(move || reachable_engines(&for_thread))
+            .spawn(move || discover(&present, deadline))
             .ok();
         ContainerWatch {
             since_ns,
-            candidates,
+            absent,
             discovery,
         }
     }
 
     /// The command ended: the containers created since the launch. A socket that appeared
     /// during the run (an engine the command started) is included. `run_pids` are the run's
-    /// tracked pids (for attribution).
+    /// tracked pids (for attribution). Takes at most [`OBSERVE_BUDGET`] after the call.
     pub fn observe(self, run_pids: &[u32]) -> ContainerEvidence {
-        let mut engines = match self.discovery {
-            Some(h) => h.join().unwrap_or_default(),
-            None => Vec::new(),
-        };
-        let late: Vec<PathBuf> = self
-            .candidates
-            .into_iter()
-            .filter(|c| !engines.iter().any(|e| Path::new(&e.socket) == c.as_path()))
-            .collect();
-        engines.extend(reachable_engines(&late));
-        observe_engines(self.since_ns, engines, run_pids)
+        let deadline = Instant::now() + OBSERVE_BUDGET;
+        let since_ns = self.since_ns;
+        let run_pids = run_pids.to_vec();
+        let (discovery, absent) = (self.discovery, self.absent);
+        within_deadline(deadline, move || {
+            let (mut engines, mut errors) = match discovery {
+                Some(h) => h.join().unwrap_or_default(),
+                None => Default::default(),
+            };
+            let (late, late_errors) = discover(&absent, deadline);
+            engines.extend(late);
+            errors.extend(late_errors);
+            let mut ev = observe_engines(since_ns, engines, &run_pids, deadline);
+            errors.append(&mut ev.errors);
+            ev.errors = errors;
+            ev
+        })
+        .unwrap_or_else(|| ContainerEvidence {
+            since_ns,
+            until_ns: now_ns(),
+            errors: vec![format!(
+                "the container engines did not answer within {OBSERVE_BUDGET:?}"
+            )],
+            note: "no container engine answered in time: containers started during the run are \
+                   not observed"
+                .into(),
+            ..ContainerEvidence::default()
+        })
     }
 }
 
-/// After cleanup: whether each recorded container still runs; extends the window to now.
-pub fn refresh_after_cleanup(ev: &mut ContainerEvidence) {
-    ev.until_ns = now_ns().max(ev.until_ns);
-    for c in ev.containers.iter_mut().filter(|c| !c.removed) {
-        match get_json(Path::new(&c.socket), &format!("/containers/{}/json", c.id)) {
-            Ok(Some(v)) => {
-                c.running_after_cleanup = v["State"]["Running"].as_bool().unwrap_or(false)
-            }
-            Ok(None) => c.running_after_cleanup = false,
-            Err(e) => ev.errors.push(e.to_string()),
+/// Ping every candidate that exists, until `deadline`.
+fn discover(candidates: &[PathBuf], deadline: Instant) -> Discovery {
+    let mut engines = Vec::new();
+    let mut errors = Vec::new();
+    for p in candidates.iter().filter(|p| p.exists()) {
+        match ping(p, deadline) {
+            Ok(Some(e)) => engines.push(e),
+            Ok(None) => {}
+            Err(e) => errors.push(e.to_string()),
         }
     }
+    (engines, errors)
+}
+
+/// After cleanup: whether each recorded container still runs; extends the window to now. Takes
+/// at most [`OBSERVE_BUDGET`].
+pub fn refresh_after_cleanup(ev: ContainerEvidence) -> ContainerEvidence {
+    let deadline = Instant::now() + OBSERVE_BUDGET;
+    let before = ev.clone();
+    within_deadline(deadline, move || {
+        let mut ev = ev;
+        ev.until_ns = now_ns().max(ev.until_ns);
+        for c in ev.containers.iter_mut().filter(|c| !c.removed) {
+            match get_json(
+                Path::new(&c.socket),
+                &format!("/containers/{}/json", c.id),
+                deadline,
+            ) {
+                Ok(Some(v)) => {
+                    c.running_after_cleanup = v["State"]["Running"].as_bool().unwrap_or(false)
+                }
+                Ok(None) => c.running_after_cleanup = false,
+                Err(e) => ev.errors.push(e.to_string()),
+            }
+        }
+        ev
+    })
+    .unwrap_or_else(|| {
+        let mut ev = before;
+        ev.until_ns = now_ns().max(ev.until_ns);
+        ev.errors.push(format!(
+            "the container engines did not answer within {OBSERVE_BUDGET:?} after cleanup: \
+             whether the containers still run is unknown"
+        ));
+        ev
+    })
 }
 
 fn note_for(engines: &[EngineRecord]) -> String {
@@ -570,7 +693,11 @@ pub fn stop_recorded(ev: &ContainerEvidence, grace: Duration) -> Vec<ContainerSt
             outcome: outcome.into(),
             detail,
         };
-        let info = match get_json(socket, &format!("/containers/{}/json", c.id)) {
+        let info = match get_json(
+            socket,
+            &format!("/containers/{}/json", c.id),
+            Instant::now() + OBSERVE_BUDGET,
+        ) {
             Ok(Some(v)) => v,
             Ok(None) => {
                 out.push(stop("gone", None));
@@ -598,7 +725,13 @@ pub fn stop_recorded(ev: &ContainerEvidence, grace: Duration) -> Vec<ContainerSt
             continue;
         }
         let path = format!("/containers/{}/stop?t={}", c.id, grace.as_secs());
-        match request(socket, "POST", &path) {
+        // The engine waits `grace` before it kills.
+        match request(
+            socket,
+            "POST",
+            &path,
+            Instant::now() + grace + OBSERVE_BUDGET,
+        ) {
             Ok(r) if r.status == 204 => out.push(stop("stopped", None)),
             Ok(r) if r.status == 304 => out.push(stop("already_stopped", None)),
             Ok(r) if r.status == 404 => out.push(stop("gone", None)),

@@ -6,7 +6,7 @@
 //! mark is written on a FIFO the host holds open for reading: opening a FIFO for writing works on
 //! a read-only mount, so the mark gets through even when the sandbox allows no writes at all.
 //!
-//! Shim argv (after `agentdiff __srt-exec-shim`): `v1 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
+//! Shim argv (after `agentdiff __exec-shim`): `v1 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
 //! to start the command when the argument count it received differs from `ARGC` (the wrapper split
 //! or merged arguments), when the salted digest of the argv in [`ENV_ARGV_DIGEST`] does not match
 //! what it received (the wrapper altered an argument), and when the marker cannot be written
@@ -24,9 +24,11 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-/// Name of the hidden `agentdiff` subcommand that runs the shim (first used by the srt backend,
-/// hence the name; every wrapping backend uses the same subcommand).
-pub const SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
+/// Name of the hidden `agentdiff` subcommand that runs the shim; every wrapping backend uses it.
+pub const SHIM_SUBCOMMAND: &str = "__exec-shim";
+/// The subcommand's earlier name (from when only srt used the shim), still accepted so that a
+/// program or script written against it keeps working. agentdiff itself never emits it.
+pub const LEGACY_SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
 /// Version of the shim's argv layout and marker lines.
 pub const SHIM_PROTOCOL: &str = "v1";
 /// Environment variable carrying `SALT:DIGEST` of the argv to the shim; removed before `exec`.
@@ -60,6 +62,26 @@ pub enum MarkerError {
 }
 
 /// The shim's argv for `argv`: protocol, marker path, argument count, then argv unchanged.
+/// The shim's arguments when `args` (a program's arguments after its own name) start with the
+/// shim subcommand, under its current or its earlier name.
+pub fn subcommand_arguments(args: &[OsString]) -> Option<&[OsString]> {
+    let (first, rest) = args.split_first()?;
+    (first == SHIM_SUBCOMMAND || first == LEGACY_SHIM_SUBCOMMAND).then_some(rest)
+}
+
+/// `main` of a standalone shim program (`program` names it in the usage line): runs the shim
+/// for the shim subcommand, refuses anything else. Returns the exit code.
+pub fn standalone_main(program: &str) -> u8 {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    match subcommand_arguments(&args) {
+        Some(rest) => run(rest),
+        None => {
+            eprintln!("usage: {program} {SHIM_SUBCOMMAND} {SHIM_PROTOCOL} MARKER ARGC ARGV…");
+            SHIM_REFUSED_EXIT
+        }
+    }
+}
+
 pub fn shim_args(marker: &Path, argv: &[OsString]) -> Vec<OsString> {
     let mut out = Vec::with_capacity(argv.len() + 3);
     out.push(OsString::from(SHIM_PROTOCOL));

@@ -16,9 +16,9 @@ use crate::backend::{Boundary, CleanupOutcome, WorkspaceMode};
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::Action;
 use crate::redact::escape_terminal;
-use crate::transaction::{ChangeRecord, Status};
+use crate::transaction::ChangeRecord;
 
-use super::RunView;
+use super::{Recovery, RunView};
 
 /// Tables with more rows than this are folded into `<details>`.
 pub const FOLD_ROWS: usize = 10;
@@ -110,14 +110,9 @@ fn table(s: &mut String, title: &str, heading: bool, header: &[&str], rows: &[Ve
 }
 
 fn outcome_word(v: &RunView) -> &'static str {
-    let r = &v.result;
-    if r.status == Status::Error && r.changes.is_empty() {
-        return "none (nothing ran)";
-    }
-    match r.safety_outcome {
-        Action::Allow => "allow",
-        Action::Review => "review",
-        Action::Deny => "**deny**",
+    match v.policy_outcome() {
+        None => "none (nothing ran)",
+        Some(a) => action_word(a),
     }
 }
 
@@ -374,43 +369,44 @@ fn findings(s: &mut String, v: &RunView) {
 
 fn recovery(s: &mut String, v: &RunView) {
     let r = &v.result;
-    let id = escape(&r.run_id);
-    let private = r
-        .runtime
-        .as_ref()
-        .is_some_and(|rt| rt.capabilities.workspace == WorkspaceMode::Private);
     let _ = writeln!(s, "**Rollback**\n");
-    if private {
-        let _ = writeln!(
-            s,
-            "The host tree is unchanged (the command worked on a private copy). Review and apply:\n\n```\nagentdiff promote {} --all --dry-run\n```",
-            r.run_id
-        );
-    } else if !v.sealed {
-        let _ = writeln!(
-            s,
-            "Not possible: the capsule is not sealed (the run was interrupted). Stop what it left behind:\n\n```\nagentdiff cleanup {}\n```",
-            r.run_id
-        );
-    } else if r.changes.is_empty() {
-        let _ = writeln!(s, "Nothing to roll back.");
-    } else if !r.recovery_available {
-        let _ = writeln!(s, "Not available for these changes.");
-    } else {
-        let lost = r.changes.iter().filter(|c| !c.reversible).count();
-        if lost > 0 {
+    match v.recovery() {
+        Recovery::PrivateCopy => {
             let _ = writeln!(
                 s,
-                "Available for {} of {} changes.\n",
-                r.changes.len() - lost,
-                r.changes.len()
+                "The host tree is unchanged (the command worked on a private copy). Review and apply:\n\n```\nagentdiff promote {} --all --dry-run\n```",
+                r.run_id
             );
         }
-        let _ = writeln!(s, "```\nagentdiff rollback {} --safe-only\n```", r.run_id);
+        Recovery::Unsealed => {
+            let _ = writeln!(
+                s,
+                "Not possible: the capsule is not sealed (the run was interrupted). Stop what it left behind:\n\n```\nagentdiff cleanup {}\n```",
+                r.run_id
+            );
+        }
+        Recovery::NothingChanged => {
+            let _ = writeln!(s, "Nothing to roll back.");
+        }
+        Recovery::NotAvailable { .. } => {
+            let _ = writeln!(s, "Not available for these changes.");
+        }
+        Recovery::Available { lost } => {
+            if !lost.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "Available for {} of {} changes.\n",
+                    r.changes.len() - lost.len(),
+                    r.changes.len()
+                );
+            }
+            let _ = writeln!(s, "```\nagentdiff rollback {} --safe-only\n```", r.run_id);
+        }
     }
     let _ = writeln!(
         s,
-        "\n<sub>run {id} · capsule sealed: {}</sub>",
+        "\n<sub>run {} · capsule sealed: {}</sub>",
+        escape(&r.run_id),
         if v.sealed { "yes" } else { "no" }
     );
 }

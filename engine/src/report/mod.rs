@@ -8,8 +8,10 @@ pub mod markdown;
 
 use std::path::PathBuf;
 
+use crate::backend::WorkspaceMode;
+use crate::policy::Action;
 use crate::store::{Artifact, Capsule, RuntimeDoc, StoreError};
-use crate::transaction::RunResult;
+use crate::transaction::{ChangeRecord, RunResult, Status};
 
 /// Errors of loading a run for a report.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +38,64 @@ pub struct RunView {
     pub capsule_dir: PathBuf,
 }
 
+/// What can be done about a run's changes, derived once for every surface.
+#[derive(Debug)]
+pub enum Recovery<'a> {
+    /// The command worked on a private copy: the host tree is unchanged; `promote` applies.
+    PrivateCopy,
+    /// The capsule is not sealed (the run was interrupted): rollback refuses it; `cleanup`
+    /// stops what it left behind.
+    Unsealed,
+    /// The run changed nothing.
+    NothingChanged,
+    /// Rollback is not available for this run's changes (e.g. disabled by the policy).
+    NotAvailable { lost: Vec<&'a ChangeRecord> },
+    /// Rollback restores every change except `lost` (whose backup is missing, e.g. on a full
+    /// disk): per path, from what was captured and verified.
+    Available { lost: Vec<&'a ChangeRecord> },
+}
+
 impl RunView {
+    /// A run seen through its result alone (the terminal summary needs nothing else): one just
+    /// finished by this process, or one whose other artifacts are not read.
+    pub fn of_result(result: RunResult, sealed: bool, capsule_dir: PathBuf) -> RunView {
+        RunView {
+            result,
+            runtime: None,
+            backend: None,
+            sealed,
+            capsule_dir,
+        }
+    }
+
+    /// The policy outcome, or `None` when nothing ran: no change was decided, so there is no
+    /// outcome to report as if it had.
+    pub fn policy_outcome(&self) -> Option<Action> {
+        let r = &self.result;
+        (!(r.status == Status::Error && r.changes.is_empty())).then_some(r.safety_outcome)
+    }
+
+    /// What rollback (or promote) can do for this run.
+    pub fn recovery(&self) -> Recovery<'_> {
+        let r = &self.result;
+        let private = r
+            .runtime
+            .as_ref()
+            .is_some_and(|rt| rt.capabilities.workspace == WorkspaceMode::Private);
+        let lost = || r.changes.iter().filter(|c| !c.reversible).collect();
+        if private {
+            Recovery::PrivateCopy
+        } else if !self.sealed {
+            Recovery::Unsealed
+        } else if r.changes.is_empty() {
+            Recovery::NothingChanged
+        } else if !r.recovery_available {
+            Recovery::NotAvailable { lost: lost() }
+        } else {
+            Recovery::Available { lost: lost() }
+        }
+    }
+
     /// Read a run through the capsule's typed readers.
     pub fn load(capsule: &Capsule) -> Result<RunView, ReportError> {
         let present =

@@ -863,3 +863,72 @@ fn open_descriptors_stay_bounded_on_wide_and_deep_trees() {
     // needs about depth + queue + workers (plus whatever parallel tests hold).
     assert!(max < 1500, "{max} descriptors open during the scan");
 }
+
+/// Whatever form the ignore rule takes, a path a deny glob names is recorded; a path no glob
+/// names stays ignored. Run for each variation of `.agentdiffignore`.
+#[test]
+fn no_form_of_ignore_rule_hides_a_deny_path() {
+    let deny = ["**/*.pem", "config/secrets/**", ".env"];
+    let named = [
+        "a/b/c/x.pem",
+        "vendor/deep/k.pem",
+        "config/secrets/db/pw",
+        ".env",
+        "x.pem",
+    ];
+    let unnamed = [
+        "a/b/c/x.txt",
+        "vendor/deep/k.txt",
+        "config/other/pw",
+        "y.txt",
+    ];
+    let variations: &[&str] = &[
+        "*\n",
+        "**\n",
+        "**/*\n",
+        "/*\n",
+        "a/\nvendor/\nconfig/\n*.txt\n",
+        "/a\n/vendor\n/config\n*.txt\n",
+        "a/**\nvendor/**\nconfig/**\n*.txt\n",
+        "**/b/\n**/deep\nconfig/*\n*.txt\n",
+        "*\n!y.txt\n!a/\n*.pem\n",
+        "*\n!*.txt\n*.pem\n.env\n",
+        "*.pem\n.env\nconfig/secrets/\nsecrets\n*.txt\n**/deep/\n/a/b/\nconfig/other/\n",
+    ];
+    for ignore in variations {
+        let d = tempfile::tempdir().unwrap();
+        for p in named.iter().chain(&unnamed) {
+            let p = d.path().join(p);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, b"x").unwrap();
+        }
+        fs::write(d.path().join(".agentdiffignore"), ignore).unwrap();
+        // A nested ignore file is content, not rules: it cannot hide anything either.
+        fs::write(d.path().join("a/.agentdiffignore"), "*\n").unwrap();
+        let mut opts = ScanOptions::new();
+        opts.reinclude = deny.iter().map(|s| s.to_string()).collect();
+        let m = scan_ok(d.path(), &opts);
+        for p in named {
+            assert!(
+                m.entries.contains_key(p),
+                "{p} hidden by {ignore:?}: {:?}",
+                m.entries.keys().collect::<Vec<_>>()
+            );
+        }
+        for p in ["a/b/c/x.txt", "vendor/deep/k.txt", "config/other/pw"] {
+            let absent = !m.entries.contains_key(p);
+            let reported = m
+                .excluded
+                .iter()
+                .any(|e| p == e.path || p.starts_with(&format!("{}/", e.path)));
+            assert!(
+                absent || !reported,
+                "{p} recorded although excluded by {ignore:?}"
+            );
+            assert!(
+                m.entries.contains_key(p) || reported,
+                "{p} neither recorded nor reported excluded under {ignore:?}"
+            );
+        }
+    }
+}

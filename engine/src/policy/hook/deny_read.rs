@@ -14,22 +14,6 @@ use std::path::Path;
 
 use globset::{GlobBuilder, GlobMatcher};
 
-/// Credential locations denied to reading tools when a policy does not set `deny_read`.
-pub const DEFAULT_DENY_READ: [&str; 12] = [
-    "~/.ssh",
-    "~/.aws",
-    "~/.gnupg",
-    "~/.netrc",
-    "~/.npmrc",
-    "~/.pypirc",
-    "~/.docker/config.json",
-    "~/.kube/config",
-    "~/.config/gcloud",
-    "~/.config/gh/hosts.yml",
-    ".env",
-    ".env.*",
-];
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Anchor {
     Project,
@@ -131,8 +115,16 @@ impl DenyRead {
     }
 
     /// The default section.
-    pub(crate) fn default_patterns() -> Vec<String> {
-        DEFAULT_DENY_READ.iter().map(|p| (*p).to_owned()).collect()
+    /// The default section: the engine's credential locations under `~/`, then the project's
+    /// secret files ([`crate::credentials`]).
+    pub fn default_patterns() -> Vec<String> {
+        let home = crate::credentials::HOME_CREDENTIAL_LOCATIONS
+            .iter()
+            .map(|l| format!("~/{l}"));
+        let project = crate::credentials::PROJECT_SECRET_PATTERNS
+            .iter()
+            .map(|p| (*p).to_owned());
+        home.chain(project).collect()
     }
 
     pub fn patterns(&self) -> &[String] {

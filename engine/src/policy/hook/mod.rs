@@ -37,7 +37,7 @@ use serde_json::{json, Map, Value};
 use super::{Decision, LoadedPolicy, Policy, PolicyError};
 
 pub(crate) use deny_read::check_read_pattern;
-pub use deny_read::{DenyRead, DEFAULT_DENY_READ};
+pub use deny_read::DenyRead;
 pub use links::MAX_ENTRIES as MAX_HARD_LINK_SEARCH_ENTRIES;
 pub use patch::{parse as parse_patch, PatchFiles};
 pub use resolve::{resolve, Resolution, ResolveError, PATH_MAX};
