@@ -17,13 +17,14 @@ printf 'fn main() {}\n' > src/main.rs
 
 echo "demo folder: $demo"
 set +e
-"$bin" run --task "demo edit" -- sh -c 'echo x >> a.txt; echo y > b.txt; rm c.txt; echo TOKEN=1 > .env'
+# The run's id is chosen here (--run-id), so nothing has to be parsed out of agentdiff's output.
+run="demo-$(date -u +%Y%m%dT%H%M%S)-$$"
+"$bin" run --run-id "$run" --task "demo edit" -- sh -c 'echo x >> a.txt; echo y > b.txt; rm c.txt; echo TOKEN=1 > .env'
 code=$?
 set -e
 echo "agentdiff run exited $code (71 = denied findings under the default --fail-on deny)"
-run=$("$bin" runs --format json | sed -n 's/.*"id": "\(.*\)".*/\1/p' | tail -n 1)
 "$bin" verify "$run"
-"$bin" rollback "$run" --all --dry-run || true
+"$bin" rollback "$run" --all --dry-run
 "$bin" rollback "$run" --all
 echo "after rollback:"
 ls -A "$demo" | grep -v '^\.agentdiff$'
