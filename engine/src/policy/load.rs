@@ -47,8 +47,9 @@ pub struct LoadedPolicy {
 }
 
 /// Load the policy in force: the explicit file if given, else `ROOT/agentdiff.yaml` if it
-/// exists (never through a symlink that leads outside the root), else the built-in policy. A relative explicit path is taken as given (relative to the
-/// current directory), as users expect of a command-line flag.
+/// exists (never through a symlink that leads outside the root), else the built-in policy. A
+/// relative explicit path is taken as given (relative to the current directory), as users expect
+/// of a command-line flag.
 pub fn load(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, PolicyError> {
     if let Some(path) = explicit {
         let mut loaded = load_file(path)?;
