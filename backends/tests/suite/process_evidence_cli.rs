@@ -256,6 +256,50 @@ fn an_exec_after_first_sight_is_recorded_by_polling() {
     exec_case("proc_poll");
 }
 
+/// A leftover that execs another program when cleanup signals it is recorded, in the process
+/// list and in the cleanup record, under the program it ran when it was ended, not the shell it
+/// was first seen (and verified) as.
+#[test]
+fn a_leftover_is_named_after_the_program_it_ran_when_cleaned_up() {
+    let probe = project();
+    let (_, _, rt) = run(probe.path(), &[], &["true"]);
+    if rt["execs"]["mechanism"] != "cn_proc"
+        && skip_unless_required(&format!(
+            "the kernel process events connector is unavailable here: {:?}",
+            rt["warnings"]
+        ))
+    {
+        return;
+    }
+    let p = project();
+    let secs = unique_secs();
+    let inner = format!("trap 'exec sleep {secs}' TERM; while :; do sleep 0.05; done");
+    let script = format!("sh -c \"{inner}\" & sleep 0.3");
+    let (code, r, rt) = run(p.path(), &["--grace-period", "1"], &["sh", "-c", &script]);
+    assert_eq!(code, 0, "{r:#}");
+    let leftover = rt["cleanup"]["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            rt["execs"]["events"].as_array().unwrap().iter().any(|e| {
+                e["pid"] == c["identity"]["pid"]
+                    && e["argv"] == serde_json::json!(["sleep", secs.to_string()])
+            })
+        })
+        .unwrap_or_else(|| panic!("no leftover exec'd sleep: {:#}", rt["cleanup"]));
+    assert_eq!(leftover["executable"], "sleep", "{leftover:#}");
+    let pid = &leftover["identity"]["pid"];
+    let record = rt["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| &p["identity"]["pid"] == pid)
+        .unwrap();
+    assert_eq!(record["executable"], "sleep", "{record:#}");
+    assert_gone(&["sleep", &secs.to_string()]);
+}
+
 #[test]
 fn an_unknown_exec_mechanism_is_refused_before_anything_runs() {
     let p = project();

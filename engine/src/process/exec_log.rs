@@ -42,6 +42,32 @@ pub struct ExecEvent {
     pub at_ms: u64,
 }
 
+impl ExecEvidence {
+    /// The program each process identity (pid, start time) executed last, by file name: what it
+    /// was running when the log ended. Events whose program was unreadable are skipped.
+    pub fn last_programs(&self) -> HashMap<(u32, u64), String> {
+        let mut out = HashMap::new();
+        for e in &self.events {
+            let Some(start) = e.start_time_ticks else {
+                continue;
+            };
+            if e.executable == "unreadable" {
+                continue;
+            }
+            let name = std::path::Path::new(&e.executable)
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            // A deleted executable reads as "name (deleted)"; keep the name.
+            let name = name.trim_end_matches(" (deleted)");
+            if !name.is_empty() {
+                out.insert((e.pid, start), name.to_string());
+            }
+        }
+        out
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -306,6 +332,32 @@ mod tests {
         let long = vec![b'x'; 4000];
         let (argv, _) = bounded_argv(&long);
         assert!(argv[0].len() <= MAX_ARG_BYTES + '…'.len_utf8());
+    }
+
+    #[test]
+    fn the_last_readable_exec_of_each_identity_names_it() {
+        let ev = |pid, start, exe: &str| ExecEvent {
+            pid,
+            start_time_ticks: start,
+            executable: exe.into(),
+            argv: Vec::new(),
+            args_omitted: 0,
+            at_ms: 0,
+        };
+        let log = ExecEvidence {
+            events: vec![
+                ev(10, Some(5), "/usr/bin/dash"),
+                ev(10, Some(5), "/usr/bin/sleep"),
+                ev(10, Some(5), "unreadable"),
+                ev(10, Some(9), "/usr/bin/python3 (deleted)"),
+                ev(11, None, "/usr/bin/true"),
+            ],
+            ..ExecEvidence::default()
+        };
+        let last = log.last_programs();
+        assert_eq!(last.get(&(10, 5)).map(String::as_str), Some("sleep"));
+        assert_eq!(last.get(&(10, 9)).map(String::as_str), Some("python3"));
+        assert_eq!(last.len(), 2);
     }
 
     #[test]

@@ -442,7 +442,6 @@ mod unix {
             if end == End::Exited {
                 self.tracker.mark_alive_after_root_exit();
             }
-            self.tracker.refresh_executables();
             if self.exec.polls() {
                 let at_ms = self.launched.elapsed().as_millis() as u64;
                 self.exec.poll(&self.tracker.live_identities(), at_ms);
@@ -497,17 +496,7 @@ mod unix {
                         targets.len()
                     ));
                 }
-                let mut r = cleanup_targets(&targets, &opts);
-                for rec in r.records.iter_mut().filter(|r| r.executable.is_empty()) {
-                    if let Some(p) = self
-                        .tracker
-                        .records()
-                        .iter()
-                        .find(|p| p.identity == rec.identity)
-                    {
-                        rec.executable = p.executable.clone();
-                    }
-                }
+                let r = cleanup_targets(&targets, &opts);
                 cleanup.mechanism = r.mechanism;
                 cleanup.records.extend(r.records);
                 cleanup.errors.extend(r.errors);
@@ -563,6 +552,21 @@ mod unix {
             }
             let container_evidence = container_evidence.map(containers::refresh_after_cleanup);
             let execs = self.exec.finish();
+            // Every record names what its process ran last (an exec after first sight, or during
+            // cleanup, included); cleanup read the program at verification and falls back to the
+            // tracker's name for a process that was already gone.
+            let last = execs.last_programs();
+            self.tracker.name_from_execs(&last);
+            for rec in &mut cleanup.records {
+                let id = &rec.identity;
+                if let Some(name) = last.get(&(id.pid, id.start_time_ticks)) {
+                    rec.executable.clone_from(name);
+                } else if rec.executable.is_empty() {
+                    if let Some(p) = self.tracker.records().iter().find(|p| p.identity == *id) {
+                        rec.executable.clone_from(&p.executable);
+                    }
+                }
+            }
             if execs.lost > 0 {
                 self.warnings.push(format!(
                     "{} process-event overflows: the exec log is incomplete",

@@ -182,18 +182,13 @@ impl Tracker {
         self.refresh_liveness();
     }
 
-    /// Re-read the executable of every live process: a process first seen before its `exec`
-    /// (`setsid sleep …`) is recorded under the program it runs now.
-    pub fn refresh_executables(&mut self) {
-        for pid in self.live.clone() {
-            let Some(&i) = self.index.get(&pid) else {
-                continue;
-            };
-            if let Ok(s) = read_stat(pid) {
-                if s.start_time_ticks == self.records[i].identity.start_time_ticks && !s.is_zombie()
-                {
-                    self.records[i].executable = executable_name(pid, &s.comm);
-                }
+    /// Name every record after the program its process executed last (from the exec log): a
+    /// process first seen before its `exec` (`(sleep 30 &)` forks a shell that then execs sleep)
+    /// is recorded under what it ran when it was cleaned up, not what it ran when first seen.
+    pub fn name_from_execs(&mut self, last: &HashMap<(u32, u64), String>) {
+        for r in &mut self.records {
+            if let Some(name) = last.get(&(r.identity.pid, r.identity.start_time_ticks)) {
+                r.executable.clone_from(name);
             }
         }
     }
