@@ -1,7 +1,6 @@
 //! The `bwrap` backend: plan (pure), launch through the shared supervisor, and evidence that
 //! tells bwrap's setup failures from the command's exit.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,8 +10,9 @@ use agentdiff_engine::backend::{
     Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::policy::Policy;
-use agentdiff_engine::process::exec_shim::{self, StartMarker, StartState};
-use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
+use agentdiff_engine::process::exec_shim::{self, StartState};
+use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
+use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -259,21 +259,14 @@ impl RuntimeBackend for BwrapBackend {
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
         let plan = self.plan(spec)?;
-        // The shim checks the argv it receives against this salted digest.
-        let mut salt = [0u8; 16];
-        getrandom::getrandom(&mut salt).map_err(|e| {
+        // The shim checks the argv it receives against a salted digest, and refuses
+        // TIOCSTI/TIOCLINUX for the command before it starts it.
+        let env = shimmed::shim_env(&plan.env, &spec.argv, true).map_err(|e| {
             unavailable(
-                format!("no random source for the argv check: {e}"),
+                e.to_string(),
                 "check that the kernel's random source (getrandom/urandom) is available",
             )
         })?;
-        let mut env: Vec<(OsString, OsString)> = plan.env.clone();
-        env.push((
-            exec_shim::ENV_ARGV_DIGEST.into(),
-            exec_shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
-        ));
-        // The shim refuses TIOCSTI/TIOCLINUX for the command before it starts it.
-        env.push((exec_shim::ENV_TTY_GUARD.into(), "1".into()));
         let command = LaunchCommand {
             program: plan.bwrap.as_os_str().to_os_string(),
             args: plan.args.clone(),
@@ -293,7 +286,6 @@ impl RuntimeBackend for BwrapBackend {
     ) -> Result<Box<dyn RunningCommand>> {
         // Exactly what prepare planned: the PreparedLaunch cannot be edited after prepare.
         let plan = prepared.plan_for::<Plan>(ID)?.clone();
-        let marker = StartMarker::create(&plan.marker).map_err(|e| launch_error(e.to_string()))?;
         let labels = EvidenceLabels {
             backend: ID.into(),
             enforcement: ENFORCEMENT,
@@ -307,15 +299,12 @@ impl RuntimeBackend for BwrapBackend {
             "controls": controls(&plan),
             "limits": LIMITS,
         });
-        let expected_argc = prepared.spec().argv.len();
         let env_dropped = plan.env_dropped.clone();
-        let inner = spawn_supervised(prepared, ctx, labels)
-            .map_err(|e| launch_error(format!("cannot start bwrap: {e}")))?;
+        let inner = ShimmedCommand::spawn(prepared, ctx, labels, &plan.marker, "bwrap")
+            .map_err(|e| launch_error(e.to_string()))?;
         Ok(Box::new(BwrapRunning {
             inner,
-            marker,
             wrapper,
-            expected_argc,
             network: plan.network,
             env_dropped,
         }))
@@ -335,10 +324,8 @@ impl RuntimeBackend for BwrapBackend {
 
 /// A running sandbox: the supervised bwrap process plus the start marker.
 struct BwrapRunning {
-    inner: SupervisedCommand,
-    marker: StartMarker,
+    inner: ShimmedCommand,
     wrapper: Value,
-    expected_argc: usize,
     network: Network,
     env_dropped: Vec<String>,
 }
@@ -356,21 +343,17 @@ impl RunningCommand for BwrapRunning {
     async fn wait(self: Box<Self>) -> Result<RunEvidence> {
         let BwrapRunning {
             inner,
-            mut marker,
             wrapper,
-            expected_argc,
             network,
             env_dropped,
         } = *self;
         let root_pid = inner.pid();
-        let evidence = Box::new(inner).wait().await;
-        let state = StartState::from_marker(&marker.read_available());
-        drop(marker);
-        let mut evidence = evidence?;
+        let ShimmedExit {
+            mut evidence,
+            state,
+            expected_argc,
+        } = inner.wait().await?;
         if let Some(env) = &mut evidence.environment {
-            // The shim's variables are agentdiff's plumbing, not the command's environment.
-            env.variables.remove(exec_shim::ENV_ARGV_DIGEST);
-            env.variables.remove(exec_shim::ENV_TTY_GUARD);
             env.mode = agentdiff_engine::environment::EnvMode::Scrub;
             env.dropped.extend(env_dropped);
             env.dropped.sort();
@@ -439,12 +422,7 @@ pub fn attribute_exit(
         // Nothing ran inside the sandbox: claim nothing about it.
         evidence.capabilities.sandboxed = false;
     }
-    if let Value::Object(map) = &mut wrapper {
-        map.insert("command_started".into(), json!(attribution.started));
-        map.insert("argv_verified".into(), json!(attribution.started));
-        map.insert("start_state".into(), json!(state.label()));
-        map.insert("exit_attribution".into(), json!(attribution.by));
-    }
+    StartFacts::new(state, attribution).record_in(&mut wrapper);
     evidence.wrapper = Some(BackendFacts::from_value(wrapper));
 }
 

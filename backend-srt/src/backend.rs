@@ -8,10 +8,11 @@ use std::time::Duration;
 use agentdiff_engine::backend::{
     cleanup_host_processes, validate_options, Availability, BackendError, BackendFacts,
     BackendOptions, Capabilities, CleanupReport, InfrastructurePort, LaunchCommand, LaunchContext,
-    LaunchSpec, Level, PreparedLaunch, ProcessRelation, Result, RunEvidence, RunningCommand,
-    RuntimeBackend, WorkspaceMode,
+    LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessRelation, Result, RunEvidence,
+    RunningCommand, RuntimeBackend, WorkspaceMode,
 };
-use agentdiff_engine::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
+use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
+use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -19,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::host::{self, ExecutableError};
 use crate::settings::{self, SettingsChoice, SettingsError};
-use crate::shim::{self, StartMarker, StartState};
+use crate::shim::{self, StartState};
 use crate::version;
 use crate::{
     ENFORCEMENT, ENV_EXEC_SHIM, ID, OPTIONS, OPT_ALLOW_DOMAIN, OPT_EXECUTABLE, OPT_EXEC_SHIM,
@@ -297,24 +298,13 @@ impl RuntimeBackend for SrtBackend {
         let plan = self.plan(spec)?;
         let mut wrapper_argv = vec![plan.srt.as_os_str().to_os_string()];
         wrapper_argv.extend(plan.args.iter().cloned());
-        // The shim checks the argv it receives against this salted digest (see `shim`).
-        let mut salt = [0u8; 16];
-        getrandom::getrandom(&mut salt).map_err(|e| {
+        // The shim checks the argv it receives against a salted digest (see `shim`).
+        let env = shimmed::shim_env(&spec.env, &spec.argv, false).map_err(|e| {
             unavailable(
-                format!("no random source for the argv check: {e}"),
+                e.to_string(),
                 "check that the kernel's random source (getrandom/urandom) is available",
             )
         })?;
-        let mut env: Vec<(OsString, OsString)> = spec
-            .env
-            .iter()
-            .filter(|(k, _)| k != shim::ENV_ARGV_DIGEST)
-            .cloned()
-            .collect();
-        env.push((
-            shim::ENV_ARGV_DIGEST.into(),
-            shim::digest_env_value(&hex::encode(salt), &spec.argv).into(),
-        ));
         let command = LaunchCommand {
             program: plan.srt.as_os_str().to_os_string(),
             args: plan.args.clone(),
@@ -339,7 +329,7 @@ impl RuntimeBackend for SrtBackend {
             .await
             .map_err(|e| {
                 unavailable(
-                    e,
+                    e.to_string(),
                     "reinstall srt (`npm install -g @anthropic-ai/sandbox-runtime`) and check that \
                      `srt --version` works",
                 )
@@ -388,7 +378,6 @@ impl RuntimeBackend for SrtBackend {
             }
         };
 
-        let marker = StartMarker::create(&plan.marker).map_err(|e| launch_error(e.to_string()))?;
         let wrapper = json!({
             "kind": "srt",
             "executable": plan.srt.to_string_lossy(),
@@ -399,20 +388,18 @@ impl RuntimeBackend for SrtBackend {
             "sandbox": "requested_not_verified",
             "limits": LIMITS,
         });
-        let expected_argc = spec.argv.len();
         let labels = EvidenceLabels {
             backend: ID.into(),
             enforcement: ENFORCEMENT,
             capabilities: capabilities(),
         };
-        let inner = spawn_supervised(prepared, ctx, labels)
-            .map_err(|e| launch_error(format!("cannot start srt: {e}")))?;
+        let marker = plan.marker.clone();
+        let inner = ShimmedCommand::spawn(prepared, ctx, labels, &marker, "srt")
+            .map_err(|e| launch_error(e.to_string()))?;
         Ok(Box::new(SrtRunning {
             inner,
-            marker,
             generated,
             wrapper,
-            expected_argc,
         }))
     }
 
@@ -440,11 +427,9 @@ impl Drop for RemoveOnDrop {
 
 /// A running srt wrapper: the supervised host process plus the start marker.
 struct SrtRunning {
-    inner: SupervisedCommand,
-    marker: StartMarker,
+    inner: ShimmedCommand,
     generated: Option<RemoveOnDrop>,
     wrapper: Value,
-    expected_argc: usize,
 }
 
 #[async_trait]
@@ -453,24 +438,25 @@ impl RunningCommand for SrtRunning {
         Some(self.inner.pid())
     }
 
+    /// The root identity and cgroup, so `agentdiff cleanup` can find the run's processes if the
+    /// monitor dies (the default would record only the pid).
+    fn launch_facts(&self) -> LaunchFacts {
+        self.inner.launch_facts()
+    }
+
     async fn wait(self: Box<Self>) -> Result<RunEvidence> {
         let SrtRunning {
             inner,
-            mut marker,
             generated,
             wrapper,
-            expected_argc,
         } = *self;
-        let evidence = Box::new(inner).wait().await;
-        let state = StartState::from_marker(&marker.read_available());
-        drop(marker);
+        let exit = inner.wait().await;
         drop(generated);
-        let mut evidence = evidence?;
-        // The digest is agentdiff's own plumbing, not the command's environment; even as a
-        // fingerprint it does not belong in the evidence.
-        if let Some(env) = &mut evidence.environment {
-            env.variables.remove(shim::ENV_ARGV_DIGEST);
-        }
+        let ShimmedExit {
+            mut evidence,
+            state,
+            expected_argc,
+        } = exit?;
         attribute_exit(&mut evidence, &state, expected_argc, wrapper);
         separate_srt_listeners(&mut evidence);
         Ok(evidence)
@@ -522,13 +508,7 @@ pub fn attribute_exit(
         "srt",
         "see srt's message above and `agentdiff doctor`",
     );
-    if let Value::Object(map) = &mut wrapper {
-        map.insert("command_started".into(), json!(attribution.started));
-        // The shim marks the start only after the argv count and digest matched.
-        map.insert("argv_verified".into(), json!(attribution.started));
-        map.insert("start_state".into(), json!(state.label()));
-        map.insert("exit_attribution".into(), json!(attribution.by));
-    }
+    StartFacts::new(state, attribution).record_in(&mut wrapper);
     evidence.wrapper = Some(BackendFacts::from_value(wrapper));
 }
 

@@ -196,7 +196,7 @@ pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
                     path: Some(p),
                     version: None,
                     version_source: None,
-                    error: Some(e),
+                    error: Some(e.to_string()),
                 }
             }
         },

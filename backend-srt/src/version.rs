@@ -195,6 +195,25 @@ fn write_cache(dir: &Path, cache: &CacheFile) {
     }
 }
 
+/// Why srt's version could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    #[error("`{} --version` did not answer within {timeout:?}", srt.display())]
+    Timeout { srt: PathBuf, timeout: Duration },
+    #[error("cannot run `{} --version`: {source}", srt.display())]
+    Run {
+        srt: PathBuf,
+        source: std::io::Error,
+    },
+    /// It ran but did not answer with one line on success; `detail` is its first stderr line.
+    #[error("`{} --version` failed ({status}): {detail}", srt.display())]
+    Failed {
+        srt: PathBuf,
+        status: std::process::ExitStatus,
+        detail: String,
+    },
+}
+
 /// srt's version: from the cache when this srt (and its interpreter) is unchanged since an
 /// earlier `srt --version` answered, else by running `srt --version` with `env` (or agentdiff's
 /// own environment) and caching the answer. `state_dir` is where the cache file lives (`None`:
@@ -203,7 +222,7 @@ pub async fn version(
     srt: &Path,
     env: Option<&[(OsString, OsString)]>,
     state_dir: Option<&Path>,
-) -> Result<Version, String> {
+) -> Result<Version, VersionError> {
     let path = match env {
         Some(env) => host::search_path(env),
         None => std::env::var_os("PATH"),
@@ -246,7 +265,10 @@ const ETXTBSY_RETRIES: u32 = 10;
 
 /// Run `srt --version` (with `env`, the command's environment, when given: srt is a Node script
 /// found through its PATH).
-pub async fn probe(srt: &Path, env: Option<&[(OsString, OsString)]>) -> Result<String, String> {
+pub async fn probe(
+    srt: &Path,
+    env: Option<&[(OsString, OsString)]>,
+) -> Result<String, VersionError> {
     let mut cmd = tokio::process::Command::new(srt);
     cmd.arg("--version")
         .stdin(std::process::Stdio::null())
@@ -260,11 +282,9 @@ pub async fn probe(srt: &Path, env: Option<&[(OsString, OsString)]>) -> Result<S
     let out = loop {
         let result = tokio::time::timeout(VERSION_TIMEOUT, cmd.output())
             .await
-            .map_err(|_| {
-                format!(
-                    "`{} --version` did not answer within {VERSION_TIMEOUT:?}",
-                    srt.display()
-                )
+            .map_err(|_| VersionError::Timeout {
+                srt: srt.to_path_buf(),
+                timeout: VERSION_TIMEOUT,
             })?;
         match result {
             Ok(out) => break out,
@@ -275,24 +295,28 @@ pub async fn probe(srt: &Path, env: Option<&[(OsString, OsString)]>) -> Result<S
                 attempt += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
-            Err(e) => return Err(format!("cannot run `{} --version`: {e}", srt.display())),
+            Err(source) => {
+                return Err(VersionError::Run {
+                    srt: srt.to_path_buf(),
+                    source,
+                })
+            }
         }
     };
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || stdout.is_empty() || stdout.lines().count() != 1 {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "`{} --version` failed ({}): {}",
-            srt.display(),
-            out.status,
-            stderr
+        return Err(VersionError::Failed {
+            srt: srt.to_path_buf(),
+            status: out.status,
+            detail: stderr
                 .lines()
                 .next()
                 .unwrap_or("no output")
                 .chars()
                 .take(200)
-                .collect::<String>()
-        ));
+                .collect(),
+        });
     }
     Ok(stdout.chars().take(100).collect())
 }
@@ -384,7 +408,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let srt = script(dir.path(), "srt-c", "#!/bin/sh\necho broken >&2\nexit 1\n");
         let err = version(&srt, None, Some(dir.path())).await.unwrap_err();
-        assert!(err.contains("broken"), "{err}");
+        assert!(
+            matches!(&err, VersionError::Failed { detail, .. } if detail == "broken"),
+            "{err}"
+        );
         assert!(!dir.path().join(CACHE_FILE).exists());
     }
 }

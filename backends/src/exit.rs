@@ -11,7 +11,6 @@ pub const INVALID_CONFIG: u8 = 65;
 pub const NO_SUCH_RUN: u8 = 66;
 /// A capsule failed verification (corrupt, tampered, unsealed).
 pub const INVALID_CAPSULE: u8 = 67;
-#[allow(dead_code)] // used by rollback, promote and cleanup
 /// Rollback or promote preserved at least one conflicting path, or could not restore one.
 pub const CONFLICT: u8 = 68;
 /// The requested runtime backend cannot run here (fail closed; nothing was launched).
@@ -36,6 +35,38 @@ pub const SUMMARY_NOT_WRITTEN: u8 = 76;
 pub const UNAUTHENTICATED: u8 = 77;
 /// The run's deadline expired (as timeout(1)).
 pub const TIMED_OUT: u8 = 124;
+/// `run`: the command could not be launched (not found or not executable), as a shell says.
+pub const LAUNCH_FAILED: u8 = 127;
+/// `run`: killed by (or agentdiff interrupted by) signal N exits `SIGNALLED + N`.
+pub const SIGNALLED: u8 = 128;
+
+/// Every fixed code agentdiff itself ends with, as documented in docs/cli.md's table (the
+/// hook's own code lives with the hook).
+#[cfg(test)]
+const ALL: &[u8] = &[
+    USAGE,
+    INVALID_CONFIG,
+    NO_SUCH_RUN,
+    INVALID_CAPSULE,
+    CONFLICT,
+    BACKEND_UNAVAILABLE,
+    INTERNAL,
+    GATE_DENIED,
+    GATE_REVIEW,
+    BLOCKED,
+    CONFORMANCE_FAILED,
+    BUSY,
+    SUMMARY_NOT_WRITTEN,
+    UNAUTHENTICATED,
+    TIMED_OUT,
+    LAUNCH_FAILED,
+    crate::cli::hook::HOOK_BLOCK,
+];
+
+/// Exit code of a command killed by signal `sig` (clamped so it stays a valid code).
+pub fn signalled(sig: i32) -> u8 {
+    SIGNALLED.saturating_add(sig.clamp(0, 127) as u8)
+}
 
 /// An error that carries the exit code it should end the program with.
 #[derive(Debug)]
@@ -71,4 +102,29 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
 /// One-line rendering of an error and its causes, with control characters escaped.
 pub fn render(err: &anyhow::Error) -> String {
     agentdiff_engine::redact::escape_terminal(&format!("{err:#}"))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The table in docs/cli.md lists exactly the codes defined here: a code added, removed or
+    /// renumbered on one side only fails this test.
+    #[test]
+    fn the_documented_table_matches_the_constants() {
+        let doc = include_str!("../../docs/cli.md");
+        let table = doc
+            .split("## Exit codes")
+            .nth(1)
+            .and_then(|t| t.split("\n## ").next())
+            .unwrap();
+        let mut documented: Vec<u8> = table
+            .lines()
+            .filter_map(|l| l.strip_prefix("| ")?.split(' ').next()?.parse().ok())
+            .filter(|&c| c != 0)
+            .collect();
+        documented.sort_unstable();
+        let mut defined = super::ALL.to_vec();
+        defined.sort_unstable();
+        assert_eq!(documented, defined);
+        assert!(table.contains("| 128+N |"), "signal exits are documented");
+    }
 }

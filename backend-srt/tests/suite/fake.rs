@@ -607,3 +607,32 @@ fn the_argv_digest_stays_out_of_the_command_and_the_evidence() {
     assert!(recorded.variables.contains_key("PATH"));
     assert_eq!(ev.wrapper.unwrap()["argv_verified"], true);
 }
+
+#[test]
+fn launch_facts_carry_the_wrappers_identity_for_cleanup() {
+    // `agentdiff cleanup` of a run whose monitor died finds its processes from these facts:
+    // a bare pid (the trait's default) could name a reused process.
+    let f = Fixture::fake();
+    let prepared = SrtBackend::new()
+        .prepare(&f.spec(&["/bin/sh", "-c", "exit 0"]))
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctx = agentdiff_engine::backend::LaunchContext::new(
+            agentdiff_engine::backend::StdioMode::Files {
+                stdin: None,
+                stdout: f.dir.path().join("stdout"),
+                stderr: f.dir.path().join("stderr"),
+            },
+        );
+        let running = SrtBackend::new().launch(prepared, ctx).await.unwrap();
+        let facts = running.launch_facts();
+        let root = facts.root.expect("the root identity is recorded at launch");
+        assert_eq!(Some(root.pid), running.pid());
+        assert_eq!(facts.pid, running.pid());
+        running.wait().await.unwrap();
+    });
+}

@@ -3,7 +3,7 @@
 mod cleanup;
 mod conformance;
 mod doctor;
-mod hook;
+pub(crate) mod hook;
 mod inspect;
 mod policy;
 mod promote;

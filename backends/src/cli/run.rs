@@ -481,13 +481,12 @@ fn exit_code(outcome: &RunOutcome, fail_on: FailOn) -> u8 {
     match r.status {
         _ if outcome.refusal == Some(Refusal::BackendUnavailable) => exit::BACKEND_UNAVAILABLE,
         _ if outcome.refusal == Some(Refusal::InvalidRequest) => exit::USAGE,
-        _ if outcome.refusal == Some(Refusal::LaunchFailed) => 127,
+        _ if outcome.refusal == Some(Refusal::LaunchFailed) => exit::LAUNCH_FAILED,
         Status::Error => exit::INTERNAL,
         Status::Blocked => exit::BLOCKED,
         Status::TimedOut => exit::TIMED_OUT,
         Status::Terminated => {
-            let sig = exit_info.and_then(|e| e.interrupted_by).unwrap_or(15);
-            128u8.saturating_add(sig.clamp(0, 127) as u8)
+            exit::signalled(exit_info.and_then(|e| e.interrupted_by).unwrap_or(15))
         }
         Status::Failed => {
             let rt = r.runtime.as_ref();
@@ -495,13 +494,15 @@ fn exit_code(outcome: &RunOutcome, fail_on: FailOn) -> u8 {
                 Some(agentdiff_engine::backend::FailureKind::WrapperSetupFailed { .. }) => {
                     exit::BACKEND_UNAVAILABLE
                 }
-                Some(agentdiff_engine::backend::FailureKind::LaunchFailed { .. }) => 127,
+                Some(agentdiff_engine::backend::FailureKind::LaunchFailed { .. }) => {
+                    exit::LAUNCH_FAILED
+                }
                 None => match (
                     exit_info.and_then(|e| e.code),
                     exit_info.and_then(|e| e.signal),
                 ) {
                     (Some(code), _) if code != 0 => (code & 0xff) as u8,
-                    (_, Some(sig)) => 128u8.saturating_add(sig.clamp(0, 127) as u8),
+                    (_, Some(sig)) => exit::signalled(sig),
                     _ => exit::INTERNAL,
                 },
             }

@@ -105,6 +105,11 @@ fn findings<'a>(r: &'a Value, kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
+/// The root waits (at most 10 s) until the escapee says it has moved (`moved`), so the escape
+/// happens while the run is live whatever the host's load.
+const WAIT_MOVED: &str =
+    "i=0; while [ ! -e moved ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done";
+
 fn escape_case(tracking: &str, script: impl Fn(&str, &str) -> String) {
     if let Some(reason) = cgroup_tracking_missing() {
         if skip_unless_required(&reason) {
@@ -141,7 +146,7 @@ fn escape_case(tracking: &str, script: impl Fn(&str, &str) -> String) {
 fn a_process_that_leaves_the_run_cgroup_is_denied_and_ended() {
     // The attack as reported: a background shell moves itself out, then execs.
     escape_case("cgroup", |procs, secs| {
-        format!("sh -c \"echo \\$\\$ > {procs}; exec sleep {secs}\" & sleep 0.3")
+        format!("sh -c \"echo \\$\\$ > {procs}; touch moved; exec sleep {secs}\" & {WAIT_MOVED}")
     });
 }
 
@@ -149,7 +154,7 @@ fn a_process_that_leaves_the_run_cgroup_is_denied_and_ended() {
 fn an_escape_whose_parent_exits_at_once_is_still_caught() {
     // The escaping process's parent exits at once: it is only ever an orphan of agentdiff.
     escape_case("cgroup", |procs, secs| {
-        format!("(sh -c \"echo \\$\\$ > {procs}; exec sleep {secs}\" &); sleep 0.3")
+        format!("(sh -c \"echo \\$\\$ > {procs}; touch moved; exec sleep {secs}\" &); {WAIT_MOVED}")
     });
 }
 
@@ -161,7 +166,8 @@ fn polling_without_a_cgroup_ends_the_same_escapee() {
     let procs = cgroup2_mount()
         .map(|m| m.join("cgroup.procs").display().to_string())
         .unwrap_or_else(|| "/dev/null".into());
-    let script = format!("sh -c \"echo \\$\\$ > {procs}; exec sleep {secs}\" & sleep 0.3");
+    let script =
+        format!("sh -c \"echo \\$\\$ > {procs}; touch moved; exec sleep {secs}\" & {WAIT_MOVED}");
     let (code, r, rt) = run(
         p.path(),
         &["--backend-option", "tracking=proc_poll"],
@@ -177,8 +183,126 @@ fn polling_without_a_cgroup_ends_the_same_escapee() {
 #[test]
 fn an_escape_that_also_daemonises_is_still_caught() {
     escape_case("cgroup", |procs, secs| {
-        format!("sh -c \"echo \\$\\$ > {procs}; setsid sleep {secs} & sleep 0.2\" & sleep 0.5")
+        format!(
+            "sh -c \"echo \\$\\$ > {procs}; setsid sleep {secs} & touch moved; sleep 0.2\" & \
+             {WAIT_MOVED}; sleep 0.3"
+        )
     });
+}
+
+/// A cgroup beside the run cgroup, made by the test and removed when dropped.
+struct SiblingCgroup(PathBuf);
+
+impl Drop for SiblingCgroup {
+    fn drop(&mut self) {
+        // Empty once the run's cleanup ended its member; retried briefly while it exits.
+        for _ in 0..100 {
+            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn an_escape_into_another_cgroup_is_caught() {
+    // Not only the root cgroup: any cgroup outside the run's is an escape.
+    let Some(mount) = cgroup2_mount() else {
+        skip_unless_required("cgroup v2 is not mounted here");
+        return;
+    };
+    let sibling =
+        SiblingCgroup(mount.join(format!("agentdiff-test-escape-{}", std::process::id())));
+    if fs::create_dir(&sibling.0).is_err()
+        && skip_unless_required("a cgroup cannot be created here (needs root and cgroup v2)")
+    {
+        return;
+    }
+    let target = sibling.0.join("cgroup.procs").display().to_string();
+    escape_case("cgroup", |_, secs| {
+        format!("sh -c \"echo \\$\\$ > {target}; touch moved; exec sleep {secs}\" & {WAIT_MOVED}")
+    });
+}
+
+/// Moving into a cgroup the command creates inside the run cgroup, or writing a thread id to the
+/// root's `cgroup.threads`, leaves nothing running and no run cgroup behind.
+#[test]
+fn a_nested_cgroup_or_a_thread_move_leaves_nothing_behind() {
+    if let Some(reason) = cgroup_tracking_missing() {
+        if skip_unless_required(&reason) {
+            return;
+        }
+    }
+    let mount = cgroup2_mount().unwrap();
+    let m = mount.display();
+    for (name, mv) in [
+        (
+            "nested",
+            "mkdir $cg/inner && echo \\$\\$ > $cg/inner/cgroup.procs".to_owned(),
+        ),
+        ("threads", format!("echo \\$\\$ > {m}/cgroup.threads")),
+    ] {
+        let p = project();
+        let secs = unique_secs().to_string();
+        let script = format!(
+            "cg={m}$(sed -n 's/^0:://p' /proc/self/cgroup); echo \"$cg\" > cg.txt; \
+             sh -c \"{mv}; touch moved; exec sleep {secs}\" & {WAIT_MOVED}"
+        );
+        let (code, r, _) = run(p.path(), &[], &["sh", "-c", &script]);
+        assert_eq!(code, 0, "{name}: {r:#}");
+        assert!(
+            r["summary"]["leftover_processes"].as_u64().unwrap() >= 1,
+            "{name}: {r:#}"
+        );
+        assert_gone(&["sleep", &secs]);
+        let run_cgroup = fs::read_to_string(p.path().join("cg.txt")).unwrap();
+        assert!(
+            !Path::new(run_cgroup.trim()).exists(),
+            "{name}: the run cgroup {run_cgroup} was left behind"
+        );
+    }
+}
+
+/// A program run through its `#!` interpreter after first sight is recorded with the script
+/// in its argv (the executable alone is the shell again).
+#[test]
+fn an_exec_of_a_script_through_its_interpreter_is_recorded() {
+    let probe = project();
+    let (_, _, rt) = run(probe.path(), &[], &["true"]);
+    let mut mechanisms = vec!["proc_poll"];
+    if rt["execs"]["mechanism"] == "cn_proc" {
+        mechanisms.push("auto");
+    } else {
+        skip_unless_required("the kernel process events connector is unavailable here");
+    }
+    for mechanism in mechanisms {
+        let p = project();
+        fs::write(p.path().join("tool.sh"), "#!/bin/sh\nsleep 0.4\n").unwrap();
+        fs::set_permissions(
+            p.path().join("tool.sh"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let (code, r, rt) = run(
+            p.path(),
+            &["--backend-option", &format!("exec-events={mechanism}")],
+            &["sh", "-c", "sleep .2; exec ./tool.sh arg1"],
+        );
+        assert_eq!(code, 0, "{r:#}");
+        let root = rt["processes"][0]["identity"]["pid"].as_u64().unwrap();
+        let argvs: Vec<&Value> = rt["execs"]["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["pid"] == root)
+            .map(|e| &e["argv"])
+            .collect();
+        assert!(
+            argvs.iter().any(|a| a[1] == "./tool.sh" && a[2] == "arg1"),
+            "{mechanism}: the script's exec is missing: {argvs:?}"
+        );
+    }
 }
 
 fn exec_case(mechanism: &str) {

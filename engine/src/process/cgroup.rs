@@ -4,7 +4,10 @@
 //!
 //! The run cgroup is created below agentdiff's own cgroup (so it works in a delegated subtree as
 //! well as for root), the child joins it between `fork` and `exec`, and it is removed after
-//! cleanup. An agentdiff killed mid-run cannot remove it; the next agentdiff that creates a run
+//! cleanup. Not defended: a process that moves into a cgroup the command created inside the run
+//! cgroup is no longer in the run cgroup's own `cgroup.procs` (the subreaper's descendant tree
+//! still has it, and `cgroup.kill` reaches it); such child cgroups are removed with the run
+//! cgroup. An agentdiff killed mid-run cannot remove it; the next agentdiff that creates a run
 //! cgroup beside it removes it once it is empty and its creator is gone ([`sweep_stale`]).
 
 use std::io::Write;
@@ -149,6 +152,7 @@ impl RunCgroup {
     pub fn remove(self) -> std::io::Result<()> {
         let mut last = None;
         for _ in 0..50 {
+            remove_children(&self.path);
             match std::fs::remove_dir(&self.path) {
                 Ok(()) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
@@ -187,11 +191,31 @@ pub fn sweep_stale(parent: &Path) -> usize {
         let path = entry.path();
         let empty = std::fs::read_to_string(path.join("cgroup.procs"))
             .is_ok_and(|procs| procs.trim().is_empty());
+        if empty {
+            remove_children(&path);
+        }
         if empty && std::fs::remove_dir(&path).is_ok() {
             removed += 1;
         }
     }
     removed
+}
+
+/// `rmdir` every cgroup below `dir`, deepest first: the command may create cgroups inside the run
+/// cgroup (and move itself into them), and a cgroup with children cannot be removed. A child
+/// that still has members stays (its `rmdir` fails); the caller's own `rmdir` then reports it.
+/// Depth is bounded by PATH_MAX, past which `read_dir` fails.
+fn remove_children(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let child = entry.path();
+            remove_children(&child);
+            let _ = std::fs::remove_dir(&child);
+        }
+    }
 }
 
 /// Read a `/proc` or cgroup file from offset 0 into `buf` through an fd kept open (no

@@ -18,6 +18,8 @@ pub mod exec_shim;
 pub mod identity;
 pub mod orphans;
 pub mod ports;
+#[cfg(unix)]
+pub mod shimmed;
 #[cfg(target_os = "linux")]
 pub mod spawn;
 pub mod supervisor;
