@@ -173,6 +173,45 @@ fn ignore_rules_at_any_depth_never_hide_a_denied_path() {
     }
 }
 
+/// Every command reads the project's policy by one rule: `agentdiff.yaml` reached through a
+/// symlink out of the root is refused (exit 65) without quoting the file; a link inside the root
+/// is read, and the file it leads to is protected under its own name.
+#[test]
+fn the_project_policy_is_never_read_through_a_link_out_of_the_root() {
+    let (_t, root) = project();
+    let foreign = tempfile::tempdir().unwrap();
+    let shadow = foreign.path().join("shadow");
+    fs::write(&shadow, "root:$6$saltsalt$hash:19000:0:99999:7:::\n").unwrap();
+    std::os::unix::fs::symlink(&shadow, root.join("agentdiff.yaml")).unwrap();
+    for args in [
+        &["run", "--", "true"][..],
+        &["policy", "validate"][..],
+        &["policy", "explain", "src/lib.rs"][..],
+    ] {
+        let out = agentdiff(&root, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(65), "{args:?}: {err}");
+        assert!(err.contains("outside the project root"), "{args:?}: {err}");
+        assert!(!err.contains("saltsalt"), "{args:?}: {err}");
+    }
+    assert!(
+        !root.join(".agentdiff/runs").exists()
+            || fs::read_dir(root.join(".agentdiff/runs"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+    fs::remove_file(root.join("agentdiff.yaml")).unwrap();
+    fs::write(root.join("real.yaml"), "version: 1\n").unwrap();
+    std::os::unix::fs::symlink("real.yaml", root.join("agentdiff.yaml")).unwrap();
+    let (code, r, _) = run_json(&root, &[], &["sh", "-c", "echo '# x' >> real.yaml"]);
+    assert_eq!(code, 71, "{r:#}");
+    assert_eq!(
+        decision_of(&r, "real.yaml"),
+        ("deny".to_owned(), "builtin.protected_config".to_owned())
+    );
+}
+
 #[test]
 fn ignore_rules_come_from_the_before_state() {
     let (_t, root) = project();
