@@ -22,7 +22,7 @@ fn runs_says_verified_only_for_an_authenticated_seal() {
     // the summary must not call it verified.
     let other = dir.path().join("other-state");
     fs::create_dir_all(&other).unwrap();
-    let mut other_state = |args: &[&str]| {
+    let other_state = |args: &[&str]| {
         cmd(&root, args)
             .env("AGENTDIFF_STATE_DIR", &other)
             .output()
