@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use agentdiff_engine::redact::escape_terminal;
+use agentdiff_engine::store::seal::VerifyContext;
 use agentdiff_engine::store::{Artifact, Capsule, Store, StoreError, Verdict};
 use agentdiff_engine::transaction::RunResult;
 
@@ -72,8 +73,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| exit::with_code(exit::INTERNAL, e))?,
         None => Vec::new(),
     };
+    // The same key and ledger as `agentdiff verify`, so "verified" means authenticated here.
+    let (ctx, _) = super::verify::context(&root.path);
     let rows: Vec<Row> = match &store {
-        Some(store) => listings.iter().map(|l| row(store, l)).collect(),
+        Some(store) => listings.iter().map(|l| row(store, &ctx, l)).collect(),
         None => Vec::new(),
     };
     match args.format {
@@ -93,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn row(store: &Store, listing: &agentdiff_engine::store::RunListing) -> Row {
+fn row(store: &Store, ctx: &VerifyContext, listing: &agentdiff_engine::store::RunListing) -> Row {
     let mut row = Row {
         id: listing.id.to_string(),
         started_at: listing.created_at.clone(),
@@ -129,7 +132,7 @@ fn row(store: &Store, listing: &agentdiff_engine::store::RunListing) -> Row {
             protected: result.summary.protected,
         });
     }
-    let report = capsule.verify(store.objects());
+    let report = capsule.verify_with(store.objects(), ctx);
     row.verdict = report.as_ref().ok().map(|r| r.verdict);
     match report {
         Ok(report) if report.ok => row.seal = Seal::Verified,
