@@ -12,6 +12,7 @@ use serde_json::Value;
 mod bwrap_cli;
 mod cleanup_cli;
 mod evidence_cli;
+mod external_cli;
 mod hook_cli;
 mod markdown_cli;
 mod policy_cli;
