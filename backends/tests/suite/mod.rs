@@ -14,6 +14,7 @@ mod cleanup_cli;
 mod evidence_cli;
 mod external_cli;
 mod hook_cli;
+mod html_cli;
 mod markdown_cli;
 mod policy_cli;
 mod process_evidence_cli;
