@@ -57,6 +57,10 @@ pub struct Args {
     /// Print one artifact as JSON instead of the result.
     #[arg(long, value_enum)]
     artifact: Option<ArtifactName>,
+    /// Also print each change's diff (summary format; sensitive files show sizes and hashes
+    /// only; the HTML report always has them).
+    #[arg(long)]
+    diff: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -65,6 +69,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let capsule = store
         .open_run(&args.run)
         .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    if args.diff && (args.format != InspectFormat::Summary || args.artifact.is_some()) {
+        return Err(exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!(
+                "--diff goes with the summary format only (the HTML report always shows diffs); \
+                 drop --format/--artifact or --diff"
+            ),
+        ));
+    }
     if let Some(name) = args.artifact {
         // Every artifact goes through its typed reader; manifests are shown whole (their entries
         // live in the object store).
@@ -106,15 +119,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         out!("{}", html_report(&store, &capsule)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let result: RunResult = capsule
-        .result()
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    match args.format {
-        InspectFormat::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
-        InspectFormat::Summary | InspectFormat::Markdown | InspectFormat::Html => {
-            let view = RunView::of_result(result, sealed, capsule.dir().to_path_buf());
-            out!("{}", crate::report::run_summary(&view))
-        }
+    if args.format == InspectFormat::Json {
+        let result: RunResult = capsule
+            .result()
+            .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        outln!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut view =
+        RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    view.sealed = sealed;
+    out!("{}", crate::report::run_summary(&view));
+    out!("{}", crate::report::inspect_sections(&view));
+    if args.diff {
+        let diffs =
+            DiffSource::open(&capsule, store.objects(), store.root()).diffs(&view.result.changes);
+        out!("{}", crate::report::diff_section(&diffs));
     }
     Ok(ExitCode::SUCCESS)
 }

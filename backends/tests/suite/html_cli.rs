@@ -153,3 +153,40 @@ fn the_html_report_shows_the_seal_verdict() {
         "{page}"
     );
 }
+
+/// The terminal `inspect` shows the process tree, ports and timeline, and `--diff` shows diffs
+/// escaped, with sensitive files withheld.
+#[test]
+fn terminal_inspect_shows_evidence_sections_and_escaped_diffs() {
+    let dir = hostile_run("term-diff-1");
+    let proj = project(&dir);
+    let out = agentdiff(&proj, &["inspect", "term-diff-1", "--diff"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    for secret in SECRETS {
+        assert!(!text.contains(secret), "{secret} leaked");
+    }
+    for want in [
+        "processes (the command exited with code 0",
+        "ports opened (",
+        "timeline:",
+        "capsule_created",
+        "+fn added_line() {}",
+        "content diff withheld: sensitive file",
+        "== ctl\\u{1}\\u{1b}[31mred.txt",
+    ] {
+        assert!(text.contains(want), "{want} missing:\n{text}");
+    }
+    for bad in ['\u{1}', '\u{1b}', '\u{202e}', '\u{2028}'] {
+        assert!(!text.contains(bad), "raw {bad:?} in the output");
+    }
+    let without = agentdiff(&proj, &["inspect", "term-diff-1"]);
+    assert!(!String::from_utf8(without.stdout)
+        .unwrap()
+        .contains("diffs:"));
+    let bad = agentdiff(
+        &proj,
+        &["inspect", "term-diff-1", "--diff", "--format", "json"],
+    );
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+}

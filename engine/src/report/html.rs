@@ -16,12 +16,12 @@
 //! but the defence in depth is gone. The report is as large as the run: diffs are bounded by
 //! [`super::diff::MAX_TOTAL_DIFF_BYTES`], change rows are not.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::{CleanupOutcome, ProcessRecord, RunEvidence};
+use crate::backend::RunEvidence;
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::Action;
 use crate::redact::escape_terminal;
@@ -29,6 +29,7 @@ use crate::store::{Verdict, VerifyReport};
 use crate::transaction::ChangeRecord;
 
 use super::diff::{ChangeDiff, DiffBody};
+use super::evidence::{cleanup_word, port_owner, process_tree, PortOwner, ProcessRow};
 use super::{Recovery, RunView};
 
 /// The one escaping function for HTML text and quoted attribute values.
@@ -77,7 +78,7 @@ pre{margin:0;padding:.5rem;overflow-x:auto;border:1px solid var(--line);white-sp
 .seal-bad{border-color:var(--deny)}\
 form{display:flex;gap:1rem;flex-wrap:wrap;margin:.5rem 0}label{font-weight:600}\
 select{font:inherit;margin-left:.3rem}details{margin:.4rem 0}summary{cursor:pointer}\
-ul.tree{list-style:none;padding-left:1.2rem;border-left:1px solid var(--line)}\
+ul.tree{list-style:none;padding-left:.5rem;border-left:1px solid var(--line)}\
 [hidden]{display:none!important}";
 
 /// Shows the filter form and hides rows and diffs that do not match it.
@@ -479,30 +480,11 @@ fn blast_radius(s: &mut String, v: &RunView) {
     s.push_str("</tbody></table></section>\n");
 }
 
-fn cleanup_word(o: CleanupOutcome) -> &'static str {
-    match o {
-        CleanupOutcome::AlreadyExited => "already exited",
-        CleanupOutcome::Terminated => "terminated by cleanup",
-        CleanupOutcome::Killed => "killed by cleanup",
-        CleanupOutcome::PidReused => "pid reused, not signalled",
-        CleanupOutcome::AccessDenied => "access denied",
-        CleanupOutcome::Escaped => "STILL RUNNING",
-    }
-}
-
-fn process_item(
-    s: &mut String,
-    ev: &RunEvidence,
-    p: &ProcessRecord,
-    children: &BTreeMap<u32, Vec<&ProcessRecord>>,
-    depth: usize,
-) {
-    let cleanup = ev
+fn process_line(s: &mut String, row: &ProcessRow<'_>) {
+    let p = row.record;
+    let cleanup = row
         .cleanup
-        .records
-        .iter()
-        .find(|r| r.identity == p.identity)
-        .map(|r| format!(" · cleanup: {}", cleanup_word(r.outcome)))
+        .map(|o| format!(" · cleanup: {}", cleanup_word(o)))
         .unwrap_or_default();
     let escaped = p
         .left_run_cgroup
@@ -514,26 +496,24 @@ fn process_item(
             )
         })
         .unwrap_or_default();
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "<li><code>{}</code> pid {} (start {} · boot {}) · {:?} · seen at {} ms{}{cleanup}{escaped}",
+        "<li style=\"margin-left:{}rem\">{}<code>{}</code> pid {} (start {} · boot {}) · {:?} · \
+         seen at {} ms{}{cleanup}{escaped}</li>",
+        row.depth.min(16) * 2,
+        if row.depth > 0 { "└ " } else { "" },
         escape(&p.executable),
         p.identity.pid,
         p.identity.start_time_ticks,
         escape(p.identity.boot_id.get(..8).unwrap_or(&p.identity.boot_id)),
         p.relation,
         p.first_seen_ms,
-        if p.alive_after_root_exit { " · alive after the command exited" } else { "" },
+        if p.alive_after_root_exit {
+            " · alive after the command exited"
+        } else {
+            ""
+        },
     );
-    // Depth bound: a pid cycle in a hostile record cannot recurse forever.
-    if let Some(kids) = children.get(&p.identity.pid).filter(|_| depth < 64) {
-        s.push_str("<ul class=\"tree\">");
-        for k in kids {
-            process_item(s, ev, k, children, depth + 1);
-        }
-        s.push_str("</ul>");
-    }
-    s.push_str("</li>\n");
 }
 
 fn processes(s: &mut String, v: &RunView) {
@@ -542,42 +522,19 @@ fn processes(s: &mut String, v: &RunView) {
         s.push_str("<p>Nothing was launched.</p></section>\n");
         return;
     };
-    let e = &ev.exit;
-    let how = match (e.code, e.signal) {
-        (Some(c), _) => format!("exited with code {c}"),
-        (_, Some(sig)) => format!("killed by signal {sig}"),
-        _ => "no exit status".into(),
-    };
     let _ = writeln!(
         s,
-        "<p>The command {how} after {} ms{}{}. Tracking: {}.</p>",
-        e.duration_ms,
-        if e.timed_out {
-            " (deadline expired)"
-        } else {
-            ""
-        },
-        e.interrupted_by
-            .map(|sig| format!(" (agentdiff interrupted by signal {sig})"))
-            .unwrap_or_default(),
+        "<p>The command {}. Tracking: {}.</p>",
+        escape(&super::exit_text(&ev.exit)),
         ev.tracking.as_str()
     );
-    let pids: BTreeSet<u32> = ev.processes.iter().map(|p| p.identity.pid).collect();
-    let mut children: BTreeMap<u32, Vec<&ProcessRecord>> = BTreeMap::new();
-    let mut roots = Vec::new();
-    for p in &ev.processes {
-        if pids.contains(&p.ppid) && p.ppid != p.identity.pid {
-            children.entry(p.ppid).or_default().push(p);
-        } else {
-            roots.push(p);
-        }
-    }
-    if roots.is_empty() {
+    let rows = process_tree(ev);
+    if rows.is_empty() {
         s.push_str("<p>No process was recorded.</p>");
     } else {
-        s.push_str("<ul class=\"tree\" aria-label=\"Process tree\">");
-        for p in roots {
-            process_item(s, ev, p, &children, 0);
+        s.push_str("<ul class=\"tree\" aria-label=\"Process tree, parents before children\">");
+        for row in &rows {
+            process_line(s, row);
         }
         s.push_str("</ul>");
     }
@@ -592,8 +549,8 @@ fn ports(s: &mut String, ev: &RunEvidence) {
     let p = &ev.ports;
     let _ = writeln!(
         s,
-        "<section aria-labelledby=\"h-ports\"><h2 id=\"h-ports\">Ports</h2><p>Mode: {:?}. {}</p>",
-        p.mode,
+        "<section aria-labelledby=\"h-ports\"><h2 id=\"h-ports\">Ports</h2><p>Mode: {}. {}</p>",
+        format!("{:?}", p.mode).to_lowercase(),
         escape(&p.note)
     );
     if p.opened.is_empty() {
@@ -604,18 +561,15 @@ fn ports(s: &mut String, ev: &RunEvidence) {
                     </th><th scope=\"col\">Owner</th></tr></thead><tbody>",
         );
         for port in &p.opened {
-            let owner = match &port.owner {
-                Some(o) => {
-                    let exe = ev
-                        .processes
-                        .iter()
-                        .find(|r| r.identity == *o)
-                        .map(|r| format!(" <code>{}</code>", escape(&r.executable)))
-                        .unwrap_or_default();
-                    format!("pid {}{exe} (the run)", o.pid)
-                }
-                None if port.attributed => "the run".into(),
-                None => "not attributed to the run".into(),
+            let owner = match port_owner(ev, port) {
+                PortOwner::Process { pid, executable } => format!(
+                    "pid {pid}{} (the run)",
+                    executable
+                        .map(|e| format!(" <code>{}</code>", escape(e)))
+                        .unwrap_or_default()
+                ),
+                PortOwner::Run => "the run".into(),
+                PortOwner::Unattributed => "not attributed to the run".into(),
             };
             let _ = write!(
                 s,

@@ -5,6 +5,7 @@
 //! report passes through that surface's one escaping function.
 
 pub mod diff;
+pub mod evidence;
 pub mod html;
 pub mod markdown;
 
@@ -43,6 +44,24 @@ pub struct RunView {
     pub events: Vec<Event>,
     /// Why `events.jsonl` could not be read, shown instead of a silently empty timeline.
     pub events_error: Option<String>,
+}
+
+/// How the command ended, in words: `exited with code 0 after 12 ms`, `killed by signal 9 …`,
+/// with the deadline or an interruption when they ended it.
+pub fn exit_text(e: &crate::backend::ExitInfo) -> String {
+    let how = match (e.code, e.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (_, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => "has no exit status".into(),
+    };
+    let mut s = format!("{how} after {} ms", e.duration_ms);
+    if e.timed_out {
+        s.push_str(" (the deadline expired)");
+    }
+    if let Some(sig) = e.interrupted_by {
+        s.push_str(&format!(" (agentdiff was interrupted by signal {sig})"));
+    }
+    s
 }
 
 /// An event field's value as one line of text: strings as they are, anything else as compact
