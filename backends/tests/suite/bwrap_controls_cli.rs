@@ -7,8 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
@@ -128,30 +127,33 @@ fn the_key_directory_is_hidden_wherever_agentdiff_keeps_it() {
     let link = link_parent.join("state");
     let real = real_parent.join("state");
     let xdg = base.path().join("xdg");
-    let cases: [(&str, Vec<(&str, PathBuf)>, PathBuf, Vec<&Path>); 3] = [
+    // (tag, agentdiff's variable, its value, the key directory, the paths tried inside)
+    let cases = [
         (
             "fresh",
-            vec![("AGENTDIFF_STATE_DIR", fresh.clone())],
+            "AGENTDIFF_STATE_DIR",
             fresh.clone(),
-            vec![&fresh],
+            fresh.clone(),
+            vec![fresh.clone()],
         ),
         (
             "symlinked",
-            vec![("AGENTDIFF_STATE_DIR", link.clone())],
+            "AGENTDIFF_STATE_DIR",
+            link.clone(),
             real.clone(),
-            vec![&link, &real],
+            vec![link.clone(), real.clone()],
         ),
         (
             "xdg",
-            vec![("XDG_STATE_HOME", xdg.clone())],
+            "XDG_STATE_HOME",
+            xdg.clone(),
             xdg.join("agentdiff"),
-            vec![],
+            vec![xdg.join("agentdiff")],
         ),
     ];
-    for (tag, env, key_dir, routes) in cases {
+    for (tag, var, value, key_dir, routes) in cases {
         let f = Fixture::new();
-        let env_str: Vec<(&str, &str)> =
-            env.iter().map(|(k, v)| (*k, v.to_str().unwrap())).collect();
+        let env_str = vec![(var, value.to_str().unwrap())];
         let mut cmd = super::cmd(
             f.root(),
             &["run", "--runtime", "bwrap", "--fail-on", "never"],
@@ -173,11 +175,6 @@ fn the_key_directory_is_hidden_wherever_agentdiff_keeps_it() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let routes: Vec<&Path> = if routes.is_empty() {
-            vec![key_dir.as_path()]
-        } else {
-            routes
-        };
         let tries: Vec<(String, String)> = routes
             .iter()
             .enumerate()
