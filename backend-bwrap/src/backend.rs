@@ -1,7 +1,7 @@
 //! The `bwrap` backend: plan (pure), launch through the shared supervisor, and evidence that
 //! tells bwrap's setup failures from the command's exit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
@@ -9,6 +9,7 @@ use agentdiff_engine::backend::{
     CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
     Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
+use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::policy::Policy;
 use agentdiff_engine::process::exec_shim::{self, StartState};
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
@@ -97,18 +98,6 @@ fn plan_error(e: PlanError) -> BackendError {
     BackendError::InvalidRequest {
         backend: ID.into(),
         message: e.to_string(),
-    }
-}
-
-/// A path from an option, absolute against agentdiff's own working directory.
-fn absolute(p: &str) -> PathBuf {
-    let path = PathBuf::from(p);
-    if path.is_absolute() {
-        path
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(&path))
-            .unwrap_or(path)
     }
 }
 

@@ -6,7 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::host::{self, ExecutableError, UserNamespaces};
+use agentdiff_engine::host::{self, UserNamespaces};
 
 /// How to install bubblewrap.
 pub const INSTALL_BWRAP: &str = "install bubblewrap (`apt-get install -y bubblewrap` on \
@@ -35,25 +35,9 @@ pub struct Unusable {
 /// Find bwrap: `requested` (a name looked up on `path`, or a path).
 pub fn resolve_bwrap(requested: &str, path: Option<&OsStr>) -> Result<PathBuf, Unusable> {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    host::resolve_executable(OsStr::new(requested), path, &cwd).map_err(|e| {
-        let remedy = match &e {
-            ExecutableError::NotOnPath { .. } | ExecutableError::Missing { .. } => {
-                INSTALL_BWRAP.to_string()
-            }
-            ExecutableError::NotAFile { path } | ExecutableError::NotExecutable { path } => {
-                format!(
-                    "point bwrap-executable at the bwrap program itself, or make {} executable",
-                    path.display()
-                )
-            }
-            ExecutableError::Unreadable { .. } => {
-                "check the permissions of the path and its parent directories".to_string()
-            }
-        };
-        Unusable {
-            reason: format!("bubblewrap (bwrap) is not usable: {e}"),
-            remedy,
-        }
+    host::resolve_executable(OsStr::new(requested), path, &cwd).map_err(|e| Unusable {
+        reason: format!("bubblewrap (bwrap) is not usable: {e}"),
+        remedy: e.remedy(INSTALL_BWRAP, "bwrap-executable"),
     })
 }
 

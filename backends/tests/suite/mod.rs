@@ -20,6 +20,7 @@ mod policy_cli;
 mod process_evidence_cli;
 mod rollback_cli;
 mod run_cli;
+mod runs_cli;
 mod safe_defaults_cli;
 mod terminal_cli;
 
