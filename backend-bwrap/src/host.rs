@@ -130,11 +130,15 @@ pub async fn smoke_test(bwrap: &Path) -> Result<(), Unusable> {
     })
 }
 
-/// What a run's setup failure message adds: what the host says about user namespaces.
-pub fn setup_hint() -> String {
+/// What a run's setup failure message adds: what the host says about user namespaces, and
+/// `diagnosis`, the outcome of one more bwrap start after the failure (`None` when that start
+/// worked, so the failure was specific to the run's mounts).
+pub fn setup_hint(diagnosis: Option<&Unusable>) -> String {
     let userns = user_namespaces();
     let mut hint = String::from("see bwrap's message above");
-    if !userns.allowed {
+    if let Some(d) = diagnosis {
+        hint.push_str(&format!("; {}: {}", d.reason, d.remedy));
+    } else if !userns.allowed {
         hint.push_str(&format!(
             "; {} ({})",
             userns.detail,
@@ -171,6 +175,17 @@ mod tests {
         assert!(remedy_for_stderr(msg, true).contains("apparmor_parser"));
         assert!(remedy_for_stderr(msg, false).contains("unprivileged_userns_clone=1"));
         assert!(remedy_for_stderr("bwrap: Can't mount proc", false).contains("doctor"));
+    }
+
+    #[test]
+    fn a_diagnosed_setup_failure_names_its_remedy() {
+        let d = Unusable {
+            reason: "bwrap could not set up a sandbox on this host".into(),
+            remedy: remedy_for_stderr("bwrap: setting up uid map: Permission denied", false),
+        };
+        let hint = setup_hint(Some(&d));
+        assert!(hint.contains("unprivileged_userns_clone=1"), "{hint}");
+        assert!(hint.contains("doctor"), "{hint}");
     }
 
     #[test]

@@ -10,8 +10,10 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 mod bwrap_cli;
+mod bwrap_controls_cli;
 mod cleanup_cli;
 mod evidence_cli;
+mod external_cli;
 mod hook_cli;
 mod html_cli;
 mod markdown_cli;
