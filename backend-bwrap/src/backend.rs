@@ -1,7 +1,7 @@
 //! The `bwrap` backend: plan (pure), launch through the shared supervisor, and evidence that
 //! tells bwrap's setup failures from the command's exit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
