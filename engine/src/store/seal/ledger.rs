@@ -222,7 +222,9 @@ mod tests {
         let ledger = Ledger::new(state);
         let sealed = LedgerEntry::new(&key, "r1", Path::new("/p"), &"a".repeat(64), "t");
         // A seal line has no pruned_at at all, so lines written before pruning existed verify.
-        assert!(!serde_json::to_string(&sealed).unwrap().contains("pruned_at"));
+        assert!(!serde_json::to_string(&sealed)
+            .unwrap()
+            .contains("pruned_at"));
         let pruned = LedgerEntry::pruned(&key, &sealed, "later");
         assert!(pruned.is_pruned() && pruned.authenticates(&key));
         ledger.append(&sealed).unwrap();
