@@ -23,6 +23,7 @@ mod rollback_cli;
 mod run_cli;
 mod runs_cli;
 mod safe_defaults_cli;
+mod stat_cache_cli;
 mod terminal_cli;
 
 /// A seal key and ledger private to this test process.
