@@ -50,10 +50,8 @@ fn exchange(plugin: &Plugin, requests: &[Value]) -> Result<Vec<Value>, String> {
     Ok(answers)
 }
 
-fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> impl std::future::Future<Output = Option<T>> {
-    async move { tokio::task::spawn_blocking(f).await.ok() }
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(f).await.ok()
 }
 
 /// PROTO-001: `hello` is answered with this protocol version and the id of the file name, and the
