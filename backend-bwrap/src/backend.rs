@@ -1,7 +1,7 @@
 //! The `bwrap` backend: plan (pure), launch through the shared supervisor, and evidence that
 //! tells bwrap's setup failures from the command's exit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
@@ -9,6 +9,7 @@ use agentdiff_engine::backend::{
     CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
     Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
+use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::policy::Policy;
 use agentdiff_engine::process::exec_shim::{self, StartState};
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
@@ -97,18 +98,6 @@ fn plan_error(e: PlanError) -> BackendError {
     BackendError::InvalidRequest {
         backend: ID.into(),
         message: e.to_string(),
-    }
-}
-
-/// A path from an option, absolute against agentdiff's own working directory.
-fn absolute(p: &str) -> PathBuf {
-    let path = PathBuf::from(p);
-    if path.is_absolute() {
-        path
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(&path))
-            .unwrap_or(path)
     }
 }
 
@@ -304,6 +293,7 @@ impl RuntimeBackend for BwrapBackend {
             .map_err(|e| launch_error(e.to_string()))?;
         Ok(Box::new(BwrapRunning {
             inner,
+            bwrap: plan.bwrap.clone(),
             wrapper,
             network: plan.network,
             env_dropped,
@@ -325,6 +315,7 @@ impl RuntimeBackend for BwrapBackend {
 /// A running sandbox: the supervised bwrap process plus the start marker.
 struct BwrapRunning {
     inner: ShimmedCommand,
+    bwrap: PathBuf,
     wrapper: Value,
     network: Network,
     env_dropped: Vec<String>,
@@ -343,6 +334,7 @@ impl RunningCommand for BwrapRunning {
     async fn wait(self: Box<Self>) -> Result<RunEvidence> {
         let BwrapRunning {
             inner,
+            bwrap,
             wrapper,
             network,
             env_dropped,
@@ -360,7 +352,21 @@ impl RunningCommand for BwrapRunning {
             env.dropped.dedup();
         }
         let init = discount_sandbox_init(&mut evidence, root_pid);
-        attribute_exit(&mut evidence, &state, expected_argc, network, wrapper);
+        // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
+        // minimal start whose message is read here (the kernel refusing namespaces, AppArmor),
+        // so the remedy can be named. A run that started pays nothing.
+        let diagnosis = match state {
+            StartState::NotStarted => host::smoke_test(&bwrap).await.err(),
+            _ => None,
+        };
+        attribute_exit(
+            &mut evidence,
+            &state,
+            expected_argc,
+            network,
+            wrapper,
+            diagnosis.as_ref(),
+        );
         if let (Some(init), Some(Value::Object(map))) = (init, evidence.wrapper.as_deref_mut()) {
             map.insert("sandbox_init".into(), init);
         }
@@ -408,12 +414,13 @@ pub fn attribute_exit(
     expected_argc: usize,
     network: Network,
     mut wrapper: Value,
+    diagnosis: Option<&host::Unusable>,
 ) {
     evidence.backend = ID.into();
     evidence.enforcement = ENFORCEMENT;
     evidence.capabilities = capabilities_for(network);
     let hint = if matches!(state, StartState::NotStarted) {
-        host::setup_hint()
+        host::setup_hint(diagnosis)
     } else {
         String::new()
     };
@@ -457,7 +464,14 @@ mod tests {
     #[test]
     fn exit_1_without_start_mark_is_bwraps_setup_failure() {
         let mut e = ev(1);
-        attribute_exit(&mut e, &StartState::NotStarted, 1, Network::None, json!({}));
+        attribute_exit(
+            &mut e,
+            &StartState::NotStarted,
+            1,
+            Network::None,
+            json!({}),
+            None,
+        );
         let Some(FailureKind::WrapperSetupFailed { message }) = &e.failure else {
             panic!("{:?}", e.failure)
         };
@@ -476,6 +490,7 @@ mod tests {
             1,
             Network::None,
             json!({}),
+            None,
         );
         assert_eq!(e.failure, None);
         assert!(e.capabilities.sandboxed);

@@ -203,6 +203,92 @@ fn a_planted_object_never_stands_in_for_a_backup() {
     assert_eq!(fs::read(p.root.join("new.txt")).unwrap(), b"hello\n");
 }
 
+/// Attack 2, between runs, against the verified-object cache: an object rewritten in place with
+/// the same size and its mtime put back, one replaced by a file of another size, and then a cache
+/// file edited to vouch for a rewritten object. None of them is reused as a backup.
+#[test]
+fn objects_rewritten_resized_or_vouched_for_between_runs_are_never_reused() {
+    use std::os::unix::fs::MetadataExt;
+    let p = project();
+    let cache = p.root.join(".agentdiff/objects/verified-cache");
+    let object = |content: &[u8]| {
+        let h = sha(content);
+        p.root
+            .join(".agentdiff/objects/sha256")
+            .join(&h[..2])
+            .join(&h[2..])
+    };
+    let (a, b) = (object(b"a\n"), object(b"b\n"));
+    // Same size, other bytes, mtime restored: only the ctime shows the write.
+    let rewrite_in_place = |path: &Path| {
+        let mtime = fs::metadata(path).unwrap().modified().unwrap();
+        fs::write(path, "A\n").unwrap();
+        fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    };
+    let remove_and_restore = |id: &str| {
+        let (code, result) = p.run(id, "rm a.txt b.txt");
+        assert_eq!(code, 0, "{result:#}");
+        assert_eq!(result["recovery_available"], true, "{result:#}");
+        assert_eq!(
+            fs::read(&a).unwrap(),
+            b"a\n",
+            "a rewritten object was reused"
+        );
+        assert_eq!(
+            fs::read(&b).unwrap(),
+            b"b\n",
+            "a replaced object was reused"
+        );
+        let out = p.agentdiff(&["rollback", id, "--all"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+        assert_eq!(fs::read(p.root.join("a.txt")).unwrap(), b"a\n");
+        assert_eq!(fs::read(p.root.join("b.txt")).unwrap(), b"b\n");
+    };
+
+    // With the genuine cache: a rewritten in place, b replaced by a file of another size.
+    let (code, result) = p.run("warm", "true");
+    assert_eq!(code, 0, "{result:#}");
+    assert!(cache.is_file(), "no verified-object cache after a run");
+    rewrite_in_place(&a);
+    let planted = b.with_extension("planted");
+    fs::write(&planted, "not the backup of b\n").unwrap();
+    fs::rename(&planted, &b).unwrap();
+    remove_and_restore("remove");
+
+    // The cache edited to vouch for a's new identity (its MAC cannot be recomputed without the
+    // key, so the whole file is ignored).
+    let (code, result) = p.run("warm-again", "true");
+    assert_eq!(code, 0, "{result:#}");
+    rewrite_in_place(&a);
+    let meta = fs::metadata(&a).unwrap();
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    let a_hex = sha(b"a\n");
+    let vouched = format!(
+        "{a_hex} {} {} {} {} {}",
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec())
+    );
+    let edited: String = fs::read_to_string(&cache)
+        .unwrap()
+        .lines()
+        .map(|line| match line.starts_with(&a_hex) {
+            true => format!("{vouched}\n"),
+            false => format!("{line}\n"),
+        })
+        .collect();
+    assert!(edited.contains(&vouched), "a's object is not in the cache");
+    fs::write(&cache, edited).unwrap();
+    remove_and_restore("remove-again");
+}
+
 /// Attack 3: the seal says what a capsule must hold, covers itself, and binds its run id.
 #[test]
 fn an_incomplete_or_renamed_capsule_does_not_verify() {

@@ -10,6 +10,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 mod bwrap_cli;
+mod bwrap_controls_cli;
 mod cleanup_cli;
 mod evidence_cli;
 mod hook_cli;
@@ -19,6 +20,7 @@ mod policy_cli;
 mod process_evidence_cli;
 mod rollback_cli;
 mod run_cli;
+mod runs_cli;
 mod safe_defaults_cli;
 mod serve_cli;
 mod terminal_cli;

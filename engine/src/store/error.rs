@@ -125,6 +125,9 @@ pub enum StoreError {
     )]
     ObjectCorrupt { hex: String, actual: String },
 
+    #[error("object {hex} changed while it was being verified; it is not trusted")]
+    ObjectChangedWhileRead { hex: String },
+
     #[error(
         "file changed while it was copied into the object store: expected {expected_size} bytes \
          with SHA-256 {expected}, copied {actual_size} bytes with SHA-256 {actual}; no backup stored"

@@ -25,6 +25,7 @@ mod error;
 mod integrity;
 mod lock;
 mod manifest;
+mod object_cache;
 mod objects;
 mod run_id;
 pub mod seal;
@@ -355,6 +356,10 @@ impl Store {
                 self.objects.remove(&hex)?;
                 report.removed.push(hex);
             }
+        }
+        if !report.removed.is_empty() {
+            // Its entries for removed objects would never match again; start it afresh.
+            self.objects.drop_verified_cache()?;
         }
         Ok(report)
     }

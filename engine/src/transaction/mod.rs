@@ -163,10 +163,12 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     };
     let authority = SealAuthority::open(&state_dir, &root)?;
     let store = Store::open(&root)?;
+    // Objects found intact by earlier runs (MAC'd with the key) are not hashed again.
+    store.objects().load_verified_cache(authority.key());
     let capsule = store.create_run(req.run_id.as_deref())?;
     let timeout = effective_timeout(req.timeout, policy.limits().duration_seconds);
     let sealer = open_capsule(
-        &req, &capsule, &authority, &root, timeout, started, started_at,
+        &req, &store, &capsule, &authority, &root, timeout, started, started_at,
     )?;
 
     // A denied executable is never launched.
@@ -277,8 +279,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 }
 
 /// Writes `metadata.json` and `policy.json`, and decides and records the command.
+#[allow(clippy::too_many_arguments)]
 fn open_capsule<'c>(
     req: &RunRequest<'_>,
+    store: &'c Store,
     capsule: &'c Capsule,
     authority: &'c SealAuthority,
     root: &Path,
@@ -312,6 +316,7 @@ fn open_capsule<'c>(
     )?;
     Ok(Sealer {
         capsule,
+        objects: store.objects(),
         authority,
         run_id,
         command_decision,
