@@ -315,7 +315,7 @@ impl RuntimeBackend for BwrapBackend {
 /// A running sandbox: the supervised bwrap process plus the start marker.
 struct BwrapRunning {
     inner: ShimmedCommand,
-    bwrap: PathBuf,
+    bwrap: std::path::PathBuf,
     wrapper: Value,
     network: Network,
     env_dropped: Vec<String>,

@@ -44,19 +44,35 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let registry = Registry::from_inventory().context("could not build the backend registry")?;
-    let ids: Vec<&'static str> = match &args.runtime {
-        Some(id) => vec![
-            registry
-                .descriptor(id)
-                .map_err(|e| exit::with_code(exit::USAGE, e))?
-                .id,
-        ],
-        None => registry.ids(),
+    let mut registry =
+        Registry::from_inventory().context("could not build the backend registry")?;
+    // External backends: every `agentdiff-backend-<id>` on PATH is described (or refused).
+    let (ids, plugins): (Vec<&'static str>, _) = match &args.runtime {
+        Some(id) => (
+            vec![
+                registry
+                    .resolve(id)
+                    .map_err(|e| exit::with_code(exit::USAGE, e))?
+                    .id,
+            ],
+            Vec::new(),
+        ),
+        None => {
+            let plugins = registry.load_external();
+            (registry.ids(), plugins)
+        }
     };
     let options = parse_options(&args.backend_option)?;
     let rt = crate::cli::runtime()?;
-    let doc = rt.block_on(assemble(&registry, &ids, &options, args.probe))?;
+    let mut doc = rt.block_on(assemble(&registry, &ids, &options, args.probe))?;
+    doc["external_backends_refused"] = plugins
+        .iter()
+        .filter_map(|p| {
+            let e = p.result.as_ref().err()?;
+            Some(json!({"id": p.id, "paths": p.paths, "error": e.to_string()}))
+        })
+        .collect::<Vec<_>>()
+        .into();
     if let Some(path) = &args.record {
         let records: Vec<&Value> = doc["backends"]
             .as_array()
@@ -114,10 +130,9 @@ async fn assemble(
     let mut backends = Vec::new();
     let mut candidates = Vec::new();
     for id in ids {
-        let Some(descriptor) = registry.get(id) else {
+        let (Some(descriptor), Ok(backend)) = (registry.get(id), registry.create(id)) else {
             continue;
         };
-        let backend = (descriptor.factory)();
         // Options another backend declares are not this backend's: each gets only its own.
         let own = own_options(descriptor, options);
         let caps = backend.capabilities(&own);
@@ -141,6 +156,12 @@ async fn assemble(
             "availability": availability_json(&availability),
             "options": descriptor.options,
         });
+        if let Some(ext) = registry.external(id) {
+            entry["external"] = json!({
+                "path": ext.plugin.path,
+                "protocol": agentdiff_engine::backend::external::protocol::PROTOCOL_VERSION,
+            });
+        }
         if let Some(hook) = descriptor.diagnostics {
             let diagnostics = hook(own.clone()).await;
             let facts: serde_json::Map<String, Value> = diagnostics
@@ -190,7 +211,10 @@ async fn assemble(
             };
         }
         backends.push(entry);
-        candidates.push(candidate);
+        // A plugin's labels are its own word: it is listed, never recommended.
+        if registry.external(id).is_none() {
+            candidates.push(candidate);
+        }
     }
     Ok(json!({
         "schema_version": 1,
@@ -268,6 +292,13 @@ fn render_summary(doc: &Value) -> String {
     for b in doc["backends"].as_array().into_iter().flatten() {
         out.push('\n');
         out.push_str(&format!("{} — {}\n", s(&b["id"]), s(&b["summary"])));
+        if let Some(ext) = b.get("external") {
+            out.push_str(&format!(
+                "  external backend: {} (protocol {})\n",
+                s(&ext["path"]),
+                ext["protocol"]
+            ));
+        }
         let a = &b["availability"];
         if a["state"] == "ready" {
             out.push_str(&format!("  availability: ready ({})\n", s(&a["detail"])));
@@ -330,6 +361,17 @@ fn render_summary(doc: &Value) -> String {
         if let Some(skipped) = b.get("probe").and_then(|p| p.get("skipped")) {
             out.push_str(&format!("  probes: {}\n", s(skipped)));
         }
+    }
+    for r in doc["external_backends_refused"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&format!(
+            "\nexternal backend `{}` not loaded: {}\n",
+            s(&r["id"]),
+            s(&r["error"])
+        ));
     }
     match doc.get("recommended").filter(|r| !r.is_null()) {
         Some(r) => out.push_str(&format!(

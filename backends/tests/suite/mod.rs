@@ -13,6 +13,7 @@ mod bwrap_cli;
 mod bwrap_controls_cli;
 mod cleanup_cli;
 mod evidence_cli;
+mod external_cli;
 mod hook_cli;
 pub mod html_cli;
 mod markdown_cli;
