@@ -321,13 +321,10 @@ fn an_incomplete_or_renamed_capsule_does_not_verify() {
     assert!(problems(&report).contains("required"), "{report:#}");
     restore();
 
-    // An object dropped from the seal's list and corrupted.
+    // A manifest's root tree dropped from the seal's list and corrupted.
     let before: Value =
         serde_json::from_slice(&fs::read(dir.join("before.json")).unwrap()).unwrap();
-    let entries = before["entries_object"]["sha256"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let entries = before["root_tree"]["sha256"].as_str().unwrap().to_string();
     p.forge_seal("r1", |s| s.objects.retain(|o| *o != entries));
     let object = p
         .root
@@ -360,6 +357,65 @@ fn an_incomplete_or_renamed_capsule_does_not_verify() {
     assert!(problems(&report).contains("belongs to run"), "{report:#}");
     fs::remove_dir_all(&renamed).unwrap();
 
+    let (code, report) = p.verify("r1");
+    assert_eq!(code, 0, "{report:#}");
+}
+
+/// The seal lists only the manifests' root trees; verify walks them, so a subtree or a backup below
+/// a root (never listed in integrity.json) that is removed or altered is still named.
+#[test]
+fn verify_walks_the_manifest_trees_below_the_sealed_roots() {
+    let p = project();
+    fs::create_dir_all(p.root.join("src/deep")).unwrap();
+    fs::write(p.root.join("src/deep/lib.rs"), "// lib\n").unwrap();
+    let (code, r) = p.run("r1", "echo more >> a.txt");
+    assert_eq!(code, 0, "{r:#}");
+    let seal: Integrity =
+        serde_json::from_slice(&fs::read(p.run_dir("r1").join("integrity.json")).unwrap()).unwrap();
+    assert_eq!(
+        seal.objects.len(),
+        2,
+        "only the two root trees: {:?}",
+        seal.objects
+    );
+    let object = |hex: &str| {
+        p.root
+            .join(".agentdiff/objects/sha256")
+            .join(&hex[..2])
+            .join(&hex[2..])
+    };
+    let read_json =
+        |path: PathBuf| -> Value { serde_json::from_slice(&fs::read(path).unwrap()).unwrap() };
+    let before = read_json(p.run_dir("r1").join("before.json"));
+    let root = read_json(object(before["root_tree"]["sha256"].as_str().unwrap()));
+    let src = root["trees"]["src"].as_str().unwrap().to_string();
+    let deep = read_json(object(&src))["trees"]["deep"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let backup = sha(b"// lib\n");
+    for (what, hex) in [("subtree", deep.as_str()), ("backup", backup.as_str())] {
+        assert!(
+            !seal.objects.contains(&hex.to_string()),
+            "{what} is not listed"
+        );
+        let path = object(hex);
+        let original = fs::read(&path).unwrap();
+        fs::write(&path, b"changed").unwrap();
+        let (code, report) = p.verify("r1");
+        assert_eq!(code, INVALID_CAPSULE, "{what}: {report:#}");
+        assert!(problems(&report).contains(hex), "{what}: {report:#}");
+        fs::write(&path, original).unwrap();
+        let aside = path.with_extension("aside");
+        fs::rename(&path, &aside).unwrap();
+        let (code, report) = p.verify("r1");
+        assert_eq!(code, INVALID_CAPSULE, "{what} removed: {report:#}");
+        assert!(
+            problems(&report).contains(hex),
+            "{what} removed: {report:#}"
+        );
+        fs::rename(&aside, &path).unwrap();
+    }
     let (code, report) = p.verify("r1");
     assert_eq!(code, 0, "{report:#}");
 }
@@ -642,7 +698,7 @@ fn bit_flips_anywhere_in_a_capsule_are_all_detected() {
     targets.sort();
     let before: Value =
         serde_json::from_slice(&fs::read(dir.join("before.json")).unwrap()).unwrap();
-    let entries = before["entries_object"]["sha256"].as_str().unwrap();
+    let entries = before["root_tree"]["sha256"].as_str().unwrap();
     targets.push(store.objects().object_path(entries).unwrap());
 
     // Deterministic xorshift so a failure can be replayed.

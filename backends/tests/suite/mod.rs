@@ -24,6 +24,7 @@ mod run_cli;
 mod runs_cli;
 mod safe_defaults_cli;
 mod serve_cli;
+mod stat_cache_cli;
 mod terminal_cli;
 
 /// A seal key and ledger private to this test process.

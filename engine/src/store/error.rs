@@ -113,6 +113,12 @@ pub enum StoreError {
     )]
     StateDir { path: PathBuf, reason: String },
 
+    #[error(
+        "manifest tree object {hex} is malformed: {reason}; the capsule may be corrupt — run \
+         `agentdiff verify`"
+    )]
+    MalformedObject { hex: String, reason: String },
+
     #[error("invalid object id {hex:?}: expected 64 lowercase hexadecimal characters (a SHA-256)")]
     InvalidObjectId { hex: String },
 

@@ -265,6 +265,16 @@ impl ObjectStore {
 
     /// Stores `bytes`; returns their SHA-256 (the object name).
     pub fn put_bytes(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        self.put_bytes_with(bytes, true)
+    }
+
+    /// [`ObjectStore::put_bytes`] without the per-object fsync: for the many small tree objects
+    /// of a manifest, made durable with the run's objects by the seal's filesystem flush.
+    pub fn put_bytes_batched(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        self.put_bytes_with(bytes, false)
+    }
+
+    fn put_bytes_with(&self, bytes: &[u8], durable: bool) -> Result<String, StoreError> {
         let hex = hex::encode(Sha256::digest(bytes));
         let dest = self.object_path(&hex)?;
         // Unchanged content (e.g. the manifest of an unchanged tree) costs no write at all.
@@ -272,13 +282,15 @@ impl ObjectStore {
             return Ok(hex);
         }
         let (mut tmp, tmp_path) = atomic::create_temp_in(&self.tmp_dir(), "object")?;
-        let written = tmp.write_all(bytes).and_then(|()| tmp.sync_all());
+        let written = tmp
+            .write_all(bytes)
+            .and_then(|()| if durable { tmp.sync_all() } else { Ok(()) });
         drop(tmp);
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp_path);
             return Err(StoreError::io("write", &tmp_path, e));
         }
-        self.install(&tmp_path, &dest, bytes.len() as u64, true)?;
+        self.install(&tmp_path, &dest, bytes.len() as u64, durable)?;
         Ok(hex)
     }
 
