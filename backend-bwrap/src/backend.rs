@@ -185,7 +185,7 @@ fn controls(plan: &Plan) -> Value {
     json!({
         "filesystem_writes": {"level": caps.filesystem_writes, "how": "host read-only; root and writable options bound writable; private /tmp"},
         "host_repository": {"level": caps.host_repository, "how": "root writable and observed; .git, .agentdiff and literal deny paths read-only"},
-        "credentials": {"level": Level::Enforced, "how": "credential locations and agentdiff's key directory hidden", "hidden": plan.mounts.iter().filter(|m| matches!(m.kind, plan::MountKind::HiddenDir | plan::MountKind::HiddenFile)).map(|m| m.path.to_string_lossy()).collect::<Vec<_>>()},
+        "credentials": {"level": Level::Enforced, "how": "credential locations, agentdiff's key directory and container engine sockets hidden", "hidden": plan.mounts.iter().filter(|m| matches!(m.kind, plan::MountKind::HiddenDir | plan::MountKind::HiddenFile)).map(|m| m.path.to_string_lossy()).collect::<Vec<_>>()},
         "network": {"level": caps.network, "how": if plan.network == Network::None { "network namespace unshared (loopback only)" } else { "host network (runtime.bwrap.network: host)" }},
         "processes": {"level": caps.processes, "how": "pid namespace: everything the command starts dies with it"},
         "privileges": {"level": caps.privileges, "how": "--cap-drop ALL, no-new-privileges"},

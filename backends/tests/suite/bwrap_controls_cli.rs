@@ -636,3 +636,68 @@ fn disabled_user_namespaces_refuse_the_run_with_the_sysctl() {
     );
     assert!(!f.root().join("ran.txt").exists());
 }
+
+/// A container engine socket (here one named by `DOCKER_HOST`, served by the test) cannot be
+/// connected to from the sandbox: a container started through it could write any host path.
+#[test]
+fn container_engine_sockets_are_unreachable_from_the_sandbox() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let dir = var_tmp("agentdiff-bwrap-engine-");
+    let sock = dir.path().join("docker.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let reached = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&reached);
+    // Answers every request with 404 (agentdiff's own engine discovery then finds no engine)
+    // and notes whether a request carried the command's marker.
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { break };
+            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+            let mut buf = [0u8; 1024];
+            let n = c.read(&mut buf).unwrap_or(0);
+            if String::from_utf8_lossy(&buf[..n]).contains("FROM-SANDBOX") {
+                seen.store(true, Ordering::SeqCst);
+            }
+            let _ = c.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    let connect = format!(
+        "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{}'); \
+         s.sendall(b'GET /FROM-SANDBOX HTTP/1.0\\r\\n\\r\\n'); s.recv(64)\"",
+        sock.display()
+    );
+    let docker_host = format!("unix://{}", sock.display());
+    let tries = vec![("engine", connect.clone())];
+    let (outcomes, result, _) = attempt(
+        &f,
+        &["--pass-env", "DOCKER_HOST"],
+        &[("DOCKER_HOST", &docker_host)],
+        &tries,
+    );
+    expect(&outcomes, &[("engine", false)]);
+    assert!(
+        !reached.load(Ordering::SeqCst),
+        "the sandbox reached the engine socket"
+    );
+    let hidden = hidden_paths(&f.runtime_json(&result));
+    assert!(hidden.contains(&canonical(&sock)), "{hidden:?}");
+    // From the host the same connection works: the test can fail.
+    let out = std::process::Command::new("sh")
+        .args(["-c", &connect])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(reached.load(Ordering::SeqCst));
+}
