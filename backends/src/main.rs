@@ -17,6 +17,7 @@ mod cli;
 mod cli_names;
 mod exit;
 mod report;
+mod serve;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

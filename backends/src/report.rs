@@ -391,3 +391,21 @@ pub fn diff_section(diffs: &[ChangeDiff]) -> String {
     }
     s
 }
+
+/// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
+/// its diffs (the after side from the working tree at the store's root).
+pub fn html_report(
+    store: &agentdiff_engine::store::Store,
+    capsule: &agentdiff_engine::store::Capsule,
+) -> anyhow::Result<String> {
+    use agentdiff_engine::report::diff::DiffSource;
+    let view = RunView::load(capsule)
+        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
+    let (ctx, _) = crate::cli::verify_context(store.root());
+    let seal = capsule
+        .verify_with(store.objects(), &ctx)
+        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
+    let diffs =
+        DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
+    Ok(agentdiff_engine::report::html::render(&view, &seal, &diffs))
+}

@@ -15,7 +15,7 @@ mod cleanup_cli;
 mod evidence_cli;
 mod external_cli;
 mod hook_cli;
-mod html_cli;
+pub mod html_cli;
 mod markdown_cli;
 mod policy_cli;
 mod process_evidence_cli;
@@ -23,6 +23,7 @@ mod rollback_cli;
 mod run_cli;
 mod runs_cli;
 mod safe_defaults_cli;
+mod serve_cli;
 mod stat_cache_cli;
 mod terminal_cli;
 

@@ -254,6 +254,15 @@ impl Store {
     /// valid run ids are not runs and are skipped; a run entry that cannot be read normally is
     /// listed with a `problem`.
     pub fn list_runs(&self) -> Result<Vec<RunListing>, StoreError> {
+        Ok(self
+            .run_ids()?
+            .into_iter()
+            .map(|id| self.listing(id))
+            .collect())
+    }
+
+    /// The ids of all runs, sorted, without reading any artifact (cheap enough to poll).
+    pub fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
         let entries = match fs::read_dir(&self.runs) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -269,9 +278,9 @@ impl Store {
             else {
                 continue;
             };
-            out.push(self.listing(id));
+            out.push(id);
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.sort();
         Ok(out)
     }
 
