@@ -154,4 +154,14 @@ impl StoreError {
             source,
         }
     }
+
+    /// The object an error is about, when it is a missing, corrupt or malformed object.
+    pub fn object(&self) -> Option<&str> {
+        match self {
+            StoreError::ObjectCorrupt { hex, .. }
+            | StoreError::ObjectNotFound { hex, .. }
+            | StoreError::MalformedObject { hex, .. } => Some(hex),
+            _ => None,
+        }
+    }
 }

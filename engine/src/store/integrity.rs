@@ -700,29 +700,18 @@ impl Capsule {
                     }
                 }
             }
-            // A sealed object that is missing or corrupt is reported under its own name.
-            Err(StoreError::ObjectCorrupt { hex, .. } | StoreError::ObjectNotFound { hex, .. })
-                if sealed.contains(hex.as_str()) => {}
-            Err(
-                e @ (StoreError::ObjectCorrupt { .. }
-                | StoreError::ObjectNotFound { .. }
-                | StoreError::MalformedObject { .. }),
-            ) => {
-                let hex = match &e {
-                    StoreError::ObjectCorrupt { hex, .. }
-                    | StoreError::ObjectNotFound { hex, .. }
-                    | StoreError::MalformedObject { hex, .. } => hex.clone(),
-                    _ => String::new(),
-                };
-                f.problem(
+            Err(e) => match e.object() {
+                // A sealed object that is missing or corrupt is reported under its own name.
+                Some(hex) if sealed.contains(hex) => {}
+                Some(hex) => f.problem(
                     &format!("object {hex}"),
                     format!("below the tree of {name}: {e}"),
-                );
-            }
-            Err(e) => f.problem(
-                name,
-                format!("its manifest cannot be read ({e}), so its backups cannot be checked"),
-            ),
+                ),
+                None => f.problem(
+                    name,
+                    format!("its manifest cannot be read ({e}), so its backups cannot be checked"),
+                ),
+            },
         }
     }
 
