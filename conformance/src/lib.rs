@@ -183,7 +183,7 @@ impl SuiteOptions {
                     .map_err(|source| SchemaSourceError { path, source })
             }
             None => Ok((
-                "docs/schemas/runtime.schema.json (compiled in)".to_string(),
+                "runtime.schema.json (compiled in, as published in docs/schemas)".to_string(),
                 RUNTIME_SCHEMA.to_string(),
             )),
         }
@@ -200,12 +200,13 @@ pub struct SchemaSourceError {
 }
 
 /// The runtime schema published in docs/schemas, compiled in so the suite checks against it
-/// wherever it runs.
-pub const RUNTIME_SCHEMA: &str = include_str!("../../docs/schemas/runtime.schema.json");
+/// wherever it runs. The crate keeps its own copy under `schemas/` so that it packages on its
+/// own; a test keeps the copies identical to docs/schemas.
+pub const RUNTIME_SCHEMA: &str = include_str!("../schemas/runtime.schema.json");
 
 /// The external backend protocol's response schema, compiled in for the `PROTO-*` checks.
 pub const PROTOCOL_RESPONSE_SCHEMA: &str =
-    include_str!("../../docs/schemas/backend-protocol-response.schema.json");
+    include_str!("../schemas/backend-protocol-response.schema.json");
 
 /// Everything a check gets.
 pub struct Ctx {
