@@ -496,3 +496,51 @@ fn a_python_backend_that_accepts_any_protocol_version_fails_proto_002() {
         "{report:#}"
     );
 }
+
+#[test]
+fn cleanup_of_an_external_run_goes_through_the_plugin() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &["run", "--format", "json", "--runtime", "nice", "--", "true"],
+    );
+    assert_exit(&out, 0);
+    let id = json_of(&out)["run_id"].as_str().unwrap().to_string();
+    let out = agentdiff_on(&path, project.path(), &["cleanup", &id]);
+    assert_exit(&out, 0);
+    // Without the plugin on PATH the run's backend is unknown: a clear error, nothing signalled.
+    let out = cmd(project.path(), &["cleanup", &id]).output().unwrap();
+    assert_exit(&out, 69);
+    assert!(
+        text(&out.stderr).contains("neither built in nor on PATH"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The user's terminal reaches the command through the plugin (it opens /dev/tty), Ctrl-C ends
+/// it, and the exit is reported as SIGINT with the capsule sealed.
+#[test]
+fn a_terminal_and_ctrl_c_reach_the_command_through_both_external_backends() {
+    if python_missing() {
+        return;
+    }
+    if Command::new("tmux").arg("-V").output().is_err()
+        && agentdiff_conformance::skip_unless_required("tmux is not installed")
+    {
+        return;
+    }
+    let plugins = PluginDir::new().with_nice().with_python();
+    let path = path_with(&[plugins.path()]);
+    for id in ["nice", "lowprio"] {
+        let dir = super::terminal_cli::ctrl_c_case_on(Some(&path), &["--runtime", id], false);
+        let result: Value = serde_json::from_slice(
+            &fs::read(dir.path().join(".agentdiff/runs/tty-run/result.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(result["runtime"]["backend"], id, "{result:#}");
+    }
+}

@@ -20,6 +20,7 @@ pub mod html_cli;
 mod markdown_cli;
 mod policy_cli;
 mod process_evidence_cli;
+mod prune_cli;
 mod rollback_cli;
 mod run_cli;
 mod runs_cli;
