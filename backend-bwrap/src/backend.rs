@@ -9,21 +9,16 @@ use agentdiff_engine::backend::{
     CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
     Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
-use agentdiff_engine::policy::Policy;
 use agentdiff_engine::process::exec_shim::{self, StartState};
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
 use async_trait::async_trait;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::host;
 use crate::plan::{self, HostFacts, Network, Plan, PlanError, Programs};
 use crate::{ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_NETWORK};
-
-/// The capsule artifact holding the effective policy (its deny patterns become re-binds).
-const POLICY_ARTIFACT: &str = "policy.json";
 
 /// What the bwrap backend declares by default (network unshared). Filesystem writes outside the
 /// root and the writable options, network, processes (the pid namespace dies with its init, the
@@ -112,26 +107,14 @@ fn absolute(p: &str) -> PathBuf {
     }
 }
 
-/// The effective policy in the capsule, as stored by the transaction.
-#[derive(Debug, Deserialize)]
-struct PolicyArtifact {
-    effective: Value,
-}
-
 /// The policy's filesystem deny patterns, from the capsule; none when the run has no policy
 /// artifact (a bare launch, as in conformance probes).
-fn policy_denies(capsule_dir: &Path) -> std::result::Result<Vec<String>, String> {
-    let path = capsule_dir.join(POLICY_ARTIFACT);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let artifact: PolicyArtifact =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let policy = Policy::from_yaml_or_json(&artifact.effective.to_string(), "policy.json")
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(policy.deny_patterns())
+fn policy_denies(
+    capsule_dir: &Path,
+) -> std::result::Result<Vec<String>, agentdiff_engine::store::StoreError> {
+    Ok(agentdiff_engine::store::recorded_policy(capsule_dir)?
+        .map(|p| p.deny_patterns())
+        .unwrap_or_default())
 }
 
 impl BwrapBackend {

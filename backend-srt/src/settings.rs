@@ -17,7 +17,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use agentdiff_engine::policy::Policy;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -39,8 +38,8 @@ pub enum SettingsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot read the effective policy from {path}: {message}")]
-    Policy { path: PathBuf, message: String },
+    #[error("cannot read the run's effective policy: {0}")]
+    Policy(#[source] agentdiff_engine::store::StoreError),
     #[error("cannot write the derived srt settings {path}: {source}")]
     Write {
         path: PathBuf,
@@ -165,41 +164,23 @@ pub struct PolicyDenies {
     pub source: &'static str,
 }
 
-/// The capsule's `policy.json` as the transaction writes it (a bare policy document is
-/// accepted too).
-#[derive(Debug, Deserialize)]
-struct PolicyArtifact {
-    effective: Option<Value>,
-}
-
 /// Read the effective policy's deny patterns from the capsule's `policy.json`. Without that
 /// file (outside a transaction) the built-in policy applies, and the source says so.
 pub fn effective_policy_denies(capsule_dir: &Path) -> Result<PolicyDenies, SettingsError> {
-    let path = capsule_dir.join(POLICY_ARTIFACT);
-    let err = |message: String| SettingsError::Policy {
-        path: path.clone(),
-        message,
-    };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(PolicyDenies {
+    Ok(
+        match agentdiff_engine::store::recorded_policy(capsule_dir)
+            .map_err(SettingsError::Policy)?
+        {
+            Some(policy) => PolicyDenies {
+                patterns: policy.deny_patterns(),
+                source: "run_capsule",
+            },
+            None => PolicyDenies {
                 patterns: Policy::builtin().deny_patterns(),
                 source: "built_in",
-            })
-        }
-        Err(e) => return Err(err(e.to_string())),
-    };
-    let artifact: PolicyArtifact = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-    let policy = match artifact.effective {
-        Some(doc) => Policy::from_yaml_or_json(&doc.to_string(), &path.to_string_lossy()),
-        None => Policy::from_yaml_or_json(&text, &path.to_string_lossy()),
-    }
-    .map_err(|e| err(e.to_string()))?;
-    Ok(PolicyDenies {
-        patterns: policy.deny_patterns(),
-        source: "run_capsule",
-    })
+            },
+        },
+    )
 }
 
 /// Everything the derivation reads.
