@@ -1,6 +1,7 @@
 //! The `bwrap` backend: plan (pure), launch through the shared supervisor, and evidence that
 //! tells bwrap's setup failures from the command's exit.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use agentdiff_engine::process::ProcessIdentity;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
+use crate::facts::{BwrapFacts, Control, SandboxClaim, SandboxInit};
 use crate::host;
 use crate::plan::{self, HostFacts, Network, Plan, PlanError, Programs};
 use crate::{ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_NETWORK};
@@ -174,19 +176,85 @@ fn namespaces(network: Network) -> Vec<&'static str> {
 }
 
 /// The level of every control, as recorded with the run.
-fn controls(plan: &Plan) -> Value {
+fn controls(plan: &Plan) -> BTreeMap<String, Control> {
     let caps = capabilities_for(plan.network);
-    json!({
-        "filesystem_writes": {"level": caps.filesystem_writes, "how": "host read-only; root and writable options bound writable; private /tmp"},
-        "host_repository": {"level": caps.host_repository, "how": "root writable and observed; .git, .agentdiff and literal deny paths read-only"},
-        "credentials": {"level": Level::Enforced, "how": "credential locations and agentdiff's key directory hidden", "hidden": plan.mounts.iter().filter(|m| matches!(m.kind, plan::MountKind::HiddenDir | plan::MountKind::HiddenFile)).map(|m| m.path.to_string_lossy()).collect::<Vec<_>>()},
-        "network": {"level": caps.network, "how": if plan.network == Network::None { "network namespace unshared (loopback only)" } else { "host network (runtime.bwrap.network: host)" }},
-        "processes": {"level": caps.processes, "how": "pid namespace: everything the command starts dies with it"},
-        "privileges": {"level": caps.privileges, "how": "--cap-drop ALL, no-new-privileges"},
-        "environment": {"level": caps.environment, "how": "scrubbed allowlist; runtime-injection variables dropped"},
-        "resources": {"level": caps.resources, "how": "no limit applied"},
-        "terminal": {"level": Level::Enforced, "how": if plan.new_session { "new session (no controlling terminal); TIOCSTI and TIOCLINUX refused by a seccomp filter" } else { "interactive: the caller's session is kept; TIOCSTI and TIOCLINUX refused by a seccomp filter" }},
-    })
+    let control = |level: Level, how: &str| Control {
+        level,
+        how: how.to_string(),
+        hidden: None,
+    };
+    let hidden = plan
+        .mounts
+        .iter()
+        .filter(|m| {
+            matches!(
+                m.kind,
+                plan::MountKind::HiddenDir | plan::MountKind::HiddenFile
+            )
+        })
+        .map(|m| m.path.to_string_lossy().into_owned())
+        .collect();
+    let network_how = if plan.network == Network::None {
+        "network namespace unshared (loopback only)"
+    } else {
+        "host network (runtime.bwrap.network: host)"
+    };
+    let terminal_how = if plan.new_session {
+        "new session (no controlling terminal); TIOCSTI and TIOCLINUX refused by a seccomp filter"
+    } else {
+        "interactive: the caller's session is kept; TIOCSTI and TIOCLINUX refused by a seccomp \
+         filter"
+    };
+    [
+        (
+            "filesystem_writes",
+            control(
+                caps.filesystem_writes,
+                "host read-only; root and writable options bound writable; private /tmp",
+            ),
+        ),
+        (
+            "host_repository",
+            control(
+                caps.host_repository,
+                "root writable and observed; .git, .agentdiff and literal deny paths read-only",
+            ),
+        ),
+        (
+            "credentials",
+            Control {
+                hidden: Some(hidden),
+                ..control(
+                    Level::Enforced,
+                    "credential locations and agentdiff's key directory hidden",
+                )
+            },
+        ),
+        ("network", control(caps.network, network_how)),
+        (
+            "processes",
+            control(
+                caps.processes,
+                "pid namespace: everything the command starts dies with it",
+            ),
+        ),
+        (
+            "privileges",
+            control(caps.privileges, "--cap-drop ALL, no-new-privileges"),
+        ),
+        (
+            "environment",
+            control(
+                caps.environment,
+                "scrubbed allowlist; runtime-injection variables dropped",
+            ),
+        ),
+        ("resources", control(caps.resources, "no limit applied")),
+        ("terminal", control(Level::Enforced, terminal_how)),
+    ]
+    .into_iter()
+    .map(|(name, c)| (name.to_string(), c))
+    .collect()
 }
 
 #[async_trait]
@@ -274,14 +342,16 @@ impl RuntimeBackend for BwrapBackend {
             enforcement: ENFORCEMENT,
             capabilities: capabilities_for(plan.network),
         };
-        let wrapper = json!({
-            "kind": "bwrap",
-            "executable": plan.bwrap.to_string_lossy(),
-            "exec_shim": plan.shim.to_string_lossy(),
-            "sandbox": "applied_by_agentdiff",
-            "controls": controls(&plan),
-            "limits": LIMITS,
-        });
+        let wrapper = BwrapFacts {
+            kind: ID.into(),
+            executable: plan.bwrap.to_string_lossy().into_owned(),
+            exec_shim: plan.shim.to_string_lossy().into_owned(),
+            sandbox: SandboxClaim::AppliedByAgentdiff,
+            controls: controls(&plan),
+            limits: LIMITS.iter().map(|s| s.to_string()).collect(),
+            start: None,
+            sandbox_init: None,
+        };
         let env_dropped = plan.env_dropped.clone();
         let inner = ShimmedCommand::spawn(prepared, ctx, labels, &plan.marker, "bwrap")
             .map_err(|e| launch_error(e.to_string()))?;
@@ -308,7 +378,7 @@ impl RuntimeBackend for BwrapBackend {
 /// A running sandbox: the supervised bwrap process plus the start marker.
 struct BwrapRunning {
     inner: ShimmedCommand,
-    wrapper: Value,
+    wrapper: BwrapFacts,
     network: Network,
     env_dropped: Vec<String>,
 }
@@ -326,7 +396,7 @@ impl RunningCommand for BwrapRunning {
     async fn wait(self: Box<Self>) -> Result<RunEvidence> {
         let BwrapRunning {
             inner,
-            wrapper,
+            mut wrapper,
             network,
             env_dropped,
         } = *self;
@@ -342,11 +412,8 @@ impl RunningCommand for BwrapRunning {
             env.dropped.sort();
             env.dropped.dedup();
         }
-        let init = discount_sandbox_init(&mut evidence, root_pid);
-        attribute_exit(&mut evidence, &state, expected_argc, network, wrapper);
-        if let (Some(init), Some(Value::Object(map))) = (init, evidence.wrapper.as_deref_mut()) {
-            map.insert("sandbox_init".into(), init);
-        }
+        wrapper.sandbox_init = discount_sandbox_init(&mut evidence, root_pid);
+        attribute_exit(&mut evidence, &state, expected_argc, network, wrapper)?;
         Ok(evidence)
     }
 }
@@ -356,7 +423,7 @@ impl RunningCommand for BwrapRunning {
 /// It is the sandbox's process, not one the command left behind: it is not counted as a
 /// leftover, and what happened to it is returned for the wrapper evidence. Everything the
 /// command started runs below it, inside the pid namespace, and stays counted.
-fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<Value> {
+fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<SandboxInit> {
     let mut inits = evidence
         .processes
         .iter_mut()
@@ -375,12 +442,12 @@ fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<Va
         .iter()
         .position(|r| r.identity == identity)
         .map(|i| evidence.cleanup.records.remove(i));
-    Some(json!({
-        "pid": identity.pid,
-        "alive_after_bwrap_exit": was_alive,
-        "ended_by_cleanup": cleanup.map(|r| r.outcome),
-        "counted_as_leftover": false,
-    }))
+    Some(SandboxInit {
+        pid: identity.pid,
+        alive_after_bwrap_exit: was_alive,
+        ended_by_cleanup: cleanup.map(|r| r.outcome),
+        counted_as_leftover: false,
+    })
 }
 
 /// Labels and start state on the evidence: the exit is the command's only when the shim marked
@@ -390,8 +457,8 @@ pub fn attribute_exit(
     state: &StartState,
     expected_argc: usize,
     network: Network,
-    mut wrapper: Value,
-) {
+    mut wrapper: BwrapFacts,
+) -> Result<()> {
     evidence.backend = ID.into();
     evidence.enforcement = ENFORCEMENT;
     evidence.capabilities = capabilities_for(network);
@@ -405,8 +472,14 @@ pub fn attribute_exit(
         // Nothing ran inside the sandbox: claim nothing about it.
         evidence.capabilities.sandboxed = false;
     }
-    StartFacts::new(state, attribution).record_in(&mut wrapper);
-    evidence.wrapper = Some(BackendFacts::from_value(wrapper));
+    wrapper.start = Some(StartFacts::new(state, attribution));
+    evidence.wrapper = Some(
+        BackendFacts::new(&wrapper).map_err(|e| BackendError::Runtime {
+            backend: ID.into(),
+            message: e.to_string(),
+        })?,
+    );
+    Ok(())
 }
 
 #[cfg(test)]
@@ -437,17 +510,31 @@ mod tests {
         assert_eq!(none.resources, Level::Uncontrolled);
     }
 
+    fn facts() -> BwrapFacts {
+        BwrapFacts {
+            kind: ID.into(),
+            executable: "/usr/bin/bwrap".into(),
+            exec_shim: "/usr/bin/agentdiff".into(),
+            sandbox: SandboxClaim::AppliedByAgentdiff,
+            controls: BTreeMap::new(),
+            limits: Vec::new(),
+            start: None,
+            sandbox_init: None,
+        }
+    }
+
     #[test]
     fn exit_1_without_start_mark_is_bwraps_setup_failure() {
         let mut e = ev(1);
-        attribute_exit(&mut e, &StartState::NotStarted, 1, Network::None, json!({}));
+        attribute_exit(&mut e, &StartState::NotStarted, 1, Network::None, facts()).unwrap();
         let Some(FailureKind::WrapperSetupFailed { message }) = &e.failure else {
             panic!("{:?}", e.failure)
         };
         assert!(message.contains("bwrap exited with code 1"), "{message}");
         assert!(message.contains("doctor"), "{message}");
         assert!(!e.capabilities.sandboxed);
-        assert_eq!(e.wrapper.unwrap()["exit_attribution"], "wrapper");
+        let w: BwrapFacts = e.wrapper.unwrap().decode().unwrap();
+        assert_eq!(w.start.unwrap().exit_attribution, "wrapper");
     }
 
     #[test]
@@ -458,10 +545,21 @@ mod tests {
             &StartState::Started { argc: 1 },
             1,
             Network::None,
-            json!({}),
-        );
+            facts(),
+        )
+        .unwrap();
         assert_eq!(e.failure, None);
         assert!(e.capabilities.sandboxed);
-        assert_eq!(e.wrapper.unwrap()["exit_attribution"], "command");
+        let w = e.wrapper.unwrap();
+        // The start facts sit beside the others in the one recorded object.
+        assert_eq!(w["exit_attribution"], "command");
+        assert_eq!(w["kind"], "bwrap");
+        assert!(
+            w.decode::<BwrapFacts>()
+                .unwrap()
+                .start
+                .unwrap()
+                .command_started
+        );
     }
 }

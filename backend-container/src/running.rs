@@ -9,9 +9,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agentdiff_engine::backend::{
-    BackendError, BackendFacts, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
-    LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord, ProcessRelation,
-    Result, RunEvidence, RunningCommand, StdioMode,
+    BackendError, BackendFacts, CleanupMechanism, CleanupReport, EnvironmentEvidence, ExitInfo,
+    FailureKind, LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord,
+    ProcessRelation, Result, RunEvidence, RunningCommand, StdioMode,
 };
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -530,7 +530,7 @@ impl RunningCommand for RunningContainer {
         ev.exit = exit;
         // Leftovers: `--rm` normally removes the container; remove anything still labelled.
         let mut cleanup = CleanupReport {
-            mechanism: "container_engine".into(),
+            mechanism: CleanupMechanism::ContainerEngine,
             grace_ms: self.grace.as_millis() as u64,
             records: Vec::new(),
             errors: std::mem::take(&mut ev.cleanup.errors),

@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 use agentdiff_engine::policy::Policy;
 use serde_json::{json, Value};
+
+use crate::facts::{SettingsFacts, SettingsSource};
 use sha2::{Digest, Sha256};
 
 /// Name of the derived settings file in the run capsule.
@@ -65,10 +67,10 @@ impl SettingsChoice {
         }
     }
 
-    pub fn source_label(&self) -> &'static str {
+    pub fn source(&self) -> SettingsSource {
         match self {
-            SettingsChoice::File(_) => "file",
-            SettingsChoice::FromPolicy(_) => "generated_from_policy",
+            SettingsChoice::File(_) => SettingsSource::File,
+            SettingsChoice::FromPolicy(_) => SettingsSource::GeneratedFromPolicy,
         }
     }
 }
@@ -110,15 +112,16 @@ pub fn digest_file(path: &Path) -> Result<(String, u64), SettingsError> {
 }
 
 /// Evidence for the settings srt used: source, path, digest and size of the exact bytes.
-pub fn settings_evidence(choice: &SettingsChoice) -> Result<Value, SettingsError> {
+pub fn settings_evidence(choice: &SettingsChoice) -> Result<SettingsFacts, SettingsError> {
     let path = choice.path();
     let (sha256, bytes) = digest_file(path)?;
-    Ok(json!({
-        "source": choice.source_label(),
-        "path": path.to_string_lossy(),
-        "sha256": sha256,
-        "bytes": bytes,
-    }))
+    Ok(SettingsFacts {
+        source: choice.source(),
+        path: path.to_string_lossy().into_owned(),
+        sha256,
+        bytes,
+        bridge: None,
+    })
 }
 
 /// Credential locations below a home directory whose reads the derived settings deny: the

@@ -97,11 +97,45 @@ pub struct CleanupRecord {
     pub detail: Option<String>,
 }
 
+/// How cleanup reached the run's processes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CleanupMechanism {
+    /// Nothing was cleaned up (no cleanup ran). Read from `""` too, what older capsules of such
+    /// runs hold.
+    #[default]
+    #[serde(alias = "")]
+    None,
+    /// Signals through a pidfd opened after the identity (pid, start time, boot id) was checked.
+    Pidfd,
+    /// `kill(2)` after checking the start time (where pidfds are unavailable): a pid reused in
+    /// between could be signalled.
+    KillWithStartTimeCheck,
+    /// The container engine stopped and removed the container.
+    ContainerEngine,
+}
+
+impl CleanupMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CleanupMechanism::None => "none",
+            CleanupMechanism::Pidfd => "pidfd",
+            CleanupMechanism::KillWithStartTimeCheck => "kill_with_start_time_check",
+            CleanupMechanism::ContainerEngine => "container_engine",
+        }
+    }
+}
+
+impl std::fmt::Display for CleanupMechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What cleanup did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CleanupReport {
-    /// e.g. `pidfd`, `container_engine`.
-    pub mechanism: String,
+    pub mechanism: CleanupMechanism,
     pub grace_ms: u64,
     pub records: Vec<CleanupRecord>,
     pub errors: Vec<String>,
@@ -247,7 +281,8 @@ impl BackendFacts {
             .map_err(FactsError::Encode)
     }
 
-    /// Facts a backend assembled as JSON.
+    /// Facts that arrive as JSON already (from a backend outside this process). A backend in
+    /// this process records its own type with [`BackendFacts::new`] instead.
     pub fn from_value(value: serde_json::Value) -> Self {
         BackendFacts(value)
     }
@@ -301,4 +336,68 @@ pub struct RunEvidence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<crate::process::containers::ContainerEvidence>,
     pub warnings: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema_enum(pointer: &str) -> Vec<String> {
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../../../docs/schemas/runtime.schema.json"))
+                .unwrap();
+        let list = schema.pointer(pointer).and_then(|v| v.as_array()).unwrap();
+        list.iter()
+            .filter_map(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn names<T: Serialize>(all: &[T], as_str: impl Fn(&T) -> &'static str) -> Vec<String> {
+        all.iter()
+            .map(|v| {
+                let name = serde_json::to_value(v)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                // The serde name and the display name are the same word.
+                assert_eq!(name, as_str(v));
+                name
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_runtime_schema_lists_exactly_the_tracking_and_cleanup_labels() {
+        use Tracking as T;
+        let tracking = [
+            T::Untracked,
+            T::Cgroup,
+            T::SubreaperProcPoll,
+            T::SubreaperProcScan,
+            T::SysinfoPoll,
+            T::ContainerEngine,
+            T::EnvMarkerProcScan,
+        ];
+        assert_eq!(
+            names(&tracking, |t| t.as_str()),
+            schema_enum("/properties/tracking/enum")
+        );
+        use CleanupMechanism as C;
+        let cleanup = [
+            C::None,
+            C::Pidfd,
+            C::KillWithStartTimeCheck,
+            C::ContainerEngine,
+        ];
+        assert_eq!(
+            names(&cleanup, |c| c.as_str()),
+            schema_enum("/properties/cleanup/properties/mechanism/enum")
+        );
+        // Older capsules of runs without cleanup recorded "" and still read.
+        let old: CleanupMechanism = serde_json::from_str("\"\"").unwrap();
+        assert_eq!(old, CleanupMechanism::None);
+    }
 }

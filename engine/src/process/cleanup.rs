@@ -75,7 +75,7 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use super::{record, CleanupOptions, CleanupTarget};
-    use crate::backend::{CleanupOutcome, CleanupRecord, CleanupReport};
+    use crate::backend::{CleanupMechanism, CleanupOutcome, CleanupRecord, CleanupReport};
     use crate::process::identity::{boot_id, executable_name, read_stat};
     use crate::process::ProcessError;
 
@@ -184,7 +184,7 @@ mod imp {
         opts: &CleanupOptions,
     ) -> CleanupReport {
         let mut report = CleanupReport {
-            mechanism: "pidfd".into(),
+            mechanism: CleanupMechanism::Pidfd,
             grace_ms: opts.grace.as_millis() as u64,
             records: Vec::with_capacity(targets.len()),
             errors: Vec::new(),
@@ -276,7 +276,7 @@ mod imp {
             pending.push(p);
         }
         if plain_used {
-            report.mechanism = "kill_with_start_time_check".into();
+            report.mechanism = CleanupMechanism::KillWithStartTimeCheck;
             report
                 .errors
                 .push("pidfd_open is unavailable; signals were sent by pid after a start-time check (a narrow pid-reuse race remains)".into());
@@ -405,7 +405,7 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use super::{record, CleanupOptions, CleanupTarget};
-    use crate::backend::{CleanupOutcome, CleanupReport};
+    use crate::backend::{CleanupMechanism, CleanupOutcome, CleanupReport};
     use crate::process::identity::{boot_id, read_stat};
 
     fn matches(t: &CleanupTarget) -> Option<bool> {
@@ -420,7 +420,7 @@ mod imp {
         opts: &CleanupOptions,
     ) -> CleanupReport {
         let mut report = CleanupReport {
-            mechanism: "kill_with_start_time_check".into(),
+            mechanism: CleanupMechanism::KillWithStartTimeCheck,
             grace_ms: opts.grace.as_millis() as u64,
             records: Vec::new(),
             errors: vec!["pidfd is unavailable on this platform; start times are compared in seconds and a narrow pid-reuse race remains".into()],
@@ -521,7 +521,7 @@ mod tests {
         assert!(a.0.try_wait().unwrap().is_none(), "must survive");
         id.start_time_ticks -= 7;
         let report = cleanup_identities(&[id], Duration::from_millis(500));
-        assert_eq!(report.mechanism, "pidfd");
+        assert_eq!(report.mechanism, crate::backend::CleanupMechanism::Pidfd);
         assert_eq!(report.records[0].outcome, CleanupOutcome::Terminated);
         assert_eq!(report.records[0].executable, "sleep");
         use std::os::unix::process::ExitStatusExt;

@@ -461,9 +461,9 @@ mod unix {
 
             let mut cleanup = CleanupReport {
                 mechanism: if cfg!(target_os = "linux") {
-                    "pidfd".into()
+                    crate::backend::CleanupMechanism::Pidfd
                 } else {
-                    "kill_with_start_time_check".into()
+                    crate::backend::CleanupMechanism::KillWithStartTimeCheck
                 },
                 grace_ms: grace.as_millis() as u64,
                 records: Vec::new(),
