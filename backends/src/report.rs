@@ -6,8 +6,10 @@ use std::fmt::Write as _;
 use agentdiff_engine::backend::Enforcement;
 use agentdiff_engine::fs::EntryKind;
 use agentdiff_engine::policy::Action;
-use agentdiff_engine::redact::escape_terminal;
-use agentdiff_engine::report::{Recovery, RunView};
+use agentdiff_engine::redact::{escape_terminal, escape_terminal_lines};
+use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
+use agentdiff_engine::report::evidence::{cleanup_word, port_owner, process_tree, PortOwner};
+use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
 use agentdiff_engine::transaction::{RunResult, Status};
 
 fn action_word(a: Action) -> &'static str {
@@ -258,5 +260,130 @@ pub fn run_summary(v: &RunView) -> String {
         escape_terminal(&v.capsule_dir.display().to_string())
     );
     let _ = writeln!(s, "  status: {}", r.status.as_str());
+    s
+}
+
+/// `inspect`'s sections after the summary: the process tree with identities and exit, the ports
+/// with their owners, and the event timeline.
+pub fn inspect_sections(v: &RunView) -> String {
+    let mut s = String::new();
+    match v.runtime.as_ref().and_then(|d| d.evidence()) {
+        None => s.push_str("\n  processes: nothing was launched\n"),
+        Some(ev) => {
+            let _ = writeln!(
+                s,
+                "\n  processes (the command {}; tracking {}):",
+                exit_text(&ev.exit),
+                ev.tracking.as_str()
+            );
+            for row in process_tree(ev) {
+                let p = row.record;
+                let _ = writeln!(
+                    s,
+                    "    {}{} pid {} start {} · {:?} · seen at {} ms{}{}{}",
+                    "  ".repeat(row.depth.min(16)),
+                    escape_terminal(&p.executable),
+                    p.identity.pid,
+                    p.identity.start_time_ticks,
+                    p.relation,
+                    p.first_seen_ms,
+                    if p.alive_after_root_exit {
+                        " · alive after the command exited"
+                    } else {
+                        ""
+                    },
+                    row.cleanup
+                        .map(|o| format!(" · cleanup: {}", cleanup_word(o)))
+                        .unwrap_or_default(),
+                    p.left_run_cgroup
+                        .as_ref()
+                        .map(|g| format!(" · LEFT THE RUN CGROUP for {}", escape_terminal(g)))
+                        .unwrap_or_default(),
+                );
+            }
+            let _ = writeln!(
+                s,
+                "\n  ports opened ({}):",
+                format!("{:?}", ev.ports.mode).to_lowercase()
+            );
+            if ev.ports.opened.is_empty() {
+                let _ = writeln!(s, "    none");
+            }
+            for port in &ev.ports.opened {
+                let owner = match port_owner(ev, port) {
+                    PortOwner::Process { pid, executable } => format!(
+                        "pid {pid} {}",
+                        escape_terminal(executable.unwrap_or("(not recorded)"))
+                    ),
+                    PortOwner::Run => "the run".into(),
+                    PortOwner::Unattributed => "not attributed to the run".into(),
+                };
+                let _ = writeln!(
+                    s,
+                    "    {} {}:{} — {owner}",
+                    escape_terminal(&port.protocol),
+                    escape_terminal(&port.address),
+                    port.port
+                );
+            }
+        }
+    }
+    let _ = writeln!(s, "\n  timeline:");
+    if let Some(err) = &v.events_error {
+        let _ = writeln!(
+            s,
+            "    events.jsonl could not be read: {}",
+            escape_terminal(err)
+        );
+    }
+    for e in &v.events {
+        let fields: Vec<String> = e
+            .fields
+            .iter()
+            .map(|(k, val)| {
+                format!(
+                    "{}={}",
+                    escape_terminal(k),
+                    escape_terminal(&field_text(val))
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "    {:>3} {} {} {}",
+            e.seq,
+            escape_terminal(&e.at),
+            escape_terminal(&e.event),
+            fields.join(" ")
+        );
+    }
+    s
+}
+
+/// `inspect --diff`: each change's diff, escaped line by line; sensitive files show sizes and
+/// hashes only.
+pub fn diff_section(diffs: &[ChangeDiff]) -> String {
+    let mut s = String::from("\n  diffs:\n");
+    for d in diffs {
+        let _ = writeln!(s, "\n  == {}", escape_terminal(&d.path));
+        match &d.body {
+            DiffBody::Text(text) => {
+                for line in escape_terminal_lines(text.trim_end_matches('\n')).lines() {
+                    let _ = writeln!(s, "    {line}");
+                }
+            }
+            DiffBody::Withheld { before, after } => {
+                let _ = writeln!(
+                    s,
+                    "    content diff withheld: sensitive file\n    before: {}\n    after: {}",
+                    escape_terminal(before),
+                    escape_terminal(after)
+                );
+            }
+            DiffBody::Unavailable(why) => {
+                let _ = writeln!(s, "    {}", escape_terminal(why));
+            }
+        }
+    }
     s
 }

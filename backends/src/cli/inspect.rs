@@ -7,7 +7,8 @@ use anyhow::Context;
 use clap::ValueEnum;
 
 use agentdiff_engine::redact::escape_terminal;
-use agentdiff_engine::report::{markdown, RunView};
+use agentdiff_engine::report::diff::DiffSource;
+use agentdiff_engine::report::{html, markdown, RunView};
 use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
 
@@ -26,6 +27,9 @@ pub enum InspectFormat {
     Json,
     /// A compact report for `$GITHUB_STEP_SUMMARY` and pull-request comments.
     Markdown,
+    /// One self-contained HTML file (diffs, blast radius chart, processes, ports, timeline, seal
+    /// status); redirect it to a file and open it in a browser.
+    Html,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -53,6 +57,10 @@ pub struct Args {
     /// Print one artifact as JSON instead of the result.
     #[arg(long, value_enum)]
     artifact: Option<ArtifactName>,
+    /// Also print each change's diff (summary format; sensitive files show sizes and hashes
+    /// only; the HTML report always has them).
+    #[arg(long)]
+    diff: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -61,6 +69,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let capsule = store
         .open_run(&args.run)
         .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    if args.diff && (args.format != InspectFormat::Summary || args.artifact.is_some()) {
+        return Err(exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!(
+                "--diff goes with the summary format only (the HTML report always shows diffs); \
+                 drop --format/--artifact or --diff"
+            ),
+        ));
+    }
     if let Some(name) = args.artifact {
         // Every artifact goes through its typed reader; manifests are shown whole (their entries
         // live in the object store).
@@ -98,17 +115,44 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         out!("{}", markdown::render(&view));
         return Ok(ExitCode::SUCCESS);
     }
-    let result: RunResult = capsule
-        .result()
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    match args.format {
-        InspectFormat::Json => outln!("{}", serde_json::to_string_pretty(&result)?),
-        InspectFormat::Summary | InspectFormat::Markdown => {
-            let view = RunView::of_result(result, sealed, capsule.dir().to_path_buf());
-            out!("{}", crate::report::run_summary(&view))
-        }
+    if args.format == InspectFormat::Html {
+        out!("{}", html_report(&store, &capsule)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.format == InspectFormat::Json {
+        let result: RunResult = capsule
+            .result()
+            .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        outln!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut view =
+        RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    view.sealed = sealed;
+    out!("{}", crate::report::run_summary(&view));
+    out!("{}", crate::report::inspect_sections(&view));
+    if args.diff {
+        let diffs =
+            DiffSource::open(&capsule, store.objects(), store.root()).diffs(&view.result.changes);
+        out!("{}", crate::report::diff_section(&diffs));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
+/// its diffs (the after side from the working tree at the store's root).
+pub(crate) fn html_report(
+    store: &Store,
+    capsule: &agentdiff_engine::store::Capsule,
+) -> anyhow::Result<String> {
+    let view = RunView::load(capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let (ctx, _) = super::verify::context(store.root());
+    let seal = capsule
+        .verify_with(store.objects(), &ctx)
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let diffs =
+        DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
+    Ok(html::render(&view, &seal, &diffs))
 }
 
 /// A run that never recorded its result (agentdiff was killed mid-run): say so, with what is

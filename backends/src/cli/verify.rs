@@ -57,7 +57,7 @@ struct AllReport {
 
 /// This user's key and ledger; a state directory that cannot be used is reported, not fatal:
 /// verification still checks integrity, and says it could not authenticate.
-fn context(root: &std::path::Path) -> (VerifyContext, Option<String>) {
+pub(crate) fn context(root: &std::path::Path) -> (VerifyContext, Option<String>) {
     let loaded = StateDir::from_env().and_then(|state| VerifyContext::for_user(&state, root));
     match loaded {
         Ok(ctx) => (ctx, None),

@@ -13,6 +13,7 @@ mod bwrap_cli;
 mod cleanup_cli;
 mod evidence_cli;
 mod hook_cli;
+mod html_cli;
 mod markdown_cli;
 mod policy_cli;
 mod process_evidence_cli;

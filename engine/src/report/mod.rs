@@ -4,12 +4,16 @@
 //! Invariant: a report only shows what the capsule records; every recorded string reaching a
 //! report passes through that surface's one escaping function.
 
+pub mod diff;
+pub mod evidence;
+pub mod html;
 pub mod markdown;
 
 use std::path::PathBuf;
 
 use crate::backend::WorkspaceMode;
 use crate::policy::Action;
+use crate::store::doc::Event;
 use crate::store::{Artifact, Capsule, RuntimeDoc, StoreError};
 use crate::transaction::{ChangeRecord, RunResult, Status};
 
@@ -36,6 +40,37 @@ pub struct RunView {
     /// Whether the capsule's seal is in place.
     pub sealed: bool,
     pub capsule_dir: PathBuf,
+    /// `events.jsonl` (the timeline), empty when not read.
+    pub events: Vec<Event>,
+    /// Why `events.jsonl` could not be read, shown instead of a silently empty timeline.
+    pub events_error: Option<String>,
+}
+
+/// How the command ended, in words: `exited with code 0 after 12 ms`, `killed by signal 9 …`,
+/// with the deadline or an interruption when they ended it.
+pub fn exit_text(e: &crate::backend::ExitInfo) -> String {
+    let how = match (e.code, e.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (_, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => "has no exit status".into(),
+    };
+    let mut s = format!("{how} after {} ms", e.duration_ms);
+    if e.timed_out {
+        s.push_str(" (the deadline expired)");
+    }
+    if let Some(sig) = e.interrupted_by {
+        s.push_str(&format!(" (agentdiff was interrupted by signal {sig})"));
+    }
+    s
+}
+
+/// An event field's value as one line of text: strings as they are, anything else as compact
+/// JSON (the surface escapes it).
+pub fn field_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// What can be done about a run's changes, derived once for every surface.
@@ -65,6 +100,8 @@ impl RunView {
             backend: None,
             sealed,
             capsule_dir,
+            events: Vec::new(),
+            events_error: None,
         }
     }
 
@@ -114,12 +151,18 @@ impl RunView {
         } else {
             None
         };
+        let (events, events_error) = match capsule.events() {
+            Ok(events) => (events, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
         Ok(RunView {
             result,
             runtime,
             backend,
             sealed: capsule.is_sealed(),
             capsule_dir: capsule.dir().to_path_buf(),
+            events,
+            events_error,
         })
     }
 }

@@ -49,7 +49,16 @@ pub fn withheld(
     to: Option<&Entry>,
     to_label: &str,
 ) -> String {
-    let side = |e: Option<&Entry>| match e {
+    format!(
+        "content diff withheld: sensitive file (pass --show-secrets to see it)\n{from_label}: {}\n{to_label}: {}\n",
+        side_summary(from),
+        side_summary(to)
+    )
+}
+
+/// One side of a withheld diff: `absent`, or its size and SHA-256 prefix (never content).
+pub fn side_summary(e: Option<&Entry>) -> String {
+    match e {
         None => "absent".to_owned(),
         Some(e) => format!(
             "{} bytes, sha256 {}",
@@ -59,12 +68,7 @@ pub fn withheld(
                 .map(|h| h.get(..16).unwrap_or(h))
                 .unwrap_or("unknown")
         ),
-    };
-    format!(
-        "content diff withheld: sensitive file (pass --show-secrets to see it)\n{from_label}: {}\n{to_label}: {}\n",
-        side(from),
-        side(to)
-    )
+    }
 }
 
 fn as_text(bytes: &[u8]) -> Result<&str, NoPreview> {
