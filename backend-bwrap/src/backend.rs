@@ -10,6 +10,7 @@ use agentdiff_engine::backend::{
     CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
     Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
+use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::process::exec_shim::{self, StartState};
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_engine::process::supervisor::EvidenceLabels;
@@ -94,18 +95,6 @@ fn plan_error(e: PlanError) -> BackendError {
     BackendError::InvalidRequest {
         backend: ID.into(),
         message: e.to_string(),
-    }
-}
-
-/// A path from an option, absolute against agentdiff's own working directory.
-fn absolute(p: &str) -> PathBuf {
-    let path = PathBuf::from(p);
-    if path.is_absolute() {
-        path
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(&path))
-            .unwrap_or(path)
     }
 }
 
@@ -226,7 +215,8 @@ fn controls(plan: &Plan) -> BTreeMap<String, Control> {
                 hidden: Some(hidden),
                 ..control(
                     Level::Enforced,
-                    "credential locations and agentdiff's key directory hidden",
+                    "credential locations, agentdiff's key directory and container engine sockets \
+                     hidden",
                 )
             },
         ),
@@ -357,6 +347,7 @@ impl RuntimeBackend for BwrapBackend {
             .map_err(|e| launch_error(e.to_string()))?;
         Ok(Box::new(BwrapRunning {
             inner,
+            bwrap: plan.bwrap.clone(),
             wrapper,
             network: plan.network,
             env_dropped,
@@ -378,6 +369,7 @@ impl RuntimeBackend for BwrapBackend {
 /// A running sandbox: the supervised bwrap process plus the start marker.
 struct BwrapRunning {
     inner: ShimmedCommand,
+    bwrap: PathBuf,
     wrapper: BwrapFacts,
     network: Network,
     env_dropped: Vec<String>,
@@ -396,6 +388,7 @@ impl RunningCommand for BwrapRunning {
     async fn wait(self: Box<Self>) -> Result<RunEvidence> {
         let BwrapRunning {
             inner,
+            bwrap,
             mut wrapper,
             network,
             env_dropped,
@@ -413,7 +406,21 @@ impl RunningCommand for BwrapRunning {
             env.dropped.dedup();
         }
         wrapper.sandbox_init = discount_sandbox_init(&mut evidence, root_pid);
-        attribute_exit(&mut evidence, &state, expected_argc, network, wrapper)?;
+        // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
+        // minimal start whose message is read here (the kernel refusing namespaces, AppArmor),
+        // so the remedy can be named. A run that started pays nothing.
+        let diagnosis = match state {
+            StartState::NotStarted => host::smoke_test(&bwrap).await.err(),
+            _ => None,
+        };
+        attribute_exit(
+            &mut evidence,
+            &state,
+            expected_argc,
+            network,
+            wrapper,
+            diagnosis.as_ref(),
+        )?;
         Ok(evidence)
     }
 }
@@ -458,12 +465,13 @@ pub fn attribute_exit(
     expected_argc: usize,
     network: Network,
     mut wrapper: BwrapFacts,
+    diagnosis: Option<&host::Unusable>,
 ) -> Result<()> {
     evidence.backend = ID.into();
     evidence.enforcement = ENFORCEMENT;
     evidence.capabilities = capabilities_for(network);
     let hint = if matches!(state, StartState::NotStarted) {
-        host::setup_hint()
+        host::setup_hint(diagnosis)
     } else {
         String::new()
     };
@@ -526,7 +534,15 @@ mod tests {
     #[test]
     fn exit_1_without_start_mark_is_bwraps_setup_failure() {
         let mut e = ev(1);
-        attribute_exit(&mut e, &StartState::NotStarted, 1, Network::None, facts()).unwrap();
+        attribute_exit(
+            &mut e,
+            &StartState::NotStarted,
+            1,
+            Network::None,
+            facts(),
+            None,
+        )
+        .unwrap();
         let Some(FailureKind::WrapperSetupFailed { message }) = &e.failure else {
             panic!("{:?}", e.failure)
         };
@@ -546,6 +562,7 @@ mod tests {
             1,
             Network::None,
             facts(),
+            None,
         )
         .unwrap();
         assert_eq!(e.failure, None);

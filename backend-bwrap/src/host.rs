@@ -6,7 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::host::{self, ExecutableError, UserNamespaces};
+use agentdiff_engine::host::{self, UserNamespaces};
 
 /// How to install bubblewrap.
 pub const INSTALL_BWRAP: &str = "install bubblewrap (`apt-get install -y bubblewrap` on \
@@ -35,25 +35,9 @@ pub struct Unusable {
 /// Find bwrap: `requested` (a name looked up on `path`, or a path).
 pub fn resolve_bwrap(requested: &str, path: Option<&OsStr>) -> Result<PathBuf, Unusable> {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    host::resolve_executable(OsStr::new(requested), path, &cwd).map_err(|e| {
-        let remedy = match &e {
-            ExecutableError::NotOnPath { .. } | ExecutableError::Missing { .. } => {
-                INSTALL_BWRAP.to_string()
-            }
-            ExecutableError::NotAFile { path } | ExecutableError::NotExecutable { path } => {
-                format!(
-                    "point bwrap-executable at the bwrap program itself, or make {} executable",
-                    path.display()
-                )
-            }
-            ExecutableError::Unreadable { .. } => {
-                "check the permissions of the path and its parent directories".to_string()
-            }
-        };
-        Unusable {
-            reason: format!("bubblewrap (bwrap) is not usable: {e}"),
-            remedy,
-        }
+    host::resolve_executable(OsStr::new(requested), path, &cwd).map_err(|e| Unusable {
+        reason: format!("bubblewrap (bwrap) is not usable: {e}"),
+        remedy: e.remedy(INSTALL_BWRAP, "bwrap-executable"),
     })
 }
 
@@ -146,11 +130,15 @@ pub async fn smoke_test(bwrap: &Path) -> Result<(), Unusable> {
     })
 }
 
-/// What a run's setup failure message adds: what the host says about user namespaces.
-pub fn setup_hint() -> String {
+/// What a run's setup failure message adds: what the host says about user namespaces, and
+/// `diagnosis`, the outcome of one more bwrap start after the failure (`None` when that start
+/// worked, so the failure was specific to the run's mounts).
+pub fn setup_hint(diagnosis: Option<&Unusable>) -> String {
     let userns = user_namespaces();
     let mut hint = String::from("see bwrap's message above");
-    if !userns.allowed {
+    if let Some(d) = diagnosis {
+        hint.push_str(&format!("; {}: {}", d.reason, d.remedy));
+    } else if !userns.allowed {
         hint.push_str(&format!(
             "; {} ({})",
             userns.detail,
@@ -187,6 +175,17 @@ mod tests {
         assert!(remedy_for_stderr(msg, true).contains("apparmor_parser"));
         assert!(remedy_for_stderr(msg, false).contains("unprivileged_userns_clone=1"));
         assert!(remedy_for_stderr("bwrap: Can't mount proc", false).contains("doctor"));
+    }
+
+    #[test]
+    fn a_diagnosed_setup_failure_names_its_remedy() {
+        let d = Unusable {
+            reason: "bwrap could not set up a sandbox on this host".into(),
+            remedy: remedy_for_stderr("bwrap: setting up uid map: Permission denied", false),
+        };
+        let hint = setup_hint(Some(&d));
+        assert!(hint.contains("unprivileged_userns_clone=1"), "{hint}");
+        assert!(hint.contains("doctor"), "{hint}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! ARGV…`. The mounts make the host read-only (`--ro-bind / /`), give a fresh `/dev`, `/proc` and
 //! a private `/tmp`, bind the project root writable, re-bind its `.git`, `.agentdiff` and the
 //! policy's literal deny paths read-only, and hide credential locations (`~/.ssh`, `~/.aws`, …,
-//! agentdiff's own key directory). Network, pid, IPC and UTS namespaces are unshared, all
+//! agentdiff's own key directory) and container engine sockets (a container could write any host
+//! path). Network, pid, IPC and UTS namespaces are unshared, all
 //! capabilities dropped, and the sandbox dies with agentdiff. The exec shim refuses TIOCSTI and
 //! TIOCLINUX for the command (a seccomp filter), so an interactive run can keep the caller's
 //! terminal session; a non-interactive one also gets a new session. The argv is built by the pure [`plan`] module, so every control

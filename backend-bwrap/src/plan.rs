@@ -84,7 +84,18 @@ pub struct HostFacts {
     /// (so the terminal, Ctrl-C and job control work) and relies on the exec shim's TIOCSTI
     /// filter; otherwise the sandbox gets a new session as well.
     pub interactive: bool,
+    /// Container engine API sockets (the engine's own candidate list, `DOCKER_HOST` included,
+    /// plus [`RUNTIME_SOCKETS`]): hidden from the command, because a container started through
+    /// one can bind-mount and write any host path.
+    pub engine_sockets: Vec<PathBuf>,
 }
+
+/// Container runtime sockets beyond the engine's API candidates that start containers as root.
+pub const RUNTIME_SOCKETS: &[&str] = &[
+    "/run/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+    "/run/buildkit/buildkitd.sock",
+];
 
 impl HostFacts {
     /// From agentdiff's own environment and the command's.
@@ -95,6 +106,10 @@ impl HostFacts {
                 .ok()
                 .map(|d| d.path().to_path_buf()),
             interactive: std::io::IsTerminal::is_terminal(&std::io::stdin()),
+            engine_sockets: agentdiff_engine::process::containers::candidate_sockets(command_env)
+                .into_iter()
+                .chain(RUNTIME_SOCKETS.iter().map(PathBuf::from))
+                .collect(),
             ..HostFacts::default()
         };
         for env in [own.as_slice(), command_env] {
@@ -256,6 +271,9 @@ fn hidden(
     }
     if let Some(k) = &facts.state_dir {
         wanted.push((k.clone(), "agentdiff key directory".into()));
+    }
+    for sock in &facts.engine_sockets {
+        wanted.push((sock.clone(), "container engine socket".into()));
     }
     for h in extra {
         let reason = format!("hide option {h:?}");
@@ -545,6 +563,7 @@ mod tests {
             homes: vec![f.home.clone()],
             state_dir: Some(f.home.join(".local/state/agentdiff")),
             interactive: false,
+            engine_sockets: vec![f.home.join("engine.sock"), f.home.join("absent.sock")],
         }
     }
 
@@ -790,6 +809,46 @@ mod tests {
                 m.path == p && matches!(m.kind, MountKind::HiddenDir | MountKind::HiddenFile)
             });
             assert!(hidden, "{} not hidden: {:?}", p.display(), plan.mounts);
+        }
+    }
+
+    #[test]
+    fn container_engine_sockets_that_exist_are_covered_with_an_empty_file() {
+        let f = fixture();
+        let _listener = std::os::unix::net::UnixListener::bind(f.home.join("engine.sock")).unwrap();
+        let plan = plan_with(&f, BackendOptions::new(), &[]).unwrap();
+        let args = strs(&plan.args);
+        let sock = f.home.join("engine.sock").display().to_string();
+        assert!(
+            find(&args, &["--ro-bind", "/dev/null", &sock]).is_some(),
+            "{args:?}"
+        );
+        let absent = f.home.join("absent.sock").display().to_string();
+        assert!(!args.contains(&absent), "{args:?}");
+        assert!(plan
+            .mounts
+            .iter()
+            .any(|m| m.reason == "container engine socket" && m.kind == MountKind::HiddenFile));
+    }
+
+    #[test]
+    fn engine_sockets_come_from_docker_host_and_the_usual_places() {
+        let env = vec![(
+            OsString::from("DOCKER_HOST"),
+            OsString::from("unix:///srv/custom/docker.sock"),
+        )];
+        let facts = HostFacts::current(&env);
+        for p in [
+            "/srv/custom/docker.sock",
+            "/var/run/docker.sock",
+            "/run/podman/podman.sock",
+            "/run/containerd/containerd.sock",
+        ] {
+            assert!(
+                facts.engine_sockets.contains(&PathBuf::from(p)),
+                "{p}: {:?}",
+                facts.engine_sockets
+            );
         }
     }
 

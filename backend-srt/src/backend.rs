@@ -11,6 +11,7 @@ use agentdiff_engine::backend::{
     LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessRelation, Result, RunEvidence,
     RunningCommand, RuntimeBackend, WorkspaceMode,
 };
+use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
@@ -105,19 +106,6 @@ fn launch_error(message: impl Into<String>) -> BackendError {
     BackendError::Launch {
         backend: ID.into(),
         message: message.into(),
-    }
-}
-
-/// A path from an option, absolute against agentdiff's own working directory (where the user
-/// typed it), not the command's.
-fn absolute(p: &str) -> PathBuf {
-    let path = PathBuf::from(p);
-    if path.is_absolute() {
-        path
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(&path))
-            .unwrap_or(path)
     }
 }
 

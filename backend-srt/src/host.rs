@@ -16,21 +16,7 @@ pub const INSTALL_SRT: &str = "install it with `npm install -g @anthropic-ai/san
 
 /// What to do about an unusable srt executable.
 pub fn remedy(e: &ExecutableError) -> String {
-    match e {
-        ExecutableError::NotOnPath { .. } | ExecutableError::Missing { .. } => {
-            INSTALL_SRT.to_string()
-        }
-        ExecutableError::NotAFile { path } | ExecutableError::NotExecutable { path } => {
-            format!(
-                "point --srt-executable at the srt program itself, or make {} executable \
-                     (chmod +x)",
-                path.display()
-            )
-        }
-        ExecutableError::Unreadable { .. } => {
-            "check the permissions of the path and its parent directories".to_string()
-        }
-    }
+    e.remedy(INSTALL_SRT, "--srt-executable")
 }
 
 /// One program srt needs on Linux.

@@ -2,10 +2,14 @@
 //! `make-corpus.sh`) against baselines measured in the same run:
 //!
 //! - cold (first run) vs `sha256sum` over every file + `cp -a` of the tree (target ≤ 3×);
-//! - warm (second run, tree unchanged) vs `sha256sum` over every file (target ≤ 1.5×);
+//! - warm (second run, tree unchanged) vs `git status --porcelain` (target ≤ 2×) and vs
+//!   `sha256sum` over every file;
 //! - bytes the warm run adds to `.agentdiff/` vs the tree's bytes (target ≤ 2%);
-//! - peak memory (max RSS) of agentdiff (target ≤ 64 MB at N=8);
-//! - `git status` for reference;
+//! - bytes a run whose command appends one line to one file adds to `.agentdiff/` (target ≤ 1 MB);
+//! - the size of that run's integrity.json (target ≤ 64 KB);
+//! - peak memory (max RSS of the agentdiff child, from `wait4`) of every run;
+//! - on a generated tree of 200,000 small files (`AGENTDIFF_BENCH_FILES`, 0 to skip): cold and
+//!   warm wall time against the same baselines, and peak RSS (target ≤ 64 MB, cold and warm);
 //! - in an empty directory: `agentdiff run -- true` against `true` (target: ≤ 15 ms added, median)
 //!   and agentdiff's CPU while the command sleeps 10 s (target: ≤ 2% of one core);
 //! - in an empty directory: `agentdiff run --runtime bwrap -- true` against
@@ -14,8 +18,9 @@
 //!   pair by pair (target: ratio of medians ≤ 1.10).
 //!
 //! Run with `cargo bench -p agentdiff --bench transaction` (set `AGENTDIFF_BENCH_N=1,8` to choose
-//! scales, `AGENTDIFF_CORPUS=DIR` to point at the corpus folder, and `AGENTDIFF_BENCH_LAUNCH_ONLY=1`
-//! to stop after the empty-directory measurements).
+//! scales, `AGENTDIFF_CORPUS=DIR` to point at the corpus folder, `AGENTDIFF_BENCH_LAUNCH_ONLY=1`
+//! to stop after the empty-directory measurements, `AGENTDIFF_BENCH_TREE_ONLY=1` to skip them, and
+//! `AGENTDIFF_BENCH_BIN=PATH` to measure another agentdiff binary).
 
 // A benchmark is a measuring tool, not library code: a failed step should stop it loudly.
 #![allow(
@@ -343,9 +348,149 @@ fn bwrap_overhead(bin: &Path) {
     );
 }
 
+/// Writes a tree of `files` small files (100 per directory, 100 directories per parent) under
+/// `dest` and commits it, so `git status` can serve as a baseline.
+fn generate_tree(dest: &Path, files: usize) {
+    let mut made = 0;
+    let mut dir_no = 0;
+    while made < files {
+        let dir = dest.join(format!("d{:03}/e{:03}", dir_no / 100, dir_no % 100));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        for f in 0..100.min(files - made) {
+            let body = format!("// generated file {made}\nfn f{f}() -> usize {{ {made} }}\n");
+            std::fs::write(dir.join(format!("f{f:03}.rs")), body).expect("write");
+            made += 1;
+        }
+        dir_no += 1;
+    }
+    commit_tree(dest);
+}
+
+fn commit_tree(dest: &Path) {
+    let ok = sh(
+        "git init -q . && git add -A && git -c user.email=bench@localhost -c user.name=bench \
+         commit -qm tree",
+        dest,
+    )
+    .stdout(Stdio::null())
+    .status()
+    .expect("git")
+    .success();
+    assert!(ok, "git commit of the generated tree failed");
+}
+
+fn file_count(dir: &Path) -> usize {
+    let out = sh("find . -path ./.git -prune -o -type f -print | wc -l", dir)
+        .output()
+        .expect("find");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// One `agentdiff run` of `command` in `tree` with a chosen run id: (wall, max RSS KiB).
+fn agentdiff_run(bin: &Path, tree: &Path, run_id: &str, command: &[&str]) -> (Duration, u64) {
+    let mut c = Command::new(bin);
+    c.args(["run", "--fail-on", "never", "--run-id", run_id, "--"])
+        .args(command)
+        .current_dir(tree);
+    let (wall, rss, code) = timed(&mut c);
+    assert_eq!(code, 0, "agentdiff run {run_id} failed");
+    (wall, rss)
+}
+
+/// Every figure of the tree measurements for one tree, against baselines measured just before.
+/// `changed` is a file (relative to `tree`) the one-line-change run appends to.
+fn measure_tree(bin: &Path, label: &str, tree: &Path, scratch: &Path, changed: &str) {
+    let tree_bytes = dir_bytes(tree);
+    let files = file_count(tree);
+    // Warm the page cache so every measurement reads from memory.
+    let _ = timed(&mut sh(
+        "find . -type f -print0 | xargs -0 cat > /dev/null",
+        tree,
+    ));
+
+    // The built-in policy denies `.git/**`, so agentdiff scans `.git` too: the baselines cover
+    // every file of the tree.
+    let sha = best_of(3, || {
+        timed(&mut sh(
+            "find . -type f -print0 | xargs -0 sha256sum > /dev/null",
+            tree,
+        ))
+        .0
+    });
+    let copy_dest = scratch.join("copy");
+    let cp = best_of(3, || {
+        let _ = std::fs::remove_dir_all(&copy_dest);
+        timed(Command::new("cp").arg("-a").arg(tree).arg(&copy_dest)).0
+    });
+    let _ = std::fs::remove_dir_all(&copy_dest);
+    let git = best_of(3, || timed(&mut sh("git status --porcelain", tree)).0);
+
+    let (cold, cold_rss) = agentdiff_run(bin, tree, "bench-cold", &["true"]);
+    let store = tree.join(".agentdiff");
+    let store_before = dir_bytes(&store);
+    let (warm, warm_rss) = agentdiff_run(bin, tree, "bench-warm", &["true"]);
+    let store_warm = dir_bytes(&store);
+    let added = store_warm.saturating_sub(store_before);
+    let append = format!("echo '// one more line' >> '{changed}'");
+    let (change, change_rss) = agentdiff_run(bin, tree, "bench-change", &["sh", "-c", &append]);
+    let change_added = dir_bytes(&store).saturating_sub(store_warm);
+    let seal_bytes = std::fs::metadata(store.join("runs/bench-change/integrity.json"))
+        .map(|m| m.len())
+        .expect("integrity.json of the change run");
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mb = |kib: u64| kib as f64 / 1024.0;
+    println!("{label}: {files} files, {:.1} MB", tree_bytes as f64 / 1e6);
+    println!(
+        "  baselines: sha256sum {:.0} ms, cp -a {:.0} ms, git status --porcelain {:.0} ms",
+        ms(sha),
+        ms(cp),
+        ms(git)
+    );
+    println!(
+        "  cold run {:.0} ms = {:.2}x (sha256sum + cp -a)   [target <= 3x]",
+        ms(cold),
+        cold.as_secs_f64() / (sha + cp).as_secs_f64()
+    );
+    println!(
+        "  warm run {:.0} ms = {:.2}x git status --porcelain   [target <= 2x]; {:.2}x sha256sum",
+        ms(warm),
+        warm.as_secs_f64() / git.as_secs_f64(),
+        warm.as_secs_f64() / sha.as_secs_f64()
+    );
+    println!(
+        "  warm run added {} bytes to .agentdiff = {:.3}% of the tree   [target <= 2%]",
+        added,
+        added as f64 * 100.0 / tree_bytes.max(1) as f64
+    );
+    println!(
+        "  one-line change run ({:.0} ms) added {} bytes = {:.3} MB to .agentdiff   [target <= 1 MB]",
+        ms(change),
+        change_added,
+        change_added as f64 / 1e6
+    );
+    println!(
+        "  integrity.json of that run: {} bytes = {:.1} KB   [target <= 64 KB]",
+        seal_bytes,
+        seal_bytes as f64 / 1024.0
+    );
+    println!(
+        "  peak RSS: cold {:.1} MB, warm {:.1} MB, change {:.1} MB   [target <= 64 MB]",
+        mb(cold_rss),
+        mb(warm_rss),
+        mb(change_rss)
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_agentdiff"));
+    let bin = std::env::var_os("AGENTDIFF_BENCH_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_agentdiff")),
+        PathBuf::from,
+    );
     // Every agentdiff started below seals with a key private to this bench, never the user's.
     let state = tempfile::tempdir().expect("tempdir");
     // agentdiff refuses a key directory that group or others can open.
@@ -355,9 +500,11 @@ fn main() {
     )
     .expect("chmod state dir");
     std::env::set_var("AGENTDIFF_STATE_DIR", state.path());
-    launch_overhead(&bin);
-    bwrap_overhead(&bin);
-    srt_overhead(&bin);
+    if std::env::var_os("AGENTDIFF_BENCH_TREE_ONLY").is_none() {
+        launch_overhead(&bin);
+        bwrap_overhead(&bin);
+        srt_overhead(&bin);
+    }
     if std::env::var_os("AGENTDIFF_BENCH_LAUNCH_ONLY").is_some() {
         return;
     }
@@ -383,72 +530,28 @@ fn main() {
             .status()
             .expect("make-corpus");
         assert!(status.success(), "make-corpus.sh failed");
-        let tree_bytes = dir_bytes(&tree);
-        // Warm the page cache so every measurement reads from memory.
-        let _ = timed(&mut sh(
-            "find . -type f -print0 | xargs -0 cat > /dev/null",
+        measure_tree(
+            &bin,
+            &format!("corpus N={n}"),
             &tree,
-        ));
-
-        // The built-in policy denies `.git/**`, so agentdiff scans `.git` too: the baselines cover
-        // every file of the tree.
-        let sha = best_of(3, || {
-            timed(&mut sh(
-                "find . -type f -print0 | xargs -0 sha256sum > /dev/null",
-                &tree,
-            ))
-            .0
-        });
-        let copy_dest = work.path().join("copy");
-        let cp = best_of(3, || {
-            let _ = std::fs::remove_dir_all(&copy_dest);
-            timed(Command::new("cp").arg("-a").arg(&tree).arg(&copy_dest)).0
-        });
-        let _ = std::fs::remove_dir_all(&copy_dest);
-        let git = best_of(3, || timed(&mut sh("git status --porcelain", &tree)).0);
-
-        let run = |tree: &Path| {
-            let mut c = Command::new(&bin);
-            c.args(["run", "--fail-on", "never", "--", "true"])
-                .current_dir(tree);
-            timed(&mut c)
-        };
-        let (cold, cold_rss, cold_code) = run(&tree);
-        assert_eq!(cold_code, 0, "cold run failed");
-        let store_before = dir_bytes(&tree.join(".agentdiff"));
-        let (warm, warm_rss, warm_code) = run(&tree);
-        assert_eq!(warm_code, 0, "warm run failed");
-        let store_after = dir_bytes(&tree.join(".agentdiff"));
-        let added = store_after.saturating_sub(store_before);
-
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        println!("corpus N={n}: {:.1} MB", tree_bytes as f64 / 1e6);
-        println!(
-            "  baselines: sha256sum {:.0} ms, cp -a {:.0} ms, git status {:.0} ms",
-            ms(sha),
-            ms(cp),
-            ms(git)
+            work.path(),
+            "c1/Cargo.toml",
         );
-        println!(
-            "  cold run {:.0} ms = {:.2}x (sha256sum + cp -a)   [target <= 3x]",
-            ms(cold),
-            cold.as_secs_f64() / (sha + cp).as_secs_f64()
-        );
-        println!(
-            "  warm run {:.0} ms = {:.2}x sha256sum   [target <= 1.5x]; {:.2}x git status",
-            ms(warm),
-            warm.as_secs_f64() / sha.as_secs_f64(),
-            warm.as_secs_f64() / git.as_secs_f64()
-        );
-        println!(
-            "  warm run added {} bytes to .agentdiff = {:.3}% of the tree   [target <= 2%]",
-            added,
-            added as f64 * 100.0 / tree_bytes.max(1) as f64
-        );
-        println!(
-            "  peak RSS: cold {:.1} MB, warm {:.1} MB   [target <= 64 MB at N=8]",
-            cold_rss as f64 / 1024.0,
-            warm_rss as f64 / 1024.0
+    }
+    let files: usize = std::env::var("AGENTDIFF_BENCH_FILES")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(200_000);
+    if files > 0 {
+        let work = tempfile::tempdir().expect("tempdir");
+        let tree = work.path().join("tree");
+        generate_tree(&tree, files);
+        measure_tree(
+            &bin,
+            "generated tree",
+            &tree,
+            work.path(),
+            "d000/e000/f000.rs",
         );
     }
 }

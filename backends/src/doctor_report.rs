@@ -10,7 +10,7 @@ use agentdiff_conformance::probes::{
 use agentdiff_engine::backend::recommend::{recommend, Candidate, ProbeOutcome, Recommendation};
 use agentdiff_engine::backend::{
     Availability, BackendDescriptor, BackendOptions, Boundary, Level, OptionSpec, Registry,
-    WorkspaceMode,
+    RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::process::TrackingMechanism;
 use serde::Serialize;
@@ -24,6 +24,23 @@ pub struct DoctorReport {
     pub process_tracking: Vec<TrackingMechanism>,
     pub backends: Vec<BackendEntry>,
     pub recommended: Option<Recommendation>,
+    /// `agentdiff-backend-<id>` programs on PATH that could not be loaded.
+    pub external_backends_refused: Vec<RefusedExternal>,
+}
+
+/// An external backend program that was found but not loaded.
+#[derive(Debug, Serialize)]
+pub struct RefusedExternal {
+    pub id: String,
+    pub paths: Vec<std::path::PathBuf>,
+    pub error: String,
+}
+
+/// Where an external backend's program is and which protocol it speaks.
+#[derive(Debug, Serialize)]
+pub struct ExternalEntry {
+    pub path: std::path::PathBuf,
+    pub protocol: u32,
 }
 
 /// One backend's row.
@@ -36,6 +53,8 @@ pub struct BackendEntry {
     pub network_enforcement: bool,
     pub workspace: WorkspaceMode,
     pub availability: AvailabilityEntry,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalEntry>,
     pub options: &'static [OptionSpec],
     /// The diagnostics hook's facts, top-level fields of the entry as the report has always
     /// shown them; `diagnostics` names them in order.
@@ -97,12 +116,19 @@ pub async fn assemble(
     let mut backends = Vec::new();
     let mut candidates = Vec::new();
     for id in ids {
-        let Some(descriptor) = registry.get(id) else {
+        let (Some(descriptor), Ok(backend)) = (registry.get(id), registry.create(id)) else {
             continue;
         };
-        let (entry, candidate) = backend_entry(descriptor, options, probe).await;
+        let (mut entry, candidate) = backend_entry(descriptor, backend, options, probe).await;
+        entry.external = registry.external(id).map(|ext| ExternalEntry {
+            path: ext.plugin.path.clone(),
+            protocol: agentdiff_engine::backend::external::protocol::PROTOCOL_VERSION,
+        });
         backends.push(entry);
-        candidates.push(candidate);
+        // A plugin's labels are its own word: it is listed, never recommended.
+        if registry.external(id).is_none() {
+            candidates.push(candidate);
+        }
     }
     Ok(DoctorReport {
         schema_version: 1,
@@ -110,16 +136,17 @@ pub async fn assemble(
         process_tracking: agentdiff_engine::process::tracking_mechanisms_available(),
         backends,
         recommended: recommend(&candidates),
+        external_backends_refused: Vec::new(),
     })
 }
 
 /// One backend's availability, labels, diagnostics and (with `probe`) probe results.
 async fn backend_entry(
     descriptor: &BackendDescriptor,
+    backend: Box<dyn RuntimeBackend>,
     options: &BackendOptions,
     probe: bool,
 ) -> (BackendEntry, Candidate) {
-    let backend = (descriptor.factory)();
     // Options another backend declares are not this backend's: each gets only its own.
     let own = own_options(descriptor, options);
     let caps = backend.capabilities(&own);
@@ -138,6 +165,7 @@ async fn backend_entry(
         network_enforcement: caps.network_enforcement,
         workspace: caps.workspace,
         availability: (&availability).into(),
+        external: None,
         options: descriptor.options,
         facts: serde_json::Map::new(),
         diagnostics: None,

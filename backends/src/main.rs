@@ -18,6 +18,7 @@ mod cli_names;
 mod doctor_report;
 mod exit;
 mod report;
+mod serve;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

@@ -178,20 +178,27 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
             escape_terminal(&f.detail)
         );
     }
+    // Attributed (held or started by the run's processes) and machine-wide observations are
+    // counted apart: another program's listener or container is not the command's.
     if sm.containers_started > 0 {
         let _ = writeln!(
             s,
-            "  containers started during the run: {} (not owned by the run; see runtime.json; \
-             agentdiff cleanup {} --containers stops them)",
-            sm.containers_started,
+            "  containers started during the run: {} by the run's processes, {} by others on the \
+             machine (not owned by the run; see runtime.json; agentdiff cleanup {} --containers \
+             stops them)",
+            sm.containers_attributed,
+            sm.containers_started
+                .saturating_sub(sm.containers_attributed),
             escape_terminal(&r.run_id)
         );
     }
     if sm.opened_ports > 0 {
         let _ = writeln!(
             s,
-            "  new listening sockets: {} (observed, not blocked)",
-            sm.opened_ports
+            "  new listening sockets: {} held by the run's processes, {} elsewhere on the machine \
+             (observed, not blocked)",
+            sm.opened_ports_attributed,
+            sm.opened_ports.saturating_sub(sm.opened_ports_attributed)
         );
     }
     let Some(rt) = r
@@ -386,4 +393,22 @@ pub fn diff_section(diffs: &[ChangeDiff]) -> String {
         }
     }
     s
+}
+
+/// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
+/// its diffs (the after side from the working tree at the store's root).
+pub fn html_report(
+    store: &agentdiff_engine::store::Store,
+    capsule: &agentdiff_engine::store::Capsule,
+) -> anyhow::Result<String> {
+    use agentdiff_engine::report::diff::DiffSource;
+    let view = RunView::load(capsule)
+        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
+    let (ctx, _) = crate::cli::verify_context(store.root());
+    let seal = capsule
+        .verify_with(store.objects(), &ctx)
+        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
+    let diffs =
+        DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
+    Ok(agentdiff_engine::report::html::render(&view, &seal, &diffs))
 }

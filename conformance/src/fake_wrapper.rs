@@ -36,6 +36,9 @@ pub enum Behaviour {
     SwallowExitCode,
     /// Announce a sandbox on stderr, then run the command with no confinement at all.
     PretendSandbox,
+    /// Whatever its arguments, fail as a namespace sandbox does when the kernel refuses it user
+    /// namespaces (`setting up uid map: Permission denied`, exit 1), without running anything.
+    NamespacesRefused,
 }
 
 impl Behaviour {
@@ -47,6 +50,7 @@ impl Behaviour {
             Behaviour::DropLastArgument => "drop-last-argument",
             Behaviour::SwallowExitCode => "swallow-exit-code",
             Behaviour::PretendSandbox => "pretend-sandbox",
+            Behaviour::NamespacesRefused => "namespaces-refused",
         }
     }
 }
@@ -64,6 +68,9 @@ mkdir -p "$here/records" 2>/dev/null
 for a in "$0" "$@"; do printf '%s\0' "$a"; done > "$rec.argv.tmp" && mv "$rec.argv.tmp" "$rec.argv"
 cat /proc/$$/environ > "$rec.env" 2>/dev/null
 behaviour=$(cat "$here/behaviour" 2>/dev/null || echo run)
+if [ "$behaviour" = namespaces-refused ]; then
+  echo "fake-wrapper: setting up uid map: Permission denied" >&2; exit 1
+fi
 while [ $# -gt 0 ]; do
   if [ "$1" = "--" ]; then shift; break; fi
   case "$1" in
@@ -282,5 +289,21 @@ mod tests {
         let out = call(&w, &["--", "sh", "-c", "exit 3"]);
         assert_eq!(out.status.code(), Some(3));
         assert!(String::from_utf8_lossy(&out.stderr).contains("sandbox enabled"));
+        // A namespace refusal does not depend on the arguments (bwrap's have no `--` first).
+        w.set_behaviour(Behaviour::NamespacesRefused).unwrap();
+        let out = call(
+            &w,
+            &[
+                "--ro-bind",
+                "/",
+                "/",
+                "--",
+                "touch",
+                marker.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("uid map: Permission denied"));
+        assert!(!marker.exists());
     }
 }

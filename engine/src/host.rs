@@ -22,6 +22,40 @@ pub enum ExecutableError {
     Unreadable { path: PathBuf, message: String },
 }
 
+impl ExecutableError {
+    /// What to do about it: `install` says how to get the program when it is missing;
+    /// `option` names the flag or option that points at it.
+    pub fn remedy(&self, install: &str, option: &str) -> String {
+        match self {
+            ExecutableError::NotOnPath { .. } | ExecutableError::Missing { .. } => {
+                install.to_string()
+            }
+            ExecutableError::NotAFile { path } | ExecutableError::NotExecutable { path } => {
+                format!(
+                    "point {option} at the program itself, or make {} executable (chmod +x)",
+                    path.display()
+                )
+            }
+            ExecutableError::Unreadable { .. } => {
+                "check the permissions of the path and its parent directories".to_string()
+            }
+        }
+    }
+}
+
+/// A path from an option, absolute against agentdiff's own working directory (where the user
+/// typed it), not the command's.
+pub fn absolute_from_cwd(p: &str) -> PathBuf {
+    let path = PathBuf::from(p);
+    if path.is_absolute() {
+        path
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(&path))
+            .unwrap_or(path)
+    }
+}
+
 /// The PATH a wrapper is looked up on: the one in the command's environment, else agentdiff's own.
 pub fn search_path(env: &[(OsString, OsString)]) -> Option<OsString> {
     env.iter()

@@ -1,5 +1,5 @@
 //! `agentdiff conformance --runtime ID`: run the backend conformance suite against any registered
-//! backend (built in, or compiled in by a third party) and print TAP 13 or JSON.
+//! backend (built in, or an `agentdiff-backend-<id>` executable on PATH) and print TAP 13 or JSON.
 //!
 //! Exit status: 0 when no MUST check failed; `exit::CONFORMANCE_FAILED` (74) when at least one did;
 //! `BACKEND_UNAVAILABLE` (69) when the backend cannot run here, so that a report made only of
@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use agentdiff_conformance::{factory_fn, run_suite, FailClosedCase, SuiteOptions};
+use agentdiff_conformance::{run_suite, FailClosedCase, SuiteOptions};
 use agentdiff_engine::backend::Registry;
 use anyhow::Context;
 
@@ -44,9 +44,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let registry = Registry::from_inventory().context("could not build the backend registry")?;
+    let mut registry =
+        Registry::from_inventory().context("could not build the backend registry")?;
     let descriptor = registry
-        .descriptor(&args.runtime)
+        .resolve(&args.runtime)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let backend_options = crate::cli::doctor::parse_options(&args.backend_option)?;
     descriptor
@@ -81,7 +82,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("could not start the async runtime")?;
-    let report = rt.block_on(run_suite(factory_fn(descriptor.factory), options));
+    let factory = registry
+        .constructor(descriptor.id)
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let report = rt.block_on(run_suite(factory, options));
     let text = match args.format {
         Format::Tap => report.to_tap(),
         Format::Json => format!("{}\n", report.to_json()),

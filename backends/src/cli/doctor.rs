@@ -9,7 +9,9 @@ use agentdiff_conformance::probes::{ProbeRecord, Verdict};
 use agentdiff_engine::backend::{BackendOptions, Boundary, OptionSpec, Registry, WorkspaceMode};
 use anyhow::Context;
 
-use crate::doctor_report::{assemble, AvailabilityEntry, BackendEntry, DoctorReport, ProbeSection};
+use crate::doctor_report::{
+    assemble, AvailabilityEntry, BackendEntry, DoctorReport, ProbeSection, RefusedExternal,
+};
 use crate::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -41,19 +43,38 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let registry = Registry::from_inventory().context("could not build the backend registry")?;
-    let ids: Vec<&'static str> = match &args.runtime {
-        Some(id) => vec![
-            registry
-                .descriptor(id)
-                .map_err(|e| exit::with_code(exit::USAGE, e))?
-                .id,
-        ],
-        None => registry.ids(),
+    let mut registry =
+        Registry::from_inventory().context("could not build the backend registry")?;
+    // External backends: every `agentdiff-backend-<id>` on PATH is described (or refused).
+    let (ids, plugins): (Vec<&'static str>, _) = match &args.runtime {
+        Some(id) => (
+            vec![
+                registry
+                    .resolve(id)
+                    .map_err(|e| exit::with_code(exit::USAGE, e))?
+                    .id,
+            ],
+            Vec::new(),
+        ),
+        None => {
+            let plugins = registry.load_external();
+            (registry.ids(), plugins)
+        }
     };
     let options = parse_options(&args.backend_option)?;
     let rt = crate::cli::runtime()?;
-    let doc = rt.block_on(assemble(&registry, &ids, &options, args.probe))?;
+    let mut doc = rt.block_on(assemble(&registry, &ids, &options, args.probe))?;
+    doc.external_backends_refused = plugins
+        .iter()
+        .filter_map(|p| {
+            let e = p.result.as_ref().err()?;
+            Some(RefusedExternal {
+                id: p.id.clone(),
+                paths: p.paths.clone(),
+                error: e.to_string(),
+            })
+        })
+        .collect();
     if let Some(path) = &args.record {
         let records: Vec<&ProbeRecord> = doc
             .backends
@@ -182,6 +203,13 @@ fn render_summary(doc: &DoctorReport) -> String {
     for b in &doc.backends {
         out.push('\n');
         out.push_str(&format!("{} — {}\n", esc(b.id), esc(b.summary)));
+        if let Some(ext) = &b.external {
+            out.push_str(&format!(
+                "  external backend: {} (protocol {})\n",
+                esc(&ext.path.display().to_string()),
+                ext.protocol
+            ));
+        }
         match &b.availability {
             AvailabilityEntry::Ready { detail } => {
                 out.push_str(&format!("  availability: ready ({})\n", esc(detail)));
@@ -208,6 +236,13 @@ fn render_summary(doc: &DoctorReport) -> String {
         }
         render_options(&mut out, b.options);
         render_boundaries(&mut out, b);
+    }
+    for r in &doc.external_backends_refused {
+        out.push_str(&format!(
+            "\nexternal backend `{}` not loaded: {}\n",
+            esc(&r.id),
+            esc(&r.error)
+        ));
     }
     match &doc.recommended {
         Some(r) => out.push_str(&format!(

@@ -13,7 +13,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentdiff_engine::policy::{hook, PolicyError};
+use agentdiff_engine::policy::{self, hook, PolicyError};
 use anyhow::Context;
 
 use crate::exit::with_code;
@@ -56,7 +56,7 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<ExitCode> {
         .map_err(|_| PolicyError::HookInput("stdin is not UTF-8".to_owned()))?;
     let call = hook::ToolCall::parse(&text)?;
     let root = super::project_root(args.root.as_deref())?.path;
-    let loaded = hook::load_policy(&root, args.policy.as_deref())
+    let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|err| without_policy_text(err, &root))?;
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
     if let Some(answer) = verdict.to_claude_json() {

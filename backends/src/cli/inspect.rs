@@ -8,7 +8,7 @@ use clap::ValueEnum;
 
 use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::report::diff::DiffSource;
-use agentdiff_engine::report::{html, markdown, RunView};
+use agentdiff_engine::report::{markdown, RunView};
 use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
 
@@ -116,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Html {
-        out!("{}", html_report(&store, &capsule)?);
+        out!("{}", crate::report::html_report(&store, &capsule)?);
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Json {
@@ -137,22 +137,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         out!("{}", crate::report::diff_section(&diffs));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
-/// its diffs (the after side from the working tree at the store's root).
-pub(crate) fn html_report(
-    store: &Store,
-    capsule: &agentdiff_engine::store::Capsule,
-) -> anyhow::Result<String> {
-    let view = RunView::load(capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let (ctx, _) = super::verify::context(store.root());
-    let seal = capsule
-        .verify_with(store.objects(), &ctx)
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    let diffs =
-        DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
-    Ok(html::render(&view, &seal, &diffs))
 }
 
 /// A run that never recorded its result (agentdiff was killed mid-run): say so, with what is

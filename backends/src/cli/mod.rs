@@ -10,7 +10,10 @@ mod promote;
 mod rollback;
 mod run;
 mod runs;
+mod serve;
 mod verify;
+
+pub(crate) use verify::context as verify_context;
 
 use std::process::ExitCode;
 
@@ -53,6 +56,8 @@ enum Command {
     Hook(hook::Command),
     /// Run the backend conformance suite against a registered backend.
     Conformance(conformance::Args),
+    /// Serve a read-only, token-guarded dashboard of every run on 127.0.0.1/[::1].
+    Serve(serve::Args),
 }
 
 impl Cli {
@@ -90,6 +95,7 @@ impl Cli {
             Command::Policy(c) => policy::run(c),
             Command::Hook(c) => hook::run(c),
             Command::Conformance(a) => conformance::run(a),
+            Command::Serve(a) => serve::run(a),
         }
     }
 }

@@ -298,17 +298,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = super::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
-    let registry = Registry::from_inventory().context("backend registry")?;
+    let mut registry = Registry::from_inventory().context("backend registry")?;
     let runtime = args
         .runtime
         .clone()
         .or_else(|| loaded.policy.runtime().backend.clone())
         .or_else(|| registry.default_id().map(str::to_string))
         .context("no runtime backend chosen and none is the default")?;
+    // A built-in backend, or the `agentdiff-backend-<id>` plugin on PATH. Nothing is written
+    // before this succeeds: an unknown id leaves no capsule behind.
     let descriptor = registry
-        .descriptor(&runtime)
+        .resolve(&runtime)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
-    let backend = (descriptor.factory)();
+    let backend = registry
+        .create(descriptor.id)
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let options = backend_options(&args, descriptor, &registry)?;
     let env_pass: Vec<String> = args
         .pass_env

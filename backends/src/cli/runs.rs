@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use agentdiff_engine::redact::escape_terminal;
-use agentdiff_engine::store::{Artifact, Capsule, Store, StoreError};
+use agentdiff_engine::store::seal::VerifyContext;
+use agentdiff_engine::store::{Artifact, Capsule, Store, StoreError, Verdict};
 use agentdiff_engine::transaction::RunResult;
 
 use crate::exit;
@@ -31,12 +32,23 @@ struct Row {
     backend: Option<String>,
     /// result.json's status, or `interrupted` when the run never wrote its result.
     status: String,
-    /// `verified`, `broken` (a seal exists but does not verify) or `unsealed`.
-    seal: &'static str,
+    /// Whether the seal is intact (`verified`), present but not matching (`broken`), or absent.
+    seal: Seal,
+    /// `agentdiff verify`'s verdict: `verified` above is `authenticated` only when the seal's
+    /// MAC checks under this user's key.
+    verdict: Option<Verdict>,
     /// The first problem of a broken seal or an unreadable entry.
     problem: Option<String>,
     changes: Option<Counts>,
     task: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Seal {
+    Verified,
+    Broken,
+    Unsealed,
 }
 
 #[derive(Debug, Serialize)]
@@ -61,8 +73,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| exit::with_code(exit::INTERNAL, e))?,
         None => Vec::new(),
     };
+    // The same key and ledger as `agentdiff verify`, so "verified" means authenticated here.
+    let (ctx, _) = super::verify::context(&root.path);
     let rows: Vec<Row> = match &store {
-        Some(store) => listings.iter().map(|l| row(store, l)).collect(),
+        Some(store) => listings.iter().map(|l| row(store, &ctx, l)).collect(),
         None => Vec::new(),
     };
     match args.format {
@@ -82,13 +96,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn row(store: &Store, listing: &agentdiff_engine::store::RunListing) -> Row {
+fn row(store: &Store, ctx: &VerifyContext, listing: &agentdiff_engine::store::RunListing) -> Row {
     let mut row = Row {
         id: listing.id.to_string(),
         started_at: listing.created_at.clone(),
         backend: None,
         status: "interrupted".into(),
-        seal: "unsealed",
+        seal: Seal::Unsealed,
+        verdict: None,
         problem: listing.problem.clone(),
         changes: None,
         task: None,
@@ -117,18 +132,20 @@ fn row(store: &Store, listing: &agentdiff_engine::store::RunListing) -> Row {
             protected: result.summary.protected,
         });
     }
-    match capsule.verify(store.objects()) {
-        Ok(report) if report.ok => row.seal = "verified",
+    let report = capsule.verify_with(store.objects(), ctx);
+    row.verdict = report.as_ref().ok().map(|r| r.verdict);
+    match report {
+        Ok(report) if report.ok => row.seal = Seal::Verified,
         Ok(report) if report.sealed => {
-            row.seal = "broken";
+            row.seal = Seal::Broken;
             row.problem = report
                 .problems
                 .first()
                 .map(|p| format!("{}: {}", p.subject, p.problem));
         }
-        Ok(_) => row.seal = "unsealed",
+        Ok(_) => row.seal = Seal::Unsealed,
         Err(e) => {
-            row.seal = "broken";
+            row.seal = Seal::Broken;
             row.problem = Some(e.to_string());
         }
     }
@@ -150,10 +167,11 @@ fn render(r: &Row) -> String {
         ),
         None => "changes unknown".to_string(),
     };
-    let seal = match r.seal {
-        "verified" => "seal verified".to_string(),
-        "broken" => "SEAL BROKEN (agentdiff verify RUN)".to_string(),
-        _ => format!(
+    let seal = match (r.seal, r.verdict) {
+        (Seal::Verified, Some(Verdict::Authenticated)) => "seal verified".to_string(),
+        (Seal::Verified, _) => "seal intact, NOT authenticated here (agentdiff verify RUN)".into(),
+        (Seal::Broken, _) => "SEAL BROKEN (agentdiff verify RUN)".to_string(),
+        (Seal::Unsealed, _) => format!(
             "NOT sealed (interrupted; see agentdiff inspect {0}, agentdiff cleanup {0})",
             escape_terminal(&r.id)
         ),

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 /// `true` (and the test returns) when bwrap is missing here and the skip rule allows it.
-fn no_bwrap() -> bool {
+pub(super) fn no_bwrap() -> bool {
     let works = Command::new("bwrap")
         .args(["--ro-bind", "/", "/", "--unshare-net", "--", "true"])
         .output()
@@ -20,14 +20,19 @@ fn no_bwrap() -> bool {
 
 /// A project in $TMPDIR and a home outside it (so `$HOME` is a real host location), with a key
 /// in `~/.ssh`.
-struct Fixture {
-    project: tempfile::TempDir,
-    home: tempfile::TempDir,
+pub(super) struct Fixture {
+    pub(super) project: tempfile::TempDir,
+    pub(super) home: tempfile::TempDir,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
-        let project = tempfile::tempdir().unwrap();
+    pub(super) fn new() -> Fixture {
+        Fixture::new_in(&std::env::temp_dir())
+    }
+
+    /// The project in a new directory below `parent`.
+    pub(super) fn new_in(parent: &Path) -> Fixture {
+        let project = tempfile::tempdir_in(parent).unwrap();
         fs::write(project.path().join("a.txt"), "a\n").unwrap();
         fs::create_dir_all(project.path().join(".git")).unwrap();
         fs::write(project.path().join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
@@ -40,11 +45,16 @@ impl Fixture {
         Fixture { project, home }
     }
 
-    fn root(&self) -> &Path {
+    pub(super) fn root(&self) -> &Path {
         self.project.path()
     }
 
-    fn run(&self, extra: &[&str], argv: &[&str], env: &[(&str, &str)]) -> (i32, Value, Output) {
+    pub(super) fn run(
+        &self,
+        extra: &[&str],
+        argv: &[&str],
+        env: &[(&str, &str)],
+    ) -> (i32, Value, Output) {
         let mut cmd = super::cmd(
             self.root(),
             &["run", "--runtime", "bwrap", "--format", "json"],
@@ -61,7 +71,7 @@ impl Fixture {
         (out.status.code().unwrap_or(-1), json, out)
     }
 
-    fn runtime_json(&self, result: &Value) -> Value {
+    pub(super) fn runtime_json(&self, result: &Value) -> Value {
         let id = result["run_id"].as_str().unwrap();
         let path = self
             .root()
@@ -75,20 +85,20 @@ impl Fixture {
 /// A host loopback listener. A connection made during the run waits in its accept queue (the
 /// kernel completes the handshake before the client's `connect` returns), so one non-blocking
 /// accept after the run tells whether anything connected: no thread, no sleep, no race.
-struct Listener(TcpListener);
+pub(super) struct Listener(TcpListener);
 
 impl Listener {
-    fn new() -> Listener {
+    pub(super) fn new() -> Listener {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.set_nonblocking(true).unwrap();
         Listener(l)
     }
 
-    fn port(&self) -> u16 {
+    pub(super) fn port(&self) -> u16 {
         self.0.local_addr().unwrap().port()
     }
 
-    fn was_connected(&self) -> bool {
+    pub(super) fn was_connected(&self) -> bool {
         match self.0.accept() {
             Ok(_) => true,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,

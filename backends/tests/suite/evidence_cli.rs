@@ -203,6 +203,92 @@ fn a_planted_object_never_stands_in_for_a_backup() {
     assert_eq!(fs::read(p.root.join("new.txt")).unwrap(), b"hello\n");
 }
 
+/// Attack 2, between runs, against the verified-object cache: an object rewritten in place with
+/// the same size and its mtime put back, one replaced by a file of another size, and then a cache
+/// file edited to vouch for a rewritten object. None of them is reused as a backup.
+#[test]
+fn objects_rewritten_resized_or_vouched_for_between_runs_are_never_reused() {
+    use std::os::unix::fs::MetadataExt;
+    let p = project();
+    let cache = p.root.join(".agentdiff/objects/verified-cache");
+    let object = |content: &[u8]| {
+        let h = sha(content);
+        p.root
+            .join(".agentdiff/objects/sha256")
+            .join(&h[..2])
+            .join(&h[2..])
+    };
+    let (a, b) = (object(b"a\n"), object(b"b\n"));
+    // Same size, other bytes, mtime restored: only the ctime shows the write.
+    let rewrite_in_place = |path: &Path| {
+        let mtime = fs::metadata(path).unwrap().modified().unwrap();
+        fs::write(path, "A\n").unwrap();
+        fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    };
+    let remove_and_restore = |id: &str| {
+        let (code, result) = p.run(id, "rm a.txt b.txt");
+        assert_eq!(code, 0, "{result:#}");
+        assert_eq!(result["recovery_available"], true, "{result:#}");
+        assert_eq!(
+            fs::read(&a).unwrap(),
+            b"a\n",
+            "a rewritten object was reused"
+        );
+        assert_eq!(
+            fs::read(&b).unwrap(),
+            b"b\n",
+            "a replaced object was reused"
+        );
+        let out = p.agentdiff(&["rollback", id, "--all"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+        assert_eq!(fs::read(p.root.join("a.txt")).unwrap(), b"a\n");
+        assert_eq!(fs::read(p.root.join("b.txt")).unwrap(), b"b\n");
+    };
+
+    // With the genuine cache: a rewritten in place, b replaced by a file of another size.
+    let (code, result) = p.run("warm", "true");
+    assert_eq!(code, 0, "{result:#}");
+    assert!(cache.is_file(), "no verified-object cache after a run");
+    rewrite_in_place(&a);
+    let planted = b.with_extension("planted");
+    fs::write(&planted, "not the backup of b\n").unwrap();
+    fs::rename(&planted, &b).unwrap();
+    remove_and_restore("remove");
+
+    // The cache edited to vouch for a's new identity (its MAC cannot be recomputed without the
+    // key, so the whole file is ignored).
+    let (code, result) = p.run("warm-again", "true");
+    assert_eq!(code, 0, "{result:#}");
+    rewrite_in_place(&a);
+    let meta = fs::metadata(&a).unwrap();
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    let a_hex = sha(b"a\n");
+    let vouched = format!(
+        "{a_hex} {} {} {} {} {}",
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec())
+    );
+    let edited: String = fs::read_to_string(&cache)
+        .unwrap()
+        .lines()
+        .map(|line| match line.starts_with(&a_hex) {
+            true => format!("{vouched}\n"),
+            false => format!("{line}\n"),
+        })
+        .collect();
+    assert!(edited.contains(&vouched), "a's object is not in the cache");
+    fs::write(&cache, edited).unwrap();
+    remove_and_restore("remove-again");
+}
+
 /// Attack 3: the seal says what a capsule must hold, covers itself, and binds its run id.
 #[test]
 fn an_incomplete_or_renamed_capsule_does_not_verify() {
@@ -235,13 +321,10 @@ fn an_incomplete_or_renamed_capsule_does_not_verify() {
     assert!(problems(&report).contains("required"), "{report:#}");
     restore();
 
-    // An object dropped from the seal's list and corrupted.
+    // A manifest's root tree dropped from the seal's list and corrupted.
     let before: Value =
         serde_json::from_slice(&fs::read(dir.join("before.json")).unwrap()).unwrap();
-    let entries = before["entries_object"]["sha256"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let entries = before["root_tree"]["sha256"].as_str().unwrap().to_string();
     p.forge_seal("r1", |s| s.objects.retain(|o| *o != entries));
     let object = p
         .root
@@ -274,6 +357,65 @@ fn an_incomplete_or_renamed_capsule_does_not_verify() {
     assert!(problems(&report).contains("belongs to run"), "{report:#}");
     fs::remove_dir_all(&renamed).unwrap();
 
+    let (code, report) = p.verify("r1");
+    assert_eq!(code, 0, "{report:#}");
+}
+
+/// The seal lists only the manifests' root trees; verify walks them, so a subtree or a backup below
+/// a root (never listed in integrity.json) that is removed or altered is still named.
+#[test]
+fn verify_walks_the_manifest_trees_below_the_sealed_roots() {
+    let p = project();
+    fs::create_dir_all(p.root.join("src/deep")).unwrap();
+    fs::write(p.root.join("src/deep/lib.rs"), "// lib\n").unwrap();
+    let (code, r) = p.run("r1", "echo more >> a.txt");
+    assert_eq!(code, 0, "{r:#}");
+    let seal: Integrity =
+        serde_json::from_slice(&fs::read(p.run_dir("r1").join("integrity.json")).unwrap()).unwrap();
+    assert_eq!(
+        seal.objects.len(),
+        2,
+        "only the two root trees: {:?}",
+        seal.objects
+    );
+    let object = |hex: &str| {
+        p.root
+            .join(".agentdiff/objects/sha256")
+            .join(&hex[..2])
+            .join(&hex[2..])
+    };
+    let read_json =
+        |path: PathBuf| -> Value { serde_json::from_slice(&fs::read(path).unwrap()).unwrap() };
+    let before = read_json(p.run_dir("r1").join("before.json"));
+    let root = read_json(object(before["root_tree"]["sha256"].as_str().unwrap()));
+    let src = root["trees"]["src"].as_str().unwrap().to_string();
+    let deep = read_json(object(&src))["trees"]["deep"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let backup = sha(b"// lib\n");
+    for (what, hex) in [("subtree", deep.as_str()), ("backup", backup.as_str())] {
+        assert!(
+            !seal.objects.contains(&hex.to_string()),
+            "{what} is not listed"
+        );
+        let path = object(hex);
+        let original = fs::read(&path).unwrap();
+        fs::write(&path, b"changed").unwrap();
+        let (code, report) = p.verify("r1");
+        assert_eq!(code, INVALID_CAPSULE, "{what}: {report:#}");
+        assert!(problems(&report).contains(hex), "{what}: {report:#}");
+        fs::write(&path, original).unwrap();
+        let aside = path.with_extension("aside");
+        fs::rename(&path, &aside).unwrap();
+        let (code, report) = p.verify("r1");
+        assert_eq!(code, INVALID_CAPSULE, "{what} removed: {report:#}");
+        assert!(
+            problems(&report).contains(hex),
+            "{what} removed: {report:#}"
+        );
+        fs::rename(&aside, &path).unwrap();
+    }
     let (code, report) = p.verify("r1");
     assert_eq!(code, 0, "{report:#}");
 }
@@ -556,7 +698,7 @@ fn bit_flips_anywhere_in_a_capsule_are_all_detected() {
     targets.sort();
     let before: Value =
         serde_json::from_slice(&fs::read(dir.join("before.json")).unwrap()).unwrap();
-    let entries = before["entries_object"]["sha256"].as_str().unwrap();
+    let entries = before["root_tree"]["sha256"].as_str().unwrap();
     targets.push(store.objects().object_path(entries).unwrap());
 
     // Deterministic xorshift so a failure can be replayed.

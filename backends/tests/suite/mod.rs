@@ -10,16 +10,21 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 mod bwrap_cli;
+mod bwrap_controls_cli;
 mod cleanup_cli;
 mod evidence_cli;
+mod external_cli;
 mod hook_cli;
-mod html_cli;
+pub mod html_cli;
 mod markdown_cli;
 mod policy_cli;
 mod process_evidence_cli;
 mod rollback_cli;
 mod run_cli;
+mod runs_cli;
 mod safe_defaults_cli;
+mod serve_cli;
+mod stat_cache_cli;
 mod terminal_cli;
 
 /// A seal key and ledger private to this test process.

@@ -747,6 +747,54 @@ fn a_hung_engine_socket_does_not_block_the_run() {
     }
 }
 
+// ---- ports ----
+
+/// The summary counts a listener the command opened apart from one another program opened on the
+/// machine during the run: the second is a machine-wide observation, not the command's socket.
+#[test]
+fn the_summary_tells_the_runs_listeners_from_machine_wide_ones() {
+    let listen = |secs: f32| {
+        format!(
+            "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); \
+             time.sleep({secs})"
+        )
+    };
+    // Outside the run: starts listening while the run is going on.
+    let mut outside = Command::new("sh")
+        .arg("-c")
+        .arg(format!("sleep 0.4; exec python3 -c \"{}\"", listen(4.0)))
+        .spawn()
+        .unwrap();
+    let p = project();
+    let out = agentdiff(
+        p.path(),
+        &[
+            "run",
+            "--fail-on",
+            "never",
+            "--",
+            "python3",
+            "-c",
+            &listen(1.5),
+        ],
+    );
+    let _ = outside.kill();
+    let _ = outside.wait();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("new listening sockets"))
+        .unwrap_or_else(|| panic!("no listening-socket line: {text}"));
+    assert!(
+        line.contains("1 held by the run's processes")
+            && line.contains("elsewhere on the machine")
+            && !line.contains("0 elsewhere"),
+        "{line}"
+    );
+}
+
 // ---- a killed monitor ----
 
 /// agentdiff SIGKILLed mid-run: the command keeps writing into the tree. The next agentdiff

@@ -404,14 +404,24 @@ fn capsule_artifacts_validate_against_the_published_schemas() {
     for name in ["before.json", "after.json"] {
         let header = read(name);
         check("manifest.schema.json", &header, name);
-        let hex = header["entries_object"]["sha256"].as_str().unwrap();
-        let object = p
-            .path()
-            .join(".agentdiff/objects/sha256")
-            .join(&hex[..2])
-            .join(&hex[2..]);
-        let entries: Value = serde_json::from_slice(&fs::read(object).unwrap()).unwrap();
-        check("manifest-entries.schema.json", &entries, name);
+        assert_eq!(header["schema_version"], 2, "{name}");
+        // Every tree object below the root, each against the tree schema.
+        let mut stack = vec![header["root_tree"]["sha256"].as_str().unwrap().to_string()];
+        let mut trees = 0;
+        while let Some(hex) = stack.pop() {
+            let object = p
+                .path()
+                .join(".agentdiff/objects/sha256")
+                .join(&hex[..2])
+                .join(&hex[2..]);
+            let tree: Value = serde_json::from_slice(&fs::read(object).unwrap()).unwrap();
+            check("manifest-tree.schema.json", &tree, name);
+            for sub in tree["trees"].as_object().unwrap().values() {
+                stack.push(sub.as_str().unwrap().to_string());
+            }
+            trees += 1;
+        }
+        assert_eq!(header["root_tree"]["trees"], trees, "{name}");
     }
     let events = fs::read_to_string(run_dir.join("events.jsonl")).unwrap();
     for line in events.lines() {

@@ -173,6 +173,45 @@ fn ignore_rules_at_any_depth_never_hide_a_denied_path() {
     }
 }
 
+/// Every command reads the project's policy by one rule: `agentdiff.yaml` reached through a
+/// symlink out of the root is refused (exit 65) without quoting the file; a link inside the root
+/// is read, and the file it leads to is protected under its own name.
+#[test]
+fn the_project_policy_is_never_read_through_a_link_out_of_the_root() {
+    let (_t, root) = project();
+    let foreign = tempfile::tempdir().unwrap();
+    let shadow = foreign.path().join("shadow");
+    fs::write(&shadow, "root:$6$saltsalt$hash:19000:0:99999:7:::\n").unwrap();
+    std::os::unix::fs::symlink(&shadow, root.join("agentdiff.yaml")).unwrap();
+    for args in [
+        &["run", "--", "true"][..],
+        &["policy", "validate"][..],
+        &["policy", "explain", "src/lib.rs"][..],
+    ] {
+        let out = agentdiff(&root, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(65), "{args:?}: {err}");
+        assert!(err.contains("outside the project root"), "{args:?}: {err}");
+        assert!(!err.contains("saltsalt"), "{args:?}: {err}");
+    }
+    assert!(
+        !root.join(".agentdiff/runs").exists()
+            || fs::read_dir(root.join(".agentdiff/runs"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+    fs::remove_file(root.join("agentdiff.yaml")).unwrap();
+    fs::write(root.join("real.yaml"), "version: 1\n").unwrap();
+    std::os::unix::fs::symlink("real.yaml", root.join("agentdiff.yaml")).unwrap();
+    let (code, r, _) = run_json(&root, &[], &["sh", "-c", "echo '# x' >> real.yaml"]);
+    assert_eq!(code, 71, "{r:#}");
+    assert_eq!(
+        decision_of(&r, "real.yaml"),
+        ("deny".to_owned(), "builtin.protected_config".to_owned())
+    );
+}
+
 #[test]
 fn ignore_rules_come_from_the_before_state() {
     let (_t, root) = project();
@@ -453,6 +492,80 @@ fn preview_escapes_names_and_withholds_secret_diffs() {
         !text(&out.stdout).contains("\n  would_create"),
         "{}",
         text(&out.stdout)
+    );
+}
+
+/// Names a command can choose, each trying to forge or hide output: a newline or carriage return
+/// followed by a fake line, a bidi override, a terminal escape; one is a program left running.
+const HOSTILE_SCRIPT: &str = "for n in 'a\\nFORGED nl' 'b\\rFORGED cr' '\\342\\200\\256evil.txt' \
+     'e\\033[2Jesc'; do printf x > \"$(printf \"$n\")\"; done; d=\"$(printf 'd\\nFORGED dir')\"; \
+     mkdir \"$d\"; printf y > \"$d/f\"; q=\"$(printf 'q\\nFORGED\\342\\200\\256')\"; \
+     cp /bin/sleep \"$q\"; (\"./$q\" 300 &); sleep 0.3";
+
+/// Fails when `shown` holds a raw control or bidi character, or a line a name forged.
+#[track_caller]
+fn assert_escaped(what: &str, shown: &str) {
+    for bad in ['\r', '\u{1b}', '\u{202e}'] {
+        assert!(!shown.contains(bad), "{what}: raw {bad:?} in:\n{shown}");
+    }
+    for line in shown.lines() {
+        assert!(
+            !line.trim_start().starts_with("FORGED"),
+            "{what}: a name printed its own line:\n{shown}"
+        );
+    }
+    assert!(
+        shown.contains("FORGED"),
+        "{what}: the names are not shown:\n{shown}"
+    );
+}
+
+/// Variations of item 6: every human output that shows a path or a program name escapes it.
+#[test]
+fn hostile_names_are_escaped_in_every_human_output() {
+    let (_t, root) = project();
+    let out = agentdiff(
+        &root,
+        &[
+            "run",
+            "--run-id",
+            "h",
+            "--fail-on",
+            "never",
+            "--",
+            "sh",
+            "-c",
+            HOSTILE_SCRIPT,
+        ],
+    );
+    super::assert_exit(&out, 0);
+    assert_escaped("run summary", &text(&out.stderr));
+    let forged = "a\nFORGED nl";
+    for args in [
+        &["inspect", "h"][..],
+        &["inspect", "h", "--format", "markdown"],
+        &["rollback", "h", "--all", "--dry-run"],
+        &["policy", "explain", forged],
+        &["rollback", "h", "--all"],
+    ] {
+        let out = agentdiff(&root, args);
+        super::assert_exit(&out, 0);
+        assert_escaped(&args.join(" "), &text(&out.stdout));
+        assert!(
+            !text(&out.stderr).contains('\u{1b}'),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let markdown = text(&agentdiff(&root, &["inspect", "h", "--format", "markdown"]).stdout);
+    let leftovers = markdown
+        .split("**Leftover processes**")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no leftover section:\n{markdown}"));
+    assert!(leftovers.contains("q\\\\nFORGED"), "{leftovers}");
+    assert!(
+        !root.join(forged).exists(),
+        "the rollback removed the created files"
     );
 }
 

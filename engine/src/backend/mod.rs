@@ -7,6 +7,7 @@
 mod capabilities;
 pub mod descriptor;
 mod evidence;
+pub mod external;
 pub mod recommend;
 pub mod registry;
 mod spec;
@@ -25,7 +26,7 @@ pub use evidence::{
     EnvironmentEvidence, ExitInfo, FactsError, FailureKind, InfrastructurePort, PortEvidence,
     PortMode, PortRecord, ProcessRecord, ProcessRelation, RunEvidence, Tracking,
 };
-pub use registry::{Registry, RegistryError};
+pub use registry::{PluginOutcome, Registry, RegistryError};
 pub use spec::{
     BackendOptions, EnvironmentPlan, LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch,
     StdioMode,

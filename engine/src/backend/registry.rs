@@ -7,7 +7,10 @@
 //! explicitly and a test pins the set of built-in ids.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use super::external::{self, External, Plugin, Timeouts};
 use super::{BackendDescriptor, RuntimeBackend};
 
 inventory::collect!(BackendDescriptor);
@@ -22,12 +25,35 @@ pub enum RegistryError {
     TwoDefaults(String, String),
     #[error("unknown runtime backend `{id}`; registered backends: {known}")]
     Unknown { id: String, known: String },
+    #[error(
+        "{path} would serve runtime backend `{id}`, which is built in; a built-in backend cannot \
+         be replaced: rename or remove that file"
+    )]
+    Shadowed { id: String, path: PathBuf },
+    #[error(
+        "runtime backend `{id}` is served by more than one executable on PATH: {}; keep one",
+        paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and ")
+    )]
+    Conflict { id: String, paths: Vec<PathBuf> },
+    #[error("{0}")]
+    External(String),
 }
 
 /// The set of backends this program knows, sorted by id.
 #[derive(Debug, Default)]
 pub struct Registry {
     entries: BTreeMap<&'static str, &'static BackendDescriptor>,
+    /// Backends served by plugin executables (also in `entries`).
+    external: BTreeMap<&'static str, Arc<External>>,
+}
+
+/// What became of one plugin found on `PATH` (see [`Registry::load_external`]).
+#[derive(Debug)]
+pub struct PluginOutcome {
+    pub id: String,
+    pub paths: Vec<PathBuf>,
+    /// `Ok` once registered; otherwise why it is not usable.
+    pub result: Result<(), RegistryError>,
 }
 
 impl Registry {
@@ -94,11 +120,122 @@ impl Registry {
 
     /// Construct the backend with this id.
     pub fn create(&self, id: &str) -> Result<Box<dyn RuntimeBackend>, RegistryError> {
+        if let Some(ext) = self.external.get(id) {
+            return Ok(ext.create());
+        }
         self.descriptor(id).map(|d| (d.factory)())
+    }
+
+    /// A constructor for the backend with this id, callable any number of times.
+    #[allow(clippy::type_complexity)]
+    pub fn constructor(
+        &self,
+        id: &str,
+    ) -> Result<Arc<dyn Fn() -> Box<dyn RuntimeBackend> + Send + Sync>, RegistryError> {
+        if let Some(ext) = self.external.get(id) {
+            let ext = ext.clone();
+            return Ok(Arc::new(move || ext.create()));
+        }
+        let factory = self.descriptor(id)?.factory;
+        Ok(Arc::new(factory))
+    }
+
+    /// The plugin serving `id`, when it is an external backend.
+    pub fn external(&self, id: &str) -> Option<&External> {
+        self.external.get(id).map(Arc::as_ref)
+    }
+
+    /// Add a described plugin. Its id may be neither built in nor registered already.
+    pub fn register_external(&mut self, ext: External) -> Result<(), RegistryError> {
+        let id = ext.descriptor.id;
+        if self.entries.contains_key(id) {
+            return Err(if self.external.contains_key(id) {
+                RegistryError::Duplicate(id.to_string())
+            } else {
+                RegistryError::Shadowed {
+                    id: id.to_string(),
+                    path: ext.plugin.path.clone(),
+                }
+            });
+        }
+        if ext.descriptor.is_default {
+            return Err(RegistryError::External(format!(
+                "external backend `{id}` cannot be the default backend"
+            )));
+        }
+        self.register(ext.descriptor)?;
+        self.external.insert(id, Arc::new(ext));
+        Ok(())
+    }
+
+    /// The backend `id`: registered, or else the `agentdiff-backend-<id>` plugin on `PATH`,
+    /// described and registered now. An unknown id lists the built-in and plugin ids.
+    pub fn resolve(&mut self, id: &str) -> Result<&'static BackendDescriptor, RegistryError> {
+        if let Some(d) = self.get(id) {
+            return Ok(d);
+        }
+        let found = external::scan_path(std::env::var_os("PATH").as_deref());
+        let Some(paths) = found.get(id) else {
+            let mut known = self.ids().join(", ");
+            let plugins: Vec<&str> = found
+                .keys()
+                .map(String::as_str)
+                .filter(|k| self.get(k).is_none())
+                .collect();
+            if !plugins.is_empty() {
+                known = format!("{known}; on PATH: {}", plugins.join(", "));
+            }
+            return Err(RegistryError::Unknown {
+                id: id.to_string(),
+                known,
+            });
+        };
+        self.load_plugin(id, paths)?;
+        self.descriptor(id)
+    }
+
+    fn load_plugin(&mut self, id: &str, paths: &[PathBuf]) -> Result<(), RegistryError> {
+        if self.get(id).is_some() && !self.external.contains_key(id) {
+            return Err(RegistryError::Shadowed {
+                id: id.to_string(),
+                path: paths.first().cloned().unwrap_or_default(),
+            });
+        }
+        let [path] = paths else {
+            return Err(RegistryError::Conflict {
+                id: id.to_string(),
+                paths: paths.to_vec(),
+            });
+        };
+        let plugin = Plugin {
+            id: id.to_string(),
+            path: path.clone(),
+            timeouts: Timeouts::default(),
+        };
+        let ext =
+            external::describe(&plugin).map_err(|e| RegistryError::External(e.to_string()))?;
+        self.register_external(ext)
+    }
+
+    /// Describe and register every plugin on `PATH` (for `agentdiff doctor`): one outcome per id
+    /// found, including those refused (a built-in id, two files, a broken plugin).
+    pub fn load_external(&mut self) -> Vec<PluginOutcome> {
+        let found = external::scan_path(std::env::var_os("PATH").as_deref());
+        found
+            .into_iter()
+            .map(|(id, paths)| {
+                let result = if self.external.contains_key(id.as_str()) {
+                    Ok(())
+                } else {
+                    self.load_plugin(&id, &paths)
+                };
+                PluginOutcome { id, paths, result }
+            })
+            .collect()
     }
 }
 
-fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64
         && id

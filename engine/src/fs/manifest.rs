@@ -141,7 +141,18 @@ pub struct ScanStats {
     /// Files whose object the sink already held (no copy needed).
     pub backups_reused: u64,
     pub duration_ms: u64,
+    /// Wall-clock start of the scan (ns since the epoch): entries modified within
+    /// [`RACY_MARGIN_NS`] of it are never reused by a later scan (see `ScanOptions::reuse`).
+    /// `None` in manifests of older versions, which therefore offer no reuse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ns: Option<i64>,
 }
+
+/// How close to a scan's start an entry's mtime or ctime may be before the entry is *racy*: a
+/// write in the same timestamp tick as that scan's `lstat` may have left the timestamps unchanged,
+/// so a later scan reads the file again (git's racy-entry rule). 2 s covers the coarsest common
+/// timestamp granularity (FAT) and the kernel's coarse clock by a wide margin.
+pub const RACY_MARGIN_NS: i64 = 2_000_000_000;
 
 /// Progress reported while scanning (from worker threads; throttled).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

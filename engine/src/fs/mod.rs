@@ -30,7 +30,7 @@ pub use diff::{diff, diff_unsupported, Change, ChangeType, UnsupportedChange};
 pub use exclude::{DEFAULT_EXCLUDED_DIRS, IGNORE_FILE, STORE_DIR};
 pub use manifest::{
     exclusion_reason, unsupported_kind, BackupSkip, BackupState, Entry, EntryKind, Exclusion,
-    Manifest, ScanProgress, ScanStats, Unsupported,
+    Manifest, ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
 
 /// Default `ScanOptions::max_hash_bytes`: 256 MiB.
@@ -95,9 +95,11 @@ pub struct ScanOptions<'a> {
     /// The policy's deny globs: a default-excluded directory named by a glob's literal leading
     /// segments is scanned (see [`DEFAULT_EXCLUDED_DIRS`]). Never re-includes `.agentdiff`.
     pub reinclude: Vec<String>,
-    /// The before-manifest of the same run: a file whose (dev, ino, size, mtime_ns, ctime_ns,
-    /// mode, nlink) are all unchanged keeps its hash without being read. Ignored when the root
-    /// differs.
+    /// A verified earlier scan of the same root (the stat cache): a file whose (dev, ino, size,
+    /// mtime_ns, ctime_ns, mode, nlink) all equal its entry keeps that entry's hash without being
+    /// read, unless the entry is racy (its mtime or ctime within [`RACY_MARGIN_NS`] of that scan's
+    /// `stats.started_ns`, or no start recorded). Ignored when the root differs. The caller vouches
+    /// that the manifest is genuine (this run's before-scan, or a sealed and authenticated one).
     pub reuse: Option<&'a Manifest>,
     /// Hashing threads; 0 = all cores.
     pub threads: usize,

@@ -28,7 +28,7 @@ use super::exclude::{parse_ignore_file, Rules, Verdict, IGNORE_FILE};
 use super::hash::{backup_state, capture, Captured, Meta, CHUNK};
 use super::manifest::{
     unsupported_kind as uk, BackupSkip, BackupState, Entry, EntryKind, Exclusion, Manifest,
-    ScanProgress, ScanStats, Unsupported,
+    ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
 use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions};
 
@@ -104,6 +104,11 @@ struct Walker<'o, 'a> {
 
 pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanError> {
     let start = Instant::now();
+    // Taken before the first `lstat`: every entry this scan records was stat'ed after it.
+    let started_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| i64::try_from(d.as_nanos()).ok());
     let shown = escape_bytes(root.as_os_str().as_bytes());
     let canon = std::fs::canonicalize(root).map_err(|source| ScanError::Root {
         path: shown.clone(),
@@ -179,6 +184,7 @@ pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanErro
     excluded.sort_by(|a, b| a.path.cmp(&b.path));
     stats.bytes_hashed = counters.bytes_hashed.load(Ordering::Relaxed);
     stats.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    stats.started_ns = started_ns;
     if let Some(cb) = opts.progress {
         cb(&ScanProgress {
             files_seen: counters.files_seen.load(Ordering::Relaxed),
@@ -186,7 +192,7 @@ pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanErro
         });
     }
     Ok(Manifest {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: crate::store::MANIFEST_SCHEMA_VERSION,
         root: root_str,
         ignore_lines,
         entries,
@@ -573,10 +579,16 @@ impl Walker<'_, '_> {
         }
     }
 
-    /// The before-scan's hash when all seven identity fields are unchanged; with a backup request,
-    /// only when no copy is needed (the object is stored, or the file is ineligible anyway).
+    /// The earlier scan's hash when all seven identity fields are unchanged and the entry is not
+    /// racy; with a backup request, only when no copy is needed (the object is stored and
+    /// verified, or the file is ineligible anyway).
     fn reusable(&self, path: &str, seen: &Meta) -> Option<(String, BackupState, bool)> {
-        let prev = self.reuse?.entries.get(path)?;
+        let reuse = self.reuse?;
+        let prev = reuse.entries.get(path)?;
+        let racy_from = reuse.stats.started_ns?.saturating_sub(RACY_MARGIN_NS);
+        if prev.mtime_ns.max(prev.ctime_ns) >= racy_from {
+            return None;
+        }
         let unchanged = prev.kind == EntryKind::File
             && prev.dev == seen.dev
             && prev.ino == seen.ino

@@ -56,7 +56,7 @@ pub enum PolicyError {
         source: std::io::Error,
     },
     /// The project's policy file is a symlink that leads outside the project root.
-    #[error("policy file {} leads outside the project root through a symlink; the hook does not follow it (pass --policy FILE to name a policy file elsewhere)", path.display())]
+    #[error("policy file {} leads outside the project root through a symlink; agentdiff does not follow it (pass --policy FILE to name a policy file elsewhere)", path.display())]
     OutsideRoot { path: PathBuf },
     /// A hook request is malformed. A malformed request is never allowed.
     #[error("malformed hook input: {0}")]

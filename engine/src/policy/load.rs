@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::hook::resolve;
 use super::node::{self, Node};
 use super::{schema, Policy, PolicyError};
 
@@ -46,8 +47,9 @@ pub struct LoadedPolicy {
 }
 
 /// Load the policy in force: the explicit file if given, else `ROOT/agentdiff.yaml` if it
-/// exists, else the built-in policy. A relative explicit path is taken as given (relative to the
-/// current directory), as users expect of a command-line flag.
+/// exists (never through a symlink that leads outside the root), else the built-in policy. A
+/// relative explicit path is taken as given (relative to the current directory), as users expect
+/// of a command-line flag.
 pub fn load(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, PolicyError> {
     if let Some(path) = explicit {
         let mut loaded = load_file(path)?;
@@ -79,7 +81,7 @@ pub fn load(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, Policy
     }
     let default = root.join(POLICY_FILE_NAME);
     match std::fs::symlink_metadata(&default) {
-        Ok(_) => return load_file(&default),
+        Ok(_) => return load_project_file(root),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
         Err(source) => {
             return Err(PolicyError::Io {
@@ -101,6 +103,45 @@ pub fn load(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, Policy
         policy: Policy::builtin(),
         source: PolicySource::BuiltIn,
     })
+}
+
+/// Load `ROOT/agentdiff.yaml`, resolved as the kernel resolves it. A symlink that leads outside
+/// the root is refused: a project (or a command it ran) cannot make agentdiff read a file
+/// elsewhere, and an error about that file could show its content. Reached through a symlink
+/// inside the root, the file in force has another name, which is protected too.
+fn load_project_file(root: &Path) -> Result<LoadedPolicy, PolicyError> {
+    let file = Path::new(POLICY_FILE_NAME);
+    let io = |source| PolicyError::Io {
+        path: root.join(file),
+        source,
+    };
+    let real_root = std::fs::canonicalize(root).map_err(|source| PolicyError::Root {
+        path: root.to_owned(),
+        source,
+    })?;
+    let found = resolve(&real_root, file).map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    if !found.target.starts_with(&real_root) {
+        return Err(PolicyError::OutsideRoot {
+            path: root.join(file),
+        });
+    }
+    if found.file.is_none() {
+        // A dangling link: say so about the name the user knows.
+        return Err(io(std::io::ErrorKind::NotFound.into()));
+    }
+    let mut loaded = load_file(&found.target)?;
+    if let PolicySource::File { path, .. } = &mut loaded.source {
+        root.join(file).clone_into(path);
+    }
+    if let Some(rel) = found
+        .target
+        .strip_prefix(&real_root)
+        .ok()
+        .and_then(Path::to_str)
+    {
+        loaded.policy.protect_source(rel);
+    }
+    Ok(loaded)
 }
 
 /// Load one policy file. A FIFO or device is refused (it could block or stream without end),

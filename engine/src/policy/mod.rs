@@ -310,7 +310,7 @@ impl Policy {
             "scoring": { "weights": i.weights },
         });
         // Only when set, so the effective document (and digest) of other policies is unchanged.
-        if i.capture.require_backups {
+        if !i.capture.is_default() {
             if let Value::Object(map) = &mut doc {
                 map.insert("capture".to_owned(), json!(i.capture));
             }

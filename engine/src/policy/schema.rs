@@ -48,11 +48,31 @@ impl Default for RollbackSettings {
 }
 
 /// How the before-state is captured (`capture:`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptureSettings {
     /// Refuse to launch when a backup rollback needs could not be written (a full disk): the run
     /// would otherwise change files it cannot restore.
     pub require_backups: bool,
+    /// Reuse a recorded hash when a file's (device, inode, size, mtime, ctime, mode, links) are
+    /// unchanged since a verified earlier scan (the stat cache, docs/capsule-format.md). `false`
+    /// reads and hashes every file in every scan.
+    pub trust_stat: bool,
+}
+
+impl Default for CaptureSettings {
+    fn default() -> Self {
+        CaptureSettings {
+            require_backups: false,
+            trust_stat: true,
+        }
+    }
+}
+
+impl CaptureSettings {
+    /// Whether the settings differ from the defaults (the effective policy shows them only then).
+    pub fn is_default(&self) -> bool {
+        *self == CaptureSettings::default()
+    }
 }
 
 /// Network observation. Neither mode blocks network access.
@@ -706,12 +726,18 @@ impl Checker {
 
     fn capture(&mut self, node: &Node) -> CaptureSettings {
         let mut capture = CaptureSettings::default();
-        let Some(entries) = self.mapping(node, "capture", &["require_backups"]) else {
+        let Some(entries) = self.mapping(node, "capture", &["require_backups", "trust_stat"])
+        else {
             return capture;
         };
         if let Some(n) = lookup(entries, "require_backups") {
             if let Some(b) = self.boolean(n, "capture.require_backups") {
                 capture.require_backups = b;
+            }
+        }
+        if let Some(n) = lookup(entries, "trust_stat") {
+            if let Some(b) = self.boolean(n, "capture.trust_stat") {
+                capture.trust_stat = b;
             }
         }
         capture

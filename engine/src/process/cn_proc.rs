@@ -333,44 +333,48 @@ fn recv(fd: &OwnedFd, buf: &mut [u8], flags: i32) -> std::io::Result<Option<usiz
     }
 }
 
+/// Open a socket, subscribe, and wait for the kernel's acknowledgement; events that arrive
+/// first go to `shared`.
+fn subscribe(shared: &Mutex<Shared>, buf: &mut [u8]) -> Result<OwnedFd, CnProcError> {
+    let fd = open_socket()?;
+    send_control(&fd, PROC_CN_MCAST_LISTEN)?;
+    let deadline = Instant::now() + ACK_TIMEOUT;
+    loop {
+        if Instant::now() >= deadline {
+            let _ = send_control(&fd, PROC_CN_MCAST_IGNORE);
+            return Err(CnProcError::NoAck(ACK_TIMEOUT));
+        }
+        match recv(&fd, buf, 0) {
+            Ok(Some(n)) => {
+                let (events, ack) = parse(&buf[..n]);
+                let mut s = lock(shared);
+                for e in events {
+                    s.handle(e);
+                }
+                match ack {
+                    Some(0) => return Ok(fd),
+                    Some(err) => return Err(CnProcError::Refused(err)),
+                    None => {}
+                }
+            }
+            Ok(None) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => lock(shared).snapshot.lost += 1,
+            Err(source) => {
+                return Err(CnProcError::Sys {
+                    what: "recv from the process-events connector",
+                    source,
+                })
+            }
+        }
+    }
+}
+
 impl Listener {
     /// Subscribe and wait for the kernel's acknowledgement; then read in the background.
     pub fn open() -> Result<Self, CnProcError> {
-        let fd = open_socket()?;
-        send_control(&fd, PROC_CN_MCAST_LISTEN)?;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let mut buf = vec![0u8; 64 * 1024];
-        let deadline = Instant::now() + ACK_TIMEOUT;
-        loop {
-            if Instant::now() >= deadline {
-                let _ = send_control(&fd, PROC_CN_MCAST_IGNORE);
-                return Err(CnProcError::NoAck(ACK_TIMEOUT));
-            }
-            match recv(&fd, &mut buf, 0) {
-                Ok(Some(n)) => {
-                    let (events, ack) = parse(&buf[..n]);
-                    let mut s = lock(&shared);
-                    for e in events {
-                        s.handle(e);
-                    }
-                    match ack {
-                        Some(0) => break,
-                        Some(err) => return Err(CnProcError::Refused(err)),
-                        None => {}
-                    }
-                }
-                Ok(None) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    lock(&shared).snapshot.lost += 1
-                }
-                Err(source) => {
-                    return Err(CnProcError::Sys {
-                        what: "recv from the process-events connector",
-                        source,
-                    })
-                }
-            }
-        }
+        let fd = subscribe(&shared, &mut buf)?;
         let fd = Arc::new(fd);
         let wake_fd = Arc::new(eventfd()?);
         let stop = Arc::new(AtomicBool::new(false));
@@ -485,11 +489,11 @@ fn read_loop(
     }
 }
 
-/// Whether the connector works here (for `doctor`): subscribes and unsubscribes.
+/// Whether the connector works here (for `doctor` and availability): subscribes and
+/// unsubscribes, without a reader thread.
 pub fn probe() -> Result<(), CnProcError> {
-    Listener::open().map(|l| {
-        l.finish();
-    })
+    let fd = subscribe(&Mutex::new(Shared::default()), &mut [0u8; 8 * 1024])?;
+    send_control(&fd, PROC_CN_MCAST_IGNORE)
 }
 
 #[cfg(test)]

@@ -112,8 +112,9 @@ fn base64(bytes: &[u8]) -> String {
 }
 
 /// The `<head>` of a self-contained page: no request of any kind, only `script` (by hash) runs.
-/// `connect` adds a `connect-src 'self'` (the dashboard's event stream).
-pub fn head(s: &mut String, title: &str, script: &str, connect: bool) {
+/// `connect` adds a `connect-src 'self'` (the dashboard's event stream); `body_attrs` are written
+/// into the `<body>` tag as given (the caller escapes them).
+pub fn head(s: &mut String, title: &str, script: &str, connect: bool, body_attrs: &str) {
     let hash = base64(&Sha256::digest(script.as_bytes()));
     let connect = if connect { "; connect-src 'self'" } else { "" };
     let _ = write!(
@@ -124,7 +125,7 @@ pub fn head(s: &mut String, title: &str, script: &str, connect: bool) {
          style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{hash}'{connect}; \
          base-uri 'none'; form-action 'none'\">\
          <meta name=\"referrer\" content=\"no-referrer\">\
-         <title>{}</title><style>{STYLE}</style></head>\n<body>\n",
+         <title>{}</title><style>{STYLE}</style></head>\n<body{body_attrs}>\n",
         escape(title)
     );
 }
@@ -637,6 +638,7 @@ pub fn render(v: &RunView, seal_report: &VerifyReport, diffs: &[ChangeDiff]) -> 
         &format!("agentdiff run {}", v.result.run_id),
         SCRIPT,
         false,
+        "",
     );
     header(&mut s, v);
     s.push_str("<main>\n");

@@ -4,9 +4,11 @@
 //! Invariant: a report only shows what the capsule records; every recorded string reaching a
 //! report passes through that surface's one escaping function.
 
+pub mod dashboard;
 pub mod diff;
 pub mod evidence;
 pub mod html;
+pub mod live;
 pub mod markdown;
 
 use std::path::PathBuf;

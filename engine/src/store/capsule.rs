@@ -283,6 +283,36 @@ impl Capsule {
         self.read_jsonl(Artifact::Events.file_name())
     }
 
+    /// The complete lines of events.jsonl from byte `offset` on, parsed, and the offset just after
+    /// the last complete line: a line still being written is left for the next call. A missing
+    /// file has no events yet.
+    pub fn read_events_from(&self, offset: u64) -> Result<(Vec<Value>, u64), StoreError> {
+        let name = Artifact::Events.file_name();
+        let bytes = match self.read_named(name) {
+            Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok((Vec::new(), offset))
+            }
+            other => other?,
+        };
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let tail = &bytes[start..];
+        let complete = tail.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let values = tail[..complete]
+            .split(|b| *b == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(|line| {
+                serde_json::from_slice(line).map_err(|source| StoreError::MalformedArtifact {
+                    run_id: self.id.to_string(),
+                    name: name.into(),
+                    source,
+                })
+            })
+            .collect::<Result<Vec<Value>, StoreError>>()?;
+        Ok((values, (start + complete) as u64))
+    }
+
     /// Parses recovery-events.jsonl (empty when no recovery happened yet).
     pub fn read_recovery_events(&self) -> Result<Vec<Value>, StoreError> {
         let name = RecoveryArtifact::RecoveryEvents.file_name();

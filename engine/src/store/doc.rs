@@ -274,6 +274,17 @@ impl Capsule {
             .collect()
     }
 
+    /// The events of events.jsonl from byte `offset` on (complete lines only), and the offset to
+    /// continue from: for following a run in progress.
+    pub fn events_from(&self, offset: u64) -> Result<(Vec<Event>, u64), StoreError> {
+        let (values, next) = self.read_events_from(offset)?;
+        let events = values
+            .into_iter()
+            .map(|v| serde_json::from_value(v).map_err(|e| self.malformed(Artifact::Events, e)))
+            .collect::<Result<Vec<Event>, StoreError>>()?;
+        Ok((events, next))
+    }
+
     /// The last `launched` event's facts, if the command was launched.
     pub fn launched_event(&self) -> Result<Option<LaunchFacts>, StoreError> {
         let events = self.events()?;

@@ -120,6 +120,12 @@ pub enum StoreError {
     )]
     StateDir { path: PathBuf, reason: String },
 
+    #[error(
+        "manifest tree object {hex} is malformed: {reason}; the capsule may be corrupt — run \
+         `agentdiff verify`"
+    )]
+    MalformedObject { hex: String, reason: String },
+
     #[error("invalid object id {hex:?}: expected 64 lowercase hexadecimal characters (a SHA-256)")]
     InvalidObjectId { hex: String },
 
@@ -131,6 +137,9 @@ pub enum StoreError {
          the backup cannot be trusted"
     )]
     ObjectCorrupt { hex: String, actual: String },
+
+    #[error("object {hex} changed while it was being verified; it is not trusted")]
+    ObjectChangedWhileRead { hex: String },
 
     #[error(
         "file changed while it was copied into the object store: expected {expected_size} bytes \

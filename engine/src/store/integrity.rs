@@ -29,7 +29,8 @@ use super::atomic;
 use super::capsule::{
     now_rfc3339_millis, to_pretty_json, Artifact, Capsule, RecoveryArtifact, MAX_ARTIFACT_BYTES,
 };
-use super::objects::{manifest_objects, validate_object_id, ObjectStore};
+use super::manifest::ManifestObject;
+use super::objects::{validate_object_id, ObjectStore};
 use super::run_id::RunId;
 use super::seal::{Authentication, SealAuthority, VerifyContext};
 use super::StoreError;
@@ -352,8 +353,10 @@ impl Capsule {
             ParsedSeal::Current(seal, bytes) => {
                 self.check_seal_header(&seal, &bytes, &mut f);
                 self.check_artifacts(&seal.artifacts, &mut f)?;
-                self.check_completeness(&seal.artifacts, &seal.objects, objects, &mut f);
+                let below =
+                    self.check_completeness(&seal.artifacts, &seal.objects, objects, &mut f);
                 check_objects(&seal.objects, objects, &mut f);
+                check_objects(&below, objects, &mut f);
                 let auth = ctx.authenticate(&seal);
                 ctx.check_ledger(self.id(), Some(&seal.digest), &auth, &mut f);
                 (SealFormatKind::Current, auth)
@@ -400,6 +403,14 @@ impl Capsule {
         }
     }
 
+    /// integrity.json when it parses as a seal of the current format, with its bytes.
+    pub(crate) fn parse_current_seal(&self) -> Option<(Integrity, Vec<u8>)> {
+        match self.parse_seal() {
+            Ok(ParsedSeal::Current(seal, bytes)) => Some((seal, bytes)),
+            _ => None,
+        }
+    }
+
     fn parse_seal(&self) -> Result<ParsedSeal, SealUnreadable> {
         let path = self.dir().join(Artifact::Integrity.file_name());
         let bytes =
@@ -413,7 +424,7 @@ impl Capsule {
         }
     }
 
-    fn check_seal_header(&self, seal: &Integrity, bytes: &[u8], f: &mut Findings) {
+    pub(crate) fn check_seal_header(&self, seal: &Integrity, bytes: &[u8], f: &mut Findings) {
         let name = Artifact::Integrity.file_name();
         if seal.seal_format != SEAL_FORMAT {
             f.problem(
@@ -594,13 +605,15 @@ impl Capsule {
 
     /// What the capsule must hold, independently of the seal's own lists: the always-present
     /// artifacts, those the event log says were written, and every object the manifests name.
+    /// Returns the objects below the manifests' root trees that the seal does not list: they are
+    /// sealed through their hashes, and the caller checks that they are present and intact.
     fn check_completeness(
         &self,
         listed: &BTreeMap<String, String>,
         sealed_objects: &[String],
         objects: &ObjectStore,
         f: &mut Findings,
-    ) {
+    ) -> Vec<String> {
         let mut required: BTreeSet<Artifact> = ALWAYS_REQUIRED.into_iter().collect();
         match self.events() {
             Ok(events) => {
@@ -634,39 +647,80 @@ impl Capsule {
             }
         }
         let sealed: BTreeSet<&str> = sealed_objects.iter().map(String::as_str).collect();
+        let mut below = BTreeSet::new();
         for artifact in [Artifact::Before, Artifact::After] {
-            if !listed.contains_key(artifact.file_name()) {
-                continue;
+            if listed.contains_key(artifact.file_name()) {
+                self.check_manifest_objects(artifact, &sealed, objects, &mut below, f);
             }
-            let Ok(Some(entries)) = self.manifest_entries_object(artifact) else {
-                f.notes.push(format!(
-                    "{} names no entries object; the objects it references were not checked \
-                     against the seal",
-                    artifact.file_name()
-                ));
-                continue;
-            };
-            let mut needed = vec![entries];
-            match self.read_manifest(artifact, objects) {
-                Ok(manifest) => needed.extend(manifest_objects(&manifest)),
-                // A missing or corrupt entries object is reported under its own name.
-                Err(StoreError::ObjectCorrupt { .. } | StoreError::ObjectNotFound { .. }) => {}
-                Err(e) => f.problem(
-                    artifact.file_name(),
-                    format!("its manifest cannot be read ({e}), so its backups cannot be checked"),
-                ),
-            }
-            for hex in needed {
-                if !sealed.contains(hex.as_str()) {
-                    f.problem(
-                        &format!("object {hex}"),
-                        format!(
-                            "referenced by {} but not listed in the seal (dropped from it)",
-                            artifact.file_name()
-                        ),
-                    );
+        }
+        below.into_iter().collect()
+    }
+
+    /// A manifest's own object (root tree, or schema-1 entries object) must be listed in the seal.
+    /// Below a root tree, objects are sealed through their hashes and returned in `below` to be
+    /// checked for presence and integrity; a schema-1 manifest's backups must be listed as well.
+    fn check_manifest_objects(
+        &self,
+        artifact: Artifact,
+        sealed: &BTreeSet<&str>,
+        objects: &ObjectStore,
+        below: &mut BTreeSet<String>,
+        f: &mut Findings,
+    ) {
+        let name = artifact.file_name();
+        let Ok(Some(named)) = self.manifest_object(artifact) else {
+            f.notes.push(format!(
+                "{name} names no root tree or entries object; the objects it references were not \
+                 checked against the seal"
+            ));
+            return;
+        };
+        let not_listed = |f: &mut Findings, hex: &str| {
+            f.problem(
+                &format!("object {hex}"),
+                format!("referenced by {name} but not listed in the seal (dropped from it)"),
+            )
+        };
+        if !sealed.contains(named.hex()) {
+            not_listed(f, named.hex());
+        }
+        let tree = matches!(named, ManifestObject::Tree(_));
+        match self.manifest_references(artifact, objects) {
+            Ok(refs) => {
+                for hex in refs {
+                    if sealed.contains(hex.as_str()) {
+                        continue;
+                    }
+                    if tree {
+                        below.insert(hex);
+                    } else {
+                        not_listed(f, &hex);
+                    }
                 }
             }
+            // A sealed object that is missing or corrupt is reported under its own name.
+            Err(StoreError::ObjectCorrupt { hex, .. } | StoreError::ObjectNotFound { hex, .. })
+                if sealed.contains(hex.as_str()) => {}
+            Err(
+                e @ (StoreError::ObjectCorrupt { .. }
+                | StoreError::ObjectNotFound { .. }
+                | StoreError::MalformedObject { .. }),
+            ) => {
+                let hex = match &e {
+                    StoreError::ObjectCorrupt { hex, .. }
+                    | StoreError::ObjectNotFound { hex, .. }
+                    | StoreError::MalformedObject { hex, .. } => hex.clone(),
+                    _ => String::new(),
+                };
+                f.problem(
+                    &format!("object {hex}"),
+                    format!("below the tree of {name}: {e}"),
+                );
+            }
+            Err(e) => f.problem(
+                name,
+                format!("its manifest cannot be read ({e}), so its backups cannot be checked"),
+            ),
         }
     }
 

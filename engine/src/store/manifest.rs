@@ -1,17 +1,26 @@
 //! `before.json` and `after.json`: a manifest's header in the run directory, its entries in the
-//! object store.
+//! object store as a manifest tree (see [`super::tree`]).
 //!
 //! The entries of a large tree are most of a capsule's bytes, and they repeat: an unchanged tree
-//! yields the same before-entries run after run, and the same after-entries too. Storing them as a
-//! content-addressed object (compact JSON, named by its SHA-256) makes a warm run cost almost no new
-//! bytes. The header names the object (`entries_object`), the seal covers both the header (as an
-//! artifact) and the object (as a referenced object), and every read verifies the object's hash.
+//! yields the same before-entries run after run, and the same after-entries too. Stored as one
+//! content-addressed object per directory, an unchanged directory costs no new bytes, and a run
+//! that changes one file adds only the trees on that file's path. The header (schema version 2)
+//! names the root tree (`root_tree`); the seal covers the header (as an artifact) and the root
+//! tree (as a referenced object), which names everything below it by hash; every read verifies
+//! every tree object's hash.
+//!
+//! Headers of schema version 1 name one entries object (`entries_object`: every entry as one
+//! compact JSON map); they are still read.
 
 use serde_json::{json, Value};
 
 use super::capsule::{Capsule, MAX_ARTIFACT_BYTES};
+use super::tree::{self, TREE_FORMAT};
 use super::{Artifact, ObjectStore, StoreError};
 use crate::fs::Manifest;
+
+/// Schema version of the manifest headers this version writes (2: `root_tree`).
+pub const MANIFEST_SCHEMA_VERSION: u32 = 2;
 
 fn check_manifest_artifact(artifact: Artifact, method: &'static str) -> Result<(), StoreError> {
     match artifact {
@@ -32,9 +41,39 @@ fn malformed(capsule: &Capsule, artifact: Artifact, message: String) -> StoreErr
     }
 }
 
+/// The object a manifest header names for its entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManifestObject {
+    /// Schema version 2: the root tree.
+    Tree(String),
+    /// Schema version 1: one object holding every entry.
+    Entries(String),
+}
+
+impl ManifestObject {
+    fn of(header: &Value) -> Option<ManifestObject> {
+        let named = |key: &str| {
+            header
+                .get(key)
+                .and_then(|o| o.get("sha256"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        named("root_tree")
+            .map(ManifestObject::Tree)
+            .or_else(|| named("entries_object").map(ManifestObject::Entries))
+    }
+
+    pub fn hex(&self) -> &str {
+        match self {
+            ManifestObject::Tree(h) | ManifestObject::Entries(h) => h,
+        }
+    }
+}
+
 impl Capsule {
-    /// Writes a manifest: entries into the object store, the rest as the artifact. Returns the
-    /// entries object's hash, which the caller must reference when sealing.
+    /// Writes a manifest: entries into the object store as a tree, the rest as the artifact.
+    /// Returns the root tree's hash, which the caller must reference when sealing.
     pub fn write_manifest(
         &self,
         artifact: Artifact,
@@ -42,16 +81,11 @@ impl Capsule {
         objects: &ObjectStore,
     ) -> Result<String, StoreError> {
         check_manifest_artifact(artifact, "write_manifest")?;
-        let entries =
-            serde_json::to_vec(&manifest.entries).map_err(|source| StoreError::Serialize {
-                name: artifact.file_name().to_string(),
-                source,
-            })?;
-        let hex = objects.put_bytes(&entries)?;
-        // The header without its entries: a JSON tree of every entry would cost far more memory
-        // than the entries themselves. (Listing every field keeps this in step with `Manifest`.)
+        let written = tree::write_tree(&manifest.entries, objects)?;
+        // The header without its entries. (Listing every field keeps this in step with
+        // `Manifest`.)
         let shallow = Manifest {
-            schema_version: manifest.schema_version,
+            schema_version: MANIFEST_SCHEMA_VERSION,
             root: manifest.root.clone(),
             ignore_lines: manifest.ignore_lines.clone(),
             entries: Default::default(),
@@ -67,35 +101,47 @@ impl Capsule {
         if let Some(map) = header.as_object_mut() {
             map.remove("entries");
             map.insert(
-                "entries_object".into(),
+                "root_tree".into(),
                 json!({
-                    "sha256": hex,
-                    "count": manifest.entries.len(),
-                    "bytes": entries.len(),
-                    "format": "json",
+                    "sha256": written.root,
+                    "entries": manifest.entries.len(),
+                    "trees": written.trees,
+                    "format": TREE_FORMAT,
                 }),
             );
         }
         self.write_artifact(artifact, &header)?;
-        Ok(hex)
+        Ok(written.root)
     }
 
-    /// Reads a manifest written by [`Capsule::write_manifest`], verifying the entries object.
+    /// Reads a manifest written by [`Capsule::write_manifest`] (or a schema-1 header naming an
+    /// entries object), verifying every object it reads.
     pub fn read_manifest(
         &self,
         artifact: Artifact,
         objects: &ObjectStore,
     ) -> Result<Manifest, StoreError> {
         check_manifest_artifact(artifact, "read_manifest")?;
-        let mut header = self.read_artifact_value(artifact)?;
-        let hex = header
-            .get("entries_object")
-            .and_then(|o| o.get("sha256"))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| malformed(self, artifact, "missing entries_object.sha256".into()))?;
-        let bytes = objects.read_verified(&hex, MAX_ARTIFACT_BYTES)?;
+        let header = self.read_artifact_value(artifact)?;
+        self.manifest_from_header(artifact, header, objects)
+    }
+
+    /// The manifest a header names, its entries read from verified objects.
+    pub(crate) fn manifest_from_header(
+        &self,
+        artifact: Artifact,
+        mut header: Value,
+        objects: &ObjectStore,
+    ) -> Result<Manifest, StoreError> {
+        let named = ManifestObject::of(&header).ok_or_else(|| {
+            malformed(
+                self,
+                artifact,
+                "names neither root_tree.sha256 nor entries_object.sha256".into(),
+            )
+        })?;
         if let Some(map) = header.as_object_mut() {
+            map.remove("root_tree");
             map.remove("entries_object");
             map.insert("entries".into(), Value::Object(Default::default()));
         }
@@ -105,24 +151,55 @@ impl Capsule {
                 name: artifact.file_name().to_string(),
                 source,
             })?;
-        // Straight into typed entries: no intermediate JSON tree.
-        manifest.entries = serde_json::from_slice(&bytes)
-            .map_err(|e| malformed(self, artifact, format!("entries object {hex}: {e}")))?;
+        manifest.entries = match &named {
+            ManifestObject::Tree(root) => tree::read_tree(root, objects)?,
+            ManifestObject::Entries(hex) => {
+                let bytes = objects.read_verified(hex, MAX_ARTIFACT_BYTES)?;
+                // Straight into typed entries: no intermediate JSON tree.
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| malformed(self, artifact, format!("entries object {hex}: {e}")))?
+            }
+        };
         Ok(manifest)
     }
 
-    /// The entries object a stored manifest names, if any.
+    /// The object a stored manifest names for its entries (root tree or entries object), if any.
+    pub fn manifest_object(
+        &self,
+        artifact: Artifact,
+    ) -> Result<Option<ManifestObject>, StoreError> {
+        check_manifest_artifact(artifact, "manifest_object")?;
+        let header = self.read_artifact_value(artifact)?;
+        Ok(ManifestObject::of(&header))
+    }
+
+    /// The hash of the object a stored manifest names for its entries, if any.
     pub fn manifest_entries_object(
         &self,
         artifact: Artifact,
     ) -> Result<Option<String>, StoreError> {
-        check_manifest_artifact(artifact, "manifest_entries_object")?;
-        let header = self.read_artifact_value(artifact)?;
-        Ok(header
-            .get("entries_object")
-            .and_then(|o| o.get("sha256"))
-            .and_then(Value::as_str)
-            .map(str::to_string))
+        Ok(self.manifest_object(artifact)?.map(|o| o.hex().to_string()))
+    }
+
+    /// Every object a stored manifest references: for a tree, its tree objects and stored
+    /// backups; for a schema-1 header, the entries object and stored backups.
+    pub fn manifest_references(
+        &self,
+        artifact: Artifact,
+        objects: &ObjectStore,
+    ) -> Result<Vec<String>, StoreError> {
+        match self.manifest_object(artifact)? {
+            Some(ManifestObject::Tree(root)) => tree::tree_objects(&root, objects),
+            Some(ManifestObject::Entries(hex)) => {
+                let manifest = self.read_manifest(artifact, objects)?;
+                let mut out = super::manifest_objects(&manifest);
+                out.push(hex);
+                out.sort();
+                out.dedup();
+                Ok(out)
+            }
+            None => Ok(Vec::new()),
+        }
     }
 }
 
@@ -153,7 +230,7 @@ mod tests {
             },
         );
         Manifest {
-            schema_version: 1,
+            schema_version: MANIFEST_SCHEMA_VERSION,
             root: "/r".into(),
             ignore_lines: vec!["x".into()],
             entries,
@@ -182,7 +259,9 @@ mod tests {
         );
         let header = c.read_artifact_value(Artifact::Before).unwrap();
         assert!(header.get("entries").is_none());
-        assert_eq!(header["entries_object"]["count"], 1);
+        assert_eq!(header["schema_version"], 2);
+        assert_eq!(header["root_tree"]["entries"], 1);
+        assert_eq!(header["root_tree"]["format"], "tree-1");
         assert_eq!(
             c.manifest_entries_object(Artifact::After).unwrap(),
             Some(h1.clone())
@@ -197,5 +276,39 @@ mod tests {
         bytes[5] ^= 1;
         std::fs::write(&path, bytes).unwrap();
         assert!(c.read_manifest(Artifact::Before, store.objects()).is_err());
+    }
+
+    #[test]
+    fn schema_1_headers_naming_an_entries_object_are_still_read() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let c = store.create_run(None).unwrap();
+        let mut m = manifest();
+        m.schema_version = 1;
+        let entries = serde_json::to_vec(&m.entries).unwrap();
+        let hex = store.objects().put_bytes(&entries).unwrap();
+        let mut header = serde_json::to_value(&m).unwrap();
+        let map = header.as_object_mut().unwrap();
+        map.remove("entries");
+        map.insert(
+            "entries_object".into(),
+            json!({"sha256": hex, "count": 1, "bytes": entries.len(), "format": "json"}),
+        );
+        c.write_artifact(Artifact::Before, &header).unwrap();
+        assert_eq!(
+            c.read_manifest(Artifact::Before, store.objects()).unwrap(),
+            m
+        );
+        assert_eq!(
+            c.manifest_object(Artifact::Before).unwrap(),
+            Some(ManifestObject::Entries(hex.clone()))
+        );
+        let refs = c
+            .manifest_references(Artifact::Before, store.objects())
+            .unwrap();
+        assert!(
+            refs.contains(&hex) && refs.contains(&"0".repeat(64)),
+            "{refs:?}"
+        );
     }
 }

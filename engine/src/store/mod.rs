@@ -25,10 +25,13 @@ mod error;
 mod integrity;
 mod lock;
 mod manifest;
+mod object_cache;
 mod objects;
+mod previous;
 mod run_id;
 pub mod seal;
 mod tamper;
+mod tree;
 pub use tamper::{StoreSnapshot, TamperFinding};
 
 use std::collections::BTreeSet;
@@ -52,8 +55,11 @@ pub use integrity::{
     ALGORITHM, MAC_ALGORITHM, SEAL_FORMAT,
 };
 pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
+pub use manifest::{ManifestObject, MANIFEST_SCHEMA_VERSION};
 pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome};
+pub use previous::PreviousScan;
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
+pub use tree::{TreeWrite, MAX_TREE_ENTRIES, TREE_FORMAT};
 
 /// Name of the store directory below the project root (always excluded from scans).
 pub const STORE_DIR_NAME: &str = ".agentdiff";
@@ -248,6 +254,15 @@ impl Store {
     /// valid run ids are not runs and are skipped; a run entry that cannot be read normally is
     /// listed with a `problem`.
     pub fn list_runs(&self) -> Result<Vec<RunListing>, StoreError> {
+        Ok(self
+            .run_ids()?
+            .into_iter()
+            .map(|id| self.listing(id))
+            .collect())
+    }
+
+    /// The ids of all runs, sorted, without reading any artifact (cheap enough to poll).
+    pub fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
         let entries = match fs::read_dir(&self.runs) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -263,9 +278,9 @@ impl Store {
             else {
                 continue;
             };
-            out.push(self.listing(id));
+            out.push(id);
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.sort();
         Ok(out)
     }
 
@@ -325,15 +340,27 @@ impl Store {
     pub fn referenced_objects(&self) -> Result<ReferencedObjects, StoreError> {
         let mut refs = ReferencedObjects::default();
         for listing in self.list_runs()? {
-            let integrity = self
+            let found = self
                 .open_run(listing.id.as_str())
-                .and_then(|capsule| capsule.sealed_objects());
-            match integrity {
+                .and_then(|capsule| self.run_references(&capsule));
+            match found {
                 Ok(objects) => refs.objects.extend(objects),
                 Err(_) => refs.unknown.push(listing.id),
             }
         }
         Ok(refs)
+    }
+
+    /// The objects a sealed run keeps alive: those its seal lists and everything below its
+    /// manifests' trees (tree objects and backups).
+    fn run_references(&self, capsule: &Capsule) -> Result<Vec<String>, StoreError> {
+        let mut objects = capsule.sealed_objects()?;
+        for artifact in [Artifact::Before, Artifact::After] {
+            if fs::symlink_metadata(capsule.dir().join(artifact.file_name())).is_ok() {
+                objects.extend(capsule.manifest_references(artifact, &self.objects)?);
+            }
+        }
+        Ok(objects)
     }
 
     /// Removes objects no sealed run references. Refused while any run has no readable seal
@@ -358,6 +385,10 @@ impl Store {
                 self.objects.remove(&hex)?;
                 report.removed.push(hex);
             }
+        }
+        if !report.removed.is_empty() {
+            // Its entries for removed objects would never match again; start it afresh.
+            self.objects.drop_verified_cache()?;
         }
         Ok(report)
     }

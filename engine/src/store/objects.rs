@@ -6,10 +6,17 @@
 //! refused rather than restored.
 //!
 //! Reuse is verified: an object already stored under a name is trusted for a new backup only after
-//! its content has been hashed again in this process (an in-memory set the command cannot reach
-//! remembers what was verified). A file planted under a name with other content is moved to
-//! `objects/quarantine/` and replaced by the real bytes, so it can never stand in for a backup.
-//! In-run tamper detection (`super::tamper`) covers objects changed after they were verified.
+//! its content has been hashed, or when its file's identity (device, inode, size, mtime, ctime) is
+//! exactly what was recorded when it was last hashed or written by agentdiff. Those identities
+//! live in memory and, between runs, in a cache file MAC'd with the per-user key
+//! (`super::object_cache`): a command without the key cannot add an entry, and changing an
+//! object's content changes its ctime, which no unprivileged process can set back. A file planted
+//! under a name with other content is moved to `objects/quarantine/` and replaced by the real
+//! bytes, so it can never stand in for a backup. In-run tamper detection (`super::tamper`) covers
+//! objects changed after they were verified.
+//!
+//! Not defended (as for the tamper snapshot): a process that can write the store and rewrites an
+//! object with the same size within one ctime tick of agentdiff's own write or check of it.
 //!
 //! Durability is batched: [`ObjectStore::put_from_file`] does not fsync each object (one fsync per
 //! file made a first run on a real tree cost seconds); sealing a run flushes the filesystem that
@@ -17,9 +24,10 @@
 //! crash before that has the wrong size or hash: the sink's size-aware `contains` stores it again,
 //! and every read verifies the hash, so it is never restored.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -57,8 +65,31 @@ pub fn validate_object_id(hex: &str) -> Result<(), StoreError> {
 pub struct ObjectStore {
     /// `.agentdiff/objects`
     base: PathBuf,
-    /// Objects whose content this process hashed and found matching their name.
-    verified: Arc<Mutex<HashSet<String>>>,
+    /// Objects whose content was found matching their name, with the identity their file had
+    /// then; an entry counts only while the file still has exactly that identity.
+    pub(super) verified: Arc<Mutex<HashMap<String, ObjectStat>>>,
+}
+
+/// Identity of an object file. Any change to its content moves `ctime_ns` forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ObjectStat {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl ObjectStat {
+    pub(super) fn of(meta: &fs::Metadata) -> ObjectStat {
+        ObjectStat {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+        }
+    }
 }
 
 /// The backup objects a manifest references (entries whose backup is stored).
@@ -79,18 +110,19 @@ impl ObjectStore {
         }
     }
 
-    fn is_verified(&self, hex: &str) -> bool {
+    fn is_verified(&self, hex: &str, meta: &fs::Metadata) -> bool {
         self.verified
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(hex)
+            .get(hex)
+            .is_some_and(|known| *known == ObjectStat::of(meta))
     }
 
-    fn mark_verified(&self, hex: &str) {
+    fn mark_verified(&self, hex: &str, meta: &fs::Metadata) {
         self.verified
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(hex.to_string());
+            .insert(hex.to_string(), ObjectStat::of(meta));
     }
 
     /// Forgets what this process verified (after the command ran, objects are re-checked).
@@ -102,18 +134,23 @@ impl ObjectStore {
     }
 
     /// True when an object of `size` bytes is stored under `hex` and its content hashes to `hex`
-    /// (checked once per process). An object whose content does not match is quarantined, so the
-    /// caller stores the real bytes again.
+    /// (hashed again unless the file's identity is what it was when last found intact). An object
+    /// whose content does not match is quarantined, so the caller stores the real bytes again.
     pub fn contains_verified(&self, hex: &str, size: u64) -> bool {
-        if !self.contains_sized(hex, size) {
+        let Some(meta) = self
+            .object_path(hex)
+            .ok()
+            .and_then(|p| fs::symlink_metadata(p).ok())
+            .filter(|m| m.is_file() && m.len() == size)
+        else {
             return false;
-        }
-        if self.is_verified(hex) {
+        };
+        if self.is_verified(hex, &meta) {
             return true;
         }
-        match self.verify_object(hex) {
-            Ok(()) => {
-                self.mark_verified(hex);
+        match self.verify_object_identity(hex) {
+            Ok(checked) => {
+                self.mark_verified(hex, &checked);
                 true
             }
             Err(StoreError::ObjectCorrupt { .. }) => {
@@ -228,6 +265,16 @@ impl ObjectStore {
 
     /// Stores `bytes`; returns their SHA-256 (the object name).
     pub fn put_bytes(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        self.put_bytes_with(bytes, true)
+    }
+
+    /// [`ObjectStore::put_bytes`] without the per-object fsync: for the many small tree objects
+    /// of a manifest, made durable with the run's objects by the seal's filesystem flush.
+    pub fn put_bytes_batched(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        self.put_bytes_with(bytes, false)
+    }
+
+    fn put_bytes_with(&self, bytes: &[u8], durable: bool) -> Result<String, StoreError> {
         let hex = hex::encode(Sha256::digest(bytes));
         let dest = self.object_path(&hex)?;
         // Unchanged content (e.g. the manifest of an unchanged tree) costs no write at all.
@@ -235,13 +282,15 @@ impl ObjectStore {
             return Ok(hex);
         }
         let (mut tmp, tmp_path) = atomic::create_temp_in(&self.tmp_dir(), "object")?;
-        let written = tmp.write_all(bytes).and_then(|()| tmp.sync_all());
+        let written = tmp
+            .write_all(bytes)
+            .and_then(|()| if durable { tmp.sync_all() } else { Ok(()) });
         drop(tmp);
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp_path);
             return Err(StoreError::io("write", &tmp_path, e));
         }
-        self.install(&tmp_path, &dest, bytes.len() as u64, true)?;
+        self.install(&tmp_path, &dest, bytes.len() as u64, durable)?;
         Ok(hex)
     }
 
@@ -275,7 +324,10 @@ impl ObjectStore {
         if durable {
             atomic::sync_dir(&shard)?;
         }
-        self.mark_verified(&hex);
+        // The identity right after the rename: the bytes are the ones this process hashed.
+        if let Ok(meta) = fs::symlink_metadata(dest) {
+            self.mark_verified(&hex, &meta);
+        }
         Ok(PutOutcome::Stored)
     }
 
@@ -337,7 +389,13 @@ impl ObjectStore {
 
     /// Recomputes the object's hash; errors name the object when it is missing or corrupt.
     pub fn verify_object(&self, hex: &str) -> Result<(), StoreError> {
-        let (mut file, _, path) = self.open_object(hex)?;
+        self.verify_object_identity(hex).map(|_| ())
+    }
+
+    /// Like [`ObjectStore::verify_object`], and returns the file's metadata for which the hash
+    /// holds: the same before and after reading, so a write during the read is not vouched for.
+    fn verify_object_identity(&self, hex: &str) -> Result<fs::Metadata, StoreError> {
+        let (mut file, opened, path) = self.open_object(hex)?;
         let (actual, _) = copy_hashing(&mut file, &mut io::sink(), u64::MAX)
             .map_err(|e| StoreError::io("read", &path, e))?;
         if actual != hex {
@@ -346,7 +404,15 @@ impl ObjectStore {
                 actual,
             });
         }
-        Ok(())
+        let read = file
+            .metadata()
+            .map_err(|e| StoreError::io("inspect", &path, e))?;
+        if ObjectStat::of(&read) != ObjectStat::of(&opened) {
+            return Err(StoreError::ObjectChangedWhileRead {
+                hex: hex.to_string(),
+            });
+        }
+        Ok(read)
     }
 
     /// Streams the object into `dest` (from `dest`'s current position) while hashing it, and

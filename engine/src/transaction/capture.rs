@@ -3,6 +3,7 @@
 //! Invariant: the after-scan uses the before-scan's ignore lines and re-includes, so the command
 //! cannot hide its own writes by editing `.agentdiffignore` or the policy mid-run.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use serde_json::json;
@@ -10,7 +11,8 @@ use serde_json::json;
 use super::{ProgressFn, TransactionError};
 use crate::fs::{self, BackupRequest, IgnoreSource, Manifest, ScanOptions, ScanProgress};
 use crate::policy::Policy;
-use crate::store::{Artifact, Capsule, Store};
+use crate::store::seal::SealAuthority;
+use crate::store::{Artifact, Capsule, PreviousScan, Store};
 
 /// What a capture needs to know about the run.
 pub(super) struct CapturePlan<'a> {
@@ -25,13 +27,18 @@ pub(super) struct CapturePlan<'a> {
     pub backup_before: bool,
     /// `rollback.max_backup_file_mb` in bytes.
     pub max_backup_bytes: u64,
+    /// `capture.trust_stat`: scans reuse hashes of files whose stat is unchanged since a verified
+    /// earlier scan.
+    pub trust_stat: bool,
+    /// The key and ledger an earlier run's seal must check under before its manifest is reused.
+    pub authority: &'a SealAuthority,
     pub progress: Option<ProgressFn<'a>>,
 }
 
-/// A stored manifest and the object holding its entries.
+/// A stored manifest and its root tree.
 pub(super) struct Captured {
     pub manifest: Manifest,
-    pub entries_object: String,
+    pub root_tree: String,
 }
 
 impl<'a> CapturePlan<'a> {
@@ -39,6 +46,7 @@ impl<'a> CapturePlan<'a> {
         store: &'a Store,
         capsule: &'a Capsule,
         policy: &Policy,
+        authority: &'a SealAuthority,
         private_workspace: bool,
         progress: Option<ProgressFn<'a>>,
     ) -> Self {
@@ -52,6 +60,8 @@ impl<'a> CapturePlan<'a> {
             private_workspace,
             backup_before: rollback.enabled || private_workspace,
             max_backup_bytes: rollback.max_backup_file_mb.saturating_mul(1024 * 1024),
+            trust_stat: policy.capture().trust_stat,
+            authority,
             progress,
         }
     }
@@ -72,7 +82,28 @@ impl<'a> CapturePlan<'a> {
             phase: "before",
             event: "before_captured",
         };
-        self.scan_and_store(root, step, backup, None, IgnoreSource::ProjectFile)
+        let previous = self.previous_scan(root)?;
+        if let Some(p) = &previous {
+            self.capsule.event(
+                "stat_cache",
+                json!({ "run_id": p.run_id.as_str(), "artifact": p.artifact.file_name() }),
+            )?;
+        }
+        let reuse = previous.as_ref().map(|p| &p.manifest);
+        self.scan_and_store(root, step, backup, reuse, IgnoreSource::ProjectFile)
+    }
+
+    /// The verified earlier scan the before-scan takes unchanged files' hashes from, when
+    /// `capture.trust_stat` allows it.
+    fn previous_scan(&self, root: &Path) -> Result<Option<PreviousScan>, TransactionError> {
+        if !self.trust_stat {
+            return Ok(None);
+        }
+        let ctx = self.authority.verify_context()?;
+        // The scanner names its root this way; a manifest of another root is never reused.
+        let canon = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        let shown = crate::fs::escape_bytes(canon.as_os_str().as_bytes());
+        Ok(self.store.previous_verified_manifest(&ctx, &shown))
     }
 
     /// Scans `workdir` after the run with the before-scan's ignore rules, reusing unchanged
@@ -92,7 +123,8 @@ impl<'a> CapturePlan<'a> {
             });
             self.scan_and_store(workdir, step, backup, None, ignore)
         } else {
-            self.scan_and_store(workdir, step, None, Some(before), ignore)
+            let reuse = self.trust_stat.then_some(before);
+            self.scan_and_store(workdir, step, None, reuse, ignore)
         }
     }
 
@@ -115,16 +147,20 @@ impl<'a> CapturePlan<'a> {
             .as_ref()
             .map(|p| p as &(dyn Fn(&ScanProgress) + Sync));
         let manifest = fs::scan(dir, &opts)?;
-        let entries_object =
+        let root_tree =
             self.capsule
                 .write_manifest(step.artifact, &manifest, self.store.objects())?;
         self.capsule.event(
             step.event,
-            json!({ "entries": manifest.entries.len(), "unsupported": manifest.unsupported.len() }),
+            json!({
+                "entries": manifest.entries.len(),
+                "unsupported": manifest.unsupported.len(),
+                "hashes_reused": manifest.stats.hashes_reused,
+            }),
         )?;
         Ok(Captured {
             manifest,
-            entries_object,
+            root_tree,
         })
     }
 }
@@ -136,7 +172,6 @@ struct Step {
     event: &'static str,
 }
 
-/// Objects a manifest's backups live in (kept alive by the seal).
 /// Most paths named in the refusal message; the rest are counted.
 const MAX_NAMED: usize = 10;
 
@@ -173,8 +208,4 @@ pub(super) fn missing_backups(manifest: &Manifest) -> Option<String> {
             String::new()
         }
     ))
-}
-
-pub(super) fn referenced_objects(manifest: &Manifest) -> Vec<String> {
-    crate::store::manifest_objects(manifest)
 }

@@ -223,10 +223,14 @@ pub fn summarize(
         reversible: changes.iter().filter(|c| c.reversible).count() as u64,
         leftover_processes: run.cleanup.leftovers() as u64,
         opened_ports: run.ports.opened.len() as u64,
+        opened_ports_attributed: run.ports.opened.iter().filter(|p| p.attributed).count() as u64,
         containers_started: run
             .containers
             .as_ref()
             .map_or(0, |c| c.containers.len() as u64 + c.omitted),
+        containers_attributed: run.containers.as_ref().map_or(0, |c| {
+            c.containers.iter().filter(|c| c.attributed).count() as u64
+        }),
         // Each entry that could not be captured, once, whether before, after or both.
         unsupported_entries: before
             .unsupported

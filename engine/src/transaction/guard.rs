@@ -14,8 +14,8 @@ const LOST_BACKUP: &str =
 /// What the check after the command found.
 pub(crate) struct Tampering {
     pub findings: Vec<TamperFinding>,
-    /// The before manifest's entries object, when the manifest was written again.
-    pub rewritten_entries: Option<String>,
+    /// The before manifest's root tree, when the manifest was written again.
+    pub rewritten_root: Option<String>,
 }
 
 /// Findings after the command ran. `before` is the in-memory before manifest: entries whose
@@ -32,7 +32,7 @@ pub(crate) fn after_command(
     if findings.is_empty() {
         return Ok(Tampering {
             findings,
-            rewritten_entries: None,
+            rewritten_root: None,
         });
     }
     let objects = store.objects();
@@ -55,11 +55,11 @@ pub(crate) fn after_command(
         }
     }
     capsule.restore_written_artifacts()?;
-    // Rewriting the manifest stores its entries object again if it was lost, and records the
+    // Rewriting the manifest stores its tree objects again if they were lost, and records the
     // withdrawn backups.
-    let entries = capsule.write_manifest(Artifact::Before, before, objects)?;
+    let root = capsule.write_manifest(Artifact::Before, before, objects)?;
     Ok(Tampering {
         findings,
-        rewritten_entries: Some(entries),
+        rewritten_root: Some(root),
     })
 }

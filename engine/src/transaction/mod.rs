@@ -163,10 +163,12 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     };
     let authority = SealAuthority::open(&state_dir, &root)?;
     let store = Store::open(&root)?;
+    // Objects found intact by earlier runs (MAC'd with the key) are not hashed again.
+    store.objects().load_verified_cache(authority.key());
     let capsule = store.create_run(req.run_id.as_deref())?;
     let timeout = effective_timeout(req.timeout, policy.limits().duration_seconds);
     let sealer = open_capsule(
-        &req, &capsule, &authority, &root, timeout, started, started_at,
+        &req, &store, &capsule, &authority, &root, timeout, started, started_at,
     )?;
 
     // A denied executable is never launched.
@@ -190,10 +192,17 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 
     // Capture before.
     let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
-    let capture = CapturePlan::new(&store, &capsule, policy, private_workspace, req.progress);
+    let capture = CapturePlan::new(
+        &store,
+        &capsule,
+        policy,
+        &authority,
+        private_workspace,
+        req.progress,
+    );
     let mut before = capture.before(&root)?;
-    let mut referenced = capture::referenced_objects(&before.manifest);
-    referenced.push(before.entries_object.clone());
+    // The root trees name every tree object and backup below them: sealing them seals those.
+    let mut referenced = vec![before.root_tree.clone()];
     if policy.capture().require_backups {
         if let Some(message) = capture::missing_backups(&before.manifest) {
             let refusal = Some(Refusal::BackupsMissing);
@@ -243,22 +252,20 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     };
     let capsule_tampered =
         guard::after_command(&store, &capsule, &store_snapshot, &mut before.manifest)?;
-    if let Some(entries) = capsule_tampered.rewritten_entries {
-        // Withdrawn backups are no longer referenced; the rewritten manifest's entries are.
-        before.entries_object = entries;
-        referenced = capture::referenced_objects(&before.manifest);
-        referenced.push(before.entries_object.clone());
+    if let Some(root_tree) = capsule_tampered.rewritten_root {
+        // Withdrawn backups are no longer referenced; the rewritten manifest's tree is.
+        before.root_tree = root_tree;
+        referenced = vec![before.root_tree.clone()];
     }
     record_exited(&capsule, &evidence, &req.verified_controls)?;
 
     // Capture after.
     let after = capture.after(&workdir, &before.manifest)?;
-    referenced.push(after.entries_object.clone());
+    referenced.push(after.root_tree.clone());
     if private_workspace {
-        // The after-state now lives in the object store (promote applies it from there); the
-        // workspace copy of the whole tree is not needed any more.
+        // The after-state now lives in the object store (promote applies it from there, the
+        // after tree references it); the workspace copy of the whole tree is not needed any more.
         seal::discard_workspace(&store, &capsule)?;
-        referenced.extend(capture::referenced_objects(&after.manifest));
     }
 
     // Decide and seal.
@@ -277,8 +284,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 }
 
 /// Writes `metadata.json` and `policy.json`, and decides and records the command.
+#[allow(clippy::too_many_arguments)]
 fn open_capsule<'c>(
     req: &RunRequest<'_>,
+    store: &'c Store,
     capsule: &'c Capsule,
     authority: &'c SealAuthority,
     root: &Path,
@@ -312,6 +321,7 @@ fn open_capsule<'c>(
     )?;
     Ok(Sealer {
         capsule,
+        objects: store.objects(),
         authority,
         run_id,
         command_decision,

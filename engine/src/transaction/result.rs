@@ -85,12 +85,20 @@ pub struct Summary {
     pub protected: u64,
     pub reversible: u64,
     pub leftover_processes: u64,
+    /// Listening sockets that appeared during the run, machine-wide.
     pub opened_ports: u64,
+    /// Of `opened_ports`, those held by one of the run's processes when sampled; the rest are
+    /// machine-wide observations (another program's listener).
+    #[serde(default)]
+    pub opened_ports_attributed: u64,
     pub unsupported_entries: u64,
     /// Containers an engine created during the run window (not owned by the run; see
     /// `runtime.json` `containers`).
     #[serde(default)]
     pub containers_started: u64,
+    /// Of `containers_started`, those whose monitor or main process was one of the run's.
+    #[serde(default)]
+    pub containers_attributed: u64,
 }
 
 /// A control that a recorded probe verified on this host for the same backend and settings

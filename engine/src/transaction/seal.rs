@@ -10,7 +10,7 @@ use super::result::{RunResult, Status};
 use super::{Refusal, RunOutcome, TransactionError};
 use crate::policy::Decision;
 use crate::store::seal::SealAuthority;
-use crate::store::{Artifact, Capsule, Store};
+use crate::store::{Artifact, Capsule, ObjectStore, Store};
 
 pub(super) fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
@@ -19,6 +19,8 @@ pub(super) fn now() -> String {
 /// Holds what every ending of a run needs: the capsule, the run's identity and its start.
 pub(super) struct Sealer<'c> {
     pub capsule: &'c Capsule,
+    /// The store's objects; what this run found intact is remembered for the next run.
+    pub objects: &'c ObjectStore,
     /// The per-user key and ledger every seal is MAC'd with and recorded in.
     pub authority: &'c SealAuthority,
     pub run_id: String,
@@ -67,6 +69,9 @@ impl Sealer<'_> {
         objects.sort();
         objects.dedup();
         self.capsule.seal_with(&objects, Some(self.authority))?;
+        // The cache only saves time: a run whose cache cannot be written is still complete, and
+        // the next run hashes its objects again.
+        let _ = self.objects.save_verified_cache(self.authority.key());
         Ok(RunOutcome {
             result,
             capsule_dir: self.capsule.dir().to_path_buf(),

@@ -19,6 +19,7 @@ use std::time::Duration;
 use agentdiff_engine::fs::{
     diff, diff_unsupported, scan, BackupError, BackupRequest, BackupSink, BackupSkip, BackupState,
     ChangeType, EntryKind, IgnoreSource, Manifest, ScanError, ScanOptions, ScanProgress,
+    RACY_MARGIN_NS,
 };
 use sha2::{Digest, Sha256};
 
@@ -608,7 +609,9 @@ fn hash_reuse_requires_all_seven_fields_unchanged() {
     fs::write(d.path().join("same"), b"unchanged").unwrap();
     fs::write(d.path().join("touched"), b"content").unwrap();
     fs::write(d.path().join("rewritten"), b"aaaa").unwrap();
-    let before = scan_ok(d.path(), &ScanOptions::new());
+    let mut before = scan_ok(d.path(), &ScanOptions::new());
+    // As if the scan had started well after the files were written (no entry is racy).
+    before.stats.started_ns = before.stats.started_ns.map(|t| t + 2 * RACY_MARGIN_NS);
     let mut opts = ScanOptions::new();
     opts.reuse = Some(&before);
 
@@ -665,6 +668,48 @@ fn hash_reuse_requires_all_seven_fields_unchanged() {
     fs::write(other.path().join("same"), b"unchanged").unwrap();
     let o = scan_ok(other.path(), &opts);
     assert_eq!(o.stats.hashes_reused, 0);
+}
+
+#[test]
+fn racy_entries_are_read_again_even_with_identical_stat() {
+    use nix::sys::stat::{utimensat, UtimensatFlags};
+    use nix::sys::time::TimeSpec;
+    let d = tempfile::tempdir().unwrap();
+    fs::write(d.path().join("racy"), b"aaaa").unwrap();
+    let before = scan_ok(d.path(), &ScanOptions::new());
+    assert!(before.stats.started_ns.is_some());
+    let mut opts = ScanOptions::new();
+    opts.reuse = Some(&before);
+    // Written within the margin of the scan's start: never reused, even unchanged.
+    let again = scan_ok(d.path(), &opts);
+    assert_eq!(again.stats.hashes_reused, 0);
+    // A same-size rewrite in the same timestamp tick with mtime put back may leave every stat
+    // field equal; the racy rule still reads it.
+    let r = &before.entries["racy"];
+    fs::write(d.path().join("racy"), b"bbbb").unwrap();
+    let t = TimeSpec::new(r.mtime_ns / 1_000_000_000, r.mtime_ns % 1_000_000_000);
+    utimensat(
+        None,
+        &d.path().join("racy"),
+        &t,
+        &t,
+        UtimensatFlags::NoFollowSymlink,
+    )
+    .unwrap();
+    let after = scan_ok(d.path(), &opts);
+    assert_eq!(
+        after.entries["racy"].sha256.as_deref(),
+        Some(sha(b"bbbb").as_str())
+    );
+    // A manifest that records no scan start (an older version) offers no reuse at all.
+    let mut later = after.clone();
+    later.stats.started_ns = later.stats.started_ns.map(|t| t + 2 * RACY_MARGIN_NS);
+    opts.reuse = Some(&later);
+    assert_eq!(scan_ok(d.path(), &opts).stats.hashes_reused, 1, "control");
+    let mut old = later.clone();
+    old.stats.started_ns = None;
+    opts.reuse = Some(&old);
+    assert_eq!(scan_ok(d.path(), &opts).stats.hashes_reused, 0);
 }
 
 #[test]

@@ -182,15 +182,18 @@ fn factory() -> Box<dyn RuntimeBackend> {
     Box::new(NiceBackend)
 }
 
-inventory::submit! {
-    BackendDescriptor::new(
-        ID,
-        "example: the command under `nice -n 10`, processes observed, nothing isolated",
-        factory,
-    )
-    .with_options(OPTIONS)
-    .with_fail_closed(FAIL_CLOSED)
-}
+/// Everything agentdiff knows about this backend. `src/main.rs` serves it as the executable
+/// `agentdiff-backend-nice` (the external route); a program that links this crate gets it
+/// registered in-process through `inventory` (the embedded route).
+pub const DESCRIPTOR: BackendDescriptor = BackendDescriptor::new(
+    ID,
+    "example: the command under `nice -n 10`, processes observed, nothing isolated",
+    factory,
+)
+.with_options(OPTIONS)
+.with_fail_closed(FAIL_CLOSED);
+
+inventory::submit! { DESCRIPTOR }
 
 #[cfg(test)]
 mod tests {

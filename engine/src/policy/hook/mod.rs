@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use super::{Decision, LoadedPolicy, Policy, PolicyError};
+use super::{Decision, Policy, PolicyError};
 
 pub(crate) use deny_read::check_read_pattern;
 pub use deny_read::DenyRead;
@@ -179,49 +179,6 @@ pub fn evaluate(policy: &Policy, root: &Path, call: &ToolCall) -> Result<HookVer
     let mut judgement = judge::Judgement::default();
     tools::judge_call(&ctx, call, &mut judgement)?;
     Ok(judgement.finish())
-}
-
-/// Load the policy the hook uses: the `--policy` file if one is named, else
-/// `ROOT/agentdiff.yaml` when it exists, else the built-in policy. The project's file is
-/// resolved like a tool path; a symlink that leads outside the root is refused (a project
-/// cannot make the hook read a file elsewhere, and the agent may have made that link).
-pub fn load_policy(root: &Path, explicit: Option<&Path>) -> Result<LoadedPolicy, PolicyError> {
-    if explicit.is_some() {
-        return super::load(root, explicit);
-    }
-    let root_error = |source| PolicyError::Root {
-        path: root.to_owned(),
-        source,
-    };
-    let real_root = resolve(Path::new("/"), root)
-        .map_err(|e| root_error(std::io::Error::other(e.to_string())))?;
-    let file = Path::new(super::POLICY_FILE_NAME);
-    match resolve(&real_root.target, file) {
-        Ok(found) if found.file.is_some() => {
-            if !found.target.starts_with(&real_root.target) {
-                return Err(PolicyError::OutsideRoot {
-                    path: root.join(file),
-                });
-            }
-            let mut loaded = super::load_file(&found.target)?;
-            // Reached through a symlink, the file in force has another name: protect it too.
-            if let Some(rel) = found
-                .target
-                .strip_prefix(&real_root.target)
-                .ok()
-                .and_then(Path::to_str)
-            {
-                loaded.policy.protect_source(rel);
-            }
-            Ok(loaded)
-        }
-        // Missing (or a dangling link): the generic loader reports it or falls back.
-        Ok(_) => super::load(root, None),
-        Err(e) => Err(PolicyError::Io {
-            path: root.join(file),
-            source: std::io::Error::other(e.to_string()),
-        }),
-    }
 }
 
 pub(crate) fn json_kind(value: &Value) -> &'static str {

@@ -296,14 +296,14 @@ fn the_project_policy_is_not_read_through_a_link_out_of_the_root() {
     std::fs::write(outside.path().join("p.yaml"), "version: 1\n").unwrap();
     symlink(outside.path().join("p.yaml"), root.join("agentdiff.yaml")).unwrap();
     assert!(matches!(
-        load_policy(&root, None),
+        crate::policy::load(&root, None),
         Err(PolicyError::OutsideRoot { .. })
     ));
-    assert!(load_policy(&root, Some(&outside.path().join("p.yaml"))).is_ok());
+    assert!(crate::policy::load(&root, Some(&outside.path().join("p.yaml"))).is_ok());
     std::fs::remove_file(root.join("agentdiff.yaml")).unwrap();
     std::fs::write(root.join("real.yaml"), "version: 1\n").unwrap();
     symlink("real.yaml", root.join("agentdiff.yaml")).unwrap();
-    let loaded = load_policy(&root, None).unwrap();
+    let loaded = crate::policy::load(&root, None).unwrap();
     // The file in force is protected under its real name too.
     let call = call(json!({"tool_name": "Write", "tool_input": {"file_path": "real.yaml"}}));
     let v = evaluate(&loaded.policy, &root, &call).unwrap();

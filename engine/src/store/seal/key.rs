@@ -161,6 +161,7 @@ pub enum MacPurpose {
     Ledger,
     LaunchEvent,
     EnvFingerprint,
+    ObjectCache,
 }
 
 impl MacPurpose {
@@ -170,6 +171,7 @@ impl MacPurpose {
             MacPurpose::Ledger => b"agentdiff/v1/ledger",
             MacPurpose::LaunchEvent => b"agentdiff/v1/launched-event",
             MacPurpose::EnvFingerprint => b"agentdiff/v1/env-fingerprint",
+            MacPurpose::ObjectCache => b"agentdiff/v1/verified-objects",
         }
     }
 }

@@ -50,6 +50,16 @@ impl SealAuthority {
         &self.key
     }
 
+    /// What `verify` would check this authority's own seals against: its key and ledger.
+    pub fn verify_context(&self) -> Result<VerifyContext, StoreError> {
+        Ok(VerifyContext {
+            key: Some(self.key.clone()),
+            key_path: None,
+            ledger: Some(self.ledger.read(&self.key)?),
+            root: Some(self.root.display().to_string()),
+        })
+    }
+
     pub(crate) fn mac_seal(&self, integrity: &Integrity) -> SealMac {
         SealMac {
             algorithm: MAC_ALGORITHM.to_string(),

@@ -1,0 +1,267 @@
+//! External backends through the unmodified `agentdiff` binary: `agentdiff-backend-nice` (the
+//! Rust example built with the SDK) and the example in Python, put on `PATH`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use super::{assert_exit, cmd, json_of, text};
+
+/// The workspace root (this crate lives in `backends/`).
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace holds backends/")
+}
+
+/// `agentdiff-backend-nice`, built now by cargo (a no-op when it is up to date) so the test never
+/// runs a stale copy.
+fn nice_executable() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(cargo)
+            .current_dir(workspace())
+            .args(["build", "--quiet", "-p", "agentdiff-backend-nice", "--bin"])
+            .arg("agentdiff-backend-nice")
+            .output()
+            .expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "building the example failed: {}",
+            text(&out.stderr)
+        );
+        let exe = super::bin().with_file_name("agentdiff-backend-nice");
+        assert!(exe.is_file(), "{} was not built", exe.display());
+        exe
+    })
+}
+
+/// A directory for `PATH` holding links named as plugins.
+struct PluginDir {
+    dir: tempfile::TempDir,
+}
+
+impl PluginDir {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn link(&self, name: &str, target: &Path) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::os::unix::fs::symlink(target, &p).unwrap();
+        p
+    }
+
+    fn with_nice(self) -> Self {
+        self.link("agentdiff-backend-nice", nice_executable());
+        self
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// `PATH` with `dirs` first.
+fn path_with(dirs: &[&Path]) -> std::ffi::OsString {
+    let mut all: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
+    all.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(all).unwrap()
+}
+
+fn agentdiff_on(path: &std::ffi::OsStr, cwd: &Path, args: &[&str]) -> Output {
+    cmd(cwd, args)
+        .env("PATH", path)
+        .output()
+        .expect("agentdiff runs")
+}
+
+fn runtime_json(root: &Path, result: &Value) -> Value {
+    let id = result["run_id"].as_str().unwrap();
+    let p = root.join(".agentdiff/runs").join(id).join("runtime.json");
+    serde_json::from_str(&fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn doctor_lists_the_external_backend_with_its_path_and_protocol() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(&path, project.path(), &["doctor", "--format", "json"]);
+    assert_exit(&out, 0);
+    let doc = json_of(&out);
+    let nice = doc["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == "nice")
+        .unwrap_or_else(|| panic!("nice is not listed: {doc:#}"));
+    assert_eq!(nice["external"]["protocol"], 1);
+    assert_eq!(
+        nice["external"]["path"],
+        plugins
+            .path()
+            .join("agentdiff-backend-nice")
+            .display()
+            .to_string()
+    );
+    assert_eq!(nice["availability"]["state"], "ready", "{nice:#}");
+    assert_eq!(nice["options"][0]["name"], "nice-executable");
+    // A plugin's labels are its own word: never the recommendation.
+    assert_ne!(doc["recommended"]["id"], "nice");
+    let out = agentdiff_on(&path, project.path(), &["doctor"]);
+    assert!(
+        text(&out.stdout).contains("external backend: "),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn a_run_through_the_external_backend_records_changes_and_passes_the_exit_code() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    fs::write(project.path().join("a.txt"), "a\n").unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "run",
+            "--format",
+            "json",
+            "--runtime",
+            "nice",
+            "--",
+            "sh",
+            "-c",
+            "echo x >> a.txt; echo y > b.txt; echo to-the-user; exit 3",
+        ],
+    );
+    assert_exit(&out, 3);
+    // The command's stdout reached agentdiff's stderr directly (--format json), not through JSON.
+    assert!(
+        text(&out.stderr).contains("to-the-user"),
+        "{}",
+        text(&out.stderr)
+    );
+    let r = json_of(&out);
+    let changes: Vec<&str> = r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes, ["a.txt", "b.txt"], "{r:#}");
+    assert_eq!(r["runtime"]["backend"], "nice");
+    assert_eq!(r["runtime"]["exit"]["code"], 3);
+    let rt = runtime_json(project.path(), &r);
+    let origin = &rt["wrapper"]["external_backend"];
+    assert_eq!(origin["protocol"], 1, "{rt:#}");
+    assert!(origin["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("agentdiff-backend-nice"));
+    assert!(
+        ["verified", "ended_before_check"].contains(&origin["launched_process"].as_str().unwrap()),
+        "{origin:#}"
+    );
+    assert_eq!(rt["wrapper_argv"][1], "-n", "{rt:#}");
+}
+
+#[test]
+fn an_unknown_runtime_lists_built_in_and_path_ids_and_writes_no_capsule() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &["run", "--runtime", "nope", "--", "true"],
+    );
+    assert_exit(&out, 64);
+    let err = text(&out.stderr);
+    assert!(err.contains("unknown runtime backend `nope`"), "{err}");
+    assert!(
+        err.contains("local") && err.contains("on PATH: nice"),
+        "{err}"
+    );
+    assert!(!project.path().join(".agentdiff").exists());
+}
+
+#[test]
+fn built_in_ids_cannot_be_shadowed_and_duplicates_name_both_paths() {
+    let a = PluginDir::new();
+    let b = PluginDir::new();
+    a.link("agentdiff-backend-local", nice_executable());
+    let first = a.link("agentdiff-backend-twin", nice_executable());
+    let second = b.link("agentdiff-backend-twin", Path::new("/bin/true"));
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[a.path(), b.path()]);
+    // `local` stays the built-in backend.
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "run",
+            "--format",
+            "json",
+            "--runtime",
+            "local",
+            "--",
+            "true",
+        ],
+    );
+    assert_exit(&out, 0);
+    assert!(json_of(&out)["runtime"]["wrapper"].is_null());
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &["run", "--runtime", "twin", "--", "true"],
+    );
+    assert_exit(&out, 64);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&first.display().to_string()) && err.contains(&second.display().to_string()),
+        "{err}"
+    );
+    let out = agentdiff_on(&path, project.path(), &["doctor", "--format", "json"]);
+    let doc = json_of(&out);
+    let refused: Vec<&str> = doc["external_backends_refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(refused, ["local", "twin"], "{doc:#}");
+}
+
+#[test]
+fn the_conformance_suite_passes_for_the_external_nice_backend() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &["conformance", "--runtime", "nice", "--format", "json"],
+    );
+    assert_exit(&out, 0);
+    let report = json_of(&out);
+    assert_eq!(report["summary"]["must_failed"], 0, "{report:#}");
+    let fail = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "FAIL-001")
+        .unwrap();
+    assert_eq!(fail["outcome"], "passed", "{fail:#}");
+}

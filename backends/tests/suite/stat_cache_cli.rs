@@ -1,0 +1,220 @@
+//! The stat cache end to end: a run reuses hashes from the previous verified run only for files
+//! whose stat is unchanged and not racy, and still sees every change an unprivileged process can
+//! make, including content rewritten with its timestamps put back.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use agentdiff_engine::fs::Manifest;
+use agentdiff_engine::store::{Artifact, Store};
+
+use super::{agentdiff, assert_exit};
+
+const FILES: [&str; 3] = ["a.txt", "b.txt", "src/lib.rs"];
+
+/// A project whose files are older than the racy margin (2 s) by the time the first run scans.
+fn aged_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("src")).unwrap();
+    for f in FILES {
+        fs::write(dir.path().join(f), format!("{f}\n")).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(2_200));
+    dir
+}
+
+fn run(root: &Path, id: &str, extra: &[&str], script: &str) -> Value {
+    let mut args = vec![
+        "run",
+        "--format",
+        "json",
+        "--fail-on",
+        "never",
+        "--run-id",
+        id,
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    let out = agentdiff(root, &args);
+    assert_exit(&out, 0);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn events(root: &Path, id: &str) -> Vec<Value> {
+    let text = fs::read_to_string(root.join(format!(".agentdiff/runs/{id}/events.jsonl"))).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn event(root: &Path, id: &str, name: &str) -> Option<Value> {
+    events(root, id).into_iter().find(|e| e["event"] == name)
+}
+
+fn reused(root: &Path, id: &str, phase: &str) -> u64 {
+    event(root, id, &format!("{phase}_captured")).unwrap()["hashes_reused"]
+        .as_u64()
+        .unwrap()
+}
+
+fn manifest(root: &Path, id: &str, artifact: Artifact) -> Manifest {
+    let store = Store::open_existing(root).unwrap();
+    store
+        .open_run(id)
+        .unwrap()
+        .read_manifest(artifact, store.objects())
+        .unwrap()
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn changed_paths(result: &Value) -> Vec<String> {
+    result["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn an_unchanged_tree_reuses_the_previous_verified_run_and_records_it() {
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    assert!(
+        event(p.path(), "r1", "stat_cache").is_none(),
+        "no earlier run"
+    );
+    assert_eq!(reused(p.path(), "r1", "before"), 0);
+    run(p.path(), "r2", &[], "true");
+    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    assert_eq!(cache["run_id"], "r1");
+    assert_eq!(cache["artifact"], "after.json");
+    assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64);
+    // The reused entries are what a full read records, and the backups exist.
+    let before = manifest(p.path(), "r2", Artifact::Before);
+    for f in FILES {
+        let e = &before.entries[f];
+        assert_eq!(
+            e.sha256.as_deref(),
+            Some(sha(format!("{f}\n").as_bytes()).as_str())
+        );
+        assert_eq!(e.backup, agentdiff_engine::fs::BackupState::Stored, "{f}");
+    }
+    assert_eq!(before.stats.bytes_hashed, 0);
+    let out = agentdiff(p.path(), &["verify", "r2"]);
+    assert_exit(&out, 0);
+}
+
+#[test]
+fn content_rewritten_between_runs_with_mtime_restored_is_hashed_again() {
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    // Same size, same mtime (touch -r from a copy taken before): only ctime moves.
+    let script = "cp -p a.txt ../ref-$$ && printf 'A.txt\\n' > a.txt && touch -r ../ref-$$ a.txt \
+                  && rm ../ref-$$";
+    let status = std::process::Command::new("sh")
+        .args(["-c", script])
+        .current_dir(p.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    run(p.path(), "r2", &[], "true");
+    let before = manifest(p.path(), "r2", Artifact::Before);
+    assert_eq!(
+        before.entries["a.txt"].sha256.as_deref(),
+        Some(sha(b"A.txt\n").as_str()),
+        "the rewrite must be read, not taken from the cache"
+    );
+    assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64 - 1);
+}
+
+#[test]
+fn the_command_cannot_hide_a_rewrite_by_restoring_timestamps_or_swapping_inodes() {
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    // In the run: a same-size rewrite with mtime (and atime) put back by utimensat (touch -r),
+    // and a rename of a prepared file over b.txt carrying b.txt's timestamps.
+    let script = "cp -p a.txt ../ref-$$ && printf 'A.txt\\n' > a.txt && touch -r ../ref-$$ a.txt \
+                  && rm ../ref-$$ && printf 'B.txt\\n' > .swap && touch -r b.txt .swap \
+                  && mv .swap b.txt";
+    let r = run(p.path(), "r2", &[], script);
+    assert!(event(p.path(), "r2", "stat_cache").is_some());
+    let mut paths = changed_paths(&r);
+    paths.sort();
+    assert_eq!(paths, vec!["a.txt", "b.txt"], "{r:#}");
+    let after = manifest(p.path(), "r2", Artifact::After);
+    assert_eq!(
+        after.entries["a.txt"].sha256.as_deref(),
+        Some(sha(b"A.txt\n").as_str())
+    );
+    assert_eq!(
+        after.entries["b.txt"].sha256.as_deref(),
+        Some(sha(b"B.txt\n").as_str())
+    );
+}
+
+#[test]
+fn entries_written_just_before_a_scan_are_racy_and_read_again() {
+    let p = tempfile::tempdir().unwrap();
+    fs::write(p.path().join("fresh.txt"), "fresh\n").unwrap();
+    // r1 scans within the racy margin of the write: its entry is never reused.
+    run(p.path(), "r1", &[], "true");
+    assert_eq!(
+        reused(p.path(), "r1", "after"),
+        0,
+        "racy in the after-scan too"
+    );
+    run(p.path(), "r2", &[], "true");
+    assert!(event(p.path(), "r2", "stat_cache").is_some());
+    assert_eq!(reused(p.path(), "r2", "before"), 0);
+}
+
+#[test]
+fn trust_stat_false_hashes_every_file_in_every_scan() {
+    let p = aged_project();
+    fs::write(
+        p.path().join("policy.yaml"),
+        "version: 1\ncapture:\n  trust_stat: false\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(2_200));
+    let policy = ["--policy", "policy.yaml"];
+    run(p.path(), "r1", &policy, "true");
+    run(p.path(), "r2", &policy, "true");
+    assert!(event(p.path(), "r2", "stat_cache").is_none());
+    assert_eq!(reused(p.path(), "r2", "before"), 0);
+    assert_eq!(reused(p.path(), "r2", "after"), 0);
+    let policy_doc: Value =
+        serde_json::from_slice(&fs::read(p.path().join(".agentdiff/runs/r2/policy.json")).unwrap())
+            .unwrap();
+    assert_eq!(policy_doc["effective"]["capture"]["trust_stat"], false);
+    // With the default, the same tree is served from the cache.
+    run(p.path(), "r3", &[], "true");
+    assert!(reused(p.path(), "r3", "after") > 0);
+}
+
+#[test]
+fn a_capsule_edited_after_its_seal_never_feeds_the_cache() {
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    // Claim another hash for a.txt in r1's after-manifest: the header's sealed hash no longer
+    // matches, and a rewritten seal does not authenticate without the key.
+    let seal = p.path().join(".agentdiff/runs/r1/integrity.json");
+    let text = fs::read_to_string(&seal).unwrap();
+    fs::write(
+        &seal,
+        text.replace("\"sealed_at\": \"", "\"sealed_at\": \"1"),
+    )
+    .unwrap();
+    run(p.path(), "r2", &[], "true");
+    assert!(event(p.path(), "r2", "stat_cache").is_none());
+    assert_eq!(reused(p.path(), "r2", "before"), 0);
+}

@@ -1,0 +1,280 @@
+//! The client against recording fake plugins (POSIX shell scripts speaking the protocol on fds
+//! 3 and 4): each misbehaviour is a clear error and a run fails closed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+use crate::backend::{
+    BackendError, BackendOptions, EnvironmentPlan, LaunchContext, LaunchSpec, RuntimeBackend,
+    StdioMode,
+};
+
+const CAPS: &str = r#"{"filesystem_writes":"uncontrolled","host_repository":"observed","network":"uncontrolled","processes":"observed","resources":"uncontrolled","privileges":"uncontrolled","environment":"observed","sandboxed":false,"network_enforcement":false,"workspace":"in_place"}"#;
+
+/// A fake plugin whose behaviour is chosen by `mode`; every request line is appended to
+/// `record`. Settings are written into the script, so no test changes its own environment.
+fn fake_script(mode: &str, record: &Path, extra: &[(&str, String)]) -> String {
+    let mut prelude = format!("mode={mode}\nFAKE_RECORD='{}'\n", record.display());
+    for (k, v) in extra {
+        prelude.push_str(&format!("{k}='{v}'\n"));
+    }
+    let caps_enforced = CAPS.replace(
+        r#""filesystem_writes":"uncontrolled""#,
+        r#""filesystem_writes":"enforced""#,
+    );
+    format!(
+        r#"#!/bin/sh
+{prelude}
+say() {{ printf '%s\n' "$1" >&4; }}
+start_of() {{ cut -d' ' -f22 "/proc/$1/stat"; }}
+while IFS= read -r line <&3; do
+  printf '%s\n' "$line" >> "$FAKE_RECORD"
+  case "$line" in
+  *'"type":"hello"'*)
+    case "$mode" in
+    version) say '{{"type":"hello","protocol":99,"id":"fake"}}' ;;
+    unknown) say '{{"type":"telemetry","data":1}}' ;;
+    silent) sleep 5 ;;
+    oversized) head -c 5000000 /dev/zero | tr '\0' x >&4; say '' ;;
+    *) say '{{"type":"hello","protocol":1,"id":"fake"}}' ;;
+    esac ;;
+  *'"type":"describe"'*)
+    say '{{"type":"descriptor","id":"fake","summary":"a fake","options":[{{"name":"level","type":"choice","choices":["a","b"],"help":"h"}}],"fail_closed":[{{"name":"broken","set":[["level","b"]]}}]}}' ;;
+  *'"type":"capabilities"'*) say '{{"type":"capabilities","capabilities":{CAPS}}}' ;;
+  *'"type":"prepare"'*)
+    say '{{"type":"prepared","command":{{"program":"/bin/sh","args":["-c","exit 7"],"env":[],"cwd":"/"}},"wrapped":true}}' ;;
+  *'"type":"launch"'*)
+    case "$mode" in
+    stranger)
+      say "{{\"type\":\"launched\",\"pid\":$FAKE_PID,\"start_time_ticks\":$FAKE_START}}"
+      read -r ack <&3; sleep 5 ;;
+    die)
+      sleep 30 & pid=$!
+      say "{{\"type\":\"launched\",\"pid\":$pid,\"start_time_ticks\":$(start_of $pid)}}"
+      echo "$pid" > "$FAKE_RECORD.pid"
+      read -r ack <&3; exit 9 ;;
+    *)
+      sleep 1 & pid=$!
+      say "{{\"type\":\"launched\",\"pid\":$pid,\"start_time_ticks\":$(start_of $pid)}}"
+      read -r ack <&3; printf '%s\n' "$ack" >> "$FAKE_RECORD"
+      wait $pid
+      if [ "$mode" = overclaim ]; then caps='{caps_enforced}'; else caps='{CAPS}'; fi
+      say "{{\"type\":\"exited\",\"report\":{{\"exit\":{{\"code\":7,\"signal\":null,\"timed_out\":false,\"interrupted_by\":null,\"duration_ms\":5}},\"capabilities\":$caps,\"facts\":{{\"tool\":\"fake\"}}}}}}" ;;
+    esac ;;
+  *) say '{{"type":"error","kind":"protocol","message":"unknown request"}}' ;;
+  esac
+done
+"#
+    )
+}
+
+struct Fake {
+    dir: tempfile::TempDir,
+    plugin: Plugin,
+}
+
+impl Fake {
+    fn new(mode: &str) -> Self {
+        Self::with(mode, &[])
+    }
+
+    fn with(mode: &str, extra: &[(&str, String)]) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentdiff-backend-fake");
+        let record = dir.path().join("record");
+        std::fs::write(&path, fake_script(mode, &record, extra)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let plugin = Plugin {
+            id: "fake".into(),
+            path,
+            timeouts: Timeouts {
+                request: Duration::from_millis(1500),
+                ..Timeouts::default()
+            },
+        };
+        Self { dir, plugin }
+    }
+
+    fn record(&self) -> PathBuf {
+        self.dir.path().join("record")
+    }
+
+    fn recorded(&self) -> Vec<String> {
+        std::fs::read_to_string(self.record())
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn backend(&self) -> ExternalBackend {
+        ExternalBackend::new("fake", self.plugin.clone(), false)
+    }
+}
+
+fn spec(dir: &Path) -> LaunchSpec {
+    LaunchSpec {
+        run_id: "r1".into(),
+        root: dir.to_path_buf(),
+        workdir: dir.to_path_buf(),
+        capsule_dir: dir.join("capsule"),
+        argv: vec!["true".into()],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        env_plan: EnvironmentPlan::default(),
+        timeout: Some(Duration::from_secs(20)),
+        grace: Duration::from_millis(200),
+        poll_interval: Duration::from_millis(10),
+        observe_ports: false,
+        options: BackendOptions::new(),
+    }
+}
+
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Launch through the fake and wait, all under one environment.
+fn launch_and_wait(fake: &Fake) -> crate::backend::Result<crate::backend::RunEvidence> {
+    let backend = fake.backend();
+    let prepared = backend.prepare(&spec(fake.dir.path()))?;
+    block(async {
+        let running = backend
+            .launch(prepared, LaunchContext::new(StdioMode::Inherit))
+            .await?;
+        running.wait().await
+    })
+}
+
+#[test]
+fn describe_builds_a_descriptor_and_records_the_exchange() {
+    let fake = Fake::new("ok");
+    let ext = describe(&fake.plugin).unwrap();
+    assert_eq!(ext.descriptor.id, "fake");
+    assert_eq!(ext.descriptor.summary, "a fake");
+    let level = ext.descriptor.option("level").unwrap();
+    assert!(level.rejects("c").is_some());
+    assert!(level.rejects("a").is_none());
+    assert_eq!(ext.descriptor.fail_closed[0].set, &[("level", "b")]);
+    let rec = fake.recorded();
+    assert_eq!(
+        rec,
+        [r#"{"type":"hello","protocol":1}"#, r#"{"type":"describe"}"#]
+    );
+}
+
+#[test]
+fn a_version_mismatch_names_both_versions() {
+    let fake = Fake::new("version");
+    let err = describe(&fake.plugin).unwrap_err();
+    assert!(matches!(err, ExternalError::Version { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("protocol version 1") && text.contains("99"),
+        "{text}"
+    );
+    assert!(text.contains("agentdiff-backend-fake"), "{text}");
+}
+
+#[test]
+fn an_unknown_message_type_ends_the_exchange() {
+    let fake = Fake::new("unknown");
+    let err = describe(&fake.plugin).unwrap_err();
+    assert!(matches!(err, ExternalError::Protocol { .. }), "{err}");
+    assert!(err.to_string().contains("telemetry"), "{err}");
+}
+
+#[test]
+fn an_oversized_message_is_refused() {
+    let mut fake = Fake::new("oversized");
+    // Producing 5 MB through `tr` is slow on a loaded machine; the limit is what is tested.
+    fake.plugin.timeouts.request = Duration::from_secs(30);
+    let err = describe(&fake.plugin).unwrap_err();
+    assert!(err.to_string().contains("larger than"), "{err}");
+}
+
+#[test]
+fn a_silent_plugin_times_out() {
+    let mut fake = Fake::new("silent");
+    fake.plugin.timeouts.request = Duration::from_millis(300);
+    let t = std::time::Instant::now();
+    let err = describe(&fake.plugin).unwrap_err();
+    assert!(matches!(err, ExternalError::Timeout { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_run_passes_the_exit_code_and_labels_the_evidence_as_external() {
+    let fake = Fake::new("ok");
+    let ev = launch_and_wait(&fake).unwrap();
+    assert_eq!(ev.exit.code, Some(7));
+    assert_eq!(ev.backend, "fake");
+    let wrapper = ev.wrapper.unwrap();
+    let origin = &wrapper["external_backend"];
+    assert_eq!(origin["protocol"], 1);
+    assert_eq!(origin["facts"]["tool"], "fake");
+    assert!(origin["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("agentdiff-backend-fake"));
+    assert_eq!(ev.wrapper_argv.unwrap()[0], "/bin/sh");
+    // The launch was acknowledged only after the identity check.
+    let rec = fake.recorded();
+    assert!(rec.iter().any(|l| l == r#"{"type":"ack"}"#), "{rec:?}");
+}
+
+#[test]
+fn a_pid_that_is_not_the_plugins_child_fails_closed_unsignalled() {
+    // Our own parent: alive, and certainly not launched by the plugin.
+    let me = crate::process::read_stat(std::process::id()).unwrap();
+    let victim = crate::process::read_stat(me.ppid).unwrap();
+    let fake = Fake::with(
+        "stranger",
+        &[
+            ("FAKE_PID", victim.pid.to_string()),
+            ("FAKE_START", victim.start_time_ticks.to_string()),
+        ],
+    );
+    let err = launch_and_wait(&fake).unwrap_err();
+    assert!(matches!(err, BackendError::Launch { .. }), "{err}");
+    assert!(err.to_string().contains("not a descendant"), "{err}");
+    assert!(err.to_string().contains("was not signalled"), "{err}");
+    assert!(crate::process::read_stat(victim.pid).is_ok());
+}
+
+#[test]
+fn a_plugin_dying_mid_run_fails_closed_and_its_command_is_ended() {
+    let fake = Fake::new("die");
+    let err = launch_and_wait(&fake).unwrap_err();
+    assert!(matches!(err, BackendError::Runtime { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("exited") && text.contains("fails closed"),
+        "{text}"
+    );
+    let pid: u32 = std::fs::read_to_string(fake.record().with_extension("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The orphaned `sleep 30` was ended (gone, or a zombie awaiting its new parent).
+    if let Ok(s) = crate::process::read_stat(pid) {
+        assert!(s.is_zombie() || s.comm != "sleep", "{s:?}");
+    }
+}
+
+#[test]
+fn an_exit_report_claiming_more_than_declared_fails_the_run() {
+    let fake = Fake::new("overclaim");
+    let err = launch_and_wait(&fake).unwrap_err();
+    assert!(
+        err.to_string().contains("filesystem_writes `enforced`"),
+        "{err}"
+    );
+}

@@ -1,0 +1,133 @@
+//! The pages of the local dashboard (`agentdiff serve`): the list of every run in the store, and
+//! the live feed of runs in progress. A run's own page is its HTML report ([`super::html`]).
+//!
+//! Invariants: every recorded string passes through [`html::escape`]; the live feed's script
+//! inserts event text with `textContent` only (never as markup); the page carries the access
+//! token in a `data-` attribute for the script's event-stream request and in its links, and asks
+//! the browser not to send it on as a referrer.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::field_text;
+use super::html::{self, escape};
+use super::live::LiveUpdate;
+use crate::redact::escape_terminal;
+use crate::store::RunListing;
+
+/// Opens the event stream and prepends each update to the live list.
+const SCRIPT: &str = "(function(){var t=document.body.dataset.token,l=document.getElementById(\
+'live'),s=document.getElementById('live-state');var es=new EventSource('/events?token='+\
+encodeURIComponent(t));es.onopen=function(){s.textContent='connected';};es.onerror=function(){\
+s.textContent='disconnected, retrying';};es.addEventListener('run',function(m){var d=JSON.parse(\
+m.data),li=document.createElement('li');li.dataset.run=d.run_id;li.textContent=d.run_id+' \u{b7} '\
++d.text;l.insertBefore(li,l.firstChild);});})();";
+
+/// The path of a run's page, with the token.
+fn run_link(id: &str, token: &str) -> String {
+    format!("/run/{}?token={}", escape(id), escape(token))
+}
+
+/// The dashboard's index: the live feed and every stored run, newest first.
+pub fn index(runs: &[RunListing], token: &str) -> String {
+    let mut s = String::new();
+    // The script reads the token from <body>'s data attribute.
+    let body = format!(" data-token=\"{}\"", escape(token));
+    html::head(&mut s, "agentdiff runs", SCRIPT, true, &body);
+    let _ = writeln!(
+        s,
+        "<h1>agentdiff runs</h1><p class=\"muted\">Read-only dashboard on this machine. \
+         Anyone with this page's address can read every run listed here.</p>"
+    );
+    let _ = writeln!(
+        s,
+        "<section aria-labelledby=\"h-live\"><h2 id=\"h-live\">Live</h2>\
+         <p>Event stream: <span id=\"live-state\" role=\"status\">not connected</span></p>\
+         <noscript><p>Live updates need JavaScript; reload the page to see new runs.</p></noscript>\
+         <ul id=\"live\" aria-live=\"polite\"></ul></section>"
+    );
+    let _ = writeln!(
+        s,
+        "<section aria-labelledby=\"h-runs\"><h2 id=\"h-runs\">Runs ({})</h2>",
+        runs.len()
+    );
+    if runs.is_empty() {
+        s.push_str("<p>No run is stored yet.</p>");
+    } else {
+        s.push_str(
+            "<table id=\"runs\"><thead><tr><th scope=\"col\">Run</th><th scope=\"col\">Started\
+             </th><th scope=\"col\">Status</th><th scope=\"col\">Seal</th></tr></thead><tbody>\n",
+        );
+        for r in runs.iter().rev() {
+            let id = r.id.as_str();
+            let problem = r
+                .problem
+                .as_ref()
+                .map(|p| format!(" <span class=\"d-review\">({})</span>", escape(p)))
+                .unwrap_or_default();
+            let _ =
+                writeln!(
+                s,
+                "<tr><td class=\"path\"><a href=\"{}\">{}</a></td><td>{}</td><td>{}{problem}</td>\
+                 <td>{}</td></tr>",
+                run_link(id, token),
+                escape(id),
+                escape(r.created_at.as_deref().unwrap_or("unknown")),
+                escape(r.status.map_or("in progress or interrupted", |s| s.as_str())),
+                if r.sealed { "sealed" } else { "not sealed" }
+            );
+        }
+        s.push_str("</tbody></table>");
+    }
+    s.push_str("</section>\n");
+    html::foot(&mut s, SCRIPT);
+    s
+}
+
+/// One server-sent event's data: a single line of JSON (`run_id`, `kind`, `text`), its text
+/// made visible the way the terminal shows it.
+#[derive(Debug, Serialize)]
+struct LiveMessage<'a> {
+    run_id: &'a str,
+    kind: &'static str,
+    text: String,
+}
+
+/// The `data:` of the server-sent event for `update` (never contains a newline).
+pub fn live_data(update: &LiveUpdate) -> String {
+    let msg = match update {
+        LiveUpdate::Event { run_id, event } => {
+            let fields: Vec<String> = event
+                .fields
+                .iter()
+                .map(|(k, v)| format!("{k}={}", field_text(v)))
+                .collect();
+            LiveMessage {
+                run_id: run_id.as_str(),
+                kind: "event",
+                text: escape_terminal(&format!("{} {}", event.event, fields.join(" "))),
+            }
+        }
+        LiveUpdate::Finished {
+            run_id,
+            status,
+            changes,
+        } => LiveMessage {
+            run_id: run_id.as_str(),
+            kind: "finished",
+            text: format!(
+                "sealed: status {}, {} change(s)",
+                status.as_deref().unwrap_or("unknown"),
+                changes.map_or("unknown".into(), |n| n.to_string())
+            ),
+        },
+        LiveUpdate::Unreadable { run_id, problem } => LiveMessage {
+            run_id: run_id.as_str(),
+            kind: "unreadable",
+            text: escape_terminal(&format!("cannot be followed: {problem}")),
+        },
+    };
+    // Serialising a struct of strings cannot fail; an empty object is a safe fallback.
+    serde_json::to_string(&msg).unwrap_or_else(|_| "{}".into())
+}

@@ -1,0 +1,114 @@
+//! The earlier scan a before-scan may take its stat cache from (see `crate::fs::ScanOptions::reuse`
+//! and docs/capsule-format.md, "Stat cache").
+//!
+//! Invariant: a manifest is returned only from a run whose seal is of the current format, is
+//! canonical, authenticates under this user's key (HMAC) and is recorded in this user's ledger,
+//! and only when the manifest artifact's bytes — the very bytes parsed — hash to the value the
+//! seal lists and its entries object hashes to its name. A capsule planted or edited in
+//! `.agentdiff/` without the key therefore never feeds the cache.
+//!
+//! Not defended: a process that can read the seal key (the wrapped command under a backend that
+//! does not hide the state directory) can seal a capsule of its own making; the cache then trusts
+//! it as `verify` would call it authenticated. `capture.trust_stat: false` turns the cache off.
+
+use std::fs;
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+use super::capsule::MAX_ARTIFACT_BYTES;
+use super::integrity::Findings;
+use super::seal::VerifyContext;
+use super::{atomic, Artifact, Capsule, RunId, Store};
+use crate::fs::Manifest;
+
+/// How many of the most recently modified runs are tried before giving up: an old capsule is
+/// as good as a new one for safety, but rarely worth the reading.
+const MAX_CANDIDATES: usize = 4;
+
+/// A manifest from a verified earlier run.
+#[derive(Debug, Clone)]
+pub struct PreviousScan {
+    pub run_id: RunId,
+    /// `after.json` when it was scanned at `root`, else `before.json`.
+    pub artifact: Artifact,
+    pub manifest: Manifest,
+}
+
+impl Store {
+    /// The newest verified manifest of this store scanned at `root` (the canonical project root),
+    /// or `None` when no recent run qualifies. Never fails: anything unreadable or unverifiable
+    /// just means no cache.
+    pub fn previous_verified_manifest(
+        &self,
+        ctx: &VerifyContext,
+        root: &str,
+    ) -> Option<PreviousScan> {
+        let mut runs: Vec<(SystemTime, RunId)> = fs::read_dir(self.runs_dir())
+            .ok()?
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let id = RunId::parse(e.file_name().to_str()?).ok()?;
+                let meta = fs::symlink_metadata(e.path()).ok()?;
+                (meta.is_dir()).then_some(())?;
+                Some((meta.modified().ok()?, id))
+            })
+            .collect();
+        runs.sort_by(|a, b| b.cmp(a));
+        runs.into_iter()
+            .take(MAX_CANDIDATES)
+            .find_map(|(_, id)| self.verified_scan(ctx, &id, root))
+    }
+
+    fn verified_scan(&self, ctx: &VerifyContext, id: &RunId, root: &str) -> Option<PreviousScan> {
+        let capsule = self.open_run(id.as_str()).ok()?;
+        let seal = capsule.authenticated_seal(ctx)?;
+        [Artifact::After, Artifact::Before]
+            .into_iter()
+            .find_map(|artifact| {
+                let manifest = capsule.sealed_manifest(artifact, &seal.artifacts, self)?;
+                (manifest.root == root).then(|| PreviousScan {
+                    run_id: id.clone(),
+                    artifact,
+                    manifest,
+                })
+            })
+    }
+}
+
+impl Capsule {
+    /// The current-format seal of this run when it is canonical, authenticated and in the ledger.
+    pub(crate) fn authenticated_seal(&self, ctx: &VerifyContext) -> Option<super::Integrity> {
+        let (seal, bytes) = self.parse_current_seal()?;
+        let mut f = Findings::default();
+        self.check_seal_header(&seal, &bytes, &mut f);
+        let auth = ctx.authenticate(&seal);
+        if !auth.is_authenticated() {
+            return None;
+        }
+        ctx.check_ledger(self.id(), Some(&seal.digest), &auth, &mut f);
+        let in_ledger = ctx
+            .ledger_entries(self.id().as_str())
+            .any(|e| e.seal_digest == seal.digest);
+        (f.problems.is_empty() && in_ledger).then_some(seal)
+    }
+
+    /// A manifest artifact whose bytes hash to what the seal lists (read once: the bytes hashed
+    /// are the bytes parsed).
+    fn sealed_manifest(
+        &self,
+        artifact: Artifact,
+        sealed: &std::collections::BTreeMap<String, String>,
+        store: &Store,
+    ) -> Option<Manifest> {
+        let name = artifact.file_name();
+        let expected = sealed.get(name)?;
+        let bytes = atomic::read_bounded(&self.dir().join(name), MAX_ARTIFACT_BYTES).ok()?;
+        if hex::encode(Sha256::digest(&bytes)) != *expected {
+            return None;
+        }
+        let header = serde_json::from_slice(&bytes).ok()?;
+        self.manifest_from_header(artifact, header, store.objects())
+            .ok()
+    }
+}

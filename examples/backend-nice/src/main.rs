@@ -1,0 +1,6 @@
+//! `agentdiff-backend-nice`: the example backend as an external executable. Put it on `PATH` and
+//! the stock `agentdiff` runs `--runtime nice` through it (docs/backend-protocol.md).
+
+fn main() -> std::process::ExitCode {
+    agentdiff_engine::backend::external::serve(&agentdiff_backend_nice::DESCRIPTOR)
+}
