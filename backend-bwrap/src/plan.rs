@@ -326,7 +326,16 @@ fn protected(
     }
     let mut out: Vec<(PathBuf, String)> = Vec::new();
     for (p, reason) in wanted {
-        let Ok(c) = p.canonicalize() else { continue };
+        let Ok(c) = p.canonicalize() else {
+            if reason.starts_with("deny pattern") {
+                not_applied.push(format!(
+                    "{reason}: {} does not exist at the start; what the command creates there is \
+                     decided after the run",
+                    p.display()
+                ));
+            }
+            continue;
+        };
         // Outside every writable path, or inside one already re-bound, it is read-only already.
         if !writable.iter().any(|w| is_within(&c, w)) || out.iter().any(|(q, _)| is_within(&c, q)) {
             continue;
@@ -597,7 +606,7 @@ mod tests {
         let p = plan_with(
             &f,
             BackendOptions::new(),
-            &[".env", "secrets/**", "**/*.pem"],
+            &[".env", "secrets/**", "**/*.pem", "certs/**"],
         )
         .unwrap();
         let a = strs(&p.args);
@@ -644,6 +653,14 @@ mod tests {
         // The wildcard pattern is reported, not silently dropped.
         assert!(
             p.not_applied.iter().any(|n| n.contains("**/*.pem")),
+            "{:?}",
+            p.not_applied
+        );
+        // A literal deny path that does not exist yet cannot be a mount: reported as well.
+        assert!(
+            p.not_applied
+                .iter()
+                .any(|n| n.contains("certs/**") && n.contains("does not exist")),
             "{:?}",
             p.not_applied
         );

@@ -137,6 +137,9 @@ pub struct SuiteOptions {
     pub check_timeout: Duration,
     /// How many processes the pids probe tries to start.
     pub pids_attempts: u32,
+    /// The plugin executable, when the backend is an external one: the `PROTO-*` checks speak to
+    /// it directly (skipped without one).
+    pub plugin: Option<agentdiff_engine::backend::external::Plugin>,
 }
 
 impl Default for SuiteOptions {
@@ -150,6 +153,7 @@ impl Default for SuiteOptions {
             scratch_base: None,
             check_timeout: Duration::from_secs(120),
             pids_attempts: 200,
+            plugin: None,
         }
     }
 }
@@ -179,7 +183,7 @@ impl SuiteOptions {
                     .map_err(|source| SchemaSourceError { path, source })
             }
             None => Ok((
-                "docs/schemas/runtime.schema.json (compiled in)".to_string(),
+                "runtime.schema.json (compiled in, as published in docs/schemas)".to_string(),
                 RUNTIME_SCHEMA.to_string(),
             )),
         }
@@ -196,8 +200,13 @@ pub struct SchemaSourceError {
 }
 
 /// The runtime schema published in docs/schemas, compiled in so the suite checks against it
-/// wherever it runs.
-pub const RUNTIME_SCHEMA: &str = include_str!("../../docs/schemas/runtime.schema.json");
+/// wherever it runs. The crate keeps its own copy under `schemas/` so that it packages on its
+/// own; a test keeps the copies identical to docs/schemas.
+pub const RUNTIME_SCHEMA: &str = include_str!("../schemas/runtime.schema.json");
+
+/// The external backend protocol's response schema, compiled in for the `PROTO-*` checks.
+pub const PROTOCOL_RESPONSE_SCHEMA: &str =
+    include_str!("../schemas/backend-protocol-response.schema.json");
 
 /// Everything a check gets.
 pub struct Ctx {

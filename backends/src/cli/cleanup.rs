@@ -121,13 +121,20 @@ fn cleanup_run(
             escape_terminal(reason)
         );
     }
-    let registry = Registry::from_inventory().context("the backend registry is inconsistent")?;
-    let backend = registry.create(&processes.backend).map_err(|e| {
-        exit::with_code(
-            exit::BACKEND_UNAVAILABLE,
-            anyhow::Error::new(e).context("the run was recorded by a backend this build lacks"),
-        )
-    })?;
+    let mut registry =
+        Registry::from_inventory().context("the backend registry is inconsistent")?;
+    // A run an external backend made is cleaned up through that plugin, found on PATH again.
+    let backend = registry
+        .resolve(&processes.backend)
+        .and_then(|d| registry.create(d.id))
+        .map_err(|e| {
+            exit::with_code(
+                exit::BACKEND_UNAVAILABLE,
+                anyhow::Error::new(e).context(
+                    "the run was recorded by a backend that is neither built in nor on PATH",
+                ),
+            )
+        })?;
     super::runtime()?
         .block_on(cleanup::cleanup_run(
             &store,

@@ -75,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         fail_closed,
         require_available: args.require_available || defaults.require_available,
         only: args.only.clone(),
+        plugin: registry.external(descriptor.id).map(|e| e.plugin.clone()),
         ..defaults
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

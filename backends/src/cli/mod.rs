@@ -10,6 +10,7 @@ mod promote;
 mod rollback;
 mod run;
 mod runs;
+mod runs_prune;
 mod serve;
 mod verify;
 
@@ -38,7 +39,7 @@ enum Command {
     Verify(verify::Args),
     /// Show a stored run.
     Inspect(inspect::Args),
-    /// List stored runs.
+    /// List stored runs (`runs prune` removes old ones).
     Runs(runs::Args),
     /// Undo a run's changes where nothing was edited since.
     Rollback(rollback::Args),

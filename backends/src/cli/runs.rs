@@ -14,13 +14,22 @@ use agentdiff_engine::transaction::RunResult;
 use crate::exit;
 
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    action: Option<Action>,
     /// Project root (default: discovered from the current directory, see docs/cli.md).
     #[arg(long)]
     root: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: super::inspect::Format,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Action {
+    /// Remove old runs, then every object no remaining run references (bytes freed reported).
+    Prune(super::runs_prune::Args),
 }
 
 /// One listed run. Every field comes from what the capsule holds; the seal is checked as
@@ -60,6 +69,9 @@ struct Counts {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(Action::Prune(prune)) = args.action {
+        return super::runs_prune::run(prune);
+    }
     let root = super::project_root(args.root.as_deref())?;
     let store = match Store::open_existing(&root.path) {
         Ok(store) => Some(store),

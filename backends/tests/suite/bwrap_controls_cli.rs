@@ -701,3 +701,40 @@ fn container_engine_sockets_are_unreachable_from_the_sandbox() {
     );
     assert!(reached.load(Ordering::SeqCst));
 }
+
+/// `agentdiff doctor --probe --runtime bwrap` proves each enforced label on this host and
+/// recommends bwrap as verified, not merely declared.
+#[test]
+fn doctor_probes_verify_every_enforced_bwrap_label() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let out = super::cmd(
+        f.root(),
+        &[
+            "doctor",
+            "--probe",
+            "--runtime",
+            "bwrap",
+            "--format",
+            "json",
+        ],
+    )
+    .output()
+    .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let verified = &doc["backends"][0]["probe"]["verified"];
+    for b in [
+        "filesystem_writes",
+        "network",
+        "processes",
+        "privileges",
+        "environment",
+    ] {
+        assert_eq!(verified[b], "verified", "{b}: {doc:#}");
+    }
+    assert_eq!(doc["recommended"]["id"], "bwrap", "{doc:#}");
+    assert_eq!(doc["recommended"]["verified"], true, "{doc:#}");
+}

@@ -40,6 +40,21 @@ fn nice_executable() -> &'static Path {
     })
 }
 
+/// The example backend written in Python.
+fn python_example() -> PathBuf {
+    workspace().join("examples/backend-python/agentdiff-backend-lowprio")
+}
+
+/// Whether `python3` runs here; otherwise the test is skipped (failed under
+/// AGENTDIFF_REQUIRE_REAL_BACKENDS=1).
+fn python_missing() -> bool {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    !ok && agentdiff_conformance::skip_unless_required("python3 is not installed")
+}
+
 /// A directory for `PATH` holding links named as plugins.
 struct PluginDir {
     dir: tempfile::TempDir,
@@ -61,6 +76,28 @@ impl PluginDir {
     fn with_nice(self) -> Self {
         self.link("agentdiff-backend-nice", nice_executable());
         self
+    }
+
+    fn with_python(self) -> Self {
+        self.link("agentdiff-backend-lowprio", &python_example());
+        self
+    }
+
+    /// A copy of the Python example named `agentdiff-backend-ID`, with `edits` (old, new) applied.
+    fn python_variant(&self, id: &str, edits: &[(&str, &str)]) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let mut source = fs::read_to_string(python_example()).unwrap();
+        for (old, new) in edits {
+            assert!(
+                source.contains(old),
+                "the example no longer contains {old:?}"
+            );
+            source = source.replace(old, new);
+        }
+        let p = self.dir.path().join(format!("agentdiff-backend-{id}"));
+        fs::write(&p, source).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        p
     }
 
     fn path(&self) -> &Path {
@@ -92,7 +129,10 @@ fn runtime_json(root: &Path, result: &Value) -> Value {
 
 #[test]
 fn doctor_lists_the_external_backend_with_its_path_and_protocol() {
-    let plugins = PluginDir::new().with_nice();
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new().with_nice().with_python();
     let project = tempfile::tempdir().unwrap();
     let path = path_with(&[plugins.path()]);
     let out = agentdiff_on(&path, project.path(), &["doctor", "--format", "json"]);
@@ -115,6 +155,15 @@ fn doctor_lists_the_external_backend_with_its_path_and_protocol() {
     );
     assert_eq!(nice["availability"]["state"], "ready", "{nice:#}");
     assert_eq!(nice["options"][0]["name"], "nice-executable");
+    let lowprio = doc["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == "lowprio")
+        .unwrap_or_else(|| panic!("lowprio is not listed: {doc:#}"));
+    assert_eq!(lowprio["external"]["protocol"], 1);
+    assert_eq!(lowprio["availability"]["state"], "ready", "{lowprio:#}");
+    assert_eq!(lowprio["capabilities"]["processes"], "uncontrolled");
     // A plugin's labels are its own word: never the recommendation.
     assert_ne!(doc["recommended"]["id"], "nice");
     let out = agentdiff_on(&path, project.path(), &["doctor"]);
@@ -264,4 +313,234 @@ fn the_conformance_suite_passes_for_the_external_nice_backend() {
         .find(|c| c["id"] == "FAIL-001")
         .unwrap();
     assert_eq!(fail["outcome"], "passed", "{fail:#}");
+}
+
+#[test]
+fn a_run_through_the_python_backend_records_changes_and_passes_the_exit_code() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new().with_python();
+    let project = tempfile::tempdir().unwrap();
+    fs::write(project.path().join("a.txt"), "a\n").unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "run",
+            "--format",
+            "json",
+            "--runtime",
+            "lowprio",
+            "--",
+            "sh",
+            "-c",
+            "rm a.txt; echo y > b.txt; echo to-the-user; exit 4",
+        ],
+    );
+    assert_exit(&out, 4);
+    assert!(
+        text(&out.stderr).contains("to-the-user"),
+        "{}",
+        text(&out.stderr)
+    );
+    let r = json_of(&out);
+    let changes: Vec<(&str, &str)> = r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap(),
+                c["change_type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [("a.txt", "deleted"), ("b.txt", "created")],
+        "{r:#}"
+    );
+    assert_eq!(r["runtime"]["backend"], "lowprio");
+    let rt = runtime_json(project.path(), &r);
+    let origin = &rt["wrapper"]["external_backend"];
+    // The plugin keeps the command unreaped until `ack`: always verified.
+    assert_eq!(origin["launched_process"], "verified", "{rt:#}");
+    assert_eq!(
+        origin["facts"]["plugin"], "agentdiff-backend-lowprio",
+        "{rt:#}"
+    );
+}
+
+#[test]
+fn the_conformance_suite_passes_for_the_python_backend() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new().with_python();
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &["conformance", "--runtime", "lowprio", "--format", "json"],
+    );
+    let report = json_of(&out);
+    assert_exit(&out, 0);
+    assert_eq!(report["summary"]["must_failed"], 0, "{report:#}");
+    for id in [
+        "FAIL-001",
+        "PROTO-001",
+        "PROTO-002",
+        "PROTO-003",
+        "PROTO-004",
+        "PROTO-005",
+    ] {
+        let check = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap();
+        assert_eq!(check["outcome"], "passed", "{check:#}");
+    }
+}
+
+#[test]
+fn a_lying_python_backend_fails_the_honesty_check() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant(
+        "liar",
+        &[(
+            r#""filesystem_writes": "uncontrolled""#,
+            r#""filesystem_writes": "enforced""#,
+        )],
+    );
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "conformance",
+            "--runtime",
+            "liar",
+            "--only",
+            "HONEST-FS",
+            "--format",
+            "json",
+        ],
+    );
+    assert_exit(&out, 74);
+    let report = json_of(&out);
+    let check = &report["checks"][0];
+    assert_eq!(check["id"], "HONEST-FS-001");
+    assert_eq!(check["outcome"], "failed", "{check:#}");
+}
+
+#[test]
+fn a_python_backend_that_accepts_any_protocol_version_fails_proto_002() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant(
+        "anyversion",
+        &[
+            (
+                r#"hello.get("type") != "hello" or hello.get("protocol") != PROTOCOL"#,
+                r#"hello.get("type") != "hello""#,
+            ),
+            (
+                r#"{"type": "hello", "protocol": PROTOCOL, "id": BACKEND_ID}"#,
+                r#"{"type": "hello", "protocol": hello["protocol"], "id": BACKEND_ID}"#,
+            ),
+        ],
+    );
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "conformance",
+            "--runtime",
+            "anyversion",
+            "--only",
+            "PROTO-00",
+            "--format",
+            "json",
+        ],
+    );
+    assert_exit(&out, 74);
+    let report = json_of(&out);
+    let outcomes: Vec<(&str, &str)> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap(), c["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("PROTO-001", "passed"),
+            ("PROTO-002", "failed"),
+            ("PROTO-003", "passed"),
+            ("PROTO-004", "passed"),
+            ("PROTO-005", "passed"),
+        ],
+        "{report:#}"
+    );
+}
+
+#[test]
+fn cleanup_of_an_external_run_goes_through_the_plugin() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &["run", "--format", "json", "--runtime", "nice", "--", "true"],
+    );
+    assert_exit(&out, 0);
+    let id = json_of(&out)["run_id"].as_str().unwrap().to_string();
+    let out = agentdiff_on(&path, project.path(), &["cleanup", &id]);
+    assert_exit(&out, 0);
+    // Without the plugin on PATH the run's backend is unknown: a clear error, nothing signalled.
+    let out = cmd(project.path(), &["cleanup", &id]).output().unwrap();
+    assert_exit(&out, 69);
+    assert!(
+        text(&out.stderr).contains("neither built in nor on PATH"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The user's terminal reaches the command through the plugin (it opens /dev/tty), Ctrl-C ends
+/// it, and the exit is reported as SIGINT with the capsule sealed.
+#[test]
+fn a_terminal_and_ctrl_c_reach_the_command_through_both_external_backends() {
+    if python_missing() {
+        return;
+    }
+    if Command::new("tmux").arg("-V").output().is_err()
+        && agentdiff_conformance::skip_unless_required("tmux is not installed")
+    {
+        return;
+    }
+    let plugins = PluginDir::new().with_nice().with_python();
+    let path = path_with(&[plugins.path()]);
+    for id in ["nice", "lowprio"] {
+        let dir = super::terminal_cli::ctrl_c_case_on(Some(&path), &["--runtime", id], false);
+        let result: Value = serde_json::from_slice(
+            &fs::read(dir.path().join(".agentdiff/runs/tty-run/result.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(result["runtime"]["backend"], id, "{result:#}");
+    }
 }

@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod browser_cli;
 mod bwrap_cli;
 mod bwrap_controls_cli;
 mod cleanup_cli;
@@ -19,11 +20,12 @@ pub mod html_cli;
 mod markdown_cli;
 mod policy_cli;
 mod process_evidence_cli;
+mod prune_cli;
 mod rollback_cli;
 mod run_cli;
 mod runs_cli;
 mod safe_defaults_cli;
-mod serve_cli;
+pub mod serve_cli;
 mod stat_cache_cli;
 mod terminal_cli;
 

@@ -73,6 +73,15 @@ fn ctrl_c_in_a_terminal_reaches_a_bwrap_sandbox_that_cannot_inject_keystrokes() 
 /// `try_inject`: the agent also tries TIOCSTI on its terminal (only where it must be refused, so
 /// an unsandboxed run does not type into the test's terminal).
 fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
+    ctrl_c_case_on(None, extra, try_inject)
+}
+
+/// [`ctrl_c_case`] with `path` as agentdiff's `PATH` (external backends are found there).
+pub fn ctrl_c_case_on(
+    path: Option<&std::ffi::OsStr>,
+    extra: &[&str],
+    try_inject: bool,
+) -> tempfile::TempDir {
     if Command::new("tmux").arg("-V").output().is_err() {
         agentdiff_conformance::skip_unless_required("tmux is not installed");
         return tempfile::tempdir().unwrap();
@@ -94,8 +103,11 @@ fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
         "echo x >> a.txt; (echo via-tty > /dev/tty) && echo ok > tty-ok; {inject} \
          echo $$ > agent.pid; exec sleep {token}"
     );
+    let path_prefix = path
+        .map(|p| format!("PATH='{}' ", p.to_string_lossy()))
+        .unwrap_or_default();
     let script = format!(
-        "cd '{}' && unset AGENTDIFF_POLICY && AGENTDIFF_STATE_DIR='{}' '{}' run {} --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
+        "cd '{}' && unset AGENTDIFF_POLICY && {path_prefix}AGENTDIFF_STATE_DIR='{}' '{}' run {} --run-id tty-run --fail-on never -- sh -c '{}'; echo $? > rc.txt; sleep 30",
         d.display(),
         super::state_dir().display(),
         super::bin().display(),
@@ -103,9 +115,10 @@ fn ctrl_c_case(extra: &[&str], try_inject: bool) -> tempfile::TempDir {
         agent
     );
     let tmux = Tmux(format!(
-        "agentdiff-cli-{}-{}",
+        "agentdiff-cli-{}-{}-{}",
         std::process::id(),
-        u8::from(try_inject)
+        u8::from(try_inject),
+        extra.join("-")
     ));
     let ok = Command::new("tmux")
         .args([

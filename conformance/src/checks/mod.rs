@@ -10,6 +10,7 @@ mod failclosed;
 mod honesty;
 mod labels;
 mod process;
+mod proto;
 mod stdio;
 mod timeout;
 mod transaction;
@@ -142,6 +143,11 @@ pub fn catalogue() -> Vec<CheckDef> {
         def!("TXN-001", Must, "through a full transaction, runtime.json is stored, validates against its schema and holds no secret from argv", true, always, transaction::stored_runtime),
         def!("TXN-002", Must, "through a full transaction, a private-workspace backend leaves the host tree unchanged and reports the workspace changes", true, private_workspace, transaction::private_host_tree),
         def!("WORK-001", Must, "a private-workspace backend leaves the host project tree unchanged", true, private_workspace, workspace::host_tree_unchanged),
+        def!("PROTO-001", Must, "an external backend answers hello with protocol 1 and its file name's id, and describes itself in schema-valid messages", false, always, proto::handshake),
+        def!("PROTO-002", Must, "an external backend refuses a hello with a protocol version it does not speak", false, always, proto::version_mismatch),
+        def!("PROTO-003", Must, "an external backend answers an unknown request type with a protocol error and keeps answering", false, always, proto::unknown_request),
+        def!("PROTO-004", Must, "an external backend's launched process descends from it and is still there to be verified", true, always, proto::launched_is_a_descendant),
+        def!("PROTO-005", Must, "killing an external backend mid-run fails the run closed and ends its command", true, always, proto::plugin_death_fails_closed),
         def!("HONEST-FS-001", Must, "filesystem_writes labelled enforced withstands the outside-write probe", true, gate_fs, honesty::filesystem_writes),
         def!("HONEST-HOST-001", Must, "host_repository labelled enforced withstands the host-tree probe", true, gate_host, honesty::host_repository),
         def!("HONEST-NET-001", Must, "network labelled enforced withstands the host-loopback probe", true, gate_net, honesty::network),

@@ -1,3 +1,4 @@
 mod fake_wrapper;
 mod local;
+mod schemas;
 mod self_validation;

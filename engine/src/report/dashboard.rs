@@ -131,3 +131,47 @@ pub fn live_data(update: &LiveUpdate) -> String {
     // Serialising a struct of strings cannot fail; an empty object is a safe fallback.
     serde_json::to_string(&msg).unwrap_or_else(|_| "{}".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::doc::Event;
+    use crate::store::RunId;
+
+    #[test]
+    fn live_data_is_one_line_of_json_with_controls_made_visible() {
+        let mut fields = serde_json::Map::new();
+        fields.insert("path".into(), "a\nb\u{202e}<script>".into());
+        let update = LiveUpdate::Event {
+            run_id: RunId::parse("r-1").unwrap(),
+            event: Event {
+                seq: 1,
+                at: "t".into(),
+                event: "x".into(),
+                fields,
+            },
+        };
+        let data = live_data(&update);
+        assert!(!data.contains('\n') && !data.contains('\u{202e}'), "{data}");
+        let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(v["text"], "x path=a\\nb\\u{202e}<script>");
+    }
+
+    #[test]
+    fn the_index_escapes_what_runs_record_and_links_with_the_token() {
+        let runs = vec![RunListing {
+            id: RunId::parse("r-1").unwrap(),
+            sealed: false,
+            // The status is typed (a forged one does not list); free text comes from the
+            // recorded time and the problem.
+            status: Some(crate::transaction::Status::Passed),
+            created_at: Some("<b>\"x\"</b>".into()),
+            problem: Some("<img src=x>".into()),
+        }];
+        let page = index(&runs, "00ff");
+        assert!(page.contains("href=\"/run/r-1?token=00ff\""), "{page}");
+        assert!(page.contains("<body data-token=\"00ff\">"), "{page}");
+        assert!(!page.contains("<img") && !page.contains("<b>"), "{page}");
+        assert!(page.contains("&lt;b&gt;&quot;x&quot;&lt;/b&gt;"), "{page}");
+    }
+}

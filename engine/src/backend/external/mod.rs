@@ -28,7 +28,7 @@ use std::time::Duration;
 pub use client::ExternalBackend;
 pub use discover::{describe, scan_path, External, EXECUTABLE_PREFIX};
 pub use serve::serve;
-pub use session::{Plugin, Timeouts};
+pub use session::{Plugin, PluginStdio, Session, Timeouts};
 pub use verify::{verify_descendant, Parentage};
 
 /// Errors talking to a plugin. Each names the plugin's id and path.

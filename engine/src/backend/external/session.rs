@@ -88,6 +88,19 @@ fn stderr_copy() -> std::io::Result<OwnedFd> {
 impl Session {
     /// Start the plugin and complete the handshake.
     pub fn start(plugin: &Plugin, stdio: PluginStdio) -> Result<Self, ExternalError> {
+        let mut session = Self::start_raw(plugin, stdio)?;
+        match session.handshake() {
+            Ok(()) => Ok(session),
+            Err(e) => {
+                session.kill();
+                Err(e)
+            }
+        }
+    }
+
+    /// Start the plugin without the handshake (the conformance suite's protocol checks speak
+    /// first themselves).
+    pub fn start_raw(plugin: &Plugin, stdio: PluginStdio) -> Result<Self, ExternalError> {
         let io = |e: std::io::Error| ExternalError::Start {
             id: plugin.id.clone(),
             path: plugin.path.clone(),
@@ -124,20 +137,41 @@ impl Session {
         let child = cmd.spawn().map_err(io)?;
         drop((req_read, resp_write));
         let pid = child.id();
-        let mut session = Session {
+        Ok(Session {
             plugin: plugin.clone(),
             child: Arc::new(Mutex::new(child)),
             pid,
             writer: Some(std::fs::File::from(req_write)),
             reader: Some(LineReader::new(resp_read)),
-        };
-        match session.handshake() {
-            Ok(()) => Ok(session),
-            Err(e) => {
-                session.kill();
-                Err(e)
-            }
-        }
+        })
+    }
+
+    /// Send any JSON value as one message (protocol checks send what agentdiff never would).
+    pub fn send_value(&mut self, value: &serde_json::Value) -> Result<(), ExternalError> {
+        let writer = self
+            .writer
+            .as_mut()
+            .ok_or_else(|| ExternalError::Protocol {
+                id: self.plugin.id.clone(),
+                path: self.plugin.path.clone(),
+                message: "the request channel is already closed".into(),
+            })?;
+        write_message(writer, value).map_err(|e| self.wire(e))
+    }
+
+    /// The next message as plain JSON, whatever its type (for checking it against the schema).
+    pub fn receive_value(&mut self, timeout: Duration) -> Result<serde_json::Value, ExternalError> {
+        let mut reader = self.reader.take().ok_or_else(|| ExternalError::Protocol {
+            id: self.plugin.id.clone(),
+            path: self.plugin.path.clone(),
+            message: "the response channel is already closed".into(),
+        })?;
+        let child = self.child.clone();
+        let result = reader.read_message(Some(timeout), || {
+            try_wait(&child).map(|_| WireError::Closed)
+        });
+        self.reader = Some(reader);
+        result.map_err(|e| self.wire(e))
     }
 
     fn handshake(&mut self) -> Result<(), ExternalError> {

@@ -35,6 +35,10 @@ pub struct LedgerEntry {
     pub seal_digest: String,
     pub sealed_at: String,
     pub key_id: String,
+    /// Set on the line `agentdiff runs prune` appends when it removes the run sealed with
+    /// `seal_digest`: the run is gone on purpose, not missing from the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pruned_at: Option<String>,
     /// HMAC-SHA256 (ledger purpose) of the entry serialised without this field.
     pub mac: String,
 }
@@ -46,6 +50,9 @@ struct EntryBody<'a> {
     seal_digest: &'a str,
     sealed_at: &'a str,
     key_id: &'a str,
+    // Absent from seal lines, so their MACs are those of the format before pruning existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pruned_at: Option<&'a str>,
 }
 
 impl LedgerEntry {
@@ -56,8 +63,25 @@ impl LedgerEntry {
             seal_digest: &self.seal_digest,
             sealed_at: &self.sealed_at,
             key_id: &self.key_id,
+            pruned_at: self.pruned_at.as_deref(),
         })
         .unwrap_or_default()
+    }
+
+    /// The line recording that the run sealed as `seal` was pruned at `pruned_at`.
+    pub fn pruned(key: &SealKey, sealed: &LedgerEntry, pruned_at: &str) -> LedgerEntry {
+        let mut entry = LedgerEntry {
+            pruned_at: Some(pruned_at.to_string()),
+            key_id: key.id().to_string(),
+            mac: String::new(),
+            ..sealed.clone()
+        };
+        entry.mac = key.mac(MacPurpose::Ledger, &entry.body());
+        entry
+    }
+
+    pub fn is_pruned(&self) -> bool {
+        self.pruned_at.is_some()
     }
 
     pub fn new(
@@ -73,6 +97,7 @@ impl LedgerEntry {
             seal_digest: seal_digest.to_string(),
             sealed_at: sealed_at.to_string(),
             key_id: key.id().to_string(),
+            pruned_at: None,
             mac: String::new(),
         };
         entry.mac = key.mac(MacPurpose::Ledger, &entry.body());
@@ -187,5 +212,29 @@ mod tests {
         assert_eq!(read.bad_lines, vec![2]);
         let other = SealKey::from_bytes([7; 32]);
         assert_eq!(ledger.read(&other).unwrap().bad_lines, vec![1, 2]);
+    }
+
+    #[test]
+    fn pruned_lines_are_macd_and_seal_lines_keep_their_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::at(dir.path().join("s")).unwrap();
+        let key = SealKey::load_or_create(&state).unwrap();
+        let ledger = Ledger::new(state);
+        let sealed = LedgerEntry::new(&key, "r1", Path::new("/p"), &"a".repeat(64), "t");
+        // A seal line has no pruned_at at all, so lines written before pruning existed verify.
+        assert!(!serde_json::to_string(&sealed)
+            .unwrap()
+            .contains("pruned_at"));
+        let pruned = LedgerEntry::pruned(&key, &sealed, "later");
+        assert!(pruned.is_pruned() && pruned.authenticates(&key));
+        ledger.append(&sealed).unwrap();
+        ledger.append(&pruned).unwrap();
+        // A pruned mark cannot be added or moved without the key.
+        let mut forged = pruned.clone();
+        forged.run_id = "r2".into();
+        ledger.append(&forged).unwrap();
+        let read = ledger.read(&key).unwrap();
+        assert_eq!(read.entries, vec![sealed, pruned]);
+        assert_eq!(read.bad_lines, vec![3]);
     }
 }

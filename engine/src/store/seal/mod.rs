@@ -69,14 +69,27 @@ impl SealAuthority {
     }
 
     pub(crate) fn record(&self, integrity: &Integrity) -> Result<(), StoreError> {
-        let entry = LedgerEntry::new(
+        self.ledger.append(&self.entry(integrity))
+    }
+
+    /// Records that the run sealed as `integrity` was removed on purpose (`runs prune`).
+    pub(crate) fn record_pruned(&self, integrity: &Integrity) -> Result<(), StoreError> {
+        let pruned = LedgerEntry::pruned(
+            &self.key,
+            &self.entry(integrity),
+            &super::now_rfc3339_millis(),
+        );
+        self.ledger.append(&pruned)
+    }
+
+    fn entry(&self, integrity: &Integrity) -> LedgerEntry {
+        LedgerEntry::new(
             &self.key,
             &integrity.run_id,
             &self.root,
             &integrity.digest,
             &integrity.sealed_at,
-        );
-        self.ledger.append(&entry)
+        )
     }
 }
 
@@ -226,14 +239,22 @@ impl VerifyContext {
             .filter(move |e| e.run_id == run && Some(e.root.as_str()) == root)
     }
 
-    /// Run ids the ledger records under this context's root.
+    /// Run ids the ledger records under this context's root, except those whose last line says
+    /// they were pruned.
     pub fn ledgered_runs(&self) -> std::collections::BTreeSet<String> {
         let root = self.root.as_deref();
-        self.ledger
+        let mut last = std::collections::BTreeMap::new();
+        for e in self
+            .ledger
             .iter()
             .flat_map(|l| l.entries.iter())
             .filter(|e| Some(e.root.as_str()) == root)
-            .map(|e| e.run_id.clone())
+        {
+            last.insert(e.run_id.clone(), e.is_pruned());
+        }
+        last.into_iter()
+            .filter(|(_, pruned)| !pruned)
+            .map(|(run, _)| run)
             .collect()
     }
 

@@ -1,0 +1,208 @@
+//! `agentdiff runs prune`: old runs go, then every object no remaining run references; what a
+//! remaining run needs is never removed, and nothing happens while another agentdiff holds the
+//! project lock.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{agentdiff, assert_exit, cmd, json_of};
+
+fn project_with_runs(ids: &[&str]) -> tempfile::TempDir {
+    let p = tempfile::tempdir().unwrap();
+    fs::write(p.path().join("keep.txt"), "keep\n").unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        // Each run leaves content the next run backs up: every run has objects of its own.
+        let script = format!("echo 'version {i}' > f.txt");
+        let out = agentdiff(
+            p.path(),
+            &[
+                "run",
+                "--fail-on",
+                "never",
+                "--run-id",
+                id,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
+        assert_exit(&out, 0);
+    }
+    p
+}
+
+fn runs(root: &Path) -> Vec<String> {
+    let mut out: Vec<String> = fs::read_dir(root.join(".agentdiff/runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+fn objects(root: &Path) -> usize {
+    let mut n = 0;
+    for shard in fs::read_dir(root.join(".agentdiff/objects/sha256")).unwrap() {
+        n += fs::read_dir(shard.unwrap().path()).unwrap().count();
+    }
+    n
+}
+
+fn prune(root: &Path, args: &[&str]) -> (i32, Value) {
+    let mut all = vec!["runs", "prune", "--format", "json"];
+    all.extend_from_slice(args);
+    let out = agentdiff(root, &all);
+    let code = out.status.code().unwrap_or(-1);
+    let report = if code == 0 {
+        json_of(&out)
+    } else {
+        Value::Null
+    };
+    (code, report)
+}
+
+fn removed(report: &Value) -> Vec<&str> {
+    report["runs_removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn keep_removes_older_runs_and_unreferenced_objects_and_the_rest_still_verifies() {
+    let p = project_with_runs(&["r1", "r2", "r3"]);
+    let objects_before = objects(p.path());
+
+    let (code, dry) = prune(p.path(), &["--keep", "1", "--dry-run"]);
+    assert_eq!(code, 0);
+    assert_eq!(removed(&dry), vec!["r2", "r1"], "{dry:#}");
+    assert_eq!(dry["dry_run"], true);
+    assert!(dry["objects_removed"].as_u64().unwrap() > 0, "{dry:#}");
+    assert!(dry["bytes_freed"].as_u64().unwrap() > 0, "{dry:#}");
+    assert_eq!(
+        runs(p.path()),
+        vec!["r1", "r2", "r3"],
+        "a dry run removes nothing"
+    );
+    assert_eq!(objects(p.path()), objects_before);
+
+    let (code, report) = prune(p.path(), &["--keep", "1"]);
+    assert_eq!(code, 0);
+    assert_eq!(removed(&report), removed(&dry));
+    assert_eq!(report["objects_removed"], dry["objects_removed"]);
+    assert_eq!(report["bytes_freed"], dry["bytes_freed"]);
+    assert_eq!(runs(p.path()), vec!["r3"]);
+    assert_eq!(
+        objects(p.path()),
+        objects_before - report["objects_removed"].as_u64().unwrap() as usize
+    );
+    // Everything r3 references is still there (verify walks its trees and backups), and the
+    // pruned runs are not reported as missing from the store.
+    assert_exit(&agentdiff(p.path(), &["verify", "r3"]), 0);
+    assert_exit(&agentdiff(p.path(), &["verify", "--all"]), 0);
+    // r3's change can still be rolled back from its backups.
+    assert_exit(&agentdiff(p.path(), &["rollback", "r3", "--all"]), 0);
+    assert_eq!(
+        fs::read_to_string(p.path().join("f.txt")).unwrap(),
+        "version 1\n"
+    );
+
+    // Nothing is left to prune.
+    let (code, again) = prune(p.path(), &["--keep", "5"]);
+    assert_eq!(code, 0);
+    assert!(removed(&again).is_empty());
+}
+
+#[test]
+fn older_than_spares_recent_runs_and_unsealed_runs_are_kept() {
+    let p = project_with_runs(&["r1", "r2"]);
+    let (code, report) = prune(p.path(), &["--older-than", "1h"]);
+    assert_eq!(code, 0);
+    assert!(removed(&report).is_empty(), "{report:#}");
+    assert_eq!(report["objects_removed"], 0, "{report:#}");
+
+    // An interrupted run (no seal) is never removed, even when selected.
+    let unsealed = p.path().join(".agentdiff/runs/u1");
+    fs::create_dir(&unsealed).unwrap();
+    fs::set_permissions(
+        &unsealed,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let (code, report) = prune(p.path(), &["--older-than", "0s"]);
+    assert_eq!(code, 0);
+    let mut gone = removed(&report);
+    gone.sort();
+    assert_eq!(gone, vec!["r1", "r2"], "{report:#}");
+    assert_eq!(report["unsealed_kept"][0], "u1", "{report:#}");
+    assert_eq!(runs(p.path()), vec!["u1"]);
+    assert_eq!(
+        objects(p.path()),
+        0,
+        "no remaining run references any object"
+    );
+}
+
+#[test]
+fn prune_refuses_while_a_run_holds_the_lock_and_removes_nothing() {
+    let p = project_with_runs(&["r1", "r2"]);
+    let mut running = cmd(
+        p.path(),
+        &[
+            "run",
+            "--fail-on",
+            "never",
+            "--run-id",
+            "busy",
+            "--",
+            "sleep",
+            "4",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    // Wait until the run has created its capsule (it holds the lock from before that).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !p.path().join(".agentdiff/runs/busy").exists() {
+        assert!(Instant::now() < deadline, "the run never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let objects_before = objects(p.path());
+    let out = agentdiff(p.path(), &["runs", "prune", "--keep", "0"]);
+    assert_exit(&out, 75);
+    assert_eq!(runs(p.path()), vec!["busy", "r1", "r2"]);
+    assert_eq!(objects(p.path()), objects_before);
+    assert!(running.wait().unwrap().success());
+
+    // Once it finished, --wait is not needed and the newest run is kept.
+    let (code, report) = prune(p.path(), &["--keep", "1"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(runs(p.path()), vec!["busy"]);
+    assert_exit(&agentdiff(p.path(), &["verify", "busy"]), 0);
+}
+
+#[test]
+fn prune_needs_exactly_one_selection() {
+    let p = project_with_runs(&["r1"]);
+    for args in [
+        vec!["runs", "prune"],
+        vec!["runs", "prune", "--keep", "1", "--older-than", "1h"],
+        vec!["runs", "prune", "--older-than", "banana"],
+        vec!["runs", "prune", "--keep", "-1"],
+    ] {
+        let out = agentdiff(p.path(), &args);
+        assert_exit(&out, 64);
+    }
+    assert_eq!(runs(p.path()), vec!["r1"]);
+}

@@ -1,0 +1,247 @@
+//! Pruning runs: remove the runs a selection names, then every object no remaining run references
+//! (mark and sweep), reporting the bytes freed.
+//!
+//! Invariants:
+//! - it runs only under the store lock ([`StoreLock`] is a parameter), so no `run`, `rollback` or
+//!   `promote` of this project adds objects or capsules meanwhile;
+//! - only sealed runs are removed; an unsealed run (interrupted, or being recovered) is kept;
+//! - the mark covers every remaining run: what its seal lists and everything below its manifests'
+//!   trees (tree objects and backups). If any remaining run's references cannot be read, nothing
+//!   is swept (the report says which run), so an object a remaining run needs is never removed;
+//! - each removed run is recorded in the ledger as pruned (when a key is given), so
+//!   `verify --all` does not report it as missing from the store.
+//!
+//! Not defended: another process of the same user that deletes or writes `.agentdiff/` without
+//! taking the lock.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use super::seal::SealAuthority;
+use super::{Artifact, Capsule, RunId, Store, StoreError, StoreLock};
+
+/// Which runs to remove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PruneSelection {
+    /// Keep the newest N runs (by creation time), remove the older ones.
+    Keep(usize),
+    /// Remove runs created longer ago than this.
+    OlderThan(Duration),
+}
+
+/// One run a prune removed (or would remove).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PrunedRun {
+    pub id: String,
+    pub created_at: Option<String>,
+    /// Bytes of the run directory's files.
+    pub bytes: u64,
+}
+
+/// What a prune did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PruneRunsReport {
+    pub dry_run: bool,
+    pub runs_removed: Vec<PrunedRun>,
+    pub runs_kept: usize,
+    /// Selected runs that were kept because they have no seal.
+    pub unsealed_kept: Vec<String>,
+    pub objects_removed: usize,
+    pub objects_kept: usize,
+    pub object_bytes_freed: u64,
+    /// Run directories plus objects.
+    pub bytes_freed: u64,
+    /// Why no object was swept, when a remaining run's references could not be read.
+    pub sweep_skipped: Option<String>,
+}
+
+struct Candidate {
+    id: RunId,
+    created: SystemTime,
+    created_at: Option<String>,
+    sealed: bool,
+}
+
+impl Store {
+    /// Removes the runs `selection` names (sealed ones only) and the objects no remaining run
+    /// references. `authority` records each removed run in the ledger as pruned.
+    pub fn prune_runs(
+        &self,
+        _lock: &StoreLock,
+        selection: PruneSelection,
+        dry_run: bool,
+        authority: Option<&SealAuthority>,
+    ) -> Result<PruneRunsReport, StoreError> {
+        let mut runs = self.prune_candidates()?;
+        // Newest first; ties by id so the order is stable.
+        runs.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| b.id.cmp(&a.id)));
+        let now = SystemTime::now();
+        let selected = |i: usize, run: &Candidate| match selection {
+            PruneSelection::Keep(n) => i >= n,
+            PruneSelection::OlderThan(age) => now
+                .duration_since(run.created)
+                .is_ok_and(|elapsed| elapsed > age),
+        };
+        let mut report = PruneRunsReport {
+            dry_run,
+            ..PruneRunsReport::default()
+        };
+        let (mut remove, mut keep) = (Vec::new(), Vec::new());
+        for (i, run) in runs.into_iter().enumerate() {
+            if selected(i, &run) && run.sealed {
+                remove.push(run);
+            } else {
+                if selected(i, &run) {
+                    report.unsealed_kept.push(run.id.to_string());
+                }
+                keep.push(run);
+            }
+        }
+        report.runs_kept = keep.len();
+
+        // Mark before anything is removed: what the remaining runs reference.
+        let marked = self.mark(&keep);
+        for run in &remove {
+            let capsule = self.open_run(run.id.as_str())?;
+            let bytes = dir_bytes(capsule.dir());
+            if !dry_run {
+                self.remove_run(&capsule, authority)?;
+            }
+            report.runs_removed.push(PrunedRun {
+                id: run.id.to_string(),
+                created_at: run.created_at.clone(),
+                bytes,
+            });
+            report.bytes_freed += bytes;
+        }
+        match marked {
+            Ok(marked) => self.sweep(&marked, dry_run, &mut report)?,
+            Err(why) => report.sweep_skipped = Some(why),
+        }
+        Ok(report)
+    }
+
+    fn prune_candidates(&self) -> Result<Vec<Candidate>, StoreError> {
+        let mut out = Vec::new();
+        for listing in self.list_runs()? {
+            let dir = self.runs_dir().join(listing.id.as_str());
+            let dir_time = fs::symlink_metadata(&dir)
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let created = listing
+                .created_at
+                .as_deref()
+                .and_then(|t| humantime::parse_rfc3339(t).ok())
+                .unwrap_or(dir_time);
+            out.push(Candidate {
+                id: listing.id,
+                created,
+                created_at: listing.created_at,
+                sealed: listing.sealed,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every object the runs reference, or why that cannot be known.
+    fn mark(&self, runs: &[Candidate]) -> Result<BTreeSet<String>, String> {
+        let mut marked = BTreeSet::new();
+        for run in runs {
+            let found = self.open_run(run.id.as_str()).and_then(|capsule| {
+                if run.sealed {
+                    self.run_references(&capsule)
+                } else {
+                    self.unsealed_references(&capsule)
+                }
+            });
+            match found {
+                Ok(objects) => marked.extend(objects),
+                Err(e) => {
+                    return Err(format!(
+                        "the objects run '{}' references cannot be read ({e}); no object was \
+                         removed — verify or remove that run, then prune again",
+                        run.id
+                    ))
+                }
+            }
+        }
+        Ok(marked)
+    }
+
+    /// An unsealed run has no seal to list its objects: its manifests' trees are what it needs.
+    fn unsealed_references(&self, capsule: &Capsule) -> Result<Vec<String>, StoreError> {
+        let mut objects = Vec::new();
+        for artifact in [Artifact::Before, Artifact::After] {
+            match fs::symlink_metadata(capsule.dir().join(artifact.file_name())) {
+                Ok(_) => objects.extend(capsule.manifest_references(artifact, self.objects())?),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("inspect", capsule.dir(), e)),
+            }
+        }
+        Ok(objects)
+    }
+
+    fn remove_run(
+        &self,
+        capsule: &Capsule,
+        authority: Option<&SealAuthority>,
+    ) -> Result<(), StoreError> {
+        // The seal's digest is recorded with the prune, so the ledger still says what was sealed.
+        let seal = capsule.parse_current_seal().map(|(seal, _)| seal);
+        fs::remove_dir_all(capsule.dir())
+            .map_err(|e| StoreError::io("remove run directory", capsule.dir(), e))?;
+        super::atomic::sync_dir(self.runs_dir())?;
+        if let (Some(authority), Some(seal)) = (authority, seal) {
+            authority.record_pruned(&seal)?;
+        }
+        Ok(())
+    }
+
+    fn sweep(
+        &self,
+        marked: &BTreeSet<String>,
+        dry_run: bool,
+        report: &mut PruneRunsReport,
+    ) -> Result<(), StoreError> {
+        let objects = self.objects();
+        if !dry_run {
+            objects.remove_stale_temps()?;
+        }
+        for hex in objects.list()? {
+            if marked.contains(&hex) {
+                report.objects_kept += 1;
+                continue;
+            }
+            let size = objects
+                .object_path(&hex)
+                .ok()
+                .and_then(|p| fs::symlink_metadata(p).ok())
+                .map_or(0, |m| m.len());
+            if !dry_run {
+                objects.remove(&hex)?;
+            }
+            report.objects_removed += 1;
+            report.object_bytes_freed += size;
+        }
+        report.bytes_freed += report.object_bytes_freed;
+        Ok(())
+    }
+}
+
+/// Bytes of the regular files directly in `dir` (a run directory has no subdirectories).
+fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
