@@ -285,17 +285,28 @@ impl RuntimeBackend for BwrapBackend {
         }
         // Only a real start tells whether AppArmor lets bwrap have a user namespace; elsewhere a
         // setup failure is caught per run by the start marker, so no extra process is started.
-        if host::apparmor_restricted(Path::new("/proc/sys"), agentdiff_engine::host::euid()) {
-            if let Err(e) = host::smoke_test(&bwrap).await {
-                return Availability::Unavailable {
-                    reason: e.reason,
-                    remedy: e.remedy,
-                };
+        // A start that worked is remembered for this boot, kernel, user and bwrap binary: one
+        // process fewer per run, and a stale entry still fails closed at launch.
+        let euid = agentdiff_engine::host::euid();
+        let proc_sys = Path::new("/proc/sys");
+        let mut detail = format!("bwrap at {}; {}", bwrap.display(), userns.detail);
+        if host::apparmor_restricted(proc_sys, euid) {
+            let state = agentdiff_engine::store::seal::StateDir::from_env().ok();
+            let state = state.as_ref().map(|s| s.path());
+            match host::smoke_test_cached(&bwrap, proc_sys, euid, state).await {
+                Ok(host::StartCheck::Probed) => detail.push_str("; bwrap started a sandbox"),
+                Ok(host::StartCheck::Cached) => detail.push_str(
+                    "; this bwrap started a sandbox earlier on this boot and kernel (cached)",
+                ),
+                Err(e) => {
+                    return Availability::Unavailable {
+                        reason: e.reason,
+                        remedy: e.remedy,
+                    }
+                }
             }
         }
-        Availability::Ready {
-            detail: format!("bwrap at {}; {}", bwrap.display(), userns.detail),
-        }
+        Availability::Ready { detail }
     }
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {

@@ -4,6 +4,8 @@
 //! backends link this crate and register themselves through [`backend::registry`].
 
 pub mod backend;
+#[cfg(unix)]
+pub mod cache_file;
 pub mod credentials;
 pub mod environment;
 pub mod fs;

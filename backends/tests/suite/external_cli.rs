@@ -544,3 +544,52 @@ fn a_terminal_and_ctrl_c_reach_the_command_through_both_external_backends() {
         assert_eq!(result["runtime"]["backend"], id, "{result:#}");
     }
 }
+
+/// SIGINT to agentdiff's whole process group (no terminal hand-over here) reaches the plugin only
+/// as the protocol's `interrupt`: the command is ended and reported as interrupted (exit 130).
+#[test]
+fn a_group_interrupt_is_forwarded_to_the_command_through_both_external_backends() {
+    use std::os::unix::process::CommandExt;
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new().with_nice().with_python();
+    let path = path_with(&[plugins.path()]);
+    for id in ["nice", "lowprio"] {
+        let project = tempfile::tempdir().unwrap();
+        let child = cmd(
+            project.path(),
+            &[
+                "run",
+                "--format",
+                "json",
+                "--runtime",
+                id,
+                "--",
+                "sh",
+                "-c",
+                "echo started > started.txt; exec sleep 30",
+            ],
+        )
+        .env("PATH", &path)
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let started = project.path().join("started.txt");
+        let t = std::time::Instant::now();
+        while !started.exists() && t.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(started.exists(), "{id}: the command did not start");
+        // SAFETY: kill(2) on the process group this test created.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+        let out = child.wait_with_output().unwrap();
+        assert_exit(&out, 130);
+        let r = json_of(&out);
+        assert_eq!(r["runtime"]["backend"], id);
+        assert_eq!(r["runtime"]["exit"]["interrupted_by"], 2, "{id}: {r:#}");
+    }
+}

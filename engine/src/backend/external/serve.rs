@@ -130,6 +130,10 @@ impl Server<'_> {
     }
 
     async fn run(&mut self, reader: LineReader) -> Result<(), WireError> {
+        // A signal to agentdiff's process group (Ctrl-C without a terminal hand-over, a CI
+        // cancel) must not kill the plugin before it reports: agentdiff forwards it as
+        // `interrupt`. Caught, not ignored, so the command starts with default dispositions.
+        let _absorbed = absorb_group_signals();
         let mut inbox = start_reader(reader);
         // The handshake: one version, answered or refused.
         match inbox.recv().await {
@@ -291,6 +295,19 @@ impl Server<'_> {
             Err(e) => self.send(&backend_error(e)),
         }
     }
+}
+
+/// Catch SIGINT, SIGTERM and SIGHUP for the life of the returned handles.
+fn absorb_group_signals() -> Vec<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ]
+    .into_iter()
+    .filter_map(|kind| signal(kind).ok())
+    .collect()
 }
 
 /// The exit report of a backend's own evidence.
