@@ -6,7 +6,7 @@ use std::path::Path;
 use agentdiff_conformance::schema::validate;
 use agentdiff_engine::backend::external::protocol::{
     ErrorKind, ExitReport, Request, Response, WireCommand, WireDescriptor, WireFailClosed,
-    WireOption, WireSpec,
+    WireOption, WireSpec, WireText,
 };
 use agentdiff_engine::backend::{Availability, Capabilities, CleanupReport, ProcessIdentity};
 use agentdiff_engine::environment::EnvMode;
@@ -57,7 +57,12 @@ fn spec() -> WireSpec {
         root: "/p".into(),
         workdir: "/p".into(),
         capsule_dir: "/p/.agentdiff/runs/r".into(),
-        argv: vec!["sh".into(), "-c".into(), "true".into()],
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "true".into(),
+            WireText::Bytes { hex: "fffe".into() },
+        ],
         env: vec![("PATH".into(), "/bin".into())],
         env_mode: EnvMode::Scrub,
         env_dropped: vec!["TOKEN".into()],

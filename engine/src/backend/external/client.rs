@@ -200,7 +200,10 @@ impl RuntimeBackend for ExternalBackend {
                 )))
             }
         };
-        if enforcement == Enforcement::BwrapSandbox || command.program.is_empty() {
+        let launch_command = command
+            .to_command()
+            .map_err(|e| self.error(session_wire(&self.plugin, e)))?;
+        if enforcement == Enforcement::BwrapSandbox || launch_command.program.is_empty() {
             return Err(self.error(ExternalError::Protocol {
                 id: self.id.into(),
                 path: self.plugin.path.clone(),
@@ -216,9 +219,8 @@ impl RuntimeBackend for ExternalBackend {
             command: command.clone(),
             capabilities: self.fetch_capabilities(&spec.options),
         };
-        let mut prepared =
-            PreparedLaunch::new(self.id, spec, command.to_command(), enforcement, plan)
-                .with_runtime_config(runtime_config);
+        let mut prepared = PreparedLaunch::new(self.id, spec, launch_command, enforcement, plan)
+            .with_runtime_config(runtime_config);
         if wrapped {
             prepared = prepared.wrapped();
         }
@@ -522,6 +524,15 @@ impl ExternalRun {
                 self.identity.pid
             ),
         }
+    }
+}
+
+/// A malformed part of a plugin's answer as its protocol error.
+fn session_wire(plugin: &Plugin, e: super::protocol::WireError) -> ExternalError {
+    ExternalError::Protocol {
+        id: plugin.id.clone(),
+        path: plugin.path.clone(),
+        message: e.to_string(),
     }
 }
 

@@ -208,7 +208,11 @@ impl Server<'_> {
     }
 
     fn prepare(&self, spec: &WireSpec) -> Response {
-        match self.backend.prepare(&spec.to_spec()) {
+        let spec = match spec.to_spec() {
+            Ok(s) => s,
+            Err(e) => return error(ErrorKind::Protocol, e.to_string()),
+        };
+        match self.backend.prepare(&spec) {
             Ok(p) => match WireCommand::from_command(p.command()) {
                 Ok(command) => Response::Prepared {
                     command,
@@ -228,7 +232,11 @@ impl Server<'_> {
         expected: &WireCommand,
         inbox: &mut Inbox,
     ) -> Result<(), WireError> {
-        let mut prepared = match self.backend.prepare(&spec.to_spec()) {
+        let spec = match spec.to_spec() {
+            Ok(s) => s,
+            Err(e) => return self.send(&error(ErrorKind::Protocol, e.to_string())),
+        };
+        let mut prepared = match self.backend.prepare(&spec) {
             Ok(p) => p,
             Err(e) => return self.send(&backend_error(e)),
         };
