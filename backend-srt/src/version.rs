@@ -77,7 +77,7 @@ impl Identity {
 }
 
 /// Where a version answer came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VersionSource {
     /// `srt --version` ran now.

@@ -216,7 +216,10 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
         .verified_controls
         .iter()
         .map(|v| {
-            let at = v.citation["probed_at_unix"].as_u64().unwrap_or(now);
+            let at = serde_json::from_value::<agentdiff_conformance::probes::Citation>(
+                v.citation.clone(),
+            )
+            .map_or(now, |c| c.probed_at_unix);
             format!(
                 "{} ({} min ago)",
                 v.boundary.as_str(),

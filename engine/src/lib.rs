@@ -21,6 +21,8 @@ pub mod rollback;
 pub mod root;
 pub mod score;
 pub mod store;
+#[cfg(feature = "test-support")]
+pub mod testing;
 pub mod transaction;
 pub mod workspace;
 
