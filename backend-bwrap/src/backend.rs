@@ -1,7 +1,8 @@
 //! The `bwrap` backend: plan (pure), launch through the shared supervisor, and evidence that
 //! tells bwrap's setup failures from the command's exit.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_engine::backend::{
@@ -10,21 +11,17 @@ use agentdiff_engine::backend::{
     Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::host::absolute_from_cwd as absolute;
-use agentdiff_engine::policy::Policy;
 use agentdiff_engine::process::exec_shim::{self, StartState};
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
 use async_trait::async_trait;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::facts::{BwrapFacts, Control, SandboxClaim, SandboxInit};
 use crate::host;
 use crate::plan::{self, HostFacts, Network, Plan, PlanError, Programs};
 use crate::{ENFORCEMENT, ENV_EXEC_SHIM, ID, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_NETWORK};
-
-/// The capsule artifact holding the effective policy (its deny patterns become re-binds).
-const POLICY_ARTIFACT: &str = "policy.json";
 
 /// What the bwrap backend declares by default (network unshared). Filesystem writes outside the
 /// root and the writable options, network, processes (the pid namespace dies with its init, the
@@ -101,26 +98,14 @@ fn plan_error(e: PlanError) -> BackendError {
     }
 }
 
-/// The effective policy in the capsule, as stored by the transaction.
-#[derive(Debug, Deserialize)]
-struct PolicyArtifact {
-    effective: Value,
-}
-
 /// The policy's filesystem deny patterns, from the capsule; none when the run has no policy
 /// artifact (a bare launch, as in conformance probes).
-fn policy_denies(capsule_dir: &Path) -> std::result::Result<Vec<String>, String> {
-    let path = capsule_dir.join(POLICY_ARTIFACT);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let artifact: PolicyArtifact =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let policy = Policy::from_yaml_or_json(&artifact.effective.to_string(), "policy.json")
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(policy.deny_patterns())
+fn policy_denies(
+    capsule_dir: &Path,
+) -> std::result::Result<Vec<String>, agentdiff_engine::store::StoreError> {
+    Ok(agentdiff_engine::store::recorded_policy(capsule_dir)?
+        .map(|p| p.deny_patterns())
+        .unwrap_or_default())
 }
 
 impl BwrapBackend {
@@ -180,19 +165,86 @@ fn namespaces(network: Network) -> Vec<&'static str> {
 }
 
 /// The level of every control, as recorded with the run.
-fn controls(plan: &Plan) -> Value {
+fn controls(plan: &Plan) -> BTreeMap<String, Control> {
     let caps = capabilities_for(plan.network);
-    json!({
-        "filesystem_writes": {"level": caps.filesystem_writes, "how": "host read-only; root and writable options bound writable; private /tmp"},
-        "host_repository": {"level": caps.host_repository, "how": "root writable and observed; .git, .agentdiff and literal deny paths read-only"},
-        "credentials": {"level": Level::Enforced, "how": "credential locations, agentdiff's key directory and container engine sockets hidden", "hidden": plan.mounts.iter().filter(|m| matches!(m.kind, plan::MountKind::HiddenDir | plan::MountKind::HiddenFile)).map(|m| m.path.to_string_lossy()).collect::<Vec<_>>()},
-        "network": {"level": caps.network, "how": if plan.network == Network::None { "network namespace unshared (loopback only)" } else { "host network (runtime.bwrap.network: host)" }},
-        "processes": {"level": caps.processes, "how": "pid namespace: everything the command starts dies with it"},
-        "privileges": {"level": caps.privileges, "how": "--cap-drop ALL, no-new-privileges"},
-        "environment": {"level": caps.environment, "how": "scrubbed allowlist; runtime-injection variables dropped"},
-        "resources": {"level": caps.resources, "how": "no limit applied"},
-        "terminal": {"level": Level::Enforced, "how": if plan.new_session { "new session (no controlling terminal); TIOCSTI and TIOCLINUX refused by a seccomp filter" } else { "interactive: the caller's session is kept; TIOCSTI and TIOCLINUX refused by a seccomp filter" }},
-    })
+    let control = |level: Level, how: &str| Control {
+        level,
+        how: how.to_string(),
+        hidden: None,
+    };
+    let hidden = plan
+        .mounts
+        .iter()
+        .filter(|m| {
+            matches!(
+                m.kind,
+                plan::MountKind::HiddenDir | plan::MountKind::HiddenFile
+            )
+        })
+        .map(|m| m.path.to_string_lossy().into_owned())
+        .collect();
+    let network_how = if plan.network == Network::None {
+        "network namespace unshared (loopback only)"
+    } else {
+        "host network (runtime.bwrap.network: host)"
+    };
+    let terminal_how = if plan.new_session {
+        "new session (no controlling terminal); TIOCSTI and TIOCLINUX refused by a seccomp filter"
+    } else {
+        "interactive: the caller's session is kept; TIOCSTI and TIOCLINUX refused by a seccomp \
+         filter"
+    };
+    [
+        (
+            "filesystem_writes",
+            control(
+                caps.filesystem_writes,
+                "host read-only; root and writable options bound writable; private /tmp",
+            ),
+        ),
+        (
+            "host_repository",
+            control(
+                caps.host_repository,
+                "root writable and observed; .git, .agentdiff and literal deny paths read-only",
+            ),
+        ),
+        (
+            "credentials",
+            Control {
+                hidden: Some(hidden),
+                ..control(
+                    Level::Enforced,
+                    "credential locations, agentdiff's key directory and container engine sockets \
+                     hidden",
+                )
+            },
+        ),
+        ("network", control(caps.network, network_how)),
+        (
+            "processes",
+            control(
+                caps.processes,
+                "pid namespace: everything the command starts dies with it",
+            ),
+        ),
+        (
+            "privileges",
+            control(caps.privileges, "--cap-drop ALL, no-new-privileges"),
+        ),
+        (
+            "environment",
+            control(
+                caps.environment,
+                "scrubbed allowlist; runtime-injection variables dropped",
+            ),
+        ),
+        ("resources", control(caps.resources, "no limit applied")),
+        ("terminal", control(Level::Enforced, terminal_how)),
+    ]
+    .into_iter()
+    .map(|(name, c)| (name.to_string(), c))
+    .collect()
 }
 
 #[async_trait]
@@ -233,17 +285,28 @@ impl RuntimeBackend for BwrapBackend {
         }
         // Only a real start tells whether AppArmor lets bwrap have a user namespace; elsewhere a
         // setup failure is caught per run by the start marker, so no extra process is started.
-        if host::apparmor_restricted(Path::new("/proc/sys"), agentdiff_engine::host::euid()) {
-            if let Err(e) = host::smoke_test(&bwrap).await {
-                return Availability::Unavailable {
-                    reason: e.reason,
-                    remedy: e.remedy,
-                };
+        // A start that worked is remembered for this boot, kernel, user and bwrap binary: one
+        // process fewer per run, and a stale entry still fails closed at launch.
+        let euid = agentdiff_engine::host::euid();
+        let proc_sys = Path::new("/proc/sys");
+        let mut detail = format!("bwrap at {}; {}", bwrap.display(), userns.detail);
+        if host::apparmor_restricted(proc_sys, euid) {
+            let state = agentdiff_engine::store::seal::StateDir::from_env().ok();
+            let state = state.as_ref().map(|s| s.path());
+            match host::smoke_test_cached(&bwrap, proc_sys, euid, state).await {
+                Ok(host::StartCheck::Probed) => detail.push_str("; bwrap started a sandbox"),
+                Ok(host::StartCheck::Cached) => detail.push_str(
+                    "; this bwrap started a sandbox earlier on this boot and kernel (cached)",
+                ),
+                Err(e) => {
+                    return Availability::Unavailable {
+                        reason: e.reason,
+                        remedy: e.remedy,
+                    }
+                }
             }
         }
-        Availability::Ready {
-            detail: format!("bwrap at {}; {}", bwrap.display(), userns.detail),
-        }
+        Availability::Ready { detail }
     }
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
@@ -280,14 +343,16 @@ impl RuntimeBackend for BwrapBackend {
             enforcement: ENFORCEMENT,
             capabilities: capabilities_for(plan.network),
         };
-        let wrapper = json!({
-            "kind": "bwrap",
-            "executable": plan.bwrap.to_string_lossy(),
-            "exec_shim": plan.shim.to_string_lossy(),
-            "sandbox": "applied_by_agentdiff",
-            "controls": controls(&plan),
-            "limits": LIMITS,
-        });
+        let wrapper = BwrapFacts {
+            kind: ID.into(),
+            executable: plan.bwrap.to_string_lossy().into_owned(),
+            exec_shim: plan.shim.to_string_lossy().into_owned(),
+            sandbox: SandboxClaim::AppliedByAgentdiff,
+            controls: controls(&plan),
+            limits: LIMITS.iter().map(|s| s.to_string()).collect(),
+            start: None,
+            sandbox_init: None,
+        };
         let env_dropped = plan.env_dropped.clone();
         let inner = ShimmedCommand::spawn(prepared, ctx, labels, &plan.marker, "bwrap")
             .map_err(|e| launch_error(e.to_string()))?;
@@ -315,8 +380,8 @@ impl RuntimeBackend for BwrapBackend {
 /// A running sandbox: the supervised bwrap process plus the start marker.
 struct BwrapRunning {
     inner: ShimmedCommand,
-    bwrap: std::path::PathBuf,
-    wrapper: Value,
+    bwrap: PathBuf,
+    wrapper: BwrapFacts,
     network: Network,
     env_dropped: Vec<String>,
 }
@@ -335,7 +400,7 @@ impl RunningCommand for BwrapRunning {
         let BwrapRunning {
             inner,
             bwrap,
-            wrapper,
+            mut wrapper,
             network,
             env_dropped,
         } = *self;
@@ -351,7 +416,7 @@ impl RunningCommand for BwrapRunning {
             env.dropped.sort();
             env.dropped.dedup();
         }
-        let init = discount_sandbox_init(&mut evidence, root_pid);
+        wrapper.sandbox_init = discount_sandbox_init(&mut evidence, root_pid);
         // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
         // minimal start whose message is read here (the kernel refusing namespaces, AppArmor),
         // so the remedy can be named. A run that started pays nothing.
@@ -366,10 +431,7 @@ impl RunningCommand for BwrapRunning {
             network,
             wrapper,
             diagnosis.as_ref(),
-        );
-        if let (Some(init), Some(Value::Object(map))) = (init, evidence.wrapper.as_deref_mut()) {
-            map.insert("sandbox_init".into(), init);
-        }
+        )?;
         Ok(evidence)
     }
 }
@@ -379,7 +441,7 @@ impl RunningCommand for BwrapRunning {
 /// It is the sandbox's process, not one the command left behind: it is not counted as a
 /// leftover, and what happened to it is returned for the wrapper evidence. Everything the
 /// command started runs below it, inside the pid namespace, and stays counted.
-fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<Value> {
+fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<SandboxInit> {
     let mut inits = evidence
         .processes
         .iter_mut()
@@ -398,12 +460,12 @@ fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<Va
         .iter()
         .position(|r| r.identity == identity)
         .map(|i| evidence.cleanup.records.remove(i));
-    Some(json!({
-        "pid": identity.pid,
-        "alive_after_bwrap_exit": was_alive,
-        "ended_by_cleanup": cleanup.map(|r| r.outcome),
-        "counted_as_leftover": false,
-    }))
+    Some(SandboxInit {
+        pid: identity.pid,
+        alive_after_bwrap_exit: was_alive,
+        ended_by_cleanup: cleanup.map(|r| r.outcome),
+        counted_as_leftover: false,
+    })
 }
 
 /// Labels and start state on the evidence: the exit is the command's only when the shim marked
@@ -413,9 +475,9 @@ pub fn attribute_exit(
     state: &StartState,
     expected_argc: usize,
     network: Network,
-    mut wrapper: Value,
+    mut wrapper: BwrapFacts,
     diagnosis: Option<&host::Unusable>,
-) {
+) -> Result<()> {
     evidence.backend = ID.into();
     evidence.enforcement = ENFORCEMENT;
     evidence.capabilities = capabilities_for(network);
@@ -429,8 +491,14 @@ pub fn attribute_exit(
         // Nothing ran inside the sandbox: claim nothing about it.
         evidence.capabilities.sandboxed = false;
     }
-    StartFacts::new(state, attribution).record_in(&mut wrapper);
-    evidence.wrapper = Some(BackendFacts::from_value(wrapper));
+    wrapper.start = Some(StartFacts::new(state, attribution));
+    evidence.wrapper = Some(
+        BackendFacts::new(&wrapper).map_err(|e| BackendError::Runtime {
+            backend: ID.into(),
+            message: e.to_string(),
+        })?,
+    );
+    Ok(())
 }
 
 #[cfg(test)]
@@ -461,6 +529,19 @@ mod tests {
         assert_eq!(none.resources, Level::Uncontrolled);
     }
 
+    fn facts() -> BwrapFacts {
+        BwrapFacts {
+            kind: ID.into(),
+            executable: "/usr/bin/bwrap".into(),
+            exec_shim: "/usr/bin/agentdiff".into(),
+            sandbox: SandboxClaim::AppliedByAgentdiff,
+            controls: BTreeMap::new(),
+            limits: Vec::new(),
+            start: None,
+            sandbox_init: None,
+        }
+    }
+
     #[test]
     fn exit_1_without_start_mark_is_bwraps_setup_failure() {
         let mut e = ev(1);
@@ -469,16 +550,18 @@ mod tests {
             &StartState::NotStarted,
             1,
             Network::None,
-            json!({}),
+            facts(),
             None,
-        );
+        )
+        .unwrap();
         let Some(FailureKind::WrapperSetupFailed { message }) = &e.failure else {
             panic!("{:?}", e.failure)
         };
         assert!(message.contains("bwrap exited with code 1"), "{message}");
         assert!(message.contains("doctor"), "{message}");
         assert!(!e.capabilities.sandboxed);
-        assert_eq!(e.wrapper.unwrap()["exit_attribution"], "wrapper");
+        let w: BwrapFacts = e.wrapper.unwrap().decode().unwrap();
+        assert_eq!(w.start.unwrap().exit_attribution, "wrapper");
     }
 
     #[test]
@@ -489,11 +572,22 @@ mod tests {
             &StartState::Started { argc: 1 },
             1,
             Network::None,
-            json!({}),
+            facts(),
             None,
-        );
+        )
+        .unwrap();
         assert_eq!(e.failure, None);
         assert!(e.capabilities.sandboxed);
-        assert_eq!(e.wrapper.unwrap()["exit_attribution"], "command");
+        let w = e.wrapper.unwrap();
+        // The start facts sit beside the others in the one recorded object.
+        assert_eq!(w["exit_attribution"], "command");
+        assert_eq!(w["kind"], "bwrap");
+        assert!(
+            w.decode::<BwrapFacts>()
+                .unwrap()
+                .start
+                .unwrap()
+                .command_started
+        );
     }
 }

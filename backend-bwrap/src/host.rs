@@ -1,12 +1,15 @@
 //! What bwrap needs on this host and what to do when it is missing: the executable, and user
 //! namespaces (the kernel switches, and Ubuntu's AppArmor restriction, which only a real bwrap
-//! start can reveal).
+//! start can reveal, and whose successful start is remembered per boot, kernel, user and bwrap
+//! binary).
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agentdiff_engine::cache_file::{self, FileIdentity};
 use agentdiff_engine::host::{self, UserNamespaces};
+use serde::{Deserialize, Serialize};
 
 /// How to install bubblewrap.
 pub const INSTALL_BWRAP: &str = "install bubblewrap (`apt-get install -y bubblewrap` on \
@@ -130,6 +133,84 @@ pub async fn smoke_test(bwrap: &Path) -> Result<(), Unusable> {
     })
 }
 
+/// Cache file, in agentdiff's state directory, of bwrap starts that worked under AppArmor's
+/// restriction.
+pub const VERDICT_CACHE_FILE: &str = "bwrap-start.json";
+/// Entries kept (one per bwrap binary, kernel and boot seen; old ones fall off).
+const MAX_VERDICTS: usize = 8;
+
+/// What a cached "bwrap started a sandbox" is valid for: this boot, this kernel, this user and
+/// this bwrap binary. A reboot, a kernel update, another user or a changed bwrap misses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictKey {
+    pub boot_id: String,
+    pub kernel: String,
+    pub euid: u32,
+    pub bwrap: FileIdentity,
+}
+
+impl VerdictKey {
+    /// The key for `bwrap` now, read from `proc_sys`; `None` when a part cannot be read (then
+    /// nothing is cached).
+    pub fn current(bwrap: &Path, proc_sys: &Path, euid: u32) -> Option<VerdictKey> {
+        let read = |rel: &str| {
+            std::fs::read_to_string(proc_sys.join(rel))
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        };
+        Some(VerdictKey {
+            boot_id: read("kernel/random/boot_id")?,
+            kernel: read("kernel/osrelease")?,
+            euid,
+            bwrap: FileIdentity::of(bwrap).ok()?,
+        })
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct VerdictCache {
+    started: Vec<VerdictKey>,
+}
+
+/// Where a "bwrap starts here" came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartCheck {
+    /// bwrap was started now.
+    Probed,
+    /// The same bwrap started a sandbox earlier on this boot and kernel.
+    Cached,
+}
+
+/// [`smoke_test`], skipped when the same bwrap already started a sandbox on this boot and
+/// kernel for this user (the entry is in `state_dir`). Only a start that worked is cached: a
+/// failure is probed again each time, so its message is always current. A cached start that no
+/// longer holds (an AppArmor profile removed since) still fails closed: bwrap then refuses at
+/// launch and the start marker shows the command never ran.
+pub async fn smoke_test_cached(
+    bwrap: &Path,
+    proc_sys: &Path,
+    euid: u32,
+    state_dir: Option<&Path>,
+) -> Result<StartCheck, Unusable> {
+    let key = VerdictKey::current(bwrap, proc_sys, euid);
+    let file = state_dir.map(|d| d.join(VERDICT_CACHE_FILE));
+    if let (Some(key), Some(file)) = (&key, &file) {
+        if cache_file::read::<VerdictCache>(file).started.contains(key) {
+            return Ok(StartCheck::Cached);
+        }
+    }
+    smoke_test(bwrap).await?;
+    if let (Some(key), Some(file), Some(dir)) = (key, file, state_dir) {
+        let mut cache: VerdictCache = cache_file::read(&file);
+        cache.started.retain(|k| *k != key);
+        cache.started.insert(0, key);
+        cache.started.truncate(MAX_VERDICTS);
+        cache_file::write(dir, VERDICT_CACHE_FILE, &cache);
+    }
+    Ok(StartCheck::Probed)
+}
+
 /// What a run's setup failure message adds: what the host says about user namespaces, and
 /// `diagnosis`, the outcome of one more bwrap start after the failure (`None` when that start
 /// worked, so the failure was specific to the run's mounts).
@@ -186,6 +267,74 @@ mod tests {
         let hint = setup_hint(Some(&d));
         assert!(hint.contains("unprivileged_userns_clone=1"), "{hint}");
         assert!(hint.contains("doctor"), "{hint}");
+    }
+
+    fn fake_proc_sys(dir: &Path, boot: &str) -> PathBuf {
+        let p = dir.join("proc-sys");
+        std::fs::create_dir_all(p.join("kernel/random")).unwrap();
+        std::fs::write(p.join("kernel/random/boot_id"), format!("{boot}\n")).unwrap();
+        std::fs::write(p.join("kernel/osrelease"), "6.1.0-test\n").unwrap();
+        p
+    }
+
+    /// A bwrap that counts its starts and exits with `code`.
+    fn counting_bwrap(dir: &Path, code: i32) -> PathBuf {
+        let p = dir.join(format!("bwrap-{code}"));
+        let calls = dir.join("calls");
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\necho x >> '{}'\nexit {code}\n", calls.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        p
+    }
+
+    fn calls(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("calls"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_working_start_is_cached_per_boot_kernel_user_and_binary() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let proc_sys = fake_proc_sys(dir.path(), "boot-1");
+        let bwrap = counting_bwrap(dir.path(), 0);
+        let check = |p: PathBuf, euid| {
+            let (b, s) = (bwrap.clone(), state.clone());
+            async move { smoke_test_cached(&b, &p, euid, Some(&s)).await }
+        };
+        assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Probed));
+        assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Cached));
+        assert_eq!(calls(dir.path()), 1);
+        // Another user, another boot, another kernel, another bwrap: probed again.
+        assert_eq!(check(proc_sys.clone(), 1001).await, Ok(StartCheck::Probed));
+        let rebooted = fake_proc_sys(&dir.path().join("b2"), "boot-2");
+        assert_eq!(check(rebooted, 1000).await, Ok(StartCheck::Probed));
+        std::fs::write(proc_sys.join("kernel/osrelease"), "6.2.0-test\n").unwrap();
+        assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Probed));
+        assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Cached));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let body = std::fs::read_to_string(&bwrap).unwrap();
+        std::fs::write(&bwrap, format!("{body}# replaced\n")).unwrap();
+        assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Probed));
+        assert_eq!(calls(dir.path()), 5);
+    }
+
+    #[tokio::test]
+    async fn a_failed_start_is_never_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let proc_sys = fake_proc_sys(dir.path(), "boot-1");
+        let bwrap = counting_bwrap(dir.path(), 1);
+        for _ in 0..2 {
+            assert!(smoke_test_cached(&bwrap, &proc_sys, 1000, Some(&state))
+                .await
+                .is_err());
+        }
+        assert_eq!(calls(dir.path()), 2);
     }
 
     #[test]

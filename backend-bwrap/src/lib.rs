@@ -23,6 +23,8 @@
 //! re-bound); resource limits; kernel exploits against namespaces.
 
 #[cfg(target_os = "linux")]
+pub mod facts;
+#[cfg(target_os = "linux")]
 pub mod host;
 #[cfg(target_os = "linux")]
 pub mod plan;
@@ -32,6 +34,8 @@ mod backend;
 
 #[cfg(target_os = "linux")]
 pub use backend::{capabilities, BwrapBackend};
+#[cfg(target_os = "linux")]
+pub use facts::BwrapFacts;
 
 /// Backend id (`--runtime bwrap`).
 pub const ID: &str = "bwrap";

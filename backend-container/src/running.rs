@@ -9,9 +9,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agentdiff_engine::backend::{
-    BackendError, BackendFacts, CleanupReport, EnvironmentEvidence, ExitInfo, FailureKind,
-    LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord, ProcessRelation,
-    Result, RunEvidence, RunningCommand, StdioMode,
+    BackendError, BackendFacts, CleanupMechanism, CleanupReport, EnvironmentEvidence, ExitInfo,
+    FailureKind, LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord,
+    ProcessRelation, Result, RunEvidence, RunningCommand, StdioMode,
 };
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -42,124 +42,16 @@ pub(crate) async fn launch(
     ctx: LaunchContext,
 ) -> Result<Box<dyn RunningCommand>> {
     let spec = prepared.spec();
-    // 1. The engine exists and runs.
-    let program = PathBuf::from(prepared.program());
-    if backend.source(plan.kind).resolve(plan.kind).as_deref() != Some(program.as_path()) {
-        return Err(unavailable(
-            format!("no usable `{}` executable found", plan.kind.as_str()),
-            match plan.kind {
-                EngineKind::Podman => {
-                    "install podman (`apt-get install podman runc`), or choose `--engine docker`"
-                }
-                EngineKind::Docker => "install the docker CLI, or choose `--engine podman`",
-            },
-        ));
-    }
-    let engine = Engine {
-        kind: plan.kind,
-        program: program.clone(),
-        env: prepared.env().to_vec(),
-    };
-    // The version probe and the rootfs check (a tree walk) run concurrently: both sit on the
-    // launch path whose overhead over a bare engine run is budgeted.
-    let rootfs_check = async {
-        match &plan.options.source {
-            Source::Image(_) => None,
-            Source::Rootfs(dir) => {
-                let dir = PathBuf::from(dir);
-                let root = spec.root.clone();
-                let command = spec
-                    .argv
-                    .first()
-                    .map(|a| a.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let non_root = plan.user.uid != 0;
-                Some(
-                    tokio::task::spawn_blocking(move || {
-                        crate::rootfs::check(&dir, &root, &command, non_root)
-                    })
-                    .await,
-                )
-            }
-        }
-    };
-    let probes = async {
-        let version = engine.version().await;
-        let server = match &version {
-            Ok(_) => engine.server_version().await,
-            Err(_) => Ok(None),
-        };
-        (version, server)
-    };
-    let ((version, server_version), rootfs_checked) = tokio::join!(probes, rootfs_check);
-    let version = version.map_err(|e| {
-        unavailable(
-            format!("{} does not run: {e}", plan.kind.as_str()),
-            "repair the engine installation (try `podman info` / `docker version`)",
-        )
-    })?;
-    let server_version = server_version.map_err(|e| {
-        unavailable(
-            format!("the docker CLI cannot reach its API server: {e}"),
-            "start the Docker daemon, or point DOCKER_HOST at a running socket (e.g. `podman system service --time=0 unix:///run/podman/podman.sock` and DOCKER_HOST=unix:///run/podman/podman.sock)",
-        )
-    })?;
-    // 2. The image is present locally (never pulled unless asked), or the rootfs is usable.
-    let mut image_id = None;
-    let mut rootfs_facts = None;
-    if let Source::Image(image) = &plan.options.source {
-        image_id = engine.local_image_id(image).await.map_err(|e| {
-            unavailable(
-                format!(
-                    "could not ask {} about image {image}: {e}",
-                    plan.kind.as_str()
-                ),
-                "check the engine works (`podman info` / `docker version`)",
-            )
-        })?;
-        if image_id.is_none() && !plan.options.pull {
-            return Err(unavailable(
-                format!("image {image} is not present locally and pulling was not allowed"),
-                format!(
-                    "load or import it first (`{0} pull {image}`, `{0} load`, or `{0} import rootfs.tar {image}`), or pass `--pull` to let the engine pull it",
-                    plan.kind.as_str()
-                ),
-            ));
-        }
-    }
-    if let Some(checked) = rootfs_checked {
-        let checked = checked
-            .map_err(|e| launch_error(format!("rootfs check did not finish: {e}")))?
-            .map_err(|e| unavailable(format!("unusable rootfs: {e}"), e.remedy()))?;
-        rootfs_facts = Some(checked);
-    }
-    // 3. The private workspace exists and the container user can write it.
-    let ws_meta =
-        std::fs::symlink_metadata(&spec.workdir).map_err(|e| BackendError::InvalidRequest {
-            backend: ID.into(),
-            message: format!("private workspace {}: {e}", spec.workdir.display()),
-        })?;
-    if !ws_meta.is_dir() {
-        return Err(BackendError::InvalidRequest {
-            backend: ID.into(),
-            message: format!(
-                "private workspace {} is not a directory",
-                spec.workdir.display()
-            ),
-        });
-    }
-    let mut warnings = Vec::new();
-    {
-        let ws = spec.workdir.clone();
-        let (user, invoker) = (plan.user, backend.invoker);
-        let handed =
-            tokio::task::spawn_blocking(move || crate::ownership::hand_over(&ws, user, invoker))
-                .await
-                .map_err(|e| launch_error(format!("workspace hand-over did not finish: {e}")))?
-                .map_err(|e| launch_error(e.to_string()))?;
-        warnings.extend(handed);
-    }
-    // 4. Start the client. The container id comes back through a private --cidfile.
+    let engine = engine_for(backend, &plan, &prepared)?;
+    let program = engine.program.clone();
+    let Probed {
+        version,
+        server_version,
+        rootfs: rootfs_facts,
+    } = probe(&engine, &plan, spec).await?;
+    let image_id = local_image(&engine, &plan).await?;
+    let mut warnings = hand_over_workspace(backend, &plan, spec).await?;
+    // Start the client. The container id comes back through a private --cidfile.
     let cid_dir = tempfile::Builder::new()
         .prefix("agentdiff-cid-")
         .tempdir()
@@ -172,65 +64,7 @@ pub(crate) async fn launch(
     let mut args = prepared.args().to_vec();
     let cid_arg: OsString = cid_path.clone().into_os_string();
     args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(&args)
-        .env_clear()
-        .envs(prepared.env().iter().map(|(k, v)| (k, v)))
-        .current_dir(prepared.cwd())
-        .kill_on_drop(false);
-    #[cfg(unix)]
-    {
-        // Own process group: agentdiff decides how the container is stopped (interrupt channel),
-        // not a terminal signal racing it.
-        cmd.process_group(0);
-    }
-    match &ctx.stdio {
-        StdioMode::Inherit => {
-            cmd.stdin(Stdio::inherit())
-                .stdout(Stdio::inherit())
-                .stderr(Stdio::inherit());
-        }
-        StdioMode::StdoutToStderr => {
-            #[cfg(unix)]
-            {
-                use std::os::fd::AsFd;
-                let fd = std::io::stderr()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|e| launch_error(format!("could not duplicate stderr: {e}")))?;
-                cmd.stdin(Stdio::inherit())
-                    .stdout(Stdio::from(fd))
-                    .stderr(Stdio::inherit());
-            }
-            #[cfg(not(unix))]
-            {
-                cmd.stdin(Stdio::inherit())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::inherit());
-            }
-        }
-        StdioMode::Files {
-            stdin,
-            stdout,
-            stderr,
-        } => {
-            match stdin {
-                Some(path) => {
-                    let f = std::fs::File::open(path)
-                        .map_err(|e| launch_error(format!("{}: {e}", path.display())))?;
-                    cmd.stdin(Stdio::from(f));
-                }
-                None => {
-                    cmd.stdin(Stdio::null());
-                }
-            }
-            let out = std::fs::File::create(stdout)
-                .map_err(|e| launch_error(format!("{}: {e}", stdout.display())))?;
-            let err = std::fs::File::create(stderr)
-                .map_err(|e| launch_error(format!("{}: {e}", stderr.display())))?;
-            cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
-        }
-    }
+    let mut cmd = client_command(&program, &args, &prepared, &ctx.stdio)?;
     let since_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs().saturating_sub(1))
@@ -306,6 +140,232 @@ pub(crate) async fn launch(
             _ => None,
         },
     }))
+}
+
+/// The engine client `prepare` chose, when it still resolves to the same executable.
+fn engine_for(
+    backend: &ContainerBackend,
+    plan: &Plan,
+    prepared: &PreparedLaunch,
+) -> Result<Engine> {
+    let program = PathBuf::from(prepared.program());
+    if backend.source(plan.kind).resolve(plan.kind).as_deref() != Some(program.as_path()) {
+        return Err(unavailable(
+            format!("no usable `{}` executable found", plan.kind.as_str()),
+            match plan.kind {
+                EngineKind::Podman => {
+                    "install podman (`apt-get install podman runc`), or choose `--engine docker`"
+                }
+                EngineKind::Docker => "install the docker CLI, or choose `--engine podman`",
+            },
+        ));
+    }
+    Ok(Engine {
+        kind: plan.kind,
+        program,
+        env: prepared.env().to_vec(),
+    })
+}
+
+/// What the engine and the rootfs check said before the launch.
+struct Probed {
+    version: String,
+    server_version: Option<String>,
+    rootfs: Option<crate::rootfs::CheckedRootfs>,
+}
+
+/// The engine runs (and the docker CLI reaches its server), and the rootfs, when the run uses
+/// one, is usable. The version probe and the rootfs check (a tree walk) run concurrently: both
+/// sit on the launch path whose overhead over a bare engine run is budgeted.
+async fn probe(
+    engine: &Engine,
+    plan: &Plan,
+    spec: &agentdiff_engine::backend::LaunchSpec,
+) -> Result<Probed> {
+    let rootfs_check = async {
+        match &plan.options.source {
+            Source::Image(_) => None,
+            Source::Rootfs(dir) => {
+                let dir = PathBuf::from(dir);
+                let root = spec.root.clone();
+                let command = spec
+                    .argv
+                    .first()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let non_root = plan.user.uid != 0;
+                Some(
+                    tokio::task::spawn_blocking(move || {
+                        crate::rootfs::check(&dir, &root, &command, non_root)
+                    })
+                    .await,
+                )
+            }
+        }
+    };
+    let probes = async {
+        let version = engine.version().await;
+        let server = match &version {
+            Ok(_) => engine.server_version().await,
+            Err(_) => Ok(None),
+        };
+        (version, server)
+    };
+    let ((version, server_version), rootfs_checked) = tokio::join!(probes, rootfs_check);
+    let version = version.map_err(|e| {
+        unavailable(
+            format!("{} does not run: {e}", plan.kind.as_str()),
+            "repair the engine installation (try `podman info` / `docker version`)",
+        )
+    })?;
+    let server_version = server_version.map_err(|e| {
+        unavailable(
+            format!("the docker CLI cannot reach its API server: {e}"),
+            "start the Docker daemon, or point DOCKER_HOST at a running socket (e.g. `podman system service --time=0 unix:///run/podman/podman.sock` and DOCKER_HOST=unix:///run/podman/podman.sock)",
+        )
+    })?;
+    let rootfs = match rootfs_checked {
+        Some(checked) => Some(
+            checked
+                .map_err(|e| launch_error(format!("rootfs check did not finish: {e}")))?
+                .map_err(|e| unavailable(format!("unusable rootfs: {e}"), e.remedy()))?,
+        ),
+        None => None,
+    };
+    Ok(Probed {
+        version,
+        server_version,
+        rootfs,
+    })
+}
+
+/// The image's local id; an absent image is refused unless pulling was allowed (never pulled
+/// otherwise).
+async fn local_image(engine: &Engine, plan: &Plan) -> Result<Option<String>> {
+    let Source::Image(image) = &plan.options.source else {
+        return Ok(None);
+    };
+    let image_id = engine.local_image_id(image).await.map_err(|e| {
+        unavailable(
+            format!(
+                "could not ask {} about image {image}: {e}",
+                plan.kind.as_str()
+            ),
+            "check the engine works (`podman info` / `docker version`)",
+        )
+    })?;
+    if image_id.is_none() && !plan.options.pull {
+        return Err(unavailable(
+            format!("image {image} is not present locally and pulling was not allowed"),
+            format!(
+                "load or import it first (`{0} pull {image}`, `{0} load`, or `{0} import rootfs.tar {image}`), or pass `--pull` to let the engine pull it",
+                plan.kind.as_str()
+            ),
+        ));
+    }
+    Ok(image_id)
+}
+
+/// The private workspace exists and the container user can write it; returns the hand-over's
+/// warnings.
+async fn hand_over_workspace(
+    backend: &ContainerBackend,
+    plan: &Plan,
+    spec: &agentdiff_engine::backend::LaunchSpec,
+) -> Result<Vec<String>> {
+    let ws_meta =
+        std::fs::symlink_metadata(&spec.workdir).map_err(|e| BackendError::InvalidRequest {
+            backend: ID.into(),
+            message: format!("private workspace {}: {e}", spec.workdir.display()),
+        })?;
+    if !ws_meta.is_dir() {
+        return Err(BackendError::InvalidRequest {
+            backend: ID.into(),
+            message: format!(
+                "private workspace {} is not a directory",
+                spec.workdir.display()
+            ),
+        });
+    }
+    {
+        let ws = spec.workdir.clone();
+        let (user, invoker) = (plan.user, backend.invoker);
+        let handed =
+            tokio::task::spawn_blocking(move || crate::ownership::hand_over(&ws, user, invoker))
+                .await
+                .map_err(|e| launch_error(format!("workspace hand-over did not finish: {e}")))?
+                .map_err(|e| launch_error(e.to_string()))?;
+        Ok(handed.into_iter().collect())
+    }
+}
+
+/// The engine client's command with the run's stdio, in a process group of its own.
+fn client_command(
+    program: &std::path::Path,
+    args: &[OsString],
+    prepared: &PreparedLaunch,
+    stdio: &StdioMode,
+) -> Result<tokio::process::Command> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(prepared.env().iter().map(|(k, v)| (k, v)))
+        .current_dir(prepared.cwd())
+        .kill_on_drop(false);
+    #[cfg(unix)]
+    {
+        // Own process group: agentdiff decides how the container is stopped (interrupt channel),
+        // not a terminal signal racing it.
+        cmd.process_group(0);
+    }
+    match stdio {
+        StdioMode::Inherit => {
+            cmd.stdin(Stdio::inherit())
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit());
+        }
+        StdioMode::StdoutToStderr => {
+            #[cfg(unix)]
+            {
+                use std::os::fd::AsFd;
+                let fd = std::io::stderr()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| launch_error(format!("could not duplicate stderr: {e}")))?;
+                cmd.stdin(Stdio::inherit())
+                    .stdout(Stdio::from(fd))
+                    .stderr(Stdio::inherit());
+            }
+            #[cfg(not(unix))]
+            {
+                cmd.stdin(Stdio::inherit())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit());
+            }
+        }
+        StdioMode::Files {
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            match stdin {
+                Some(path) => {
+                    let f = std::fs::File::open(path)
+                        .map_err(|e| launch_error(format!("{}: {e}", path.display())))?;
+                    cmd.stdin(Stdio::from(f));
+                }
+                None => {
+                    cmd.stdin(Stdio::null());
+                }
+            }
+            let out = std::fs::File::create(stdout)
+                .map_err(|e| launch_error(format!("{}: {e}", stdout.display())))?;
+            let err = std::fs::File::create(stderr)
+                .map_err(|e| launch_error(format!("{}: {e}", stderr.display())))?;
+            cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
+        }
+    }
+    Ok(cmd)
 }
 
 /// Names handed to the container with their fingerprints; values are never recorded.
@@ -447,6 +507,50 @@ impl RunningCommand for RunningContainer {
     }
 
     async fn wait(mut self: Box<Self>) -> Result<RunEvidence> {
+        let exit = self.wait_for_end().await?;
+        let container_id = std::fs::read_to_string(&self.cid_path)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit()));
+        let mut ev = std::mem::take(&mut self.evidence);
+        self.facts.container_id = container_id.clone();
+        self.attribute_engine_exit(&exit, container_id.as_deref(), &mut ev)
+            .await;
+        ev.exit = exit;
+        let (cleanup, removed) = self.remove_leftovers(&mut ev, container_id.is_some()).await;
+        ev.cleanup = cleanup;
+        if let Some(image) = &self.image_pulled_ref {
+            match self.engine.local_image_id(image).await {
+                Ok(id) => self.facts.image_id = id,
+                Err(e) => ev.warnings.push(format!("image id after pull: {e}")),
+            }
+        }
+        self.facts.leftover_containers_removed = removed;
+        ev.wrapper = Some(
+            BackendFacts::new(&self.facts).map_err(|e| BackendError::Runtime {
+                backend: ID.into(),
+                message: e.to_string(),
+            })?,
+        );
+        if let Some(identity) = self.identity.clone() {
+            ev.processes.push(ProcessRecord {
+                ppid: std::process::id(),
+                identity,
+                relation: ProcessRelation::Root,
+                executable: self.engine.kind.as_str().into(),
+                first_seen_ms: 0,
+                alive_after_root_exit: false,
+                left_run_cgroup: None,
+            });
+        }
+        Ok(ev)
+    }
+}
+
+impl RunningContainer {
+    /// Wait until the client exits, the deadline passes or agentdiff is interrupted (then stop
+    /// the container); the exit as far as the client tells it.
+    async fn wait_for_end(&mut self) -> Result<ExitInfo> {
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
         let mut interrupts_open = true;
         let ending = loop {
@@ -491,17 +595,20 @@ impl RunningCommand for RunningContainer {
             use std::os::unix::process::ExitStatusExt;
             exit.signal = status.signal();
         }
-        let container_id = std::fs::read_to_string(&self.cid_path)
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit()));
-        let mut ev = std::mem::take(&mut self.evidence);
-        self.facts.container_id = container_id.clone();
-        // 125–127 come from the engine (it failed, or the OCI runtime could not start the
-        // process) or from the command itself; the engine's event log tells which.
+        Ok(exit)
+    }
+
+    /// 125–127 come from the engine (it failed, or the OCI runtime could not start the process)
+    /// or from the command itself; the engine's event log tells which.
+    async fn attribute_engine_exit(
+        &self,
+        exit: &ExitInfo,
+        container_id: Option<&str>,
+        ev: &mut RunEvidence,
+    ) {
         if !exit.timed_out && exit.interrupted_by.is_none() {
             if let Some(code @ 125..=127) = exit.code {
-                match &container_id {
+                match container_id {
                     None => {
                         ev.failure = Some(FailureKind::WrapperSetupFailed {
                             message: format!(
@@ -527,10 +634,17 @@ impl RunningCommand for RunningContainer {
                 }
             }
         }
-        ev.exit = exit;
-        // Leftovers: `--rm` normally removes the container; remove anything still labelled.
+    }
+
+    /// Leftovers: `--rm` normally removes the container; remove anything still labelled.
+    /// `created`: the run's container was created (its removal failing is then an error).
+    async fn remove_leftovers(
+        &self,
+        ev: &mut RunEvidence,
+        created: bool,
+    ) -> (CleanupReport, Vec<String>) {
         let mut cleanup = CleanupReport {
-            mechanism: "container_engine".into(),
+            mechanism: CleanupMechanism::ContainerEngine,
             grace_ms: self.grace.as_millis() as u64,
             records: Vec::new(),
             errors: std::mem::take(&mut ev.cleanup.errors),
@@ -540,7 +654,7 @@ impl RunningCommand for RunningContainer {
         // code has been read.
         if self.engine.kind == EngineKind::Docker {
             if let Err(e) = self.engine.remove(&self.name).await {
-                if container_id.is_some() {
+                if created {
                     cleanup
                         .errors
                         .push(format!("removing container {}: {e}", self.name));
@@ -582,31 +696,6 @@ impl RunningCommand for RunningContainer {
                 removed.join(", ")
             ));
         }
-        ev.cleanup = cleanup;
-        if let Some(image) = &self.image_pulled_ref {
-            match self.engine.local_image_id(image).await {
-                Ok(id) => self.facts.image_id = id,
-                Err(e) => ev.warnings.push(format!("image id after pull: {e}")),
-            }
-        }
-        self.facts.leftover_containers_removed = removed;
-        ev.wrapper = Some(
-            BackendFacts::new(&self.facts).map_err(|e| BackendError::Runtime {
-                backend: ID.into(),
-                message: e.to_string(),
-            })?,
-        );
-        if let Some(identity) = self.identity.clone() {
-            ev.processes.push(ProcessRecord {
-                ppid: std::process::id(),
-                identity,
-                relation: ProcessRelation::Root,
-                executable: self.engine.kind.as_str().into(),
-                first_seen_ms: 0,
-                alive_after_root_exit: false,
-                left_run_cgroup: None,
-            });
-        }
-        Ok(ev)
+        (cleanup, removed)
     }
 }

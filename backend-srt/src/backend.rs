@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use crate::facts::{BridgeFacts, SandboxClaim, SettingsFacts, SrtFacts};
 use crate::host::{self, ExecutableError};
 use crate::settings::{self, SettingsChoice, SettingsError};
 use crate::shim::{self, StartState};
@@ -257,7 +258,7 @@ fn runtime_config(plan: &Plan) -> Value {
         "backend": ID,
         "srt_executable": plan.srt.to_string_lossy(),
         "settings": {
-            "source": plan.settings.source_label(),
+            "source": plan.settings.source(),
             "path": plan.settings.path().to_string_lossy(),
         },
         "allow_domains": plan.allow_domains,
@@ -341,41 +342,40 @@ impl RuntimeBackend for SrtBackend {
                 let bytes = settings::write_generated(path, &bridged.settings)
                     .map_err(|e| launch_error(e.to_string()))?;
                 generated = Some(RemoveOnDrop(path.clone()));
-                json!({
-                    "source": plan.settings.source_label(),
-                    "path": path.to_string_lossy(),
-                    "sha256": hex::encode(Sha256::digest(&bytes)),
-                    "bytes": bytes.len(),
-                    "bridge": {
-                        // The capsule seals only its known artifacts, so the file is removed
-                        // after the run; its full content and digest are recorded here instead.
-                        "content": bridged.settings,
-                        "file_removed_after_run": true,
-                        "policy_source": denies.source,
-                        "expressed_denies": bridged.expressed,
-                        "not_expressed_denies": bridged.not_expressed,
-                        "reads_left_readable": bridged.reads_left_readable,
-                        "allowed_domains": plan.allow_domains,
-                        "limits": settings::BRIDGE_LIMITS,
-                        "controls": "requested",
-                    },
-                })
+                SettingsFacts {
+                    source: plan.settings.source(),
+                    path: path.to_string_lossy().into_owned(),
+                    sha256: hex::encode(Sha256::digest(&bytes)),
+                    bytes: bytes.len() as u64,
+                    bridge: Some(BridgeFacts {
+                        content: bridged.settings,
+                        file_removed_after_run: true,
+                        policy_source: denies.source.to_string(),
+                        expressed_denies: bridged.expressed,
+                        not_expressed_denies: bridged.not_expressed,
+                        reads_left_readable: bridged.reads_left_readable,
+                        allowed_domains: plan.allow_domains.clone(),
+                        limits: strings(settings::BRIDGE_LIMITS),
+                        controls: Level::Requested,
+                    }),
+                }
             }
             SettingsChoice::File(_) => {
                 settings::settings_evidence(&plan.settings).map_err(settings_error)?
             }
         };
 
-        let wrapper = json!({
-            "kind": "srt",
-            "executable": plan.srt.to_string_lossy(),
-            "version": version.version,
-            "version_source": version.source,
-            "settings": settings_ev,
-            "exec_shim": plan.shim.to_string_lossy(),
-            "sandbox": "requested_not_verified",
-            "limits": LIMITS,
-        });
+        let wrapper = SrtFacts {
+            kind: ID.into(),
+            executable: plan.srt.to_string_lossy().into_owned(),
+            version: version.version,
+            version_source: version.source,
+            settings: settings_ev,
+            exec_shim: plan.shim.to_string_lossy().into_owned(),
+            sandbox: SandboxClaim::RequestedNotVerified,
+            limits: strings(LIMITS),
+            start: None,
+        };
         let labels = EvidenceLabels {
             backend: ID.into(),
             enforcement: ENFORCEMENT,
@@ -417,7 +417,7 @@ impl Drop for RemoveOnDrop {
 struct SrtRunning {
     inner: ShimmedCommand,
     generated: Option<RemoveOnDrop>,
-    wrapper: Value,
+    wrapper: SrtFacts,
 }
 
 #[async_trait]
@@ -445,7 +445,7 @@ impl RunningCommand for SrtRunning {
             state,
             expected_argc,
         } = exit?;
-        attribute_exit(&mut evidence, &state, expected_argc, wrapper);
+        attribute_exit(&mut evidence, &state, expected_argc, wrapper)?;
         separate_srt_listeners(&mut evidence);
         Ok(evidence)
     }
@@ -484,8 +484,8 @@ pub fn attribute_exit(
     evidence: &mut RunEvidence,
     state: &StartState,
     expected_argc: usize,
-    mut wrapper: Value,
-) {
+    mut wrapper: SrtFacts,
+) -> Result<()> {
     evidence.backend = ID.into();
     evidence.enforcement = ENFORCEMENT;
     evidence.capabilities = capabilities();
@@ -496,8 +496,18 @@ pub fn attribute_exit(
         "srt",
         "see srt's message above and `agentdiff doctor`",
     );
-    StartFacts::new(state, attribution).record_in(&mut wrapper);
-    evidence.wrapper = Some(BackendFacts::from_value(wrapper));
+    wrapper.start = Some(StartFacts::new(state, attribution));
+    evidence.wrapper = Some(
+        BackendFacts::new(&wrapper).map_err(|e| BackendError::Runtime {
+            backend: ID.into(),
+            message: e.to_string(),
+        })?,
+    );
+    Ok(())
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
 }
 
 #[cfg(test)]
@@ -518,6 +528,26 @@ mod tests {
         assert!(!c.network_enforcement);
     }
 
+    fn facts() -> SrtFacts {
+        SrtFacts {
+            kind: ID.into(),
+            executable: "/usr/bin/srt".into(),
+            version: "1.2.3".into(),
+            version_source: version::VersionSource::Probed,
+            settings: SettingsFacts {
+                source: crate::facts::SettingsSource::File,
+                path: "/s.json".into(),
+                sha256: "00".into(),
+                bytes: 2,
+                bridge: None,
+            },
+            exec_shim: "/usr/bin/agentdiff".into(),
+            sandbox: SandboxClaim::RequestedNotVerified,
+            limits: strings(LIMITS),
+            start: None,
+        }
+    }
+
     fn ev(code: i32) -> RunEvidence {
         RunEvidence {
             exit: ExitInfo {
@@ -531,26 +561,30 @@ mod tests {
     #[test]
     fn exit_without_start_mark_is_a_wrapper_failure() {
         let mut e = ev(1);
-        attribute_exit(&mut e, &StartState::NotStarted, 1, json!({}));
+        attribute_exit(&mut e, &StartState::NotStarted, 1, facts()).unwrap();
         let Some(FailureKind::WrapperSetupFailed { message }) = &e.failure else {
             panic!("{:?}", e.failure)
         };
         assert!(message.contains("exited with code 1"), "{message}");
-        let w = e.wrapper.unwrap();
-        assert_eq!(w["command_started"], false);
-        assert_eq!(w["exit_attribution"], "wrapper");
+        let w: SrtFacts = e.wrapper.unwrap().decode().unwrap();
+        let start = w.start.unwrap();
+        assert!(!start.command_started);
+        assert_eq!(start.exit_attribution, "wrapper");
         assert_eq!(e.enforcement, ENFORCEMENT);
     }
 
     #[test]
     fn exit_after_start_mark_is_the_commands() {
         let mut e = ev(1);
-        attribute_exit(&mut e, &StartState::Started { argc: 2 }, 2, json!({}));
+        attribute_exit(&mut e, &StartState::Started { argc: 2 }, 2, facts()).unwrap();
         assert_eq!(e.failure, None);
         assert!(e.warnings.is_empty());
         let w = e.wrapper.unwrap();
+        // The start facts sit beside the others in the one recorded object.
         assert_eq!(w["command_started"], true);
-        assert_eq!(w["exit_attribution"], "command");
+        assert_eq!(w["kind"], "srt");
+        let start = w.decode::<SrtFacts>().unwrap().start.unwrap();
+        assert_eq!(start.exit_attribution, "command");
         assert_eq!(e.exit.code, Some(1));
     }
 
@@ -605,7 +639,7 @@ mod tests {
         let mut e = ev(0);
         e.exit.code = None;
         e.exit.timed_out = true;
-        attribute_exit(&mut e, &StartState::NotStarted, 1, json!({}));
+        attribute_exit(&mut e, &StartState::NotStarted, 1, facts()).unwrap();
         assert!(matches!(
             e.failure,
             Some(FailureKind::WrapperSetupFailed { .. })

@@ -16,6 +16,8 @@
 #[cfg(unix)]
 pub mod doctor;
 #[cfg(unix)]
+pub mod facts;
+#[cfg(unix)]
 pub mod host;
 #[cfg(unix)]
 pub mod settings;
@@ -32,6 +34,8 @@ mod backend;
 pub use backend::{capabilities, separate_srt_listeners, SrtBackend};
 #[cfg(unix)]
 pub use doctor::{doctor_report, DoctorReport};
+#[cfg(unix)]
+pub use facts::SrtFacts;
 
 /// Backend id (`--runtime srt`).
 pub const ID: &str = "srt";

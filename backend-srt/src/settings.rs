@@ -17,8 +17,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use agentdiff_engine::policy::Policy;
-use serde::Deserialize;
 use serde_json::{json, Value};
+
+use crate::facts::{SettingsFacts, SettingsSource};
 use sha2::{Digest, Sha256};
 
 /// Name of the derived settings file in the run capsule.
@@ -39,8 +40,8 @@ pub enum SettingsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot read the effective policy from {path}: {message}")]
-    Policy { path: PathBuf, message: String },
+    #[error("cannot read the run's effective policy: {0}")]
+    Policy(#[source] agentdiff_engine::store::StoreError),
     #[error("cannot write the derived srt settings {path}: {source}")]
     Write {
         path: PathBuf,
@@ -66,10 +67,10 @@ impl SettingsChoice {
         }
     }
 
-    pub fn source_label(&self) -> &'static str {
+    pub fn source(&self) -> SettingsSource {
         match self {
-            SettingsChoice::File(_) => "file",
-            SettingsChoice::FromPolicy(_) => "generated_from_policy",
+            SettingsChoice::File(_) => SettingsSource::File,
+            SettingsChoice::FromPolicy(_) => SettingsSource::GeneratedFromPolicy,
         }
     }
 }
@@ -111,15 +112,16 @@ pub fn digest_file(path: &Path) -> Result<(String, u64), SettingsError> {
 }
 
 /// Evidence for the settings srt used: source, path, digest and size of the exact bytes.
-pub fn settings_evidence(choice: &SettingsChoice) -> Result<Value, SettingsError> {
+pub fn settings_evidence(choice: &SettingsChoice) -> Result<SettingsFacts, SettingsError> {
     let path = choice.path();
     let (sha256, bytes) = digest_file(path)?;
-    Ok(json!({
-        "source": choice.source_label(),
-        "path": path.to_string_lossy(),
-        "sha256": sha256,
-        "bytes": bytes,
-    }))
+    Ok(SettingsFacts {
+        source: choice.source(),
+        path: path.to_string_lossy().into_owned(),
+        sha256,
+        bytes,
+        bridge: None,
+    })
 }
 
 /// Credential locations below a home directory whose reads the derived settings deny: the
@@ -165,41 +167,23 @@ pub struct PolicyDenies {
     pub source: &'static str,
 }
 
-/// The capsule's `policy.json` as the transaction writes it (a bare policy document is
-/// accepted too).
-#[derive(Debug, Deserialize)]
-struct PolicyArtifact {
-    effective: Option<Value>,
-}
-
 /// Read the effective policy's deny patterns from the capsule's `policy.json`. Without that
 /// file (outside a transaction) the built-in policy applies, and the source says so.
 pub fn effective_policy_denies(capsule_dir: &Path) -> Result<PolicyDenies, SettingsError> {
-    let path = capsule_dir.join(POLICY_ARTIFACT);
-    let err = |message: String| SettingsError::Policy {
-        path: path.clone(),
-        message,
-    };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(PolicyDenies {
+    Ok(
+        match agentdiff_engine::store::recorded_policy(capsule_dir)
+            .map_err(SettingsError::Policy)?
+        {
+            Some(policy) => PolicyDenies {
+                patterns: policy.deny_patterns(),
+                source: "run_capsule",
+            },
+            None => PolicyDenies {
                 patterns: Policy::builtin().deny_patterns(),
                 source: "built_in",
-            })
-        }
-        Err(e) => return Err(err(e.to_string())),
-    };
-    let artifact: PolicyArtifact = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-    let policy = match artifact.effective {
-        Some(doc) => Policy::from_yaml_or_json(&doc.to_string(), &path.to_string_lossy()),
-        None => Policy::from_yaml_or_json(&text, &path.to_string_lossy()),
-    }
-    .map_err(|e| err(e.to_string()))?;
-    Ok(PolicyDenies {
-        patterns: policy.deny_patterns(),
-        source: "run_capsule",
-    })
+            },
+        },
+    )
 }
 
 /// Everything the derivation reads.

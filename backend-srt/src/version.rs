@@ -9,6 +9,7 @@
 //! The cache lives in memory for the process and in `srt-version.json` in agentdiff's per-user
 //! state directory ([`crate::settings::agentdiff_state_dir`]). Settings derived from the policy
 //! deny every srt run writes (and reads) there, so a command under srt cannot forge an entry.
+//! Reading and writing the file, and file identities, are the engine's [`cache_file`].
 //! Not defended: a command run by another backend as the same user (e.g. `local`, which does not
 //! confine writes) can write that file; the worst it gains is a wrong version string in later
 //! srt evidence, or "Ready" for an srt that no longer runs — which then fails closed at launch
@@ -16,9 +17,9 @@
 //! it is a regular file owned by this user and writable by nobody else.
 
 use std::ffi::{OsStr, OsString};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use agentdiff_engine::cache_file;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -33,31 +34,7 @@ pub const CACHE_FILE: &str = "srt-version.json";
 /// Entries kept in the cache file (one per srt install seen; old ones fall off).
 const MAX_ENTRIES: usize = 8;
 
-/// Identity of one file: a change to the file gives a different identity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileIdentity {
-    pub path: PathBuf,
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    pub mtime_ns: i128,
-    pub ctime_ns: i128,
-}
-
-impl FileIdentity {
-    fn of(path: &Path) -> std::io::Result<FileIdentity> {
-        let canonical = std::fs::canonicalize(path)?;
-        let m = std::fs::metadata(&canonical)?;
-        Ok(FileIdentity {
-            path: canonical,
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-        })
-    }
-}
+pub use agentdiff_engine::cache_file::FileIdentity;
 
 /// The srt executable and the interpreter its `#!` line names (Node.js for an npm install).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,7 +77,7 @@ impl Identity {
 }
 
 /// Where a version answer came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VersionSource {
     /// `srt --version` ran now.
@@ -148,53 +125,6 @@ fn remember(entries: &mut Vec<Entry>, identity: &Identity, version: &str) {
     entries.truncate(MAX_ENTRIES);
 }
 
-/// Read the cache file, or nothing when it is absent, unsafe or unreadable (then srt is probed).
-fn read_cache(path: &Path) -> CacheFile {
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-    else {
-        return CacheFile::default();
-    };
-    let trusted = file.metadata().is_ok_and(|m| {
-        m.is_file() && m.uid() == host::euid() && m.permissions().mode() & 0o022 == 0
-    });
-    if !trusted {
-        return CacheFile::default();
-    }
-    serde_json::from_reader(std::io::BufReader::new(file)).unwrap_or_default()
-}
-
-/// Write the cache file atomically (temporary file, then rename); failures only cost a probe.
-fn write_cache(dir: &Path, cache: &CacheFile) {
-    if std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .is_err()
-    {
-        return;
-    }
-    let Ok(text) = serde_json::to_vec(cache) else {
-        return;
-    };
-    let mut salt = [0u8; 8];
-    if getrandom::getrandom(&mut salt).is_err() {
-        return;
-    }
-    let tmp = dir.join(format!(".{CACHE_FILE}.{}", hex::encode(salt)));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(&text));
-    if written.is_err() || std::fs::rename(&tmp, dir.join(CACHE_FILE)).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-}
-
 /// Why srt's version could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum VersionError {
@@ -231,7 +161,12 @@ pub async fn version(
     if let Some(id) = &identity {
         let hit = MEMORY.lock().ok().and_then(|m| lookup(&m, id));
         let hit = hit.or_else(|| {
-            state_dir.and_then(|d| lookup(&read_cache(&d.join(CACHE_FILE)).entries, id))
+            state_dir.and_then(|d| {
+                lookup(
+                    &cache_file::read::<CacheFile>(&d.join(CACHE_FILE)).entries,
+                    id,
+                )
+            })
         });
         if let Some(version) = hit {
             if let Ok(mut m) = MEMORY.lock() {
@@ -249,9 +184,9 @@ pub async fn version(
             remember(&mut m, id, &version);
         }
         if let Some(dir) = state_dir {
-            let mut cache = read_cache(&dir.join(CACHE_FILE));
+            let mut cache: CacheFile = cache_file::read(&dir.join(CACHE_FILE));
             remember(&mut cache.entries, id, &version);
-            write_cache(dir, &cache);
+            cache_file::write(dir, CACHE_FILE, &cache);
         }
     }
     Ok(Version {
@@ -323,6 +258,8 @@ pub async fn probe(
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {

@@ -15,6 +15,7 @@ mod out;
 mod cli;
 #[cfg(test)]
 mod cli_names;
+mod doctor_report;
 mod exit;
 mod report;
 mod serve;

@@ -216,7 +216,10 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
         .verified_controls
         .iter()
         .map(|v| {
-            let at = v.citation["probed_at_unix"].as_u64().unwrap_or(now);
+            let at = serde_json::from_value::<agentdiff_conformance::probes::Citation>(
+                v.citation.clone(),
+            )
+            .map_or(now, |c| c.probed_at_unix);
             format!(
                 "{} ({} min ago)",
                 v.boundary.as_str(),
@@ -393,10 +396,11 @@ pub fn diff_section(diffs: &[ChangeDiff]) -> String {
 }
 
 /// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
-/// its diffs (the after side from the working tree at the store's root).
+/// its diffs (the after side from the working tree at the store's root); `back` links above it.
 pub fn html_report(
     store: &agentdiff_engine::store::Store,
     capsule: &agentdiff_engine::store::Capsule,
+    back: Option<&str>,
 ) -> anyhow::Result<String> {
     use agentdiff_engine::report::diff::DiffSource;
     let view = RunView::load(capsule)
@@ -407,5 +411,7 @@ pub fn html_report(
         .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
     let diffs =
         DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
-    Ok(agentdiff_engine::report::html::render(&view, &seal, &diffs))
+    Ok(agentdiff_engine::report::html::render(
+        &view, &seal, &diffs, back,
+    ))
 }

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentdiff_engine::backend::{
-    BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, RunEvidence, RunningCommand,
-    RuntimeBackend, StdioMode, WorkspaceMode,
+    BackendError, BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, RunEvidence,
+    RunningCommand, RuntimeBackend, StdioMode, WorkspaceMode,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -187,21 +187,16 @@ pub fn spec_for(scratch: &Scratch, inv: &Invocation, run_id: &str) -> LaunchSpec
 }
 
 /// Where a run stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum Stage {
-    Prepare(String),
-    Launch(String),
-    Wait(String),
-}
-
-impl std::fmt::Display for Stage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stage::Prepare(m) => write!(f, "prepare failed: {m}"),
-            Stage::Launch(m) => write!(f, "launch failed: {m}"),
-            Stage::Wait(m) => write!(f, "wait failed: {m}"),
-        }
-    }
+    #[error("prepare failed: {0}")]
+    Prepare(#[source] BackendError),
+    #[error("launch failed: scratch: {0}")]
+    Scratch(#[source] std::io::Error),
+    #[error("launch failed: {0}")]
+    Launch(#[source] BackendError),
+    #[error("wait failed: {0}")]
+    Wait(#[source] BackendError),
 }
 
 /// A finished run.
@@ -250,11 +245,7 @@ pub struct Started {
 impl Started {
     pub async fn finish(self) -> Result<Ran, Stage> {
         let pid = self.running.pid();
-        let evidence = self
-            .running
-            .wait()
-            .await
-            .map_err(|e| Stage::Wait(e.to_string()))?;
+        let evidence = self.running.wait().await.map_err(Stage::Wait)?;
         Ok(Ran {
             prepared: self.prepared,
             evidence,
@@ -275,13 +266,13 @@ pub async fn start(
     let io_dir = scratch
         .outside
         .join(format!("io-{}", crate::host::random_token()));
-    std::fs::create_dir_all(&io_dir).map_err(|e| Stage::Launch(format!("scratch: {e}")))?;
+    std::fs::create_dir_all(&io_dir).map_err(Stage::Scratch)?;
     let stdout = io_dir.join("stdout");
     let stderr = io_dir.join("stderr");
     let stdin = match &inv.stdin {
         Some(bytes) => {
             let p = io_dir.join("stdin");
-            std::fs::write(&p, bytes).map_err(|e| Stage::Launch(format!("scratch: {e}")))?;
+            std::fs::write(&p, bytes).map_err(Stage::Scratch)?;
             Some(p)
         }
         None => None,
@@ -291,9 +282,7 @@ pub async fn start(
         inv,
         &format!("conformance-{}", crate::host::random_token()),
     );
-    let prepared = backend
-        .prepare(&spec)
-        .map_err(|e| Stage::Prepare(e.to_string()))?;
+    let prepared = backend.prepare(&spec).map_err(Stage::Prepare)?;
     let ctx = LaunchContext::new(StdioMode::Files {
         stdin,
         stdout: stdout.clone(),
@@ -303,7 +292,7 @@ pub async fn start(
     let running = backend
         .launch(prepared.clone(), ctx)
         .await
-        .map_err(|e| Stage::Launch(e.to_string()))?;
+        .map_err(Stage::Launch)?;
     Ok(Started {
         prepared,
         running,

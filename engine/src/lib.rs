@@ -4,6 +4,8 @@
 //! backends link this crate and register themselves through [`backend::registry`].
 
 pub mod backend;
+#[cfg(unix)]
+pub mod cache_file;
 pub mod credentials;
 pub mod environment;
 pub mod fs;
@@ -19,6 +21,8 @@ pub mod rollback;
 pub mod root;
 pub mod score;
 pub mod store;
+#[cfg(feature = "test-support")]
+pub mod testing;
 pub mod transaction;
 pub mod workspace;
 

@@ -205,7 +205,10 @@ async fn runs_in_the_workspace_and_records_evidence() {
         "podman version 99.0.0-fake"
     );
     assert_eq!(ev.processes.len(), 1);
-    assert_eq!(ev.cleanup.mechanism, "container_engine");
+    assert_eq!(
+        ev.cleanup.mechanism,
+        agentdiff_engine::backend::CleanupMechanism::ContainerEngine
+    );
     // argv boundaries survive the engine; the command ran in the workspace.
     assert_eq!(
         std::fs::read_to_string(l.workspace.join("out.txt")).unwrap(),

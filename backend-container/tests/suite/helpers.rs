@@ -1,13 +1,13 @@
 //! Shared helpers: launch specs, the fake engine, a busybox rootfs, real-component gating.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_backend_container::engine::ProgramSource;
 use agentdiff_backend_container::ContainerBackend;
+use agentdiff_conformance::testing::launch_spec;
 use agentdiff_engine::backend::{
-    BackendOptions, LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode,
+    LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode,
 };
 
 pub const FAKE: &str = env!("CARGO_BIN_EXE_agentdiff-fake-container-engine");
@@ -41,28 +41,21 @@ pub fn layout(run_id: &str) -> Layout {
 }
 
 pub fn spec(l: &Layout, run_id: &str, argv: &[&str], options: &[(&str, &str)]) -> LaunchSpec {
-    let mut o = BackendOptions::new();
+    let mut b = launch_spec(&l.workspace, argv.iter().copied())
+        .run_id(run_id)
+        .root(&l.root)
+        .capsule_dir(&l.capsule)
+        .env([
+            ("PATH", "/usr/bin:/bin"),
+            ("SECRET_TOKEN", "hunter2-value"),
+            ("LANG", "C.UTF-8"),
+        ])
+        .timeout(Duration::from_secs(60))
+        .poll_interval(Duration::from_millis(50));
     for (k, v) in options {
-        o.push(*k, *v);
+        b = b.option(k, *v);
     }
-    LaunchSpec {
-        run_id: run_id.into(),
-        root: l.root.clone(),
-        workdir: l.workspace.clone(),
-        capsule_dir: l.capsule.clone(),
-        argv: argv.iter().map(OsString::from).collect(),
-        env: vec![
-            ("PATH".into(), "/usr/bin:/bin".into()),
-            ("SECRET_TOKEN".into(), "hunter2-value".into()),
-            ("LANG".into(), "C.UTF-8".into()),
-        ],
-        env_plan: Default::default(),
-        timeout: Some(Duration::from_secs(60)),
-        grace: Duration::from_secs(1),
-        poll_interval: Duration::from_millis(50),
-        observe_ports: false,
-        options: o,
-    }
+    b.build()
 }
 
 /// Output files for a launch, so tests can read what the command printed.

@@ -1,14 +1,13 @@
 //! Shared helpers: launching through the backend, and guards that never leave processes behind.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use agentdiff_backend_local::LocalBackend;
+use agentdiff_conformance::testing::launch_spec;
 use agentdiff_engine::backend::{
-    BackendOptions, LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RuntimeBackend,
-    StdioMode,
+    LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RuntimeBackend, StdioMode,
 };
 
 /// Runs that rely on `/proc` polling claim orphans of the test process; one at a time keeps the
@@ -20,20 +19,11 @@ pub fn poll_lock() -> MutexGuard<'static, ()> {
 }
 
 pub fn spec(dir: &Path, argv: &[&str]) -> LaunchSpec {
-    LaunchSpec {
-        run_id: "test".into(),
-        root: dir.to_path_buf(),
-        workdir: dir.to_path_buf(),
-        capsule_dir: dir.join(".agentdiff/runs/test"),
-        argv: argv.iter().map(OsString::from).collect(),
-        env: vec![("PATH".into(), std::env::var_os("PATH").unwrap_or_default())],
-        env_plan: Default::default(),
-        timeout: None,
-        grace: Duration::from_millis(500),
-        poll_interval: Duration::from_millis(10),
-        observe_ports: false,
-        options: BackendOptions::new(),
-    }
+    // The host PATH: tests run programs found wherever the host keeps them.
+    launch_spec(dir, argv.iter().copied())
+        .var("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .grace(Duration::from_millis(500))
+        .build()
 }
 
 pub fn with_tracking(mut s: LaunchSpec, tracking: &str) -> LaunchSpec {

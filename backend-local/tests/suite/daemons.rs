@@ -41,7 +41,10 @@ fn daemon_case(tracking: &str, script: &str) {
         .expect("daemon cleaned up");
     assert_eq!(cleaned.outcome, CleanupOutcome::Terminated);
     assert!(!alive(&rec.identity), "daemon still running after the run");
-    assert_eq!(ev.cleanup.mechanism, "pidfd");
+    assert_eq!(
+        ev.cleanup.mechanism,
+        agentdiff_engine::backend::CleanupMechanism::Pidfd
+    );
     assert!(ev.cleanup.leftovers() >= 1);
 }
 

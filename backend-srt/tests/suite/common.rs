@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_backend_srt::{SrtBackend, OPT_EXEC_SHIM};
+use agentdiff_conformance::testing::launch_spec;
 use agentdiff_engine::backend::{
     BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, RunEvidence, RuntimeBackend,
     StdioMode,
@@ -95,20 +96,14 @@ impl Fixture {
     }
 
     pub fn spec_os(&self, argv: Vec<OsString>, host_path: bool) -> LaunchSpec {
-        LaunchSpec {
-            run_id: "r1".into(),
-            root: self.root.clone(),
-            workdir: self.root.clone(),
-            capsule_dir: self.capsule.clone(),
-            argv,
-            env: self.env(host_path),
-            env_plan: Default::default(),
-            timeout: Some(Duration::from_secs(60)),
-            grace: Duration::from_millis(500),
-            poll_interval: Duration::from_millis(10),
-            observe_ports: false,
-            options: self.options.clone(),
-        }
+        launch_spec(&self.root, argv)
+            .run_id("r1")
+            .capsule_dir(&self.capsule)
+            .env(self.env(host_path))
+            .timeout(Duration::from_secs(60))
+            .grace(Duration::from_millis(500))
+            .options(self.options.clone())
+            .build()
     }
 
     /// Every invocation of the fake srt, in order.

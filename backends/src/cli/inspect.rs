@@ -116,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Html {
-        out!("{}", crate::report::html_report(&store, &capsule)?);
+        out!("{}", crate::report::html_report(&store, &capsule, None)?);
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Json {

@@ -118,8 +118,31 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
+/// A `--timeout`-style value that is not a duration.
+#[derive(Debug)]
+pub struct NotADuration {
+    text: String,
+    source: humantime::DurationError,
+}
+
+impl std::fmt::Display for NotADuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` is not a duration (use seconds, or 90s, 5m, 1h): {}",
+            self.text, self.source
+        )
+    }
+}
+
+impl std::error::Error for NotADuration {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 /// Parse `30`, `30s`, `5m`, `1h`, `1500ms`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, NotADuration> {
     let text = text.trim();
     if let Ok(secs) = text.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
@@ -129,8 +152,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             return Ok(Duration::from_secs_f64(secs));
         }
     }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("`{text}` is not a duration (use seconds, or 90s, 5m, 1h): {e}"))
+    humantime::parse_duration(text).map_err(|source| NotADuration {
+        text: text.to_string(),
+        source,
+    })
 }
 
 /// Id of the clap argument behind a backend flag alias.

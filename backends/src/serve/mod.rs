@@ -184,10 +184,13 @@ impl Server {
                 ))
             }
         };
-        Route::Page(match crate::report::html_report(&self.store, &capsule) {
-            Ok(html) => page(html),
-            Err(e) => text(StatusCode::CONFLICT, &escape_plain(&format!("{e:#}"))),
-        })
+        let back = format!("/?token={}", self.token.as_str());
+        Route::Page(
+            match crate::report::html_report(&self.store, &capsule, Some(&back)) {
+                Ok(html) => page(html),
+                Err(e) => text(StatusCode::CONFLICT, &escape_plain(&format!("{e:#}"))),
+            },
+        )
     }
 
     /// The event stream: a task polls the store and feeds the response body until the client goes.

@@ -11,7 +11,7 @@ use agentdiff_engine::store::seal::{
     launch_event_body, MacPurpose, SealAuthority, SealKey, StateDir,
 };
 use agentdiff_engine::store::{Artifact, RuntimeDoc, Store};
-use agentdiff_engine::transaction::Metadata;
+use agentdiff_engine::testing;
 use serde_json::{json, Value};
 
 const NO_SUCH_RUN: i32 = 66;
@@ -47,19 +47,7 @@ fn cleanup(root: &Path, run: &str, grace: &str) -> Output {
 /// Adds the artifacts every sealed capsule holds and seals it with the tests' key, so it
 /// authenticates (cleanup acts on nothing else).
 fn seal_authenticated(root: &Path, capsule: &agentdiff_engine::store::Capsule) {
-    let metadata = Metadata {
-        schema_version: 1,
-        run_id: capsule.id().to_string(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        agentdiff_version: "test".into(),
-        root: root.display().to_string(),
-        argv: vec!["sh".into()],
-        task: None,
-        backend: "local".into(),
-        timeout_seconds: None,
-        platform: "test".into(),
-        uid: None,
-    };
+    let metadata = testing::metadata(capsule.id().as_str(), &root.display().to_string(), "local");
     capsule
         .write_artifact(Artifact::Metadata, &metadata)
         .unwrap();
@@ -206,19 +194,7 @@ fn a_launched_event_naming_a_foreign_directory_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let store = Store::open(root.path()).unwrap();
     let capsule = store.create_run(Some("crashed")).unwrap();
-    let metadata = Metadata {
-        schema_version: 1,
-        run_id: "crashed".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        agentdiff_version: "test".into(),
-        root: root.path().display().to_string(),
-        argv: vec!["sh".into()],
-        task: None,
-        backend: "local".into(),
-        timeout_seconds: None,
-        platform: "test".into(),
-        uid: None,
-    };
+    let metadata = testing::metadata("crashed", &root.path().display().to_string(), "local");
     capsule
         .write_artifact(Artifact::Metadata, &metadata)
         .unwrap();

@@ -172,6 +172,12 @@ fn doctor_lists_the_external_backend_with_its_path_and_protocol() {
         "{}",
         text(&out.stdout)
     );
+    let out = agentdiff_on(&path, project.path(), &["doctor", "--runtime", "nice"]);
+    assert!(
+        text(&out.stdout).contains("recommended: none (external backends are never recommended)"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
@@ -306,13 +312,18 @@ fn the_conformance_suite_passes_for_the_external_nice_backend() {
     assert_exit(&out, 0);
     let report = json_of(&out);
     assert_eq!(report["summary"]["must_failed"], 0, "{report:#}");
-    let fail = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["id"] == "FAIL-001")
-        .unwrap();
-    assert_eq!(fail["outcome"], "passed", "{fail:#}");
+    // Every check ran and passed, or was skipped for a label the backend does not claim; bytes
+    // that are not UTF-8 cross the protocol too (ARGV-006).
+    assert_eq!(report["summary"]["failed"], 0, "{report:#}");
+    for id in ["FAIL-001", "ARGV-006", "PROTO-004", "PROTO-005"] {
+        let check = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap();
+        assert_eq!(check["outcome"], "passed", "{check:#}");
+    }
 }
 
 #[test]
@@ -542,5 +553,54 @@ fn a_terminal_and_ctrl_c_reach_the_command_through_both_external_backends() {
         )
         .unwrap();
         assert_eq!(result["runtime"]["backend"], id, "{result:#}");
+    }
+}
+
+/// SIGINT to agentdiff's whole process group (no terminal hand-over here) reaches the plugin only
+/// as the protocol's `interrupt`: the command is ended and reported as interrupted (exit 130).
+#[test]
+fn a_group_interrupt_is_forwarded_to_the_command_through_both_external_backends() {
+    use std::os::unix::process::CommandExt;
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new().with_nice().with_python();
+    let path = path_with(&[plugins.path()]);
+    for id in ["nice", "lowprio"] {
+        let project = tempfile::tempdir().unwrap();
+        let child = cmd(
+            project.path(),
+            &[
+                "run",
+                "--format",
+                "json",
+                "--runtime",
+                id,
+                "--",
+                "sh",
+                "-c",
+                "echo started > started.txt; exec sleep 30",
+            ],
+        )
+        .env("PATH", &path)
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let started = project.path().join("started.txt");
+        let t = std::time::Instant::now();
+        while !started.exists() && t.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(started.exists(), "{id}: the command did not start");
+        // SAFETY: kill(2) on the process group this test created.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+        let out = child.wait_with_output().unwrap();
+        assert_exit(&out, 130);
+        let r = json_of(&out);
+        assert_eq!(r["runtime"]["backend"], id);
+        assert_eq!(r["runtime"]["exit"]["interrupted_by"], 2, "{id}: {r:#}");
     }
 }

@@ -143,6 +143,18 @@ fn the_html_report_shows_the_seal_verdict() {
         page.contains("<strong id=\"seal-verdict\">authenticated</strong>"),
         "{page}"
     );
+    // Another user's key (a fresh state directory): intact, but not authenticated here.
+    let other = tempfile::tempdir().unwrap();
+    let out = super::cmd(&proj, &["inspect", "html-seal-1", "--format", "html"])
+        .env("AGENTDIFF_STATE_DIR", other.path().join("state"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        page.contains("<strong id=\"seal-verdict\">intact, not authenticated</strong>"),
+        "{page}"
+    );
     let events = proj.join(".agentdiff/runs/html-seal-1/events.jsonl");
     let mut text = fs::read_to_string(&events).unwrap();
     text.push_str("{\"seq\":999,\"at\":\"x\",\"event\":\"forged\"}\n");
@@ -189,4 +201,28 @@ fn terminal_inspect_shows_evidence_sections_and_escaped_diffs() {
         &["inspect", "term-diff-1", "--diff", "--format", "json"],
     );
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+}
+
+/// The after side of a diff is the working-tree file only while it still hashes to what the run
+/// recorded: an edit since the run, or the file swapped for a symlink to another file, gives no
+/// diff instead of content the run never wrote.
+#[test]
+fn a_file_changed_since_the_run_shows_no_diff_rather_than_new_content() {
+    let dir = hostile_run("html-stale-1");
+    let proj = project(&dir);
+    fs::write(proj.join("src/lib.rs"), "EDITED_AFTER_THE_RUN\n").unwrap();
+    let outside = dir.path().join("outside.txt");
+    fs::write(&outside, "LINK_TARGET_CONTENT\n").unwrap();
+    let hostile = proj.join("q\"uote'd.txt");
+    fs::remove_file(&hostile).unwrap();
+    std::os::unix::fs::symlink(&outside, &hostile).unwrap();
+    let page = html(&proj, "html-stale-1");
+    assert!(!page.contains("EDITED_AFTER_THE_RUN"), "{page}");
+    assert!(!page.contains("LINK_TARGET_CONTENT"), "{page}");
+    assert_eq!(
+        page.matches("no diff shown: after: the file has changed or gone since the run")
+            .count(),
+        2,
+        "{page}"
+    );
 }

@@ -8,14 +8,11 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use agentdiff_engine::backend::RunEvidence;
-use agentdiff_engine::fs::{scan, BackupRequest, BackupState, IgnoreSource, Manifest, ScanOptions};
-use agentdiff_engine::policy::{Action, LoadedPolicy, Policy, PolicySource};
-use agentdiff_engine::store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store};
-use agentdiff_engine::transaction::decide::{self, Evidence, RunFrame};
-use serde_json::{json, Value};
+use agentdiff_engine::fs::Change;
+use agentdiff_engine::policy::Action;
+use agentdiff_engine::testing::Recording;
+use serde_json::Value;
 
 use super::{agentdiff, cmd, text};
 
@@ -25,121 +22,18 @@ const NO_SUCH_RUN: i32 = 66;
 const INVALID_CAPSULE: i32 = 67;
 const CONFLICT: i32 = 68;
 
-fn sh(root: &Path, script: &str) {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(root)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "{script}");
-}
-
-/// Records and seals a run of `script` the way the transaction does (before-scan with backups,
-/// script, after-scan, changes with decisions, policy with `rollback.enabled`).
-fn record(root: &Path, script: &str, rollback_enabled: bool, decision: &str) {
-    let store = Store::open(root).unwrap();
-    let capsule = store.create_run(Some("run1")).unwrap();
-    let mut opts = ScanOptions::new();
-    if rollback_enabled {
-        opts.backup = Some(BackupRequest {
-            sink: store.objects(),
-            max_file_bytes: 1 << 20,
-        });
+/// Records and seals a run of `script` the way the transaction does (the engine's shared
+/// fixture), every change with `decision`.
+fn record(root: &Path, script: &str, rollback_enabled: bool, decision: Action) {
+    let decide = move |_: &Change| decision;
+    Recording {
+        rollback_enabled,
+        max_backup_bytes: 1 << 20,
+        decide: &decide,
+        ..Recording::new(script)
     }
-    let before = scan(root, &opts).unwrap();
-    sh(root, script);
-    let mut after_opts = ScanOptions::new();
-    after_opts.reuse = Some(&before);
-    after_opts.ignore = IgnoreSource::Lines(before.ignore_lines.clone());
-    let after = scan(root, &after_opts).unwrap();
-    let before_entries = capsule
-        .write_manifest(Artifact::Before, &before, store.objects())
-        .unwrap();
-    let after_entries = capsule
-        .write_manifest(Artifact::After, &after, store.objects())
-        .unwrap();
-    write_run_docs(&capsule, &before, &after, rollback_enabled, decision);
-    let mut objects: Vec<String> = before
-        .entries
-        .values()
-        .filter(|e| e.backup == BackupState::Stored)
-        .filter_map(|e| e.sha256.clone())
-        .collect();
-    objects.extend([before_entries, after_entries]);
-    store.objects().sync().unwrap();
-    capsule.seal(&objects).unwrap();
-}
-
-/// metadata, policy, runtime and result as the transaction writes them (the same types), every
-/// change with `decision`.
-fn write_run_docs(
-    capsule: &Capsule,
-    before: &Manifest,
-    after: &Manifest,
-    rollback_enabled: bool,
-    decision: &str,
-) {
-    let policy = Policy::from_yaml_or_json(
-        &format!("version: 1\nrollback:\n  enabled: {rollback_enabled}\n"),
-        "test.yaml",
-    )
+    .record(root)
     .unwrap();
-    let command = policy.decide_command(std::ffi::OsStr::new("sh"));
-    let run = RunEvidence {
-        backend: "test".into(),
-        ..RunEvidence::default()
-    };
-    let evidence = Evidence {
-        policy: &policy,
-        command_decision: &command,
-        before,
-        after,
-        run: &run,
-        private_workspace: false,
-        verified_controls: &[],
-        capsule_tampered: &[],
-    };
-    let frame = RunFrame {
-        run_id: "run1".into(),
-        task: None,
-        started_at: "2026-01-01T00:00:00.000Z".into(),
-        finished_at: "2026-01-01T00:00:01.000Z".into(),
-        duration_ms: 1000,
-    };
-    let mut result = decide::decide(&evidence, frame);
-    let action: Action = serde_json::from_value(json!(decision)).unwrap();
-    for c in &mut result.changes {
-        c.decision = action;
-    }
-    let loaded = LoadedPolicy {
-        policy,
-        source: PolicySource::BuiltIn,
-    };
-    capsule
-        .write_artifact(Artifact::Policy, &PolicyDoc::of(&loaded).unwrap())
-        .unwrap();
-    capsule
-        .write_artifact(Artifact::Runtime, &RuntimeDoc::launched(&run, &[]))
-        .unwrap();
-    capsule.write_artifact(Artifact::Result, &result).unwrap();
-    let metadata = agentdiff_engine::transaction::Metadata {
-        schema_version: 1,
-        run_id: "run1".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        agentdiff_version: "test".into(),
-        root: "/".into(),
-        argv: vec!["sh".into()],
-        task: None,
-        backend: "test".into(),
-        timeout_seconds: None,
-        platform: "test".into(),
-        uid: None,
-    };
-    capsule
-        .write_artifact(Artifact::Metadata, &metadata)
-        .unwrap();
 }
 
 type Snapshot = BTreeMap<String, (bool, u32, Vec<u8>)>;
@@ -191,7 +85,7 @@ const SCRIPT: &str = "echo x >> a.txt; echo y > b.txt; rm c.txt; rm -rf dir";
 fn rollback_all_restores_and_a_second_run_reports_already_restored() {
     let (_t, root) = project();
     let pre = snapshot(&root);
-    record(&root, SCRIPT, true, "review");
+    record(&root, SCRIPT, true, Action::Review);
     let out = agentdiff(&root, &["rollback", "run1", "--all"]);
     assert_eq!(
         out.status.code(),
@@ -235,7 +129,7 @@ fn rollback_all_restores_and_a_second_run_reports_already_restored() {
 #[test]
 fn a_conflict_exits_68_and_keeps_the_edit() {
     let (_t, root) = project();
-    record(&root, SCRIPT, true, "review");
+    record(&root, SCRIPT, true, Action::Review);
     fs::write(root.join("a.txt"), "edited later\n").unwrap();
     let out = agentdiff(&root, &["rollback", "run1", "--safe-only"]);
     super::assert_exit(&out, CONFLICT);
@@ -254,7 +148,7 @@ fn a_conflict_exits_68_and_keeps_the_edit() {
 #[test]
 fn usage_errors_exit_64() {
     let (_t, root) = project();
-    record(&root, SCRIPT, true, "review");
+    record(&root, SCRIPT, true, Action::Review);
     for args in [
         vec!["rollback", "run1"],
         vec!["rollback", "run1", "--all", "--safe-only"],
@@ -274,7 +168,7 @@ fn usage_errors_exit_64() {
 #[test]
 fn unknown_or_invalid_run_ids_exit_66() {
     let (_t, root) = project();
-    record(&root, SCRIPT, true, "review");
+    record(&root, SCRIPT, true, Action::Review);
     for id in ["nope", "../run1", "-x"] {
         let out = agentdiff(&root, &["rollback", "--all", "--", id]);
         assert_eq!(
@@ -292,7 +186,7 @@ fn unknown_or_invalid_run_ids_exit_66() {
 #[test]
 fn a_tampered_capsule_exits_67_and_changes_nothing() {
     let (_t, root) = project();
-    record(&root, SCRIPT, true, "review");
+    record(&root, SCRIPT, true, Action::Review);
     let post = snapshot(&root);
     let after = root.join(".agentdiff/runs/run1/after.json");
     let mut bytes = fs::read(&after).unwrap();
@@ -311,7 +205,7 @@ fn a_tampered_capsule_exits_67_and_changes_nothing() {
 #[test]
 fn rollback_disabled_in_the_runs_policy_exits_65() {
     let (_t, root) = project();
-    record(&root, SCRIPT, false, "review");
+    record(&root, SCRIPT, false, Action::Review);
     let out = agentdiff(&root, &["rollback", "run1", "--all"]);
     super::assert_exit(&out, INVALID_CONFIG);
     assert!(text(&out.stderr).contains("rollback.enabled"));
@@ -320,7 +214,7 @@ fn rollback_disabled_in_the_runs_policy_exits_65() {
 #[test]
 fn dry_run_json_shows_each_path_and_a_diff_and_writes_nothing() {
     let (_t, root) = project();
-    record(&root, SCRIPT, true, "deny");
+    record(&root, SCRIPT, true, Action::Deny);
     let post = snapshot(&root);
     let out = agentdiff(
         &root,
@@ -388,7 +282,7 @@ fn an_aborted_rollback_is_finished_by_running_it_again() {
     for n in [1usize, 4, 7, 11] {
         let (_t, root) = project();
         let pre = snapshot(&root);
-        record(&root, SCRIPT, true, "review");
+        record(&root, SCRIPT, true, Action::Review);
         let out = cmd(&root, &["rollback", "run1", "--all"])
             .env("AGENTDIFF_TEST_ROLLBACK_FAULT_AFTER", n.to_string())
             .output()

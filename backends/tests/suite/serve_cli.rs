@@ -145,10 +145,26 @@ fn serve_refuses_a_missing_or_wrong_token_and_a_foreign_host() {
     for secret in SECRETS {
         assert!(!page.contains(secret), "{secret} leaked");
     }
+    assert!(
+        page.contains(&format!("<a href=\"/?token={token}\">")),
+        "{page}"
+    );
     assert_eq!(
         request(port, "GET", &format!("/run/nope?token={token}"), &host, "").0,
         404
     );
+    // Also on IPv6 loopback, where this host has it.
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        let mut s = TcpStream::connect(("::1", port)).unwrap();
+        write!(
+            s,
+            "GET {good} HTTP/1.1\r\nHost: [::1]:{port}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    }
 }
 
 #[test]

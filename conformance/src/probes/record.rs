@@ -12,12 +12,28 @@ use super::{ProbeResult, Verdict};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("could not read probe records from {path}: {message}")]
-    Read { path: String, message: String },
+    #[error("could not read probe records from {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("probe records in {path} are not a list of records: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("could not identify this host: {0}")]
-    Host(String),
+    Host(#[source] crate::host::HostError),
     #[error("could not serialise the backend settings: {0}")]
-    Settings(String),
+    Settings(#[source] serde_json::Error),
+    #[error("could not read the settings file {path} an option names: {source}")]
+    SettingsFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Which host (and boot) a probe ran on. A reboot can change kernel settings and installed
@@ -30,7 +46,7 @@ pub struct HostId {
 
 impl HostId {
     pub fn current() -> Result<Self, RecordError> {
-        let boot_id = crate::host::boot_id().map_err(|e| RecordError::Host(e.to_string()))?;
+        let boot_id = crate::host::boot_id().map_err(RecordError::Host)?;
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
@@ -41,7 +57,7 @@ impl HostId {
 /// `sha256:<hex>` of the backend id, its options, and the content of every regular file an option
 /// names (a settings file edited after the probe must not inherit the probe's verdict).
 pub fn settings_digest(backend: &str, options: &BackendOptions) -> Result<String, RecordError> {
-    let json = serde_json::to_vec(options).map_err(|e| RecordError::Settings(e.to_string()))?;
+    let json = serde_json::to_vec(options).map_err(RecordError::Settings)?;
     let mut h = Sha256::new();
     h.update(b"agentdiff-probe-settings-v2\0");
     h.update(backend.as_bytes());
@@ -52,8 +68,10 @@ pub fn settings_digest(backend: &str, options: &BackendOptions) -> Result<String
             let path = std::path::Path::new(value);
             let is_file = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() <= 1 << 20);
             if is_file {
-                let content = std::fs::read(path)
-                    .map_err(|e| RecordError::Settings(format!("{value}: {e}")))?;
+                let content = std::fs::read(path).map_err(|source| RecordError::SettingsFile {
+                    path: value.clone(),
+                    source,
+                })?;
                 h.update(b"\0file\0");
                 h.update(value.as_bytes());
                 h.update(b"\0");
@@ -128,12 +146,15 @@ pub struct Citation {
 
 /// Read the records `agentdiff doctor --probe --record FILE` wrote (a JSON array).
 pub fn read_records(path: &std::path::Path) -> Result<Vec<ProbeRecord>, RecordError> {
-    let err = |message: String| RecordError::Read {
-        path: path.display().to_string(),
-        message,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    serde_json::from_str(&text).map_err(|e| err(e.to_string()))
+    let shown = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| RecordError::Read {
+        path: shown(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| RecordError::Parse {
+        path: shown(),
+        source,
+    })
 }
 
 /// The newest record that vouches for `boundary` for this backend, settings and host, within

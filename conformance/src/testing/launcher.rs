@@ -12,9 +12,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agentdiff_engine::backend::{
-    BackendError, Capabilities, CleanupOutcome, CleanupRecord, CleanupReport, Enforcement,
-    EnvironmentEvidence, ExitInfo, LaunchContext, PortEvidence, PreparedLaunch, ProcessIdentity,
-    ProcessRecord, ProcessRelation, RunEvidence, RunningCommand, StdioMode,
+    BackendError, Capabilities, CleanupMechanism, CleanupOutcome, CleanupRecord, CleanupReport,
+    Enforcement, EnvironmentEvidence, ExitInfo, LaunchContext, PortEvidence, PreparedLaunch,
+    ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence, RunningCommand, StdioMode,
 };
 use async_trait::async_trait;
 
@@ -211,7 +211,7 @@ fn record(id: &ProcessIdentity, outcome: CleanupOutcome, detail: Option<String>)
 /// Cleanup of identities recorded by an earlier run.
 pub async fn cleanup_identities(ids: &[ProcessIdentity], grace: Duration) -> CleanupReport {
     CleanupReport {
-        mechanism: "pidfd".into(),
+        mechanism: CleanupMechanism::Pidfd,
         grace_ms: grace.as_millis() as u64,
         records: end_all(ids, grace).await,
         errors: Vec::new(),
@@ -332,7 +332,7 @@ impl RunningCommand for Running {
             tracking: agentdiff_engine::backend::Tracking::EnvMarkerProcScan,
             processes: tracker.seen.into_values().collect(),
             cleanup: CleanupReport {
-                mechanism: "pidfd".into(),
+                mechanism: CleanupMechanism::Pidfd,
                 grace_ms: spec.grace.as_millis() as u64,
                 records: cleanup_records,
                 errors: Vec::new(),

@@ -6,7 +6,7 @@ use std::path::Path;
 use agentdiff_conformance::schema::validate;
 use agentdiff_engine::backend::external::protocol::{
     ErrorKind, ExitReport, Request, Response, WireCommand, WireDescriptor, WireFailClosed,
-    WireOption, WireSpec,
+    WireOption, WireSpec, WireText,
 };
 use agentdiff_engine::backend::{Availability, Capabilities, CleanupReport, ProcessIdentity};
 use agentdiff_engine::environment::EnvMode;
@@ -57,7 +57,12 @@ fn spec() -> WireSpec {
         root: "/p".into(),
         workdir: "/p".into(),
         capsule_dir: "/p/.agentdiff/runs/r".into(),
-        argv: vec!["sh".into(), "-c".into(), "true".into()],
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "true".into(),
+            WireText::Bytes { hex: "fffe".into() },
+        ],
         env: vec![("PATH".into(), "/bin".into())],
         env_mode: EnvMode::Scrub,
         env_dropped: vec!["TOKEN".into()],
@@ -178,4 +183,59 @@ fn every_response_validates() {
     }
     assert!(!validate(&s, &serde_json::json!({"type": "telemetry"})).is_valid());
     assert!(!validate(&s, &serde_json::json!({"type": "launched", "pid": 1})).is_valid());
+}
+
+/// The labels runtime.json's schema allows for `tracking` and `cleanup.mechanism`, without the
+/// `""` older capsules hold.
+fn schema_enum(pointer: &str) -> Vec<String> {
+    let schema: Value = serde_json::from_str(&crate_copy("runtime.schema.json")).unwrap();
+    schema
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn serde_names<T: serde::Serialize>(all: &[T]) -> Vec<String> {
+    all.iter()
+        .map(|v| {
+            serde_json::to_value(v)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_runtime_schema_lists_exactly_the_tracking_and_cleanup_labels() {
+    use agentdiff_engine::backend::{CleanupMechanism as C, Tracking as T};
+    let tracking = [
+        T::Untracked,
+        T::Cgroup,
+        T::SubreaperProcPoll,
+        T::SubreaperProcScan,
+        T::SysinfoPoll,
+        T::ContainerEngine,
+        T::EnvMarkerProcScan,
+    ];
+    assert_eq!(
+        serde_names(&tracking),
+        schema_enum("/properties/tracking/enum")
+    );
+    let cleanup = [
+        C::None,
+        C::Pidfd,
+        C::KillWithStartTimeCheck,
+        C::ContainerEngine,
+    ];
+    assert_eq!(
+        serde_names(&cleanup),
+        schema_enum("/properties/cleanup/properties/mechanism/enum")
+    );
 }

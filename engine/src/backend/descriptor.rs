@@ -33,6 +33,18 @@ pub enum OptionKind {
 }
 
 impl OptionKind {
+    /// The `type` word the kind is serialised with.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            OptionKind::Text => "text",
+            OptionKind::Path => "path",
+            OptionKind::Bool => "bool",
+            OptionKind::Integer => "integer",
+            OptionKind::Choice(_) => "choice",
+            OptionKind::EnvName => "env_name",
+        }
+    }
+
     fn expected(self) -> String {
         match self {
             OptionKind::Text => "non-empty text without control characters".into(),

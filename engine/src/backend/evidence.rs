@@ -97,11 +97,45 @@ pub struct CleanupRecord {
     pub detail: Option<String>,
 }
 
+/// How cleanup reached the run's processes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CleanupMechanism {
+    /// Nothing was cleaned up (no cleanup ran). Read from `""` too, what older capsules of such
+    /// runs hold.
+    #[default]
+    #[serde(alias = "")]
+    None,
+    /// Signals through a pidfd opened after the identity (pid, start time, boot id) was checked.
+    Pidfd,
+    /// `kill(2)` after checking the start time (where pidfds are unavailable): a pid reused in
+    /// between could be signalled.
+    KillWithStartTimeCheck,
+    /// The container engine stopped and removed the container.
+    ContainerEngine,
+}
+
+impl CleanupMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CleanupMechanism::None => "none",
+            CleanupMechanism::Pidfd => "pidfd",
+            CleanupMechanism::KillWithStartTimeCheck => "kill_with_start_time_check",
+            CleanupMechanism::ContainerEngine => "container_engine",
+        }
+    }
+}
+
+impl std::fmt::Display for CleanupMechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What cleanup did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CleanupReport {
-    /// e.g. `pidfd`, `container_engine`.
-    pub mechanism: String,
+    pub mechanism: CleanupMechanism,
     pub grace_ms: u64,
     pub records: Vec<CleanupRecord>,
     pub errors: Vec<String>,
@@ -247,7 +281,8 @@ impl BackendFacts {
             .map_err(FactsError::Encode)
     }
 
-    /// Facts a backend assembled as JSON.
+    /// Facts that arrive as JSON already (from a backend outside this process). A backend in
+    /// this process records its own type with [`BackendFacts::new`] instead.
     pub fn from_value(value: serde_json::Value) -> Self {
         BackendFacts(value)
     }
@@ -301,4 +336,24 @@ pub struct RunEvidence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<crate::process::containers::ContainerEvidence>,
     pub warnings: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn older_capsules_without_cleanup_read_as_none() {
+        // Runs that never cleaned up recorded "" before the mechanism was an enum.
+        let old: CleanupMechanism = serde_json::from_str("\"\"").unwrap();
+        assert_eq!(old, CleanupMechanism::None);
+        for m in [
+            CleanupMechanism::None,
+            CleanupMechanism::Pidfd,
+            CleanupMechanism::KillWithStartTimeCheck,
+            CleanupMechanism::ContainerEngine,
+        ] {
+            assert_eq!(serde_json::to_value(m).unwrap(), m.as_str());
+        }
+    }
 }

@@ -22,9 +22,9 @@ pub use descriptor::{
     DiagnosticsHook, FailClosedSpec, OptionError, OptionKind, OptionSpec,
 };
 pub use evidence::{
-    BackendFacts, CleanupOutcome, CleanupRecord, CleanupReport, EnvironmentEvidence, ExitInfo,
-    FactsError, FailureKind, InfrastructurePort, PortEvidence, PortMode, PortRecord, ProcessRecord,
-    ProcessRelation, RunEvidence, Tracking,
+    BackendFacts, CleanupMechanism, CleanupOutcome, CleanupRecord, CleanupReport,
+    EnvironmentEvidence, ExitInfo, FactsError, FailureKind, InfrastructurePort, PortEvidence,
+    PortMode, PortRecord, ProcessRecord, ProcessRelation, RunEvidence, Tracking,
 };
 pub use registry::{PluginOutcome, Registry, RegistryError};
 pub use spec::{
@@ -152,7 +152,7 @@ pub async fn cleanup_host_processes(ids: &[ProcessIdentity], grace: Duration) ->
     {
         Ok(report) => report,
         Err(e) => CleanupReport {
-            mechanism: "pidfd".into(),
+            mechanism: CleanupMechanism::Pidfd,
             grace_ms: grace.as_millis() as u64,
             records: Vec::new(),
             errors: vec![format!("cleanup did not complete: {e}")],

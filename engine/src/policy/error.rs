@@ -28,7 +28,10 @@ pub enum PolicyError {
     },
     /// A path given to the policy engine is not a valid project-relative path.
     #[error("invalid path {input:?}: {reason}")]
-    InvalidPath { input: String, reason: String },
+    InvalidPath {
+        input: String,
+        reason: super::path::PathProblem,
+    },
     /// The policy file could not be read.
     #[error("cannot read policy file {}: {source}", path.display())]
     Io {

@@ -62,6 +62,13 @@ struct NodeSeed<'a> {
     depth: usize,
 }
 
+/// A document nested deeper than the reader follows.
+#[derive(Debug, thiserror::Error)]
+#[error("{at} nests deeper than {MAX_DEPTH} levels")]
+struct TooDeep {
+    at: String,
+}
+
 impl NodeSeed<'_> {
     fn spend<E: de::Error>(&self) -> Result<(), E> {
         let left = self.budget.get();
@@ -83,12 +90,11 @@ impl NodeSeed<'_> {
         }
     }
 
-    fn child(&self, path: String) -> Result<NodeSeed<'_>, String> {
+    fn child(&self, path: String) -> Result<NodeSeed<'_>, TooDeep> {
         if self.depth + 1 > MAX_DEPTH {
-            return Err(format!(
-                "{} nests deeper than {MAX_DEPTH} levels",
-                self.display_path()
-            ));
+            return Err(TooDeep {
+                at: self.display_path().to_string(),
+            });
         }
         Ok(NodeSeed {
             path,

@@ -13,40 +13,59 @@ use super::PolicyError;
 pub fn normalize_path(input: &str) -> Result<String, PolicyError> {
     check_relative(input).map_err(|reason| PolicyError::InvalidPath {
         input: input.to_owned(),
-        reason: reason.to_owned(),
+        reason,
     })
 }
 
-/// The shared checks, returning the normalised path or a short reason.
-pub(crate) fn check_relative(input: &str) -> Result<String, &'static str> {
+/// Why a path is not project-relative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathProblem {
+    #[error("the path is empty")]
+    Empty,
+    #[error("the path contains a NUL byte")]
+    Nul,
+    #[error("UNC paths are not project-relative")]
+    Unc,
+    #[error("absolute paths are not project-relative")]
+    Absolute,
+    #[error("drive-letter paths are not project-relative")]
+    DriveLetter,
+    #[error("the path has an empty segment (`//` or a trailing `/`)")]
+    EmptySegment,
+    #[error("the path has a `.` segment")]
+    DotSegment,
+    #[error("the path has a `..` segment")]
+    DotDotSegment,
+}
+
+/// The shared checks, returning the normalised path or why it is not project-relative.
+pub(crate) fn check_relative(input: &str) -> Result<String, PathProblem> {
     if input.is_empty() {
-        return Err("the path is empty");
+        return Err(PathProblem::Empty);
     }
     if input.contains('\0') {
-        return Err("the path contains a NUL byte");
+        return Err(PathProblem::Nul);
     }
     let unified = input.replace('\\', "/");
     if unified.starts_with("//") {
-        return Err("UNC paths are not project-relative");
+        return Err(PathProblem::Unc);
     }
     if unified.starts_with('/') {
-        return Err("absolute paths are not project-relative");
+        return Err(PathProblem::Absolute);
     }
     if has_drive_letter(&unified) {
-        return Err("drive-letter paths are not project-relative");
+        return Err(PathProblem::DriveLetter);
     }
     for segment in unified.split('/') {
         match segment {
-            "" => return Err(EMPTY_SEGMENT),
-            "." => return Err("the path has a `.` segment"),
-            ".." => return Err("the path has a `..` segment"),
+            "" => return Err(PathProblem::EmptySegment),
+            "." => return Err(PathProblem::DotSegment),
+            ".." => return Err(PathProblem::DotDotSegment),
             _ => {}
         }
     }
     Ok(unified)
 }
-
-const EMPTY_SEGMENT: &str = "the path has an empty segment (`//` or a trailing `/`)";
 
 /// `C:` / `c:` at the start (with or without a following separator).
 fn has_drive_letter(path: &str) -> bool {
@@ -54,33 +73,62 @@ fn has_drive_letter(path: &str) -> bool {
     bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':'
 }
 
+/// Why a policy pattern is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error(
+        "pattern {pattern:?} has an empty segment; write `dir/**` for a directory and everything \
+         below it"
+    )]
+    EmptySegment { pattern: String },
+    #[error(
+        "pattern {pattern:?} is not a project-relative glob: {}",
+        problem.to_string().trim_start_matches("the path ")
+    )]
+    NotRelative {
+        pattern: String,
+        problem: PathProblem,
+    },
+    #[error("pattern is empty")]
+    Empty,
+    #[error("pattern {pattern:?} contains a NUL byte")]
+    Nul { pattern: String },
+    #[error(
+        "pattern {pattern:?} contains a path separator; process rules match the executable \
+         basename (e.g. `python*`)"
+    )]
+    PathSeparator { pattern: String },
+}
+
 /// Validate a filesystem glob pattern with the same rules as a path (globs are project-relative
 /// and segment-aware), returning the pattern with backslashes turned into `/`.
-pub(crate) fn check_pattern(pattern: &str) -> Result<String, String> {
+pub(crate) fn check_pattern(pattern: &str) -> Result<String, PatternError> {
     match check_relative(pattern) {
         Ok(p) => Ok(p),
-        Err(EMPTY_SEGMENT) => Err(format!(
-            "pattern {pattern:?} has an empty segment; write `dir/**` for a directory and everything below it"
-        )),
-        Err(reason) => Err(format!(
-            "pattern {pattern:?} is not a project-relative glob: {}",
-            reason.trim_start_matches("the path ")
-        )),
+        Err(PathProblem::EmptySegment) => Err(PatternError::EmptySegment {
+            pattern: pattern.to_owned(),
+        }),
+        Err(problem) => Err(PatternError::NotRelative {
+            pattern: pattern.to_owned(),
+            problem,
+        }),
     }
 }
 
 /// Validate a process pattern: it matches an executable basename, so it cannot contain `/`.
-pub(crate) fn check_process_pattern(pattern: &str) -> Result<String, String> {
+pub(crate) fn check_process_pattern(pattern: &str) -> Result<String, PatternError> {
     if pattern.is_empty() {
-        return Err("pattern is empty".to_owned());
+        return Err(PatternError::Empty);
     }
     if pattern.contains('\0') {
-        return Err(format!("pattern {pattern:?} contains a NUL byte"));
+        return Err(PatternError::Nul {
+            pattern: pattern.to_owned(),
+        });
     }
     if pattern.contains('/') || pattern.contains('\\') {
-        return Err(format!(
-            "pattern {pattern:?} contains a path separator; process rules match the executable basename (e.g. `python*`)"
-        ));
+        return Err(PatternError::PathSeparator {
+            pattern: pattern.to_owned(),
+        });
     }
     Ok(pattern.to_owned())
 }

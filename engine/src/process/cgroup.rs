@@ -59,10 +59,10 @@ fn open_write(path: &Path) -> std::io::Result<OwnedFd> {
 
 impl RunCgroup {
     /// Create a fresh cgroup for a run. The error says why none could be created.
-    pub fn create() -> Result<Self, String> {
+    pub fn create() -> Result<Self, CgroupError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let mount = cgroup2_mount().ok_or("no cgroup v2 hierarchy is mounted")?;
-        let own = own_cgroup().ok_or("this process is not in a cgroup v2 hierarchy")?;
+        let mount = cgroup2_mount().ok_or(CgroupError::NotMounted)?;
+        let own = own_cgroup().ok_or(CgroupError::NotInHierarchy)?;
         let parent_rel = own.trim_end_matches('/');
         let name = format!(
             "{RUN_CGROUP_PREFIX}{}-{}",
@@ -74,28 +74,26 @@ impl RunCgroup {
         if let Some(parent) = path.parent() {
             sweep_stale(parent);
         }
-        std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        let procs_w = match open_write(&path.join("cgroup.procs")) {
-            Ok(fd) => fd,
-            Err(e) => {
-                let _ = std::fs::remove_dir(&path);
-                return Err(format!("cannot open {}/cgroup.procs: {e}", path.display()));
+        std::fs::create_dir(&path).map_err(|source| CgroupError::Io {
+            action: "create",
+            path: path.clone(),
+            source,
+        })?;
+        // Any failure below removes the empty cgroup again.
+        let fail = |action: &'static str, at: PathBuf, source: std::io::Error| {
+            let _ = std::fs::remove_dir(&path);
+            CgroupError::Io {
+                action,
+                path: at,
+                source,
             }
         };
-        let dir = match std::fs::File::open(&path) {
-            Ok(f) => OwnedFd::from(f),
-            Err(e) => {
-                let _ = std::fs::remove_dir(&path);
-                return Err(format!("cannot open {}: {e}", path.display()));
-            }
-        };
-        let procs_r = match std::fs::File::open(path.join("cgroup.procs")) {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = std::fs::remove_dir(&path);
-                return Err(format!("cannot read {}/cgroup.procs: {e}", path.display()));
-            }
-        };
+        let procs = path.join("cgroup.procs");
+        let procs_w = open_write(&procs).map_err(|e| fail("open", procs.clone(), e))?;
+        let dir = std::fs::File::open(&path)
+            .map(OwnedFd::from)
+            .map_err(|e| fail("open", path.clone(), e))?;
+        let procs_r = std::fs::File::open(&procs).map_err(|e| fail("read", procs.clone(), e))?;
         Ok(RunCgroup {
             path,
             procs_w,
@@ -251,19 +249,38 @@ pub fn join_in_child(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether a run cgroup can be created here (creates and removes an empty one).
-pub fn probe() -> Result<String, String> {
+/// Why no run cgroup could be created or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no cgroup v2 hierarchy is mounted")]
+    NotMounted,
+    #[error("this process is not in a cgroup v2 hierarchy")]
+    NotInHierarchy,
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("created {} but could not remove it: {source}", path.display())]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Whether a run cgroup can be created here (creates and removes an empty one); `Ok` with the
+/// directory run cgroups are created under.
+pub fn probe() -> Result<PathBuf, CgroupError> {
     let cg = RunCgroup::create()?;
-    let shown = cg.path.display().to_string();
-    cg.remove()
-        .map_err(|e| format!("created {shown} but could not remove it: {e}"))?;
-    let parent = Path::new(&shown)
-        .parent()
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    Ok(format!(
-        "cgroup v2 run cgroups can be created under {parent}"
-    ))
+    let path = cg.path.clone();
+    cg.remove().map_err(|source| CgroupError::Remove {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path.parent().map(Path::to_path_buf).unwrap_or_default())
 }
 
 /// `pid`'s cgroup v2 path as `/proc/PID/cgroup` shows it (`0::<path>`), if readable.
@@ -290,8 +307,8 @@ mod tests {
     #[test]
     fn probe_reports_clearly_either_way() {
         match probe() {
-            Ok(detail) => assert!(detail.contains("cgroup v2"), "{detail}"),
-            Err(reason) => assert!(!reason.is_empty()),
+            Ok(parent) => assert!(parent.is_absolute(), "{}", parent.display()),
+            Err(reason) => assert!(!reason.to_string().is_empty()),
         }
     }
 }

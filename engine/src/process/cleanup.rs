@@ -75,7 +75,7 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use super::{record, CleanupOptions, CleanupTarget};
-    use crate::backend::{CleanupOutcome, CleanupRecord, CleanupReport};
+    use crate::backend::{CleanupMechanism, CleanupOutcome, CleanupRecord, CleanupReport};
     use crate::process::identity::{boot_id, executable_name, read_stat};
     use crate::process::ProcessError;
 
@@ -184,7 +184,7 @@ mod imp {
         opts: &CleanupOptions,
     ) -> CleanupReport {
         let mut report = CleanupReport {
-            mechanism: "pidfd".into(),
+            mechanism: CleanupMechanism::Pidfd,
             grace_ms: opts.grace.as_millis() as u64,
             records: Vec::with_capacity(targets.len()),
             errors: Vec::new(),
@@ -206,83 +206,121 @@ mod imp {
         };
 
         // Phase 1: pin and verify.
-        let mut pending: Vec<Pending> = Vec::with_capacity(targets.len());
         let mut plain_used = false;
-        for t in targets {
-            let id = &t.identity;
-            let mut p = Pending {
-                target: t,
-                executable: t.executable.clone(),
-                handle: Handle::Plain,
-                done: None,
-            };
-            if id.boot_id != this_boot {
-                p.done = Some((
-                    CleanupOutcome::AlreadyExited,
-                    Some("recorded during another boot".into()),
-                ));
-                pending.push(p);
-                continue;
-            }
-            match pidfd_open(id.pid) {
-                Ok(fd) => p.handle = Handle::Pidfd(fd),
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                    p.done = Some((CleanupOutcome::AlreadyExited, None));
-                }
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
-                    plain_used = true;
-                }
-                Err(e) => {
-                    p.done = Some((
-                        CleanupOutcome::AccessDenied,
-                        Some(format!("pidfd_open failed: {e}; refused")),
-                    ));
-                }
-            }
-            if p.done.is_none() {
-                // Read the start time only now: the pidfd pins the process we compare against.
-                match read_stat(id.pid) {
-                    Ok(stat) if stat.start_time_ticks != id.start_time_ticks => {
-                        p.done = Some((
-                            CleanupOutcome::PidReused,
-                            Some(format!(
-                                "pid {} now belongs to `{}` started at tick {}; not signalled",
-                                id.pid, stat.comm, stat.start_time_ticks
-                            )),
-                        ));
-                    }
-                    Ok(stat) if stat.is_zombie() => {
-                        if opts.reap && opts.reap_except != Some(id.pid) {
-                            reap_if_child(id.pid);
-                        }
-                        p.done = Some((CleanupOutcome::AlreadyExited, None));
-                    }
-                    Ok(stat) => {
-                        if p.executable.is_empty() {
-                            p.executable = executable_name(id.pid, &stat.comm);
-                        }
-                    }
-                    Err(ProcessError::NoSuchProcess(_)) => {
-                        p.done = Some((CleanupOutcome::AlreadyExited, None));
-                    }
-                    Err(e) => {
-                        p.done = Some((
-                            CleanupOutcome::AccessDenied,
-                            Some(format!("identity cannot be verified: {e}; refused")),
-                        ));
-                    }
-                }
-            }
-            pending.push(p);
-        }
+        let mut pending: Vec<Pending> = targets
+            .iter()
+            .map(|t| pin(t, &this_boot, opts, &mut plain_used))
+            .collect();
         if plain_used {
-            report.mechanism = "kill_with_start_time_check".into();
+            report.mechanism = CleanupMechanism::KillWithStartTimeCheck;
             report
                 .errors
                 .push("pidfd_open is unavailable; signals were sent by pid after a start-time check (a narrow pid-reuse race remains)".into());
         }
 
         // Phase 2: TERM (and CONT, so a stopped process can act on it).
+        send_term(&mut pending);
+        wait_all(&mut pending, opts.grace, CleanupOutcome::Terminated, opts);
+
+        // Phase 3: KILL what is left.
+        send_kill(&mut pending);
+        wait_all(&mut pending, opts.kill_wait, CleanupOutcome::Killed, opts);
+        for p in pending.iter_mut().filter(|p| p.done.is_none()) {
+            p.done = Some((
+                CleanupOutcome::Escaped,
+                Some("still running after SIGKILL".into()),
+            ));
+        }
+
+        report.records = pending
+            .into_iter()
+            .map(|p| {
+                let (outcome, detail) = p
+                    .done
+                    .unwrap_or((CleanupOutcome::Escaped, Some("no outcome".into())));
+                let mut r: CleanupRecord = record(p.target, outcome, detail);
+                r.executable = p.executable;
+                r
+            })
+            .collect();
+        report
+    }
+
+    /// Pin one target with a pidfd and check its identity; `done` is set when it must not be
+    /// signalled. `plain_used` is set when pidfds are unavailable and the pid is signalled.
+    fn pin<'a>(
+        t: &'a CleanupTarget,
+        this_boot: &str,
+        opts: &CleanupOptions,
+        plain_used: &mut bool,
+    ) -> Pending<'a> {
+        let id = &t.identity;
+        let mut p = Pending {
+            target: t,
+            executable: t.executable.clone(),
+            handle: Handle::Plain,
+            done: None,
+        };
+        if id.boot_id != this_boot {
+            p.done = Some((
+                CleanupOutcome::AlreadyExited,
+                Some("recorded during another boot".into()),
+            ));
+            return p;
+        }
+        match pidfd_open(id.pid) {
+            Ok(fd) => p.handle = Handle::Pidfd(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                p.done = Some((CleanupOutcome::AlreadyExited, None));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
+                *plain_used = true;
+            }
+            Err(e) => {
+                p.done = Some((
+                    CleanupOutcome::AccessDenied,
+                    Some(format!("pidfd_open failed: {e}; refused")),
+                ));
+            }
+        }
+        if p.done.is_none() {
+            // Read the start time only now: the pidfd pins the process we compare against.
+            match read_stat(id.pid) {
+                Ok(stat) if stat.start_time_ticks != id.start_time_ticks => {
+                    p.done = Some((
+                        CleanupOutcome::PidReused,
+                        Some(format!(
+                            "pid {} now belongs to `{}` started at tick {}; not signalled",
+                            id.pid, stat.comm, stat.start_time_ticks
+                        )),
+                    ));
+                }
+                Ok(stat) if stat.is_zombie() => {
+                    if opts.reap && opts.reap_except != Some(id.pid) {
+                        reap_if_child(id.pid);
+                    }
+                    p.done = Some((CleanupOutcome::AlreadyExited, None));
+                }
+                Ok(stat) => {
+                    if p.executable.is_empty() {
+                        p.executable = executable_name(id.pid, &stat.comm);
+                    }
+                }
+                Err(ProcessError::NoSuchProcess(_)) => {
+                    p.done = Some((CleanupOutcome::AlreadyExited, None));
+                }
+                Err(e) => {
+                    p.done = Some((
+                        CleanupOutcome::AccessDenied,
+                        Some(format!("identity cannot be verified: {e}; refused")),
+                    ));
+                }
+            }
+        }
+        p
+    }
+
+    fn send_term(pending: &mut [Pending]) {
         for p in pending.iter_mut().filter(|p| p.done.is_none()) {
             match p.signal(libc::SIGTERM) {
                 Ok(()) => {
@@ -305,9 +343,9 @@ mod imp {
                 }
             }
         }
-        wait_all(&mut pending, opts.grace, CleanupOutcome::Terminated, opts);
+    }
 
-        // Phase 3: KILL what is left.
+    fn send_kill(pending: &mut [Pending]) {
         for p in pending.iter_mut().filter(|p| p.done.is_none()) {
             match p.signal(libc::SIGKILL) {
                 Ok(()) => {}
@@ -322,26 +360,6 @@ mod imp {
                 }
             }
         }
-        wait_all(&mut pending, opts.kill_wait, CleanupOutcome::Killed, opts);
-        for p in pending.iter_mut().filter(|p| p.done.is_none()) {
-            p.done = Some((
-                CleanupOutcome::Escaped,
-                Some("still running after SIGKILL".into()),
-            ));
-        }
-
-        report.records = pending
-            .into_iter()
-            .map(|p| {
-                let (outcome, detail) = p
-                    .done
-                    .unwrap_or((CleanupOutcome::Escaped, Some("no outcome".into())));
-                let mut r: CleanupRecord = record(p.target, outcome, detail);
-                r.executable = p.executable;
-                r
-            })
-            .collect();
-        report
     }
 
     /// Wait up to `limit` for pending targets to exit; those that do get `outcome`.
@@ -405,7 +423,7 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use super::{record, CleanupOptions, CleanupTarget};
-    use crate::backend::{CleanupOutcome, CleanupReport};
+    use crate::backend::{CleanupMechanism, CleanupOutcome, CleanupReport};
     use crate::process::identity::{boot_id, read_stat};
 
     fn matches(t: &CleanupTarget) -> Option<bool> {
@@ -420,7 +438,7 @@ mod imp {
         opts: &CleanupOptions,
     ) -> CleanupReport {
         let mut report = CleanupReport {
-            mechanism: "kill_with_start_time_check".into(),
+            mechanism: CleanupMechanism::KillWithStartTimeCheck,
             grace_ms: opts.grace.as_millis() as u64,
             records: Vec::new(),
             errors: vec!["pidfd is unavailable on this platform; start times are compared in seconds and a narrow pid-reuse race remains".into()],
@@ -521,7 +539,7 @@ mod tests {
         assert!(a.0.try_wait().unwrap().is_none(), "must survive");
         id.start_time_ticks -= 7;
         let report = cleanup_identities(&[id], Duration::from_millis(500));
-        assert_eq!(report.mechanism, "pidfd");
+        assert_eq!(report.mechanism, crate::backend::CleanupMechanism::Pidfd);
         assert_eq!(report.records[0].outcome, CleanupOutcome::Terminated);
         assert_eq!(report.records[0].executable, "sleep");
         use std::os::unix::process::ExitStatusExt;

@@ -55,8 +55,12 @@ pub enum ContainerError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{socket}: {message}")]
-    Protocol { socket: String, message: String },
+    #[error("{socket}: {problem}")]
+    Protocol {
+        socket: String,
+        #[source]
+        problem: ProtocolError,
+    },
     #[error("{socket}: the engine did not answer within {budget:?}")]
     TimedOut { socket: String, budget: Duration },
     #[error("{socket}: the engine answered {status} to {path}")]
@@ -217,25 +221,48 @@ fn request(
             Err(e) => return Err(io(e)),
         }
     }
-    parse_response(&raw).map_err(|message| ContainerError::Protocol {
+    parse_response(&raw).map_err(|problem| ContainerError::Protocol {
         socket: shown,
-        message,
+        problem,
     })
 }
 
-fn parse_response(raw: &[u8]) -> Result<Response, String> {
+/// Why an engine's HTTP answer cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("no end of the response headers")]
+    NoHeaderEnd,
+    #[error("response headers are not UTF-8")]
+    HeadersNotUtf8,
+    #[error("bad status line `{0}`")]
+    StatusLine(String),
+    #[error("a body shorter than Content-Length")]
+    ShortBody,
+    #[error("a response over {MAX_RESPONSE_BYTES} bytes")]
+    TooLarge,
+    #[error("bad chunk size `{0}`")]
+    ChunkSize(String),
+    #[error("{path}: {source}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn parse_response(raw: &[u8]) -> Result<Response, ProtocolError> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or("no end of the response headers")?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "response headers are not UTF-8")?;
+        .ok_or(ProtocolError::NoHeaderEnd)?;
+    let head = std::str::from_utf8(&raw[..end]).map_err(|_| ProtocolError::HeadersNotUtf8)?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
     let status: u16 = status_line
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line `{status_line}`"))?;
+        .ok_or_else(|| ProtocolError::StatusLine(status_line.to_string()))?;
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
@@ -255,28 +282,26 @@ fn parse_response(raw: &[u8]) -> Result<Response, String> {
         .header("content-length")
         .and_then(|v| v.parse::<usize>().ok())
     {
-        rest.get(..len)
-            .ok_or("a body shorter than Content-Length")?
-            .to_vec()
+        rest.get(..len).ok_or(ProtocolError::ShortBody)?.to_vec()
     } else {
         rest.to_vec()
     };
     if r.body.len() > MAX_RESPONSE_BYTES {
-        return Err(format!("a response over {MAX_RESPONSE_BYTES} bytes"));
+        return Err(ProtocolError::TooLarge);
     }
     Ok(r)
 }
 
-fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
+fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, ProtocolError> {
     let mut out = Vec::new();
     loop {
         let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
             // A stream cut at the size bound or by the engine: keep what arrived whole.
             return Ok(out);
         };
-        let size_text = std::str::from_utf8(&b[..eol]).map_err(|_| "bad chunk size")?;
+        let size_text = String::from_utf8_lossy(&b[..eol]);
         let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|_| format!("bad chunk size `{size_text}`"))?;
+            .map_err(|_| ProtocolError::ChunkSize(size_text.to_string()))?;
         if size == 0 {
             return Ok(out);
         }
@@ -307,9 +332,12 @@ fn get_json(
     }
     serde_json::from_slice(&r.body)
         .map(Some)
-        .map_err(|e| ContainerError::Protocol {
+        .map_err(|source| ContainerError::Protocol {
             socket: socket.display().to_string(),
-            message: format!("{path}: {e}"),
+            problem: ProtocolError::Json {
+                path: path.to_string(),
+                source,
+            },
         })
 }
 

@@ -330,24 +330,31 @@ pub fn run(args: &[OsString]) -> u8 {
     }
 }
 
-fn parse_args(args: &[OsString]) -> Result<(PathBuf, usize, &[OsString]), String> {
+/// Why the shim's own arguments are unusable.
+#[derive(Debug, thiserror::Error)]
+enum ShimArgsError {
+    #[error("expected `{SHIM_PROTOCOL} MARKER ARGC ARGV…`, got {0} argument(s)")]
+    Shape(usize),
+    #[error(
+        "unsupported shim protocol {0:?} (this build speaks {SHIM_PROTOCOL}); use the same \
+         agentdiff binary on both sides"
+    )]
+    Protocol(OsString),
+    #[error("invalid argument count {0:?}")]
+    Count(OsString),
+}
+
+fn parse_args(args: &[OsString]) -> Result<(PathBuf, usize, &[OsString]), ShimArgsError> {
     let [protocol, marker, argc, argv @ ..] = args else {
-        return Err(format!(
-            "expected `{SHIM_PROTOCOL} MARKER ARGC ARGV…`, got {} argument(s)",
-            args.len()
-        ));
+        return Err(ShimArgsError::Shape(args.len()));
     };
     if protocol.as_os_str() != OsStr::new(SHIM_PROTOCOL) {
-        return Err(format!(
-            "unsupported shim protocol {:?} (this build speaks {SHIM_PROTOCOL}); use the same \
-             agentdiff binary on both sides",
-            protocol
-        ));
+        return Err(ShimArgsError::Protocol(protocol.clone()));
     }
     let expected: usize = argc
         .to_str()
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("invalid argument count {argc:?}"))?;
+        .ok_or_else(|| ShimArgsError::Count(argc.clone()))?;
     Ok((PathBuf::from(marker), expected, argv))
 }
 

@@ -91,12 +91,13 @@ mod imp {
 
     /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`), read once per process.
     pub fn boot_id() -> Result<String, ProcessError> {
-        static BOOT_ID: OnceLock<Result<String, String>> = OnceLock::new();
+        // Read once; the error is shared by every later call, hence the Arc.
+        static BOOT_ID: OnceLock<Result<String, std::sync::Arc<std::io::Error>>> = OnceLock::new();
         BOOT_ID
             .get_or_init(|| {
                 std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
                     .map(|s| s.trim().to_string())
-                    .map_err(|e| format!("/proc/sys/kernel/random/boot_id: {e}"))
+                    .map_err(std::sync::Arc::new)
             })
             .clone()
             .map_err(ProcessError::BootId)

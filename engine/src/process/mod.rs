@@ -59,8 +59,8 @@ pub enum ProcessError {
     },
     #[error("could not parse {what}: {message}")]
     Parse { what: String, message: String },
-    #[error("could not read the boot id: {0}")]
-    BootId(String),
+    #[error("could not read the boot id (/proc/sys/kernel/random/boot_id): {0}")]
+    BootId(#[source] std::sync::Arc<std::io::Error>),
     #[error("could not start `{program}`: {source}")]
     Spawn {
         program: String,

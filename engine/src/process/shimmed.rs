@@ -64,7 +64,8 @@ pub fn shim_env(
     Ok(out)
 }
 
-/// What the start marker said, recorded in the backend's evidence section.
+/// What the start marker said, recorded in the backend's evidence section (a wrapping backend
+/// flattens it into its own facts type).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartFacts {
     /// The shim marked the start (the command ran, or its `exec` failed).
@@ -84,15 +85,6 @@ impl StartFacts {
             argv_verified: attribution.started,
             start_state: state.label().to_owned(),
             exit_attribution: attribution.by.to_owned(),
-        }
-    }
-
-    /// Add these facts to a backend's evidence section (an object; anything else is left as is).
-    pub fn record_in(&self, section: &mut serde_json::Value) {
-        if let (serde_json::Value::Object(map), Ok(serde_json::Value::Object(facts))) =
-            (section, serde_json::to_value(self))
-        {
-            map.extend(facts);
         }
     }
 }

@@ -383,196 +383,24 @@ mod unix {
             let timeout = spec.timeout;
             let grace = spec.grace;
             let pidfd = self.pidfd.take();
-            let mut last_ports = Instant::now();
             let mut status: Option<i32> = None;
             let mut errors: Vec<String> = Vec::new();
 
-            let end = loop {
-                match &pidfd {
-                    #[cfg(target_os = "linux")]
-                    Some(fd) => {
-                        crate::process::cleanup::pidfd_wait(fd, interval);
-                    }
-                    _ => std::thread::sleep(interval),
-                }
-
-                match poll_status(self.pid) {
-                    Ok(None) => {}
-                    Ok(Some(st)) if libc::WIFSTOPPED(st) => {
-                        if let Some(t) = &mut self.terminal {
-                            // Ctrl-Z: stop with the command, as if it ran directly.
-                            t.command_stopped();
-                            terminal::stop_self();
-                            t.command_continues(self.pid as libc::pid_t);
-                            // SAFETY: continue our own child's process group.
-                            unsafe { libc::kill(-(self.pid as libc::pid_t), libc::SIGCONT) };
-                        }
-                    }
-                    Ok(Some(st)) => {
-                        status = Some(st);
-                        break End::Exited;
-                    }
-                    Err(e) => {
-                        errors.push(format!("waiting for the command failed: {e}"));
-                        break End::Lost;
-                    }
-                }
-                self.tracker.tick();
-                if self.exec.polls() {
-                    let at_ms = self.launched.elapsed().as_millis() as u64;
-                    self.exec.poll(&self.tracker.live_identities(), at_ms);
-                }
-                if let Some(p) = &mut self.ports {
-                    if last_ports.elapsed() >= PORT_SAMPLE_INTERVAL {
-                        p.sample(&self.tracker.live_identities());
-                        last_ports = Instant::now();
-                    }
-                }
-                if timeout.is_some_and(|t| self.launched.elapsed() >= t) {
-                    break End::TimedOut;
-                }
-                if let Some(sig) = *self.ctx.interrupt.borrow() {
-                    break End::Interrupted(sig);
-                }
-            };
+            let end = self.watch(pidfd.as_ref(), interval, timeout, &mut status, &mut errors);
             let duration = self.launched.elapsed();
 
             // Leftovers: the root's children have been re-parented to us by now.
-            self.tracker.tick();
-            if end == End::Exited {
-                self.tracker.mark_alive_after_root_exit();
-            }
-            if self.exec.polls() {
-                let at_ms = self.launched.elapsed().as_millis() as u64;
-                self.exec.poll(&self.tracker.live_identities(), at_ms);
-            }
-            if let Some(p) = &mut self.ports {
-                // Before cleanup, while leftovers still hold their sockets.
-                p.sample(&self.tracker.live_identities());
-            }
-            // Before cleanup: which containers run now, and whose monitors are ours.
-            let run_pids: Vec<u32> = self
-                .tracker
-                .records()
-                .iter()
-                .map(|r| r.identity.pid)
-                .collect();
-            let container_evidence = self.containers.take().map(|w| w.observe(&run_pids));
+            let container_evidence = self.sample_after_end(end);
 
-            let mut cleanup = CleanupReport {
-                mechanism: if cfg!(target_os = "linux") {
-                    "pidfd".into()
-                } else {
-                    "kill_with_start_time_check".into()
-                },
-                grace_ms: grace.as_millis() as u64,
-                records: Vec::new(),
-                errors: Vec::new(),
-                resources_removed: Vec::new(),
-            };
-            let mut opts = CleanupOptions::new(grace);
-            opts.reap = true;
-            opts.reap_except = Some(self.pid);
-            for round in 0..5 {
-                self.tracker.refresh_liveness();
-                // Executables are re-read by cleanup after verification (a process may have
-                // exec'd since it was first seen); the recorded name fills in otherwise.
-                let targets: Vec<CleanupTarget> = self
-                    .tracker
-                    .live_identities()
-                    .into_iter()
-                    .filter(|(pid, _)| status.is_none() || *pid != self.pid)
-                    .map(|(_, identity)| CleanupTarget {
-                        executable: String::new(),
-                        identity,
-                    })
-                    .collect();
-                if targets.is_empty() {
-                    break;
-                }
-                if round == 4 {
-                    cleanup.errors.push(format!(
-                        "{} processes were still being started after four cleanup rounds",
-                        targets.len()
-                    ));
-                }
-                let r = cleanup_targets(&targets, &opts);
-                cleanup.mechanism = r.mechanism;
-                cleanup.records.extend(r.records);
-                cleanup.errors.extend(r.errors);
-                // Anything forked while we were cleaning up.
-                self.tracker.tick();
-            }
-
-            #[cfg(target_os = "linux")]
-            if let Some(cg) = self.tracker.take_cgroup() {
-                let mut buf = String::new();
-                let mut left = Vec::new();
-                if cg.pids(&mut buf, &mut left).is_ok() && !left.is_empty() {
-                    cleanup.errors.push(format!(
-                        "{} processes were still in the run cgroup after cleanup; ended with cgroup.kill",
-                        left.len()
-                    ));
-                    if let Err(e) = cg.kill_all() {
-                        cleanup.errors.push(format!("cgroup.kill failed: {e}"));
-                    }
-                }
-                for pid in left {
-                    crate::process::cleanup::reap_child(pid);
-                }
-                let shown = cg.path().display().to_string();
-                if let Err(e) = cg.remove() {
-                    self.warnings
-                        .push(format!("the run cgroup {shown} could not be removed: {e}"));
-                }
-            }
+            let mut cleanup = self.end_leftovers(grace, status.is_some());
 
             // The root's status, when cleanup ended it.
             if status.is_none() && end != End::Lost {
-                let deadline = Instant::now() + Duration::from_secs(5);
-                loop {
-                    match poll_status(self.pid) {
-                        Ok(Some(st)) if !libc::WIFSTOPPED(st) => {
-                            status = Some(st);
-                            break;
-                        }
-                        Ok(_) if Instant::now() < deadline => {
-                            std::thread::sleep(Duration::from_millis(5))
-                        }
-                        Ok(_) => {
-                            errors.push("the command did not end after cleanup".into());
-                            break;
-                        }
-                        Err(e) => {
-                            errors.push(format!("waiting for the command failed: {e}"));
-                            break;
-                        }
-                    }
-                }
+                status = self.reap_root(&mut errors);
             }
             let container_evidence = container_evidence.map(containers::refresh_after_cleanup);
             let execs = self.exec.finish();
-            // Every record names what its process ran last (an exec after first sight, or during
-            // cleanup, included); cleanup read the program at verification and falls back to the
-            // tracker's name for a process that was already gone.
-            let last = execs.last_programs();
-            self.tracker.name_from_execs(&last);
-            for rec in &mut cleanup.records {
-                let id = &rec.identity;
-                if let Some(name) = last.get(&(id.pid, id.start_time_ticks)) {
-                    rec.executable.clone_from(name);
-                } else if rec.executable.is_empty() {
-                    if let Some(p) = self.tracker.records().iter().find(|p| p.identity == *id) {
-                        rec.executable.clone_from(&p.executable);
-                    }
-                }
-            }
-            if execs.lost > 0 {
-                self.warnings.push(format!(
-                    "{} process-event overflows: the exec log is incomplete",
-                    execs.lost
-                ));
-            }
+            Self::name_records(&mut self.tracker, &mut self.warnings, &execs, &mut cleanup);
             // Give the terminal back only after the command is gone.
             if let Some(t) = self.terminal.take() {
                 drop(t);
@@ -626,6 +454,218 @@ mod unix {
                 containers: container_evidence,
                 warnings: self.warnings,
             })
+        }
+
+        /// Sample until the root exits, the deadline passes or agentdiff is interrupted.
+        fn watch(
+            &mut self,
+            pidfd: Option<&OwnedFd>,
+            interval: Duration,
+            timeout: Option<Duration>,
+            status: &mut Option<i32>,
+            errors: &mut Vec<String>,
+        ) -> End {
+            let mut last_ports = Instant::now();
+            loop {
+                match pidfd {
+                    #[cfg(target_os = "linux")]
+                    Some(fd) => {
+                        crate::process::cleanup::pidfd_wait(fd, interval);
+                    }
+                    _ => std::thread::sleep(interval),
+                }
+
+                match poll_status(self.pid) {
+                    Ok(None) => {}
+                    Ok(Some(st)) if libc::WIFSTOPPED(st) => {
+                        if let Some(t) = &mut self.terminal {
+                            // Ctrl-Z: stop with the command, as if it ran directly.
+                            t.command_stopped();
+                            terminal::stop_self();
+                            t.command_continues(self.pid as libc::pid_t);
+                            // SAFETY: continue our own child's process group.
+                            unsafe { libc::kill(-(self.pid as libc::pid_t), libc::SIGCONT) };
+                        }
+                    }
+                    Ok(Some(st)) => {
+                        *status = Some(st);
+                        return End::Exited;
+                    }
+                    Err(e) => {
+                        errors.push(format!("waiting for the command failed: {e}"));
+                        return End::Lost;
+                    }
+                }
+                self.tracker.tick();
+                if self.exec.polls() {
+                    let at_ms = self.launched.elapsed().as_millis() as u64;
+                    self.exec.poll(&self.tracker.live_identities(), at_ms);
+                }
+                if let Some(p) = &mut self.ports {
+                    if last_ports.elapsed() >= PORT_SAMPLE_INTERVAL {
+                        p.sample(&self.tracker.live_identities());
+                        last_ports = Instant::now();
+                    }
+                }
+                if timeout.is_some_and(|t| self.launched.elapsed() >= t) {
+                    return End::TimedOut;
+                }
+                if let Some(sig) = *self.ctx.interrupt.borrow() {
+                    return End::Interrupted(sig);
+                }
+            }
+        }
+
+        /// The last samples before cleanup, while leftovers still run and hold their sockets;
+        /// returns which containers run now, and whose monitors are ours.
+        fn sample_after_end(&mut self, end: End) -> Option<containers::ContainerEvidence> {
+            self.tracker.tick();
+            if end == End::Exited {
+                self.tracker.mark_alive_after_root_exit();
+            }
+            if self.exec.polls() {
+                let at_ms = self.launched.elapsed().as_millis() as u64;
+                self.exec.poll(&self.tracker.live_identities(), at_ms);
+            }
+            if let Some(p) = &mut self.ports {
+                // Before cleanup, while leftovers still hold their sockets.
+                p.sample(&self.tracker.live_identities());
+            }
+            // Before cleanup: which containers run now, and whose monitors are ours.
+            let run_pids: Vec<u32> = self
+                .tracker
+                .records()
+                .iter()
+                .map(|r| r.identity.pid)
+                .collect();
+            self.containers.take().map(|w| w.observe(&run_pids))
+        }
+
+        /// End every process of the run still alive (in rounds, for processes started while
+        /// cleaning up), then the run cgroup. `root_exited`: the root is not a target.
+        fn end_leftovers(&mut self, grace: Duration, root_exited: bool) -> CleanupReport {
+            let mut cleanup = CleanupReport {
+                mechanism: if cfg!(target_os = "linux") {
+                    crate::backend::CleanupMechanism::Pidfd
+                } else {
+                    crate::backend::CleanupMechanism::KillWithStartTimeCheck
+                },
+                grace_ms: grace.as_millis() as u64,
+                records: Vec::new(),
+                errors: Vec::new(),
+                resources_removed: Vec::new(),
+            };
+            let mut opts = CleanupOptions::new(grace);
+            opts.reap = true;
+            opts.reap_except = Some(self.pid);
+            for round in 0..5 {
+                self.tracker.refresh_liveness();
+                // Executables are re-read by cleanup after verification (a process may have
+                // exec'd since it was first seen); the recorded name fills in otherwise.
+                let targets: Vec<CleanupTarget> = self
+                    .tracker
+                    .live_identities()
+                    .into_iter()
+                    .filter(|(pid, _)| !root_exited || *pid != self.pid)
+                    .map(|(_, identity)| CleanupTarget {
+                        executable: String::new(),
+                        identity,
+                    })
+                    .collect();
+                if targets.is_empty() {
+                    break;
+                }
+                if round == 4 {
+                    cleanup.errors.push(format!(
+                        "{} processes were still being started after four cleanup rounds",
+                        targets.len()
+                    ));
+                }
+                let r = cleanup_targets(&targets, &opts);
+                cleanup.mechanism = r.mechanism;
+                cleanup.records.extend(r.records);
+                cleanup.errors.extend(r.errors);
+                // Anything forked while we were cleaning up.
+                self.tracker.tick();
+            }
+
+            #[cfg(target_os = "linux")]
+            if let Some(cg) = self.tracker.take_cgroup() {
+                let mut buf = String::new();
+                let mut left = Vec::new();
+                if cg.pids(&mut buf, &mut left).is_ok() && !left.is_empty() {
+                    cleanup.errors.push(format!(
+                        "{} processes were still in the run cgroup after cleanup; ended with cgroup.kill",
+                        left.len()
+                    ));
+                    if let Err(e) = cg.kill_all() {
+                        cleanup.errors.push(format!("cgroup.kill failed: {e}"));
+                    }
+                }
+                for pid in left {
+                    crate::process::cleanup::reap_child(pid);
+                }
+                let shown = cg.path().display().to_string();
+                if let Err(e) = cg.remove() {
+                    self.warnings
+                        .push(format!("the run cgroup {shown} could not be removed: {e}"));
+                }
+            }
+
+            cleanup
+        }
+
+        /// The root's status after cleanup ended it (waited for up to five seconds).
+        fn reap_root(&self, errors: &mut Vec<String>) -> Option<i32> {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match poll_status(self.pid) {
+                    Ok(Some(st)) if !libc::WIFSTOPPED(st) => {
+                        return Some(st);
+                    }
+                    Ok(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    Ok(_) => {
+                        errors.push("the command did not end after cleanup".into());
+                        return None;
+                    }
+                    Err(e) => {
+                        errors.push(format!("waiting for the command failed: {e}"));
+                        return None;
+                    }
+                }
+            }
+        }
+
+        /// Every record names what its process ran last.
+        fn name_records(
+            tracker: &mut Tracker,
+            warnings: &mut Vec<String>,
+            execs: &crate::process::exec_log::ExecEvidence,
+            cleanup: &mut CleanupReport,
+        ) {
+            // Every record names what its process ran last (an exec after first sight, or during
+            // cleanup, included); cleanup read the program at verification and falls back to the
+            // tracker's name for a process that was already gone.
+            let last = execs.last_programs();
+            tracker.name_from_execs(&last);
+            for rec in &mut cleanup.records {
+                let id = &rec.identity;
+                if let Some(name) = last.get(&(id.pid, id.start_time_ticks)) {
+                    rec.executable.clone_from(name);
+                } else if rec.executable.is_empty() {
+                    if let Some(p) = tracker.records().iter().find(|p| p.identity == *id) {
+                        rec.executable.clone_from(&p.executable);
+                    }
+                }
+            }
+            if execs.lost > 0 {
+                warnings.push(format!(
+                    "{} process-event overflows: the exec log is incomplete",
+                    execs.lost
+                ));
+            }
         }
     }
 }

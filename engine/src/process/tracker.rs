@@ -290,10 +290,11 @@ mod imp {
                 name: "cgroup".into(),
                 available: cg.is_ok(),
                 detail: match cg {
-                    Ok(d) => format!(
-                        "{d}; complete for every process that stays in it, whatever else it \
+                    Ok(parent) => format!(
+                        "cgroup v2 run cgroups can be created under {}; complete for every process that stays in it, whatever else it \
                          does; the subreaper's descendant tree is walked too, so one that moves \
-                         itself out is still tracked and recorded as left_run_cgroup"
+                         itself out is still tracked and recorded as left_run_cgroup",
+                        parent.display()
                     ),
                     Err(e) => format!("unavailable: {e}"),
                 },

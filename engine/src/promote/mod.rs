@@ -221,7 +221,7 @@ pub fn plan(
                         expected: before.entries.get(&c.path).cloned(),
                         target: after.entries.get(&c.path).cloned(),
                     })),
-                    Err(reason) => Step::Skip(reason),
+                    Err(reason) => Step::Skip(reason.to_string()),
                 }
             }
         } else {
@@ -290,7 +290,7 @@ fn add_created_parents(items: &mut BTreeMap<String, PlanItem>, run: &RecordedRun
                             expected: None,
                             target: after.entries.get(parent).cloned(),
                         })),
-                        Err(reason) => Step::Skip(reason),
+                        Err(reason) => Step::Skip(reason.to_string()),
                     },
                 };
                 let decision = records.get(parent).map_or(Action::Allow, |c| c.decision);

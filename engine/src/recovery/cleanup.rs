@@ -122,10 +122,12 @@ pub fn authenticate(
         Ok(TrustedEvidence::Sealed) => Ok(CleanupTrust::AuthenticatedSeal),
         Ok(TrustedEvidence::LaunchEvent) => Ok(CleanupTrust::AuthenticatedLaunchEvent),
         Ok(TrustedEvidence::NothingLaunched) => Ok(CleanupTrust::NothingLaunched),
-        Err(reason) if force => Ok(CleanupTrust::Forced { reason }),
+        Err(reason) if force => Ok(CleanupTrust::Forced {
+            reason: reason.to_string(),
+        }),
         Err(reason) => Err(CleanupError::NotAuthenticated {
             run_id: capsule.id().to_string(),
-            reason,
+            reason: reason.to_string(),
         }),
     }
 }

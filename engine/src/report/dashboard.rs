@@ -66,14 +66,15 @@ pub fn index(runs: &[RunListing], token: &str) -> String {
                 .as_ref()
                 .map(|p| format!(" <span class=\"d-review\">({})</span>", escape(p)))
                 .unwrap_or_default();
-            let _ = writeln!(
+            let _ =
+                writeln!(
                 s,
                 "<tr><td class=\"path\"><a href=\"{}\">{}</a></td><td>{}</td><td>{}{problem}</td>\
                  <td>{}</td></tr>",
                 run_link(id, token),
                 escape(id),
                 escape(r.created_at.as_deref().unwrap_or("unknown")),
-                escape(r.status.as_deref().unwrap_or("in progress or interrupted")),
+                escape(r.status.map_or("in progress or interrupted", |s| s.as_str())),
                 if r.sealed { "sealed" } else { "not sealed" }
             );
         }
@@ -161,8 +162,10 @@ mod tests {
         let runs = vec![RunListing {
             id: RunId::parse("r-1").unwrap(),
             sealed: false,
-            status: Some("<b>\"x\"</b>".into()),
-            created_at: None,
+            // The status is typed (a forged one does not list); free text comes from the
+            // recorded time and the problem.
+            status: Some(crate::transaction::Status::Passed),
+            created_at: Some("<b>\"x\"</b>".into()),
             problem: Some("<img src=x>".into()),
         }];
         let page = index(&runs, "00ff");

@@ -631,7 +631,13 @@ fn timeline(s: &mut String, v: &RunView) {
 
 /// The HTML report of one run: its facts, its seal's verification, and its changes' diffs
 /// (from [`super::diff::DiffSource`]).
-pub fn render(v: &RunView, seal_report: &VerifyReport, diffs: &[ChangeDiff]) -> String {
+/// `back` is a link shown above the report (the dashboard's index), escaped here.
+pub fn render(
+    v: &RunView,
+    seal_report: &VerifyReport,
+    diffs: &[ChangeDiff],
+    back: Option<&str>,
+) -> String {
     let mut s = String::new();
     head(
         &mut s,
@@ -640,6 +646,9 @@ pub fn render(v: &RunView, seal_report: &VerifyReport, diffs: &[ChangeDiff]) -> 
         false,
         "",
     );
+    if let Some(href) = back {
+        let _ = writeln!(s, "<nav><a href=\"{}\">← all runs</a></nav>", escape(href));
+    }
     header(&mut s, v);
     s.push_str("<main>\n");
     seal(&mut s, seal_report);

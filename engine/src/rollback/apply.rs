@@ -64,32 +64,76 @@ pub enum OpKind {
     SettleDirMode,
 }
 
-/// Why a transition cannot be applied automatically, or `Ok` with the write it needs.
-pub fn classify(t: &Transition) -> Result<OpKind, String> {
+/// Why a transition cannot be applied automatically. The text is what rollback and promote
+/// report for the path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Ineligible {
+    #[error("symlinks are reported, never changed automatically")]
+    Symlink,
+    #[error("no entry on either side (not a regular file or directory)")]
+    NoEntry,
+    #[error("changed kind ({} to {}); restore it by hand", kind_word(*.from), kind_word(*.to))]
+    ChangedKind { from: EntryKind, to: EntryKind },
+    #[error("its content was not hashed on both sides, so a change since cannot be detected")]
+    NotHashedBothSides,
+    #[error("its content was not hashed, so a change since cannot be detected")]
+    NotHashed,
+    #[error("its content was never hashed, so there is no verified backup")]
+    NeverHashed,
+    #[error("no recorded difference")]
+    NoDifference,
+    #[error(
+        "hardlinked ({nlink} names); changing one name would silently diverge from the others"
+    )]
+    Hardlinked { nlink: u64 },
+    #[error("no backup: {}", skip_words(.reason, .detail.as_deref()))]
+    BackupSkipped {
+        reason: BackupSkip,
+        detail: Option<String>,
+    },
+    #[error("no backup applies to this entry")]
+    NoBackupApplies,
+}
+
+fn skip_words(reason: &BackupSkip, detail: Option<&str>) -> String {
+    match reason {
+        BackupSkip::TooLarge => {
+            "larger than the backup size limit (rollback.max_backup_file_mb)".into()
+        }
+        BackupSkip::Hardlinked => {
+            "it was hardlinked, and restoring one name would diverge from the others".into()
+        }
+        BackupSkip::ChangedDuringCapture => "it changed while it was being captured".into(),
+        BackupSkip::NotHashed => "it could not be read when captured".into(),
+        BackupSkip::StoreFailed => format!(
+            "storing it failed ({})",
+            detail.unwrap_or("no detail recorded")
+        ),
+    }
+}
+
+/// The write a transition needs, or why it cannot be applied automatically.
+pub fn classify(t: &Transition) -> Result<OpKind, Ineligible> {
     let (e, g) = (t.expected.as_ref(), t.target.as_ref());
     if e.map(|x| x.kind) == Some(EntryKind::Symlink)
         || g.map(|x| x.kind) == Some(EntryKind::Symlink)
     {
-        return Err("symlinks are reported, never changed automatically".into());
+        return Err(Ineligible::Symlink);
     }
     match (e, g) {
-        (None, None) => Err("no entry on either side (not a regular file or directory)".into()),
-        (Some(e), Some(g)) if e.kind != g.kind => Err(format!(
-            "changed kind ({} to {}); restore it by hand",
-            kind_word(e.kind),
-            kind_word(g.kind)
-        )),
+        (None, None) => Err(Ineligible::NoEntry),
+        (Some(e), Some(g)) if e.kind != g.kind => Err(Ineligible::ChangedKind {
+            from: e.kind,
+            to: g.kind,
+        }),
         (Some(e), Some(g)) if e.kind == EntryKind::File => {
             check_single_link(e)?;
             let (Some(es), Some(gs)) = (&e.sha256, &g.sha256) else {
-                return Err(
-                    "its content was not hashed on both sides, so a change since cannot be detected"
-                        .into(),
-                );
+                return Err(Ineligible::NotHashedBothSides);
             };
             if es == gs {
                 if e.mode == g.mode {
-                    Err("no recorded difference".into())
+                    Err(Ineligible::NoDifference)
                 } else {
                     Ok(OpKind::ChmodFile)
                 }
@@ -100,7 +144,7 @@ pub fn classify(t: &Transition) -> Result<OpKind, String> {
         }
         (Some(e), Some(g)) => {
             if e.mode == g.mode {
-                Err("no recorded difference".into())
+                Err(Ineligible::NoDifference)
             } else {
                 Ok(OpKind::ChmodDir)
             }
@@ -113,9 +157,7 @@ pub fn classify(t: &Transition) -> Result<OpKind, String> {
         (Some(e), None) if e.kind == EntryKind::File => {
             check_single_link(e)?;
             if e.sha256.is_none() {
-                return Err(
-                    "its content was not hashed, so a change since cannot be detected".into(),
-                );
+                return Err(Ineligible::NotHashed);
             }
             Ok(OpKind::RemoveFile)
         }
@@ -131,42 +173,26 @@ fn kind_word(k: EntryKind) -> &'static str {
     }
 }
 
-fn check_single_link(e: &Entry) -> Result<(), String> {
+fn check_single_link(e: &Entry) -> Result<(), Ineligible> {
     if e.nlink > 1 {
-        Err(format!(
-            "hardlinked ({} names); changing one name would silently diverge from the others",
-            e.nlink
-        ))
+        Err(Ineligible::Hardlinked { nlink: e.nlink })
     } else {
         Ok(())
     }
 }
 
 /// A file that must be written needs a hash, a single link, and a backup that was not skipped.
-fn check_backup(g: &Entry) -> Result<(), String> {
+fn check_backup(g: &Entry) -> Result<(), Ineligible> {
     check_single_link(g)?;
     if g.sha256.is_none() {
-        return Err("its content was never hashed, so there is no verified backup".into());
+        return Err(Ineligible::NeverHashed);
     }
     match &g.backup {
-        BackupState::Skipped { reason, detail } => Err(match reason {
-            BackupSkip::TooLarge => {
-                "no backup: larger than the backup size limit (rollback.max_backup_file_mb)".into()
-            }
-            BackupSkip::Hardlinked => {
-                "no backup: it was hardlinked, and restoring one name would diverge from the others"
-                    .into()
-            }
-            BackupSkip::ChangedDuringCapture => {
-                "no backup: it changed while it was being captured".into()
-            }
-            BackupSkip::NotHashed => "no backup: it could not be read when captured".into(),
-            BackupSkip::StoreFailed => format!(
-                "no backup: storing it failed ({})",
-                detail.as_deref().unwrap_or("no detail recorded")
-            ),
+        BackupState::Skipped { reason, detail } => Err(Ineligible::BackupSkipped {
+            reason: *reason,
+            detail: detail.clone(),
         }),
-        BackupState::NotApplicable => Err("no backup applies to this entry".into()),
+        BackupState::NotApplicable => Err(Ineligible::NoBackupApplies),
         BackupState::Stored | BackupState::NotRequested => Ok(()),
     }
 }
@@ -1292,7 +1318,10 @@ mod tests {
         if let Some(e) = hard.as_mut() {
             e.nlink = 2;
         }
-        assert!(classify(&t(hard, None)).unwrap_err().contains("hardlinked"));
+        assert!(classify(&t(hard, None))
+            .unwrap_err()
+            .to_string()
+            .contains("hardlinked"));
         let mut big = f("b");
         if let Some(e) = big.as_mut() {
             e.backup = BackupState::Skipped {
@@ -1302,6 +1331,7 @@ mod tests {
         }
         assert!(classify(&t(f("a"), big))
             .unwrap_err()
+            .to_string()
             .contains("size limit"));
     }
 

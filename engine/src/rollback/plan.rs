@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::apply::{classify, ApplyOp, OpKind, Transition};
 use super::secure_dir::{DirHandle, NodeKind};
@@ -202,7 +203,7 @@ pub fn plan(
     // Steps.
     let later = super::later::later_changes(&recorded, &run.run_id, &run.result.started_at);
     let mut items = Vec::new();
-    let mut verified: BTreeMap<String, Result<(), String>> = BTreeMap::new();
+    let mut verified: BTreeMap<String, Result<(), BackupObjectError>> = BTreeMap::new();
     for (path, (c, implied)) in &chosen {
         let step = if !implied && !in_scope(c) {
             PlannedStep::Skip(
@@ -244,11 +245,11 @@ pub fn plan(
 fn restore_step(
     t: Transition,
     objects: &ObjectStore,
-    verified: &mut BTreeMap<String, Result<(), String>>,
+    verified: &mut BTreeMap<String, Result<(), BackupObjectError>>,
     changed_later_by: Option<&String>,
 ) -> PlannedStep {
     let kind = match classify(&t) {
-        Err(why) => return PlannedStep::Skip(why),
+        Err(why) => return PlannedStep::Skip(why.to_string()),
         Ok(kind) => kind,
     };
     let needs_object = matches!(kind, OpKind::WriteFile | OpKind::CreateFile);
@@ -261,7 +262,7 @@ fn restore_step(
                 .clone();
             match check {
                 Ok(()) => PlannedStep::Apply(Box::new(op(t, kind))),
-                Err(why) => PlannedStep::Fail(why),
+                Err(why) => PlannedStep::Fail(why.to_string()),
             }
         }
         (true, None) => PlannedStep::Skip("no recorded content hash".into()),
@@ -329,17 +330,31 @@ fn op(t: Transition, kind: OpKind) -> ApplyOp {
     }
 }
 
-fn check_object(objects: &ObjectStore, hex: &str) -> Result<(), String> {
+/// Why a backup object cannot be restored from.
+#[derive(Debug, Clone, thiserror::Error)]
+enum BackupObjectError {
+    #[error(
+        "its backup object {hex} no longer matches its hash (content hashes to {actual}); \
+         refusing to restore from it"
+    )]
+    Corrupt { hex: String, actual: String },
+    #[error("its backup object {hex} is missing from the object store")]
+    Missing { hex: String },
+    #[error("its backup object cannot be checked: {0}")]
+    Unreadable(#[source] Arc<StoreError>),
+}
+
+fn check_object(objects: &ObjectStore, hex: &str) -> Result<(), BackupObjectError> {
     match objects.verify_object(hex) {
         Ok(()) => Ok(()),
-        Err(StoreError::ObjectCorrupt { actual, .. }) => Err(format!(
-            "its backup object {hex} no longer matches its hash (content hashes to {actual}); \
-             refusing to restore from it"
-        )),
-        Err(StoreError::ObjectNotFound { .. }) => Err(format!(
-            "its backup object {hex} is missing from the object store"
-        )),
-        Err(e) => Err(format!("its backup object cannot be checked: {e}")),
+        Err(StoreError::ObjectCorrupt { actual, .. }) => Err(BackupObjectError::Corrupt {
+            hex: hex.to_string(),
+            actual,
+        }),
+        Err(StoreError::ObjectNotFound { .. }) => Err(BackupObjectError::Missing {
+            hex: hex.to_string(),
+        }),
+        Err(e) => Err(BackupObjectError::Unreadable(Arc::new(e))),
     }
 }
 

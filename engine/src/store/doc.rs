@@ -6,6 +6,8 @@
 //! Reading is strict: a document that does not deserialize into its type is
 //! [`StoreError::MalformedArtifact`], never a partly-read value.
 
+use std::path::Path;
+
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
@@ -13,7 +15,7 @@ use super::{Artifact, Capsule, ObjectStore, StoreError};
 pub use crate::backend::LaunchFacts;
 use crate::backend::RunEvidence;
 use crate::fs::Manifest;
-use crate::policy::{PolicySource, RollbackSettings};
+use crate::policy::{Policy, PolicySource, RollbackSettings};
 use crate::redact;
 pub use crate::transaction::{ChangeRecord, Metadata, RunResult, VerifiedControl};
 
@@ -37,6 +39,38 @@ impl PolicyDoc {
             effective: serde_json::from_value(loaded.policy.to_json())?,
         })
     }
+}
+
+/// The policy a run recorded in `capsule_dir/policy.json`, read while the run is still open (by
+/// backends that hand its deny patterns to a sandbox); `None` when the directory has no
+/// `policy.json` (a launch outside a transaction). A `policy.json` that is there but not a
+/// policy is an error, never "no policy".
+pub fn recorded_policy(capsule_dir: &Path) -> Result<Option<Policy>, StoreError> {
+    /// Only `effective` is needed here; the rest of the document is not checked.
+    #[derive(Deserialize)]
+    struct Effective {
+        effective: Value,
+    }
+    let path = capsule_dir.join(Artifact::Policy.file_name());
+    let bytes = match super::atomic::read_bounded(&path, super::MAX_ARTIFACT_BYTES) {
+        Ok(b) => b,
+        Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let doc: Effective =
+        serde_json::from_slice(&bytes).map_err(|source| StoreError::MalformedArtifact {
+            run_id: capsule_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            name: Artifact::Policy.file_name().into(),
+            source,
+        })?;
+    Policy::from_yaml_or_json(&doc.effective.to_string(), &path.to_string_lossy())
+        .map(Some)
+        .map_err(|source| StoreError::RecordedPolicy { path, source })
 }
 
 /// The effective policy as recorded. Only the sections recovery acts on are typed; the whole

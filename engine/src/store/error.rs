@@ -84,6 +84,13 @@ pub enum StoreError {
         source: serde_json::Error,
     },
 
+    #[error("the run's policy {} cannot be read as a policy: {source}", path.display())]
+    RecordedPolicy {
+        path: PathBuf,
+        #[source]
+        source: crate::policy::PolicyError,
+    },
+
     #[error("could not serialize {name}: {source}")]
     Serialize {
         name: String,

@@ -342,8 +342,8 @@ impl Capsule {
         }
         let parsed = match self.parse_seal() {
             Ok(parsed) => parsed,
-            Err(text) => {
-                f.problem(integrity_name, text);
+            Err(why) => {
+                f.problem(integrity_name, why.to_string());
                 let auth = Authentication::unreadable();
                 ctx.check_ledger(self.id(), None, &auth, &mut f);
                 return Ok(self.report(SealFormatKind::Unreadable, auth, f));
@@ -411,17 +411,15 @@ impl Capsule {
         }
     }
 
-    fn parse_seal(&self) -> Result<ParsedSeal, String> {
+    fn parse_seal(&self) -> Result<ParsedSeal, SealUnreadable> {
         let path = self.dir().join(Artifact::Integrity.file_name());
-        let bytes = atomic::read_bounded(&path, MAX_ARTIFACT_BYTES)
-            .map_err(|e| format!("unreadable seal: {e}"))?;
+        let bytes =
+            atomic::read_bounded(&path, MAX_ARTIFACT_BYTES).map_err(SealUnreadable::Read)?;
         match serde_json::from_slice::<Integrity>(&bytes) {
             Ok(seal) => Ok(ParsedSeal::Current(seal, bytes)),
             Err(current_err) => match serde_json::from_slice::<LegacyIntegrity>(&bytes) {
                 Ok(legacy) => Ok(ParsedSeal::Legacy(legacy)),
-                Err(_) => Err(format!(
-                    "not a seal agentdiff can read ({current_err}); it was damaged or edited"
-                )),
+                Err(_) => Err(SealUnreadable::Format(current_err)),
             },
         }
     }
@@ -728,6 +726,15 @@ impl Capsule {
             Err(_) => self.integrity().map(|i| i.objects),
         }
     }
+}
+
+/// Why a seal file cannot be read as a seal.
+#[derive(Debug, thiserror::Error)]
+enum SealUnreadable {
+    #[error("unreadable seal: {0}")]
+    Read(#[source] StoreError),
+    #[error("not a seal agentdiff can read ({0}); it was damaged or edited")]
+    Format(#[source] serde_json::Error),
 }
 
 /// Every listed object is a valid name, present and intact.

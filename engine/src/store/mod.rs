@@ -42,13 +42,13 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 pub use capsule::{
     now_rfc3339_millis, Artifact, Capsule, HistoryName, RecoveryArtifact, MAX_ARTIFACT_BYTES,
 };
 pub use doc::{
-    Event, LaunchFacts, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc, Unavailable,
+    recorded_policy, Event, LaunchFacts, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc,
+    Unavailable,
 };
 pub use error::StoreError;
 pub use integrity::{
@@ -85,7 +85,7 @@ pub struct RunListing {
     pub id: RunId,
     pub sealed: bool,
     /// `status` of result.json, when readable.
-    pub status: Option<String>,
+    pub status: Option<crate::transaction::Status>,
     /// `created_at` (or `started_at`) of metadata.json, when readable.
     pub created_at: Option<String>,
     /// Why this entry could not be read normally (e.g. it is a symlink, or result.json is
@@ -303,22 +303,34 @@ impl Store {
         };
         listing.sealed = capsule.is_sealed();
         let mut problems = Vec::new();
-        let mut field = |artifact: Artifact, keys: &[&str]| -> Option<String> {
+        // Only the fields shown are read (typed), so a capsule of another schema version lists.
+        #[derive(serde::Deserialize)]
+        struct ResultHead {
+            status: crate::transaction::Status,
+        }
+        #[derive(serde::Deserialize)]
+        struct MetadataHead {
+            created_at: Option<String>,
+            /// Older capsules.
+            started_at: Option<String>,
+        }
+        fn head<T: serde::de::DeserializeOwned>(
+            capsule: &Capsule,
+            artifact: Artifact,
+            problems: &mut Vec<String>,
+        ) -> Option<T> {
             if fs::symlink_metadata(capsule.dir().join(artifact.file_name())).is_err() {
                 return None;
             }
-            match capsule.read_artifact_value(artifact) {
-                Ok(value) => keys
-                    .iter()
-                    .find_map(|k| value.get(*k).and_then(Value::as_str).map(str::to_string)),
-                Err(e) => {
-                    problems.push(e.to_string());
-                    None
-                }
-            }
-        };
-        listing.status = field(Artifact::Result, &["status"]);
-        listing.created_at = field(Artifact::Metadata, &["created_at", "started_at"]);
+            capsule
+                .read_artifact(artifact)
+                .map_err(|e| problems.push(e.to_string()))
+                .ok()
+        }
+        listing.status =
+            head::<ResultHead>(&capsule, Artifact::Result, &mut problems).map(|r| r.status);
+        listing.created_at = head::<MetadataHead>(&capsule, Artifact::Metadata, &mut problems)
+            .and_then(|m| m.created_at.or(m.started_at));
         if !problems.is_empty() {
             listing.problem = Some(problems.join("; "));
         }
@@ -461,7 +473,7 @@ mod tests {
         assert!(!runs[0].sealed);
         assert_eq!(runs[0].status, None);
         assert!(runs[1].sealed);
-        assert_eq!(runs[1].status.as_deref(), Some("passed"));
+        assert_eq!(runs[1].status, Some(crate::transaction::Status::Passed));
         assert_eq!(
             runs[1].created_at.as_deref(),
             Some("2026-11-30T01:00:00.000Z")

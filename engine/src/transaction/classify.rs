@@ -63,26 +63,43 @@ fn decide(policy: &Policy, path: &str) -> Decision {
     }
 }
 
-fn backed_up(entry: &Entry) -> Result<(), String> {
+/// Why a changed file's before-state cannot be restored from a backup.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum NoBackup {
+    #[error("no backup taken (rollback disabled in the policy)")]
+    NotRequested,
+    #[error("not a regular file; never backed up")]
+    NotApplicable,
+    #[error("no verified backup: {}{}", skip_words(*.reason), detail_words(.detail.as_deref()))]
+    Skipped {
+        reason: BackupSkip,
+        detail: Option<String>,
+    },
+}
+
+fn skip_words(reason: BackupSkip) -> &'static str {
+    match reason {
+        BackupSkip::TooLarge => "larger than rollback.max_backup_file_mb",
+        BackupSkip::Hardlinked => "hardlinked",
+        BackupSkip::ChangedDuringCapture => "changed while it was captured",
+        BackupSkip::NotHashed => "could not be read",
+        BackupSkip::StoreFailed => "the backup could not be stored",
+    }
+}
+
+fn detail_words(detail: Option<&str>) -> String {
+    detail.map(|d| format!(" ({d})")).unwrap_or_default()
+}
+
+fn backed_up(entry: &Entry) -> Result<(), NoBackup> {
     match &entry.backup {
         BackupState::Stored => Ok(()),
-        BackupState::NotRequested => {
-            Err("no backup taken (rollback disabled in the policy)".into())
-        }
-        BackupState::NotApplicable => Err("not a regular file; never backed up".into()),
-        BackupState::Skipped { reason, detail } => {
-            let why = match reason {
-                BackupSkip::TooLarge => "larger than rollback.max_backup_file_mb",
-                BackupSkip::Hardlinked => "hardlinked",
-                BackupSkip::ChangedDuringCapture => "changed while it was captured",
-                BackupSkip::NotHashed => "could not be read",
-                BackupSkip::StoreFailed => "the backup could not be stored",
-            };
-            Err(match detail {
-                Some(d) => format!("no verified backup: {why} ({d})"),
-                None => format!("no verified backup: {why}"),
-            })
-        }
+        BackupState::NotRequested => Err(NoBackup::NotRequested),
+        BackupState::NotApplicable => Err(NoBackup::NotApplicable),
+        BackupState::Skipped { reason, detail } => Err(NoBackup::Skipped {
+            reason: *reason,
+            detail: detail.clone(),
+        }),
     }
 }
 
@@ -116,7 +133,7 @@ fn recoverability(c: &Change) -> (bool, String) {
                 ),
                 Some(b) => match backed_up(b) {
                     Ok(()) => (true, "before-state backed up and verifiable".into()),
-                    Err(reason) => (false, reason),
+                    Err(reason) => (false, reason.to_string()),
                 },
                 None => (false, "no before-state recorded".into()),
             },

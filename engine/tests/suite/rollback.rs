@@ -10,42 +10,14 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agentdiff_engine::backend::RunEvidence;
-use agentdiff_engine::fs::{
-    diff, scan, BackupRequest, BackupState, Change, IgnoreSource, Manifest, ScanOptions,
-};
-use agentdiff_engine::policy::{Action, LoadedPolicy, Policy, PolicySource};
+use agentdiff_engine::fs::Manifest;
+use agentdiff_engine::policy::Action;
 use agentdiff_engine::rollback::{
     self, execute, plan, ExecuteOptions, Fault, FaultAction, Outcome, Report, ReportStatus,
     RollbackError, Scope, Selection,
 };
-use agentdiff_engine::store::{Artifact, Capsule, PolicyDoc, RecoveryArtifact, RuntimeDoc, Store};
-use agentdiff_engine::transaction::decide::{self, Evidence, RunFrame};
-use agentdiff_engine::transaction::Metadata;
-use serde_json::json;
-
-/// How a test run is recorded.
-struct Recording<'a> {
-    id: &'a str,
-    script: &'a str,
-    rollback_enabled: bool,
-    max_backup_bytes: u64,
-    decide: &'a dyn Fn(&Change) -> &'static str,
-    seal: bool,
-}
-
-impl<'a> Recording<'a> {
-    fn new(script: &'a str) -> Recording<'a> {
-        Recording {
-            id: "run1",
-            script,
-            rollback_enabled: true,
-            max_backup_bytes: 10 * 1024 * 1024,
-            decide: &|_| "review",
-            seal: true,
-        }
-    }
-}
+use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store};
+use agentdiff_engine::testing::Recording;
 
 fn sh(root: &Path, script: &str) {
     let status = Command::new("sh")
@@ -57,126 +29,9 @@ fn sh(root: &Path, script: &str) {
     assert!(status.success(), "script failed: {script}");
 }
 
-/// Records a sealed capsule the way the transaction does: before-scan with backups into the
-/// object store, the script, after-scan, the change list with decisions, the seal.
+/// Records a sealed capsule the way the transaction does (the engine's shared fixture).
 fn record(root: &Path, rec: &Recording) -> Capsule {
-    let store = Store::open(root).unwrap();
-    let capsule = store.create_run(Some(rec.id)).unwrap();
-    let mut opts = ScanOptions::new();
-    if rec.rollback_enabled {
-        opts.backup = Some(BackupRequest {
-            sink: store.objects(),
-            max_file_bytes: rec.max_backup_bytes,
-        });
-    }
-    let before = scan(root, &opts).unwrap();
-    sh(root, rec.script);
-    let mut after_opts = ScanOptions::new();
-    after_opts.reuse = Some(&before);
-    after_opts.ignore = IgnoreSource::Lines(before.ignore_lines.clone());
-    let after = scan(root, &after_opts).unwrap();
-    let policy = Policy::from_yaml_or_json(
-        &format!(
-            "version: 1\nrollback:\n  enabled: {}\n",
-            rec.rollback_enabled
-        ),
-        "test.yaml",
-    )
-    .unwrap();
-    let loaded = LoadedPolicy {
-        policy,
-        source: PolicySource::BuiltIn,
-    };
-    write_run_docs(&capsule, &loaded, &before, &after, |c| {
-        action((rec.decide)(c))
-    });
-    let before_entries = capsule
-        .write_manifest(Artifact::Before, &before, store.objects())
-        .unwrap();
-    let after_entries = capsule
-        .write_manifest(Artifact::After, &after, store.objects())
-        .unwrap();
-    if rec.seal {
-        let mut objects = stored_objects(&before);
-        objects.extend([before_entries, after_entries]);
-        store.objects().sync().unwrap();
-        capsule.seal(&objects).unwrap();
-    }
-    capsule
-}
-
-fn action(name: &str) -> Action {
-    serde_json::from_value(json!(name)).unwrap()
-}
-
-/// Writes metadata, policy, runtime and result as the transaction does (the same types), with
-/// the decision of each change from `decide`.
-fn write_run_docs(
-    capsule: &Capsule,
-    loaded: &LoadedPolicy,
-    before: &Manifest,
-    after: &Manifest,
-    decide: impl Fn(&Change) -> Action,
-) {
-    let policy = &loaded.policy;
-    let command = policy.decide_command(std::ffi::OsStr::new("sh"));
-    let run = RunEvidence {
-        backend: "test".into(),
-        ..RunEvidence::default()
-    };
-    let frame = RunFrame {
-        run_id: capsule.id().to_string(),
-        task: None,
-        started_at: "2026-01-01T00:00:00.000Z".into(),
-        finished_at: "2026-01-01T00:00:01.000Z".into(),
-        duration_ms: 1000,
-    };
-    let evidence = Evidence {
-        policy,
-        command_decision: &command,
-        before,
-        after,
-        run: &run,
-        private_workspace: false,
-        verified_controls: &[],
-        capsule_tampered: &[],
-    };
-    let mut result = decide::decide(&evidence, frame);
-    let diff = diff(before, after);
-    for (record, change) in result.changes.iter_mut().zip(&diff) {
-        record.decision = decide(change);
-    }
-    let metadata = Metadata {
-        schema_version: 1,
-        run_id: capsule.id().to_string(),
-        created_at: result.started_at.clone(),
-        agentdiff_version: "test".into(),
-        root: before.root.clone(),
-        argv: vec!["sh".into()],
-        task: None,
-        backend: "test".into(),
-        timeout_seconds: None,
-        platform: "test".into(),
-        uid: None,
-    };
-    capsule
-        .write_artifact(Artifact::Metadata, &metadata)
-        .unwrap();
-    capsule
-        .write_artifact(Artifact::Policy, &PolicyDoc::of(loaded).unwrap())
-        .unwrap();
-    capsule
-        .write_artifact(Artifact::Runtime, &RuntimeDoc::launched(&run, &[]))
-        .unwrap();
-    capsule.write_artifact(Artifact::Result, &result).unwrap();
-}
-
-fn stored_objects(m: &Manifest) -> Vec<String> {
-    m.entries
-        .values()
-        .filter(|e| e.backup == BackupState::Stored)
-        .filter_map(|e| e.sha256.clone())
-        .collect()
+    rec.record(root).unwrap()
 }
 
 fn selection(scope: Scope, paths: &[&str]) -> Selection {
@@ -547,9 +402,9 @@ fn safe_only_touches_review_and_deny_changes_and_path_narrows() {
     let pre = snapshot(&root);
     let mut rec = Recording::new(ISSUE_SCRIPT);
     rec.decide = &|c| match c.path.as_str() {
-        "b.txt" => "deny",
-        "c.txt" => "review",
-        _ => "allow",
+        "b.txt" => Action::Deny,
+        "c.txt" => Action::Review,
+        _ => Action::Allow,
     };
     record(&root, &rec);
     let post = snapshot(&root);
@@ -641,9 +496,9 @@ fn a_selected_file_pulls_in_its_deleted_parent_directories() {
     let mut rec = Recording::new("rm -rf d");
     rec.decide = &|c| {
         if c.path == "d/e/f.txt" {
-            "deny"
+            Action::Deny
         } else {
-            "allow"
+            Action::Allow
         }
     };
     record(&root, &rec);

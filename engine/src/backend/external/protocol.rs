@@ -199,12 +199,49 @@ pub struct WireDescriptor {
     pub requires_scrubbed_environment: bool,
 }
 
-/// What to run, with every path and argument as UTF-8 text.
+/// An argument, environment name or value: a JSON string when it is UTF-8, else its bytes as
+/// `{"hex": "…"}` (command arguments need not be text).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WireText {
+    Text(String),
+    Bytes { hex: String },
+}
+
+impl WireText {
+    pub fn encode(v: &std::ffi::OsStr) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        match v.to_str() {
+            Some(s) => WireText::Text(s.to_string()),
+            None => WireText::Bytes {
+                hex: hex::encode(v.as_bytes()),
+            },
+        }
+    }
+
+    pub fn decode(&self) -> Result<OsString, WireError> {
+        use std::os::unix::ffi::OsStringExt;
+        match self {
+            WireText::Text(s) => Ok(OsString::from(s)),
+            WireText::Bytes { hex } => hex::decode(hex)
+                .map(OsString::from_vec)
+                .map_err(|e| WireError::Malformed(format!("bad hex bytes {hex:?}: {e}"))),
+        }
+    }
+}
+
+impl From<&str> for WireText {
+    fn from(s: &str) -> Self {
+        WireText::Text(s.to_string())
+    }
+}
+
+/// What to run. Paths are UTF-8 text; arguments and the environment may be bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireCommand {
-    pub program: String,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
+    pub program: WireText,
+    pub args: Vec<WireText>,
+    pub env: Vec<(WireText, WireText)>,
     pub cwd: String,
 }
 
@@ -215,8 +252,8 @@ pub struct WireSpec {
     pub root: String,
     pub workdir: String,
     pub capsule_dir: String,
-    pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
+    pub argv: Vec<WireText>,
+    pub env: Vec<(WireText, WireText)>,
     pub env_mode: EnvMode,
     #[serde(default)]
     pub env_dropped: Vec<String>,
@@ -260,7 +297,7 @@ pub struct ExitReport {
     pub enforcement: Option<Enforcement>,
 }
 
-/// Text that is not UTF-8 cannot cross the protocol.
+/// A path that is not UTF-8 cannot cross the protocol.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} is not UTF-8 text, which the external backend protocol cannot carry: {value:?}")]
 pub struct NotUtf8 {
@@ -275,21 +312,20 @@ fn text(what: &str, v: &std::ffi::OsStr) -> Result<String, NotUtf8> {
     })
 }
 
-fn env_to_wire(env: &[(OsString, OsString)]) -> Result<Vec<(String, String)>, NotUtf8> {
+fn env_to_wire(env: &[(OsString, OsString)]) -> Vec<(WireText, WireText)> {
     env.iter()
-        .map(|(k, v)| {
-            Ok((
-                text("an environment name", k)?,
-                text("an environment value", v)?,
-            ))
-        })
+        .map(|(k, v)| (WireText::encode(k), WireText::encode(v)))
         .collect()
 }
 
-fn env_from_wire(env: &[(String, String)]) -> Vec<(OsString, OsString)> {
+fn env_from_wire(env: &[(WireText, WireText)]) -> Result<Vec<(OsString, OsString)>, WireError> {
     env.iter()
-        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .map(|(k, v)| Ok((k.decode()?, v.decode()?)))
         .collect()
+}
+
+fn all_from_wire(items: &[WireText]) -> Result<Vec<OsString>, WireError> {
+    items.iter().map(WireText::decode).collect()
 }
 
 impl WireSpec {
@@ -299,12 +335,8 @@ impl WireSpec {
             root: text("the project root", spec.root.as_os_str())?,
             workdir: text("the working directory", spec.workdir.as_os_str())?,
             capsule_dir: text("the capsule directory", spec.capsule_dir.as_os_str())?,
-            argv: spec
-                .argv
-                .iter()
-                .map(|a| text("a command argument", a))
-                .collect::<Result<_, _>>()?,
-            env: env_to_wire(&spec.env)?,
+            argv: spec.argv.iter().map(|a| WireText::encode(a)).collect(),
+            env: env_to_wire(&spec.env),
             env_mode: spec.env_plan.mode,
             env_dropped: spec.env_plan.dropped.clone(),
             timeout_ms: spec.timeout.map(|t| t.as_millis() as u64),
@@ -315,14 +347,14 @@ impl WireSpec {
         })
     }
 
-    pub fn to_spec(&self) -> LaunchSpec {
-        LaunchSpec {
+    pub fn to_spec(&self) -> Result<LaunchSpec, WireError> {
+        Ok(LaunchSpec {
             run_id: self.run_id.clone(),
             root: PathBuf::from(&self.root),
             workdir: PathBuf::from(&self.workdir),
             capsule_dir: PathBuf::from(&self.capsule_dir),
-            argv: self.argv.iter().map(OsString::from).collect(),
-            env: env_from_wire(&self.env),
+            argv: all_from_wire(&self.argv)?,
+            env: env_from_wire(&self.env)?,
             env_plan: EnvironmentPlan {
                 mode: self.env_mode,
                 dropped: self.env_dropped.clone(),
@@ -332,31 +364,27 @@ impl WireSpec {
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             observe_ports: self.observe_ports,
             options: options_from_wire(&self.options),
-        }
+        })
     }
 }
 
 impl WireCommand {
     pub fn from_command(c: &LaunchCommand) -> Result<Self, NotUtf8> {
         Ok(Self {
-            program: text("the program", &c.program)?,
-            args: c
-                .args
-                .iter()
-                .map(|a| text("a program argument", a))
-                .collect::<Result<_, _>>()?,
-            env: env_to_wire(&c.env)?,
+            program: WireText::encode(&c.program),
+            args: c.args.iter().map(|a| WireText::encode(a)).collect(),
+            env: env_to_wire(&c.env),
             cwd: text("the working directory", c.cwd.as_os_str())?,
         })
     }
 
-    pub fn to_command(&self) -> LaunchCommand {
-        LaunchCommand {
-            program: OsString::from(&self.program),
-            args: self.args.iter().map(OsString::from).collect(),
-            env: env_from_wire(&self.env),
+    pub fn to_command(&self) -> Result<LaunchCommand, WireError> {
+        Ok(LaunchCommand {
+            program: self.program.decode()?,
+            args: all_from_wire(&self.args)?,
+            env: env_from_wire(&self.env)?,
             cwd: PathBuf::from(&self.cwd),
-        }
+        })
     }
 }
 
@@ -574,7 +602,12 @@ mod tests {
             root: "/p".into(),
             workdir: "/p".into(),
             capsule_dir: "/p/.agentdiff/runs/r1".into(),
-            argv: vec!["-x".into(), "".into(), "a b".into()],
+            argv: vec![
+                "-x".into(),
+                "".into(),
+                "a b".into(),
+                std::os::unix::ffi::OsStringExt::from_vec(vec![0xff, 0xfe, b'a']),
+            ],
             env: vec![("A".into(), "1".into())],
             env_plan: EnvironmentPlan {
                 mode: EnvMode::Scrub,
@@ -594,7 +627,7 @@ mod tests {
             String::from_utf8(encode(&Request::Prepare { spec: wire.clone() }).unwrap()).unwrap();
         let back: Request = decode(text.trim_end().as_bytes()).unwrap();
         assert_eq!(back, Request::Prepare { spec: wire.clone() });
-        let again = wire.to_spec();
+        let again = wire.to_spec().unwrap();
         assert_eq!(again.argv, spec.argv);
         assert_eq!(again.options, spec.options);
         assert_eq!(again.timeout, spec.timeout);
@@ -602,15 +635,26 @@ mod tests {
     }
 
     #[test]
-    fn non_utf8_arguments_are_refused_by_name() {
+    fn bytes_cross_as_hex_and_non_utf8_paths_are_refused_by_name() {
         use std::os::unix::ffi::OsStringExt;
-        let c = LaunchCommand {
+        let mut c = LaunchCommand {
             program: "p".into(),
-            args: vec![OsString::from_vec(vec![0xff])],
+            args: vec![OsString::from_vec(vec![0xff]), "x".into()],
             env: vec![],
             cwd: "/".into(),
         };
+        let wire = WireCommand::from_command(&c).unwrap();
+        assert_eq!(
+            serde_json::to_value(&wire.args).unwrap(),
+            serde_json::json!([{"hex": "ff"}, "x"])
+        );
+        assert_eq!(wire.to_command().unwrap(), c);
+        assert!(decode::<WireText>(br#"{"hex":"zz"}"#)
+            .unwrap()
+            .decode()
+            .is_err());
+        c.cwd = PathBuf::from(OsString::from_vec(vec![b'/', 0xff]));
         let err = WireCommand::from_command(&c).unwrap_err();
-        assert!(err.to_string().contains("a program argument"));
+        assert!(err.to_string().contains("the working directory"));
     }
 }

@@ -130,6 +130,10 @@ impl Server<'_> {
     }
 
     async fn run(&mut self, reader: LineReader) -> Result<(), WireError> {
+        // A signal to agentdiff's process group (Ctrl-C without a terminal hand-over, a CI
+        // cancel) must not kill the plugin before it reports: agentdiff forwards it as
+        // `interrupt`. Caught, not ignored, so the command starts with default dispositions.
+        let _absorbed = absorb_group_signals();
         let mut inbox = start_reader(reader);
         // The handshake: one version, answered or refused.
         match inbox.recv().await {
@@ -204,7 +208,11 @@ impl Server<'_> {
     }
 
     fn prepare(&self, spec: &WireSpec) -> Response {
-        match self.backend.prepare(&spec.to_spec()) {
+        let spec = match spec.to_spec() {
+            Ok(s) => s,
+            Err(e) => return error(ErrorKind::Protocol, e.to_string()),
+        };
+        match self.backend.prepare(&spec) {
             Ok(p) => match WireCommand::from_command(p.command()) {
                 Ok(command) => Response::Prepared {
                     command,
@@ -224,7 +232,11 @@ impl Server<'_> {
         expected: &WireCommand,
         inbox: &mut Inbox,
     ) -> Result<(), WireError> {
-        let mut prepared = match self.backend.prepare(&spec.to_spec()) {
+        let spec = match spec.to_spec() {
+            Ok(s) => s,
+            Err(e) => return self.send(&error(ErrorKind::Protocol, e.to_string())),
+        };
+        let mut prepared = match self.backend.prepare(&spec) {
             Ok(p) => p,
             Err(e) => return self.send(&backend_error(e)),
         };
@@ -291,6 +303,19 @@ impl Server<'_> {
             Err(e) => self.send(&backend_error(e)),
         }
     }
+}
+
+/// Catch SIGINT, SIGTERM and SIGHUP for the life of the returned handles.
+fn absorb_group_signals() -> Vec<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ]
+    .into_iter()
+    .filter_map(|kind| signal(kind).ok())
+    .collect()
 }
 
 /// The exit report of a backend's own evidence.

@@ -49,7 +49,9 @@ pub(crate) struct Anchors<'a> {
 }
 
 /// Check one `deny_read` entry's syntax; returns it with backslashes unified, or a reason.
-pub(crate) fn check_read_pattern(pattern: &str) -> Result<String, String> {
+pub(crate) fn check_read_pattern(
+    pattern: &str,
+) -> Result<String, super::super::path::PatternError> {
     let (prefix, rest) = split_anchor(pattern);
     super::super::path::check_pattern(rest).map(|rest| format!("{prefix}{rest}"))
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use key::{MacPurpose, SealKey, StateDir, KEY_FILE_NAME, STATE_DIR_ENV};
 pub use ledger::{Ledger, LedgerContents, LedgerEntry, LEDGER_FILE_NAME};
-pub use trust::{trusted_process_evidence, TrustedEvidence};
+pub use trust::{trusted_process_evidence, TrustedEvidence, Untrusted};
 
 use super::integrity::{Findings, Integrity, SealMac, MAC_ALGORITHM};
 use super::run_id::RunId;

@@ -18,20 +18,42 @@ pub enum TrustedEvidence {
     NothingLaunched,
 }
 
+/// Why a capsule's process evidence does not authenticate.
+#[derive(Debug, thiserror::Error)]
+pub enum Untrusted {
+    #[error("the capsule is intact but not authenticated ({detail})")]
+    NotAuthenticated { detail: String },
+    #[error("the capsule is forged ({})", .why.join("; "))]
+    Forged { why: Vec<String> },
+    #[error(
+        "the run is not sealed and there is no seal key for this user here to check its \
+         `launched` event"
+    )]
+    NoKey,
+    #[error("its event log cannot be read ({0})")]
+    Events(#[source] StoreError),
+    #[error(
+        "the run is not sealed and its `launched` event does not carry this user's MAC \
+         (forged, or recorded with another key)"
+    )]
+    LaunchEventNotAuthenticated,
+    #[error("the run is not sealed and its event log holds more than one `launched` event")]
+    SeveralLaunchEvents,
+}
+
 /// `Ok` with the evidence that authenticated, or `Err` with why nothing did.
 pub fn trusted_process_evidence(
     capsule: &Capsule,
     objects: &ObjectStore,
     ctx: &VerifyContext,
-) -> Result<Result<TrustedEvidence, String>, StoreError> {
+) -> Result<Result<TrustedEvidence, Untrusted>, StoreError> {
     if capsule.is_sealed() {
         let report = capsule.verify_with(objects, ctx)?;
         return Ok(match report.verdict {
             Verdict::Authenticated => Ok(TrustedEvidence::Sealed),
-            Verdict::IntactNotAuthenticated => Err(format!(
-                "the capsule is intact but not authenticated ({})",
-                report.authentication.detail
-            )),
+            Verdict::IntactNotAuthenticated => Err(Untrusted::NotAuthenticated {
+                detail: report.authentication.detail,
+            }),
             _ => {
                 let mut why: Vec<String> = report
                     .problems
@@ -41,20 +63,16 @@ pub fn trusted_process_evidence(
                 if report.authentication.is_forged() {
                     why.insert(0, report.authentication.detail.clone());
                 }
-                Err(format!("the capsule is forged ({})", why.join("; ")))
+                Err(Untrusted::Forged { why })
             }
         });
     }
     let Some(key) = &ctx.key else {
-        return Ok(Err(
-            "the run is not sealed and there is no seal key for this user here to check its \
-             `launched` event"
-                .into(),
-        ));
+        return Ok(Err(Untrusted::NoKey));
     };
     let events = match capsule.events() {
         Ok(events) => events,
-        Err(e) => return Ok(Err(format!("its event log cannot be read ({e})"))),
+        Err(e) => return Ok(Err(Untrusted::Events(e))),
     };
     let launched: Vec<&Event> = events
         .iter()
@@ -71,13 +89,7 @@ pub fn trusted_process_evidence(
         {
             Ok(TrustedEvidence::LaunchEvent)
         }
-        [_] => Err(
-            "the run is not sealed and its `launched` event does not carry this user's MAC \
-             (forged, or recorded with another key)"
-                .into(),
-        ),
-        _ => Err(
-            "the run is not sealed and its event log holds more than one `launched` event".into(),
-        ),
+        [_] => Err(Untrusted::LaunchEventNotAuthenticated),
+        _ => Err(Untrusted::SeveralLaunchEvents),
     })
 }
