@@ -250,6 +250,9 @@ fn render_summary(doc: &DoctorReport) -> String {
             esc(&r.id),
             esc(&r.reason)
         )),
+        None if !doc.backends.is_empty() && doc.backends.iter().all(|b| b.external.is_some()) => {
+            out.push_str("\nrecommended: none (external backends are never recommended)\n")
+        }
         None => out.push_str("\nrecommended: none (no backend is available here)\n"),
     }
     out.push_str(&format!(

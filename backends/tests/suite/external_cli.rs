@@ -172,6 +172,12 @@ fn doctor_lists_the_external_backend_with_its_path_and_protocol() {
         "{}",
         text(&out.stdout)
     );
+    let out = agentdiff_on(&path, project.path(), &["doctor", "--runtime", "nice"]);
+    assert!(
+        text(&out.stdout).contains("recommended: none (external backends are never recommended)"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! ended by verified identity). The rest of the exit evidence is the plugin's word, and the run
 //! evidence says so (`wrapper.external_backend`).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,6 +32,9 @@ pub struct ExternalBackend {
     plugin: Plugin,
     requires_scrub: bool,
     capabilities: Mutex<Vec<(String, Capabilities)>>,
+    /// One plugin process answers this backend's queries in turn (a process start per query
+    /// costs a Python plugin ~0.3 s on a loaded host); a launch always gets its own.
+    queries: Arc<Mutex<Option<Session>>>,
 }
 
 impl ExternalBackend {
@@ -42,14 +45,39 @@ impl ExternalBackend {
             plugin,
             requires_scrub,
             capabilities: Mutex::new(Vec::new()),
+            queries: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// A handle for a blocking task, sharing the query process.
+    fn handle(&self) -> Self {
+        Self {
+            queries: self.queries.clone(),
+            ..Self::new(self.id, self.plugin.clone(), self.requires_scrub)
         }
     }
 
     fn query(&self, request: &Request, timeout: Duration) -> Result<Response, ExternalError> {
-        let mut session = Session::start(&self.plugin, PluginStdio::Quiet)?;
-        let result = session.request(request, timeout);
-        session.finish();
-        result
+        let mut slot = self.queries.lock().map_err(|_| ExternalError::Protocol {
+            id: self.id.into(),
+            path: self.plugin.path.clone(),
+            message: "an earlier query panicked".into(),
+        })?;
+        let mut session = match slot.take() {
+            Some(s) => s,
+            None => Session::start(&self.plugin, PluginStdio::Quiet)?,
+        };
+        match session.request(request, timeout) {
+            // Only a well-formed answer keeps the process for the next query.
+            Ok(answer) => {
+                *slot = Some(session);
+                Ok(answer)
+            }
+            Err(e) => {
+                session.kill();
+                Err(e)
+            }
+        }
     }
 
     fn fetch_capabilities(&self, options: &crate::backend::BackendOptions) -> Capabilities {
@@ -144,7 +172,7 @@ impl RuntimeBackend for ExternalBackend {
     }
 
     async fn availability(&self, options: &crate::backend::BackendOptions) -> Availability {
-        let this = Self::new(self.id, self.plugin.clone(), self.requires_scrub);
+        let this = self.handle();
         let request = Request::Availability {
             options: options_to_wire(options),
         };
@@ -279,7 +307,7 @@ impl RuntimeBackend for ExternalBackend {
         ids: &[ProcessIdentity],
         grace: Duration,
     ) -> CleanupReport {
-        let this = Self::new(self.id, self.plugin.clone(), self.requires_scrub);
+        let this = self.handle();
         let request = Request::Cleanup {
             run_id: run_id.to_string(),
             identities: ids.to_vec(),

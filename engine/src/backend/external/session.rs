@@ -321,6 +321,23 @@ impl Session {
     }
 }
 
+impl Drop for Session {
+    /// A session dropped without `finish` (a backend going away) still ends its plugin: closing
+    /// the request channel is enough for a well-behaved one.
+    fn drop(&mut self) {
+        if self.writer.take().is_some() {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if try_wait(&self.child).is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            self.kill();
+        }
+    }
+}
+
 /// `Some(description)` once the child has exited.
 pub fn try_wait(child: &Arc<Mutex<Child>>) -> Option<String> {
     let mut c = child.lock().ok()?;

@@ -278,3 +278,23 @@ fn an_exit_report_claiming_more_than_declared_fails_the_run() {
         "{err}"
     );
 }
+
+#[test]
+fn queries_of_one_backend_share_one_plugin_process() {
+    let fake = Fake::new("ok");
+    let backend = fake.backend();
+    backend.prepare(&spec(fake.dir.path())).unwrap();
+    let _ = backend.capabilities(&BackendOptions::new());
+    let rec = fake.recorded();
+    let hellos = rec
+        .iter()
+        .filter(|l| l.contains(r#""type":"hello""#))
+        .count();
+    assert_eq!(hellos, 1, "{rec:?}");
+    assert!(
+        rec.iter().any(|l| l.contains(r#""type":"prepare""#)),
+        "{rec:?}"
+    );
+    // An unknown request type gets an error answer: the process stays usable.
+    drop(backend);
+}
