@@ -17,9 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agentdiff_backend_container::ContainerBackend;
-use agentdiff_engine::backend::{
-    BackendOptions, LaunchContext, LaunchSpec, RuntimeBackend, StdioMode,
-};
+use agentdiff_engine::backend::{LaunchContext, RuntimeBackend, StdioMode};
 use agentdiff_engine::fs::{scan, BackupRequest, ScanOptions, DEFAULT_MAX_HASH_BYTES};
 use agentdiff_engine::store::Store;
 use agentdiff_engine::workspace::materialize_into;
@@ -183,23 +181,16 @@ fn start_overhead(scratch: &Path, reps: usize) -> Res<()> {
     let mut ours = Vec::new();
     for i in 0..reps + 1 {
         let run_id = format!("bench-{i}");
-        let mut options = BackendOptions::new();
-        options.push("engine", "podman");
-        options.push("rootfs", rootfs.to_string_lossy().into_owned());
-        let spec = LaunchSpec {
-            run_id: run_id.clone(),
-            root: project.clone(),
-            workdir: ws.clone(),
-            capsule_dir: scratch.to_path_buf(),
-            argv: vec!["/bin/true".into()],
-            env: Vec::new(),
-            env_plan: Default::default(),
-            timeout: Some(Duration::from_secs(60)),
-            grace: Duration::from_secs(1),
-            poll_interval: Duration::from_millis(50),
-            observe_ports: false,
-            options,
-        };
+        let spec = agentdiff_conformance::testing::launch_spec(&ws, ["/bin/true"])
+            .run_id(run_id.clone())
+            .root(&project)
+            .capsule_dir(scratch)
+            .env(Vec::<(OsString, OsString)>::new())
+            .timeout(Duration::from_secs(60))
+            .poll_interval(Duration::from_millis(50))
+            .option("engine", "podman")
+            .option("rootfs", rootfs.to_string_lossy().into_owned())
+            .build();
         let prepared = backend.prepare(&spec)?;
         let flags: Vec<OsString> = prepared.args().to_vec();
 

@@ -7,33 +7,22 @@
 //!
 //! `cargo run --release -p agentdiff-backend-local --example overhead [-- RUNS [SLEEP_SECONDS]]`
 
-use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use agentdiff_backend_local::LocalBackend;
-use agentdiff_engine::backend::{
-    BackendOptions, LaunchContext, LaunchSpec, RuntimeBackend, StdioMode,
-};
+use agentdiff_conformance::testing::launch_spec;
+use agentdiff_engine::backend::{LaunchContext, LaunchSpec, RuntimeBackend, StdioMode};
 
 fn spec(dir: &std::path::Path, argv: &[&str], tracking: Option<&str>) -> LaunchSpec {
-    let mut options = BackendOptions::new();
+    let mut b = launch_spec(dir, argv.iter().copied())
+        .run_id("bench")
+        .capsule_dir(dir.join(".agentdiff"))
+        .env(std::env::vars_os())
+        .grace(Duration::from_secs(2));
     if let Some(t) = tracking {
-        options.push("tracking", t);
+        b = b.option("tracking", t);
     }
-    LaunchSpec {
-        run_id: "bench".into(),
-        root: dir.to_path_buf(),
-        workdir: dir.to_path_buf(),
-        capsule_dir: dir.join(".agentdiff"),
-        argv: argv.iter().map(OsString::from).collect(),
-        env: std::env::vars_os().collect(),
-        env_plan: Default::default(),
-        timeout: None,
-        grace: Duration::from_secs(2),
-        poll_interval: Duration::from_millis(10),
-        observe_ports: false,
-        options,
-    }
+    b.build()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

@@ -21,7 +21,7 @@ pub mod rollback;
 pub mod root;
 pub mod score;
 pub mod store;
-#[cfg(feature = "test-support")]
+#[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 pub mod transaction;
 pub mod workspace;

@@ -4,12 +4,13 @@
 //! readers (rollback, promote, cleanup, inspect) are tested against what a real run stores.
 //!
 //! What it does not do: launch anything through a backend. The command is a `sh -c` script run
-//! between the two scans; its runtime evidence is the default of a backend named `test`.
+//! between the two scans (in the root, or in a copy of it for a private-workspace run); its
+//! runtime evidence is the default of a backend named `test`.
 
 use std::path::Path;
 use std::process::Command;
 
-use crate::backend::RunEvidence;
+use crate::backend::{RunEvidence, WorkspaceMode};
 use crate::fs::{
     diff, scan, BackupRequest, BackupState, Change, IgnoreSource, Manifest, ScanError, ScanOptions,
 };
@@ -55,6 +56,9 @@ pub struct Recording<'a> {
     pub decide: &'a dyn Fn(&Change) -> Action,
     /// Seal the capsule (with the store's default authority) after writing it.
     pub seal: bool,
+    /// A private-workspace run: the root is copied here first, the script runs in the copy, and
+    /// the after-state is the copy's, its files stored as backups (what promote applies).
+    pub workspace: Option<&'a Path>,
 }
 
 impl<'a> Recording<'a> {
@@ -67,12 +71,16 @@ impl<'a> Recording<'a> {
             max_backup_bytes: 10 * 1024 * 1024,
             decide: &|_| Action::Review,
             seal: true,
+            workspace: None,
         }
     }
 
     /// Records the run below `root`: before-scan with backups into the object store, the
     /// script, after-scan, the documents ([`write_run_docs`]), the manifests, the seal.
     pub fn record(&self, root: &Path) -> Result<Capsule, FixtureError> {
+        if let Some(ws) = self.workspace {
+            run_script(root, &format!("cp -a . '{}'", ws.display()))?;
+        }
         let store = Store::open(root)?;
         let capsule = store.create_run(Some(self.id))?;
         let mut opts = ScanOptions::new();
@@ -83,11 +91,23 @@ impl<'a> Recording<'a> {
             });
         }
         let before = scan(root, &opts)?;
-        run_script(root, self.script)?;
         let mut after_opts = ScanOptions::new();
-        after_opts.reuse = Some(&before);
         after_opts.ignore = IgnoreSource::Lines(before.ignore_lines.clone());
-        let after = scan(root, &after_opts)?;
+        let after = match self.workspace {
+            None => {
+                run_script(root, self.script)?;
+                after_opts.reuse = Some(&before);
+                scan(root, &after_opts)?
+            }
+            Some(ws) => {
+                run_script(ws, self.script)?;
+                after_opts.backup = Some(BackupRequest {
+                    sink: store.objects(),
+                    max_file_bytes: self.max_backup_bytes,
+                });
+                scan(ws, &after_opts)?
+            }
+        };
         let policy = Policy::from_yaml_or_json(
             &format!(
                 "version: 1\nrollback:\n  enabled: {}\n",
@@ -99,11 +119,21 @@ impl<'a> Recording<'a> {
             policy,
             source: PolicySource::BuiltIn,
         };
-        write_run_docs(&capsule, &loaded, &before, &after, self.decide)?;
+        let mut run = RunEvidence {
+            backend: "test".into(),
+            ..RunEvidence::default()
+        };
+        if self.workspace.is_some() {
+            run.capabilities.workspace = WorkspaceMode::Private;
+        }
+        write_run_docs(&capsule, &loaded, &before, &after, &run, self.decide)?;
         let before_entries = capsule.write_manifest(Artifact::Before, &before, store.objects())?;
         let after_entries = capsule.write_manifest(Artifact::After, &after, store.objects())?;
         if self.seal {
             let mut objects = stored_objects(&before);
+            objects.extend(stored_objects(&after));
+            objects.sort();
+            objects.dedup();
             objects.extend([before_entries, after_entries]);
             store.objects().sync()?;
             capsule.seal(&objects)?;
@@ -157,19 +187,17 @@ pub fn metadata(run_id: &str, root: &str, backend: &str) -> Metadata {
 
 /// Writes metadata, policy, runtime and result of a finished run as the transaction does (the
 /// same types, the same decision step), then gives each change the decision `decide` returns.
+/// `run` is the backend's evidence (its workspace mode says whether the run was private).
 pub fn write_run_docs(
     capsule: &Capsule,
     loaded: &LoadedPolicy,
     before: &Manifest,
     after: &Manifest,
+    run: &RunEvidence,
     decide: &dyn Fn(&Change) -> Action,
 ) -> Result<RunResult, FixtureError> {
     let policy = &loaded.policy;
     let command = policy.decide_command(std::ffi::OsStr::new("sh"));
-    let run = RunEvidence {
-        backend: "test".into(),
-        ..RunEvidence::default()
-    };
     let frame = RunFrame {
         run_id: capsule.id().to_string(),
         task: None,
@@ -182,8 +210,8 @@ pub fn write_run_docs(
         command_decision: &command,
         before,
         after,
-        run: &run,
-        private_workspace: false,
+        run,
+        private_workspace: run.capabilities.workspace == WorkspaceMode::Private,
         verified_controls: &[],
         capsule_tampered: &[],
     };
@@ -197,7 +225,7 @@ pub fn write_run_docs(
     )?;
     let policy_doc = PolicyDoc::of(loaded).map_err(FixtureError::PolicyDoc)?;
     capsule.write_artifact(Artifact::Policy, &policy_doc)?;
-    capsule.write_artifact(Artifact::Runtime, &RuntimeDoc::launched(&run, &[]))?;
+    capsule.write_artifact(Artifact::Runtime, &RuntimeDoc::launched(run, &[]))?;
     capsule.write_artifact(Artifact::Result, &result)?;
     Ok(result)
 }

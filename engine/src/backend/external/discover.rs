@@ -109,7 +109,7 @@ pub fn describe(plugin: &Plugin) -> Result<External, ExternalError> {
             wire.id, plugin.id
         )));
     }
-    let descriptor = leak_descriptor(&wire).map_err(bad)?;
+    let descriptor = leak_descriptor(&wire).map_err(|e| bad(e.to_string()))?;
     Ok(External {
         plugin: plugin.clone(),
         descriptor,
@@ -121,7 +121,16 @@ fn leak(s: &str) -> &'static str {
     Box::leak(s.to_string().into_boxed_str())
 }
 
-fn option_kind(kind: &str, choices: &[String]) -> Result<OptionKind, String> {
+/// Why a plugin's descriptor cannot be registered.
+#[derive(Debug, thiserror::Error)]
+enum DescriptorProblem {
+    #[error("option type `{0}` is not one the protocol defines")]
+    OptionType(String),
+    #[error("option name `{0}` is not lowercase ASCII with `-`")]
+    OptionName(String),
+}
+
+fn option_kind(kind: &str, choices: &[String]) -> Result<OptionKind, DescriptorProblem> {
     Ok(match kind {
         "text" => OptionKind::Text,
         "path" => OptionKind::Path,
@@ -132,22 +141,15 @@ fn option_kind(kind: &str, choices: &[String]) -> Result<OptionKind, String> {
             let words: Vec<&'static str> = choices.iter().map(|c| leak(c)).collect();
             OptionKind::Choice(Box::leak(words.into_boxed_slice()))
         }
-        other => {
-            return Err(format!(
-                "option type `{other}` is not one the protocol defines"
-            ))
-        }
+        other => return Err(DescriptorProblem::OptionType(other.to_string())),
     })
 }
 
-fn leak_descriptor(wire: &WireDescriptor) -> Result<&'static BackendDescriptor, String> {
+fn leak_descriptor(wire: &WireDescriptor) -> Result<&'static BackendDescriptor, DescriptorProblem> {
     let mut options = Vec::new();
     for o in &wire.options {
         if !crate::backend::registry::valid_id(&o.name) {
-            return Err(format!(
-                "option name `{}` is not lowercase ASCII with `-`",
-                o.name
-            ));
+            return Err(DescriptorProblem::OptionName(o.name.clone()));
         }
         let mut spec = OptionSpec::new(
             leak(&o.name),

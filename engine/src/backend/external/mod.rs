@@ -29,7 +29,7 @@ pub use client::ExternalBackend;
 pub use discover::{describe, scan_path, External, EXECUTABLE_PREFIX};
 pub use serve::serve;
 pub use session::{Plugin, PluginStdio, Session, Timeouts};
-pub use verify::{verify_descendant, Parentage};
+pub use verify::{verify_descendant, NotDescendant, Parentage};
 
 /// Errors talking to a plugin. Each names the plugin's id and path.
 #[derive(Debug, thiserror::Error)]

@@ -16,28 +16,45 @@ pub enum Parentage {
 /// How many parent links are followed before giving up (a wrapper chain is short).
 const MAX_DEPTH: usize = 64;
 
+/// Why a reported process is not accepted as the plugin's launched command.
+#[derive(Debug, thiserror::Error)]
+pub enum NotDescendant {
+    #[error("that is the plugin process itself")]
+    PluginItself,
+    #[error("pid {0} is never a launched command")]
+    NeverCommand(u32),
+    #[error("its identity cannot be read ({0})")]
+    Unreadable(#[source] ProcessError),
+    #[error(
+        "the process with that pid started at tick {actual}, not at the reported tick {reported}"
+    )]
+    StartTime { actual: u64, reported: u64 },
+    #[error("it is not a descendant of the plugin process (pid {0})")]
+    NotBelow(u32),
+}
+
 /// Check that `pid`, started at `start_time_ticks`, descends from `ancestor`. `Err` says why not.
 pub fn verify_descendant(
     pid: u32,
     start_time_ticks: u64,
     ancestor: u32,
-) -> Result<Parentage, String> {
+) -> Result<Parentage, NotDescendant> {
     if pid == ancestor {
-        return Err("that is the plugin process itself".into());
+        return Err(NotDescendant::PluginItself);
     }
     if pid <= 1 {
-        return Err(format!("pid {pid} is never a launched command"));
+        return Err(NotDescendant::NeverCommand(pid));
     }
     let stat = match read_stat(pid) {
         Ok(s) => s,
         Err(ProcessError::NoSuchProcess(_)) => return Ok(Parentage::Ended),
-        Err(e) => return Err(format!("its identity cannot be read ({e})")),
+        Err(e) => return Err(NotDescendant::Unreadable(e)),
     };
     if stat.start_time_ticks != start_time_ticks {
-        return Err(format!(
-            "the process with that pid started at tick {}, not at the reported tick {start_time_ticks}",
-            stat.start_time_ticks
-        ));
+        return Err(NotDescendant::StartTime {
+            actual: stat.start_time_ticks,
+            reported: start_time_ticks,
+        });
     }
     let mut current = stat.ppid;
     for _ in 0..MAX_DEPTH {
@@ -52,9 +69,7 @@ pub fn verify_descendant(
             Err(_) => break,
         };
     }
-    Err(format!(
-        "it is not a descendant of the plugin process (pid {ancestor})"
-    ))
+    Err(NotDescendant::NotBelow(ancestor))
 }
 
 #[cfg(test)]
@@ -70,21 +85,26 @@ mod tests {
         let pid = child.id();
         let start = read_stat(pid).unwrap().start_time_ticks;
         let me = std::process::id();
-        assert_eq!(verify_descendant(pid, start, me), Ok(Parentage::Verified));
+        assert_eq!(
+            verify_descendant(pid, start, me).unwrap(),
+            Parentage::Verified
+        );
         // Right pid, wrong start time: a reused pid.
         assert!(verify_descendant(pid, start + 1, me)
             .unwrap_err()
+            .to_string()
             .contains("started at tick"));
         // Our own parent is not our descendant.
         let parent = read_stat(me).unwrap().ppid;
         let pstart = read_stat(parent).unwrap().start_time_ticks;
         assert!(verify_descendant(parent, pstart, me)
             .unwrap_err()
+            .to_string()
             .contains("not a descendant"));
         assert!(verify_descendant(me, 0, me).is_err());
         assert!(verify_descendant(1, 0, me).is_err());
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(verify_descendant(pid, start, me), Ok(Parentage::Ended));
+        assert_eq!(verify_descendant(pid, start, me).unwrap(), Parentage::Ended);
     }
 }
