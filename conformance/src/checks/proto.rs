@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentdiff_engine::backend::external::protocol::PROTOCOL_VERSION;
-use agentdiff_engine::backend::external::{Plugin, PluginStdio, Session};
+use agentdiff_engine::backend::external::{ExternalError, Plugin, PluginStdio, Session};
 use serde_json::{json, Value};
 
 use super::{scratch_failure, stage_failure};
@@ -31,8 +31,22 @@ fn schema_errors(response: &Value) -> Vec<String> {
 }
 
 /// Start the plugin, send `requests` in order, and collect one response per request.
-fn exchange(plugin: &Plugin, requests: &[Value]) -> Result<Vec<Value>, String> {
-    let mut session = Session::start_raw(plugin, PluginStdio::Quiet).map_err(|e| e.to_string())?;
+/// Why an exchange with a plugin stopped.
+#[derive(Debug, thiserror::Error)]
+enum ExchangeError {
+    #[error("{0}")]
+    Start(#[source] ExternalError),
+    #[error("after {request}: {source}")]
+    After {
+        request: Value,
+        #[source]
+        source: ExternalError,
+    },
+}
+
+fn exchange(plugin: &Plugin, requests: &[Value]) -> Result<Vec<Value>, ExchangeError> {
+    let mut session =
+        Session::start_raw(plugin, PluginStdio::Quiet).map_err(ExchangeError::Start)?;
     let mut answers = Vec::new();
     for request in requests {
         let answer = session
@@ -40,9 +54,12 @@ fn exchange(plugin: &Plugin, requests: &[Value]) -> Result<Vec<Value>, String> {
             .and_then(|()| session.receive_value(ANSWER));
         match answer {
             Ok(v) => answers.push(v),
-            Err(e) => {
+            Err(source) => {
                 session.kill();
-                return Err(format!("after {request}: {e}"));
+                return Err(ExchangeError::After {
+                    request: request.clone(),
+                    source,
+                });
             }
         }
     }
@@ -68,7 +85,7 @@ pub async fn handshake(ctx: Arc<Ctx>) -> Finding {
     ];
     let answers = match blocking(move || exchange(&plugin, &requests)).await {
         Some(Ok(a)) => a,
-        Some(Err(e)) => return Finding::fail(e, Value::Null),
+        Some(Err(e)) => return Finding::fail(e.to_string(), Value::Null),
         None => return Finding::fail("the exchange did not complete", Value::Null),
     };
     let mut problems: Vec<String> = answers.iter().flat_map(schema_errors).collect();
@@ -99,10 +116,16 @@ pub async fn version_mismatch(ctx: Arc<Ctx>) -> Finding {
     let answers = match blocking(move || exchange(&plugin, &requests)).await {
         Some(Ok(a)) => a,
         // Closing the channel without a word is a refusal too, if an unhelpful one.
-        Some(Err(e)) if e.contains("exited") => {
-            return Finding::pass(json!({"closed": e}));
+        Some(Err(
+            e @ (ExchangeError::Start(ExternalError::Died { .. })
+            | ExchangeError::After {
+                source: ExternalError::Died { .. },
+                ..
+            }),
+        )) => {
+            return Finding::pass(json!({"closed": e.to_string()}));
         }
-        Some(Err(e)) => return Finding::fail(e, Value::Null),
+        Some(Err(e)) => return Finding::fail(e.to_string(), Value::Null),
         None => return Finding::fail("the exchange did not complete", Value::Null),
     };
     let answer = &answers[0];
@@ -133,7 +156,7 @@ pub async fn unknown_request(ctx: Arc<Ctx>) -> Finding {
     ];
     let answers = match blocking(move || exchange(&plugin, &requests)).await {
         Some(Ok(a)) => a,
-        Some(Err(e)) => return Finding::fail(e, Value::Null),
+        Some(Err(e)) => return Finding::fail(e.to_string(), Value::Null),
         None => return Finding::fail("the exchange did not complete", Value::Null),
     };
     let mut problems: Vec<String> = answers.iter().flat_map(schema_errors).collect();

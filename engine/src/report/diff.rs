@@ -142,7 +142,7 @@ impl<'a> DiffSource<'a> {
     }
 
     /// One side's bytes: empty when absent.
-    fn side(&self, entry: Option<&Entry>, path: &str, after: bool) -> Result<Vec<u8>, String> {
+    fn side(&self, entry: Option<&Entry>, path: &str, after: bool) -> Result<Vec<u8>, NoSide> {
         let Some(e) = entry else {
             return Ok(Vec::new());
         };
@@ -150,22 +150,21 @@ impl<'a> DiffSource<'a> {
             return Ok(Vec::new());
         }
         if e.size > MAX_PREVIEW_BYTES {
-            return Err(NoPreview::TooLarge.describe().into());
+            return Err(NoSide::TooLarge);
         }
         let Some(sha) = e.sha256.as_deref() else {
-            return Err("its content was not hashed".into());
+            return Err(NoSide::NotHashed);
         };
         if matches!(e.backup, BackupState::Stored) {
             return self
                 .objects
                 .read_verified(sha, MAX_PREVIEW_BYTES)
-                .map_err(|err| format!("the stored copy cannot be read ({err})"));
+                .map_err(NoSide::Unreadable);
         }
         if !after {
-            return Err("no copy was kept (rollback backups were off or skipped)".into());
+            return Err(NoSide::NoCopy);
         }
-        self.read_worktree(path, sha)
-            .ok_or_else(|| "the file has changed or gone since the run".into())
+        self.read_worktree(path, sha).ok_or(NoSide::Gone)
     }
 
     /// The working tree's file at `path` if it is a regular file whose content hashes to `sha`.
@@ -185,4 +184,19 @@ impl<'a> DiffSource<'a> {
             .ok()?;
         (hex::encode(Sha256::digest(&buf)) == sha).then_some(buf)
     }
+}
+
+/// Why one side of a change has no bytes to show.
+#[derive(Debug, thiserror::Error)]
+enum NoSide {
+    #[error("{}", NoPreview::TooLarge.describe())]
+    TooLarge,
+    #[error("its content was not hashed")]
+    NotHashed,
+    #[error("the stored copy cannot be read ({0})")]
+    Unreadable(#[source] crate::store::StoreError),
+    #[error("no copy was kept (rollback backups were off or skipped)")]
+    NoCopy,
+    #[error("the file has changed or gone since the run")]
+    Gone,
 }

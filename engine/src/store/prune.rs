@@ -121,7 +121,7 @@ impl Store {
         }
         match marked {
             Ok(marked) => self.sweep(&marked, dry_run, &mut report)?,
-            Err(why) => report.sweep_skipped = Some(why),
+            Err(why) => report.sweep_skipped = Some(why.to_string()),
         }
         Ok(report)
     }
@@ -149,7 +149,7 @@ impl Store {
     }
 
     /// Every object the runs reference, or why that cannot be known.
-    fn mark(&self, runs: &[Candidate]) -> Result<BTreeSet<String>, String> {
+    fn mark(&self, runs: &[Candidate]) -> Result<BTreeSet<String>, Unmarked> {
         let mut marked = BTreeSet::new();
         for run in runs {
             let found = self.open_run(run.id.as_str()).and_then(|capsule| {
@@ -161,12 +161,11 @@ impl Store {
             });
             match found {
                 Ok(objects) => marked.extend(objects),
-                Err(e) => {
-                    return Err(format!(
-                        "the objects run '{}' references cannot be read ({e}); no object was \
-                         removed — verify or remove that run, then prune again",
-                        run.id
-                    ))
+                Err(source) => {
+                    return Err(Unmarked {
+                        run_id: run.id.to_string(),
+                        source,
+                    })
                 }
             }
         }
@@ -244,4 +243,16 @@ fn dir_bytes(dir: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// A run whose referenced objects cannot be read: nothing may be swept.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the objects run '{run_id}' references cannot be read ({source}); no object was removed — \
+     verify or remove that run, then prune again"
+)]
+struct Unmarked {
+    run_id: String,
+    #[source]
+    source: StoreError,
 }
