@@ -561,7 +561,10 @@ mod tests {
         assert!(message.contains("doctor"), "{message}");
         assert!(!e.capabilities.sandboxed);
         let w: BwrapFacts = e.wrapper.unwrap().decode().unwrap();
-        assert_eq!(w.start.unwrap().exit_attribution, "wrapper");
+        assert_eq!(
+            w.start.unwrap().exit_attribution,
+            agentdiff_engine::process::exec_shim::ExitBy::Wrapper
+        );
     }
 
     #[test]

@@ -569,7 +569,10 @@ mod tests {
         let w: SrtFacts = e.wrapper.unwrap().decode().unwrap();
         let start = w.start.unwrap();
         assert!(!start.command_started);
-        assert_eq!(start.exit_attribution, "wrapper");
+        assert_eq!(
+            start.exit_attribution,
+            agentdiff_engine::process::exec_shim::ExitBy::Wrapper
+        );
         assert_eq!(e.enforcement, ENFORCEMENT);
     }
 
@@ -584,7 +587,10 @@ mod tests {
         assert_eq!(w["command_started"], true);
         assert_eq!(w["kind"], "srt");
         let start = w.decode::<SrtFacts>().unwrap().start.unwrap();
-        assert_eq!(start.exit_attribution, "command");
+        assert_eq!(
+            start.exit_attribution,
+            agentdiff_engine::process::exec_shim::ExitBy::Command
+        );
         assert_eq!(e.exit.code, Some(1));
     }
 

@@ -213,7 +213,7 @@ fn serde_names<T: serde::Serialize>(all: &[T]) -> Vec<String> {
 }
 
 #[test]
-fn the_runtime_schema_lists_exactly_the_tracking_and_cleanup_labels() {
+fn the_runtime_schema_lists_exactly_the_tracking_cleanup_and_exec_labels() {
     use agentdiff_engine::backend::{CleanupMechanism as C, Tracking as T};
     let tracking = [
         T::Untracked,
@@ -237,5 +237,15 @@ fn the_runtime_schema_lists_exactly_the_tracking_and_cleanup_labels() {
     assert_eq!(
         serde_names(&cleanup),
         schema_enum("/properties/cleanup/properties/mechanism/enum")
+    );
+    use agentdiff_engine::process::exec_log::ExecMechanism as E;
+    // A new variant stops this from compiling until it is listed here and in the schema.
+    let _all = |e: E| match e {
+        E::CnProc | E::ProcPoll | E::None => (),
+    };
+    let execs = [E::CnProc, E::ProcPoll, E::None];
+    assert_eq!(
+        serde_names(&execs),
+        schema_enum("/properties/execs/properties/mechanism/enum")
     );
 }

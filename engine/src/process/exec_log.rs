@@ -72,11 +72,23 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// How a run's execs were observed (`execs.mechanism` in runtime.json).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecMechanism {
+    /// The kernel's process-events connector: every exec, as it happens.
+    CnProc,
+    /// Polling /proc: an exec replaced within one poll interval can be missed.
+    ProcPoll,
+    /// Not observed (a backend that does not observe execs).
+    None,
+}
+
 /// The exec log of a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecEvidence {
-    /// `cn_proc`, `proc_poll`, or `none` (a backend that does not observe execs).
-    pub mechanism: String,
+    /// How execs were observed.
+    pub mechanism: ExecMechanism,
     /// What this mechanism can miss.
     pub note: String,
     pub events: Vec<ExecEvent>,
@@ -92,7 +104,7 @@ impl Default for ExecEvidence {
     /// What a backend that does not observe execs reports (and what older capsules read as).
     fn default() -> Self {
         ExecEvidence {
-            mechanism: "none".into(),
+            mechanism: ExecMechanism::None,
             note: "execs were not observed".into(),
             events: Vec::new(),
             dropped: 0,
@@ -190,7 +202,7 @@ impl ExecPoller {
 
     pub fn finish(self) -> ExecEvidence {
         ExecEvidence {
-            mechanism: "proc_poll".into(),
+            mechanism: ExecMechanism::ProcPoll,
             note: POLL_NOTE.into(),
             events: self.events,
             dropped: self.dropped,
@@ -305,7 +317,7 @@ impl ExecObserver {
             ExecObserver::CnProc(l) => {
                 let s = l.finish();
                 ExecEvidence {
-                    mechanism: "cn_proc".into(),
+                    mechanism: ExecMechanism::CnProc,
                     note: CN_PROC_NOTE.into(),
                     events: s.execs,
                     dropped: s.dropped,

@@ -235,16 +235,39 @@ impl StartState {
     }
 
     /// Stable label for evidence.
-    pub fn label(&self) -> &'static str {
+    pub fn label(&self) -> StartLabel {
         match self {
-            StartState::NotStarted => "not_started",
-            StartState::Started { .. } => "started",
-            StartState::ExecFailed { .. } => "exec_failed",
-            StartState::ArgcMismatch { .. } => "argc_mismatch",
-            StartState::ArgvAltered { .. } => "argv_altered",
-            StartState::Garbled { .. } => "garbled",
+            StartState::NotStarted => StartLabel::NotStarted,
+            StartState::Started { .. } => StartLabel::Started,
+            StartState::ExecFailed { .. } => StartLabel::ExecFailed,
+            StartState::ArgcMismatch { .. } => StartLabel::ArgcMismatch,
+            StartState::ArgvAltered { .. } => StartLabel::ArgvAltered,
+            StartState::Garbled { .. } => StartLabel::Garbled,
         }
     }
+}
+
+/// [`StartState`] without its details, as evidence records it (`start_state` in a wrapping
+/// backend's section of runtime.json).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartLabel {
+    NotStarted,
+    Started,
+    ExecFailed,
+    ArgcMismatch,
+    ArgvAltered,
+    Garbled,
+}
+
+/// Whose exit the run's exit code is (`exit_attribution` in runtime.json).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitBy {
+    /// The shim marked the start: the exit is the command's.
+    Command,
+    /// No start mark: the exit is the wrapper's own (a setup failure).
+    Wrapper,
 }
 
 /// Host side of the marker: a FIFO created before launch and held open for reading, so the
@@ -449,8 +472,8 @@ fn open_marker(marker: &Path) -> std::io::Result<std::fs::File> {
 pub struct Attribution {
     /// The shim marked the start (the command ran, or its `exec` failed).
     pub started: bool,
-    /// `command` when the exit is the command's, `wrapper` when it is the wrapper's own.
-    pub by: &'static str,
+    /// Whose exit the run's exit code is.
+    pub by: ExitBy,
 }
 
 /// Put the start state on the evidence: the exit is the command's only when the shim marked the
@@ -480,11 +503,11 @@ pub fn attribute_exit(
         };
     let command = Attribution {
         started: true,
-        by: "command",
+        by: ExitBy::Command,
     };
     let wrapper = Attribution {
         started: false,
-        by: "wrapper",
+        by: ExitBy::Wrapper,
     };
     match state {
         StartState::Started { argc } => {

@@ -21,7 +21,8 @@ use crate::backend::{
     BackendError, LaunchContext, LaunchFacts, PreparedLaunch, RunEvidence, RunningCommand,
 };
 use crate::process::exec_shim::{
-    self, Attribution, MarkerError, StartMarker, StartState, ENV_ARGV_DIGEST, ENV_TTY_GUARD,
+    self, Attribution, ExitBy, MarkerError, StartLabel, StartMarker, StartState, ENV_ARGV_DIGEST,
+    ENV_TTY_GUARD,
 };
 use crate::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 
@@ -73,9 +74,9 @@ pub struct StartFacts {
     /// The shim marks the start only after the argv count and digest matched.
     pub argv_verified: bool,
     /// [`StartState::label`].
-    pub start_state: String,
-    /// `command` or `wrapper`: whose exit the run's exit code is.
-    pub exit_attribution: String,
+    pub start_state: StartLabel,
+    /// Whose exit the run's exit code is.
+    pub exit_attribution: ExitBy,
 }
 
 impl StartFacts {
@@ -83,8 +84,8 @@ impl StartFacts {
         StartFacts {
             command_started: attribution.started,
             argv_verified: attribution.started,
-            start_state: state.label().to_owned(),
-            exit_attribution: attribution.by.to_owned(),
+            start_state: state.label(),
+            exit_attribution: attribution.by,
         }
     }
 }
