@@ -65,9 +65,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .then(|| SealAuthority::open(&state, &root.path))
         .transpose()
         .map_err(|e| exit::with_code(exit::INTERNAL, e))?;
+    // Only runs whose seal authenticates here are removed; the others are evidence and stay.
+    let (ctx, _) = super::verify::context(&root.path);
     let lock = super::lock_store(&store, args.wait)?;
     let report = store
-        .prune_runs(&lock, selection, args.dry_run, authority.as_ref())
+        .prune_runs(&lock, selection, args.dry_run, &ctx, authority.as_ref())
         .map_err(|e| exit::with_code(exit::INTERNAL, e))?;
     match args.format {
         super::inspect::Format::Json => outln!(
@@ -94,6 +96,14 @@ fn render(r: &PruneRunsReport) {
             "kept run {} although selected: it has no seal (see agentdiff inspect {0}, agentdiff \
              cleanup {0})",
             escape_terminal(id)
+        );
+    }
+    for run in &r.unverified_kept {
+        outln!(
+            "kept run {} although selected: its seal does not authenticate here ({}) — see \
+             agentdiff verify {0}; remove its directory by hand if you mean to",
+            escape_terminal(&run.id),
+            escape_terminal(run.problem.as_deref().unwrap_or("not authenticated"))
         );
     }
     outln!(

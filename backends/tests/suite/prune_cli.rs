@@ -206,3 +206,50 @@ fn prune_needs_exactly_one_selection() {
     }
     assert_eq!(runs(p.path()), vec!["r1"]);
 }
+
+/// A run whose seal is broken (edited after sealing) or does not authenticate under this user's
+/// key is evidence: prune keeps it, says why, and removes only what authenticates.
+#[test]
+fn runs_whose_seal_does_not_authenticate_here_are_kept() {
+    let p = project_with_runs(&["r1", "r2", "r3"]);
+    // The command of a later run (or anyone) edits r1's evidence after it was sealed.
+    fs::write(p.path().join(".agentdiff/runs/r1/before.json"), "{}\n").unwrap();
+    let (code, report) = prune(p.path(), &["--keep", "1"]);
+    assert_eq!(code, 0);
+    assert_eq!(removed(&report), vec!["r2"], "{report:#}");
+    assert_eq!(report["unverified_kept"][0]["id"], "r1", "{report:#}");
+    assert!(
+        report["unverified_kept"][0]["problem"].is_string(),
+        "{report:#}"
+    );
+    assert_eq!(runs(p.path()), vec!["r1", "r3"]);
+    let summary = super::text(&agentdiff(p.path(), &["runs", "prune", "--keep", "1"]).stdout);
+    assert!(
+        summary.contains("kept run r1 although selected: its seal does not authenticate"),
+        "{summary}"
+    );
+
+    // Under another user's state directory nothing authenticates, so nothing is removed.
+    let other = tempfile::tempdir().unwrap();
+    fs::set_permissions(
+        other.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let out = cmd(
+        p.path(),
+        &["runs", "prune", "--format", "json", "--keep", "0"],
+    )
+    .env("AGENTDIFF_STATE_DIR", other.path())
+    .output()
+    .unwrap();
+    assert_exit(&out, 0);
+    let report = json_of(&out);
+    assert!(removed(&report).is_empty(), "{report:#}");
+    assert_eq!(
+        report["unverified_kept"].as_array().unwrap().len(),
+        2,
+        "{report:#}"
+    );
+    assert_eq!(runs(p.path()), vec!["r1", "r3"]);
+}

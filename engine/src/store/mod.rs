@@ -59,7 +59,7 @@ pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
 pub use manifest::{ManifestObject, MANIFEST_SCHEMA_VERSION};
 pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome};
 pub use previous::PreviousScan;
-pub use prune::{PruneRunsReport, PruneSelection, PrunedRun};
+pub use prune::{PruneRunsReport, PruneSelection, PrunedRun, UnverifiedRun};
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
 pub use tree::{TreeWrite, MAX_TREE_ENTRIES, TREE_FORMAT};
 

@@ -5,6 +5,8 @@
 //! - it runs only under the store lock ([`StoreLock`] is a parameter), so no `run`, `rollback` or
 //!   `promote` of this project adds objects or capsules meanwhile;
 //! - only sealed runs are removed; an unsealed run (interrupted, or being recovered) is kept;
+//! - only runs whose seal authenticates under this user's key and ledger are removed: a run whose
+//!   seal is broken, forged or cannot be authenticated here is evidence to look at, and stays;
 //! - the mark covers every remaining run: what its seal lists and everything below its manifests'
 //!   trees (tree objects and backups). If any remaining run's references cannot be read, nothing
 //!   is swept (the report says which run), so an object a remaining run needs is never removed;
@@ -22,7 +24,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::seal::SealAuthority;
+use super::seal::{SealAuthority, VerifyContext};
+use super::Verdict;
 use super::{Artifact, Capsule, RunId, Store, StoreError, StoreLock};
 
 /// Which runs to remove.
@@ -43,6 +46,15 @@ pub struct PrunedRun {
     pub bytes: u64,
 }
 
+/// A selected run a prune kept because its seal does not authenticate under this user's key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnverifiedRun {
+    pub id: String,
+    pub verdict: Option<Verdict>,
+    /// The first problem `verify` found, or why it could not run.
+    pub problem: Option<String>,
+}
+
 /// What a prune did (or, with `dry_run`, would do).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PruneRunsReport {
@@ -51,6 +63,8 @@ pub struct PruneRunsReport {
     pub runs_kept: usize,
     /// Selected runs that were kept because they have no seal.
     pub unsealed_kept: Vec<String>,
+    /// Selected runs that were kept because their seal does not authenticate here, and why.
+    pub unverified_kept: Vec<UnverifiedRun>,
     pub objects_removed: usize,
     pub objects_kept: usize,
     pub object_bytes_freed: u64,
@@ -68,13 +82,15 @@ struct Candidate {
 }
 
 impl Store {
-    /// Removes the runs `selection` names (sealed ones only) and the objects no remaining run
-    /// references. `authority` records each removed run in the ledger as pruned.
+    /// Removes the runs `selection` names (sealed ones that authenticate under `ctx` only) and
+    /// the objects no remaining run references. `authority` records each removed run in the
+    /// ledger as pruned.
     pub fn prune_runs(
         &self,
         _lock: &StoreLock,
         selection: PruneSelection,
         dry_run: bool,
+        ctx: &VerifyContext,
         authority: Option<&SealAuthority>,
     ) -> Result<PruneRunsReport, StoreError> {
         let mut runs = self.prune_candidates()?;
@@ -93,13 +109,16 @@ impl Store {
         };
         let (mut remove, mut keep) = (Vec::new(), Vec::new());
         for (i, run) in runs.into_iter().enumerate() {
-            if selected(i, &run) && run.sealed {
-                remove.push(run);
-            } else {
-                if selected(i, &run) {
-                    report.unsealed_kept.push(run.id.to_string());
-                }
+            if !selected(i, &run) {
                 keep.push(run);
+            } else if !run.sealed {
+                report.unsealed_kept.push(run.id.to_string());
+                keep.push(run);
+            } else if let Some(unverified) = self.unauthenticated(&run.id, ctx) {
+                report.unverified_kept.push(unverified);
+                keep.push(run);
+            } else {
+                remove.push(run);
             }
         }
         report.runs_kept = keep.len();
@@ -124,6 +143,29 @@ impl Store {
             Err(why) => report.sweep_skipped = Some(why.to_string()),
         }
         Ok(report)
+    }
+
+    /// `None` when the run's seal is intact and authenticates under `ctx`; otherwise why not.
+    fn unauthenticated(&self, id: &RunId, ctx: &VerifyContext) -> Option<UnverifiedRun> {
+        let report = self
+            .open_run(id.as_str())
+            .and_then(|capsule| capsule.verify_with(self.objects(), ctx));
+        let (verdict, problem) = match report {
+            Ok(r) if r.ok && r.verdict == Verdict::Authenticated => return None,
+            Ok(r) => (
+                Some(r.verdict),
+                r.problems
+                    .first()
+                    .map(|p| format!("{}: {}", p.subject, p.problem))
+                    .or_else(|| r.notes.first().cloned()),
+            ),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Some(UnverifiedRun {
+            id: id.to_string(),
+            verdict,
+            problem,
+        })
     }
 
     fn prune_candidates(&self) -> Result<Vec<Candidate>, StoreError> {
