@@ -46,9 +46,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut registry =
         Registry::from_inventory().context("could not build the backend registry")?;
-    let descriptor = registry
-        .resolve(&args.runtime)
-        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let descriptor = super::resolve_backend(&mut registry, &args.runtime)?;
     let backend_options = crate::cli::doctor::parse_options(&args.backend_option)?;
     descriptor
         .validate_options(&backend_options)

@@ -153,6 +153,23 @@ pub fn project_root(
     Ok(root)
 }
 
+/// The backend `id`, built in or a plugin on `PATH`. An id nobody serves, or one two plugins
+/// claim, is a usage error (64); a plugin that is there but cannot be described (it exits, hangs,
+/// or answers out of protocol) is an unavailable backend (69).
+pub fn resolve_backend(
+    registry: &mut agentdiff_engine::backend::Registry,
+    id: &str,
+) -> anyhow::Result<&'static agentdiff_engine::backend::BackendDescriptor> {
+    use agentdiff_engine::backend::RegistryError;
+    registry.resolve(id).map_err(|e| {
+        let code = match e {
+            RegistryError::External(_) => crate::exit::BACKEND_UNAVAILABLE,
+            _ => crate::exit::USAGE,
+        };
+        crate::exit::with_code(code, e)
+    })
+}
+
 /// Takes the project lock (`.agentdiff/lock`) for a command that writes the tree or the store:
 /// another `run`, `rollback` or `promote` in the same root is refused (exit 75) or, with
 /// `--wait`, waited for with a message.

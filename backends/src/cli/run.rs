@@ -307,9 +307,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("no runtime backend chosen and none is the default")?;
     // A built-in backend, or the `agentdiff-backend-<id>` plugin on PATH. Nothing is written
     // before this succeeds: an unknown id leaves no capsule behind.
-    let descriptor = registry
-        .resolve(&runtime)
-        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let descriptor = super::resolve_backend(&mut registry, &runtime)?;
     let backend = registry
         .create(descriptor.id)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;

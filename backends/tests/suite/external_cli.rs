@@ -604,3 +604,30 @@ fn a_group_interrupt_is_forwarded_to_the_command_through_both_external_backends(
         assert_eq!(r["runtime"]["exit"]["interrupted_by"], 2, "{id}: {r:#}");
     }
 }
+
+/// A plugin that is on PATH but cannot be described — it exits at once, or answers garbage —
+/// is an unavailable backend (69), not a usage error, and the run writes no capsule.
+#[test]
+fn a_plugin_that_cannot_be_described_is_an_unavailable_backend() {
+    use std::os::unix::fs::PermissionsExt;
+    let plugins = PluginDir::new();
+    for (id, body) in [
+        ("quits", "#!/bin/sh\nexit 3\n"),
+        ("babbles", "#!/bin/sh\necho 'not json' >&4\nsleep 5\n"),
+    ] {
+        let p = plugins.path().join(format!("agentdiff-backend-{id}"));
+        fs::write(&p, body).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        let project = tempfile::tempdir().unwrap();
+        let path = path_with(&[plugins.path()]);
+        let out = agentdiff_on(
+            &path,
+            project.path(),
+            &["run", "--runtime", id, "--", "true"],
+        );
+        assert_exit(&out, 69);
+        let err = text(&out.stderr);
+        assert!(err.contains(&format!("external backend `{id}`")), "{err}");
+        assert!(!project.path().join(".agentdiff").exists(), "{id}");
+    }
+}
