@@ -148,24 +148,12 @@ impl Session {
 
     /// Send any JSON value as one message (protocol checks send what agentdiff never would).
     pub fn send_value(&mut self, value: &serde_json::Value) -> Result<(), ExternalError> {
-        let writer = self
-            .writer
-            .as_mut()
-            .ok_or_else(|| ExternalError::Protocol {
-                id: self.plugin.id.clone(),
-                path: self.plugin.path.clone(),
-                message: "the request channel is already closed".into(),
-            })?;
-        write_message(writer, value).map_err(|e| self.wire(e))
+        self.write(value)
     }
 
     /// The next message as plain JSON, whatever its type (for checking it against the schema).
     pub fn receive_value(&mut self, timeout: Duration) -> Result<serde_json::Value, ExternalError> {
-        let mut reader = self.reader.take().ok_or_else(|| ExternalError::Protocol {
-            id: self.plugin.id.clone(),
-            path: self.plugin.path.clone(),
-            message: "the response channel is already closed".into(),
-        })?;
+        let mut reader = self.take_reader()?;
         let child = self.child.clone();
         let result = reader.read_message(Some(timeout), || {
             try_wait(&child).map(|_| WireError::Closed)
@@ -201,25 +189,28 @@ impl Session {
     }
 
     pub fn send(&mut self, request: &Request) -> Result<(), ExternalError> {
-        let writer = self
-            .writer
-            .as_mut()
-            .ok_or_else(|| ExternalError::Protocol {
-                id: self.plugin.id.clone(),
-                path: self.plugin.path.clone(),
-                message: "the request channel is already closed".into(),
-            })?;
-        write_message(writer, request).map_err(|e| self.wire(e))
+        self.write(request)
+    }
+
+    /// One message on the request channel, typed or not.
+    fn write<T: serde::Serialize>(&mut self, message: &T) -> Result<(), ExternalError> {
+        let Some(writer) = self.writer.as_mut() else {
+            return Err(self.violation("the request channel is already closed".into()));
+        };
+        write_message(writer, message).map_err(|e| self.wire(e))
+    }
+
+    /// The reading half, lent out for one read (the caller puts it back).
+    fn take_reader(&mut self) -> Result<LineReader, ExternalError> {
+        self.reader
+            .take()
+            .ok_or_else(|| self.violation("the response channel is already closed".into()))
     }
 
     /// The next response, within `timeout` (`None`: no deadline, but a dead plugin still ends
     /// the wait).
     pub fn receive(&mut self, timeout: Option<Duration>) -> Result<Response, ExternalError> {
-        let mut reader = self.reader.take().ok_or_else(|| ExternalError::Protocol {
-            id: self.plugin.id.clone(),
-            path: self.plugin.path.clone(),
-            message: "the response channel is already closed".into(),
-        })?;
+        let mut reader = self.take_reader()?;
         let result = read_response(&mut reader, &self.child, timeout);
         self.reader = Some(reader);
         result.map_err(|e| self.wire(e))
