@@ -24,7 +24,7 @@ this user's ledger disagrees; each problem is named); unsealed.\n\n\
 The key and ledger are read from $AGENTDIFF_STATE_DIR, else $XDG_STATE_HOME/agentdiff, else the \
 XDG default state directory below $HOME. A command that ran unconfined as you could read the key: \
 see docs/security-model.md for what each backend hides.\n\n\
-Exit codes: 0 authenticated; 75 intact but not authenticated; 67 forged or unsealed (or, with \
+Exit codes: 0 authenticated; 77 intact but not authenticated; 67 forged or unsealed (or, with \
 --all, a run the ledger records is missing); 66 no such run."
 )]
 pub struct Args {

@@ -30,7 +30,7 @@ use crate::transaction::ChangeRecord;
 
 use super::diff::{ChangeDiff, DiffBody};
 use super::evidence::{cleanup_word, port_owner, process_tree, PortOwner, ProcessRow};
-use super::{Recovery, RunView};
+use super::{runtime_line, Recovery, RunView};
 
 /// The one escaping function for HTML text and quoted attribute values.
 pub fn escape(text: &str) -> String {
@@ -190,21 +190,7 @@ fn header(s: &mut String, v: &RunView) {
         let _ = writeln!(s, "<p><strong>Error:</strong> {}</p>", escape(err));
     }
     let backend = match &r.runtime {
-        Some(rt) => format!(
-            "{} · enforcement {} · {} · network {}",
-            escape(&rt.backend),
-            rt.enforcement.as_str(),
-            if rt.sandboxed {
-                "sandboxed"
-            } else {
-                "not sandboxed"
-            },
-            if rt.network_enforcement {
-                "blocked"
-            } else {
-                "not blocked"
-            }
-        ),
+        Some(rt) => runtime_line(rt, escape),
         None => format!(
             "{} — not launched",
             escape(v.backend.as_deref().unwrap_or("none"))

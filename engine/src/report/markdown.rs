@@ -18,7 +18,7 @@ use crate::policy::Action;
 use crate::redact::escape_terminal;
 use crate::transaction::ChangeRecord;
 
-use super::{Recovery, RunView};
+use super::{runtime_line, Recovery, RunView};
 
 /// Tables with more rows than this are folded into `<details>`.
 pub const FOLD_ROWS: usize = 10;
@@ -153,19 +153,8 @@ fn backend(s: &mut String, v: &RunView) {
     let caps = &rt.capabilities;
     let _ = writeln!(
         s,
-        "**Backend:** {} · enforcement {} · {} · network {} · workspace {}\n",
-        escape(&rt.backend),
-        rt.enforcement.as_str(),
-        if rt.sandboxed {
-            "sandboxed"
-        } else {
-            "not sandboxed"
-        },
-        if rt.network_enforcement {
-            "blocked"
-        } else {
-            "not blocked"
-        },
+        "**Backend:** {} · workspace {}\n",
+        runtime_line(rt, escape),
         match caps.workspace {
             WorkspaceMode::Private => "private copy",
             _ => "host tree",

@@ -17,7 +17,7 @@ use crate::backend::WorkspaceMode;
 use crate::policy::Action;
 use crate::store::doc::Event;
 use crate::store::{Artifact, Capsule, RuntimeDoc, StoreError};
-use crate::transaction::{ChangeRecord, RunResult, Status};
+use crate::transaction::{ChangeRecord, RunResult, RuntimeSummary, Status};
 
 /// Errors of loading a run for a report.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,27 @@ pub fn exit_text(e: &crate::backend::ExitInfo) -> String {
         s.push_str(&format!(" (agentdiff was interrupted by signal {sig})"));
     }
     s
+}
+
+/// The launched backend in one line, the same words on every surface:
+/// `NAME · enforcement E · sandboxed|not sandboxed · network blocked|not blocked`, the name
+/// through the surface's `escape`.
+pub fn runtime_line(rt: &RuntimeSummary, escape: fn(&str) -> String) -> String {
+    let sandbox = if rt.sandboxed {
+        "sandboxed"
+    } else {
+        "not sandboxed"
+    };
+    let network = if rt.network_enforcement {
+        "blocked"
+    } else {
+        "not blocked"
+    };
+    format!(
+        "{} · enforcement {} · {sandbox} · network {network}",
+        escape(&rt.backend),
+        rt.enforcement.as_str()
+    )
 }
 
 /// An event field's value as one line of text: strings as they are, anything else as compact

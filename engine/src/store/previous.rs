@@ -4,7 +4,8 @@
 //! Invariant: a manifest is returned only from a run whose seal is of the current format, is
 //! canonical, authenticates under this user's key (HMAC) and is recorded in this user's ledger,
 //! and only when the manifest artifact's bytes — the very bytes parsed — hash to the value the
-//! seal lists and its entries object hashes to its name. A capsule planted or edited in
+//! seal lists and its root tree and every tree object below it (schema 1: its entries object)
+//! hash to their names. A capsule planted or edited in
 //! `.agentdiff/` without the key therefore never feeds the cache.
 //!
 //! Not defended: a process that can read the seal key (the wrapped command under a backend that
