@@ -35,10 +35,11 @@ fn screens_dir() -> PathBuf {
     dir
 }
 
-/// Headless chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`); its stdout.
-fn browse(chromium: &Path, mode: &str, url: &str) -> String {
+/// Headless chromium with a fresh profile, `extra` flags, `mode` (`--dump-dom` or
+/// `--screenshot=FILE`) on `url`; its output, whatever the exit status.
+fn chromium_run(chromium: &Path, extra: &str, mode: &str, url: &str) -> std::process::Output {
     let profile = tempfile::tempdir().unwrap();
-    let out = Command::new("timeout")
+    Command::new("timeout")
         .arg("120")
         .arg(chromium)
         .args([
@@ -49,13 +50,18 @@ fn browse(chromium: &Path, mode: &str, url: &str) -> String {
             "--disable-background-networking",
             "--disable-component-update",
             "--disable-sync",
-            "--window-size=1200,1500",
+            extra,
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(mode)
         .arg(url)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Headless chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`); its stdout.
+fn browse(chromium: &Path, mode: &str, url: &str) -> String {
+    let out = chromium_run(chromium, "--window-size=1200,1500", mode, url);
     assert!(out.status.success(), "chromium {mode} {url}: {out:?}");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -285,28 +291,15 @@ fn chromium_dashboard_streams_a_run_started_after_the_page_opened() {
     );
     assert!(refused.contains("unauthorized"), "{refused}");
     // DNS rebinding: a foreign name resolving to 127.0.0.1, with the right token.
-    let profile = tempfile::tempdir().unwrap();
-    let rebound = Command::new("timeout")
-        .arg("120")
-        .arg(&chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--host-resolver-rules=MAP rebind.example 127.0.0.1",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg("--dump-dom")
-        .arg(format!(
+    let rebound = chromium_run(
+        &chromium,
+        "--host-resolver-rules=MAP rebind.example 127.0.0.1",
+        "--dump-dom",
+        &format!(
             "http://rebind.example:{}/?token={}",
             server.port, server.token
-        ))
-        .output()
-        .unwrap();
+        ),
+    );
     let rebound = String::from_utf8_lossy(&rebound.stdout);
     assert!(rebound.contains("forbidden: the Host header"), "{rebound}");
 

@@ -80,6 +80,8 @@ fn removed(report: &Value) -> Vec<&str> {
 fn keep_removes_older_runs_and_unreferenced_objects_and_the_rest_still_verifies() {
     let p = project_with_runs(&["r1", "r2", "r3"]);
     let objects_before = objects(p.path());
+    let cache = p.path().join(".agentdiff/objects/verified-cache");
+    assert!(cache.exists(), "the runs left no verified-object cache");
 
     let (code, dry) = prune(p.path(), &["--keep", "1", "--dry-run"]);
     assert_eq!(code, 0);
@@ -93,9 +95,18 @@ fn keep_removes_older_runs_and_unreferenced_objects_and_the_rest_still_verifies(
         "a dry run removes nothing"
     );
     assert_eq!(objects(p.path()), objects_before);
+    assert!(
+        cache.exists(),
+        "a dry run removed the verified-object cache"
+    );
 
     let (code, report) = prune(p.path(), &["--keep", "1"]);
     assert_eq!(code, 0);
+    // It named removed objects; later runs would carry those entries forever.
+    assert!(
+        !cache.exists(),
+        "the verified-object cache survived a prune"
+    );
     assert_eq!(removed(&report), removed(&dry));
     assert_eq!(report["objects_removed"], dry["objects_removed"]);
     assert_eq!(report["bytes_freed"], dry["bytes_freed"]);

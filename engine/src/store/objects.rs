@@ -490,9 +490,14 @@ impl ObjectStore {
         Ok(removed)
     }
 
-    /// Removes one object (pruning). Absent objects are not an error.
+    /// Removes one object (pruning). Absent objects are not an error. Its verified identity is
+    /// forgotten too: a file later created under that name may get the freed inode back.
     pub fn remove(&self, hex: &str) -> Result<(), StoreError> {
         let path = self.object_path(hex)?;
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(hex);
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

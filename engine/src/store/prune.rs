@@ -270,6 +270,11 @@ impl Store {
             report.object_bytes_freed += size;
         }
         report.bytes_freed += report.object_bytes_freed;
+        if !dry_run && report.objects_removed > 0 {
+            // Its entries for removed objects would never match again, yet every later run
+            // would load and re-save them; start it afresh, as `prune_objects` does.
+            objects.drop_verified_cache()?;
+        }
         Ok(())
     }
 }
