@@ -8,15 +8,16 @@ use agentdiff_engine::fs::EntryKind;
 use agentdiff_engine::policy::Action;
 use agentdiff_engine::redact::{escape_terminal, escape_terminal_lines};
 use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
-use agentdiff_engine::report::evidence::{cleanup_word, port_owner, process_tree, PortOwner};
+use agentdiff_engine::report::evidence::{port_owner, process_tree, PortOwner};
+use agentdiff_engine::report::words::{self, change_word, cleanup_word};
 use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
 use agentdiff_engine::transaction::{RunResult, Status};
 
-fn action_word(a: Action) -> &'static str {
+/// The decision word, a deny in upper case.
+fn action_word(a: Action) -> String {
     match a {
-        Action::Allow => "allow",
-        Action::Review => "review",
-        Action::Deny => "DENY",
+        Action::Deny => words::action_word(a).to_uppercase(),
+        a => words::action_word(a).to_string(),
     }
 }
 
@@ -141,7 +142,7 @@ fn change_lines(s: &mut String, r: &RunResult) {
             s,
             "    {:<6} {:<8} {}{}  [{}]",
             action_word(c.decision),
-            format!("{:?}", c.change_type).to_lowercase(),
+            change_word(c),
             escape_terminal(&c.path),
             kind,
             escape_terminal(&c.policy_decision.rule)
@@ -253,12 +254,9 @@ pub fn run_summary(v: &RunView) -> String {
     evidence_lines(&mut s, r);
     let b = &r.blast_radius;
     let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
-    let outcome = match v.policy_outcome() {
-        None => "none (nothing ran)",
-        Some(Action::Allow) => "allow",
-        Some(Action::Review) => "review",
-        Some(Action::Deny) => "deny",
-    };
+    let outcome = v
+        .policy_outcome()
+        .map_or("none (nothing ran)", words::action_word);
     let _ = writeln!(s, "  policy outcome: {outcome}");
     recovery_lines(&mut s, v);
     let _ = writeln!(
@@ -300,7 +298,14 @@ pub fn inspect_sections(v: &RunView) -> String {
                         ""
                     },
                     row.cleanup
-                        .map(|o| format!(" · cleanup: {}", cleanup_word(o)))
+                        .map(|o| {
+                            let word = cleanup_word(o);
+                            if words::cleanup_alarm(o) {
+                                format!(" · cleanup: {}", word.to_uppercase())
+                            } else {
+                                format!(" · cleanup: {word}")
+                            }
+                        })
                         .unwrap_or_default(),
                     p.left_run_cgroup
                         .as_ref()

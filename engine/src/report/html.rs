@@ -22,14 +22,13 @@ use std::fmt::Write as _;
 use sha2::{Digest, Sha256};
 
 use crate::backend::RunEvidence;
-use crate::fs::{ChangeType, EntryKind};
-use crate::policy::Action;
 use crate::redact::escape_terminal;
 use crate::store::{Verdict, VerifyReport};
 use crate::transaction::ChangeRecord;
 
 use super::diff::{ChangeDiff, DiffBody};
-use super::evidence::{cleanup_word, port_owner, process_tree, PortOwner, ProcessRow};
+use super::evidence::{port_owner, process_tree, PortOwner, ProcessRow};
+use super::words::{action_word, change_text, change_word, cleanup_word};
 use super::{runtime_line, Recovery, RunView};
 
 /// The one escaping function for HTML text and quoted attribute values.
@@ -135,23 +134,6 @@ pub fn foot(s: &mut String, script: &str) {
     let _ = write!(s, "<script>{script}</script>\n</body></html>\n");
 }
 
-fn decision_word(a: Action) -> &'static str {
-    match a {
-        Action::Allow => "allow",
-        Action::Review => "review",
-        Action::Deny => "deny",
-    }
-}
-
-fn change_word(c: &ChangeRecord) -> &'static str {
-    match c.change_type {
-        ChangeType::Created => "added",
-        ChangeType::Modified if c.mode_changed && !c.content_changed => "mode change",
-        ChangeType::Modified => "modified",
-        ChangeType::Deleted => "deleted",
-    }
-}
-
 /// The directory a change is filtered under: its first path component, or `(top level)`.
 fn top_dir(path: &str) -> &str {
     match path.split_once('/') {
@@ -169,7 +151,7 @@ fn header(s: &mut String, v: &RunView) {
     );
     let outcome = match v.policy_outcome() {
         None => "none (nothing ran)",
-        Some(a) => decision_word(a),
+        Some(a) => action_word(a),
     };
     let exit = r
         .exit_code
@@ -303,7 +285,7 @@ fn filters(s: &mut String, changes: &[ChangeRecord]) {
 fn data_attrs(c: &ChangeRecord) -> String {
     format!(
         "data-decision=\"{}\" data-change=\"{}\" data-dir=\"{}\"",
-        decision_word(c.decision),
+        action_word(c.decision),
         change_word(c),
         escape(top_dir(&c.path))
     )
@@ -333,23 +315,18 @@ fn changes(s: &mut String, v: &RunView, diffs: &[ChangeDiff]) {
          </th></tr></thead><tbody>\n",
     );
     for (i, c) in r.changes.iter().enumerate() {
-        let kind = match c.entry_kind {
-            EntryKind::Directory => " (directory)",
-            EntryKind::Symlink => " (symlink)",
-            EntryKind::File => "",
-        };
         let diff_link = if i < diffs.len() {
             format!("<a href=\"#diff-{i}\">{}</a>", escape(&c.path))
         } else {
             escape(&c.path)
         };
-        let d = decision_word(c.decision);
+        let d = action_word(c.decision);
         let _ = writeln!(
             s,
-            "<tr {}><td class=\"path\">{diff_link}</td><td>{}{kind}</td><td class=\"d-{d}\">{d}</td>\
+            "<tr {}><td class=\"path\">{diff_link}</td><td>{}</td><td class=\"d-{d}\">{d}</td>\
              <td><code>{}</code></td><td>{}</td></tr>",
             data_attrs(c),
-            change_word(c),
+            change_text(c),
             escape(&c.policy_decision.rule),
             if c.reversible {
                 "yes".to_string()
@@ -471,7 +448,16 @@ fn process_line(s: &mut String, row: &ProcessRow<'_>) {
     let p = row.record;
     let cleanup = row
         .cleanup
-        .map(|o| format!(" · cleanup: {}", cleanup_word(o)))
+        .map(|o| {
+            if super::words::cleanup_alarm(o) {
+                format!(
+                    " · <strong class=\"d-deny\">cleanup: {}</strong>",
+                    cleanup_word(o)
+                )
+            } else {
+                format!(" · cleanup: {}", cleanup_word(o))
+            }
+        })
         .unwrap_or_default();
     let escaped = p
         .left_run_cgroup

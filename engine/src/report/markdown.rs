@@ -12,12 +12,12 @@
 
 use std::fmt::Write as _;
 
-use crate::backend::{Boundary, CleanupOutcome, WorkspaceMode};
-use crate::fs::{ChangeType, EntryKind};
+use crate::backend::{Boundary, WorkspaceMode};
 use crate::policy::Action;
 use crate::redact::escape_terminal;
-use crate::transaction::ChangeRecord;
 
+use super::evidence::{port_owner, PortOwner};
+use super::words::{self, change_text, cleanup_word};
 use super::{runtime_line, Recovery, RunView};
 
 /// Tables with more rows than this are folded into `<details>`.
@@ -51,41 +51,11 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-fn action_word(a: Action) -> &'static str {
+/// The decision word, with a deny in bold.
+fn action_word(a: Action) -> String {
     match a {
-        Action::Allow => "allow",
-        Action::Review => "review",
-        Action::Deny => "**deny**",
-    }
-}
-
-fn change_word(c: &ChangeRecord) -> String {
-    let mut word = match c.change_type {
-        ChangeType::Created => "added",
-        ChangeType::Modified if c.mode_changed && !c.content_changed => "mode change",
-        ChangeType::Modified => "modified",
-        ChangeType::Deleted => "deleted",
-    }
-    .to_string();
-    if c.change_type == ChangeType::Modified && c.mode_changed && c.content_changed {
-        word.push_str(" + mode");
-    }
-    match c.entry_kind {
-        EntryKind::Symlink => word.push_str(" (symlink)"),
-        EntryKind::Directory => word.push_str(" (directory)"),
-        EntryKind::File => {}
-    }
-    word
-}
-
-fn cleanup_word(o: CleanupOutcome) -> &'static str {
-    match o {
-        CleanupOutcome::AlreadyExited => "already exited",
-        CleanupOutcome::Terminated => "terminated",
-        CleanupOutcome::Killed => "killed",
-        CleanupOutcome::PidReused => "pid reused, not signalled",
-        CleanupOutcome::AccessDenied => "access denied",
-        CleanupOutcome::Escaped => "**still running**",
+        Action::Deny => format!("**{}**", words::action_word(a)),
+        a => words::action_word(a).to_string(),
     }
 }
 
@@ -109,9 +79,9 @@ fn table(s: &mut String, title: &str, heading: bool, header: &[&str], rows: &[Ve
     s.push('\n');
 }
 
-fn outcome_word(v: &RunView) -> &'static str {
+fn outcome_word(v: &RunView) -> String {
     match v.policy_outcome() {
-        None => "none (nothing ran)",
+        None => "none (nothing ran)".into(),
         Some(a) => action_word(a),
     }
 }
@@ -194,8 +164,8 @@ fn changes(s: &mut String, v: &RunView) {
         .map(|c| {
             vec![
                 escape(&c.path),
-                change_word(c),
-                action_word(c.decision).to_string(),
+                change_text(c),
+                action_word(c.decision),
                 escape(&c.policy_decision.rule),
                 if c.reversible {
                     "yes".to_string()
@@ -253,7 +223,11 @@ fn process_evidence(s: &mut String, v: &RunView) {
             vec![
                 r.identity.pid.to_string(),
                 escape(&r.executable),
-                cleanup_word(r.outcome).to_string(),
+                if words::cleanup_alarm(r.outcome) {
+                    format!("**{}**", cleanup_word(r.outcome))
+                } else {
+                    cleanup_word(r.outcome).to_string()
+                },
             ]
         })
         .collect();
@@ -274,10 +248,13 @@ fn process_evidence(s: &mut String, v: &RunView) {
             vec![
                 escape(&p.protocol),
                 escape(&format!("{}:{}", p.address, p.port)),
-                match &p.owner {
-                    Some(o) => format!("pid {}", o.pid),
-                    None if p.attributed => "the run".to_string(),
-                    None => "not attributed".to_string(),
+                match port_owner(ev, p) {
+                    PortOwner::Process { pid, executable } => format!(
+                        "pid {pid} {}",
+                        escape(executable.unwrap_or("(not recorded)"))
+                    ),
+                    PortOwner::Run => "the run".to_string(),
+                    PortOwner::Unattributed => "not attributed to the run".to_string(),
                 },
             ]
         })
@@ -320,13 +297,7 @@ fn findings(s: &mut String, v: &RunView) {
     let rows: Vec<Vec<String>> = r
         .evidence_findings
         .iter()
-        .map(|f| {
-            vec![
-                action_word(f.action).to_string(),
-                escape(&f.kind),
-                escape(&f.detail),
-            ]
-        })
+        .map(|f| vec![action_word(f.action), escape(&f.kind), escape(&f.detail)])
         .chain(r.limit_violations.iter().map(|l| {
             vec![
                 "review".to_string(),

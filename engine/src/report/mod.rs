@@ -10,6 +10,8 @@ pub mod evidence;
 pub mod html;
 pub mod live;
 pub mod markdown;
+pub mod rows;
+pub mod words;
 
 use std::path::PathBuf;
 
