@@ -9,6 +9,7 @@ use agentdiff_engine::policy::Action;
 use agentdiff_engine::redact::{escape_terminal, escape_terminal_lines};
 use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
 use agentdiff_engine::report::evidence::{port_owner, process_tree, PortOwner};
+use agentdiff_engine::report::rows::{self, FindingRow, Level};
 use agentdiff_engine::report::words::{self, change_word, cleanup_word};
 use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
 use agentdiff_engine::transaction::{RunResult, Status};
@@ -120,6 +121,27 @@ fn backend_label(r: &RunResult) -> String {
         format!("{}, {how}", rt.enforcement)
     };
     format!("{} backend, {isolation}", escape_terminal(&rt.backend))
+}
+
+/// What changed under `.agentdiff/` during the run: deny lines above the changes (which never
+/// list `.agentdiff/`, so a tampering run can otherwise show nothing at all).
+fn tamper_lines(s: &mut String, r: &RunResult) {
+    for row in rows::tamper_rows(r) {
+        let _ = writeln!(s, "  {}", finding_line(&row));
+    }
+}
+
+/// `DENY kind: detail`, escaped.
+fn finding_line(row: &FindingRow) -> String {
+    let level = match row.level {
+        Level::Action(a) => action_word(a),
+        Level::Note => row.level.word().to_string(),
+    };
+    format!(
+        "{level} {}: {}",
+        escape_terminal(&row.kind),
+        escape_terminal(&row.detail)
+    )
 }
 
 fn change_lines(s: &mut String, r: &RunResult) {
@@ -250,6 +272,7 @@ pub fn run_summary(v: &RunView) -> String {
     if let Some(err) = &r.execution_error {
         let _ = writeln!(s, "  error: {}", escape_terminal(err));
     }
+    tamper_lines(&mut s, r);
     change_lines(&mut s, r);
     evidence_lines(&mut s, r);
     let b = &r.blast_radius;

@@ -28,6 +28,7 @@ use crate::transaction::ChangeRecord;
 
 use super::diff::{ChangeDiff, DiffBody};
 use super::evidence::{port_owner, process_tree, PortOwner, ProcessRow};
+use super::rows::{self, FindingRow};
 use super::words::{action_word, change_text, change_word, cleanup_word};
 use super::{runtime_line, Recovery, RunView};
 
@@ -289,6 +290,30 @@ fn data_attrs(c: &ChangeRecord) -> String {
         change_word(c),
         escape(top_dir(&c.path))
     )
+}
+
+/// A table of finding rows (from [`super::rows`]) in a section, each cell escaped here.
+fn finding_section(s: &mut String, id: &str, title: &str, found: &[FindingRow]) {
+    if found.is_empty() {
+        return;
+    }
+    let _ = write!(
+        s,
+        "<section aria-labelledby=\"h-{id}\"><h2 id=\"h-{id}\">{}</h2><table id=\"{id}\">\
+         <thead><tr><th scope=\"col\">Decision</th><th scope=\"col\">Kind</th>\
+         <th scope=\"col\">Detail</th></tr></thead><tbody>",
+        escape(title)
+    );
+    for f in found {
+        let level = f.level.word();
+        let _ = write!(
+            s,
+            "<tr><td class=\"d-{level}\">{level}</td><td>{}</td><td class=\"path\">{}</td></tr>",
+            escape(&f.kind),
+            escape(&f.detail)
+        );
+    }
+    s.push_str("</tbody></table></section>\n");
 }
 
 fn changes(s: &mut String, v: &RunView, diffs: &[ChangeDiff]) {
@@ -624,6 +649,12 @@ pub fn render(
     header(&mut s, v);
     s.push_str("<main>\n");
     seal(&mut s, seal_report);
+    finding_section(
+        &mut s,
+        "tampered",
+        "Capsule tampered during the run (deny)",
+        &rows::tamper_rows(&v.result),
+    );
     changes(&mut s, v, diffs);
     diff_sections(&mut s, v, diffs);
     blast_radius(&mut s, v);

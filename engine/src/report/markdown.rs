@@ -17,6 +17,7 @@ use crate::policy::Action;
 use crate::redact::escape_terminal;
 
 use super::evidence::{port_owner, PortOwner};
+use super::rows::{self, FindingRow, Level};
 use super::words::{self, change_text, cleanup_word};
 use super::{runtime_line, Recovery, RunView};
 
@@ -292,39 +293,35 @@ fn process_evidence(s: &mut String, v: &RunView) {
     }
 }
 
-fn findings(s: &mut String, v: &RunView) {
-    let r = &v.result;
-    let rows: Vec<Vec<String>> = r
-        .evidence_findings
-        .iter()
-        .map(|f| vec![action_word(f.action), escape(&f.kind), escape(&f.detail)])
-        .chain(r.limit_violations.iter().map(|l| {
-            vec![
-                "review".to_string(),
-                "limit exceeded".to_string(),
-                format!(
-                    "{} = {} (limit {})",
-                    escape(&l.limit),
-                    l.observed,
-                    l.limit_value
-                ),
-            ]
-        }))
-        .chain(
-            r.observation_warnings
-                .iter()
-                .map(|w| vec!["note".to_string(), "warning".to_string(), escape(w)]),
-        )
-        .collect();
-    if !rows.is_empty() {
-        table(
-            s,
-            "Evidence findings",
-            true,
-            &["Decision", "Kind", "Detail"],
-            &rows,
-        );
+/// A table of finding rows (from [`super::rows`]), each cell escaped here.
+fn finding_table(s: &mut String, title: &str, found: &[FindingRow]) {
+    if found.is_empty() {
+        return;
     }
+    let rows: Vec<Vec<String>> = found
+        .iter()
+        .map(|f| {
+            let level = match f.level {
+                Level::Action(a) => action_word(a),
+                Level::Note => Level::Note.word().to_string(),
+            };
+            vec![level, escape(&f.kind), escape(&f.detail)]
+        })
+        .collect();
+    table(s, title, true, &["Decision", "Kind", "Detail"], &rows);
+}
+
+/// What changed under `.agentdiff/` during the run, above everything else it did.
+fn tampering(s: &mut String, v: &RunView) {
+    finding_table(
+        s,
+        "Capsule tampered during the run (deny)",
+        &rows::tamper_rows(&v.result),
+    );
+}
+
+fn findings(s: &mut String, v: &RunView) {
+    finding_table(s, "Evidence findings", &rows::finding_rows(&v.result));
 }
 
 fn recovery(s: &mut String, v: &RunView) {
@@ -376,6 +373,7 @@ pub fn render(v: &RunView) -> String {
     let mut s = String::new();
     header(&mut s, v);
     backend(&mut s, v);
+    tampering(&mut s, v);
     changes(&mut s, v);
     blast_radius(&mut s, v);
     process_evidence(&mut s, v);
