@@ -175,16 +175,6 @@ fn change_lines(s: &mut String, r: &RunResult) {
 /// Limits, warnings, leftovers, findings, containers, ports and probe citations.
 fn evidence_lines(s: &mut String, r: &RunResult) {
     let sm = &r.summary;
-    for v in &r.limit_violations {
-        let _ = writeln!(
-            s,
-            "  limit exceeded: {} = {} (limit {})",
-            v.limit, v.observed, v.limit_value
-        );
-    }
-    for w in &r.observation_warnings {
-        let _ = writeln!(s, "  warning: {}", escape_terminal(w));
-    }
     if sm.leftover_processes > 0 {
         let _ = writeln!(
             s,
@@ -192,14 +182,9 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
             sm.leftover_processes
         );
     }
-    for f in &r.evidence_findings {
-        let _ = writeln!(
-            s,
-            "  {} {}: {}",
-            action_word(f.action),
-            escape_terminal(&f.kind),
-            escape_terminal(&f.detail)
-        );
+    // Findings, exceeded limits and warnings: the rows every surface shows, escaped here.
+    for row in rows::finding_rows(r) {
+        let _ = writeln!(s, "  {}", finding_line(&row));
     }
     // Attributed (held or started by the run's processes) and machine-wide observations are
     // counted apart: another program's listener or container is not the command's.

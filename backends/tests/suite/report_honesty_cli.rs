@@ -78,3 +78,35 @@ fn capsule_tampering_is_a_deny_row_above_the_changes_on_every_surface() {
     assert!(at < html.find("id=\"h-changes\"").unwrap(), "{html}");
     assert!(html.contains("runs/t1/result.json"), "{html}");
 }
+
+/// Rewrites run `id`'s result.json as an adversary with write access to the store would (the
+/// seal no longer matches; the reports must still not be fooled by what it says).
+fn forge_result(p: &Path, id: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = p.join(".agentdiff/runs").join(id).join("result.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    edit(&mut v);
+    fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+}
+
+/// Recorded strings that would drive a terminal (OSC title, colour, a fake line) if printed raw.
+const TERMINAL_ATTACK: &str = "\u{1b}]0;pwned\u{7}\u{1b}[31mred\n  status: passed\u{202e}";
+
+#[test]
+fn a_forged_limit_name_cannot_reach_the_terminal_raw() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "f1", "true");
+    forge_result(p, "f1", |v| {
+        v["limit_violations"] = serde_json::json!([
+            { "limit": TERMINAL_ATTACK, "limit_value": 1, "observed": 2 }
+        ]);
+    });
+    let out = agentdiff(p, &["inspect", "f1"]);
+    let shown = text(&out.stdout);
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{202e}'),
+        "{shown:?}"
+    );
+    assert!(!shown.contains("\n  status: passed"), "{shown}");
+    assert!(shown.contains("limit exceeded: \\u{1b}]0;pwned"), "{shown}");
+}
