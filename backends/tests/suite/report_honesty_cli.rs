@@ -110,3 +110,44 @@ fn a_forged_limit_name_cannot_reach_the_terminal_raw() {
     assert!(!shown.contains("\n  status: passed"), "{shown}");
     assert!(shown.contains("limit exceeded: \\u{1b}]0;pwned"), "{shown}");
 }
+
+/// A name with a literal backslash-n must not read like a name with a newline, and text hidden
+/// in tag characters, zero-width and other format characters must reach no report raw.
+#[test]
+fn invisible_characters_and_backslashes_are_visible_in_every_report() {
+    let dir = project();
+    let p = dir.path();
+    let hidden: String = "approve"
+        .chars()
+        .map(|c| char::from_u32(0xe0000 + c as u32).unwrap())
+        .collect();
+    let tagged = format!("ok{hidden}\u{200b}\u{2060}\u{feff}\u{ad}\u{fe0f}.txt");
+    fs::create_dir(p.join("stage")).unwrap();
+    fs::write(p.join("stage").join(&tagged), "x").unwrap();
+    fs::write(p.join("stage").join("nl\\nname.txt"), "x").unwrap();
+    run(
+        p,
+        "v1",
+        "mv stage/* . && printf x > \"$(printf 'nl\\nname.txt')\"",
+    );
+    for format in ["summary", "markdown", "html"] {
+        let shown = inspect(p, "v1", format);
+        for bad in [
+            '\u{e0061}',
+            '\u{200b}',
+            '\u{2060}',
+            '\u{feff}',
+            '\u{ad}',
+            '\u{fe0f}',
+        ] {
+            assert!(!shown.contains(bad), "{format}: {bad:?} raw in {shown}");
+        }
+        assert!(shown.contains("\\u{e0061}"), "{format}: {shown}");
+    }
+    let summary = inspect(p, "v1", "summary");
+    assert!(summary.contains("nl\\\\nname.txt"), "{summary}");
+    assert!(summary.contains("nl\\nname.txt"), "{summary}");
+    let lines: Vec<&str> = summary.lines().filter(|l| l.contains("name.txt")).collect();
+    assert_eq!(lines.len(), 2, "{summary}");
+    assert_ne!(lines[0], lines[1]);
+}
