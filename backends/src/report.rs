@@ -408,6 +408,18 @@ pub fn diff_section(diffs: &[ChangeDiff]) -> String {
     s
 }
 
+/// A stored run for a report, its seal verified as `agentdiff verify` does (this user's key and
+/// ledger). A capsule that cannot be read, or whose result names another run, exits
+/// [`crate::exit::INVALID_CAPSULE`].
+pub fn load_verified(
+    store: &agentdiff_engine::store::Store,
+    capsule: &agentdiff_engine::store::Capsule,
+) -> anyhow::Result<RunView> {
+    let (ctx, _) = crate::cli::verify_context(store.root());
+    RunView::load_verified(capsule, store.objects(), &ctx)
+        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))
+}
+
 /// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
 /// its diffs (the after side from the working tree at the store's root); `back` links above it.
 pub fn html_report(
@@ -416,15 +428,8 @@ pub fn html_report(
     back: Option<&str>,
 ) -> anyhow::Result<String> {
     use agentdiff_engine::report::diff::DiffSource;
-    let view = RunView::load(capsule)
-        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
-    let (ctx, _) = crate::cli::verify_context(store.root());
-    let seal = capsule
-        .verify_with(store.objects(), &ctx)
-        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
+    let view = load_verified(store, capsule)?;
     let diffs =
         DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
-    Ok(agentdiff_engine::report::html::render(
-        &view, &seal, &diffs, back,
-    ))
+    Ok(agentdiff_engine::report::html::render(&view, &diffs, back))
 }

@@ -110,8 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return interrupted(&capsule, args.format);
     }
     if args.format == InspectFormat::Markdown {
-        let view =
-            RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        let view = crate::report::load_verified(&store, &capsule)?;
         out!("{}", markdown::render(&view));
         return Ok(ExitCode::SUCCESS);
     }
@@ -120,8 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Json {
-        let result: RunResult = capsule
-            .result()
+        let result: RunResult = agentdiff_engine::report::checked_result(&capsule)
             .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
         outln!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(ExitCode::SUCCESS);

@@ -24,7 +24,7 @@ use agentdiff_engine::transaction::{
 use crate::exit;
 use crate::report;
 use agentdiff_engine::redact::escape_terminal;
-use agentdiff_engine::report::{markdown, ReportError, RunView};
+use agentdiff_engine::report::{markdown, RunView};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -430,9 +430,9 @@ fn append_summary(
     let id = &outcome.result.run_id;
     let written = store
         .open_run(id)
-        .map_err(ReportError::from)
-        .and_then(|c| RunView::load(&c))
-        .map_err(|e| format!("cannot render the report: {e}"))
+        .map_err(anyhow::Error::from)
+        .and_then(|c| report::load_verified(store, &c))
+        .map_err(|e| format!("cannot render the report: {e:#}"))
         .and_then(|view| {
             file.write_all(markdown::render(&view).as_bytes())
                 .and_then(|()| file.flush())

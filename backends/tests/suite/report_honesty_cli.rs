@@ -151,3 +151,42 @@ fn invisible_characters_and_backslashes_are_visible_in_every_report() {
     assert_eq!(lines.len(), 2, "{summary}");
     assert_ne!(lines[0], lines[1]);
 }
+
+/// A forged result.json whose run_id carries markdown (closing the code block, a fake "all
+/// passed" heading and a link) is refused by every report: the id the commands are built from is
+/// the capsule's directory name, and a result naming another run is a corrupt capsule (exit 67).
+#[test]
+fn a_result_naming_another_run_is_refused_not_rendered() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "m1", "echo x > a.txt");
+    let injected = "x\n```\n\n## All checks passed [Approve](https://evil.example/)\n```";
+    forge_result(p, "m1", |v| v["run_id"] = injected.into());
+    for format in ["summary", "markdown", "html", "json"] {
+        let out = agentdiff(p, &["inspect", "m1", "--format", format]);
+        assert_exit(&out, 67);
+        let err = text(&out.stderr);
+        assert!(err.contains("names another run"), "{format}: {err}");
+        assert!(!text(&out.stdout).contains("All checks passed"), "{format}");
+        assert!(!err.contains("\n```"), "{format}: {err}");
+    }
+}
+
+/// The markdown report opens with the seal verdict `agentdiff verify` reaches, not with whether
+/// integrity.json exists: a rewritten status is reported as FORGED above it.
+#[test]
+fn the_markdown_report_states_the_verified_seal_first() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "s1", "echo x > a.txt");
+    let md = inspect(p, "s1", "markdown");
+    let first = md.lines().find(|l| l.starts_with("**")).unwrap();
+    assert!(first.starts_with("**Seal:** authenticated"), "{md}");
+    assert!(md.contains("seal: authenticated</sub>"), "{md}");
+    forge_result(p, "s1", |v| v["status"] = "passed".into());
+    let md = inspect(p, "s1", "markdown");
+    let first = md.lines().find(|l| l.starts_with("**")).unwrap();
+    assert!(first.starts_with("**Seal:** **FORGED**"), "{md}");
+    assert!(md.contains("result.json"), "{md}");
+    assert!(!md.contains("capsule sealed: yes"), "{md}");
+}

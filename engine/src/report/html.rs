@@ -29,7 +29,9 @@ use crate::transaction::ChangeRecord;
 use super::diff::{ChangeDiff, DiffBody};
 use super::evidence::{port_owner, process_tree, PortOwner, ProcessRow};
 use super::rows::{self, FindingRow};
-use super::words::{action_word, change_text, change_word, cleanup_word};
+use super::words::{
+    action_word, change_text, change_word, cleanup_word, verdict_meaning, verdict_word,
+};
 use super::{runtime_line, Recovery, RunView};
 
 /// The one escaping function for HTML text and quoted attribute values.
@@ -148,7 +150,7 @@ fn header(s: &mut String, v: &RunView) {
     let _ = writeln!(
         s,
         "<header><h1>agentdiff run <code id=\"run-id\">{}</code></h1>",
-        escape(&r.run_id)
+        escape(&v.id)
     );
     let outcome = match v.policy_outcome() {
         None => "none (nothing ran)",
@@ -185,7 +187,7 @@ fn header(s: &mut String, v: &RunView) {
 }
 
 fn recovery(s: &mut String, v: &RunView) {
-    let id = escape(&v.result.run_id);
+    let id = escape(&v.id);
     let text = match v.recovery() {
         Recovery::PrivateCopy => format!(
             "The host tree is unchanged (the command worked on a private copy): \
@@ -206,31 +208,24 @@ fn recovery(s: &mut String, v: &RunView) {
     let _ = writeln!(s, "<p><strong>Rollback:</strong> {text}</p>");
 }
 
-fn seal(s: &mut String, report: &VerifyReport) {
-    let (class, word, meaning) = match report.verdict {
-        Verdict::Authenticated => (
-            "seal-ok",
-            "authenticated",
-            "every artifact and object matches the seal, and the seal's MAC checks under this \
-             user's key",
-        ),
-        Verdict::IntactNotAuthenticated => (
-            "seal-warn",
-            "intact, not authenticated",
-            "everything matches the seal, but the seal could not be authenticated here: anyone \
-             able to rewrite the whole capsule could have made it",
-        ),
-        Verdict::Forged => (
-            "seal-bad",
-            "FORGED",
-            "something does not match the seal: do not trust this report",
-        ),
-        Verdict::Unsealed => (
-            "seal-bad",
-            "unsealed",
-            "the run never finished (interrupted, or still running): nothing can be verified",
-        ),
+fn seal(s: &mut String, report: Option<&VerifyReport>) {
+    let Some(report) = report else {
+        s.push_str(
+            "<section aria-labelledby=\"h-seal\"><h2 id=\"h-seal\">Seal</h2><p class=\"seal \
+             seal-bad\"><strong id=\"seal-verdict\">not verified</strong>: this report did not \
+             check the seal.</p></section>\n",
+        );
+        return;
     };
+    let class = match report.verdict {
+        Verdict::Authenticated => "seal-ok",
+        Verdict::IntactNotAuthenticated => "seal-warn",
+        Verdict::Forged | Verdict::Unsealed => "seal-bad",
+    };
+    let (word, meaning) = (
+        verdict_word(report.verdict),
+        verdict_meaning(report.verdict),
+    );
     let _ = writeln!(
         s,
         "<section aria-labelledby=\"h-seal\"><h2 id=\"h-seal\">Seal</h2>\
@@ -629,16 +624,11 @@ fn timeline(s: &mut String, v: &RunView) {
 /// The HTML report of one run: its facts, its seal's verification, and its changes' diffs
 /// (from [`super::diff::DiffSource`]).
 /// `back` is a link shown above the report (the dashboard's index), escaped here.
-pub fn render(
-    v: &RunView,
-    seal_report: &VerifyReport,
-    diffs: &[ChangeDiff],
-    back: Option<&str>,
-) -> String {
+pub fn render(v: &RunView, diffs: &[ChangeDiff], back: Option<&str>) -> String {
     let mut s = String::new();
     head(
         &mut s,
-        &format!("agentdiff run {}", v.result.run_id),
+        &format!("agentdiff run {}", v.id),
         SCRIPT,
         false,
         "",
@@ -648,7 +638,7 @@ pub fn render(
     }
     header(&mut s, v);
     s.push_str("<main>\n");
-    seal(&mut s, seal_report);
+    seal(&mut s, v.seal.as_ref());
     finding_section(
         &mut s,
         "tampered",

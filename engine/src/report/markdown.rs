@@ -1,8 +1,10 @@
 //! The markdown report of a run, for `$GITHUB_STEP_SUMMARY` and pull-request comments.
 //!
-//! Invariant: every recorded string (paths, rules, reasons, executables, container names,
-//! warnings) passes through [`escape`] and nothing else; the run id is a validated [`RunId`]
-//! (safe characters only) and the rollback command is built from it.
+//! Invariants: every recorded string (paths, rules, reasons, executables, container names,
+//! warnings) passes through [`escape`] and nothing else; commands in code blocks (where nothing
+//! can be escaped) are built only from the capsule's directory id, a validated [`RunId`] (safe
+//! characters only), never from `result.json`; the report opens with the seal verdict of
+//! `agentdiff verify`, never with "sealed" inferred from integrity.json being present.
 //!
 //! Not defended: what a markdown host does after rendering. GitHub links `#123` and `@name` in
 //! rendered text; the report writes `#` and `@` as HTML character references, which GitHub may
@@ -15,11 +17,15 @@ use std::fmt::Write as _;
 use crate::backend::{Boundary, WorkspaceMode};
 use crate::policy::Action;
 use crate::redact::escape_terminal;
+use crate::store::{RunId, Verdict};
 
 use super::evidence::{port_owner, PortOwner};
 use super::rows::{self, FindingRow, Level};
 use super::words::{self, change_text, cleanup_word};
 use super::{runtime_line, Recovery, RunView};
+
+/// Seal problems listed under the verdict (`agentdiff verify RUN` lists them all).
+const MAX_SEAL_PROBLEMS: usize = 5;
 
 /// Tables with more rows than this are folded into `<details>`.
 pub const FOLD_ROWS: usize = 10;
@@ -87,9 +93,48 @@ fn outcome_word(v: &RunView) -> String {
     }
 }
 
+/// The seal's verdict, first: whatever the report says next is only as good as the seal.
+fn seal_line(s: &mut String, v: &RunView) {
+    let Some(seal) = &v.seal else {
+        let _ = writeln!(s, "**Seal:** not verified by this report\n");
+        return;
+    };
+    let word = words::verdict_word(seal.verdict);
+    let word = match seal.verdict {
+        Verdict::Authenticated => word.to_string(),
+        _ => format!("**{word}**"),
+    };
+    let _ = writeln!(
+        s,
+        "**Seal:** {word} — {}\n",
+        words::verdict_meaning(seal.verdict)
+    );
+    for p in seal.problems.iter().take(MAX_SEAL_PROBLEMS) {
+        let _ = writeln!(s, "- {}: {}", escape(&p.subject), escape(&p.problem));
+    }
+    if !seal.problems.is_empty() {
+        s.push('\n');
+    }
+}
+
+/// A command for the reader to run, in a code block. Built only from the capsule's directory
+/// id, which is a validated run id (safe characters only); anything else is not printed, since
+/// nothing inside a code block can be escaped.
+fn command_block(s: &mut String, id: &str, command: &str, args: &str) {
+    match RunId::parse(id) {
+        Ok(id) => {
+            let _ = writeln!(s, "```\nagentdiff {command} {id}{args}\n```");
+        }
+        Err(_) => {
+            let _ = writeln!(s, "(the run id is not a valid id: no command is printed)");
+        }
+    }
+}
+
 fn header(s: &mut String, v: &RunView) {
     let r = &v.result;
-    let _ = writeln!(s, "### agentdiff run {}\n", escape(&r.run_id));
+    let _ = writeln!(s, "### agentdiff run {}\n", escape(&v.id));
+    seal_line(s, v);
     let exit = r
         .exit_code
         .map(|c| format!(" · exit {c}"))
@@ -331,16 +376,16 @@ fn recovery(s: &mut String, v: &RunView) {
         Recovery::PrivateCopy => {
             let _ = writeln!(
                 s,
-                "The host tree is unchanged (the command worked on a private copy). Review and apply:\n\n```\nagentdiff promote {} --all --dry-run\n```",
-                r.run_id
+                "The host tree is unchanged (the command worked on a private copy). Review and apply:\n"
             );
+            command_block(s, &v.id, "promote", " --all --dry-run");
         }
         Recovery::Unsealed => {
             let _ = writeln!(
                 s,
-                "Not possible: the capsule is not sealed (the run was interrupted). Stop what it left behind:\n\n```\nagentdiff cleanup {}\n```",
-                r.run_id
+                "Not possible: the capsule is not sealed (the run was interrupted). Stop what it left behind:\n"
             );
+            command_block(s, &v.id, "cleanup", "");
         }
         Recovery::NothingChanged => {
             let _ = writeln!(s, "Nothing to roll back.");
@@ -357,14 +402,16 @@ fn recovery(s: &mut String, v: &RunView) {
                     r.changes.len()
                 );
             }
-            let _ = writeln!(s, "```\nagentdiff rollback {} --safe-only\n```", r.run_id);
+            command_block(s, &v.id, "rollback", " --safe-only");
         }
     }
     let _ = writeln!(
         s,
-        "\n<sub>run {} · capsule sealed: {}</sub>",
-        escape(&r.run_id),
-        if v.sealed { "yes" } else { "no" }
+        "\n<sub>run {} · seal: {}</sub>",
+        escape(&v.id),
+        v.seal
+            .as_ref()
+            .map_or("not verified", |seal| words::verdict_word(seal.verdict))
     );
 }
 

@@ -17,8 +17,10 @@ use std::path::PathBuf;
 
 use crate::backend::WorkspaceMode;
 use crate::policy::Action;
+use crate::redact::escape_terminal;
 use crate::store::doc::Event;
-use crate::store::{Artifact, Capsule, RuntimeDoc, StoreError};
+use crate::store::seal::VerifyContext;
+use crate::store::{Artifact, Capsule, ObjectStore, RuntimeDoc, StoreError, VerifyReport};
 use crate::transaction::{ChangeRecord, RunResult, RuntimeSummary, Status};
 
 /// Errors of loading a run for a report.
@@ -29,20 +31,49 @@ pub enum ReportError {
          nothing to report; `agentdiff inspect {0}` says what is known"
     )]
     NoResult(String),
+    #[error(
+        "run {dir}'s result.json names another run ({recorded}): the capsule is corrupt or was \
+         rewritten; nothing in it is reported (`agentdiff verify {dir}` says what does not match \
+         its seal)"
+    )]
+    RunIdMismatch {
+        dir: String,
+        /// As recorded, made visible ([`escape_terminal`]).
+        recorded: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// `capsule`'s result, refused when its `run_id` is not the capsule's directory id: a result
+/// copied from another run, or a forged one whose id carries text for a report.
+pub fn checked_result(capsule: &Capsule) -> Result<RunResult, ReportError> {
+    let result = capsule.result()?;
+    if result.run_id != capsule.id().as_str() {
+        return Err(ReportError::RunIdMismatch {
+            dir: capsule.id().to_string(),
+            recorded: format!("{:?}", escape_terminal(&result.run_id)),
+        });
+    }
+    Ok(result)
 }
 
 /// One run as the reports see it.
 #[derive(Debug, Clone)]
 pub struct RunView {
+    /// The run id: the capsule's directory name (a validated [`crate::store::RunId`]), which
+    /// every command a report prints is built from, never `result.run_id`.
+    pub id: String,
     pub result: RunResult,
     /// `runtime.json`, when the run recorded one.
     pub runtime: Option<RuntimeDoc>,
     /// `metadata.json`'s backend: the one chosen, even when nothing was launched.
     pub backend: Option<String>,
-    /// Whether the capsule's seal is in place.
+    /// Whether the capsule's seal is in place (integrity.json exists; says nothing about whether
+    /// it matches: see `seal`).
     pub sealed: bool,
+    /// The seal as `agentdiff verify` judges it, when the surface verified it.
+    pub seal: Option<VerifyReport>,
     pub capsule_dir: PathBuf,
     /// `events.jsonl` (the timeline), empty when not read.
     pub events: Vec<Event>,
@@ -120,10 +151,12 @@ impl RunView {
     /// finished by this process, or one whose other artifacts are not read.
     pub fn of_result(result: RunResult, sealed: bool, capsule_dir: PathBuf) -> RunView {
         RunView {
+            id: result.run_id.clone(),
             result,
             runtime: None,
             backend: None,
             sealed,
+            seal: None,
             capsule_dir,
             events: Vec::new(),
             events_error: None,
@@ -158,6 +191,18 @@ impl RunView {
         }
     }
 
+    /// [`RunView::load`], with the seal verified as `agentdiff verify` does (this user's key and
+    /// ledger in `ctx`).
+    pub fn load_verified(
+        capsule: &Capsule,
+        objects: &ObjectStore,
+        ctx: &VerifyContext,
+    ) -> Result<RunView, ReportError> {
+        let mut view = RunView::load(capsule)?;
+        view.seal = Some(capsule.verify_with(objects, ctx)?);
+        Ok(view)
+    }
+
     /// Read a run through the capsule's typed readers.
     pub fn load(capsule: &Capsule) -> Result<RunView, ReportError> {
         let present =
@@ -165,7 +210,7 @@ impl RunView {
         if !present(Artifact::Result) {
             return Err(ReportError::NoResult(capsule.id().to_string()));
         }
-        let result = capsule.result()?;
+        let result = checked_result(capsule)?;
         let runtime = if present(Artifact::Runtime) {
             Some(capsule.runtime()?)
         } else {
@@ -181,10 +226,12 @@ impl RunView {
             Err(e) => (Vec::new(), Some(e.to_string())),
         };
         Ok(RunView {
+            id: capsule.id().to_string(),
             result,
             runtime,
             backend,
             sealed: capsule.is_sealed(),
+            seal: None,
             capsule_dir: capsule.dir().to_path_buf(),
             events,
             events_error,

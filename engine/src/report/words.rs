@@ -5,6 +5,7 @@
 use crate::backend::CleanupOutcome;
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::Action;
+use crate::store::Verdict;
 use crate::transaction::ChangeRecord;
 
 /// `allow`, `review` or `deny`.
@@ -57,4 +58,32 @@ pub fn cleanup_word(o: CleanupOutcome) -> &'static str {
 /// Whether a cleanup outcome is an alarm a surface should emphasise (the process escaped).
 pub fn cleanup_alarm(o: CleanupOutcome) -> bool {
     o == CleanupOutcome::Escaped
+}
+
+/// The seal verdict in a word or two, as `agentdiff verify` concluded it.
+pub fn verdict_word(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Authenticated => "authenticated",
+        Verdict::IntactNotAuthenticated => "intact, not authenticated",
+        Verdict::Forged => "FORGED",
+        Verdict::Unsealed => "unsealed",
+    }
+}
+
+/// What the verdict means for the report it heads.
+pub fn verdict_meaning(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Authenticated => {
+            "every artifact and object matches the seal, and the seal's MAC checks under this \
+             user's key"
+        }
+        Verdict::IntactNotAuthenticated => {
+            "everything matches the seal, but the seal could not be authenticated here: anyone \
+             able to rewrite the whole capsule could have made it"
+        }
+        Verdict::Forged => "something does not match the seal: do not trust this report",
+        Verdict::Unsealed => {
+            "the run never finished (interrupted, or still running): nothing can be verified"
+        }
+    }
 }
