@@ -12,6 +12,7 @@ use agentdiff_engine::report::evidence::{port_owner, process_tree, PortOwner};
 use agentdiff_engine::report::rows::{self, FindingRow, Level};
 use agentdiff_engine::report::words::{self, change_word, cleanup_word};
 use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
+use agentdiff_engine::store::Verdict;
 use agentdiff_engine::transaction::{RunResult, Status};
 
 /// The decision word, a deny in upper case.
@@ -44,7 +45,7 @@ const MAX_LISTED: usize = 20;
 /// Recovery, as [`RunView::recovery`] derives it for every surface.
 fn recovery_lines(s: &mut String, v: &RunView) {
     let r = &v.result;
-    let id = escape_terminal(&r.run_id);
+    let id = escape_terminal(&v.id);
     let lost = match v.recovery() {
         Recovery::PrivateCopy => {
             let _ = writeln!(
@@ -173,7 +174,7 @@ fn change_lines(s: &mut String, r: &RunResult) {
 }
 
 /// Limits, warnings, leftovers, findings, containers, ports and probe citations.
-fn evidence_lines(s: &mut String, r: &RunResult) {
+fn evidence_lines(s: &mut String, r: &RunResult, id: &str) {
     let sm = &r.summary;
     if sm.leftover_processes > 0 {
         let _ = writeln!(
@@ -197,7 +198,7 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
             sm.containers_attributed,
             sm.containers_started
                 .saturating_sub(sm.containers_attributed),
-            escape_terminal(&r.run_id)
+            escape_terminal(id)
         );
     }
     if sm.opened_ports > 0 {
@@ -242,15 +243,46 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
     );
 }
 
+/// Seal problems listed under the verdict (`agentdiff verify RUN` lists them all).
+const MAX_SEAL_PROBLEMS: usize = 5;
+
+/// The seal verdict, when the view was verified: first, since everything after it is only as
+/// trustworthy as the seal.
+fn seal_lines(s: &mut String, v: &RunView) {
+    let Some(seal) = &v.seal else {
+        return;
+    };
+    let word = words::verdict_word(seal.verdict);
+    let word = if seal.verdict == Verdict::Authenticated {
+        word.to_string()
+    } else {
+        word.to_uppercase()
+    };
+    let _ = writeln!(
+        s,
+        "\nagentdiff: seal {word}: {}",
+        words::verdict_meaning(seal.verdict)
+    );
+    for p in seal.problems.iter().take(MAX_SEAL_PROBLEMS) {
+        let _ = writeln!(
+            s,
+            "  {}: {}",
+            escape_terminal(&p.subject),
+            escape_terminal(&p.problem)
+        );
+    }
+}
+
 /// The end-of-run summary: what happened at a glance, then each change. The facts shared with
 /// the markdown report (policy outcome, recovery) come from [`RunView`].
 pub fn run_summary(v: &RunView) -> String {
     let r = &v.result;
     let mut s = String::new();
+    seal_lines(&mut s, v);
     let _ = writeln!(
         s,
         "\nagentdiff: run {} ({})",
-        escape_terminal(&r.run_id),
+        escape_terminal(&v.id),
         backend_label(r)
     );
     let _ = writeln!(s, "  {}", outcome_line(r));
@@ -259,7 +291,7 @@ pub fn run_summary(v: &RunView) -> String {
     }
     tamper_lines(&mut s, r);
     change_lines(&mut s, r);
-    evidence_lines(&mut s, r);
+    evidence_lines(&mut s, r, &v.id);
     let b = &r.blast_radius;
     let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
     let outcome = v

@@ -8,7 +8,7 @@ use clap::ValueEnum;
 
 use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::report::diff::DiffSource;
-use agentdiff_engine::report::{markdown, RunView};
+use agentdiff_engine::report::markdown;
 use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
 
@@ -103,7 +103,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let sealed = capsule.is_sealed();
     let has_result =
         std::fs::symlink_metadata(capsule.dir().join(Artifact::Result.file_name())).is_ok();
     if !has_result {
@@ -124,9 +123,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let mut view =
-        RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    view.sealed = sealed;
+    let view = crate::report::load_verified(&store, &capsule)?;
     out!("{}", crate::report::run_summary(&view));
     out!("{}", crate::report::inspect_sections(&view));
     if args.diff {

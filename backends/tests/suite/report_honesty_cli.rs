@@ -190,3 +190,48 @@ fn the_markdown_report_states_the_verified_seal_first() {
     assert!(md.contains("result.json"), "{md}");
     assert!(!md.contains("capsule sealed: yes"), "{md}");
 }
+
+/// `inspect` opens with the verdict `agentdiff verify` reaches, so a forged "passed" is read
+/// under "seal FORGED"; `runs` (and the dashboard, from the same listing) says the seal is
+/// broken rather than "sealed".
+#[test]
+fn inspect_and_runs_state_the_verified_seal_of_a_forged_result() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "g1", "echo x > a.txt");
+    let first = inspect(p, "g1", "summary");
+    assert!(
+        first
+            .trim_start()
+            .starts_with("agentdiff: seal authenticated"),
+        "{first}"
+    );
+    forge_result(p, "g1", |v| v["status"] = "passed".into());
+    let shown = inspect(p, "g1", "summary");
+    assert!(
+        shown.trim_start().starts_with("agentdiff: seal FORGED"),
+        "{shown}"
+    );
+    assert!(shown.contains("result.json"), "{shown}");
+    let runs = text(&agentdiff(p, &["runs"]).stdout);
+    assert!(runs.contains("SEAL BROKEN"), "{runs}");
+}
+
+/// A result.json that exists but does not parse is an unreadable result, not an interrupted
+/// run, and both problems (the parse error, the broken seal) are listed.
+#[test]
+fn runs_lists_an_unparsable_result_as_unreadable_with_both_problems() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "w1", "true");
+    fs::write(p.join(".agentdiff/runs/w1/result.json"), "{ not json").unwrap();
+    let runs = text(&agentdiff(p, &["runs"]).stdout);
+    assert!(runs.contains("unreadable result"), "{runs}");
+    assert!(!runs.contains("interrupted"), "{runs}");
+    assert!(runs.contains("SEAL BROKEN"), "{runs}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&agentdiff(p, &["runs", "--format", "json"]).stdout).unwrap();
+    assert_eq!(json[0]["status"], "unreadable_result", "{json:#}");
+    let problem = json[0]["problem"].as_str().unwrap();
+    assert!(problem.contains("; "), "{problem}");
+}

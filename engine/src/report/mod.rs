@@ -8,6 +8,7 @@ pub mod dashboard;
 pub mod diff;
 pub mod evidence;
 pub mod html;
+pub mod listing;
 pub mod live;
 pub mod markdown;
 pub mod rows;
