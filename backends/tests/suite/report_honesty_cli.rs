@@ -235,3 +235,23 @@ fn runs_lists_an_unparsable_result_as_unreadable_with_both_problems() {
     let problem = json[0]["problem"].as_str().unwrap();
     assert!(problem.contains("; "), "{problem}");
 }
+
+/// Huge recorded numbers (a forged blast radius) render; nothing overflows or panics.
+#[test]
+fn huge_forged_blast_radius_points_render_in_every_format() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "h1", "echo x > a.txt");
+    forge_result(p, "h1", |v| {
+        v["blast_radius"]["components"] = serde_json::json!([
+            { "name": "a", "count": u64::MAX, "weight": u64::MAX, "points": 1u64 << 63 },
+            { "name": "b", "count": 1, "weight": 1, "points": u64::MAX },
+            { "name": "c", "count": 0, "weight": 0, "points": 0 }
+        ]);
+        v["blast_radius"]["raw_score"] = u64::MAX.into();
+    });
+    for format in ["summary", "markdown", "html"] {
+        let out = agentdiff(p, &["inspect", "h1", "--format", format]);
+        assert_exit(&out, 0);
+    }
+}

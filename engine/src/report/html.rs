@@ -401,6 +401,13 @@ fn diff_sections(s: &mut String, v: &RunView, diffs: &[ChangeDiff]) {
     s.push_str("</section>\n");
 }
 
+/// A bar's width for `points` out of `max`, between 1 and `full` (a recorded count of any size,
+/// even a forged `u64::MAX`, cannot overflow: the product is taken in 128 bits).
+fn bar_width(points: u64, max: u64, full: u64) -> u64 {
+    let w = u128::from(points.min(max)) * u128::from(full) / u128::from(max.max(1));
+    u64::try_from(w).unwrap_or(full).clamp(1, full)
+}
+
 /// The blast radius as a horizontal bar chart of each component's points, with the same numbers
 /// in a table for screen readers and text browsers.
 fn blast_radius(s: &mut String, v: &RunView) {
@@ -425,7 +432,9 @@ fn blast_radius(s: &mut String, v: &RunView) {
         .unwrap_or(1)
         .max(1);
     let (row, label_w, bar_w) = (26u64, 190u64, 360u64);
-    let height = row * b.components.len() as u64 + 8;
+    let height = row
+        .saturating_mul(b.components.len() as u64)
+        .saturating_add(8);
     let _ = write!(
         s,
         "<svg role=\"img\" aria-labelledby=\"blast-title\" width=\"{}\" height=\"{height}\" \
@@ -435,17 +444,17 @@ fn blast_radius(s: &mut String, v: &RunView) {
         label_w + bar_w + 60
     );
     for (i, c) in b.components.iter().enumerate() {
-        let y = row * i as u64 + 4;
-        let w = (c.points * bar_w / max).max(1);
+        let y = row.saturating_mul(i as u64).saturating_add(4);
+        let w = bar_width(c.points, max, bar_w);
         let _ = write!(
             s,
             "<text x=\"0\" y=\"{}\" font-size=\"13\" fill=\"#1f2328\">{}</text>\
              <rect x=\"{label_w}\" y=\"{y}\" width=\"{w}\" height=\"18\" fill=\"#0969da\"/>\
              <text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#1f2328\">{}</text>",
-            y + 14,
+            y.saturating_add(14),
             escape(&c.name),
             label_w + w + 6,
-            y + 14,
+            y.saturating_add(14),
             c.points
         );
     }
@@ -672,6 +681,15 @@ mod tests {
     #[test]
     fn diff_lines_keep_tabs_but_escape_the_rest() {
         assert_eq!(escape_diff_line("+\t<b>\u{202e}"), "+\t&lt;b&gt;\\u{202e}");
+    }
+
+    #[test]
+    fn bar_widths_of_huge_recorded_points_do_not_overflow() {
+        assert_eq!(bar_width(1 << 63, 1 << 63, 360), 360);
+        assert_eq!(bar_width(u64::MAX, u64::MAX, 360), 360);
+        assert_eq!(bar_width(1, u64::MAX, 360), 1);
+        assert_eq!(bar_width(5, 10, 360), 180);
+        assert_eq!(bar_width(0, 0, 360), 1);
     }
 
     #[test]
