@@ -255,3 +255,45 @@ fn huge_forged_blast_radius_points_render_in_every_format() {
         assert_exit(&out, 0);
     }
 }
+
+/// Warnings (a non-UTF-8 file name that could not be captured), findings and limits reach the
+/// HTML report as they reach the terminal and markdown: one row builder for all three.
+#[test]
+fn the_html_report_shows_the_warnings_findings_and_limits_the_others_show() {
+    let dir = project();
+    let p = dir.path();
+    run(
+        p,
+        "n1",
+        "python3 -c 'open(b\"evil\\xff.sh\",\"wb\").write(b\"x\")'",
+    );
+    forge_result(p, "n1", |v| {
+        v["limit_violations"] = serde_json::json!([
+            { "limit": "<script>alert(1)</script>", "limit_value": 1, "observed": 2 }
+        ]);
+    });
+    let summary = inspect(p, "n1", "summary");
+    let warning = summary
+        .lines()
+        .find(|l| l.contains("note warning"))
+        .unwrap_or_else(|| panic!("no warning in the summary: {summary}"));
+    assert!(warning.contains("evil"), "{warning}");
+    let md = inspect(p, "n1", "markdown");
+    assert!(md.contains("| note | warning |"), "{md}");
+    let html = inspect(p, "n1", "html");
+    let section = html
+        .split("id=\"findings\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no findings section: {html}"));
+    assert!(section.contains("evil"), "{section}");
+    assert!(section.contains("limit exceeded"), "{section}");
+    assert!(
+        section.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{section}"
+    );
+    assert_eq!(
+        html.matches("<script>").count(),
+        1,
+        "only the report's own script"
+    );
+}

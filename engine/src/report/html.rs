@@ -544,7 +544,33 @@ fn processes(s: &mut String, v: &RunView) {
         let _ = writeln!(s, "<p class=\"muted\">cleanup: {}</p>", escape(err));
     }
     s.push_str("</section>\n");
+    containers(s, ev);
     ports(s, ev);
+}
+
+fn containers(s: &mut String, ev: &RunEvidence) {
+    let found = rows::container_rows(ev);
+    if found.is_empty() {
+        return;
+    }
+    s.push_str(
+        "<section aria-labelledby=\"h-containers\"><h2 id=\"h-containers\">Containers started \
+         during the run</h2><table id=\"containers\"><thead><tr><th scope=\"col\">Name</th>\
+         <th scope=\"col\">Image</th><th scope=\"col\">Id</th><th scope=\"col\">Started by the \
+         run</th></tr></thead><tbody>",
+    );
+    for c in &found {
+        let _ = write!(
+            s,
+            "<tr><td><code>{}</code></td><td><code>{}</code></td><td><code>{}</code></td>\
+             <td>{}</td></tr>",
+            escape(&c.name),
+            escape(&c.image),
+            escape(&c.short_id),
+            if c.attributed { "yes" } else { "no" }
+        );
+    }
+    s.push_str("</tbody></table></section>\n");
 }
 
 fn ports(s: &mut String, ev: &RunEvidence) {
@@ -655,6 +681,12 @@ pub fn render(v: &RunView, diffs: &[ChangeDiff], back: Option<&str>) -> String {
         &rows::tamper_rows(&v.result),
     );
     changes(&mut s, v, diffs);
+    finding_section(
+        &mut s,
+        "findings",
+        "Evidence findings, limits and warnings",
+        &rows::finding_rows(&v.result),
+    );
     diff_sections(&mut s, v, diffs);
     blast_radius(&mut s, v);
     processes(&mut s, v);

@@ -314,15 +314,13 @@ fn process_evidence(s: &mut String, v: &RunView) {
             &ports,
         );
     }
-    let containers: Vec<Vec<String>> = ev
-        .containers
+    let containers: Vec<Vec<String>> = rows::container_rows(ev)
         .iter()
-        .flat_map(|c| c.containers.iter())
         .map(|c| {
             vec![
                 escape(&c.name),
                 escape(&c.image),
-                escape(c.id.get(..12).unwrap_or(&c.id)),
+                escape(&c.short_id),
                 if c.attributed { "yes" } else { "no" }.to_string(),
             ]
         })
