@@ -102,26 +102,40 @@ fn recovery_lines(s: &mut String, v: &RunView) {
     }
 }
 
-/// `local backend, not sandboxed`, or what the backend's enforcement is and whether a recorded
-/// probe verified any of it.
-fn backend_label(r: &RunResult) -> String {
-    let Some(rt) = &r.runtime else {
+/// The backend, its enforcement label with how far it was verified, and whether it is
+/// sandboxed: `container backend, enforcement container_requested (requested, not verified
+/// here), sandboxed`. Claims an external plugin made are marked `(declared by plugin)`.
+fn backend_label(v: &RunView) -> String {
+    let Some(rt) = &v.result.runtime else {
         return "not launched".into();
     };
-    let isolation = if rt.sandboxed {
-        "sandboxed".to_string()
-    } else if rt.enforcement == Enforcement::None {
-        "not sandboxed".to_string()
-    } else {
+    let verification = match rt.enforcement {
+        Enforcement::None => "nothing enforced",
+        Enforcement::BwrapSandbox => "applied by agentdiff",
         // Handed to an external tool: verified only where a recorded probe says so.
-        let how = if rt.verified_controls.is_empty() {
-            "not verified"
-        } else {
-            "verified only where listed below"
-        };
-        format!("{}, {how}", rt.enforcement)
+        Enforcement::ExternalSandboxRequested | Enforcement::ContainerRequested => {
+            if rt.verified_controls.is_empty() {
+                "requested, not verified here"
+            } else {
+                "requested; verified only where listed below"
+            }
+        }
     };
-    format!("{} backend, {isolation}", escape_terminal(&rt.backend))
+    let sandbox = if rt.sandboxed {
+        "sandboxed"
+    } else {
+        "not sandboxed"
+    };
+    let declared = if v.plugin().is_some() {
+        " (declared by plugin)"
+    } else {
+        ""
+    };
+    format!(
+        "{} backend, enforcement {} ({verification}), {sandbox}{declared}",
+        escape_terminal(&rt.backend),
+        rt.enforcement
+    )
 }
 
 /// What changed under `.agentdiff/` during the run: deny lines above the changes (which never
@@ -271,6 +285,11 @@ fn seal_lines(s: &mut String, v: &RunView) {
             escape_terminal(&p.problem)
         );
     }
+    if seal.verdict == Verdict::Authenticated {
+        if let Some(caveat) = agentdiff_engine::report::key_exposure(v) {
+            let _ = writeln!(s, "  note: {caveat}");
+        }
+    }
 }
 
 /// The end-of-run summary: what happened at a glance, then each change. The facts shared with
@@ -283,7 +302,7 @@ pub fn run_summary(v: &RunView) -> String {
         s,
         "\nagentdiff: run {} ({})",
         escape_terminal(&v.id),
-        backend_label(r)
+        backend_label(v)
     );
     let _ = writeln!(s, "  {}", outcome_line(r));
     if let Some(err) = &r.execution_error {

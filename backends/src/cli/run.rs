@@ -403,8 +403,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             outln!("{text}");
         }
         Format::Summary => {
-            let view =
-                RunView::of_result(outcome.result.clone(), true, outcome.capsule_dir.clone());
+            // Read back from the capsule, so the backend's own facts (an external plugin's
+            // declared isolation) are shown; the result alone when that fails.
+            let view = store
+                .open_run(&outcome.result.run_id)
+                .ok()
+                .and_then(|c| RunView::load(&c).ok())
+                .unwrap_or_else(|| {
+                    RunView::of_result(outcome.result.clone(), true, outcome.capsule_dir.clone())
+                });
             errout!("{}", report::run_summary(&view));
         }
     }

@@ -297,3 +297,62 @@ fn the_html_report_shows_the_warnings_findings_and_limits_the_others_show() {
         "only the report's own script"
     );
 }
+
+/// The HTML report opens with the seal verdict; a capsule that does not authenticate gets an
+/// UNVERIFIED banner above its (possibly forged) status and backend; an authenticated run of a
+/// backend that let the command read the key (local) says what "authenticated" then means.
+#[test]
+fn the_html_report_puts_the_verdict_before_the_facts_it_vouches_for() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "k1", "echo x > a.txt");
+    let html = inspect(p, "k1", "html");
+    assert!(!html.contains("id=\"unverified\""), "{html}");
+    let verdict = html.find("id=\"seal-verdict\"").unwrap();
+    assert!(verdict < html.find("<header>").unwrap(), "{html}");
+    let caveat = html
+        .find("id=\"key-exposure\"")
+        .unwrap_or_else(|| panic!("{html}"));
+    assert!(html[caveat..].contains("could read the seal key"), "{html}");
+    let md = inspect(p, "k1", "markdown");
+    assert!(md.contains("could read the seal key"), "{md}");
+
+    forge_result(p, "k1", |v| {
+        v["status"] = "passed".into();
+        v["runtime"]["sandboxed"] = true.into();
+    });
+    let html = inspect(p, "k1", "html");
+    let banner = html
+        .find("id=\"unverified\"")
+        .unwrap_or_else(|| panic!("{html}"));
+    assert!(banner < html.find("<header>").unwrap(), "{html}");
+    assert!(banner < html.find("Status:").unwrap(), "{html}");
+    assert!(!html.contains("id=\"key-exposure\""), "{html}");
+}
+
+/// The terminal label always carries the enforcement label and how far it was verified, even
+/// when the backend says it is sandboxed.
+#[test]
+fn the_terminal_label_keeps_the_enforcement_label_when_sandboxed() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "e1", "true");
+    let local = inspect(p, "e1", "summary");
+    assert!(
+        local.contains("(local backend, enforcement none (nothing enforced), not sandboxed)"),
+        "{local}"
+    );
+    forge_result(p, "e1", |v| {
+        v["runtime"]["backend"] = "container".into();
+        v["runtime"]["enforcement"] = "container_requested".into();
+        v["runtime"]["sandboxed"] = true.into();
+    });
+    let shown = inspect(p, "e1", "summary");
+    assert!(
+        shown.contains(
+            "(container backend, enforcement container_requested (requested, not verified \
+             here), sandboxed)"
+        ),
+        "{shown}"
+    );
+}

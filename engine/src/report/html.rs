@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::RunEvidence;
 use crate::redact::escape_terminal;
-use crate::store::{Verdict, VerifyReport};
+use crate::store::Verdict;
 use crate::transaction::ChangeRecord;
 
 use super::diff::{ChangeDiff, DiffBody};
@@ -175,7 +175,7 @@ fn header(s: &mut String, v: &RunView) {
         let _ = writeln!(s, "<p><strong>Error:</strong> {}</p>", escape(err));
     }
     let backend = match &r.runtime {
-        Some(rt) => runtime_line(rt, escape),
+        Some(rt) => runtime_line(rt, v.plugin().is_some(), escape),
         None => format!(
             "{} — not launched",
             escape(v.backend.as_deref().unwrap_or("none"))
@@ -208,8 +208,24 @@ fn recovery(s: &mut String, v: &RunView) {
     let _ = writeln!(s, "<p><strong>Rollback:</strong> {text}</p>");
 }
 
-fn seal(s: &mut String, report: Option<&VerifyReport>) {
-    let Some(report) = report else {
+/// Shown above everything a report says when its seal does not authenticate here.
+const UNVERIFIED_BANNER: &str = "<p class=\"seal seal-bad\" id=\"unverified\" role=\"alert\">\
+<strong>UNVERIFIED</strong>: the seal of this run does not authenticate under this user's key, so \
+everything below (status, backend, sandbox, changes) may have been written by someone other than \
+agentdiff. Run <code>agentdiff verify RUN</code>.</p>\n";
+
+/// The seal's verdict, first on the page: the facts after it are only as good as the seal. An
+/// unverified banner unless it authenticates; when it does but the command could have read the
+/// key ([`super::key_exposure`]), that is said too.
+fn seal(s: &mut String, v: &RunView) {
+    let authenticated = v
+        .seal
+        .as_ref()
+        .is_some_and(|r| r.verdict == Verdict::Authenticated);
+    if !authenticated {
+        s.push_str(UNVERIFIED_BANNER);
+    }
+    let Some(report) = v.seal.as_ref() else {
         s.push_str(
             "<section aria-labelledby=\"h-seal\"><h2 id=\"h-seal\">Seal</h2><p class=\"seal \
              seal-bad\"><strong id=\"seal-verdict\">not verified</strong>: this report did not \
@@ -232,6 +248,12 @@ fn seal(s: &mut String, report: Option<&VerifyReport>) {
          <p class=\"seal {class}\"><strong id=\"seal-verdict\">{word}</strong>: {meaning}. Detail: {}</p>",
         escape(&report.authentication.detail)
     );
+    if let Some(caveat) = super::key_exposure(v).filter(|_| authenticated) {
+        let _ = writeln!(
+            s,
+            "<p class=\"seal seal-warn\" id=\"key-exposure\">{caveat}.</p>"
+        );
+    }
     if !report.problems.is_empty() {
         s.push_str("<ul>");
         for p in &report.problems {
@@ -671,9 +693,9 @@ pub fn render(v: &RunView, diffs: &[ChangeDiff], back: Option<&str>) -> String {
     if let Some(href) = back {
         let _ = writeln!(s, "<nav><a href=\"{}\">← all runs</a></nav>", escape(href));
     }
+    seal(&mut s, v);
     header(&mut s, v);
     s.push_str("<main>\n");
-    seal(&mut s, v.seal.as_ref());
     finding_section(
         &mut s,
         "tampered",

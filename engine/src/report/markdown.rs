@@ -109,6 +109,11 @@ fn seal_line(s: &mut String, v: &RunView) {
         "**Seal:** {word} — {}\n",
         words::verdict_meaning(seal.verdict)
     );
+    if seal.verdict == Verdict::Authenticated {
+        if let Some(caveat) = super::key_exposure(v) {
+            let _ = writeln!(s, "**Note:** {caveat}\n");
+        }
+    }
     for p in seal.problems.iter().take(MAX_SEAL_PROBLEMS) {
         let _ = writeln!(s, "- {}: {}", escape(&p.subject), escape(&p.problem));
     }
@@ -170,7 +175,7 @@ fn backend(s: &mut String, v: &RunView) {
     let _ = writeln!(
         s,
         "**Backend:** {} · workspace {}\n",
-        runtime_line(rt, escape),
+        runtime_line(rt, v.plugin().is_some(), escape),
         match caps.workspace {
             WorkspaceMode::Private => "private copy",
             _ => "host tree",

@@ -16,7 +16,8 @@ pub mod words;
 
 use std::path::PathBuf;
 
-use crate::backend::WorkspaceMode;
+use crate::backend::external::{ExternalFacts, ExternalOrigin};
+use crate::backend::{Enforcement, WorkspaceMode};
 use crate::policy::Action;
 use crate::redact::escape_terminal;
 use crate::store::doc::Event;
@@ -102,8 +103,9 @@ pub fn exit_text(e: &crate::backend::ExitInfo) -> String {
 
 /// The launched backend in one line, the same words on every surface:
 /// `NAME · enforcement E · sandboxed|not sandboxed · network blocked|not blocked`, the name
-/// through the surface's `escape`.
-pub fn runtime_line(rt: &RuntimeSummary, escape: fn(&str) -> String) -> String {
+/// through the surface's `escape`; `(declared by plugin)` after the claims when an external
+/// plugin made them ([`RunView::plugin`]).
+pub fn runtime_line(rt: &RuntimeSummary, plugin: bool, escape: fn(&str) -> String) -> String {
     let sandbox = if rt.sandboxed {
         "sandboxed"
     } else {
@@ -114,11 +116,39 @@ pub fn runtime_line(rt: &RuntimeSummary, escape: fn(&str) -> String) -> String {
     } else {
         "not blocked"
     };
+    let declared = if plugin { " (declared by plugin)" } else { "" };
     format!(
-        "{} · enforcement {} · {sandbox} · network {network}",
+        "{} · enforcement {} · {sandbox} · network {network}{declared}",
         escape(&rt.backend),
         rt.enforcement.as_str()
     )
+}
+
+/// Whether the command could have read this user's seal key, for the reader of an
+/// "authenticated" verdict (docs/security-model.md, who can read the key): `None` when the
+/// backend keeps the state directory out of the command's reach by agentdiff's own mounts or by
+/// not mounting it, else why "authenticated" proves less.
+pub fn key_exposure(v: &RunView) -> Option<&'static str> {
+    if v.plugin().is_some() {
+        return Some(
+            "the run went through an external plugin, which declares its own isolation: whether \
+             the command could read the seal key is unknown, so authenticated means sealed by \
+             agentdiff with this user's key, not that the command could not have forged it",
+        );
+    }
+    match v.result.runtime.as_ref()?.enforcement {
+        Enforcement::None => Some(
+            "the command ran unconfined as this user and could read the seal key: authenticated \
+             means sealed by agentdiff with this user's key, not that the command could not have \
+             forged it",
+        ),
+        Enforcement::ExternalSandboxRequested => Some(
+            "the command's access to the seal key was left to an external sandbox (requested, \
+             not verified here; with a user-supplied settings file treat the key as readable): \
+             authenticated means sealed by agentdiff with this user's key",
+        ),
+        Enforcement::ContainerRequested | Enforcement::BwrapSandbox => None,
+    }
 }
 
 /// An event field's value as one line of text: strings as they are, anything else as compact
@@ -162,6 +192,16 @@ impl RunView {
             events: Vec::new(),
             events_error: None,
         }
+    }
+
+    /// The external plugin the run went through, decoded from the evidence's typed `wrapper`
+    /// facts: everything such a run reports about its isolation is the plugin's word.
+    pub fn plugin(&self) -> Option<ExternalOrigin> {
+        let facts = self.runtime.as_ref()?.evidence()?.wrapper.as_ref()?;
+        facts
+            .decode::<ExternalFacts>()
+            .ok()
+            .map(|f| f.external_backend)
     }
 
     /// The policy outcome, or `None` when nothing ran: no change was decided, so there is no
