@@ -239,20 +239,16 @@ fn evidence_lines(s: &mut String, r: &RunResult, id: &str) {
         .verified_controls
         .iter()
         .map(|v| {
-            let at = serde_json::from_value::<agentdiff_conformance::probes::Citation>(
-                v.citation.clone(),
-            )
-            .map_or(now, |c| c.probed_at_unix);
-            format!(
-                "{} ({} min ago)",
-                v.boundary.as_str(),
-                now.saturating_sub(at) / 60
-            )
+            let age = v
+                .citation
+                .age_minutes(now)
+                .map_or("age unknown".to_string(), |m| format!("{m} min ago"));
+            format!("{} ({age})", v.boundary.as_str())
         })
         .collect();
     let _ = writeln!(
         s,
-        "  verified by a recorded probe on this host: {}",
+        "  verified by a recorded probe on this host (the record file is not authenticated): {}",
         names.join(", ")
     );
 }

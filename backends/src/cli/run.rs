@@ -503,7 +503,7 @@ fn cite_probes(
         })
         .map(|c| VerifiedControl {
             boundary: c.boundary,
-            citation: serde_json::to_value(&c).unwrap_or_default(),
+            citation: c,
         })
         .collect())
 }

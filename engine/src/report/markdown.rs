@@ -185,7 +185,7 @@ fn backend(s: &mut String, v: &RunView) {
     let _ = writeln!(s, "| Boundary | Label |\n|---|---|");
     for b in Boundary::ALL {
         let mark = if verified.contains(&b) {
-            " (verified by a recorded probe)"
+            " (verified by a recorded probe; the record file is not authenticated)"
         } else {
             ""
         };
