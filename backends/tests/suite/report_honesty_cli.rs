@@ -147,7 +147,10 @@ fn invisible_characters_and_backslashes_are_visible_in_every_report() {
     let summary = inspect(p, "v1", "summary");
     assert!(summary.contains("nl\\\\nname.txt"), "{summary}");
     assert!(summary.contains("nl\\nname.txt"), "{summary}");
-    let lines: Vec<&str> = summary.lines().filter(|l| l.contains("name.txt")).collect();
+    let lines: Vec<&str> = summary
+        .lines()
+        .filter(|l| l.contains("added") && l.contains("name.txt"))
+        .collect();
     assert_eq!(lines.len(), 2, "{summary}");
     assert_ne!(lines[0], lines[1]);
 }
