@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use super::classify::{classify_changes, evaluate_limits};
+use super::classify::{classify_changes, classify_uncaptured, evaluate_limits};
 use super::findings::{evidence_findings, with_findings};
 use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
 use super::{Refusal, VerifiedControl};
@@ -50,7 +50,11 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let changes = classify_changes(ev.policy, &diff, ev.private_workspace);
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let warnings = observation_warnings(ev.before, ev.after, &diff, ev.run);
-    let findings = evidence_findings(ev.run);
+    let mut findings = evidence_findings(ev.run);
+    findings.extend(classify_uncaptured(
+        ev.policy,
+        &fs::diff_unsupported(ev.before, ev.after),
+    ));
     let outcome = with_findings(
         safety_outcome(
             &changes,
