@@ -133,11 +133,13 @@ impl Case {
     fn decide(&self) -> super::RunResult {
         let policy = policy(self.policy_extra);
         let command = command(&policy, self.argv0);
+        let comparison = crate::fs::compare(&self.before, &self.after);
         let ev = Evidence {
             policy: &policy,
             command_decision: &command,
             before: &self.before,
             after: &self.after,
+            comparison: &comparison,
             run: &self.run,
             private_workspace: self.private_workspace,
             verified_controls: &[],
@@ -689,11 +691,13 @@ fn uncaptured_entries_where_the_policy_denies_are_denied() {
             reason: "test".into(),
         });
         let run = exited(0);
+        let comparison = crate::fs::compare(&before, &after);
         let ev = Evidence {
             policy: &policy,
             command_decision: &command,
             before: &before,
             after: &after,
+            comparison: &comparison,
             run: &run,
             private_workspace: false,
             verified_controls: &[],
