@@ -315,7 +315,7 @@ fn the_summary_tells_a_person_what_happened() {
         "task completed",
         "changes: 3 (0 expected, 3 for review, 0 protected)",
         "modified a.txt",
-        "created  b.txt",
+        "added    b.txt",
         "deleted  c.txt",
         "blast radius: moderate (24/100)",
         "policy outcome: review",
