@@ -5,8 +5,9 @@
 //! Invariants:
 //! - every recorded string (paths, rules, reasons, executables, event fields, diff lines, seal
 //!   problems) passes through [`escape`] and nothing else: `&<>"'` become character references
-//!   (safe in text and in quoted attributes) and control, line-separator and bidi characters
-//!   become the terminal report's visible notation, so a name cannot reorder or hide text;
+//!   (safe in text and in quoted attributes) and backslashes, control, line-separator, bidi and
+//!   invisible format characters become the terminal report's visible notation
+//!   ([`escape_terminal`]), so a name cannot reorder or hide text;
 //! - a sensitive file's content is never read (see [`super::diff`]): only sizes and hashes;
 //! - the page's Content-Security-Policy allows no network request at all (`default-src 'none'`)
 //!   and only the one script, by its hash: markup that slipped past escaping could not run script

@@ -30,8 +30,9 @@ const MAX_SEAL_PROBLEMS: usize = 5;
 /// Tables with more rows than this are folded into `<details>`.
 pub const FOLD_ROWS: usize = 10;
 
-/// The one escaping function for markdown: control characters, line separators and bidi
-/// controls become the terminal report's visible notation (`\n`, `\u{202e}`), then every character
+/// The one escaping function for markdown: backslashes, control characters, line separators, bidi
+/// controls and invisible format characters become the terminal report's visible notation
+/// ([`escape_terminal`]: `\\`, `\n`, `\u{202e}`, `\u{e0041}`), then every character
 /// markdown or GitHub could read as syntax is escaped: markdown punctuation (and `:` of emoji and links, `$` of math) with a backslash, `<`,
 /// `>`, `&`, `#`, `@` as character references (no HTML, no references, no mentions), and the `.`
 /// of `www.` (no autolink). `|` is escaped too, so a value is safe inside a table cell.
