@@ -326,9 +326,11 @@ impl RuntimeBackend for BwrapBackend {
             cwd: plan.workdir.clone(),
         };
         let config = runtime_config(&plan);
+        let reach = plan.engine_reach();
         Ok(PreparedLaunch::new(ID, spec, command, ENFORCEMENT, plan)
             .wrapped()
-            .with_runtime_config(config))
+            .with_runtime_config(config)
+            .with_engine_reach(reach))
     }
 
     async fn launch(

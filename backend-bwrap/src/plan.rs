@@ -14,6 +14,7 @@ use std::path::{Component, Path, PathBuf};
 
 use agentdiff_engine::backend::LaunchSpec;
 use agentdiff_engine::environment::is_runtime_injection;
+use agentdiff_engine::process::containers::{EngineReach, HiddenSocket};
 use agentdiff_engine::process::exec_shim;
 use serde::Serialize;
 
@@ -90,6 +91,9 @@ pub struct HostFacts {
     pub engine_sockets: Vec<PathBuf>,
 }
 
+/// Why a mount covers a container engine socket.
+pub const ENGINE_SOCKET_REASON: &str = "container engine socket";
+
 /// Container runtime sockets beyond the engine's API candidates that start containers as root.
 pub const RUNTIME_SOCKETS: &[&str] = &[
     "/run/containerd/containerd.sock",
@@ -151,6 +155,31 @@ pub struct Plan {
     pub env: Vec<(OsString, OsString)>,
     /// bwrap's arguments (after the program).
     pub args: Vec<OsString>,
+}
+
+impl Plan {
+    /// What the command can reach of the container engine APIs agentdiff would query: nothing,
+    /// when its network is unshared (no TCP engine, and abstract Unix sockets belong to the
+    /// network namespace) and the engine sockets that exist are covered; the covered sockets are
+    /// recorded as they are now, so a socket replaced later is noticed. With the host network the
+    /// engines are queried as for any backend.
+    pub fn engine_reach(&self) -> EngineReach {
+        if self.network != Network::None {
+            return EngineReach::Unrestricted;
+        }
+        let sockets = self
+            .mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::HiddenFile && m.reason == ENGINE_SOCKET_REASON)
+            .filter_map(|m| HiddenSocket::of(&m.path))
+            .collect();
+        EngineReach::Hidden {
+            sockets,
+            how: "the command has a network namespace of its own (no TCP engine, no abstract \
+                  Unix socket of the host)"
+                .into(),
+        }
+    }
 }
 
 /// The executables the plan names, resolved by the caller (the only host lookups besides
@@ -273,7 +302,7 @@ fn hidden(
         wanted.push((k.clone(), "agentdiff key directory".into()));
     }
     for sock in &facts.engine_sockets {
-        wanted.push((sock.clone(), "container engine socket".into()));
+        wanted.push((sock.clone(), ENGINE_SOCKET_REASON.into()));
     }
     for h in extra {
         let reason = format!("hide option {h:?}");

@@ -132,7 +132,7 @@ pub async fn assemble(
     }
     Ok(DoctorReport {
         schema_version: 1,
-        host: HostId::current().ok(),
+        host: probes::current_host().ok(),
         process_tracking: agentdiff_engine::process::tracking_mechanisms_available(),
         backends,
         recommended: recommend(&candidates),

@@ -8,15 +8,18 @@ use agentdiff_engine::fs::EntryKind;
 use agentdiff_engine::policy::Action;
 use agentdiff_engine::redact::{escape_terminal, escape_terminal_lines};
 use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
-use agentdiff_engine::report::evidence::{cleanup_word, port_owner, process_tree, PortOwner};
+use agentdiff_engine::report::evidence::{port_owner, process_tree, PortOwner};
+use agentdiff_engine::report::rows::{self, FindingRow, Level};
+use agentdiff_engine::report::words::{self, change_word, cleanup_word};
 use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
+use agentdiff_engine::store::Verdict;
 use agentdiff_engine::transaction::{RunResult, Status};
 
-fn action_word(a: Action) -> &'static str {
+/// The decision word, a deny in upper case.
+fn action_word(a: Action) -> String {
     match a {
-        Action::Allow => "allow",
-        Action::Review => "review",
-        Action::Deny => "DENY",
+        Action::Deny => words::action_word(a).to_uppercase(),
+        a => words::action_word(a).to_string(),
     }
 }
 
@@ -42,7 +45,7 @@ const MAX_LISTED: usize = 20;
 /// Recovery, as [`RunView::recovery`] derives it for every surface.
 fn recovery_lines(s: &mut String, v: &RunView) {
     let r = &v.result;
-    let id = escape_terminal(&r.run_id);
+    let id = escape_terminal(&v.id);
     let lost = match v.recovery() {
         Recovery::PrivateCopy => {
             let _ = writeln!(
@@ -99,26 +102,61 @@ fn recovery_lines(s: &mut String, v: &RunView) {
     }
 }
 
-/// `local backend, not sandboxed`, or what the backend's enforcement is and whether a recorded
-/// probe verified any of it.
-fn backend_label(r: &RunResult) -> String {
-    let Some(rt) = &r.runtime else {
+/// The backend, its enforcement label with how far it was verified, and whether it is
+/// sandboxed: `container backend, enforcement container_requested (requested, not verified
+/// here), sandboxed`. Claims an external plugin made are marked `(declared by plugin)`.
+fn backend_label(v: &RunView) -> String {
+    let Some(rt) = &v.result.runtime else {
         return "not launched".into();
     };
-    let isolation = if rt.sandboxed {
-        "sandboxed".to_string()
-    } else if rt.enforcement == Enforcement::None {
-        "not sandboxed".to_string()
-    } else {
+    let verification = match rt.enforcement {
+        Enforcement::None => "nothing enforced",
+        Enforcement::BwrapSandbox => "applied by agentdiff",
         // Handed to an external tool: verified only where a recorded probe says so.
-        let how = if rt.verified_controls.is_empty() {
-            "not verified"
-        } else {
-            "verified only where listed below"
-        };
-        format!("{}, {how}", rt.enforcement)
+        Enforcement::ExternalSandboxRequested | Enforcement::ContainerRequested => {
+            if rt.verified_controls.is_empty() {
+                "requested, not verified here"
+            } else {
+                "requested; verified only where listed below"
+            }
+        }
     };
-    format!("{} backend, {isolation}", escape_terminal(&rt.backend))
+    let sandbox = if rt.sandboxed {
+        "sandboxed"
+    } else {
+        "not sandboxed"
+    };
+    let declared = if v.plugin().is_some() {
+        " (declared by plugin)"
+    } else {
+        ""
+    };
+    format!(
+        "{} backend, enforcement {} ({verification}), {sandbox}{declared}",
+        escape_terminal(&rt.backend),
+        rt.enforcement
+    )
+}
+
+/// What changed under `.agentdiff/` during the run: deny lines above the changes (which never
+/// list `.agentdiff/`, so a tampering run can otherwise show nothing at all).
+fn tamper_lines(s: &mut String, r: &RunResult) {
+    for row in rows::tamper_rows(r) {
+        let _ = writeln!(s, "  {}", finding_line(&row));
+    }
+}
+
+/// `DENY kind: detail`, escaped.
+fn finding_line(row: &FindingRow) -> String {
+    let level = match row.level {
+        Level::Action(a) => action_word(a),
+        Level::Note => row.level.word().to_string(),
+    };
+    format!(
+        "{level} {}: {}",
+        escape_terminal(&row.kind),
+        escape_terminal(&row.detail)
+    )
 }
 
 fn change_lines(s: &mut String, r: &RunResult) {
@@ -141,7 +179,7 @@ fn change_lines(s: &mut String, r: &RunResult) {
             s,
             "    {:<6} {:<8} {}{}  [{}]",
             action_word(c.decision),
-            format!("{:?}", c.change_type).to_lowercase(),
+            change_word(c),
             escape_terminal(&c.path),
             kind,
             escape_terminal(&c.policy_decision.rule)
@@ -150,18 +188,8 @@ fn change_lines(s: &mut String, r: &RunResult) {
 }
 
 /// Limits, warnings, leftovers, findings, containers, ports and probe citations.
-fn evidence_lines(s: &mut String, r: &RunResult) {
+fn evidence_lines(s: &mut String, r: &RunResult, id: &str) {
     let sm = &r.summary;
-    for v in &r.limit_violations {
-        let _ = writeln!(
-            s,
-            "  limit exceeded: {} = {} (limit {})",
-            v.limit, v.observed, v.limit_value
-        );
-    }
-    for w in &r.observation_warnings {
-        let _ = writeln!(s, "  warning: {}", escape_terminal(w));
-    }
     if sm.leftover_processes > 0 {
         let _ = writeln!(
             s,
@@ -169,14 +197,9 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
             sm.leftover_processes
         );
     }
-    for f in &r.evidence_findings {
-        let _ = writeln!(
-            s,
-            "  {} {}: {}",
-            action_word(f.action),
-            escape_terminal(&f.kind),
-            escape_terminal(&f.detail)
-        );
+    // Findings, exceeded limits and warnings: the rows every surface shows, escaped here.
+    for row in rows::finding_rows(r) {
+        let _ = writeln!(s, "  {}", finding_line(&row));
     }
     // Attributed (held or started by the run's processes) and machine-wide observations are
     // counted apart: another program's listener or container is not the command's.
@@ -189,7 +212,7 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
             sm.containers_attributed,
             sm.containers_started
                 .saturating_sub(sm.containers_attributed),
-            escape_terminal(&r.run_id)
+            escape_terminal(id)
         );
     }
     if sm.opened_ports > 0 {
@@ -216,22 +239,53 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
         .verified_controls
         .iter()
         .map(|v| {
-            let at = serde_json::from_value::<agentdiff_conformance::probes::Citation>(
-                v.citation.clone(),
-            )
-            .map_or(now, |c| c.probed_at_unix);
-            format!(
-                "{} ({} min ago)",
-                v.boundary.as_str(),
-                now.saturating_sub(at) / 60
-            )
+            let age = v
+                .citation
+                .age_minutes(now)
+                .map_or("age unknown".to_string(), |m| format!("{m} min ago"));
+            format!("{} ({age})", v.boundary.as_str())
         })
         .collect();
     let _ = writeln!(
         s,
-        "  verified by a recorded probe on this host: {}",
+        "  verified by a recorded probe on this host (the record file is not authenticated): {}",
         names.join(", ")
     );
+}
+
+/// Seal problems listed under the verdict (`agentdiff verify RUN` lists them all).
+const MAX_SEAL_PROBLEMS: usize = 5;
+
+/// The seal verdict, when the view was verified: first, since everything after it is only as
+/// trustworthy as the seal.
+fn seal_lines(s: &mut String, v: &RunView) {
+    let Some(seal) = &v.seal else {
+        return;
+    };
+    let word = words::verdict_word(seal.verdict);
+    let word = if seal.verdict == Verdict::Authenticated {
+        word.to_string()
+    } else {
+        word.to_uppercase()
+    };
+    let _ = writeln!(
+        s,
+        "\nagentdiff: seal {word}: {}",
+        words::verdict_meaning(seal.verdict)
+    );
+    for p in seal.problems.iter().take(MAX_SEAL_PROBLEMS) {
+        let _ = writeln!(
+            s,
+            "  {}: {}",
+            escape_terminal(&p.subject),
+            escape_terminal(&p.problem)
+        );
+    }
+    if seal.verdict == Verdict::Authenticated {
+        if let Some(caveat) = agentdiff_engine::report::key_exposure(v) {
+            let _ = writeln!(s, "  note: {caveat}");
+        }
+    }
 }
 
 /// The end-of-run summary: what happened at a glance, then each change. The facts shared with
@@ -239,26 +293,25 @@ fn evidence_lines(s: &mut String, r: &RunResult) {
 pub fn run_summary(v: &RunView) -> String {
     let r = &v.result;
     let mut s = String::new();
+    seal_lines(&mut s, v);
     let _ = writeln!(
         s,
         "\nagentdiff: run {} ({})",
-        escape_terminal(&r.run_id),
-        backend_label(r)
+        escape_terminal(&v.id),
+        backend_label(v)
     );
     let _ = writeln!(s, "  {}", outcome_line(r));
     if let Some(err) = &r.execution_error {
         let _ = writeln!(s, "  error: {}", escape_terminal(err));
     }
+    tamper_lines(&mut s, r);
     change_lines(&mut s, r);
-    evidence_lines(&mut s, r);
+    evidence_lines(&mut s, r, &v.id);
     let b = &r.blast_radius;
     let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
-    let outcome = match v.policy_outcome() {
-        None => "none (nothing ran)",
-        Some(Action::Allow) => "allow",
-        Some(Action::Review) => "review",
-        Some(Action::Deny) => "deny",
-    };
+    let outcome = v
+        .policy_outcome()
+        .map_or("none (nothing ran)", words::action_word);
     let _ = writeln!(s, "  policy outcome: {outcome}");
     recovery_lines(&mut s, v);
     let _ = writeln!(
@@ -300,7 +353,14 @@ pub fn inspect_sections(v: &RunView) -> String {
                         ""
                     },
                     row.cleanup
-                        .map(|o| format!(" · cleanup: {}", cleanup_word(o)))
+                        .map(|o| {
+                            let word = cleanup_word(o);
+                            if words::cleanup_alarm(o) {
+                                format!(" · cleanup: {}", word.to_uppercase())
+                            } else {
+                                format!(" · cleanup: {word}")
+                            }
+                        })
                         .unwrap_or_default(),
                     p.left_run_cgroup
                         .as_ref()
@@ -395,6 +455,18 @@ pub fn diff_section(diffs: &[ChangeDiff]) -> String {
     s
 }
 
+/// A stored run for a report, its seal verified as `agentdiff verify` does (this user's key and
+/// ledger). A capsule that cannot be read, or whose result names another run, exits
+/// [`crate::exit::INVALID_CAPSULE`].
+pub fn load_verified(
+    store: &agentdiff_engine::store::Store,
+    capsule: &agentdiff_engine::store::Capsule,
+) -> anyhow::Result<RunView> {
+    let (ctx, _) = crate::cli::verify_context(store.root());
+    RunView::load_verified(capsule, store.objects(), &ctx)
+        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))
+}
+
 /// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
 /// its diffs (the after side from the working tree at the store's root); `back` links above it.
 pub fn html_report(
@@ -403,15 +475,8 @@ pub fn html_report(
     back: Option<&str>,
 ) -> anyhow::Result<String> {
     use agentdiff_engine::report::diff::DiffSource;
-    let view = RunView::load(capsule)
-        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
-    let (ctx, _) = crate::cli::verify_context(store.root());
-    let seal = capsule
-        .verify_with(store.objects(), &ctx)
-        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))?;
+    let view = load_verified(store, capsule)?;
     let diffs =
         DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
-    Ok(agentdiff_engine::report::html::render(
-        &view, &seal, &diffs, back,
-    ))
+    Ok(agentdiff_engine::report::html::render(&view, &diffs, back))
 }

@@ -389,26 +389,60 @@ pub fn fingerprint(name: &str, value: &[u8]) -> String {
     format!("sha256:{}", &hex::encode(digest)[..16])
 }
 
+/// Whether `c` is invisible or changes how the text around it is shown: Unicode's format
+/// characters (general category Cf: soft hyphen, zero-width space and joiners, word joiner,
+/// byte-order mark, invisible operators, the bidirectional controls and marks, interlinear
+/// annotation, tag characters U+E0000–E007F), variation selectors, and the characters that render
+/// as nothing (combining grapheme joiner, Hangul fillers, Khmer inherent vowels), plus the line
+/// and paragraph separators. Such a character could hide text from a reader (tag characters carry
+/// whole invisible sentences) or reorder what the reader sees.
+fn is_hidden(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{034f}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061c}'
+            | '\u{06dd}'
+            | '\u{070f}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08e2}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{110bd}'
+            | '\u{110cd}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e007f}'
+            | '\u{e0100}'..='\u{e01ef}'
+    )
+}
+
 /// The one escaping function for human output: every recorded string (file names, reasons, diff
-/// lines, errors) passes through it before it reaches a terminal. Escapes C0 controls (so a
-/// newline in a file name cannot start a fake report line), DEL, C1 controls, the Unicode line
-/// and paragraph separators, and every bidirectional control (embeddings, overrides, isolates,
-/// and the LRM/RLM/ALM marks), which could reorder what the reader sees.
+/// lines, errors) passes through it before it reaches a terminal, and the markdown and HTML
+/// escapers build on it. Writes `\` as `\\` (so a name holding a literal backslash-n cannot look
+/// like one holding a newline), the C0 controls, DEL and the C1 controls in visible notation
+/// (`\n`, `\t`, `\r`, `\u{1b}`: a newline in a file name cannot start a fake report line), and
+/// every invisible or reordering character ([`is_hidden`]) as `\u{...}`.
 pub fn escape_terminal(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
+            '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            '\u{202a}'..='\u{202e}'
-            | '\u{2066}'..='\u{2069}'
-            | '\u{200e}'
-            | '\u{200f}'
-            | '\u{061c}'
-            | '\u{2028}'
-            | '\u{2029}' => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if c.is_control() || is_hidden(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
     }
@@ -610,5 +644,53 @@ mod tests {
         // A file name cannot print a fake report line.
         let name = "x\n  would_create     .env";
         assert_eq!(escape_terminal(name).lines().count(), 1);
+    }
+
+    #[test]
+    fn invisible_format_characters_are_escaped() {
+        for c in [
+            '\u{200b}',
+            '\u{200c}',
+            '\u{200d}',
+            '\u{2060}',
+            '\u{2064}',
+            '\u{feff}',
+            '\u{ad}',
+            '\u{34f}',
+            '\u{180e}',
+            '\u{fe0f}',
+            '\u{e0001}',
+            '\u{e0041}',
+            '\u{e007f}',
+            '\u{e0100}',
+            '\u{3164}',
+            '\u{600}',
+            '\u{fff9}',
+            '\u{1d173}',
+        ] {
+            let shown = escape_terminal(&format!("a{c}b"));
+            assert_eq!(shown, format!("a\\u{{{:x}}}b", c as u32));
+        }
+        // A sentence in tag characters (invisible in most renderers) becomes visible notation.
+        let hidden: String = "ignore the denials"
+            .chars()
+            .map(|c| char::from_u32(0xe0000 + c as u32).unwrap())
+            .collect();
+        let shown = escape_terminal(&format!("ok.txt{hidden}"));
+        assert!(shown.is_ascii(), "{shown}");
+        assert!(shown.starts_with("ok.txt\\u{e0069}\\u{e0067}"), "{shown}");
+        // Ordinary text, accents and emoji stay as they are.
+        assert_eq!(escape_terminal("café 日本 🙂"), "café 日本 🙂");
+    }
+
+    #[test]
+    fn a_backslash_is_doubled_so_a_literal_escape_differs_from_a_real_one() {
+        assert_eq!(escape_terminal("nl\\nname.txt"), "nl\\\\nname.txt");
+        assert_eq!(escape_terminal("nl\nname.txt"), "nl\\nname.txt");
+        assert_ne!(
+            escape_terminal("nl\\nname.txt"),
+            escape_terminal("nl\nname.txt")
+        );
+        assert_eq!(escape_terminal("\\u{1b}"), "\\\\u{1b}");
     }
 }

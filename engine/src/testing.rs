@@ -205,11 +205,13 @@ pub fn write_run_docs(
         finished_at: FINISHED_AT.into(),
         duration_ms: 1000,
     };
+    let comparison = crate::fs::compare(before, after);
     let evidence = Evidence {
         policy,
         command_decision: &command,
         before,
         after,
+        comparison: &comparison,
         run,
         private_workspace: run.capabilities.workspace == WorkspaceMode::Private,
         verified_controls: &[],

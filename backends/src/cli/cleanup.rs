@@ -178,7 +178,7 @@ fn render_summary(result: &CleanupResult) {
     outln!(
         "cleanup of run {} ({} backend, {}, grace {} ms): {} identities",
         escape_terminal(&result.run_id),
-        result.backend,
+        escape_terminal(&result.backend),
         r.mechanism,
         r.grace_ms,
         r.records.len()
@@ -204,7 +204,7 @@ fn render_summary(result: &CleanupResult) {
     for c in result.containers.iter().flatten() {
         outln!(
             "  containers: {:<24} {}{}",
-            c.outcome,
+            escape_terminal(&c.outcome),
             escape_terminal(c.id.get(..12).unwrap_or(&c.id)),
             c.detail
                 .as_deref()

@@ -8,7 +8,7 @@ use clap::ValueEnum;
 
 use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::report::diff::DiffSource;
-use agentdiff_engine::report::{markdown, RunView};
+use agentdiff_engine::report::markdown;
 use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
 
@@ -103,15 +103,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let sealed = capsule.is_sealed();
     let has_result =
         std::fs::symlink_metadata(capsule.dir().join(Artifact::Result.file_name())).is_ok();
     if !has_result {
         return interrupted(&capsule, args.format);
     }
     if args.format == InspectFormat::Markdown {
-        let view =
-            RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+        let view = crate::report::load_verified(&store, &capsule)?;
         out!("{}", markdown::render(&view));
         return Ok(ExitCode::SUCCESS);
     }
@@ -120,15 +118,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Json {
-        let result: RunResult = capsule
-            .result()
+        let result: RunResult = agentdiff_engine::report::checked_result(&capsule)
             .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
         outln!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let mut view =
-        RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-    view.sealed = sealed;
+    let view = crate::report::load_verified(&store, &capsule)?;
     out!("{}", crate::report::run_summary(&view));
     out!("{}", crate::report::inspect_sections(&view));
     if args.diff {

@@ -24,7 +24,7 @@ use agentdiff_engine::transaction::{
 use crate::exit;
 use crate::report;
 use agentdiff_engine::redact::escape_terminal;
-use agentdiff_engine::report::{markdown, ReportError, RunView};
+use agentdiff_engine::report::{markdown, RunView};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -403,8 +403,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             outln!("{text}");
         }
         Format::Summary => {
-            let view =
-                RunView::of_result(outcome.result.clone(), true, outcome.capsule_dir.clone());
+            // Read back from the capsule, so the backend's own facts (an external plugin's
+            // declared isolation) are shown; the result alone when that fails.
+            let view = store
+                .open_run(&outcome.result.run_id)
+                .ok()
+                .and_then(|c| RunView::load(&c).ok())
+                .unwrap_or_else(|| {
+                    RunView::of_result(outcome.result.clone(), true, outcome.capsule_dir.clone())
+                });
             errout!("{}", report::run_summary(&view));
         }
     }
@@ -430,9 +437,9 @@ fn append_summary(
     let id = &outcome.result.run_id;
     let written = store
         .open_run(id)
-        .map_err(ReportError::from)
-        .and_then(|c| RunView::load(&c))
-        .map_err(|e| format!("cannot render the report: {e}"))
+        .map_err(anyhow::Error::from)
+        .and_then(|c| report::load_verified(store, &c))
+        .map_err(|e| format!("cannot render the report: {e:#}"))
         .and_then(|view| {
             file.write_all(markdown::render(&view).as_bytes())
                 .and_then(|()| file.flush())
@@ -496,7 +503,7 @@ fn cite_probes(
         })
         .map(|c| VerifiedControl {
             boundary: c.boundary,
-            citation: serde_json::to_value(&c).unwrap_or_default(),
+            citation: c,
         })
         .collect())
 }

@@ -66,7 +66,8 @@ pub fn host_allowed(host: Option<&str>, port: u16) -> bool {
         return false;
     };
     let loopback = name.eq_ignore_ascii_case("localhost") || name == "127.0.0.1" || name == "[::1]";
-    loopback && p.parse::<u16>().ok() == Some(port)
+    // The port exactly as a browser writes it: `parse` would also take `+8080` and `08080`.
+    loopback && p == port.to_string()
 }
 
 #[cfg(test)]
@@ -104,6 +105,11 @@ mod tests {
             "127.0.0.2:8080",
             "localhost.evil.example:8080",
             "0.0.0.0:8080",
+            "localhost:+8080",
+            "localhost:08080",
+            "localhost:8080 ",
+            " localhost:8080",
+            "localhost:",
             "",
         ] {
             assert!(!host_allowed(Some(bad), 8080), "{bad}");

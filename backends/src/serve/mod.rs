@@ -28,8 +28,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use agentdiff_engine::report::dashboard;
 use agentdiff_engine::report::live::LiveTail;
+use agentdiff_engine::report::{dashboard, listing};
 use agentdiff_engine::store::{Store, StoreError};
 
 use auth::Token;
@@ -164,7 +164,9 @@ impl Server {
             return Route::Events;
         }
         if path == "/" {
-            return Route::Page(match self.store.list_runs() {
+            // The same verifying listing as `agentdiff runs`, with the same key and ledger.
+            let (ctx, _) = crate::cli::verify_context(self.store.root());
+            return Route::Page(match listing::list(&self.store, &ctx) {
                 Ok(runs) => page(dashboard::index(&runs, self.token.as_str())),
                 Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
             });

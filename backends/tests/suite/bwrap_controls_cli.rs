@@ -702,6 +702,167 @@ fn container_engine_sockets_are_unreachable_from_the_sandbox() {
     assert!(reached.load(Ordering::SeqCst));
 }
 
+/// A podman-like engine on `path`: `/_ping` answers `OK` (with podman's header), every other
+/// request an empty event log. Returns how many connections it got.
+fn fake_podman(path: &Path) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&count);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { break };
+            seen.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 2048];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let body: &[u8] = if buf[..n].starts_with(b"GET /_ping") {
+                b"OK"
+            } else {
+                b""
+            };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nLibpod-Api-Version: 4.3.1\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = c.write_all(head.as_bytes());
+            let _ = c.write_all(body);
+        }
+    });
+    count
+}
+
+fn engine_sockets(rt: &Value) -> Vec<String> {
+    rt["containers"]["engines"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no engines: {rt:#}"))
+        .iter()
+        .map(|e| e["socket"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// With its network unshared and every engine socket covered, the command cannot reach an engine:
+/// the engines are not queried, and the evidence says so and why. With the host network, or
+/// under the local backend, the same engine is queried.
+#[test]
+fn engines_are_queried_only_when_the_command_could_reach_one() {
+    use std::sync::atomic::Ordering;
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let dir = var_tmp("agentdiff-bwrap-engine-");
+    let sock = dir.path().join("podman.sock");
+    let asked = fake_podman(&sock);
+    let docker_host = format!("unix://{}", sock.display());
+    let env = [("DOCKER_HOST", docker_host.as_str())];
+
+    let (code, result, out) = f.run(&["--fail-on", "never"], &["true"], &env);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = f.runtime_json(&result);
+    let containers = &rt["containers"];
+    assert_eq!(containers["observation"], "not_applicable", "{rt:#}");
+    let note = containers["note"].as_str().unwrap();
+    assert!(note.contains(&canonical(&sock)), "{note}");
+    assert!(note.contains("network namespace"), "{note}");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        0,
+        "the hidden engine was asked"
+    );
+    assert!(hidden_paths(&rt).contains(&canonical(&sock)), "{rt:#}");
+
+    // The host network: the command could reach an engine over TCP, so the engines are asked.
+    let (code, result, out) = f.run(
+        &["--fail-on", "never", "--backend-option", "network=host"],
+        &["true"],
+        &env,
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["containers"]["observation"], "queried", "{rt:#}");
+    assert!(
+        engine_sockets(&rt).contains(&sock.display().to_string()),
+        "{rt:#}"
+    );
+    let after_host = asked.load(Ordering::SeqCst);
+    assert!(after_host >= 2, "ping and events: {after_host}");
+
+    // The local backend hides nothing: queried.
+    let out = super::cmd(
+        f.root(),
+        &[
+            "run",
+            "--runtime",
+            "local",
+            "--format",
+            "json",
+            "--fail-on",
+            "never",
+            "--",
+            "true",
+        ],
+    )
+    .env("DOCKER_HOST", &docker_host)
+    .output()
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rt = f.runtime_json(&serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!(rt["containers"]["observation"], "queried", "{rt:#}");
+    assert!(
+        engine_sockets(&rt).contains(&sock.display().to_string()),
+        "{rt:#}"
+    );
+    assert!(asked.load(Ordering::SeqCst) > after_host);
+}
+
+/// An engine socket that appears while the sandboxed command runs is not covered by a mount (the
+/// sandbox was built before it existed): the engines are queried, and the note says why.
+#[test]
+fn an_engine_socket_appearing_during_a_bwrap_run_is_queried() {
+    use std::sync::atomic::Ordering;
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let dir = var_tmp("agentdiff-bwrap-engine-");
+    let sock = dir.path().join("late.sock");
+    let docker_host = format!("unix://{}", sock.display());
+    let late = sock.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Appears once the command is running (the command creates the marker first).
+    let marker = f.root().join("running");
+    let waiter = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !marker.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        tx.send(fake_podman(&late)).unwrap();
+    });
+    let (code, result, out) = f.run(
+        &["--fail-on", "never"],
+        &["sh", "-c", "touch running; sleep 1"],
+        &[("DOCKER_HOST", &docker_host)],
+    );
+    waiter.join().unwrap();
+    let asked = rx.recv().unwrap();
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["containers"]["observation"], "queried", "{rt:#}");
+    let note = rt["containers"]["note"].as_str().unwrap();
+    assert!(note.contains("was not hidden"), "{note}");
+    assert!(
+        engine_sockets(&rt).contains(&sock.display().to_string()),
+        "{rt:#}"
+    );
+    assert!(asked.load(Ordering::SeqCst) >= 2);
+}
+
 /// `agentdiff doctor --probe --runtime bwrap` proves each enforced label on this host and
 /// recommends bwrap as verified, not merely declared.
 #[test]

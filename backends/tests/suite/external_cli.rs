@@ -246,6 +246,41 @@ fn a_run_through_the_external_backend_records_changes_and_passes_the_exit_code()
     assert_eq!(rt["wrapper_argv"][1], "-n", "{rt:#}");
 }
 
+/// An external plugin's isolation claims (`sandboxed`, enforcement) are its word: every report
+/// says "(declared by plugin)", decoded from the typed wrapper facts.
+#[test]
+fn reports_mark_an_external_plugin_s_claims_as_declared() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let args = [
+        "run",
+        "--run-id",
+        "ext-1",
+        "--runtime",
+        "nice",
+        "--",
+        "true",
+    ];
+    let out = agentdiff_on(&path, project.path(), &args);
+    assert_exit(&out, 0);
+    assert!(
+        text(&out.stderr).contains("(declared by plugin)"),
+        "{}",
+        text(&out.stderr)
+    );
+    for format in ["summary", "markdown", "html"] {
+        let out = agentdiff_on(
+            &path,
+            project.path(),
+            &["inspect", "ext-1", "--format", format],
+        );
+        assert_exit(&out, 0);
+        let shown = text(&out.stdout);
+        assert!(shown.contains("(declared by plugin)"), "{format}: {shown}");
+    }
+}
+
 #[test]
 fn an_unknown_runtime_lists_built_in_and_path_ids_and_writes_no_capsule() {
     let plugins = PluginDir::new().with_nice();

@@ -21,6 +21,7 @@ mod markdown_cli;
 mod policy_cli;
 mod process_evidence_cli;
 mod prune_cli;
+mod report_honesty_cli;
 mod rollback_cli;
 mod run_cli;
 mod runs_cli;

@@ -315,7 +315,7 @@ fn the_summary_tells_a_person_what_happened() {
         "task completed",
         "changes: 3 (0 expected, 3 for review, 0 protected)",
         "modified a.txt",
-        "created  b.txt",
+        "added    b.txt",
         "deleted  c.txt",
         "blast radius: moderate (24/100)",
         "policy outcome: review",
@@ -687,4 +687,47 @@ fn conformance_of_an_unavailable_backend_exits_69() {
         .output()
         .unwrap();
     super::assert_exit(&out, 69);
+}
+
+/// A hook or key planted under a name that cannot be captured (not UTF-8, or a FIFO) where the
+/// built-in policy denies writes is denied like its readable twin, not waved through as review.
+#[test]
+fn uncaptured_entries_under_denied_paths_are_denied() {
+    let p = project();
+    fs::create_dir_all(p.path().join(".git/hooks")).unwrap();
+    let plants = [
+        "printf x > .git/hooks/\"$(printf 'post\\377')\"",
+        "mkfifo .git/hooks/pre-push",
+        "printf x > \"$(printf 'id\\377.pem')\"",
+    ];
+    for plant in plants {
+        let (code, r, _) = run_json(p.path(), &["--fail-on", "deny"], &["sh", "-c", plant]);
+        assert_eq!(r["safety_outcome"], "deny", "{plant}: {r:#}");
+        assert_ne!(code, 0, "{plant}: --fail-on deny must fail: {r:#}");
+        let kinds: Vec<&str> = r["evidence_findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["kind"].as_str())
+            .collect();
+        assert!(kinds.contains(&"uncaptured_denied"), "{plant}: {r:#}");
+        // Clean up for the next plant, outside agentdiff.
+        Command::new("sh")
+            .arg("-c")
+            .arg("rm -rf .git/hooks/* ./id*.pem")
+            .current_dir(p.path())
+            .status()
+            .unwrap();
+    }
+    // The same name in an ordinary directory stays a review.
+    let (code, r, _) = run_json(
+        p.path(),
+        &["--fail-on", "deny"],
+        &["sh", "-c", "printf x > src/\"$(printf 'x\\377')\""],
+    );
+    assert_eq!(
+        (code, r["safety_outcome"].as_str()),
+        (0, Some("review")),
+        "{r:#}"
+    );
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentdiff_engine::backend::external::protocol::PROTOCOL_VERSION;
-use agentdiff_engine::backend::external::{ExternalError, Plugin, PluginStdio, Session};
+use agentdiff_engine::backend::external::{
+    ExternalError, ExternalFacts, Parentage, Plugin, PluginStdio, Session,
+};
 use serde_json::{json, Value};
 
 use super::{scratch_failure, stage_failure};
@@ -188,17 +190,26 @@ pub async fn launched_is_a_descendant(ctx: Arc<Ctx>) -> Finding {
         Ok(r) => r,
         Err(stage) => return stage_failure(stage),
     };
-    let origin = ran
+    let facts = ran
         .evidence
         .wrapper
         .as_ref()
-        .map(|w| w["external_backend"].clone())
-        .unwrap_or(Value::Null);
+        .map(|w| w.decode::<ExternalFacts>());
+    let origin = match facts {
+        Some(Ok(f)) => f.external_backend,
+        Some(Err(e)) => {
+            return Finding::fail(
+                format!("the run's external_backend facts do not decode: {e}"),
+                json!({ "wrapper": ran.evidence.wrapper.as_deref() }),
+            )
+        }
+        None => return Finding::fail("the run recorded no external_backend facts", Value::Null),
+    };
     Finding::require(
-        origin["launched_process"] == "verified",
+        origin.launched_process == Parentage::Verified,
         format!(
-            "the launched process was not verified as the plugin's descendant: {}",
-            origin["launched_process"]
+            "the launched process was not verified as the plugin's descendant: {:?}",
+            origin.launched_process
         ),
         json!({ "external_backend": origin }),
     )

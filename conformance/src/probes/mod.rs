@@ -8,7 +8,9 @@
 pub(crate) mod programs;
 mod record;
 
-pub use record::{cite, read_records, settings_digest, Citation, HostId, ProbeRecord, RecordError};
+pub use record::{
+    cite, current_host, read_records, settings_digest, Citation, HostId, ProbeRecord, RecordError,
+};
 
 use std::path::PathBuf;
 

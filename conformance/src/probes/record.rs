@@ -4,6 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use agentdiff_engine::backend::citation::{Citation, HostId};
 use agentdiff_engine::backend::{BackendOptions, Boundary};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -36,22 +37,13 @@ pub enum RecordError {
     },
 }
 
-/// Which host (and boot) a probe ran on. A reboot can change kernel settings and installed
-/// components, so a probe from an earlier boot does not vouch for this one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostId {
-    pub hostname: String,
-    pub boot_id: String,
-}
-
-impl HostId {
-    pub fn current() -> Result<Self, RecordError> {
-        let boot_id = crate::host::boot_id().map_err(RecordError::Host)?;
-        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
-        Ok(Self { hostname, boot_id })
-    }
+/// The host this process runs on, and its boot.
+pub fn current_host() -> Result<HostId, RecordError> {
+    let boot_id = crate::host::boot_id().map_err(RecordError::Host)?;
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    Ok(HostId { hostname, boot_id })
 }
 
 /// `sha256:<hex>` of the backend id, its options, and the content of every regular file an option
@@ -102,7 +94,7 @@ impl ProbeRecord {
         Ok(Self {
             backend: backend.to_string(),
             settings_digest: settings_digest(backend, options)?,
-            host: HostId::current()?,
+            host: current_host()?,
             made_at_unix: now_unix(),
             results,
         })
@@ -132,18 +124,6 @@ impl ProbeRecord {
     }
 }
 
-/// What a run's evidence cites when a probe record vouches for a control.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Citation {
-    pub boundary: Boundary,
-    pub backend: String,
-    pub settings_digest: String,
-    pub host: HostId,
-    pub probed_at_unix: u64,
-    pub max_age_seconds: u64,
-    pub summary: String,
-}
-
 /// Read the records `agentdiff doctor --probe --record FILE` wrote (a JSON array).
 pub fn read_records(path: &std::path::Path) -> Result<Vec<ProbeRecord>, RecordError> {
     let shown = || path.display().to_string();
@@ -168,7 +148,7 @@ pub fn cite(
     max_age: Duration,
 ) -> Option<Citation> {
     let digest = settings_digest(backend, options).ok()?;
-    let host = HostId::current().ok()?;
+    let host = current_host().ok()?;
     let now = now_unix();
     records
         .iter()
@@ -256,7 +236,7 @@ mod tests {
         let options = BackendOptions::new();
         let mut fresh = record(Verdict::Verified);
         fresh.settings_digest = settings_digest("srt", &options).unwrap();
-        fresh.host = HostId::current().unwrap();
+        fresh.host = current_host().unwrap();
         fresh.made_at_unix = now_unix() - 10;
         let mut stale = fresh.clone();
         stale.made_at_unix = now_unix() - 10_000;

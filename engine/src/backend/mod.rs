@@ -5,6 +5,7 @@
 //! claim more than the backend verified (see [`Level`]).
 
 mod capabilities;
+pub mod citation;
 pub mod descriptor;
 mod evidence;
 pub mod external;

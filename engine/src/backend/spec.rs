@@ -133,6 +133,7 @@ pub struct PreparedLaunch {
     spec: LaunchSpec,
     backend: &'static str,
     plan: Arc<dyn Any + Send + Sync>,
+    engine_reach: crate::process::containers::EngineReach,
 }
 
 impl std::fmt::Debug for PreparedLaunch {
@@ -165,7 +166,19 @@ impl PreparedLaunch {
             spec: spec.clone(),
             backend,
             plan: Arc::new(plan),
+            engine_reach: crate::process::containers::EngineReach::default(),
         }
+    }
+
+    /// What the backend established about the command's reach to container engine APIs (the
+    /// supervisor's container observation is skipped only when it shows none is reachable).
+    pub fn with_engine_reach(mut self, reach: crate::process::containers::EngineReach) -> Self {
+        self.engine_reach = reach;
+        self
+    }
+
+    pub fn engine_reach(&self) -> &crate::process::containers::EngineReach {
+        &self.engine_reach
     }
 
     /// The program is a wrapper around the command (a sandbox, a container engine): its full

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::manifest::{unsupported_kind as uk, Entry, EntryKind, Manifest};
+use super::manifest::{unsupported_kind as uk, Entry, EntryKind, Manifest, Unsupported};
+use super::tree::{join, Tree, TreeError, TreeSource};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -53,113 +54,296 @@ pub struct UnsupportedChange {
 /// Entry changes from `before` to `after`, sorted by path. Directories appear only when created,
 /// deleted, changed kind or changed mode (never for mtime churn).
 pub fn diff(before: &Manifest, after: &Manifest) -> Vec<Change> {
+    let (rb, ra) = (Recorded::of(before), Recorded::of(after));
     let paths: BTreeSet<&String> = before.entries.keys().chain(after.entries.keys()).collect();
-    let mut out = Vec::new();
-    for path in paths {
-        let b = before.entries.get(path);
-        let a = after.entries.get(path);
-        let (change_type, entry_kind, content, mode, kind) = match (b, a) {
-            (None, Some(a)) => (
-                ChangeType::Created,
-                a.kind,
-                a.kind != EntryKind::Directory,
-                false,
-                false,
-            ),
-            (Some(b), None) => (
-                ChangeType::Deleted,
-                b.kind,
-                b.kind != EntryKind::Directory,
-                false,
-                false,
-            ),
-            (Some(b), Some(a)) => {
-                let kind = b.kind != a.kind;
-                let content = kind || content_differs(b, a);
-                (
-                    ChangeType::Modified,
-                    a.kind,
-                    content,
-                    b.mode != a.mode,
-                    kind,
-                )
-            }
-            (None, None) => continue,
+    paths
+        .into_iter()
+        .filter_map(|path| {
+            change_at(
+                path,
+                before.entries.get(path),
+                after.entries.get(path),
+                &rb,
+                &ra,
+            )
+        })
+        .collect()
+}
+
+/// Everything a run's decision reads from comparing its two manifests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Comparison {
+    /// [`diff`]'s changes.
+    pub changes: Vec<Change>,
+    /// [`diff_unsupported`]'s changes.
+    pub unsupported: Vec<UnsupportedChange>,
+    /// The paths of `after.unsupported` that are entries of the after manifest (files whose
+    /// content could not be captured).
+    pub after_unsupported_entries: BTreeSet<String>,
+    /// Why the comparison does not cover everything (each one makes the run need review).
+    pub incomplete: Vec<String>,
+}
+
+/// Compares two manifests held in memory.
+pub fn compare(before: &Manifest, after: &Manifest) -> Comparison {
+    Comparison {
+        changes: diff(before, after),
+        unsupported: diff_unsupported(before, after),
+        after_unsupported_entries: after
+            .unsupported
+            .iter()
+            .filter(|u| after.entries.contains_key(&u.path))
+            .map(|u| u.path.clone())
+            .collect(),
+        incomplete: Vec::new(),
+    }
+}
+
+/// Compares two manifests stored as trees (`before`/`after` hold their headers: unsupported
+/// records and exclusions; their `entries` are not read). Equal subtree ids are skipped without
+/// reading them, so memory and reads grow with what changed, not with the tree; only the paths
+/// `unsupported` names are looked up besides. The result equals [`compare`] of the full manifests.
+pub fn compare_trees(
+    before: &Manifest,
+    before_root: &str,
+    after: &Manifest,
+    after_root: &str,
+    src: &dyn TreeSource,
+) -> Result<Comparison, TreeError> {
+    let (rb, ra) = (Recorded::of(before), Recorded::of(after));
+    let mut changes: BTreeMap<String, Change> = BTreeMap::new();
+    let mut stack = vec![(
+        String::new(),
+        Some(before_root.to_string()),
+        Some(after_root.to_string()),
+    )];
+    while let Some((dir, b_id, a_id)) = stack.pop() {
+        if b_id == a_id {
+            continue; // the same subtree (or none on both sides): nothing below differs
+        }
+        let read = |id: Option<String>| -> Result<Tree, TreeError> {
+            id.map_or_else(|| Ok(Tree::default()), |id| src.tree(&id))
         };
-        let recorded_b = kinds_for(before, path);
-        let recorded_a = kinds_for(after, path);
-        let mut notes = Vec::new();
-        note(&mut notes, "before", before, path);
-        note(&mut notes, "after", after, path);
-        if b.is_none() {
-            ancestor_note(&mut notes, "before", before, path);
+        let (bt, at) = (read(b_id)?, read(a_id)?);
+        let names: BTreeSet<&String> = bt.entries.keys().chain(at.entries.keys()).collect();
+        for name in names {
+            let path = join(&dir, name);
+            let (b, a) = (bt.entries.get(name), at.entries.get(name));
+            if let Some(c) = change_at(&path, b, a, &rb, &ra) {
+                changes.insert(path, c);
+            }
         }
-        if a.is_none() {
-            ancestor_note(&mut notes, "after", after, path);
+        let subs: BTreeSet<&String> = bt.trees.keys().chain(at.trees.keys()).collect();
+        for name in subs {
+            let (x, y) = (bt.trees.get(name).cloned(), at.trees.get(name).cloned());
+            if x != y {
+                stack.push((join(&dir, name), x, y));
+            }
         }
-        let capture_differs = recorded_b != recorded_a;
-        if change_type == ChangeType::Modified && !(content || mode || kind || capture_differs) {
+    }
+    // A path whose capture status changed but whose entry did not may sit in a skipped subtree.
+    let mut look_b = Lookup::new(src, before_root);
+    let mut look_a = Lookup::new(src, after_root);
+    let mut neither = BTreeSet::new();
+    let mut after_unsupported_entries = BTreeSet::new();
+    let named: BTreeSet<&str> = rb
+        .by_path
+        .keys()
+        .chain(ra.by_path.keys())
+        .copied()
+        .collect();
+    for path in named {
+        let (b, a) = (look_b.entry(path)?, look_a.entry(path)?);
+        if b.is_none() && a.is_none() {
+            neither.insert(path);
             continue;
         }
-        out.push(Change {
-            path: path.clone(),
-            entry_kind,
-            change_type,
-            content_changed: content,
-            mode_changed: mode,
-            kind_changed: kind,
-            before: b.cloned(),
-            after: a.cloned(),
-            unverified: (!notes.is_empty()).then(|| notes.join("; ")),
-        });
+        if a.is_some() && ra.by_path.contains_key(path) {
+            after_unsupported_entries.insert(path.to_string());
+        }
+        if !changes.contains_key(path) {
+            if let Some(c) = change_at(path, b.as_ref(), a.as_ref(), &rb, &ra) {
+                changes.insert(path.to_string(), c);
+            }
+        }
     }
-    out
+    Ok(Comparison {
+        changes: changes.into_values().collect(),
+        unsupported: unsupported_changes(&rb, &ra, &neither),
+        after_unsupported_entries,
+        incomplete: Vec::new(),
+    })
+}
+
+/// Reads the entry at a path of a stored tree, keeping the last directory read (paths come sorted,
+/// so neighbours share it).
+struct Lookup<'s> {
+    src: &'s dyn TreeSource,
+    root: String,
+    cached: Option<(String, Option<Tree>)>,
+}
+
+impl<'s> Lookup<'s> {
+    fn new(src: &'s dyn TreeSource, root: &str) -> Self {
+        Lookup {
+            src,
+            root: root.to_string(),
+            cached: None,
+        }
+    }
+
+    fn entry(&mut self, path: &str) -> Result<Option<Entry>, TreeError> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        if self.cached.as_ref().map(|c| c.0.as_str()) != Some(dir) {
+            let tree = self.resolve(dir)?;
+            self.cached = Some((dir.to_string(), tree));
+        }
+        Ok(self
+            .cached
+            .as_ref()
+            .and_then(|(_, t)| t.as_ref())
+            .and_then(|t| t.entries.get(name))
+            .cloned())
+    }
+
+    fn resolve(&self, dir: &str) -> Result<Option<Tree>, TreeError> {
+        let mut tree = self.src.tree(&self.root)?;
+        if dir.is_empty() {
+            return Ok(Some(tree));
+        }
+        for part in dir.split('/') {
+            let Some(id) = tree.trees.get(part) else {
+                return Ok(None);
+            };
+            tree = self.src.tree(id)?;
+        }
+        Ok(Some(tree))
+    }
+}
+
+/// A manifest's unsupported records by path.
+struct Recorded<'m> {
+    by_path: BTreeMap<&'m str, Vec<&'m Unsupported>>,
+}
+
+impl<'m> Recorded<'m> {
+    fn of(m: &'m Manifest) -> Self {
+        let mut by_path: BTreeMap<&str, Vec<&Unsupported>> = BTreeMap::new();
+        for u in &m.unsupported {
+            by_path.entry(u.path.as_str()).or_default().push(u);
+        }
+        Recorded { by_path }
+    }
+
+    fn at(&self, path: &str) -> &[&'m Unsupported] {
+        self.by_path.get(path).map_or(&[], Vec::as_slice)
+    }
+
+    fn kinds(&self, path: &str) -> BTreeSet<&'m str> {
+        self.at(path).iter().map(|u| u.kind.as_str()).collect()
+    }
+}
+
+/// The change at one path, if any (`None` when both sides are equal, or neither is an entry).
+fn change_at(
+    path: &str,
+    b: Option<&Entry>,
+    a: Option<&Entry>,
+    rb: &Recorded,
+    ra: &Recorded,
+) -> Option<Change> {
+    let (change_type, entry_kind, content, mode, kind) = match (b, a) {
+        (None, Some(a)) => (
+            ChangeType::Created,
+            a.kind,
+            a.kind != EntryKind::Directory,
+            false,
+            false,
+        ),
+        (Some(b), None) => (
+            ChangeType::Deleted,
+            b.kind,
+            b.kind != EntryKind::Directory,
+            false,
+            false,
+        ),
+        (Some(b), Some(a)) => {
+            let kind = b.kind != a.kind;
+            let content = kind || content_differs(b, a);
+            (
+                ChangeType::Modified,
+                a.kind,
+                content,
+                b.mode != a.mode,
+                kind,
+            )
+        }
+        (None, None) => return None,
+    };
+    let capture_differs = rb.kinds(path) != ra.kinds(path);
+    if change_type == ChangeType::Modified && !(content || mode || kind || capture_differs) {
+        return None;
+    }
+    let mut notes = Vec::new();
+    note(&mut notes, "before", rb, path);
+    note(&mut notes, "after", ra, path);
+    if b.is_none() {
+        ancestor_note(&mut notes, "before", rb, path);
+    }
+    if a.is_none() {
+        ancestor_note(&mut notes, "after", ra, path);
+    }
+    Some(Change {
+        path: path.to_string(),
+        entry_kind,
+        change_type,
+        content_changed: content,
+        mode_changed: mode,
+        kind_changed: kind,
+        before: b.cloned(),
+        after: a.cloned(),
+        unverified: (!notes.is_empty()).then(|| notes.join("; ")),
+    })
 }
 
 /// Changes among paths that are only in `unsupported` (never entries on either side), sorted.
 pub fn diff_unsupported(before: &Manifest, after: &Manifest) -> Vec<UnsupportedChange> {
-    let (b, a) = (
-        unsupported_only(before, before, after),
-        unsupported_only(after, before, after),
-    );
-    let paths: BTreeSet<&str> = b.keys().chain(a.keys()).copied().collect();
-    let join =
-        |s: Option<&BTreeSet<&str>>| s.map(|k| k.iter().copied().collect::<Vec<_>>().join(","));
+    let (rb, ra) = (Recorded::of(before), Recorded::of(after));
+    let neither: BTreeSet<&str> = rb
+        .by_path
+        .keys()
+        .chain(ra.by_path.keys())
+        .copied()
+        .filter(|p| !before.entries.contains_key(*p) && !after.entries.contains_key(*p))
+        .collect();
+    unsupported_changes(&rb, &ra, &neither)
+}
+
+/// Unsupported-record changes at `paths` (paths that are entries on neither side).
+fn unsupported_changes(
+    rb: &Recorded,
+    ra: &Recorded,
+    paths: &BTreeSet<&str>,
+) -> Vec<UnsupportedChange> {
+    let join = |s: &BTreeSet<&str>| s.iter().copied().collect::<Vec<_>>().join(",");
     paths
-        .into_iter()
+        .iter()
         .filter_map(|p| {
-            let (kb, ka) = (b.get(p), a.get(p));
-            let change_type = match (kb, ka) {
-                (None, Some(_)) => ChangeType::Created,
-                (Some(_), None) => ChangeType::Deleted,
-                (Some(x), Some(y)) if x != y => ChangeType::Modified,
+            let (kb, ka) = (rb.kinds(p), ra.kinds(p));
+            let change_type = match (kb.is_empty(), ka.is_empty()) {
+                (true, false) => ChangeType::Created,
+                (false, true) => ChangeType::Deleted,
+                (false, false) if kb != ka => ChangeType::Modified,
                 _ => return None,
             };
             Some(UnsupportedChange {
                 path: p.to_string(),
                 change_type,
-                before_kind: join(kb),
-                after_kind: join(ka),
+                before_kind: (!kb.is_empty()).then(|| join(&kb)),
+                after_kind: (!ka.is_empty()).then(|| join(&ka)),
             })
         })
         .collect()
-}
-
-/// `m`'s unsupported kinds per path, for paths that are entries in neither manifest.
-fn unsupported_only<'m>(
-    m: &'m Manifest,
-    before: &Manifest,
-    after: &Manifest,
-) -> BTreeMap<&'m str, BTreeSet<&'m str>> {
-    let mut map: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for u in &m.unsupported {
-        if !before.entries.contains_key(&u.path) && !after.entries.contains_key(&u.path) {
-            map.entry(u.path.as_str())
-                .or_default()
-                .insert(u.kind.as_str());
-        }
-    }
-    map
 }
 
 fn content_differs(b: &Entry, a: &Entry) -> bool {
@@ -180,27 +364,19 @@ fn content_differs(b: &Entry, a: &Entry) -> bool {
     }
 }
 
-fn kinds_for<'m>(m: &'m Manifest, path: &str) -> BTreeSet<&'m str> {
-    m.unsupported
-        .iter()
-        .filter(|u| u.path == path)
-        .map(|u| u.kind.as_str())
-        .collect()
-}
-
-fn note(notes: &mut Vec<String>, side: &str, m: &Manifest, path: &str) {
-    for u in m.unsupported.iter().filter(|u| u.path == path) {
+fn note(notes: &mut Vec<String>, side: &str, r: &Recorded, path: &str) {
+    for u in r.at(path) {
         notes.push(format!("{side}: {} ({})", u.kind, u.reason));
     }
 }
 
 /// For a path missing on `side`: an ancestor directory whose contents were not captured there
 /// means the path may have existed unseen.
-fn ancestor_note(notes: &mut Vec<String>, side: &str, m: &Manifest, path: &str) {
+fn ancestor_note(notes: &mut Vec<String>, side: &str, r: &Recorded, path: &str) {
     let mut cur = path;
     while let Some(i) = cur.rfind('/') {
         cur = &cur[..i];
-        for u in m.unsupported.iter().filter(|u| u.path == cur) {
+        for u in r.at(cur) {
             if u.kind == uk::UNREADABLE || u.kind == uk::CHANGED_DURING_CAPTURE {
                 notes.push(format!(
                     "{side}: ancestor {cur} was {} ({})",
@@ -210,11 +386,7 @@ fn ancestor_note(notes: &mut Vec<String>, side: &str, m: &Manifest, path: &str) 
         }
     }
     // The root listing itself may have failed.
-    for u in m
-        .unsupported
-        .iter()
-        .filter(|u| u.path == "." && u.kind == uk::UNREADABLE)
-    {
+    for u in r.at(".").iter().filter(|u| u.kind == uk::UNREADABLE) {
         notes.push(format!("{side}: root listing incomplete ({})", u.reason));
     }
 }

@@ -18,20 +18,29 @@
 mod diff;
 mod exclude;
 mod manifest;
+mod tree;
 
 #[cfg(unix)]
 mod hash;
 #[cfg(unix)]
 mod walk;
 
+#[cfg(test)]
+#[cfg(unix)]
+mod stream_tests;
+
 use std::path::Path;
 
-pub use diff::{diff, diff_unsupported, Change, ChangeType, UnsupportedChange};
+pub use diff::{
+    compare, compare_trees, diff, diff_unsupported, Change, ChangeType, Comparison,
+    UnsupportedChange,
+};
 pub use exclude::{DEFAULT_EXCLUDED_DIRS, IGNORE_FILE, STORE_DIR};
 pub use manifest::{
     exclusion_reason, unsupported_kind, BackupSkip, BackupState, Entry, EntryKind, Exclusion,
     Manifest, ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
+pub use tree::{read_entries, Tree, TreeError, TreeSink, TreeSource};
 
 /// Default `ScanOptions::max_hash_bytes`: 256 MiB.
 pub const DEFAULT_MAX_HASH_BYTES: u64 = 256 * 1024 * 1024;
@@ -101,6 +110,10 @@ pub struct ScanOptions<'a> {
     /// `stats.started_ns`, or no start recorded). Ignored when the root differs. The caller vouches
     /// that the manifest is genuine (this run's before-scan, or a sealed and authenticated one).
     pub reuse: Option<&'a Manifest>,
+    /// The same cache from an earlier scan stored as trees: each directory's earlier listing is
+    /// read (verified) when the walk reaches it, so the earlier manifest is never held whole.
+    /// Takes precedence over `reuse`.
+    pub reuse_tree: Option<TreeReuse<'a>>,
     /// Hashing threads; 0 = all cores.
     pub threads: usize,
     /// Called from worker threads, throttled.
@@ -118,6 +131,7 @@ impl<'a> ScanOptions<'a> {
             backup: None,
             reinclude: Vec::new(),
             reuse: None,
+            reuse_tree: None,
             threads: 0,
             progress: None,
             ignore: IgnoreSource::ProjectFile,
@@ -129,6 +143,28 @@ impl Default for ScanOptions<'_> {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// An earlier scan stored as manifest trees, for [`ScanOptions::reuse_tree`]. The caller
+/// vouches for the root tree id as for `reuse` (a sealed and authenticated run, or this run's
+/// before-scan); every tree below it is verified against its id when read.
+#[derive(Clone, Copy)]
+pub struct TreeReuse<'a> {
+    /// The canonical root that scan was taken at (`Manifest::root`); another root is not reused.
+    pub root: &'a str,
+    /// That scan's `stats.started_ns` (none: no reuse).
+    pub started_ns: Option<i64>,
+    /// Its root tree.
+    pub tree: &'a str,
+    pub source: &'a dyn TreeSource,
+}
+
+/// What [`scan_to`] produced: the manifest without its entries (those went to the sink) and the
+/// root tree's id.
+#[derive(Debug, Clone)]
+pub struct Scanned {
+    pub manifest: Manifest,
+    pub root_tree: String,
 }
 
 /// Failures that make the whole scan meaningless; per-entry problems go to `unsupported`.
@@ -146,19 +182,38 @@ pub enum ScanError {
     IgnoreFile(String),
     #[error("cannot start hashing threads: {0}")]
     Threads(#[source] std::io::Error),
+    #[error("storing the manifest tree failed: {0}")]
+    Trees(#[source] TreeError),
+    #[error("the scan ended without a root tree")]
+    Incomplete,
     #[error("the scanner is not available on this platform (it needs POSIX *at calls)")]
     UnsupportedPlatform,
 }
 
-/// Scans the tree below `root` (resolved once; it may itself be reached through a symlink).
+/// Scans the tree below `root` (resolved once; it may itself be reached through a symlink) and
+/// returns the whole manifest in memory (for small trees and tests; runs use [`scan_to`]).
 pub fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanError> {
+    let mut sink = tree::Collect::default();
+    let mut scanned = scan_to(root, opts, &mut sink)?;
+    scanned.manifest.entries = sink.entries;
+    Ok(scanned.manifest)
+}
+
+/// Scans the tree below `root`, streaming each directory's listing to `sink` in post-order: only
+/// the directories still open are held in memory, never the whole tree. The returned manifest
+/// has no entries; they are in the trees the sink received.
+pub fn scan_to(
+    root: &Path,
+    opts: &ScanOptions,
+    sink: &mut dyn TreeSink,
+) -> Result<Scanned, ScanError> {
     #[cfg(unix)]
     {
-        walk::scan(root, opts)
+        walk::scan(root, opts, sink)
     }
     #[cfg(not(unix))]
     {
-        let _ = (root, opts);
+        let _ = (root, opts, sink);
         Err(ScanError::UnsupportedPlatform)
     }
 }

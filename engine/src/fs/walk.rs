@@ -8,8 +8,15 @@
 //! fd, so a directory fd lives exactly as long as it has unlisted children or unhashed files:
 //! open descriptors stay bounded by the depth of the tree plus the channel capacity plus one file
 //! per worker, never by the width of the tree.
+//!
+//! Entries are not collected for the whole tree: each listed directory is an open node that
+//! counts its files still being hashed and its subdirectories not yet complete; when the count
+//! reaches zero its [`Tree`] goes to the sink (post-order) and the node is dropped, its id
+//! recorded in the parent. File results are drained before each listing, so what is held is the
+//! directories on the path being walked plus those with files still queued — bounded by the depth
+//! and the queue, never by the number of files (`MAX_HELD` counts it in tests).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -30,7 +37,8 @@ use super::manifest::{
     unsupported_kind as uk, BackupSkip, BackupState, Entry, EntryKind, Exclusion, Manifest,
     ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
-use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions};
+use super::tree::{join, Tree, TreeError, TreeSink, TreeSource};
+use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions, Scanned};
 
 /// Jobs queued per worker: enough to keep workers busy while the walker lists the next directory.
 const QUEUE_PER_WORKER: usize = 32;
@@ -46,29 +54,129 @@ thread_local! {
     /// Test hook: runs on the walking thread just before a subdirectory is opened.
     pub(crate) static BEFORE_OPEN_DIR: std::cell::RefCell<Option<DirHook>> =
         const { std::cell::RefCell::new(None) };
+    /// Test probe: the most entries the last scan on this thread held in memory at once.
+    pub(crate) static MAX_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 struct FileJob {
     parent: Arc<OwnedFd>,
-    name: CString,
-    rel: String,
+    c_name: CString,
+    /// The open directory the file is recorded in.
+    dir: u64,
+    name: String,
     seen: Meta,
 }
 
 struct FileResult {
-    rel: String,
+    dir: u64,
+    name: String,
     seen: Meta,
     captured: Captured,
 }
 
 struct PendingDir {
     parent: Arc<OwnedFd>,
-    name: CString,
+    c_name: CString,
+    /// The open directory this one is listed in, and its name there.
+    parent_dir: u64,
+    name: String,
     rel: String,
     seen: Meta,
     /// Inside a directory `.agentdiffignore` excludes: only entries a deny or include glob names
     /// are recorded (see [`Verdict::Search`]).
     searched: bool,
+    /// Recorded as a directory entry of its parent (not only searched for deny paths).
+    is_entry: bool,
+    /// Its listing in the earlier scan (the stat cache), when there is one.
+    prev: Option<PrevRef>,
+}
+
+/// A directory being listed or waiting for its files and subdirectories; its tree goes to the
+/// sink (and it leaves memory) as soon as `pending` reaches zero.
+struct OpenDir {
+    rel: String,
+    /// The parent's id and this directory's name in it (`None` for the root).
+    parent: Option<(u64, String)>,
+    is_entry: bool,
+    tree: Tree,
+    /// Files still being hashed, subdirectories not yet complete, and 1 while being listed.
+    pending: usize,
+}
+
+/// Where a directory's earlier listing is found.
+#[derive(Clone)]
+enum PrevRef {
+    Tree(String),
+    /// The same path in the in-memory manifest of `ScanOptions::reuse`.
+    Manifest,
+}
+
+/// A directory's earlier listing, loaded while the directory is listed.
+enum Prev<'a> {
+    Tree(Tree),
+    Manifest(&'a Manifest),
+}
+
+impl Prev<'_> {
+    fn entry(&self, path: &str, name: &str) -> Option<&Entry> {
+        match self {
+            Prev::Tree(t) => t.entries.get(name),
+            Prev::Manifest(m) => m.entries.get(path),
+        }
+    }
+
+    fn sub(&self, name: &str) -> Option<PrevRef> {
+        match self {
+            Prev::Tree(t) => t.trees.get(name).cloned().map(PrevRef::Tree),
+            Prev::Manifest(_) => Some(PrevRef::Manifest),
+        }
+    }
+}
+
+enum ReuseFrom<'a> {
+    Manifest(&'a Manifest),
+    Trees(&'a dyn TreeSource),
+}
+
+/// The stat cache of one scan.
+struct Reuse<'a> {
+    from: ReuseFrom<'a>,
+    /// Entries whose mtime or ctime is at or after this are racy (never reused).
+    racy_from: i64,
+    root: PrevRef,
+}
+
+impl<'a> Reuse<'a> {
+    /// The cache `opts` asks for, when it was taken at this root and records its start.
+    fn of(opts: &ScanOptions<'a>, root: &str) -> Option<Reuse<'a>> {
+        let (from, root_ref, started_ns) = match (opts.reuse_tree, opts.reuse) {
+            (Some(t), _) => (
+                ReuseFrom::Trees(t.source),
+                PrevRef::Tree(t.tree.to_string()),
+                (t.root == root).then_some(t.started_ns)?,
+            ),
+            (None, Some(m)) => (
+                ReuseFrom::Manifest(m),
+                PrevRef::Manifest,
+                (m.root == root).then_some(m.stats.started_ns)?,
+            ),
+            (None, None) => return None,
+        };
+        Some(Reuse {
+            from,
+            racy_from: started_ns?.saturating_sub(RACY_MARGIN_NS),
+            root: root_ref,
+        })
+    }
+
+    /// The earlier listing `r` names; a tree that cannot be read just means no reuse below it.
+    fn load(&self, r: PrevRef) -> Option<Prev<'a>> {
+        match (r, &self.from) {
+            (PrevRef::Tree(id), ReuseFrom::Trees(src)) => src.tree(&id).ok().map(Prev::Tree),
+            (PrevRef::Manifest, ReuseFrom::Manifest(m)) => Some(Prev::Manifest(m)),
+            _ => None,
+        }
+    }
 }
 
 struct Counters {
@@ -94,15 +202,26 @@ impl Counters {
 struct Walker<'o, 'a> {
     opts: &'o ScanOptions<'a>,
     rules: Rules,
-    reuse: Option<&'a Manifest>,
+    reuse: Option<Reuse<'a>>,
     counters: &'o Counters,
-    entries: BTreeMap<String, Entry>,
+    sink: &'o mut dyn TreeSink,
+    open: HashMap<u64, OpenDir>,
+    next_id: u64,
+    /// Entries held in `open` now, and the most ever held at once.
+    held: usize,
+    max_held: usize,
+    root_tree: Option<String>,
+    sink_error: Option<TreeError>,
     unsupported: Vec<Unsupported>,
     excluded: Vec<Exclusion>,
     stats: ScanStats,
 }
 
-pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanError> {
+pub(crate) fn scan(
+    root: &Path,
+    opts: &ScanOptions,
+    sink: &mut dyn TreeSink,
+) -> Result<Scanned, ScanError> {
     let start = Instant::now();
     // Taken before the first `lstat`: every entry this scan records was stat'ed after it.
     let started_ns = std::time::SystemTime::now()
@@ -144,9 +263,15 @@ pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanErro
     let mut walker = Walker {
         opts,
         rules,
-        reuse: opts.reuse.filter(|m| m.root == root_str),
+        reuse: Reuse::of(opts, &root_str),
         counters: &counters,
-        entries: BTreeMap::new(),
+        sink,
+        open: HashMap::new(),
+        next_id: 0,
+        held: 0,
+        max_held: 0,
+        root_tree: None,
+        sink_error: None,
         unsupported: Vec::new(),
         excluded: Vec::new(),
         stats: ScanStats::default(),
@@ -166,20 +291,24 @@ pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanErro
                 .map_err(ScanError::Threads)?;
         }
         drop(res_tx);
-        walker.walk(Arc::new(root_fd), job_tx);
-        for r in res_rx {
-            walker.file_result(r);
-        }
+        walker.walk(Arc::new(root_fd), job_tx, &res_rx);
         Ok(())
     })?;
 
+    #[cfg(test)]
+    MAX_HELD.with(|m| m.set(walker.max_held));
     let Walker {
-        entries,
         mut unsupported,
         mut excluded,
         mut stats,
+        root_tree,
+        sink_error,
         ..
     } = walker;
+    if let Some(e) = sink_error {
+        return Err(ScanError::Trees(e));
+    }
+    let root_tree = root_tree.ok_or(ScanError::Incomplete)?;
     unsupported.sort_by(|a, b| a.path.cmp(&b.path).then_with(|| a.kind.cmp(&b.kind)));
     excluded.sort_by(|a, b| a.path.cmp(&b.path));
     stats.bytes_hashed = counters.bytes_hashed.load(Ordering::Relaxed);
@@ -191,14 +320,18 @@ pub(crate) fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanErro
             bytes_hashed: stats.bytes_hashed,
         });
     }
-    Ok(Manifest {
+    let manifest = Manifest {
         schema_version: crate::store::MANIFEST_SCHEMA_VERSION,
         root: root_str,
         ignore_lines,
-        entries,
+        entries: Default::default(),
         unsupported,
         excluded,
         stats,
+    };
+    Ok(Scanned {
+        manifest,
+        root_tree,
     })
 }
 
@@ -220,16 +353,18 @@ fn worker(
         };
         let FileJob {
             parent,
+            c_name,
+            dir,
             name,
-            rel,
             seen,
         } = job;
-        let captured = capture(&parent, &name, &seen, backup.as_ref(), &mut buf, &|| {});
+        let captured = capture(&parent, &c_name, &seen, backup.as_ref(), &mut buf, &|| {});
         drop(parent);
         counters.file_done(captured.bytes_hashed, progress);
         if tx
             .send(FileResult {
-                rel,
+                dir,
+                name,
                 seen,
                 captured,
             })
@@ -276,14 +411,6 @@ fn read_ignore_file(root: &OwnedFd) -> Result<Vec<String>, ScanError> {
     parse_ignore_file(&bytes)
 }
 
-fn join(rel: &str, name: &str) -> String {
-    if rel.is_empty() {
-        name.to_string()
-    } else {
-        format!("{rel}/{name}")
-    }
-}
-
 fn entry(seen: &Meta, kind: EntryKind, backup: BackupState) -> Entry {
     Entry {
         kind,
@@ -314,7 +441,15 @@ fn type_name(seen: &Meta) -> &'static str {
     }
 }
 
-impl Walker<'_, '_> {
+/// A directory's place while it is listed.
+struct Listing<'p, 'a> {
+    id: u64,
+    rel: &'p str,
+    searched: bool,
+    prev: Option<&'p Prev<'a>>,
+}
+
+impl<'a> Walker<'_, 'a> {
     fn report(&mut self, path: String, kind: &str, reason: impl Into<String>) {
         self.unsupported.push(Unsupported {
             path,
@@ -323,11 +458,114 @@ impl Walker<'_, '_> {
         });
     }
 
-    fn walk(&mut self, root: Arc<OwnedFd>, jobs: SyncSender<FileJob>) {
+    /// Registers a directory about to be listed (pending 1 until its listing is done).
+    fn open_node(&mut self, rel: String, parent: Option<(u64, String)>, is_entry: bool) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.open.insert(
+            id,
+            OpenDir {
+                rel,
+                parent,
+                is_entry,
+                tree: Tree::default(),
+                pending: 1,
+            },
+        );
+        id
+    }
+
+    fn record(&mut self, dir: u64, name: &str, e: Entry) {
+        if let Some(node) = self.open.get_mut(&dir) {
+            if node.tree.entries.insert(name.to_string(), e).is_none() {
+                self.held += 1;
+                self.max_held = self.max_held.max(self.held);
+            }
+        }
+    }
+
+    fn add_pending(&mut self, dir: u64) {
+        if let Some(node) = self.open.get_mut(&dir) {
+            node.pending += 1;
+        }
+    }
+
+    /// One of `dir`'s pending items is done; a directory with none left is complete.
+    fn done_one(&mut self, dir: u64) {
+        let Some(node) = self.open.get_mut(&dir) else {
+            return;
+        };
+        node.pending = node.pending.saturating_sub(1);
+        if node.pending == 0 {
+            self.complete(dir);
+        }
+    }
+
+    /// Hands a complete directory's tree to the sink, records its id in the parent, and
+    /// completes every ancestor that was only waiting for it.
+    fn complete(&mut self, mut id: u64) {
+        loop {
+            let Some(node) = self.open.remove(&id) else {
+                return;
+            };
+            self.held = self.held.saturating_sub(node.tree.entries.len());
+            if self.sink_error.is_some() {
+                return;
+            }
+            let recorded = node.tree.is_recorded(node.is_entry) || node.parent.is_none();
+            let tree_id = if recorded {
+                match self.sink.directory(&node.rel, node.tree) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        self.sink_error = Some(e);
+                        return;
+                    }
+                }
+            } else {
+                None
+            };
+            let Some((parent, name)) = node.parent else {
+                self.root_tree = tree_id;
+                return;
+            };
+            let Some(p) = self.open.get_mut(&parent) else {
+                return;
+            };
+            if let Some(t) = tree_id {
+                p.tree.trees.insert(name, t);
+            }
+            p.pending = p.pending.saturating_sub(1);
+            if p.pending > 0 {
+                return;
+            }
+            id = parent;
+        }
+    }
+
+    fn drain(&mut self, results: &Receiver<FileResult>) {
+        while let Ok(r) = results.try_recv() {
+            self.file_result(r);
+        }
+    }
+
+    fn walk(
+        &mut self,
+        root: Arc<OwnedFd>,
+        jobs: SyncSender<FileJob>,
+        results: &Receiver<FileResult>,
+    ) {
         let mut stack: Vec<PendingDir> = Vec::new();
-        self.list_dir(&root, "", false, &mut stack, &jobs);
+        let root_id = self.open_node(String::new(), None, false);
+        let prev = self.reuse.as_ref().map(|r| r.root.clone());
+        self.list_dir(&root, root_id, "", false, prev, &mut stack, &jobs);
         drop(root);
         while let Some(dir) = stack.pop() {
+            if self.sink_error.is_some() {
+                break;
+            }
+            // Files hashed meanwhile complete their directories (and free them) before the next
+            // listing is held.
+            self.drain(results);
             #[cfg(test)]
             BEFORE_OPEN_DIR.with(|h| {
                 if let Some(hook) = h.borrow_mut().as_mut() {
@@ -336,28 +574,55 @@ impl Walker<'_, '_> {
             });
             let PendingDir {
                 parent,
+                c_name,
+                parent_dir,
                 name,
                 rel,
                 seen,
                 searched,
+                is_entry,
+                prev,
             } = dir;
-            let opened = open_dir(&parent, &name, &seen);
+            let opened = open_dir(&parent, &c_name, &seen);
             drop(parent);
+            let id = self.open_node(rel.clone(), Some((parent_dir, name)), is_entry);
             match opened {
-                Ok(fd) => self.list_dir(&Arc::new(fd), &rel, searched, &mut stack, &jobs),
-                Err((kind, reason)) => self.report(rel, kind, reason),
+                Ok(fd) => self.list_dir(&Arc::new(fd), id, &rel, searched, prev, &mut stack, &jobs),
+                Err((kind, reason)) => {
+                    self.report(rel, kind, reason);
+                    // A directory entry still gets its (empty) tree.
+                    self.done_one(id);
+                }
             }
+        }
+        drop(jobs);
+        // Every job is sent: wait for the last results (the workers end when the queue closes).
+        for r in results {
+            self.file_result(r);
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn list_dir(
         &mut self,
         fd: &Arc<OwnedFd>,
+        id: u64,
         rel: &str,
         searched: bool,
+        prev: Option<PrevRef>,
         stack: &mut Vec<PendingDir>,
         jobs: &SyncSender<FileJob>,
     ) {
+        let prev = match (prev, &self.reuse) {
+            (Some(r), Some(reuse)) => reuse.load(r),
+            _ => None,
+        };
+        let at = Listing {
+            id,
+            rel,
+            searched,
+            prev: prev.as_ref(),
+        };
         let shown = if rel.is_empty() {
             ".".to_string()
         } else {
@@ -374,98 +639,113 @@ impl Walker<'_, '_> {
         names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         // Pushed in reverse so the depth-first walk visits directories in name order.
         let mut subdirs = Vec::new();
-        for (name, d_type) in names {
-            let Ok(name_str) = std::str::from_utf8(name.to_bytes()) else {
-                self.non_utf8_name(fd, &name, rel);
-                continue;
-            };
-            let path = join(rel, name_str);
-            // Where the listing gives the entry's type, an excluded entry is dropped without a
-            // stat: inside a searched directory that is every name no glob names.
-            let early = d_type.map(|t| {
-                let is_dir = t == Type::Directory;
-                (
-                    is_dir,
-                    self.rules.verdict(&path, name_str, is_dir, searched),
-                )
-            });
-            if let Some((_, Verdict::Exclude(reason))) = early {
-                self.exclude(path, reason, searched);
-                continue;
-            }
-            let seen = match fstatat(
-                Some(fd.as_raw_fd()),
-                name.as_c_str(),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            ) {
-                Ok(st) => Meta::from_stat(&st),
-                Err(Errno::ENOENT) => {
-                    self.report(
-                        path,
-                        uk::CHANGED_DURING_CAPTURE,
-                        "removed while its directory was listed",
-                    );
-                    continue;
-                }
-                Err(e) => {
-                    self.report(path, uk::UNREADABLE, format!("cannot lstat: {}", e.desc()));
-                    continue;
-                }
-            };
-            let is_dir = seen.is(SFlag::S_IFDIR);
-            // The stat decides when it disagrees with the listing (the entry was replaced).
-            let verdict = match early {
-                Some((guess, v)) if guess == is_dir => v,
-                _ => self.rules.verdict(&path, name_str, is_dir, searched),
-            };
-            match verdict {
-                Verdict::Scan => {}
-                Verdict::Exclude(reason) => {
-                    self.exclude(path, reason, searched);
-                    continue;
-                }
-                Verdict::Search(reason) => {
-                    self.exclude(path.clone(), reason, searched);
-                    subdirs.push(PendingDir {
-                        parent: Arc::clone(fd),
-                        name,
-                        rel: path,
-                        seen,
-                        searched: true,
-                    });
-                    continue;
-                }
-            }
-            if is_dir {
-                self.stats.directories += 1;
-                self.entries.insert(
-                    path.clone(),
-                    entry(&seen, EntryKind::Directory, BackupState::NotApplicable),
-                );
-                subdirs.push(PendingDir {
-                    parent: Arc::clone(fd),
-                    name,
-                    rel: path,
-                    seen,
-                    searched,
-                });
-            } else if seen.is(SFlag::S_IFLNK) {
-                self.symlink(fd, &name, path, &seen);
-            } else if seen.is(SFlag::S_IFREG) {
-                self.regular_file(fd, name, path, seen, jobs);
-            } else {
-                let kind = type_name(&seen);
-                self.report(
-                    path,
-                    kind,
-                    format!(
-                        "{} not captured (only regular files, directories and symlinks are)",
-                        describe(&seen)
-                    ),
-                );
+        for (c_name, d_type) in names {
+            if let Some(sub) = self.list_entry(fd, &at, c_name, d_type, jobs) {
+                self.add_pending(id);
+                subdirs.push(sub);
             }
         }
         stack.extend(subdirs.into_iter().rev());
+        self.done_one(id);
+    }
+
+    /// Records one name of a listing; returns the subdirectory to descend into, if it is one.
+    fn list_entry(
+        &mut self,
+        fd: &Arc<OwnedFd>,
+        at: &Listing<'_, 'a>,
+        c_name: CString,
+        d_type: Option<Type>,
+        jobs: &SyncSender<FileJob>,
+    ) -> Option<PendingDir> {
+        let Ok(name_str) = std::str::from_utf8(c_name.to_bytes()) else {
+            self.non_utf8_name(fd, &c_name, at.rel);
+            return None;
+        };
+        let name = name_str.to_string();
+        let path = join(at.rel, &name);
+        // Where the listing gives the entry's type, an excluded entry is dropped without a
+        // stat: inside a searched directory that is every name no glob names.
+        let early = d_type.map(|t| {
+            let is_dir = t == Type::Directory;
+            (
+                is_dir,
+                self.rules.verdict(&path, &name, is_dir, at.searched),
+            )
+        });
+        if let Some((_, Verdict::Exclude(reason))) = early {
+            self.exclude(path, reason, at.searched);
+            return None;
+        }
+        let seen = match fstatat(
+            Some(fd.as_raw_fd()),
+            c_name.as_c_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => Meta::from_stat(&st),
+            Err(Errno::ENOENT) => {
+                self.report(
+                    path,
+                    uk::CHANGED_DURING_CAPTURE,
+                    "removed while its directory was listed",
+                );
+                return None;
+            }
+            Err(e) => {
+                self.report(path, uk::UNREADABLE, format!("cannot lstat: {}", e.desc()));
+                return None;
+            }
+        };
+        let is_dir = seen.is(SFlag::S_IFDIR);
+        // The stat decides when it disagrees with the listing (the entry was replaced).
+        let verdict = match early {
+            Some((guess, v)) if guess == is_dir => v,
+            _ => self.rules.verdict(&path, &name, is_dir, at.searched),
+        };
+        let mut sub = PendingDir {
+            parent: Arc::clone(fd),
+            c_name,
+            parent_dir: at.id,
+            prev: at.prev.and_then(|p| p.sub(&name)),
+            name,
+            rel: path,
+            seen,
+            searched: at.searched,
+            is_entry: true,
+        };
+        match verdict {
+            Verdict::Scan => {}
+            Verdict::Exclude(reason) => {
+                self.exclude(sub.rel, reason, at.searched);
+                return None;
+            }
+            Verdict::Search(reason) => {
+                self.exclude(sub.rel.clone(), reason, at.searched);
+                sub.searched = true;
+                sub.is_entry = false;
+                return Some(sub);
+            }
+        }
+        if is_dir {
+            self.stats.directories += 1;
+            let e = entry(&seen, EntryKind::Directory, BackupState::NotApplicable);
+            self.record(at.id, &sub.name, e);
+            Some(sub)
+        } else if seen.is(SFlag::S_IFLNK) {
+            self.symlink(fd, at.id, &sub.c_name, &sub.name, sub.rel, &seen);
+            None
+        } else if seen.is(SFlag::S_IFREG) {
+            self.regular_file(fd, at, sub, jobs);
+            None
+        } else {
+            let kind = type_name(&seen);
+            let why = format!(
+                "{} not captured (only regular files, directories and symlinks are)",
+                describe(&seen)
+            );
+            self.report(sub.rel, kind, why);
+            None
+        }
     }
 
     /// Records an excluded entry; inside a searched directory the directory's own record covers it.
@@ -488,16 +768,24 @@ impl Walker<'_, '_> {
         self.report(join(rel, &shown), uk::NON_UTF8_NAME, why);
     }
 
-    fn symlink(&mut self, fd: &OwnedFd, name: &CStr, path: String, seen: &Meta) {
+    fn symlink(
+        &mut self,
+        fd: &OwnedFd,
+        dir: u64,
+        c_name: &CStr,
+        name: &str,
+        path: String,
+        seen: &Meta,
+    ) {
         self.stats.symlinks += 1;
         let mut e = entry(seen, EntryKind::Symlink, BackupState::NotApplicable);
-        match readlinkat(Some(fd.as_raw_fd()), name) {
+        match readlinkat(Some(fd.as_raw_fd()), c_name) {
             Ok(target) => {
                 let bytes = target.as_bytes();
                 e.symlink_target = Some(escape_bytes(bytes));
                 if std::str::from_utf8(bytes).is_err() {
                     self.report(
-                        path.clone(),
+                        path,
                         uk::NON_UTF8_SYMLINK_TARGET,
                         "symlink target is not valid UTF-8; recorded with \\xNN escapes",
                     );
@@ -505,30 +793,36 @@ impl Walker<'_, '_> {
             }
             Err(Errno::EINVAL | Errno::ENOENT) => {
                 self.report(
-                    path.clone(),
+                    path,
                     uk::CHANGED_DURING_CAPTURE,
                     "symlink replaced or removed before its target was read",
                 );
             }
             Err(err) => {
                 self.report(
-                    path.clone(),
+                    path,
                     uk::UNREADABLE,
                     format!("cannot read symlink target: {}", err.desc()),
                 );
             }
         }
-        self.entries.insert(path, e);
+        self.record(dir, name, e);
     }
 
     fn regular_file(
         &mut self,
         fd: &Arc<OwnedFd>,
-        name: CString,
-        path: String,
-        seen: Meta,
+        at: &Listing<'_, 'a>,
+        file: PendingDir,
         jobs: &SyncSender<FileJob>,
     ) {
+        let PendingDir {
+            c_name,
+            name,
+            rel: path,
+            seen,
+            ..
+        } = file;
         self.stats.files += 1;
         let backup = self.opts.backup;
         if seen.size > self.opts.max_hash_bytes {
@@ -539,8 +833,7 @@ impl Walker<'_, '_> {
                 },
                 None => BackupState::NotRequested,
             };
-            self.entries
-                .insert(path.clone(), entry(&seen, EntryKind::File, state));
+            self.record(at.id, &name, entry(&seen, EntryKind::File, state));
             let why = format!(
                 "{} bytes exceeds the hash limit of {} bytes; metadata only",
                 seen.size, self.opts.max_hash_bytes
@@ -549,10 +842,11 @@ impl Walker<'_, '_> {
             self.counters.file_done(0, self.opts.progress);
             return;
         }
-        if let Some((sha, state, reused_backup)) = self.reusable(&path, &seen) {
+        let prev = at.prev.and_then(|p| p.entry(&path, &name));
+        if let Some((sha, state, reused_backup)) = self.reusable(prev, &seen) {
             let mut e = entry(&seen, EntryKind::File, state);
             e.sha256 = Some(sha);
-            self.entries.insert(path, e);
+            self.record(at.id, &name, e);
             self.stats.hashes_reused += 1;
             self.stats.backups_reused += u64::from(reused_backup);
             self.counters.file_done(0, self.opts.progress);
@@ -560,12 +854,13 @@ impl Walker<'_, '_> {
         }
         let job = FileJob {
             parent: Arc::clone(fd),
+            c_name,
+            dir: at.id,
             name,
-            rel: path,
             seen,
         };
+        self.add_pending(at.id);
         if let Err(failed) = jobs.send(job) {
-            let rel = failed.0.rel;
             let state = match backup {
                 Some(_) => BackupState::Skipped {
                     reason: BackupSkip::NotHashed,
@@ -573,19 +868,18 @@ impl Walker<'_, '_> {
                 },
                 None => BackupState::NotRequested,
             };
-            self.entries
-                .insert(rel.clone(), entry(&seen, EntryKind::File, state));
-            self.report(rel, uk::UNREADABLE, "no hashing worker available");
+            self.record(at.id, &failed.0.name, entry(&seen, EntryKind::File, state));
+            self.report(path, uk::UNREADABLE, "no hashing worker available");
+            self.done_one(at.id);
         }
     }
 
     /// The earlier scan's hash when all seven identity fields are unchanged and the entry is not
     /// racy; with a backup request, only when no copy is needed (the object is stored and
     /// verified, or the file is ineligible anyway).
-    fn reusable(&self, path: &str, seen: &Meta) -> Option<(String, BackupState, bool)> {
-        let reuse = self.reuse?;
-        let prev = reuse.entries.get(path)?;
-        let racy_from = reuse.stats.started_ns?.saturating_sub(RACY_MARGIN_NS);
+    fn reusable(&self, prev: Option<&Entry>, seen: &Meta) -> Option<(String, BackupState, bool)> {
+        let racy_from = self.reuse.as_ref()?.racy_from;
+        let prev = prev?;
         if prev.mtime_ns.max(prev.ctime_ns) >= racy_from {
             return None;
         }
@@ -622,7 +916,8 @@ impl Walker<'_, '_> {
 
     fn file_result(&mut self, r: FileResult) {
         let FileResult {
-            rel,
+            dir,
+            name,
             seen,
             captured,
         } = r;
@@ -631,9 +926,12 @@ impl Walker<'_, '_> {
         self.stats.backups_stored += u64::from(captured.backup_stored);
         self.stats.backups_reused += u64::from(captured.backup_reused);
         if let Some((kind, reason)) = captured.problem {
-            self.report(rel.clone(), kind, reason);
+            let rel = self.open.get(&dir).map_or("", |d| d.rel.as_str());
+            let path = join(rel, &name);
+            self.report(path, kind, reason);
         }
-        self.entries.insert(rel, e);
+        self.record(dir, &name, e);
+        self.done_one(dir);
     }
 }
 
@@ -780,7 +1078,7 @@ mod tests {
                 symlink(&o, r.join("a")).unwrap();
             }
         });
-        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        let m = with_hook(hook, || crate::fs::scan(root.path(), &ScanOptions::new())).unwrap();
         assert_nothing_outside(&m);
         assert!(!m.entries.contains_key("a/inner"));
         assert!(
@@ -807,7 +1105,7 @@ mod tests {
                 symlink(&o, r.join("a")).unwrap();
             }
         });
-        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        let m = with_hook(hook, || crate::fs::scan(root.path(), &ScanOptions::new())).unwrap();
         assert_nothing_outside(&m);
         assert!(
             m.entries.contains_key("a/b/inner"),
@@ -829,7 +1127,7 @@ mod tests {
                 fs::write(r.join("a/planted"), b"y").unwrap();
             }
         });
-        let m = with_hook(hook, || scan(root.path(), &ScanOptions::new())).unwrap();
+        let m = with_hook(hook, || crate::fs::scan(root.path(), &ScanOptions::new())).unwrap();
         assert!(!m.entries.contains_key("a/planted"));
         assert!(m
             .unsupported

@@ -181,16 +181,32 @@ impl Policy {
     /// the policy was loaded from) is denied first, by the built-in rule
     /// `builtin.protected_config`.
     pub fn decide_path(&self, rel_path: &str, phase: Phase) -> Result<Decision, PolicyError> {
-        let subject = normalize_path(rel_path)?;
+        let unified = normalize_path(rel_path)?;
+        let decision = self.decide_normalized(unified, phase);
+        // Normalising reads `\` as a separator (paths an agent proposes may be Windows-style),
+        // but on POSIX it is part of a name: `secrets/a\b.pem` is a file in `secrets/` and must
+        // meet `secrets/*.pem` too. Both readings are decided and the stricter one counts. The
+        // literal reading is valid whenever the unified one is (its segments are joins of them).
+        if !rel_path.contains('\\') {
+            return Ok(decision);
+        }
+        let literal = self.decide_normalized(rel_path.to_owned(), phase);
+        Ok(if literal.action > decision.action {
+            literal
+        } else {
+            decision
+        })
+    }
+
+    fn decide_normalized(&self, subject: String, phase: Phase) -> Decision {
         if let Some(d) =
             builtin::protected_config(&subject, &self.loaded_from, self.inner.version, phase)
         {
-            return Ok(d);
+            return d;
         }
-        Ok(self
-            .inner
+        self.inner
             .filesystem
-            .decide(subject, self.inner.version, phase))
+            .decide(subject, self.inner.version, phase)
     }
 
     /// Decide the launch of a command by the executable basename of `argv[0]` (never a shell

@@ -509,3 +509,28 @@ fn runtime_bwrap_section_is_checked_and_kept_apart_from_generic_options() {
     let p = problems("version: 2\nruntime:\n  bwrap:\n    mounts: [/x]\n");
     assert!(p[0].contains("mounts"), "{p:?}");
 }
+
+#[test]
+fn a_backslash_in_a_name_cannot_move_a_file_out_of_a_deny_pattern() {
+    // On POSIX `a\b.pem` is one name in `secrets/`; reading `\` only as a separator would make it
+    // `secrets/a/b.pem` and slip past `secrets/*.pem`.
+    let text = "version: 1\nfilesystem:\n  deny: [\"secrets/*.pem\", \"*.key\"]\n  review: [\"docs/**\"]\n  default: allow\n";
+    let p = parse(text).unwrap();
+    for path in ["secrets/a\\b.pem", "id\\rsa.key"] {
+        let d = p.decide_path(path, Phase::PostRun).unwrap();
+        assert_eq!(d.action, Action::Deny, "{path}: {d:?}");
+    }
+    // A name whose separator reading leaves the tree is an error, which the run classifies as
+    // denied (`path_validation`), never as allowed.
+    for path in ["secrets/x\\..\\y.pem", "secrets/\\.pem", "a\\"] {
+        assert!(p.decide_path(path, Phase::PostRun).is_err(), "{path}");
+    }
+    // The separator reading still counts where it is the stricter one.
+    let d = p.decide_path("docs\\guide.md", Phase::PostRun).unwrap();
+    assert_eq!(d.action, Action::Review, "{d:?}");
+    let d = p.decide_path("secrets\\a.pem", Phase::PostRun).unwrap();
+    assert_eq!(d.action, Action::Deny, "{d:?}");
+    // Without a backslash nothing changes.
+    let d = p.decide_path("src/a.rs", Phase::PostRun).unwrap();
+    assert_eq!(d.action, Action::Allow, "{d:?}");
+}

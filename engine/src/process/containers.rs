@@ -107,9 +107,25 @@ pub struct ContainerRecord {
     pub removed: bool,
 }
 
+/// Whether the engines were asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Observation {
+    /// Every reachable engine's event log was read for the run window.
+    #[default]
+    Queried,
+    /// Not asked: the backend showed that the command could reach no engine API, and every
+    /// socket it hid was still the one it hid when the command ended (`note` says how).
+    /// Containers other processes started during the run are not listed.
+    NotApplicable,
+}
+
 /// The container observation of one run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerEvidence {
+    /// Older capsules, which always queried, read as `queried`.
+    #[serde(default)]
+    pub observation: Observation,
     pub engines: Vec<EngineRecord>,
     /// The run window in nanoseconds since the Unix epoch: from just before the launch to the
     /// end of cleanup.
@@ -139,6 +155,64 @@ impl ContainerStop {
             "stopped" | "already_stopped" | "gone"
         )
     }
+}
+
+/// A Unix socket as a backend hid it: its resolved path and the inode that was there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HiddenSocket {
+    pub path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl HiddenSocket {
+    /// The socket at `path` now (symlinks resolved); `None` when nothing is there.
+    pub fn of(path: &Path) -> Option<HiddenSocket> {
+        use std::os::unix::fs::MetadataExt;
+        let resolved = std::fs::canonicalize(path).ok()?;
+        let meta = std::fs::metadata(&resolved).ok()?;
+        Some(HiddenSocket {
+            path: resolved,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+}
+
+/// What a backend established about the command's reach to container engine APIs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum EngineReach {
+    /// The command may reach whatever engine agentdiff can: the engines are queried.
+    #[default]
+    Unrestricted,
+    /// The backend covered `sockets` (every candidate socket that existed when it planned the
+    /// launch) and cut every other route to an engine API (`how`: e.g. a network namespace of the
+    /// command's own, which also separates abstract Unix sockets).
+    Hidden {
+        sockets: Vec<HiddenSocket>,
+        how: String,
+    },
+}
+
+/// Why the engines must be queried after all: a candidate socket that exists now and is not
+/// one the backend hid, as it was when hidden. `None`: every existing candidate is covered.
+fn uncovered_socket(candidates: &[PathBuf], hidden: &[HiddenSocket]) -> Option<String> {
+    candidates.iter().find_map(|c| {
+        let now = HiddenSocket::of(c)?;
+        match hidden.iter().find(|h| h.path == now.path) {
+            Some(h) if *h == now => None,
+            Some(_) => Some(format!(
+                "{} was replaced during the run (a new socket is not covered by the sandbox's \
+                 mount)",
+                c.display()
+            )),
+            None => Some(format!(
+                "{} exists but was not hidden from the command (it appeared after the launch was \
+                 planned, or the backend did not cover it)",
+                c.display()
+            )),
+        }
+    })
 }
 
 pub fn now_ns() -> u64 {
@@ -572,20 +646,42 @@ type Discovery = (Vec<EngineRecord>, Vec<String>);
 /// Container observation of one run. Engine discovery (a `/_ping` per existing socket) runs in
 /// the background from the launch, so its latency overlaps the command; the event-log query runs
 /// when the command has ended, before cleanup, so `running_at_end` is the state the command left.
+///
+/// When the backend hid every engine socket ([`EngineReach::Hidden`]), nothing is asked during
+/// the run; at the end the candidates are checked again (a stat each): if each one that exists is
+/// still the socket the backend hid, the evidence says `not_applicable` and why; otherwise the
+/// engines are queried as usual.
 #[derive(Debug)]
 pub struct ContainerWatch {
     since_ns: u64,
     /// Candidate sockets that did not exist at the launch (one may appear during the run).
     absent: Vec<PathBuf>,
     discovery: Option<std::thread::JoinHandle<Discovery>>,
+    /// Every candidate, and what the backend hid (when it hid them all).
+    hidden: Option<(Vec<PathBuf>, Vec<HiddenSocket>, String)>,
 }
 
 impl ContainerWatch {
     /// Start discovery; `since_ns` opens the run window (taken just before the launch).
-    pub fn start(since_ns: u64, command_env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Self {
-        let (present, absent): (Vec<PathBuf>, Vec<PathBuf>) = candidate_sockets(command_env)
-            .into_iter()
-            .partition(|p| p.exists());
+    pub fn start(
+        since_ns: u64,
+        command_env: &[(std::ffi::OsString, std::ffi::OsString)],
+        reach: &EngineReach,
+    ) -> Self {
+        Self::start_with(since_ns, candidate_sockets(command_env), reach)
+    }
+
+    fn start_with(since_ns: u64, candidates: Vec<PathBuf>, reach: &EngineReach) -> Self {
+        if let EngineReach::Hidden { sockets, how } = reach {
+            return ContainerWatch {
+                since_ns,
+                absent: Vec::new(),
+                discovery: None,
+                hidden: Some((candidates, sockets.clone(), how.clone())),
+            };
+        }
+        let (present, absent): (Vec<PathBuf>, Vec<PathBuf>) =
+            candidates.into_iter().partition(|p| p.exists());
         let deadline = Instant::now() + OBSERVE_BUDGET;
         let discovery = std::thread::Builder::new()
             .name("agentdiff-engines".into())
@@ -595,6 +691,7 @@ impl ContainerWatch {
             since_ns,
             absent,
             discovery,
+            hidden: None,
         }
     }
 
@@ -605,8 +702,18 @@ impl ContainerWatch {
         let deadline = Instant::now() + OBSERVE_BUDGET;
         let since_ns = self.since_ns;
         let run_pids = run_pids.to_vec();
-        let (discovery, absent) = (self.discovery, self.absent);
-        within_deadline(deadline, move || {
+        let (discovery, mut absent) = (self.discovery, self.absent);
+        let mut why_queried = None;
+        if let Some((candidates, hidden, how)) = self.hidden {
+            match uncovered_socket(&candidates, &hidden) {
+                None => return not_applicable(since_ns, &hidden, &how),
+                Some(why) => {
+                    why_queried = Some(why);
+                    absent = candidates;
+                }
+            }
+        }
+        let ev = within_deadline(deadline, move || {
             let (mut engines, mut errors) = match discovery {
                 Some(h) => h.join().unwrap_or_default(),
                 None => Default::default(),
@@ -629,7 +736,41 @@ impl ContainerWatch {
                    not observed"
                 .into(),
             ..ContainerEvidence::default()
-        })
+        });
+        match why_queried {
+            Some(why) => ContainerEvidence {
+                note: format!("queried because {why}; {}", ev.note),
+                ..ev
+            },
+            None => ev,
+        }
+    }
+}
+
+/// The evidence of a run whose command could reach no engine API.
+fn not_applicable(since_ns: u64, hidden: &[HiddenSocket], how: &str) -> ContainerEvidence {
+    let covered: Vec<String> = hidden
+        .iter()
+        .map(|h| h.path.display().to_string())
+        .collect();
+    let sockets = if covered.is_empty() {
+        "no engine API socket existed at the launch or when it ended".to_string()
+    } else {
+        format!(
+            "the engine API sockets {} were hidden from the command and were still the same \
+             sockets when it ended",
+            covered.join(", ")
+        )
+    };
+    ContainerEvidence {
+        observation: Observation::NotApplicable,
+        since_ns,
+        until_ns: now_ns(),
+        note: format!(
+            "the engines were not queried: the command could not reach a container engine API \
+             ({sockets}; {how}); containers other processes started during the run are not listed"
+        ),
+        ..ContainerEvidence::default()
     }
 }
 
@@ -650,6 +791,13 @@ fn discover(candidates: &[PathBuf], deadline: Instant) -> Discovery {
 /// After cleanup: whether each recorded container still runs; extends the window to now. Takes
 /// at most [`OBSERVE_BUDGET`].
 pub fn refresh_after_cleanup(ev: ContainerEvidence) -> ContainerEvidence {
+    if ev.containers.iter().all(|c| c.removed) {
+        // Nothing to ask about (the usual case): no worker thread.
+        return ContainerEvidence {
+            until_ns: now_ns().max(ev.until_ns),
+            ..ev
+        };
+    }
     let deadline = Instant::now() + OBSERVE_BUDGET;
     let before = ev.clone();
     within_deadline(deadline, move || {
@@ -826,5 +974,104 @@ mod tests {
         let t = parse_created_ns("2026-11-30T16:53:36.956847568Z").unwrap();
         assert_eq!(t % 1_000_000_000, 956_847_568);
         assert!(parse_created_ns("yesterday").is_none());
+    }
+
+    /// Serves `/_ping` as podman would and an empty event log; counts the requests it got.
+    fn fake_podman(path: &Path) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        let count = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = std::sync::Arc::clone(&count);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut c) = conn else { return };
+                seen.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 2048];
+                let n = c.read(&mut buf).unwrap_or(0);
+                let body: &[u8] = if buf[..n].starts_with(b"GET /_ping") {
+                    b"OK"
+                } else {
+                    b""
+                };
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nLibpod-Api-Version: 4.3.1\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = c.write_all(head.as_bytes());
+                let _ = c.write_all(body);
+            }
+        });
+        count
+    }
+
+    fn hidden(sockets: Vec<HiddenSocket>) -> EngineReach {
+        EngineReach::Hidden {
+            sockets,
+            how: "own network namespace".into(),
+        }
+    }
+
+    #[test]
+    fn hidden_engines_are_not_queried_while_the_hidden_sockets_stay_the_same() {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("podman.sock");
+        let asked = fake_podman(&sock);
+        let candidates = vec![sock.clone(), dir.path().join("absent.sock")];
+        let reach = hidden(vec![HiddenSocket::of(&sock).unwrap()]);
+        let ev = ContainerWatch::start_with(now_ns(), candidates, &reach).observe(&[]);
+        assert_eq!(ev.observation, Observation::NotApplicable);
+        assert!(ev.engines.is_empty() && ev.errors.is_empty(), "{ev:?}");
+        let shown = std::fs::canonicalize(&sock).unwrap().display().to_string();
+        assert!(ev.note.contains(&shown), "{}", ev.note);
+        assert!(ev.note.contains("own network namespace"), "{}", ev.note);
+        assert!(ev.until_ns >= ev.since_ns);
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "the engine was asked");
+        // The same engine, unhidden: asked (so the test above can fail).
+        let ev = ContainerWatch::start_with(now_ns(), vec![sock], &EngineReach::Unrestricted)
+            .observe(&[]);
+        assert_eq!(ev.observation, Observation::Queried);
+        assert_eq!(ev.engines.len(), 1, "{ev:?}");
+        assert!(asked.load(Ordering::SeqCst) >= 2);
+    }
+
+    #[test]
+    fn a_socket_replaced_or_appearing_after_the_launch_is_queried() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("podman.sock");
+        let _first = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let reach = hidden(vec![HiddenSocket::of(&sock).unwrap()]);
+        let watch = ContainerWatch::start_with(now_ns(), vec![sock.clone()], &reach);
+        // The engine restarts during the run: a new socket at the same path is not covered.
+        std::fs::remove_file(&sock).unwrap();
+        fake_podman(&sock);
+        let ev = watch.observe(&[]);
+        assert_eq!(ev.observation, Observation::Queried, "{ev:?}");
+        assert_eq!(ev.engines.len(), 1, "{ev:?}");
+        assert!(
+            ev.note.contains("was replaced during the run"),
+            "{}",
+            ev.note
+        );
+
+        let late = dir.path().join("late.sock");
+        let watch = ContainerWatch::start_with(now_ns(), vec![late.clone()], &hidden(vec![]));
+        fake_podman(&late);
+        let ev = watch.observe(&[]);
+        assert_eq!(ev.observation, Observation::Queried, "{ev:?}");
+        assert_eq!(ev.engines.len(), 1, "{ev:?}");
+        assert!(ev.note.contains("was not hidden"), "{}", ev.note);
+    }
+
+    #[test]
+    fn older_evidence_without_an_observation_reads_as_queried() {
+        let ev: ContainerEvidence = serde_json::from_value(serde_json::json!({
+            "engines": [], "since_ns": 1, "until_ns": 2, "containers": [], "errors": [],
+            "note": "x"
+        }))
+        .unwrap();
+        assert_eq!(ev.observation, Observation::Queried);
+        let not = serde_json::to_value(Observation::NotApplicable).unwrap();
+        assert_eq!(not, "not_applicable");
     }
 }

@@ -227,8 +227,11 @@ mod unix {
         let ports = spec.observe_ports.then(PortObserver::start);
         let (cgroup, mut warnings) = tracker::prepare(request)?;
         warnings.extend(exec_warning);
-        let container_watch =
-            containers::ContainerWatch::start(containers::now_ns(), prepared.env());
+        let container_watch = containers::ContainerWatch::start(
+            containers::now_ns(),
+            prepared.env(),
+            prepared.engine_reach(),
+        );
 
         let interactive = matches!(ctx.stdio, StdioMode::Inherit | StdioMode::StdoutToStderr);
         let terminal = if interactive {

@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use super::field_text;
 use super::html::{self, escape};
+use super::listing::{RunRow, SealState};
 use super::live::LiveUpdate;
 use crate::redact::escape_terminal;
-use crate::store::RunListing;
 
 /// Opens the event stream and prepends each update to the live list.
 const SCRIPT: &str = "(function(){var t=document.body.dataset.token,l=document.getElementById(\
@@ -30,7 +30,7 @@ fn run_link(id: &str, token: &str) -> String {
 }
 
 /// The dashboard's index: the live feed and every stored run, newest first.
-pub fn index(runs: &[RunListing], token: &str) -> String {
+pub fn index(runs: &[RunRow], token: &str) -> String {
     let mut s = String::new();
     // The script reads the token from <body>'s data attribute.
     let body = format!(" data-token=\"{}\"", escape(token));
@@ -61,21 +61,25 @@ pub fn index(runs: &[RunListing], token: &str) -> String {
         );
         for r in runs.iter().rev() {
             let id = r.id.as_str();
+            let seal_class = match (r.seal, r.verdict) {
+                (SealState::Verified, Some(crate::store::Verdict::Authenticated)) => "d-allow",
+                (SealState::Verified, _) => "d-review",
+                _ => "d-deny",
+            };
             let problem = r
                 .problem
                 .as_ref()
                 .map(|p| format!(" <span class=\"d-review\">({})</span>", escape(p)))
                 .unwrap_or_default();
-            let _ =
-                writeln!(
+            let _ = writeln!(
                 s,
                 "<tr><td class=\"path\"><a href=\"{}\">{}</a></td><td>{}</td><td>{}{problem}</td>\
-                 <td>{}</td></tr>",
+                 <td class=\"{seal_class}\">{}</td></tr>",
                 run_link(id, token),
                 escape(id),
-                escape(r.created_at.as_deref().unwrap_or("unknown")),
-                escape(r.status.map_or("in progress or interrupted", |s| s.as_str())),
-                if r.sealed { "sealed" } else { "not sealed" }
+                escape(r.started_at.as_deref().unwrap_or("unknown")),
+                escape(r.state.word()),
+                r.seal_word()
             );
         }
         s.push_str("</tbody></table>");
@@ -122,6 +126,13 @@ pub fn live_data(update: &LiveUpdate) -> String {
                 changes.map_or("unknown".into(), |n| n.to_string())
             ),
         },
+        LiveUpdate::Interrupted { run_id } => LiveMessage {
+            run_id: run_id.as_str(),
+            kind: "interrupted",
+            text: "not sealed and no agentdiff is running it: interrupted (agentdiff cleanup \
+                   RUN stops what it left behind); no longer followed"
+                .into(),
+        },
         LiveUpdate::Unreadable { run_id, problem } => LiveMessage {
             run_id: run_id.as_str(),
             kind: "unreadable",
@@ -159,13 +170,17 @@ mod tests {
 
     #[test]
     fn the_index_escapes_what_runs_record_and_links_with_the_token() {
-        let runs = vec![RunListing {
-            id: RunId::parse("r-1").unwrap(),
-            sealed: false,
+        let runs = vec![RunRow {
+            id: "r-1".into(),
             // The status is typed (a forged one does not list); free text comes from the
-            // recorded time and the problem.
-            status: Some(crate::transaction::Status::Passed),
-            created_at: Some("<b>\"x\"</b>".into()),
+            // recorded time, backend, task and the problem.
+            state: super::super::listing::RunState::Finished(crate::transaction::Status::Passed),
+            seal: SealState::Broken,
+            verdict: Some(crate::store::Verdict::Forged),
+            started_at: Some("<b>\"x\"</b>".into()),
+            backend: Some("<i>".into()),
+            task: None,
+            changes: None,
             problem: Some("<img src=x>".into()),
         }];
         let page = index(&runs, "00ff");
@@ -173,5 +188,7 @@ mod tests {
         assert!(page.contains("<body data-token=\"00ff\">"), "{page}");
         assert!(!page.contains("<img") && !page.contains("<b>"), "{page}");
         assert!(page.contains("&lt;b&gt;&quot;x&quot;&lt;/b&gt;"), "{page}");
+        // The seal column is the verdict, not whether integrity.json exists.
+        assert!(page.contains("<td class=\"d-deny\">FORGED</td>"), "{page}");
     }
 }

@@ -96,18 +96,6 @@ pub fn port_owner<'a>(ev: &'a RunEvidence, port: &PortRecord) -> PortOwner<'a> {
     }
 }
 
-/// How a cleanup outcome reads in a report.
-pub fn cleanup_word(o: CleanupOutcome) -> &'static str {
-    match o {
-        CleanupOutcome::AlreadyExited => "already exited",
-        CleanupOutcome::Terminated => "terminated by cleanup",
-        CleanupOutcome::Killed => "killed by cleanup",
-        CleanupOutcome::PidReused => "pid reused, not signalled",
-        CleanupOutcome::AccessDenied => "access denied",
-        CleanupOutcome::Escaped => "STILL RUNNING",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,9 @@
 //! Invariants:
 //! - every recorded string (paths, rules, reasons, executables, event fields, diff lines, seal
 //!   problems) passes through [`escape`] and nothing else: `&<>"'` become character references
-//!   (safe in text and in quoted attributes) and control, line-separator and bidi characters
-//!   become the terminal report's visible notation, so a name cannot reorder or hide text;
+//!   (safe in text and in quoted attributes) and backslashes, control, line-separator, bidi and
+//!   invisible format characters become the terminal report's visible notation
+//!   ([`escape_terminal`]), so a name cannot reorder or hide text;
 //! - a sensitive file's content is never read (see [`super::diff`]): only sizes and hashes;
 //! - the page's Content-Security-Policy allows no network request at all (`default-src 'none'`)
 //!   and only the one script, by its hash: markup that slipped past escaping could not run script
@@ -22,14 +23,16 @@ use std::fmt::Write as _;
 use sha2::{Digest, Sha256};
 
 use crate::backend::RunEvidence;
-use crate::fs::{ChangeType, EntryKind};
-use crate::policy::Action;
 use crate::redact::escape_terminal;
-use crate::store::{Verdict, VerifyReport};
+use crate::store::Verdict;
 use crate::transaction::ChangeRecord;
 
 use super::diff::{ChangeDiff, DiffBody};
-use super::evidence::{cleanup_word, port_owner, process_tree, PortOwner, ProcessRow};
+use super::evidence::{port_owner, process_tree, PortOwner, ProcessRow};
+use super::rows::{self, FindingRow};
+use super::words::{
+    action_word, change_text, change_word, cleanup_word, verdict_meaning, verdict_word,
+};
 use super::{runtime_line, Recovery, RunView};
 
 /// The one escaping function for HTML text and quoted attribute values.
@@ -135,23 +138,6 @@ pub fn foot(s: &mut String, script: &str) {
     let _ = write!(s, "<script>{script}</script>\n</body></html>\n");
 }
 
-fn decision_word(a: Action) -> &'static str {
-    match a {
-        Action::Allow => "allow",
-        Action::Review => "review",
-        Action::Deny => "deny",
-    }
-}
-
-fn change_word(c: &ChangeRecord) -> &'static str {
-    match c.change_type {
-        ChangeType::Created => "added",
-        ChangeType::Modified if c.mode_changed && !c.content_changed => "mode change",
-        ChangeType::Modified => "modified",
-        ChangeType::Deleted => "deleted",
-    }
-}
-
 /// The directory a change is filtered under: its first path component, or `(top level)`.
 fn top_dir(path: &str) -> &str {
     match path.split_once('/') {
@@ -165,11 +151,11 @@ fn header(s: &mut String, v: &RunView) {
     let _ = writeln!(
         s,
         "<header><h1>agentdiff run <code id=\"run-id\">{}</code></h1>",
-        escape(&r.run_id)
+        escape(&v.id)
     );
     let outcome = match v.policy_outcome() {
         None => "none (nothing ran)",
-        Some(a) => decision_word(a),
+        Some(a) => action_word(a),
     };
     let exit = r
         .exit_code
@@ -190,7 +176,7 @@ fn header(s: &mut String, v: &RunView) {
         let _ = writeln!(s, "<p><strong>Error:</strong> {}</p>", escape(err));
     }
     let backend = match &r.runtime {
-        Some(rt) => runtime_line(rt, escape),
+        Some(rt) => runtime_line(rt, v.plugin().is_some(), escape),
         None => format!(
             "{} — not launched",
             escape(v.backend.as_deref().unwrap_or("none"))
@@ -202,7 +188,7 @@ fn header(s: &mut String, v: &RunView) {
 }
 
 fn recovery(s: &mut String, v: &RunView) {
-    let id = escape(&v.result.run_id);
+    let id = escape(&v.id);
     let text = match v.recovery() {
         Recovery::PrivateCopy => format!(
             "The host tree is unchanged (the command worked on a private copy): \
@@ -223,37 +209,52 @@ fn recovery(s: &mut String, v: &RunView) {
     let _ = writeln!(s, "<p><strong>Rollback:</strong> {text}</p>");
 }
 
-fn seal(s: &mut String, report: &VerifyReport) {
-    let (class, word, meaning) = match report.verdict {
-        Verdict::Authenticated => (
-            "seal-ok",
-            "authenticated",
-            "every artifact and object matches the seal, and the seal's MAC checks under this \
-             user's key",
-        ),
-        Verdict::IntactNotAuthenticated => (
-            "seal-warn",
-            "intact, not authenticated",
-            "everything matches the seal, but the seal could not be authenticated here: anyone \
-             able to rewrite the whole capsule could have made it",
-        ),
-        Verdict::Forged => (
-            "seal-bad",
-            "FORGED",
-            "something does not match the seal: do not trust this report",
-        ),
-        Verdict::Unsealed => (
-            "seal-bad",
-            "unsealed",
-            "the run never finished (interrupted, or still running): nothing can be verified",
-        ),
+/// Shown above everything a report says when its seal does not authenticate here.
+const UNVERIFIED_BANNER: &str = "<p class=\"seal seal-bad\" id=\"unverified\" role=\"alert\">\
+<strong>UNVERIFIED</strong>: the seal of this run does not authenticate under this user's key, so \
+everything below (status, backend, sandbox, changes) may have been written by someone other than \
+agentdiff. Run <code>agentdiff verify RUN</code>.</p>\n";
+
+/// The seal's verdict, first on the page: the facts after it are only as good as the seal. An
+/// unverified banner unless it authenticates; when it does but the command could have read the
+/// key ([`super::key_exposure`]), that is said too.
+fn seal(s: &mut String, v: &RunView) {
+    let authenticated = v
+        .seal
+        .as_ref()
+        .is_some_and(|r| r.verdict == Verdict::Authenticated);
+    if !authenticated {
+        s.push_str(UNVERIFIED_BANNER);
+    }
+    let Some(report) = v.seal.as_ref() else {
+        s.push_str(
+            "<section aria-labelledby=\"h-seal\"><h2 id=\"h-seal\">Seal</h2><p class=\"seal \
+             seal-bad\"><strong id=\"seal-verdict\">not verified</strong>: this report did not \
+             check the seal.</p></section>\n",
+        );
+        return;
     };
+    let class = match report.verdict {
+        Verdict::Authenticated => "seal-ok",
+        Verdict::IntactNotAuthenticated => "seal-warn",
+        Verdict::Forged | Verdict::Unsealed => "seal-bad",
+    };
+    let (word, meaning) = (
+        verdict_word(report.verdict),
+        verdict_meaning(report.verdict),
+    );
     let _ = writeln!(
         s,
         "<section aria-labelledby=\"h-seal\"><h2 id=\"h-seal\">Seal</h2>\
          <p class=\"seal {class}\"><strong id=\"seal-verdict\">{word}</strong>: {meaning}. Detail: {}</p>",
         escape(&report.authentication.detail)
     );
+    if let Some(caveat) = super::key_exposure(v).filter(|_| authenticated) {
+        let _ = writeln!(
+            s,
+            "<p class=\"seal seal-warn\" id=\"key-exposure\">{caveat}.</p>"
+        );
+    }
     if !report.problems.is_empty() {
         s.push_str("<ul>");
         for p in &report.problems {
@@ -303,10 +304,34 @@ fn filters(s: &mut String, changes: &[ChangeRecord]) {
 fn data_attrs(c: &ChangeRecord) -> String {
     format!(
         "data-decision=\"{}\" data-change=\"{}\" data-dir=\"{}\"",
-        decision_word(c.decision),
+        action_word(c.decision),
         change_word(c),
         escape(top_dir(&c.path))
     )
+}
+
+/// A table of finding rows (from [`super::rows`]) in a section, each cell escaped here.
+fn finding_section(s: &mut String, id: &str, title: &str, found: &[FindingRow]) {
+    if found.is_empty() {
+        return;
+    }
+    let _ = write!(
+        s,
+        "<section aria-labelledby=\"h-{id}\"><h2 id=\"h-{id}\">{}</h2><table id=\"{id}\">\
+         <thead><tr><th scope=\"col\">Decision</th><th scope=\"col\">Kind</th>\
+         <th scope=\"col\">Detail</th></tr></thead><tbody>",
+        escape(title)
+    );
+    for f in found {
+        let level = f.level.word();
+        let _ = write!(
+            s,
+            "<tr><td class=\"d-{level}\">{level}</td><td>{}</td><td class=\"path\">{}</td></tr>",
+            escape(&f.kind),
+            escape(&f.detail)
+        );
+    }
+    s.push_str("</tbody></table></section>\n");
 }
 
 fn changes(s: &mut String, v: &RunView, diffs: &[ChangeDiff]) {
@@ -333,23 +358,18 @@ fn changes(s: &mut String, v: &RunView, diffs: &[ChangeDiff]) {
          </th></tr></thead><tbody>\n",
     );
     for (i, c) in r.changes.iter().enumerate() {
-        let kind = match c.entry_kind {
-            EntryKind::Directory => " (directory)",
-            EntryKind::Symlink => " (symlink)",
-            EntryKind::File => "",
-        };
         let diff_link = if i < diffs.len() {
             format!("<a href=\"#diff-{i}\">{}</a>", escape(&c.path))
         } else {
             escape(&c.path)
         };
-        let d = decision_word(c.decision);
+        let d = action_word(c.decision);
         let _ = writeln!(
             s,
-            "<tr {}><td class=\"path\">{diff_link}</td><td>{}{kind}</td><td class=\"d-{d}\">{d}</td>\
+            "<tr {}><td class=\"path\">{diff_link}</td><td>{}</td><td class=\"d-{d}\">{d}</td>\
              <td><code>{}</code></td><td>{}</td></tr>",
             data_attrs(c),
-            change_word(c),
+            change_text(c),
             escape(&c.policy_decision.rule),
             if c.reversible {
                 "yes".to_string()
@@ -404,6 +424,13 @@ fn diff_sections(s: &mut String, v: &RunView, diffs: &[ChangeDiff]) {
     s.push_str("</section>\n");
 }
 
+/// A bar's width for `points` out of `max`, between 1 and `full` (a recorded count of any size,
+/// even a forged `u64::MAX`, cannot overflow: the product is taken in 128 bits).
+fn bar_width(points: u64, max: u64, full: u64) -> u64 {
+    let w = u128::from(points.min(max)) * u128::from(full) / u128::from(max.max(1));
+    u64::try_from(w).unwrap_or(full).clamp(1, full)
+}
+
 /// The blast radius as a horizontal bar chart of each component's points, with the same numbers
 /// in a table for screen readers and text browsers.
 fn blast_radius(s: &mut String, v: &RunView) {
@@ -428,7 +455,9 @@ fn blast_radius(s: &mut String, v: &RunView) {
         .unwrap_or(1)
         .max(1);
     let (row, label_w, bar_w) = (26u64, 190u64, 360u64);
-    let height = row * b.components.len() as u64 + 8;
+    let height = row
+        .saturating_mul(b.components.len() as u64)
+        .saturating_add(8);
     let _ = write!(
         s,
         "<svg role=\"img\" aria-labelledby=\"blast-title\" width=\"{}\" height=\"{height}\" \
@@ -438,17 +467,17 @@ fn blast_radius(s: &mut String, v: &RunView) {
         label_w + bar_w + 60
     );
     for (i, c) in b.components.iter().enumerate() {
-        let y = row * i as u64 + 4;
-        let w = (c.points * bar_w / max).max(1);
+        let y = row.saturating_mul(i as u64).saturating_add(4);
+        let w = bar_width(c.points, max, bar_w);
         let _ = write!(
             s,
             "<text x=\"0\" y=\"{}\" font-size=\"13\" fill=\"#1f2328\">{}</text>\
              <rect x=\"{label_w}\" y=\"{y}\" width=\"{w}\" height=\"18\" fill=\"#0969da\"/>\
              <text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#1f2328\">{}</text>",
-            y + 14,
+            y.saturating_add(14),
             escape(&c.name),
             label_w + w + 6,
-            y + 14,
+            y.saturating_add(14),
             c.points
         );
     }
@@ -471,7 +500,16 @@ fn process_line(s: &mut String, row: &ProcessRow<'_>) {
     let p = row.record;
     let cleanup = row
         .cleanup
-        .map(|o| format!(" · cleanup: {}", cleanup_word(o)))
+        .map(|o| {
+            if super::words::cleanup_alarm(o) {
+                format!(
+                    " · <strong class=\"d-deny\">cleanup: {}</strong>",
+                    cleanup_word(o)
+                )
+            } else {
+                format!(" · cleanup: {}", cleanup_word(o))
+            }
+        })
         .unwrap_or_default();
     let escaped = p
         .left_run_cgroup
@@ -529,7 +567,33 @@ fn processes(s: &mut String, v: &RunView) {
         let _ = writeln!(s, "<p class=\"muted\">cleanup: {}</p>", escape(err));
     }
     s.push_str("</section>\n");
+    containers(s, ev);
     ports(s, ev);
+}
+
+fn containers(s: &mut String, ev: &RunEvidence) {
+    let found = rows::container_rows(ev);
+    if found.is_empty() {
+        return;
+    }
+    s.push_str(
+        "<section aria-labelledby=\"h-containers\"><h2 id=\"h-containers\">Containers started \
+         during the run</h2><table id=\"containers\"><thead><tr><th scope=\"col\">Name</th>\
+         <th scope=\"col\">Image</th><th scope=\"col\">Id</th><th scope=\"col\">Started by the \
+         run</th></tr></thead><tbody>",
+    );
+    for c in &found {
+        let _ = write!(
+            s,
+            "<tr><td><code>{}</code></td><td><code>{}</code></td><td><code>{}</code></td>\
+             <td>{}</td></tr>",
+            escape(&c.name),
+            escape(&c.image),
+            escape(&c.short_id),
+            if c.attributed { "yes" } else { "no" }
+        );
+    }
+    s.push_str("</tbody></table></section>\n");
 }
 
 fn ports(s: &mut String, ev: &RunEvidence) {
@@ -618,16 +682,11 @@ fn timeline(s: &mut String, v: &RunView) {
 /// The HTML report of one run: its facts, its seal's verification, and its changes' diffs
 /// (from [`super::diff::DiffSource`]).
 /// `back` is a link shown above the report (the dashboard's index), escaped here.
-pub fn render(
-    v: &RunView,
-    seal_report: &VerifyReport,
-    diffs: &[ChangeDiff],
-    back: Option<&str>,
-) -> String {
+pub fn render(v: &RunView, diffs: &[ChangeDiff], back: Option<&str>) -> String {
     let mut s = String::new();
     head(
         &mut s,
-        &format!("agentdiff run {}", v.result.run_id),
+        &format!("agentdiff run {}", v.id),
         SCRIPT,
         false,
         "",
@@ -635,10 +694,22 @@ pub fn render(
     if let Some(href) = back {
         let _ = writeln!(s, "<nav><a href=\"{}\">← all runs</a></nav>", escape(href));
     }
+    seal(&mut s, v);
     header(&mut s, v);
     s.push_str("<main>\n");
-    seal(&mut s, seal_report);
+    finding_section(
+        &mut s,
+        "tampered",
+        "Capsule tampered during the run (deny)",
+        &rows::tamper_rows(&v.result),
+    );
     changes(&mut s, v, diffs);
+    finding_section(
+        &mut s,
+        "findings",
+        "Evidence findings, limits and warnings",
+        &rows::finding_rows(&v.result),
+    );
     diff_sections(&mut s, v, diffs);
     blast_radius(&mut s, v);
     processes(&mut s, v);
@@ -665,6 +736,15 @@ mod tests {
     #[test]
     fn diff_lines_keep_tabs_but_escape_the_rest() {
         assert_eq!(escape_diff_line("+\t<b>\u{202e}"), "+\t&lt;b&gt;\\u{202e}");
+    }
+
+    #[test]
+    fn bar_widths_of_huge_recorded_points_do_not_overflow() {
+        assert_eq!(bar_width(1 << 63, 1 << 63, 360), 360);
+        assert_eq!(bar_width(u64::MAX, u64::MAX, 360), 360);
+        assert_eq!(bar_width(1, u64::MAX, 360), 1);
+        assert_eq!(bar_width(5, 10, 360), 180);
+        assert_eq!(bar_width(0, 0, 360), 1);
     }
 
     #[test]

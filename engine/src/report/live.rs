@@ -1,19 +1,42 @@
-//! Following runs in progress: each poll reads the new complete lines of `events.jsonl` of every
-//! run that is not finished, through the capsule's typed reader. A run is finished once it is
-//! sealed and its events are read to the end; it then yields one [`LiveUpdate::Finished`] with
-//! its status and change count.
+//! Following runs in progress: each poll reads only what was appended to `events.jsonl` of every
+//! run that is not finished since the last poll (from the offset already read, never the whole
+//! file again), as typed events. A run is finished once it is sealed and its events are read to
+//! the end; it then yields one [`LiveUpdate::Finished`] with its status and change count. An
+//! unsealed run while no agentdiff holds the project lock (seen in `/proc/locks`, without taking
+//! the lock) was interrupted: it yields one [`LiveUpdate::Interrupted`] and is no longer followed.
 //!
 //! Invariants: read-only (nothing in the store is written or locked); each event is yielded once
-//! per [`LiveTail`]; a line still being written is left for the next poll.
+//! per [`LiveTail`]; a line still being written is left for the next poll; `events.jsonl` is
+//! opened without following a symlink.
 //!
 //! Not defended: events are what the run recorded, in its own words; a command that can write the
-//! store (an unconfined backend) can write events too. A run whose capsule cannot be read is
-//! reported once and then left alone.
+//! store (an unconfined backend) can write events too, or truncate the file (reading then restarts
+//! at its new end). A run whose capsule cannot be read is reported once and then left alone. Where
+//! `/proc/locks` cannot be read, the lock counts as held (runs are followed as before).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
 
 use crate::store::doc::Event;
-use crate::store::{RunId, Store, StoreError};
+use crate::store::{Artifact, RunId, Store, StoreError, LOCK_FILE_NAME};
+
+/// Why a run's new events could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("events.jsonl has a malformed line: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// What a poll found.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +51,9 @@ pub enum LiveUpdate {
     },
     /// A run's events cannot be read (said once).
     Unreadable { run_id: RunId, problem: String },
+    /// A run is not sealed and no agentdiff holds the project lock: it was interrupted (said
+    /// once; `agentdiff cleanup RUN` stops what it left behind).
+    Interrupted { run_id: RunId },
 }
 
 /// The runs being followed and how far each was read.
@@ -65,12 +91,15 @@ impl LiveTail {
     fn poll_run(&mut self, store: &Store, id: RunId, out: &mut Vec<LiveUpdate>) {
         let capsule = match store.open_run(id.as_str()) {
             Ok(c) => c,
-            Err(e) => return self.give_up(id, e, out),
+            Err(e) => return self.give_up(id, e.into(), out),
         };
-        // Sealed is checked before reading, so the events read afterwards are the last ones.
+        // Sealed and the lock are checked before reading, so the events read afterwards are the
+        // last ones.
         let sealed = capsule.is_sealed();
+        let abandoned = !sealed && !lock_held(store);
         let offset = self.offsets.get(&id).copied().unwrap_or(0);
-        let (events, next) = match capsule.events_from(offset) {
+        let path = capsule.dir().join(Artifact::Events.file_name());
+        let (events, next) = match read_from(&path, offset) {
             Ok(found) => found,
             Err(e) => return self.give_up(id, e, out),
         };
@@ -88,10 +117,14 @@ impl LiveTail {
             });
             self.offsets.remove(&id);
             self.done.insert(id);
+        } else if abandoned {
+            out.push(LiveUpdate::Interrupted { run_id: id.clone() });
+            self.offsets.remove(&id);
+            self.done.insert(id);
         }
     }
 
-    fn give_up(&mut self, id: RunId, e: StoreError, out: &mut Vec<LiveUpdate>) {
+    fn give_up(&mut self, id: RunId, e: LiveError, out: &mut Vec<LiveUpdate>) {
         out.push(LiveUpdate::Unreadable {
             run_id: id.clone(),
             problem: e.to_string(),
@@ -99,6 +132,64 @@ impl LiveTail {
         self.offsets.remove(&id);
         self.done.insert(id);
     }
+}
+
+/// The complete lines appended to `path` after `offset`, as events, and the offset after them. A
+/// file shorter than `offset` (rewritten) is read from its end on; a missing file has no events.
+fn read_from(path: &Path, offset: u64) -> Result<(Vec<Event>, u64), LiveError> {
+    let err = |source| LiveError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), offset)),
+        Err(e) => return Err(err(e)),
+    };
+    let len = file.metadata().map_err(err)?.len();
+    let start = offset.min(len);
+    file.seek(SeekFrom::Start(start)).map_err(err)?;
+    let mut tail = Vec::new();
+    Read::by_ref(&mut file)
+        .take(len - start)
+        .read_to_end(&mut tail)
+        .map_err(err)?;
+    let complete = tail.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let events = tail[..complete]
+        .split(|b| *b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| serde_json::from_slice(line).map_err(LiveError::Malformed))
+        .collect::<Result<Vec<Event>, LiveError>>()?;
+    Ok((events, start + complete as u64))
+}
+
+/// Whether any process holds a lock on the store's lock file, read from `/proc/locks` by the
+/// file's inode (taking the lock to find out could make a starting run fail as busy). Unknown
+/// (no lock file, `/proc/locks` unreadable) counts as held.
+fn lock_held(store: &Store) -> bool {
+    let Ok(file) = File::open(store.dir().join(LOCK_FILE_NAME)) else {
+        return true;
+    };
+    let Ok(meta) = file.metadata() else {
+        return true;
+    };
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return true;
+    };
+    locks_name_inode(&locks, meta.ino())
+}
+
+/// Whether a `/proc/locks` listing has a lock on inode `ino` (`… MAJ:MIN:INODE start end`).
+fn locks_name_inode(locks: &str, ino: u64) -> bool {
+    locks.lines().any(|line| {
+        line.split_whitespace()
+            .filter_map(|field| field.rsplit_once(':'))
+            .any(|(_, inode)| inode.parse::<u64>() == Ok(ino))
+    })
 }
 
 #[cfg(test)]
@@ -134,9 +225,68 @@ mod tests {
                 LiveUpdate::Event { event, .. } => event.event.clone(),
                 LiveUpdate::Finished { .. } => "finished".into(),
                 LiveUpdate::Unreadable { .. } => "unreadable".into(),
+                LiveUpdate::Interrupted { .. } => "interrupted".into(),
             })
             .collect();
         assert_eq!(names, ["launched", "sealing", "finished"]);
         assert!(tail.poll(&store).unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_appended_lines_are_read_and_a_partial_line_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let line = |seq: u64| format!("{{\"seq\":{seq},\"at\":\"t\",\"event\":\"e{seq}\"}}\n");
+        std::fs::write(&path, line(1)).unwrap();
+        let (events, next) = read_from(&path, 0).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(next, line(1).len() as u64);
+        // A partial line is left for the next read.
+        let mut more = line(2);
+        more.push_str("{\"seq\":3");
+        std::fs::write(&path, format!("{}{more}", line(1))).unwrap();
+        let (events, next2) = read_from(&path, next).unwrap();
+        assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
+        // Reading from the end finds nothing new; a truncated file restarts at its end.
+        let (events, _) = read_from(&path, next2).unwrap();
+        assert!(events.is_empty());
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(read_from(&path, next2).unwrap(), (Vec::new(), 0));
+        // A symlink is not followed.
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(read_from(&link, 0).is_err());
+    }
+
+    #[test]
+    fn an_unsealed_run_without_a_lock_holder_is_reported_interrupted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut tail = LiveTail::start(&store).unwrap();
+        let lock = store.lock(crate::store::Wait::No, |_| {}).unwrap();
+        let run = store.create_run(Some("i-1")).unwrap();
+        run.event("capsule_created", json!({})).unwrap();
+        let updates = tail.poll(&store).unwrap();
+        assert_eq!(updates.len(), 1, "{updates:?}");
+        assert!(tail.poll(&store).unwrap().is_empty());
+        // The holder goes away without sealing: the run is interrupted, said once.
+        drop(lock);
+        let updates = tail.poll(&store).unwrap();
+        assert!(
+            matches!(&updates[..], [LiveUpdate::Interrupted { run_id }] if run_id.as_str() == "i-1"),
+            "{updates:?}"
+        );
+        run.event("late", json!({})).unwrap();
+        assert!(tail.poll(&store).unwrap().is_empty());
+    }
+
+    #[test]
+    fn proc_locks_lines_are_matched_by_inode() {
+        let locks = "1: FLOCK  ADVISORY  WRITE 20226 fe:00:5341210 0 EOF\n\
+                     2: POSIX  ADVISORY  READ 7 08:01:42 0 EOF\n";
+        assert!(locks_name_inode(locks, 5341210));
+        assert!(locks_name_inode(locks, 42));
+        assert!(!locks_name_inode(locks, 534121));
+        assert!(!locks_name_inode("", 1));
     }
 }

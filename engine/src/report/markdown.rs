@@ -1,8 +1,10 @@
 //! The markdown report of a run, for `$GITHUB_STEP_SUMMARY` and pull-request comments.
 //!
-//! Invariant: every recorded string (paths, rules, reasons, executables, container names,
-//! warnings) passes through [`escape`] and nothing else; the run id is a validated [`RunId`]
-//! (safe characters only) and the rollback command is built from it.
+//! Invariants: every recorded string (paths, rules, reasons, executables, container names,
+//! warnings) passes through [`escape`] and nothing else; commands in code blocks (where nothing
+//! can be escaped) are built only from the capsule's directory id, a validated [`RunId`] (safe
+//! characters only), never from `result.json`; the report opens with the seal verdict of
+//! `agentdiff verify`, never with "sealed" inferred from integrity.json being present.
 //!
 //! Not defended: what a markdown host does after rendering. GitHub links `#123` and `@name` in
 //! rendered text; the report writes `#` and `@` as HTML character references, which GitHub may
@@ -12,19 +14,25 @@
 
 use std::fmt::Write as _;
 
-use crate::backend::{Boundary, CleanupOutcome, WorkspaceMode};
-use crate::fs::{ChangeType, EntryKind};
+use crate::backend::{Boundary, WorkspaceMode};
 use crate::policy::Action;
 use crate::redact::escape_terminal;
-use crate::transaction::ChangeRecord;
+use crate::store::{RunId, Verdict};
 
+use super::evidence::{port_owner, PortOwner};
+use super::rows::{self, FindingRow, Level};
+use super::words::{self, change_text, cleanup_word};
 use super::{runtime_line, Recovery, RunView};
+
+/// Seal problems listed under the verdict (`agentdiff verify RUN` lists them all).
+const MAX_SEAL_PROBLEMS: usize = 5;
 
 /// Tables with more rows than this are folded into `<details>`.
 pub const FOLD_ROWS: usize = 10;
 
-/// The one escaping function for markdown: control characters, line separators and bidi
-/// controls become the terminal report's visible notation (`\n`, `\u{202e}`), then every character
+/// The one escaping function for markdown: backslashes, control characters, line separators, bidi
+/// controls and invisible format characters become the terminal report's visible notation
+/// ([`escape_terminal`]: `\\`, `\n`, `\u{202e}`, `\u{e0041}`), then every character
 /// markdown or GitHub could read as syntax is escaped: markdown punctuation (and `:` of emoji and links, `$` of math) with a backslash, `<`,
 /// `>`, `&`, `#`, `@` as character references (no HTML, no references, no mentions), and the `.`
 /// of `www.` (no autolink). `|` is escaped too, so a value is safe inside a table cell.
@@ -51,41 +59,11 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-fn action_word(a: Action) -> &'static str {
+/// The decision word, with a deny in bold.
+fn action_word(a: Action) -> String {
     match a {
-        Action::Allow => "allow",
-        Action::Review => "review",
-        Action::Deny => "**deny**",
-    }
-}
-
-fn change_word(c: &ChangeRecord) -> String {
-    let mut word = match c.change_type {
-        ChangeType::Created => "added",
-        ChangeType::Modified if c.mode_changed && !c.content_changed => "mode change",
-        ChangeType::Modified => "modified",
-        ChangeType::Deleted => "deleted",
-    }
-    .to_string();
-    if c.change_type == ChangeType::Modified && c.mode_changed && c.content_changed {
-        word.push_str(" + mode");
-    }
-    match c.entry_kind {
-        EntryKind::Symlink => word.push_str(" (symlink)"),
-        EntryKind::Directory => word.push_str(" (directory)"),
-        EntryKind::File => {}
-    }
-    word
-}
-
-fn cleanup_word(o: CleanupOutcome) -> &'static str {
-    match o {
-        CleanupOutcome::AlreadyExited => "already exited",
-        CleanupOutcome::Terminated => "terminated",
-        CleanupOutcome::Killed => "killed",
-        CleanupOutcome::PidReused => "pid reused, not signalled",
-        CleanupOutcome::AccessDenied => "access denied",
-        CleanupOutcome::Escaped => "**still running**",
+        Action::Deny => format!("**{}**", words::action_word(a)),
+        a => words::action_word(a).to_string(),
     }
 }
 
@@ -109,16 +87,60 @@ fn table(s: &mut String, title: &str, heading: bool, header: &[&str], rows: &[Ve
     s.push('\n');
 }
 
-fn outcome_word(v: &RunView) -> &'static str {
+fn outcome_word(v: &RunView) -> String {
     match v.policy_outcome() {
-        None => "none (nothing ran)",
+        None => "none (nothing ran)".into(),
         Some(a) => action_word(a),
+    }
+}
+
+/// The seal's verdict, first: whatever the report says next is only as good as the seal.
+fn seal_line(s: &mut String, v: &RunView) {
+    let Some(seal) = &v.seal else {
+        let _ = writeln!(s, "**Seal:** not verified by this report\n");
+        return;
+    };
+    let word = words::verdict_word(seal.verdict);
+    let word = match seal.verdict {
+        Verdict::Authenticated => word.to_string(),
+        _ => format!("**{word}**"),
+    };
+    let _ = writeln!(
+        s,
+        "**Seal:** {word} — {}\n",
+        words::verdict_meaning(seal.verdict)
+    );
+    if seal.verdict == Verdict::Authenticated {
+        if let Some(caveat) = super::key_exposure(v) {
+            let _ = writeln!(s, "**Note:** {caveat}\n");
+        }
+    }
+    for p in seal.problems.iter().take(MAX_SEAL_PROBLEMS) {
+        let _ = writeln!(s, "- {}: {}", escape(&p.subject), escape(&p.problem));
+    }
+    if !seal.problems.is_empty() {
+        s.push('\n');
+    }
+}
+
+/// A command for the reader to run, in a code block. Built only from the capsule's directory
+/// id, which is a validated run id (safe characters only); anything else is not printed, since
+/// nothing inside a code block can be escaped.
+fn command_block(s: &mut String, id: &str, command: &str, args: &str) {
+    match RunId::parse(id) {
+        Ok(id) => {
+            let _ = writeln!(s, "```\nagentdiff {command} {id}{args}\n```");
+        }
+        Err(_) => {
+            let _ = writeln!(s, "(the run id is not a valid id: no command is printed)");
+        }
     }
 }
 
 fn header(s: &mut String, v: &RunView) {
     let r = &v.result;
-    let _ = writeln!(s, "### agentdiff run {}\n", escape(&r.run_id));
+    let _ = writeln!(s, "### agentdiff run {}\n", escape(&v.id));
+    seal_line(s, v);
     let exit = r
         .exit_code
         .map(|c| format!(" · exit {c}"))
@@ -154,7 +176,7 @@ fn backend(s: &mut String, v: &RunView) {
     let _ = writeln!(
         s,
         "**Backend:** {} · workspace {}\n",
-        runtime_line(rt, escape),
+        runtime_line(rt, v.plugin().is_some(), escape),
         match caps.workspace {
             WorkspaceMode::Private => "private copy",
             _ => "host tree",
@@ -164,7 +186,7 @@ fn backend(s: &mut String, v: &RunView) {
     let _ = writeln!(s, "| Boundary | Label |\n|---|---|");
     for b in Boundary::ALL {
         let mark = if verified.contains(&b) {
-            " (verified by a recorded probe)"
+            " (verified by a recorded probe; the record file is not authenticated)"
         } else {
             ""
         };
@@ -194,8 +216,8 @@ fn changes(s: &mut String, v: &RunView) {
         .map(|c| {
             vec![
                 escape(&c.path),
-                change_word(c),
-                action_word(c.decision).to_string(),
+                change_text(c),
+                action_word(c.decision),
                 escape(&c.policy_decision.rule),
                 if c.reversible {
                     "yes".to_string()
@@ -253,7 +275,11 @@ fn process_evidence(s: &mut String, v: &RunView) {
             vec![
                 r.identity.pid.to_string(),
                 escape(&r.executable),
-                cleanup_word(r.outcome).to_string(),
+                if words::cleanup_alarm(r.outcome) {
+                    format!("**{}**", cleanup_word(r.outcome))
+                } else {
+                    cleanup_word(r.outcome).to_string()
+                },
             ]
         })
         .collect();
@@ -274,10 +300,13 @@ fn process_evidence(s: &mut String, v: &RunView) {
             vec![
                 escape(&p.protocol),
                 escape(&format!("{}:{}", p.address, p.port)),
-                match &p.owner {
-                    Some(o) => format!("pid {}", o.pid),
-                    None if p.attributed => "the run".to_string(),
-                    None => "not attributed".to_string(),
+                match port_owner(ev, p) {
+                    PortOwner::Process { pid, executable } => format!(
+                        "pid {pid} {}",
+                        escape(executable.unwrap_or("(not recorded)"))
+                    ),
+                    PortOwner::Run => "the run".to_string(),
+                    PortOwner::Unattributed => "not attributed to the run".to_string(),
                 },
             ]
         })
@@ -291,15 +320,13 @@ fn process_evidence(s: &mut String, v: &RunView) {
             &ports,
         );
     }
-    let containers: Vec<Vec<String>> = ev
-        .containers
+    let containers: Vec<Vec<String>> = rows::container_rows(ev)
         .iter()
-        .flat_map(|c| c.containers.iter())
         .map(|c| {
             vec![
                 escape(&c.name),
                 escape(&c.image),
-                escape(c.id.get(..12).unwrap_or(&c.id)),
+                escape(&c.short_id),
                 if c.attributed { "yes" } else { "no" }.to_string(),
             ]
         })
@@ -315,45 +342,35 @@ fn process_evidence(s: &mut String, v: &RunView) {
     }
 }
 
-fn findings(s: &mut String, v: &RunView) {
-    let r = &v.result;
-    let rows: Vec<Vec<String>> = r
-        .evidence_findings
+/// A table of finding rows (from [`super::rows`]), each cell escaped here.
+fn finding_table(s: &mut String, title: &str, found: &[FindingRow]) {
+    if found.is_empty() {
+        return;
+    }
+    let rows: Vec<Vec<String>> = found
         .iter()
         .map(|f| {
-            vec![
-                action_word(f.action).to_string(),
-                escape(&f.kind),
-                escape(&f.detail),
-            ]
+            let level = match f.level {
+                Level::Action(a) => action_word(a),
+                Level::Note => Level::Note.word().to_string(),
+            };
+            vec![level, escape(&f.kind), escape(&f.detail)]
         })
-        .chain(r.limit_violations.iter().map(|l| {
-            vec![
-                "review".to_string(),
-                "limit exceeded".to_string(),
-                format!(
-                    "{} = {} (limit {})",
-                    escape(&l.limit),
-                    l.observed,
-                    l.limit_value
-                ),
-            ]
-        }))
-        .chain(
-            r.observation_warnings
-                .iter()
-                .map(|w| vec!["note".to_string(), "warning".to_string(), escape(w)]),
-        )
         .collect();
-    if !rows.is_empty() {
-        table(
-            s,
-            "Evidence findings",
-            true,
-            &["Decision", "Kind", "Detail"],
-            &rows,
-        );
-    }
+    table(s, title, true, &["Decision", "Kind", "Detail"], &rows);
+}
+
+/// What changed under `.agentdiff/` during the run, above everything else it did.
+fn tampering(s: &mut String, v: &RunView) {
+    finding_table(
+        s,
+        "Capsule tampered during the run (deny)",
+        &rows::tamper_rows(&v.result),
+    );
+}
+
+fn findings(s: &mut String, v: &RunView) {
+    finding_table(s, "Evidence findings", &rows::finding_rows(&v.result));
 }
 
 fn recovery(s: &mut String, v: &RunView) {
@@ -363,16 +380,16 @@ fn recovery(s: &mut String, v: &RunView) {
         Recovery::PrivateCopy => {
             let _ = writeln!(
                 s,
-                "The host tree is unchanged (the command worked on a private copy). Review and apply:\n\n```\nagentdiff promote {} --all --dry-run\n```",
-                r.run_id
+                "The host tree is unchanged (the command worked on a private copy). Review and apply:\n"
             );
+            command_block(s, &v.id, "promote", " --all --dry-run");
         }
         Recovery::Unsealed => {
             let _ = writeln!(
                 s,
-                "Not possible: the capsule is not sealed (the run was interrupted). Stop what it left behind:\n\n```\nagentdiff cleanup {}\n```",
-                r.run_id
+                "Not possible: the capsule is not sealed (the run was interrupted). Stop what it left behind:\n"
             );
+            command_block(s, &v.id, "cleanup", "");
         }
         Recovery::NothingChanged => {
             let _ = writeln!(s, "Nothing to roll back.");
@@ -389,14 +406,16 @@ fn recovery(s: &mut String, v: &RunView) {
                     r.changes.len()
                 );
             }
-            let _ = writeln!(s, "```\nagentdiff rollback {} --safe-only\n```", r.run_id);
+            command_block(s, &v.id, "rollback", " --safe-only");
         }
     }
     let _ = writeln!(
         s,
-        "\n<sub>run {} · capsule sealed: {}</sub>",
-        escape(&r.run_id),
-        if v.sealed { "yes" } else { "no" }
+        "\n<sub>run {} · seal: {}</sub>",
+        escape(&v.id),
+        v.seal
+            .as_ref()
+            .map_or("not verified", |seal| words::verdict_word(seal.verdict))
     );
 }
 
@@ -405,6 +424,7 @@ pub fn render(v: &RunView) -> String {
     let mut s = String::new();
     header(&mut s, v);
     backend(&mut s, v);
+    tampering(&mut s, v);
     changes(&mut s, v);
     blast_radius(&mut s, v);
     process_evidence(&mut s, v);

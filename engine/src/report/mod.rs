@@ -8,15 +8,21 @@ pub mod dashboard;
 pub mod diff;
 pub mod evidence;
 pub mod html;
+pub mod listing;
 pub mod live;
 pub mod markdown;
+pub mod rows;
+pub mod words;
 
 use std::path::PathBuf;
 
-use crate::backend::WorkspaceMode;
+use crate::backend::external::{ExternalFacts, ExternalOrigin};
+use crate::backend::{Enforcement, WorkspaceMode};
 use crate::policy::Action;
+use crate::redact::escape_terminal;
 use crate::store::doc::Event;
-use crate::store::{Artifact, Capsule, RuntimeDoc, StoreError};
+use crate::store::seal::VerifyContext;
+use crate::store::{Artifact, Capsule, ObjectStore, RuntimeDoc, StoreError, VerifyReport};
 use crate::transaction::{ChangeRecord, RunResult, RuntimeSummary, Status};
 
 /// Errors of loading a run for a report.
@@ -27,20 +33,49 @@ pub enum ReportError {
          nothing to report; `agentdiff inspect {0}` says what is known"
     )]
     NoResult(String),
+    #[error(
+        "run {dir}'s result.json names another run ({recorded}): the capsule is corrupt or was \
+         rewritten; nothing in it is reported (`agentdiff verify {dir}` says what does not match \
+         its seal)"
+    )]
+    RunIdMismatch {
+        dir: String,
+        /// As recorded, made visible ([`escape_terminal`]).
+        recorded: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// `capsule`'s result, refused when its `run_id` is not the capsule's directory id: a result
+/// copied from another run, or a forged one whose id carries text for a report.
+pub fn checked_result(capsule: &Capsule) -> Result<RunResult, ReportError> {
+    let result = capsule.result()?;
+    if result.run_id != capsule.id().as_str() {
+        return Err(ReportError::RunIdMismatch {
+            dir: capsule.id().to_string(),
+            recorded: format!("{:?}", escape_terminal(&result.run_id)),
+        });
+    }
+    Ok(result)
 }
 
 /// One run as the reports see it.
 #[derive(Debug, Clone)]
 pub struct RunView {
+    /// The run id: the capsule's directory name (a validated [`crate::store::RunId`]), which
+    /// every command a report prints is built from, never `result.run_id`.
+    pub id: String,
     pub result: RunResult,
     /// `runtime.json`, when the run recorded one.
     pub runtime: Option<RuntimeDoc>,
     /// `metadata.json`'s backend: the one chosen, even when nothing was launched.
     pub backend: Option<String>,
-    /// Whether the capsule's seal is in place.
+    /// Whether the capsule's seal is in place (integrity.json exists; says nothing about whether
+    /// it matches: see `seal`).
     pub sealed: bool,
+    /// The seal as `agentdiff verify` judges it, when the surface verified it.
+    pub seal: Option<VerifyReport>,
     pub capsule_dir: PathBuf,
     /// `events.jsonl` (the timeline), empty when not read.
     pub events: Vec<Event>,
@@ -68,8 +103,9 @@ pub fn exit_text(e: &crate::backend::ExitInfo) -> String {
 
 /// The launched backend in one line, the same words on every surface:
 /// `NAME · enforcement E · sandboxed|not sandboxed · network blocked|not blocked`, the name
-/// through the surface's `escape`.
-pub fn runtime_line(rt: &RuntimeSummary, escape: fn(&str) -> String) -> String {
+/// through the surface's `escape`; `(declared by plugin)` after the claims when an external
+/// plugin made them ([`RunView::plugin`]).
+pub fn runtime_line(rt: &RuntimeSummary, plugin: bool, escape: fn(&str) -> String) -> String {
     let sandbox = if rt.sandboxed {
         "sandboxed"
     } else {
@@ -80,11 +116,39 @@ pub fn runtime_line(rt: &RuntimeSummary, escape: fn(&str) -> String) -> String {
     } else {
         "not blocked"
     };
+    let declared = if plugin { " (declared by plugin)" } else { "" };
     format!(
-        "{} · enforcement {} · {sandbox} · network {network}",
+        "{} · enforcement {} · {sandbox} · network {network}{declared}",
         escape(&rt.backend),
         rt.enforcement.as_str()
     )
+}
+
+/// Whether the command could have read this user's seal key, for the reader of an
+/// "authenticated" verdict (docs/security-model.md, who can read the key): `None` when the
+/// backend keeps the state directory out of the command's reach by agentdiff's own mounts or by
+/// not mounting it, else why "authenticated" proves less.
+pub fn key_exposure(v: &RunView) -> Option<&'static str> {
+    if v.plugin().is_some() {
+        return Some(
+            "the run went through an external plugin, which declares its own isolation: whether \
+             the command could read the seal key is unknown, so authenticated means sealed by \
+             agentdiff with this user's key, not that the command could not have forged it",
+        );
+    }
+    match v.result.runtime.as_ref()?.enforcement {
+        Enforcement::None => Some(
+            "the command ran unconfined as this user and could read the seal key: authenticated \
+             means sealed by agentdiff with this user's key, not that the command could not have \
+             forged it",
+        ),
+        Enforcement::ExternalSandboxRequested => Some(
+            "the command's access to the seal key was left to an external sandbox (requested, \
+             not verified here; with a user-supplied settings file treat the key as readable): \
+             authenticated means sealed by agentdiff with this user's key",
+        ),
+        Enforcement::ContainerRequested | Enforcement::BwrapSandbox => None,
+    }
 }
 
 /// An event field's value as one line of text: strings as they are, anything else as compact
@@ -118,14 +182,26 @@ impl RunView {
     /// finished by this process, or one whose other artifacts are not read.
     pub fn of_result(result: RunResult, sealed: bool, capsule_dir: PathBuf) -> RunView {
         RunView {
+            id: result.run_id.clone(),
             result,
             runtime: None,
             backend: None,
             sealed,
+            seal: None,
             capsule_dir,
             events: Vec::new(),
             events_error: None,
         }
+    }
+
+    /// The external plugin the run went through, decoded from the evidence's typed `wrapper`
+    /// facts: everything such a run reports about its isolation is the plugin's word.
+    pub fn plugin(&self) -> Option<ExternalOrigin> {
+        let facts = self.runtime.as_ref()?.evidence()?.wrapper.as_ref()?;
+        facts
+            .decode::<ExternalFacts>()
+            .ok()
+            .map(|f| f.external_backend)
     }
 
     /// The policy outcome, or `None` when nothing ran: no change was decided, so there is no
@@ -156,6 +232,18 @@ impl RunView {
         }
     }
 
+    /// [`RunView::load`], with the seal verified as `agentdiff verify` does (this user's key and
+    /// ledger in `ctx`).
+    pub fn load_verified(
+        capsule: &Capsule,
+        objects: &ObjectStore,
+        ctx: &VerifyContext,
+    ) -> Result<RunView, ReportError> {
+        let mut view = RunView::load(capsule)?;
+        view.seal = Some(capsule.verify_with(objects, ctx)?);
+        Ok(view)
+    }
+
     /// Read a run through the capsule's typed readers.
     pub fn load(capsule: &Capsule) -> Result<RunView, ReportError> {
         let present =
@@ -163,7 +251,7 @@ impl RunView {
         if !present(Artifact::Result) {
             return Err(ReportError::NoResult(capsule.id().to_string()));
         }
-        let result = capsule.result()?;
+        let result = checked_result(capsule)?;
         let runtime = if present(Artifact::Runtime) {
             Some(capsule.runtime()?)
         } else {
@@ -179,10 +267,12 @@ impl RunView {
             Err(e) => (Vec::new(), Some(e.to_string())),
         };
         Ok(RunView {
+            id: capsule.id().to_string(),
             result,
             runtime,
             backend,
             sealed: capsule.is_sealed(),
+            seal: None,
             capsule_dir: capsule.dir().to_path_buf(),
             events,
             events_error,

@@ -15,7 +15,7 @@
 use serde_json::{json, Value};
 
 use super::capsule::{Capsule, MAX_ARTIFACT_BYTES};
-use super::tree::{self, TREE_FORMAT};
+use super::tree::{self, TreeWrite, TREE_FORMAT};
 use super::{Artifact, ObjectStore, StoreError};
 use crate::fs::Manifest;
 
@@ -72,8 +72,8 @@ impl ManifestObject {
 }
 
 impl Capsule {
-    /// Writes a manifest: entries into the object store as a tree, the rest as the artifact.
-    /// Returns the root tree's hash, which the caller must reference when sealing.
+    /// Writes a manifest held in memory: entries into the object store as a tree, the rest as
+    /// the artifact. Returns the root tree's hash, which the caller must reference when sealing.
     pub fn write_manifest(
         &self,
         artifact: Artifact,
@@ -82,6 +82,19 @@ impl Capsule {
     ) -> Result<String, StoreError> {
         check_manifest_artifact(artifact, "write_manifest")?;
         let written = tree::write_tree(&manifest.entries, objects)?;
+        self.write_manifest_header(artifact, manifest, &written)?;
+        Ok(written.root)
+    }
+
+    /// Writes the artifact of a manifest whose entries are already stored as the tree `tree`
+    /// (a streamed scan); `manifest.entries` is not written.
+    pub fn write_manifest_header(
+        &self,
+        artifact: Artifact,
+        manifest: &Manifest,
+        tree: &TreeWrite,
+    ) -> Result<(), StoreError> {
+        check_manifest_artifact(artifact, "write_manifest_header")?;
         // The header without its entries. (Listing every field keeps this in step with
         // `Manifest`.)
         let shallow = Manifest {
@@ -103,15 +116,14 @@ impl Capsule {
             map.insert(
                 "root_tree".into(),
                 json!({
-                    "sha256": written.root,
-                    "entries": manifest.entries.len(),
-                    "trees": written.trees,
+                    "sha256": tree.root,
+                    "entries": tree.entries,
+                    "trees": tree.trees,
                     "format": TREE_FORMAT,
                 }),
             );
         }
-        self.write_artifact(artifact, &header)?;
-        Ok(written.root)
+        self.write_artifact(artifact, &header)
     }
 
     /// Reads a manifest written by [`Capsule::write_manifest`] (or a schema-1 header naming an
@@ -130,9 +142,28 @@ impl Capsule {
     pub(crate) fn manifest_from_header(
         &self,
         artifact: Artifact,
-        mut header: Value,
+        header: Value,
         objects: &ObjectStore,
     ) -> Result<Manifest, StoreError> {
+        let (mut manifest, named) = self.header_only(artifact, header)?;
+        manifest.entries = match &named {
+            ManifestObject::Tree(root) => tree::read_tree(root, objects)?,
+            ManifestObject::Entries(hex) => {
+                let bytes = objects.read_verified(hex, MAX_ARTIFACT_BYTES)?;
+                // Straight into typed entries: no intermediate JSON tree.
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| malformed(self, artifact, format!("entries object {hex}: {e}")))?
+            }
+        };
+        Ok(manifest)
+    }
+
+    /// A manifest header without its entries, and the object it names for them.
+    pub(crate) fn header_only(
+        &self,
+        artifact: Artifact,
+        mut header: Value,
+    ) -> Result<(Manifest, ManifestObject), StoreError> {
         let named = ManifestObject::of(&header).ok_or_else(|| {
             malformed(
                 self,
@@ -145,22 +176,23 @@ impl Capsule {
             map.remove("entries_object");
             map.insert("entries".into(), Value::Object(Default::default()));
         }
-        let mut manifest: Manifest =
+        let manifest: Manifest =
             serde_json::from_value(header).map_err(|source| StoreError::MalformedArtifact {
                 run_id: self.id().to_string(),
                 name: artifact.file_name().to_string(),
                 source,
             })?;
-        manifest.entries = match &named {
-            ManifestObject::Tree(root) => tree::read_tree(root, objects)?,
-            ManifestObject::Entries(hex) => {
-                let bytes = objects.read_verified(hex, MAX_ARTIFACT_BYTES)?;
-                // Straight into typed entries: no intermediate JSON tree.
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| malformed(self, artifact, format!("entries object {hex}: {e}")))?
-            }
-        };
-        Ok(manifest)
+        Ok((manifest, named))
+    }
+
+    /// A stored manifest's header (no entries) and the object it names for its entries.
+    pub fn read_manifest_header(
+        &self,
+        artifact: Artifact,
+    ) -> Result<(Manifest, ManifestObject), StoreError> {
+        check_manifest_artifact(artifact, "read_manifest_header")?;
+        let header = self.read_artifact_value(artifact)?;
+        self.header_only(artifact, header)
     }
 
     /// The object a stored manifest names for its entries (root tree or entries object), if any.

@@ -63,7 +63,7 @@ pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome}
 pub use previous::PreviousScan;
 pub use prune::{PruneRunsReport, PruneSelection, PrunedRun, UnverifiedRun};
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
-pub use tree::{TreeWrite, MAX_TREE_ENTRIES, TREE_FORMAT};
+pub use tree::{SpooledTrees, TreeSpool, TreeWrite, TreeWriter, MAX_TREE_ENTRIES, TREE_FORMAT};
 
 /// Name of the store directory below the project root (always excluded from scans).
 pub const STORE_DIR_NAME: &str = ".agentdiff";

@@ -4,8 +4,8 @@
 //! Invariant: a manifest is returned only from a run whose seal is of the current format, is
 //! canonical, authenticates under this user's key (HMAC) and is recorded in this user's ledger,
 //! and only when the manifest artifact's bytes — the very bytes parsed — hash to the value the
-//! seal lists and its root tree and every tree object below it (schema 1: its entries object)
-//! hash to their names. A capsule planted or edited in
+//! seal lists; the root tree it names, and every tree below it, are verified against their ids
+//! when the scan reads them (a tree that does not verify just means no cache below it). A capsule planted or edited in
 //! `.agentdiff/` without the key therefore never feeds the cache.
 //!
 //! Not defended: a process that can read the seal key (the wrapped command under a backend that
@@ -20,20 +20,24 @@ use sha2::{Digest, Sha256};
 use super::capsule::MAX_ARTIFACT_BYTES;
 use super::integrity::Findings;
 use super::seal::VerifyContext;
-use super::{atomic, Artifact, Capsule, RunId, Store};
+use super::{atomic, Artifact, Capsule, ManifestObject, RunId, Store};
 use crate::fs::Manifest;
 
 /// How many of the most recently modified runs are tried before giving up: an old capsule is
 /// as good as a new one for safety, but rarely worth the reading.
 const MAX_CANDIDATES: usize = 4;
 
-/// A manifest from a verified earlier run.
+/// A manifest from a verified earlier run: its header and its root tree, whose directories the
+/// scan reads (each verified against its id) as it reaches them, so the earlier manifest is never
+/// held whole. Schema-1 manifests (one entries object) offer no cache.
 #[derive(Debug, Clone)]
 pub struct PreviousScan {
     pub run_id: RunId,
     /// `after.json` when it was scanned at `root`, else `before.json`.
     pub artifact: Artifact,
+    /// The header (`entries` is empty).
     pub manifest: Manifest,
+    pub root_tree: String,
 }
 
 impl Store {
@@ -67,11 +71,12 @@ impl Store {
         [Artifact::After, Artifact::Before]
             .into_iter()
             .find_map(|artifact| {
-                let manifest = capsule.sealed_manifest(artifact, &seal.artifacts, self)?;
+                let (manifest, root_tree) = capsule.sealed_manifest(artifact, &seal.artifacts)?;
                 (manifest.root == root).then(|| PreviousScan {
                     run_id: id.clone(),
                     artifact,
                     manifest,
+                    root_tree,
                 })
             })
     }
@@ -94,14 +99,13 @@ impl Capsule {
         (f.problems.is_empty() && in_ledger).then_some(seal)
     }
 
-    /// A manifest artifact whose bytes hash to what the seal lists (read once: the bytes hashed
-    /// are the bytes parsed).
+    /// The header and root tree of a manifest artifact whose bytes hash to what the seal lists
+    /// (read once: the bytes hashed are the bytes parsed).
     fn sealed_manifest(
         &self,
         artifact: Artifact,
         sealed: &std::collections::BTreeMap<String, String>,
-        store: &Store,
-    ) -> Option<Manifest> {
+    ) -> Option<(Manifest, String)> {
         let name = artifact.file_name();
         let expected = sealed.get(name)?;
         let bytes = atomic::read_bounded(&self.dir().join(name), MAX_ARTIFACT_BYTES).ok()?;
@@ -109,7 +113,9 @@ impl Capsule {
             return None;
         }
         let header = serde_json::from_slice(&bytes).ok()?;
-        self.manifest_from_header(artifact, header, store.objects())
-            .ok()
+        match self.header_only(artifact, header).ok()? {
+            (manifest, ManifestObject::Tree(root)) => Some((manifest, root)),
+            (_, ManifestObject::Entries(_)) => None,
+        }
     }
 }

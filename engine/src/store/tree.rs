@@ -16,14 +16,12 @@
 //! Every tree object is read with its hash verified. A tree that names itself is impossible
 //! (content addressing); a forged DAG that repeats a subtree is bounded by [`MAX_TREE_ENTRIES`].
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
 
 use super::capsule::MAX_ARTIFACT_BYTES;
 use super::objects::validate_object_id;
 use super::{ObjectStore, StoreError};
-use crate::fs::{BackupState, Entry, EntryKind};
+use crate::fs::{BackupState, Entry, EntryKind, Tree, TreeError, TreeSink, TreeSource};
 
 /// Format name recorded in a manifest header's `root_tree`.
 pub const TREE_FORMAT: &str = "tree-1";
@@ -32,33 +30,149 @@ pub const TREE_FORMAT: &str = "tree-1";
 /// must not exhaust memory).
 pub const MAX_TREE_ENTRIES: usize = 50_000_000;
 
-#[derive(Serialize)]
-struct TreeOut<'a> {
-    entries: BTreeMap<&'a str, &'a Entry>,
-    trees: BTreeMap<&'a str, String>,
-}
-
-/// One tree object as read.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct TreeObject {
-    pub entries: BTreeMap<String, Entry>,
-    pub trees: BTreeMap<String, String>,
-}
-
 /// What writing a tree did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeWrite {
     /// The root tree's hash.
     pub root: String,
+    /// Entries in the manifest.
+    pub entries: usize,
     /// Tree objects in the manifest.
     pub trees: usize,
 }
 
-#[derive(Default)]
-struct Node<'a> {
-    entries: BTreeMap<&'a str, &'a Entry>,
-    trees: BTreeMap<&'a str, String>,
+/// A [`TreeSink`] that stores each directory's tree as the scan streams it (durability batched:
+/// the caller syncs the store before sealing, as for backups), and copies it to a [`TreeSpool`]
+/// when given one.
+pub struct TreeWriter<'s> {
+    objects: &'s ObjectStore,
+    spool: Option<&'s mut TreeSpool>,
+    /// Entries and tree objects written so far.
+    pub entries: usize,
+    pub trees: usize,
+}
+
+impl<'s> TreeWriter<'s> {
+    pub fn new(objects: &'s ObjectStore, spool: Option<&'s mut TreeSpool>) -> Self {
+        TreeWriter {
+            objects,
+            spool,
+            entries: 0,
+            trees: 0,
+        }
+    }
+}
+
+impl TreeSink for TreeWriter<'_> {
+    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+        let bytes = tree.to_bytes(dir)?;
+        let id = self
+            .objects
+            .put_bytes_batched(&bytes)
+            .map_err(TreeError::store)?;
+        if let Some(spool) = self.spool.as_deref_mut() {
+            spool.add(&id, &bytes)?;
+        }
+        self.entries += tree.entries.len();
+        self.trees += 1;
+        Ok(id)
+    }
+}
+
+/// A copy of the before-scan's tree objects outside the store, for while the command runs: the
+/// store's objects are files the command may rewrite or delete, and the run must still know the
+/// before-state to compare with and to withdraw lost backups from. The copy is an unlinked file
+/// (nothing names it in the filesystem) and only a small index (id → offset, length) is kept in
+/// memory, so the before manifest is never held whole. Every read is verified against the id.
+///
+/// Not defended: a process of the same user can still reach the open file through
+/// `/proc/PID/fd`; a tree changed there fails verification, so the comparison reports itself
+/// incomplete rather than trusting it.
+pub struct TreeSpool {
+    file: std::fs::File,
+    len: u64,
+    index: HashMap<[u8; 32], (u64, usize)>,
+}
+
+impl TreeSpool {
+    pub fn new() -> Result<TreeSpool, StoreError> {
+        let file = tempfile::tempfile()
+            .map_err(|e| StoreError::io("create a private file in", std::env::temp_dir(), e))?;
+        Ok(TreeSpool {
+            file,
+            len: 0,
+            index: HashMap::new(),
+        })
+    }
+
+    fn key(id: &str) -> Option<[u8; 32]> {
+        let mut key = [0u8; 32];
+        hex::decode_to_slice(id, &mut key).ok()?;
+        Some(key)
+    }
+
+    fn add(&mut self, id: &str, bytes: &[u8]) -> Result<(), TreeError> {
+        use std::io::Write;
+        let Some(key) = Self::key(id) else {
+            return Ok(());
+        };
+        if self.index.contains_key(&key) {
+            return Ok(());
+        }
+        self.file.write_all(bytes).map_err(TreeError::store)?;
+        self.index.insert(key, (self.len, bytes.len()));
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn read(&self, id: &str) -> Option<Result<Tree, TreeError>> {
+        use std::os::unix::fs::FileExt;
+        let (offset, len) = *self.index.get(&Self::key(id)?)?;
+        let mut bytes = vec![0u8; len];
+        if let Err(e) = self.file.read_exact_at(&mut bytes, offset) {
+            return Some(Err(TreeError::store(e)));
+        }
+        if Tree::id_of(&bytes) != id {
+            return Some(Err(TreeError::Malformed {
+                id: id.to_string(),
+                reason: "its private copy was changed while the command ran".into(),
+            }));
+        }
+        Some(Tree::parse(id, &bytes))
+    }
+}
+
+/// Trees read from a [`TreeSpool`] when it holds them, else from the object store.
+pub struct SpooledTrees<'s> {
+    pub spool: Option<&'s TreeSpool>,
+    pub objects: &'s ObjectStore,
+}
+
+impl TreeSource for SpooledTrees<'_> {
+    fn tree(&self, id: &str) -> Result<Tree, TreeError> {
+        match self.spool.and_then(|s| s.read(id)) {
+            Some(read) => read,
+            None => self.objects.tree(id),
+        }
+    }
+}
+
+impl TreeSource for ObjectStore {
+    fn tree(&self, id: &str) -> Result<Tree, TreeError> {
+        read_tree_object(id, self).map_err(TreeError::store)
+    }
+}
+
+/// Inserts `dir` and every missing ancestor.
+fn ensure(dirs: &mut BTreeMap<String, Tree>, dir: &str) {
+    let mut dir = dir;
+    while !dirs.contains_key(dir) {
+        dirs.insert(dir.to_string(), Tree::default());
+        if dir.is_empty() {
+            break;
+        }
+        dir = split(dir).0;
+    }
 }
 
 fn split(path: &str) -> (&str, &str) {
@@ -73,23 +187,13 @@ fn depth(path: &str) -> usize {
     }
 }
 
-/// Inserts `dir` and every missing ancestor.
-fn ensure<'a>(dirs: &mut BTreeMap<&'a str, Node<'a>>, mut dir: &'a str) {
-    while !dirs.contains_key(dir) {
-        dirs.insert(dir, Node::default());
-        if dir.is_empty() {
-            break;
-        }
-        dir = split(dir).0;
-    }
-}
-
-/// Stores `entries` (project-relative paths) as tree objects and returns the root's hash.
+/// Stores `entries` (project-relative paths, held in memory) as tree objects and returns the
+/// root's hash. The same trees as a scan streaming to a [`TreeWriter`].
 pub(crate) fn write_tree(
     entries: &BTreeMap<String, Entry>,
     objects: &ObjectStore,
 ) -> Result<TreeWrite, StoreError> {
-    let mut dirs: BTreeMap<&str, Node> = BTreeMap::new();
+    let mut dirs: BTreeMap<String, Tree> = BTreeMap::new();
     ensure(&mut dirs, "");
     for (path, entry) in entries {
         let (parent, name) = split(path);
@@ -98,44 +202,58 @@ pub(crate) fn write_tree(
             ensure(&mut dirs, path);
         }
         if let Some(node) = dirs.get_mut(parent) {
-            node.entries.insert(name, entry);
+            node.entries.insert(name.to_string(), entry.clone());
         }
     }
     // Deepest first: a directory's tree is written before its parent needs its hash.
-    let mut order: Vec<&str> = dirs.keys().copied().collect();
+    let mut order: Vec<String> = dirs.keys().cloned().collect();
     order.sort_by_key(|d| std::cmp::Reverse(depth(d)));
-    let trees = order.len();
+    let mut writer = TreeWriter::new(objects, None);
     let mut root = String::new();
     for dir in order {
-        let Some(node) = dirs.remove(dir) else {
+        let Some(node) = dirs.remove(&dir) else {
             continue;
         };
-        let bytes = serde_json::to_vec(&TreeOut {
-            entries: node.entries,
-            trees: node.trees,
-        })
-        .map_err(|source| StoreError::Serialize {
-            name: format!("tree object of {dir:?}"),
-            source,
-        })?;
-        let hex = objects.put_bytes_batched(&bytes)?;
+        let hex = writer.directory(&dir, node).map_err(tree_error)?;
         if dir.is_empty() {
             root = hex;
         } else {
-            let (parent, name) = split(dir);
+            let (parent, name) = split(&dir);
             if let Some(p) = dirs.get_mut(parent) {
-                p.trees.insert(name, hex);
+                p.trees.insert(name.to_string(), hex);
             }
         }
     }
-    Ok(TreeWrite { root, trees })
+    Ok(TreeWrite {
+        root,
+        entries: writer.entries,
+        trees: writer.trees,
+    })
 }
 
-fn malformed(hex: &str, why: impl std::fmt::Display) -> StoreError {
-    StoreError::MalformedObject {
-        hex: hex.to_string(),
-        reason: why.to_string(),
+/// A [`TreeError`] as a store error (a store error inside is handed back unchanged).
+pub(crate) fn tree_error(e: TreeError) -> StoreError {
+    match e {
+        TreeError::Store(inner) => match inner.downcast::<StoreError>() {
+            Ok(store) => *store,
+            Err(other) => StoreError::MalformedObject {
+                hex: String::new(),
+                reason: other.to_string(),
+            },
+        },
+        TreeError::Malformed { id, reason } => StoreError::MalformedObject { hex: id, reason },
+        TreeError::Serialize { dir, source } => StoreError::Serialize {
+            name: format!("tree object of {dir:?}"),
+            source,
+        },
     }
+}
+
+/// Reads one tree object, verified against its id, names checked.
+fn read_tree_object(hex: &str, objects: &ObjectStore) -> Result<Tree, StoreError> {
+    validate_object_id(hex)?;
+    let bytes = objects.read_verified(hex, MAX_ARTIFACT_BYTES)?;
+    Tree::parse(hex, &bytes).map_err(tree_error)
 }
 
 fn join(prefix: &str, name: &str) -> String {
@@ -146,49 +264,26 @@ fn join(prefix: &str, name: &str) -> String {
     }
 }
 
-fn check_name(hex: &str, name: &str) -> Result<(), StoreError> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
-        return Err(malformed(hex, format!("invalid name {name:?} in a tree")));
-    }
-    Ok(())
-}
-
 /// Reads the tree below `root` depth-first, calling `visit(prefix, hash, tree)` for every tree
 /// object (each verified against its hash, names checked).
 pub(crate) fn walk_tree(
     root: &str,
     objects: &ObjectStore,
-    mut visit: impl FnMut(&str, &str, TreeObject) -> Result<(), StoreError>,
+    mut visit: impl FnMut(&str, &str, Tree) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
     let mut stack = vec![(String::new(), root.to_string())];
     let mut seen_entries = 0usize;
     while let Some((prefix, hex)) = stack.pop() {
-        validate_object_id(&hex)?;
-        let bytes = objects.read_verified(&hex, MAX_ARTIFACT_BYTES)?;
-        let tree: TreeObject = serde_json::from_slice(&bytes).map_err(|e| malformed(&hex, e))?;
+        let tree = read_tree_object(&hex, objects)?;
         seen_entries = seen_entries.saturating_add(tree.entries.len() + tree.trees.len());
         if seen_entries > MAX_TREE_ENTRIES {
-            return Err(malformed(
-                &hex,
-                format!("the tree expands to more than {MAX_TREE_ENTRIES} entries"),
-            ));
+            return Err(StoreError::MalformedObject {
+                hex,
+                reason: format!("the tree expands to more than {MAX_TREE_ENTRIES} entries"),
+            });
         }
         for (name, sub) in tree.trees.iter().rev() {
-            check_name(&hex, name)?;
-            if tree
-                .entries
-                .get(name)
-                .is_some_and(|e| e.kind != EntryKind::Directory)
-            {
-                return Err(malformed(
-                    &hex,
-                    format!("{name:?} has a subtree but is not a directory"),
-                ));
-            }
             stack.push((join(&prefix, name), sub.clone()));
-        }
-        for name in tree.entries.keys() {
-            check_name(&hex, name)?;
         }
         visit(&prefix, &hex, tree)?;
     }

@@ -9,10 +9,15 @@ use std::path::Path;
 use serde_json::json;
 
 use super::{ProgressFn, TransactionError};
-use crate::fs::{self, BackupRequest, IgnoreSource, Manifest, ScanOptions, ScanProgress};
+use crate::fs::{
+    self, BackupRequest, IgnoreSource, Manifest, ScanOptions, ScanProgress, Scanned, Tree,
+    TreeError, TreeReuse, TreeSink,
+};
 use crate::policy::Policy;
 use crate::store::seal::SealAuthority;
-use crate::store::{Artifact, Capsule, PreviousScan, Store};
+use crate::store::{
+    Artifact, Capsule, PreviousScan, SpooledTrees, Store, TreeSpool, TreeWrite, TreeWriter,
+};
 
 /// What a capture needs to know about the run.
 pub(super) struct CapturePlan<'a> {
@@ -35,10 +40,63 @@ pub(super) struct CapturePlan<'a> {
     pub progress: Option<ProgressFn<'a>>,
 }
 
-/// A stored manifest and its root tree.
+/// A stored manifest: its header (no entries; they are in the tree) and its root tree.
 pub(super) struct Captured {
     pub manifest: Manifest,
     pub root_tree: String,
+    /// Entries whose backup the store failed to write (`capture.require_backups`).
+    pub failed_backups: FailedBackups,
+    /// The before-scan's trees, copied outside the store while the command runs.
+    pub spool: Option<TreeSpool>,
+}
+
+impl Captured {
+    /// Where this manifest's trees are read from: the private copy first, then the store.
+    pub fn trees<'s>(&'s self, store: &'s Store) -> SpooledTrees<'s> {
+        SpooledTrees {
+            spool: self.spool.as_ref(),
+            objects: store.objects(),
+        }
+    }
+}
+
+/// The entries whose backup could not be stored: the first [`MAX_NAMED`] named, all counted.
+#[derive(Debug, Default)]
+pub(super) struct FailedBackups {
+    pub named: Vec<String>,
+    pub count: usize,
+}
+
+/// Stores each directory's tree as the scan streams it, noting failed backups on the way.
+struct CaptureSink<'s> {
+    writer: TreeWriter<'s>,
+    failed: FailedBackups,
+}
+
+impl TreeSink for CaptureSink<'_> {
+    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+        for (name, e) in &tree.entries {
+            if let fs::BackupState::Skipped {
+                reason: fs::BackupSkip::StoreFailed,
+                detail,
+            } = &e.backup
+            {
+                self.failed.count += 1;
+                if self.failed.named.len() < MAX_NAMED {
+                    let path = if dir.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{dir}/{name}")
+                    };
+                    self.failed.named.push(format!(
+                        "{path} ({})",
+                        detail.as_deref().unwrap_or("no detail recorded")
+                    ));
+                }
+            }
+        }
+        self.writer.directory(dir, tree)
+    }
 }
 
 impl<'a> CapturePlan<'a> {
@@ -89,8 +147,21 @@ impl<'a> CapturePlan<'a> {
                 json!({ "run_id": p.run_id.as_str(), "artifact": p.artifact.file_name() }),
             )?;
         }
-        let reuse = previous.as_ref().map(|p| &p.manifest);
-        self.scan_and_store(root, step, backup, reuse, IgnoreSource::ProjectFile)
+        let reuse = previous.as_ref().map(|p| TreeReuse {
+            root: &p.manifest.root,
+            started_ns: p.manifest.stats.started_ns,
+            tree: &p.root_tree,
+            source: self.store.objects(),
+        });
+        let spool = TreeSpool::new()?;
+        self.scan_and_store(
+            root,
+            step,
+            backup,
+            reuse,
+            IgnoreSource::ProjectFile,
+            Some(spool),
+        )
     }
 
     /// The verified earlier scan the before-scan takes unchanged files' hashes from, when
@@ -108,8 +179,8 @@ impl<'a> CapturePlan<'a> {
 
     /// Scans `workdir` after the run with the before-scan's ignore rules, reusing unchanged
     /// hashes when it is the same tree.
-    pub fn after(&self, workdir: &Path, before: &Manifest) -> Result<Captured, TransactionError> {
-        let ignore = IgnoreSource::Lines(before.ignore_lines.clone());
+    pub fn after(&self, workdir: &Path, before: &Captured) -> Result<Captured, TransactionError> {
+        let ignore = IgnoreSource::Lines(before.manifest.ignore_lines.clone());
         let step = Step {
             artifact: Artifact::After,
             phase: "after",
@@ -121,10 +192,16 @@ impl<'a> CapturePlan<'a> {
                 sink: self.store.objects(),
                 max_file_bytes: fs::DEFAULT_MAX_HASH_BYTES,
             });
-            self.scan_and_store(workdir, step, backup, None, ignore)
+            self.scan_and_store(workdir, step, backup, None, ignore, None)
         } else {
-            let reuse = self.trust_stat.then_some(before);
-            self.scan_and_store(workdir, step, None, reuse, ignore)
+            let trees = before.trees(self.store);
+            let reuse = self.trust_stat.then(|| TreeReuse {
+                root: &before.manifest.root,
+                started_ns: before.manifest.stats.started_ns,
+                tree: &before.root_tree,
+                source: &trees,
+            });
+            self.scan_and_store(workdir, step, None, reuse, ignore, None)
         }
     }
 
@@ -133,27 +210,40 @@ impl<'a> CapturePlan<'a> {
         dir: &Path,
         step: Step,
         backup: Option<BackupRequest<'_>>,
-        reuse: Option<&Manifest>,
+        reuse: Option<TreeReuse<'_>>,
         ignore: IgnoreSource,
+        mut spool: Option<TreeSpool>,
     ) -> Result<Captured, TransactionError> {
         let phase = step.phase;
         let progress = self.progress.map(|p| move |s: &ScanProgress| p(phase, s));
         let mut opts = ScanOptions::new();
         opts.reinclude = self.reinclude.clone();
         opts.backup = backup;
-        opts.reuse = reuse;
+        opts.reuse_tree = reuse;
         opts.ignore = ignore;
         opts.progress = progress
             .as_ref()
             .map(|p| p as &(dyn Fn(&ScanProgress) + Sync));
-        let manifest = fs::scan(dir, &opts)?;
-        let root_tree =
-            self.capsule
-                .write_manifest(step.artifact, &manifest, self.store.objects())?;
+        let mut sink = CaptureSink {
+            writer: TreeWriter::new(self.store.objects(), spool.as_mut()),
+            failed: FailedBackups::default(),
+        };
+        let Scanned {
+            manifest,
+            root_tree,
+        } = fs::scan_to(dir, &opts, &mut sink)?;
+        let written = TreeWrite {
+            root: root_tree.clone(),
+            entries: sink.writer.entries,
+            trees: sink.writer.trees,
+        };
+        let failed_backups = sink.failed;
+        self.capsule
+            .write_manifest_header(step.artifact, &manifest, &written)?;
         self.capsule.event(
             step.event,
             json!({
-                "entries": manifest.entries.len(),
+                "entries": written.entries,
                 "unsupported": manifest.unsupported.len(),
                 "hashes_reused": manifest.stats.hashes_reused,
             }),
@@ -161,6 +251,8 @@ impl<'a> CapturePlan<'a> {
         Ok(Captured {
             manifest,
             root_tree,
+            failed_backups,
+            spool,
         })
     }
 }
@@ -178,30 +270,17 @@ const MAX_NAMED: usize = 10;
 /// `capture.require_backups`: why the run must not launch, when a backup rollback would need
 /// could not be written (the object store failed, e.g. a full disk). Files skipped by design
 /// (too large, hardlinked) are not counted: the policy chose that.
-pub(super) fn missing_backups(manifest: &Manifest) -> Option<String> {
-    let failed: Vec<String> = manifest
-        .entries
-        .iter()
-        .filter_map(|(path, e)| match &e.backup {
-            fs::BackupState::Skipped {
-                reason: fs::BackupSkip::StoreFailed,
-                detail,
-            } => Some(format!(
-                "{path} ({})",
-                detail.as_deref().unwrap_or("no detail recorded")
-            )),
-            _ => None,
-        })
-        .collect();
-    if failed.is_empty() {
+pub(super) fn missing_backups(before: &Captured) -> Option<String> {
+    let failed = &before.failed_backups;
+    if failed.count == 0 {
         return None;
     }
-    let more = failed.len().saturating_sub(MAX_NAMED);
+    let more = failed.count.saturating_sub(failed.named.len());
     Some(format!(
         "not launched: capture.require_backups is set and {} backup(s) could not be written: \
          {}{}; free space in the store and run again",
-        failed.len(),
-        failed[..failed.len().min(MAX_NAMED)].join(", "),
+        failed.count,
+        failed.named.join(", "),
         if more > 0 {
             format!(" and {more} more")
         } else {

@@ -1,11 +1,11 @@
 //! Path decisions, recoverability, limits and blast-radius counts for a run's changes.
 
 use crate::backend::RunEvidence;
-use crate::fs::{BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind};
+use crate::fs::{BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind, UnsupportedChange};
 use crate::policy::{Action, Decision, Phase, Policy};
 use crate::score::{self, Counts, SCOPE_DRIFT_ALLOWANCE};
 
-use super::{ChangeRecord, LimitViolation};
+use super::{ChangeRecord, EvidenceFinding, LimitViolation};
 
 /// Decide every change and say whether rollback can undo it.
 pub fn classify_changes(
@@ -61,6 +61,81 @@ fn decide(policy: &Policy, path: &str) -> Decision {
             phase: Phase::PostRun,
         },
     }
+}
+
+/// `uncaptured_denied` findings: an entry that could not be captured (a FIFO, socket or device,
+/// a name that is not UTF-8) appeared, vanished or changed kind where the policy denies writes.
+/// It is not a change record (there is no content to show or restore), but it must not turn a
+/// denied path into a mere review: a hook planted as `.git/hooks/\xffx` or a key written as
+/// `\xffid.pem` is denied like its readable twin.
+///
+/// The recorded path escapes undecodable bytes as `\xNN`, so it is decided as written, with each
+/// escape read as U+FFFD (one unknown character, as the name really is), and through every
+/// ancestor directory (which `dir/**` patterns match even when the name itself cannot be
+/// judged); the strictest decision counts. A name no reading can judge stays a review warning.
+pub fn classify_uncaptured(policy: &Policy, changes: &[UnsupportedChange]) -> Vec<EvidenceFinding> {
+    changes
+        .iter()
+        .filter_map(|u| {
+            let d = uncaptured_readings(&u.path)
+                .iter()
+                .filter_map(|p| policy.decide_path(p, Phase::PostRun).ok())
+                .max_by_key(|d| d.action)?;
+            (d.action == Action::Deny).then(|| EvidenceFinding {
+                kind: "uncaptured_denied".into(),
+                action: Action::Deny,
+                detail: format!(
+                    "{}: {} {:?} where the policy denies writes ({}); it could not be captured, \
+                     so it cannot be shown or rolled back",
+                    crate::redact::escape_terminal(&u.path),
+                    u.after_kind
+                        .as_deref()
+                        .or(u.before_kind.as_deref())
+                        .unwrap_or("entry"),
+                    u.change_type,
+                    d.rule
+                ),
+                process: None,
+                container: None,
+            })
+        })
+        .collect()
+}
+
+/// The paths an uncaptured entry is decided through (see [`classify_uncaptured`]).
+fn uncaptured_readings(path: &str) -> Vec<String> {
+    let mut out = vec![path.to_owned(), unescape_lossy(path)];
+    let mut rest = path;
+    while let Some((parent, _)) = rest.rsplit_once('/') {
+        out.push(parent.to_owned());
+        out.push(unescape_lossy(parent));
+        rest = parent;
+    }
+    out
+}
+
+/// `\xNN` escapes (as `fs::escape_bytes` writes undecodable bytes) read as U+FFFD.
+fn unescape_lossy(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(i) = rest.find("\\x") {
+        let hex = rest
+            .get(i + 2..i + 4)
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+        out.push_str(&rest[..i]);
+        match hex {
+            Some(_) => {
+                out.push('\u{fffd}');
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push_str("\\x");
+                rest = &rest[i + 2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Why a changed file's before-state cannot be restored from a backup.

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use super::classify::{classify_changes, evaluate_limits};
+use super::classify::{classify_changes, classify_uncaptured, evaluate_limits};
 use super::findings::{evidence_findings, with_findings};
 use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
 use super::{Refusal, VerifiedControl};
@@ -24,8 +24,11 @@ use crate::score;
 pub struct Evidence<'a> {
     pub policy: &'a Policy,
     pub command_decision: &'a Decision,
+    /// The manifests' headers: their unsupported records are read, their entries are not.
     pub before: &'a Manifest,
     pub after: &'a Manifest,
+    /// What changed between them ([`fs::compare`] or [`fs::compare_trees`]).
+    pub comparison: &'a fs::Comparison,
     pub run: &'a RunEvidence,
     /// The command ran in a private workspace (its changes are promoted, not rolled back).
     pub private_workspace: bool,
@@ -46,11 +49,11 @@ pub struct RunFrame {
 
 /// The result of a run that was launched.
 pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
-    let diff = fs::diff(ev.before, ev.after);
-    let changes = classify_changes(ev.policy, &diff, ev.private_workspace);
+    let changes = classify_changes(ev.policy, &ev.comparison.changes, ev.private_workspace);
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
-    let warnings = observation_warnings(ev.before, ev.after, &diff, ev.run);
-    let findings = evidence_findings(ev.run);
+    let warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
+    let mut findings = evidence_findings(ev.run);
+    findings.extend(classify_uncaptured(ev.policy, &ev.comparison.unsupported));
     let outcome = with_findings(
         safety_outcome(
             &changes,
@@ -261,13 +264,13 @@ fn runtime_summary(run: &RunEvidence, verified_controls: &[VerifiedControl]) -> 
 pub fn observation_warnings(
     before: &Manifest,
     after: &Manifest,
-    diff: &[fs::Change],
+    comparison: &fs::Comparison,
     run: &RunEvidence,
 ) -> Vec<String> {
-    let mut warnings = Vec::new();
+    let mut warnings = comparison.incomplete.clone();
     // Entries that are not files, directories or symlinks (FIFOs, sockets, devices, names that
     // are not UTF-8) and appeared, vanished or changed kind.
-    for u in fs::diff_unsupported(before, after) {
+    for u in &comparison.unsupported {
         let kind = u
             .after_kind
             .as_deref()
@@ -287,7 +290,7 @@ pub fn observation_warnings(
             .unsupported
             .iter()
             .any(|b| b.path == u.path && b.kind == u.kind);
-        if new_problem && after.entries.contains_key(&u.path) {
+        if new_problem && comparison.after_unsupported_entries.contains(&u.path) {
             warnings.push(format!(
                 "{}: {} ({}) — not captured",
                 redact::escape_terminal(&u.path),
@@ -296,7 +299,7 @@ pub fn observation_warnings(
             ));
         }
     }
-    for c in diff {
+    for c in &comparison.changes {
         if let Some(note) = &c.unverified {
             warnings.push(format!(
                 "{}: {}",

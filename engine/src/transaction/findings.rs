@@ -21,7 +21,8 @@ use crate::process::ProcessIdentity;
 /// One finding from the run's process evidence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EvidenceFinding {
-    /// `left_run_cgroup` or `container_started`.
+    /// `left_run_cgroup` or `container_started` (from the process evidence), or
+    /// `uncaptured_denied` (from the tree, see `classify::classify_uncaptured`).
     pub kind: String,
     pub action: Action,
     pub detail: String,
@@ -102,15 +103,10 @@ pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
 
 /// The safety outcome `base` made at least as strict as the strictest finding.
 pub fn with_findings(base: Action, findings: &[EvidenceFinding]) -> Action {
-    let rank = |a: Action| match a {
-        Action::Allow => 0,
-        Action::Review => 1,
-        Action::Deny => 2,
-    };
     findings
         .iter()
         .map(|f| f.action)
-        .fold(base, |acc, a| if rank(a) > rank(acc) { a } else { acc })
+        .fold(base, Action::strictest)
 }
 
 fn short_id(id: &str) -> &str {

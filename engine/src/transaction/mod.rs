@@ -204,13 +204,13 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     // The root trees name every tree object and backup below them: sealing them seals those.
     let mut referenced = vec![before.root_tree.clone()];
     if policy.capture().require_backups {
-        if let Some(message) = capture::missing_backups(&before.manifest) {
+        if let Some(message) = capture::missing_backups(&before) {
             let refusal = Some(Refusal::BackupsMissing);
             return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
         }
     }
     let workdir = if private_workspace {
-        materialize_workspace(&store, &capsule, &before.manifest)?
+        materialize_workspace(&store, &capsule)?
     } else {
         root.clone()
     };
@@ -250,8 +250,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             return sealer.seal_not_run(status, Some(refused.message), refusal, &referenced);
         }
     };
-    let capsule_tampered =
-        guard::after_command(&store, &capsule, &store_snapshot, &mut before.manifest)?;
+    let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
     if let Some(root_tree) = capsule_tampered.rewritten_root {
         // Withdrawn backups are no longer referenced; the rewritten manifest's tree is.
         before.root_tree = root_tree;
@@ -260,7 +259,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     record_exited(&capsule, &evidence, &req.verified_controls)?;
 
     // Capture after.
-    let after = capture.after(&workdir, &before.manifest)?;
+    let after = capture.after(&workdir, &before)?;
     referenced.push(after.root_tree.clone());
     if private_workspace {
         // The after-state now lives in the object store (promote applies it from there, the
@@ -269,11 +268,16 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     }
 
     // Decide and seal.
+    let mut comparison = compare(&store, &before, &after);
+    comparison
+        .incomplete
+        .extend(capsule_tampered.unreadable.clone());
     let evidence_in = Evidence {
         policy,
         command_decision: &sealer.command_decision,
         before: &before.manifest,
         after: &after.manifest,
+        comparison: &comparison,
         run: &evidence,
         private_workspace,
         verified_controls: &req.verified_controls,
@@ -378,13 +382,34 @@ fn record_exited(
     Ok(())
 }
 
-/// Materialises the private workspace from the before-state's backups.
-fn materialize_workspace(
+/// Compares the stored before and after trees, skipping equal subtrees. A tree that cannot be
+/// read (destroyed while the command ran) does not stop the run from being sealed: the
+/// comparison says it is incomplete, which makes the run need review.
+fn compare(
     store: &Store,
-    capsule: &Capsule,
-    before: &crate::fs::Manifest,
-) -> Result<PathBuf, TransactionError> {
-    let dir = crate::workspace::materialize(store, capsule, before)
+    before: &capture::Captured,
+    after: &capture::Captured,
+) -> crate::fs::Comparison {
+    let compared = crate::fs::compare_trees(
+        &before.manifest,
+        &before.root_tree,
+        &after.manifest,
+        &after.root_tree,
+        &before.trees(store),
+    );
+    compared.unwrap_or_else(|e| crate::fs::Comparison {
+        incomplete: vec![format!(
+            "the manifests could not be compared ({e}); no change is listed"
+        )],
+        ..Default::default()
+    })
+}
+
+/// Materialises the private workspace from the before-state's backups (the before manifest is
+/// read back whole from its tree for this).
+fn materialize_workspace(store: &Store, capsule: &Capsule) -> Result<PathBuf, TransactionError> {
+    let before = capsule.read_manifest(Artifact::Before, store.objects())?;
+    let dir = crate::workspace::materialize(store, capsule, &before)
         .map_err(TransactionError::Workspace)?;
     capsule.event(
         "workspace_materialized",

@@ -108,7 +108,7 @@ pub struct Summary {
 pub struct VerifiedControl {
     pub boundary: Boundary,
     /// The probe record's facts: backend, settings digest, host, when, what the probe saw.
-    pub citation: serde_json::Value,
+    pub citation: crate::backend::citation::Citation,
 }
 
 /// Runtime facts copied into the result for CI consumers (full evidence is in runtime.json).

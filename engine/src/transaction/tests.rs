@@ -133,11 +133,13 @@ impl Case {
     fn decide(&self) -> super::RunResult {
         let policy = policy(self.policy_extra);
         let command = command(&policy, self.argv0);
+        let comparison = crate::fs::compare(&self.before, &self.after);
         let ev = Evidence {
             policy: &policy,
             command_decision: &command,
             before: &self.before,
             after: &self.after,
+            comparison: &comparison,
             run: &self.run,
             private_workspace: self.private_workspace,
             verified_controls: &[],
@@ -669,5 +671,74 @@ fn runs_that_never_started_never_read_as_clean() {
         assert!(!result.recovery_available);
         assert_eq!(result.execution_error.as_deref(), Some("why"));
         assert_eq!(result.duration_ms, 1000);
+    }
+}
+
+#[test]
+fn uncaptured_entries_where_the_policy_denies_are_denied() {
+    let policy = Policy::from_yaml_or_json(
+        "version: 1\nfilesystem:\n  deny: [\".git/**\", \"**/*.pem\", \"ci/run\"]\n  default: allow\n",
+        "test.yaml",
+    )
+    .unwrap();
+    let command = command(&policy, "true");
+    let decide_with = |path: &str, kind: &str| {
+        let before = manifest(&[("src/a.rs", file("a", stored()))]);
+        let mut after = before.clone();
+        after.unsupported.push(Unsupported {
+            path: path.into(),
+            kind: kind.into(),
+            reason: "test".into(),
+        });
+        let run = exited(0);
+        let comparison = crate::fs::compare(&before, &after);
+        let ev = Evidence {
+            policy: &policy,
+            command_decision: &command,
+            before: &before,
+            after: &after,
+            comparison: &comparison,
+            run: &run,
+            private_workspace: false,
+            verified_controls: &[],
+            capsule_tampered: &[],
+        };
+        decide::decide(&ev, frame())
+    };
+    // Undecodable names and special files under denied paths: the name itself cannot be judged
+    // (`\xff...` reads as an absolute path once `\` is a separator), so the ancestors and the
+    // U+FFFD reading decide.
+    for (path, kind) in [
+        (".git/hooks/\\xffpost-commit", "non_utf8_name"),
+        (".git/hooks/pre-commit", "fifo"),
+        ("\\xffid.pem", "non_utf8_name"),
+        ("keys/a\\xff.pem", "non_utf8_name"),
+        (".git/\\xff", "non_utf8_name"),
+        ("ci/run", "socket"),
+    ] {
+        let r = decide_with(path, kind);
+        assert_eq!(r.safety_outcome, Action::Deny, "{path}: {r:#?}");
+        let f = r
+            .evidence_findings
+            .iter()
+            .find(|f| f.kind == "uncaptured_denied")
+            .unwrap_or_else(|| panic!("{path}: {:?}", r.evidence_findings));
+        assert!(f.detail.contains(kind), "{}", f.detail);
+    }
+    // Elsewhere it stays a review warning, not a denial.
+    for (path, kind) in [
+        ("src/\\xffa.rs", "non_utf8_name"),
+        ("\\xff", "non_utf8_name"),
+        ("tmp/pipe", "fifo"),
+        ("a\\x.pe", "non_utf8_name"),
+    ] {
+        let r = decide_with(path, kind);
+        assert_eq!(r.safety_outcome, Action::Review, "{path}: {r:#?}");
+        assert!(
+            r.evidence_findings.is_empty(),
+            "{path}: {:?}",
+            r.evidence_findings
+        );
+        assert!(!r.observation_warnings.is_empty(), "{path}");
     }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::protocol::{
     options_to_wire, ExitReport, Request, Response, WireCommand, WireSpec, PROTOCOL_VERSION,
@@ -141,24 +141,25 @@ struct Plan {
     capabilities: Capabilities,
 }
 
-/// Where an external run's evidence came from, stored as the run's `wrapper` facts.
-#[derive(Debug, Clone, Serialize)]
-struct ExternalFacts {
-    external_backend: Origin,
+/// Where an external run's evidence came from, stored as the run's `wrapper` facts; read back
+/// with `BackendFacts::decode::<ExternalFacts>()`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExternalFacts {
+    pub external_backend: ExternalOrigin,
 }
 
-#[derive(Debug, Clone, Serialize)]
-struct Origin {
-    path: String,
-    protocol: u32,
-    /// `verified`: the launched process descended from the plugin when agentdiff looked;
-    /// `ended_before_check`: it had already ended, so its parentage could not be checked.
-    launched_process: &'static str,
+/// The plugin a run went through, and how much of its report agentdiff checked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExternalOrigin {
+    pub path: String,
+    pub protocol: u32,
+    /// Whether the launched process descended from the plugin when agentdiff looked.
+    pub launched_process: Parentage,
     /// Everything in the exit report other than what agentdiff checked is the plugin's word.
-    evidence_source: &'static str,
+    pub evidence_source: String,
     /// The plugin's own facts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    facts: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<serde_json::Value>,
 }
 
 #[async_trait]
@@ -605,14 +606,12 @@ fn evidence(
 ) -> RunEvidence {
     let spec = prepared.spec();
     let origin = ExternalFacts {
-        external_backend: Origin {
+        external_backend: ExternalOrigin {
             path,
             protocol: PROTOCOL_VERSION,
-            launched_process: match parentage {
-                Parentage::Verified => "verified",
-                Parentage::Ended => "ended_before_check",
-            },
-            evidence_source: "exit, processes, cleanup, ports and execs as reported by the plugin",
+            launched_process: parentage,
+            evidence_source: "exit, processes, cleanup, ports and execs as reported by the plugin"
+                .to_string(),
             facts: report.facts,
         },
     };

@@ -25,7 +25,7 @@ mod verify;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use client::ExternalBackend;
+pub use client::{ExternalBackend, ExternalFacts, ExternalOrigin};
 pub use discover::{describe, scan_path, External, EXECUTABLE_PREFIX};
 pub use serve::serve;
 pub use session::{Plugin, PluginStdio, Session, Timeouts};

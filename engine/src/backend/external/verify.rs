@@ -2,14 +2,17 @@
 
 use crate::process::{read_stat, ProcessError};
 
-/// What could be established about the reported process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What could be established about the reported process; recorded as the run's
+/// `external_backend.launched_process`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Parentage {
     /// It exists (possibly as an unreaped zombie), has the reported start time, and its parent
     /// chain reaches the plugin process.
     Verified,
     /// No process has that pid any more: it ended (and was reaped) before agentdiff looked.
     /// Nothing can be signalled by mistake, and the evidence records that it was not checked.
+    #[serde(rename = "ended_before_check")]
     Ended,
 }
 

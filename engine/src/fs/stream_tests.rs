@@ -1,0 +1,281 @@
+//! The streamed scan and the tree comparison against the in-memory manifest and [`compare`]:
+//! equal subtrees are never read, every change deep in the tree is found, and the scan holds one
+//! directory's working set, not the tree.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::tree::{Tree, TreeError, TreeSink, TreeSource};
+use super::walk::MAX_HELD;
+use super::*;
+
+/// Tree objects in memory, with a log of every id read.
+#[derive(Default)]
+struct MemTrees {
+    objects: Mutex<HashMap<String, Vec<u8>>>,
+    reads: Mutex<Vec<String>>,
+}
+
+impl TreeSource for MemTrees {
+    fn tree(&self, id: &str) -> Result<Tree, TreeError> {
+        self.reads.lock().unwrap().push(id.to_string());
+        let bytes = self.objects.lock().unwrap().get(id).cloned();
+        let bytes = bytes.ok_or_else(|| TreeError::store(format!("no object {id}")))?;
+        if Tree::id_of(&bytes) != id {
+            return Err(TreeError::store(format!("object {id} is corrupt")));
+        }
+        Tree::parse(id, &bytes)
+    }
+}
+
+impl TreeSink for &MemTrees {
+    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+        let bytes = tree.to_bytes(dir)?;
+        let id = Tree::id_of(&bytes);
+        self.objects.lock().unwrap().insert(id.clone(), bytes);
+        Ok(id)
+    }
+}
+
+impl MemTrees {
+    fn take_reads(&self) -> Vec<String> {
+        std::mem::take(&mut *self.reads.lock().unwrap())
+    }
+
+    /// The id of the subtree at `dir` below `root` (reading the path to it).
+    fn subtree(&self, root: &str, dir: &str) -> String {
+        let mut id = root.to_string();
+        for part in dir.split('/') {
+            id = self.tree(&id).unwrap().trees[part].clone();
+        }
+        id
+    }
+}
+
+/// Scans `root` into `trees` and in memory; returns (streamed header, root tree, full manifest).
+fn both(root: &Path, trees: &MemTrees) -> (Manifest, String, Manifest) {
+    let opts = ScanOptions::new();
+    let mut sink = trees;
+    let streamed = scan_to(root, &opts, &mut sink).unwrap();
+    assert!(
+        streamed.manifest.entries.is_empty(),
+        "entries go to the sink"
+    );
+    let full = scan(root, &opts).unwrap();
+    (streamed.manifest, streamed.root_tree, full)
+}
+
+fn write(root: &Path, rel: &str, content: &str) {
+    let p = root.join(rel);
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(p, content).unwrap();
+}
+
+/// A tree with an unchanged subtree `keep/` and a deep `deep/a/b/c/`.
+fn base() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for i in 0..5 {
+        write(d.path(), &format!("keep/x/f{i}.rs"), "same");
+    }
+    write(d.path(), "deep/a/b/c/file.rs", "v1");
+    write(d.path(), "deep/a/b/c/gone.rs", "bye");
+    write(d.path(), "deep/a/sibling.rs", "s");
+    write(d.path(), "dir_to_file/inner", "i");
+    write(d.path(), "file_to_dir", "f");
+    fs::create_dir(d.path().join("link_to_dir_target")).unwrap();
+    symlink("link_to_dir_target", d.path().join("swap")).unwrap();
+    write(d.path(), "node_modules/pkg/index.js", "1");
+    d
+}
+
+/// Compares before and after both ways and checks they agree; returns the tree comparison.
+fn compare_both(
+    trees: &MemTrees,
+    before: &(Manifest, String, Manifest),
+    after: &(Manifest, String, Manifest),
+) -> Comparison {
+    let streamed = compare_trees(&before.0, &before.1, &after.0, &after.1, trees).unwrap();
+    let mut in_memory = compare(&before.2, &after.2);
+    // Directory mtimes are not compared; stats differ between the two scans of each side.
+    in_memory.incomplete.clear();
+    assert_eq!(streamed, in_memory);
+    streamed
+}
+
+#[test]
+fn equal_subtrees_are_skipped_without_being_read() {
+    let d = base();
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    write(d.path(), "deep/a/b/c/file.rs", "v2");
+    let after = both(d.path(), &trees);
+    let keep = trees.subtree(&before.1, "keep");
+    assert_eq!(keep, trees.subtree(&after.1, "keep"));
+    // The unchanged subtree's object is destroyed: a comparison that read it would fail.
+    trees
+        .objects
+        .lock()
+        .unwrap()
+        .insert(keep.clone(), b"garbage".to_vec());
+    trees.take_reads();
+    let c = compare_both(&trees, &before, &after);
+    let paths: Vec<&str> = c.changes.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(paths, ["deep/a/b/c/file.rs"], "{c:?}");
+    let reads = trees.take_reads();
+    assert!(!reads.contains(&keep), "the equal subtree was read");
+    // Only the changed path's trees were read: root, deep, a, b, c on each side.
+    assert_eq!(reads.len(), 10, "{reads:?}");
+
+    // Identical scans: the roots are equal and nothing at all is read.
+    let again = both(d.path(), &trees);
+    trees.take_reads();
+    let c = compare_trees(&after.0, &after.1, &again.0, &again.1, &trees).unwrap();
+    assert!(c.changes.is_empty());
+    assert!(trees.take_reads().is_empty());
+}
+
+#[test]
+fn deep_changes_kind_swaps_and_odd_names_match_the_in_memory_diff() {
+    let d = base();
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    let r = d.path();
+    write(r, "deep/a/b/c/new.rs", "n");
+    fs::remove_file(r.join("deep/a/b/c/gone.rs")).unwrap();
+    fs::remove_dir_all(r.join("dir_to_file")).unwrap();
+    write(r, "dir_to_file", "now a file");
+    fs::remove_file(r.join("file_to_dir")).unwrap();
+    write(r, "file_to_dir/inside", "x");
+    fs::remove_file(r.join("swap")).unwrap();
+    write(r, "swap/planted", "p");
+    write(r, "odd/new\nline", "n");
+    fs::write(r.join(std::ffi::OsStr::from_bytes(b"odd/bad\xff")), "b").unwrap();
+    write(r, "node_modules/pkg/index.js", "2");
+    write(r, ".agentdiff/objects/planted", "p");
+    let after = both(r, &trees);
+    let c = compare_both(&trees, &before, &after);
+    let got: Vec<(&str, ChangeType)> = c
+        .changes
+        .iter()
+        .map(|c| (c.path.as_str(), c.change_type))
+        .collect();
+    use ChangeType::*;
+    assert_eq!(
+        got,
+        [
+            ("deep/a/b/c/gone.rs", Deleted),
+            ("deep/a/b/c/new.rs", Created),
+            ("dir_to_file", Modified),
+            ("dir_to_file/inner", Deleted),
+            ("file_to_dir", Modified),
+            ("file_to_dir/inside", Created),
+            ("odd", Created),
+            ("odd/new\nline", Created),
+            ("swap", Modified),
+            ("swap/planted", Created),
+        ]
+    );
+    assert!(c
+        .changes
+        .iter()
+        .all(|c| !c.path.starts_with("node_modules")));
+    assert_eq!(c.unsupported.len(), 1, "{:?}", c.unsupported);
+    assert_eq!(c.unsupported[0].path, "odd/bad\\xff");
+}
+
+#[test]
+fn a_capture_status_change_inside_an_equal_subtree_is_still_reported() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a/b/big", "0123456789");
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    let mut after = both(d.path(), &trees);
+    assert_eq!(before.1, after.1);
+    // Same entries, but the after side records a capture problem for the file.
+    let problem = Unsupported {
+        path: "a/b/big".into(),
+        kind: unsupported_kind::CHANGED_DURING_CAPTURE.into(),
+        reason: "r".into(),
+    };
+    after.0.unsupported.push(problem.clone());
+    after.2.unsupported.push(problem);
+    let c = compare_both(&trees, &before, &after);
+    assert_eq!(c.changes.len(), 1);
+    assert!(c.changes[0].unverified.is_some());
+    assert!(c.after_unsupported_entries.contains("a/b/big"));
+}
+
+#[test]
+fn the_scan_holds_one_directory_working_set_not_the_tree() {
+    let d = tempfile::tempdir().unwrap();
+    for dir in 0..40 {
+        for f in 0..50 {
+            write(d.path(), &format!("d{dir:02}/f{f:02}"), "x");
+        }
+    }
+    let trees = MemTrees::default();
+    let mut opts = ScanOptions::new();
+    opts.threads = 1;
+    let mut sink = &trees;
+    let streamed = scan_to(d.path(), &opts, &mut sink).unwrap();
+    assert_eq!(streamed.manifest.stats.files, 2000);
+    let held = MAX_HELD.with(|m| m.get());
+    // The root's 40 entries plus the few directories whose files are still queued for hashing
+    // (the queue holds 32 jobs per worker): far from the 2,040 entries of the tree.
+    assert!(held >= 50, "one directory is held whole: {held}");
+    assert!(held <= 40 + 3 * 50, "held {held} entries at once");
+
+    // Reusing hashes from the stored trees reads them directory by directory, with the same
+    // bound, and finds every file unchanged.
+    let mut again = ScanOptions::new();
+    again.threads = 1;
+    // The files were written just now: a scan start moved past the racy margin lets them count
+    // as settled.
+    again.reuse_tree = Some(TreeReuse {
+        root: &streamed.manifest.root,
+        started_ns: streamed
+            .manifest
+            .stats
+            .started_ns
+            .map(|s| s + 2 * RACY_MARGIN_NS),
+        tree: &streamed.root_tree,
+        source: &trees,
+    });
+    let mut sink = &trees;
+    let reused = scan_to(d.path(), &again, &mut sink).unwrap();
+    assert_eq!(reused.manifest.stats.hashes_reused, 2000);
+    assert_eq!(reused.manifest.stats.bytes_hashed, 0);
+    assert_eq!(reused.root_tree, streamed.root_tree);
+    assert!(MAX_HELD.with(|m| m.get()) <= 40 + 3 * 50);
+}
+
+#[test]
+fn a_damaged_earlier_tree_only_costs_its_reuse() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a/f", "x");
+    write(d.path(), "b/f", "y");
+    let trees = MemTrees::default();
+    let mut sink = &trees;
+    let first = scan_to(d.path(), &ScanOptions::new(), &mut sink).unwrap();
+    let a = trees.subtree(&first.root_tree, "a");
+    trees.objects.lock().unwrap().insert(a, b"{}".to_vec());
+    let mut opts = ScanOptions::new();
+    opts.reuse_tree = Some(TreeReuse {
+        root: &first.manifest.root,
+        started_ns: first
+            .manifest
+            .stats
+            .started_ns
+            .map(|s| s + 2 * RACY_MARGIN_NS),
+        tree: &first.root_tree,
+        source: &trees,
+    });
+    let mut sink = &trees;
+    let again = scan_to(d.path(), &opts, &mut sink).unwrap();
+    assert_eq!(again.manifest.stats.hashes_reused, 1, "only b/f");
+    assert_eq!(again.root_tree, first.root_tree, "a/ was hashed again");
+}

@@ -1,0 +1,162 @@
+//! Per-directory listings: what the scan streams, one directory at a time, and what a manifest
+//! tree object holds (see `store::tree` and docs/capsule-format.md, "Manifest trees").
+//!
+//! Invariants: a [`Tree`]'s names are single path components (never empty, `.`, `..`, or
+//! containing `/` or NUL), and a name with a subtree is not a file or symlink entry. A tree's id
+//! is the lowercase hex SHA-256 of its canonical bytes ([`Tree::to_bytes`]), so equal ids mean
+//! equal subtrees: [`crate::fs::compare_trees`] skips them without reading them.
+//!
+//! The scan calls its [`TreeSink`] in post-order (every subdirectory's tree before its parent's),
+//! so no more than the listings of the directories still open (the path from the root to the
+//! directory being listed, plus files still being hashed) is held at once.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::manifest::{Entry, EntryKind};
+
+/// One directory of a manifest: the entries directly in it, by name, and for every subdirectory
+/// below which something was recorded, its tree id. A directory that is not itself an entry (an
+/// excluded directory searched for deny paths) appears only in `trees`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tree {
+    pub entries: BTreeMap<String, Entry>,
+    pub trees: BTreeMap<String, String>,
+}
+
+/// Why a tree could not be stored or read.
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    #[error("tree object {id}: {reason}")]
+    Malformed { id: String, reason: String },
+    #[error("cannot serialise the tree of {dir:?}: {source}")]
+    Serialize {
+        dir: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The store's own failure (I/O, a missing or corrupt object), unchanged.
+    #[error(transparent)]
+    Store(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl TreeError {
+    /// Wraps any error of a store.
+    pub fn store(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> TreeError {
+        TreeError::Store(e.into())
+    }
+}
+
+impl Tree {
+    /// The canonical bytes: compact JSON `{"entries": {..}, "trees": {..}}`, maps sorted by name.
+    pub fn to_bytes(&self, dir: &str) -> Result<Vec<u8>, TreeError> {
+        serde_json::to_vec(self).map_err(|source| TreeError::Serialize {
+            dir: dir.to_string(),
+            source,
+        })
+    }
+
+    /// The id of a tree's canonical bytes.
+    pub fn id_of(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    /// Parses the bytes of the tree object `id` (already verified against it) and checks every
+    /// name.
+    pub fn parse(id: &str, bytes: &[u8]) -> Result<Tree, TreeError> {
+        let malformed = |reason: String| TreeError::Malformed {
+            id: id.to_string(),
+            reason,
+        };
+        let tree: Tree = serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+        for name in tree.entries.keys().chain(tree.trees.keys()) {
+            if !valid_name(name) {
+                return Err(malformed(format!("invalid name {name:?} in a tree")));
+            }
+        }
+        for name in tree.trees.keys() {
+            if tree
+                .entries
+                .get(name)
+                .is_some_and(|e| e.kind != EntryKind::Directory)
+            {
+                return Err(malformed(format!(
+                    "{name:?} has a subtree but is not a directory"
+                )));
+            }
+        }
+        Ok(tree)
+    }
+
+    /// Whether a parent records this directory's tree: always for a directory entry (even empty,
+    /// so two scans of an unchanged directory name the same tree), otherwise only when something
+    /// below it was recorded.
+    pub(crate) fn is_recorded(&self, is_entry: bool) -> bool {
+        is_entry || !self.entries.is_empty() || !self.trees.is_empty()
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !(name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0'))
+}
+
+/// Where tree objects are read from (the object store implements it; every read is verified
+/// against the id).
+pub trait TreeSource: Sync {
+    fn tree(&self, id: &str) -> Result<Tree, TreeError>;
+}
+
+/// Where the scan puts each directory's listing, in post-order; returns the tree's id.
+pub trait TreeSink {
+    /// `dir` is the project-relative path of the directory (`""` for the root).
+    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError>;
+}
+
+/// Joins a project-relative directory and a name.
+pub(crate) fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// Every entry of the stored tree `root`, by project-relative path (the whole manifest in memory:
+/// for the rare paths that need it, never a run's common path).
+pub fn read_entries(
+    src: &dyn TreeSource,
+    root: &str,
+) -> Result<BTreeMap<String, Entry>, TreeError> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(String::new(), root.to_string())];
+    while let Some((dir, id)) = stack.pop() {
+        let tree = src.tree(&id)?;
+        for (name, sub) in tree.trees {
+            stack.push((join(&dir, &name), sub));
+        }
+        for (name, entry) in tree.entries {
+            out.insert(join(&dir, &name), entry);
+        }
+    }
+    Ok(out)
+}
+
+/// A sink that keeps every entry by path (what [`crate::fs::scan`] returns) and computes tree
+/// ids without storing anything.
+#[derive(Default)]
+pub(crate) struct Collect {
+    pub entries: BTreeMap<String, Entry>,
+}
+
+impl TreeSink for Collect {
+    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+        let id = Tree::id_of(&tree.to_bytes(dir)?);
+        for (name, entry) in tree.entries {
+            self.entries.insert(join(dir, &name), entry);
+        }
+        Ok(id)
+    }
+}

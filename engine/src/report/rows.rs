@@ -1,0 +1,96 @@
+//! The rows every surface shows for a run's findings, built once: what changed under
+//! `.agentdiff/` during the run (capsule tampering, deny), the evidence findings, exceeded limits,
+//! observation warnings, and the containers started during the run.
+//!
+//! Invariant: cells are the capsule's recorded text, unescaped; each surface passes every cell
+//! through its one escaping function. No surface builds these rows itself, so a finding shown on
+//! one surface is shown on all of them.
+
+use crate::backend::RunEvidence;
+use crate::policy::Action;
+use crate::transaction::RunResult;
+
+/// How a finding row reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// A policy-level finding (deny, review or allow).
+    Action(Action),
+    /// An observation that could not be made, or a note about one (no policy level).
+    Note,
+}
+
+impl Level {
+    /// The plain word: `allow`, `review`, `deny`, `note`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Level::Action(a) => super::words::action_word(a),
+            Level::Note => "note",
+        }
+    }
+}
+
+/// One finding, as recorded (unescaped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FindingRow {
+    pub level: Level,
+    pub kind: String,
+    pub detail: String,
+}
+
+/// What changed under `.agentdiff/` while the command ran: deny rows, shown above the changes
+/// (the changes list excludes `.agentdiff/`, so a tampering run can show no change at all).
+pub fn tamper_rows(r: &RunResult) -> Vec<FindingRow> {
+    r.capsule_tampered
+        .iter()
+        .map(|t| FindingRow {
+            level: Level::Action(Action::Deny),
+            kind: "capsule tampered".into(),
+            detail: format!(".agentdiff/{} {}: {}", t.path, t.change, t.detail),
+        })
+        .collect()
+}
+
+/// The evidence findings, exceeded limits and observation warnings, in that order.
+pub fn finding_rows(r: &RunResult) -> Vec<FindingRow> {
+    let findings = r.evidence_findings.iter().map(|f| FindingRow {
+        level: Level::Action(f.action),
+        kind: f.kind.clone(),
+        detail: f.detail.clone(),
+    });
+    let limits = r.limit_violations.iter().map(|l| FindingRow {
+        level: Level::Action(Action::Review),
+        kind: "limit exceeded".into(),
+        detail: format!("{} = {} (limit {})", l.limit, l.observed, l.limit_value),
+    });
+    let warnings = r.observation_warnings.iter().map(|w| FindingRow {
+        level: Level::Note,
+        kind: "warning".into(),
+        detail: w.clone(),
+    });
+    findings.chain(limits).chain(warnings).collect()
+}
+
+/// One container an engine created during the run window (recorded text, unescaped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerRow {
+    pub name: String,
+    pub image: String,
+    /// The first 12 characters of its id.
+    pub short_id: String,
+    /// Started by one of the run's processes.
+    pub attributed: bool,
+}
+
+/// The containers of the run's evidence.
+pub fn container_rows(ev: &RunEvidence) -> Vec<ContainerRow> {
+    ev.containers
+        .iter()
+        .flat_map(|c| c.containers.iter())
+        .map(|c| ContainerRow {
+            name: c.name.clone(),
+            image: c.image.clone(),
+            short_id: c.id.chars().take(12).collect(),
+            attributed: c.attributed,
+        })
+        .collect()
+}
