@@ -392,9 +392,10 @@ pub fn fingerprint(name: &str, value: &[u8]) -> String {
 /// Whether `c` is invisible or changes how the text around it is shown: Unicode's format
 /// characters (general category Cf: soft hyphen, zero-width space and joiners, word joiner,
 /// byte-order mark, invisible operators, the bidirectional controls and marks, interlinear
-/// annotation, tag characters U+E0000–E007F), variation selectors, and the characters that render
-/// as nothing (combining grapheme joiner, Hangul fillers, Khmer inherent vowels), plus the line
-/// and paragraph separators. Such a character could hide text from a reader (tag characters carry
+/// annotation, tag characters U+E0000–E007F), variation selectors, the characters that render as
+/// nothing (combining grapheme joiner, Hangul fillers, Khmer inherent vowels), the rest of the
+/// default-ignorable blocks a future Unicode version may assign (U+FFF0–FFF8, U+E0080–E0FFF),
+/// plus the line and paragraph separators. Such a character could hide text from a reader (tag characters carry
 /// whole invisible sentences) or reorder what the reader sees.
 fn is_hidden(c: char) -> bool {
     matches!(
@@ -417,14 +418,13 @@ fn is_hidden(c: char) -> bool {
             | '\u{fe00}'..='\u{fe0f}'
             | '\u{feff}'
             | '\u{ffa0}'
-            | '\u{fff9}'..='\u{fffb}'
+            | '\u{fff0}'..='\u{fffb}'
             | '\u{110bd}'
             | '\u{110cd}'
             | '\u{13430}'..='\u{1343f}'
             | '\u{1bca0}'..='\u{1bca3}'
             | '\u{1d173}'..='\u{1d17a}'
-            | '\u{e0000}'..='\u{e007f}'
-            | '\u{e0100}'..='\u{e01ef}'
+            | '\u{e0000}'..='\u{e0fff}'
     )
 }
 
@@ -667,6 +667,8 @@ mod tests {
             '\u{600}',
             '\u{fff9}',
             '\u{1d173}',
+            '\u{e0fff}',
+            '\u{fff0}',
         ] {
             let shown = escape_terminal(&format!("a{c}b"));
             assert_eq!(shown, format!("a\\u{{{:x}}}b", c as u32));

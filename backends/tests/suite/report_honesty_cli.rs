@@ -359,3 +359,45 @@ fn the_terminal_label_keeps_the_enforcement_label_when_sandboxed() {
         "{shown}"
     );
 }
+
+/// The dashboard's index shows the seal as `agentdiff runs` does (one verifying listing), not
+/// "sealed" because integrity.json exists; the run's page opens with the UNVERIFIED banner.
+#[test]
+fn the_dashboard_lists_a_forged_run_as_forged_and_its_page_opens_unverified() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "d1", "echo x > a.txt");
+    run(p, "d2", "echo y > b.txt");
+    forge_result(p, "d2", |v| v["status"] = "passed".into());
+    let served = super::serve_cli::serve(p);
+    let host = format!("127.0.0.1:{}", served.port);
+    let (status, index) = super::serve_cli::request(
+        served.port,
+        "GET",
+        &format!("/?token={}", served.token),
+        &host,
+        "",
+    );
+    assert_eq!(status, 200, "{index}");
+    let row = |id: &str| {
+        index
+            .lines()
+            .find(|l| l.contains(&format!(">{id}</a>")))
+            .unwrap_or_else(|| panic!("{id} not listed: {index}"))
+            .to_string()
+    };
+    assert!(row("d2").contains(">FORGED</td>"), "{}", row("d2"));
+    assert!(row("d1").contains(">authenticated</td>"), "{}", row("d1"));
+    let (status, page) = super::serve_cli::request(
+        served.port,
+        "GET",
+        &format!("/run/d2?token={}", served.token),
+        &host,
+        "",
+    );
+    assert_eq!(status, 200, "{page}");
+    let banner = page
+        .find("id=\"unverified\"")
+        .unwrap_or_else(|| panic!("{page}"));
+    assert!(banner < page.find("Status:").unwrap(), "{page}");
+}

@@ -49,7 +49,7 @@ pub fn serve(proj: &Path) -> Served {
 }
 
 /// One GET (or `method`) request; returns the status code and the whole response text.
-fn request(port: u16, method: &str, target: &str, host: &str, headers: &str) -> (u16, String) {
+pub fn request(port: u16, method: &str, target: &str, host: &str, headers: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
