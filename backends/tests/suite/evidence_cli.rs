@@ -266,25 +266,19 @@ fn objects_rewritten_resized_or_vouched_for_between_runs_are_never_reused() {
     assert_eq!(code, 0, "{result:#}");
     rewrite_in_place(&a);
     let meta = fs::metadata(&a).unwrap();
-    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-    let a_hex = sha(b"a\n");
-    let vouched = format!(
-        "{a_hex} {} {} {} {} {}",
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        ns(meta.mtime(), meta.mtime_nsec()),
-        ns(meta.ctime(), meta.ctime_nsec())
-    );
-    let edited: String = fs::read_to_string(&cache)
-        .unwrap()
-        .lines()
-        .map(|line| match line.starts_with(&a_hex) {
-            true => format!("{vouched}\n"),
-            false => format!("{line}\n"),
-        })
-        .collect();
-    assert!(edited.contains(&vouched), "a's object is not in the cache");
+    let ns = |s: i64, n: i64| s * 1_000_000_000 + n;
+    // The record of a's object (64 bytes: digest, inode, size, mtime_ns, ctime_ns, little-endian)
+    // rewritten to vouch for a's new identity.
+    let mut edited = fs::read(&cache).unwrap();
+    let digest = hex::decode(sha(b"a\n")).unwrap();
+    let at = edited
+        .windows(32)
+        .position(|w| w == digest.as_slice())
+        .expect("a's object is not in the cache");
+    edited[at + 32..at + 40].copy_from_slice(&meta.ino().to_le_bytes());
+    edited[at + 40..at + 48].copy_from_slice(&meta.len().to_le_bytes());
+    edited[at + 48..at + 56].copy_from_slice(&ns(meta.mtime(), meta.mtime_nsec()).to_le_bytes());
+    edited[at + 56..at + 64].copy_from_slice(&ns(meta.ctime(), meta.ctime_nsec()).to_le_bytes());
     fs::write(&cache, edited).unwrap();
     remove_and_restore("remove-again");
 }

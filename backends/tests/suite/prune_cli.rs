@@ -183,9 +183,11 @@ fn prune_refuses_while_a_run_holds_the_lock_and_removes_nothing() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    // Wait until the run has created its capsule (it holds the lock from before that).
+    // Wait until the command is running (the run holds the lock from before its capsule exists,
+    // and has written its before-state objects once it launched).
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !p.path().join(".agentdiff/runs/busy").exists() {
+    let events = p.path().join(".agentdiff/runs/busy/events.jsonl");
+    while !fs::read_to_string(&events).is_ok_and(|e| e.contains("\"launched\"")) {
         assert!(Instant::now() < deadline, "the run never started");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -26,6 +26,7 @@ mod integrity;
 mod lock;
 mod manifest;
 mod object_cache;
+mod object_snapshot;
 mod objects;
 mod previous;
 mod prune;
@@ -33,6 +34,7 @@ mod run_id;
 pub mod seal;
 mod tamper;
 mod tree;
+mod verified;
 pub use tamper::{StoreSnapshot, TamperFinding};
 
 use std::collections::BTreeSet;

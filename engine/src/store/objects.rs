@@ -24,16 +24,19 @@
 //! crash before that has the wrong size or hash: the sink's size-aware `contains` stores it again,
 //! and every read verifies the hash, so it is never restored.
 
-use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use nix::fcntl::AtFlags;
+use nix::sys::stat::{fstatat, FileStat, SFlag};
 use sha2::{Digest, Sha256};
 
 use super::atomic::{self, COPY_CHUNK};
+use super::verified::{key_of, VerifiedSet};
 use super::StoreError;
 
 /// Name of the hash directory below `objects/`; the algorithm is part of the layout.
@@ -67,29 +70,67 @@ pub struct ObjectStore {
     base: PathBuf,
     /// Objects whose content was found matching their name, with the identity their file had
     /// then; an entry counts only while the file still has exactly that identity.
-    pub(super) verified: Arc<Mutex<HashMap<String, ObjectStat>>>,
+    pub(super) verified: Arc<Mutex<VerifiedSet>>,
+    /// Open shard directories (`sha256/ab`), so checking an object is one `fstatat` instead of a
+    /// walk of its whole path. Dropped by [`ObjectStore::reset_dir_handles`] once a command ran
+    /// (it may have replaced a directory).
+    shard_dirs: Arc<Mutex<Vec<Option<Arc<OwnedFd>>>>>,
 }
 
 /// Identity of an object file. Any change to its content moves `ctime_ns` forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ObjectStat {
+pub(crate) struct ObjectStat {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
-    pub mtime_ns: i128,
-    pub ctime_ns: i128,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub is_file: bool,
 }
 
 impl ObjectStat {
-    pub(super) fn of(meta: &fs::Metadata) -> ObjectStat {
+    pub(crate) fn of(meta: &fs::Metadata) -> ObjectStat {
         ObjectStat {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.len(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+            is_file: meta.is_file(),
         }
     }
+
+    pub(crate) fn of_stat(st: &FileStat) -> ObjectStat {
+        ObjectStat {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
+            is_file: SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG,
+        }
+    }
+}
+
+/// Nanoseconds since the epoch (saturating: i64 holds them until 2262).
+pub(crate) fn ns(secs: i64, nsec: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec)
+}
+
+/// `lstat` of `name` in the directory `dir`.
+pub(crate) fn stat_at(dir: &OwnedFd, name: &str) -> Option<ObjectStat> {
+    fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .ok()
+        .map(|st| ObjectStat::of_stat(&st))
+}
+
+/// Opens a directory for `*at` calls, refusing a symlink.
+pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map(OwnedFd::from)
 }
 
 /// The backup objects a manifest references (entries whose backup is stored).
@@ -107,22 +148,27 @@ impl ObjectStore {
         ObjectStore {
             base: objects_dir,
             verified: Arc::default(),
+            shard_dirs: Arc::default(),
         }
     }
 
-    fn is_verified(&self, hex: &str, meta: &fs::Metadata) -> bool {
+    fn is_verified(&self, hex: &str, stat: &ObjectStat) -> bool {
+        let Some(key) = key_of(hex) else {
+            return false;
+        };
         self.verified
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(hex)
-            .is_some_and(|known| *known == ObjectStat::of(meta))
+            .matches(&key, stat)
     }
 
     fn mark_verified(&self, hex: &str, meta: &fs::Metadata) {
-        self.verified
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(hex.to_string(), ObjectStat::of(meta));
+        if let Some(key) = key_of(hex) {
+            self.verified
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key, &ObjectStat::of(meta));
+        }
     }
 
     /// Forgets what this process verified (after the command ran, objects are re-checked).
@@ -131,21 +177,52 @@ impl ObjectStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        self.reset_dir_handles();
+    }
+
+    /// Closes the open shard directories; the next check opens them by path again.
+    pub(crate) fn reset_dir_handles(&self) {
+        self.shard_dirs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// The open shard directory for `hex` (opened on first use).
+    fn shard_dir(&self, hex: &str) -> Option<Arc<OwnedFd>> {
+        let index = usize::from_str_radix(hex.get(..2)?, 16).ok()?;
+        let mut dirs = self
+            .shard_dirs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if dirs.len() <= index {
+            dirs.resize(256, None);
+        }
+        if let Some(fd) = &dirs[index] {
+            return Some(Arc::clone(fd));
+        }
+        let fd = Arc::new(open_dir(&self.hash_dir().join(&hex[..2])).ok()?);
+        dirs[index] = Some(Arc::clone(&fd));
+        Some(fd)
+    }
+
+    /// `lstat` of the object named `hex` (a valid name), relative to its open shard directory.
+    fn stat_object(&self, hex: &str) -> Option<ObjectStat> {
+        validate_object_id(hex).ok()?;
+        stat_at(&*self.shard_dir(hex)?, &hex[2..])
     }
 
     /// True when an object of `size` bytes is stored under `hex` and its content hashes to `hex`
     /// (hashed again unless the file's identity is what it was when last found intact). An object
     /// whose content does not match is quarantined, so the caller stores the real bytes again.
     pub fn contains_verified(&self, hex: &str, size: u64) -> bool {
-        let Some(meta) = self
-            .object_path(hex)
-            .ok()
-            .and_then(|p| fs::symlink_metadata(p).ok())
-            .filter(|m| m.is_file() && m.len() == size)
+        let Some(stat) = self
+            .stat_object(hex)
+            .filter(|s| s.is_file && s.size == size)
         else {
             return false;
         };
-        if self.is_verified(hex, &meta) {
+        if self.is_verified(hex, &stat) {
             return true;
         }
         match self.verify_object_identity(hex) {
@@ -161,6 +238,15 @@ impl ObjectStore {
         }
     }
 
+    fn forget_one(&self, hex: &str) {
+        if let Some(key) = key_of(hex) {
+            self.verified
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&key);
+        }
+    }
+
     /// Moves the object named `hex` to `objects/quarantine/` (it is kept for inspection, never
     /// read as a backup again). Returns the new path, or `None` when there was nothing to move.
     pub fn quarantine(&self, hex: &str) -> Result<Option<PathBuf>, StoreError> {
@@ -172,10 +258,7 @@ impl ObjectStore {
         atomic::ensure_private_dir(&dir, true)?;
         let dest = dir.join(format!("{hex}-{}", atomic::random_hex(4)?));
         fs::rename(&path, &dest).map_err(|e| StoreError::io("quarantine object", &path, e))?;
-        self.verified
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(hex);
+        self.forget_one(hex);
         Ok(Some(dest))
     }
 
@@ -190,7 +273,7 @@ impl ObjectStore {
         &self.base
     }
 
-    fn hash_dir(&self) -> PathBuf {
+    pub(crate) fn hash_dir(&self) -> PathBuf {
         self.base.join(ALGORITHM_DIR)
     }
 
@@ -213,10 +296,8 @@ impl ObjectStore {
     /// True when a regular file of `size` bytes is stored under `hex`. Cheap (one lstat); content
     /// is verified on every read, not here.
     pub fn contains_sized(&self, hex: &str, size: u64) -> bool {
-        self.object_path(hex)
-            .ok()
-            .and_then(|p| fs::symlink_metadata(p).ok())
-            .is_some_and(|m| m.is_file() && m.len() == size)
+        self.stat_object(hex)
+            .is_some_and(|s| s.is_file && s.size == size)
     }
 
     /// True when a regular file is stored under `hex`. Cheap (one lstat); content is verified on
@@ -494,10 +575,7 @@ impl ObjectStore {
     /// forgotten too: a file later created under that name may get the freed inode back.
     pub fn remove(&self, hex: &str) -> Result<(), StoreError> {
         let path = self.object_path(hex)?;
-        self.verified
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(hex);
+        self.forget_one(hex);
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

@@ -4,11 +4,13 @@
 //! - every transaction artifact a run writes is kept in memory ([`WrittenArtifacts`]); after the
 //!   command exits its files are compared with those bytes, and the seal vouches for the bytes in
 //!   memory (a changed artifact is put back before sealing);
-//! - a stat snapshot of the store ([`StoreSnapshot`]: objects, sealed runs' artifacts, the store's
-//!   top level) taken just before launch is compared with one taken after: an object changed or
-//!   removed, a sealed capsule edited, or a new object whose content does not match its name is a
-//!   finding. The comparison uses (inode, size, mtime, ctime); ctime cannot be set back by an
-//!   unprivileged process, so content cannot change unseen.
+//! - a snapshot of the store ([`StoreSnapshot`]) taken just before launch is compared with the
+//!   store after: sealed runs' artifacts and the store's top-level files by (inode, size, mtime,
+//!   ctime), stat'ed before and after (a few per run); the object store by the filesystem clock
+//!   and directory listings, with one `fstatat` per object after the command only (see
+//!   `super::object_snapshot`, which says what it does and does not catch). An object changed,
+//!   replaced, removed or planted, a sealed capsule edited, is a finding. ctime cannot be set back
+//!   by an unprivileged process, so content cannot change unseen.
 //!
 //! Not defended: a process that changes a file and puts the same inode back within one ctime tick
 //! of the snapshot (practically impossible on ext4's nanosecond ctime), root, or a change to the
@@ -28,8 +30,8 @@ use sha2::{Digest, Sha256};
 
 use super::atomic;
 use super::capsule::{Artifact, Capsule, RecoveryArtifact};
-use super::objects::{validate_object_id, ALGORITHM_DIR};
-use super::{Store, StoreError, OBJECTS_DIR_NAME, RUNS_DIR_NAME};
+use super::object_snapshot::ObjectsSnapshot;
+use super::{Store, StoreError, RUNS_DIR_NAME};
 
 /// Bytes of the transaction artifacts one process wrote.
 #[derive(Debug, Default)]
@@ -192,6 +194,7 @@ impl Stat {
 #[derive(Debug, Clone, Default)]
 pub struct StoreSnapshot {
     entries: BTreeMap<String, Stat>,
+    objects: ObjectsSnapshot,
 }
 
 impl Store {
@@ -199,11 +202,19 @@ impl Store {
     /// artifacts. Runs without a seal (this one, concurrent ones) and private workspaces are not
     /// included: their content legitimately changes.
     pub fn snapshot(&self) -> Result<StoreSnapshot, StoreError> {
-        let mut snap = StoreSnapshot::default();
+        Ok(StoreSnapshot {
+            objects: ObjectsSnapshot::take(self.objects())?,
+            entries: self.snapshot_entries()?,
+        })
+    }
+
+    /// Stats of the store's top-level files and the sealed runs' artifacts (few: not per object).
+    fn snapshot_entries(&self) -> Result<BTreeMap<String, Stat>, StoreError> {
+        let mut entries = BTreeMap::new();
         let mut add = |rel: String, path: &Path| -> Result<(), StoreError> {
             match fs::symlink_metadata(path) {
                 Ok(meta) => {
-                    snap.entries.insert(rel, Stat::of(&meta));
+                    entries.insert(rel, Stat::of(&meta));
                     Ok(())
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -220,17 +231,6 @@ impl Store {
                 add(name, &path)?;
             }
         }
-        let hash_dir = self.objects().dir().join(ALGORITHM_DIR);
-        for shard in list(&hash_dir)? {
-            let shard_path = hash_dir.join(&shard);
-            if !fs::symlink_metadata(&shard_path).is_ok_and(|m| m.is_dir()) {
-                continue;
-            }
-            for name in list(&shard_path)? {
-                let rel = format!("{OBJECTS_DIR_NAME}/{ALGORITHM_DIR}/{shard}/{name}");
-                add(rel, &shard_path.join(&name))?;
-            }
-        }
         for run in list(self.runs_dir())? {
             let dir = self.runs_dir().join(&run);
             if fs::symlink_metadata(dir.join(Artifact::Integrity.file_name())).is_err() {
@@ -243,23 +243,18 @@ impl Store {
                 add(format!("{RUNS_DIR_NAME}/{run}/{name}"), &dir.join(&name))?;
             }
         }
-        Ok(snap)
+        Ok(entries)
     }
 
-    /// What changed between `before` (taken just before launch) and now. New objects whose
-    /// content matches their name are not findings (a concurrent run may add them); a new object
-    /// that does not match is quarantined. Changed or removed objects are reported with their
-    /// name so the caller can stop counting them as backups.
+    /// What changed between `before` (taken just before launch) and now: objects (see
+    /// `super::object_snapshot`: changed, replaced or removed objects are reported with their name
+    /// so the caller can stop counting them as backups; a new or rewritten object whose content
+    /// does not match its name is quarantined), sealed runs' artifacts and top-level files.
     pub fn tamper_since(&self, before: &StoreSnapshot) -> Result<Vec<TamperFinding>, StoreError> {
-        let after = self.snapshot()?;
-        let mut out = Vec::new();
-        let object_of = |rel: &str| -> Option<String> {
-            let rest = rel.strip_prefix(&format!("{OBJECTS_DIR_NAME}/{ALGORITHM_DIR}/"))?;
-            let hex = rest.replacen('/', "", 1);
-            validate_object_id(&hex).ok().map(|()| hex)
-        };
+        let after = self.snapshot_entries()?;
+        let mut out = before.objects.changes(self.objects())?;
         for (rel, old) in &before.entries {
-            let change = match after.entries.get(rel) {
+            let change = match after.get(rel) {
                 None => Some(("removed", "deleted while the command ran")),
                 Some(new) if new.ino != old.ino => Some(("replaced", "replaced by another file")),
                 Some(new) if new != old => Some(("modified", "changed while the command ran")),
@@ -270,38 +265,20 @@ impl Store {
                     path: rel.clone(),
                     change: change.into(),
                     detail: detail.into(),
-                    object: object_of(rel),
+                    object: None,
                 });
             }
         }
-        for rel in after.entries.keys() {
-            if before.entries.contains_key(rel) {
+        for rel in after.keys() {
+            // New top-level entries: a run's own workspace or lock is created by agentdiff.
+            if before.entries.contains_key(rel) || !rel.starts_with(&format!("{RUNS_DIR_NAME}/")) {
                 continue;
             }
-            let object = object_of(rel);
-            let detail = match &object {
-                Some(hex) => match self.objects().verify_object(hex) {
-                    Ok(()) => continue,
-                    Err(_) => {
-                        let _ = self.objects().quarantine(hex);
-                        "an object whose content does not match its name appeared while the \
-                         command ran (planted); it was quarantined"
-                    }
-                },
-                None if rel.starts_with(&format!("{RUNS_DIR_NAME}/")) => {
-                    "added to a sealed run while the command ran"
-                }
-                None if rel.starts_with(&format!("{OBJECTS_DIR_NAME}/")) => {
-                    "a file that is not an object appeared in the object store"
-                }
-                // New top-level entries: a run's own workspace or lock is created by agentdiff.
-                None => continue,
-            };
             out.push(TamperFinding {
                 path: rel.clone(),
                 change: "added".into(),
-                detail: detail.into(),
-                object,
+                detail: "added to a sealed run while the command ran".into(),
+                object: None,
             });
         }
         Ok(out)
