@@ -233,6 +233,7 @@ impl<'a> CapturePlan<'a> {
             manifest,
             root_tree,
         } = fs::scan_to(dir, &opts, &mut sink)?;
+        sink.writer.finish()?;
         let written = TreeWrite {
             root: root_tree.clone(),
             entries: sink.writer.entries,
