@@ -153,7 +153,7 @@ impl<'a> CapturePlan<'a> {
             tree: &p.root_tree,
             source: self.store.objects(),
         });
-        let spool = TreeSpool::new()?;
+        let spool = TreeSpool::new(self.store.objects())?;
         self.scan_and_store(
             root,
             step,
