@@ -42,37 +42,62 @@ pub struct TreeWrite {
 /// A [`TreeSink`] that stores each directory's tree as the scan streams it (durability batched:
 /// the caller syncs the store before sealing, as for backups), and copies it to a [`TreeSpool`]
 /// when given one.
+///
+/// A tree that cannot be stored while the scan runs (the store is momentarily full: a large
+/// backup being copied at the same moment) is kept aside, up to [`MAX_DEFERRED_BYTES`], and
+/// stored by [`TreeWriter::finish`] once the scan's own writes are done, as when the trees were
+/// written after the scan.
 pub struct TreeWriter<'s> {
     objects: &'s ObjectStore,
     spool: Option<&'s mut TreeSpool>,
+    deferred: Vec<Vec<u8>>,
+    deferred_bytes: usize,
     /// Entries and tree objects written so far.
     pub entries: usize,
     pub trees: usize,
 }
+
+/// Most bytes of trees a [`TreeWriter`] keeps aside for a second attempt.
+pub const MAX_DEFERRED_BYTES: usize = 8 * 1024 * 1024;
 
 impl<'s> TreeWriter<'s> {
     pub fn new(objects: &'s ObjectStore, spool: Option<&'s mut TreeSpool>) -> Self {
         TreeWriter {
             objects,
             spool,
+            deferred: Vec::new(),
+            deferred_bytes: 0,
             entries: 0,
             trees: 0,
         }
+    }
+
+    /// Stores the trees kept aside; an error means the manifest is not complete in the store.
+    pub fn finish(&mut self) -> Result<(), StoreError> {
+        for bytes in std::mem::take(&mut self.deferred) {
+            self.objects.put_bytes_batched(&bytes)?;
+        }
+        self.deferred_bytes = 0;
+        Ok(())
     }
 }
 
 impl TreeSink for TreeWriter<'_> {
     fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
         let bytes = tree.to_bytes(dir)?;
-        let id = self
-            .objects
-            .put_bytes_batched(&bytes)
-            .map_err(TreeError::store)?;
+        let id = Tree::id_of(&bytes);
         if let Some(spool) = self.spool.as_deref_mut() {
-            spool.add(&id, &bytes)?;
+            spool.add(&id, &bytes);
         }
         self.entries += tree.entries.len();
         self.trees += 1;
+        if let Err(e) = self.objects.put_bytes_batched(&bytes) {
+            if self.deferred_bytes + bytes.len() > MAX_DEFERRED_BYTES {
+                return Err(TreeError::store(e));
+            }
+            self.deferred_bytes += bytes.len();
+            self.deferred.push(bytes);
+        }
         Ok(id)
     }
 }
@@ -93,6 +118,9 @@ pub struct TreeSpool {
     dir: std::path::PathBuf,
     len: u64,
     index: HashMap<[u8; 32], (u64, usize)>,
+    /// Why the spool stopped taking trees (a write failed, e.g. the disk is full): later trees
+    /// are read from the store only.
+    failed: Option<String>,
 }
 
 impl TreeSpool {
@@ -107,6 +135,7 @@ impl TreeSpool {
             dir,
             len: 0,
             index: HashMap::new(),
+            failed: None,
         })
     }
 
@@ -116,28 +145,41 @@ impl TreeSpool {
         Some(key)
     }
 
-    fn add(&mut self, id: &str, bytes: &[u8]) -> Result<(), TreeError> {
-        use std::io::Write;
+    /// Why the spool stopped taking trees, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Copies one tree. A failed write (the store's disk is full while a large backup is copied)
+    /// does not stop the scan: the spool keeps what it holds, stops taking trees and says why
+    /// ([`TreeSpool::failure`]); trees it lacks are read from the store, verified as always.
+    fn add(&mut self, id: &str, bytes: &[u8]) {
+        use std::os::unix::fs::FileExt;
         let Some(key) = Self::key(id) else {
-            return Ok(());
+            return;
         };
-        if self.index.contains_key(&key) {
-            return Ok(());
+        if self.failed.is_some() || self.index.contains_key(&key) {
+            return;
         }
-        self.file
-            .write_all(bytes)
-            .map_err(|source| TreeError::Spool {
-                what: format!(
-                    "writing {} bytes at offset {} of an unlinked file",
-                    bytes.len(),
-                    self.len
-                ),
-                dir: self.dir.clone(),
-                source,
-            })?;
-        self.index.insert(key, (self.len, bytes.len()));
-        self.len += bytes.len() as u64;
-        Ok(())
+        // Positioned writes: a partial write leaves no offset behind for the next tree.
+        match self.file.write_all_at(bytes, self.len) {
+            Ok(()) => {
+                self.index.insert(key, (self.len, bytes.len()));
+                self.len += bytes.len() as u64;
+            }
+            Err(source) => {
+                let e = TreeError::Spool {
+                    what: format!(
+                        "writing {} bytes at offset {} of an unlinked file",
+                        bytes.len(),
+                        self.len
+                    ),
+                    dir: self.dir.clone(),
+                    source,
+                };
+                self.failed = Some(e.to_string());
+            }
+        }
     }
 
     fn read(&self, id: &str) -> Option<Result<Tree, TreeError>> {
@@ -252,6 +294,7 @@ pub(crate) fn write_tree(
             }
         }
     }
+    writer.finish()?;
     Ok(TreeWrite {
         root,
         entries: writer.entries,
