@@ -139,7 +139,7 @@ impl<'a> CapturePlan<'a> {
             artifact: Artifact::Before,
             phase: "before",
             event: "before_captured",
-            spool: Some(TreeSpool::new()?),
+            spool: Some(TreeSpool::new(self.store.objects())?),
             carry_backup_state: false,
         };
         let previous = self.previous_scan(root)?;
@@ -250,6 +250,12 @@ impl<'a> CapturePlan<'a> {
                 "hashes_reused": manifest.stats.hashes_reused,
             }),
         )?;
+        if let Some(why) = spool.as_ref().and_then(TreeSpool::failure) {
+            // Not a weaker result (every tree is still read verified from the store), but the
+            // store's copy is what the command could reach: say so.
+            self.capsule
+                .event("tree_spool_incomplete", json!({ "reason": why }))?;
+        }
         Ok(Captured {
             manifest,
             root_tree,
