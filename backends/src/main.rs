@@ -26,6 +26,22 @@ use std::process::ExitCode;
 use agentdiff_engine::backend::Registry;
 use agentdiff_engine::process::exec_shim;
 
+/// Makes this process non-dumpable, so processes of the same user — the watched command among
+/// them — cannot open `/proc/<agentdiff>/fd/*` (the run's private spool and lock files), read its
+/// memory (the per-user key) or attach to it: those accesses need ptrace permission, which the
+/// kernel refuses for a non-dumpable process without CAP_SYS_PTRACE. The command itself is not
+/// affected: `execve` makes every new program dumpable again.
+///
+/// Not defended: root, or a process with CAP_SYS_PTRACE.
+fn harden_process() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        // Only possible on a kernel without prctl; the run's evidence does not depend on it, so
+        // this is said, not fatal.
+        eprintln!("agentdiff: warning: could not make the process non-dumpable: {e}");
+    }
+}
+
 fn main() -> ExitCode {
     // The exec shim (started by wrapping backends inside their sandbox) takes every following
     // argument verbatim, so it is dispatched before any option parsing.
@@ -33,6 +49,7 @@ fn main() -> ExitCode {
     if let Some(rest) = shim_arguments(&argv) {
         return ExitCode::from(exec_shim::run(rest));
     }
+    harden_process();
     let registry = match Registry::from_inventory() {
         Ok(r) => r,
         Err(err) => {

@@ -111,6 +111,13 @@ fn an_unchanged_tree_reuses_the_previous_verified_run_and_records_it() {
     assert_eq!(before.stats.bytes_hashed, 0);
     let out = agentdiff(p.path(), &["verify", "r2"]);
     assert_exit(&out, 0);
+    // Nothing changed: the after-scan's entries (backup state included) are the before-scan's,
+    // so the two manifests are one tree and the comparison reads none of it.
+    let root = |a: &str| {
+        let text = fs::read_to_string(p.path().join(format!(".agentdiff/runs/r2/{a}"))).unwrap();
+        serde_json::from_str::<Value>(&text).unwrap()["root_tree"]["sha256"].clone()
+    };
+    assert_eq!(root("before.json"), root("after.json"));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::manifest::{unsupported_kind as uk, Entry, EntryKind, Manifest, Unsupported};
-use super::tree::{join, Tree, TreeError, TreeSource};
+use super::tree::{join, Tree, TreeError, TreeSource, MAX_TREE_ENTRIES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -101,17 +101,24 @@ pub fn compare(before: &Manifest, after: &Manifest) -> Comparison {
 
 /// Compares two manifests stored as trees (`before`/`after` hold their headers: unsupported
 /// records and exclusions; their `entries` are not read). Equal subtree ids are skipped without
-/// reading them, so memory and reads grow with what changed, not with the tree; only the paths
-/// `unsupported` names are looked up besides. The result equals [`compare`] of the full manifests.
+/// reading them, so memory and reads grow with what changed, not with the tree. Besides, only
+/// the paths whose unsupported records differ between the sides are looked up, each tree on their
+/// paths read at most once. When every tree reads back, the result equals [`compare`] of the full
+/// manifests.
+///
+/// A tree that cannot be read (missing, corrupt, too large) never ends the comparison: the entries
+/// the other side shows below it are listed as unverified changes (so path rules still see them),
+/// the comparison carries on, and `incomplete` says what could not be compared. The caller must
+/// treat an incomplete comparison as failed (the run is denied), not as "nothing changed".
 pub fn compare_trees(
     before: &Manifest,
     before_root: &str,
     after: &Manifest,
     after_root: &str,
     src: &dyn TreeSource,
-) -> Result<Comparison, TreeError> {
+) -> Comparison {
     let (rb, ra) = (Recorded::of(before), Recorded::of(after));
-    let mut changes: BTreeMap<String, Change> = BTreeMap::new();
+    let mut out = Partial::default();
     let mut stack = vec![(
         String::new(),
         Some(before_root.to_string()),
@@ -121,16 +128,23 @@ pub fn compare_trees(
         if b_id == a_id {
             continue; // the same subtree (or none on both sides): nothing below differs
         }
-        let read = |id: Option<String>| -> Result<Tree, TreeError> {
-            id.map_or_else(|| Ok(Tree::default()), |id| src.tree(&id))
+        let read = |id: &Option<String>| -> Result<Tree, TreeError> {
+            id.as_deref()
+                .map_or_else(|| Ok(Tree::default()), |id| src.tree(id))
         };
-        let (bt, at) = (read(b_id)?, read(a_id)?);
+        let (bt, at) = match (read(&b_id), read(&a_id)) {
+            (Ok(b), Ok(a)) => (b, a),
+            (b, a) => {
+                out.unreadable_pair(src, &dir, b, a);
+                continue;
+            }
+        };
         let names: BTreeSet<&String> = bt.entries.keys().chain(at.entries.keys()).collect();
         for name in names {
             let path = join(&dir, name);
             let (b, a) = (bt.entries.get(name), at.entries.get(name));
             if let Some(c) = change_at(&path, b, a, &rb, &ra) {
-                changes.insert(path, c);
+                out.changes.insert(path, c);
             }
         }
         let subs: BTreeSet<&String> = bt.trees.keys().chain(at.trees.keys()).collect();
@@ -142,45 +156,182 @@ pub fn compare_trees(
         }
     }
     // A path whose capture status changed but whose entry did not may sit in a skipped subtree.
+    // Paths with the same records on both sides need no look-up: their entries, if they differ,
+    // were found above.
     let mut look_b = Lookup::new(src, before_root);
     let mut look_a = Lookup::new(src, after_root);
     let mut neither = BTreeSet::new();
     let mut after_unsupported_entries = BTreeSet::new();
-    let named: BTreeSet<&str> = rb
+    let mut named: Vec<&str> = rb
         .by_path
         .keys()
         .chain(ra.by_path.keys())
         .copied()
+        .collect::<BTreeSet<&str>>()
+        .into_iter()
+        .filter(|p| rb.kinds(p) != ra.kinds(p))
         .collect();
+    // Component order visits the trees depth-first, so each is read at most once per side.
+    named.sort_by(|x, y| x.split('/').cmp(y.split('/')));
     for path in named {
-        let (b, a) = (look_b.entry(path)?, look_a.entry(path)?);
+        let (b, a) = (look_b.entry(path), look_a.entry(path));
+        let mut notes = Vec::new();
+        let (b, a) = (
+            out.looked_up("before", path, b, &mut notes),
+            out.looked_up("after", path, a, &mut notes),
+        );
         if b.is_none() && a.is_none() {
-            neither.insert(path);
+            if notes.is_empty() {
+                neither.insert(path);
+            }
             continue;
         }
         if a.is_some() && ra.by_path.contains_key(path) {
             after_unsupported_entries.insert(path.to_string());
         }
-        if !changes.contains_key(path) {
-            if let Some(c) = change_at(path, b.as_ref(), a.as_ref(), &rb, &ra) {
-                changes.insert(path.to_string(), c);
+        if !out.changes.contains_key(path) {
+            if let Some(mut c) = change_at(path, b.as_ref(), a.as_ref(), &rb, &ra) {
+                notes.extend(c.unverified.take());
+                c.unverified = (!notes.is_empty()).then(|| notes.join("; "));
+                out.changes.insert(path.to_string(), c);
             }
         }
     }
-    Ok(Comparison {
-        changes: changes.into_values().collect(),
+    Comparison {
+        changes: out.changes.into_values().collect(),
         unsupported: unsupported_changes(&rb, &ra, &neither),
         after_unsupported_entries,
-        incomplete: Vec::new(),
-    })
+        incomplete: out.incomplete,
+    }
 }
 
-/// Reads the entry at a path of a stored tree, keeping the last directory read (paths come sorted,
-/// so neighbours share it).
+/// What [`compare_trees`] has found so far.
+#[derive(Default)]
+struct Partial {
+    changes: BTreeMap<String, Change>,
+    incomplete: Vec<String>,
+}
+
+impl Partial {
+    /// The trees of `dir` on the two sides, at least one unreadable: every entry the readable side
+    /// shows below `dir` is listed as an unverified change.
+    fn unreadable_pair(
+        &mut self,
+        src: &dyn TreeSource,
+        dir: &str,
+        b: Result<Tree, TreeError>,
+        a: Result<Tree, TreeError>,
+    ) {
+        let shown = if dir.is_empty() { "the root" } else { dir };
+        for (side, read) in [("before", &b), ("after", &a)] {
+            if let Err(e) = read {
+                self.incomplete.push(format!(
+                    "the {side} tree of {shown:?} could not be read ({e}); what changed below it                      is not known"
+                ));
+            }
+        }
+        let note = |side: &str| {
+            format!(
+                "{side}: the tree of {shown:?} could not be read; this entry may or may not have                  changed"
+            )
+        };
+        match (b, a) {
+            (Ok(b), Err(_)) => self.list_below(src, dir, b, Side::Before, &note("after")),
+            (Err(_), Ok(a)) => self.list_below(src, dir, a, Side::After, &note("before")),
+            _ => {}
+        }
+    }
+
+    /// Lists every entry below `dir` (whose tree is `tree`, on `side`) as an unverified change,
+    /// unless a change is already listed there. Directories are not listed: they carry no content,
+    /// and rollback must not act on a directory whose other side is unknown.
+    fn list_below(&mut self, src: &dyn TreeSource, dir: &str, tree: Tree, side: Side, note: &str) {
+        let mut seen = 0usize;
+        let mut stack = vec![(dir.to_string(), tree)];
+        while let Some((dir, tree)) = stack.pop() {
+            seen = seen.saturating_add(tree.entries.len() + tree.trees.len());
+            if seen > MAX_TREE_ENTRIES {
+                self.incomplete.push(format!(
+                    "{dir:?}: more than {MAX_TREE_ENTRIES} entries below an unreadable tree;                      the rest are not listed"
+                ));
+                return;
+            }
+            for (name, entry) in tree.entries {
+                let path = join(&dir, &name);
+                if entry.kind == EntryKind::Directory || self.changes.contains_key(&path) {
+                    continue;
+                }
+                let (before, after) = match side {
+                    Side::Before => (Some(entry), None),
+                    Side::After => (None, Some(entry)),
+                };
+                self.changes.insert(
+                    path.clone(),
+                    Change {
+                        path,
+                        entry_kind: before
+                            .as_ref()
+                            .or(after.as_ref())
+                            .map_or(EntryKind::File, |e| e.kind),
+                        change_type: ChangeType::Modified,
+                        content_changed: true,
+                        mode_changed: false,
+                        kind_changed: false,
+                        before,
+                        after,
+                        unverified: Some(note.to_string()),
+                    },
+                );
+            }
+            for (name, id) in tree.trees {
+                let sub = join(&dir, &name);
+                match src.tree(&id) {
+                    Ok(t) => stack.push((sub, t)),
+                    Err(e) => self.incomplete.push(format!(
+                        "the tree of {sub:?} could not be read ({e}); what changed below it is \
+                         not known"
+                    )),
+                }
+            }
+        }
+    }
+
+    /// The entry a [`Lookup`] found, or `None` with a note when the look-up failed.
+    fn looked_up(
+        &mut self,
+        side: &str,
+        path: &str,
+        found: Result<Option<Entry>, TreeError>,
+        notes: &mut Vec<String>,
+    ) -> Option<Entry> {
+        match found {
+            Ok(entry) => entry,
+            Err(e) => {
+                self.incomplete.push(format!(
+                    "the {side} entry at {path:?} could not be looked up ({e})"
+                ));
+                notes.push(format!("{side}: its tree could not be read"));
+                None
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Before,
+    After,
+}
+
+/// Reads entries at paths of a stored tree, given in component order: the trees from the root to
+/// the current directory are kept, so each tree is read at most once. After a read fails, the
+/// side is not read again (every later look-up fails with the same reason).
 struct Lookup<'s> {
     src: &'s dyn TreeSource,
     root: String,
-    cached: Option<(String, Option<Tree>)>,
+    /// (directory, its tree) from the root down to the last directory looked up.
+    chain: Vec<(String, Tree)>,
+    failed: Option<String>,
 }
 
 impl<'s> Lookup<'s> {
@@ -188,36 +339,60 @@ impl<'s> Lookup<'s> {
         Lookup {
             src,
             root: root.to_string(),
-            cached: None,
+            chain: Vec::new(),
+            failed: None,
         }
     }
 
     fn entry(&mut self, path: &str) -> Result<Option<Entry>, TreeError> {
-        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
-        if self.cached.as_ref().map(|c| c.0.as_str()) != Some(dir) {
-            let tree = self.resolve(dir)?;
-            self.cached = Some((dir.to_string(), tree));
+        if let Some(reason) = &self.failed {
+            return Err(TreeError::Malformed {
+                id: self.root.clone(),
+                reason: reason.clone(),
+            });
         }
-        Ok(self
-            .cached
-            .as_ref()
-            .and_then(|(_, t)| t.as_ref())
-            .and_then(|t| t.entries.get(name))
-            .cloned())
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        match self.descend(dir) {
+            Ok(found) => Ok(found
+                .then(|| self.chain.last())
+                .flatten()
+                .and_then(|(_, t)| t.entries.get(name))
+                .cloned()),
+            Err(e) => {
+                self.failed = Some(format!("an earlier read failed: {e}"));
+                Err(e)
+            }
+        }
     }
 
-    fn resolve(&self, dir: &str) -> Result<Option<Tree>, TreeError> {
-        let mut tree = self.src.tree(&self.root)?;
-        if dir.is_empty() {
-            return Ok(Some(tree));
+    /// Makes the chain end at `dir`; `false` when `dir` is not a recorded directory.
+    fn descend(&mut self, dir: &str) -> Result<bool, TreeError> {
+        let within = |d: &str| d.is_empty() || d == dir || dir.starts_with(&format!("{d}/"));
+        while self.chain.last().is_some_and(|(d, _)| !within(d)) {
+            self.chain.pop();
         }
-        for part in dir.split('/') {
-            let Some(id) = tree.trees.get(part) else {
-                return Ok(None);
+        if self.chain.is_empty() {
+            self.chain.push((String::new(), self.src.tree(&self.root)?));
+        }
+        loop {
+            let Some((cur, tree)) = self.chain.last() else {
+                return Ok(false);
             };
-            tree = self.src.tree(id)?;
+            if cur == dir {
+                return Ok(true);
+            }
+            let rest = if cur.is_empty() {
+                dir
+            } else {
+                &dir[cur.len() + 1..]
+            };
+            let part = rest.split('/').next().unwrap_or(rest);
+            let Some(id) = tree.trees.get(part) else {
+                return Ok(false);
+            };
+            let next = (join(cur, part), self.src.tree(id)?);
+            self.chain.push(next);
         }
-        Ok(Some(tree))
     }
 }
 

@@ -40,7 +40,7 @@ pub use manifest::{
     exclusion_reason, unsupported_kind, BackupSkip, BackupState, Entry, EntryKind, Exclusion,
     Manifest, ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
-pub use tree::{read_entries, Tree, TreeError, TreeSink, TreeSource};
+pub use tree::{read_entries, Tree, TreeError, TreeSink, TreeSource, MAX_TREE_ENTRIES};
 
 /// Default `ScanOptions::max_hash_bytes`: 256 MiB.
 pub const DEFAULT_MAX_HASH_BYTES: u64 = 256 * 1024 * 1024;
@@ -114,6 +114,11 @@ pub struct ScanOptions<'a> {
     /// read (verified) when the walk reaches it, so the earlier manifest is never held whole.
     /// Takes precedence over `reuse`.
     pub reuse_tree: Option<TreeReuse<'a>>,
+    /// Without a backup request, a file whose hash is reused keeps the earlier entry's backup
+    /// state instead of `NotRequested`: the after-scan of a run, so that an unchanged directory
+    /// has the same tree as before and the comparison skips it. (A copy the before-scan stored is a
+    /// copy of this content too: the hash is the same.)
+    pub carry_backup_state: bool,
     /// Hashing threads; 0 = all cores.
     pub threads: usize,
     /// Called from worker threads, throttled.
@@ -132,6 +137,7 @@ impl<'a> ScanOptions<'a> {
             reinclude: Vec::new(),
             reuse: None,
             reuse_tree: None,
+            carry_backup_state: false,
             threads: 0,
             progress: None,
             ignore: IgnoreSource::ProjectFile,

@@ -98,7 +98,7 @@ fn compare_both(
     before: &(Manifest, String, Manifest),
     after: &(Manifest, String, Manifest),
 ) -> Comparison {
-    let streamed = compare_trees(&before.0, &before.1, &after.0, &after.1, trees).unwrap();
+    let streamed = compare_trees(&before.0, &before.1, &after.0, &after.1, trees);
     let mut in_memory = compare(&before.2, &after.2);
     // Directory mtimes are not compared; stats differ between the two scans of each side.
     in_memory.incomplete.clear();
@@ -133,7 +133,7 @@ fn equal_subtrees_are_skipped_without_being_read() {
     // Identical scans: the roots are equal and nothing at all is read.
     let again = both(d.path(), &trees);
     trees.take_reads();
-    let c = compare_trees(&after.0, &after.1, &again.0, &again.1, &trees).unwrap();
+    let c = compare_trees(&after.0, &after.1, &again.0, &again.1, &trees);
     assert!(c.changes.is_empty());
     assert!(trees.take_reads().is_empty());
 }
@@ -278,4 +278,151 @@ fn a_damaged_earlier_tree_only_costs_its_reuse() {
     let again = scan_to(d.path(), &opts, &mut sink).unwrap();
     assert_eq!(again.manifest.stats.hashes_reused, 1, "only b/f");
     assert_eq!(again.root_tree, first.root_tree, "a/ was hashed again");
+}
+
+/// Replaces the stored object `id` with bytes that no longer match it.
+fn destroy(trees: &MemTrees, id: &str) {
+    trees
+        .objects
+        .lock()
+        .unwrap()
+        .insert(id.to_string(), b"garbage".to_vec());
+}
+
+#[test]
+fn an_unreadable_before_subtree_lists_the_after_side_as_unverified_and_carries_on() {
+    let d = base();
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    let r = d.path();
+    // The command writes under `deep/` (whose before tree it then destroys) and elsewhere.
+    write(r, "deep/a/b/c/file.rs", "v2");
+    write(r, "deep/a/planted.rs", "p");
+    write(r, "elsewhere.rs", "e");
+    let after = both(r, &trees);
+    destroy(&trees, &trees.subtree(&before.1, "deep"));
+    let c = compare_trees(&before.0, &before.1, &after.0, &after.1, &trees);
+    assert_eq!(c.incomplete.len(), 1, "{:?}", c.incomplete);
+    assert!(c.incomplete[0].contains("\"deep\""), "{:?}", c.incomplete);
+    let got: Vec<(&str, ChangeType, bool)> = c
+        .changes
+        .iter()
+        .map(|c| (c.path.as_str(), c.change_type, c.unverified.is_some()))
+        .collect();
+    use ChangeType::*;
+    // Every file the after side shows below `deep/` is listed (unverified, whether or not it
+    // changed); the comparison went on to find `elsewhere.rs`.
+    assert_eq!(
+        got,
+        [
+            ("deep/a/b/c/file.rs", Modified, true),
+            ("deep/a/b/c/gone.rs", Modified, true),
+            ("deep/a/planted.rs", Modified, true),
+            ("deep/a/sibling.rs", Modified, true),
+            ("elsewhere.rs", Created, false),
+        ]
+    );
+    assert!(c.changes[0].before.is_none() && c.changes[0].after.is_some());
+}
+
+#[test]
+fn an_unreadable_root_on_either_side_lists_the_other_side_whole() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "cfg/hooks/pre-commit", "x");
+    write(d.path(), "src/a.rs", "a");
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    write(d.path(), "cfg/hooks/post-checkout", "evil");
+    write(d.path(), "src/a.rs", "a+");
+    let after = both(d.path(), &trees);
+    destroy(&trees, &before.1);
+    let c = compare_trees(&before.0, &before.1, &after.0, &after.1, &trees);
+    assert!(!c.incomplete.is_empty());
+    let paths: Vec<&str> = c.changes.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "cfg/hooks/post-checkout",
+            "cfg/hooks/pre-commit",
+            "src/a.rs"
+        ]
+    );
+    assert!(c.changes.iter().all(|c| c.unverified.is_some()));
+
+    // The after root destroyed instead: the before side's files are listed.
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    write(d.path(), "src/a.rs", "a++");
+    let after = both(d.path(), &trees);
+    destroy(&trees, &after.1);
+    let c = compare_trees(&before.0, &before.1, &after.0, &after.1, &trees);
+    assert!(!c.incomplete.is_empty());
+    assert_eq!(c.changes.len(), 3, "{:?}", c.changes);
+    assert!(c.changes.iter().all(|c| c.after.is_none()));
+}
+
+#[test]
+fn capture_records_are_looked_up_reading_each_tree_once() {
+    let d = tempfile::tempdir().unwrap();
+    for i in 0..30 {
+        write(d.path(), &format!("top/d{i:02}/f"), "x");
+        write(d.path(), &format!("top/d{i:02}-x/f"), "x");
+    }
+    write(d.path(), "other/f", "x");
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    let mut after = both(d.path(), &trees);
+    assert_eq!(before.1, after.1);
+    let record = |path: String| Unsupported {
+        path,
+        kind: unsupported_kind::FIFO.into(),
+        reason: "r".into(),
+    };
+    // The same records on both sides, and the roots equal: nothing is read at all.
+    let mut same = (before.0.clone(), after.0.clone());
+    same.0.unsupported.push(record("other/p".into()));
+    same.1.unsupported.push(record("other/p".into()));
+    trees.take_reads();
+    let c = compare_trees(&same.0, &before.1, &same.1, &after.1, &trees);
+    assert_eq!(c, Comparison::default());
+    assert!(trees.take_reads().is_empty());
+
+    // A FIFO appears in every directory (sorted by string, `d00-x` falls between `d00` and
+    // `d00/`): each tree on the records' paths is read once per side, never the root again.
+    for i in 0..30 {
+        after.0.unsupported.push(record(format!("top/d{i:02}/p")));
+        after.0.unsupported.push(record(format!("top/d{i:02}-x/p")));
+    }
+    let c = compare_trees(&before.0, &before.1, &after.0, &after.1, &trees);
+    assert!(c.incomplete.is_empty());
+    assert_eq!(c.unsupported.len(), 60);
+    let reads = trees.take_reads();
+    // root, top and the 60 directories, on each side.
+    assert_eq!(reads.len(), 2 * 62, "{}", reads.len());
+}
+
+#[test]
+fn a_failed_look_up_is_incomplete_not_a_silent_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a/f", "x");
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    write(d.path(), "a/g", "y");
+    let mut after = both(d.path(), &trees);
+    after.0.unsupported.push(Unsupported {
+        path: "a/f".into(),
+        kind: unsupported_kind::CHANGED_DURING_CAPTURE.into(),
+        reason: "r".into(),
+    });
+    destroy(&trees, &trees.subtree(&before.1, "a"));
+    let c = compare_trees(&before.0, &before.1, &after.0, &after.1, &trees);
+    // The walk could not read `a` before; the look-up of `a/f` could not either.
+    assert_eq!(c.incomplete.len(), 2, "{:?}", c.incomplete);
+    let paths: Vec<&str> = c.changes.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(paths, ["a/f", "a/g"]);
+    assert!(c.changes.iter().all(|c| c
+        .unverified
+        .as_deref()
+        .unwrap()
+        .contains("could not be read")));
 }

@@ -41,7 +41,23 @@ pub enum TreeError {
     /// The store's own failure (I/O, a missing or corrupt object), unchanged.
     #[error(transparent)]
     Store(Box<dyn std::error::Error + Send + Sync>),
+    /// The private copy of the before-scan's trees (`store::TreeSpool`) failed.
+    #[error("the private copy of the before trees in {} ({what}): {source}", dir.display())]
+    Spool {
+        what: String,
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tree expands to more entries than [`MAX_TREE_ENTRIES`] (a forged tree repeating a
+    /// subtree, or a directory too large to compare).
+    #[error("the tree {root} expands to more than {MAX_TREE_ENTRIES} entries")]
+    TooLarge { root: String },
 }
+
+/// Most entries one manifest tree may expand to when read whole (a forged tree repeating a
+/// subtree must not exhaust memory).
+pub const MAX_TREE_ENTRIES: usize = 50_000_000;
 
 impl TreeError {
     /// Wraps any error of a store.
@@ -132,8 +148,15 @@ pub fn read_entries(
 ) -> Result<BTreeMap<String, Entry>, TreeError> {
     let mut out = BTreeMap::new();
     let mut stack = vec![(String::new(), root.to_string())];
+    let mut seen = 0usize;
     while let Some((dir, id)) = stack.pop() {
         let tree = src.tree(&id)?;
+        seen = seen.saturating_add(tree.entries.len() + tree.trees.len());
+        if seen > MAX_TREE_ENTRIES {
+            return Err(TreeError::TooLarge {
+                root: root.to_string(),
+            });
+        }
         for (name, sub) in tree.trees {
             stack.push((join(&dir, &name), sub));
         }

@@ -896,7 +896,12 @@ impl<'a> Walker<'_, 'a> {
         }
         let sha = prev.sha256.clone()?;
         let Some(req) = self.opts.backup else {
-            return Some((sha, BackupState::NotRequested, false));
+            let state = if self.opts.carry_backup_state {
+                prev.backup.clone()
+            } else {
+                BackupState::NotRequested
+            };
+            return Some((sha, state, false));
         };
         let eligible = seen.nlink == 1 && seen.size <= req.max_file_bytes;
         if eligible && !req.sink.contains(&sha, seen.size) {

@@ -19,16 +19,14 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::capsule::MAX_ARTIFACT_BYTES;
-use super::objects::validate_object_id;
+use super::objects::{validate_object_id, TMP_DIR};
 use super::{ObjectStore, StoreError};
 use crate::fs::{BackupState, Entry, EntryKind, Tree, TreeError, TreeSink, TreeSource};
 
 /// Format name recorded in a manifest header's `root_tree`.
 pub const TREE_FORMAT: &str = "tree-1";
 
-/// Most entries one manifest tree may expand to when read (a forged tree repeating a subtree
-/// must not exhaust memory).
-pub const MAX_TREE_ENTRIES: usize = 50_000_000;
+pub use crate::fs::MAX_TREE_ENTRIES;
 
 /// What writing a tree did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,64 +42,100 @@ pub struct TreeWrite {
 /// A [`TreeSink`] that stores each directory's tree as the scan streams it (durability batched:
 /// the caller syncs the store before sealing, as for backups), and copies it to a [`TreeSpool`]
 /// when given one.
+///
+/// A tree that cannot be stored while the scan runs (the store is momentarily full: a large
+/// backup being copied at the same moment) is kept aside, up to [`MAX_DEFERRED_BYTES`], and
+/// stored by [`TreeWriter::finish`] once the scan's own writes are done, as when the trees were
+/// written after the scan.
 pub struct TreeWriter<'s> {
     objects: &'s ObjectStore,
     spool: Option<&'s mut TreeSpool>,
+    deferred: Vec<Vec<u8>>,
+    deferred_bytes: usize,
     /// Entries and tree objects written so far.
     pub entries: usize,
     pub trees: usize,
 }
+
+/// Most bytes of trees a [`TreeWriter`] keeps aside for a second attempt.
+pub const MAX_DEFERRED_BYTES: usize = 8 * 1024 * 1024;
 
 impl<'s> TreeWriter<'s> {
     pub fn new(objects: &'s ObjectStore, spool: Option<&'s mut TreeSpool>) -> Self {
         TreeWriter {
             objects,
             spool,
+            deferred: Vec::new(),
+            deferred_bytes: 0,
             entries: 0,
             trees: 0,
         }
+    }
+
+    /// Stores the trees kept aside; an error means the manifest is not complete in the store.
+    pub fn finish(&mut self) -> Result<(), StoreError> {
+        for bytes in std::mem::take(&mut self.deferred) {
+            self.objects.put_bytes_batched(&bytes)?;
+        }
+        self.deferred_bytes = 0;
+        Ok(())
     }
 }
 
 impl TreeSink for TreeWriter<'_> {
     fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
         let bytes = tree.to_bytes(dir)?;
-        let id = self
-            .objects
-            .put_bytes_batched(&bytes)
-            .map_err(TreeError::store)?;
+        let id = Tree::id_of(&bytes);
         if let Some(spool) = self.spool.as_deref_mut() {
-            spool.add(&id, &bytes)?;
+            spool.add(&id, &bytes);
         }
         self.entries += tree.entries.len();
         self.trees += 1;
+        if let Err(e) = self.objects.put_bytes_batched(&bytes) {
+            if self.deferred_bytes + bytes.len() > MAX_DEFERRED_BYTES {
+                return Err(TreeError::store(e));
+            }
+            self.deferred_bytes += bytes.len();
+            self.deferred.push(bytes);
+        }
         Ok(id)
     }
 }
 
-/// A copy of the before-scan's tree objects outside the store, for while the command runs: the
-/// store's objects are files the command may rewrite or delete, and the run must still know the
-/// before-state to compare with and to withdraw lost backups from. The copy is an unlinked file
-/// (nothing names it in the filesystem) and only a small index (id → offset, length) is kept in
-/// memory, so the before manifest is never held whole. Every read is verified against the id.
+/// A copy of the before-scan's tree objects outside the object store, for while the command runs:
+/// the store's objects are files the command may rewrite or delete, and the run must still know
+/// the before-state to compare with and to withdraw lost backups from. The copy is an unlinked
+/// file in the store's own `objects/tmp/` (on the project's disk, not in `$TMPDIR`, which may be
+/// RAM; nothing names it in the filesystem) and only a small index (id → offset, length) is kept
+/// in memory, so the before manifest is never held whole. Every read is verified against the id.
 ///
-/// Not defended: a process of the same user can still reach the open file through
-/// `/proc/PID/fd`; a tree changed there fails verification, so the comparison reports itself
-/// incomplete rather than trusting it.
+/// Not defended here: a process that can open the file through `/proc/PID/fd` (agentdiff is not
+/// dumpable, but root can) may change it; a changed or unreadable copy fails verification and
+/// [`SpooledTrees`] reads the store's object instead (also verified). When both are damaged the
+/// comparison reports itself incomplete, which denies the run.
 pub struct TreeSpool {
     file: std::fs::File,
+    dir: std::path::PathBuf,
     len: u64,
     index: HashMap<[u8; 32], (u64, usize)>,
+    /// Why the spool stopped taking trees (a write failed, e.g. the disk is full): later trees
+    /// are read from the store only.
+    failed: Option<String>,
 }
 
 impl TreeSpool {
-    pub fn new() -> Result<TreeSpool, StoreError> {
-        let file = tempfile::tempfile()
-            .map_err(|e| StoreError::io("create a private file in", std::env::temp_dir(), e))?;
+    /// An empty spool in `objects`' temporary directory.
+    pub fn new(objects: &ObjectStore) -> Result<TreeSpool, StoreError> {
+        let dir = objects.dir().join(TMP_DIR);
+        let file = tempfile::tempfile_in(&dir).map_err(|e| {
+            StoreError::io("create the private copy of the before trees in", &dir, e)
+        })?;
         Ok(TreeSpool {
             file,
+            dir,
             len: 0,
             index: HashMap::new(),
+            failed: None,
         })
     }
 
@@ -111,26 +145,53 @@ impl TreeSpool {
         Some(key)
     }
 
-    fn add(&mut self, id: &str, bytes: &[u8]) -> Result<(), TreeError> {
-        use std::io::Write;
+    /// Why the spool stopped taking trees, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Copies one tree. A failed write (the store's disk is full while a large backup is copied)
+    /// does not stop the scan: the spool keeps what it holds, stops taking trees and says why
+    /// ([`TreeSpool::failure`]); trees it lacks are read from the store, verified as always.
+    fn add(&mut self, id: &str, bytes: &[u8]) {
+        use std::os::unix::fs::FileExt;
         let Some(key) = Self::key(id) else {
-            return Ok(());
+            return;
         };
-        if self.index.contains_key(&key) {
-            return Ok(());
+        if self.failed.is_some() || self.index.contains_key(&key) {
+            return;
         }
-        self.file.write_all(bytes).map_err(TreeError::store)?;
-        self.index.insert(key, (self.len, bytes.len()));
-        self.len += bytes.len() as u64;
-        Ok(())
+        // Positioned writes: a partial write leaves no offset behind for the next tree.
+        match self.file.write_all_at(bytes, self.len) {
+            Ok(()) => {
+                self.index.insert(key, (self.len, bytes.len()));
+                self.len += bytes.len() as u64;
+            }
+            Err(source) => {
+                let e = TreeError::Spool {
+                    what: format!(
+                        "writing {} bytes at offset {} of an unlinked file",
+                        bytes.len(),
+                        self.len
+                    ),
+                    dir: self.dir.clone(),
+                    source,
+                };
+                self.failed = Some(e.to_string());
+            }
+        }
     }
 
     fn read(&self, id: &str) -> Option<Result<Tree, TreeError>> {
         use std::os::unix::fs::FileExt;
         let (offset, len) = *self.index.get(&Self::key(id)?)?;
         let mut bytes = vec![0u8; len];
-        if let Err(e) = self.file.read_exact_at(&mut bytes, offset) {
-            return Some(Err(TreeError::store(e)));
+        if let Err(source) = self.file.read_exact_at(&mut bytes, offset) {
+            return Some(Err(TreeError::Spool {
+                what: format!("reading tree {id} ({len} bytes at offset {offset})"),
+                dir: self.dir.clone(),
+                source,
+            }));
         }
         if Tree::id_of(&bytes) != id {
             return Some(Err(TreeError::Malformed {
@@ -142,7 +203,9 @@ impl TreeSpool {
     }
 }
 
-/// Trees read from a [`TreeSpool`] when it holds them, else from the object store.
+/// Trees read from a [`TreeSpool`] when it holds them, else from the object store. A spool read
+/// that fails (unreadable, or not matching its id) falls back to the store's object, which is
+/// verified against the id too; only when both fail is the tree unreadable.
 pub struct SpooledTrees<'s> {
     pub spool: Option<&'s TreeSpool>,
     pub objects: &'s ObjectStore,
@@ -151,7 +214,14 @@ pub struct SpooledTrees<'s> {
 impl TreeSource for SpooledTrees<'_> {
     fn tree(&self, id: &str) -> Result<Tree, TreeError> {
         match self.spool.and_then(|s| s.read(id)) {
-            Some(read) => read,
+            Some(Ok(tree)) => Ok(tree),
+            Some(Err(spool)) => self.objects.tree(id).map_err(|store| TreeError::Malformed {
+                id: id.to_string(),
+                reason: format!(
+                    "neither its private copy ({spool}) nor the store's object ({store}) could \
+                     be read"
+                ),
+            }),
             None => self.objects.tree(id),
         }
     }
@@ -224,6 +294,7 @@ pub(crate) fn write_tree(
             }
         }
     }
+    writer.finish()?;
     Ok(TreeWrite {
         root,
         entries: writer.entries,
@@ -245,6 +316,15 @@ pub(crate) fn tree_error(e: TreeError) -> StoreError {
         TreeError::Serialize { dir, source } => StoreError::Serialize {
             name: format!("tree object of {dir:?}"),
             source,
+        },
+        TreeError::Spool { dir, source, .. } => StoreError::io(
+            "use the private copy of the before trees (an unlinked file) in",
+            dir,
+            source,
+        ),
+        TreeError::TooLarge { root } => StoreError::MalformedObject {
+            hex: root,
+            reason: format!("the tree expands to more than {MAX_TREE_ENTRIES} entries"),
         },
     }
 }
@@ -426,5 +506,50 @@ mod tests {
             let hex = objects.put_bytes(bad.as_bytes()).unwrap();
             assert!(read_tree(&hex, objects).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_damaged_spool_falls_back_to_the_store_and_both_damaged_is_an_error() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let objects = store.objects();
+        let mut spool = TreeSpool::new(objects).unwrap();
+        let t = Tree {
+            entries: tree()
+                .into_iter()
+                .filter(|(p, _)| !p.contains('/'))
+                .collect(),
+            trees: BTreeMap::new(),
+        };
+        let id = TreeWriter::new(objects, Some(&mut spool))
+            .directory("", t.clone())
+            .unwrap();
+        // The spool lives on the store's disk, not in $TMPDIR, and nothing names it.
+        assert!(std::fs::read_dir(objects.dir().join(TMP_DIR))
+            .unwrap()
+            .next()
+            .is_none());
+        let trees = SpooledTrees {
+            spool: Some(&spool),
+            objects,
+        };
+        assert_eq!(trees.tree(&id).unwrap(), t);
+
+        // Truncated (a short read) and then overwritten: the store's copy is read instead.
+        spool.file.set_len(3).unwrap();
+        assert_eq!(trees.tree(&id).unwrap(), t);
+        spool.file.write_all_at(&vec![b' '; 4096], 0).unwrap();
+        assert_eq!(trees.tree(&id).unwrap(), t);
+
+        // Both damaged: an error naming both, never a tree.
+        let path = objects.object_path(&id).unwrap();
+        std::fs::write(&path, b"{}").unwrap();
+        objects.forget_verified();
+        let e = trees.tree(&id).unwrap_err().to_string();
+        assert!(
+            e.contains("private copy") && e.contains("store's object"),
+            "{e}"
+        );
     }
 }

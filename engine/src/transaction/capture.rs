@@ -139,6 +139,8 @@ impl<'a> CapturePlan<'a> {
             artifact: Artifact::Before,
             phase: "before",
             event: "before_captured",
+            spool: Some(TreeSpool::new(self.store.objects())?),
+            carry_backup_state: false,
         };
         let previous = self.previous_scan(root)?;
         if let Some(p) = &previous {
@@ -153,15 +155,7 @@ impl<'a> CapturePlan<'a> {
             tree: &p.root_tree,
             source: self.store.objects(),
         });
-        let spool = TreeSpool::new()?;
-        self.scan_and_store(
-            root,
-            step,
-            backup,
-            reuse,
-            IgnoreSource::ProjectFile,
-            Some(spool),
-        )
+        self.scan_and_store(root, step, backup, reuse, IgnoreSource::ProjectFile)
     }
 
     /// The verified earlier scan the before-scan takes unchanged files' hashes from, when
@@ -185,6 +179,8 @@ impl<'a> CapturePlan<'a> {
             artifact: Artifact::After,
             phase: "after",
             event: "after_captured",
+            spool: None,
+            carry_backup_state: false,
         };
         if self.private_workspace {
             // Changes in the workspace are kept as objects so promote can apply them.
@@ -192,7 +188,7 @@ impl<'a> CapturePlan<'a> {
                 sink: self.store.objects(),
                 max_file_bytes: fs::DEFAULT_MAX_HASH_BYTES,
             });
-            self.scan_and_store(workdir, step, backup, None, ignore, None)
+            self.scan_and_store(workdir, step, backup, None, ignore)
         } else {
             let trees = before.trees(self.store);
             let reuse = self.trust_stat.then(|| TreeReuse {
@@ -201,7 +197,11 @@ impl<'a> CapturePlan<'a> {
                 tree: &before.root_tree,
                 source: &trees,
             });
-            self.scan_and_store(workdir, step, None, reuse, ignore, None)
+            let step = Step {
+                carry_backup_state: true,
+                ..step
+            };
+            self.scan_and_store(workdir, step, None, reuse, ignore)
         }
     }
 
@@ -212,14 +212,15 @@ impl<'a> CapturePlan<'a> {
         backup: Option<BackupRequest<'_>>,
         reuse: Option<TreeReuse<'_>>,
         ignore: IgnoreSource,
-        mut spool: Option<TreeSpool>,
     ) -> Result<Captured, TransactionError> {
+        let mut spool = step.spool;
         let phase = step.phase;
         let progress = self.progress.map(|p| move |s: &ScanProgress| p(phase, s));
         let mut opts = ScanOptions::new();
         opts.reinclude = self.reinclude.clone();
         opts.backup = backup;
         opts.reuse_tree = reuse;
+        opts.carry_backup_state = step.carry_backup_state;
         opts.ignore = ignore;
         opts.progress = progress
             .as_ref()
@@ -232,6 +233,7 @@ impl<'a> CapturePlan<'a> {
             manifest,
             root_tree,
         } = fs::scan_to(dir, &opts, &mut sink)?;
+        sink.writer.finish()?;
         let written = TreeWrite {
             root: root_tree.clone(),
             entries: sink.writer.entries,
@@ -248,6 +250,12 @@ impl<'a> CapturePlan<'a> {
                 "hashes_reused": manifest.stats.hashes_reused,
             }),
         )?;
+        if let Some(why) = spool.as_ref().and_then(TreeSpool::failure) {
+            // Not a weaker result (every tree is still read verified from the store), but the
+            // store's copy is what the command could reach: say so.
+            self.capsule
+                .event("tree_spool_incomplete", json!({ "reason": why }))?;
+        }
         Ok(Captured {
             manifest,
             root_tree,
@@ -257,11 +265,15 @@ impl<'a> CapturePlan<'a> {
     }
 }
 
-/// Which capture this is: the artifact, the progress phase and the event name.
+/// Which capture this is: the artifact, the progress phase and the event name, and how it scans.
 struct Step {
     artifact: Artifact,
     phase: &'static str,
     event: &'static str,
+    /// Copy the trees outside the store (the before-scan; see [`TreeSpool`]).
+    spool: Option<TreeSpool>,
+    /// See `ScanOptions::carry_backup_state` (the after-scan of the project tree).
+    carry_backup_state: bool,
 }
 
 /// Most paths named in the refusal message; the rest are counted.

@@ -102,6 +102,27 @@ pub fn classify_uncaptured(policy: &Policy, changes: &[UnsupportedChange]) -> Ve
         .collect()
 }
 
+/// `comparison_incomplete` findings (deny): part of the before/after comparison could not be made
+/// (a tree object destroyed or changed while the command ran, or too large to read back). What
+/// the readable side showed there is listed as unverified changes, but a change the unreadable
+/// side hid cannot be ruled out, so the run fails closed rather than reading as "nothing
+/// changed".
+pub fn classify_incomplete(incomplete: &[String]) -> Vec<EvidenceFinding> {
+    incomplete
+        .iter()
+        .map(|why| EvidenceFinding {
+            kind: "comparison_incomplete".into(),
+            action: Action::Deny,
+            detail: format!(
+                "the before/after comparison is incomplete: {}",
+                crate::redact::escape_terminal(why)
+            ),
+            process: None,
+            container: None,
+        })
+        .collect()
+}
+
 /// The paths an uncaptured entry is decided through (see [`classify_uncaptured`]).
 fn uncaptured_readings(path: &str) -> Vec<String> {
     let mut out = vec![path.to_owned(), unescape_lossy(path)];

@@ -10,7 +10,9 @@
 
 use std::collections::BTreeSet;
 
-use super::classify::{classify_changes, classify_uncaptured, evaluate_limits};
+use super::classify::{
+    classify_changes, classify_incomplete, classify_uncaptured, evaluate_limits,
+};
 use super::findings::{evidence_findings, with_findings};
 use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
 use super::{Refusal, VerifiedControl};
@@ -54,6 +56,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
     let mut findings = evidence_findings(ev.run);
     findings.extend(classify_uncaptured(ev.policy, &ev.comparison.unsupported));
+    findings.extend(classify_incomplete(&ev.comparison.incomplete));
     let outcome = with_findings(
         safety_outcome(
             &changes,

@@ -22,7 +22,8 @@ use crate::process::ProcessIdentity;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EvidenceFinding {
     /// `left_run_cgroup` or `container_started` (from the process evidence), or
-    /// `uncaptured_denied` (from the tree, see `classify::classify_uncaptured`).
+    /// `uncaptured_denied` (from the tree, see `classify::classify_uncaptured`), or
+    /// `comparison_incomplete` (see `classify::classify_incomplete`).
     pub kind: String,
     pub action: Action,
     pub detail: String,

@@ -384,25 +384,20 @@ fn record_exited(
 
 /// Compares the stored before and after trees, skipping equal subtrees. A tree that cannot be
 /// read (destroyed while the command ran) does not stop the run from being sealed: the
-/// comparison says it is incomplete, which makes the run need review.
+/// comparison lists what the readable side shows below it as unverified changes and says it is
+/// incomplete, which denies the run (`comparison_incomplete`).
 fn compare(
     store: &Store,
     before: &capture::Captured,
     after: &capture::Captured,
 ) -> crate::fs::Comparison {
-    let compared = crate::fs::compare_trees(
+    crate::fs::compare_trees(
         &before.manifest,
         &before.root_tree,
         &after.manifest,
         &after.root_tree,
         &before.trees(store),
-    );
-    compared.unwrap_or_else(|e| crate::fs::Comparison {
-        incomplete: vec![format!(
-            "the manifests could not be compared ({e}); no change is listed"
-        )],
-        ..Default::default()
-    })
+    )
 }
 
 /// Materialises the private workspace from the before-state's backups (the before manifest is

@@ -742,3 +742,71 @@ fn uncaptured_entries_where_the_policy_denies_are_denied() {
         assert!(!r.observation_warnings.is_empty(), "{path}");
     }
 }
+
+#[test]
+fn an_incomplete_comparison_fails_closed_and_still_lists_denied_writes() {
+    // The stored trees, compared as a run does: the command planted a hook and changed a file,
+    // then destroyed the before root tree it could reach in the store.
+    let tmp = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(tmp.path()).unwrap();
+    let capsule = store.create_run(Some("r1")).unwrap();
+    let objects = store.objects();
+    let before = manifest(&[
+        (".git", dir()),
+        (".git/hooks", dir()),
+        ("src", dir()),
+        ("src/a.rs", file("a", stored())),
+    ]);
+    let mut after = before.clone();
+    after
+        .entries
+        .insert(".git/hooks/post-checkout".into(), file("e", stored()));
+    after.entries.insert("src/a.rs".into(), file("b", stored()));
+    let b_root = capsule
+        .write_manifest(crate::store::Artifact::Before, &before, objects)
+        .unwrap();
+    let a_root = capsule
+        .write_manifest(crate::store::Artifact::After, &after, objects)
+        .unwrap();
+    std::fs::write(objects.object_path(&b_root).unwrap(), b"{}").unwrap();
+    objects.forget_verified();
+    let comparison = crate::fs::compare_trees(&before, &b_root, &after, &a_root, objects);
+    assert!(!comparison.incomplete.is_empty());
+
+    let policy = Policy::from_yaml_or_json(
+        "version: 1\nfilesystem:\n  deny: [\".git/**\"]\n  default: allow\n",
+        "test.yaml",
+    )
+    .unwrap();
+    let command = command(&policy, "true");
+    let run = exited(0);
+    let ev = Evidence {
+        policy: &policy,
+        command_decision: &command,
+        before: &before,
+        after: &after,
+        comparison: &comparison,
+        run: &run,
+        private_workspace: false,
+        verified_controls: &[],
+        capsule_tampered: &[],
+    };
+    let r = decide::decide(&ev, frame());
+    assert_eq!(r.safety_outcome, Action::Deny, "{r:#?}");
+    assert_eq!(r.status, Status::Denied);
+    assert!(r
+        .evidence_findings
+        .iter()
+        .any(|f| f.kind == "comparison_incomplete" && f.action == Action::Deny));
+    let hook = r
+        .changes
+        .iter()
+        .find(|c| c.path == ".git/hooks/post-checkout")
+        .unwrap_or_else(|| panic!("{:?}", r.changes));
+    assert_eq!(hook.decision, Action::Deny);
+    assert!(
+        !hook.reversible,
+        "an unverified entry is never rolled back blindly"
+    );
+    assert!(r.changes.iter().any(|c| c.path == "src/a.rs"));
+}
