@@ -40,7 +40,9 @@ pub use manifest::{
     exclusion_reason, unsupported_kind, BackupSkip, BackupState, Entry, EntryKind, Exclusion,
     Manifest, ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
-pub use tree::{read_entries, Tree, TreeError, TreeSink, TreeSource, MAX_TREE_ENTRIES};
+pub use tree::{
+    read_entries, read_readable_entries, Tree, TreeError, TreeSink, TreeSource, MAX_TREE_ENTRIES,
+};
 
 /// Default `ScanOptions::max_hash_bytes`: 256 MiB.
 pub const DEFAULT_MAX_HASH_BYTES: u64 = 256 * 1024 * 1024;

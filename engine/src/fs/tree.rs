@@ -167,6 +167,41 @@ pub fn read_entries(
     Ok(out)
 }
 
+/// Every entry of the stored tree `root` that can be read, and the directories whose trees could
+/// not be (`""` for the root), with why. Nothing below an unreadable tree is known; reading stops
+/// with a [`TreeError::TooLarge`] at [`MAX_TREE_ENTRIES`].
+pub fn read_readable_entries(
+    src: &dyn TreeSource,
+    root: &str,
+) -> (BTreeMap<String, Entry>, Vec<(String, TreeError)>) {
+    let mut out = BTreeMap::new();
+    let mut failed = Vec::new();
+    let mut stack = vec![(String::new(), root.to_string())];
+    let mut seen = 0usize;
+    while let Some((dir, id)) = stack.pop() {
+        let tree = match src.tree(&id) {
+            Ok(tree) => tree,
+            Err(e) => {
+                failed.push((dir, e));
+                continue;
+            }
+        };
+        seen = seen.saturating_add(tree.entries.len() + tree.trees.len());
+        if seen > MAX_TREE_ENTRIES {
+            let root = root.to_string();
+            failed.push((dir, TreeError::TooLarge { root }));
+            break;
+        }
+        for (name, sub) in tree.trees {
+            stack.push((join(&dir, &name), sub));
+        }
+        for (name, entry) in tree.entries {
+            out.insert(join(&dir, &name), entry);
+        }
+    }
+    (out, failed)
+}
+
 /// A sink that keeps every entry by path (what [`crate::fs::scan`] returns) and computes tree
 /// ids without storing anything.
 #[derive(Default)]

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use super::capture::Captured;
-use crate::fs::{read_entries, BackupSkip, BackupState};
+use crate::fs::{read_readable_entries, unsupported_kind, BackupSkip, BackupState, Unsupported};
 use crate::store::{Artifact, Capsule, Store, StoreError, StoreSnapshot, TamperFinding};
 
 /// Why a backup stopped counting, as recorded in the before manifest.
@@ -17,8 +17,11 @@ pub(crate) struct Tampering {
     pub findings: Vec<TamperFinding>,
     /// The before manifest's root tree, when the manifest was written again.
     pub rewritten_root: Option<String>,
-    /// Why the before manifest could not be read back to be written again (its tree objects were
-    /// destroyed): the comparison may then be incomplete.
+    /// Records added to the rewritten before manifest's header: directories whose trees could not
+    /// be read back (`unreadable`), so the comparison marks what lies below them unverified.
+    pub added_unsupported: Vec<Unsupported>,
+    /// Why part of the before manifest could not be read back (its tree objects were destroyed
+    /// in the store and in the private copy): the comparison is then incomplete.
     pub unreadable: Option<String>,
 }
 
@@ -38,6 +41,7 @@ pub(crate) fn after_command(
         return Ok(Tampering {
             findings,
             rewritten_root: None,
+            added_unsupported: Vec::new(),
             unreadable: None,
         });
     }
@@ -53,21 +57,37 @@ pub(crate) fn after_command(
     objects.forget_verified();
     capsule.restore_written_artifacts()?;
     // The header is this run's own (kept in memory); the entries come from the private copy of
-    // the trees, which the command could not reach through the store.
+    // the trees, which the command could not reach through the store, or else from the store.
+    // A tree lost in both is left out of the rewritten manifest and recorded as unreadable, so
+    // the seal references only objects that exist (the capsule verifies) and the comparison
+    // marks everything below it unverified instead of trusting an empty directory.
     let mut manifest = before.manifest.clone();
-    manifest.entries = match read_entries(&before.trees(store), &before.root_tree) {
-        Ok(entries) => entries,
-        Err(e) => {
-            return Ok(Tampering {
-                findings,
-                rewritten_root: None,
-                unreadable: Some(format!(
-                    "the before manifest could not be read back after the command ran ({e}); \
-                     changes below the damaged trees may be missing"
-                )),
-            })
-        }
-    };
+    let (entries, failed) = read_readable_entries(&before.trees(store), &before.root_tree);
+    manifest.entries = entries;
+    let mut added_unsupported = Vec::new();
+    let mut reasons = Vec::new();
+    for (dir, e) in failed {
+        let path = if dir.is_empty() { ".".to_string() } else { dir };
+        reasons.push(format!("{path}: {e}"));
+        added_unsupported.push(Unsupported {
+            path,
+            kind: unsupported_kind::UNREADABLE.into(),
+            reason: format!(
+                "its tree object was destroyed while the command ran and could not be read back \
+                 ({e})"
+            ),
+        });
+    }
+    manifest
+        .unsupported
+        .extend(added_unsupported.iter().cloned());
+    let unreadable = (!reasons.is_empty()).then(|| {
+        format!(
+            "the before manifest could not be read back whole after the command ran ({}); the \
+             unreadable directories are recorded as such and changes below them are unverified",
+            reasons.join("; ")
+        )
+    });
     for entry in manifest.entries.values_mut() {
         let stored = matches!(entry.backup, BackupState::Stored);
         if stored && entry.sha256.as_ref().is_some_and(|h| lost.contains(h)) {
@@ -81,6 +101,7 @@ pub(crate) fn after_command(
     Ok(Tampering {
         findings,
         rewritten_root: Some(root),
-        unreadable: None,
+        added_unsupported,
+        unreadable,
     })
 }

@@ -251,10 +251,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         }
     };
     let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
-    if let Some(root_tree) = capsule_tampered.rewritten_root {
+    if let Some(root_tree) = capsule_tampered.rewritten_root.clone() {
         // Withdrawn backups are no longer referenced; the rewritten manifest's tree is.
         before.root_tree = root_tree;
         referenced = vec![before.root_tree.clone()];
+        before
+            .manifest
+            .unsupported
+            .extend(capsule_tampered.added_unsupported.iter().cloned());
     }
     record_exited(&capsule, &evidence, &req.verified_controls)?;
 

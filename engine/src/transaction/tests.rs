@@ -810,3 +810,79 @@ fn an_incomplete_comparison_fails_closed_and_still_lists_denied_writes() {
     );
     assert!(r.changes.iter().any(|c| c.path == "src/a.rs"));
 }
+
+#[test]
+fn a_before_tree_lost_everywhere_is_recorded_unreadable_and_the_capsule_still_verifies() {
+    use crate::fs::TreeSource;
+    use crate::store::Artifact;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(tmp.path()).unwrap();
+    let capsule = store.create_run(Some("r1")).unwrap();
+    let objects = store.objects();
+    let backed = |content: &[u8]| Entry {
+        sha256: Some(objects.put_bytes(content).unwrap()),
+        ..file("a", stored())
+    };
+    let (a, f) = (backed(b"a\n"), backed(b"f\n"));
+    let a_hex = a.sha256.clone().unwrap();
+    let before = manifest(&[("a.txt", a), ("d", dir()), ("d/f", f)]);
+    let root = capsule
+        .write_manifest(Artifact::Before, &before, objects)
+        .unwrap();
+    let captured = super::capture::Captured {
+        manifest: Manifest {
+            entries: BTreeMap::new(),
+            ..before.clone()
+        },
+        root_tree: root.clone(),
+        failed_backups: Default::default(),
+        // No private copy: as if it had been destroyed too.
+        spool: None,
+    };
+    let snapshot = store.snapshot().unwrap();
+    // The command deletes a backup and destroys the tree of `d/` in the store.
+    let d_tree = objects.tree(&root).unwrap().trees["d"].clone();
+    std::fs::remove_file(objects.object_path(&a_hex).unwrap()).unwrap();
+    std::fs::write(objects.object_path(&d_tree).unwrap(), b"{}").unwrap();
+
+    let t = super::guard::after_command(&store, &capsule, &snapshot, &captured).unwrap();
+    let why = t.unreadable.as_deref().unwrap();
+    assert!(why.contains("d:"), "{why}");
+    assert_eq!(t.added_unsupported.len(), 1);
+    assert_eq!(t.added_unsupported[0].path, "d");
+    let new_root = t.rewritten_root.unwrap();
+    assert_ne!(new_root, root);
+    // The rewritten manifest references only objects that exist and verify: the lost backup
+    // was withdrawn, the lost tree left out.
+    let refs = capsule
+        .manifest_references(Artifact::Before, objects)
+        .unwrap();
+    assert!(refs.contains(&new_root));
+    assert!(
+        !refs.contains(&a_hex) && !refs.contains(&d_tree),
+        "{refs:?}"
+    );
+    for hex in &refs {
+        objects.verify_object(hex).unwrap();
+    }
+
+    // Compared with the after-state, what lies below `d/` is unverified, never a plain creation.
+    let mut header = captured.manifest.clone();
+    header.unsupported.extend(t.added_unsupported);
+    let mut after = before.clone();
+    after.entries.insert("d/new".into(), file("n", stored()));
+    let a_root = capsule
+        .write_manifest(Artifact::After, &after, objects)
+        .unwrap();
+    let c = crate::fs::compare_trees(&header, &new_root, &after, &a_root, objects);
+    let below: Vec<_> = c
+        .changes
+        .iter()
+        .filter(|c| c.path.starts_with("d/"))
+        .collect();
+    assert_eq!(below.len(), 2, "{:?}", c.changes);
+    assert!(below.iter().all(|c| c
+        .unverified
+        .as_deref()
+        .is_some_and(|n| n.contains("ancestor d"))));
+}
