@@ -241,6 +241,14 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), or "unknown".
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 fn best_of(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
     (0..n).map(|_| f()).min().unwrap_or_default()
 }
@@ -403,6 +411,8 @@ fn agentdiff_run(bin: &Path, tree: &Path, run_id: &str, command: &[&str]) -> (Du
 /// Every figure of the tree measurements for one tree, against baselines measured just before.
 /// `changed` is a file (relative to `tree`) the one-line-change run appends to.
 fn measure_tree(bin: &Path, label: &str, tree: &Path, scratch: &Path, changed: &str) {
+    // Two cores shared with other work: every figure is printed with the load it was taken under.
+    let load_before = load_average();
     let tree_bytes = dir_bytes(tree);
     let files = file_count(tree);
     // Warm the page cache so every measurement reads from memory.
@@ -443,7 +453,11 @@ fn measure_tree(bin: &Path, label: &str, tree: &Path, scratch: &Path, changed: &
 
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mb = |kib: u64| kib as f64 / 1024.0;
-    println!("{label}: {files} files, {:.1} MB", tree_bytes as f64 / 1e6);
+    println!(
+        "{label}: {files} files, {:.1} MB (load average before: {load_before}, after: {})",
+        tree_bytes as f64 / 1e6,
+        load_average()
+    );
     println!(
         "  baselines: sha256sum {:.0} ms, cp -a {:.0} ms, git status --porcelain {:.0} ms",
         ms(sha),

@@ -26,13 +26,14 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use nix::fcntl::AtFlags;
-use nix::sys::stat::{fstatat, FileStat, SFlag};
+use nix::errno::Errno;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, FileStat, Mode, SFlag};
 use sha2::{Digest, Sha256};
 
 use super::atomic::{self, COPY_CHUNK};
@@ -422,9 +423,45 @@ impl ObjectStore {
         format!("{}{}", name(path.parent()), name(Some(path)))
     }
 
+    /// Opens the object relative to its open shard directory (no walk of the whole path).
+    /// `None` when that is not possible; the caller then opens it by path.
+    fn open_object_at(
+        &self,
+        hex: &str,
+        path: &Path,
+    ) -> Option<Result<(File, fs::Metadata), StoreError>> {
+        let dir = self.shard_dir(hex)?;
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let fd = match openat(Some(dir.as_raw_fd()), &hex[2..], flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return None,
+            Err(Errno::ELOOP) => {
+                return Some(Err(StoreError::NotRegularFile {
+                    path: path.to_path_buf(),
+                    reason: "it is a symbolic link",
+                }))
+            }
+            Err(_) => return None,
+        };
+        // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        Some(match file.metadata() {
+            Ok(meta) if meta.is_file() => Ok((file, meta)),
+            Ok(_) => Err(StoreError::NotRegularFile {
+                path: path.to_path_buf(),
+                reason: "not a regular file",
+            }),
+            Err(e) => Err(StoreError::io("inspect", path, e)),
+        })
+    }
+
     fn open_object(&self, hex: &str) -> Result<(File, fs::Metadata, PathBuf), StoreError> {
         let path = self.object_path(hex)?;
-        match atomic::open_regular(&path) {
+        let opened = match self.open_object_at(hex, &path) {
+            Some(opened) => opened,
+            None => atomic::open_regular(&path),
+        };
+        match opened {
             Ok((file, meta)) => Ok((file, meta, path)),
             Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
                 Err(StoreError::ObjectNotFound {

@@ -22,7 +22,11 @@ use super::objects::ObjectStat;
 /// A SHA-256 object name in binary.
 pub(crate) type Key = [u8; 32];
 
-/// Entries added since the last merge are folded into the sorted part beyond this many.
+/// Two-byte key prefixes.
+const BUCKETS: usize = 1 << 16;
+
+/// Entries added since the last merge are folded into the sorted part beyond this many (or an
+/// eighth of the sorted part, so a first run of many objects does not move the table each time).
 const MERGE_AT: usize = 4096;
 
 /// The identity of one object file, without the device.
@@ -53,6 +57,10 @@ enum State {
 pub(crate) struct VerifiedSet {
     dev: Option<u64>,
     sorted: Vec<Record>,
+    /// `buckets[b]..buckets[b + 1]` is the range of `sorted` whose keys start with the two bytes
+    /// `b` (empty until the first merge or load): a lookup touches a few records, not a binary
+    /// search's worth of cache lines.
+    buckets: Vec<u32>,
     state: Vec<State>,
     /// Confirmed by this process, not yet merged; takes precedence over `sorted`.
     recent: HashMap<Key, Ident>,
@@ -89,10 +97,38 @@ impl Ident {
 
 impl VerifiedSet {
     fn index(&self, key: &Key) -> Option<usize> {
+        let b = usize::from(u16::from_be_bytes([key[0], key[1]]));
+        let (lo, hi) = match (self.buckets.get(b), self.buckets.get(b + 1)) {
+            (Some(lo), Some(hi)) => (*lo as usize, *hi as usize),
+            _ => (0, self.sorted.len()),
+        };
         let h = head(key);
         self.sorted
+            .get(lo..hi)?
             .binary_search_by(|r| head(&r.key).cmp(&h).then_with(|| r.key.cmp(key)))
             .ok()
+            .map(|i| lo + i)
+    }
+
+    /// Rebuilds `buckets` after `sorted` changed (left empty past `u32` records).
+    fn rebuild_buckets(&mut self) {
+        self.buckets.clear();
+        if u32::try_from(self.sorted.len()).is_err() {
+            return;
+        }
+        self.buckets.reserve_exact(BUCKETS + 1);
+        let mut i = 0usize;
+        for b in 0..=BUCKETS {
+            while i < self.sorted.len()
+                && usize::from(u16::from_be_bytes([
+                    self.sorted[i].key[0],
+                    self.sorted[i].key[1],
+                ])) < b
+            {
+                i += 1;
+            }
+            self.buckets.push(i as u32);
+        }
     }
 
     fn ident_of(&self, stat: &ObjectStat) -> Option<Ident> {
@@ -164,7 +200,7 @@ impl VerifiedSet {
             return;
         }
         self.recent.insert(key, ident);
-        if self.recent.len() >= MERGE_AT {
+        if self.recent.len() >= MERGE_AT.max(self.sorted.len() / 8) {
             self.merge_recent();
         }
     }
@@ -192,6 +228,7 @@ impl VerifiedSet {
             self.dev = Some(dev);
             self.state = vec![State::Known; records.len()];
             self.sorted = records;
+            self.rebuild_buckets();
             return;
         }
         self.dev = Some(dev);
@@ -246,6 +283,8 @@ impl VerifiedSet {
                 ctime_ns: 0,
             },
         };
+        self.sorted.reserve_exact(add.len());
+        self.state.reserve_exact(add.len());
         self.sorted.resize(old + add.len(), filler);
         self.state.resize(old + add.len(), State::Confirmed);
         let (mut i, mut out) = (old, old + add.len());
@@ -260,6 +299,7 @@ impl VerifiedSet {
                 self.state[out] = State::Confirmed;
             }
         }
+        self.rebuild_buckets();
     }
 }
 
