@@ -27,6 +27,10 @@ fn outcome_line(r: &RunResult) -> String {
     let exit = r.runtime.as_ref().map(|rt| &rt.exit);
     match r.status {
         Status::Blocked => "task blocked: command policy refused the launch".into(),
+        // A run with runtime evidence did start: its after-capture failed.
+        Status::Error if r.runtime.is_some() => {
+            "task ran, but agentdiff could not capture what it changed".into()
+        }
         Status::Error => "task not run: agentdiff could not run it".into(),
         Status::TimedOut => "task stopped: the deadline expired".into(),
         Status::Terminated => "task stopped: agentdiff was interrupted".into(),

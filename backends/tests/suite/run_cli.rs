@@ -773,3 +773,32 @@ fn the_command_cannot_open_agentdiffs_descriptors() {
     let seen = fs::read_to_string(proj.join("probe")).unwrap();
     assert_eq!(seen.trim(), "denied", "{}", text(&out.stderr));
 }
+
+/// The command breaks the object store so the after-capture cannot write its trees: the run is
+/// still sealed, with status `error`, a deny outcome and the reason, never left without a result.
+#[test]
+fn a_run_whose_after_capture_fails_is_sealed_as_an_error() {
+    let p = project();
+    let (code, r, _) = run_json(
+        p.path(),
+        &["--run-id", "broken"],
+        &[
+            "sh",
+            "-c",
+            "rm -rf .agentdiff/objects/tmp && touch .agentdiff/objects/tmp && echo x > new.txt",
+        ],
+    );
+    assert_eq!(code, 70, "{r:#}");
+    assert_eq!(r["status"], "error", "{r:#}");
+    assert_eq!(r["safety_outcome"], "deny");
+    assert_eq!(r["exit_code"], 0, "the command's own exit is kept");
+    assert!(
+        r["execution_error"]
+            .as_str()
+            .unwrap()
+            .contains("could not be captured"),
+        "{r:#}"
+    );
+    let verify = agentdiff(p.path(), &["verify", "broken"]);
+    assert!(verify.status.success(), "{}", text(&verify.stdout));
+}

@@ -248,7 +248,10 @@ pub fn summarize(
     }
 }
 
-fn runtime_summary(run: &RunEvidence, verified_controls: &[VerifiedControl]) -> RuntimeSummary {
+pub(super) fn runtime_summary(
+    run: &RunEvidence,
+    verified_controls: &[VerifiedControl],
+) -> RuntimeSummary {
     RuntimeSummary {
         backend: run.backend.clone(),
         enforcement: run.enforcement,

@@ -262,8 +262,31 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     }
     record_exited(&capsule, &evidence, &req.verified_controls)?;
 
-    // Capture after.
-    let after = capture.after(&workdir, &before)?;
+    // Capture after. The command has run: a capture that fails (the store's disk is full, or the
+    // command broke the store) still ends in a sealed capsule that says so, never in no result.
+    let after = match capture.after(&workdir, &before) {
+        Ok(after) => after,
+        Err(e) => {
+            let message = format!(
+                "the command ran, but the tree after it could not be captured ({e}); what it \
+                 changed is not known: inspect the tree, repair or free the store, and do not \
+                 trust this run's absence of changes"
+            );
+            capsule.event("after_capture_failed", json!({ "error": e.to_string() }))?;
+            let mut result = decide::not_run(
+                &sealer.command_decision,
+                Status::Error,
+                Some(message),
+                sealer.frame(),
+            );
+            // Unknown changes never read as clean.
+            result.safety_outcome = Action::Deny;
+            result.exit_code = evidence.exit.code;
+            result.runtime = Some(decide::runtime_summary(&evidence, &req.verified_controls));
+            result.capsule_tampered = capsule_tampered.findings.clone();
+            return sealer.seal(result, &referenced, None);
+        }
+    };
     referenced.push(after.root_tree.clone());
     if private_workspace {
         // The after-state now lives in the object store (promote applies it from there, the
