@@ -103,9 +103,7 @@ fn plan_error(e: PlanError) -> BackendError {
 fn policy_denies(
     capsule_dir: &Path,
 ) -> std::result::Result<Vec<String>, agentdiff_engine::store::StoreError> {
-    Ok(agentdiff_engine::store::recorded_policy(capsule_dir)?
-        .map(|p| p.deny_patterns())
-        .unwrap_or_default())
+    Ok(agentdiff_engine::store::recorded_deny_patterns(capsule_dir)?.unwrap_or_default())
 }
 
 impl BwrapBackend {
