@@ -430,7 +430,7 @@ fn store_manifest(m: &Manifest, trees: &MemTrees) -> String {
     use std::collections::BTreeMap;
     let parent = |p: &str| p.rsplit_once('/').map_or("", |(d, _)| d).to_string();
     let mut dirs: BTreeMap<String, Tree> = BTreeMap::new();
-    let mut ensure = |dirs: &mut BTreeMap<String, Tree>, d: &str| {
+    let ensure = |dirs: &mut BTreeMap<String, Tree>, d: &str| {
         let mut d = d.to_string();
         loop {
             dirs.entry(d.clone()).or_default();
