@@ -116,13 +116,48 @@ pub struct Ledger {
     state: StateDir,
 }
 
-/// What [`Ledger::read`] found.
+/// What [`Ledger::read`] found: every line that parses, not yet authenticated. A line counts only
+/// once [`LedgerContents::authenticated`] has checked its MAC; lookups check only the lines they
+/// select (a run's lines under one root), so a run's cost does not grow with the whole ledger's
+/// MAC checks.
 #[derive(Debug, Clone, Default)]
 pub struct LedgerContents {
-    /// Lines whose MAC checks under the key they were read with.
-    pub entries: Vec<LedgerEntry>,
-    /// Line numbers (1-based) that are malformed or do not authenticate.
-    pub bad_lines: Vec<usize>,
+    /// (1-based line number, parsed line), in file order.
+    lines: Vec<(usize, LedgerEntry)>,
+    /// Line numbers (1-based) that do not parse.
+    malformed: Vec<usize>,
+}
+
+impl LedgerContents {
+    /// The lines `select` keeps whose MAC checks under `key`, in file order.
+    pub fn authenticated<'a>(
+        &'a self,
+        key: &'a SealKey,
+        select: impl Fn(&LedgerEntry) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a LedgerEntry> + 'a {
+        self.lines
+            .iter()
+            .map(|(_, e)| e)
+            .filter(move |e| select(e) && e.authenticates(key))
+    }
+
+    /// Every line whose MAC checks under `key`.
+    pub fn entries(&self, key: &SealKey) -> Vec<LedgerEntry> {
+        self.authenticated(key, |_| true).cloned().collect()
+    }
+
+    /// Line numbers (1-based) that are malformed or do not authenticate under `key`.
+    pub fn bad_lines(&self, key: &SealKey) -> Vec<usize> {
+        let mut bad: Vec<usize> = self
+            .lines
+            .iter()
+            .filter(|(_, e)| !e.authenticates(key))
+            .map(|(n, _)| *n)
+            .chain(self.malformed.iter().copied())
+            .collect();
+        bad.sort_unstable();
+        bad
+    }
 }
 
 impl Ledger {
@@ -163,8 +198,9 @@ impl Ledger {
             .map_err(|e| StoreError::io("append to the ledger", &path, e))
     }
 
-    /// Every line; those that do not parse or do not authenticate under `key` are only counted.
-    pub fn read(&self, key: &SealKey) -> Result<LedgerContents, StoreError> {
+    /// Every line, parsed; lines that do not parse are only counted. MACs are checked by
+    /// [`LedgerContents::authenticated`], line by line as lookups need them.
+    pub fn read(&self) -> Result<LedgerContents, StoreError> {
         let path = self.path();
         let bytes = match atomic::read_bounded(&path, MAX_LEDGER_BYTES) {
             Ok(b) => b,
@@ -179,8 +215,8 @@ impl Ledger {
                 continue;
             }
             match serde_json::from_slice::<LedgerEntry>(line) {
-                Ok(e) if e.authenticates(key) => out.entries.push(e),
-                _ => out.bad_lines.push(i + 1),
+                Ok(e) => out.lines.push((i + 1, e)),
+                Err(_) => out.malformed.push(i + 1),
             }
         }
         Ok(out)
@@ -207,11 +243,11 @@ mod tests {
         let mut forged = e.clone();
         forged.seal_digest = "b".repeat(64);
         ledger.append(&forged).unwrap();
-        let read = ledger.read(&key).unwrap();
-        assert_eq!(read.entries, vec![e]);
-        assert_eq!(read.bad_lines, vec![2]);
+        let read = ledger.read().unwrap();
+        assert_eq!(read.entries(&key), vec![e]);
+        assert_eq!(read.bad_lines(&key), vec![2]);
         let other = SealKey::from_bytes([7; 32]);
-        assert_eq!(ledger.read(&other).unwrap().bad_lines, vec![1, 2]);
+        assert_eq!(read.bad_lines(&other), vec![1, 2]);
     }
 
     #[test]
@@ -233,8 +269,32 @@ mod tests {
         let mut forged = pruned.clone();
         forged.run_id = "r2".into();
         ledger.append(&forged).unwrap();
-        let read = ledger.read(&key).unwrap();
-        assert_eq!(read.entries, vec![sealed, pruned]);
-        assert_eq!(read.bad_lines, vec![3]);
+        let read = ledger.read().unwrap();
+        assert_eq!(read.entries(&key), vec![sealed, pruned]);
+        assert_eq!(read.bad_lines(&key), vec![3]);
+    }
+
+    #[test]
+    fn a_selected_lookup_returns_only_that_runs_authenticated_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::at(dir.path().join("s")).unwrap();
+        let key = SealKey::load_or_create(&state).unwrap();
+        let ledger = Ledger::new(state);
+        let r1 = LedgerEntry::new(&key, "r1", Path::new("/p"), &"a".repeat(64), "t");
+        let r2 = LedgerEntry::new(&key, "r2", Path::new("/p"), &"b".repeat(64), "t");
+        let other_root = LedgerEntry::new(&key, "r1", Path::new("/q"), &"c".repeat(64), "t");
+        let mut forged = r1.clone();
+        forged.seal_digest = "d".repeat(64);
+        for e in [&r1, &r2, &other_root, &forged] {
+            ledger.append(e).unwrap();
+        }
+        let read = ledger.read().unwrap();
+        let r1_here: Vec<&LedgerEntry> = read
+            .authenticated(&key, |e| e.run_id == "r1" && e.root == "/p")
+            .collect();
+        // The forged line names the same run and root but never counts.
+        assert_eq!(r1_here, vec![&r1]);
+        let other = SealKey::from_bytes([7; 32]);
+        assert_eq!(read.authenticated(&other, |_| true).count(), 0);
     }
 }

@@ -55,7 +55,7 @@ impl SealAuthority {
         Ok(VerifyContext {
             key: Some(self.key.clone()),
             key_path: None,
-            ledger: Some(self.ledger.read(&self.key)?),
+            ledger: Some(self.ledger.read()?),
             root: Some(self.root.display().to_string()),
         })
     }
@@ -162,7 +162,7 @@ impl VerifyContext {
     pub fn for_user(state: &StateDir, project_root: &Path) -> Result<VerifyContext, StoreError> {
         let key = SealKey::load(state)?;
         let ledger = match &key {
-            Some(key) => Some(Ledger::new(state.clone()).read(key)?),
+            Some(_) => Some(Ledger::new(state.clone()).read()?),
             None => None,
         };
         let root = project_root
@@ -233,10 +233,21 @@ impl VerifyContext {
     /// Ledger entries of `run` under this context's root.
     pub fn ledger_entries<'a>(&'a self, run: &'a str) -> impl Iterator<Item = &'a LedgerEntry> {
         let root = self.root.as_deref();
-        self.ledger
-            .iter()
-            .flat_map(|l| l.entries.iter())
-            .filter(move |e| e.run_id == run && Some(e.root.as_str()) == root)
+        self.authenticated_ledger(move |e| e.run_id == run && Some(e.root.as_str()) == root)
+    }
+
+    /// The ledger lines `select` keeps that authenticate under this context's key (none without
+    /// a key): only those lines' MACs are checked.
+    fn authenticated_ledger<'a>(
+        &'a self,
+        select: impl Fn(&LedgerEntry) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a LedgerEntry> + 'a {
+        self.key
+            .as_ref()
+            .zip(self.ledger.as_ref())
+            .map(|(key, ledger)| ledger.authenticated(key, select))
+            .into_iter()
+            .flatten()
     }
 
     /// Run ids the ledger records under this context's root, except those whose last line says
@@ -244,12 +255,7 @@ impl VerifyContext {
     pub fn ledgered_runs(&self) -> std::collections::BTreeSet<String> {
         let root = self.root.as_deref();
         let mut last = std::collections::BTreeMap::new();
-        for e in self
-            .ledger
-            .iter()
-            .flat_map(|l| l.entries.iter())
-            .filter(|e| Some(e.root.as_str()) == root)
-        {
+        for e in self.authenticated_ledger(|e| Some(e.root.as_str()) == root) {
             last.insert(e.run_id.clone(), e.is_pruned());
         }
         last.into_iter()
