@@ -4,6 +4,15 @@
 //! on either side is never dropped: its [`Change::unverified`] says what could not be verified, and
 //! paths that were never entries (FIFOs, sockets, devices, non-UTF-8 names) are compared by
 //! [`diff_unsupported`]. Callers should treat both as needing review.
+//!
+//! [`compare_trees`] compares two stored manifests tree against tree. It trusts that a tree id
+//! names its content (every [`TreeSource`] verifies each read against the id), so equal ids are
+//! skipped unread; it reads the trees on the paths of differing subtrees and, besides, the trees
+//! on the paths of capture records that differ between the sides, each at most once. It does not
+//! defend against a tree it cannot read (missing, corrupt, larger than the store's read bound):
+//! it cannot know what such a tree held, so it lists what the other side shows below it as
+//! unverified changes and reports itself incomplete; the caller must fail closed on that
+//! (`transaction::classify::classify_incomplete` denies the run).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -78,7 +87,8 @@ pub struct Comparison {
     /// [`diff_unsupported`]'s changes.
     pub unsupported: Vec<UnsupportedChange>,
     /// The paths of `after.unsupported` that are entries of the after manifest (files whose
-    /// content could not be captured).
+    /// content could not be captured) and whose records differ from the before manifest's (an
+    /// unchanged capture problem is not new).
     pub after_unsupported_entries: BTreeSet<String>,
     /// Why the comparison does not cover everything (each one makes the run need review).
     pub incomplete: Vec<String>,
@@ -89,12 +99,16 @@ pub fn compare(before: &Manifest, after: &Manifest) -> Comparison {
     Comparison {
         changes: diff(before, after),
         unsupported: diff_unsupported(before, after),
-        after_unsupported_entries: after
-            .unsupported
-            .iter()
-            .filter(|u| after.entries.contains_key(&u.path))
-            .map(|u| u.path.clone())
-            .collect(),
+        after_unsupported_entries: {
+            let (rb, ra) = (Recorded::of(before), Recorded::of(after));
+            after
+                .unsupported
+                .iter()
+                .filter(|u| after.entries.contains_key(&u.path))
+                .filter(|u| rb.kinds(&u.path) != ra.kinds(&u.path))
+                .map(|u| u.path.clone())
+                .collect()
+        },
         incomplete: Vec::new(),
     }
 }

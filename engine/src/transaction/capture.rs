@@ -2,6 +2,15 @@
 //!
 //! Invariant: the after-scan uses the before-scan's ignore lines and re-includes, so the command
 //! cannot hide its own writes by editing `.agentdiffignore` or the policy mid-run.
+//!
+//! The before-scan also copies each tree object it writes to a [`TreeSpool`] (an unlinked file in
+//! the store's `objects/tmp/`), and the tamper check and the comparison read the before trees from
+//! it first ([`Captured::trees`]): the store's copies are files the command can rewrite or delete.
+//! Every spool read is verified against the id and falls back to the store's object; a spool that
+//! cannot be written stops taking trees (recorded as `tree_spool_incomplete`) without failing the
+//! scan. Not defended: a process that can write both copies (root, or the spool through
+//! `/proc/PID/fd` were agentdiff dumpable); the comparison then fails closed
+//! (`comparison_incomplete`).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
