@@ -25,6 +25,21 @@ pub(crate) struct Tampering {
     pub unreadable: Option<String>,
 }
 
+impl Tampering {
+    /// Points the run at the rewritten before manifest, if there is one: withdrawn backups are
+    /// no longer referenced, the rewritten manifest's tree is, and its added records count.
+    pub(crate) fn apply(&self, before: &mut Captured, referenced: &mut Vec<String>) {
+        if let Some(root_tree) = &self.rewritten_root {
+            before.root_tree = root_tree.clone();
+            *referenced = vec![root_tree.clone()];
+            before
+                .manifest
+                .unsupported
+                .extend(self.added_unsupported.iter().cloned());
+        }
+    }
+}
+
 /// Findings after the command ran. When anything was tampered with, the before manifest is read
 /// back from its tree (the whole manifest is held in memory only in this case): entries whose
 /// backup object no longer verifies are marked as not backed up, and the manifest is written

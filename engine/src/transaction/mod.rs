@@ -251,15 +251,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         }
     };
     let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
-    if let Some(root_tree) = capsule_tampered.rewritten_root.clone() {
-        // Withdrawn backups are no longer referenced; the rewritten manifest's tree is.
-        before.root_tree = root_tree;
-        referenced = vec![before.root_tree.clone()];
-        before
-            .manifest
-            .unsupported
-            .extend(capsule_tampered.added_unsupported.iter().cloned());
-    }
+    capsule_tampered.apply(&mut before, &mut referenced);
     record_exited(&capsule, &evidence, &req.verified_controls)?;
 
     // Capture after. The command has run: a capture that fails (the store's disk is full, or the
@@ -267,24 +259,12 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let after = match capture.after(&workdir, &before) {
         Ok(after) => after,
         Err(e) => {
-            let message = format!(
-                "the command ran, but the tree after it could not be captured ({e}); what it \
-                 changed is not known: inspect the tree, repair or free the store, and do not \
-                 trust this run's absence of changes"
-            );
-            capsule.event("after_capture_failed", json!({ "error": e.to_string() }))?;
-            let mut result = decide::not_run(
-                &sealer.command_decision,
-                Status::Error,
-                Some(message),
-                sealer.frame(),
-            );
-            // Unknown changes never read as clean.
-            result.safety_outcome = Action::Deny;
-            result.exit_code = evidence.exit.code;
-            result.runtime = Some(decide::runtime_summary(&evidence, &req.verified_controls));
-            result.capsule_tampered = capsule_tampered.findings.clone();
-            return sealer.seal(result, &referenced, None);
+            let failed = AfterCaptureFailed {
+                evidence: &evidence,
+                verified_controls: &req.verified_controls,
+                tampered: &capsule_tampered.findings,
+            };
+            return failed.seal(&sealer, &capsule, &referenced, &e);
         }
     };
     referenced.push(after.root_tree.clone());
@@ -312,6 +292,49 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     };
     let result = decide::decide(&evidence_in, sealer.frame());
     sealer.seal(result, &referenced, None)
+}
+
+/// A run whose command ran but whose after-capture failed: sealed as an error that never reads as
+/// clean, with what is known (the command's exit, the runtime evidence, tampering).
+struct AfterCaptureFailed<'a> {
+    evidence: &'a RunEvidence,
+    verified_controls: &'a [VerifiedControl],
+    tampered: &'a [crate::store::TamperFinding],
+}
+
+impl AfterCaptureFailed<'_> {
+    fn seal(
+        &self,
+        sealer: &Sealer<'_>,
+        capsule: &Capsule,
+        referenced: &[String],
+        error: &TransactionError,
+    ) -> Result<RunOutcome, TransactionError> {
+        let message = format!(
+            "the command ran, but the tree after it could not be captured ({error}); what it \
+             changed is not known: inspect the tree, repair or free the store, and do not trust \
+             this run's absence of changes"
+        );
+        capsule.event(
+            "after_capture_failed",
+            json!({ "error": error.to_string() }),
+        )?;
+        let mut result = decide::not_run(
+            &sealer.command_decision,
+            Status::Error,
+            Some(message),
+            sealer.frame(),
+        );
+        // Unknown changes never read as clean.
+        result.safety_outcome = Action::Deny;
+        result.exit_code = self.evidence.exit.code;
+        result.runtime = Some(decide::runtime_summary(
+            self.evidence,
+            self.verified_controls,
+        ));
+        result.capsule_tampered = self.tampered.to_vec();
+        sealer.seal(result, referenced, None)
+    }
 }
 
 /// Writes `metadata.json` and `policy.json`, and decides and records the command.
