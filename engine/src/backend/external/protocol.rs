@@ -454,8 +454,12 @@ impl LineReader {
                 None => Duration::from_millis(100),
             };
             if !wait_readable(&self.file, slice)? {
+                // What the peer wrote just before it ended is still read: it may have arrived
+                // between the poll and the stop check (a plugin that answers and exits at once).
                 if let Some(e) = stop() {
-                    return Err(e);
+                    if !wait_readable(&self.file, Duration::ZERO)? {
+                        return Err(e);
+                    }
                 }
                 continue;
             }
@@ -520,6 +524,26 @@ mod tests {
                 std::fs::File::from_raw_fd(fds[1]),
             )
         }
+    }
+
+    #[test]
+    fn an_answer_written_just_before_the_peer_ended_is_read_not_lost() {
+        let (r, w) = pipe();
+        let mut reader = LineReader::new(r);
+        let mut w = Some(w);
+        // The stop check runs after a poll that saw nothing; the answer arrives in between.
+        let got: Result<Request, WireError> =
+            reader.read_message(Some(Duration::from_secs(5)), || {
+                if let Some(mut w) = w.take() {
+                    write_message(&mut w, &Request::Describe {}).unwrap();
+                }
+                Some(WireError::Closed)
+            });
+        assert_eq!(got.unwrap(), Request::Describe {});
+        // Once nothing more is there, the stop check ends the read.
+        let next: Result<Request, WireError> =
+            reader.read_message(Some(Duration::from_secs(5)), || Some(WireError::Closed));
+        assert!(matches!(next, Err(WireError::Closed)), "{next:?}");
     }
 
     #[test]
