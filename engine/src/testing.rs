@@ -231,3 +231,35 @@ pub fn write_run_docs(
     capsule.write_artifact(Artifact::Result, &result)?;
     Ok(result)
 }
+
+/// A podman-like engine API on the Unix socket `path`: `/_ping` answers `OK` with podman's
+/// version header, every other request an empty event log. Returns how many connections it got
+/// (a test asserts whether agentdiff asked at all).
+#[allow(clippy::unwrap_used)]
+pub fn fake_podman(path: &Path) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&count);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { return };
+            seen.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 2048];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let body: &[u8] = if buf[..n].starts_with(b"GET /_ping") {
+                b"OK"
+            } else {
+                b""
+            };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nLibpod-Api-Version: 4.3.1\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = c.write_all(head.as_bytes());
+            let _ = c.write_all(body);
+        }
+    });
+    count
+}

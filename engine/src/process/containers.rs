@@ -969,39 +969,13 @@ mod tests {
             .any(|p| p.to_string_lossy().contains("1.2.3.4")));
     }
 
+    use crate::testing::fake_podman;
+
     #[test]
     fn engine_creation_times_parse_to_unix_nanoseconds() {
         let t = parse_created_ns("2026-11-30T16:53:36.956847568Z").unwrap();
         assert_eq!(t % 1_000_000_000, 956_847_568);
         assert!(parse_created_ns("yesterday").is_none());
-    }
-
-    /// Serves `/_ping` as podman would and an empty event log; counts the requests it got.
-    fn fake_podman(path: &Path) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
-        let count = std::sync::Arc::new(AtomicUsize::new(0));
-        let seen = std::sync::Arc::clone(&count);
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut c) = conn else { return };
-                seen.fetch_add(1, Ordering::SeqCst);
-                let mut buf = [0u8; 2048];
-                let n = c.read(&mut buf).unwrap_or(0);
-                let body: &[u8] = if buf[..n].starts_with(b"GET /_ping") {
-                    b"OK"
-                } else {
-                    b""
-                };
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nLibpod-Api-Version: 4.3.1\r\nContent-Length: {}\r\n\r\n",
-                    body.len()
-                );
-                let _ = c.write_all(head.as_bytes());
-                let _ = c.write_all(body);
-            }
-        });
-        count
     }
 
     fn hidden(sockets: Vec<HiddenSocket>) -> EngineReach {
