@@ -149,6 +149,30 @@ impl Case {
     }
 }
 
+/// The decision of a command `true` that exited 0, under `policy_text`, for `comparison`.
+fn decide_clean_exit(
+    policy_text: &str,
+    before: &Manifest,
+    after: &Manifest,
+    comparison: &crate::fs::Comparison,
+) -> super::RunResult {
+    let policy = Policy::from_yaml_or_json(policy_text, "test.yaml").unwrap();
+    let case = Case::new("clean exit", before.clone(), after.clone());
+    let command = command(&policy, case.argv0);
+    let ev = Evidence {
+        policy: &policy,
+        command_decision: &command,
+        before,
+        after,
+        comparison,
+        run: &case.run,
+        private_workspace: false,
+        verified_controls: &[],
+        capsule_tampered: &[],
+    };
+    decide::decide(&ev, frame())
+}
+
 fn stored() -> BackupState {
     BackupState::Stored
 }
@@ -676,12 +700,7 @@ fn runs_that_never_started_never_read_as_clean() {
 
 #[test]
 fn uncaptured_entries_where_the_policy_denies_are_denied() {
-    let policy = Policy::from_yaml_or_json(
-        "version: 1\nfilesystem:\n  deny: [\".git/**\", \"**/*.pem\", \"ci/run\"]\n  default: allow\n",
-        "test.yaml",
-    )
-    .unwrap();
-    let command = command(&policy, "true");
+    let policy = "version: 1\nfilesystem:\n  deny: [\".git/**\", \"**/*.pem\", \"ci/run\"]\n  default: allow\n";
     let decide_with = |path: &str, kind: &str| {
         let before = manifest(&[("src/a.rs", file("a", stored()))]);
         let mut after = before.clone();
@@ -690,20 +709,8 @@ fn uncaptured_entries_where_the_policy_denies_are_denied() {
             kind: kind.into(),
             reason: "test".into(),
         });
-        let run = exited(0);
         let comparison = crate::fs::compare(&before, &after);
-        let ev = Evidence {
-            policy: &policy,
-            command_decision: &command,
-            before: &before,
-            after: &after,
-            comparison: &comparison,
-            run: &run,
-            private_workspace: false,
-            verified_controls: &[],
-            capsule_tampered: &[],
-        };
-        decide::decide(&ev, frame())
+        decide_clean_exit(policy, &before, &after, &comparison)
     };
     // Undecodable names and special files under denied paths: the name itself cannot be judged
     // (`\xff...` reads as an absolute path once `\` is a separator), so the ancestors and the
@@ -773,25 +780,8 @@ fn an_incomplete_comparison_fails_closed_and_still_lists_denied_writes() {
     let comparison = crate::fs::compare_trees(&before, &b_root, &after, &a_root, objects);
     assert!(!comparison.incomplete.is_empty());
 
-    let policy = Policy::from_yaml_or_json(
-        "version: 1\nfilesystem:\n  deny: [\".git/**\"]\n  default: allow\n",
-        "test.yaml",
-    )
-    .unwrap();
-    let command = command(&policy, "true");
-    let run = exited(0);
-    let ev = Evidence {
-        policy: &policy,
-        command_decision: &command,
-        before: &before,
-        after: &after,
-        comparison: &comparison,
-        run: &run,
-        private_workspace: false,
-        verified_controls: &[],
-        capsule_tampered: &[],
-    };
-    let r = decide::decide(&ev, frame());
+    let policy = "version: 1\nfilesystem:\n  deny: [\".git/**\"]\n  default: allow\n";
+    let r = decide_clean_exit(policy, &before, &after, &comparison);
     assert_eq!(r.safety_outcome, Action::Deny, "{r:#?}");
     assert_eq!(r.status, Status::Denied);
     assert!(r
