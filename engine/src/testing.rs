@@ -263,3 +263,17 @@ pub fn fake_podman(path: &Path) -> std::sync::Arc<std::sync::atomic::AtomicUsize
     });
     count
 }
+
+/// Rewrites `path` with `bytes` (the same size, for the attack it stands for) and puts its mtime
+/// back, so only the ctime shows the write: what an unprivileged tamperer can hide at best.
+#[allow(clippy::unwrap_used)]
+pub fn rewrite_in_place(path: &Path, bytes: &[u8]) {
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    std::fs::write(path, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+}

@@ -220,16 +220,7 @@ fn objects_rewritten_resized_or_vouched_for_between_runs_are_never_reused() {
     };
     let (a, b) = (object(b"a\n"), object(b"b\n"));
     // Same size, other bytes, mtime restored: only the ctime shows the write.
-    let rewrite_in_place = |path: &Path| {
-        let mtime = fs::metadata(path).unwrap().modified().unwrap();
-        fs::write(path, "A\n").unwrap();
-        fs::File::options()
-            .write(true)
-            .open(path)
-            .unwrap()
-            .set_modified(mtime)
-            .unwrap();
-    };
+    let rewrite_in_place = |path: &Path| agentdiff_engine::testing::rewrite_in_place(path, b"A\n");
     let remove_and_restore = |id: &str| {
         let (code, result) = p.run(id, "rm a.txt b.txt");
         assert_eq!(code, 0, "{result:#}");

@@ -424,17 +424,7 @@ mod tests {
             .collect()
     }
 
-    /// Same size, other bytes, mtime put back: only the ctime shows the write.
-    fn rewrite_in_place(path: &Path, bytes: &[u8]) {
-        let mtime = fs::metadata(path).unwrap().modified().unwrap();
-        fs::write(path, bytes).unwrap();
-        fs::File::options()
-            .write(true)
-            .open(path)
-            .unwrap()
-            .set_modified(mtime)
-            .unwrap();
-    }
+    use crate::testing::rewrite_in_place;
 
     #[test]
     fn nothing_changed_means_no_finding_even_for_objects_written_just_before() {
