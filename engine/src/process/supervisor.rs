@@ -225,7 +225,7 @@ mod unix {
         // Subscribed before the spawn, so the root's own exec is seen.
         let (exec, exec_warning) = ExecObserver::start(exec_request)?;
         let ports = spec.observe_ports.then(PortObserver::start);
-        let (cgroup, mut warnings) = tracker::prepare(request)?;
+        let (cgroup, reservation, mut warnings) = tracker::prepare(request)?;
         warnings.extend(exec_warning);
         let container_watch = containers::ContainerWatch::start(
             containers::now_ns(),
@@ -296,7 +296,7 @@ mod unix {
             monitor: None,
         };
         #[allow(unused_mut)]
-        let mut tracker = Tracker::new(pid, launched, cgroup);
+        let mut tracker = Tracker::new(pid, launched, cgroup, reservation);
         #[cfg(target_os = "linux")]
         if request == TrackingRequest::ProcScan {
             tracker.force_scan();
@@ -522,7 +522,9 @@ mod unix {
         /// The last samples before cleanup, while leftovers still run and hold their sockets;
         /// returns which containers run now, and whose monitors are ours.
         fn sample_after_end(&mut self, end: End) -> Option<containers::ContainerEvidence> {
+            let settled = self.tracker.settle_launches();
             self.tracker.tick();
+            drop(settled);
             if end == End::Exited {
                 self.tracker.mark_alive_after_root_exit();
             }

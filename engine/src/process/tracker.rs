@@ -214,7 +214,7 @@ impl Tracker {
 mod imp {
     use std::collections::{HashMap, HashSet};
     use std::io::Read;
-    use std::sync::Mutex;
+    use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
     use std::time::Instant;
 
     use super::{Tracker, TrackingMechanism, TrackingRequest};
@@ -224,8 +224,16 @@ mod imp {
     use crate::process::ProcessError;
 
     /// Runs active in this process, so concurrent runs (tests, embedders) do not claim each
-    /// other's orphans: run token → pids claimed.
+    /// other's orphans: run token → pids claimed. A run is registered before its command starts
+    /// (`launching` until its root is known): a command can fork and orphan a daemon before the
+    /// spawning thread gets to record the root, and another run must not take that daemon for an
+    /// unknown orphan of its own in the meantime.
     static ACTIVE: Mutex<Option<HashMap<u64, ActiveRun>>> = Mutex::new(None);
+    /// Held shared by every run from its registration until its root is recorded, and
+    /// exclusively by a run's last look at its orphans: that look waits for the launches in
+    /// flight (a spawn returns within milliseconds) and holds new ones back, so it never finds a
+    /// run still `launching` and never defers an orphan past the run's end.
+    static LAUNCH_GATE: RwLock<()> = RwLock::new(());
 
     #[derive(Debug, Default)]
     struct ActiveRun {
@@ -233,6 +241,66 @@ mod imp {
         /// The run cgroup's path as `/proc/PID/cgroup` shows it.
         cgroup: Option<String>,
         pids: HashSet<u32>,
+        /// Registered, its command possibly running, its root not yet recorded.
+        launching: bool,
+    }
+
+    /// A run registered in [`ACTIVE`] before its spawn; [`Tracker::new`] takes it over, and
+    /// dropping it unused (the spawn failed) unregisters the run.
+    #[derive(Debug)]
+    pub struct Reservation {
+        token: u64,
+        taken: bool,
+        _launching: RwLockReadGuard<'static, ()>,
+    }
+
+    /// A run's exclusive hold on [`LAUNCH_GATE`] while it decides its last orphans.
+    pub struct Settled(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+
+    impl Reservation {
+        fn new(cgroup: Option<&RunCgroup>) -> Self {
+            use std::sync::atomic::{AtomicU64, Ordering};
+            // A poisoned gate still orders launches against last looks: it guards no data.
+            let gate = LAUNCH_GATE.read().unwrap_or_else(|p| p.into_inner());
+            static NEXT: AtomicU64 = AtomicU64::new(1);
+            let token = NEXT.fetch_add(1, Ordering::Relaxed);
+            with_active(|a| {
+                a.insert(
+                    token,
+                    ActiveRun {
+                        cgroup: cgroup.map(|c| c.rel().to_string()),
+                        launching: true,
+                        ..ActiveRun::default()
+                    },
+                )
+            });
+            Reservation {
+                token,
+                taken: false,
+                _launching: gate,
+            }
+        }
+
+        /// The root is known: record its process group and the cgroup it really joined.
+        fn launched(mut self, root_pgid: i32, cgroup: Option<String>) -> u64 {
+            self.taken = true;
+            with_active(|a| {
+                if let Some(run) = a.get_mut(&self.token) {
+                    run.root_pgid = root_pgid;
+                    run.cgroup = cgroup;
+                    run.launching = false;
+                }
+            });
+            self.token
+        }
+    }
+
+    impl Drop for Reservation {
+        fn drop(&mut self) {
+            if !self.taken {
+                with_active(|a| a.remove(&self.token));
+            }
+        }
     }
 
     fn with_active<R>(f: impl FnOnce(&mut HashMap<u64, ActiveRun>) -> R) -> R {
@@ -323,10 +391,11 @@ mod imp {
         pub cgroup_fd: Option<std::os::fd::RawFd>,
     }
 
-    /// Prepare tracking for a run (before the spawn).
+    /// Prepare tracking for a run (before the spawn): the run cgroup, if any, and the run's
+    /// registration among this process's active runs.
     pub fn prepare(
         request: TrackingRequest,
-    ) -> Result<(Option<RunCgroup>, Vec<String>), ProcessError> {
+    ) -> Result<(Option<RunCgroup>, Reservation, Vec<String>), ProcessError> {
         let mut warnings = Vec::new();
         enable_subreaper()?;
         let cg = match request {
@@ -348,7 +417,8 @@ mod imp {
                 }
             },
         };
-        Ok((cg, warnings))
+        let reservation = Reservation::new(cg.as_ref());
+        Ok((cg, reservation, warnings))
     }
 
     pub fn child_setup(cg: Option<&RunCgroup>) -> ChildSetup {
@@ -358,8 +428,14 @@ mod imp {
     }
 
     impl Tracker {
-        /// Start tracking the spawned root. `cgroup` is the run cgroup the child joined, if any.
-        pub fn new(root: u32, launched: Instant, cgroup: Option<RunCgroup>) -> Self {
+        /// Start tracking the spawned root. `cgroup` is the run cgroup the child joined, if any;
+        /// `reservation` is the run's registration from [`prepare`].
+        pub fn new(
+            root: u32,
+            launched: Instant,
+            cgroup: Option<RunCgroup>,
+            reservation: Reservation,
+        ) -> Self {
             let self_pid = std::process::id();
             let boot_id = crate::process::boot_id().unwrap_or_default();
             let root_stat = read_stat(root).ok();
@@ -384,21 +460,10 @@ mod imp {
             } else {
                 Tracking::SubreaperProcScan
             };
-            let token = {
-                use std::sync::atomic::{AtomicU64, Ordering};
-                static NEXT: AtomicU64 = AtomicU64::new(1);
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            };
-            with_active(|a| {
-                a.insert(
-                    token,
-                    super::imp::ActiveRun {
-                        root_pgid: root_stat.as_ref().map(|s| s.pgrp).unwrap_or(0),
-                        cgroup: cgroup.as_ref().map(|c| c.rel().to_string()),
-                        pids: HashSet::new(),
-                    },
-                )
-            });
+            let token = reservation.launched(
+                root_stat.as_ref().map(|s| s.pgrp).unwrap_or(0),
+                cgroup.as_ref().map(|c| c.rel().to_string()),
+            );
             let mut t = Tracker {
                 self_pid,
                 root,
@@ -450,6 +515,13 @@ mod imp {
 
         pub fn take_cgroup(&mut self) -> Option<RunCgroup> {
             self.state.cgroup.take()
+        }
+
+        /// Before the last look at orphans: wait until the other runs of this process that
+        /// are starting their command have recorded their root, and hold new launches back
+        /// while the returned guard lives (see [`LAUNCH_GATE`]).
+        pub fn settle_launches(&self) -> Settled {
+            Settled(LAUNCH_GATE.write().unwrap_or_else(|p| p.into_inner()))
         }
 
         /// Read the pids listed in one `children` file into `out` (appending).
@@ -631,11 +703,13 @@ mod imp {
                 return false;
             }
             let cg = cgroup::cgroup_of(pid);
+            let me = self.state.token;
             with_active(|a| {
-                let others = || a.iter().filter(|(tok, _)| **tok != self.state.token);
+                let others = || a.iter().filter(|(tok, _)| **tok != me);
                 if others().any(|(_, r)| r.pids.contains(&pid)) {
                     return false;
                 }
+                // In another run's cgroup (registered before that run's spawn): theirs.
                 if let Some(p) = &cg {
                     if others()
                         .any(|(_, r)| r.cgroup.as_deref().is_some_and(|c| cgroup::within(p, c)))
@@ -643,22 +717,27 @@ mod imp {
                         return false;
                     }
                 }
+                // A process group is one run's (each root leads its own): a match decides.
+                let group_of = a
+                    .iter()
+                    .find(|(_, r)| !r.launching && r.root_pgid == stat.pgrp);
+                if let Some((tok, _)) = group_of {
+                    return *tok == me;
+                }
+                // An unknown group may be a run still starting whose root is not recorded yet:
+                // decided on a later tick, once it is (`settle_launches` before the last one).
+                if others().any(|(_, r)| r.launching) {
+                    return false;
+                }
                 // A polling run owns unknown orphans unless other polling runs compete; a cgroup
                 // run only sees escapees here (its members are in its cgroup) and competes with
                 // every run.
-                let competing: Vec<(&u64, &ActiveRun)> = if self.state.cgroup.is_none() {
-                    a.iter().filter(|(_, r)| r.cgroup.is_none()).collect()
+                let competing = if self.state.cgroup.is_none() {
+                    a.values().filter(|r| r.cgroup.is_none()).count()
                 } else {
-                    a.iter().collect()
+                    a.len()
                 };
-                if competing.len() <= 1 {
-                    return true;
-                }
-                // Several runs at once: only a matching process group decides.
-                competing
-                    .iter()
-                    .find(|(_, r)| r.root_pgid == stat.pgrp)
-                    .is_some_and(|(tok, _)| **tok == self.state.token)
+                competing <= 1
             })
         }
 
@@ -730,17 +809,26 @@ mod imp {
         }]
     }
 
-    pub fn prepare(request: TrackingRequest) -> Result<(Option<()>, Vec<String>), ProcessError> {
+    /// Nothing to register: without a subreaper, orphans are never claimed.
+    #[derive(Debug)]
+    pub struct Reservation;
+
+    /// Nothing to hold: see [`Reservation`].
+    pub struct Settled;
+
+    pub fn prepare(
+        request: TrackingRequest,
+    ) -> Result<(Option<()>, Reservation, Vec<String>), ProcessError> {
         if request == TrackingRequest::Cgroup {
             return Err(ProcessError::Unsupported(
                 "cgroup tracking exists only on Linux; use tracking `auto`".into(),
             ));
         }
-        Ok((None, Vec::new()))
+        Ok((None, Reservation, Vec::new()))
     }
 
     impl Tracker {
-        pub fn new(root: u32, launched: Instant, _cgroup: Option<()>) -> Self {
+        pub fn new(root: u32, launched: Instant, _cgroup: Option<()>, _r: Reservation) -> Self {
             let root_start = crate::process::read_stat(root)
                 .map(|s| s.start_time_ticks)
                 .unwrap_or(0);
@@ -764,6 +852,10 @@ mod imp {
 
         pub fn mechanism(&self) -> Tracking {
             Tracking::SysinfoPoll
+        }
+
+        pub fn settle_launches(&self) -> Settled {
+            Settled
         }
 
         pub fn tick(&mut self) {
@@ -830,5 +922,90 @@ mod tests {
             Some(TrackingRequest::ProcScan)
         );
         assert_eq!(TrackingRequest::parse("x"), None);
+    }
+
+    /// Spawn `sh -c script` in its own process group, as a run's root is.
+    fn spawn_root(script: &str) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Ends the daemon and reaps the roots, whatever the assertions did.
+    struct Reap(Vec<std::process::Child>, std::path::PathBuf);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            if let Ok(pid) = std::fs::read_to_string(&self.1) {
+                if let Ok(pid) = pid.trim().parse::<i32>() {
+                    // SAFETY: kill(2) of the sleeper this test started (still our child).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    crate::process::cleanup::reap_child(pid as u32);
+                }
+            }
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// A command can orphan a daemon before its run records the root; another run of the same
+    /// process must not take that daemon for an unknown orphan of its own meanwhile.
+    #[test]
+    fn an_orphan_of_a_run_still_launching_is_left_to_that_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("daemon.pid");
+        let (_, first_reservation, _) = prepare(TrackingRequest::ProcPoll).unwrap();
+        let first_root = spawn_root("sleep 30");
+        let mut first = Tracker::new(first_root.id(), Instant::now(), None, first_reservation);
+
+        // The second run is registered, its command forks a daemon and exits, and only then
+        // is its root recorded.
+        let (_, second_reservation, _) = prepare(TrackingRequest::ProcPoll).unwrap();
+        let second_root = spawn_root(&format!("(sleep 30 & echo $! > '{}')", pidfile.display()));
+        let second_pid = second_root.id();
+        let _reap = Reap(vec![first_root, second_root], pidfile.clone());
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let daemon = loop {
+            // The root exits once its subshell has, so the daemon is ours (the subreaper's). It
+            // stays a zombie (not reaped here), readable as a recorded root is.
+            let written = std::fs::read_to_string(&pidfile).ok();
+            let exited = read_stat(second_pid).unwrap().is_zombie();
+            if let (Some(pid), true) = (written.and_then(|p| p.trim().parse::<u32>().ok()), exited)
+            {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "the daemon was not started");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        while read_stat(daemon).unwrap().ppid != std::process::id() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon was not re-parented to us"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        first.tick();
+        assert!(
+            first.records().iter().all(|r| r.identity.pid != daemon),
+            "a run took another run's orphan while that run was launching: {:#?}",
+            first.records()
+        );
+
+        // Once its root is recorded, the daemon's process group names its run.
+        let mut second = Tracker::new(second_pid, Instant::now(), None, second_reservation);
+        second.tick();
+        first.tick();
+        assert!(first.records().iter().all(|r| r.identity.pid != daemon));
+        let rec = second.records().iter().find(|r| r.identity.pid == daemon);
+        assert_eq!(
+            rec.map(|r| r.relation),
+            Some(ProcessRelation::Reparented),
+            "{:#?}",
+            second.records()
+        );
     }
 }
