@@ -37,7 +37,7 @@ use super::manifest::{
     unsupported_kind as uk, BackupSkip, BackupState, Entry, EntryKind, Exclusion, Manifest,
     ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
-use super::tree::{join, Tree, TreeError, TreeSink, TreeSource};
+use super::tree::{join, Reusable, Tree, TreeError, TreeSink, TreeSource};
 use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions, Scanned};
 
 /// Jobs queued per worker: enough to keep workers busy while the walker lists the next directory.
@@ -101,6 +101,15 @@ struct OpenDir {
     tree: Tree,
     /// Files still being hashed, subdirectories not yet complete, and 1 while being listed.
     pending: usize,
+    /// The earlier tree of this directory (the stat cache's), kept until the directory is
+    /// complete: when the new listing equals it, its object is reused as it is.
+    earlier: Option<Earlier>,
+}
+
+/// An earlier tree object: its id and what its source gave.
+struct Earlier {
+    id: String,
+    tree: Reusable,
 }
 
 /// Where a directory's earlier listing is found.
@@ -113,21 +122,21 @@ enum PrevRef {
 
 /// A directory's earlier listing, loaded while the directory is listed.
 enum Prev<'a> {
-    Tree(Tree),
+    Tree(Earlier),
     Manifest(&'a Manifest),
 }
 
 impl Prev<'_> {
     fn entry(&self, path: &str, name: &str) -> Option<&Entry> {
         match self {
-            Prev::Tree(t) => t.entries.get(name),
+            Prev::Tree(t) => t.tree.tree.entries.get(name),
             Prev::Manifest(m) => m.entries.get(path),
         }
     }
 
     fn sub(&self, name: &str) -> Option<PrevRef> {
         match self {
-            Prev::Tree(t) => t.trees.get(name).cloned().map(PrevRef::Tree),
+            Prev::Tree(t) => t.tree.tree.trees.get(name).cloned().map(PrevRef::Tree),
             Prev::Manifest(_) => Some(PrevRef::Manifest),
         }
     }
@@ -172,7 +181,10 @@ impl<'a> Reuse<'a> {
     /// The earlier listing `r` names; a tree that cannot be read just means no reuse below it.
     fn load(&self, r: PrevRef) -> Option<Prev<'a>> {
         match (r, &self.from) {
-            (PrevRef::Tree(id), ReuseFrom::Trees(src)) => src.tree(&id).ok().map(Prev::Tree),
+            (PrevRef::Tree(id), ReuseFrom::Trees(src)) => {
+                let tree = src.reusable(&id).ok()?;
+                Some(Prev::Tree(Earlier { id, tree }))
+            }
             (PrevRef::Manifest, ReuseFrom::Manifest(m)) => Some(Prev::Manifest(m)),
             _ => None,
         }
@@ -470,6 +482,7 @@ impl<'a> Walker<'_, 'a> {
                 is_entry,
                 tree: Tree::default(),
                 pending: 1,
+                earlier: None,
             },
         );
         id
@@ -514,7 +527,14 @@ impl<'a> Walker<'_, 'a> {
             }
             let recorded = node.tree.is_recorded(node.is_entry) || node.parent.is_none();
             let tree_id = if recorded {
-                match self.sink.directory(&node.rel, node.tree) {
+                let stored = match node.earlier {
+                    Some(e) if e.tree.tree == node.tree => {
+                        self.stats.trees_reused += 1;
+                        self.sink.unchanged(&node.rel, &e.id, e.tree)
+                    }
+                    _ => self.sink.directory(&node.rel, node.tree),
+                };
+                match stored {
                     Ok(t) => Some(t),
                     Err(e) => {
                         self.sink_error = Some(e);
@@ -646,6 +666,9 @@ impl<'a> Walker<'_, 'a> {
             }
         }
         stack.extend(subdirs.into_iter().rev());
+        if let (Some(Prev::Tree(earlier)), Some(node)) = (prev, self.open.get_mut(&id)) {
+            node.earlier = Some(earlier);
+        }
         self.done_one(id);
     }
 
@@ -904,8 +927,12 @@ impl<'a> Walker<'_, 'a> {
             return Some((sha, state, false));
         };
         let eligible = seen.nlink == 1 && seen.size <= req.max_file_bytes;
-        if eligible && !req.sink.contains(&sha, seen.size) {
-            return None; // needs the open file to copy from
+        if eligible {
+            // One look in the sink decides: stored (reused as it is) or needs the open file.
+            return req
+                .sink
+                .contains(&sha, seen.size)
+                .then_some((sha, BackupState::Stored, true));
         }
         let mut scratch = Captured {
             sha256: None,
