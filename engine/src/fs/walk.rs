@@ -26,9 +26,9 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nix::dir::{Dir, Type};
+use nix::dir::Type;
 use nix::errno::Errno;
-use nix::fcntl::{fcntl, openat, readlinkat, AtFlags, FcntlArg, OFlag};
+use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
 
 use super::exclude::{parse_ignore_file, Rules, Verdict, IGNORE_FILE};
@@ -224,6 +224,8 @@ struct Walker<'o, 'a> {
     max_held: usize,
     root_tree: Option<String>,
     sink_error: Option<TreeError>,
+    /// `getdents64`'s buffer, reused for every listing.
+    list_buf: Vec<u8>,
     unsupported: Vec<Unsupported>,
     excluded: Vec<Exclusion>,
     stats: ScanStats,
@@ -284,6 +286,7 @@ pub(crate) fn scan(
         max_held: 0,
         root_tree: None,
         sink_error: None,
+        list_buf: Vec::new(),
         unsupported: Vec::new(),
         excluded: Vec::new(),
         stats: ScanStats::default(),
@@ -648,7 +651,7 @@ impl<'a> Walker<'_, 'a> {
         } else {
             rel.to_string()
         };
-        let (mut names, error) = read_names(fd);
+        let (mut names, error) = read_names(fd, &mut self.list_buf);
         if let Some(e) = error {
             let why = format!(
                 "cannot list directory: {e}; {} entries read were captured",
@@ -1038,32 +1041,73 @@ fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'st
     }
 }
 
-/// Lists a directory through a duplicate of its fd (the original stays usable for `*at` calls).
-/// Returns the names read with the type the listing reports (`None` where the filesystem gives
-/// `DT_UNKNOWN`), and the error that stopped the listing, if any.
-fn read_names(fd: &OwnedFd) -> (Vec<(CString, Option<Type>)>, Option<String>) {
+/// Bytes of directory records read by one `getdents64` call.
+const LIST_BUF: usize = 32 * 1024;
+
+/// The offset of `d_reclen`, `d_type` and `d_name` in a `linux_dirent64` record.
+const RECLEN_AT: usize = 16;
+const TYPE_AT: usize = 18;
+const NAME_AT: usize = 19;
+
+/// Lists a directory with `getdents64` on its own fd: no duplicate, no `DIR` stream and its
+/// buffer (the fd's read offset is not used by the `*at` calls made through it, and each
+/// directory is listed once). Returns the names read with the type the listing reports (`None`
+/// where the filesystem gives `DT_UNKNOWN`), and the error that stopped the listing, if any.
+fn read_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>, Option<String>) {
     let mut names = Vec::new();
-    let dup = match fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(0)) {
-        Ok(d) => d,
-        Err(e) => return (names, Some(e.desc().to_string())),
-    };
-    // `Dir::from_fd` owns (and on failure closes) the duplicate.
-    let mut dir = match Dir::from_fd(dup) {
-        Ok(d) => d,
-        Err(e) => return (names, Some(e.desc().to_string())),
-    };
-    for item in dir.iter() {
-        match item {
-            Ok(ent) => {
-                let n = ent.file_name();
-                if n.to_bytes() != b"." && n.to_bytes() != b".." {
-                    names.push((n.to_owned(), ent.file_type()));
+    buf.resize(LIST_BUF, 0);
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and the kernel writes whole
+        // records into it, returning how many bytes it wrote.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        let n = match usize::try_from(n) {
+            Ok(0) => return (names, None),
+            Ok(n) => n.min(buf.len()),
+            Err(_) => match Errno::last() {
+                Errno::EINTR => continue,
+                e => return (names, Some(e.desc().to_string())),
+            },
+        };
+        let mut at = 0;
+        while at + NAME_AT <= n {
+            let len = usize::from(u16::from_ne_bytes([
+                buf[at + RECLEN_AT],
+                buf[at + RECLEN_AT + 1],
+            ]));
+            if len <= NAME_AT || at + len > n {
+                return (names, Some("malformed directory record".into()));
+            }
+            let field = &buf[at + NAME_AT..at + len];
+            let name = &field[..field.iter().position(|b| *b == 0).unwrap_or(field.len())];
+            if name != b"." && name != b".." {
+                if let Ok(c_name) = CString::new(name) {
+                    names.push((c_name, d_type(buf[at + TYPE_AT])));
                 }
             }
-            Err(e) => return (names, Some(e.desc().to_string())),
+            at += len;
         }
     }
-    (names, None)
+}
+
+/// The type a directory record gives (`None` for `DT_UNKNOWN` or anything else).
+fn d_type(t: u8) -> Option<Type> {
+    match t {
+        libc::DT_DIR => Some(Type::Directory),
+        libc::DT_REG => Some(Type::File),
+        libc::DT_LNK => Some(Type::Symlink),
+        libc::DT_FIFO => Some(Type::Fifo),
+        libc::DT_SOCK => Some(Type::Socket),
+        libc::DT_CHR => Some(Type::CharacterDevice),
+        libc::DT_BLK => Some(Type::BlockDevice),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
