@@ -77,8 +77,25 @@ pub struct Coded {
 
 impl fmt::Display for Coded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#}", self.error)
+        f.write_str(&chain_text(&self.error))
     }
+}
+
+/// An error and its causes as `outer: inner: …`. A cause whose text the messages before it already
+/// carry is left out: many messages embed their source (`cannot read X: {source}`), and printing it
+/// twice reads like two failures.
+pub fn chain_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    text
 }
 
 impl std::error::Error for Coded {}
@@ -101,11 +118,49 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
 
 /// One-line rendering of an error and its causes, with control characters escaped.
 pub fn render(err: &anyhow::Error) -> String {
-    agentdiff_engine::redact::escape_terminal(&format!("{err:#}"))
+    agentdiff_engine::redact::escape_terminal(&chain_text(err))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// An error whose message embeds its source, as many library errors do.
+    #[derive(Debug)]
+    struct Embeds {
+        source: std::io::Error,
+    }
+
+    impl fmt::Display for Embeds {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "cannot read policy file p.yaml: {}", self.source)
+        }
+    }
+
+    impl std::error::Error for Embeds {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    /// A cause the message already embeds is printed once; other causes still follow.
+    #[test]
+    fn causes_are_printed_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let err = anyhow::Error::new(Embeds { source: io() }).context("loading the policy");
+        assert_eq!(
+            render(&err),
+            "loading the policy: cannot read policy file p.yaml: No such file"
+        );
+        let err = anyhow::Error::new(io()).context("reading p.yaml");
+        assert_eq!(render(&err), "reading p.yaml: No such file");
+        let coded = with_code(65, anyhow::Error::new(Embeds { source: io() }));
+        assert_eq!(
+            render(&coded),
+            "cannot read policy file p.yaml: No such file"
+        );
+    }
+
     /// The table in docs/cli.md lists exactly the codes defined here: a code added, removed or
     /// renumbered on one side only fails this test.
     #[test]

@@ -439,7 +439,7 @@ fn append_summary(
         .open_run(id)
         .map_err(anyhow::Error::from)
         .and_then(|c| report::load_verified(store, &c))
-        .map_err(|e| format!("cannot render the report: {e:#}"))
+        .map_err(|e| format!("cannot render the report: {}", crate::exit::chain_text(&e)))
         .and_then(|view| {
             file.write_all(markdown::render(&view).as_bytes())
                 .and_then(|()| file.flush())

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::store::seal::{StateDir, VerifyContext};
-use agentdiff_engine::store::{Store, StoreError, Verdict, VerifyReport};
+use agentdiff_engine::store::{ObjectsChecked, Store, StoreError, Verdict, VerifyReport};
 
 use crate::exit;
 
@@ -119,6 +119,7 @@ fn verify_all(
 ) -> anyhow::Result<ExitCode> {
     let mut reports = Vec::new();
     let mut present = BTreeSet::new();
+    let checked = ObjectsChecked::default();
     for listing in store.list_runs().context("listing runs")? {
         present.insert(listing.id.to_string());
         let capsule = store
@@ -126,7 +127,7 @@ fn verify_all(
             .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
         reports.push(
             capsule
-                .verify_with(store.objects(), ctx)
+                .verify_in_pass(store.objects(), ctx, &checked)
                 .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?,
         );
     }

@@ -190,7 +190,10 @@ impl Server {
         Route::Page(
             match crate::report::html_report(&self.store, &capsule, Some(&back)) {
                 Ok(html) => page(html),
-                Err(e) => text(StatusCode::CONFLICT, &escape_plain(&format!("{e:#}"))),
+                Err(e) => text(
+                    StatusCode::CONFLICT,
+                    &escape_plain(&crate::exit::chain_text(&e)),
+                ),
             },
         )
     }

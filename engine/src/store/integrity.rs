@@ -323,6 +323,18 @@ impl Capsule {
         objects: &ObjectStore,
         ctx: &VerifyContext,
     ) -> Result<VerifyReport, StoreError> {
+        self.verify_in_pass(objects, ctx, &ObjectsChecked::not_kept())
+    }
+
+    /// [`Capsule::verify_with`] as one run of a pass over several (`agentdiff runs`, `verify
+    /// --all`): an object `checked` already holds is not hashed again, and every object found
+    /// intact here is added to it.
+    pub fn verify_in_pass(
+        &self,
+        objects: &ObjectStore,
+        ctx: &VerifyContext,
+        checked: &ObjectsChecked,
+    ) -> Result<VerifyReport, StoreError> {
         let mut f = Findings::default();
         let integrity_name = Artifact::Integrity.file_name();
         let integrity_path = self.dir().join(integrity_name);
@@ -355,8 +367,8 @@ impl Capsule {
                 self.check_artifacts(&seal.artifacts, &mut f)?;
                 let below =
                     self.check_completeness(&seal.artifacts, &seal.objects, objects, &mut f);
-                check_objects(&seal.objects, objects, &mut f);
-                check_objects(&below, objects, &mut f);
+                check_objects(&seal.objects, objects, checked, &mut f);
+                check_objects(&below, objects, checked, &mut f);
                 let auth = ctx.authenticate(&seal);
                 ctx.check_ledger(self.id(), Some(&seal.digest), &auth, &mut f);
                 (SealFormatKind::Current, auth)
@@ -364,7 +376,7 @@ impl Capsule {
             ParsedSeal::Legacy(seal) => {
                 self.check_legacy_header(&seal, &mut f);
                 self.check_artifacts(&seal.artifacts, &mut f)?;
-                check_objects(&seal.objects, objects, &mut f);
+                check_objects(&seal.objects, objects, checked, &mut f);
                 f.notes.push(
                     "older seal format (before seal_format 2): artifact hashes and the listed \
                      objects were checked; the seal itself, the completeness of the capsule and \
@@ -737,13 +749,115 @@ enum SealUnreadable {
     Format(#[source] serde_json::Error),
 }
 
-/// Every listed object is a valid name, present and intact.
-fn check_objects(listed: &[String], objects: &ObjectStore, f: &mut Findings) {
-    for hex in listed {
-        let subject = format!("object {hex}");
-        if let Err(e) = validate_object_id(hex).and_then(|()| objects.verify_object(hex)) {
-            f.problem(&subject, e.to_string());
+/// Objects found intact earlier in one pass over several runs. Runs of one tree share most of
+/// their objects, so a pass hashes each once instead of once per run. Scope one to a single
+/// command: an object changed after the pass checked it is not checked again by that pass.
+#[derive(Debug)]
+pub struct ObjectsChecked {
+    /// Binary ids (32 bytes each, not 64 hex characters: a pass can hold every object).
+    ids: std::sync::Mutex<std::collections::HashSet<[u8; 32]>>,
+    keep: bool,
+}
+
+impl Default for ObjectsChecked {
+    fn default() -> Self {
+        ObjectsChecked {
+            ids: Default::default(),
+            keep: true,
         }
+    }
+}
+
+impl ObjectsChecked {
+    /// For a single run's verification: nothing is kept.
+    fn not_kept() -> Self {
+        ObjectsChecked {
+            keep: false,
+            ..Self::default()
+        }
+    }
+
+    fn key(hex: &str) -> Option<[u8; 32]> {
+        let mut id = [0u8; 32];
+        hex::decode_to_slice(hex, &mut id).ok().map(|()| id)
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut std::collections::HashSet<[u8; 32]>) -> R) -> R {
+        // The set only ever gains ids of intact objects: a poisoned one is still right.
+        f(&mut self.ids.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn contains(&self, hex: &str) -> bool {
+        self.keep && Self::key(hex).is_some_and(|k| self.with(|c| c.contains(&k)))
+    }
+
+    fn extend(&self, intact: Vec<[u8; 32]>) {
+        if self.keep {
+            self.with(|c| c.extend(intact));
+        }
+    }
+}
+
+/// One thread's share of [`check_objects`]: (subject, problem) pairs and the ids found intact.
+type Checked = (Vec<(String, String)>, Vec<[u8; 32]>);
+
+/// Objects per thread below which hashing stays on one thread (spawning costs more).
+const OBJECTS_PER_THREAD: usize = 256;
+
+/// Every listed object is a valid name, present and intact (hashed on up to four threads; the
+/// problems keep the listed order).
+fn check_objects(
+    listed: &[String],
+    objects: &ObjectStore,
+    checked: &ObjectsChecked,
+    f: &mut Findings,
+) {
+    let todo: Vec<&String> = listed.iter().filter(|h| !checked.contains(h)).collect();
+    let check = |part: &[&String]| -> Checked {
+        let mut problems = Vec::new();
+        let mut intact = Vec::new();
+        for hex in part {
+            match validate_object_id(hex).and_then(|()| objects.verify_object(hex)) {
+                Ok(()) => intact.extend(ObjectsChecked::key(hex)),
+                Err(e) => problems.push((format!("object {hex}"), e.to_string())),
+            }
+        }
+        (problems, intact)
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4)
+        .min(todo.len() / OBJECTS_PER_THREAD)
+        .max(1);
+    let parts: Vec<Checked> = if threads == 1 {
+        vec![check(&todo)]
+    } else {
+        let size = todo.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = todo
+                .chunks(size)
+                .map(|part| {
+                    (
+                        part,
+                        std::thread::Builder::new().spawn_scoped(s, || check(part)),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(part, h)| match h {
+                    // A thread that could not start (or died) leaves its part to this one.
+                    Ok(h) => h.join().unwrap_or_else(|_| check(part)),
+                    Err(_) => check(part),
+                })
+                .collect()
+        })
+    };
+    for (problems, intact) in parts {
+        for (subject, problem) in problems {
+            f.problem(&subject, problem);
+        }
+        checked.extend(intact);
     }
 }
 

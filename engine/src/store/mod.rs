@@ -54,8 +54,8 @@ pub use doc::{
 };
 pub use error::StoreError;
 pub use integrity::{
-    Integrity, LegacyIntegrity, SealFormatKind, SealMac, Verdict, VerifyProblem, VerifyReport,
-    ALGORITHM, MAC_ALGORITHM, SEAL_FORMAT,
+    Integrity, LegacyIntegrity, ObjectsChecked, SealFormatKind, SealMac, Verdict, VerifyProblem,
+    VerifyReport, ALGORITHM, MAC_ALGORITHM, SEAL_FORMAT,
 };
 pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
 pub use manifest::{ManifestObject, MANIFEST_SCHEMA_VERSION};

@@ -656,19 +656,29 @@ fn copy_hashing(src: &mut File, dst: &mut dyn Write, limit: u64) -> io::Result<(
     src.seek(SeekFrom::Start(0))?;
     let mut reader = src.take(limit.saturating_add(1));
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; COPY_CHUNK];
     let mut total = 0u64;
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        dst.write_all(&buf[..n])?;
-        total += n as u64;
+    // One buffer per thread: most objects are small, and zeroing a fresh chunk for each one
+    // cost more than hashing it.
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    BUF.with(|cell| -> io::Result<()> {
+        let mut buf = cell.borrow_mut();
+        if buf.len() < COPY_CHUNK {
+            buf.resize(COPY_CHUNK, 0);
+        }
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            hasher.update(&buf[..n]);
+            dst.write_all(&buf[..n])?;
+            total += n as u64;
+        }
+    })?;
     Ok((hex::encode(hasher.finalize()), total))
 }
 

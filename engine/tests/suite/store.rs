@@ -571,3 +571,63 @@ fn seal_lists_artifacts_and_sorted_unique_objects() {
     );
     assert_eq!(capsule.integrity().unwrap(), integrity);
 }
+
+/// A pass over several runs (`agentdiff runs`, `verify --all`) hashes shared objects once, on
+/// several threads, but never carries a bad object over as checked: each run names it, in order.
+#[test]
+fn a_pass_over_runs_names_a_bad_shared_object_in_every_run() {
+    use agentdiff_engine::store::seal::VerifyContext;
+    use agentdiff_engine::store::ObjectsChecked;
+    let root = tempfile::tempdir().unwrap();
+    let (store, first, _) = full_run(root.path(), "r1");
+    // Enough objects for the hashing to be spread over threads.
+    let mut shared: Vec<String> = (0..600)
+        .map(|i| {
+            store
+                .objects()
+                .put_bytes(format!("object {i}").as_bytes())
+                .unwrap()
+        })
+        .collect();
+    shared.sort();
+    // Two more runs with the first one's artifacts, both sealing the shared objects.
+    let sealed_sharing = |id: &str| {
+        let run = store.create_run(Some(id)).unwrap();
+        for artifact in [
+            Artifact::Metadata,
+            Artifact::Policy,
+            Artifact::Before,
+            Artifact::After,
+            Artifact::Runtime,
+            Artifact::Result,
+        ] {
+            let value = first.read_artifact_value(artifact).unwrap();
+            run.write_artifact(artifact, &value).unwrap();
+        }
+        run.seal(&shared).unwrap();
+        run
+    };
+    let (second, third) = (sealed_sharing("r2"), sealed_sharing("r3"));
+    let ctx = VerifyContext::default();
+    let clean = ObjectsChecked::default();
+    for run in [&second, &third] {
+        let report = run.verify_in_pass(store.objects(), &ctx, &clean).unwrap();
+        assert!(report.ok, "{report:?}");
+    }
+
+    let (flipped, removed) = (&shared[200], &shared[500]);
+    flip_byte(&store.objects().object_path(flipped).unwrap());
+    store.objects().remove(removed).unwrap();
+    let pass = ObjectsChecked::default();
+    for run in [&second, &third] {
+        let report = run.verify_in_pass(store.objects(), &ctx, &pass).unwrap();
+        assert!(!report.ok);
+        assert_eq!(
+            subjects(&report),
+            vec![
+                format!("object {flipped}").as_str(),
+                format!("object {removed}").as_str()
+            ]
+        );
+    }
+}
