@@ -6,10 +6,13 @@
 //! (`O_NOFOLLOW`), non-regular files and anything above a size limit. These checks reduce, but
 //! cannot remove, same-user time-of-check/time-of-use races (seed 000).
 
+use std::collections::BTreeSet;
 use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::StoreError;
 
@@ -127,31 +130,199 @@ pub(crate) fn create_temp_in(dir: &Path, stem: &str) -> Result<(File, PathBuf), 
     }
 }
 
-/// Whether a write is made durable on its own (fsync now) or by a later [`sync_filesystem`]
-/// (a run's artifacts before its seal: one flush instead of two fsyncs per artifact and event).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Durability {
+/// Whether a write is made durable on its own (fsync now) or recorded in a [`PendingSync`] and
+/// made durable with the run's other writes before its seal (one batch instead of two fsyncs per
+/// artifact, event and object, each of which waits for its own journal commit).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Durability<'a> {
     Now,
-    AtSeal,
+    AtSeal(&'a PendingSync),
 }
 
-/// Flushes the filesystem holding `dir` (`syncfs` on Linux, `sync` elsewhere).
-pub(crate) fn sync_filesystem(dir: &Path) -> Result<(), StoreError> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let d = File::open(dir).map_err(|e| StoreError::io("open", dir, e))?;
-        // SAFETY: syncfs takes any open descriptor on the filesystem; `d` outlives the call.
-        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
-            return Err(StoreError::io("syncfs", dir, io::Error::last_os_error()));
+/// More entries than this are made durable with one `syncfs` of their filesystem instead of one
+/// fsync each: concurrent fsyncs share journal commits, but each still waits for a device flush,
+/// so past a few dozen files one filesystem flush is cheaper (a cold run stores thousands).
+pub(crate) const FSYNC_BATCH_LIMIT: usize = 64;
+/// fsyncs issued at once (they are grouped into the same journal commits).
+const FSYNC_THREADS: usize = 8;
+
+/// How entries are made durable: the real calls, or a recording fake in tests.
+pub(crate) trait Syncer: Send + Sync + std::fmt::Debug {
+    /// Flushes a file's data (and the metadata needed to read it back).
+    fn sync_file(&self, path: &Path) -> io::Result<()>;
+    /// Flushes a directory (the names created, renamed or removed in it).
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Flushes the whole filesystem holding `path`.
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
+}
+
+#[derive(Debug)]
+struct RealSyncer;
+
+impl Syncer for RealSyncer {
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+            .and_then(|f| f.sync_data())
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path).and_then(|d| d.sync_all())
+    }
+
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let d = File::open(path)?;
+            // SAFETY: syncfs takes any open descriptor on the filesystem; `d` outlives the call.
+            if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = path;
+            nix::unistd::sync();
+        }
+        Ok(())
+    }
+}
+
+/// The files and directories this process wrote without an fsync of their own (a run's
+/// artifacts and events, the objects and trees it stored or found by hashing, the directories
+/// they were created or renamed in). [`PendingSync::flush`] makes exactly these durable; the seal
+/// calls it before integrity.json is written, so nothing a seal vouches for can be lost to a
+/// crash that keeps the seal.
+#[derive(Debug)]
+pub(crate) struct PendingSync {
+    entries: Mutex<Pending>,
+    syncer: Mutex<Arc<dyn Syncer>>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    files: BTreeSet<PathBuf>,
+    dirs: BTreeSet<PathBuf>,
+}
+
+impl Default for PendingSync {
+    fn default() -> PendingSync {
+        PendingSync {
+            entries: Mutex::default(),
+            syncer: Mutex::new(Arc::new(RealSyncer)),
         }
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = dir;
-        nix::unistd::sync();
+}
+
+impl PendingSync {
+    /// Records a file written (or renamed into `dir`) without an fsync.
+    pub(crate) fn file(&self, path: PathBuf) {
+        self.lock().files.insert(path);
+    }
+
+    /// Records a directory whose entries changed without an fsync.
+    pub(crate) fn dir(&self, path: PathBuf) {
+        self.lock().dirs.insert(path);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_syncer(&self, syncer: Arc<dyn Syncer>) {
+        *self.syncer.lock().unwrap_or_else(PoisonError::into_inner) = syncer;
+    }
+
+    /// Makes every recorded entry durable: fsyncs issued concurrently (the filesystem groups
+    /// them into shared journal commits), or above [`FSYNC_BATCH_LIMIT`] entries one `syncfs`
+    /// per filesystem. An entry removed since it was recorded (a quarantined object, a temp
+    /// file) has nothing left to flush. On error the entries stay recorded for a later flush.
+    pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        let pending = std::mem::take(&mut *self.lock());
+        let syncer = Arc::clone(&self.syncer.lock().unwrap_or_else(PoisonError::into_inner));
+        let result = if pending.files.len() + pending.dirs.len() > FSYNC_BATCH_LIMIT {
+            sync_filesystems(&*syncer, &pending)
+        } else {
+            sync_each(&*syncer, &pending)
+        };
+        if result.is_err() {
+            let mut kept = self.lock();
+            kept.files.extend(pending.files);
+            kept.dirs.extend(pending.dirs);
+        }
+        result
+    }
+}
+
+/// One `syncfs` per filesystem the entries live on.
+fn sync_filesystems(syncer: &dyn Syncer, pending: &Pending) -> Result<(), StoreError> {
+    let mut seen = BTreeSet::new();
+    let dirs = pending
+        .dirs
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(pending.files.iter().filter_map(|f| f.parent()));
+    for dir in dirs {
+        let Ok(meta) = fs::metadata(dir) else {
+            continue;
+        };
+        if seen.insert(meta.dev()) {
+            syncer
+                .sync_filesystem(dir)
+                .map_err(|e| StoreError::io("syncfs", dir, e))?;
+        }
     }
     Ok(())
+}
+
+/// fsyncs every entry, [`FSYNC_THREADS`] at a time.
+fn sync_each(syncer: &dyn Syncer, pending: &Pending) -> Result<(), StoreError> {
+    let work: Vec<(&Path, bool)> = pending
+        .files
+        .iter()
+        .map(|f| (f.as_path(), false))
+        .chain(pending.dirs.iter().map(|d| (d.as_path(), true)))
+        .collect();
+    let one = |(path, is_dir): (&Path, bool)| -> Result<(), StoreError> {
+        let (what, result) = if is_dir {
+            ("fsync directory", syncer.sync_dir(path))
+        } else {
+            ("fsync", syncer.sync_file(path))
+        };
+        match result {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(StoreError::io(what, path, e)),
+            _ => Ok(()),
+        }
+    };
+    if work.len() <= 1 {
+        return work.into_iter().try_for_each(one);
+    }
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..FSYNC_THREADS.min(work.len()))
+            .map(|_| {
+                scope.spawn(|| loop {
+                    let Some(item) = work.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return Ok(());
+                    };
+                    one(*item)?;
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| {
+            w.join().unwrap_or_else(|_| {
+                Err(StoreError::io(
+                    "fsync",
+                    Path::new("."),
+                    io::Error::other("an fsync worker panicked"),
+                ))
+            })
+        })
+    })
 }
 
 /// Atomically replaces `dir/name` with `bytes`.
@@ -164,7 +335,7 @@ pub(crate) fn write_atomic(
     let (mut file, tmp) = create_temp_in(dir, name)?;
     let written = file.write_all(bytes).and_then(|()| match durability {
         Durability::Now => file.sync_all(),
-        Durability::AtSeal => Ok(()),
+        Durability::AtSeal(_) => Ok(()),
     });
     drop(file);
     if let Err(e) = written {
@@ -178,7 +349,11 @@ pub(crate) fn write_atomic(
     }
     match durability {
         Durability::Now => sync_dir(dir),
-        Durability::AtSeal => Ok(()),
+        Durability::AtSeal(pending) => {
+            pending.file(dest);
+            pending.dir(dir.to_path_buf());
+            Ok(())
+        }
     }
 }
 
@@ -218,11 +393,18 @@ pub(crate) fn append_line(
     file.write_all(buf.as_bytes())
         .and_then(|()| match durability {
             Durability::Now => file.sync_data(),
-            Durability::AtSeal => Ok(()),
+            Durability::AtSeal(_) => Ok(()),
         })
         .map_err(|e| StoreError::io("append to", &path, e))?;
-    if !existed && durability == Durability::Now {
-        sync_dir(dir)?;
+    match durability {
+        Durability::Now if !existed => sync_dir(dir)?,
+        Durability::Now => {}
+        Durability::AtSeal(pending) => {
+            pending.file(path);
+            if !existed {
+                pending.dir(dir.to_path_buf());
+            }
+        }
     }
     Ok(())
 }
@@ -375,7 +557,14 @@ mod tests {
     fn append_line_appends_and_refuses_symlink() {
         let dir = tempfile::tempdir().unwrap();
         append_line(dir.path(), "e.jsonl", "{}", Durability::Now).unwrap();
-        append_line(dir.path(), "e.jsonl", "{\"a\":1}", Durability::AtSeal).unwrap();
+        let pending = PendingSync::default();
+        append_line(
+            dir.path(),
+            "e.jsonl",
+            "{\"a\":1}",
+            Durability::AtSeal(&pending),
+        )
+        .unwrap();
         assert_eq!(
             fs::read_to_string(dir.path().join("e.jsonl")).unwrap(),
             "{}\n{\"a\":1}\n"

@@ -4,7 +4,7 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use serde::de::DeserializeOwned;
@@ -160,6 +160,9 @@ pub struct Capsule {
     /// The bytes of every transaction artifact this process wrote (runs it created only): the seal
     /// vouches for these, not for whatever is on disk (see `super::tamper`).
     pub(crate) written: Option<Mutex<super::tamper::WrittenArtifacts>>,
+    /// Writes made without their own fsync, shared with the store's objects; the seal flushes
+    /// them before integrity.json is written.
+    pub(crate) pending: Arc<atomic::PendingSync>,
 }
 
 #[derive(Debug, Default)]
@@ -169,21 +172,26 @@ struct Seqs {
 }
 
 impl Capsule {
-    pub(crate) fn new(id: RunId, dir: PathBuf) -> Capsule {
+    pub(crate) fn new(id: RunId, dir: PathBuf, pending: Arc<atomic::PendingSync>) -> Capsule {
         Capsule {
             id,
             dir,
             seqs: Mutex::new(Seqs::default()),
             written: None,
+            pending,
         }
     }
 
     /// A capsule for a run directory this process just created: every artifact it writes is
     /// remembered, so the seal can tell what it wrote from what changed behind its back.
-    pub(crate) fn new_tracked(id: RunId, dir: PathBuf) -> Capsule {
+    pub(crate) fn new_tracked(
+        id: RunId,
+        dir: PathBuf,
+        pending: Arc<atomic::PendingSync>,
+    ) -> Capsule {
         Capsule {
             written: Some(Mutex::default()),
-            ..Capsule::new(id, dir)
+            ..Capsule::new(id, dir, pending)
         }
     }
 
@@ -239,7 +247,8 @@ impl Capsule {
         }
         self.refuse_if_sealed(name)?;
         let bytes = to_pretty_json(name, value)?;
-        atomic::write_atomic(&self.dir, name, &bytes, atomic::Durability::AtSeal)?;
+        let durability = atomic::Durability::AtSeal(&self.pending);
+        atomic::write_atomic(&self.dir, name, &bytes, durability)?;
         self.remember_write(artifact, &bytes);
         Ok(())
     }
@@ -408,7 +417,7 @@ impl Capsule {
         let durability = if recovery {
             atomic::Durability::Now
         } else {
-            atomic::Durability::AtSeal
+            atomic::Durability::AtSeal(&self.pending)
         };
         atomic::append_line(&self.dir, file, &text, durability)?;
         if !recovery {

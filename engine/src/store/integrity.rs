@@ -261,10 +261,10 @@ impl Capsule {
         }
         let name = Artifact::Integrity.file_name();
         let bytes = to_pretty_json(name, &integrity)?;
-        // Artifacts, events and backup objects were written without their own fsync; one flush of
-        // the filesystem that holds them (the object store lives beside the runs) makes them
-        // durable before the seal that vouches for them.
-        atomic::sync_filesystem(self.dir())?;
+        // Artifacts, events, backup and tree objects (and the directories they were created in)
+        // were written without their own fsync; exactly those are made durable now, before the
+        // seal that vouches for them (see `atomic::PendingSync`).
+        self.pending.flush()?;
         atomic::write_atomic(self.dir(), name, &bytes, atomic::Durability::Now)?;
         if let Some(authority) = authority {
             authority.record(&integrity)?;
@@ -864,6 +864,145 @@ fn check_objects(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::atomic::{Syncer, FSYNC_BATCH_LIMIT};
+    use crate::store::Store;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, Mutex};
+
+    /// Records every flush at the filesystem boundary (and performs none), noting whether the
+    /// seal file already existed when it was asked for.
+    #[derive(Debug, Default)]
+    struct RecordingSyncer {
+        files: Mutex<Vec<PathBuf>>,
+        dirs: Mutex<Vec<PathBuf>>,
+        filesystems: Mutex<Vec<PathBuf>>,
+        /// The run directory whose integrity.json must not exist yet at any flush.
+        run_dir: Mutex<Option<PathBuf>>,
+        flushed_after_seal: Mutex<bool>,
+    }
+
+    impl RecordingSyncer {
+        fn note(&self) {
+            if let Some(dir) = self.run_dir.lock().unwrap().as_ref() {
+                if dir.join("integrity.json").exists() {
+                    *self.flushed_after_seal.lock().unwrap() = true;
+                }
+            }
+        }
+    }
+
+    impl Syncer for RecordingSyncer {
+        fn sync_file(&self, path: &Path) -> io::Result<()> {
+            self.note();
+            self.files.lock().unwrap().push(path.to_path_buf());
+            Ok(())
+        }
+        fn sync_dir(&self, path: &Path) -> io::Result<()> {
+            self.note();
+            self.dirs.lock().unwrap().push(path.to_path_buf());
+            Ok(())
+        }
+        fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+            self.note();
+            self.filesystems.lock().unwrap().push(path.to_path_buf());
+            Ok(())
+        }
+    }
+
+    /// A store whose flushes go to a recording fake, and a run with artifacts, events and objects
+    /// written the way a transaction writes them.
+    fn recorded_run(objects: usize) -> (tempfile::TempDir, Store, Capsule, Arc<RecordingSyncer>) {
+        let root = tempfile::tempdir().unwrap();
+        let store = Store::open(root.path()).unwrap();
+        let recorder = Arc::new(RecordingSyncer::default());
+        store.objects().pending().set_syncer(recorder.clone());
+        let capsule = store.create_run(Some("r1")).unwrap();
+        *recorder.run_dir.lock().unwrap() = Some(capsule.dir().to_path_buf());
+        capsule
+            .write_artifact(Artifact::Metadata, &json!({ "run_id": "r1" }))
+            .unwrap();
+        capsule
+            .write_artifact(Artifact::Policy, &json!({}))
+            .unwrap();
+        capsule.event("capsule_created", json!({})).unwrap();
+        capsule
+            .write_artifact(Artifact::Result, &json!({ "status": "ok" }))
+            .unwrap();
+        for i in 0..objects {
+            store
+                .objects()
+                .put_bytes_batched(format!("tree object {i}").as_bytes())
+                .unwrap();
+        }
+        (root, store, capsule, recorder)
+    }
+
+    #[test]
+    fn seal_fsyncs_every_file_it_covers_and_their_directories_before_the_seal() {
+        let (_root, store, capsule, recorder) = recorded_run(3);
+        let objects = store.objects().list().unwrap();
+        assert_eq!(objects.len(), 3);
+        let seal = capsule.seal(&objects).unwrap();
+
+        let files = recorder.files.lock().unwrap().clone();
+        let dirs = recorder.dirs.lock().unwrap().clone();
+        assert!(
+            recorder.filesystems.lock().unwrap().is_empty(),
+            "a few files are fsynced one by one, never by flushing the whole filesystem"
+        );
+        assert!(
+            !*recorder.flushed_after_seal.lock().unwrap(),
+            "everything the seal covers is durable before integrity.json is written"
+        );
+        for name in seal.artifacts.keys() {
+            let path = capsule.dir().join(name);
+            assert!(files.contains(&path), "{name} not fsynced: {files:?}");
+        }
+        for hex in &seal.objects {
+            let path = store.objects().object_path(hex).unwrap();
+            assert!(files.contains(&path), "object {hex} not fsynced");
+            let shard = path.parent().unwrap().to_path_buf();
+            assert!(dirs.contains(&shard), "shard of {hex} not fsynced");
+        }
+        assert!(dirs.contains(&capsule.dir().to_path_buf()), "run directory");
+        assert!(dirs.contains(&store.runs_dir().to_path_buf()), "runs/");
+        // Each entry once: the flush empties the record.
+        let unique: BTreeSet<_> = files.iter().collect();
+        assert_eq!(unique.len(), files.len(), "{files:?}");
+    }
+
+    #[test]
+    fn seal_fsyncs_objects_it_found_by_hashing_but_not_cached_ones() {
+        // An object an earlier process stored and never sealed (it may not be durable), found
+        // intact by hashing in this one: the seal that references it flushes it too.
+        let root = tempfile::tempdir().unwrap();
+        let earlier = Store::open(root.path()).unwrap();
+        let hex = earlier
+            .objects()
+            .put_bytes_batched(b"left by a crash")
+            .unwrap();
+        let store = Store::open(root.path()).unwrap();
+        let recorder = Arc::new(RecordingSyncer::default());
+        store.objects().pending().set_syncer(recorder.clone());
+        let capsule = store.create_run(Some("r2")).unwrap();
+        for a in [Artifact::Metadata, Artifact::Policy, Artifact::Result] {
+            capsule.write_artifact(a, &json!({})).unwrap();
+        }
+        assert!(store.objects().contains_verified(&hex, 15));
+        capsule.seal(std::slice::from_ref(&hex)).unwrap();
+        let path = store.objects().object_path(&hex).unwrap();
+        assert!(recorder.files.lock().unwrap().contains(&path));
+    }
+
+    #[test]
+    fn seal_of_many_new_files_flushes_their_filesystem_once() {
+        let (_root, store, capsule, recorder) = recorded_run(FSYNC_BATCH_LIMIT + 1);
+        let objects = store.objects().list().unwrap();
+        capsule.seal(&objects).unwrap();
+        assert!(recorder.files.lock().unwrap().is_empty());
+        assert_eq!(recorder.filesystems.lock().unwrap().len(), 1);
+        assert!(!*recorder.flushed_after_seal.lock().unwrap());
+    }
 
     #[test]
     fn integrity_rejects_unknown_fields() {

@@ -231,10 +231,12 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
             Err(e) => return Err(StoreError::io("create run directory", dir, e)),
         }
-        atomic::sync_dir(&self.runs)?;
+        // The new name in runs/ is made durable with the run's artifacts, before its seal.
+        self.objects.pending().dir(self.runs.clone());
         // Re-check what was created (umask can only narrow 0700, but fail closed regardless).
         atomic::ensure_private_dir(&dir, false)?;
-        Ok(Some(Capsule::new_tracked(id, dir)))
+        let pending = std::sync::Arc::clone(self.objects.pending());
+        Ok(Some(Capsule::new_tracked(id, dir, pending)))
     }
 
     /// Opens an existing run after validating its id.
@@ -251,7 +253,8 @@ impl Store {
             }
             Err(e) => return Err(StoreError::io("inspect", dir, e)),
         }
-        Ok(Capsule::new(id, dir))
+        let pending = std::sync::Arc::clone(self.objects.pending());
+        Ok(Capsule::new(id, dir, pending))
     }
 
     /// All runs, sorted by id (generated ids sort by creation time). Entries whose names are not

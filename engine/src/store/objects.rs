@@ -19,10 +19,13 @@
 //! object with the same size within one ctime tick of agentdiff's own write or check of it.
 //!
 //! Durability is batched: [`ObjectStore::put_from_file`] does not fsync each object (one fsync per
-//! file made a first run on a real tree cost seconds); sealing a run flushes the filesystem that
-//! holds the store once (or call [`ObjectStore::sync`]). An object cut short by a
-//! crash before that has the wrong size or hash: the sink's size-aware `contains` stores it again,
-//! and every read verifies the hash, so it is never restored.
+//! file made a first run on a real tree cost seconds); the object and its shard directory are
+//! recorded in the store's `PendingSync`, and sealing a run flushes exactly those (with the run's
+//! artifacts; or call [`ObjectStore::sync`]). An object found intact by hashing rather than
+//! through the verified cache is recorded too: the run that stored it may have stopped before its
+//! seal made it durable. An object cut short by a crash before that has the wrong size or hash:
+//! the sink's size-aware `contains` stores it again, and every read verifies the hash, so it is
+//! never restored.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -36,7 +39,7 @@ use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, FileStat, Mode, SFlag};
 use sha2::{Digest, Sha256};
 
-use super::atomic::{self, COPY_CHUNK};
+use super::atomic::{self, PendingSync, COPY_CHUNK};
 use super::verified::{key_of, VerifiedSet};
 use super::StoreError;
 
@@ -76,6 +79,9 @@ pub struct ObjectStore {
     /// walk of its whole path. Dropped by [`ObjectStore::reset_dir_handles`] once a command ran
     /// (it may have replaced a directory).
     shard_dirs: Arc<Mutex<Vec<Option<Arc<OwnedFd>>>>>,
+    /// Objects written or found by hashing and not yet known durable (shared with the store's
+    /// capsules): the seal flushes them.
+    pending: Arc<PendingSync>,
 }
 
 /// Identity of an object file. Any change to its content moves `ctime_ns` forward.
@@ -150,6 +156,7 @@ impl ObjectStore {
             base: objects_dir,
             verified: Arc::default(),
             shard_dirs: Arc::default(),
+            pending: Arc::default(),
         }
     }
 
@@ -229,6 +236,9 @@ impl ObjectStore {
         match self.verify_object_identity(hex) {
             Ok(checked) => {
                 self.mark_verified(hex, &checked);
+                // Found by hashing, not through the cache of sealed runs: a run that stored it
+                // may have ended before its seal made it durable.
+                self.pend(hex);
                 true
             }
             Err(StoreError::ObjectCorrupt { .. }) => {
@@ -288,10 +298,26 @@ impl ObjectStore {
         Ok(self.hash_dir().join(&hex[..2]).join(&hex[2..]))
     }
 
-    /// Flushes every object written so far to stable storage (`syncfs` on Linux, `sync`
-    /// elsewhere). Call before sealing evidence that references new objects.
+    /// Makes every object this process wrote without an fsync, or found intact by hashing,
+    /// durable (with its shard directory), together with the other writes recorded in the same
+    /// [`PendingSync`]. Call before sealing evidence that references new objects.
     pub fn sync(&self) -> Result<(), StoreError> {
-        atomic::sync_filesystem(&self.base)
+        self.pending.flush()
+    }
+
+    /// What this store's writes are waiting on to become durable (shared with its capsules).
+    pub(crate) fn pending(&self) -> &Arc<PendingSync> {
+        &self.pending
+    }
+
+    /// Records the object `hex` and its shard directory for the next flush.
+    fn pend(&self, hex: &str) {
+        if let Ok(path) = self.object_path(hex) {
+            if let Some(shard) = path.parent() {
+                self.pending.dir(shard.to_path_buf());
+            }
+            self.pending.file(path);
+        }
     }
 
     /// True when a regular file of `size` bytes is stored under `hex`. Cheap (one lstat); content
@@ -405,6 +431,9 @@ impl ObjectStore {
         }
         if durable {
             atomic::sync_dir(&shard)?;
+        } else {
+            self.pending.dir(shard);
+            self.pending.file(dest.to_path_buf());
         }
         // The identity right after the rename: the bytes are the ones this process hashed.
         if let Ok(meta) = fs::symlink_metadata(dest) {

@@ -148,7 +148,8 @@ impl Capsule {
             match written {
                 Some(bytes) => {
                     remove_any(&path)?;
-                    atomic::write_atomic(self.dir(), name, &bytes, atomic::Durability::AtSeal)?;
+                    let durability = atomic::Durability::AtSeal(&self.pending);
+                    atomic::write_atomic(self.dir(), name, &bytes, durability)?;
                 }
                 None => remove_any(&path)?,
             }
