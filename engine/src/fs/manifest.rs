@@ -140,6 +140,10 @@ pub struct ScanStats {
     pub backups_stored: u64,
     /// Files whose object the sink already held (no copy needed).
     pub backups_reused: u64,
+    /// Directories whose listing equalled their earlier tree (the stat cache's), so that tree
+    /// object was reused as it is (absent in manifests of older versions).
+    #[serde(default)]
+    pub trees_reused: u64,
     pub duration_ms: u64,
     /// Wall-clock start of the scan (ns since the epoch): entries modified within
     /// [`RACY_MARGIN_NS`] of it are never reused by a later scan (see `ScanOptions::reuse`).

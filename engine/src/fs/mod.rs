@@ -41,7 +41,8 @@ pub use manifest::{
     Manifest, ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
 pub use tree::{
-    read_entries, read_readable_entries, Tree, TreeError, TreeSink, TreeSource, MAX_TREE_ENTRIES,
+    read_entries, read_readable_entries, Reusable, Tree, TreeError, TreeSink, TreeSource,
+    MAX_TREE_ENTRIES,
 };
 
 /// Default `ScanOptions::max_hash_bytes`: 256 MiB.

@@ -601,3 +601,104 @@ mod random {
         }
     }
 }
+
+/// A scan reusing `first`'s trees (as if it had started well after the files were written, so
+/// no entry is racy) into `trees`.
+fn rescan_reusing(root: &Path, first: &Scanned, trees: &MemTrees) -> Scanned {
+    let mut opts = ScanOptions::new();
+    opts.reuse_tree = Some(TreeReuse {
+        root: &first.manifest.root,
+        started_ns: first
+            .manifest
+            .stats
+            .started_ns
+            .map(|s| s + 2 * RACY_MARGIN_NS),
+        tree: &first.root_tree,
+        source: trees,
+    });
+    let mut sink = trees;
+    scan_to(root, &opts, &mut sink).unwrap()
+}
+
+#[test]
+fn reused_trees_equal_a_full_hash_scan_after_adversarial_edits() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path();
+    for i in 0..4 {
+        write(r, &format!("keep/deep/k{i}"), "kept");
+    }
+    write(r, "same_size/f", "aaaa");
+    write(r, "swap/x", "xxxx");
+    write(r, "swap/y", "yyyy");
+    write(r, "mode/f", "m");
+    fs::create_dir(r.join("link")).unwrap();
+    symlink("t1", r.join("link/l")).unwrap();
+    write(r, "kind/thing", "file");
+    write(r, "hard/one", "hhhh");
+    fs::hard_link(r.join("hard/one"), r.join("hard/two")).unwrap();
+    write(r, "hard/single", "ssss");
+    for name in [
+        "odd/ name\nwith newline",
+        "odd/-dash",
+        "odd/\u{fc}ber",
+        "odd/a\\b",
+    ] {
+        write(r, name, "odd!");
+    }
+    let trees = MemTrees::default();
+    let mut sink = &trees;
+    let first = scan_to(r, &ScanOptions::new(), &mut sink).unwrap();
+
+    // Unchanged: every directory's tree is the earlier object, nothing is read.
+    let same = rescan_reusing(r, &first, &trees);
+    assert_eq!(same.root_tree, first.root_tree);
+    assert_eq!(same.manifest.stats.bytes_hashed, 0);
+    assert_eq!(
+        same.manifest.stats.trees_reused,
+        same.manifest.stats.directories + 1,
+        "every directory and the root"
+    );
+
+    // Past the kernel's coarse clock tick, so every edit moves a ctime.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    crate::testing::rewrite_in_place(&r.join("same_size/f"), b"bbbb");
+    fs::rename(r.join("swap/x"), r.join("swap/tmp")).unwrap();
+    fs::rename(r.join("swap/y"), r.join("swap/x")).unwrap();
+    fs::rename(r.join("swap/tmp"), r.join("swap/y")).unwrap();
+    fs::set_permissions(r.join("mode/f"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::remove_file(r.join("link/l")).unwrap();
+    symlink("t2", r.join("link/l")).unwrap();
+    fs::remove_file(r.join("kind/thing")).unwrap();
+    write(r, "kind/thing/inner", "file");
+    crate::testing::rewrite_in_place(&r.join("hard/two"), b"HHHH");
+    fs::hard_link(r.join("hard/single"), r.join("hard/single2")).unwrap();
+    crate::testing::rewrite_in_place(&r.join("odd/ name\nwith newline"), b"odd?");
+
+    let reused = rescan_reusing(r, &first, &trees);
+    let mut sink = &trees;
+    let full = scan_to(r, &ScanOptions::new(), &mut sink).unwrap();
+    assert_eq!(full.manifest.stats.hashes_reused, 0);
+    assert_eq!(
+        reused.root_tree, full.root_tree,
+        "a scan reusing trees and hashes names exactly the tree a full-hash scan does"
+    );
+    assert_ne!(reused.root_tree, first.root_tree);
+    // keep/ and keep/deep/ are reused as they are; every edited directory is written anew.
+    assert_eq!(reused.manifest.stats.trees_reused, 2);
+    assert!(reused.manifest.stats.hashes_reused >= 4 + 3);
+    for (dir, changed) in [
+        ("keep", false),
+        ("same_size", true),
+        ("swap", true),
+        ("mode", true),
+        ("link", true),
+        ("kind", true),
+        ("hard", true),
+        ("odd", true),
+    ] {
+        let was = trees.subtree(&first.root_tree, dir);
+        let now = trees.subtree(&reused.root_tree, dir);
+        assert_eq!(was != now, changed, "{dir}");
+    }
+}

@@ -123,12 +123,49 @@ fn valid_name(name: &str) -> bool {
 /// against the id).
 pub trait TreeSource: Sync {
     fn tree(&self, id: &str) -> Result<Tree, TreeError>;
+
+    /// The tree `id` for a scan that may reuse it (see [`TreeSink::unchanged`]). The default
+    /// serialises the tree again and refuses it when that does not give `id`.
+    fn reusable(&self, id: &str) -> Result<Reusable, TreeError> {
+        let tree = self.tree(id)?;
+        let bytes = tree.to_bytes("")?;
+        if Tree::id_of(&bytes) != id {
+            return Err(TreeError::Malformed {
+                id: id.to_string(),
+                reason: "not in canonical form".into(),
+            });
+        }
+        Ok(Reusable {
+            tree,
+            len: bytes.len(),
+            bytes: Some(bytes),
+        })
+    }
+}
+
+/// An earlier tree as its source gives it for reuse.
+#[derive(Debug)]
+pub struct Reusable {
+    pub tree: Tree,
+    /// The size of its object.
+    pub len: usize,
+    /// The object's bytes (which hash to its id), when the source read them; `None` when it
+    /// held the tree parsed (in memory, out of the command's reach).
+    pub bytes: Option<Vec<u8>>,
 }
 
 /// Where the scan puts each directory's listing, in post-order; returns the tree's id.
 pub trait TreeSink {
     /// `dir` is the project-relative path of the directory (`""` for the root).
     fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError>;
+
+    /// A listing equal to the earlier tree `id` (`earlier` as its source gave it, the listing
+    /// in `earlier.tree`): the same object, so a sink may reuse it instead of serialising,
+    /// hashing and storing the tree again. The default treats it as any other directory.
+    fn unchanged(&mut self, dir: &str, id: &str, earlier: Reusable) -> Result<String, TreeError> {
+        let _ = id;
+        self.directory(dir, earlier.tree)
+    }
 }
 
 /// Joins a project-relative directory and a name.

@@ -26,9 +26,9 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nix::dir::{Dir, Type};
+use nix::dir::Type;
 use nix::errno::Errno;
-use nix::fcntl::{fcntl, openat, readlinkat, AtFlags, FcntlArg, OFlag};
+use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
 
 use super::exclude::{parse_ignore_file, Rules, Verdict, IGNORE_FILE};
@@ -37,7 +37,7 @@ use super::manifest::{
     unsupported_kind as uk, BackupSkip, BackupState, Entry, EntryKind, Exclusion, Manifest,
     ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
-use super::tree::{join, Tree, TreeError, TreeSink, TreeSource};
+use super::tree::{join, Reusable, Tree, TreeError, TreeSink, TreeSource};
 use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions, Scanned};
 
 /// Jobs queued per worker: enough to keep workers busy while the walker lists the next directory.
@@ -101,6 +101,15 @@ struct OpenDir {
     tree: Tree,
     /// Files still being hashed, subdirectories not yet complete, and 1 while being listed.
     pending: usize,
+    /// The earlier tree of this directory (the stat cache's), kept until the directory is
+    /// complete: when the new listing equals it, its object is reused as it is.
+    earlier: Option<Earlier>,
+}
+
+/// An earlier tree object: its id and what its source gave.
+struct Earlier {
+    id: String,
+    tree: Reusable,
 }
 
 /// Where a directory's earlier listing is found.
@@ -113,21 +122,21 @@ enum PrevRef {
 
 /// A directory's earlier listing, loaded while the directory is listed.
 enum Prev<'a> {
-    Tree(Tree),
+    Tree(Earlier),
     Manifest(&'a Manifest),
 }
 
 impl Prev<'_> {
     fn entry(&self, path: &str, name: &str) -> Option<&Entry> {
         match self {
-            Prev::Tree(t) => t.entries.get(name),
+            Prev::Tree(t) => t.tree.tree.entries.get(name),
             Prev::Manifest(m) => m.entries.get(path),
         }
     }
 
     fn sub(&self, name: &str) -> Option<PrevRef> {
         match self {
-            Prev::Tree(t) => t.trees.get(name).cloned().map(PrevRef::Tree),
+            Prev::Tree(t) => t.tree.tree.trees.get(name).cloned().map(PrevRef::Tree),
             Prev::Manifest(_) => Some(PrevRef::Manifest),
         }
     }
@@ -172,7 +181,10 @@ impl<'a> Reuse<'a> {
     /// The earlier listing `r` names; a tree that cannot be read just means no reuse below it.
     fn load(&self, r: PrevRef) -> Option<Prev<'a>> {
         match (r, &self.from) {
-            (PrevRef::Tree(id), ReuseFrom::Trees(src)) => src.tree(&id).ok().map(Prev::Tree),
+            (PrevRef::Tree(id), ReuseFrom::Trees(src)) => {
+                let tree = src.reusable(&id).ok()?;
+                Some(Prev::Tree(Earlier { id, tree }))
+            }
             (PrevRef::Manifest, ReuseFrom::Manifest(m)) => Some(Prev::Manifest(m)),
             _ => None,
         }
@@ -212,6 +224,8 @@ struct Walker<'o, 'a> {
     max_held: usize,
     root_tree: Option<String>,
     sink_error: Option<TreeError>,
+    /// `getdents64`'s buffer, reused for every listing.
+    list_buf: Vec<u8>,
     unsupported: Vec<Unsupported>,
     excluded: Vec<Exclusion>,
     stats: ScanStats,
@@ -272,6 +286,7 @@ pub(crate) fn scan(
         max_held: 0,
         root_tree: None,
         sink_error: None,
+        list_buf: Vec::new(),
         unsupported: Vec::new(),
         excluded: Vec::new(),
         stats: ScanStats::default(),
@@ -470,6 +485,7 @@ impl<'a> Walker<'_, 'a> {
                 is_entry,
                 tree: Tree::default(),
                 pending: 1,
+                earlier: None,
             },
         );
         id
@@ -514,7 +530,14 @@ impl<'a> Walker<'_, 'a> {
             }
             let recorded = node.tree.is_recorded(node.is_entry) || node.parent.is_none();
             let tree_id = if recorded {
-                match self.sink.directory(&node.rel, node.tree) {
+                let stored = match node.earlier {
+                    Some(e) if e.tree.tree == node.tree => {
+                        self.stats.trees_reused += 1;
+                        self.sink.unchanged(&node.rel, &e.id, e.tree)
+                    }
+                    _ => self.sink.directory(&node.rel, node.tree),
+                };
+                match stored {
                     Ok(t) => Some(t),
                     Err(e) => {
                         self.sink_error = Some(e);
@@ -628,7 +651,7 @@ impl<'a> Walker<'_, 'a> {
         } else {
             rel.to_string()
         };
-        let (mut names, error) = read_names(fd);
+        let (mut names, error) = read_names(fd, &mut self.list_buf);
         if let Some(e) = error {
             let why = format!(
                 "cannot list directory: {e}; {} entries read were captured",
@@ -646,6 +669,9 @@ impl<'a> Walker<'_, 'a> {
             }
         }
         stack.extend(subdirs.into_iter().rev());
+        if let (Some(Prev::Tree(earlier)), Some(node)) = (prev, self.open.get_mut(&id)) {
+            node.earlier = Some(earlier);
+        }
         self.done_one(id);
     }
 
@@ -904,8 +930,12 @@ impl<'a> Walker<'_, 'a> {
             return Some((sha, state, false));
         };
         let eligible = seen.nlink == 1 && seen.size <= req.max_file_bytes;
-        if eligible && !req.sink.contains(&sha, seen.size) {
-            return None; // needs the open file to copy from
+        if eligible {
+            // One look in the sink decides: stored (reused as it is) or needs the open file.
+            return req
+                .sink
+                .contains(&sha, seen.size)
+                .then_some((sha, BackupState::Stored, true));
         }
         let mut scratch = Captured {
             sha256: None,
@@ -1011,32 +1041,73 @@ fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'st
     }
 }
 
-/// Lists a directory through a duplicate of its fd (the original stays usable for `*at` calls).
-/// Returns the names read with the type the listing reports (`None` where the filesystem gives
-/// `DT_UNKNOWN`), and the error that stopped the listing, if any.
-fn read_names(fd: &OwnedFd) -> (Vec<(CString, Option<Type>)>, Option<String>) {
+/// Bytes of directory records read by one `getdents64` call.
+const LIST_BUF: usize = 32 * 1024;
+
+/// The offset of `d_reclen`, `d_type` and `d_name` in a `linux_dirent64` record.
+const RECLEN_AT: usize = 16;
+const TYPE_AT: usize = 18;
+const NAME_AT: usize = 19;
+
+/// Lists a directory with `getdents64` on its own fd: no duplicate, no `DIR` stream and its
+/// buffer (the fd's read offset is not used by the `*at` calls made through it, and each
+/// directory is listed once). Returns the names read with the type the listing reports (`None`
+/// where the filesystem gives `DT_UNKNOWN`), and the error that stopped the listing, if any.
+fn read_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>, Option<String>) {
     let mut names = Vec::new();
-    let dup = match fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(0)) {
-        Ok(d) => d,
-        Err(e) => return (names, Some(e.desc().to_string())),
-    };
-    // `Dir::from_fd` owns (and on failure closes) the duplicate.
-    let mut dir = match Dir::from_fd(dup) {
-        Ok(d) => d,
-        Err(e) => return (names, Some(e.desc().to_string())),
-    };
-    for item in dir.iter() {
-        match item {
-            Ok(ent) => {
-                let n = ent.file_name();
-                if n.to_bytes() != b"." && n.to_bytes() != b".." {
-                    names.push((n.to_owned(), ent.file_type()));
+    buf.resize(LIST_BUF, 0);
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and the kernel writes whole
+        // records into it, returning how many bytes it wrote.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        let n = match usize::try_from(n) {
+            Ok(0) => return (names, None),
+            Ok(n) => n.min(buf.len()),
+            Err(_) => match Errno::last() {
+                Errno::EINTR => continue,
+                e => return (names, Some(e.desc().to_string())),
+            },
+        };
+        let mut at = 0;
+        while at + NAME_AT <= n {
+            let len = usize::from(u16::from_ne_bytes([
+                buf[at + RECLEN_AT],
+                buf[at + RECLEN_AT + 1],
+            ]));
+            if len <= NAME_AT || at + len > n {
+                return (names, Some("malformed directory record".into()));
+            }
+            let field = &buf[at + NAME_AT..at + len];
+            let name = &field[..field.iter().position(|b| *b == 0).unwrap_or(field.len())];
+            if name != b"." && name != b".." {
+                if let Ok(c_name) = CString::new(name) {
+                    names.push((c_name, d_type(buf[at + TYPE_AT])));
                 }
             }
-            Err(e) => return (names, Some(e.desc().to_string())),
+            at += len;
         }
     }
-    (names, None)
+}
+
+/// The type a directory record gives (`None` for `DT_UNKNOWN` or anything else).
+fn d_type(t: u8) -> Option<Type> {
+    match t {
+        libc::DT_DIR => Some(Type::Directory),
+        libc::DT_REG => Some(Type::File),
+        libc::DT_LNK => Some(Type::Symlink),
+        libc::DT_FIFO => Some(Type::Fifo),
+        libc::DT_SOCK => Some(Type::Socket),
+        libc::DT_CHR => Some(Type::CharacterDevice),
+        libc::DT_BLK => Some(Type::BlockDevice),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

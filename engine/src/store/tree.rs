@@ -17,11 +17,12 @@
 //! (content addressing); a forged DAG that repeats a subtree is bounded by [`MAX_TREE_ENTRIES`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::PoisonError;
 
 use super::capsule::MAX_ARTIFACT_BYTES;
 use super::objects::{validate_object_id, TMP_DIR};
 use super::{ObjectStore, StoreError};
-use crate::fs::{BackupState, Entry, EntryKind, Tree, TreeError, TreeSink, TreeSource};
+use crate::fs::{BackupState, Entry, EntryKind, Reusable, Tree, TreeError, TreeSink, TreeSource};
 
 /// Format name recorded in a manifest header's `root_tree`.
 pub const TREE_FORMAT: &str = "tree-1";
@@ -52,10 +53,17 @@ pub struct TreeWriter<'s> {
     spool: Option<&'s mut TreeSpool>,
     deferred: Vec<Vec<u8>>,
     deferred_bytes: usize,
+    /// Every earlier tree the scan may reuse is known to be in the store intact (see
+    /// [`TreeWriter::reused_trees_are_stored`]): no need to look for it again.
+    reused_are_stored: bool,
     /// Entries and tree objects written so far.
     pub entries: usize,
     pub trees: usize,
 }
+
+/// Most bytes of tree objects a [`TreeSpool`] also keeps parsed in memory (about twice that in
+/// memory): a whole N=8 corpus's before trees, a bounded part of a 200,000-file tree's.
+pub const MAX_KEPT_BYTES: usize = 12 * 1024 * 1024;
 
 /// Most bytes of trees a [`TreeWriter`] keeps aside for a second attempt.
 pub const MAX_DEFERRED_BYTES: usize = 8 * 1024 * 1024;
@@ -67,9 +75,18 @@ impl<'s> TreeWriter<'s> {
             spool,
             deferred: Vec::new(),
             deferred_bytes: 0,
+            reused_are_stored: false,
             entries: 0,
             trees: 0,
         }
+    }
+
+    /// Says that every earlier tree the scan may reuse is in the store intact: the scan reads
+    /// them from this writer's store itself (each read verified as the scan reaches it), or they
+    /// are the before-scan's trees and the tamper check found the store untouched since.
+    pub fn reused_trees_are_stored(mut self) -> Self {
+        self.reused_are_stored = true;
+        self
     }
 
     /// Stores the trees kept aside; an error means the manifest is not complete in the store.
@@ -82,15 +99,9 @@ impl<'s> TreeWriter<'s> {
     }
 }
 
-impl TreeSink for TreeWriter<'_> {
-    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
-        let bytes = tree.to_bytes(dir)?;
-        let id = Tree::id_of(&bytes);
-        if let Some(spool) = self.spool.as_deref_mut() {
-            spool.add(&id, &bytes);
-        }
-        self.entries += tree.entries.len();
-        self.trees += 1;
+impl TreeWriter<'_> {
+    /// Stores one tree's bytes, or keeps them aside for [`TreeWriter::finish`].
+    fn store(&mut self, bytes: Vec<u8>) -> Result<(), TreeError> {
         if let Err(e) = self.objects.put_bytes_batched(&bytes) {
             if self.deferred_bytes + bytes.len() > MAX_DEFERRED_BYTES {
                 return Err(TreeError::store(e));
@@ -98,7 +109,40 @@ impl TreeSink for TreeWriter<'_> {
             self.deferred_bytes += bytes.len();
             self.deferred.push(bytes);
         }
+        Ok(())
+    }
+}
+
+impl TreeSink for TreeWriter<'_> {
+    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+        let bytes = tree.to_bytes(dir)?;
+        let id = Tree::id_of(&bytes);
+        self.entries += tree.entries.len();
+        self.trees += 1;
+        if let Some(spool) = self.spool.as_deref_mut() {
+            spool.add(&id, &bytes, tree);
+        }
+        self.store(bytes)?;
         Ok(id)
+    }
+
+    /// The earlier object as it is, copied to the spool. When the store may no longer hold it
+    /// intact (the after-scan reads the before trees from the spool or memory, and the command
+    /// may have removed the store's copy), it is written like any other directory's tree.
+    fn unchanged(&mut self, dir: &str, id: &str, earlier: Reusable) -> Result<String, TreeError> {
+        if !self.reused_are_stored && !self.objects.contains_verified(id, earlier.len as u64) {
+            return self.directory(dir, earlier.tree);
+        }
+        self.entries += earlier.tree.entries.len();
+        self.trees += 1;
+        if let Some(spool) = self.spool.as_deref_mut() {
+            let bytes = match earlier.bytes {
+                Some(bytes) => bytes,
+                None => earlier.tree.to_bytes(dir)?,
+            };
+            spool.add(id, &bytes, earlier.tree);
+        }
+        Ok(id.to_string())
     }
 }
 
@@ -118,6 +162,11 @@ pub struct TreeSpool {
     dir: std::path::PathBuf,
     len: u64,
     index: HashMap<[u8; 32], (u64, usize)>,
+    /// Trees also kept parsed in memory (agentdiff's own, out of the command's reach), up to
+    /// [`MAX_KEPT_BYTES`] of their objects' size: the after-scan takes each out once instead of
+    /// reading, verifying and parsing it again.
+    kept: std::sync::Mutex<HashMap<[u8; 32], (Tree, usize)>>,
+    kept_bytes: usize,
     /// Why the spool stopped taking trees (a write failed, e.g. the disk is full): later trees
     /// are read from the store only.
     failed: Option<String>,
@@ -135,6 +184,8 @@ impl TreeSpool {
             dir,
             len: 0,
             index: HashMap::new(),
+            kept: std::sync::Mutex::new(HashMap::new()),
+            kept_bytes: 0,
             failed: None,
         })
     }
@@ -153,13 +204,18 @@ impl TreeSpool {
     /// Copies one tree. A failed write (the store's disk is full while a large backup is copied)
     /// does not stop the scan: the spool keeps what it holds, stops taking trees and says why
     /// ([`TreeSpool::failure`]); trees it lacks are read from the store, verified as always.
-    fn add(&mut self, id: &str, bytes: &[u8]) {
+    fn add(&mut self, id: &str, bytes: &[u8], tree: Tree) {
         use std::os::unix::fs::FileExt;
         let Some(key) = Self::key(id) else {
             return;
         };
         if self.failed.is_some() || self.index.contains_key(&key) {
             return;
+        }
+        if self.kept_bytes + bytes.len() <= MAX_KEPT_BYTES {
+            self.kept_bytes += bytes.len();
+            let kept = self.kept.get_mut().unwrap_or_else(PoisonError::into_inner);
+            kept.insert(key, (tree, bytes.len()));
         }
         // Positioned writes: a partial write leaves no offset behind for the next tree.
         match self.file.write_all_at(bytes, self.len) {
@@ -182,7 +238,19 @@ impl TreeSpool {
         }
     }
 
-    fn read(&self, id: &str) -> Option<Result<Tree, TreeError>> {
+    /// Takes the tree `id` out of memory, if it is kept there.
+    fn take_kept(&self, id: &str) -> Option<(Tree, usize)> {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.remove(&Self::key(id)?)
+    }
+
+    /// A copy of the tree `id`, if it is kept in memory.
+    fn kept(&self, id: &str) -> Option<Tree> {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.get(&Self::key(id)?).map(|(tree, _)| tree.clone())
+    }
+
+    fn read(&self, id: &str) -> Option<Result<(Tree, Vec<u8>), TreeError>> {
         use std::os::unix::fs::FileExt;
         let (offset, len) = *self.index.get(&Self::key(id)?)?;
         let mut bytes = vec![0u8; len];
@@ -199,7 +267,7 @@ impl TreeSpool {
                 reason: "its private copy was changed while the command ran".into(),
             }));
         }
-        Some(Tree::parse(id, &bytes))
+        Some(Tree::parse(id, &bytes).map(|t| (t, bytes)))
     }
 }
 
@@ -213,16 +281,43 @@ pub struct SpooledTrees<'s> {
 
 impl TreeSource for SpooledTrees<'_> {
     fn tree(&self, id: &str) -> Result<Tree, TreeError> {
+        if let Some(tree) = self.spool.and_then(|s| s.kept(id)) {
+            return Ok(tree);
+        }
+        self.read(id).map(|r| r.tree)
+    }
+
+    /// Takes a tree kept in memory out (each before tree is reused once, by the after-scan;
+    /// any later read goes to the spool file).
+    fn reusable(&self, id: &str) -> Result<Reusable, TreeError> {
+        if let Some((tree, len)) = self.spool.and_then(|s| s.take_kept(id)) {
+            let bytes = None;
+            return Ok(Reusable { tree, len, bytes });
+        }
+        self.read(id)
+    }
+}
+
+impl SpooledTrees<'_> {
+    /// The tree read from the spool file, else from the store (both verified).
+    fn read(&self, id: &str) -> Result<Reusable, TreeError> {
         match self.spool.and_then(|s| s.read(id)) {
-            Some(Ok(tree)) => Ok(tree),
-            Some(Err(spool)) => self.objects.tree(id).map_err(|store| TreeError::Malformed {
-                id: id.to_string(),
-                reason: format!(
+            Some(Ok((tree, bytes))) => Ok(Reusable {
+                tree,
+                len: bytes.len(),
+                bytes: Some(bytes),
+            }),
+            Some(Err(spool)) => self
+                .objects
+                .reusable(id)
+                .map_err(|store| TreeError::Malformed {
+                    id: id.to_string(),
+                    reason: format!(
                     "neither its private copy ({spool}) nor the store's object ({store}) could \
                      be read"
                 ),
-            }),
-            None => self.objects.tree(id),
+                }),
+            None => self.objects.reusable(id),
         }
     }
 }
@@ -230,6 +325,15 @@ impl TreeSource for SpooledTrees<'_> {
 impl TreeSource for ObjectStore {
     fn tree(&self, id: &str) -> Result<Tree, TreeError> {
         read_tree_object(id, self).map_err(TreeError::store)
+    }
+
+    fn reusable(&self, id: &str) -> Result<Reusable, TreeError> {
+        let (tree, bytes) = read_tree_bytes(id, self).map_err(TreeError::store)?;
+        Ok(Reusable {
+            tree,
+            len: bytes.len(),
+            bytes: Some(bytes),
+        })
     }
 }
 
@@ -331,9 +435,15 @@ pub(crate) fn tree_error(e: TreeError) -> StoreError {
 
 /// Reads one tree object, verified against its id, names checked.
 fn read_tree_object(hex: &str, objects: &ObjectStore) -> Result<Tree, StoreError> {
+    read_tree_bytes(hex, objects).map(|(tree, _)| tree)
+}
+
+/// [`read_tree_object`], with the verified bytes the tree was parsed from.
+fn read_tree_bytes(hex: &str, objects: &ObjectStore) -> Result<(Tree, Vec<u8>), StoreError> {
     validate_object_id(hex)?;
     let bytes = objects.read_verified(hex, MAX_ARTIFACT_BYTES)?;
-    Tree::parse(hex, &bytes).map_err(tree_error)
+    let tree = Tree::parse(hex, &bytes).map_err(tree_error)?;
+    Ok((tree, bytes))
 }
 
 fn join(prefix: &str, name: &str) -> String {
@@ -530,6 +640,10 @@ mod tests {
             .unwrap()
             .next()
             .is_none());
+        // Kept in memory too (out of the command's reach).
+        assert_eq!(spool.kept(&id), Some(t.clone()));
+        // Dropped here to reach the file copies.
+        spool.kept.get_mut().unwrap().clear();
         let trees = SpooledTrees {
             spool: Some(&spool),
             objects,

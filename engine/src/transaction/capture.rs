@@ -19,8 +19,8 @@ use serde_json::json;
 
 use super::{ProgressFn, TransactionError};
 use crate::fs::{
-    self, BackupRequest, IgnoreSource, Manifest, ScanOptions, ScanProgress, Scanned, Tree,
-    TreeError, TreeReuse, TreeSink,
+    self, BackupRequest, IgnoreSource, Manifest, Reusable, ScanOptions, ScanProgress, Scanned,
+    Tree, TreeError, TreeReuse, TreeSink,
 };
 use crate::policy::Policy;
 use crate::store::seal::SealAuthority;
@@ -82,8 +82,8 @@ struct CaptureSink<'s> {
     failed: FailedBackups,
 }
 
-impl TreeSink for CaptureSink<'_> {
-    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+impl CaptureSink<'_> {
+    fn note_failed_backups(&mut self, dir: &str, tree: &Tree) {
         for (name, e) in &tree.entries {
             if let fs::BackupState::Skipped {
                 reason: fs::BackupSkip::StoreFailed,
@@ -104,7 +104,18 @@ impl TreeSink for CaptureSink<'_> {
                 }
             }
         }
+    }
+}
+
+impl TreeSink for CaptureSink<'_> {
+    fn directory(&mut self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+        self.note_failed_backups(dir, &tree);
         self.writer.directory(dir, tree)
+    }
+
+    fn unchanged(&mut self, dir: &str, id: &str, earlier: Reusable) -> Result<String, TreeError> {
+        self.note_failed_backups(dir, &earlier.tree);
+        self.writer.unchanged(dir, id, earlier)
     }
 }
 
@@ -150,6 +161,7 @@ impl<'a> CapturePlan<'a> {
             event: "before_captured",
             spool: Some(TreeSpool::new(self.store.objects())?),
             carry_backup_state: false,
+            reuse_from_store: true,
         };
         let previous = self.previous_scan(root)?;
         if let Some(p) = &previous {
@@ -181,8 +193,14 @@ impl<'a> CapturePlan<'a> {
     }
 
     /// Scans `workdir` after the run with the before-scan's ignore rules, reusing unchanged
-    /// hashes when it is the same tree.
-    pub fn after(&self, workdir: &Path, before: &Captured) -> Result<Captured, TransactionError> {
+    /// hashes when it is the same tree. `store_untouched`: the tamper check found no object
+    /// changed or removed while the command ran, so every before tree is still stored intact.
+    pub fn after(
+        &self,
+        workdir: &Path,
+        before: &Captured,
+        store_untouched: bool,
+    ) -> Result<Captured, TransactionError> {
         let ignore = IgnoreSource::Lines(before.manifest.ignore_lines.clone());
         let step = Step {
             artifact: Artifact::After,
@@ -190,6 +208,7 @@ impl<'a> CapturePlan<'a> {
             event: "after_captured",
             spool: None,
             carry_backup_state: false,
+            reuse_from_store: false,
         };
         if self.private_workspace {
             // Changes in the workspace are kept as objects so promote can apply them.
@@ -208,6 +227,7 @@ impl<'a> CapturePlan<'a> {
             });
             let step = Step {
                 carry_backup_state: true,
+                reuse_from_store: store_untouched,
                 ..step
             };
             self.scan_and_store(workdir, step, None, reuse, ignore)
@@ -234,8 +254,12 @@ impl<'a> CapturePlan<'a> {
         opts.progress = progress
             .as_ref()
             .map(|p| p as &(dyn Fn(&ScanProgress) + Sync));
+        let mut writer = TreeWriter::new(self.store.objects(), spool.as_mut());
+        if step.reuse_from_store {
+            writer = writer.reused_trees_are_stored();
+        }
         let mut sink = CaptureSink {
-            writer: TreeWriter::new(self.store.objects(), spool.as_mut()),
+            writer,
             failed: FailedBackups::default(),
         };
         let Scanned {
@@ -257,6 +281,7 @@ impl<'a> CapturePlan<'a> {
                 "entries": written.entries,
                 "unsupported": manifest.unsupported.len(),
                 "hashes_reused": manifest.stats.hashes_reused,
+                "trees_reused": manifest.stats.trees_reused,
             }),
         )?;
         if let Some(why) = spool.as_ref().and_then(TreeSpool::failure) {
@@ -283,6 +308,9 @@ struct Step {
     spool: Option<TreeSpool>,
     /// See `ScanOptions::carry_backup_state` (the after-scan of the project tree).
     carry_backup_state: bool,
+    /// Every tree the stat cache may reuse is in the store intact (see
+    /// `TreeWriter::reused_trees_are_stored`).
+    reuse_from_store: bool,
 }
 
 /// Most paths named in the refusal message; the rest are counted.

@@ -256,7 +256,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 
     // Capture after. The command has run: a capture that fails (the store's disk is full, or the
     // command broke the store) still ends in a sealed capsule that says so, never in no result.
-    let after = match capture.after(&workdir, &before) {
+    let store_untouched = capsule_tampered.findings.is_empty();
+    let after = match capture.after(&workdir, &before, store_untouched) {
         Ok(after) => after,
         Err(e) => {
             let failed = AfterCaptureFailed {
