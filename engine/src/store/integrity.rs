@@ -262,10 +262,9 @@ impl Capsule {
         let name = Artifact::Integrity.file_name();
         let bytes = to_pretty_json(name, &integrity)?;
         // Artifacts, events, backup and tree objects (and the directories they were created in)
-        // were written without their own fsync; exactly those are made durable now, before the
-        // seal that vouches for them (see `atomic::PendingSync`).
-        self.pending.flush()?;
-        atomic::write_atomic(self.dir(), name, &bytes, atomic::Durability::Now)?;
+        // were written without their own fsync; exactly those are made durable, with the seal's
+        // own bytes, before the seal is renamed into place (see `atomic::PendingSync`).
+        atomic::write_atomic_after(self.dir(), name, &bytes, &self.pending)?;
         if let Some(authority) = authority {
             authority.record(&integrity)?;
         }
@@ -965,6 +964,10 @@ mod tests {
             assert!(dirs.contains(&shard), "shard of {hex} not fsynced");
         }
         assert!(dirs.contains(&capsule.dir().to_path_buf()), "run directory");
+        // The seal's own bytes are flushed in the same batch, under a temp name.
+        assert!(files.iter().any(|f| f.parent() == Some(capsule.dir())
+            && f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-integrity.json"))));
         assert!(dirs.contains(&store.runs_dir().to_path_buf()), "runs/");
         // Each entry once: the flush empties the record.
         let unique: BTreeSet<_> = files.iter().collect();
