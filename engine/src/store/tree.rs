@@ -62,10 +62,10 @@ pub struct TreeWriter<'s> {
 }
 
 /// Most bytes of tree objects a [`TreeSpool`] also keeps parsed in memory. Parsed, a tree takes
-/// about four times its object's size, so this adds at most ~8 MB to the scan's peak memory
-/// (a 200,000-file tree's trees are ~50 MB of objects: keeping them all would break the memory
-/// bound).
-pub const MAX_KEPT_BYTES: usize = 2 * 1024 * 1024;
+/// about four times its object's size, so this adds at most ~2 MB to the scan's peak memory
+/// (a 200,000-file tree's trees are ~50 MB of objects, and its cold run is already near the
+/// 64 MB bound).
+pub const MAX_KEPT_BYTES: usize = 512 * 1024;
 
 /// Most bytes of trees a [`TreeWriter`] keeps aside for a second attempt.
 pub const MAX_DEFERRED_BYTES: usize = 8 * 1024 * 1024;
