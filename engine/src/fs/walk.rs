@@ -1042,17 +1042,22 @@ fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'st
 }
 
 /// Bytes of directory records read by one `getdents64` call.
+#[cfg(target_os = "linux")]
 const LIST_BUF: usize = 32 * 1024;
 
 /// The offset of `d_reclen`, `d_type` and `d_name` in a `linux_dirent64` record.
+#[cfg(target_os = "linux")]
 const RECLEN_AT: usize = 16;
+#[cfg(target_os = "linux")]
 const TYPE_AT: usize = 18;
+#[cfg(target_os = "linux")]
 const NAME_AT: usize = 19;
 
 /// Lists a directory with `getdents64` on its own fd: no duplicate, no `DIR` stream and its
 /// buffer (the fd's read offset is not used by the `*at` calls made through it, and each
 /// directory is listed once). Returns the names read with the type the listing reports (`None`
 /// where the filesystem gives `DT_UNKNOWN`), and the error that stopped the listing, if any.
+#[cfg(target_os = "linux")]
 fn read_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>, Option<String>) {
     let mut names = Vec::new();
     buf.resize(LIST_BUF, 0);
@@ -1096,7 +1101,38 @@ fn read_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>,
     }
 }
 
+/// Lists a directory through a duplicate of its fd (`getdents64` is Linux's; elsewhere a `DIR`
+/// stream, which needs its own fd so the original stays usable for `*at` calls). Same result as
+/// the Linux version.
+#[cfg(not(target_os = "linux"))]
+fn read_names(fd: &OwnedFd, _buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>, Option<String>) {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let mut names = Vec::new();
+    let dup = match fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(0)) {
+        Ok(d) => d,
+        Err(e) => return (names, Some(e.desc().to_string())),
+    };
+    // `Dir::from_fd` owns (and on failure closes) the duplicate.
+    let mut dir = match nix::dir::Dir::from_fd(dup) {
+        Ok(d) => d,
+        Err(e) => return (names, Some(e.desc().to_string())),
+    };
+    for item in dir.iter() {
+        match item {
+            Ok(ent) => {
+                let n = ent.file_name();
+                if n.to_bytes() != b"." && n.to_bytes() != b".." {
+                    names.push((n.to_owned(), ent.file_type()));
+                }
+            }
+            Err(e) => return (names, Some(e.desc().to_string())),
+        }
+    }
+    (names, None)
+}
+
 /// The type a directory record gives (`None` for `DT_UNKNOWN` or anything else).
+#[cfg(target_os = "linux")]
 fn d_type(t: u8) -> Option<Type> {
     match t {
         libc::DT_DIR => Some(Type::Directory),
