@@ -206,6 +206,32 @@ pub(crate) struct PendingSync {
 struct Pending {
     files: BTreeSet<PathBuf>,
     dirs: BTreeSet<PathBuf>,
+    /// Past [`FSYNC_BATCH_LIMIT`] entries the flush is one `syncfs` per filesystem, which needs
+    /// only the directories: files are then remembered by their directory, so a cold run storing
+    /// 200,000 objects holds a few hundred paths (the object shards), not 200,000.
+    whole_filesystems: bool,
+}
+
+impl Pending {
+    fn add_file(&mut self, path: PathBuf) {
+        if !self.whole_filesystems && self.files.len() + self.dirs.len() >= FSYNC_BATCH_LIMIT {
+            self.whole_filesystems = true;
+            let parents: Vec<PathBuf> = std::mem::take(&mut self.files)
+                .into_iter()
+                .filter_map(|f| f.parent().map(Path::to_path_buf))
+                .collect();
+            self.dirs.extend(parents);
+        }
+        if self.whole_filesystems {
+            if let Some(parent) = path.parent() {
+                if !self.dirs.contains(parent) {
+                    self.dirs.insert(parent.to_path_buf());
+                }
+            }
+        } else {
+            self.files.insert(path);
+        }
+    }
 }
 
 impl Default for PendingSync {
@@ -220,7 +246,7 @@ impl Default for PendingSync {
 impl PendingSync {
     /// Records a file written (or renamed into `dir`) without an fsync.
     pub(crate) fn file(&self, path: PathBuf) {
-        self.lock().files.insert(path);
+        self.lock().add_file(path);
     }
 
     /// Records a directory whose entries changed without an fsync.
@@ -244,15 +270,19 @@ impl PendingSync {
     pub(crate) fn flush(&self) -> Result<(), StoreError> {
         let pending = std::mem::take(&mut *self.lock());
         let syncer = Arc::clone(&self.syncer.lock().unwrap_or_else(PoisonError::into_inner));
-        let result = if pending.files.len() + pending.dirs.len() > FSYNC_BATCH_LIMIT {
+        let whole = pending.whole_filesystems;
+        let result = if whole || pending.files.len() + pending.dirs.len() > FSYNC_BATCH_LIMIT {
             sync_filesystems(&*syncer, &pending)
         } else {
             sync_each(&*syncer, &pending)
         };
         if result.is_err() {
             let mut kept = self.lock();
-            kept.files.extend(pending.files);
+            kept.whole_filesystems |= whole;
             kept.dirs.extend(pending.dirs);
+            for file in pending.files {
+                kept.add_file(file);
+            }
         }
         result
     }
@@ -522,6 +552,21 @@ pub(crate) fn hash_file(path: &Path) -> Result<(String, u64), StoreError> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A cold run stores one object per file: past the batch limit only directories are kept,
+    /// so what a flush remembers does not grow with the number of files.
+    #[test]
+    fn pending_writes_past_the_batch_limit_are_kept_by_directory() {
+        let pending = PendingSync::default();
+        for i in 0..10_000 {
+            pending.file(PathBuf::from(format!("/s/objects/{:02x}/obj{i}", i % 256)));
+        }
+        pending.dir(PathBuf::from("/s/runs/r"));
+        let held = pending.lock();
+        assert!(held.whole_filesystems);
+        assert!(held.files.is_empty());
+        assert_eq!(held.dirs.len(), 257);
+    }
 
     fn entries(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
