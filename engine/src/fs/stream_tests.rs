@@ -261,19 +261,7 @@ fn a_damaged_earlier_tree_only_costs_its_reuse() {
     let first = scan_to(d.path(), &ScanOptions::new(), &mut sink).unwrap();
     let a = trees.subtree(&first.root_tree, "a");
     trees.objects.lock().unwrap().insert(a, b"{}".to_vec());
-    let mut opts = ScanOptions::new();
-    opts.reuse_tree = Some(TreeReuse {
-        root: &first.manifest.root,
-        started_ns: first
-            .manifest
-            .stats
-            .started_ns
-            .map(|s| s + 2 * RACY_MARGIN_NS),
-        tree: &first.root_tree,
-        source: &trees,
-    });
-    let mut sink = &trees;
-    let again = scan_to(d.path(), &opts, &mut sink).unwrap();
+    let again = rescan_reusing(d.path(), &first, &trees);
     assert_eq!(again.manifest.stats.hashes_reused, 1, "only b/f");
     assert_eq!(again.root_tree, first.root_tree, "a/ was hashed again");
 }
