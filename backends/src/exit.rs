@@ -81,16 +81,17 @@ impl fmt::Display for Coded {
     }
 }
 
-/// An error and its causes as `outer: inner: …`. A cause whose text the messages before it already
-/// carry is left out: many messages embed their source (`cannot read X: {source}`), and printing it
-/// twice reads like two failures.
+/// An error and its causes as `outer: inner: …`. A cause whose text the message before it already
+/// ends with is left out: many messages embed their source (`cannot read X: {source}`), and
+/// printing it twice reads like two failures. Only a trailing repeat is dropped, so a distinct
+/// cause that merely appears inside an earlier message is still printed.
 pub fn chain_text(err: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in err.chain() {
         let part = cause.to_string();
         if text.is_empty() {
             text = part;
-        } else if !text.contains(&part) {
+        } else if !text.ends_with(&part) {
             text.push_str(": ");
             text.push_str(&part);
         }
@@ -154,6 +155,12 @@ mod tests {
         );
         let err = anyhow::Error::new(io()).context("reading p.yaml");
         assert_eq!(render(&err), "reading p.yaml: No such file");
+        // A cause found inside (not at the end of) an earlier message is its own failure.
+        let err = anyhow::Error::new(io()).context("No such file name given; reading p.yaml");
+        assert_eq!(
+            render(&err),
+            "No such file name given; reading p.yaml: No such file"
+        );
         let coded = with_code(65, anyhow::Error::new(Embeds { source: io() }));
         assert_eq!(
             render(&coded),
