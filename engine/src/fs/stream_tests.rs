@@ -231,18 +231,7 @@ fn the_scan_holds_one_directory_working_set_not_the_tree() {
     // bound, and finds every file unchanged.
     let mut again = ScanOptions::new();
     again.threads = 1;
-    // The files were written just now: a scan start moved past the racy margin lets them count
-    // as settled.
-    again.reuse_tree = Some(TreeReuse {
-        root: &streamed.manifest.root,
-        started_ns: streamed
-            .manifest
-            .stats
-            .started_ns
-            .map(|s| s + 2 * RACY_MARGIN_NS),
-        tree: &streamed.root_tree,
-        source: &trees,
-    });
+    again.reuse_tree = Some(settled_reuse(&streamed, &trees));
     let mut sink = &trees;
     let reused = scan_to(d.path(), &again, &mut sink).unwrap();
     assert_eq!(reused.manifest.stats.hashes_reused, 2000);
@@ -590,11 +579,10 @@ mod random {
     }
 }
 
-/// A scan reusing `first`'s trees (as if it had started well after the files were written, so
-/// no entry is racy) into `trees`.
-fn rescan_reusing(root: &Path, first: &Scanned, trees: &MemTrees) -> Scanned {
-    let mut opts = ScanOptions::new();
-    opts.reuse_tree = Some(TreeReuse {
+/// Reuse of `first`'s trees as if the new scan started well after the files were written (they
+/// were written just now), so no entry counts as racy.
+fn settled_reuse<'a>(first: &'a Scanned, trees: &'a MemTrees) -> TreeReuse<'a> {
+    TreeReuse {
         root: &first.manifest.root,
         started_ns: first
             .manifest
@@ -603,7 +591,13 @@ fn rescan_reusing(root: &Path, first: &Scanned, trees: &MemTrees) -> Scanned {
             .map(|s| s + 2 * RACY_MARGIN_NS),
         tree: &first.root_tree,
         source: trees,
-    });
+    }
+}
+
+/// A scan reusing `first`'s trees (see [`settled_reuse`]) into `trees`.
+fn rescan_reusing(root: &Path, first: &Scanned, trees: &MemTrees) -> Scanned {
+    let mut opts = ScanOptions::new();
+    opts.reuse_tree = Some(settled_reuse(first, trees));
     let mut sink = trees;
     scan_to(root, &opts, &mut sink).unwrap()
 }
