@@ -453,6 +453,25 @@ fn the_conformance_suite_passes_for_the_python_backend() {
     );
 }
 
+/// `agentdiff conformance --only ONLY` on plugin `id` from `plugins`, which must fail (exit 74):
+/// the JSON report.
+fn failing_conformance(plugins: &PluginDir, id: &str, only: &str) -> Value {
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let args = [
+        "conformance",
+        "--runtime",
+        id,
+        "--only",
+        only,
+        "--format",
+        "json",
+    ];
+    let out = agentdiff_on(&path, project.path(), &args);
+    assert_exit(&out, 74);
+    json_of(&out)
+}
+
 #[test]
 fn a_lying_python_backend_fails_the_honesty_check() {
     if python_missing() {
@@ -466,23 +485,7 @@ fn a_lying_python_backend_fails_the_honesty_check() {
             r#""filesystem_writes": "enforced""#,
         )],
     );
-    let project = tempfile::tempdir().unwrap();
-    let path = path_with(&[plugins.path()]);
-    let out = agentdiff_on(
-        &path,
-        project.path(),
-        &[
-            "conformance",
-            "--runtime",
-            "liar",
-            "--only",
-            "HONEST-FS",
-            "--format",
-            "json",
-        ],
-    );
-    assert_exit(&out, 74);
-    let report = json_of(&out);
+    let report = failing_conformance(&plugins, "liar", "HONEST-FS");
     let check = &report["checks"][0];
     assert_eq!(check["id"], "HONEST-FS-001");
     assert_eq!(check["outcome"], "failed", "{check:#}");
@@ -507,23 +510,7 @@ fn a_python_backend_that_accepts_any_protocol_version_fails_proto_002() {
             ),
         ],
     );
-    let project = tempfile::tempdir().unwrap();
-    let path = path_with(&[plugins.path()]);
-    let out = agentdiff_on(
-        &path,
-        project.path(),
-        &[
-            "conformance",
-            "--runtime",
-            "anyversion",
-            "--only",
-            "PROTO-00",
-            "--format",
-            "json",
-        ],
-    );
-    assert_exit(&out, 74);
-    let report = json_of(&out);
+    let report = failing_conformance(&plugins, "anyversion", "PROTO-00");
     let outcomes: Vec<(&str, &str)> = report["checks"]
         .as_array()
         .unwrap()
@@ -558,23 +545,7 @@ fn a_python_backend_that_reaps_before_the_ack_fails_proto_004() {
             "if child.poll() is not None:",
         )],
     );
-    let project = tempfile::tempdir().unwrap();
-    let path = path_with(&[plugins.path()]);
-    let out = agentdiff_on(
-        &path,
-        project.path(),
-        &[
-            "conformance",
-            "--runtime",
-            "reaper",
-            "--only",
-            "PROTO-004",
-            "--format",
-            "json",
-        ],
-    );
-    assert_exit(&out, 74);
-    let report = json_of(&out);
+    let report = failing_conformance(&plugins, "reaper", "PROTO-004");
     let check = &report["checks"][0];
     assert_eq!(check["id"], "PROTO-004");
     assert_eq!(check["outcome"], "failed", "{check:#}");
