@@ -295,6 +295,7 @@ fn bwrap_overhead(bin: &Path) {
         c
     };
     let dir = tempfile::tempdir().expect("tempdir");
+    let load_before = load_average();
     let agentdiff = |runtime: &str| {
         let c = measure(
             Command::new(bin)
@@ -343,6 +344,10 @@ fn bwrap_overhead(bin: &Path) {
         ms(wrapped),
         delta(wrapped, direct),
         wrapped.as_secs_f64() / direct.as_secs_f64()
+    );
+    println!(
+        "  load average before: {load_before}, after: {}",
+        load_average()
     );
     println!(
         "  of which: the sandbox's controls (bwrap with dev, proc, tmpfs /tmp, namespaces, \

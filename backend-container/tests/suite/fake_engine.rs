@@ -524,6 +524,7 @@ async fn an_interrupt_stops_the_container_and_is_recorded() {
             agentdiff_engine::backend::LaunchContext {
                 stdio,
                 interrupt: rx,
+                hold_reap: None,
             },
         )
         .await

@@ -107,6 +107,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
             StdioMode::Inherit
         },
         interrupt: rx,
+        hold_reap: None,
     };
     let running = backend
         .launch(prepared, ctx)

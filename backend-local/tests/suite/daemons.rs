@@ -216,6 +216,7 @@ fn interruption_ends_the_tree_and_is_recorded() {
     let ctx = agentdiff_engine::backend::LaunchContext {
         stdio: files(dir.path()),
         interrupt: rx,
+        hold_reap: None,
     };
     let s = spec(
         dir.path(),

@@ -239,10 +239,9 @@ fn a_run_through_the_external_backend_records_changes_and_passes_the_exit_code()
         .as_str()
         .unwrap()
         .ends_with("agentdiff-backend-nice"));
-    assert!(
-        ["verified", "ended_before_check"].contains(&origin["launched_process"].as_str().unwrap()),
-        "{origin:#}"
-    );
+    // The SDK keeps the command unreaped until agentdiff's ack, so even this short command is
+    // checked.
+    assert_eq!(origin["launched_process"], "verified", "{origin:#}");
     assert_eq!(rt["wrapper_argv"][1], "-n", "{rt:#}");
 }
 
@@ -454,6 +453,25 @@ fn the_conformance_suite_passes_for_the_python_backend() {
     );
 }
 
+/// `agentdiff conformance --only ONLY` on plugin `id` from `plugins`, which must fail (exit 74):
+/// the JSON report.
+fn failing_conformance(plugins: &PluginDir, id: &str, only: &str) -> Value {
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let args = [
+        "conformance",
+        "--runtime",
+        id,
+        "--only",
+        only,
+        "--format",
+        "json",
+    ];
+    let out = agentdiff_on(&path, project.path(), &args);
+    assert_exit(&out, 74);
+    json_of(&out)
+}
+
 #[test]
 fn a_lying_python_backend_fails_the_honesty_check() {
     if python_missing() {
@@ -467,23 +485,7 @@ fn a_lying_python_backend_fails_the_honesty_check() {
             r#""filesystem_writes": "enforced""#,
         )],
     );
-    let project = tempfile::tempdir().unwrap();
-    let path = path_with(&[plugins.path()]);
-    let out = agentdiff_on(
-        &path,
-        project.path(),
-        &[
-            "conformance",
-            "--runtime",
-            "liar",
-            "--only",
-            "HONEST-FS",
-            "--format",
-            "json",
-        ],
-    );
-    assert_exit(&out, 74);
-    let report = json_of(&out);
+    let report = failing_conformance(&plugins, "liar", "HONEST-FS");
     let check = &report["checks"][0];
     assert_eq!(check["id"], "HONEST-FS-001");
     assert_eq!(check["outcome"], "failed", "{check:#}");
@@ -508,23 +510,7 @@ fn a_python_backend_that_accepts_any_protocol_version_fails_proto_002() {
             ),
         ],
     );
-    let project = tempfile::tempdir().unwrap();
-    let path = path_with(&[plugins.path()]);
-    let out = agentdiff_on(
-        &path,
-        project.path(),
-        &[
-            "conformance",
-            "--runtime",
-            "anyversion",
-            "--only",
-            "PROTO-00",
-            "--format",
-            "json",
-        ],
-    );
-    assert_exit(&out, 74);
-    let report = json_of(&out);
+    let report = failing_conformance(&plugins, "anyversion", "PROTO-00");
     let outcomes: Vec<(&str, &str)> = report["checks"]
         .as_array()
         .unwrap()
@@ -541,6 +527,34 @@ fn a_python_backend_that_accepts_any_protocol_version_fails_proto_002() {
             ("PROTO-005", "passed"),
         ],
         "{report:#}"
+    );
+}
+
+/// A plugin that reaps its command before agentdiff's `ack` fails PROTO-004 every time: the
+/// suite holds the `ack` back, so the race agentdiff usually wins is lost on purpose.
+#[test]
+fn a_python_backend_that_reaps_before_the_ack_fails_proto_004() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant(
+        "reaper",
+        &[(
+            "if acked and child.poll() is not None:",
+            "if child.poll() is not None:",
+        )],
+    );
+    let report = failing_conformance(&plugins, "reaper", "PROTO-004");
+    let check = &report["checks"][0];
+    assert_eq!(check["id"], "PROTO-004");
+    assert_eq!(check["outcome"], "failed", "{check:#}");
+    assert!(
+        check["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("already reaped"),
+        "{check:#}"
     );
 }
 

@@ -146,7 +146,7 @@ pub fn catalogue() -> Vec<CheckDef> {
         def!("PROTO-001", Must, "an external backend answers hello with protocol 1 and its file name's id, and describes itself in schema-valid messages", false, always, proto::handshake),
         def!("PROTO-002", Must, "an external backend refuses a hello with a protocol version it does not speak", false, always, proto::version_mismatch),
         def!("PROTO-003", Must, "an external backend answers an unknown request type with a protocol error and keeps answering", false, always, proto::unknown_request),
-        def!("PROTO-004", Must, "an external backend's launched process descends from it and is still there to be verified", true, always, proto::launched_is_a_descendant),
+        def!("PROTO-004", Must, "an external backend's launched process descends from it and stays unreaped until agentdiff's ack", true, always, proto::launched_is_a_descendant),
         def!("PROTO-005", Must, "killing an external backend mid-run fails the run closed and ends its command", true, always, proto::plugin_death_fails_closed),
         def!("HONEST-FS-001", Must, "filesystem_writes labelled enforced withstands the outside-write probe", true, gate_fs, honesty::filesystem_writes),
         def!("HONEST-HOST-001", Must, "host_repository labelled enforced withstands the host-tree probe", true, gate_host, honesty::host_repository),

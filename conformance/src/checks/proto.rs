@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_engine::backend::external::protocol::PROTOCOL_VERSION;
+use agentdiff_engine::backend::external::protocol::{
+    Request, Response, WireCommand, WireSpec, PROTOCOL_VERSION,
+};
 use agentdiff_engine::backend::external::{
-    ExternalError, ExternalFacts, Parentage, Plugin, PluginStdio, Session,
+    verify_descendant, ExternalError, Parentage, Plugin, PluginStdio, Session,
 };
 use serde_json::{json, Value};
 
@@ -175,44 +177,105 @@ pub async fn unknown_request(ctx: Arc<Ctx>) -> Finding {
     )
 }
 
-/// PROTO-004: the process a launch reports descends from the plugin and was verified as such
-/// (the plugin does not reap it before agentdiff's `ack`).
+/// How long PROTO-004 waits between `launched` and its check: far longer than a backend that
+/// reaps at once takes to do so.
+const HOLD: Duration = Duration::from_millis(300);
+
+/// PROTO-004: the process a launch reports descends from the plugin and is still there to be
+/// verified: a command that ends at once is kept unreaped until agentdiff's `ack`. The suite
+/// speaks the protocol itself and waits [`HOLD`] before its check, so a plugin that reaps early
+/// fails every time, not only when agentdiff happens to be slow.
 pub async fn launched_is_a_descendant(ctx: Arc<Ctx>) -> Finding {
-    if let Err(skip) = self::plugin(&ctx) {
-        return skip;
-    }
-    let backend = ctx.backend();
+    let plugin = match self::plugin(&ctx) {
+        Ok(p) => p,
+        Err(skip) => return skip,
+    };
     let scratch = match ctx.scratch() {
         Ok(s) => s,
         Err(e) => return scratch_failure(e),
     };
-    let ran = match harness::run(backend.as_ref(), &scratch, &ctx.sh("sleep 1")).await {
-        Ok(r) => r,
-        Err(stage) => return stage_failure(stage),
+    let spec = harness::spec_for(&scratch, &ctx.sh("exit 0"), "conformance-proto-004");
+    let prepared = match ctx.backend().prepare(&spec) {
+        Ok(p) => p,
+        Err(e) => return stage_failure(harness::Stage::Prepare(e)),
     };
-    let facts = ran
-        .evidence
-        .wrapper
-        .as_ref()
-        .map(|w| w.decode::<ExternalFacts>());
-    let origin = match facts {
-        Some(Ok(f)) => f.external_backend,
-        Some(Err(e)) => {
-            return Finding::fail(
-                format!("the run's external_backend facts do not decode: {e}"),
-                json!({ "wrapper": ran.evidence.wrapper.as_deref() }),
+    let launch = match (
+        WireSpec::from_spec(prepared.spec()),
+        WireCommand::from_command(prepared.command()),
+    ) {
+        (Ok(spec), Ok(command)) => Request::Launch { spec, command },
+        (Err(e), _) | (_, Err(e)) => return Finding::fail(e.to_string(), Value::Null),
+    };
+    match blocking(move || launch_held(&plugin, &launch)).await {
+        Some(Ok(held)) => {
+            let mut problems = Vec::new();
+            match held.parentage {
+                Some(Parentage::Verified) => {}
+                Some(Parentage::Ended) => problems.push(format!(
+                    "pid {} was already reaped {HOLD:?} after `launched`, before any `ack`: it \
+                     must stay unreaped (a zombie is fine) until `ack`",
+                    held.pid
+                )),
+                None => problems.push(format!(
+                    "pid {} is not the plugin's descendant with the reported start time",
+                    held.pid
+                )),
+            }
+            if !held.exited {
+                problems.push("`exited` did not follow the `ack`".into());
+            }
+            Finding::require(
+                problems.is_empty(),
+                problems.join("; "),
+                json!({ "pid": held.pid, "launched_process": held.parentage, "exited": held.exited }),
             )
         }
-        None => return Finding::fail("the run recorded no external_backend facts", Value::Null),
+        Some(Err(e)) => Finding::fail(e.to_string(), Value::Null),
+        None => Finding::fail("the exchange did not complete", Value::Null),
+    }
+}
+
+/// What PROTO-004 saw of one launch.
+struct Held {
+    pid: u32,
+    /// `None`: the pid is not the plugin's descendant (or has another start time).
+    parentage: Option<Parentage>,
+    exited: bool,
+}
+
+/// Launch, wait [`HOLD`], check the reported process, then `ack` and read `exited`.
+fn launch_held(plugin: &Plugin, launch: &Request) -> Result<Held, ExternalError> {
+    let mut session = Session::start(plugin, PluginStdio::Quiet)?;
+    let answer = session
+        .send(launch)
+        .and_then(|()| session.receive(Some(ANSWER)));
+    let (pid, start_time_ticks) = match answer {
+        Ok(Response::Launched {
+            pid,
+            start_time_ticks,
+        }) => (pid, start_time_ticks),
+        Ok(other) => {
+            let e = session.unexpected("launched", &other);
+            session.kill();
+            return Err(e);
+        }
+        Err(e) => {
+            session.kill();
+            return Err(e);
+        }
     };
-    Finding::require(
-        origin.launched_process == Parentage::Verified,
-        format!(
-            "the launched process was not verified as the plugin's descendant: {:?}",
-            origin.launched_process
-        ),
-        json!({ "external_backend": origin }),
-    )
+    std::thread::sleep(HOLD);
+    let parentage = verify_descendant(pid, start_time_ticks, session.pid()).ok();
+    let exited = session
+        .acknowledge()
+        .and_then(|()| session.receive(Some(ANSWER)))
+        .is_ok_and(|r| matches!(r, Response::Exited { .. }));
+    session.finish();
+    Ok(Held {
+        pid,
+        parentage,
+        exited,
+    })
 }
 
 /// PROTO-005: a plugin killed while its command runs fails the run closed, and the command does

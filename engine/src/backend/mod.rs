@@ -30,7 +30,7 @@ pub use evidence::{
 pub use registry::{PluginOutcome, Registry, RegistryError};
 pub use spec::{
     BackendOptions, EnvironmentPlan, LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch,
-    StdioMode,
+    ReapGate, ReapGateOpener, StdioMode,
 };
 
 pub use crate::process::ProcessIdentity;

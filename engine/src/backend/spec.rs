@@ -2,7 +2,7 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -281,6 +281,8 @@ pub struct LaunchContext {
     /// Becomes `Some(signal)` when agentdiff itself receives SIGINT/SIGTERM: the backend ends the
     /// command, cleans up and still returns evidence.
     pub interrupt: tokio::sync::watch::Receiver<Option<i32>>,
+    /// When set, a root process that has exited stays unreaped (a zombie) until the gate opens.
+    pub hold_reap: Option<ReapGate>,
 }
 
 impl LaunchContext {
@@ -290,13 +292,80 @@ impl LaunchContext {
         Self {
             stdio,
             interrupt: rx,
+            hold_reap: None,
         }
+    }
+}
+
+/// Holds back the reaping of a launched command's root process until it opens. The plugin side
+/// of the external backend protocol keeps an exited command a zombie until agentdiff has checked
+/// the identity it reported (`ack`): a reaped pid could be reused before the check.
+///
+/// Invariant: the gate only ever goes from closed to open, and dropping its
+/// [`ReapGateOpener`] opens it, so no path of the opener's owner can hold a run forever.
+#[derive(Debug, Clone)]
+pub struct ReapGate(Arc<(Mutex<bool>, Condvar)>);
+
+/// The one handle that opens a [`ReapGate`].
+#[derive(Debug)]
+pub struct ReapGateOpener(Arc<(Mutex<bool>, Condvar)>);
+
+impl ReapGate {
+    /// A closed gate and its opener.
+    pub fn closed() -> (ReapGateOpener, ReapGate) {
+        let shared = Arc::new((Mutex::new(false), Condvar::new()));
+        (ReapGateOpener(shared.clone()), ReapGate(shared))
+    }
+
+    pub fn is_open(&self) -> bool {
+        *self.0 .0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wait until the gate opens, at most `limit`; whether it opened.
+    pub fn wait_open(&self, limit: Duration) -> bool {
+        let (lock, opened) = &*self.0;
+        let guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let (guard, _) = opened
+            .wait_timeout_while(guard, limit, |open| !*open)
+            .unwrap_or_else(PoisonError::into_inner);
+        *guard
+    }
+}
+
+impl ReapGateOpener {
+    pub fn open(self) {
+        // Dropping opens.
+    }
+}
+
+impl Drop for ReapGateOpener {
+    fn drop(&mut self) {
+        let (lock, opened) = &*self.0;
+        *lock.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        opened.notify_all();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reap_gate_opens_once_and_when_its_opener_is_dropped() {
+        let (opener, gate) = ReapGate::closed();
+        assert!(!gate.is_open());
+        assert!(!gate.wait_open(Duration::from_millis(20)));
+        let waiter = {
+            let gate = gate.clone();
+            std::thread::spawn(move || gate.wait_open(Duration::from_secs(30)))
+        };
+        opener.open();
+        assert!(waiter.join().unwrap());
+        assert!(gate.is_open());
+        let (opener, gate) = ReapGate::closed();
+        drop(opener);
+        assert!(gate.wait_open(Duration::ZERO));
+    }
 
     #[test]
     fn options_keep_order_and_last_wins() {

@@ -17,6 +17,9 @@ use crate::backend::{
     RunEvidence, RunningCommand, Tracking,
 };
 
+/// The longest an exited root waits for its [`crate::backend::ReapGate`]: the gate opens within
+/// milliseconds in practice, and a run is never held forever by one that does not.
+pub const MAX_REAP_HOLD: Duration = Duration::from_secs(60);
 /// Default poll interval when the spec asks for zero.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// How often listening sockets are sampled while the command runs. A sock_diag snapshot costs
@@ -375,6 +378,26 @@ mod unix {
         }
     }
 
+    /// Whether our child `pid` has exited, leaving it unreaped (waitid with WNOWAIT).
+    fn exited_unreaped(pid: u32) -> std::io::Result<bool> {
+        // SAFETY: an all-zero siginfo_t is a valid value; waitid fills it or leaves si_pid 0.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a local siginfo; WNOWAIT leaves it waitable.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: si_pid is the field waitid sets for a child event.
+        Ok(unsafe { info.si_pid() } != 0)
+    }
+
     impl Monitor {
         fn run(mut self) -> Result<RunEvidence, ProcessError> {
             let spec = self.prepared.spec();
@@ -478,7 +501,12 @@ mod unix {
                     _ => std::thread::sleep(interval),
                 }
 
-                match poll_status(self.pid) {
+                let status_now = if self.may_reap() {
+                    poll_status(self.pid)
+                } else {
+                    Ok(None)
+                };
+                match status_now {
                     Ok(None) => {}
                     Ok(Some(st)) if libc::WIFSTOPPED(st) => {
                         if let Some(t) = &mut self.terminal {
@@ -621,7 +649,31 @@ mod unix {
         }
 
         /// The root's status after cleanup ended it (waited for up to five seconds).
+        /// Whether the root may be reaped now: always, unless the context holds reaping back
+        /// and the gate is still closed. A root that has exited meanwhile is waited for at the
+        /// gate (at most [`MAX_REAP_HOLD`]), so its zombie never makes the pidfd wait spin.
+        fn may_reap(&self) -> bool {
+            let Some(gate) = &self.ctx.hold_reap else {
+                return true;
+            };
+            if gate.is_open() {
+                return true;
+            }
+            match exited_unreaped(self.pid) {
+                Ok(false) => false,
+                Ok(true) => {
+                    gate.wait_open(MAX_REAP_HOLD);
+                    true
+                }
+                // waitpid reports the error.
+                Err(_) => true,
+            }
+        }
+
         fn reap_root(&self, errors: &mut Vec<String>) -> Option<i32> {
+            if let Some(gate) = &self.ctx.hold_reap {
+                gate.wait_open(MAX_REAP_HOLD);
+            }
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
                 match poll_status(self.pid) {
@@ -714,6 +766,38 @@ mod tests {
         )
         .wrapped()
         .with_runtime_config(serde_json::json!({"wrapper": "sh"}))
+    }
+
+    #[test]
+    fn a_closed_reap_gate_keeps_an_exited_root_a_zombie_until_it_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let labels = EvidenceLabels {
+            backend: "wrapper".into(),
+            enforcement: Enforcement::ExternalSandboxRequested,
+            capabilities: Capabilities::default(),
+        };
+        let (opener, gate) = crate::backend::ReapGate::closed();
+        let mut ctx = LaunchContext::new(StdioMode::Files {
+            stdin: None,
+            stdout: dir.path().join("out"),
+            stderr: dir.path().join("err"),
+        });
+        ctx.hold_reap = Some(gate);
+        let cmd = spawn_supervised(
+            prepared(dir.path(), &["inner"], BackendOptions::new()),
+            ctx,
+            labels,
+        )
+        .unwrap();
+        let pid = cmd.pid();
+        // Far longer than the monitor's 5 ms ticks: without the gate it would be reaped by now.
+        std::thread::sleep(Duration::from_millis(300));
+        let stat = crate::process::read_stat(pid).expect("the exited root is still there");
+        assert!(stat.is_zombie(), "{stat:?}");
+        opener.open();
+        let ev = cmd.wait_blocking().unwrap();
+        assert_eq!(ev.exit.code, Some(3));
+        assert!(crate::process::read_stat(pid).is_err());
     }
 
     #[test]

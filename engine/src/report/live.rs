@@ -4,6 +4,8 @@
 //! the end; it then yields one [`LiveUpdate::Finished`] with its status and change count. An
 //! unsealed run while no agentdiff holds the project lock (seen in `/proc/locks`, without taking
 //! the lock) was interrupted: it yields one [`LiveUpdate::Interrupted`] and is no longer followed.
+//! Its seal is looked at again after the lock check, since a run is sealed before its agentdiff
+//! releases the lock: one that finishes between the two checks is sealed, not interrupted.
 //!
 //! Invariants: read-only (nothing in the store is written or locked); each event is yielded once
 //! per [`LiveTail`]; a line still being written is left for the next poll; `events.jsonl` is
@@ -95,8 +97,7 @@ impl LiveTail {
         };
         // Sealed and the lock are checked before reading, so the events read afterwards are the
         // last ones.
-        let sealed = capsule.is_sealed();
-        let abandoned = !sealed && !lock_held(store);
+        let standing = standing(|| capsule.is_sealed(), || lock_held(store));
         let offset = self.offsets.get(&id).copied().unwrap_or(0);
         let path = capsule.dir().join(Artifact::Events.file_name());
         let (events, next) = match read_from(&path, offset) {
@@ -108,7 +109,7 @@ impl LiveTail {
             run_id: id.clone(),
             event,
         }));
-        if sealed {
+        if standing == Standing::Sealed {
             let result = capsule.result().ok();
             out.push(LiveUpdate::Finished {
                 run_id: id.clone(),
@@ -117,7 +118,7 @@ impl LiveTail {
             });
             self.offsets.remove(&id);
             self.done.insert(id);
-        } else if abandoned {
+        } else if standing == Standing::Interrupted {
             out.push(LiveUpdate::Interrupted { run_id: id.clone() });
             self.offsets.remove(&id);
             self.done.insert(id);
@@ -131,6 +132,29 @@ impl LiveTail {
         });
         self.offsets.remove(&id);
         self.done.insert(id);
+    }
+}
+
+/// Where a run stands at one poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    Running,
+    Sealed,
+    Interrupted,
+}
+
+/// A run's standing from its seal and the project lock. A run is sealed before its agentdiff
+/// releases the lock, so an unsealed run found without a lock holder is looked at once more: it
+/// may have been sealed, and the lock released, between the two checks.
+fn standing(is_sealed: impl Fn() -> bool, lock_held: impl FnOnce() -> bool) -> Standing {
+    if is_sealed() {
+        Standing::Sealed
+    } else if lock_held() {
+        Standing::Running
+    } else if is_sealed() {
+        Standing::Sealed
+    } else {
+        Standing::Interrupted
     }
 }
 
@@ -278,6 +302,24 @@ mod tests {
         );
         run.event("late", json!({})).unwrap();
         assert!(tail.poll(&store).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_run_sealed_while_its_lock_was_checked_is_sealed_not_interrupted() {
+        use std::cell::Cell;
+        // The run seals and lets the lock go between the seal check and the lock check.
+        let sealed = Cell::new(false);
+        let got = standing(
+            || sealed.get(),
+            || {
+                sealed.set(true);
+                false
+            },
+        );
+        assert_eq!(got, Standing::Sealed);
+        assert_eq!(standing(|| false, || false), Standing::Interrupted);
+        assert_eq!(standing(|| false, || true), Standing::Running);
+        assert_eq!(standing(|| true, || false), Standing::Sealed);
     }
 
     #[test]

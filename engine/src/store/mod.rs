@@ -35,7 +35,7 @@ pub mod seal;
 mod tamper;
 mod tree;
 mod verified;
-pub use tamper::{StoreSnapshot, TamperFinding};
+pub use tamper::{StoreSnapshot, TamperFinding, WATCHED_SEALED_RUNS};
 
 use std::collections::BTreeSet;
 use std::fs::{self, DirBuilder};

@@ -82,7 +82,11 @@ pub(super) async fn launch(
     if let Some(dir) = crate::root::invocation_dir(&plan.spec.root) {
         prepared = prepared.starting_in(dir);
     }
-    let ctx = LaunchContext { stdio, interrupt };
+    let ctx = LaunchContext {
+        stdio,
+        interrupt,
+        hold_reap: None,
+    };
     let running = backend.launch(prepared, ctx).await?;
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
     // processes from this event. A failed write must not orphan the command, so it only warns.

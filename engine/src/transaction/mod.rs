@@ -226,8 +226,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         &capsule,
         timeout,
     );
-    // What agentdiff wrote before launch is checked against this after the command ran.
-    let store_snapshot = store.snapshot()?;
+    // What agentdiff wrote before launch is checked against this after the command ran; the
+    // project's latest sealed runs (from the ledger) are watched artifact by artifact.
+    let recent = authority.recent_sealed_runs(crate::store::WATCHED_SEALED_RUNS);
+    let store_snapshot = store.snapshot(&recent)?;
     let launched = launch::launch(
         req.backend,
         &plan,

@@ -830,7 +830,7 @@ fn a_before_tree_lost_everywhere_is_recorded_unreadable_and_the_capsule_still_ve
         spool: None,
         digests: None,
     };
-    let snapshot = store.snapshot().unwrap();
+    let snapshot = store.snapshot(&[]).unwrap();
     // The command deletes a backup and destroys the tree of `d/` in the store.
     let d_tree = objects.tree(&root).unwrap().trees["d"].clone();
     std::fs::remove_file(objects.object_path(&a_hex).unwrap()).unwrap();

@@ -407,7 +407,7 @@ fn start_launch(
                 start_time_ticks,
                 boot_id: crate::process::boot_id().unwrap_or_default(),
             };
-            if let Err(e) = session.send(&Request::Ack {}) {
+            if let Err(e) = session.acknowledge() {
                 session.kill();
                 return Err(e.into());
             }

@@ -403,12 +403,17 @@ pub fn decode<T: serde::de::DeserializeOwned>(line: &[u8]) -> Result<T, WireErro
     serde_json::from_slice(line).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
-/// Write one message.
+/// Write one message. A peer that has closed its end (`EPIPE`) is [`WireError::Closed`], as on
+/// the read side: a plugin that answered and exited before reading the next request has ended,
+/// and what it wrote before ending is still there to read.
 pub fn write_message<W: Write, T: Serialize>(w: &mut W, message: &T) -> Result<(), WireError> {
     let line = encode(message)?;
-    w.write_all(&line)?;
-    w.flush()?;
-    Ok(())
+    let written = w.write_all(&line).and_then(|()| w.flush());
+    match written {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(WireError::Closed),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Reads newline-delimited messages from a descriptor, each within a deadline.

@@ -13,8 +13,8 @@ use super::protocol::{
     PROTOCOL_VERSION,
 };
 use crate::backend::{
-    BackendDescriptor, BackendError, LaunchContext, OptionKind, RunEvidence, RuntimeBackend,
-    StdioMode,
+    BackendDescriptor, BackendError, LaunchContext, OptionKind, ReapGate, RunEvidence,
+    RuntimeBackend, StdioMode,
 };
 
 /// Serve `descriptor`'s backend on the protocol descriptors agentdiff passed
@@ -252,9 +252,13 @@ impl Server<'_> {
             ));
         }
         let (interrupt_tx, interrupt) = tokio::sync::watch::channel(None);
+        // The backend's monitor reaps the command when it exits; the gate keeps it a zombie
+        // until agentdiff has checked the identity (docs/backend-protocol.md, `ack`).
+        let (reap_opener, reap_gate) = ReapGate::closed();
         let ctx = LaunchContext {
             stdio: StdioMode::Inherit,
             interrupt,
+            hold_reap: Some(reap_gate),
         };
         let running = match self.backend.launch(prepared, ctx).await {
             Ok(r) => r,
@@ -276,6 +280,8 @@ impl Server<'_> {
             pid: identity.pid,
             start_time_ticks: identity.start_time_ticks,
         })?;
+        self.await_ack(inbox, &interrupt_tx).await?;
+        reap_opener.open();
         let waiting = running.wait();
         tokio::pin!(waiting);
         let result = loop {
@@ -290,9 +296,7 @@ impl Server<'_> {
                     None | Some(Err(WireError::Closed)) => {
                         let _ = interrupt_tx.send(Some(libc::SIGTERM));
                     }
-                    Some(Ok(_)) | Some(Err(_)) => {
-                        self.send(&error(ErrorKind::Protocol, "only `ack` and `interrupt` are valid during a run"))?;
-                    }
+                    Some(Ok(_)) | Some(Err(_)) => self.send(&not_during_a_run())?,
                 },
             }
         };
@@ -303,6 +307,36 @@ impl Server<'_> {
             Err(e) => self.send(&backend_error(e)),
         }
     }
+
+    /// Wait for agentdiff's `ack` of the launched identity. An `interrupt`, or agentdiff going
+    /// away, ends the wait too (the command is then ended by the backend's own wait).
+    async fn await_ack(
+        &mut self,
+        inbox: &mut Inbox,
+        interrupt: &tokio::sync::watch::Sender<Option<i32>>,
+    ) -> Result<(), WireError> {
+        loop {
+            match inbox.recv().await {
+                Some(Ok(Request::Ack {})) => return Ok(()),
+                Some(Ok(Request::Interrupt { signal })) => {
+                    let _ = interrupt.send(Some(signal));
+                    return Ok(());
+                }
+                None | Some(Err(WireError::Closed)) => {
+                    let _ = interrupt.send(Some(libc::SIGTERM));
+                    return Ok(());
+                }
+                Some(Ok(_)) | Some(Err(_)) => self.send(&not_during_a_run())?,
+            }
+        }
+    }
+}
+
+fn not_during_a_run() -> Response {
+    error(
+        ErrorKind::Protocol,
+        "only `ack` and `interrupt` are valid during a run",
+    )
 }
 
 /// Catch SIGINT, SIGTERM and SIGHUP for the life of the returned handles.

@@ -192,6 +192,19 @@ impl Session {
         self.write(request)
     }
 
+    /// Tell the plugin its launched process was checked. A plugin that has already ended needs
+    /// no ack, so its closed channel is no error here: the wait that follows still reads what it
+    /// wrote before ending (its `exited`), or names how it ended.
+    pub fn acknowledge(&mut self) -> Result<(), ExternalError> {
+        let Some(writer) = self.writer.as_mut() else {
+            return Err(self.violation("the request channel is already closed".into()));
+        };
+        match write_message(writer, &Request::Ack {}) {
+            Ok(()) | Err(WireError::Closed) => Ok(()),
+            Err(e) => Err(self.wire(e)),
+        }
+    }
+
     /// One message on the request channel, typed or not.
     fn write<T: serde::Serialize>(&mut self, message: &T) -> Result<(), ExternalError> {
         let Some(writer) = self.writer.as_mut() else {

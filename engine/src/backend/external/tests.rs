@@ -36,6 +36,11 @@ while IFS= read -r line <&3; do
     version) say '{{"type":"hello","protocol":99,"id":"fake"}}' ;;
     unknown) say '{{"type":"telemetry","data":1}}' ;;
     silent) sleep 5 ;;
+    gone)
+      # Ends its request channel before answering: the next request meets a closed pipe.
+      exec 3<&-
+      say '{{"type":"hello","protocol":1,"id":"fake"}}'
+      sleep 0.2; exit 3 ;;
     oversized) head -c 5000000 /dev/zero | tr '\0' x >&4; say '' ;;
     *) say '{{"type":"hello","protocol":1,"id":"fake"}}' ;;
     esac ;;
@@ -49,6 +54,14 @@ while IFS= read -r line <&3; do
     stranger)
       say "{{\"type\":\"launched\",\"pid\":$FAKE_PID,\"start_time_ticks\":$FAKE_START}}"
       read -r ack <&3; sleep 5 ;;
+    hasty)
+      # Reaps its command and ends its request channel before answering, as a plugin may that
+      # does not wait for `ack`: the ack meets a closed pipe, and `exited` is already written.
+      sleep 0.1 & pid=$!; start=$(start_of $pid); wait $pid
+      exec 3<&-
+      say "{{\"type\":\"launched\",\"pid\":$pid,\"start_time_ticks\":$start}}"
+      say '{{"type":"exited","report":{{"exit":{{"code":7,"signal":null,"timed_out":false,"interrupted_by":null,"duration_ms":5}},"capabilities":{CAPS}}}}}'
+      exit 0 ;;
     die)
       sleep 30 & pid=$!
       say "{{\"type\":\"launched\",\"pid\":$pid,\"start_time_ticks\":$(start_of $pid)}}"
@@ -227,6 +240,28 @@ fn a_run_passes_the_exit_code_and_labels_the_evidence_as_external() {
     // The launch was acknowledged only after the identity check.
     let rec = fake.recorded();
     assert!(rec.iter().any(|l| l == r#"{"type":"ack"}"#), "{rec:?}");
+}
+
+#[test]
+fn a_plugin_that_exits_before_the_ack_still_has_its_exit_report_read() {
+    let fake = Fake::new("hasty");
+    let ev = launch_and_wait(&fake).unwrap();
+    assert_eq!(ev.exit.code, Some(7));
+    let wrapper = ev.wrapper.unwrap();
+    // Reaped before agentdiff looked: the evidence says the check could not be made.
+    assert_eq!(
+        wrapper["external_backend"]["launched_process"], "ended_before_check",
+        "{wrapper:?}"
+    );
+}
+
+#[test]
+fn a_request_to_a_plugin_that_closed_its_channel_names_its_exit() {
+    let fake = Fake::new("gone");
+    let err = fake.backend().prepare(&spec(fake.dir.path())).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("exit status: 3"), "{text}");
+    assert!(!text.contains("Broken pipe"), "{text}");
 }
 
 #[test]

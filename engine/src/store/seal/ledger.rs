@@ -10,7 +10,7 @@
 //! or rewrite the file; without the key it cannot add lines that authenticate.
 
 use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -23,6 +23,8 @@ use super::key::{MacPurpose, SealKey, StateDir};
 pub const LEDGER_FILE_NAME: &str = "ledger.jsonl";
 /// Largest ledger `read` loads (hundreds of thousands of seals).
 const MAX_LEDGER_BYTES: u64 = 256 * 1024 * 1024;
+/// How much of the ledger's end [`Ledger::recent_runs`] reads (a few hundred lines).
+const TAIL_BYTES: u64 = 64 * 1024;
 
 /// One seal as recorded in the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,6 +222,43 @@ impl Ledger {
             }
         }
         Ok(out)
+    }
+
+    /// The ids of the last `limit` runs of `root` whose seal lines in the ledger's last
+    /// [`TAIL_BYTES`] authenticate under `key`, newest first, pruned runs left out. Reads only the
+    /// tail, so its cost does not grow with the ledger; anything unreadable gives fewer ids.
+    pub fn recent_runs(&self, key: &SealKey, root: &str, limit: usize) -> Vec<String> {
+        let Ok((mut file, meta)) = atomic::open_regular(&self.path()) else {
+            return Vec::new();
+        };
+        let start = meta.len().saturating_sub(TAIL_BYTES);
+        let mut tail = Vec::new();
+        if file.seek(SeekFrom::Start(start)).is_err()
+            || file.take(TAIL_BYTES).read_to_end(&mut tail).is_err()
+        {
+            return Vec::new();
+        }
+        let mut lines = tail.split(|b| *b == b'\n');
+        // A tail that starts inside a line: that partial line is not a line.
+        if start > 0 {
+            lines.next();
+        }
+        let mut pruned = Vec::new();
+        let mut out: Vec<String> = Vec::new();
+        let entries = lines
+            .rev()
+            .filter_map(|l| serde_json::from_slice::<LedgerEntry>(l).ok());
+        for e in entries.filter(|e| e.root == root && e.authenticates(key)) {
+            if e.is_pruned() {
+                pruned.push(e.run_id);
+            } else if !pruned.contains(&e.run_id) && !out.contains(&e.run_id) {
+                out.push(e.run_id);
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+        out
     }
 
     /// Whether the ledger file exists.

@@ -60,6 +60,13 @@ impl SealAuthority {
         })
     }
 
+    /// The last `limit` runs of this project whose seals the ledger records (authenticated,
+    /// not pruned), newest first; see [`Ledger::recent_runs`].
+    pub fn recent_sealed_runs(&self, limit: usize) -> Vec<String> {
+        self.ledger
+            .recent_runs(&self.key, &self.root.display().to_string(), limit)
+    }
+
     pub(crate) fn mac_seal(&self, integrity: &Integrity) -> SealMac {
         SealMac {
             algorithm: MAC_ALGORITHM.to_string(),
