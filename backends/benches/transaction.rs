@@ -2,8 +2,9 @@
 //! `make-corpus.sh`) against baselines measured in the same run:
 //!
 //! - cold (first run) vs `sha256sum` over every file + `cp -a` of the tree (target ≤ 3×);
-//! - warm (second run, tree unchanged) vs `git status --porcelain` (target ≤ 2×) and vs
-//!   `sha256sum` over every file;
+//! - warm (the runs after the first, tree unchanged; the best of [`WARM_RUNS`], as the baselines
+//!   are the best of three) vs `git status --porcelain` (target ≤ 2×) and vs `sha256sum` over
+//!   every file;
 //! - bytes the warm run adds to `.agentdiff/` vs the tree's bytes (target ≤ 2%);
 //! - bytes a run whose command appends one line to one file adds to `.agentdiff/` (target ≤ 1 MB);
 //! - the size of that run's integrity.json (target ≤ 64 KB);
@@ -402,6 +403,9 @@ fn file_count(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// Warm runs measured per tree (each on the unchanged tree, after the cold run).
+const WARM_RUNS: usize = 3;
+
 /// One `agentdiff run` of `command` in `tree` with a chosen run id: (wall, max RSS KiB).
 fn agentdiff_run(bin: &Path, tree: &Path, run_id: &str, command: &[&str]) -> (Duration, u64) {
     let mut c = Command::new(bin);
@@ -446,9 +450,14 @@ fn measure_tree(bin: &Path, label: &str, tree: &Path, scratch: &Path, changed: &
     let (cold, cold_rss) = agentdiff_run(bin, tree, "bench-cold", &["true"]);
     let store = tree.join(".agentdiff");
     let store_before = dir_bytes(&store);
-    let (warm, warm_rss) = agentdiff_run(bin, tree, "bench-warm", &["true"]);
+    let (mut warm, mut warm_rss) = agentdiff_run(bin, tree, "bench-warm", &["true"]);
+    let added = dir_bytes(&store).saturating_sub(store_before);
+    for i in 1..WARM_RUNS {
+        let (w, rss) = agentdiff_run(bin, tree, &format!("bench-warm-{i}"), &["true"]);
+        warm = warm.min(w);
+        warm_rss = warm_rss.max(rss);
+    }
     let store_warm = dir_bytes(&store);
-    let added = store_warm.saturating_sub(store_before);
     let append = format!("echo '// one more line' >> '{changed}'");
     let (change, change_rss) = agentdiff_run(bin, tree, "bench-change", &["sh", "-c", &append]);
     let change_added = dir_bytes(&store).saturating_sub(store_warm);
@@ -475,7 +484,8 @@ fn measure_tree(bin: &Path, label: &str, tree: &Path, scratch: &Path, changed: &
         cold.as_secs_f64() / (sha + cp).as_secs_f64()
     );
     println!(
-        "  warm run {:.0} ms = {:.2}x git status --porcelain   [target <= 2x]; {:.2}x sha256sum",
+        "  warm run {:.0} ms (best of {WARM_RUNS}) = {:.2}x git status --porcelain   [target <= 2x]; \
+         {:.2}x sha256sum",
         ms(warm),
         warm.as_secs_f64() / git.as_secs_f64(),
         warm.as_secs_f64() / sha.as_secs_f64()
@@ -497,7 +507,8 @@ fn measure_tree(bin: &Path, label: &str, tree: &Path, scratch: &Path, changed: &
         seal_bytes as f64 / 1024.0
     );
     println!(
-        "  peak RSS: cold {:.1} MB, warm {:.1} MB, change {:.1} MB   [target <= 64 MB]",
+        "  peak RSS: cold {:.1} MB, warm {:.1} MB (most of {WARM_RUNS}), change {:.1} MB   \
+         [target <= 64 MB]",
         mb(cold_rss),
         mb(warm_rss),
         mb(change_rss)

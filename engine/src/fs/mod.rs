@@ -16,6 +16,7 @@
 //! set back).
 
 mod diff;
+mod digest;
 mod exclude;
 mod manifest;
 mod tree;
@@ -35,6 +36,7 @@ pub use diff::{
     compare, compare_trees, diff, diff_unsupported, Change, ChangeType, Comparison,
     UnsupportedChange,
 };
+pub use digest::{StatDigests, MAX_DIGEST_BYTES};
 pub use exclude::{DEFAULT_EXCLUDED_DIRS, IGNORE_FILE, STORE_DIR};
 pub use manifest::{
     exclusion_reason, unsupported_kind, BackupSkip, BackupState, Entry, EntryKind, Exclusion,
@@ -122,6 +124,9 @@ pub struct ScanOptions<'a> {
     /// has the same tree as before and the comparison skips it. (A copy the before-scan stored is a
     /// copy of this content too: the hash is the same.)
     pub carry_backup_state: bool,
+    /// Keep the [`StatDigests`] of the trees this scan produces ([`Scanned::digests`]), for
+    /// the after-scan of the same run ([`TreeReuse::digests`]).
+    pub collect_digests: bool,
     /// Hashing threads; 0 = all cores.
     pub threads: usize,
     /// Called from worker threads, throttled.
@@ -141,6 +146,7 @@ impl<'a> ScanOptions<'a> {
             reuse: None,
             reuse_tree: None,
             carry_backup_state: false,
+            collect_digests: false,
             threads: 0,
             progress: None,
             ignore: IgnoreSource::ProjectFile,
@@ -166,6 +172,11 @@ pub struct TreeReuse<'a> {
     /// Its root tree.
     pub tree: &'a str,
     pub source: &'a dyn TreeSource,
+    /// The stat digests that scan kept (this run's before-scan): a directory whose listing
+    /// gives its tree's digest is known unchanged without reading the tree (see
+    /// [`StatDigests`]). Used only without a backup request and with `carry_backup_state`,
+    /// where a reused file's entry is exactly the earlier one.
+    pub digests: Option<&'a StatDigests>,
 }
 
 /// What [`scan_to`] produced: the manifest without its entries (those went to the sink) and the
@@ -174,6 +185,8 @@ pub struct TreeReuse<'a> {
 pub struct Scanned {
     pub manifest: Manifest,
     pub root_tree: String,
+    /// With [`ScanOptions::collect_digests`], the stat digests of the trees produced.
+    pub digests: Option<StatDigests>,
 }
 
 /// Failures that make the whole scan meaningless; per-entry problems go to `unsupported`.

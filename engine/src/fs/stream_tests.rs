@@ -39,6 +39,18 @@ impl TreeSink for &MemTrees {
         self.objects.lock().unwrap().insert(id.clone(), bytes);
         Ok(id)
     }
+
+    /// The objects are held intact in memory: the tree need not be read (nor counted as read).
+    fn unchanged_unread(
+        &mut self,
+        _dir: &str,
+        id: &str,
+        _entries: usize,
+        _src: &dyn TreeSource,
+    ) -> Result<String, TreeError> {
+        assert!(self.objects.lock().unwrap().contains_key(id), "{id}");
+        Ok(id.to_string())
+    }
 }
 
 impl MemTrees {
@@ -591,19 +603,36 @@ fn settled_reuse<'a>(first: &'a Scanned, trees: &'a MemTrees) -> TreeReuse<'a> {
             .map(|s| s + 2 * RACY_MARGIN_NS),
         tree: &first.root_tree,
         source: trees,
+        digests: None,
     }
 }
 
-/// A scan reusing `first`'s trees (see [`settled_reuse`]) into `trees`.
+/// A scan reusing `first`'s trees (see [`settled_reuse`]) into `trees`; as the after-scan of a
+/// run (earlier backup states carried, the stat digests `first` kept used) when it kept them.
 fn rescan_reusing(root: &Path, first: &Scanned, trees: &MemTrees) -> Scanned {
     let mut opts = ScanOptions::new();
-    opts.reuse_tree = Some(settled_reuse(first, trees));
+    opts.reuse_tree = Some(TreeReuse {
+        digests: first.digests.as_ref(),
+        ..settled_reuse(first, trees)
+    });
+    opts.carry_backup_state = first.digests.is_some();
     let mut sink = trees;
     scan_to(root, &opts, &mut sink).unwrap()
 }
 
 #[test]
 fn reused_trees_equal_a_full_hash_scan_after_adversarial_edits() {
+    adversarial_edits_case(false);
+}
+
+/// The same edits for the after-scan of a run, which knows unchanged directories from the
+/// before-scan's stat digests without reading their trees.
+#[test]
+fn stat_digest_reuse_equals_a_full_hash_scan_after_adversarial_edits() {
+    adversarial_edits_case(true);
+}
+
+fn adversarial_edits_case(digests: bool) {
     use std::os::unix::fs::PermissionsExt;
     let d = tempfile::tempdir().unwrap();
     let r = d.path();
@@ -628,12 +657,26 @@ fn reused_trees_equal_a_full_hash_scan_after_adversarial_edits() {
     ] {
         write(r, name, "odd!");
     }
+    // Changed below directories whose own entries keep their stats: their trees are the
+    // earlier entries with new subtrees.
+    write(r, "nest/a/b/f", "nnnn");
+    write(r, "nest/a/g", "gggg");
     let trees = MemTrees::default();
     let mut sink = &trees;
-    let first = scan_to(r, &ScanOptions::new(), &mut sink).unwrap();
+    let mut opts = ScanOptions::new();
+    opts.collect_digests = digests;
+    let first = scan_to(r, &opts, &mut sink).unwrap();
+    assert_eq!(
+        first.digests.as_ref().map(|d| d.len()),
+        digests.then_some(13)
+    );
+    trees.take_reads();
 
     // Unchanged: every directory's tree is the earlier object, nothing is read.
     let same = rescan_reusing(r, &first, &trees);
+    if digests {
+        assert_eq!(trees.take_reads(), Vec::<String>::new(), "no tree is read");
+    }
     assert_eq!(same.root_tree, first.root_tree);
     assert_eq!(same.manifest.stats.bytes_hashed, 0);
     assert_eq!(
@@ -656,6 +699,7 @@ fn reused_trees_equal_a_full_hash_scan_after_adversarial_edits() {
     crate::testing::rewrite_in_place(&r.join("hard/two"), b"HHHH");
     fs::hard_link(r.join("hard/single"), r.join("hard/single2")).unwrap();
     crate::testing::rewrite_in_place(&r.join("odd/ name\nwith newline"), b"odd?");
+    crate::testing::rewrite_in_place(&r.join("nest/a/b/f"), b"NNNN");
 
     let reused = rescan_reusing(r, &first, &trees);
     let mut sink = &trees;
@@ -668,9 +712,13 @@ fn reused_trees_equal_a_full_hash_scan_after_adversarial_edits() {
     assert_ne!(reused.root_tree, first.root_tree);
     // keep/ and keep/deep/ are reused as they are; every edited directory is written anew.
     assert_eq!(reused.manifest.stats.trees_reused, 2);
-    assert!(reused.manifest.stats.hashes_reused >= 4 + 3);
+    // keep/deep/k*, the three untouched odd/ names, nest/a/g.
+    assert!(reused.manifest.stats.hashes_reused >= 8);
     for (dir, changed) in [
         ("keep", false),
+        ("nest", true),
+        ("nest/a", true),
+        ("nest/a/b", true),
         ("same_size", true),
         ("swap", true),
         ("mode", true),
@@ -683,4 +731,37 @@ fn reused_trees_equal_a_full_hash_scan_after_adversarial_edits() {
         let now = trees.subtree(&reused.root_tree, dir);
         assert_eq!(was != now, changed, "{dir}");
     }
+}
+
+/// A stat digest never stands for a directory with a racy file: that tree is read and each file
+/// decided alone (here hashed again); a directory without files still uses its digest.
+#[test]
+fn stat_digests_are_not_used_for_directories_with_racy_files() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a/f", "x");
+    let trees = MemTrees::default();
+    let mut opts = ScanOptions::new();
+    opts.collect_digests = true;
+    let mut sink = &trees;
+    let first = scan_to(d.path(), &opts, &mut sink).unwrap();
+    let a = trees.subtree(&first.root_tree, "a");
+    trees.take_reads();
+    let mut again = ScanOptions::new();
+    // The earlier scan's own start: `a/f` was written just before it, so it is racy.
+    again.reuse_tree = Some(TreeReuse {
+        root: &first.manifest.root,
+        started_ns: first.manifest.stats.started_ns,
+        tree: &first.root_tree,
+        source: &trees,
+        digests: first.digests.as_ref(),
+    });
+    again.carry_backup_state = true;
+    let second = scan_to(d.path(), &again, &mut sink).unwrap();
+    assert_eq!(second.root_tree, first.root_tree);
+    assert_eq!(second.manifest.stats.hashes_reused, 0);
+    assert_eq!(
+        trees.take_reads(),
+        vec![a],
+        "only the racy directory's tree is read"
+    );
 }

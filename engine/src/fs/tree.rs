@@ -166,6 +166,21 @@ pub trait TreeSink {
         let _ = id;
         self.directory(dir, earlier.tree)
     }
+
+    /// A listing found equal to the earlier tree `id` (of `entries` entries) from its stat digest
+    /// alone, without reading the tree (see `crate::fs::StatDigests`); `src` gives the tree when
+    /// the sink needs it. The default reads it and treats it as [`TreeSink::unchanged`].
+    fn unchanged_unread(
+        &mut self,
+        dir: &str,
+        id: &str,
+        entries: usize,
+        src: &dyn TreeSource,
+    ) -> Result<String, TreeError> {
+        let _ = entries;
+        let earlier = src.reusable(id)?;
+        self.unchanged(dir, id, earlier)
+    }
 }
 
 /// Joins a project-relative directory and a name.

@@ -31,6 +31,7 @@ use nix::errno::Errno;
 use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
 
+use super::digest::{stat_digest, DirDigest, StatDigests};
 use super::exclude::{parse_ignore_file, Rules, Verdict, IGNORE_FILE};
 use super::hash::{backup_state, capture, Captured, Meta, CHUNK};
 use super::manifest::{
@@ -104,6 +105,18 @@ struct OpenDir {
     /// The earlier tree of this directory (the stat cache's), kept until the directory is
     /// complete: when the new listing equals it, its object is reused as it is.
     earlier: Option<Earlier>,
+    /// The earlier tree whose stat digest this listing matched (see [`StatDigests`]): its
+    /// entries are that tree's, and so is its object when the subtrees are too.
+    same_stat: Option<String>,
+}
+
+/// A regular file of a listing checked against its directory's stat digest: hashed or reused
+/// only when the digest differs.
+struct Deferred {
+    c_name: CString,
+    name: String,
+    path: String,
+    seen: Meta,
 }
 
 /// An earlier tree object: its id and what its source gave.
@@ -153,11 +166,19 @@ struct Reuse<'a> {
     /// Entries whose mtime or ctime is at or after this are racy (never reused).
     racy_from: i64,
     root: PrevRef,
+    /// The before-scan's stat digests (the after-scan of a run).
+    digests: Option<&'a StatDigests>,
 }
 
 impl<'a> Reuse<'a> {
     /// The cache `opts` asks for, when it was taken at this root and records its start.
     fn of(opts: &ScanOptions<'a>, root: &str) -> Option<Reuse<'a>> {
+        // A reused file's entry is exactly the earlier one only without a backup request and
+        // with the earlier backup state carried: only then may a digest stand for the entries.
+        let digests = opts
+            .reuse_tree
+            .and_then(|t| t.digests)
+            .filter(|_| opts.backup.is_none() && opts.carry_backup_state);
         let (from, root_ref, started_ns) = match (opts.reuse_tree, opts.reuse) {
             (Some(t), _) => (
                 ReuseFrom::Trees(t.source),
@@ -175,7 +196,23 @@ impl<'a> Reuse<'a> {
             from,
             racy_from: started_ns?.saturating_sub(RACY_MARGIN_NS),
             root: root_ref,
+            digests,
         })
+    }
+
+    /// The stat digest of the earlier tree `id`, when one is kept and none of its files is racy.
+    fn digest(&self, id: &str) -> Option<&'a DirDigest> {
+        self.digests?
+            .get(id)
+            .filter(|d| d.newest_file_ns < self.racy_from)
+    }
+
+    /// Where earlier trees are read from.
+    fn source(&self) -> Option<&'a dyn TreeSource> {
+        match self.from {
+            ReuseFrom::Trees(src) => Some(src),
+            ReuseFrom::Manifest(_) => None,
+        }
     }
 
     /// The earlier listing `r` names; a tree that cannot be read just means no reuse below it.
@@ -226,6 +263,10 @@ struct Walker<'o, 'a> {
     sink_error: Option<TreeError>,
     /// `getdents64`'s buffer, reused for every listing.
     list_buf: Vec<u8>,
+    /// The files of the listing in progress whose directory has a stat digest.
+    deferred: Vec<Deferred>,
+    /// Stat digests of the trees produced, when collected.
+    digests: Option<StatDigests>,
     unsupported: Vec<Unsupported>,
     excluded: Vec<Exclusion>,
     stats: ScanStats,
@@ -287,6 +328,8 @@ pub(crate) fn scan(
         root_tree: None,
         sink_error: None,
         list_buf: Vec::new(),
+        deferred: Vec::new(),
+        digests: opts.collect_digests.then(StatDigests::default),
         unsupported: Vec::new(),
         excluded: Vec::new(),
         stats: ScanStats::default(),
@@ -318,6 +361,7 @@ pub(crate) fn scan(
         mut stats,
         root_tree,
         sink_error,
+        digests,
         ..
     } = walker;
     if let Some(e) = sink_error {
@@ -347,6 +391,7 @@ pub(crate) fn scan(
     Ok(Scanned {
         manifest,
         root_tree,
+        digests,
     })
 }
 
@@ -462,6 +507,18 @@ struct Listing<'p, 'a> {
     rel: &'p str,
     searched: bool,
     prev: Option<&'p Prev<'a>>,
+    /// The earlier tree's stat digest, used instead of `prev` (see [`StatDigests`]).
+    digest: Option<&'a DirDigest>,
+}
+
+impl Listing<'_, '_> {
+    /// Where the subdirectory `name`'s earlier listing is found.
+    fn sub(&self, name: &str) -> Option<PrevRef> {
+        match self.digest {
+            Some(d) => d.sub(name).map(PrevRef::Tree),
+            None => self.prev.and_then(|p| p.sub(name)),
+        }
+    }
 }
 
 impl<'a> Walker<'_, 'a> {
@@ -486,6 +543,7 @@ impl<'a> Walker<'_, 'a> {
                 tree: Tree::default(),
                 pending: 1,
                 earlier: None,
+                same_stat: None,
             },
         );
         id
@@ -530,15 +588,17 @@ impl<'a> Walker<'_, 'a> {
             }
             let recorded = node.tree.is_recorded(node.is_entry) || node.parent.is_none();
             let tree_id = if recorded {
-                let stored = match node.earlier {
-                    Some(e) if e.tree.tree == node.tree => {
-                        self.stats.trees_reused += 1;
-                        self.sink.unchanged(&node.rel, &e.id, e.tree)
+                let digest = self
+                    .digests
+                    .as_ref()
+                    .and_then(|_| DirDigest::of(&node.tree));
+                match self.store_tree(&node.rel, node.tree, node.earlier, node.same_stat) {
+                    Ok(t) => {
+                        if let (Some(all), Some(d)) = (self.digests.as_mut(), digest) {
+                            all.insert(&t, d);
+                        }
+                        Some(t)
                     }
-                    _ => self.sink.directory(&node.rel, node.tree),
-                };
-                match stored {
-                    Ok(t) => Some(t),
                     Err(e) => {
                         self.sink_error = Some(e);
                         return;
@@ -563,6 +623,50 @@ impl<'a> Walker<'_, 'a> {
             }
             id = parent;
         }
+    }
+
+    /// Hands one complete directory's tree to the sink: the earlier object when the listing
+    /// equals it, else the tree as listed.
+    fn store_tree(
+        &mut self,
+        rel: &str,
+        tree: Tree,
+        earlier: Option<Earlier>,
+        same_stat: Option<String>,
+    ) -> Result<String, TreeError> {
+        if let Some(id) = same_stat {
+            return self.store_same_stat(rel, tree, &id);
+        }
+        match earlier {
+            Some(e) if e.tree.tree == tree => {
+                self.stats.trees_reused += 1;
+                self.sink.unchanged(rel, &e.id, e.tree)
+            }
+            _ => self.sink.directory(rel, tree),
+        }
+    }
+
+    /// A directory whose entries matched the earlier tree `id`'s stat digest (`tree` holds
+    /// placeholders for its files): that tree itself when the subtrees are the same, else its
+    /// entries with the new subtrees.
+    fn store_same_stat(&mut self, rel: &str, tree: Tree, id: &str) -> Result<String, TreeError> {
+        let reuse = self.reuse.as_ref();
+        let (Some(d), Some(src)) = (
+            reuse.and_then(|r| r.digest(id)),
+            reuse.and_then(Reuse::source),
+        ) else {
+            return Err(TreeError::Malformed {
+                id: id.to_string(),
+                reason: "its stat digest is no longer available".into(),
+            });
+        };
+        if d.same_subtrees(&tree.trees) {
+            self.stats.trees_reused += 1;
+            return self.sink.unchanged_unread(rel, id, d.entries, src);
+        }
+        let entries = src.tree(id)?.entries;
+        let trees = tree.trees;
+        self.sink.directory(rel, Tree { entries, trees })
     }
 
     fn drain(&mut self, results: &Receiver<FileResult>) {
@@ -636,15 +740,13 @@ impl<'a> Walker<'_, 'a> {
         stack: &mut Vec<PendingDir>,
         jobs: &SyncSender<FileJob>,
     ) {
-        let prev = match (prev, &self.reuse) {
-            (Some(r), Some(reuse)) => reuse.load(r),
-            _ => None,
-        };
+        let (prev, digest) = self.earlier_listing(prev);
         let at = Listing {
             id,
             rel,
             searched,
             prev: prev.as_ref(),
+            digest: digest.as_ref().map(|(_, d)| *d),
         };
         let shown = if rel.is_empty() {
             ".".to_string()
@@ -669,10 +771,70 @@ impl<'a> Walker<'_, 'a> {
             }
         }
         stack.extend(subdirs.into_iter().rev());
+        let prev = match digest {
+            Some((earlier_id, d)) => self.settle_deferred(fd, id, earlier_id, d, jobs),
+            None => prev,
+        };
         if let (Some(Prev::Tree(earlier)), Some(node)) = (prev, self.open.get_mut(&id)) {
             node.earlier = Some(earlier);
         }
         self.done_one(id);
+    }
+
+    /// The earlier listing `r` names: its stat digest when one is kept (the tree is then not
+    /// read), else the tree itself.
+    fn earlier_listing(
+        &self,
+        r: Option<PrevRef>,
+    ) -> (Option<Prev<'a>>, Option<(String, &'a DirDigest)>) {
+        let (Some(r), Some(reuse)) = (r, self.reuse.as_ref()) else {
+            return (None, None);
+        };
+        if let PrevRef::Tree(id) = &r {
+            if let Some(d) = reuse.digest(id) {
+                return (None, Some((id.clone(), d)));
+            }
+        }
+        (reuse.load(r), None)
+    }
+
+    /// After a listing checked against the stat digest `d` of the earlier tree `earlier_id`:
+    /// when the listing gives the same digest, its files are that tree's (nothing is read);
+    /// otherwise the tree is read and each file is reused or hashed as without a digest.
+    /// Returns the earlier listing read, if any.
+    fn settle_deferred(
+        &mut self,
+        fd: &Arc<OwnedFd>,
+        dir: u64,
+        earlier_id: String,
+        d: &DirDigest,
+        jobs: &SyncSender<FileJob>,
+    ) -> Option<Prev<'a>> {
+        let deferred = std::mem::take(&mut self.deferred);
+        let same = self.open.get(&dir).is_some_and(|n| {
+            let files = n.tree.entries.values();
+            files.filter(|e| e.kind == EntryKind::File).count() == deferred.len()
+                && stat_digest(&n.tree.entries) == d.stat
+        });
+        if same {
+            self.stats.hashes_reused += deferred.len() as u64;
+            for _ in &deferred {
+                self.counters.file_done(0, self.opts.progress);
+            }
+            if let Some(node) = self.open.get_mut(&dir) {
+                node.same_stat = Some(earlier_id);
+            }
+            return None;
+        }
+        let prev = self
+            .reuse
+            .as_ref()
+            .and_then(|r| r.load(PrevRef::Tree(earlier_id)));
+        for f in deferred {
+            let earlier = prev.as_ref().and_then(|p| p.entry(&f.path, &f.name));
+            self.reuse_or_hash(fd, dir, earlier, f, jobs);
+        }
+        prev
     }
 
     /// Records one name of a listing; returns the subdirectory to descend into, if it is one.
@@ -732,7 +894,7 @@ impl<'a> Walker<'_, 'a> {
             parent: Arc::clone(fd),
             c_name,
             parent_dir: at.id,
-            prev: at.prev.and_then(|p| p.sub(&name)),
+            prev: at.sub(&name),
             name,
             rel: path,
             seen,
@@ -868,11 +1030,43 @@ impl<'a> Walker<'_, 'a> {
             self.counters.file_done(0, self.opts.progress);
             return;
         }
-        let prev = at.prev.and_then(|p| p.entry(&path, &name));
+        let file = Deferred {
+            c_name,
+            name,
+            path,
+            seen,
+        };
+        if at.digest.is_some() {
+            // A placeholder until the listing's digest is known (see `settle_deferred`).
+            let placeholder = entry(&seen, EntryKind::File, BackupState::NotRequested);
+            self.record(at.id, &file.name, placeholder);
+            self.deferred.push(file);
+            return;
+        }
+        let prev = at.prev.and_then(|p| p.entry(&file.path, &file.name));
+        self.reuse_or_hash(fd, at.id, prev, file, jobs);
+    }
+
+    /// Records a regular file with the earlier entry's hash when the stat cache allows it, else
+    /// sends it to the hashing workers.
+    fn reuse_or_hash(
+        &mut self,
+        fd: &Arc<OwnedFd>,
+        dir: u64,
+        prev: Option<&Entry>,
+        file: Deferred,
+        jobs: &SyncSender<FileJob>,
+    ) {
+        let Deferred {
+            c_name,
+            name,
+            path,
+            seen,
+        } = file;
         if let Some((sha, state, reused_backup)) = self.reusable(prev, &seen) {
             let mut e = entry(&seen, EntryKind::File, state);
             e.sha256 = Some(sha);
-            self.record(at.id, &name, e);
+            self.record(dir, &name, e);
             self.stats.hashes_reused += 1;
             self.stats.backups_reused += u64::from(reused_backup);
             self.counters.file_done(0, self.opts.progress);
@@ -881,22 +1075,22 @@ impl<'a> Walker<'_, 'a> {
         let job = FileJob {
             parent: Arc::clone(fd),
             c_name,
-            dir: at.id,
+            dir,
             name,
             seen,
         };
-        self.add_pending(at.id);
+        self.add_pending(dir);
         if let Err(failed) = jobs.send(job) {
-            let state = match backup {
+            let state = match self.opts.backup {
                 Some(_) => BackupState::Skipped {
                     reason: BackupSkip::NotHashed,
                     detail: None,
                 },
                 None => BackupState::NotRequested,
             };
-            self.record(at.id, &failed.0.name, entry(&seen, EntryKind::File, state));
+            self.record(dir, &failed.0.name, entry(&seen, EntryKind::File, state));
             self.report(path, uk::UNREADABLE, "no hashing worker available");
-            self.done_one(at.id);
+            self.done_one(dir);
         }
     }
 

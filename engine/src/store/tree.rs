@@ -146,6 +146,25 @@ impl TreeSink for TreeWriter<'_> {
         }
         Ok(id.to_string())
     }
+
+    /// Counted without reading when the store holds the tree intact and there is no spool to
+    /// copy it to (the after-scan of an untouched store); otherwise read and handled as
+    /// [`TreeWriter::unchanged`].
+    fn unchanged_unread(
+        &mut self,
+        dir: &str,
+        id: &str,
+        entries: usize,
+        src: &dyn TreeSource,
+    ) -> Result<String, TreeError> {
+        if self.reused_are_stored && self.spool.is_none() {
+            self.entries += entries;
+            self.trees += 1;
+            return Ok(id.to_string());
+        }
+        let earlier = src.reusable(id)?;
+        self.unchanged(dir, id, earlier)
+    }
 }
 
 /// A copy of the before-scan's tree objects outside the object store, for while the command runs:

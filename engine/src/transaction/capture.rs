@@ -20,7 +20,7 @@ use serde_json::json;
 use super::{ProgressFn, TransactionError};
 use crate::fs::{
     self, BackupRequest, IgnoreSource, Manifest, Reusable, ScanOptions, ScanProgress, Scanned,
-    Tree, TreeError, TreeReuse, TreeSink,
+    StatDigests, Tree, TreeError, TreeReuse, TreeSink, TreeSource,
 };
 use crate::policy::Policy;
 use crate::store::seal::SealAuthority;
@@ -57,6 +57,8 @@ pub(super) struct Captured {
     pub failed_backups: FailedBackups,
     /// The before-scan's trees, copied outside the store while the command runs.
     pub spool: Option<TreeSpool>,
+    /// The before-scan's stat digests, for the after-scan (see [`StatDigests`]).
+    pub digests: Option<StatDigests>,
 }
 
 impl Captured {
@@ -117,6 +119,18 @@ impl TreeSink for CaptureSink<'_> {
         self.note_failed_backups(dir, &earlier.tree);
         self.writer.unchanged(dir, id, earlier)
     }
+
+    /// Only the after-scan reuses by stat digest, and only the before-scan's failed backups
+    /// are acted on (`missing_backups`): the tree need not be read to note them.
+    fn unchanged_unread(
+        &mut self,
+        dir: &str,
+        id: &str,
+        entries: usize,
+        src: &dyn TreeSource,
+    ) -> Result<String, TreeError> {
+        self.writer.unchanged_unread(dir, id, entries, src)
+    }
 }
 
 impl<'a> CapturePlan<'a> {
@@ -162,6 +176,8 @@ impl<'a> CapturePlan<'a> {
             spool: Some(TreeSpool::new(self.store.objects())?),
             carry_backup_state: false,
             reuse_from_store: true,
+            // Only the after-scan of the project tree reuses (see `after`).
+            collect_digests: self.trust_stat && !self.private_workspace,
         };
         let previous = self.previous_scan(root)?;
         if let Some(p) = &previous {
@@ -175,6 +191,7 @@ impl<'a> CapturePlan<'a> {
             started_ns: p.manifest.stats.started_ns,
             tree: &p.root_tree,
             source: self.store.objects(),
+            digests: None,
         });
         self.scan_and_store(root, step, backup, reuse, IgnoreSource::ProjectFile)
     }
@@ -209,6 +226,7 @@ impl<'a> CapturePlan<'a> {
             spool: None,
             carry_backup_state: false,
             reuse_from_store: false,
+            collect_digests: false,
         };
         if self.private_workspace {
             // Changes in the workspace are kept as objects so promote can apply them.
@@ -224,6 +242,7 @@ impl<'a> CapturePlan<'a> {
                 started_ns: before.manifest.stats.started_ns,
                 tree: &before.root_tree,
                 source: &trees,
+                digests: before.digests.as_ref(),
             });
             let step = Step {
                 carry_backup_state: true,
@@ -250,6 +269,7 @@ impl<'a> CapturePlan<'a> {
         opts.backup = backup;
         opts.reuse_tree = reuse;
         opts.carry_backup_state = step.carry_backup_state;
+        opts.collect_digests = step.collect_digests;
         opts.ignore = ignore;
         opts.progress = progress
             .as_ref()
@@ -265,6 +285,7 @@ impl<'a> CapturePlan<'a> {
         let Scanned {
             manifest,
             root_tree,
+            digests,
         } = fs::scan_to(dir, &opts, &mut sink)?;
         sink.writer.finish()?;
         let written = TreeWrite {
@@ -295,6 +316,7 @@ impl<'a> CapturePlan<'a> {
             root_tree,
             failed_backups,
             spool,
+            digests,
         })
     }
 }
@@ -311,6 +333,8 @@ struct Step {
     /// Every tree the stat cache may reuse is in the store intact (see
     /// `TreeWriter::reused_trees_are_stored`).
     reuse_from_store: bool,
+    /// Keep the stat digests of the trees (the before-scan, for the after-scan).
+    collect_digests: bool,
 }
 
 /// Most paths named in the refusal message; the rest are counted.

@@ -828,6 +828,7 @@ fn a_before_tree_lost_everywhere_is_recorded_unreadable_and_the_capsule_still_ve
         failed_backups: Default::default(),
         // No private copy: as if it had been destroyed too.
         spool: None,
+        digests: None,
     };
     let snapshot = store.snapshot(&[]).unwrap();
     // The command deletes a backup and destroys the tree of `d/` in the store.
