@@ -34,6 +34,14 @@ fn outcome_line(r: &RunResult) -> String {
         Status::Error => "task not run: agentdiff could not run it".into(),
         Status::TimedOut => "task stopped: the deadline expired".into(),
         Status::Terminated => "task stopped: agentdiff was interrupted".into(),
+        Status::Failed
+            if matches!(
+                r.runtime.as_ref().and_then(|rt| rt.failure.as_ref()),
+                Some(agentdiff_engine::backend::FailureKind::BackendFailed { .. })
+            ) =>
+        {
+            "task ran, but the runtime backend failed before reporting how it ended".into()
+        }
         Status::Failed => match (exit.and_then(|e| e.code), exit.and_then(|e| e.signal)) {
             (Some(c), _) => format!("task failed (exit {c})"),
             (_, Some(s)) => format!("task failed (killed by signal {s})"),

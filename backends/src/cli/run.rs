@@ -531,6 +531,10 @@ fn exit_code(outcome: &RunOutcome, fail_on: FailOn) -> u8 {
                 Some(agentdiff_engine::backend::FailureKind::LaunchFailed { .. }) => {
                     exit::LAUNCH_FAILED
                 }
+                // The command ran but how it ended is unknown: not its own code, never 0.
+                Some(agentdiff_engine::backend::FailureKind::BackendFailed { .. }) => {
+                    exit::INTERNAL
+                }
                 None => match (
                     exit_info.and_then(|e| e.code),
                     exit_info.and_then(|e| e.signal),

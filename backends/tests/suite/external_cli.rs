@@ -681,3 +681,168 @@ fn a_plugin_that_cannot_be_described_is_an_unavailable_backend() {
         assert!(!project.path().join(".agentdiff").exists(), "{id}");
     }
 }
+
+/// What a run whose plugin failed after the launch must still show: launched, `failed` with the
+/// backend's failure and no exit code, `.env` a denied change, the after-state captured; exit 70.
+fn assert_lost_run_recorded(project: &Path, out: &Output) -> Value {
+    assert_exit(out, 70);
+    let r = json_of(out);
+    assert_eq!(r["status"], "failed", "{r:#}");
+    assert_eq!(r["safety_outcome"], "deny", "{r:#}");
+    let env = r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == ".env")
+        .unwrap_or_else(|| panic!(".env is not recorded: {r:#}"));
+    assert_eq!(env["decision"], "deny", "{r:#}");
+    assert_eq!(r["summary"]["protected"], 1, "{r:#}");
+    assert_eq!(r["runtime"]["failure"]["kind"], "backend_failed", "{r:#}");
+    assert!(r["runtime"]["exit"]["code"].is_null(), "{r:#}");
+    assert!(r["execution_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("was launched")));
+    let dir = project
+        .join(".agentdiff/runs")
+        .join(r["run_id"].as_str().unwrap());
+    assert!(dir.join("after.json").is_file(), "no after-state captured");
+    let events = fs::read_to_string(dir.join("events.jsonl")).unwrap();
+    assert!(events.contains("\"backend_failed\""), "{events}");
+    assert!(!events.contains("\"launch_refused\""), "{events}");
+    r
+}
+
+/// The command kills its plugin (`kill -9 $PPID`) after writing `.env` and starting a `sleep`:
+/// the run is still recorded with its changes, and what the command left running is ended.
+#[test]
+fn a_command_that_kills_its_plugin_still_has_its_changes_recorded_and_denied() {
+    let plugins = PluginDir::new().with_nice();
+    let project = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let pidfile = outside.path().join("sleep.pid");
+    let script = format!(
+        "echo SECRET=x > .env; sleep 300 & echo $! > {}; kill -9 $PPID; wait",
+        pidfile.display()
+    );
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "run",
+            "--format",
+            "json",
+            "--runtime",
+            "nice",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let r = assert_lost_run_recorded(project.path(), &out);
+    assert!(
+        r["execution_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("without answering")),
+        "{r:#}"
+    );
+    let pid: u32 = fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let running = stat
+        .rsplit_once(") ")
+        .is_some_and(|(_, rest)| !rest.starts_with('Z'));
+    assert!(!running, "the command's sleep {pid} was left running");
+}
+
+/// Variations on the same attack through the plugin's response pipe (`/proc/$PPID/fd/4`):
+/// garbage, and a forged `exited` report while the command still runs. Where the write is refused
+/// (not root: the plugin is not dumpable) the command kills its plugin instead. Every way ends
+/// with the changes recorded.
+#[test]
+fn a_command_that_writes_into_its_plugins_pipe_cannot_erase_its_changes() {
+    let forged = r#"{"type":"exited","report":{"exit":{"code":0,"signal":null,"timed_out":false,"interrupted_by":null,"duration_ms":1}}}"#;
+    for payload in ["garbage", forged] {
+        let plugins = PluginDir::new().with_nice();
+        let project = tempfile::tempdir().unwrap();
+        let script = format!(
+            "echo SECRET=x > .env; echo '{payload}' > /proc/$PPID/fd/4 2>/dev/null || kill -9 \
+             $PPID; sleep 1"
+        );
+        let path = path_with(&[plugins.path()]);
+        let out = agentdiff_on(
+            &path,
+            project.path(),
+            &[
+                "run",
+                "--format",
+                "json",
+                "--runtime",
+                "nice",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
+        assert_lost_run_recorded(project.path(), &out);
+    }
+}
+
+/// The SDK plugin is not dumpable: a command of the same user cannot open its descriptors
+/// through `/proc/<plugin>/fd`. Checked as an unprivileged user, since root passes every ptrace
+/// check.
+#[test]
+fn the_command_cannot_open_its_plugins_descriptors() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let plugins = PluginDir::new().with_nice();
+    fs::set_permissions(plugins.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let base = tempfile::tempdir().unwrap();
+    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let (proj, state) = (base.path().join("proj"), base.path().join("state"));
+    fs::create_dir(&proj).unwrap();
+    fs::create_dir(&state).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
+    let as_nobody = nix::unistd::geteuid().is_root();
+    if as_nobody {
+        let chown = Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(&proj)
+            .arg(&state)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+    }
+    let probe = "if [ \"$(cat /proc/$PPID/comm)\" != agentdiff-backe ]; then echo not-the-plugin; \
+                 elif ls /proc/$PPID/fd >/dev/null 2>&1; then echo open; else echo denied; fi \
+                 > probe";
+    let mut c = Command::new(super::bin());
+    c.args([
+        "run",
+        "--fail-on",
+        "never",
+        "--runtime",
+        "nice",
+        "--",
+        "sh",
+        "-c",
+        probe,
+    ])
+    .current_dir(&proj)
+    .env_remove("AGENTDIFF_POLICY")
+    .env("AGENTDIFF_STATE_DIR", &state)
+    .env("HOME", base.path())
+    .env("PATH", path_with(&[plugins.path()]));
+    if as_nobody {
+        c.uid(65534).gid(65534);
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let seen = fs::read_to_string(proj.join("probe")).unwrap();
+    assert_eq!(seen.trim(), "denied", "{}", text(&out.stderr));
+}

@@ -1,5 +1,12 @@
 //! Launching the command through the backend: the launch spec (environment plan, options), the
 //! `launched` event cleanup relies on, and the environment evidence merge.
+//!
+//! Invariant: once the backend returned a running command, the run counts as launched whatever
+//! `wait` says. A backend that fails afterwards (an external plugin the command killed or whose
+//! pipe it garbled) yields [`LaunchFailure::Lost`]: the transaction still ends the leftovers,
+//! captures the tree, classifies every change and seals the run as `failed`; it never reads as
+//! "not launched". Not defended: a descendant that left the launched tree before the failure (a
+//! daemon) is not found here (`agentdiff cleanup` and the next run's orphan notice remain).
 
 use std::path::PathBuf;
 
@@ -7,8 +14,9 @@ use serde_json::json;
 
 use super::RunRequest;
 use crate::backend::{
-    BackendError, BackendOptions, EnvironmentEvidence, EnvironmentPlan, LaunchContext, LaunchSpec,
-    RunEvidence, RuntimeBackend, StdioMode,
+    BackendError, BackendOptions, Capabilities, Enforcement, EnvironmentEvidence, EnvironmentPlan,
+    ExitInfo, FailureKind, LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RuntimeBackend,
+    StdioMode, Tracking,
 };
 use crate::environment::{self, EnvMode};
 use crate::policy::{NetworkMode, Policy};
@@ -68,6 +76,22 @@ pub(super) fn plan(
     }
 }
 
+/// How a launch ended without the backend's evidence.
+pub(super) enum LaunchFailure {
+    /// The backend refused or could not start the command: nothing ran.
+    Refused(BackendError),
+    /// The command was launched, but the backend failed before reporting how it ended. The
+    /// evidence says what is known (exit unknown, the failure, the leftovers ended here); the run
+    /// goes on to the after-capture like any other.
+    Lost(Box<RunEvidence>),
+}
+
+impl From<BackendError> for LaunchFailure {
+    fn from(e: BackendError) -> Self {
+        LaunchFailure::Refused(e)
+    }
+}
+
 /// Prepares, launches and waits for the command.
 pub(super) async fn launch(
     backend: &dyn RuntimeBackend,
@@ -76,8 +100,9 @@ pub(super) async fn launch(
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     capsule: &Capsule,
     key: &SealKey,
-) -> Result<RunEvidence, BackendError> {
+) -> Result<RunEvidence, LaunchFailure> {
     let mut prepared = backend.prepare(&plan.spec)?;
+    let enforcement = prepared.enforcement();
     // Started from a subdirectory of the project: the command works there, as it would unwrapped.
     if let Some(dir) = crate::root::invocation_dir(&plan.spec.root) {
         prepared = prepared.starting_in(dir);
@@ -87,6 +112,7 @@ pub(super) async fn launch(
         interrupt,
         hold_reap: None,
     };
+    let launched_at = std::time::Instant::now();
     let running = backend.launch(prepared, ctx).await?;
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
     // processes from this event. A failed write must not orphan the command, so it only warns.
@@ -101,12 +127,82 @@ pub(super) async fn launch(
     let body = launch_event_body(capsule.id().as_str(), &fields);
     fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
     let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, fields);
-    let mut evidence = running.wait().await?;
+    // The identity the leftovers are ended by, should the backend lose the command.
+    let root = facts.root.clone().or_else(|| {
+        facts
+            .pid
+            .and_then(|p| crate::process::read_identity(p).ok())
+    });
+    let mut evidence = match running.wait().await {
+        Ok(evidence) => evidence,
+        Err(err) => {
+            let lost = Lost {
+                backend: backend.id(),
+                enforcement,
+                root,
+                duration: launched_at.elapsed(),
+            };
+            lost.evidence(plan, &err).await
+        }
+    };
     merge_environment(&mut evidence, &plan.env_evidence);
     if let Some(env) = evidence.environment.as_mut() {
         environment::key_fingerprints(env, key);
     }
+    if matches!(evidence.failure, Some(FailureKind::BackendFailed { .. })) {
+        return Err(LaunchFailure::Lost(Box::new(evidence)));
+    }
     Ok(evidence)
+}
+
+/// A command the backend lost after launching it.
+struct Lost {
+    backend: &'static str,
+    enforcement: Enforcement,
+    root: Option<ProcessIdentity>,
+    duration: std::time::Duration,
+}
+
+impl Lost {
+    /// What is known of the run: it was launched, how it ended is not; nothing the backend would
+    /// have labelled is claimed. Whatever is left of the launched process tree is ended here by
+    /// identity (the backend may have tried already; ending a process twice is harmless).
+    async fn evidence(self, plan: &LaunchPlan, err: &BackendError) -> RunEvidence {
+        let tree = self
+            .root
+            .as_ref()
+            .map(crate::backend::process_tree)
+            .unwrap_or_default();
+        let cleanup = crate::backend::cleanup_host_processes(&tree, plan.spec.grace).await;
+        RunEvidence {
+            backend: self.backend.to_string(),
+            enforcement: self.enforcement,
+            capabilities: Capabilities::default(),
+            exit: ExitInfo {
+                duration_ms: self.duration.as_millis() as u64,
+                ..ExitInfo::default()
+            },
+            failure: Some(FailureKind::BackendFailed {
+                message: err.to_string(),
+            }),
+            tracking: Tracking::Untracked,
+            processes: Vec::new(),
+            cleanup,
+            ports: crate::process::ports::off_evidence(),
+            wrapper_argv: None,
+            wrapper: None,
+            runtime_config: serde_json::Value::Null,
+            observation_root: plan.spec.workdir.display().to_string(),
+            environment: None,
+            execs: Default::default(),
+            containers: None,
+            warnings: vec![
+                "the runtime backend failed while the command ran (see the error): how the command \
+                 ended, its processes, ports and programs were not observed"
+                    .to_string(),
+            ],
+        }
+    }
 }
 
 /// The backend fingerprints what it really passed. What the transaction's plan dropped before the

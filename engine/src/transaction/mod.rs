@@ -241,7 +241,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     .await;
     let evidence = match launched {
         Ok(evidence) => evidence,
-        Err(err) => {
+        Err(launch::LaunchFailure::Lost(evidence)) => record_lost(&capsule, *evidence)?,
+        Err(launch::LaunchFailure::Refused(err)) => {
             let refused = decide::refused_launch(&err);
             record_refused(&capsule, req.backend.id(), &refused.message)?;
             // Nothing ran, so there is no after-state to capture.
@@ -401,6 +402,14 @@ fn record_unavailable(
         &RuntimeDoc::unavailable(backend, reason, remedy),
     )?;
     Ok(message)
+}
+
+/// Records a command the backend lost after launching it. The command ran: what it changed is
+/// captured and classified like any run's, from the evidence [`launch::LaunchFailure::Lost`] holds.
+fn record_lost(capsule: &Capsule, evidence: RunEvidence) -> Result<RunEvidence, TransactionError> {
+    let message = evidence.failure.as_ref().map(decide::execution_error);
+    capsule.event("backend_failed", json!({ "error": message }))?;
+    Ok(evidence)
 }
 
 /// Records a launch the backend refused or could not start.

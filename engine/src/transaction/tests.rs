@@ -1,5 +1,6 @@
 //! Table tests of the decision step: literal manifests and evidence in, `RunResult` out; nothing
-//! is launched, scanned or written.
+//! is launched, scanned or written. At the end, whole transactions with a fake backend (what a
+//! backend that fails after launch leaves on record).
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -876,4 +877,217 @@ fn a_before_tree_lost_everywhere_is_recorded_unreadable_and_the_capsule_still_ve
         .unverified
         .as_deref()
         .is_some_and(|n| n.contains("ancestor d"))));
+}
+
+/// A backend whose command writes `.env`, leaves a `sleep` behind, and whose `wait` then fails,
+/// as an external backend's does when the command kills its plugin.
+mod losing_backend {
+    use std::path::PathBuf;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use crate::backend::{
+        Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
+        LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch, Result, RunEvidence,
+        RunningCommand, RuntimeBackend,
+    };
+    use crate::process::ProcessIdentity;
+
+    pub struct Losing {
+        /// Where the command writes the pid of the `sleep` it leaves behind.
+        pub pidfile: PathBuf,
+        /// The launched root, kept so the test can see how it ended.
+        pub root: Arc<Mutex<Option<std::process::Child>>>,
+    }
+
+    #[async_trait]
+    impl RuntimeBackend for Losing {
+        fn id(&self) -> &'static str {
+            "losing"
+        }
+        fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
+            Capabilities::default()
+        }
+        async fn availability(&self, _options: &BackendOptions) -> Availability {
+            Availability::Ready {
+                detail: "test double".into(),
+            }
+        }
+        fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
+            let command = LaunchCommand {
+                program: spec.argv[0].clone(),
+                args: spec.argv[1..].to_vec(),
+                env: spec.env.clone(),
+                cwd: spec.workdir.clone(),
+            };
+            Ok(PreparedLaunch::new(
+                "losing",
+                spec,
+                command,
+                Enforcement::None,
+                (),
+            ))
+        }
+        async fn launch(
+            &self,
+            prepared: PreparedLaunch,
+            _ctx: LaunchContext,
+        ) -> Result<Box<dyn RunningCommand>> {
+            let script = format!(
+                "echo SECRET=x > .env; sleep 300 & echo $! > {}; wait",
+                self.pidfile.display()
+            );
+            let child = std::process::Command::new("sh")
+                .args(["-c", &script])
+                .current_dir(prepared.cwd())
+                .spawn()
+                .map_err(|e| BackendError::Launch {
+                    backend: "losing".into(),
+                    message: e.to_string(),
+                })?;
+            let pid = child.id();
+            *self.root.lock().unwrap() = Some(child);
+            // The command has written and forked before the backend fails.
+            for _ in 0..500 {
+                let written = std::fs::read_to_string(&self.pidfile).unwrap_or_default();
+                if written.ends_with('\n') {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(Box::new(Lost { pid }))
+        }
+        async fn cleanup_run(
+            &self,
+            _run_id: &str,
+            _ids: &[ProcessIdentity],
+            _grace: Duration,
+        ) -> CleanupReport {
+            CleanupReport::default()
+        }
+    }
+
+    struct Lost {
+        pid: u32,
+    }
+
+    #[async_trait]
+    impl RunningCommand for Lost {
+        fn pid(&self) -> Option<u32> {
+            Some(self.pid)
+        }
+        async fn wait(self: Box<Self>) -> Result<RunEvidence> {
+            Err(BackendError::Runtime {
+                backend: "losing".into(),
+                message: "the plugin died before reporting the exit".into(),
+            })
+        }
+    }
+}
+
+/// The backend fails after the command ran (a plugin the command killed): the run is recorded as
+/// launched, its `.env` write is captured and denied, the status is `failed` with the backend's
+/// failure, and the processes the command left are ended by identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_changes() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::ExitStatusExt;
+    use std::sync::{Arc, Mutex};
+    let base = tempfile::tempdir().unwrap();
+    let (proj, state) = (base.path().join("proj"), base.path().join("state"));
+    std::fs::create_dir(&proj).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(proj.join("README"), "x\n").unwrap();
+    let backend = losing_backend::Losing {
+        pidfile: base.path().join("sleep.pid"),
+        root: Arc::new(Mutex::new(None)),
+    };
+    let (_tx, interrupt) = tokio::sync::watch::channel(None);
+    let req = super::RunRequest {
+        root: proj.clone(),
+        policy: crate::policy::LoadedPolicy {
+            policy: policy(""),
+            source: crate::policy::PolicySource::BuiltIn,
+        },
+        argv: vec!["sh".into()],
+        task: None,
+        timeout: None,
+        run_id: Some("lost".into()),
+        backend: &backend,
+        options: Default::default(),
+        stdio: crate::backend::StdioMode::Inherit,
+        interrupt,
+        env_mode: None,
+        env_pass: Vec::new(),
+        grace: std::time::Duration::from_millis(200),
+        poll_interval: std::time::Duration::from_millis(20),
+        progress: None,
+        verified_controls: Vec::new(),
+        state_dir: Some(crate::store::seal::StateDir::at(&state).unwrap()),
+    };
+    let outcome = super::run(req).await.unwrap();
+    let r = &outcome.result;
+
+    assert_eq!(outcome.refusal, None, "the command ran: no refusal");
+    assert_eq!(r.status, Status::Failed, "{r:#?}");
+    assert_eq!(r.safety_outcome, Action::Deny);
+    let env = r.changes.iter().find(|c| c.path == ".env").expect(".env");
+    assert_eq!(env.decision, Action::Deny);
+    assert_eq!(r.summary.protected, 1);
+    let rt = r
+        .runtime
+        .as_ref()
+        .expect("runtime evidence of a launched run");
+    assert_eq!(rt.exit.code, None, "how the command ended is unknown");
+    assert!(
+        matches!(&rt.failure, Some(FailureKind::BackendFailed { message }) if message.contains("plugin died")),
+        "{:?}",
+        rt.failure
+    );
+    assert!(r
+        .execution_error
+        .as_deref()
+        .is_some_and(|e| e.contains("was launched")));
+
+    // On record: launched, the failure, the after-state, and a seal.
+    let capsule = crate::store::Store::open(&proj)
+        .unwrap()
+        .open_run("lost")
+        .unwrap();
+    let events: Vec<String> = capsule
+        .read_events()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"].as_str().map(str::to_string))
+        .collect();
+    for expected in ["launched", "backend_failed", "exited", "decided"] {
+        assert!(
+            events.iter().any(|e| e == expected),
+            "{expected}: {events:?}"
+        );
+    }
+    assert!(!events.iter().any(|e| e == "launch_refused"), "{events:?}");
+    assert!(outcome.capsule_dir.join("after.json").exists());
+    assert!(outcome.capsule_dir.join("integrity.json").exists());
+
+    // The launched root and the `sleep` it left were ended, not left running.
+    let mut root = backend.root.lock().unwrap().take().unwrap();
+    let status = root.wait().unwrap();
+    assert!(status.signal().is_some(), "the root was ended: {status:?}");
+    let pid: u32 = std::fs::read_to_string(base.path().join("sleep.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = (0..100).any(|_| {
+        let ended = crate::process::read_stat(pid).map_or(true, |s| s.is_zombie());
+        if !ended {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        ended
+    });
+    assert!(gone, "the command's leftover sleep {pid} still runs");
 }

@@ -4,8 +4,9 @@
 //! id; that the launched process exists with the reported start time and descends from the
 //! plugin process (else the run fails closed and nothing is signalled); that the labels on the
 //! exit report do not exceed what was declared for the launch; that the plugin is alive until it
-//! reports how the command ended (its death or silence fails the run, and the reported command is
-//! ended by verified identity). The rest of the exit evidence is the plugin's word, and the run
+//! reports how the command ended (its death or silence fails the run, and the reported command's
+//! tree, read from `/proc` before anything is signalled, is ended by verified identity); that an
+//! `exited` report does not arrive while the launched process still runs (a forged report). The rest of the exit evidence is the plugin's word, and the run
 //! evidence says so (`wrapper.external_backend`).
 
 use std::sync::{Arc, Mutex};
@@ -469,6 +470,17 @@ impl RunningCommand for ExternalRun {
             }
             Err(e) => return Err(self.abandon(e.to_string()).await),
         };
+        // The plugin reports an exit only once the command ended; a report while the launched
+        // process still runs is false (forged by a process that reached the plugin's pipe, or the
+        // plugin's mistake), and is not believed.
+        if still_running(&self.identity) {
+            return Err(self
+                .abandon(format!(
+                    "it reported the command ended, but the launched process {} is still running",
+                    self.identity.pid
+                ))
+                .await);
+        }
         if let Some(claim) = overclaim(
             &report,
             &self.plan.capabilities,
@@ -535,25 +547,39 @@ impl ExternalRun {
     /// The plugin failed while the command ran: end the plugin and the command it launched
     /// (identity-checked), and say so.
     async fn abandon(&mut self, what: String) -> BackendError {
+        // The tree is read before anything dies: the command's children re-parent away once the
+        // command (or the plugin, their ancestor) is gone.
+        let mut tree = crate::backend::process_tree(&self.identity);
+        if tree.is_empty() {
+            tree.push(self.identity.clone());
+        }
         self.session.kill();
         let grace = self.prepared.spec().grace;
-        let report = cleanup_host_processes(std::slice::from_ref(&self.identity), grace).await;
+        let report = cleanup_host_processes(&tree, grace).await;
         let outcome = report
             .records
-            .first()
+            .iter()
+            .find(|r| r.identity.pid == self.identity.pid)
             .map(|r| format!("{:?}", r.outcome).to_lowercase())
             .unwrap_or_else(|| "not found".into());
         BackendError::Runtime {
             backend: self.id.into(),
             message: format!(
                 "external backend {} failed before reporting how the command ended: {what}; the \
-                 run fails closed (launched process {}: {outcome}; its descendants may remain, \
-                 see `agentdiff cleanup`)",
+                 run fails closed (launched process {}: {outcome}; {} of its descendants found \
+                 and ended; one that had left the tree may remain, see `agentdiff cleanup`)",
                 self.session.plugin.path.display(),
-                self.identity.pid
+                self.identity.pid,
+                tree.len().saturating_sub(1)
             ),
         }
     }
+}
+
+/// Whether `id` is still a running process (not an unreaped zombie).
+fn still_running(id: &ProcessIdentity) -> bool {
+    matches!(crate::process::identity::still_matches(id), Ok(true))
+        && crate::process::read_stat(id.pid).is_ok_and(|s| !s.is_zombie())
 }
 
 /// A malformed part of a plugin's answer as its protocol error.

@@ -2,7 +2,10 @@
 //! agentdiff can drive (`fn main() -> ExitCode { serve(&DESCRIPTOR) }`).
 //!
 //! The protocol descriptors are made close-on-exec at once, so the launched command never
-//! inherits them; the command gets exactly the environment of the request.
+//! inherits them; the command gets exactly the environment of the request. The plugin makes
+//! itself non-dumpable first, so a command of the same user cannot reach those descriptors through
+//! `/proc/<plugin>/fd` either (root can; a command can still kill its plugin, which fails the run
+//! closed with its changes recorded).
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
@@ -29,6 +32,7 @@ pub fn serve(descriptor: &BackendDescriptor) -> ExitCode {
         );
         return ExitCode::from(2);
     };
+    harden_process(descriptor.id);
     for fd in [read_fd, write_fd] {
         // SAFETY: fcntl on a descriptor number; an invalid one only makes it fail.
         if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
@@ -67,6 +71,27 @@ pub fn serve(descriptor: &BackendDescriptor) -> ExitCode {
             ExitCode::from(70)
         }
     }
+}
+
+/// Makes the plugin non-dumpable before it reads a request: a process of the same user (the
+/// launched command among them) then cannot open `/proc/<plugin>/fd/*` — the protocol pipes, where
+/// it could forge an `exited` report or garble the channel — nor read the plugin's memory or
+/// attach to it; the kernel refuses those to a process without CAP_SYS_PTRACE. The command is not
+/// affected (`execve` makes a new program dumpable again). Not defended: root, CAP_SYS_PTRACE, and
+/// a command that kills the plugin (the run then fails closed, with its changes recorded).
+fn harden_process(id: &str) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            eprintln!(
+                "agentdiff-backend-{id}: warning: could not make the process non-dumpable: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = id;
 }
 
 fn parse_fds(v: &str) -> Option<(RawFd, RawFd)> {
