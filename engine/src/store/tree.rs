@@ -63,9 +63,12 @@ pub struct TreeWriter<'s> {
 
 /// Most bytes of tree objects a [`TreeSpool`] also keeps parsed in memory. Parsed, a tree takes
 /// about four times its object's size, so this adds at most ~2 MB to the scan's peak memory
-/// (a 200,000-file tree's trees are ~50 MB of objects, and its cold run is already near the
-/// 64 MB bound).
+/// (a 200,000-file tree's trees are ~50 MB of objects; the after-scan reads only the trees of
+/// directories whose stat digest changed, see `crate::fs::StatDigests`).
 pub const MAX_KEPT_BYTES: usize = 512 * 1024;
+
+/// Bytes of trees a [`TreeSpool`] gathers before writing them to its file at once.
+const SPOOL_BATCH: usize = 64 * 1024;
 
 /// Most bytes of trees a [`TreeWriter`] keeps aside for a second attempt.
 pub const MAX_DEFERRED_BYTES: usize = 8 * 1024 * 1024;
@@ -171,8 +174,10 @@ impl TreeSink for TreeWriter<'_> {
 /// the store's objects are files the command may rewrite or delete, and the run must still know
 /// the before-state to compare with and to withdraw lost backups from. The copy is an unlinked
 /// file in the store's own `objects/tmp/` (on the project's disk, not in `$TMPDIR`, which may be
-/// RAM; nothing names it in the filesystem) and only a small index (id → offset, length) is kept
-/// in memory, so the before manifest is never held whole. Every read is verified against the id.
+/// RAM; nothing names it in the filesystem), written in batches of [`SPOOL_BATCH`] bytes (one
+/// write per batch instead of one per tree; the batch not yet written is read from memory), and
+/// only a small index (id → offset, length) is kept in memory, so the before manifest is never
+/// held whole. Every read is verified against the id.
 ///
 /// Not defended here: a process that can open the file through `/proc/PID/fd` (agentdiff is not
 /// dumpable, but root can) may change it; a changed or unreadable copy fails verification and
@@ -181,7 +186,12 @@ impl TreeSink for TreeWriter<'_> {
 pub struct TreeSpool {
     file: std::fs::File,
     dir: std::path::PathBuf,
+    /// Bytes indexed: those in the file, then those in `pending`.
     len: u64,
+    /// Bytes in the file.
+    written: u64,
+    /// Trees not yet written, up to [`SPOOL_BATCH`] bytes (one write per batch, not per tree).
+    pending: Vec<u8>,
     index: HashMap<[u8; 32], (u64, usize)>,
     /// Trees also kept parsed in memory (agentdiff's own, out of the command's reach), up to
     /// [`MAX_KEPT_BYTES`] of their objects' size: the after-scan takes each out once instead of
@@ -204,6 +214,8 @@ impl TreeSpool {
             file,
             dir,
             len: 0,
+            written: 0,
+            pending: Vec::new(),
             index: HashMap::new(),
             kept: std::sync::Mutex::new(HashMap::new()),
             kept_bytes: 0,
@@ -226,7 +238,6 @@ impl TreeSpool {
     /// does not stop the scan: the spool keeps what it holds, stops taking trees and says why
     /// ([`TreeSpool::failure`]); trees it lacks are read from the store, verified as always.
     fn add(&mut self, id: &str, bytes: &[u8], tree: Tree) {
-        use std::os::unix::fs::FileExt;
         let Some(key) = Self::key(id) else {
             return;
         };
@@ -238,22 +249,41 @@ impl TreeSpool {
             let kept = self.kept.get_mut().unwrap_or_else(PoisonError::into_inner);
             kept.insert(key, (tree, bytes.len()));
         }
-        // Positioned writes: a partial write leaves no offset behind for the next tree.
-        match self.file.write_all_at(bytes, self.len) {
+        self.index.insert(key, (self.len, bytes.len()));
+        self.len += bytes.len() as u64;
+        self.pending.extend_from_slice(bytes);
+        if self.pending.len() >= SPOOL_BATCH {
+            self.flush();
+        }
+    }
+
+    /// Writes the pending trees. On failure they are forgotten (read from the store instead) and
+    /// the spool stops taking trees.
+    fn flush(&mut self) {
+        use std::os::unix::fs::FileExt;
+        if self.pending.is_empty() {
+            return;
+        }
+        // Positioned writes: a partial write leaves no offset behind for a later batch.
+        match self.file.write_all_at(&self.pending, self.written) {
             Ok(()) => {
-                self.index.insert(key, (self.len, bytes.len()));
-                self.len += bytes.len() as u64;
+                self.written += self.pending.len() as u64;
+                self.pending.clear();
             }
             Err(source) => {
                 let e = TreeError::Spool {
                     what: format!(
                         "writing {} bytes at offset {} of an unlinked file",
-                        bytes.len(),
-                        self.len
+                        self.pending.len(),
+                        self.written
                     ),
                     dir: self.dir.clone(),
                     source,
                 };
+                let written = self.written;
+                self.index.retain(|_, (offset, _)| *offset < written);
+                self.len = written;
+                self.pending = Vec::new();
                 self.failed = Some(e.to_string());
             }
         }
@@ -274,14 +304,24 @@ impl TreeSpool {
     fn read(&self, id: &str) -> Option<Result<(Tree, Vec<u8>), TreeError>> {
         use std::os::unix::fs::FileExt;
         let (offset, len) = *self.index.get(&Self::key(id)?)?;
-        let mut bytes = vec![0u8; len];
-        if let Err(source) = self.file.read_exact_at(&mut bytes, offset) {
-            return Some(Err(TreeError::Spool {
-                what: format!("reading tree {id} ({len} bytes at offset {offset})"),
-                dir: self.dir.clone(),
-                source,
-            }));
-        }
+        let pending = offset
+            .checked_sub(self.written)
+            .and_then(|at| usize::try_from(at).ok());
+        let bytes = match pending {
+            // Not written yet: the bytes are in memory, out of the command's reach.
+            Some(at) => self.pending.get(at..at.saturating_add(len))?.to_vec(),
+            None => {
+                let mut bytes = vec![0u8; len];
+                if let Err(source) = self.file.read_exact_at(&mut bytes, offset) {
+                    return Some(Err(TreeError::Spool {
+                        what: format!("reading tree {id} ({len} bytes at offset {offset})"),
+                        dir: self.dir.clone(),
+                        source,
+                    }));
+                }
+                bytes
+            }
+        };
         if Tree::id_of(&bytes) != id {
             return Some(Err(TreeError::Malformed {
                 id: id.to_string(),
@@ -663,8 +703,19 @@ mod tests {
             .is_none());
         // Kept in memory too (out of the command's reach).
         assert_eq!(spool.kept(&id), Some(t.clone()));
-        // Dropped here to reach the file copies.
+        // Dropped here to reach the copies: first the batch not yet written, in memory (read
+        // from there, not from the store, whose copy is briefly moved away), then the file.
         spool.kept.get_mut().unwrap().clear();
+        let path = objects.object_path(&id).unwrap();
+        let aside = path.with_extension("aside");
+        std::fs::rename(&path, &aside).unwrap();
+        let pending = SpooledTrees {
+            spool: Some(&spool),
+            objects,
+        };
+        assert_eq!(pending.tree(&id).unwrap(), t);
+        std::fs::rename(&aside, &path).unwrap();
+        spool.flush();
         let trees = SpooledTrees {
             spool: Some(&spool),
             objects,
@@ -678,7 +729,6 @@ mod tests {
         assert_eq!(trees.tree(&id).unwrap(), t);
 
         // Both damaged: an error naming both, never a tree.
-        let path = objects.object_path(&id).unwrap();
         std::fs::write(&path, b"{}").unwrap();
         objects.forget_verified();
         let e = trees.tree(&id).unwrap_err().to_string();
