@@ -92,6 +92,9 @@ fn launch_error(message: impl Into<String>) -> BackendError {
 }
 
 fn plan_error(e: PlanError) -> BackendError {
+    if let PlanError::UntrustedBwrap(reason) = e {
+        return unavailable(reason, host::TRUSTED_BWRAP_REMEDY);
+    }
     BackendError::InvalidRequest {
         backend: ID.into(),
         message: e.to_string(),
@@ -311,12 +314,22 @@ impl RuntimeBackend for BwrapBackend {
         let plan = self.plan(spec)?;
         // The shim checks the argv it receives against a salted digest, and refuses
         // TIOCSTI/TIOCLINUX for the command before it starts it.
-        let env = shimmed::shim_env(&plan.env, &spec.argv, true).map_err(|e| {
+        let mut env = shimmed::shim_env(&plan.env, &spec.argv, true).map_err(|e| {
             unavailable(
                 e.to_string(),
                 "check that the kernel's random source (getrandom/urandom) is available",
             )
         })?;
+        // The shim refuses to start the command unless each namespace bwrap should unshare
+        // differs from agentdiff's own: a "bwrap" that only execs its argument runs nothing.
+        let host_ns =
+            exec_shim::namespace_ids(&plan::unshared_namespaces(plan.network)).map_err(|e| {
+                unavailable(
+                    format!("cannot read agentdiff's own namespaces in /proc/self/ns: {e}"),
+                    "run agentdiff with /proc mounted",
+                )
+            })?;
+        env.push((exec_shim::ENV_HOST_NAMESPACES.into(), host_ns.into()));
         let command = LaunchCommand {
             program: plan.bwrap.as_os_str().to_os_string(),
             args: plan.args.clone(),

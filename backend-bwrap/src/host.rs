@@ -35,13 +35,74 @@ pub struct Unusable {
     pub remedy: String,
 }
 
-/// Find bwrap: `requested` (a name looked up on `path`, or a path).
+/// What to do when the bwrap found is not trusted.
+pub const TRUSTED_BWRAP_REMEDY: &str = "name a bwrap that only root can change with \
+     `--backend-option bwrap-executable=PATH` (the distribution's, e.g. \
+     `--backend-option bwrap-executable=/usr/bin/bwrap`), or remove the other `bwrap` from the \
+     command's PATH";
+
+/// Find bwrap: `requested` (a name looked up on `path`, or a path), as its canonical path, and
+/// only when it is trusted ([`untrusted_component`] with root as the owner): a bwrap that
+/// anyone but root can change (a `bwrap` planted in `node_modules/.bin` or `.venv/bin`, on the
+/// PATH of an activated environment) would run the command with no sandbox at all.
 pub fn resolve_bwrap(requested: &str, path: Option<&OsStr>) -> Result<PathBuf, Unusable> {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    host::resolve_executable(OsStr::new(requested), path, &cwd).map_err(|e| Unusable {
-        reason: format!("bubblewrap (bwrap) is not usable: {e}"),
-        remedy: e.remedy(INSTALL_BWRAP, "bwrap-executable"),
-    })
+    let found =
+        host::resolve_executable(OsStr::new(requested), path, &cwd).map_err(|e| Unusable {
+            reason: format!("bubblewrap (bwrap) is not usable: {e}"),
+            remedy: e.remedy(INSTALL_BWRAP, "bwrap-executable"),
+        })?;
+    let canonical = found.canonicalize().map_err(|e| Unusable {
+        reason: format!("bubblewrap (bwrap) at {}: {e}", found.display()),
+        remedy: INSTALL_BWRAP.to_string(),
+    })?;
+    if let Some(why) = untrusted_component(&canonical, 0) {
+        return Err(Unusable {
+            reason: format!(
+                "refusing the bwrap executable {} (found as {}): {why}; a bwrap that is not \
+                 root's could run the command without any sandbox",
+                canonical.display(),
+                found.display()
+            ),
+            remedy: TRUSTED_BWRAP_REMEDY.to_string(),
+        });
+    }
+    Ok(canonical)
+}
+
+/// Why `canonical` (a path without symlinks) could be changed by someone other than `owner`:
+/// the file or a directory above it is owned by another user, or is writable by group or
+/// others (a sticky directory, like `/tmp`, only lets each owner replace its own entries, so it
+/// is accepted). `None` when only `owner` can change it.
+pub fn untrusted_component(canonical: &Path, owner: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    for p in canonical.ancestors() {
+        let meta = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) => return Some(format!("{}: {e}", p.display())),
+        };
+        let sticky_dir = meta.is_dir() && meta.mode() & 0o1000 != 0;
+        if meta.uid() != owner {
+            return Some(format!(
+                "{} is owned by uid {}, not {}",
+                p.display(),
+                meta.uid(),
+                if owner == 0 {
+                    "root"
+                } else {
+                    "the trusted owner"
+                }
+            ));
+        }
+        if meta.mode() & 0o022 != 0 && !sticky_dir {
+            return Some(format!(
+                "{} is writable by group or others (mode {:o})",
+                p.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    None
 }
 
 /// The PATH bwrap is looked up on for the command (its own PATH, else agentdiff's).
@@ -248,6 +309,66 @@ mod tests {
             "{}",
             e.remedy
         );
+    }
+
+    #[test]
+    fn a_bwrap_only_its_owner_can_change_is_trusted_and_no_other() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        // The tempdir's parents (/tmp, /) belong to root; the test's own files to this user.
+        let me = std::fs::metadata(&base).unwrap().uid();
+        let bin = base.join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::set_permissions(&bin, PermissionsExt::from_mode(0o755)).unwrap();
+        let bwrap = bin.join("bwrap");
+        std::fs::write(&bwrap, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&bwrap, PermissionsExt::from_mode(0o755)).unwrap();
+        let parents_are_root = base
+            .parent()
+            .is_some_and(|p| untrusted_component(p, 0).is_none());
+        if me != 0 {
+            let why = untrusted_component(&bwrap, 0).unwrap_or_default();
+            assert!(why.contains("owned by uid"), "{why}");
+        } else if parents_are_root {
+            assert_eq!(untrusted_component(&bwrap, 0), None);
+        }
+        std::fs::set_permissions(&bwrap, PermissionsExt::from_mode(0o775)).unwrap();
+        let why = untrusted_component(&bwrap, me).unwrap_or_default();
+        assert!(why.contains("writable by group or others"), "{why}");
+        std::fs::set_permissions(&bwrap, PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&bin, PermissionsExt::from_mode(0o777)).unwrap();
+        let why = untrusted_component(&bwrap, me).unwrap_or_default();
+        assert!(why.contains("bin is writable"), "{why}");
+        std::fs::set_permissions(&bin, PermissionsExt::from_mode(0o1777)).unwrap();
+        // A sticky directory only lets each owner replace its own entries.
+        assert!(!untrusted_component(&bwrap, me)
+            .unwrap_or_default()
+            .contains("bin is writable"));
+        // The system's bwrap (root's, in root's directories) is trusted.
+        if let Ok(system) = Path::new("/usr/bin/bwrap").canonicalize() {
+            assert_eq!(untrusted_component(&system, 0), None);
+        }
+    }
+
+    #[test]
+    fn an_untrusted_bwrap_on_path_is_refused_with_the_option_as_remedy() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("node_modules/.bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::set_permissions(&bin, PermissionsExt::from_mode(0o777)).unwrap();
+        let fake = bin.join("bwrap");
+        std::fs::write(&fake, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+        std::fs::set_permissions(&fake, PermissionsExt::from_mode(0o755)).unwrap();
+        let path = bin.as_os_str().to_os_string();
+        let e = resolve_bwrap("bwrap", Some(&path)).unwrap_err();
+        assert!(
+            e.reason.contains("refusing the bwrap executable"),
+            "{}",
+            e.reason
+        );
+        assert!(e.remedy.contains("bwrap-executable=PATH"), "{}", e.remedy);
     }
 
     #[test]

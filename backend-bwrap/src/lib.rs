@@ -15,7 +15,10 @@
 //! Invariants: bwrap is never run with an argv other than the planned one (`launch` uses the plan
 //! `prepare` made, checked against a re-plan); the command's exit code is attributed to it only
 //! when the exec shim marked the start inside the sandbox, so a bwrap setup failure is never
-//! reported as the command's exit 1; nothing falls back to an unsandboxed launch.
+//! reported as the command's exit 1; nothing falls back to an unsandboxed launch. The bwrap run
+//! is a canonical path only root can change and outside every writable mount
+//! ([`host::resolve_bwrap`], [`plan`]), and the shim starts the command only when its mount,
+//! pid, IPC, UTS (and network) namespaces differ from agentdiff's own.
 //!
 //! Not defended (see docs/backends/bwrap.md): reads of the host outside the hidden locations
 //! (the host is readable, only credential locations are hidden); writes below the project root
@@ -68,7 +71,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         OPT_EXECUTABLE,
         OptionKind::Path,
-        "the bwrap executable: a name looked up on PATH, or a path",
+        "the bwrap executable: a name looked up on PATH, or a path (root's, outside the project)",
     )
     .default_value("bwrap"),
     OptionSpec::new(

@@ -41,6 +41,9 @@ pub enum PlanError {
     BadOption { key: &'static str, message: String },
     #[error("{0}")]
     Layout(String),
+    /// The bwrap executable is one a command could replace (refused, with the remedy).
+    #[error("{0}")]
+    UntrustedBwrap(String),
 }
 
 /// Whether the command gets a network.
@@ -92,6 +95,80 @@ pub struct HostFacts {
     /// plus [`RUNTIME_SOCKETS`]): hidden from the command, because a container started through
     /// one can bind-mount and write any host path.
     pub engine_sockets: Vec<PathBuf>,
+    /// Credential locations named by the command's environment and agentdiff's default key
+    /// directories ([`env_credential_locations`]), hidden like the home ones.
+    pub env_credentials: Vec<(PathBuf, String)>,
+}
+
+/// Credential files a tool keeps below the directory an environment variable names.
+const CREDENTIAL_DIR_VARS: &[(&str, &[&str])] = &[
+    ("CARGO_HOME", &["credentials.toml", "credentials"]),
+    ("DOCKER_CONFIG", &[""]),
+    ("GNUPGHOME", &[""]),
+];
+/// Variables naming a credential file each (`KUBECONFIG` a `:`-separated list of them).
+const CREDENTIAL_FILE_VARS: &[&str] = &[
+    "KUBECONFIG",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+];
+
+/// The credential locations `env` relocates away from the home ones (each with the variable
+/// that names it), and agentdiff's default key directories (`HOME/.local/state/agentdiff` for
+/// each of `homes`, `$XDG_STATE_HOME/agentdiff`), which hold a key even when
+/// `AGENTDIFF_STATE_DIR` points the store elsewhere. Relative values are ignored: the tools
+/// read them against a working directory inside the (readable) project.
+pub fn env_credential_locations(
+    env: &[(OsString, OsString)],
+    homes: &[PathBuf],
+) -> Vec<(PathBuf, String)> {
+    let var = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k.as_os_str() == OsStr::new(name))
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
+    };
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    let mut push = |p: PathBuf, why: String| {
+        if p.is_absolute() && !has_parent_refs(&p) && !out.iter().any(|(q, _)| *q == p) {
+            out.push((p, why));
+        }
+    };
+    for (name, subpaths) in CREDENTIAL_DIR_VARS {
+        if let Some(dir) = var(name) {
+            for sub in *subpaths {
+                let p = PathBuf::from(&dir);
+                let p = if sub.is_empty() { p } else { p.join(sub) };
+                push(p, format!("credential location (${name})"));
+            }
+        }
+    }
+    if let Some(config) = var("XDG_CONFIG_HOME") {
+        for rel in CREDENTIAL_LOCATIONS.iter() {
+            if let Some(sub) = rel.strip_prefix(".config/") {
+                push(
+                    PathBuf::from(&config).join(sub),
+                    "credential location ($XDG_CONFIG_HOME)".into(),
+                );
+            }
+        }
+    }
+    for name in CREDENTIAL_FILE_VARS {
+        if let Some(list) = var(name) {
+            for file in std::env::split_paths(&list) {
+                push(file, format!("credential location (${name})"));
+            }
+        }
+    }
+    let key_dir = "agentdiff key directory (default location)".to_string();
+    for home in homes {
+        push(home.join(".local/state/agentdiff"), key_dir.clone());
+    }
+    if let Some(state) = var("XDG_STATE_HOME") {
+        push(PathBuf::from(state).join("agentdiff"), key_dir);
+    }
+    out
 }
 
 /// Why a mount covers a container engine socket.
@@ -132,6 +209,15 @@ impl HostFacts {
                 }
             }
         }
+        // The command's variables say where its tools look; agentdiff's own XDG_STATE_HOME says
+        // where its default key directory is.
+        let mut creds = env_credential_locations(command_env, &facts.homes);
+        for (p, why) in env_credential_locations(&own, &facts.homes) {
+            if why.starts_with("agentdiff") && !creds.iter().any(|(q, _)| *q == p) {
+                creds.push((p, why));
+            }
+        }
+        facts.env_credentials = creds;
         facts
     }
 }
@@ -226,6 +312,10 @@ fn has_parent_refs(p: &Path) -> bool {
     p.components().any(|c| matches!(c, Component::ParentDir))
 }
 
+/// Kernel filesystems the sandbox provides itself (`/sys` stays the host's, read-only): never
+/// writable by option.
+const KERNEL_FILESYSTEMS: [&str; 3] = ["/proc", "/sys", "/dev"];
+
 /// Read the options into (network, writable, hide) after refusing unknown keys.
 fn read_options(
     spec: &LaunchSpec,
@@ -263,6 +353,20 @@ fn read_options(
                 message: "`/` would make the whole host writable; name the directories the \
                           command needs"
                     .into(),
+            });
+        }
+        if let Some(base) = KERNEL_FILESYSTEMS
+            .iter()
+            .find(|b| is_within(&canonical, Path::new(b)))
+        {
+            return Err(PlanError::BadOption {
+                key: OPT_WRITABLE,
+                message: format!(
+                    "{} is {base} or below it: kernel filesystems are never bound writable (the \
+                     sandbox has its own /proc and /dev, the host's /sys stays read-only; a host \
+                     /proc would show the host's processes); name a directory of files",
+                    canonical.display()
+                ),
             });
         }
         writable.push(canonical);
@@ -304,6 +408,7 @@ fn hidden(
     if let Some(k) = &facts.state_dir {
         wanted.push((k.clone(), "agentdiff key directory".into()));
     }
+    wanted.extend(facts.env_credentials.iter().cloned());
     for sock in &facts.engine_sockets {
         wanted.push((sock.clone(), ENGINE_SOCKET_REASON.into()));
     }
@@ -407,6 +512,7 @@ pub fn plan(
     }
     let mut writable = vec![root.clone()];
     writable.extend(extra_writable);
+    check_bwrap_location(&programs.bwrap, &writable)?;
     let mut not_applied = Vec::new();
     let hide = hidden(facts, &extra_hide, &mut not_applied);
     let protect = protected(spec, &root, &writable, denies, &mut not_applied);
@@ -480,6 +586,31 @@ pub fn plan(
     })
 }
 
+/// Refuse a bwrap the command could replace: one inside the project root or a writable path
+/// (after resolving symlinks), where a command run in this sandbox could plant its own.
+fn check_bwrap_location(bwrap: &Path, writable: &[PathBuf]) -> Result<(), PlanError> {
+    let canonical = bwrap.canonicalize().unwrap_or_else(|_| bwrap.to_path_buf());
+    match writable.iter().find(|w| is_within(&canonical, w)) {
+        Some(w) => Err(PlanError::UntrustedBwrap(format!(
+            "refusing the bwrap executable {}: it is inside {}, which the sandbox makes \
+             writable, so a command could replace it with one that builds no sandbox",
+            canonical.display(),
+            w.display(),
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The `/proc/self/ns` names of the namespaces the sandbox unshares, which the exec shim must
+/// find different from agentdiff's own.
+pub fn unshared_namespaces(network: Network) -> Vec<&'static str> {
+    let mut n = vec!["mnt", "pid", "ipc", "uts"];
+    if network == Network::None {
+        n.push("net");
+    }
+    n
+}
+
 /// The command's environment minus runtime-injection variables (always dropped, even when the
 /// transaction was told to pass them) and minus the shim's own variables.
 fn sandbox_env(env: &[(OsString, OsString)]) -> (Vec<(OsString, OsString)>, Vec<String>) {
@@ -487,8 +618,9 @@ fn sandbox_env(env: &[(OsString, OsString)]) -> (Vec<(OsString, OsString)>, Vec<
     let mut dropped = Vec::new();
     for (k, v) in env {
         let name = k.to_string_lossy();
-        if k.as_os_str() == OsStr::new(exec_shim::ENV_ARGV_DIGEST)
-            || k.as_os_str() == OsStr::new(exec_shim::ENV_TTY_GUARD)
+        if exec_shim::SHIM_ENV_VARS
+            .iter()
+            .any(|v| k.as_os_str() == OsStr::new(v))
         {
             continue;
         }
@@ -629,6 +761,7 @@ mod tests {
             state_dir: Some(f.home.join(".local/state/agentdiff")),
             interactive: false,
             engine_sockets: vec![f.home.join("engine.sock"), f.home.join("absent.sock")],
+            env_credentials: Vec::new(),
         }
     }
 
@@ -969,6 +1102,169 @@ mod tests {
             .ok()
             .map(|d| d.path().to_path_buf());
         assert_eq!(f.state_dir, store);
+    }
+
+    #[test]
+    fn a_bwrap_inside_the_root_or_a_writable_path_is_refused() {
+        let f = fixture();
+        let s = spec(&f, BackendOptions::new());
+        for fake in [
+            f.root.join("node_modules/.bin/bwrap"),
+            f.root.join(".venv/bin/bwrap"),
+        ] {
+            std::fs::create_dir_all(fake.parent().unwrap()).unwrap();
+            std::fs::write(&fake, "#!/bin/sh\n").unwrap();
+            let programs = Programs {
+                bwrap: fake.clone(),
+                shim: "/opt/agentdiff".into(),
+            };
+            let e = plan(&s, &facts(&f), programs, &[]).unwrap_err();
+            assert!(matches!(e, PlanError::UntrustedBwrap(_)), "{e}");
+            assert!(
+                e.to_string().contains("refusing the bwrap executable"),
+                "{e}"
+            );
+        }
+        // Named through a symlink outside, it is still the file inside the root.
+        let link = f.home.join("bwrap");
+        std::os::unix::fs::symlink(f.root.join(".venv/bin/bwrap"), &link).unwrap();
+        let programs = Programs {
+            bwrap: link,
+            shim: "/opt/agentdiff".into(),
+        };
+        assert!(plan(&s, &facts(&f), programs, &[]).is_err());
+        // Inside a writable option.
+        let cache = f.home.join("cache");
+        std::fs::create_dir_all(&cache).unwrap();
+        std::fs::write(cache.join("bwrap"), "").unwrap();
+        let mut o = BackendOptions::new();
+        o.push("writable", cache.display().to_string());
+        let programs = Programs {
+            bwrap: cache.join("bwrap"),
+            shim: "/opt/agentdiff".into(),
+        };
+        assert!(plan(&spec(&f, o), &facts(&f), programs, &[]).is_err());
+    }
+
+    #[test]
+    fn kernel_filesystems_are_never_writable() {
+        let f = fixture();
+        for path in [
+            "/proc",
+            "/proc/self",
+            "/sys",
+            "/sys/kernel",
+            "/dev",
+            "/dev/shm",
+        ] {
+            if !Path::new(path).exists() {
+                continue;
+            }
+            let mut o = BackendOptions::new();
+            o.push("writable", path);
+            let e = plan_with(&f, o, &[]).unwrap_err().to_string();
+            assert!(
+                e.contains("kernel filesystems are never bound writable"),
+                "{path}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn credentials_relocated_by_the_environment_are_hidden() {
+        let f = fixture();
+        let alt = f.home.join("alt");
+        let files = [
+            "cargo/credentials.toml",
+            "cargo/credentials",
+            "xdg/gh/hosts.yml",
+            "xdg/gcloud/x",
+            "xdg/git/credentials",
+            "docker/config.json",
+            "kube/a",
+            "kube/b",
+            "gnupg/pubring.kbx",
+            "aws/creds",
+            "aws/config",
+            "state/agentdiff/seal.key",
+        ];
+        for rel in files {
+            let p = alt.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, "secret").unwrap();
+        }
+        let a = |rel: &str| alt.join(rel).into_os_string();
+        let kube = std::env::join_paths([alt.join("kube/a"), alt.join("kube/b")]).unwrap();
+        let env: Vec<(OsString, OsString)> = vec![
+            ("CARGO_HOME".into(), a("cargo")),
+            ("XDG_CONFIG_HOME".into(), a("xdg")),
+            ("DOCKER_CONFIG".into(), a("docker")),
+            ("KUBECONFIG".into(), kube),
+            ("GNUPGHOME".into(), a("gnupg")),
+            ("AWS_SHARED_CREDENTIALS_FILE".into(), a("aws/creds")),
+            ("AWS_CONFIG_FILE".into(), a("aws/config")),
+            ("XDG_STATE_HOME".into(), a("state")),
+            ("GNUPGHOME".into(), "relative/ignored".into()),
+        ];
+        let mut facts = facts(&f);
+        // The store is elsewhere (AGENTDIFF_STATE_DIR): the default key directory still hides.
+        facts.state_dir = Some(f.home.join("elsewhere"));
+        facts.env_credentials = env_credential_locations(&env, &facts.homes);
+        let p = plan(&spec(&f, BackendOptions::new()), &facts, programs(), &[]).unwrap();
+        let hidden = |path: PathBuf| {
+            p.mounts.iter().any(|m| {
+                m.path == path && matches!(m.kind, MountKind::HiddenDir | MountKind::HiddenFile)
+            })
+        };
+        for rel in [
+            "cargo/credentials.toml",
+            "cargo/credentials",
+            "xdg/gh",
+            "xdg/gcloud",
+            "xdg/git/credentials",
+            "docker",
+            "kube/a",
+            "kube/b",
+            "aws/creds",
+            "aws/config",
+            "state/agentdiff",
+        ] {
+            assert!(hidden(alt.join(rel)), "{rel} not hidden: {:?}", p.mounts);
+        }
+        // The later GNUPGHOME is relative: ignored, not resolved against the working directory.
+        assert!(!hidden(alt.join("gnupg")));
+        assert!(
+            hidden(f.home.join(".local/state/agentdiff")),
+            "{:?}",
+            p.mounts
+        );
+        let env: Vec<(OsString, OsString)> = vec![("GNUPGHOME".into(), a("gnupg"))];
+        let found = env_credential_locations(&env, &[]);
+        assert_eq!(
+            found,
+            [(alt.join("gnupg"), "credential location ($GNUPGHOME)".into())]
+        );
+    }
+
+    #[test]
+    fn shim_variables_from_the_caller_never_reach_the_sandbox() {
+        let f = fixture();
+        let mut s = spec(&f, BackendOptions::new());
+        s.env
+            .push((exec_shim::ENV_HOST_NAMESPACES.into(), "net:1".into()));
+        s.env.push((exec_shim::ENV_TTY_GUARD.into(), "0".into()));
+        let p = plan(&s, &facts(&f), programs(), &[]).unwrap();
+        for var in exec_shim::SHIM_ENV_VARS {
+            assert!(!p.env.iter().any(|(k, _)| k == var), "{var}");
+        }
+        assert_eq!(
+            unshared_namespaces(Network::None),
+            ["mnt", "pid", "ipc", "uts", "net"]
+        );
+        assert_eq!(
+            unshared_namespaces(Network::Host),
+            ["mnt", "pid", "ipc", "uts"]
+        );
     }
 
     #[test]

@@ -24,8 +24,10 @@ this user's ledger disagrees; each problem is named); unsealed.\n\n\
 The key and ledger are read from $AGENTDIFF_STATE_DIR, else $XDG_STATE_HOME/agentdiff, else the \
 XDG default state directory below $HOME. A command that ran unconfined as you could read the key: \
 see docs/security-model.md for what each backend hides.\n\n\
+With --all, an entry of the store's runs directory that cannot be checked as a capsule (a planted \
+file or symlink) is named as CANNOT VERIFY and the pass goes on with the other runs.\n\n\
 Exit codes: 0 authenticated; 77 intact but not authenticated; 67 forged or unsealed (or, with \
---all, a run the ledger records is missing); 66 no such run."
+--all, a run the ledger records is missing, or an entry cannot be verified); 66 no such run."
 )]
 pub struct Args {
     /// The run id (see `agentdiff runs`).
@@ -50,9 +52,20 @@ struct AllReport {
     runs: Vec<VerifyReport>,
     /// Runs the ledger records for this root whose directory is gone.
     missing_from_store: Vec<String>,
+    /// Entries of `runs/` that could not be opened or checked as a capsule (a planted file or
+    /// symlink, an unreadable directory): each is a failure, and the pass goes on without it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unverifiable: Vec<Unverifiable>,
     /// Why the key or ledger could not be used, if so.
     #[serde(skip_serializing_if = "Option::is_none")]
     context_problem: Option<String>,
+}
+
+/// A run entry `verify --all` could not check.
+#[derive(Debug, Serialize)]
+struct Unverifiable {
+    run_id: String,
+    problem: String,
 }
 
 /// This user's key and ledger; a state directory that cannot be used is reported, not fatal:
@@ -120,16 +133,20 @@ fn verify_all(
     let mut reports = Vec::new();
     let mut present = BTreeSet::new();
     let checked = ObjectsChecked::default();
+    let mut unverifiable = Vec::new();
     for listing in store.list_runs().context("listing runs")? {
         present.insert(listing.id.to_string());
-        let capsule = store
+        // One entry that cannot be checked must not blind the pass to every other run.
+        let verified = store
             .open_run(listing.id.as_str())
-            .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-        reports.push(
-            capsule
-                .verify_in_pass(store.objects(), ctx, &checked)
-                .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?,
-        );
+            .and_then(|capsule| capsule.verify_in_pass(store.objects(), ctx, &checked));
+        match verified {
+            Ok(report) => reports.push(report),
+            Err(e) => unverifiable.push(Unverifiable {
+                run_id: listing.id.to_string(),
+                problem: exit::chain_text(&anyhow::Error::new(e)),
+            }),
+        }
     }
     let missing: Vec<String> = ctx
         .ledgered_runs()
@@ -139,7 +156,7 @@ fn verify_all(
     let worst = reports
         .iter()
         .map(|r| code_for(r.verdict))
-        .chain((!missing.is_empty()).then_some(exit::INVALID_CAPSULE))
+        .chain((!missing.is_empty() || !unverifiable.is_empty()).then_some(exit::INVALID_CAPSULE))
         .max_by_key(|c| match *c {
             0 => 0,
             exit::UNAUTHENTICATED => 1,
@@ -151,6 +168,7 @@ fn verify_all(
             let all = AllReport {
                 runs: reports,
                 missing_from_store: missing,
+                unverifiable,
                 context_problem,
             };
             outln!(
@@ -169,7 +187,14 @@ fn verify_all(
                     escape_terminal(m)
                 );
             }
-            if reports.is_empty() && missing.is_empty() {
+            for u in &unverifiable {
+                outln!(
+                    "CANNOT VERIFY: run {}: {}",
+                    escape_terminal(&u.run_id),
+                    escape_terminal(&u.problem)
+                );
+            }
+            if reports.is_empty() && missing.is_empty() && unverifiable.is_empty() {
                 outln!("no runs in the store");
             }
         }

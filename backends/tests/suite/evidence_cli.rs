@@ -492,6 +492,51 @@ fn verify_all_reports_every_run_and_ledgered_runs_that_are_missing() {
     assert_eq!(all["runs"][0]["verdict"], "authenticated");
 }
 
+/// A file or symlink planted in `runs/` is named as unverifiable; it does not stop the pass from
+/// checking every real run.
+#[test]
+fn verify_all_goes_on_past_entries_that_are_not_capsules() {
+    let p = project();
+    assert_eq!(p.run("r1", "true").0, 0);
+    assert_eq!(p.run("r2", "true").0, 0);
+    let runs = p.run_dir("r1").parent().unwrap().to_path_buf();
+    fs::write(runs.join("planted"), "not a run\n").unwrap();
+    std::os::unix::fs::symlink(p.run_dir("r2"), runs.join("link")).unwrap();
+    let out = p.agentdiff(&["verify", "--all", "--format", "json"]);
+    super::assert_exit(&out, INVALID_CAPSULE);
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verdicts: Vec<(&str, &str)> = all["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap(),
+                r["verdict"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [("r1", "authenticated"), ("r2", "authenticated")],
+        "{all:#}"
+    );
+    let odd: Vec<&str> = all["unverifiable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(odd, ["link", "planted"], "{all:#}");
+    let out = p.agentdiff(&["verify", "--all"]);
+    super::assert_exit(&out, INVALID_CAPSULE);
+    assert!(
+        text(&out.stdout).contains("CANNOT VERIFY: run planted"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 struct Victim(std::process::Child);
 impl Drop for Victim {
     fn drop(&mut self) {

@@ -12,6 +12,7 @@ use serde_json::Value;
 mod browser_cli;
 mod bwrap_cli;
 mod bwrap_controls_cli;
+mod bwrap_hardening_cli;
 mod cleanup_cli;
 mod evidence_cli;
 mod external_cli;

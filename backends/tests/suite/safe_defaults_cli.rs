@@ -129,6 +129,49 @@ fn a_run_cannot_blind_later_runs() {
     }
 }
 
+/// A run cannot arm a nested repository or hijack runs started below the root: Git executes
+/// what a nested `.git` holds (`core.fsmonitor`, hooks) when the user runs Git there, and a run
+/// started below a nested `agentdiff.yaml` or `.agentdiff/` takes that directory as its root.
+#[test]
+fn a_run_cannot_arm_a_nested_repository_or_plant_a_nested_policy() {
+    let (_t, root) = project();
+    for dir in ["sub/.git/hooks", "sub/.git/objects/aa", "a/b/.git"] {
+        fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    fs::write(root.join("sub/.git/config"), "[core]\n").unwrap();
+    fs::write(root.join("sub/.git/objects/aa/bb"), "blob\n").unwrap();
+    let (code, r, _) = run_json(
+        &root,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "printf '\\tfsmonitor = touch /tmp/pwned\\n' >> sub/.git/config; \
+             printf '#!/bin/sh\\n' > sub/.git/hooks/post-checkout; \
+             echo x > a/b/.git/config; echo y > sub/.git/objects/aa/cc; \
+             printf 'version: 2\\n' > sub/agentdiff.yaml; mkdir sub/.agentdiff; \
+             echo z > sub/.agentdiff/x",
+        ],
+    );
+    assert_eq!(code, 71, "{r:#}");
+    for path in [
+        "sub/.git/config",
+        "sub/.git/hooks/post-checkout",
+        "a/b/.git/config",
+    ] {
+        assert_eq!(decision_of(&r, path).0, "deny", "{path}: {r:#}");
+    }
+    for path in ["sub/agentdiff.yaml", "sub/.agentdiff/x"] {
+        let want = ("deny".to_owned(), "builtin.protected_config".to_owned());
+        assert_eq!(decision_of(&r, path), want, "{path}");
+    }
+    // A nested repository's object store stays excluded: Git runs nothing from it.
+    assert!(
+        !change_paths(&r).contains(&"sub/.git/objects/aa/cc".to_owned()),
+        "{r:#}"
+    );
+}
+
 /// Variations of item 1: an ignore file already in place with `**`, anchored, negated, directory
 /// and wildcard patterns over every level of the tree never hides a path a deny rule names
 /// (created or modified), while what it ignores elsewhere stays ignored.

@@ -143,7 +143,14 @@ impl Rules {
         if rel == STORE_DIR {
             return Verdict::Exclude(exclusion_reason::AGENTDIFF_STORE);
         }
-        if is_dir && DEFAULT_EXCLUDED_DIRS.contains(&name) && !self.reincluded(rel) {
+        if is_dir && nested_git_objects(rel) {
+            return Verdict::Exclude(exclusion_reason::DEFAULT_GENERATED);
+        }
+        if is_dir
+            && DEFAULT_EXCLUDED_DIRS.contains(&name)
+            && !self.reincluded(rel)
+            && !nested_git(rel, name)
+        {
             return Verdict::Exclude(exclusion_reason::DEFAULT_GENERATED);
         }
         // The ignore file cannot hide itself: a change to the rules must stay visible.
@@ -186,6 +193,20 @@ impl Rules {
             lit[..n].iter().zip(&segs[..n]).all(|(a, b)| a == b)
         })
     }
+}
+
+/// A nested repository's control directory (`sub/.git`): not excluded by default, because Git
+/// executes what it holds (hooks, `core.fsmonitor` and other commands in `config`) when the user
+/// runs Git there, so a change to it must be seen. Its object store is excluded instead.
+fn nested_git(rel: &str, name: &str) -> bool {
+    name == ".git" && rel != ".git"
+}
+
+/// The object store of a nested repository's control directory (`sub/.git/objects`): content
+/// addressed and often large; Git runs nothing from it.
+fn nested_git_objects(rel: &str) -> bool {
+    rel.strip_suffix("/.git/objects")
+        .is_some_and(|parent| !parent.is_empty())
 }
 
 /// The segments of `glob` before the first one containing a glob metacharacter.
@@ -246,6 +267,28 @@ mod tests {
     }
 
     #[test]
+    fn a_nested_git_directory_is_scanned_but_its_objects_are_not() {
+        let r = rules(&[], &[]);
+        assert_eq!(r.excluded(".git", ".git", true), Some("default_generated"));
+        assert_eq!(r.excluded("sub/.git", ".git", true), None);
+        assert_eq!(r.excluded("a/b/.git", ".git", true), None);
+        assert_eq!(r.excluded("sub/.git/hooks", "hooks", true), None);
+        assert_eq!(
+            r.excluded("sub/.git/objects", "objects", true),
+            Some("default_generated")
+        );
+        // A file named `.git` (a submodule's gitfile) and the root's objects keep their rules.
+        assert_eq!(r.excluded("sub/.git", ".git", false), None);
+        let root_git = rules(&[], &[".git/**"]);
+        assert_eq!(root_git.excluded(".git/objects", "objects", true), None);
+        // Inside a default-excluded directory nothing is walked, nested `.git` included.
+        assert_eq!(
+            r.excluded("node_modules", "node_modules", true),
+            Some("default_generated")
+        );
+    }
+
+    #[test]
     fn store_is_excluded_even_when_named_by_a_deny_glob() {
         let r = rules(&[], &[".agentdiff/**"]);
         assert_eq!(
@@ -285,7 +328,7 @@ mod tests {
             Some("default_generated")
         );
         assert_eq!(
-            r.excluded("sub/.git", ".git", true),
+            r.excluded("sub/.venv", ".venv", true),
             Some("default_generated")
         );
         assert_eq!(

@@ -7,19 +7,30 @@ use super::schema::{
     RuntimeSettings, SectionSpec, Spec, Weights,
 };
 
-/// Paths the built-in policy denies: environment files, Git control data, SSH material, keys.
-pub const BUILTIN_DENY: [&str; 6] = [
-    ".env", ".env.*", ".git/**", ".ssh/**", "**/*.key", "**/*.pem",
+/// Paths the built-in policy denies: environment files, Git control data (the root's, and a
+/// nested repository's, which Git executes from when the user runs it there: hooks,
+/// `core.fsmonitor`), SSH material, keys.
+pub const BUILTIN_DENY: [&str; 7] = [
+    ".env",
+    ".env.*",
+    ".git/**",
+    "**/.git/**",
+    ".ssh/**",
+    "**/*.key",
+    "**/*.pem",
 ];
 
 /// The rule that decides changes to agentdiff's own configuration, in every policy.
 pub const PROTECTED_CONFIG_RULE: &str = "builtin.protected_config";
 
 /// Names that configure what agentdiff observes and decides: the policy file, the names `policy
-/// load` refuses as misnamed policies (creating one makes later runs fail), and ignore files at
-/// any depth.
+/// load` refuses as misnamed policies (creating one makes later runs fail), and ignore files.
+/// All are protected at any depth: a run started below a nested `agentdiff.yaml` takes its
+/// directory as the project root and loads it as the policy.
 const PROTECTED_ROOT_NAMES: [&str; 3] = ["agentdiff.yaml", "agentdiff.yml", "agentdiff.json"];
 const PROTECTED_ANY_DEPTH: &str = ".agentdiffignore";
+/// A run store; a nested one makes runs started below it take its directory as their root.
+const STORE_NAME: &str = ".agentdiff";
 
 /// A change to agentdiff's own configuration is denied, whatever the policy's patterns say: a run
 /// that edits the policy or an ignore file would otherwise switch off observation or decisions
@@ -34,6 +45,10 @@ pub(crate) fn protected_config(
     let name = subject.rsplit('/').next().unwrap_or(subject);
     let what = if PROTECTED_ROOT_NAMES.contains(&subject) {
         "a policy file"
+    } else if PROTECTED_ROOT_NAMES.contains(&name) {
+        "a policy file for runs started below it"
+    } else if subject.split('/').any(|seg| seg == STORE_NAME) {
+        "a run store for runs started below it"
     } else if name == PROTECTED_ANY_DEPTH {
         "an ignore file"
     } else if extra.iter().any(|p| p == subject) {
@@ -121,6 +136,7 @@ filesystem:
     - .env
     - .env.*
     - .git/**
+    - "**/.git/**"
     - .ssh/**
     - "**/*.pem"
     - "**/*.key"

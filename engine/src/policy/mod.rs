@@ -63,7 +63,8 @@ struct Inner {
 }
 
 impl Policy {
-    /// The built-in policy: deny `.env`, `.env.*`, `.git/**`, `.ssh/**`, `**/*.key`, `**/*.pem`;
+    /// The built-in policy: deny `.env`, `.env.*`, `.git/**`, `**/.git/**`, `.ssh/**`, `**/*.key`,
+    /// `**/*.pem`;
     /// review every other write; allow command launch.
     pub fn builtin() -> Policy {
         match Policy::compile(builtin::spec(), "built-in policy") {

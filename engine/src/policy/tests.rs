@@ -307,6 +307,8 @@ fn builtin_policy() {
         ".ssh/id_rsa",
         "a/b/c.key",
         "x.pem",
+        "sub/.git/config",
+        "a/b/.git/hooks/post-checkout",
     ] {
         let d = p.decide_path(denied, Phase::PostRun).unwrap();
         assert_eq!(d.action, Action::Deny, "{denied}");
@@ -327,6 +329,37 @@ fn builtin_policy() {
     let d = p.decide_command(OsStr::new("/usr/bin/curl"));
     assert_eq!((d.action, d.subject.as_str()), (Action::Allow, "curl"));
     assert_eq!(p.deny_patterns(), BUILTIN_DENY.map(str::to_owned).to_vec());
+}
+
+#[test]
+fn nested_policy_files_and_stores_are_protected_configuration() {
+    // A run started below a nested `agentdiff.yaml` or `.agentdiff/` takes that directory as its
+    // root: planting one would choose the policy of later runs. Even a policy allowing all.
+    let p = parse("version: 1\nfilesystem:\n  allow_write: [\"**\"]\n  default: allow\n").unwrap();
+    for path in [
+        "agentdiff.yaml",
+        "sub/agentdiff.yaml",
+        "a/b/agentdiff.yml",
+        "sub/agentdiff.json",
+        "sub/.agentdiff/runs/x/result.json",
+        "sub/.agentdiff",
+        "d/.agentdiffignore",
+    ] {
+        let d = p.decide_path(path, Phase::PostRun).unwrap();
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (Action::Deny, "builtin.protected_config"),
+            "{path}"
+        );
+    }
+    for path in [
+        "sub/agentdiff.yaml.bak",
+        "sub/my-agentdiff.yaml",
+        "agentdiff/x",
+    ] {
+        let d = p.decide_path(path, Phase::PostRun).unwrap();
+        assert_eq!(d.action, Action::Allow, "{path}");
+    }
 }
 
 #[test]

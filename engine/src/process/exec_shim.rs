@@ -15,6 +15,25 @@
 //! secret in it could be brute-forced from the capsule; the per-run random salt, and dropping the
 //! variable from the environment evidence, keep it out. The marker lines are defined by
 //! [`MarkerLine`].
+//!
+//! Before it marks the start the shim also proves it is inside a sandbox when the backend asks:
+//! [`ENV_HOST_NAMESPACES`] carries the host's namespace ids (as agentdiff sees them) for every
+//! namespace the sandbox unshares, and the shim refuses ([`SHIM_NOT_SANDBOXED_EXIT`], a
+//! `not_sandboxed` line) when one of its own equals the host's: a wrapper that only execs its
+//! argument (a fake `bwrap` planted on PATH) never gets the command started. And it marks every
+//! descriptor above 2 close-on-exec, so nothing inherited from agentdiff's caller (a directory
+//! fd that reaches the host tree through `/proc/self/fd`, a socket to a container engine) reaches
+//! the command.
+//!
+//! Every line carries a per-run token derived from the digest's salt, which the command never
+//! sees (the variable is removed before `exec`). The host reads the marker's first line, which
+//! the shim writes before the command exists, and ignores what follows except the shim's own
+//! `exec_failed` line with the token: the command can write into the FIFO (a FIFO opens for
+//! writing on a read-only mount) but cannot turn its run into a setup failure or a launch failure.
+//!
+//! Not defended: a wrapper written against this protocol (it sees the argv and the environment,
+//! so it can forge every check); the backend must choose a trusted wrapper (see the bwrap
+//! backend's executable check).
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
@@ -36,9 +55,19 @@ pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_EXEC_SHIM_ARGV_DIGEST";
 /// Environment variable (value `1`) asking the shim to install the terminal-injection filter
 /// ([`crate::process::tty_guard`]) before it marks the start; removed before `exec`.
 pub const ENV_TTY_GUARD: &str = "AGENTDIFF_EXEC_SHIM_TTY_GUARD";
+/// Environment variable carrying the host's namespace ids (`NAME:INODE,…`, [`namespace_ids`])
+/// for the namespaces the sandbox unshares; removed before `exec`.
+pub const ENV_HOST_NAMESPACES: &str = "AGENTDIFF_EXEC_SHIM_HOST_NS";
+/// Every variable of the shim's own: dropped from a caller's environment and from the evidence.
+pub const SHIM_ENV_VARS: [&str; 3] = [ENV_ARGV_DIGEST, ENV_TTY_GUARD, ENV_HOST_NAMESPACES];
+/// Namespaces the shim can compare (names under `/proc/self/ns`).
+pub const NAMESPACES: [&str; 7] = ["mnt", "pid", "net", "ipc", "uts", "user", "cgroup"];
 /// Exit code of the shim when it refuses to start the command (bad shim argv, argument count
 /// changed by the wrapper, marker unreachable). The host does not rely on it: the marker decides.
 pub const SHIM_REFUSED_EXIT: u8 = 125;
+/// Exit code of the shim when it found itself in one of the host's namespaces that the sandbox
+/// should have unshared: the wrapper built no sandbox, and the command was not started.
+pub const SHIM_NOT_SANDBOXED_EXIT: u8 = 124;
 /// Exit code when the command exists but cannot be executed (as shells do).
 pub const EXEC_NOT_EXECUTABLE_EXIT: u8 = 126;
 /// Exit code when the command is not found (as shells do).
@@ -123,7 +152,20 @@ pub fn verify_argv(value: Option<&OsStr>, argv: &[OsString]) -> Result<(), &'sta
     }
 }
 
-/// One line the shim writes on the marker.
+/// The per-run marker token for the digest variable's value (`SALT:DIGEST`): derived from the
+/// salt, which the command never sees. `None` when the value has no salt.
+pub fn marker_token(digest_value: &OsStr) -> Option<String> {
+    let (salt, _) = digest_value.to_str()?.split_once(':')?;
+    let mut h = Sha256::new();
+    h.update(b"agentdiff exec shim start marker\0");
+    h.update(salt.as_bytes());
+    Some(hex::encode(&h.finalize()[..16]))
+}
+
+/// Token written when the shim has none (no digest variable): only refusals are written then.
+const NO_TOKEN: &str = "-";
+
+/// One line the shim writes on the marker: `KIND token=TOKEN FIELDS…`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MarkerLine {
     /// About to `exec` the command with this many arguments.
@@ -133,58 +175,74 @@ pub enum MarkerLine {
     /// The arguments differ from those the host sent (`what`: `digest_mismatch`,
     /// `digest_missing`, `digest_malformed`): nothing was started.
     ArgvAltered { what: String },
+    /// The shim is in the host's namespaces (`namespaces`, comma-separated), or could not tell
+    /// (`unverifiable`): no sandbox was built and nothing was started.
+    NotSandboxed { namespaces: String },
     /// `exec` failed after the start mark: the command could not be executed.
     ExecFailed { reason: String },
 }
 
 impl MarkerLine {
-    fn render(&self) -> String {
+    fn render(&self, token: &str) -> String {
+        let one_word = |s: &str| -> String {
+            s.chars()
+                .map(|c| if c.is_control() || c == ' ' { '_' } else { c })
+                .collect()
+        };
+        let token = one_word(token);
         match self {
-            MarkerLine::Started { argc } => format!("started argc={argc}\n"),
+            MarkerLine::Started { argc } => format!("started token={token} argc={argc}\n"),
             MarkerLine::ArgcMismatch { expected, received } => {
-                format!("argc_mismatch expected={expected} received={received}\n")
+                format!("argc_mismatch token={token} expected={expected} received={received}\n")
             }
-            MarkerLine::ArgvAltered { what } => format!("argv_altered what={what}\n"),
+            MarkerLine::ArgvAltered { what } => {
+                format!("argv_altered token={token} what={}\n", one_word(what))
+            }
+            MarkerLine::NotSandboxed { namespaces } => {
+                format!("not_sandboxed token={token} ns={}\n", one_word(namespaces))
+            }
             MarkerLine::ExecFailed { reason } => {
                 // One line: the reason comes from an io::Error, but keep the format robust.
                 let reason: String = reason
                     .chars()
                     .map(|c| if c.is_control() { ' ' } else { c })
                     .collect();
-                format!("exec_failed {reason}\n")
+                format!("exec_failed token={token} {reason}\n")
             }
         }
     }
 
-    fn parse(line: &str) -> Option<MarkerLine> {
-        let field = |s: &str, key: &str| -> Option<usize> {
-            s.split(' ')
+    /// The line and the token it carries.
+    fn parse(line: &str) -> Option<(MarkerLine, String)> {
+        let (kind, rest) = line.split_once(' ')?;
+        let rest = rest.strip_prefix("token=")?;
+        let (token, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+        let field = |key: &str| -> Option<&str> {
+            rest.split(' ')
                 .find_map(|w| w.strip_prefix(key))
-                .and_then(|v| v.parse().ok())
+                .filter(|v| !v.is_empty())
         };
-        if let Some(rest) = line.strip_prefix("started ") {
-            return Some(MarkerLine::Started {
-                argc: field(rest, "argc=")?,
-            });
-        }
-        if let Some(rest) = line.strip_prefix("argc_mismatch ") {
-            return Some(MarkerLine::ArgcMismatch {
-                expected: field(rest, "expected=")?,
-                received: field(rest, "received=")?,
-            });
-        }
-        if let Some(rest) = line.strip_prefix("argv_altered ") {
-            return rest
-                .strip_prefix("what=")
-                .filter(|w| !w.is_empty() && !w.contains(' '))
-                .map(|w| MarkerLine::ArgvAltered {
-                    what: w.to_string(),
-                });
-        }
-        line.strip_prefix("exec_failed ")
-            .map(|reason| MarkerLine::ExecFailed {
-                reason: reason.to_string(),
-            })
+        let number = |key: &str| field(key).and_then(|v| v.parse().ok());
+        let parsed = match kind {
+            "started" => MarkerLine::Started {
+                argc: number("argc=")?,
+            },
+            "argc_mismatch" => MarkerLine::ArgcMismatch {
+                expected: number("expected=")?,
+                received: number("received=")?,
+            },
+            "argv_altered" => MarkerLine::ArgvAltered {
+                what: field("what=")?.to_string(),
+            },
+            "not_sandboxed" => MarkerLine::NotSandboxed {
+                namespaces: field("ns=")?.to_string(),
+            },
+            "exec_failed" => MarkerLine::ExecFailed {
+                reason: rest.to_string(),
+            },
+            _ => return None,
+        };
+        Some((parsed, token.to_string()))
     }
 }
 
@@ -201,37 +259,50 @@ pub enum StartState {
     ArgcMismatch { expected: usize, received: usize },
     /// The wrapper changed the arguments (or dropped the digest); the shim refused.
     ArgvAltered { what: String },
-    /// The marker held something the shim never writes.
+    /// The shim ran in the host's namespaces: the wrapper built no sandbox; the shim refused.
+    NotSandboxed { namespaces: String },
+    /// The marker held something the shim never writes first.
     Garbled { text: String },
 }
 
 impl StartState {
-    /// Interpret the bytes read from the marker.
-    pub fn from_marker(bytes: &[u8]) -> StartState {
+    /// Interpret the bytes read from the marker. `token` is the run's [`marker_token`] (`None`
+    /// accepts any token, for a caller that has none). Only the first line decides: the shim
+    /// writes it before the command exists. After a start, only the shim's own `exec_failed`
+    /// line (with the token) counts; anything else there was written by the command and is
+    /// ignored.
+    pub fn from_marker(bytes: &[u8], token: Option<&str>) -> StartState {
         let text = String::from_utf8_lossy(bytes);
-        let mut state = StartState::NotStarted;
-        for line in text.lines().filter(|l| !l.is_empty()) {
-            state = match (MarkerLine::parse(line), state) {
-                (Some(MarkerLine::Started { argc }), StartState::NotStarted) => {
-                    StartState::Started { argc }
-                }
-                (Some(MarkerLine::ExecFailed { reason }), StartState::Started { .. }) => {
-                    StartState::ExecFailed { reason }
-                }
-                (Some(MarkerLine::ArgcMismatch { expected, received }), StartState::NotStarted) => {
-                    StartState::ArgcMismatch { expected, received }
-                }
-                (Some(MarkerLine::ArgvAltered { what }), StartState::NotStarted) => {
-                    StartState::ArgvAltered { what }
-                }
-                _ => {
-                    return StartState::Garbled {
-                        text: text.chars().take(200).collect(),
-                    }
-                }
-            };
+        let mut lines = text.split('\n');
+        let first = lines.next().unwrap_or_default();
+        if first.is_empty() && text.len() <= 1 {
+            return StartState::NotStarted;
         }
-        state
+        let ours = |t: &str| token.map_or(true, |want| want == t);
+        let garbled = || StartState::Garbled {
+            text: first.chars().take(200).collect(),
+        };
+        let Some((line, line_token)) = MarkerLine::parse(first) else {
+            return garbled();
+        };
+        match line {
+            MarkerLine::Started { argc } if ours(&line_token) => lines
+                .filter_map(MarkerLine::parse)
+                .find_map(|(l, t)| match l {
+                    MarkerLine::ExecFailed { reason } if ours(&t) => {
+                        Some(StartState::ExecFailed { reason })
+                    }
+                    _ => None,
+                })
+                .unwrap_or(StartState::Started { argc }),
+            // Refusals: the command never ran, so nothing but the wrapper or the shim wrote them.
+            MarkerLine::ArgcMismatch { expected, received } => {
+                StartState::ArgcMismatch { expected, received }
+            }
+            MarkerLine::ArgvAltered { what } => StartState::ArgvAltered { what },
+            MarkerLine::NotSandboxed { namespaces } => StartState::NotSandboxed { namespaces },
+            _ => garbled(),
+        }
     }
 
     /// Stable label for evidence.
@@ -242,6 +313,7 @@ impl StartState {
             StartState::ExecFailed { .. } => StartLabel::ExecFailed,
             StartState::ArgcMismatch { .. } => StartLabel::ArgcMismatch,
             StartState::ArgvAltered { .. } => StartLabel::ArgvAltered,
+            StartState::NotSandboxed { .. } => StartLabel::NotSandboxed,
             StartState::Garbled { .. } => StartLabel::Garbled,
         }
     }
@@ -257,6 +329,7 @@ pub enum StartLabel {
     ExecFailed,
     ArgcMismatch,
     ArgvAltered,
+    NotSandboxed,
     Garbled,
 }
 
@@ -335,24 +408,6 @@ impl Drop for StartMarker {
     }
 }
 
-/// The shim's entry point (inside the sandbox). `args` are the arguments after the subcommand
-/// name. Returns only when the command was not started (or `exec` failed); the value is the exit
-/// code.
-pub fn run(args: &[OsString]) -> u8 {
-    match parse_args(args) {
-        Ok((marker, expected, argv)) => start(
-            &marker,
-            expected,
-            argv,
-            std::env::var_os(ENV_ARGV_DIGEST).as_deref(),
-        ),
-        Err(message) => {
-            eprintln!("agentdiff exec shim: {message}; the command was not started");
-            SHIM_REFUSED_EXIT
-        }
-    }
-}
-
 /// Why the shim's own arguments are unusable.
 #[derive(Debug, thiserror::Error)]
 enum ShimArgsError {
@@ -381,7 +436,157 @@ fn parse_args(args: &[OsString]) -> Result<(PathBuf, usize, &[OsString]), ShimAr
     Ok((PathBuf::from(marker), expected, argv))
 }
 
-fn start(marker: &Path, expected: usize, argv: &[OsString], digest: Option<&OsStr>) -> u8 {
+/// The shim's own variables as it received them.
+#[derive(Debug, Clone, Copy, Default)]
+struct ShimEnv<'a> {
+    /// [`ENV_ARGV_DIGEST`].
+    digest: Option<&'a OsStr>,
+    /// [`ENV_HOST_NAMESPACES`].
+    host_namespaces: Option<&'a OsStr>,
+}
+
+/// The shim's entry point (inside the sandbox). `args` are the arguments after the subcommand
+/// name. Returns only when the command was not started (or `exec` failed); the value is the exit
+/// code.
+pub fn run(args: &[OsString]) -> u8 {
+    match parse_args(args) {
+        Ok((marker, expected, argv)) => {
+            let digest = std::env::var_os(ENV_ARGV_DIGEST);
+            let host_namespaces = std::env::var_os(ENV_HOST_NAMESPACES);
+            let env = ShimEnv {
+                digest: digest.as_deref(),
+                host_namespaces: host_namespaces.as_deref(),
+            };
+            start(&marker, expected, argv, env)
+        }
+        Err(message) => {
+            eprintln!("agentdiff exec shim: {message}; the command was not started");
+            SHIM_REFUSED_EXIT
+        }
+    }
+}
+
+/// `NAME:INODE,…` of this process's namespaces `names` (the value of [`ENV_HOST_NAMESPACES`]).
+pub fn namespace_ids(names: &[&str]) -> std::io::Result<String> {
+    namespace_ids_in(Path::new("/proc/self/ns"), names)
+}
+
+fn namespace_ids_in(dir: &Path, names: &[&str]) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let ino = std::fs::metadata(dir.join(name))?.ino();
+        out.push(format!("{name}:{ino}"));
+    }
+    Ok(out.join(","))
+}
+
+/// The namespaces of `host` (a [`namespace_ids`] value) that this process shares with the host,
+/// read from `dir` (`/proc/self/ns`). `Err` when the value is malformed or a namespace cannot be
+/// read: then the shim cannot prove it is sandboxed either.
+fn shared_namespaces(dir: &Path, host: &OsStr) -> Result<Vec<String>, String> {
+    let host = host
+        .to_str()
+        .ok_or("the host namespace ids are not UTF-8")?;
+    let mut shared = Vec::new();
+    for entry in host.split(',') {
+        let (name, ino) = entry
+            .split_once(':')
+            .filter(|(n, _)| NAMESPACES.contains(n))
+            .ok_or_else(|| format!("malformed host namespace id {entry:?}"))?;
+        let own = namespace_ids_in(dir, &[name]).map_err(|e| format!("{name}: {e}"))?;
+        if own == format!("{name}:{ino}") {
+            shared.push(name.to_string());
+        }
+    }
+    Ok(shared)
+}
+
+/// Mark every descriptor above 2 close-on-exec: the `exec` then closes whatever agentdiff's
+/// caller left open (the marker FIFO, close-on-exec already, stays usable until then).
+fn close_inherited_descriptors() {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    let set = |fd: i32| {
+        // EBADF for a descriptor that is not open (or the listing's own, closed since).
+        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    };
+    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+        let fds: Vec<i32> = dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|fd| *fd > 2)
+            .collect();
+        fds.into_iter().for_each(set);
+        return;
+    }
+    // No /proc: every possible descriptor number.
+    let limit = nix::unistd::sysconf(nix::unistd::SysconfVar::OPEN_MAX)
+        .ok()
+        .flatten()
+        .map_or(1 << 16, |n| n.clamp(3, 1 << 20) as i32);
+    (3..limit).for_each(set);
+}
+
+/// Refuse (and say so on the marker) unless the argv, the sandbox and the terminal guard are as
+/// agentdiff asked. `Err` is the exit code.
+fn check_before_start(
+    fifo: &mut std::fs::File,
+    token: &str,
+    expected: usize,
+    argv: &[OsString],
+    env: ShimEnv<'_>,
+) -> Result<(), u8> {
+    let mut refuse = |line: MarkerLine, message: String, code: u8| {
+        let _ = fifo.write_all(line.render(token).as_bytes());
+        eprintln!("agentdiff exec shim: {message}; the command was not started");
+        Err(code)
+    };
+    if argv.len() != expected || argv.is_empty() {
+        let line = MarkerLine::ArgcMismatch {
+            expected,
+            received: argv.len(),
+        };
+        let message = format!(
+            "the wrapper passed {} argument(s) where {expected} were sent",
+            argv.len()
+        );
+        return refuse(line, message, SHIM_REFUSED_EXIT);
+    }
+    if let Err(what) = verify_argv(env.digest, argv) {
+        let line = MarkerLine::ArgvAltered {
+            what: what.to_string(),
+        };
+        let message = format!("the arguments differ from those agentdiff sent ({what})");
+        return refuse(line, message, SHIM_REFUSED_EXIT);
+    }
+    if let Some(host) = env.host_namespaces {
+        let shared = shared_namespaces(Path::new("/proc/self/ns"), host);
+        if shared.as_ref().map_or(true, |s| !s.is_empty()) {
+            let (namespaces, why) = match shared {
+                Ok(s) => (s.join(","), "it runs in the host's namespaces".to_string()),
+                Err(e) => ("unverifiable".to_string(), e),
+            };
+            let message = format!(
+                "no sandbox around the command: {why} ({namespaces}) that the sandbox should \
+                 have unshared; the wrapper is not the sandbox agentdiff planned"
+            );
+            let line = MarkerLine::NotSandboxed { namespaces };
+            return refuse(line, message, SHIM_NOT_SANDBOXED_EXIT);
+        }
+    }
+    if std::env::var_os(ENV_TTY_GUARD).is_some_and(|v| v == "1") {
+        if let Err(e) = crate::process::tty_guard::install() {
+            // No start mark: the host records a setup failure, never an unguarded run.
+            eprintln!(
+                "agentdiff exec shim: {e}; the command was not started (it would share the \
+                 terminal without the TIOCSTI guard)"
+            );
+            return Err(SHIM_REFUSED_EXIT);
+        }
+    }
+    Ok(())
+}
+
+fn start(marker: &Path, expected: usize, argv: &[OsString], env: ShimEnv<'_>) -> u8 {
     let mut fifo = match open_marker(marker) {
         Ok(f) => f,
         Err(e) => {
@@ -393,57 +598,32 @@ fn start(marker: &Path, expected: usize, argv: &[OsString], digest: Option<&OsSt
             return SHIM_REFUSED_EXIT;
         }
     };
-    if argv.len() != expected || argv.is_empty() {
-        let line = MarkerLine::ArgcMismatch {
-            expected,
-            received: argv.len(),
-        };
-        let _ = fifo.write_all(line.render().as_bytes());
-        eprintln!(
-            "agentdiff exec shim: the wrapper passed {} argument(s) where {expected} were sent; \
-             the command was not started",
-            argv.len()
-        );
-        return SHIM_REFUSED_EXIT;
+    let token = env
+        .digest
+        .and_then(marker_token)
+        .unwrap_or_else(|| NO_TOKEN.to_string());
+    if let Err(code) = check_before_start(&mut fifo, &token, expected, argv, env) {
+        return code;
     }
-    if let Err(what) = verify_argv(digest, argv) {
-        let line = MarkerLine::ArgvAltered {
-            what: what.to_string(),
-        };
-        let _ = fifo.write_all(line.render().as_bytes());
-        eprintln!(
-            "agentdiff exec shim: the arguments differ from those agentdiff sent ({what}); the \
-             command was not started"
-        );
-        return SHIM_REFUSED_EXIT;
-    }
-    if std::env::var_os(ENV_TTY_GUARD).is_some_and(|v| v == "1") {
-        if let Err(e) = crate::process::tty_guard::install() {
-            // No start mark: the host records a setup failure, never an unguarded run.
-            eprintln!(
-                "agentdiff exec shim: {e}; the command was not started (it would share the \
-                 terminal without the TIOCSTI guard)"
-            );
-            return SHIM_REFUSED_EXIT;
-        }
-    }
+    close_inherited_descriptors();
     let started = MarkerLine::Started { argc: argv.len() };
-    if let Err(e) = fifo.write_all(started.render().as_bytes()) {
+    if let Err(e) = fifo.write_all(started.render(&token).as_bytes()) {
         eprintln!(
             "agentdiff exec shim: cannot write the start marker: {e}; the command was not started"
         );
         return SHIM_REFUSED_EXIT;
     }
     // The FIFO is close-on-exec: a successful exec closes it; a failed one leaves it to report.
-    let err = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .env_remove(ENV_ARGV_DIGEST)
-        .env_remove(ENV_TTY_GUARD)
-        .exec();
+    let mut command = std::process::Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    for var in SHIM_ENV_VARS {
+        command.env_remove(var);
+    }
+    let err = command.exec();
     let line = MarkerLine::ExecFailed {
         reason: err.to_string(),
     };
-    let _ = fifo.write_all(line.render().as_bytes());
+    let _ = fifo.write_all(line.render(&token).as_bytes());
     eprintln!("agentdiff exec shim: cannot execute {:?}: {err}", argv[0]);
     match err.kind() {
         std::io::ErrorKind::NotFound => EXEC_NOT_FOUND_EXIT,
@@ -574,6 +754,18 @@ pub fn attribute_exit(
             );
             wrapper
         }
+        StartState::NotSandboxed { namespaces } => {
+            setup_failed(
+                evidence,
+                format!(
+                    "the exec shim ran in agentdiff's own namespaces ({namespaces}): \
+                     {wrapper_name} built no sandbox around it (is the {wrapper_name} executable \
+                     the real one?); the command was not started"
+                ),
+                true,
+            );
+            wrapper
+        }
         StartState::Garbled { text } => {
             setup_failed(
                 evidence,
@@ -648,45 +840,163 @@ mod tests {
             MarkerLine::ArgvAltered {
                 what: "digest_mismatch".into(),
             },
+            MarkerLine::NotSandboxed {
+                namespaces: "net,pid".into(),
+            },
         ] {
-            let text = line.render();
-            assert_eq!(MarkerLine::parse(text.trim_end()), Some(line));
+            let text = line.render("t0k");
+            assert_eq!(
+                MarkerLine::parse(text.trim_end()),
+                Some((line, "t0k".to_string()))
+            );
         }
     }
 
     #[test]
     fn start_state_follows_the_protocol() {
-        assert_eq!(StartState::from_marker(b""), StartState::NotStarted);
+        let read = |b: &[u8]| StartState::from_marker(b, Some("tk"));
+        assert_eq!(read(b""), StartState::NotStarted);
         assert_eq!(
-            StartState::from_marker(b"started argc=2\n"),
+            read(b"started token=tk argc=2\n"),
             StartState::Started { argc: 2 }
         );
         assert_eq!(
-            StartState::from_marker(b"started argc=2\nexec_failed nope\n"),
+            read(b"started token=tk argc=2\nexec_failed token=tk nope\n"),
             StartState::ExecFailed {
                 reason: "nope".into()
             }
         );
         assert_eq!(
-            StartState::from_marker(b"argc_mismatch expected=2 received=3\n"),
+            read(b"argc_mismatch token=- expected=2 received=3\n"),
             StartState::ArgcMismatch {
                 expected: 2,
                 received: 3
             }
         );
-        // Out of order or unknown lines are never read as a start.
-        assert!(matches!(
-            StartState::from_marker(b"exec_failed x\n"),
-            StartState::Garbled { .. }
-        ));
-        assert!(matches!(
-            StartState::from_marker(b"started argc=1\nstarted argc=1\n"),
-            StartState::Garbled { .. }
-        ));
-        assert!(matches!(
-            StartState::from_marker(b"hello\n"),
-            StartState::Garbled { .. }
-        ));
+        // Out of order, unknown or foreign-token first lines are never read as a start.
+        for bad in [
+            &b"exec_failed token=tk x\n"[..],
+            b"hello\n",
+            b"\nstarted token=tk argc=1\n",
+            b"started token=other argc=1\n",
+        ] {
+            assert!(matches!(read(bad), StartState::Garbled { .. }), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn what_the_command_writes_after_the_start_is_ignored() {
+        let read = |b: &[u8]| StartState::from_marker(b, Some("tk"));
+        for junk in [
+            &b"junk\n"[..],
+            b"argc_mismatch token=- expected=1 received=2\n",
+            b"not_sandboxed token=tk ns=net\n",
+            b"started token=tk argc=9\n",
+            b"exec_failed token=guess forged\n",
+            b"\xff\xfe no newline",
+        ] {
+            let mut bytes = b"started token=tk argc=1\n".to_vec();
+            bytes.extend_from_slice(junk);
+            assert_eq!(read(&bytes), StartState::Started { argc: 1 }, "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn the_marker_token_comes_from_the_salt_only() {
+        let a = digest_env_value("salt-a", &[OsString::from("x")]);
+        let b = digest_env_value("salt-a", &[OsString::from("y")]);
+        let c = digest_env_value("salt-b", &[OsString::from("x")]);
+        let token = |v: &str| marker_token(OsStr::new(v)).unwrap();
+        assert_eq!(token(&a), token(&b));
+        assert_ne!(token(&a), token(&c));
+        assert!(!a.contains(&token(&a)));
+        assert_eq!(marker_token(OsStr::new("nocolon")), None);
+    }
+
+    #[test]
+    fn the_shim_refuses_to_start_in_the_host_namespaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
+        let out = dir.path().join("ran");
+        let argv: Vec<OsString> = vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("echo x > {}", out.display()).into(),
+        ];
+        let digest = OsString::from(digest_env_value("salt", &argv));
+        // This test process is where agentdiff would be: every namespace is the host's.
+        let host = OsString::from(namespace_ids(&["net", "pid", "mnt"]).unwrap());
+        let env = ShimEnv {
+            digest: Some(&digest),
+            host_namespaces: Some(&host),
+        };
+        assert_eq!(start(marker.path(), 3, &argv, env), SHIM_NOT_SANDBOXED_EXIT);
+        assert!(!out.exists(), "the command ran");
+        let token = marker_token(&digest);
+        assert_eq!(
+            StartState::from_marker(&marker.read_available(), token.as_deref()),
+            StartState::NotSandboxed {
+                namespaces: "net,pid,mnt".into()
+            }
+        );
+        // Malformed or unknown ids cannot prove a sandbox either.
+        for bad in ["net", "bogus:1", "net:1,,pid:2"] {
+            let host = OsString::from(bad);
+            let env = ShimEnv {
+                digest: Some(&digest),
+                host_namespaces: Some(&host),
+            };
+            assert_eq!(start(marker.path(), 3, &argv, env), SHIM_NOT_SANDBOXED_EXIT);
+            assert_eq!(
+                StartState::from_marker(&marker.read_available(), None),
+                StartState::NotSandboxed {
+                    namespaces: "unverifiable".into()
+                },
+                "{bad}"
+            );
+        }
+        assert!(!out.exists(), "the command ran");
+    }
+
+    #[test]
+    fn namespaces_that_differ_from_the_hosts_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = dir.path().join("ns");
+        std::fs::create_dir(&ns).unwrap();
+        for name in ["net", "pid"] {
+            std::fs::write(ns.join(name), b"").unwrap();
+        }
+        let own = namespace_ids_in(&ns, &["net", "pid"]).unwrap();
+        assert_eq!(
+            shared_namespaces(&ns, OsStr::new(&own)).unwrap(),
+            ["net", "pid"]
+        );
+        let other = OsString::from("net:1,pid:2");
+        assert!(shared_namespaces(&ns, &other).unwrap().is_empty());
+    }
+
+    #[test]
+    fn inherited_descriptors_are_closed_by_the_exec() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let held = std::fs::File::open(dir.path()).unwrap();
+        let fd = held.as_raw_fd();
+        // Clear close-on-exec, as a caller's `exec 7<dir` leaves it.
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .unwrap();
+        close_inherited_descriptors();
+        let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert!(
+            nix::fcntl::FdFlag::from_bits_truncate(flags).contains(nix::fcntl::FdFlag::FD_CLOEXEC)
+        );
+        // Standard streams keep theirs.
+        let flags = nix::fcntl::fcntl(2, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert!(
+            !nix::fcntl::FdFlag::from_bits_truncate(flags).contains(nix::fcntl::FdFlag::FD_CLOEXEC)
+        );
     }
 
     #[test]
@@ -738,7 +1048,7 @@ mod tests {
         args.push(OsString::from("extra"));
         assert_eq!(run(&args), SHIM_REFUSED_EXIT);
         assert_eq!(
-            StartState::from_marker(&marker.read_available()),
+            StartState::from_marker(&marker.read_available(), None),
             StartState::ArgcMismatch {
                 expected: 1,
                 received: 2
@@ -769,20 +1079,24 @@ mod tests {
         let sent = vec![OsString::from("/bin/echo"), OsString::from("a b")];
         let received = vec![OsString::from("/bin/echo"), OsString::from("a")];
         let digest = OsString::from(digest_env_value("salt", &sent));
+        let env = ShimEnv {
+            digest: Some(&digest),
+            host_namespaces: None,
+        };
+        assert_eq!(start(marker.path(), 2, &received, env), SHIM_REFUSED_EXIT);
         assert_eq!(
-            start(marker.path(), 2, &received, Some(&digest)),
-            SHIM_REFUSED_EXIT
-        );
-        assert_eq!(
-            StartState::from_marker(&marker.read_available()),
+            StartState::from_marker(&marker.read_available(), marker_token(&digest).as_deref()),
             StartState::ArgvAltered {
                 what: "digest_mismatch".into()
             }
         );
         // Without a digest nothing is started either.
-        assert_eq!(start(marker.path(), 2, &sent, None), SHIM_REFUSED_EXIT);
         assert_eq!(
-            StartState::from_marker(&marker.read_available()),
+            start(marker.path(), 2, &sent, ShimEnv::default()),
+            SHIM_REFUSED_EXIT
+        );
+        assert_eq!(
+            StartState::from_marker(&marker.read_available(), None),
             StartState::ArgvAltered {
                 what: "digest_missing".into()
             }
@@ -795,11 +1109,13 @@ mod tests {
         let mut marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
         let argv = [OsString::from("/nonexistent/agentdiff-no-such-program")];
         let digest = OsString::from(digest_env_value("salt", &argv));
-        assert_eq!(
-            start(marker.path(), 1, &argv, Some(&digest)),
-            EXEC_NOT_FOUND_EXIT
-        );
-        let state = StartState::from_marker(&marker.read_available());
+        let env = ShimEnv {
+            digest: Some(&digest),
+            host_namespaces: None,
+        };
+        assert_eq!(start(marker.path(), 1, &argv, env), EXEC_NOT_FOUND_EXIT);
+        let token = marker_token(&digest);
+        let state = StartState::from_marker(&marker.read_available(), token.as_deref());
         assert!(matches!(state, StartState::ExecFailed { .. }), "{state:?}");
     }
 

@@ -22,7 +22,7 @@ use crate::backend::{
 };
 use crate::process::exec_shim::{
     self, Attribution, ExitBy, MarkerError, StartLabel, StartMarker, StartState, ENV_ARGV_DIGEST,
-    ENV_TTY_GUARD,
+    ENV_TTY_GUARD, SHIM_ENV_VARS,
 };
 use crate::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 
@@ -52,7 +52,7 @@ pub fn shim_env(
     getrandom::getrandom(&mut salt).map_err(ShimmedError::Random)?;
     let mut out: Vec<(OsString, OsString)> = env
         .iter()
-        .filter(|(k, _)| k != ENV_ARGV_DIGEST && k != ENV_TTY_GUARD)
+        .filter(|(k, _)| !SHIM_ENV_VARS.iter().any(|v| k == v))
         .cloned()
         .collect();
     out.push((
@@ -96,6 +96,8 @@ pub struct ShimmedCommand {
     inner: SupervisedCommand,
     marker: StartMarker,
     expected_argc: usize,
+    /// The run's marker token ([`exec_shim::marker_token`] of the digest agentdiff sent).
+    token: Option<String>,
 }
 
 /// A finished shimmed run: the evidence (shim variables removed) and what the marker said.
@@ -119,6 +121,13 @@ impl ShimmedCommand {
     ) -> Result<ShimmedCommand, ShimmedError> {
         let marker = StartMarker::create(marker)?;
         let expected_argc = prepared.spec().argv.len();
+        let token = prepared
+            .command()
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == ENV_ARGV_DIGEST)
+            .and_then(|(_, v)| exec_shim::marker_token(v));
         let inner = spawn_supervised(prepared, ctx, labels).map_err(|e| ShimmedError::Spawn {
             wrapper,
             message: e.to_string(),
@@ -127,6 +136,7 @@ impl ShimmedCommand {
             inner,
             marker,
             expected_argc,
+            token,
         })
     }
 
@@ -146,16 +156,19 @@ impl ShimmedCommand {
             inner,
             mut marker,
             expected_argc,
+            token,
         } = self;
         let evidence = Box::new(inner).wait().await;
-        let state = StartState::from_marker(&marker.read_available());
+        // Without the digest's token (a launch agentdiff did not build) any token is accepted.
+        let state = StartState::from_marker(&marker.read_available(), token.as_deref());
         drop(marker);
         let mut evidence = evidence?;
         if let Some(env) = &mut evidence.environment {
             // agentdiff's plumbing, not the command's environment; even as a fingerprint the
             // digest does not belong in the evidence.
-            env.variables.remove(ENV_ARGV_DIGEST);
-            env.variables.remove(ENV_TTY_GUARD);
+            for var in SHIM_ENV_VARS {
+                env.variables.remove(var);
+            }
         }
         Ok(ShimmedExit {
             evidence,

@@ -63,8 +63,8 @@ pub struct TreeWriter<'s> {
 
 /// Most bytes of tree objects a [`TreeSpool`] also keeps parsed in memory. Parsed, a tree takes
 /// about four times its object's size, so this adds at most ~2 MB to the scan's peak memory
-/// (a 200,000-file tree's trees are ~50 MB of objects, and its cold run is already near the
-/// 64 MB bound).
+/// (a 200,000-file tree's trees are ~50 MB of objects; the after-scan reads only the trees of
+/// directories whose stat digest changed, see `crate::fs::StatDigests`).
 pub const MAX_KEPT_BYTES: usize = 512 * 1024;
 
 /// Bytes of trees a [`TreeSpool`] gathers before writing them to its file at once.

@@ -1,0 +1,181 @@
+//! `agentdiff run --runtime bwrap` against a command that attacks the sandbox's own plumbing:
+//! a planted `bwrap`, descriptors inherited from agentdiff's caller, and writes into the start
+//! marker. Real bubblewrap, as in `bwrap_cli`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::bwrap_cli::{no_bwrap, Fixture};
+
+/// A `bwrap` that drops its options and execs the rest: no sandbox at all.
+const EXEC_ONLY_BWRAP: &str = "#!/bin/sh\nwhile [ \"$#\" -gt 0 ] && [ \"$1\" != \"--\" ]; do \
+                               shift; done\nshift\nexec \"$@\"\n";
+
+fn install_fake(path: &Path) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, EXEC_ONLY_BWRAP).unwrap();
+    fs::set_permissions(path, PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+const CANARY_COMMAND: &str = "echo COMMAND-RAN-CANARY; echo ran > ran.txt";
+
+fn assert_nothing_ran(f: &Fixture, out: &std::process::Output) {
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains("COMMAND-RAN-CANARY"), "{all}");
+    assert!(!f.root().join("ran.txt").exists());
+}
+
+#[test]
+fn a_fake_bwrap_that_only_execs_its_argument_fails_closed() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    // Outside the project and owned by this user's root-owned temp tree: the executable checks
+    // pass (as root), so only the exec shim's namespace proof stands between it and the command.
+    let fake = f.home.path().join("bin/bwrap");
+    install_fake(&fake);
+    let opt = format!("bwrap-executable={}", fake.display());
+    let (code, result, out) = f.run(
+        &["--backend-option", &opt],
+        &["sh", "-c", CANARY_COMMAND],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_nothing_ran(&f, &out);
+    let error = result["execution_error"].as_str().unwrap_or_default();
+    if error.contains("refusing the bwrap executable") {
+        // Not root: the ownership rule refused it first (also fail closed).
+        assert_eq!(code, 69, "{stderr}");
+        return;
+    }
+    assert_eq!(code, 69, "{stderr}");
+    assert!(stderr.contains("no sandbox around the command"), "{stderr}");
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["wrapper"]["start_state"], "not_sandboxed", "{rt:#}");
+    assert_eq!(rt["wrapper"]["exit_attribution"], "wrapper");
+    assert_eq!(rt["capabilities"]["sandboxed"], false);
+    let failure = rt["failure"].to_string();
+    assert!(failure.contains("built no sandbox"), "{failure}");
+}
+
+#[test]
+fn a_bwrap_planted_in_the_project_on_path_is_refused() {
+    let f = Fixture::new();
+    for dir in ["node_modules/.bin", ".venv/bin"] {
+        let bin = f.root().join(dir);
+        install_fake(&bin.join("bwrap"));
+        let path = format!("{}:/usr/bin:/bin", bin.display());
+        let (code, result, out) = f.run(&[], &["sh", "-c", CANARY_COMMAND], &[("PATH", &path)]);
+        let error = result["execution_error"].as_str().unwrap_or_default();
+        assert_eq!(code, 69, "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(error.contains("refusing the bwrap executable"), "{error}");
+        assert!(error.contains("bwrap-executable=PATH"), "{error}");
+        assert_nothing_ran(&f, &out);
+    }
+}
+
+/// Opens a directory as fd 7 and a connected Unix socket as fd 8 (both inheritable), then
+/// execs the rest: a caller that leaks descriptors into agentdiff.
+const LEAKING_CALLER: &str = "import os, socket, sys\n\
+s = socket.socket(socket.AF_UNIX)\n\
+s.connect(sys.argv[1])\n\
+os.dup2(s.fileno(), 8)\n\
+os.dup2(os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECTORY), 7)\n\
+os.execv(sys.argv[3], sys.argv[3:])\n";
+
+#[test]
+fn descriptors_inherited_from_the_caller_do_not_reach_the_command() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let host_dir = f.home.path().join("host-dir");
+    fs::create_dir_all(&host_dir).unwrap();
+    let sock = f.home.path().join("engine.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let command = "echo x > /proc/self/fd/7/pwned; echo leaked >&8; \
+                   for n in 7 8; do [ -e /proc/self/fd/$n ] && echo fd$n-open; done > fds.txt; \
+                   true";
+    let inner = super::cmd(
+        f.root(),
+        &[
+            "run",
+            "--runtime",
+            "bwrap",
+            "--format",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            command,
+        ],
+    );
+    let mut caller = Command::new("python3");
+    caller
+        .args(["-c", LEAKING_CALLER])
+        .arg(&sock)
+        .arg(&host_dir)
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir(f.root())
+        .env("HOME", f.home.path());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => caller.env(k, v),
+            None => caller.env_remove(k),
+        };
+    }
+    let out = caller.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["wrapper"]["start_state"], "started", "{rt:#}");
+    assert!(!host_dir.join("pwned").exists(), "wrote through fd 7");
+    assert_eq!(fs::read_to_string(f.root().join("fds.txt")).unwrap(), "");
+    // The caller connected; the command sent nothing through the socket.
+    let (mut conn, _) = listener.accept().unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = conn.read_to_end(&mut got);
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+}
+
+#[test]
+fn junk_written_into_the_start_marker_does_not_change_the_runs_outcome() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let command = "n=0; for m in .agentdiff/runs/*/bwrap-start-marker.fifo; do \
+                   printf 'junk\\nargc_mismatch token=- expected=1 received=2\\n\
+                   not_sandboxed token=x ns=net\\nexec_failed token=x forged\\n' > \"$m\" \
+                   && n=$((n+1)); done; echo $n > written.txt";
+    let (code, result, out) = f.run(&[], &["sh", "-c", command], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, 0, "{stderr}");
+    // The junk did reach the marker.
+    assert_eq!(
+        fs::read_to_string(f.root().join("written.txt"))
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["wrapper"]["start_state"], "started", "{rt:#}");
+    assert_eq!(rt["wrapper"]["exit_attribution"], "command");
+    assert_eq!(rt["capabilities"]["sandboxed"], true);
+    assert!(rt["failure"].is_null(), "{rt:#}");
+}
