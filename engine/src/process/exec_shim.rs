@@ -295,12 +295,21 @@ impl StartState {
                     _ => None,
                 })
                 .unwrap_or(StartState::Started { argc }),
-            // Refusals: the command never ran, so nothing but the wrapper or the shim wrote them.
-            MarkerLine::ArgcMismatch { expected, received } => {
+            // Refusals carry the token too, except the one for a digest the shim never got
+            // (it has no salt then): a process outside the run cannot forge a refusal.
+            MarkerLine::ArgcMismatch { expected, received } if ours(&line_token) => {
                 StartState::ArgcMismatch { expected, received }
             }
-            MarkerLine::ArgvAltered { what } => StartState::ArgvAltered { what },
-            MarkerLine::NotSandboxed { namespaces } => StartState::NotSandboxed { namespaces },
+            MarkerLine::ArgvAltered { what }
+                if ours(&line_token)
+                    || (line_token == NO_TOKEN
+                        && (what == "digest_missing" || what == "digest_malformed")) =>
+            {
+                StartState::ArgvAltered { what }
+            }
+            MarkerLine::NotSandboxed { namespaces } if ours(&line_token) => {
+                StartState::NotSandboxed { namespaces }
+            }
             _ => garbled(),
         }
     }
@@ -867,10 +876,16 @@ mod tests {
             }
         );
         assert_eq!(
-            read(b"argc_mismatch token=- expected=2 received=3\n"),
+            read(b"argc_mismatch token=tk expected=2 received=3\n"),
             StartState::ArgcMismatch {
                 expected: 2,
                 received: 3
+            }
+        );
+        assert_eq!(
+            read(b"argv_altered token=- what=digest_missing\n"),
+            StartState::ArgvAltered {
+                what: "digest_missing".into()
             }
         );
         // Out of order, unknown or foreign-token first lines are never read as a start.
@@ -879,6 +894,10 @@ mod tests {
             b"hello\n",
             b"\nstarted token=tk argc=1\n",
             b"started token=other argc=1\n",
+            // A refusal forged by a process outside the run (it has no token).
+            b"argc_mismatch token=- expected=1 received=2\n",
+            b"not_sandboxed token=other ns=net\n",
+            b"argv_altered token=- what=digest_mismatch\n",
         ] {
             assert!(matches!(read(bad), StartState::Garbled { .. }), "{bad:?}");
         }
