@@ -793,14 +793,22 @@ fn a_command_that_writes_into_its_plugins_pipe_cannot_erase_its_changes() {
     }
 }
 
-/// The SDK plugin is not dumpable: a command of the same user cannot open its descriptors
-/// through `/proc/<plugin>/fd`. Checked as an unprivileged user, since root passes every ptrace
-/// check.
+/// The example plugins are not dumpable (the Rust SDK's `serve` and the Python example): a command
+/// of the same user cannot open their descriptors through `/proc/<plugin>/fd`. Checked as an
+/// unprivileged user, since root passes every ptrace check.
 #[test]
 fn the_command_cannot_open_its_plugins_descriptors() {
+    let nice = PluginDir::new().with_nice();
+    assert_plugin_descriptors_closed(&nice, "nice");
+    if !python_missing() {
+        let python = PluginDir::new().with_python();
+        assert_plugin_descriptors_closed(&python, "lowprio");
+    }
+}
+
+fn assert_plugin_descriptors_closed(plugins: &PluginDir, runtime: &str) {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    let plugins = PluginDir::new().with_nice();
     fs::set_permissions(plugins.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let base = tempfile::tempdir().unwrap();
     fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -818,7 +826,8 @@ fn the_command_cannot_open_its_plugins_descriptors() {
             .unwrap();
         assert!(chown.success());
     }
-    let probe = "if [ \"$(cat /proc/$PPID/comm)\" != agentdiff-backe ]; then echo not-the-plugin; \
+    let probe = "if ! tr '\\0' ' ' < /proc/$PPID/cmdline | grep -q agentdiff-backend-; then \
+                 echo not-the-plugin; \
                  elif ls /proc/$PPID/fd >/dev/null 2>&1; then echo open; else echo denied; fi \
                  > probe";
     let mut c = Command::new(super::bin());
@@ -827,7 +836,7 @@ fn the_command_cannot_open_its_plugins_descriptors() {
         "--fail-on",
         "never",
         "--runtime",
-        "nice",
+        runtime,
         "--",
         "sh",
         "-c",
@@ -842,7 +851,7 @@ fn the_command_cannot_open_its_plugins_descriptors() {
         c.uid(65534).gid(65534);
     }
     let out = c.output().unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.status.success(), "{runtime}: {}", text(&out.stderr));
     let seen = fs::read_to_string(proj.join("probe")).unwrap();
-    assert_eq!(seen.trim(), "denied", "{}", text(&out.stderr));
+    assert_eq!(seen.trim(), "denied", "{runtime}: {}", text(&out.stderr));
 }
