@@ -712,6 +712,23 @@ fn assert_lost_run_recorded(project: &Path, out: &Output) -> Value {
     r
 }
 
+/// `agentdiff run --format json --runtime nice -- sh -c SCRIPT` in `project`.
+fn run_nice_json(plugins: &PluginDir, project: &Path, script: &str) -> Output {
+    let path = path_with(&[plugins.path()]);
+    let args = [
+        "run",
+        "--format",
+        "json",
+        "--runtime",
+        "nice",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ];
+    agentdiff_on(&path, project, &args)
+}
+
 /// The command kills its plugin (`kill -9 $PPID`) after writing `.env` and starting a `sleep`:
 /// the run is still recorded with its changes, and what the command left running is ended.
 #[test]
@@ -724,22 +741,7 @@ fn a_command_that_kills_its_plugin_still_has_its_changes_recorded_and_denied() {
         "echo SECRET=x > .env; sleep 300 & echo $! > {}; kill -9 $PPID; wait",
         pidfile.display()
     );
-    let path = path_with(&[plugins.path()]);
-    let out = agentdiff_on(
-        &path,
-        project.path(),
-        &[
-            "run",
-            "--format",
-            "json",
-            "--runtime",
-            "nice",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let out = run_nice_json(&plugins, project.path(), &script);
     let r = assert_lost_run_recorded(project.path(), &out);
     assert!(
         r["execution_error"]
@@ -773,22 +775,7 @@ fn a_command_that_writes_into_its_plugins_pipe_cannot_erase_its_changes() {
             "echo SECRET=x > .env; echo '{payload}' > /proc/$PPID/fd/4 2>/dev/null || kill -9 \
              $PPID; sleep 1"
         );
-        let path = path_with(&[plugins.path()]);
-        let out = agentdiff_on(
-            &path,
-            project.path(),
-            &[
-                "run",
-                "--format",
-                "json",
-                "--runtime",
-                "nice",
-                "--",
-                "sh",
-                "-c",
-                &script,
-            ],
-        );
+        let out = run_nice_json(&plugins, project.path(), &script);
         assert_lost_run_recorded(project.path(), &out);
     }
 }
@@ -808,30 +795,13 @@ fn the_command_cannot_open_its_plugins_descriptors() {
 
 fn assert_plugin_descriptors_closed(plugins: &PluginDir, runtime: &str) {
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     fs::set_permissions(plugins.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let base = tempfile::tempdir().unwrap();
-    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let (proj, state) = (base.path().join("proj"), base.path().join("state"));
-    fs::create_dir(&proj).unwrap();
-    fs::create_dir(&state).unwrap();
-    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
-    let as_nobody = nix::unistd::geteuid().is_root();
-    if as_nobody {
-        let chown = Command::new("chown")
-            .args(["-R", "65534:65534"])
-            .arg(&proj)
-            .arg(&state)
-            .status()
-            .unwrap();
-        assert!(chown.success());
-    }
     let probe = "if ! tr '\\0' ' ' < /proc/$PPID/cmdline | grep -q agentdiff-backend-; then \
                  echo not-the-plugin; \
                  elif ls /proc/$PPID/fd >/dev/null 2>&1; then echo open; else echo denied; fi \
                  > probe";
-    let mut c = Command::new(super::bin());
-    c.args([
+    let u = super::Unprivileged::new();
+    let args = [
         "run",
         "--fail-on",
         "never",
@@ -841,17 +811,13 @@ fn assert_plugin_descriptors_closed(plugins: &PluginDir, runtime: &str) {
         "sh",
         "-c",
         probe,
-    ])
-    .current_dir(&proj)
-    .env_remove("AGENTDIFF_POLICY")
-    .env("AGENTDIFF_STATE_DIR", &state)
-    .env("HOME", base.path())
-    .env("PATH", path_with(&[plugins.path()]));
-    if as_nobody {
-        c.uid(65534).gid(65534);
-    }
-    let out = c.output().unwrap();
+    ];
+    let out = u
+        .command(&args)
+        .env("PATH", path_with(&[plugins.path()]))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{runtime}: {}", text(&out.stderr));
-    let seen = fs::read_to_string(proj.join("probe")).unwrap();
+    let seen = fs::read_to_string(u.proj.join("probe")).unwrap();
     assert_eq!(seen.trim(), "denied", "{runtime}: {}", text(&out.stderr));
 }

@@ -83,6 +83,59 @@ fn isolate(c: &mut Command, cwd: &Path) {
         .env("AGENTDIFF_STATE_DIR", state_dir());
 }
 
+/// A project and a state directory for a run as an unprivileged user: when the tests run as root
+/// (who passes every ptrace check), both belong to `nobody` and [`Unprivileged::command`] runs
+/// agentdiff as `nobody`.
+pub struct Unprivileged {
+    base: tempfile::TempDir,
+    pub proj: std::path::PathBuf,
+    state: std::path::PathBuf,
+    as_nobody: bool,
+}
+
+impl Unprivileged {
+    pub fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (proj, state) = (base.path().join("proj"), base.path().join("state"));
+        std::fs::create_dir(&proj).unwrap();
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let as_nobody = nix::unistd::geteuid().is_root();
+        if as_nobody {
+            let chown = Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(&proj)
+                .arg(&state)
+                .status()
+                .unwrap();
+            assert!(chown.success());
+        }
+        Self {
+            base,
+            proj,
+            state,
+            as_nobody,
+        }
+    }
+
+    /// `agentdiff ARGS` in the project, with this state directory and home.
+    pub fn command(&self, args: &[&str]) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new(bin());
+        c.args(args)
+            .current_dir(&self.proj)
+            .env_remove("AGENTDIFF_POLICY")
+            .env("AGENTDIFF_STATE_DIR", &self.state)
+            .env("HOME", self.base.path());
+        if self.as_nobody {
+            c.uid(65534).gid(65534);
+        }
+        c
+    }
+}
+
 /// Runs [`cmd`] to completion.
 pub fn agentdiff(cwd: &Path, args: &[&str]) -> Output {
     cmd(cwd, args).output().expect("agentdiff runs")

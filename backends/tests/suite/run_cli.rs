@@ -737,40 +737,18 @@ fn uncaptured_entries_under_denied_paths_are_denied() {
 /// user, since root passes every ptrace check.
 #[test]
 fn the_command_cannot_open_agentdiffs_descriptors() {
-    use std::os::unix::process::CommandExt;
-    let base = tempfile::tempdir().unwrap();
-    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let (proj, state) = (base.path().join("proj"), base.path().join("state"));
-    fs::create_dir(&proj).unwrap();
-    fs::create_dir(&state).unwrap();
-    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
     let probe = "p=$PPID; while [ \"$p\" -gt 1 ]; do \
                  if [ \"$(cat /proc/$p/comm)\" = agentdiff ]; then \
                  if ls /proc/$p/fd >/dev/null 2>&1; then echo open > probe; \
                  else echo denied > probe; fi; exit 0; fi; \
                  p=$(awk '{print $4}' /proc/$p/stat); done; echo no-agentdiff > probe";
-    let as_nobody = nix::unistd::geteuid().is_root();
-    if as_nobody {
-        let chown = Command::new("chown")
-            .args(["-R", "65534:65534"])
-            .arg(&proj)
-            .arg(&state)
-            .status()
-            .unwrap();
-        assert!(chown.success());
-    }
-    let mut c = Command::new(super::bin());
-    c.args(["run", "--fail-on", "never", "--", "sh", "-c", probe])
-        .current_dir(&proj)
-        .env_remove("AGENTDIFF_POLICY")
-        .env("AGENTDIFF_STATE_DIR", &state)
-        .env("HOME", base.path());
-    if as_nobody {
-        c.uid(65534).gid(65534);
-    }
-    let out = c.output().unwrap();
+    let u = super::Unprivileged::new();
+    let out = u
+        .command(&["run", "--fail-on", "never", "--", "sh", "-c", probe])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let seen = fs::read_to_string(proj.join("probe")).unwrap();
+    let seen = fs::read_to_string(u.proj.join("probe")).unwrap();
     assert_eq!(seen.trim(), "denied", "{}", text(&out.stderr));
 }
 
