@@ -437,17 +437,10 @@ fn list_with_inodes(dir: &Path) -> Result<Vec<(String, u64)>, StoreError> {
 
 /// Names in a directory (empty when it does not exist); names that are not UTF-8 are kept lossy.
 fn list(dir: &Path) -> Result<Vec<String>, StoreError> {
-    counted();
-    let entries = match fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(StoreError::io("list", dir, e)),
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| StoreError::io("list", dir, e))?;
-        out.push(entry.file_name().to_string_lossy().into_owned());
-    }
+    let mut out: Vec<String> = list_with_inodes(dir)?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     out.sort();
     Ok(out)
 }
