@@ -113,7 +113,26 @@ pub(super) async fn launch(
         hold_reap: None,
     };
     let launched_at = std::time::Instant::now();
-    let running = backend.launch(prepared, ctx).await?;
+    let running = match backend.launch(prepared, ctx).await {
+        Ok(running) => running,
+        // The backend failed once the command may have been started (an external plugin killed
+        // or garbled before its answer to `launch`): the run is lost, never "not launched".
+        Err(err @ BackendError::Runtime { .. }) => {
+            let lost = Lost {
+                backend: backend.id(),
+                enforcement,
+                root: None,
+                duration: launched_at.elapsed(),
+            };
+            let mut evidence = lost.evidence(plan, &err).await;
+            merge_environment(&mut evidence, &plan.env_evidence);
+            if let Some(env) = evidence.environment.as_mut() {
+                environment::key_fingerprints(env, key);
+            }
+            return Err(LaunchFailure::Lost(Box::new(evidence)));
+        }
+        Err(err) => return Err(err.into()),
+    };
     // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
     // processes from this event. A failed write must not orphan the command, so it only warns.
     let mut facts = running.launch_facts();

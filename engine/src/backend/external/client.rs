@@ -291,6 +291,18 @@ impl RuntimeBackend for ExternalBackend {
                 return Err(self.plugin_error(kind, message, remedy))
             }
             Err(Failure::External(e)) => return Err(launch_err(e.to_string())),
+            Err(Failure::AfterRequest(e, started)) => {
+                let grace = prepared.spec().grace;
+                let ended = cleanup_host_processes(&started, grace).await;
+                return Err(BackendError::Runtime {
+                    backend: self.id.into(),
+                    message: format!(
+                        "{e}, after the launch request and before it reported the launched \
+                         process: the command may have run ({} process(es) it left were ended)",
+                        ended.records.len()
+                    ),
+                });
+            }
         };
         Ok(Box::new(ExternalRun {
             id: self.id,
@@ -338,6 +350,10 @@ impl RuntimeBackend for ExternalBackend {
 enum Failure {
     Plugin(super::protocol::ErrorKind, String, Option<String>),
     External(ExternalError),
+    /// The plugin failed after the `launch` request and before a verified `launched` (it died,
+    /// or its answer was garbled: the command may have done either): the command may have run.
+    /// Holds the plugin's descendants as they were before it was killed.
+    AfterRequest(ExternalError, Vec<ProcessIdentity>),
 }
 
 impl From<ExternalError> for Failure {
@@ -393,13 +409,9 @@ fn start_launch(
         }
         Ok(other) => {
             let e = session.unexpected("launched", &other);
-            session.kill();
-            return Err(e.into());
+            return Err(lost_after_request(&mut session, e));
         }
-        Err(e) => {
-            session.kill();
-            return Err(e.into());
-        }
+        Err(e) => return Err(lost_after_request(&mut session, e)),
     };
     match verify_descendant(pid, start_time_ticks, session.pid()) {
         Ok(parentage) => {
@@ -424,6 +436,22 @@ fn start_launch(
             Err(e.into())
         }
     }
+}
+
+/// The plugin failed after the `launch` request: note its descendants (what it may have started)
+/// before killing it, since they move to another parent once it is gone.
+fn lost_after_request(session: &mut Session, e: ExternalError) -> Failure {
+    let plugin = crate::process::read_identity(session.pid()).ok();
+    let tree = plugin
+        .as_ref()
+        .map(crate::backend::process_tree)
+        .unwrap_or_default();
+    session.kill();
+    let started = tree
+        .into_iter()
+        .filter(|p| p.pid != session.pid())
+        .collect();
+    Failure::AfterRequest(e, started)
 }
 
 /// A command launched by a plugin.

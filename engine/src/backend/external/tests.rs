@@ -62,6 +62,9 @@ while IFS= read -r line <&3; do
       say "{{\"type\":\"launched\",\"pid\":$pid,\"start_time_ticks\":$start}}"
       say '{{"type":"exited","report":{{"exit":{{"code":7,"signal":null,"timed_out":false,"interrupted_by":null,"duration_ms":5}},"capabilities":{CAPS}}}}}'
       exit 0 ;;
+    vanish)
+      # Starts the command, then ends before it says so.
+      sleep 30 & echo $! > "$FAKE_RECORD.pid"; exit 9 ;;
     die)
       sleep 30 & pid=$!
       say "{{\"type\":\"launched\",\"pid\":$pid,\"start_time_ticks\":$(start_of $pid)}}"
@@ -253,6 +256,26 @@ fn a_plugin_that_exits_before_the_ack_still_has_its_exit_report_read() {
         wrapper["external_backend"]["launched_process"], "ended_before_check",
         "{wrapper:?}"
     );
+}
+
+#[test]
+fn a_plugin_that_ends_between_the_launch_request_and_its_answer_may_have_run_the_command() {
+    let fake = Fake::new("vanish");
+    let err = launch_and_wait(&fake).unwrap_err();
+    // Not a refusal: the transaction captures and classifies what the command may have done.
+    assert!(matches!(err, BackendError::Runtime { .. }), "{err}");
+    assert!(err.to_string().contains("may have run"), "{err}");
+    let pid: u32 = std::fs::read_to_string(fake.record().with_extension("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // A plugin that ended on its own left its command to init before agentdiff could see it:
+    // that process is not found here (docs/backend-protocol.md says so); the test ends it.
+    if crate::process::read_stat(pid).is_ok_and(|s| s.comm == "sleep") {
+        // SAFETY: kill(2) on the test's own leftover `sleep`, checked by name just above.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
 }
 
 #[test]
