@@ -235,12 +235,22 @@ mod tests {
     use super::*;
     use std::process::Command;
 
+    /// Runs the wrapper. ETXTBSY is retried: a test thread that forks while another thread still
+    /// holds a just-written script open for writing keeps that descriptor until its child execs.
     fn call(w: &FakeWrapper, args: &[&str]) -> std::process::Output {
-        Command::new(w.path())
-            .args(args)
-            .env("FAKE_SEEN", "yes")
-            .output()
-            .unwrap()
+        for _ in 0..50 {
+            match Command::new(w.path())
+                .args(args)
+                .env("FAKE_SEEN", "yes")
+                .output()
+            {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                other => return other.unwrap(),
+            }
+        }
+        panic!("{} stayed busy (ETXTBSY)", w.path().display());
     }
 
     #[test]
