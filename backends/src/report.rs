@@ -40,7 +40,7 @@ fn outcome_line(r: &RunResult) -> String {
                 Some(agentdiff_engine::backend::FailureKind::BackendFailed { .. })
             ) =>
         {
-            "task ran, but the runtime backend failed before reporting how it ended".into()
+            "task started (or may have), but the runtime backend failed before reporting how it ended".into()
         }
         Status::Failed => match (exit.and_then(|e| e.code), exit.and_then(|e| e.signal)) {
             (Some(c), _) => format!("task failed (exit {c})"),

@@ -701,7 +701,7 @@ fn assert_lost_run_recorded(project: &Path, out: &Output) -> Value {
     assert!(r["runtime"]["exit"]["code"].is_null(), "{r:#}");
     assert!(r["execution_error"]
         .as_str()
-        .is_some_and(|e| e.contains("was launched")));
+        .is_some_and(|e| e.contains("before it reported how the command ended")));
     let dir = project
         .join(".agentdiff/runs")
         .join(r["run_id"].as_str().unwrap());
@@ -778,6 +778,45 @@ fn a_command_that_writes_into_its_plugins_pipe_cannot_erase_its_changes() {
         let out = run_nice_json(&plugins, project.path(), &script);
         assert_lost_run_recorded(project.path(), &out);
     }
+}
+
+/// A plugin that dies between the `launch` request and its `launched` answer (here, after its
+/// command finished) may have run the command: the run is recorded as lost, with the command's
+/// changes captured and denied, never as "not launched".
+#[test]
+fn a_plugin_that_dies_before_answering_launch_still_has_its_commands_changes_recorded() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant(
+        "mute",
+        &[(
+            r#"channel.send({"type": "launched", "pid": child.pid, "start_time_ticks": start_time(child.pid)})"#,
+            "child.wait(); os._exit(9)",
+        )],
+    );
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let args = [
+        "run",
+        "--format",
+        "json",
+        "--runtime",
+        "mute",
+        "--",
+        "sh",
+        "-c",
+        "echo SECRET=x > .env",
+    ];
+    let out = agentdiff_on(&path, project.path(), &args);
+    let r = assert_lost_run_recorded(project.path(), &out);
+    assert!(
+        r["execution_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("may have run")),
+        "{r:#}"
+    );
 }
 
 /// The example plugins are not dumpable (the Rust SDK's `serve` and the Python example): a command

@@ -29,7 +29,8 @@ pub enum FailureKind {
     /// A wrapper (sandbox, container engine) failed before the command started; the exit code is
     /// the wrapper's, not the command's.
     WrapperSetupFailed { message: String },
-    /// The command was launched, but the backend failed before it reported how the command ended
+    /// The command was launched, or may have been (the backend failed right after the launch
+    /// request), and the backend failed before it reported how the command ended
     /// (its plugin died or answered garbage): the exit is unknown, and the run's changes are still
     /// captured and classified.
     BackendFailed { message: String },

@@ -206,8 +206,9 @@ pub fn status(exit: &ExitInfo, failure: Option<&FailureKind>, safety: Action) ->
 pub(super) fn execution_error(failure: &FailureKind) -> String {
     match failure {
         FailureKind::BackendFailed { message } => format!(
-            "the command was launched, but the runtime backend failed before it reported how the \
-             command ended ({message}); its changes were captured and classified"
+            "the command was started (or may have been, when the backend failed right after the \
+             launch request), and the runtime backend failed before it reported how the command \
+             ended ({message}); its changes were captured and classified"
         ),
         FailureKind::LaunchFailed { message } => {
             format!("the command could not be launched: {message}")

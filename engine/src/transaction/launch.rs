@@ -80,7 +80,8 @@ pub(super) fn plan(
 pub(super) enum LaunchFailure {
     /// The backend refused or could not start the command: nothing ran.
     Refused(BackendError),
-    /// The command was launched, but the backend failed before reporting how it ended. The
+    /// The command was launched, or may have been (the backend failed right after the launch
+    /// request), and the backend failed before reporting how it ended. The
     /// evidence says what is known (exit unknown, the failure, the leftovers ended here); the run
     /// goes on to the after-capture like any other.
     Lost(Box<RunEvidence>),

@@ -1050,7 +1050,7 @@ async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_chan
     assert!(r
         .execution_error
         .as_deref()
-        .is_some_and(|e| e.contains("was launched")));
+        .is_some_and(|e| e.contains("before it reported how the command ended")));
 
     // On record: launched, the failure, the after-state, and a seal.
     let capsule = crate::store::Store::open(&proj)
