@@ -305,23 +305,31 @@ impl Server<'_> {
             pid: identity.pid,
             start_time_ticks: identity.start_time_ticks,
         })?;
-        self.await_ack(inbox, &interrupt_tx).await?;
-        reap_opener.open();
+        // The command's wait runs from here, but the monitor reaps it only once the gate opens:
+        // on `ack`, on `interrupt`, or when agentdiff is gone (dropping the opener opens it).
+        let mut reap_opener = Some(reap_opener);
+        let mut listening = true;
         let waiting = running.wait();
         tokio::pin!(waiting);
         let result = loop {
             tokio::select! {
                 result = &mut waiting => break result,
-                next = inbox.recv() => match next {
+                next = inbox.recv(), if listening => match next {
+                    Some(Ok(Request::Ack {})) => drop(reap_opener.take()),
                     Some(Ok(Request::Interrupt { signal })) => {
                         let _ = interrupt_tx.send(Some(signal));
+                        drop(reap_opener.take());
                     }
-                    Some(Ok(Request::Ack {})) => {}
                     // agentdiff is gone: end the command as if interrupted.
                     None | Some(Err(WireError::Closed)) => {
                         let _ = interrupt_tx.send(Some(libc::SIGTERM));
+                        drop(reap_opener.take());
+                        listening = false;
                     }
-                    Some(Ok(_)) | Some(Err(_)) => self.send(&not_during_a_run())?,
+                    Some(Ok(_)) | Some(Err(_)) => self.send(&error(
+                        ErrorKind::Protocol,
+                        "only `ack` and `interrupt` are valid during a run",
+                    ))?,
                 },
             }
         };
@@ -332,36 +340,6 @@ impl Server<'_> {
             Err(e) => self.send(&backend_error(e)),
         }
     }
-
-    /// Wait for agentdiff's `ack` of the launched identity. An `interrupt`, or agentdiff going
-    /// away, ends the wait too (the command is then ended by the backend's own wait).
-    async fn await_ack(
-        &mut self,
-        inbox: &mut Inbox,
-        interrupt: &tokio::sync::watch::Sender<Option<i32>>,
-    ) -> Result<(), WireError> {
-        loop {
-            match inbox.recv().await {
-                Some(Ok(Request::Ack {})) => return Ok(()),
-                Some(Ok(Request::Interrupt { signal })) => {
-                    let _ = interrupt.send(Some(signal));
-                    return Ok(());
-                }
-                None | Some(Err(WireError::Closed)) => {
-                    let _ = interrupt.send(Some(libc::SIGTERM));
-                    return Ok(());
-                }
-                Some(Ok(_)) | Some(Err(_)) => self.send(&not_during_a_run())?,
-            }
-        }
-    }
-}
-
-fn not_during_a_run() -> Response {
-    error(
-        ErrorKind::Protocol,
-        "only `ack` and `interrupt` are valid during a run",
-    )
 }
 
 /// Catch SIGINT, SIGTERM and SIGHUP for the life of the returned handles.
