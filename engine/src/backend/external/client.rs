@@ -22,9 +22,9 @@ use super::session::{read_response, Plugin, PluginStdio, Session};
 use super::verify::{verify_descendant, Parentage};
 use super::ExternalError;
 use crate::backend::{
-    cleanup_host_processes, Availability, BackendError, BackendFacts, Capabilities, CleanupReport,
-    Enforcement, LaunchContext, LaunchFacts, LaunchSpec, PreparedLaunch, ProcessIdentity, Result,
-    RunEvidence, RunningCommand, RuntimeBackend, StdioMode,
+    cleanup_host_processes, Availability, BackendError, BackendFacts, Capabilities, CleanupOutcome,
+    CleanupReport, Enforcement, LaunchContext, LaunchFacts, LaunchSpec, PreparedLaunch,
+    ProcessIdentity, Result, RunEvidence, RunningCommand, RuntimeBackend, StdioMode,
 };
 
 /// A plugin executable serving one backend id.
@@ -293,13 +293,22 @@ impl RuntimeBackend for ExternalBackend {
             Err(Failure::External(e)) => return Err(launch_err(e.to_string())),
             Err(Failure::AfterRequest(e, started)) => {
                 let grace = prepared.spec().grace;
-                let ended = cleanup_host_processes(&started, grace).await;
+                let report = cleanup_host_processes(&started, grace).await;
+                let count = |wanted: &[CleanupOutcome]| {
+                    let n = report
+                        .records
+                        .iter()
+                        .filter(|r| wanted.contains(&r.outcome));
+                    n.count()
+                };
+                let ended = count(&[CleanupOutcome::Terminated, CleanupOutcome::Killed]);
+                let escaped = count(&[CleanupOutcome::Escaped, CleanupOutcome::AccessDenied]);
                 return Err(BackendError::Runtime {
                     backend: self.id.into(),
                     message: format!(
                         "{e}, after the launch request and before it reported the launched \
-                         process: the command may have run ({} process(es) it left were ended)",
-                        ended.records.len()
+                         process: the command may have run ({ended} process(es) it had started \
+                         were still running and were ended, {escaped} could not be stopped)"
                     ),
                 });
             }
