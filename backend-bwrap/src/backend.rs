@@ -8,7 +8,7 @@ use std::time::Duration;
 use agentdiff_engine::backend::{
     cleanup_host_processes, Availability, BackendError, BackendFacts, BackendOptions, Capabilities,
     CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
-    Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+    ProcessRelation, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::process::exec_shim::{self, StartState};
@@ -454,11 +454,25 @@ impl RunningCommand for BwrapRunning {
 /// It is the sandbox's process, not one the command left behind: it is not counted as a
 /// leftover, and what happened to it is returned for the wrapper evidence. Everything the
 /// command started runs below it, inside the pid namespace, and stays counted.
+///
+/// The init is known by its place, not its name alone: a `bwrap` child of the outer bwrap, or
+/// a `bwrap` first seen already re-parented to agentdiff (the outer bwrap exited before the
+/// first poll, which a short command makes the usual case). Only a process outside the
+/// sandbox's pid namespace can be re-parented to agentdiff: an orphan inside it goes to the
+/// init, never past it. The outer bwrap has one such child, so two candidates are not bwrap's
+/// layout and every one of them stays counted.
 fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<SandboxInit> {
-    let mut inits = evidence
+    // The root is agentdiff's own child: its parent is the monitor orphans are re-parented to.
+    let monitor = evidence
         .processes
-        .iter_mut()
-        .filter(|p| p.ppid == root_pid && p.executable == "bwrap" && p.identity.pid != root_pid);
+        .iter()
+        .find(|p| p.identity.pid == root_pid)
+        .map(|p| p.ppid);
+    let mut inits = evidence.processes.iter_mut().filter(|p| {
+        let placed = p.ppid == root_pid
+            || (p.relation == ProcessRelation::Reparented && Some(p.ppid) == monitor);
+        placed && p.executable == "bwrap" && p.identity.pid != root_pid
+    });
     let init = inits.next()?;
     if inits.next().is_some() {
         // More than one child of the outer bwrap is not bwrap's layout: count them all.
@@ -517,7 +531,9 @@ pub fn attribute_exit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_engine::backend::{ExitInfo, FailureKind};
+    use agentdiff_engine::backend::{
+        CleanupOutcome, CleanupRecord, ExitInfo, FailureKind, ProcessRecord,
+    };
 
     fn ev(code: i32) -> RunEvidence {
         RunEvidence {
@@ -527,6 +543,99 @@ mod tests {
             },
             ..RunEvidence::default()
         }
+    }
+
+    fn process(pid: u32, ppid: u32, relation: ProcessRelation, exe: &str) -> ProcessRecord {
+        ProcessRecord {
+            identity: ProcessIdentity {
+                pid,
+                start_time_ticks: u64::from(pid),
+                boot_id: "boot".into(),
+            },
+            ppid,
+            relation,
+            executable: exe.into(),
+            first_seen_ms: 0,
+            alive_after_root_exit: relation != ProcessRelation::Root,
+            left_run_cgroup: None,
+        }
+    }
+
+    /// A run of the outer bwrap (pid 20, child of the monitor 10) with these other processes;
+    /// each of them was still alive and ended by cleanup.
+    fn run_with(others: &[ProcessRecord]) -> RunEvidence {
+        let mut e = ev(0);
+        e.processes
+            .push(process(20, 10, ProcessRelation::Root, "bwrap"));
+        e.processes.extend(others.iter().cloned());
+        e.cleanup.records = others
+            .iter()
+            .map(|p| CleanupRecord {
+                identity: p.identity.clone(),
+                executable: p.executable.clone(),
+                outcome: CleanupOutcome::Terminated,
+                detail: None,
+            })
+            .collect();
+        e
+    }
+
+    fn leftovers(e: &RunEvidence) -> Vec<u32> {
+        e.processes
+            .iter()
+            .filter(|p| p.alive_after_root_exit)
+            .map(|p| p.identity.pid)
+            .collect()
+    }
+
+    #[test]
+    fn the_sandbox_init_seen_under_the_outer_bwrap_is_not_a_leftover() {
+        let mut e = run_with(&[process(21, 20, ProcessRelation::Descendant, "bwrap")]);
+        let init = discount_sandbox_init(&mut e, 20).expect("the init is recognised");
+        assert_eq!(init.pid, 21);
+        assert!(init.alive_after_bwrap_exit);
+        assert_eq!(init.ended_by_cleanup, Some(CleanupOutcome::Terminated));
+        assert!(leftovers(&e).is_empty());
+        assert!(e.cleanup.records.is_empty());
+    }
+
+    /// The usual case for a short command: the outer bwrap exited before the first poll, so
+    /// the init is first seen as agentdiff's own child.
+    #[test]
+    fn the_sandbox_init_first_seen_re_parented_to_agentdiff_is_not_a_leftover() {
+        let mut e = run_with(&[process(21, 10, ProcessRelation::Reparented, "bwrap")]);
+        let init = discount_sandbox_init(&mut e, 20).expect("the init is recognised");
+        assert_eq!(init.pid, 21);
+        assert!(leftovers(&e).is_empty());
+        assert!(e.cleanup.records.is_empty());
+    }
+
+    #[test]
+    fn processes_that_are_not_the_init_stay_counted() {
+        // Inside the sandbox, a `bwrap` the command started has the init (or another command
+        // process) as its parent; a re-parented process of another parent is not agentdiff's.
+        for other in [
+            process(22, 21, ProcessRelation::Descendant, "bwrap"),
+            process(22, 21, ProcessRelation::Reparented, "bwrap"),
+            process(22, 20, ProcessRelation::Descendant, "sh"),
+            process(22, 10, ProcessRelation::Reparented, "sleep"),
+        ] {
+            let mut e = run_with(std::slice::from_ref(&other));
+            assert_eq!(discount_sandbox_init(&mut e, 20), None, "{other:?}");
+            assert_eq!(leftovers(&e), vec![22], "{other:?}");
+            assert_eq!(e.cleanup.records.len(), 1, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn two_init_candidates_are_not_bwraps_layout_and_both_stay_counted() {
+        let mut e = run_with(&[
+            process(21, 20, ProcessRelation::Descendant, "bwrap"),
+            process(22, 10, ProcessRelation::Reparented, "bwrap"),
+        ]);
+        assert_eq!(discount_sandbox_init(&mut e, 20), None);
+        assert_eq!(leftovers(&e), vec![21, 22]);
+        assert_eq!(e.cleanup.records.len(), 2);
     }
 
     #[test]

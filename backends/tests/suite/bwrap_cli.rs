@@ -268,6 +268,46 @@ fn bwrap_exit_1_of_the_command_is_the_commands_and_a_setup_failure_is_not() {
     );
 }
 
+/// bwrap's own pid-1 init outlives the outer bwrap by a moment; for a short command it is
+/// usually first seen already re-parented to agentdiff. It is the sandbox's process: a run of
+/// `true` leaves nothing behind and scores nothing for leftovers, however the race goes.
+#[test]
+fn the_sandbox_init_is_never_a_leftover_of_the_command() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    for round in 0..8 {
+        let (code, result, out) = f.run(&[], &["true"], &[]);
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            result["summary"]["leftover_processes"], 0,
+            "round {round}: {result:#}"
+        );
+        let rt = f.runtime_json(&result);
+        let leftovers: Vec<&Value> = rt["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["alive_after_root_exit"] == true)
+            .collect();
+        assert!(leftovers.is_empty(), "round {round}: {rt:#}");
+        // When the init was seen at all, the wrapper evidence says what became of it.
+        let bwraps = rt["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["executable"] == "bwrap")
+            .count();
+        if bwraps > 1 {
+            assert!(
+                rt["wrapper"]["sandbox_init"].is_object(),
+                "round {round}: {rt:#}"
+            );
+        }
+    }
+}
+
 #[test]
 fn without_bwrap_on_path_the_command_does_not_run_and_bubblewrap_is_named() {
     let f = Fixture::new();

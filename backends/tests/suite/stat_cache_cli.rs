@@ -208,6 +208,31 @@ fn trust_stat_false_hashes_every_file_in_every_scan() {
     assert!(reused(p.path(), "r3", "after") > 0);
 }
 
+/// The cache's candidates are the project's latest sealed runs as the ledger names them, not
+/// whichever run directory was modified last: touching an older capsule does not make it the
+/// cache, and the store is not listed when the ledger names a run that qualifies.
+#[test]
+fn the_latest_sealed_run_feeds_the_cache_whatever_was_touched_since() {
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    run(p.path(), "r2", &[], "true");
+    std::thread::sleep(Duration::from_millis(20));
+    let touched = std::process::Command::new("touch")
+        .arg(p.path().join(".agentdiff/runs/r1"))
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    run(p.path(), "r3", &[], "true");
+    let cache = event(p.path(), "r3", "stat_cache").expect("stat_cache event");
+    assert_eq!(cache["run_id"], "r2");
+    assert_eq!(reused(p.path(), "r3", "before"), FILES.len() as u64);
+    // Without its capsule the newest sealed run cannot feed the cache: the next one does.
+    fs::remove_dir_all(p.path().join(".agentdiff/runs/r3")).unwrap();
+    run(p.path(), "r4", &[], "true");
+    let cache = event(p.path(), "r4", "stat_cache").expect("stat_cache event");
+    assert_eq!(cache["run_id"], "r2");
+}
+
 #[test]
 fn a_capsule_edited_after_its_seal_never_feeds_the_cache() {
     let p = aged_project();

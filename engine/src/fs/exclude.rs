@@ -12,6 +12,7 @@
 //! by a glob whose leading segments name them literally (see [`DEFAULT_EXCLUDED_DIRS`]).
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use globset::Candidate;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
@@ -78,9 +79,26 @@ pub(crate) struct Rules {
     /// Literal leading segments of each re-including deny glob (never empty).
     reinclude: Vec<Vec<String>>,
     /// The deny and include globs themselves: a path they name is never ignored.
-    named: RuleSet,
+    named: Arc<RuleSet>,
     /// Each glob's literal leading segments (possibly empty) and whether it is literal throughout.
     prefixes: Vec<(Vec<String>, bool)>,
+}
+
+/// The globs a scan never ignores, compiled once per process for one list: both scans of a run
+/// name the same globs, and compiling them is most of a small tree's scan.
+fn named_rules(reinclude: &[String]) -> Result<Arc<RuleSet>, ScanError> {
+    static LAST: Mutex<Option<(Vec<String>, Arc<RuleSet>)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((patterns, rules)) = last.as_ref() {
+        if patterns.as_slice() == reinclude {
+            return Ok(Arc::clone(rules));
+        }
+    }
+    let rules = RuleSet::compile("filesystem.deny", reinclude.to_vec(), true)
+        .map(Arc::new)
+        .map_err(|p| ScanError::IgnoreFile(format!("invalid deny pattern: {}", p.join("; "))))?;
+    *last = Some((reinclude.to_vec(), Arc::clone(&rules)));
+    Ok(rules)
 }
 
 impl Rules {
@@ -98,9 +116,7 @@ impl Rules {
         let ignore = builder
             .build()
             .map_err(|e| ScanError::IgnoreFile(format!("cannot compile patterns: {e}")))?;
-        let named = RuleSet::compile("filesystem.deny", reinclude.to_vec(), true).map_err(|p| {
-            ScanError::IgnoreFile(format!("invalid deny pattern: {}", p.join("; ")))
-        })?;
+        let named = named_rules(reinclude)?;
         let prefixes = reinclude
             .iter()
             .map(|g| {
@@ -361,6 +377,25 @@ mod tests {
             None
         );
         assert_eq!(r.excluded("x", "x", false), Some("agentdiffignore"));
+    }
+
+    /// The compiled deny globs are kept for the next scan of the same list only: rules built
+    /// one after the other from different lists each name their own paths.
+    #[test]
+    fn each_list_of_deny_globs_names_its_own_paths() {
+        let secret = |r: &Rules| r.verdict("secret.pem", "secret.pem", false, true);
+        let key = |r: &Rules| r.verdict("id.key", "id.key", false, true);
+        let pem = rules(&["*"], &["*.pem"]);
+        assert_eq!(secret(&pem), Verdict::Scan);
+        assert_eq!(key(&pem), Verdict::Exclude("agentdiffignore"));
+        let keys = rules(&["*"], &["*.key"]);
+        assert_eq!(secret(&keys), Verdict::Exclude("agentdiffignore"));
+        assert_eq!(key(&keys), Verdict::Scan);
+        let again = rules(&["*"], &["*.pem"]);
+        assert_eq!(secret(&again), Verdict::Scan);
+        assert_eq!(key(&again), Verdict::Exclude("agentdiffignore"));
+        let none = rules(&["*"], &[]);
+        assert_eq!(secret(&none), Verdict::Exclude("agentdiffignore"));
     }
 
     #[test]

@@ -308,7 +308,7 @@ pub(crate) fn scan(
     };
     let rules = Rules::new(&canon, &ignore_lines, &opts.reinclude)?;
     let threads = match opts.threads {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        0 => cores(),
         n => n,
     };
     let counters = Counters {
@@ -393,6 +393,13 @@ pub(crate) fn scan(
         root_tree,
         digests,
     })
+}
+
+/// The cores this process may use, read once: `available_parallelism` reads the cgroup's CPU
+/// quota files on every call, and a run scans twice.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 fn worker(

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use super::atomic;
 use super::objects::ObjectStore;
 use super::seal::{MacPurpose, SealKey};
-use super::verified::{Ident, Record};
+use super::verified::{FileStamp, Ident, Record};
 use super::StoreError;
 
 /// File name below `objects/`.
@@ -64,35 +64,51 @@ impl ObjectStore {
             return 0;
         };
         let n = records.len();
-        self.verified
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .load(dev, records);
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        let fresh = verified.is_empty();
+        verified.load(dev, records);
+        if fresh {
+            verified.mark_saved(Some(stamp(&meta)));
+        }
         n
     }
 
     /// Writes what this process knows to be verified, MAC'd with `key`, streamed into a temp
     /// file and renamed into place. Entries of objects that were since changed never match again
     /// and are dropped on the next prune.
+    ///
+    /// A table that did not change since it was loaded from (or saved to) the file that is
+    /// there now is not written again: a warm run of a large tree would otherwise rewrite
+    /// megabytes of records it read a moment before. The file's stamp decides, so a cache file
+    /// replaced or edited meanwhile is written afresh.
     pub fn save_verified_cache(&self, key: &SealKey) -> Result<(), StoreError> {
+        let dest = self.cache_path();
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = std::fs::symlink_metadata(&dest).ok().map(|m| stamp(&m));
+        if verified.is_saved_in(now) {
+            return Ok(());
+        }
         let tmp_dir = self.dir().join(super::objects::TMP_DIR);
         let (file, tmp) = atomic::create_temp_in(&tmp_dir, CACHE_FILE_NAME)?;
-        let written = {
-            let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-            let count = verified.live_len();
-            let dev = verified.dev().unwrap_or(0);
-            render(file, dev, count, verified.live(), key)
-        };
-        let dest = self.cache_path();
+        let count = verified.live_len();
+        let dev = verified.dev().unwrap_or(0);
+        let written = render(file, dev, count, verified.live(), key);
         let placed = written
             .map_err(|e| StoreError::io("write", &tmp, e))
             .and_then(|()| {
                 std::fs::rename(&tmp, &dest).map_err(|e| StoreError::io("rename into", &dest, e))
             });
-        if placed.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+        match placed {
+            Ok(()) => {
+                let saved = std::fs::symlink_metadata(&dest).ok().map(|m| stamp(&m));
+                verified.mark_saved(saved);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
         }
-        placed
     }
 
     /// Removes the cache file (after pruning: it may name removed objects).
@@ -103,6 +119,22 @@ impl ObjectStore {
             Err(e) => Err(StoreError::io("remove", self.cache_path(), e)),
         }
     }
+}
+
+/// The stamp of the cache file as `meta` shows it.
+fn stamp(meta: &std::fs::Metadata) -> FileStamp {
+    use std::os::unix::fs::MetadataExt;
+    (
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.mtime_nsec()),
+        meta.ctime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.ctime_nsec()),
+    )
 }
 
 fn header(key: &SealKey, dev: u64, count: usize) -> String {
@@ -272,6 +304,48 @@ mod tests {
         assert!(next.contains_verified(&hex, 12));
         // Nothing left in tmp/.
         assert_eq!(fs::read_dir(objects.dir().join("tmp")).unwrap().count(), 0);
+    }
+
+    /// The file's inode and ctime: a rename into place gives a new inode.
+    fn written_as(objects: &ObjectStore) -> (u64, i64) {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::symlink_metadata(objects.dir().join(CACHE_FILE_NAME)).unwrap();
+        (m.ino(), m.ctime_nsec())
+    }
+
+    #[test]
+    fn an_unchanged_table_is_not_written_again_and_any_change_is() {
+        let (_d, objects, hex) = store_with(b"backup bytes");
+        objects.save_verified_cache(&key(1)).unwrap();
+        let first = written_as(&objects);
+        // A later run that loads the cache and verifies nothing new writes nothing.
+        let next = reopened(&objects);
+        assert_eq!(next.load_verified_cache(&key(1)), 1);
+        assert!(next.contains_verified(&hex, 12));
+        next.save_verified_cache(&key(1)).unwrap();
+        assert_eq!(written_as(&next), first, "unchanged table rewritten");
+        // A new object is written out, and then kept as it is.
+        let added = next.put_bytes(b"new backup").unwrap();
+        next.save_verified_cache(&key(1)).unwrap();
+        let second = written_as(&next);
+        assert_ne!(second, first);
+        next.save_verified_cache(&key(1)).unwrap();
+        assert_eq!(written_as(&next), second);
+        let again = reopened(&objects);
+        assert_eq!(again.load_verified_cache(&key(1)), 2);
+        // A removed object is written out too.
+        again.quarantine(&added).unwrap();
+        again.save_verified_cache(&key(1)).unwrap();
+        let third = written_as(&again);
+        assert_ne!(third, second);
+        assert_eq!(reopened(&objects).load_verified_cache(&key(1)), 1);
+        // A cache file replaced behind the table's back (here by one another key sealed) is
+        // written afresh, even though the table did not change.
+        let other = reopened(&objects);
+        other.load_verified_cache(&key(1));
+        reopened(&objects).save_verified_cache(&key(2)).unwrap();
+        other.save_verified_cache(&key(1)).unwrap();
+        assert_eq!(reopened(&objects).load_verified_cache(&key(1)), 1);
     }
 
     #[test]

@@ -23,8 +23,8 @@ use super::seal::VerifyContext;
 use super::{atomic, Artifact, Capsule, ManifestObject, RunId, Store};
 use crate::fs::Manifest;
 
-/// How many of the most recently modified runs are tried before giving up: an old capsule is
-/// as good as a new one for safety, but rarely worth the reading.
+/// How many candidate runs are tried before giving up: an old capsule is as good as a new one
+/// for safety, but rarely worth the reading.
 const MAX_CANDIDATES: usize = 4;
 
 /// A manifest from a verified earlier run: its header and its root tree, whose directories the
@@ -44,11 +44,35 @@ impl Store {
     /// The newest verified manifest of this store scanned at `root` (the canonical project root),
     /// or `None` when no recent run qualifies. Never fails: anything unreadable or unverifiable
     /// just means no cache.
+    ///
+    /// `recent` are this project's latest sealed runs as the ledger's tail names them, newest
+    /// first ([`super::seal::SealAuthority::recent_sealed_runs`]): they are tried first, so a run
+    /// costs the same with ten earlier runs in the store or ten thousand. Only when none of them
+    /// qualifies (the tail holds other projects' runs, or those capsules are gone) are the run
+    /// directories listed, newest modified first. Either way a candidate must pass the same
+    /// checks (see the module doc).
     pub fn previous_verified_manifest(
         &self,
         ctx: &VerifyContext,
         root: &str,
+        recent: &[String],
     ) -> Option<PreviousScan> {
+        let named = recent
+            .iter()
+            .filter_map(|id| RunId::parse(id).ok())
+            .take(MAX_CANDIDATES)
+            .find_map(|id| self.verified_scan(ctx, &id, root));
+        named.or_else(|| {
+            self.newest_run_dirs()?
+                .into_iter()
+                .filter(|id| !recent.iter().any(|r| r == id.as_str()))
+                .take(MAX_CANDIDATES)
+                .find_map(|id| self.verified_scan(ctx, &id, root))
+        })
+    }
+
+    /// The store's run directories, most recently modified first.
+    fn newest_run_dirs(&self) -> Option<Vec<RunId>> {
         let mut runs: Vec<(SystemTime, RunId)> = fs::read_dir(self.runs_dir())
             .ok()?
             .filter_map(Result::ok)
@@ -60,9 +84,7 @@ impl Store {
             })
             .collect();
         runs.sort_by(|a, b| b.cmp(a));
-        runs.into_iter()
-            .take(MAX_CANDIDATES)
-            .find_map(|(_, id)| self.verified_scan(ctx, &id, root))
+        Some(runs.into_iter().map(|(_, id)| id).collect())
     }
 
     fn verified_scan(&self, ctx: &VerifyContext, id: &RunId, root: &str) -> Option<PreviousScan> {

@@ -25,6 +25,9 @@ pub(crate) type Key = [u8; 32];
 /// Two-byte key prefixes.
 const BUCKETS: usize = 1 << 16;
 
+/// Tables smaller than this are searched without the prefix index (a dozen comparisons).
+const BUCKETED_FROM: usize = 1 << 12;
+
 /// Entries added since the last merge are folded into the sorted part beyond this many (or an
 /// eighth of the sorted part, so a first run of many objects does not move the table each time).
 const MERGE_AT: usize = 4096;
@@ -58,13 +61,23 @@ pub(crate) struct VerifiedSet {
     dev: Option<u64>,
     sorted: Vec<Record>,
     /// `buckets[b]..buckets[b + 1]` is the range of `sorted` whose keys start with the two bytes
-    /// `b` (empty until the first merge or load): a lookup touches a few records, not a binary
-    /// search's worth of cache lines.
+    /// `b`: a lookup touches a few records, not a binary search's worth of cache lines. Empty
+    /// below [`BUCKETED_FROM`] records, where building the 256 KiB index costs more than every
+    /// lookup a run makes (a small project's run builds it at load and again at save).
     buckets: Vec<u32>,
     state: Vec<State>,
     /// Confirmed by this process, not yet merged; takes precedence over `sorted`.
     recent: HashMap<Key, Ident>,
+    /// An entry was added, changed or removed since the table was loaded or last saved: only
+    /// then does the cache file need writing again.
+    changed: bool,
+    /// The cache file the table was loaded from or last saved to, as it was then.
+    file: Option<FileStamp>,
 }
+
+/// A file's (device, inode, size, mtime_ns, ctime_ns): equal stamps mean the same bytes, as no
+/// unprivileged process can set a ctime back.
+pub(crate) type FileStamp = (u64, u64, u64, i64, i64);
 
 /// The binary form of a valid object name (`None` for anything else).
 pub(crate) fn key_of(hex: &str) -> Option<Key> {
@@ -110,10 +123,11 @@ impl VerifiedSet {
             .map(|i| lo + i)
     }
 
-    /// Rebuilds `buckets` after `sorted` changed (left empty past `u32` records).
+    /// Rebuilds `buckets` after `sorted` changed (left empty for a small table, and past `u32`
+    /// records).
     fn rebuild_buckets(&mut self) {
         self.buckets.clear();
-        if u32::try_from(self.sorted.len()).is_err() {
+        if self.sorted.len() < BUCKETED_FROM || u32::try_from(self.sorted.len()).is_err() {
             return;
         }
         self.buckets.reserve_exact(BUCKETS + 1);
@@ -194,11 +208,15 @@ impl VerifiedSet {
             return;
         };
         if let Some(i) = self.index(&key) {
+            self.changed |= self.sorted[i].ident != ident
+                || self.state[i] == State::Removed
+                || self.recent.contains_key(&key);
             self.sorted[i].ident = ident;
             self.state[i] = State::Confirmed;
             self.recent.remove(&key);
             return;
         }
+        self.changed |= self.recent.get(&key) != Some(&ident);
         self.recent.insert(key, ident);
         if self.recent.len() >= MERGE_AT.max(self.sorted.len() / 8) {
             self.merge_recent();
@@ -207,15 +225,36 @@ impl VerifiedSet {
 
     /// Forgets `key` (its object was removed or quarantined).
     pub fn remove(&mut self, key: &Key) {
-        self.recent.remove(key);
+        self.changed |= self.recent.remove(key).is_some();
         if let Some(i) = self.index(key) {
+            self.changed |= self.state[i] != State::Removed;
             self.state[i] = State::Removed;
         }
     }
 
     /// Forgets everything.
     pub fn clear(&mut self) {
-        *self = VerifiedSet::default();
+        *self = VerifiedSet {
+            changed: true,
+            ..VerifiedSet::default()
+        };
+    }
+
+    /// No entry at all (nothing loaded or recorded yet).
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty() && self.recent.is_empty()
+    }
+
+    /// Whether the cache file `now` (its current stamp, `None` when absent) already holds
+    /// exactly this table: nothing changed since it was loaded from or saved to that file.
+    pub fn is_saved_in(&self, now: Option<FileStamp>) -> bool {
+        !self.changed && now.is_some() && self.file == now
+    }
+
+    /// The table was loaded from, or just saved to, the file with this stamp.
+    pub fn mark_saved(&mut self, file: Option<FileStamp>) {
+        self.changed = false;
+        self.file = file;
     }
 
     /// Adds entries read from the cache file (sorted, unique), as known. Entries this process
@@ -231,6 +270,8 @@ impl VerifiedSet {
             self.rebuild_buckets();
             return;
         }
+        // Merged into entries of this process: the file no longer says all the table holds.
+        self.changed = true;
         self.dev = Some(dev);
         for r in records {
             if self.index(&r.key).is_none() && !self.recent.contains_key(&r.key) {
@@ -374,6 +415,37 @@ mod tests {
         set.remove(&key(1));
         assert!(!set.matches(&key(1), &stat(1, 5)));
         assert_eq!(set.live_len(), 1);
+    }
+
+    #[test]
+    fn lookups_are_the_same_below_and_above_the_prefix_index_threshold() {
+        let mut set = VerifiedSet::default();
+        let spread = |n: usize| key((n * 7919 % 65_521) as u16);
+        let mut absent = key(5);
+        absent[31] = 2;
+        let mut recs: Vec<Record> = (0..BUCKETED_FROM - 1)
+            .map(|n| Record {
+                key: spread(n),
+                ident: Ident::of(&stat(n as u64, 5)),
+            })
+            .collect();
+        recs.sort_unstable_by_key(|r| r.key);
+        set.load(7, recs);
+        assert!(set.buckets.is_empty(), "a small table has no prefix index");
+        for n in 0..BUCKETED_FROM - 1 {
+            assert!(set.matches(&spread(n), &stat(n as u64, 5)), "entry {n}");
+        }
+        assert!(!set.matches(&absent, &stat(0, 5)));
+        // Past the threshold the merged table is indexed, and every entry is still found.
+        for n in BUCKETED_FROM - 1..2 * BUCKETED_FROM {
+            set.insert(spread(n), &stat(n as u64, 5));
+        }
+        assert_eq!(set.live_len(), 2 * BUCKETED_FROM);
+        assert_eq!(set.buckets.len(), BUCKETS + 1);
+        for n in 0..2 * BUCKETED_FROM {
+            assert!(set.matches(&spread(n), &stat(n as u64, 5)), "entry {n}");
+        }
+        assert!(!set.matches(&absent, &stat(0, 5)));
     }
 
     #[test]

@@ -158,8 +158,9 @@ impl<'a> CapturePlan<'a> {
         }
     }
 
-    /// Scans `root` before the run, backing up what rollback or the workspace needs.
-    pub fn before(&self, root: &Path) -> Result<Captured, TransactionError> {
+    /// Scans `root` before the run, backing up what rollback or the workspace needs. `recent`:
+    /// the project's latest sealed runs named by the ledger, newest first (stat-cache candidates).
+    pub fn before(&self, root: &Path, recent: &[String]) -> Result<Captured, TransactionError> {
         let backup = self.backup_before.then(|| BackupRequest {
             sink: self.store.objects(),
             // A private workspace is materialised from backups, so every file is captured.
@@ -179,7 +180,7 @@ impl<'a> CapturePlan<'a> {
             // Only the after-scan of the project tree reuses (see `after`).
             collect_digests: self.trust_stat && !self.private_workspace,
         };
-        let previous = self.previous_scan(root)?;
+        let previous = self.previous_scan(root, recent)?;
         if let Some(p) = &previous {
             self.capsule.event(
                 "stat_cache",
@@ -198,7 +199,11 @@ impl<'a> CapturePlan<'a> {
 
     /// The verified earlier scan the before-scan takes unchanged files' hashes from, when
     /// `capture.trust_stat` allows it.
-    fn previous_scan(&self, root: &Path) -> Result<Option<PreviousScan>, TransactionError> {
+    fn previous_scan(
+        &self,
+        root: &Path,
+        recent: &[String],
+    ) -> Result<Option<PreviousScan>, TransactionError> {
         if !self.trust_stat {
             return Ok(None);
         }
@@ -206,7 +211,7 @@ impl<'a> CapturePlan<'a> {
         // The scanner names its root this way; a manifest of another root is never reused.
         let canon = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         let shown = crate::fs::escape_bytes(canon.as_os_str().as_bytes());
-        Ok(self.store.previous_verified_manifest(&ctx, &shown))
+        Ok(self.store.previous_verified_manifest(&ctx, &shown, recent))
     }
 
     /// Scans `workdir` after the run with the before-scan's ignore rules, reusing unchanged

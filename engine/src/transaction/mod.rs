@@ -200,7 +200,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         private_workspace,
         req.progress,
     );
-    let mut before = capture.before(&root)?;
+    // The project's latest sealed runs (ledger): stat-cache candidates, watched by the snapshot.
+    let recent = authority.recent_sealed_runs(crate::store::WATCHED_SEALED_RUNS);
+    let mut before = capture.before(&root, &recent)?;
     // The root trees name every tree object and backup below them: sealing them seals those.
     let mut referenced = vec![before.root_tree.clone()];
     if policy.capture().require_backups {
@@ -226,9 +228,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         &capsule,
         timeout,
     );
-    // What agentdiff wrote before launch is checked against this after the command ran; the
-    // project's latest sealed runs (from the ledger) are watched artifact by artifact.
-    let recent = authority.recent_sealed_runs(crate::store::WATCHED_SEALED_RUNS);
+    // What agentdiff wrote before launch is checked against this after the command ran.
     let store_snapshot = store.snapshot(&recent)?;
     let launched = launch::launch(
         req.backend,

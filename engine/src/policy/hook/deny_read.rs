@@ -11,8 +11,9 @@
 //! control for that.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
-use globset::{GlobBuilder, GlobMatcher};
+use globset::{Glob, GlobBuilder, GlobMatcher};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Anchor {
@@ -24,7 +25,23 @@ enum Anchor {
 #[derive(Debug, Clone)]
 enum Segment {
     AnyDepth,
-    One(GlobMatcher),
+    One(LazyMatcher),
+}
+
+/// A checked glob whose matcher is built on first use: every policy load compiles the section,
+/// only the hook matches against it, and building the matchers is most of a policy's compile.
+#[derive(Debug, Clone)]
+struct LazyMatcher {
+    glob: Glob,
+    matcher: OnceLock<GlobMatcher>,
+}
+
+impl LazyMatcher {
+    fn is_match(&self, part: &str) -> bool {
+        self.matcher
+            .get_or_init(|| self.glob.compile_matcher())
+            .is_match(part)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -89,7 +106,10 @@ impl DenyRead {
                     .backslash_escape(false)
                     .build()
                 {
-                    Ok(glob) => segments.push(Segment::One(glob.compile_matcher())),
+                    Ok(glob) => segments.push(Segment::One(LazyMatcher {
+                        glob,
+                        matcher: OnceLock::new(),
+                    })),
                     Err(err) => {
                         problems.push(format!(
                             "filesystem.deny_read[{i}]: invalid glob {text:?}: {}",
