@@ -16,6 +16,7 @@
 //! directories on the path being walked plus those with files still queued — bounded by the depth
 //! and the queue, never by the number of files (`MAX_HELD` counts it in tests).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -339,18 +340,19 @@ pub(crate) fn scan(
     let job_rx = Mutex::new(job_rx);
     std::thread::scope(|s| -> Result<(), ScanError> {
         let (res_tx, res_rx) = channel::<FileResult>();
-        for i in 0..threads {
-            let (rx, tx) = (&job_rx, res_tx.clone());
-            let backup = opts.backup;
-            let (progress, counters) = (opts.progress, &counters);
-            std::thread::Builder::new()
-                .name(format!("agentdiff-hash-{i}"))
-                .spawn_scoped(s, move || worker(rx, tx, backup, progress, counters))
-                .map_err(ScanError::Threads)?;
-        }
-        drop(res_tx);
-        walker.walk(Arc::new(root_fd), job_tx, &res_rx);
-        Ok(())
+        let pool = Pool {
+            scope: s,
+            jobs: job_tx,
+            rx: &job_rx,
+            results: RefCell::new(Some(res_tx)),
+            threads,
+            backup: opts.backup,
+            progress: opts.progress,
+            counters: &counters,
+            failed: RefCell::new(None),
+        };
+        let failed = walker.walk(Arc::new(root_fd), pool, &res_rx);
+        failed.map_or(Ok(()), |e| Err(ScanError::Threads(e)))
     })?;
 
     #[cfg(test)]
@@ -400,6 +402,48 @@ pub(crate) fn scan(
 fn cores() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
+/// The hashing workers, started when the first file needs reading: a scan whose every file
+/// comes from the stat cache (a warm run, or a tree of no files) starts no thread.
+struct Pool<'scope, 'env> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    jobs: SyncSender<FileJob>,
+    rx: &'env Mutex<Receiver<FileJob>>,
+    /// Handed to the workers when they start (`None` once they have).
+    results: RefCell<Option<Sender<FileResult>>>,
+    threads: usize,
+    backup: Option<BackupRequest<'env>>,
+    progress: Option<&'env (dyn Fn(&ScanProgress) + Sync)>,
+    counters: &'env Counters,
+    /// Why no worker could be started: the scan fails with it, as when it failed up front.
+    failed: RefCell<Option<std::io::Error>>,
+}
+
+impl Pool<'_, '_> {
+    /// Queues a file for hashing, starting the workers first if need be; gives the job back
+    /// when no worker runs to take it.
+    fn send(&self, job: FileJob) -> Result<(), std::sync::mpsc::SendError<FileJob>> {
+        if let Some(tx) = self.results.borrow_mut().take() {
+            for i in 0..self.threads {
+                let (rx, tx) = (self.rx, tx.clone());
+                let (backup, progress, counters) = (self.backup, self.progress, self.counters);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("agentdiff-hash-{i}"))
+                    .spawn_scoped(self.scope, move || {
+                        worker(rx, tx, backup, progress, counters)
+                    });
+                if let Err(e) = spawned {
+                    *self.failed.borrow_mut() = Some(e);
+                    break;
+                }
+            }
+        }
+        if self.failed.borrow().is_some() {
+            return Err(std::sync::mpsc::SendError(job));
+        }
+        self.jobs.send(job)
+    }
 }
 
 fn worker(
@@ -682,12 +726,13 @@ impl<'a> Walker<'_, 'a> {
         }
     }
 
+    /// Walks the tree from `root`; returns why the hashing workers could not be started, if so.
     fn walk(
         &mut self,
         root: Arc<OwnedFd>,
-        jobs: SyncSender<FileJob>,
+        jobs: Pool<'_, '_>,
         results: &Receiver<FileResult>,
-    ) {
+    ) -> Option<std::io::Error> {
         let mut stack: Vec<PendingDir> = Vec::new();
         let root_id = self.open_node(String::new(), None, false);
         let prev = self.reuse.as_ref().map(|r| r.root.clone());
@@ -729,11 +774,13 @@ impl<'a> Walker<'_, 'a> {
                 }
             }
         }
+        let failed = jobs.failed.take();
         drop(jobs);
         // Every job is sent: wait for the last results (the workers end when the queue closes).
         for r in results {
             self.file_result(r);
         }
+        failed
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -745,7 +792,7 @@ impl<'a> Walker<'_, 'a> {
         searched: bool,
         prev: Option<PrevRef>,
         stack: &mut Vec<PendingDir>,
-        jobs: &SyncSender<FileJob>,
+        jobs: &Pool<'_, '_>,
     ) {
         let (prev, digest) = self.earlier_listing(prev);
         let at = Listing {
@@ -815,7 +862,7 @@ impl<'a> Walker<'_, 'a> {
         dir: u64,
         earlier_id: String,
         d: &DirDigest,
-        jobs: &SyncSender<FileJob>,
+        jobs: &Pool<'_, '_>,
     ) -> Option<Prev<'a>> {
         let deferred = std::mem::take(&mut self.deferred);
         let same = self.open.get(&dir).is_some_and(|n| {
@@ -851,7 +898,7 @@ impl<'a> Walker<'_, 'a> {
         at: &Listing<'_, 'a>,
         c_name: CString,
         d_type: Option<Type>,
-        jobs: &SyncSender<FileJob>,
+        jobs: &Pool<'_, '_>,
     ) -> Option<PendingDir> {
         let Ok(name_str) = std::str::from_utf8(c_name.to_bytes()) else {
             self.non_utf8_name(fd, &c_name, at.rel);
@@ -1009,7 +1056,7 @@ impl<'a> Walker<'_, 'a> {
         fd: &Arc<OwnedFd>,
         at: &Listing<'_, 'a>,
         file: PendingDir,
-        jobs: &SyncSender<FileJob>,
+        jobs: &Pool<'_, '_>,
     ) {
         let PendingDir {
             c_name,
@@ -1062,7 +1109,7 @@ impl<'a> Walker<'_, 'a> {
         dir: u64,
         prev: Option<&Entry>,
         file: Deferred,
-        jobs: &SyncSender<FileJob>,
+        jobs: &Pool<'_, '_>,
     ) {
         let Deferred {
             c_name,
