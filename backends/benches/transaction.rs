@@ -55,7 +55,7 @@ struct Cost {
     cpu: Duration,
     max_rss_kib: u64,
     code: i32,
-    /// What the command wrote on stderr (small: read after it exits), shown when it failed.
+    /// What the command wrote on stderr (read while it runs), shown when it failed.
     stderr: String,
 }
 
@@ -70,12 +70,21 @@ fn timed(cmd: &mut Command) -> (Duration, u64, i32) {
 
 fn measure(cmd: &mut Command) -> Cost {
     let start = Instant::now();
-    let child = cmd
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
     let pid = child.id() as libc::pid_t;
+    // Read while the command runs: one that writes more than a pipe holds would block forever.
+    let stderr = child.stderr.take().map(|mut e| {
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut text = String::new();
+            let _ = e.read_to_string(&mut text);
+            text
+        })
+    });
     let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: pid is our child; status and usage point to valid memory.
@@ -88,11 +97,9 @@ fn measure(cmd: &mut Command) -> Cost {
         -1
     };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut stderr);
-    }
+    let stderr = stderr
+        .and_then(|t| t.join().ok())
+        .unwrap_or_default();
     Cost {
         stderr,
         wall: elapsed,
@@ -380,10 +387,12 @@ fn generate_tree(dest: &Path, files: usize) {
     commit_tree(dest);
 }
 
+/// Commits the tree with automatic gc off: 200,000 loose objects start a background
+/// `git gc --auto` that packs and deletes them while the baselines read them.
 fn commit_tree(dest: &Path) {
     let ok = sh(
-        "git init -q . && git add -A && git -c user.email=bench@localhost -c user.name=bench \
-         commit -qm tree",
+        "git init -q . && git config gc.auto 0 && git add -A && git -c user.email=bench@localhost \
+         -c user.name=bench commit -qm tree",
         dest,
     )
     .stdout(Stdio::null())
