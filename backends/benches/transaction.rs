@@ -97,9 +97,7 @@ fn measure(cmd: &mut Command) -> Cost {
         -1
     };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    let stderr = stderr
-        .and_then(|t| t.join().ok())
-        .unwrap_or_default();
+    let stderr = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
     Cost {
         stderr,
         wall: elapsed,
@@ -387,12 +385,13 @@ fn generate_tree(dest: &Path, files: usize) {
     commit_tree(dest);
 }
 
-/// Commits the tree with automatic gc off: 200,000 loose objects start a background
-/// `git gc --auto` that packs and deletes them while the baselines read them.
+/// Commits the tree and packs its objects, as a real repository's are, with automatic gc off:
+/// left to itself, the commit of 200,000 loose objects starts a background `git gc --auto` that
+/// packs and deletes them while the baselines and the runs read them.
 fn commit_tree(dest: &Path) {
     let ok = sh(
         "git init -q . && git config gc.auto 0 && git add -A && git -c user.email=bench@localhost \
-         -c user.name=bench commit -qm tree",
+         -c user.name=bench commit -qm tree && git gc -q",
         dest,
     )
     .stdout(Stdio::null())

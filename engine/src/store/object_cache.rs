@@ -68,7 +68,7 @@ impl ObjectStore {
         let fresh = verified.is_empty();
         verified.load(dev, records);
         if fresh {
-            verified.mark_saved(Some(stamp(&meta)));
+            verified.mark_saved(Some(stamp(&meta)), key.id());
         }
         n
     }
@@ -85,7 +85,7 @@ impl ObjectStore {
         let dest = self.cache_path();
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
         let now = std::fs::symlink_metadata(&dest).ok().map(|m| stamp(&m));
-        if verified.is_saved_in(now) {
+        if verified.is_saved_in(now, key.id()) {
             return Ok(());
         }
         let tmp_dir = self.dir().join(super::objects::TMP_DIR);
@@ -101,7 +101,7 @@ impl ObjectStore {
         match placed {
             Ok(()) => {
                 let saved = std::fs::symlink_metadata(&dest).ok().map(|m| stamp(&m));
-                verified.mark_saved(saved);
+                verified.mark_saved(saved, key.id());
                 Ok(())
             }
             Err(e) => {
@@ -339,8 +339,13 @@ mod tests {
         let third = written_as(&again);
         assert_ne!(third, second);
         assert_eq!(reopened(&objects).load_verified_cache(&key(1)), 1);
-        // A cache file replaced behind the table's back (here by one another key sealed) is
-        // written afresh, even though the table did not change.
+        // Saved under another key, an unchanged table is written again; so is one whose file
+        // was replaced behind its back (here by one another key sealed).
+        let keyed = reopened(&objects);
+        keyed.load_verified_cache(&key(1));
+        keyed.save_verified_cache(&key(3)).unwrap();
+        assert_eq!(reopened(&objects).load_verified_cache(&key(3)), 1);
+        keyed.save_verified_cache(&key(1)).unwrap();
         let other = reopened(&objects);
         other.load_verified_cache(&key(1));
         reopened(&objects).save_verified_cache(&key(2)).unwrap();

@@ -71,8 +71,9 @@ pub(crate) struct VerifiedSet {
     /// An entry was added, changed or removed since the table was loaded or last saved: only
     /// then does the cache file need writing again.
     changed: bool,
-    /// The cache file the table was loaded from or last saved to, as it was then.
-    file: Option<FileStamp>,
+    /// The cache file the table was loaded from or last saved to, as it was then, and the id of
+    /// the key it was MAC'd with.
+    file: Option<(FileStamp, String)>,
 }
 
 /// A file's (device, inode, size, mtime_ns, ctime_ns): equal stamps mean the same bytes, as no
@@ -246,15 +247,20 @@ impl VerifiedSet {
     }
 
     /// Whether the cache file `now` (its current stamp, `None` when absent) already holds
-    /// exactly this table: nothing changed since it was loaded from or saved to that file.
-    pub fn is_saved_in(&self, now: Option<FileStamp>) -> bool {
-        !self.changed && now.is_some() && self.file == now
+    /// exactly this table under the key `key_id`: nothing changed since it was loaded from or
+    /// saved to that file.
+    pub fn is_saved_in(&self, now: Option<FileStamp>, key_id: &str) -> bool {
+        !self.changed
+            && self
+                .file
+                .as_ref()
+                .is_some_and(|(stamp, key)| Some(*stamp) == now && key == key_id)
     }
 
-    /// The table was loaded from, or just saved to, the file with this stamp.
-    pub fn mark_saved(&mut self, file: Option<FileStamp>) {
+    /// The table was loaded from, or just saved to, the file with this stamp under `key_id`.
+    pub fn mark_saved(&mut self, file: Option<FileStamp>, key_id: &str) {
         self.changed = false;
-        self.file = file;
+        self.file = file.map(|f| (f, key_id.to_string()));
     }
 
     /// Adds entries read from the cache file (sorted, unique), as known. Entries this process
