@@ -233,6 +233,29 @@ fn the_latest_sealed_run_feeds_the_cache_whatever_was_touched_since() {
     assert_eq!(cache["run_id"], "r2");
 }
 
+/// The verified-object cache is written when a run verified something new, not by every run:
+/// an unchanged tree's runs leave the file that is there as it is.
+#[test]
+fn an_unchanged_tree_does_not_rewrite_the_verified_object_cache() {
+    use std::os::unix::fs::MetadataExt;
+    let p = aged_project();
+    let cache = p.path().join(".agentdiff/objects/verified-cache");
+    let stamp = || {
+        let m = fs::symlink_metadata(&cache).unwrap();
+        (m.ino(), m.ctime(), m.ctime_nsec())
+    };
+    run(p.path(), "r1", &[], "true");
+    run(p.path(), "r2", &[], "true");
+    let settled = stamp();
+    run(p.path(), "r3", &[], "true");
+    assert_eq!(stamp(), settled, "an unchanged run rewrote the cache");
+    // A new file's backup is a new verified object: the next run writes the cache again.
+    fs::write(p.path().join("new.txt"), "new\n").unwrap();
+    run(p.path(), "r4", &[], "true");
+    assert_ne!(stamp(), settled);
+    assert_exit(&agentdiff(p.path(), &["verify", "r4"]), 0);
+}
+
 #[test]
 fn a_capsule_edited_after_its_seal_never_feeds_the_cache() {
     let p = aged_project();
