@@ -109,6 +109,20 @@ impl StatDigests {
         self.by_tree.insert(key, digest);
     }
 
+    /// Takes another scan's records (a helper walker's), within the same budget.
+    pub(crate) fn absorb(&mut self, other: StatDigests) {
+        for (key, digest) in other.by_tree {
+            let bytes = digest.bytes();
+            if self.bytes + bytes > MAX_DIGEST_BYTES {
+                return;
+            }
+            if let std::collections::hash_map::Entry::Vacant(v) = self.by_tree.entry(key) {
+                self.bytes += bytes;
+                v.insert(digest);
+            }
+        }
+    }
+
     /// The record of the tree `id`, if kept.
     pub(crate) fn get(&self, id: &str) -> Option<&DirDigest> {
         self.by_tree.get(&key(id)?)

@@ -19,6 +19,7 @@ mod diff;
 mod digest;
 mod exclude;
 mod manifest;
+mod peers;
 mod tree;
 
 #[cfg(unix)]
@@ -29,6 +30,10 @@ mod walk;
 #[cfg(test)]
 #[cfg(unix)]
 mod stream_tests;
+
+#[cfg(test)]
+#[cfg(unix)]
+mod walkers_tests;
 
 use std::path::Path;
 
@@ -129,6 +134,9 @@ pub struct ScanOptions<'a> {
     pub collect_digests: bool,
     /// Hashing threads; 0 = all cores.
     pub threads: usize,
+    /// Threads that list directories (the calling thread and helpers started as work is found
+    /// for them); 0 = all cores, up to four.
+    pub walkers: usize,
     /// Called from worker threads, throttled.
     pub progress: Option<&'a (dyn Fn(&ScanProgress) + Sync)>,
     /// Which ignore rules apply.
@@ -148,6 +156,7 @@ impl<'a> ScanOptions<'a> {
             carry_backup_state: false,
             collect_digests: false,
             threads: 0,
+            walkers: 0,
             progress: None,
             ignore: IgnoreSource::ProjectFile,
         }
@@ -227,7 +236,7 @@ pub fn scan(root: &Path, opts: &ScanOptions) -> Result<Manifest, ScanError> {
 pub fn scan_to(
     root: &Path,
     opts: &ScanOptions,
-    sink: &mut dyn TreeSink,
+    sink: &mut (dyn TreeSink + Send),
 ) -> Result<Scanned, ScanError> {
     #[cfg(unix)]
     {

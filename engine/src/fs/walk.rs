@@ -1,30 +1,41 @@
 //! The directory-fd walk and the hashing pool.
 //!
-//! The calling thread walks depth-first: it lists one directory through its fd, `fstatat`s every
-//! name it records or descends into without following links (a name the listing's `d_type`
-//! already shows to be excluded is dropped without a stat: in an ignored directory searched for
-//! deny paths, that is nearly every name), records directories and symlinks itself, and sends regular files
-//! to the hashing workers over a bounded channel. Each job carries an `Arc` of its parent directory
-//! fd, so a directory fd lives exactly as long as it has unlisted children or unhashed files:
-//! open descriptors stay bounded by the depth of the tree plus the channel capacity plus one file
-//! per worker, never by the width of the tree.
+//! A walker walks depth-first: it lists one directory through its fd, `fstatat`s every name it
+//! records or descends into without following links (a name the listing's `d_type` already shows
+//! to be excluded is dropped without a stat: in an ignored directory searched for deny paths, that
+//! is nearly every name), records directories and symlinks itself, and sends regular files to the
+//! hashing workers over a bounded channel. Each job carries an `Arc` of its parent directory fd,
+//! so a directory fd lives exactly as long as it has unlisted children or unhashed files: open
+//! descriptors stay bounded by the depth of the tree plus the channel capacity plus one file per
+//! worker, never by the width of the tree.
+//!
+//! The calling thread's walker lists the root; further walkers (one per core, at most
+//! [`MAX_WALKERS`]) start when it has a directory to hand over, and take the shallowest
+//! unopened directory from a walker that pops one while they are idle (see `super::peers`). A
+//! directory is opened and listed by exactly one walker, which owns its node; a handed-over
+//! directory's tree id goes back to the owner of its parent through the owner's inbox, as file
+//! results do. The hashing pool and the sink are shared (the sink takes one tree at a time).
 //!
 //! Entries are not collected for the whole tree: each listed directory is an open node that
 //! counts its files still being hashed and its subdirectories not yet complete; when the count
 //! reaches zero its [`Tree`] goes to the sink (post-order) and the node is dropped, its id
-//! recorded in the parent. File results are drained before each listing, so what is held is the
-//! directories on the path being walked plus those with files still queued — bounded by the depth
-//! and the queue, never by the number of files (`MAX_HELD` counts it in tests).
+//! recorded in the parent. A walker drains its inbox before each listing, so what it holds is the
+//! directories on the path it walks plus those with files still queued — bounded by the depth
+//! and the queue, never by the number of files (`MAX_HELD` counts it in tests) — once per walker.
+//!
+//! Invariant: the result (every tree id, the header's sorted lists, the counts) does not depend on
+//! how many walkers ran or how the work was split (`walkers_tests`).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{channel, sync_channel, Receiver, SendError, Sender, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Instant;
 
 use nix::dir::Type;
@@ -39,6 +50,7 @@ use super::manifest::{
     unsupported_kind as uk, BackupSkip, BackupState, Entry, EntryKind, Exclusion, Manifest,
     ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
+use super::peers::Peers;
 use super::tree::{join, Reusable, Tree, TreeError, TreeSink, TreeSource};
 use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions, Scanned};
 
@@ -47,6 +59,10 @@ const QUEUE_PER_WORKER: usize = 32;
 
 /// Progress is reported every this many files.
 const PROGRESS_EVERY: u64 = 256;
+
+/// Most walkers of one scan: listing is bound by the kernel's per-directory work, which scales
+/// with cores only so far.
+const MAX_WALKERS: usize = 4;
 
 #[cfg(test)]
 type DirHook = Box<dyn FnMut(&str)>;
@@ -58,10 +74,14 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
     /// Test probe: the most entries the last scan on this thread held in memory at once.
     pub(crate) static MAX_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Test probe: how many helper walkers the last scan on this thread started.
+    pub(crate) static HELPERS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 struct FileJob {
     parent: Arc<OwnedFd>,
+    /// The inbox of the walker that owns the file's directory.
+    reply: Sender<Event>,
     c_name: CString,
     /// The open directory the file is recorded in.
     dir: u64,
@@ -91,6 +111,28 @@ struct PendingDir {
     is_entry: bool,
     /// Its listing in the earlier scan (the stat cache), when there is one.
     prev: Option<PrevRef>,
+    /// The inbox of the walker that owns `parent_dir`, when that is another walker (the
+    /// directory was handed over; see `super::peers`).
+    owner: Option<Sender<Event>>,
+}
+
+/// What a walker's inbox receives.
+enum Event {
+    /// A file the hashing pool read.
+    File(FileResult),
+    /// A directory handed to another walker is complete: its tree (none when nothing in it is
+    /// recorded), for its parent `dir` of this walker.
+    Subtree {
+        dir: u64,
+        name: String,
+        tree: Option<String>,
+    },
+    /// A directory to walk, handed over by another walker.
+    Job(PendingDir),
+    /// Another walker failed (see [`Peers::abort`]).
+    Wake,
+    /// The scan is over.
+    Stop,
 }
 
 /// A directory being listed or waiting for its files and subdirectories; its tree goes to the
@@ -109,6 +151,8 @@ struct OpenDir {
     /// The earlier tree whose stat digest this listing matched (see [`StatDigests`]): its
     /// entries are that tree's, and so is its object when the subtrees are too.
     same_stat: Option<String>,
+    /// Where its tree is reported when its parent is another walker's.
+    owner: Option<Sender<Event>>,
 }
 
 /// A regular file of a listing checked against its directory's stat digest: hashed or reused
@@ -249,12 +293,84 @@ impl Counters {
     }
 }
 
+/// The sink the walkers share: one tree at a time.
+trait SharedSink: Sync {
+    fn directory(&self, dir: &str, tree: Tree) -> Result<String, TreeError>;
+    fn unchanged(&self, dir: &str, id: &str, earlier: Reusable) -> Result<String, TreeError>;
+    fn unchanged_unread(
+        &self,
+        dir: &str,
+        id: &str,
+        entries: usize,
+        src: &dyn TreeSource,
+    ) -> Result<String, TreeError>;
+}
+
+struct LockedSink<'s>(Mutex<&'s mut (dyn TreeSink + Send)>);
+
+impl<'s> LockedSink<'s> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, &'s mut (dyn TreeSink + Send)> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl SharedSink for LockedSink<'_> {
+    fn directory(&self, dir: &str, tree: Tree) -> Result<String, TreeError> {
+        self.lock().directory(dir, tree)
+    }
+
+    fn unchanged(&self, dir: &str, id: &str, earlier: Reusable) -> Result<String, TreeError> {
+        self.lock().unchanged(dir, id, earlier)
+    }
+
+    fn unchanged_unread(
+        &self,
+        dir: &str,
+        id: &str,
+        entries: usize,
+        src: &dyn TreeSource,
+    ) -> Result<String, TreeError> {
+        self.lock().unchanged_unread(dir, id, entries, src)
+    }
+}
+
+/// What every walker of a scan borrows.
+#[derive(Clone, Copy)]
+struct Ctx<'o, 'a> {
+    opts: &'o ScanOptions<'a>,
+    rules: &'o Rules,
+    counters: &'o Counters,
+    sink: &'o dyn SharedSink,
+    peers: &'o Peers<Event>,
+    root: &'o str,
+}
+
+/// What a walker found, for the first one to merge.
+struct Found {
+    unsupported: Vec<Unsupported>,
+    excluded: Vec<Exclusion>,
+    stats: ScanStats,
+    digests: Option<StatDigests>,
+    sink_error: Option<TreeError>,
+    #[cfg_attr(not(test), allow(dead_code))]
+    max_held: usize,
+}
+
 struct Walker<'o, 'a> {
     opts: &'o ScanOptions<'a>,
-    rules: Rules,
+    rules: &'o Rules,
     reuse: Option<Reuse<'a>>,
     counters: &'o Counters,
-    sink: &'o mut dyn TreeSink,
+    sink: &'o dyn SharedSink,
+    peers: &'o Peers<Event>,
+    /// This walker's inbox (handed to the pool with each file, and with each directory given
+    /// away).
+    inbox: Sender<Event>,
+    /// The root is complete (only the first walker, on the calling thread, has it): the scan
+    /// is over.
+    root_done: bool,
+    /// On the idle list since its stack last ran empty.
+    idle_listed: bool,
     open: HashMap<u64, OpenDir>,
     next_id: u64,
     /// Entries held in `open` now, and the most ever held at once.
@@ -276,7 +392,7 @@ struct Walker<'o, 'a> {
 pub(crate) fn scan(
     root: &Path,
     opts: &ScanOptions,
-    sink: &mut dyn TreeSink,
+    sink: &mut (dyn TreeSink + Send),
 ) -> Result<Scanned, ScanError> {
     let start = Instant::now();
     // Taken before the first `lstat`: every entry this scan records was stat'ed after it.
@@ -316,56 +432,80 @@ pub(crate) fn scan(
         files_seen: AtomicU64::new(0),
         bytes_hashed: AtomicU64::new(0),
     };
-    let mut walker = Walker {
+    let (first_inbox, inbox) = channel::<Event>();
+    let peers = Peers::new(first_inbox.clone());
+    let sink = LockedSink(Mutex::new(sink));
+    let ctx = Ctx {
         opts,
-        rules,
-        reuse: Reuse::of(opts, &root_str),
+        rules: &rules,
         counters: &counters,
-        sink,
-        open: HashMap::new(),
-        next_id: 0,
-        held: 0,
-        max_held: 0,
-        root_tree: None,
-        sink_error: None,
-        list_buf: Vec::new(),
-        deferred: Vec::new(),
-        digests: opts.collect_digests.then(StatDigests::default),
-        unsupported: Vec::new(),
-        excluded: Vec::new(),
-        stats: ScanStats::default(),
+        sink: &sink,
+        peers: &peers,
+        root: &root_str,
     };
+    let mut walker = Walker::new(ctx, first_inbox);
 
     let (job_tx, job_rx) = sync_channel::<FileJob>(threads.saturating_mul(QUEUE_PER_WORKER));
     let job_rx = Mutex::new(job_rx);
-    std::thread::scope(|s| -> Result<(), ScanError> {
-        let (res_tx, res_rx) = channel::<FileResult>();
-        let pool = Pool {
+    let (found, failed) = std::thread::scope(|s| {
+        let pool = Arc::new(Pool {
             scope: s,
             jobs: job_tx,
             rx: &job_rx,
-            results: RefCell::new(Some(res_tx)),
+            started: Mutex::new(false),
             threads,
             backup: opts.backup,
             progress: opts.progress,
             counters: &counters,
-            failed: RefCell::new(None),
+            failed: Mutex::new(None),
+            broken: AtomicBool::new(false),
+        });
+        let mut helpers = Helpers {
+            scope: s,
+            ctx,
+            pool: Arc::clone(&pool),
+            max: walkers(opts).saturating_sub(1),
+            started: Vec::new(),
         };
-        let failed = walker.walk(Arc::new(root_fd), pool, &res_rx);
-        failed.map_or(Ok(()), |e| Err(ScanError::Threads(e)))
-    })?;
+        walker.walk(Arc::new(root_fd), &inbox, &pool, &mut helpers);
+        let found = helpers.stop();
+        let failed = pool
+            .failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        (found, failed)
+    });
+    if let Some(e) = failed {
+        return Err(ScanError::Threads(e));
+    }
+    let found = found?;
 
     #[cfg(test)]
-    MAX_HELD.with(|m| m.set(walker.max_held));
-    let Walker {
+    {
+        MAX_HELD.with(|m| m.set(walker.max_held + found.iter().map(|f| f.max_held).sum::<usize>()));
+        HELPERS.with(|h| h.set(found.len()));
+    }
+    let Found {
         mut unsupported,
         mut excluded,
         mut stats,
-        root_tree,
-        sink_error,
         digests,
+        sink_error,
         ..
-    } = walker;
+    } = walker.found();
+    let root_tree = walker.root_tree;
+    let mut sink_error = sink_error;
+    let mut digests = digests;
+    for f in found {
+        unsupported.extend(f.unsupported);
+        excluded.extend(f.excluded);
+        add_stats(&mut stats, &f.stats);
+        if let (Some(all), Some(more)) = (digests.as_mut(), f.digests) {
+            all.absorb(more);
+        }
+        sink_error = sink_error.or(f.sink_error);
+    }
     if let Some(e) = sink_error {
         return Err(ScanError::Trees(e));
     }
@@ -397,6 +537,17 @@ pub(crate) fn scan(
     })
 }
 
+/// Adds a helper walker's counts to the first walker's.
+fn add_stats(to: &mut ScanStats, from: &ScanStats) {
+    to.files += from.files;
+    to.directories += from.directories;
+    to.symlinks += from.symlinks;
+    to.hashes_reused += from.hashes_reused;
+    to.backups_stored += from.backups_stored;
+    to.backups_reused += from.backups_reused;
+    to.trees_reused += from.trees_reused;
+}
+
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup's CPU
 /// quota files on every call, and a run scans twice.
 fn cores() -> usize {
@@ -404,51 +555,121 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
+/// How many walkers a scan may use. A test hook on the calling thread needs every directory
+/// opened there: one walker.
+fn walkers(opts: &ScanOptions) -> usize {
+    #[cfg(test)]
+    if BEFORE_OPEN_DIR.with(|h| h.borrow().is_some()) {
+        return 1;
+    }
+    match opts.walkers {
+        0 => cores().min(MAX_WALKERS),
+        n => n,
+    }
+}
+
+/// The walkers the first one starts, each when it has a directory to hand over and no walker is
+/// idle: a tree of one directory starts none.
+struct Helpers<'scope, 'env, 'o: 'scope, 'a: 'o> {
+    scope: &'scope Scope<'scope, 'env>,
+    ctx: Ctx<'o, 'a>,
+    pool: Arc<Pool<'scope, 'env>>,
+    max: usize,
+    started: Vec<(Sender<Event>, ScopedJoinHandle<'scope, Found>)>,
+}
+
+impl<'scope, 'o: 'scope, 'a: 'o> Helpers<'scope, '_, 'o, 'a> {
+    fn can_start(&self) -> bool {
+        self.started.len() < self.max
+    }
+
+    /// Starts a walker on `job`; gives the job back when no thread could be started (the scan
+    /// goes on with the walkers it has).
+    fn start(&mut self, job: PendingDir) -> Option<PendingDir> {
+        let (tx, rx) = channel::<Event>();
+        let (ctx, pool, inbox) = (self.ctx, Arc::clone(&self.pool), tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("agentdiff-walk-{}", self.started.len() + 1))
+            .spawn_scoped(self.scope, move || {
+                let mut walker = Walker::new(ctx, inbox);
+                if let Ok(Event::Job(first)) = rx.recv() {
+                    walker.run(vec![first], &rx, &pool, None);
+                }
+                walker.found()
+            });
+        match spawned {
+            Ok(handle) => match tx.send(Event::Job(job)) {
+                Ok(()) => {
+                    self.started.push((tx, handle));
+                    None
+                }
+                Err(SendError(Event::Job(job))) => Some(job),
+                Err(_) => None,
+            },
+            Err(_) => Some(job),
+        }
+    }
+
+    /// Stops every walker started and returns what each found.
+    fn stop(self) -> Result<Vec<Found>, ScanError> {
+        for (tx, _) in &self.started {
+            let _ = tx.send(Event::Stop);
+        }
+        let mut found = Vec::new();
+        for (_, handle) in self.started {
+            found.push(handle.join().map_err(|_| ScanError::Incomplete)?);
+        }
+        Ok(found)
+    }
+}
+
 /// The hashing workers, started when the first file needs reading: a scan whose every file
-/// comes from the stat cache (a warm run, or a tree of no files) starts no thread.
+/// comes from the stat cache (a warm run, or a tree of no files) starts no thread. Shared by the
+/// walkers; each job names the inbox its result goes to.
 struct Pool<'scope, 'env> {
     scope: &'scope std::thread::Scope<'scope, 'env>,
     jobs: SyncSender<FileJob>,
     rx: &'env Mutex<Receiver<FileJob>>,
-    /// Handed to the workers when they start (`None` once they have).
-    results: RefCell<Option<Sender<FileResult>>>,
+    started: Mutex<bool>,
     threads: usize,
     backup: Option<BackupRequest<'env>>,
     progress: Option<&'env (dyn Fn(&ScanProgress) + Sync)>,
     counters: &'env Counters,
     /// Why no worker could be started: the scan fails with it, as when it failed up front.
-    failed: RefCell<Option<std::io::Error>>,
+    failed: Mutex<Option<std::io::Error>>,
+    broken: AtomicBool,
 }
 
 impl Pool<'_, '_> {
     /// Queues a file for hashing, starting the workers first if need be; gives the job back
     /// when no worker runs to take it.
-    fn send(&self, job: FileJob) -> Result<(), std::sync::mpsc::SendError<FileJob>> {
-        if let Some(tx) = self.results.borrow_mut().take() {
+    fn send(&self, job: FileJob) -> Option<FileJob> {
+        let mut started = self.started.lock().unwrap_or_else(PoisonError::into_inner);
+        if !*started {
+            *started = true;
             for i in 0..self.threads {
-                let (rx, tx) = (self.rx, tx.clone());
+                let rx = self.rx;
                 let (backup, progress, counters) = (self.backup, self.progress, self.counters);
                 let spawned = std::thread::Builder::new()
                     .name(format!("agentdiff-hash-{i}"))
-                    .spawn_scoped(self.scope, move || {
-                        worker(rx, tx, backup, progress, counters)
-                    });
+                    .spawn_scoped(self.scope, move || worker(rx, backup, progress, counters));
                 if let Err(e) = spawned {
-                    *self.failed.borrow_mut() = Some(e);
+                    *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    self.broken.store(true, Ordering::SeqCst);
                     break;
                 }
             }
         }
-        if self.failed.borrow().is_some() {
-            return Err(std::sync::mpsc::SendError(job));
+        drop(started);
+        if self.broken.load(Ordering::SeqCst) {
+            return Some(job);
         }
-        self.jobs.send(job)
+        self.jobs.send(job).err().map(|SendError(job)| job)
     }
 }
 
 fn worker(
     rx: &Mutex<Receiver<FileJob>>,
-    tx: Sender<FileResult>,
     backup: Option<BackupRequest>,
     progress: Option<&(dyn Fn(&ScanProgress) + Sync)>,
     counters: &Counters,
@@ -464,6 +685,7 @@ fn worker(
         };
         let FileJob {
             parent,
+            reply,
             c_name,
             dir,
             name,
@@ -472,17 +694,13 @@ fn worker(
         let captured = capture(&parent, &c_name, &seen, backup.as_ref(), &mut buf, &|| {});
         drop(parent);
         counters.file_done(captured.bytes_hashed, progress);
-        if tx
-            .send(FileResult {
-                dir,
-                name,
-                seen,
-                captured,
-            })
-            .is_err()
-        {
-            break;
-        }
+        // A walker that stopped (the scan failed) no longer wants the result.
+        let _ = reply.send(Event::File(FileResult {
+            dir,
+            name,
+            seen,
+            captured,
+        }));
     }
 }
 
@@ -572,7 +790,7 @@ impl Listing<'_, '_> {
     }
 }
 
-impl<'a> Walker<'_, 'a> {
+impl<'o, 'a> Walker<'o, 'a> {
     fn report(&mut self, path: String, kind: &str, reason: impl Into<String>) {
         self.unsupported.push(Unsupported {
             path,
@@ -582,7 +800,13 @@ impl<'a> Walker<'_, 'a> {
     }
 
     /// Registers a directory about to be listed (pending 1 until its listing is done).
-    fn open_node(&mut self, rel: String, parent: Option<(u64, String)>, is_entry: bool) -> u64 {
+    fn open_node(
+        &mut self,
+        rel: String,
+        parent: Option<(u64, String)>,
+        is_entry: bool,
+        owner: Option<Sender<Event>>,
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.open.insert(
@@ -595,6 +819,7 @@ impl<'a> Walker<'_, 'a> {
                 pending: 1,
                 earlier: None,
                 same_stat: None,
+                owner,
             },
         );
         id
@@ -652,6 +877,7 @@ impl<'a> Walker<'_, 'a> {
                     }
                     Err(e) => {
                         self.sink_error = Some(e);
+                        self.peers.abort(Event::Wake);
                         return;
                     }
                 }
@@ -660,8 +886,19 @@ impl<'a> Walker<'_, 'a> {
             };
             let Some((parent, name)) = node.parent else {
                 self.root_tree = tree_id;
+                self.root_done = true;
                 return;
             };
+            if let Some(owner) = node.owner {
+                // The parent is another walker's; it may have stopped (the scan failed).
+                let done = Event::Subtree {
+                    dir: parent,
+                    name,
+                    tree: tree_id,
+                };
+                let _ = owner.send(done);
+                return;
+            }
             let Some(p) = self.open.get_mut(&parent) else {
                 return;
             };
@@ -720,67 +957,180 @@ impl<'a> Walker<'_, 'a> {
         self.sink.directory(rel, Tree { entries, trees })
     }
 
-    fn drain(&mut self, results: &Receiver<FileResult>) {
-        while let Ok(r) = results.try_recv() {
-            self.file_result(r);
+    fn new(ctx: Ctx<'o, 'a>, inbox: Sender<Event>) -> Self {
+        Walker {
+            opts: ctx.opts,
+            rules: ctx.rules,
+            reuse: Reuse::of(ctx.opts, ctx.root),
+            counters: ctx.counters,
+            sink: ctx.sink,
+            peers: ctx.peers,
+            inbox,
+            root_done: false,
+            idle_listed: false,
+            open: HashMap::new(),
+            next_id: 0,
+            held: 0,
+            max_held: 0,
+            root_tree: None,
+            sink_error: None,
+            list_buf: Vec::new(),
+            deferred: Vec::new(),
+            digests: ctx.opts.collect_digests.then(StatDigests::default),
+            unsupported: Vec::new(),
+            excluded: Vec::new(),
+            stats: ScanStats::default(),
         }
     }
 
-    /// Walks the tree from `root`; returns why the hashing workers could not be started, if so.
+    fn found(&mut self) -> Found {
+        Found {
+            unsupported: std::mem::take(&mut self.unsupported),
+            excluded: std::mem::take(&mut self.excluded),
+            stats: std::mem::take(&mut self.stats),
+            digests: self.digests.take(),
+            sink_error: self.sink_error.take(),
+            max_held: self.max_held,
+        }
+    }
+
+    /// Walks the tree from `root` (the first walker), handing directories to `helpers` as it
+    /// finds them; returns when the root is complete or the scan failed.
     fn walk(
         &mut self,
         root: Arc<OwnedFd>,
-        jobs: Pool<'_, '_>,
-        results: &Receiver<FileResult>,
-    ) -> Option<std::io::Error> {
+        inbox: &Receiver<Event>,
+        jobs: &Pool<'_, '_>,
+        helpers: &mut Helpers<'_, '_, 'o, 'a>,
+    ) {
         let mut stack: Vec<PendingDir> = Vec::new();
-        let root_id = self.open_node(String::new(), None, false);
+        let root_id = self.open_node(String::new(), None, false, None);
         let prev = self.reuse.as_ref().map(|r| r.root.clone());
-        self.list_dir(&root, root_id, "", false, prev, &mut stack, &jobs);
+        self.list_dir(&root, root_id, "", false, prev, &mut stack, jobs);
         drop(root);
-        while let Some(dir) = stack.pop() {
-            if self.sink_error.is_some() {
-                break;
-            }
-            // Files hashed meanwhile complete their directories (and free them) before the next
-            // listing is held.
-            self.drain(results);
-            #[cfg(test)]
-            BEFORE_OPEN_DIR.with(|h| {
-                if let Some(hook) = h.borrow_mut().as_mut() {
-                    hook(&dir.rel);
-                }
-            });
-            let PendingDir {
-                parent,
-                c_name,
-                parent_dir,
-                name,
-                rel,
-                seen,
-                searched,
-                is_entry,
-                prev,
-            } = dir;
-            let opened = open_dir(&parent, &c_name, &seen);
-            drop(parent);
-            let id = self.open_node(rel.clone(), Some((parent_dir, name)), is_entry);
-            match opened {
-                Ok(fd) => self.list_dir(&Arc::new(fd), id, &rel, searched, prev, &mut stack, &jobs),
-                Err((kind, reason)) => {
-                    self.report(rel, kind, reason);
-                    // A directory entry still gets its (empty) tree.
-                    self.done_one(id);
+        self.run(stack, inbox, jobs, Some(helpers));
+    }
+
+    /// Lists directories depth-first until this walker's part is over: for the first walker,
+    /// the root is complete; for the others, they are stopped. Results and work from other
+    /// threads arrive in `inbox`, drained before each listing, so a directory whose files are
+    /// hashed completes (and leaves memory) before the next one is held.
+    fn run(
+        &mut self,
+        mut stack: Vec<PendingDir>,
+        inbox: &Receiver<Event>,
+        jobs: &Pool<'_, '_>,
+        mut helpers: Option<&mut Helpers<'_, '_, 'o, 'a>>,
+    ) {
+        loop {
+            while let Ok(event) = inbox.try_recv() {
+                if !self.handle(event, &mut stack) {
+                    return;
                 }
             }
+            if self.sink_error.is_some() || self.peers.aborted() || self.root_done {
+                return;
+            }
+            if let Some(dir) = stack.pop() {
+                self.share(&mut stack, helpers.as_deref_mut());
+                self.open_and_list(dir, &mut stack, jobs);
+                continue;
+            }
+            // Nothing to list: wait for results, and take work from a busy walker meanwhile.
+            if !self.idle_listed {
+                self.peers.idle(self.inbox.clone());
+                self.idle_listed = true;
+            }
+            let Ok(event) = inbox.recv() else {
+                return;
+            };
+            if !self.handle(event, &mut stack) {
+                return;
+            }
         }
-        let failed = jobs.failed.take();
-        drop(jobs);
-        // Every job is sent: wait for the last results (the workers end when the queue closes).
-        for r in results {
-            self.file_result(r);
+    }
+
+    /// Acts on one inbox event; `false` when the walker is stopped.
+    fn handle(&mut self, event: Event, stack: &mut Vec<PendingDir>) -> bool {
+        match event {
+            Event::File(r) => self.file_result(r),
+            Event::Subtree { dir, name, tree } => {
+                if let (Some(t), Some(p)) = (tree, self.open.get_mut(&dir)) {
+                    p.tree.trees.insert(name, t);
+                }
+                self.done_one(dir);
+            }
+            Event::Job(dir) => {
+                // Given work only once taken off the idle list.
+                self.idle_listed = false;
+                stack.push(dir);
+            }
+            Event::Wake => {}
+            Event::Stop => return false,
         }
-        failed
+        true
+    }
+
+    /// Hands the shallowest directory on the stack (the largest piece of work held) to an idle
+    /// walker, or to a new one while fewer than the most run; the rest stays here.
+    fn share(&self, stack: &mut Vec<PendingDir>, helpers: Option<&mut Helpers<'_, '_, 'o, 'a>>) {
+        if stack.is_empty() {
+            return;
+        }
+        let idle = self
+            .peers
+            .any_idle()
+            .then(|| self.peers.take_idle())
+            .flatten();
+        if idle.is_none() && !helpers.as_ref().is_some_and(|h| h.can_start()) {
+            return;
+        }
+        let mut job = stack.remove(0);
+        job.owner.get_or_insert_with(|| self.inbox.clone());
+        let kept = match (idle, helpers) {
+            (Some(to), _) => match to.send(Event::Job(job)) {
+                Err(SendError(Event::Job(job))) => Some(job),
+                _ => None,
+            },
+            (None, Some(h)) => h.start(job),
+            (None, None) => Some(job),
+        };
+        if let Some(job) = kept {
+            stack.insert(0, job);
+        }
+    }
+
+    /// Opens a directory popped from the stack and lists it.
+    fn open_and_list(&mut self, dir: PendingDir, stack: &mut Vec<PendingDir>, jobs: &Pool) {
+        #[cfg(test)]
+        BEFORE_OPEN_DIR.with(|h| {
+            if let Some(hook) = h.borrow_mut().as_mut() {
+                hook(&dir.rel);
+            }
+        });
+        let PendingDir {
+            parent,
+            c_name,
+            parent_dir,
+            name,
+            rel,
+            seen,
+            searched,
+            is_entry,
+            prev,
+            owner,
+        } = dir;
+        let opened = open_dir(&parent, &c_name, &seen);
+        drop(parent);
+        let id = self.open_node(rel.clone(), Some((parent_dir, name)), is_entry, owner);
+        match opened {
+            Ok(fd) => self.list_dir(&Arc::new(fd), id, &rel, searched, prev, stack, jobs),
+            Err((kind, reason)) => {
+                self.report(rel, kind, reason);
+                // A directory entry still gets its (empty) tree.
+                self.done_one(id);
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -949,6 +1299,7 @@ impl<'a> Walker<'_, 'a> {
             c_name,
             parent_dir: at.id,
             prev: at.sub(&name),
+            owner: None,
             name,
             rel: path,
             seen,
@@ -1128,13 +1479,14 @@ impl<'a> Walker<'_, 'a> {
         }
         let job = FileJob {
             parent: Arc::clone(fd),
+            reply: self.inbox.clone(),
             c_name,
             dir,
             name,
             seen,
         };
         self.add_pending(dir);
-        if let Err(failed) = jobs.send(job) {
+        if let Some(failed) = jobs.send(job) {
             let state = match self.opts.backup {
                 Some(_) => BackupState::Skipped {
                     reason: BackupSkip::NotHashed,
@@ -1142,7 +1494,7 @@ impl<'a> Walker<'_, 'a> {
                 },
                 None => BackupState::NotRequested,
             };
-            self.record(dir, &failed.0.name, entry(&seen, EntryKind::File, state));
+            self.record(dir, &failed.name, entry(&seen, EntryKind::File, state));
             self.report(path, uk::UNREADABLE, "no hashing worker available");
             self.done_one(dir);
         }

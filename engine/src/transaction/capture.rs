@@ -71,7 +71,8 @@ impl Captured {
     }
 }
 
-/// The entries whose backup could not be stored: the first [`MAX_NAMED`] named, all counted.
+/// The entries whose backup could not be stored: the first [`MAX_NAMED`] by path named, all
+/// counted.
 #[derive(Debug, Default)]
 pub(super) struct FailedBackups {
     pub named: Vec<String>,
@@ -93,17 +94,19 @@ impl CaptureSink<'_> {
             } = &e.backup
             {
                 self.failed.count += 1;
-                if self.failed.named.len() < MAX_NAMED {
-                    let path = if dir.is_empty() {
-                        name.clone()
-                    } else {
-                        format!("{dir}/{name}")
-                    };
-                    self.failed.named.push(format!(
-                        "{path} ({})",
-                        detail.as_deref().unwrap_or("no detail recorded")
-                    ));
-                }
+                let path = if dir.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{dir}/{name}")
+                };
+                self.failed.named.push(format!(
+                    "{path} ({})",
+                    detail.as_deref().unwrap_or("no detail recorded")
+                ));
+                // Directories arrive in no fixed order (several walkers): the first paths by
+                // name are the ones named, so the message is the same on every run.
+                self.failed.named.sort();
+                self.failed.named.truncate(MAX_NAMED);
             }
         }
     }
