@@ -60,6 +60,10 @@ const QUEUE_PER_WORKER: usize = 32;
 /// Progress is reported every this many files.
 const PROGRESS_EVERY: u64 = 256;
 
+/// Test probe: a helper walker that opens a directory of this name panics.
+#[cfg(test)]
+pub(crate) const PANIC_IN_HELPER: &str = "zz-a-helper-walker-dies-here";
+
 /// Most walkers of one scan: listing is bound by the kernel's per-directory work, which scales
 /// with cores only so far.
 const MAX_WALKERS: usize = 4;
@@ -457,6 +461,7 @@ pub(crate) fn scan(
             backup: opts.backup,
             progress: opts.progress,
             counters: &counters,
+            peers: &peers,
             failed: Mutex::new(None),
             broken: AtomicBool::new(false),
         });
@@ -591,11 +596,19 @@ impl<'scope, 'o: 'scope, 'a: 'o> Helpers<'scope, '_, 'o, 'a> {
         let spawned = std::thread::Builder::new()
             .name(format!("agentdiff-walk-{}", self.started.len() + 1))
             .spawn_scoped(self.scope, move || {
-                let mut walker = Walker::new(ctx, inbox);
-                if let Ok(Event::Job(first)) = rx.recv() {
-                    walker.run(vec![first], &rx, &pool, None);
-                }
-                walker.found()
+                let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut walker = Walker::new(ctx, inbox);
+                    if let Ok(Event::Job(first)) = rx.recv() {
+                        walker.run(vec![first], &rx, &pool, None);
+                    }
+                    walker.found()
+                }));
+                // A walker that died would never report its subtree: the first one would wait
+                // for it forever instead of failing the scan.
+                walked.unwrap_or_else(|panic| {
+                    ctx.peers.abort(Event::Wake);
+                    std::panic::resume_unwind(panic)
+                })
             });
         match spawned {
             Ok(handle) => match tx.send(Event::Job(job)) {
@@ -635,6 +648,7 @@ struct Pool<'scope, 'env> {
     backup: Option<BackupRequest<'env>>,
     progress: Option<&'env (dyn Fn(&ScanProgress) + Sync)>,
     counters: &'env Counters,
+    peers: &'env Peers<Event>,
     /// Why no worker could be started: the scan fails with it, as when it failed up front.
     failed: Mutex<Option<std::io::Error>>,
     broken: AtomicBool,
@@ -650,9 +664,19 @@ impl Pool<'_, '_> {
             for i in 0..self.threads {
                 let rx = self.rx;
                 let (backup, progress, counters) = (self.backup, self.progress, self.counters);
+                let peers = self.peers;
                 let spawned = std::thread::Builder::new()
                     .name(format!("agentdiff-hash-{i}"))
-                    .spawn_scoped(self.scope, move || worker(rx, backup, progress, counters));
+                    .spawn_scoped(self.scope, move || {
+                        let hashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            worker(rx, backup, progress, counters)
+                        }));
+                        // Its file's directory would never complete: fail the scan instead.
+                        if let Err(panic) = hashed {
+                            peers.abort(Event::Wake);
+                            std::panic::resume_unwind(panic)
+                        }
+                    });
                 if let Err(e) = spawned {
                     *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                     self.broken.store(true, Ordering::SeqCst);
@@ -1108,6 +1132,14 @@ impl<'o, 'a> Walker<'o, 'a> {
                 hook(&dir.rel);
             }
         });
+        #[cfg(test)]
+        if dir.name == PANIC_IN_HELPER
+            && std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("agentdiff-walk-"))
+        {
+            panic!("a helper walker died");
+        }
         let PendingDir {
             parent,
             c_name,

@@ -196,3 +196,27 @@ fn a_tree_refused_on_any_walker_fails_the_scan() {
         }
     }
 }
+
+#[test]
+fn a_helper_that_dies_fails_the_scan_instead_of_hanging_it() {
+    let d = tree();
+    // The last directory of the root by name is the first one handed to a helper.
+    write(
+        d.path(),
+        &format!("{}/f", super::walk::PANIC_IN_HELPER),
+        "x",
+    );
+    let root = d.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let objects = Objects::default();
+        let mut sink = &objects;
+        let result = scan_to(&root, &opts(4), &mut sink).map(|s| s.root_tree);
+        let _ = tx.send(result);
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(Err(ScanError::Incomplete)) => {}
+        Ok(other) => panic!("expected an incomplete scan, got {other:?}"),
+        Err(_) => panic!("the scan hung after a helper walker died"),
+    }
+}
