@@ -119,6 +119,61 @@ fn filesystem_now(objects: &ObjectStore) -> Result<i64, StoreError> {
 }
 
 /// Names of the shard directories below `objects/sha256/` (sorted; none when it is missing).
+/// `work` over `names` split in two halves, one per thread (one thread on a single core); the
+/// results in order. A thread that died is an error, never an empty result: a check that lost
+/// half the shards must not pass for one that found nothing.
+fn on_two_threads<T: Send>(
+    hash_dir: &Path,
+    names: &[String],
+    work: impl Fn(&[String]) -> Result<Vec<T>, StoreError> + Sync,
+) -> Result<Vec<T>, StoreError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
+    let chunk = names.len().div_ceil(threads).max(1);
+    let work = &work;
+    let results: Vec<Result<Vec<T>, StoreError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = names
+            .chunks(chunk)
+            .map(|part| s.spawn(move || work(part)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    let died = io::Error::other("a thread reading the shards stopped");
+                    Err(StoreError::io("list", hash_dir, died))
+                })
+            })
+            .collect()
+    });
+    let mut out = Vec::new();
+    for r in results {
+        out.extend(r?);
+    }
+    Ok(out)
+}
+
+/// A shard's identity and its entries' (name key, inode), sorted; `None` when it is gone.
+fn list_shard(hash_dir: &Path, name: &str) -> Result<Option<Shard>, StoreError> {
+    let path = hash_dir.join(name);
+    let Some(mut dir) = open_shard(&path)? else {
+        return Ok(None);
+    };
+    let ident = dir_ident(dir.as_raw_fd()).map_err(|e| io_err("inspect", &path, e))?;
+    let mut entries = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry.map_err(|e| io_err("list", &path, e))?;
+        let n = entry.file_name().to_string_lossy();
+        if n != "." && n != ".." {
+            entries.push((name_key(&n), entry.ino()));
+        }
+    }
+    entries.sort_unstable();
+    Ok(Some(Shard {
+        dir: ident,
+        entries,
+    }))
+}
+
 fn shard_names(hash_dir: &Path) -> Result<Vec<String>, StoreError> {
     let entries = match fs::read_dir(hash_dir) {
         Ok(rd) => rd,
@@ -169,33 +224,17 @@ fn for_each_name(
 }
 
 impl ObjectsSnapshot {
-    /// The clock probe and a listing of every shard (no per-object stat).
+    /// The clock probe and a listing of every shard (no per-object stat). On one thread: on
+    /// two, the listing of the N=8 corpus's store was no faster here, and the threads would cost
+    /// every small run.
     pub fn take(objects: &ObjectStore) -> Result<ObjectsSnapshot, StoreError> {
         let since_ns = filesystem_now(objects)?;
         let hash_dir = objects.hash_dir();
         let mut shards = BTreeMap::new();
         for name in shard_names(&hash_dir)? {
-            let path = hash_dir.join(&name);
-            let Some(mut dir) = open_shard(&path)? else {
-                continue;
-            };
-            let ident = dir_ident(dir.as_raw_fd()).map_err(|e| io_err("inspect", &path, e))?;
-            let mut entries = Vec::new();
-            for entry in dir.iter() {
-                let entry = entry.map_err(|e| io_err("list", &path, e))?;
-                let n = entry.file_name().to_string_lossy();
-                if n != "." && n != ".." {
-                    entries.push((name_key(&n), entry.ino()));
-                }
+            if let Some(shard) = list_shard(&hash_dir, &name)? {
+                shards.insert(name, shard);
             }
-            entries.sort_unstable();
-            shards.insert(
-                name,
-                Shard {
-                    dir: ident,
-                    entries,
-                },
-            );
         }
         Ok(ObjectsSnapshot { since_ns, shards })
     }
@@ -208,22 +247,9 @@ impl ObjectsSnapshot {
         names.extend(self.shards.keys().cloned());
         names.sort();
         names.dedup();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
-        let chunk = names.len().div_ceil(threads).max(1);
-        let results: Vec<Result<Vec<TamperFinding>, StoreError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = names
-                .chunks(chunk)
-                .map(|part| s.spawn(move || self.check_shards(objects, part)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Ok(Vec::new())))
-                .collect()
-        });
-        let mut out = Vec::new();
-        for r in results {
-            out.extend(r?);
-        }
+        let mut out = on_two_threads(&objects.hash_dir(), &names, |part| {
+            self.check_shards(objects, part)
+        })?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
@@ -233,6 +259,10 @@ impl ObjectsSnapshot {
         objects: &ObjectStore,
         names: &[String],
     ) -> Result<Vec<TamperFinding>, StoreError> {
+        #[cfg(test)]
+        if tests::DIES_IN.with_store(objects) && names.iter().any(|n| n.as_str() >= "80") {
+            panic!("a shard check died");
+        }
         let mut out = Vec::new();
         for name in names {
             self.check_shard(objects, name, &mut out)?;
@@ -404,6 +434,31 @@ impl ObjectsSnapshot {
 mod tests {
     use super::super::Store;
     use super::*;
+
+    /// Test probe: the check of the upper shards of this one store dies (a static, read by the
+    /// checking threads; keyed by the store, so parallel tests are not affected).
+    pub(super) struct DiesIn(std::sync::Mutex<Option<std::path::PathBuf>>);
+    pub(super) static DIES_IN: DiesIn = DiesIn(std::sync::Mutex::new(None));
+
+    impl DiesIn {
+        pub(super) fn with_store(&self, objects: &ObjectStore) -> bool {
+            self.0.lock().unwrap().as_deref() == Some(objects.hash_dir().as_path())
+        }
+    }
+
+    #[test]
+    fn a_check_thread_that_dies_is_an_error_not_an_empty_result() {
+        let (_d, store) = store();
+        for i in 0..600u32 {
+            store.objects().put_bytes(&i.to_le_bytes()).unwrap();
+        }
+        let snap = ObjectsSnapshot::take(store.objects()).unwrap();
+        *DIES_IN.0.lock().unwrap() = Some(store.objects().hash_dir());
+        let checked = snap.changes(store.objects());
+        *DIES_IN.0.lock().unwrap() = None;
+        assert!(checked.is_err(), "{checked:?}");
+        assert_eq!(findings(&store, &snap), vec![], "the same check, alive");
+    }
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
