@@ -98,27 +98,29 @@ impl DirDigest {
 impl StatDigests {
     /// Keeps the record of the tree `id`, unless the budget is spent.
     pub(crate) fn insert(&mut self, id: &str, digest: DirDigest) {
-        let Some(key) = key(id) else {
-            return;
-        };
-        let bytes = digest.bytes();
-        if self.bytes + bytes > MAX_DIGEST_BYTES || self.by_tree.contains_key(&key) {
-            return;
+        if let Some(key) = key(id) {
+            self.keep(key, digest);
         }
-        self.bytes += bytes;
-        self.by_tree.insert(key, digest);
+    }
+
+    /// Keeps a record unless the budget is spent or the tree has one; whether it fits.
+    fn keep(&mut self, key: [u8; 32], digest: DirDigest) -> bool {
+        let bytes = digest.bytes();
+        if self.bytes + bytes > MAX_DIGEST_BYTES {
+            return false;
+        }
+        if let std::collections::hash_map::Entry::Vacant(v) = self.by_tree.entry(key) {
+            self.bytes += bytes;
+            v.insert(digest);
+        }
+        true
     }
 
     /// Takes another scan's records (a helper walker's), within the same budget.
     pub(crate) fn absorb(&mut self, other: StatDigests) {
         for (key, digest) in other.by_tree {
-            let bytes = digest.bytes();
-            if self.bytes + bytes > MAX_DIGEST_BYTES {
+            if !self.keep(key, digest) {
                 return;
-            }
-            if let std::collections::hash_map::Entry::Vacant(v) = self.by_tree.entry(key) {
-                self.bytes += bytes;
-                v.insert(digest);
             }
         }
     }

@@ -42,11 +42,6 @@ impl<T> Peers<T> {
         self.lock().pop()
     }
 
-    /// Whether some walker is idle (a hint: the list may change before it is taken from).
-    pub fn any_idle(&self) -> bool {
-        !self.lock().is_empty()
-    }
-
     /// Stops the scan: every walker stops listing, and the first one is woken with `wake`.
     pub fn abort(&self, wake: T) {
         self.aborted.store(true, Ordering::SeqCst);
@@ -71,10 +66,9 @@ mod tests {
     fn an_idle_walker_is_given_work_once() {
         let (first, first_rx) = channel::<u32>();
         let peers = Peers::new(first);
-        assert!(!peers.any_idle());
+        assert!(peers.take_idle().is_none());
         let (tx, rx) = channel();
         peers.idle(tx);
-        assert!(peers.any_idle());
         peers.take_idle().unwrap().send(7).unwrap();
         assert!(peers.take_idle().is_none(), "taken once");
         assert_eq!(rx.recv().unwrap(), 7);

@@ -456,7 +456,7 @@ pub(crate) fn scan(
             scope: s,
             jobs: job_tx,
             rx: &job_rx,
-            started: Mutex::new(false),
+            started: std::sync::Once::new(),
             threads,
             backup: opts.backup,
             progress: opts.progress,
@@ -643,7 +643,8 @@ struct Pool<'scope, 'env> {
     scope: &'scope std::thread::Scope<'scope, 'env>,
     jobs: SyncSender<FileJob>,
     rx: &'env Mutex<Receiver<FileJob>>,
-    started: Mutex<bool>,
+    /// The workers are started once, by the first file to hash (no lock on later files).
+    started: std::sync::Once,
     threads: usize,
     backup: Option<BackupRequest<'env>>,
     progress: Option<&'env (dyn Fn(&ScanProgress) + Sync)>,
@@ -658,37 +659,36 @@ impl Pool<'_, '_> {
     /// Queues a file for hashing, starting the workers first if need be; gives the job back
     /// when no worker runs to take it.
     fn send(&self, job: FileJob) -> Option<FileJob> {
-        let mut started = self.started.lock().unwrap_or_else(PoisonError::into_inner);
-        if !*started {
-            *started = true;
-            for i in 0..self.threads {
-                let rx = self.rx;
-                let (backup, progress, counters) = (self.backup, self.progress, self.counters);
-                let peers = self.peers;
-                let spawned = std::thread::Builder::new()
-                    .name(format!("agentdiff-hash-{i}"))
-                    .spawn_scoped(self.scope, move || {
-                        let hashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            worker(rx, backup, progress, counters)
-                        }));
-                        // Its file's directory would never complete: fail the scan instead.
-                        if let Err(panic) = hashed {
-                            peers.abort(Event::Wake);
-                            std::panic::resume_unwind(panic)
-                        }
-                    });
-                if let Err(e) = spawned {
-                    *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                    self.broken.store(true, Ordering::SeqCst);
-                    break;
-                }
-            }
-        }
-        drop(started);
+        self.started.call_once(|| self.start());
         if self.broken.load(Ordering::SeqCst) {
             return Some(job);
         }
         self.jobs.send(job).err().map(|SendError(job)| job)
+    }
+
+    fn start(&self) {
+        for i in 0..self.threads {
+            let rx = self.rx;
+            let (backup, progress, counters) = (self.backup, self.progress, self.counters);
+            let peers = self.peers;
+            let spawned = std::thread::Builder::new()
+                .name(format!("agentdiff-hash-{i}"))
+                .spawn_scoped(self.scope, move || {
+                    let hashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        worker(rx, backup, progress, counters)
+                    }));
+                    // Its file's directory would never complete: fail the scan instead.
+                    if let Err(panic) = hashed {
+                        peers.abort(Event::Wake);
+                        std::panic::resume_unwind(panic)
+                    }
+                });
+            if let Err(e) = spawned {
+                *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                self.broken.store(true, Ordering::SeqCst);
+                break;
+            }
+        }
     }
 }
 
@@ -1101,11 +1101,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         if stack.is_empty() {
             return;
         }
-        let idle = self
-            .peers
-            .any_idle()
-            .then(|| self.peers.take_idle())
-            .flatten();
+        let idle = self.peers.take_idle();
         if idle.is_none() && !helpers.as_ref().is_some_and(|h| h.can_start()) {
             return;
         }
