@@ -273,3 +273,63 @@ fn a_capsule_edited_after_its_seal_never_feeds_the_cache() {
     assert!(event(p.path(), "r2", "stat_cache").is_none());
     assert_eq!(reused(p.path(), "r2", "before"), 0);
 }
+
+/// `agentdiff run … -- true` in `root` with its own state directory (key and ledger), so the
+/// test may rewrite that ledger.
+fn run_with_state(root: &Path, state: &Path, id: &str) {
+    let out = super::cmd(
+        root,
+        &["run", "--fail-on", "never", "--run-id", id, "--", "true"],
+    )
+    .env("AGENTDIFF_STATE_DIR", state)
+    .output()
+    .unwrap();
+    assert_exit(&out, 0);
+}
+
+/// The ledger's tail names the recent runs and holds their seal lines, so finding the cache
+/// costs the same however long the ledger is: here it is longer than a whole read accepts
+/// (256 MB, a sparse hole before the real lines), and the cache is still found.
+#[test]
+fn a_recent_run_feeds_the_cache_without_the_whole_ledger_being_read() {
+    use std::os::unix::fs::FileExt;
+    let p = aged_project();
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().join("state");
+    run_with_state(p.path(), &state, "r1");
+    let ledger = state.join("ledger.jsonl");
+    let lines = fs::read(&ledger).unwrap();
+    let file = fs::OpenOptions::new().write(true).open(&ledger).unwrap();
+    let hole: u64 = 300 << 20;
+    file.set_len(hole).unwrap();
+    file.write_all_at(&[b"\n".as_slice(), &lines].concat(), hole)
+        .unwrap();
+    drop(file);
+    run_with_state(p.path(), &state, "r2");
+    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    assert_eq!(cache["run_id"], "r1");
+    assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64);
+}
+
+/// A run whose seal line is no longer in the ledger's tail (other projects sealed many runs
+/// since) is found through the whole ledger, checked the same way.
+#[test]
+fn a_run_whose_seal_left_the_ledger_tail_still_feeds_the_cache() {
+    use std::io::Write;
+    let p = aged_project();
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().join("state");
+    run_with_state(p.path(), &state, "r1");
+    let mut ledger = fs::OpenOptions::new()
+        .append(true)
+        .open(state.join("ledger.jsonl"))
+        .unwrap();
+    // 96 KB of lines that are no seal of this project (the tail read is 64 KB).
+    let other = format!("{}\n", r#"{"not":"a seal line"}"#).repeat(4_096);
+    ledger.write_all(other.as_bytes()).unwrap();
+    drop(ledger);
+    run_with_state(p.path(), &state, "r2");
+    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    assert_eq!(cache["run_id"], "r1");
+    assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64);
+}

@@ -505,7 +505,7 @@ impl ObjectStore {
     /// Reads an object of at most `max_size` bytes and returns it only if its content still hashes
     /// to `hex`.
     pub fn read_verified(&self, hex: &str, max_size: u64) -> Result<Vec<u8>, StoreError> {
-        let (file, meta, path) = self.open_object(hex)?;
+        let (mut file, meta, path) = self.open_object(hex)?;
         if meta.len() > max_size {
             return Err(StoreError::TooLarge {
                 path,
@@ -513,22 +513,23 @@ impl ObjectStore {
                 limit: max_size,
             });
         }
-        let mut buf = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-        file.take(max_size.saturating_add(1))
-            .read_to_end(&mut buf)
+        // Exactly the size found: one read, no probe for the end. Bytes the file gained since
+        // are not read, and what is read must hash to the name, so it is the object either way.
+        let len = usize::try_from(meta.len()).map_err(|_| StoreError::TooLarge {
+            path: path.clone(),
+            size: meta.len(),
+            limit: max_size,
+        })?;
+        let mut buf = vec![0u8; len];
+        file.read_exact(&mut buf)
             .map_err(|e| StoreError::io("read", &path, e))?;
-        if buf.len() as u64 > max_size {
-            return Err(StoreError::TooLarge {
-                path,
-                size: buf.len() as u64,
-                limit: max_size,
-            });
-        }
-        let actual = hex::encode(Sha256::digest(&buf));
-        if actual != hex {
+        // Compared as bytes: hex-encoding every digest cost more than hashing a small tree.
+        let actual: [u8; 32] = Sha256::digest(&buf).into();
+        let mut expected = [0u8; 32];
+        if hex::decode_to_slice(hex, &mut expected).is_err() || actual != expected {
             return Err(StoreError::ObjectCorrupt {
                 hex: hex.to_string(),
-                actual,
+                actual: hex::encode(actual),
             });
         }
         Ok(buf)

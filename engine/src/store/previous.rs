@@ -46,29 +46,39 @@ impl Store {
     /// just means no cache.
     ///
     /// `recent` are this project's latest sealed runs as the ledger's tail names them, newest
-    /// first ([`super::seal::SealAuthority::recent_sealed_runs`]): they are tried first, so a run
-    /// costs the same with ten earlier runs in the store or ten thousand. Only when none of them
-    /// qualifies (the tail holds other projects' runs, or those capsules are gone) are the run
-    /// directories listed, newest modified first. Either way a candidate must pass the same
-    /// checks (see the module doc).
+    /// first ([`super::seal::SealAuthority::recent_sealed_runs`]): they are tried first, checked
+    /// against `tail`, a context over the same tail of the ledger
+    /// ([`super::seal::SealAuthority::recent_verify_context`]), so a run costs the same with ten
+    /// earlier runs in the store and the ledger or ten thousand. Only when none of them
+    /// qualifies (the tail holds other projects' runs, or those capsules are gone) is `full`
+    /// called for the whole ledger's context, and the run directories listed, newest modified
+    /// first. Either way a candidate must pass the same checks (see the module doc).
     pub fn previous_verified_manifest(
         &self,
-        ctx: &VerifyContext,
+        tail: &VerifyContext,
+        full: impl FnOnce() -> Option<VerifyContext>,
         root: &str,
         recent: &[String],
     ) -> Option<PreviousScan> {
-        let named = recent
-            .iter()
-            .filter_map(|id| RunId::parse(id).ok())
-            .take(MAX_CANDIDATES)
-            .find_map(|id| self.verified_scan(ctx, &id, root));
-        named.or_else(|| {
-            self.newest_run_dirs()?
-                .into_iter()
-                .filter(|id| !recent.iter().any(|r| r == id.as_str()))
+        let named = || {
+            recent
+                .iter()
+                .filter_map(|id| RunId::parse(id).ok())
                 .take(MAX_CANDIDATES)
-                .find_map(|id| self.verified_scan(ctx, &id, root))
-        })
+        };
+        if let Some(found) = named().find_map(|id| self.verified_scan(tail, &id, root)) {
+            return Some(found);
+        }
+        let ctx = full()?;
+        named()
+            .find_map(|id| self.verified_scan(&ctx, &id, root))
+            .or_else(|| {
+                self.newest_run_dirs()?
+                    .into_iter()
+                    .filter(|id| !recent.iter().any(|r| r == id.as_str()))
+                    .take(MAX_CANDIDATES)
+                    .find_map(|id| self.verified_scan(&ctx, &id, root))
+            })
     }
 
     /// The store's run directories, most recently modified first.

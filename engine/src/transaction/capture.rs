@@ -183,7 +183,7 @@ impl<'a> CapturePlan<'a> {
             // Only the after-scan of the project tree reuses (see `after`).
             collect_digests: self.trust_stat && !self.private_workspace,
         };
-        let previous = self.previous_scan(root, recent)?;
+        let previous = self.previous_scan(root, recent);
         if let Some(p) = &previous {
             self.capsule.event(
                 "stat_cache",
@@ -202,19 +202,19 @@ impl<'a> CapturePlan<'a> {
 
     /// The verified earlier scan the before-scan takes unchanged files' hashes from, when
     /// `capture.trust_stat` allows it.
-    fn previous_scan(
-        &self,
-        root: &Path,
-        recent: &[String],
-    ) -> Result<Option<PreviousScan>, TransactionError> {
+    fn previous_scan(&self, root: &Path, recent: &[String]) -> Option<PreviousScan> {
         if !self.trust_stat {
-            return Ok(None);
+            return None;
         }
-        let ctx = self.authority.verify_context()?;
+        let tail = self.authority.recent_verify_context();
+        // The whole ledger is read only when no recent run qualifies; an unreadable ledger then
+        // just means no cache.
+        let full = || self.authority.verify_context().ok();
         // The scanner names its root this way; a manifest of another root is never reused.
         let canon = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         let shown = crate::fs::escape_bytes(canon.as_os_str().as_bytes());
-        Ok(self.store.previous_verified_manifest(&ctx, &shown, recent))
+        self.store
+            .previous_verified_manifest(&tail, full, &shown, recent)
     }
 
     /// Scans `workdir` after the run with the before-scan's ignore rules, reusing unchanged

@@ -23,7 +23,8 @@ use super::key::{MacPurpose, SealKey, StateDir};
 pub const LEDGER_FILE_NAME: &str = "ledger.jsonl";
 /// Largest ledger `read` loads (hundreds of thousands of seals).
 const MAX_LEDGER_BYTES: u64 = 256 * 1024 * 1024;
-/// How much of the ledger's end [`Ledger::recent_runs`] reads (a few hundred lines).
+/// How much of the ledger's end [`Ledger::recent_runs`] and [`Ledger::read_tail`] read (a few
+/// hundred lines).
 const TAIL_BYTES: u64 = 64 * 1024;
 
 /// One seal as recorded in the ledger.
@@ -131,6 +132,20 @@ pub struct LedgerContents {
 }
 
 impl LedgerContents {
+    fn parse<'a>(lines: impl Iterator<Item = &'a [u8]>) -> LedgerContents {
+        let mut out = LedgerContents::default();
+        for (i, line) in lines.enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<LedgerEntry>(line) {
+                Ok(e) => out.lines.push((i + 1, e)),
+                Err(_) => out.malformed.push(i + 1),
+            }
+        }
+        out
+    }
+
     /// The lines `select` keeps whose MAC checks under `key`, in file order.
     pub fn authenticated<'a>(
         &'a self,
@@ -160,6 +175,17 @@ impl LedgerContents {
         bad.sort_unstable();
         bad
     }
+}
+
+/// The lines of a tail read by [`Ledger::tail`]: when it starts inside a line (the file is
+/// longer), that partial line is not a line.
+fn whole_lines(tail: &(Vec<u8>, bool)) -> impl DoubleEndedIterator<Item = &[u8]> {
+    let (bytes, cut) = tail;
+    let mut lines = bytes.split(|b| *b == b'\n');
+    if *cut {
+        lines.next();
+    }
+    lines
 }
 
 impl Ledger {
@@ -211,38 +237,37 @@ impl Ledger {
             }
             Err(e) => return Err(e),
         };
-        let mut out = LedgerContents::default();
-        for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
-            if line.is_empty() {
-                continue;
-            }
-            match serde_json::from_slice::<LedgerEntry>(line) {
-                Ok(e) => out.lines.push((i + 1, e)),
-                Err(_) => out.malformed.push(i + 1),
-            }
-        }
-        Ok(out)
+        Ok(LedgerContents::parse(bytes.split(|b| *b == b'\n')))
+    }
+
+    /// The whole lines of the ledger's last [`TAIL_BYTES`], parsed as [`Ledger::read`] parses
+    /// the whole file (line numbers count from the tail's first whole line), at a cost that does
+    /// not grow with the ledger. It holds the newest line of every run it names, but may lack a
+    /// run's older lines: use it only where a line it lacks can make a check refuse, never pass.
+    /// Unreadable: no lines.
+    pub fn read_tail(&self) -> LedgerContents {
+        let tail = self.tail().unwrap_or_default();
+        LedgerContents::parse(whole_lines(&tail))
+    }
+
+    /// The last [`TAIL_BYTES`] of the file and whether the file is longer.
+    fn tail(&self) -> Option<(Vec<u8>, bool)> {
+        let (mut file, meta) = atomic::open_regular(&self.path()).ok()?;
+        let start = meta.len().saturating_sub(TAIL_BYTES);
+        let mut tail = Vec::new();
+        file.seek(SeekFrom::Start(start)).ok()?;
+        file.take(TAIL_BYTES).read_to_end(&mut tail).ok()?;
+        Some((tail, start > 0))
     }
 
     /// The ids of the last `limit` runs of `root` whose seal lines in the ledger's last
     /// [`TAIL_BYTES`] authenticate under `key`, newest first, pruned runs left out. Reads only the
     /// tail, so its cost does not grow with the ledger; anything unreadable gives fewer ids.
     pub fn recent_runs(&self, key: &SealKey, root: &str, limit: usize) -> Vec<String> {
-        let Ok((mut file, meta)) = atomic::open_regular(&self.path()) else {
+        let Some(tail) = self.tail() else {
             return Vec::new();
         };
-        let start = meta.len().saturating_sub(TAIL_BYTES);
-        let mut tail = Vec::new();
-        if file.seek(SeekFrom::Start(start)).is_err()
-            || file.take(TAIL_BYTES).read_to_end(&mut tail).is_err()
-        {
-            return Vec::new();
-        }
-        let mut lines = tail.split(|b| *b == b'\n');
-        // A tail that starts inside a line: that partial line is not a line.
-        if start > 0 {
-            lines.next();
-        }
+        let lines = whole_lines(&tail);
         let mut pruned = Vec::new();
         let mut out: Vec<String> = Vec::new();
         let entries = lines
@@ -270,6 +295,29 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tail_holds_the_newest_whole_lines_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::at(dir.path().join("s")).unwrap();
+        let key = SealKey::load_or_create(&state).unwrap();
+        let ledger = Ledger::new(state);
+        let old = LedgerEntry::new(&key, "r-old", Path::new("/p"), &"a".repeat(64), "t");
+        ledger.append(&old).unwrap();
+        // Enough other lines that r-old's starts before the tail, and the tail inside a line.
+        let mut f = OpenOptions::new().append(true).open(ledger.path()).unwrap();
+        f.write_all(format!("{}\n", "x".repeat(999)).repeat(70).as_bytes())
+            .unwrap();
+        drop(f);
+        let new = LedgerEntry::new(&key, "r-new", Path::new("/p"), &"b".repeat(64), "t");
+        ledger.append(&new).unwrap();
+        let tail = ledger.read_tail();
+        assert_eq!(tail.entries(&key), vec![new.clone()]);
+        // 70,000 bytes of filler: the 64 KB tail starts inside a filler line, which is dropped.
+        let filler = 65_536 / 1_000;
+        assert_eq!(tail.malformed.len(), filler, "{:?}", tail.malformed.len());
+        assert_eq!(ledger.read().unwrap().entries(&key), vec![old, new]);
+    }
 
     #[test]
     fn entries_round_trip_and_forged_lines_are_flagged() {

@@ -60,6 +60,19 @@ impl SealAuthority {
         })
     }
 
+    /// [`SealAuthority::verify_context`] over the ledger's tail only ([`Ledger::read_tail`]):
+    /// the same key and root, a cost that does not grow with the ledger. A capsule's seal checks
+    /// under it only if it checks under the full context too (a lookup that misses a line
+    /// refuses); a recent run's seal, whose line is in the tail, checks under both.
+    pub fn recent_verify_context(&self) -> VerifyContext {
+        VerifyContext {
+            key: Some(self.key.clone()),
+            key_path: None,
+            ledger: Some(self.ledger.read_tail()),
+            root: Some(self.root.display().to_string()),
+        }
+    }
+
     /// The last `limit` runs of this project whose seals the ledger records (authenticated,
     /// not pruned), newest first; see [`Ledger::recent_runs`].
     pub fn recent_sealed_runs(&self, limit: usize) -> Vec<String> {
