@@ -11,6 +11,9 @@
 //! - peak memory (max RSS of the agentdiff child, from `wait4`) of every run;
 //! - on a generated tree of 200,000 small files (`AGENTDIFF_BENCH_FILES`, 0 to skip): cold and
 //!   warm wall time against the same baselines, and peak RSS (target ≤ 64 MB, cold and warm);
+//! - in one directory of 60,000 empty subdirectories (`AGENTDIFF_BENCH_WIDE`, 0 to skip): warm
+//!   wall time against `find` over it (no target: the walkers hand out one directory at a time
+//!   there, the case that once made their handover cost grow with the square of the width);
 //! - in an empty directory: `agentdiff run -- true` against `true` (target: ≤ 15 ms added, median)
 //!   and agentdiff's CPU while the command sleeps 10 s (target: ≤ 2% of one core);
 //! - in an empty directory: `agentdiff run --runtime bwrap -- true` against
@@ -411,6 +414,33 @@ fn file_count(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// A warm run in one directory of `width` empty subdirectories against `find` over it, both the
+/// best of three after a cold run.
+fn wide_directory(bin: &Path, width: usize) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let tree = work.path().join("tree");
+    for i in 0..width {
+        std::fs::create_dir_all(tree.join(format!("d{i:06}"))).expect("mkdir");
+    }
+    let load_before = load_average();
+    let find = best_of(3, || timed(&mut sh("find . > /dev/null", &tree)).0);
+    let _ = agentdiff_run(bin, &tree, "wide-cold", &["true"]);
+    let mut n = 0;
+    let warm = best_of(WARM_RUNS, || {
+        n += 1;
+        agentdiff_run(bin, &tree, &format!("wide-warm-{n}"), &["true"]).0
+    });
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "one directory of {width} subdirectories: `find` {:.0} ms, warm run {:.0} ms = {:.2}x \
+         (load average before: {load_before}, after: {})",
+        ms(find),
+        ms(warm),
+        warm.as_secs_f64() / find.as_secs_f64(),
+        load_average()
+    );
+}
+
 /// Warm runs measured per tree (each on the unchanged tree, after the cold run).
 const WARM_RUNS: usize = 3;
 
@@ -575,6 +605,13 @@ fn main() {
             work.path(),
             "c1/Cargo.toml",
         );
+    }
+    let width: usize = std::env::var("AGENTDIFF_BENCH_WIDE")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(60_000);
+    if width > 0 {
+        wide_directory(&bin, width);
     }
     let files: usize = std::env::var("AGENTDIFF_BENCH_FILES")
         .ok()

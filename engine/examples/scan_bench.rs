@@ -2,7 +2,7 @@
 //! measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p agentdiff-engine --example scan_bench -- PATH [--threads N] [--max-hash-bytes N]
+//! cargo run --release -p agentdiff-engine --example scan_bench -- PATH [--threads N] [--walkers N] [--max-hash-bytes N]
 //! ```
 //!
 //! Prints one JSON object per pass: a full scan, then a rescan reusing the first manifest's hashes
@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--threads" => opts.threads = args.next().ok_or("--threads needs a value")?.parse()?,
+            "--walkers" => opts.walkers = args.next().ok_or("--walkers needs a value")?.parse()?,
             "--max-hash-bytes" => {
                 opts.max_hash_bytes = args
                     .next()
@@ -28,7 +29,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                     .parse()?
             }
             "-h" | "--help" => {
-                println!("usage: scan_bench PATH [--threads N] [--max-hash-bytes N]");
+                println!("usage: scan_bench PATH [--threads N] [--walkers N] [--max-hash-bytes N]");
                 return Ok(());
             }
             _ if root.is_none() => root = Some(PathBuf::from(arg)),

@@ -26,7 +26,7 @@
 //! Invariant: the result (every tree id, the header's sorted lists, the counts) does not depend on
 //! how many walkers ran or how the work was split (`walkers_tests`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -119,6 +119,10 @@ struct PendingDir {
     /// directory was handed over; see `super::peers`).
     owner: Option<Sender<Event>>,
 }
+
+/// Directories found and not yet opened: popped at the back (depth-first), and handed to
+/// another walker from the front (the shallowest, the largest piece of work), both in O(1).
+type Stack = VecDeque<PendingDir>;
 
 /// What a walker's inbox receives.
 enum Event {
@@ -599,7 +603,7 @@ impl<'scope, 'o: 'scope, 'a: 'o> Helpers<'scope, '_, 'o, 'a> {
                 let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     let mut walker = Walker::new(ctx, inbox);
                     if let Ok(Event::Job(first)) = rx.recv() {
-                        walker.run(vec![first], &rx, &pool, None);
+                        walker.run(Stack::from([first]), &rx, &pool, None);
                     }
                     walker.found()
                 }));
@@ -1027,7 +1031,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         jobs: &Pool<'_, '_>,
         helpers: &mut Helpers<'_, '_, 'o, 'a>,
     ) {
-        let mut stack: Vec<PendingDir> = Vec::new();
+        let mut stack = Stack::new();
         let root_id = self.open_node(String::new(), None, false, None);
         let prev = self.reuse.as_ref().map(|r| r.root.clone());
         self.list_dir(&root, root_id, "", false, prev, &mut stack, jobs);
@@ -1041,7 +1045,7 @@ impl<'o, 'a> Walker<'o, 'a> {
     /// hashed completes (and leaves memory) before the next one is held.
     fn run(
         &mut self,
-        mut stack: Vec<PendingDir>,
+        mut stack: Stack,
         inbox: &Receiver<Event>,
         jobs: &Pool<'_, '_>,
         mut helpers: Option<&mut Helpers<'_, '_, 'o, 'a>>,
@@ -1055,7 +1059,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             if self.sink_error.is_some() || self.peers.aborted() || self.root_done {
                 return;
             }
-            if let Some(dir) = stack.pop() {
+            if let Some(dir) = stack.pop_back() {
                 self.share(&mut stack, helpers.as_deref_mut());
                 self.open_and_list(dir, &mut stack, jobs);
                 continue;
@@ -1075,7 +1079,7 @@ impl<'o, 'a> Walker<'o, 'a> {
     }
 
     /// Acts on one inbox event; `false` when the walker is stopped.
-    fn handle(&mut self, event: Event, stack: &mut Vec<PendingDir>) -> bool {
+    fn handle(&mut self, event: Event, stack: &mut Stack) -> bool {
         match event {
             Event::File(r) => self.file_result(r),
             Event::Subtree { dir, name, tree } => {
@@ -1087,7 +1091,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             Event::Job(dir) => {
                 // Given work only once taken off the idle list.
                 self.idle_listed = false;
-                stack.push(dir);
+                stack.push_back(dir);
             }
             Event::Wake => {}
             Event::Stop => return false,
@@ -1097,7 +1101,7 @@ impl<'o, 'a> Walker<'o, 'a> {
 
     /// Hands the shallowest directory on the stack (the largest piece of work held) to an idle
     /// walker, or to a new one while fewer than the most run; the rest stays here.
-    fn share(&self, stack: &mut Vec<PendingDir>, helpers: Option<&mut Helpers<'_, '_, 'o, 'a>>) {
+    fn share(&self, stack: &mut Stack, helpers: Option<&mut Helpers<'_, '_, 'o, 'a>>) {
         if stack.is_empty() {
             return;
         }
@@ -1105,7 +1109,9 @@ impl<'o, 'a> Walker<'o, 'a> {
         if idle.is_none() && !helpers.as_ref().is_some_and(|h| h.can_start()) {
             return;
         }
-        let mut job = stack.remove(0);
+        let Some(mut job) = stack.pop_front() else {
+            return;
+        };
         job.owner.get_or_insert_with(|| self.inbox.clone());
         let kept = match (idle, helpers) {
             (Some(to), _) => match to.send(Event::Job(job)) {
@@ -1116,12 +1122,12 @@ impl<'o, 'a> Walker<'o, 'a> {
             (None, None) => Some(job),
         };
         if let Some(job) = kept {
-            stack.insert(0, job);
+            stack.push_front(job);
         }
     }
 
     /// Opens a directory popped from the stack and lists it.
-    fn open_and_list(&mut self, dir: PendingDir, stack: &mut Vec<PendingDir>, jobs: &Pool) {
+    fn open_and_list(&mut self, dir: PendingDir, stack: &mut Stack, jobs: &Pool) {
         #[cfg(test)]
         BEFORE_OPEN_DIR.with(|h| {
             if let Some(hook) = h.borrow_mut().as_mut() {
@@ -1169,7 +1175,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         rel: &str,
         searched: bool,
         prev: Option<PrevRef>,
-        stack: &mut Vec<PendingDir>,
+        stack: &mut Stack,
         jobs: &Pool<'_, '_>,
     ) {
         let (prev, digest) = self.earlier_listing(prev);
