@@ -301,44 +301,13 @@ impl Counters {
     }
 }
 
-/// The sink the walkers share: one tree at a time.
-trait SharedSink: Sync {
-    fn directory(&self, dir: &str, tree: Tree) -> Result<String, TreeError>;
-    fn unchanged(&self, dir: &str, id: &str, earlier: Reusable) -> Result<String, TreeError>;
-    fn unchanged_unread(
-        &self,
-        dir: &str,
-        id: &str,
-        entries: usize,
-        src: &dyn TreeSource,
-    ) -> Result<String, TreeError>;
-}
-
-struct LockedSink<'s>(Mutex<&'s mut (dyn TreeSink + Send)>);
+/// The sink the walkers share: one tree at a time. Borrowed as `&'o LockedSink<'o>`: the sink
+/// is reborrowed for the scan's own lifetime, so walkers need no lifetime of their caller's.
+struct LockedSink<'s>(Mutex<&'s mut (dyn TreeSink + Send + 's)>);
 
 impl<'s> LockedSink<'s> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, &'s mut (dyn TreeSink + Send)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, &'s mut (dyn TreeSink + Send + 's)> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl SharedSink for LockedSink<'_> {
-    fn directory(&self, dir: &str, tree: Tree) -> Result<String, TreeError> {
-        self.lock().directory(dir, tree)
-    }
-
-    fn unchanged(&self, dir: &str, id: &str, earlier: Reusable) -> Result<String, TreeError> {
-        self.lock().unchanged(dir, id, earlier)
-    }
-
-    fn unchanged_unread(
-        &self,
-        dir: &str,
-        id: &str,
-        entries: usize,
-        src: &dyn TreeSource,
-    ) -> Result<String, TreeError> {
-        self.lock().unchanged_unread(dir, id, entries, src)
     }
 }
 
@@ -348,7 +317,7 @@ struct Ctx<'o, 'a> {
     opts: &'o ScanOptions<'a>,
     rules: &'o Rules,
     counters: &'o Counters,
-    sink: &'o dyn SharedSink,
+    sink: &'o LockedSink<'o>,
     peers: &'o Peers<Event>,
     root: &'o str,
 }
@@ -364,12 +333,32 @@ struct Found {
     max_held: usize,
 }
 
+impl Found {
+    /// Adds a helper walker's findings to the first walker's (sorted by the caller).
+    fn absorb(&mut self, other: Found) {
+        self.unsupported.extend(other.unsupported);
+        self.excluded.extend(other.excluded);
+        let (to, from) = (&mut self.stats, &other.stats);
+        to.files += from.files;
+        to.directories += from.directories;
+        to.symlinks += from.symlinks;
+        to.hashes_reused += from.hashes_reused;
+        to.backups_stored += from.backups_stored;
+        to.backups_reused += from.backups_reused;
+        to.trees_reused += from.trees_reused;
+        if let (Some(all), Some(more)) = (self.digests.as_mut(), other.digests) {
+            all.absorb(more);
+        }
+        self.sink_error = self.sink_error.take().or(other.sink_error);
+    }
+}
+
 struct Walker<'o, 'a> {
     opts: &'o ScanOptions<'a>,
     rules: &'o Rules,
     reuse: Option<Reuse<'a>>,
     counters: &'o Counters,
-    sink: &'o dyn SharedSink,
+    sink: &'o LockedSink<'o>,
     peers: &'o Peers<Event>,
     /// This walker's inbox (handed to the pool with each file, and with each directory given
     /// away).
@@ -442,7 +431,7 @@ pub(crate) fn scan(
     };
     let (first_inbox, inbox) = channel::<Event>();
     let peers = Peers::new(first_inbox.clone());
-    let sink = LockedSink(Mutex::new(sink));
+    let sink = LockedSink(Mutex::new(&mut *sink));
     let ctx = Ctx {
         opts,
         rules: &rules,
@@ -495,6 +484,10 @@ pub(crate) fn scan(
         MAX_HELD.with(|m| m.set(walker.max_held + found.iter().map(|f| f.max_held).sum::<usize>()));
         HELPERS.with(|h| h.set(found.len()));
     }
+    let mut all = walker.found();
+    for f in found {
+        all.absorb(f);
+    }
     let Found {
         mut unsupported,
         mut excluded,
@@ -502,19 +495,8 @@ pub(crate) fn scan(
         digests,
         sink_error,
         ..
-    } = walker.found();
+    } = all;
     let root_tree = walker.root_tree;
-    let mut sink_error = sink_error;
-    let mut digests = digests;
-    for f in found {
-        unsupported.extend(f.unsupported);
-        excluded.extend(f.excluded);
-        add_stats(&mut stats, &f.stats);
-        if let (Some(all), Some(more)) = (digests.as_mut(), f.digests) {
-            all.absorb(more);
-        }
-        sink_error = sink_error.or(f.sink_error);
-    }
     if let Some(e) = sink_error {
         return Err(ScanError::Trees(e));
     }
@@ -544,17 +526,6 @@ pub(crate) fn scan(
         root_tree,
         digests,
     })
-}
-
-/// Adds a helper walker's counts to the first walker's.
-fn add_stats(to: &mut ScanStats, from: &ScanStats) {
-    to.files += from.files;
-    to.directories += from.directories;
-    to.symlinks += from.symlinks;
-    to.hashes_reused += from.hashes_reused;
-    to.backups_stored += from.backups_stored;
-    to.backups_reused += from.backups_reused;
-    to.trees_reused += from.trees_reused;
 }
 
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup's CPU
@@ -956,9 +927,9 @@ impl<'o, 'a> Walker<'o, 'a> {
         match earlier {
             Some(e) if e.tree.tree == tree => {
                 self.stats.trees_reused += 1;
-                self.sink.unchanged(rel, &e.id, e.tree)
+                self.sink.lock().unchanged(rel, &e.id, e.tree)
             }
-            _ => self.sink.directory(rel, tree),
+            _ => self.sink.lock().directory(rel, tree),
         }
     }
 
@@ -978,11 +949,11 @@ impl<'o, 'a> Walker<'o, 'a> {
         };
         if d.same_subtrees(&tree.trees) {
             self.stats.trees_reused += 1;
-            return self.sink.unchanged_unread(rel, id, d.entries, src);
+            return self.sink.lock().unchanged_unread(rel, id, d.entries, src);
         }
         let entries = src.tree(id)?.entries;
         let trees = tree.trees;
-        self.sink.directory(rel, Tree { entries, trees })
+        self.sink.lock().directory(rel, Tree { entries, trees })
     }
 
     fn new(ctx: Ctx<'o, 'a>, inbox: Sender<Event>) -> Self {

@@ -118,7 +118,6 @@ fn filesystem_now(objects: &ObjectStore) -> Result<i64, StoreError> {
     Ok(ns(meta.ctime(), meta.ctime_nsec()))
 }
 
-/// Names of the shard directories below `objects/sha256/` (sorted; none when it is missing).
 /// `work` over `names` split in two halves, one per thread (one thread on a single core); the
 /// results in order. A thread that died is an error, never an empty result: a check that lost
 /// half the shards must not pass for one that found nothing.
@@ -174,6 +173,7 @@ fn list_shard(hash_dir: &Path, name: &str) -> Result<Option<Shard>, StoreError> 
     }))
 }
 
+/// Names of the shard directories below `objects/sha256/` (sorted; none when it is missing).
 fn shard_names(hash_dir: &Path) -> Result<Vec<String>, StoreError> {
     let entries = match fs::read_dir(hash_dir) {
         Ok(rd) => rd,
