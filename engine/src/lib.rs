@@ -9,6 +9,7 @@ pub mod cache_file;
 pub mod credentials;
 pub mod environment;
 pub mod fs;
+mod hex_id;
 #[cfg(unix)]
 pub mod host;
 pub mod policy;

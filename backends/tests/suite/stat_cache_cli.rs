@@ -333,3 +333,294 @@ fn a_run_whose_seal_left_the_ledger_tail_still_feeds_the_cache() {
     assert_eq!(cache["run_id"], "r1");
     assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64);
 }
+
+/// The object of `path`'s backup in run `id`'s before manifest.
+fn backup_object(root: &Path, id: &str, path: &str) -> std::path::PathBuf {
+    let e = &manifest(root, id, Artifact::Before).entries[path];
+    assert_eq!(
+        e.backup,
+        agentdiff_engine::fs::BackupState::Stored,
+        "{path}"
+    );
+    let hex = e.sha256.clone().unwrap();
+    root.join(format!(
+        ".agentdiff/objects/sha256/{}/{}",
+        &hex[..2],
+        &hex[2..]
+    ))
+}
+
+fn findings(result: &Value) -> Vec<Value> {
+    result["capsule_tampered"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The directories of an unchanged tree come from the last run's scan record: neither their
+/// trees nor their files' backups are read before launch, and the manifest is the one a full
+/// read gives.
+#[test]
+fn a_warm_run_takes_unchanged_directories_from_the_scan_record() {
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    assert!(p.path().join(".agentdiff/objects/scan-record").is_file());
+    run(p.path(), "r2", &[], "true");
+    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    assert!(cache["recorded_digests"].as_u64().unwrap() >= 2, "{cache}");
+    assert_eq!(cache["recorded_trees_copied"], true, "{cache}");
+    let captured = event(p.path(), "r2", "before_captured").unwrap();
+    assert_eq!(captured["trees_reused"], 2, "{captured}");
+    let before = manifest(p.path(), "r2", Artifact::Before);
+    assert_eq!(before.stats.backups_reused, FILES.len() as u64);
+    for f in FILES {
+        let e = &before.entries[f];
+        assert_eq!(
+            e.sha256.as_deref(),
+            Some(sha(format!("{f}\n").as_bytes()).as_str())
+        );
+        assert_eq!(e.backup, agentdiff_engine::fs::BackupState::Stored, "{f}");
+    }
+    // The same tree as the last run's after-scan, which a full read would give too.
+    let root = |id: &str, a: &str| {
+        let path = p.path().join(format!(".agentdiff/runs/{id}/{a}"));
+        let v: Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+        v["root_tree"]["sha256"].clone()
+    };
+    assert_eq!(root("r2", "before.json"), root("r1", "after.json"));
+    assert_exit(&agentdiff(p.path(), &["verify", "r2"]), 0);
+    // A change in one directory: that directory is read, the other still comes from the record.
+    fs::write(p.path().join("src/lib.rs"), "changed\n").unwrap();
+    let result = run(p.path(), "r3", &[], "true");
+    assert!(findings(&result).is_empty(), "{result}");
+    let before = manifest(p.path(), "r3", Artifact::Before);
+    assert_eq!(
+        before.entries["src/lib.rs"].sha256.as_deref(),
+        Some(sha(b"changed\n").as_str())
+    );
+    assert_eq!(
+        before.entries["src/lib.rs"].backup,
+        agentdiff_engine::fs::BackupState::Stored
+    );
+}
+
+/// A backup rewritten in place between runs (same size, mtime put back) leaves every shard
+/// directory as it was, so the record is used and the backup is not looked at before launch:
+/// the check after the command finds the object's identity changed, hashes it, quarantines it
+/// and withdraws the backup, saying the change predates the run.
+#[test]
+fn a_backup_rewritten_between_runs_is_found_after_the_command_and_withdrawn() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    let object = backup_object(p.path(), "r1", "a.txt");
+    fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
+    agentdiff_engine::testing::rewrite_in_place(&object, b"A.txt\n");
+    // Past the filesystem's timestamp tick, so the change is older than the run's listing.
+    std::thread::sleep(Duration::from_millis(50));
+    let result = run(p.path(), "r2", &[], "true");
+    let cache = event(p.path(), "r2", "stat_cache").unwrap();
+    assert!(cache["recorded_digests"].as_u64().unwrap() > 0, "{cache}");
+    let found = findings(&result);
+    assert_eq!(found.len(), 1, "{result}");
+    assert_eq!(found[0]["change"], "modified");
+    assert!(
+        found[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("before this run started"),
+        "{found:?}"
+    );
+    assert!(!object.exists(), "the damaged object is quarantined");
+    let before = manifest(p.path(), "r2", Artifact::Before);
+    assert!(
+        matches!(
+            before.entries["a.txt"].backup,
+            agentdiff_engine::fs::BackupState::Skipped { .. }
+        ),
+        "{:?}",
+        before.entries["a.txt"]
+    );
+    assert_eq!(
+        before.entries["b.txt"].backup,
+        agentdiff_engine::fs::BackupState::Stored
+    );
+    assert_exit(&agentdiff(p.path(), &["verify", "r2"]), 0);
+    // The next run stores the backup again (the store changed: no record is trusted).
+    let result = run(p.path(), "r3", &[], "true");
+    assert!(findings(&result).is_empty(), "{result}");
+    let object = backup_object(p.path(), "r3", "a.txt");
+    assert_eq!(fs::read(object).unwrap(), b"a.txt\n");
+}
+
+/// An object touched between runs without a content change (a chmod, a hard link taken by a
+/// backup tool) has a new ctime: it is hashed after the command, found intact, and is no
+/// finding.
+#[test]
+fn an_object_touched_between_runs_with_its_content_intact_is_no_finding() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    let object = backup_object(p.path(), "r1", "a.txt");
+    fs::set_permissions(&object, fs::Permissions::from_mode(0o400)).unwrap();
+    let link = p.path().join("elsewhere");
+    fs::hard_link(&object, &link).unwrap();
+    fs::remove_file(&link).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let result = run(p.path(), "r2", &[], "true");
+    assert!(
+        event(p.path(), "r2", "stat_cache").unwrap()["recorded_digests"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(findings(&result).is_empty(), "{result}");
+    assert_eq!(
+        manifest(p.path(), "r2", Artifact::Before).entries["a.txt"].backup,
+        agentdiff_engine::fs::BackupState::Stored
+    );
+}
+
+/// A backup removed between runs changes its shard directory: the record is not used, the
+/// before-scan looks at every backup as without a record and stores the missing one again.
+#[test]
+fn a_backup_removed_between_runs_turns_the_record_off_and_is_stored_again() {
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    let object = backup_object(p.path(), "r1", "a.txt");
+    fs::remove_file(&object).unwrap();
+    let result = run(p.path(), "r2", &[], "true");
+    assert!(findings(&result).is_empty(), "{result}");
+    let cache = event(p.path(), "r2", "stat_cache").unwrap();
+    assert_eq!(cache["recorded_digests"], 0, "{cache}");
+    assert_eq!(
+        fs::read(backup_object(p.path(), "r2", "a.txt")).unwrap(),
+        b"a.txt\n"
+    );
+    assert_exit(&agentdiff(p.path(), &["verify", "r2"]), 0);
+}
+
+/// A record whose MAC does not check is ignored as a whole; damage to its pack (the copy of the
+/// trees, not MAC'd: each tree is verified when read) costs reads, never a wrong manifest.
+#[test]
+fn a_forged_record_is_ignored_and_a_damaged_pack_only_costs_reads() {
+    let p = aged_project();
+    let record = p.path().join(".agentdiff/objects/scan-record");
+    run(p.path(), "r1", &[], "true");
+    let good = fs::read(&record).unwrap();
+    // The body follows the 256-byte header and the pack; flip its last byte before the MAC.
+    let mut forged = good.clone();
+    let at = forged.len() - 66;
+    forged[at] ^= 1;
+    fs::write(&record, &forged).unwrap();
+    run(p.path(), "r2", &[], "true");
+    assert_eq!(
+        event(p.path(), "r2", "stat_cache").unwrap()["recorded_digests"],
+        0
+    );
+    // r2 rewrote it; now damage every byte of the pack.
+    let mut damaged = fs::read(&record).unwrap();
+    let header = String::from_utf8_lossy(&damaged[..256]).to_string();
+    let pack_len: usize = header.split_whitespace().nth(4).unwrap().parse().unwrap();
+    assert!(pack_len > 0, "{header}");
+    for b in &mut damaged[256..256 + pack_len] {
+        *b = b'x';
+    }
+    fs::write(&record, &damaged).unwrap();
+    fs::write(p.path().join("a.txt"), "new a\n").unwrap();
+    let result = run(p.path(), "r3", &[], "true");
+    assert!(findings(&result).is_empty(), "{result}");
+    assert!(
+        event(p.path(), "r3", "stat_cache").unwrap()["recorded_digests"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        changed_paths(&result),
+        Vec::<String>::new(),
+        "changed before the run"
+    );
+    let before = manifest(p.path(), "r3", Artifact::Before);
+    assert_eq!(
+        before.entries["a.txt"].sha256.as_deref(),
+        Some(sha(b"new a\n").as_str())
+    );
+    assert_eq!(before.entries.len(), FILES.len() + 1);
+    assert_exit(&agentdiff(p.path(), &["verify", "r3"]), 0);
+}
+
+/// A run that never launches still seals its before manifest: what its before-scan claimed from
+/// the record is checked first, so a backup damaged between runs is withdrawn there too.
+#[test]
+fn a_run_refused_at_launch_checks_what_it_claimed_before_sealing() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = aged_project();
+    run(p.path(), "r1", &[], "true");
+    let object = backup_object(p.path(), "r1", "a.txt");
+    fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
+    agentdiff_engine::testing::rewrite_in_place(&object, b"A.txt\n");
+    std::thread::sleep(Duration::from_millis(50));
+    let out = agentdiff(
+        p.path(),
+        &[
+            "run",
+            "--run-id",
+            "r2",
+            "--",
+            "/nonexistent/agentdiff-test-command",
+        ],
+    );
+    assert_exit(&out, 127);
+    assert!(
+        event(p.path(), "r2", "stat_cache").unwrap()["recorded_digests"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let checked = event(p.path(), "r2", "store_changed_before_launch").expect("claims checked");
+    assert_eq!(
+        checked["findings"].as_array().unwrap().len(),
+        1,
+        "{checked}"
+    );
+    assert!(!object.exists(), "quarantined");
+    assert!(matches!(
+        manifest(p.path(), "r2", Artifact::Before).entries["a.txt"].backup,
+        agentdiff_engine::fs::BackupState::Skipped { .. }
+    ));
+    assert_exit(&agentdiff(p.path(), &["verify", "r2"]), 0);
+}
+
+/// The record is written when a run's trees or store differ from it, not by every run; a run
+/// whose command changed the store leaves none (the next run reads every tree).
+#[test]
+fn the_scan_record_is_rewritten_only_when_it_changes_and_dropped_after_tampering() {
+    use std::os::unix::fs::MetadataExt;
+    let p = aged_project();
+    let record = p.path().join(".agentdiff/objects/scan-record");
+    let stamp = || {
+        let m = fs::symlink_metadata(&record).unwrap();
+        (m.ino(), m.ctime(), m.ctime_nsec())
+    };
+    run(p.path(), "r1", &[], "true");
+    run(p.path(), "r2", &[], "true");
+    let settled = stamp();
+    run(p.path(), "r3", &[], "true");
+    assert_eq!(stamp(), settled, "an unchanged run rewrote the record");
+    fs::write(p.path().join("src/new.rs"), "new\n").unwrap();
+    run(p.path(), "r4", &[], "true");
+    assert_ne!(stamp(), settled);
+    // The command deletes a backup: a finding, and no record is left.
+    let object = backup_object(p.path(), "r4", "b.txt");
+    let script = format!("rm -f '{}'", object.display());
+    let result = run(p.path(), "r5", &[], &script);
+    assert!(!findings(&result).is_empty(), "{result}");
+    assert!(!record.exists(), "a record left after tampering");
+    run(p.path(), "r6", &[], "true");
+    assert_eq!(
+        event(p.path(), "r6", "stat_cache").unwrap()["recorded_digests"],
+        0
+    );
+    assert!(record.exists());
+}

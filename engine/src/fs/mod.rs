@@ -41,6 +41,7 @@ pub use diff::{
     compare, compare_trees, diff, diff_unsupported, Change, ChangeType, Comparison,
     UnsupportedChange,
 };
+pub(crate) use digest::{DirBackups, DirDigest};
 pub use digest::{StatDigests, MAX_DIGEST_BYTES};
 pub use exclude::{DEFAULT_EXCLUDED_DIRS, IGNORE_FILE, STORE_DIR};
 pub use manifest::{
@@ -130,7 +131,7 @@ pub struct ScanOptions<'a> {
     /// copy of this content too: the hash is the same.)
     pub carry_backup_state: bool,
     /// Keep the [`StatDigests`] of the trees this scan produces ([`Scanned::digests`]), for
-    /// the after-scan of the same run ([`TreeReuse::digests`]).
+    /// the after-scan of the same run and the next run's before-scan ([`TreeReuse::digests`]).
     pub collect_digests: bool,
     /// Hashing threads; 0 = all cores.
     pub threads: usize,
@@ -181,10 +182,11 @@ pub struct TreeReuse<'a> {
     /// Its root tree.
     pub tree: &'a str,
     pub source: &'a dyn TreeSource,
-    /// The stat digests that scan kept (this run's before-scan): a directory whose listing
-    /// gives its tree's digest is known unchanged without reading the tree (see
-    /// [`StatDigests`]). Used only without a backup request and with `carry_backup_state`,
-    /// where a reused file's entry is exactly the earlier one.
+    /// Stat digests of earlier trees (this run's before-scan's, or the last run's from its scan
+    /// record): a directory whose listing gives its tree's digest is known unchanged without
+    /// reading the tree (see [`StatDigests`]), where the digest fits this scan's backup request
+    /// (`DirDigest::fits`). With a backup request the caller vouches that every backup such a
+    /// tree names is still stored intact (the scan record's store check).
     pub digests: Option<&'a StatDigests>,
 }
 

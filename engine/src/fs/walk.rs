@@ -219,19 +219,17 @@ struct Reuse<'a> {
     /// Entries whose mtime or ctime is at or after this are racy (never reused).
     racy_from: i64,
     root: PrevRef,
-    /// The before-scan's stat digests (the after-scan of a run).
+    /// Stat digests of earlier trees (see [`super::TreeReuse::digests`]).
     digests: Option<&'a StatDigests>,
+    /// What decides whether a digest may stand for a tree's entries (see [`DirDigest::fits`]).
+    carry_backup_state: bool,
+    backup_max: Option<u64>,
 }
 
 impl<'a> Reuse<'a> {
     /// The cache `opts` asks for, when it was taken at this root and records its start.
     fn of(opts: &ScanOptions<'a>, root: &str) -> Option<Reuse<'a>> {
-        // A reused file's entry is exactly the earlier one only without a backup request and
-        // with the earlier backup state carried: only then may a digest stand for the entries.
-        let digests = opts
-            .reuse_tree
-            .and_then(|t| t.digests)
-            .filter(|_| opts.backup.is_none() && opts.carry_backup_state);
+        let digests = opts.reuse_tree.and_then(|t| t.digests);
         let (from, root_ref, started_ns) = match (opts.reuse_tree, opts.reuse) {
             (Some(t), _) => (
                 ReuseFrom::Trees(t.source),
@@ -250,14 +248,18 @@ impl<'a> Reuse<'a> {
             racy_from: started_ns?.saturating_sub(RACY_MARGIN_NS),
             root: root_ref,
             digests,
+            carry_backup_state: opts.carry_backup_state,
+            backup_max: opts.backup.as_ref().map(|b| b.max_file_bytes),
         })
     }
 
-    /// The stat digest of the earlier tree `id`, when one is kept and none of its files is racy.
+    /// The stat digest of the earlier tree `id`, when one is kept, none of its files is racy,
+    /// and each of its entries is what this scan would record for an unchanged file (a reused
+    /// file's entry is exactly the earlier one: same hash, same backup state).
     fn digest(&self, id: &str) -> Option<&'a DirDigest> {
-        self.digests?
-            .get(id)
-            .filter(|d| d.newest_file_ns < self.racy_from)
+        self.digests?.get(id).filter(|d| {
+            d.newest_file_ns < self.racy_from && d.fits(self.carry_backup_state, self.backup_max)
+        })
     }
 
     /// Where earlier trees are read from.
@@ -863,12 +865,8 @@ impl<'o, 'a> Walker<'o, 'a> {
             }
             let recorded = node.tree.is_recorded(node.is_entry) || node.parent.is_none();
             let tree_id = if recorded {
-                let digest = self
-                    .digests
-                    .as_ref()
-                    .and_then(|_| DirDigest::of(&node.tree));
                 match self.store_tree(&node.rel, node.tree, node.earlier, node.same_stat) {
-                    Ok(t) => {
+                    Ok((t, digest)) => {
                         if let (Some(all), Some(d)) = (self.digests.as_mut(), digest) {
                             all.insert(&t, d);
                         }
@@ -913,30 +911,38 @@ impl<'o, 'a> Walker<'o, 'a> {
     }
 
     /// Hands one complete directory's tree to the sink: the earlier object when the listing
-    /// equals it, else the tree as listed.
+    /// equals it, else the tree as listed. Returns its id, and its stat digest when digests are
+    /// collected.
     fn store_tree(
         &mut self,
         rel: &str,
         tree: Tree,
         earlier: Option<Earlier>,
         same_stat: Option<String>,
-    ) -> Result<String, TreeError> {
+    ) -> Result<(String, Option<DirDigest>), TreeError> {
         if let Some(id) = same_stat {
             return self.store_same_stat(rel, tree, &id);
         }
-        match earlier {
+        let digest = self.digests.as_ref().and_then(|_| DirDigest::of(&tree));
+        let id = match earlier {
             Some(e) if e.tree.tree == tree => {
                 self.stats.trees_reused += 1;
-                self.sink.lock().unchanged(rel, &e.id, e.tree)
+                self.sink.lock().unchanged(rel, &e.id, e.tree)?
             }
-            _ => self.sink.lock().directory(rel, tree),
-        }
+            _ => self.sink.lock().directory(rel, tree)?,
+        };
+        Ok((id, digest))
     }
 
     /// A directory whose entries matched the earlier tree `id`'s stat digest (`tree` holds
     /// placeholders for its files): that tree itself when the subtrees are the same, else its
     /// entries with the new subtrees.
-    fn store_same_stat(&mut self, rel: &str, tree: Tree, id: &str) -> Result<String, TreeError> {
+    fn store_same_stat(
+        &mut self,
+        rel: &str,
+        tree: Tree,
+        id: &str,
+    ) -> Result<(String, Option<DirDigest>), TreeError> {
         let reuse = self.reuse.as_ref();
         let (Some(d), Some(src)) = (
             reuse.and_then(|r| r.digest(id)),
@@ -947,13 +953,19 @@ impl<'o, 'a> Walker<'o, 'a> {
                 reason: "its stat digest is no longer available".into(),
             });
         };
+        let collect = self.digests.is_some();
         if d.same_subtrees(&tree.trees) {
             self.stats.trees_reused += 1;
-            return self.sink.lock().unchanged_unread(rel, id, d.entries, src);
+            let id = self.sink.lock().unchanged_unread(rel, id, d.entries, src)?;
+            return Ok((id, collect.then(|| d.clone())));
         }
         let entries = src.tree(id)?.entries;
-        let trees = tree.trees;
-        self.sink.lock().directory(rel, Tree { entries, trees })
+        let tree = Tree {
+            entries,
+            trees: tree.trees,
+        };
+        let digest = collect.then(|| DirDigest::of(&tree)).flatten();
+        Ok((self.sink.lock().directory(rel, tree)?, digest))
     }
 
     fn new(ctx: Ctx<'o, 'a>, inbox: Sender<Event>) -> Self {
@@ -1227,6 +1239,10 @@ impl<'o, 'a> Walker<'o, 'a> {
         });
         if same {
             self.stats.hashes_reused += deferred.len() as u64;
+            if self.opts.backup.is_some() {
+                // Every file's backup is the earlier tree's, stored (see `DirDigest::fits`).
+                self.stats.backups_reused += deferred.len() as u64;
+            }
             for _ in &deferred {
                 self.counters.file_done(0, self.opts.progress);
             }

@@ -31,6 +31,7 @@ mod objects;
 mod previous;
 mod prune;
 mod run_id;
+mod scan_record;
 pub mod seal;
 mod tamper;
 mod tree;
@@ -59,10 +60,12 @@ pub use integrity::{
 };
 pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
 pub use manifest::{ManifestObject, MANIFEST_SCHEMA_VERSION};
+pub(crate) use object_snapshot::ObjectsSnapshot;
 pub use objects::{manifest_objects, validate_object_id, ObjectStore, PutOutcome};
 pub use previous::PreviousScan;
 pub use prune::{PruneRunsReport, PruneSelection, PrunedRun, UnverifiedRun};
 pub use run_id::{RunId, MAX_RUN_ID_LEN};
+pub(crate) use scan_record::RecordedScan;
 pub use tree::{SpooledTrees, TreeSpool, TreeWrite, TreeWriter, MAX_TREE_ENTRIES, TREE_FORMAT};
 
 /// Name of the store directory below the project root (always excluded from scans).
@@ -394,8 +397,10 @@ impl Store {
             }
         }
         if !report.removed.is_empty() {
-            // Its entries for removed objects would never match again; start it afresh.
+            // Its entries for removed objects would never match again; start it afresh. The
+            // scan record names the store as it was: it would no longer be used.
             self.objects.drop_verified_cache()?;
+            self.objects.drop_scan_record()?;
         }
         Ok(report)
     }

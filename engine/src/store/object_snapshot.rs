@@ -2,9 +2,11 @@
 //! `objects/sha256/` while it ran, found with one `fstatat` per object after the command and
 //! directory listings, instead of a full-path `lstat` of every object before and after.
 //!
-//! Before launch: the filesystem's clock (the ctime it gives a probe file in `objects/tmp/`), and
-//! for each shard directory its identity (inode, mtime, ctime) and the (name, inode) of each
-//! entry as the listing reports them (no per-object stat; 16 bytes per object in memory).
+//! Before the before-scan (the run's own writes after it are objects it confirmed; the scan
+//! record is checked against these shard identities, see `super::scan_record`): the filesystem's
+//! clock (the ctime it gives a probe file in `objects/tmp/`), and for each shard directory its
+//! identity (inode, mtime, ctime) and the (name, inode) of each entry as the listing reports them
+//! (no per-object stat; 16 bytes per object in memory).
 //!
 //! After the command, for every entry of every shard (two threads), one `fstatat` relative to the
 //! shard's directory descriptor. An entry is *touched* when
@@ -15,7 +17,9 @@
 //!   the entry's name is new or its inode differs from the listing before: this catches files
 //!   moved in whose ctime is older (a whole prepared directory swapped in);
 //! - it is an object this process confirmed before launch (`super::verified`) and its identity is
-//!   no longer the confirmed one.
+//!   no longer the confirmed one. An object it only *claimed* (from the scan record, unseen) whose
+//!   ctime is older than the probe changed before the run: it is hashed, and only when it no
+//!   longer matches its name is it quarantined and a finding that says so.
 //!
 //! An object this process confirmed with exactly its current identity is not touched (objects
 //! agentdiff itself wrote within the probe's clock tick). Touched objects this run confirmed are
@@ -23,7 +27,8 @@
 //! hashed: content that matches its name is harmless (not a finding), anything else is
 //! quarantined and reported. Entries that are not object names are reported when touched. An
 //! entry missing from a changed shard is reported removed, by name when it is an object this
-//! process confirmed, else as a count for the shard.
+//! process confirmed, else as a count for the shard; one this process moved to quarantine itself
+//! is not.
 //!
 //! Not defended: a process that resets the clock (root, CAP_SYS_TIME) or writes the filesystem
 //! below the kernel; a same-size rewrite of an object within one ctime tick of agentdiff's own
@@ -41,7 +46,7 @@ use std::sync::PoisonError;
 
 use nix::dir::Dir;
 use nix::fcntl::AtFlags;
-use nix::sys::stat::{fstat, fstatat};
+use nix::sys::stat::{fstat, fstatat, SFlag};
 use sha2::{Digest, Sha256};
 
 use super::objects::{ns, open_dir, ObjectStat, ObjectStore, ALGORITHM_DIR, TMP_DIR};
@@ -51,10 +56,10 @@ use super::{atomic, StoreError, OBJECTS_DIR_NAME};
 
 /// Identity of a shard directory: any entry added, removed or renamed changes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct DirIdent {
-    ino: u64,
-    mtime_ns: i64,
-    ctime_ns: i64,
+pub(crate) struct DirIdent {
+    pub ino: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -64,7 +69,7 @@ struct Shard {
     entries: Vec<(u64, u64)>,
 }
 
-/// What the object store looked like just before launch (see the module doc).
+/// What the object store looked like before the before-scan (see the module doc).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ObjectsSnapshot {
     since_ns: i64,
@@ -173,6 +178,37 @@ fn list_shard(hash_dir: &Path, name: &str) -> Result<Option<Shard>, StoreError> 
     }))
 }
 
+/// Each shard directory's name and identity now (no listing, one `fstatat` each), in name
+/// order.
+pub(crate) fn shard_idents_now(
+    objects: &ObjectStore,
+) -> Result<Vec<(String, DirIdent)>, StoreError> {
+    let hash_dir = objects.hash_dir();
+    let Some(dir) = open_shard(&hash_dir)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for name in shard_names(&hash_dir)? {
+        let Ok(st) = fstatat(
+            Some(dir.as_raw_fd()),
+            name.as_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) else {
+            continue;
+        };
+        if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFDIR {
+            continue;
+        }
+        let ident = DirIdent {
+            ino: st.st_ino,
+            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
+        };
+        out.push((name, ident));
+    }
+    Ok(out)
+}
+
 /// Names of the shard directories below `objects/sha256/` (sorted; none when it is missing).
 fn shard_names(hash_dir: &Path) -> Result<Vec<String>, StoreError> {
     let entries = match fs::read_dir(hash_dir) {
@@ -237,6 +273,11 @@ impl ObjectsSnapshot {
             }
         }
         Ok(ObjectsSnapshot { since_ns, shards })
+    }
+
+    /// Each shard directory's name and identity when the snapshot was taken, in name order.
+    pub fn shard_idents(&self) -> impl Iterator<Item = (&str, DirIdent)> {
+        self.shards.iter().map(|(n, s)| (n.as_str(), s.dir))
     }
 
     /// What changed in the object store since [`ObjectsSnapshot::take`] (see the module doc).
@@ -340,6 +381,28 @@ impl ObjectsSnapshot {
         }
         let moved = e.before_ino.is_some_and(|ino| ino != e.stat.ino);
         let new = e.before_ino.is_none();
+        let claimed = key.is_some_and(|k| {
+            let verified = objects.verified.lock();
+            verified
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_claimed(&k)
+        });
+        if claimed && !moved && !new && e.stat.ctime_ns < self.since_ns {
+            // Changed after agentdiff last verified it and before this run's listing: not the
+            // command's doing, but this run used it unseen (a claimed entry), so it is hashed.
+            if objects.reverify(&hex) {
+                return None;
+            }
+            let _ = objects.quarantine(&hex);
+            return Some(TamperFinding {
+                path: format!("{OBJECTS_DIR_NAME}/{ALGORITHM_DIR}/{}/{}", e.shard, e.name),
+                change: "modified".into(),
+                detail: "changed after agentdiff last verified it, before this run started; its \
+                         content no longer matches its name and it was quarantined"
+                    .into(),
+                object: Some(hex),
+            });
+        }
         if !(new || moved || e.stat.ctime_ns >= self.since_ns || confirmed.is_some()) {
             return None;
         }
@@ -395,6 +458,10 @@ impl ObjectsSnapshot {
         let mut unnamed = 0usize;
         for (key, _) in before {
             if seen.binary_search(key).is_ok() {
+                continue;
+            }
+            // Removed by agentdiff itself (a corrupt object the before-scan put aside).
+            if shard_byte.is_some_and(|b| objects.quarantined_with_prefix(b, *key)) {
                 continue;
             }
             let named = shard_byte.and_then(|b| {
@@ -489,6 +556,65 @@ mod tests {
         }
         let snap = ObjectsSnapshot::take(store.objects()).unwrap();
         assert_eq!(findings(&store, &snap), vec![]);
+    }
+
+    /// The listing is taken before the before-scan, which may put a corrupt object aside: gone
+    /// by agentdiff's own hand, it is not reported as removed by the command.
+    #[test]
+    fn an_object_this_process_quarantined_after_the_listing_is_no_finding() {
+        let (_d, store) = store();
+        let mut names = Vec::new();
+        for i in 0..40u32 {
+            names.push(store.objects().put_bytes(&i.to_le_bytes()).unwrap());
+        }
+        let snap = ObjectsSnapshot::take(store.objects()).unwrap();
+        store.objects().quarantine(&names[7]).unwrap();
+        assert_eq!(findings(&store, &snap), vec![]);
+        // Another removal in the same shard still is one.
+        let same_shard = names[8..]
+            .iter()
+            .find(|n| n[..2] == names[7][..2])
+            .cloned()
+            .unwrap_or_else(|| names[8].clone());
+        fs::remove_file(store.objects().object_path(&same_shard).unwrap()).unwrap();
+        let found = findings(&store, &snap);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].1, "removed");
+    }
+
+    /// Claimed entries (a scan record vouched for the store) are checked after the command: one
+    /// changed before the run is hashed, and only a damaged one is a finding.
+    #[test]
+    fn claimed_objects_changed_before_the_listing_are_hashed_and_damage_is_a_finding() {
+        use std::os::unix::fs::PermissionsExt;
+        let (d, store) = store();
+        let kept = store.objects().put_bytes(b"kept content").unwrap();
+        let damaged = store.objects().put_bytes(b"damaged one").unwrap();
+        let key = crate::store::seal::SealKey::from_bytes([3; 32]);
+        store.objects().save_verified_cache(&key).unwrap();
+        let kept_path = store.objects().object_path(&kept).unwrap();
+        let damaged_path = store.objects().object_path(&damaged).unwrap();
+        // Between runs: one chmod'ed (content intact), one rewritten in place.
+        fs::set_permissions(&kept_path, fs::Permissions::from_mode(0o400)).unwrap();
+        rewrite_in_place(&damaged_path, b"DAMAGED ONE");
+        // Past the filesystem's timestamp tick: a change in the listing's own tick counts as
+        // made while the run was in progress.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let store = fresh(&d);
+        store.objects().load_verified_cache(&key);
+        assert_eq!(store.objects().claim_verified(), 2);
+        let snap = ObjectsSnapshot::take(store.objects()).unwrap();
+        let found = findings(&store, &snap);
+        assert_eq!(
+            found,
+            vec![(
+                format!("objects/sha256/{}/{}", &damaged[..2], &damaged[2..]),
+                "modified".into(),
+                Some(damaged.clone())
+            )],
+        );
+        assert!(!damaged_path.exists(), "quarantined");
+        assert!(kept_path.exists());
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub struct ObjectStore {
     /// Objects written or found by hashing and not yet known durable (shared with the store's
     /// capsules): the seal flushes them.
     pending: Arc<PendingSync>,
+    /// Objects this process moved to quarantine: gone from their shard by agentdiff's own
+    /// hand, so the tamper check does not count them as removed by the command.
+    quarantined: Arc<Mutex<Vec<super::verified::Key>>>,
 }
 
 /// Identity of an object file. Any change to its content moves `ctime_ns` forward.
@@ -157,6 +160,7 @@ impl ObjectStore {
             verified: Arc::default(),
             shard_dirs: Arc::default(),
             pending: Arc::default(),
+            quarantined: Arc::default(),
         }
     }
 
@@ -177,6 +181,45 @@ impl ObjectStore {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(key, &ObjectStat::of(meta));
         }
+    }
+
+    /// Claims every object known from the cache file as confirmed (see `super::verified`): only
+    /// for a run whose scan record found the store as the last run left it.
+    pub(crate) fn claim_verified(&self) -> usize {
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .claim_known()
+    }
+
+    /// The stamp of the cache file the table was loaded from or last saved to, under `key_id`.
+    pub(crate) fn verified_cache_stamp(&self, key_id: &str) -> Option<super::verified::FileStamp> {
+        self.verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .saved_stamp(key_id)
+    }
+
+    /// Hashes the object `hex` again and records what was found; whether it is intact.
+    pub(crate) fn reverify(&self, hex: &str) -> bool {
+        match self.verify_object_identity(hex) {
+            Ok(checked) => {
+                self.mark_verified(hex, &checked);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether this process quarantined an object of shard `shard` whose name's next eight bytes
+    /// are `prefix` (see [`ObjectStore::quarantine`]).
+    pub(crate) fn quarantined_with_prefix(&self, shard: u8, prefix: u64) -> bool {
+        let q = self
+            .quarantined
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        q.iter()
+            .any(|k| k[0] == shard && k[1..9] == prefix.to_be_bytes())
     }
 
     /// Forgets what this process verified (after the command ran, objects are re-checked).
@@ -269,6 +312,12 @@ impl ObjectStore {
         atomic::ensure_private_dir(&dir, true)?;
         let dest = dir.join(format!("{hex}-{}", atomic::random_hex(4)?));
         fs::rename(&path, &dest).map_err(|e| StoreError::io("quarantine object", &path, e))?;
+        if let Some(key) = key_of(hex) {
+            self.quarantined
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(key);
+        }
         self.forget_one(hex);
         Ok(Some(dest))
     }

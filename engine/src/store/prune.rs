@@ -274,6 +274,8 @@ impl Store {
             // Its entries for removed objects would never match again, yet every later run
             // would load and re-save them; start it afresh, as `prune_objects` does.
             objects.drop_verified_cache()?;
+            // The scan record names the store as it was: it would no longer be used.
+            objects.drop_scan_record()?;
         }
         Ok(())
     }

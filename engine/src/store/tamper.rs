@@ -4,7 +4,8 @@
 //! - every transaction artifact a run writes is kept in memory ([`WrittenArtifacts`]); after the
 //!   command exits its files are compared with those bytes, and the seal vouches for the bytes in
 //!   memory (a changed artifact is put back before sealing);
-//! - a snapshot of the store ([`StoreSnapshot`]) taken just before launch is compared with the
+//! - a snapshot of the store ([`StoreSnapshot`]) taken just before launch (its object store part
+//!   before the before-scan) is compared with the
 //!   store after: the store's top-level files and the artifacts of the project's
 //!   [`WATCHED_SEALED_RUNS`] most recently sealed runs (named by the ledger's tail) by (inode,
 //!   size, mtime, ctime), stat'ed before and after; `runs/` by its own identity and its listing
@@ -229,6 +230,17 @@ impl Store {
     /// (this one) and private workspaces are not included: their content legitimately changes.
     /// Its cost does not grow with the number of runs in the store beyond one listing of `runs/`.
     pub fn snapshot(&self, recent: &[String]) -> Result<StoreSnapshot, StoreError> {
+        let objects = ObjectsSnapshot::take(self.objects())?;
+        self.snapshot_with(recent, objects)
+    }
+
+    /// [`Store::snapshot`] with the object store's part taken earlier (before the before-scan,
+    /// whose own writes are objects this process confirmed, never findings).
+    pub(crate) fn snapshot_with(
+        &self,
+        recent: &[String],
+        objects: ObjectsSnapshot,
+    ) -> Result<StoreSnapshot, StoreError> {
         let runs = self.runs_listing()?;
         let watched: Vec<String> = recent
             .iter()
@@ -241,7 +253,7 @@ impl Store {
             .cloned()
             .collect();
         Ok(StoreSnapshot {
-            objects: ObjectsSnapshot::take(self.objects())?,
+            objects,
             entries: self.snapshot_entries(&watched)?,
             watched,
             runs,
@@ -293,7 +305,8 @@ impl Store {
         Ok(entries)
     }
 
-    /// What changed between `before` (taken just before launch) and now: objects (see
+    /// What changed between `before` (taken just before launch, its objects' part before the
+    /// before-scan) and now: objects (see
     /// `super::object_snapshot`: changed, replaced or removed objects are reported with their name
     /// so the caller can stop counting them as backups; a new or rewritten object whose content
     /// does not match its name is quarantined), run directories added, removed or replaced, the

@@ -67,6 +67,17 @@ pub struct TreeWriter<'s> {
 /// directories whose stat digest changed, see `crate::fs::StatDigests`).
 pub const MAX_KEPT_BYTES: usize = 512 * 1024;
 
+/// Where one tree is in a [`TreeSpool`], and whether this run's scan used it.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    offset: u64,
+    len: usize,
+    used: bool,
+}
+
+/// One tree of a spool's pack: its binary id, offset and length.
+pub(crate) type PackSlot = ([u8; 32], u64, u64);
+
 /// Bytes of trees a [`TreeSpool`] gathers before writing them to its file at once.
 const SPOOL_BATCH: usize = 64 * 1024;
 
@@ -150,8 +161,9 @@ impl TreeSink for TreeWriter<'_> {
         Ok(id.to_string())
     }
 
-    /// Counted without reading when the store holds the tree intact and there is no spool to
-    /// copy it to (the after-scan of an untouched store); otherwise read and handled as
+    /// Counted without reading when the store holds the tree intact and the spool, if there is
+    /// one, already holds a copy (seeded from the last run's, see [`TreeSpool::seed`]: that copy
+    /// is verified when read, as every spool read is); otherwise read and handled as
     /// [`TreeWriter::unchanged`].
     fn unchanged_unread(
         &mut self,
@@ -160,7 +172,11 @@ impl TreeSink for TreeWriter<'_> {
         entries: usize,
         src: &dyn TreeSource,
     ) -> Result<String, TreeError> {
-        if self.reused_are_stored && self.spool.is_none() {
+        let copied = match self.spool.as_deref_mut() {
+            Some(spool) => spool.mark_used(id),
+            None => true,
+        };
+        if self.reused_are_stored && copied {
             self.entries += entries;
             self.trees += 1;
             return Ok(id.to_string());
@@ -177,7 +193,8 @@ impl TreeSink for TreeWriter<'_> {
 /// RAM; nothing names it in the filesystem), written in batches of [`SPOOL_BATCH`] bytes (one
 /// write per batch instead of one per tree; the batch not yet written is read from memory), and
 /// only a small index (id → offset, length) is kept in memory, so the before manifest is never
-/// held whole. Every read is verified against the id.
+/// held whole. Every read is verified against the id. A spool may start as a copy of the last
+/// run's ([`TreeSpool::seed`], from its scan record): those bytes are no more trusted than any.
 ///
 /// Not defended here: a process that can open the file through `/proc/PID/fd` (agentdiff is not
 /// dumpable, but root can) may change it; a changed or unreadable copy fails verification and
@@ -192,7 +209,12 @@ pub struct TreeSpool {
     written: u64,
     /// Trees not yet written, up to [`SPOOL_BATCH`] bytes (one write per batch, not per tree).
     pending: Vec<u8>,
-    index: HashMap<[u8; 32], (u64, usize)>,
+    index: HashMap<[u8; 32], Slot>,
+    /// Bytes of the trees this run's scan used (added, or seeded and then reused).
+    live: u64,
+    /// Filled from the last run's pack ([`TreeSpool::seed`]), and trees added since.
+    seeded: bool,
+    added: usize,
     /// Trees also kept parsed in memory (agentdiff's own, out of the command's reach), up to
     /// [`MAX_KEPT_BYTES`] of their objects' size: the after-scan takes each out once instead of
     /// reading, verifying and parsing it again.
@@ -217,6 +239,9 @@ impl TreeSpool {
             written: 0,
             pending: Vec::new(),
             index: HashMap::new(),
+            live: 0,
+            seeded: false,
+            added: 0,
             kept: std::sync::Mutex::new(HashMap::new()),
             kept_bytes: 0,
             failed: None,
@@ -224,9 +249,7 @@ impl TreeSpool {
     }
 
     fn key(id: &str) -> Option<[u8; 32]> {
-        let mut key = [0u8; 32];
-        hex::decode_to_slice(id, &mut key).ok()?;
-        Some(key)
+        crate::hex_id::decode(id)
     }
 
     /// Why the spool stopped taking trees, if it did.
@@ -241,15 +264,25 @@ impl TreeSpool {
         let Some(key) = Self::key(id) else {
             return;
         };
-        if self.failed.is_some() || self.index.contains_key(&key) {
+        if self.failed.is_some() {
             return;
+        }
+        if self.use_slot(&key) {
+            return; // seeded from the last run's pack, and used again
         }
         if self.kept_bytes + bytes.len() <= MAX_KEPT_BYTES {
             self.kept_bytes += bytes.len();
             let kept = self.kept.get_mut().unwrap_or_else(PoisonError::into_inner);
             kept.insert(key, (tree, bytes.len()));
         }
-        self.index.insert(key, (self.len, bytes.len()));
+        let slot = Slot {
+            offset: self.len,
+            len: bytes.len(),
+            used: true,
+        };
+        self.index.insert(key, slot);
+        self.added += 1;
+        self.live += bytes.len() as u64;
         self.len += bytes.len() as u64;
         self.pending.extend_from_slice(bytes);
         if self.pending.len() >= SPOOL_BATCH {
@@ -281,12 +314,118 @@ impl TreeSpool {
                     source,
                 };
                 let written = self.written;
-                self.index.retain(|_, (offset, _)| *offset < written);
+                self.index.retain(|_, slot| slot.offset < written);
                 self.len = written;
                 self.pending = Vec::new();
                 self.failed = Some(e.to_string());
             }
         }
+    }
+
+    /// Whether the spool holds the tree `id` (unverified until read); counts it as used.
+    fn mark_used(&mut self, id: &str) -> bool {
+        Self::key(id).is_some_and(|k| self.use_slot(&k))
+    }
+
+    /// Counts the tree `key` as used by this run, if the spool holds it; whether it does.
+    fn use_slot(&mut self, key: &[u8; 32]) -> bool {
+        let Some(slot) = self.index.get_mut(key) else {
+            return false;
+        };
+        if !slot.used {
+            slot.used = true;
+            self.live += slot.len as u64;
+        }
+        true
+    }
+
+    /// Fills an empty spool with `len` bytes of `src` from `at` (the last run's trees, see
+    /// `super::scan_record`), indexed by `slots` (offsets relative to `at`). The bytes are not
+    /// trusted: each tree is verified against its id when read, as every spool read is. Slots
+    /// that do not lie inside the copied bytes are dropped. Whether anything was seeded.
+    pub(crate) fn seed(
+        &mut self,
+        src: &std::fs::File,
+        at: u64,
+        len: u64,
+        slots: &[PackSlot],
+    ) -> bool {
+        if self.len != 0 || self.failed.is_some() {
+            return false;
+        }
+        if copy_range(src, at, &self.file, len).is_err() {
+            // Whatever was copied is not indexed: the spool starts empty after it.
+            self.written = len;
+            self.len = len;
+            return false;
+        }
+        for (key, offset, tree_len) in slots {
+            let inside = offset.checked_add(*tree_len).is_some_and(|end| end <= len);
+            let Ok(tree_len) = usize::try_from(*tree_len) else {
+                continue;
+            };
+            if inside {
+                let slot = Slot {
+                    offset: *offset,
+                    len: tree_len,
+                    used: false,
+                };
+                self.index.insert(*key, slot);
+            }
+        }
+        self.written = len;
+        self.len = len;
+        self.seeded = true;
+        true
+    }
+
+    /// Whether the spool holds only what [`TreeSpool::seed`] put in it.
+    pub(crate) fn only_seeded(&self) -> bool {
+        self.seeded && self.added == 0 && self.failed.is_none()
+    }
+
+    /// Writes the trees this run used to `dest` (from its current position), for the next
+    /// run's [`TreeSpool::seed`]: the whole file when at most half of it is trees no longer
+    /// used, else only the used trees. Returns their slots (offsets relative to the start of
+    /// what was written) and the number of bytes written.
+    pub(crate) fn write_pack(
+        &mut self,
+        dest: &mut std::fs::File,
+    ) -> std::io::Result<(Vec<PackSlot>, u64)> {
+        use std::io::Write;
+        use std::os::unix::fs::FileExt;
+        self.flush();
+        if let Some(why) = &self.failed {
+            return Err(std::io::Error::other(why.clone()));
+        }
+        let mut used: Vec<([u8; 32], Slot)> = self
+            .index
+            .iter()
+            .filter(|(_, s)| s.used)
+            .map(|(k, s)| (*k, *s))
+            .collect();
+        used.sort_unstable_by_key(|(_, s)| s.offset);
+        if self.live.saturating_mul(2) >= self.written {
+            copy_range(&self.file, 0, dest, self.written)?;
+            let slots = used
+                .iter()
+                .map(|(k, s)| (*k, s.offset, s.len as u64))
+                .collect();
+            return Ok((slots, self.written));
+        }
+        let mut slots = Vec::with_capacity(used.len());
+        let mut at = 0u64;
+        let mut out = std::io::BufWriter::with_capacity(SPOOL_BATCH, dest);
+        let mut buf = Vec::new();
+        for (key, slot) in used {
+            buf.resize(slot.len, 0);
+            self.file.read_exact_at(&mut buf, slot.offset)?;
+            out.write_all(&buf)?;
+            slots.push((key, at, slot.len as u64));
+            at += slot.len as u64;
+        }
+        out.flush()?;
+        Ok((slots, at))
     }
 
     /// Takes the tree `id` out of memory, if it is kept there.
@@ -303,7 +442,7 @@ impl TreeSpool {
 
     fn read(&self, id: &str) -> Option<Result<(Tree, Vec<u8>), TreeError>> {
         use std::os::unix::fs::FileExt;
-        let (offset, len) = *self.index.get(&Self::key(id)?)?;
+        let Slot { offset, len, .. } = *self.index.get(&Self::key(id)?)?;
         let pending = offset
             .checked_sub(self.written)
             .and_then(|at| usize::try_from(at).ok());
@@ -330,6 +469,27 @@ impl TreeSpool {
         }
         Some(Tree::parse(id, &bytes).map(|t| (t, bytes)))
     }
+}
+
+/// Copies `len` bytes of `src` from offset `at` to `dest`'s current position (in the kernel
+/// where the filesystem allows: `std::io::copy` uses `copy_file_range` between files).
+fn copy_range(
+    src: &std::fs::File,
+    at: u64,
+    mut dest: &std::fs::File,
+    len: u64,
+) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut src = src;
+    src.seek(SeekFrom::Start(at))?;
+    let copied = std::io::copy(&mut src.take(len), &mut dest)?;
+    if copied != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("copied {copied} of {len} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 /// Trees read from a [`TreeSpool`] when it holds them, else from the object store. A spool read

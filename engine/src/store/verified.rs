@@ -12,6 +12,11 @@
 //! - entries loaded from the cache file are *known*; an entry is *confirmed* once this process
 //!   saw the object with that identity (checked, hashed or written it). The tamper check
 //!   (`super::tamper`) trusts only confirmed entries;
+//! - a run whose scan record vouches that no object was added, removed or renamed since the last
+//!   run (`super::scan_record`) *claims* every known entry: it is used as confirmed without being
+//!   looked at, and the tamper check after the command compares each claimed entry with the
+//!   object's identity then (an object changed before the run is hashed: see
+//!   `super::object_snapshot`);
 //! - the device is not per entry: an identity on another device than the table's is never
 //!   recorded (so never matches).
 
@@ -51,6 +56,8 @@ pub(crate) struct Record {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Known,
+    /// Known, and used as confirmed until the check after the command (see the module doc).
+    Claimed,
     Confirmed,
     Removed,
 }
@@ -83,12 +90,7 @@ pub(crate) type FileStamp = (u64, u64, u64, i64, i64);
 /// The binary form of a valid object name (`None` for anything else).
 pub(crate) fn key_of(hex: &str) -> Option<Key> {
     // Object names are lower-case: "AB…" decodes but is not a name.
-    if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    hex::decode_to_slice(hex, &mut key).ok()?;
-    Some(key)
+    crate::hex_id::decode(hex)
 }
 
 /// The first eight bytes of a key as a number: most comparisons end there.
@@ -167,13 +169,33 @@ impl VerifiedSet {
         }
     }
 
-    /// The identity this process confirmed for `key`, if any.
+    /// The identity this process confirmed (or claimed) for `key`, if any.
     pub fn confirmed(&self, key: &Key) -> Option<Ident> {
         if let Some(recent) = self.recent.get(key) {
             return Some(*recent);
         }
         let i = self.index(key)?;
-        (self.state[i] == State::Confirmed).then_some(self.sorted[i].ident)
+        matches!(self.state[i], State::Confirmed | State::Claimed).then_some(self.sorted[i].ident)
+    }
+
+    /// Whether `key`'s entry is claimed and not yet confirmed (see the module doc).
+    pub fn is_claimed(&self, key: &Key) -> bool {
+        !self.recent.contains_key(key)
+            && self
+                .index(key)
+                .is_some_and(|i| self.state[i] == State::Claimed)
+    }
+
+    /// Claims every known entry (see the module doc); returns how many.
+    pub fn claim_known(&mut self) -> usize {
+        let mut n = 0;
+        for s in &mut self.state {
+            if *s == State::Known {
+                *s = State::Claimed;
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Whether `stat` is the identity this process confirmed for `key`; `None` when it confirmed
@@ -196,7 +218,7 @@ impl VerifiedSet {
         let start = self.sorted.partition_point(|r| r.key < low);
         (start..self.sorted.len())
             .take_while(|&i| matches(&self.sorted[i].key))
-            .find(|&i| self.state[i] == State::Confirmed)
+            .find(|&i| matches!(self.state[i], State::Confirmed | State::Claimed))
             .map(|i| self.sorted[i].key)
     }
 
@@ -255,6 +277,15 @@ impl VerifiedSet {
                 .file
                 .as_ref()
                 .is_some_and(|(stamp, key)| Some(*stamp) == now && key == key_id)
+    }
+
+    /// The stamp of the file the table was loaded from or last saved to under `key_id`, when
+    /// nothing changed since.
+    pub fn saved_stamp(&self, key_id: &str) -> Option<FileStamp> {
+        match &self.file {
+            Some((stamp, key)) if !self.changed && key == key_id => Some(*stamp),
+            _ => None,
+        }
     }
 
     /// The table was loaded from, or just saved to, the file with this stamp under `key_id`.

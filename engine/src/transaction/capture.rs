@@ -6,6 +6,9 @@
 //! The before-scan also copies each tree object it writes to a [`TreeSpool`] (an unlinked file in
 //! the store's `objects/tmp/`), and the tamper check and the comparison read the before trees from
 //! it first ([`Captured::trees`]): the store's copies are files the command can rewrite or delete.
+//! With the last clean run's scan record (`store::scan_record`), the spool starts as a copy of
+//! that run's, and a directory whose listing matches its tree's recorded stat digest is taken as
+//! that tree unread; a clean run leaves its own record after the seal.
 //! Every spool read is verified against the id and falls back to the store's object; a spool that
 //! cannot be written stops taking trees (recorded as `tree_spool_incomplete`) without failing the
 //! scan. Not defended: a process that can write both copies (root, or the spool through
@@ -25,7 +28,8 @@ use crate::fs::{
 use crate::policy::Policy;
 use crate::store::seal::SealAuthority;
 use crate::store::{
-    Artifact, Capsule, PreviousScan, SpooledTrees, Store, TreeSpool, TreeWrite, TreeWriter,
+    Artifact, Capsule, ObjectsSnapshot, PreviousScan, RecordedScan, SpooledTrees, Store, TreeSpool,
+    TreeWrite, TreeWriter,
 };
 
 /// What a capture needs to know about the run.
@@ -161,9 +165,60 @@ impl<'a> CapturePlan<'a> {
         }
     }
 
+    /// The last clean run's scan record, when the stat cache may use it and the store is as that
+    /// run left it (`objects`: the listing taken before the before-scan). Every object known
+    /// from the cache file is then claimed as verified (see `store::scan_record`).
+    pub fn recorded_scan(&self, objects: &ObjectsSnapshot) -> Option<RecordedScan> {
+        if !self.keeps_record() {
+            return None;
+        }
+        let key = self.authority.key();
+        let record = self.store.objects().load_scan_record(key)?;
+        record.check(self.store.objects(), objects, key)
+    }
+
+    /// Whether runs of this plan read and write scan records: the stat cache is on and the
+    /// before-scan backs up the project tree itself (not a private workspace's copy).
+    fn keeps_record(&self) -> bool {
+        self.trust_stat && self.backup_before && !self.private_workspace
+    }
+
+    /// Leaves this run's scan record for the next run (after the seal: every object is written),
+    /// unless the one it used (`recorded`) says the same. Only a run whose store was untouched
+    /// while the command ran leaves one; any other removes the last. A record that cannot be
+    /// written only costs the next run time.
+    pub fn leave_record(
+        &self,
+        before: &mut Captured,
+        recorded: Option<&RecordedScan>,
+        store_untouched: bool,
+    ) {
+        if !self.keeps_record() {
+            return;
+        }
+        let objects = self.store.objects();
+        let key = self.authority.key();
+        let (Some(digests), Some(spool), true) =
+            (&before.digests, before.spool.as_mut(), store_untouched)
+        else {
+            let _ = objects.drop_scan_record();
+            return;
+        };
+        if recorded.is_some_and(|r| r.still_current(objects, key, digests, spool)) {
+            return;
+        }
+        let _ = objects.save_scan_record(key, digests, spool);
+    }
+
     /// Scans `root` before the run, backing up what rollback or the workspace needs. `recent`:
     /// the project's latest sealed runs named by the ledger, newest first (stat-cache candidates).
-    pub fn before(&self, root: &Path, recent: &[String]) -> Result<Captured, TransactionError> {
+    /// `recorded`: the last run's scan record, checked (see [`CapturePlan::recorded_scan`]).
+    pub fn before(
+        &self,
+        root: &Path,
+        recent: &[String],
+        recorded: Option<&RecordedScan>,
+    ) -> Result<Captured, TransactionError> {
         let backup = self.backup_before.then(|| BackupRequest {
             sink: self.store.objects(),
             // A private workspace is materialised from backups, so every file is captured.
@@ -173,21 +228,33 @@ impl<'a> CapturePlan<'a> {
                 self.max_backup_bytes
             },
         });
+        let mut spool = TreeSpool::new(self.store.objects())?;
+        let previous = self.previous_scan(root, recent);
+        // The record's pack is the private copy of the trees it describes.
+        let seeded = match (recorded, &previous) {
+            (Some(r), Some(_)) => r.seed(&mut spool),
+            _ => false,
+        };
         let step = Step {
             artifact: Artifact::Before,
             phase: "before",
             event: "before_captured",
-            spool: Some(TreeSpool::new(self.store.objects())?),
+            spool: Some(spool),
             carry_backup_state: false,
             reuse_from_store: true,
             // Only the after-scan of the project tree reuses (see `after`).
             collect_digests: self.trust_stat && !self.private_workspace,
         };
-        let previous = self.previous_scan(root, recent);
         if let Some(p) = &previous {
+            let digests = recorded.map_or(0, |r| r.digests.len());
             self.capsule.event(
                 "stat_cache",
-                json!({ "run_id": p.run_id.as_str(), "artifact": p.artifact.file_name() }),
+                json!({
+                    "run_id": p.run_id.as_str(),
+                    "artifact": p.artifact.file_name(),
+                    "recorded_digests": digests,
+                    "recorded_trees_copied": seeded,
+                }),
             )?;
         }
         let reuse = previous.as_ref().map(|p| TreeReuse {
@@ -195,7 +262,7 @@ impl<'a> CapturePlan<'a> {
             started_ns: p.manifest.stats.started_ns,
             tree: &p.root_tree,
             source: self.store.objects(),
-            digests: None,
+            digests: recorded.map(|r| &r.digests),
         });
         self.scan_and_store(root, step, backup, reuse, IgnoreSource::ProjectFile)
     }

@@ -40,6 +40,46 @@ impl Tampering {
     }
 }
 
+/// A run that stops before its command ran still seals its before manifest. When the scan record
+/// let its before-scan claim objects as verified unseen (see `store::scan_record`), they are
+/// checked first, as after a command: the manifest then names no backup that was not verified.
+pub(crate) struct Claims<'a> {
+    claimed: bool,
+    store: &'a Store,
+    capsule: &'a Capsule,
+}
+
+impl<'a> Claims<'a> {
+    pub(crate) fn new(claimed: bool, store: &'a Store, capsule: &'a Capsule) -> Self {
+        Claims {
+            claimed,
+            store,
+            capsule,
+        }
+    }
+
+    /// Checks the claimed objects against `snapshot` (a no-op when nothing was claimed).
+    pub(crate) fn settle(
+        &self,
+        snapshot: &StoreSnapshot,
+        before: &mut Captured,
+        referenced: &mut Vec<String>,
+    ) -> Result<(), StoreError> {
+        if !self.claimed {
+            return Ok(());
+        }
+        let checked = after_command(self.store, self.capsule, snapshot, before)?;
+        if !checked.findings.is_empty() {
+            self.capsule.event(
+                "store_changed_before_launch",
+                serde_json::json!({ "findings": checked.findings }),
+            )?;
+        }
+        checked.apply(before, referenced);
+        Ok(())
+    }
+}
+
 /// Findings after the command ran. When anything was tampered with, the before manifest is read
 /// back from its tree (the whole manifest is held in memory only in this case): entries whose
 /// backup object no longer verifies are marked as not backed up, and the manifest is written

@@ -44,7 +44,9 @@ use crate::fs::ScanProgress;
 use crate::policy::{Action, LoadedPolicy};
 use crate::redact;
 use crate::store::seal::{SealAuthority, StateDir};
-use crate::store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store};
+use crate::store::{
+    Artifact, Capsule, ObjectsSnapshot, PolicyDoc, RecordedScan, RuntimeDoc, Store,
+};
 use capture::CapturePlan;
 use seal::Sealer;
 
@@ -157,10 +159,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let policy = &req.policy.policy;
     // The key is loaded before anything is written and kept in memory: replacing the key file
     // during the run does not change what seals this run.
-    let state_dir = match &req.state_dir {
-        Some(dir) => dir.clone(),
-        None => StateDir::from_env()?,
-    };
+    let state_dir = req.state_dir.clone().map_or_else(StateDir::from_env, Ok)?;
     let authority = SealAuthority::open(&state_dir, &root)?;
     let store = Store::open(&root)?;
     // Objects found intact by earlier runs (MAC'd with the key) are not hashed again.
@@ -173,13 +172,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
 
     // A denied executable is never launched.
     if sealer.command_decision.action == Action::Deny {
-        let decision = &sealer.command_decision;
-        let message = format!(
-            "command `{}` blocked by {} ({})",
-            redact::escape_terminal(&req.argv[0].to_string_lossy()),
-            decision.rule,
-            decision.reason
-        );
+        let message = blocked_message(&req.argv[0], &sealer.command_decision);
         return sealer.seal_not_run(Status::Blocked, Some(message), None, &[]);
     }
     // Fail closed before touching anything when the backend cannot run here (with these options).
@@ -202,11 +195,15 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     );
     // The project's latest sealed runs (ledger): stat-cache candidates, watched by the snapshot.
     let recent = authority.recent_sealed_runs(crate::store::WATCHED_SEALED_RUNS);
-    let mut before = capture.before(&root, &recent)?;
+    let (mut before, objects_snapshot, recorded) =
+        capture_before(&capture, &store, &root, &recent)?;
+    let claims = guard::Claims::new(recorded.is_some(), &store, &capsule);
     // The root trees name every tree object and backup below them: sealing them seals those.
     let mut referenced = vec![before.root_tree.clone()];
     if policy.capture().require_backups {
         if let Some(message) = capture::missing_backups(&before) {
+            let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
+            claims.settle(&snapshot, &mut before, &mut referenced)?;
             let refusal = Some(Refusal::BackupsMissing);
             return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
         }
@@ -229,7 +226,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         timeout,
     );
     // What agentdiff wrote before launch is checked against this after the command ran.
-    let store_snapshot = store.snapshot(&recent)?;
+    let store_snapshot = store.snapshot_with(&recent, objects_snapshot)?;
     let launched = launch::launch(
         req.backend,
         &plan,
@@ -245,6 +242,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Err(launch::LaunchFailure::Refused(err)) => {
             let refused = decide::refused_launch(&err);
             record_refused(&capsule, req.backend.id(), &refused.message)?;
+            claims.settle(&store_snapshot, &mut before, &mut referenced)?;
             // Nothing ran, so there is no after-state to capture.
             if private_workspace {
                 seal::discard_workspace(&store, &capsule)?;
@@ -295,7 +293,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         capsule_tampered: &capsule_tampered.findings,
     };
     let result = decide::decide(&evidence_in, sealer.frame());
-    sealer.seal(result, &referenced, None)
+    let outcome = sealer.seal(result, &referenced, None)?;
+    capture.leave_record(&mut before, recorded.as_ref(), store_untouched);
+    Ok(outcome)
 }
 
 /// A run whose command ran but whose after-capture failed: sealed as an error that never reads as
@@ -387,6 +387,36 @@ fn open_capsule<'c>(
         started,
         started_at,
     })
+}
+
+/// Why a denied command was not launched.
+fn blocked_message(argv0: &std::ffi::OsStr, decision: &crate::policy::Decision) -> String {
+    format!(
+        "command `{}` blocked by {} ({})",
+        redact::escape_terminal(&argv0.to_string_lossy()),
+        decision.rule,
+        decision.reason
+    )
+}
+
+/// The before-capture, with the object store's part of the tamper snapshot, taken before it:
+/// that listing is also what the scan record is checked against (the before-scan's own writes
+/// are objects this process confirmed, never findings). The record, when the before-scan used
+/// it (objects were then claimed as verified: see `store::scan_record`), is kept to tell
+/// whether this run's record is the same.
+fn capture_before(
+    capture: &CapturePlan<'_>,
+    store: &Store,
+    root: &Path,
+    recent: &[String],
+) -> Result<(capture::Captured, ObjectsSnapshot, Option<RecordedScan>), TransactionError> {
+    let objects = ObjectsSnapshot::take(store.objects())?;
+    let mut recorded = capture.recorded_scan(&objects);
+    let before = capture.before(root, recent, recorded.as_ref())?;
+    if let Some(r) = recorded.as_mut() {
+        r.release_digests();
+    }
+    Ok((before, objects, recorded))
 }
 
 /// Records a backend that cannot run here; returns the message for the result.

@@ -162,6 +162,7 @@ pub enum MacPurpose {
     LaunchEvent,
     EnvFingerprint,
     ObjectCache,
+    ScanRecord,
 }
 
 impl MacPurpose {
@@ -172,6 +173,7 @@ impl MacPurpose {
             MacPurpose::LaunchEvent => b"agentdiff/v1/launched-event",
             MacPurpose::EnvFingerprint => b"agentdiff/v1/env-fingerprint",
             MacPurpose::ObjectCache => b"agentdiff/v1/verified-objects",
+            MacPurpose::ScanRecord => b"agentdiff/v1/scan-record",
         }
     }
 }

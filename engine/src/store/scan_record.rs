@@ -1,0 +1,651 @@
+//! The scan record: what the last clean run left for the next run's before-scan, so an unchanged
+//! directory is known unchanged from its listing and stats alone, as the after-scan of a run
+//! knows it (see docs/capsule-format.md, "Stat cache"), without reading, verifying and parsing
+//! its tree object and without looking up every file's backup.
+//!
+//! File `objects/scan-record` (binary, little-endian): a header line
+//! `agentdiff-scan-record v1 <key id> <body bytes> <pack bytes>\n`, the body, a line with the
+//! hex HMAC ([`MacPurpose::ScanRecord`]) of the SHA-256 of the header and body, then the pack.
+//! The body holds
+//! - the stamp of the verified-object cache file (`super::object_cache`) the run left behind;
+//! - every shard directory of `objects/sha256/` with its identity (inode, mtime, ctime) then;
+//! - the stat digest of each of the run's before trees ([`crate::fs::StatDigests`], with the
+//!   backup state its files share and its largest file);
+//! - the slots (tree id, offset, length) of the pack: a copy of the run's private copy of its
+//!   before trees (`super::TreeSpool`), which the next run copies into its own.
+//!
+//! Invariants:
+//! - a record counts only when its MAC checks under the user's key: a digest is a function of
+//!   its tree's content, so a record agentdiff wrote stays true of those trees forever;
+//! - the digests are used, and every object known from the cache file is *claimed* as verified
+//!   (`super::verified`), only when every shard directory has the identity the record names and
+//!   the cache file loaded is the one the record names: no object was added, removed or renamed
+//!   since the last run verified the backups of those trees (any of that changes its shard's
+//!   mtime and ctime, and no unprivileged process can set a ctime back). An object rewritten in
+//!   place meanwhile is found by the check after the command (`super::object_snapshot`), which
+//!   compares each claimed object with its recorded identity and hashes it when they differ;
+//! - the pack is not trusted: each tree is verified against its id when read, as every read of
+//!   the private copy is, and a tree not in the copy is read from the store before launch.
+//!
+//! Not defended: a process holding the key (under the `local` backend the command can read it),
+//! which can write a record naming digests of trees that do not match the tree's content; the
+//! limits of the object cache and of the tamper check apply as well.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::atomic;
+use super::object_snapshot::{shard_idents_now, DirIdent, ObjectsSnapshot};
+use super::objects::{ObjectStore, TMP_DIR};
+use super::seal::{MacPurpose, SealKey};
+use super::tree::PackSlot;
+use super::verified::FileStamp;
+use super::{StoreError, TreeSpool};
+use crate::fs::{DirBackups, DirDigest, StatDigests};
+
+/// File name below `objects/`.
+pub(crate) const RECORD_FILE_NAME: &str = "scan-record";
+const MAGIC: &str = "agentdiff-scan-record v1";
+/// The MAC line: 64 hex digits and a newline.
+const MAC_LINE_BYTES: usize = 65;
+const MAX_HEADER_BYTES: usize = 256;
+/// Far above any record the digest budget allows; a larger body is ignored, not read.
+const MAX_BODY_BYTES: u64 = 256 * 1024 * 1024;
+
+/// A scan record read back with its MAC checked (see the module doc).
+pub(crate) struct ScanRecord {
+    cache: Option<FileStamp>,
+    shards: Vec<(String, DirIdent)>,
+    digests: StatDigests,
+    slots: Vec<PackSlot>,
+    /// The file, and where its pack starts and how long it is.
+    file: File,
+    pack_at: u64,
+    pack_len: u64,
+}
+
+/// What a run's before-scan takes from a record whose store check passed.
+pub(crate) struct RecordedScan {
+    pub digests: StatDigests,
+    /// How many digests the record held (kept when the digests are released).
+    recorded_digests: usize,
+    record: ScanRecord,
+}
+
+impl RecordedScan {
+    /// Frees the digests once the before-scan is done with them (the scan keeps its own).
+    pub fn release_digests(&mut self) {
+        self.digests = StatDigests::default();
+    }
+
+    /// Whether a run that used this record would write the same record again: its before-scan
+    /// produced the same number of digests (a digest is a function of its tree, and every tree
+    /// without one was read), `spool` holds nothing but the record's pack, and the store is as
+    /// the record found it.
+    pub fn still_current(
+        &self,
+        store: &ObjectStore,
+        key: &SealKey,
+        digests: &StatDigests,
+        spool: &TreeSpool,
+    ) -> bool {
+        let r = &self.record;
+        digests.len() == self.recorded_digests
+            && spool.only_seeded()
+            && store.verified_cache_stamp(key.id()) == r.cache
+            && shard_idents_now(store).is_ok_and(|now| now == r.shards)
+    }
+
+    /// Fills `spool` with the record's pack (see [`TreeSpool::seed`]); whether it did.
+    pub fn seed(&self, spool: &mut TreeSpool) -> bool {
+        let r = &self.record;
+        spool.seed(&r.file, r.pack_at, r.pack_len, &r.slots)
+    }
+}
+
+impl ScanRecord {
+    /// The record's digests when the store is as the record found it (see the module doc):
+    /// every object known from the cache file is then claimed as verified. `objects` is the
+    /// listing taken before the before-scan.
+    pub(crate) fn check(
+        self,
+        store: &ObjectStore,
+        objects: &ObjectsSnapshot,
+        key: &SealKey,
+    ) -> Option<RecordedScan> {
+        let cache = store.verified_cache_stamp(key.id());
+        if cache.is_none() || cache != self.cache {
+            return None;
+        }
+        let recorded = self.shards.iter().map(|(n, d)| (n.as_str(), *d));
+        if !objects.shard_idents().eq(recorded) {
+            return None;
+        }
+        store.claim_verified();
+        let mut record = self;
+        let digests = std::mem::take(&mut record.digests);
+        let recorded_digests = digests.len();
+        Some(RecordedScan {
+            digests,
+            recorded_digests,
+            record,
+        })
+    }
+}
+
+impl ObjectStore {
+    fn record_path(&self) -> PathBuf {
+        self.dir().join(RECORD_FILE_NAME)
+    }
+
+    /// The scan record `key` authenticates, if there is one.
+    pub(crate) fn load_scan_record(&self, key: &SealKey) -> Option<ScanRecord> {
+        let (file, meta) = atomic::open_regular(&self.record_path()).ok()?;
+        read_record(file, meta.len(), key)
+    }
+
+    /// Writes the record of a clean run: its before trees' `digests` and `spool` (the pack),
+    /// and the store as it is now (call after the seal and the object cache are written). A
+    /// record that cannot be written is removed: the next run then reads every tree.
+    pub(crate) fn save_scan_record(
+        &self,
+        key: &SealKey,
+        digests: &StatDigests,
+        spool: &mut TreeSpool,
+    ) -> Result<(), StoreError> {
+        if self.verified_cache_stamp(key.id()).is_none() {
+            // The object cache was not written: a record could never be used.
+            return self.drop_scan_record();
+        }
+        let tmp_dir = self.dir().join(TMP_DIR);
+        let (mut file, tmp) = atomic::create_temp_in(&tmp_dir, RECORD_FILE_NAME)?;
+        let dest = self.record_path();
+        let written = self.render(&mut file, key, digests, spool).and_then(|()| {
+            std::fs::rename(&tmp, &dest).map_err(|e| StoreError::io("rename into", &dest, e))
+        });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+            self.drop_scan_record()?;
+        }
+        written
+    }
+
+    fn render(
+        &self,
+        file: &mut File,
+        key: &SealKey,
+        digests: &StatDigests,
+        spool: &mut TreeSpool,
+    ) -> Result<(), StoreError> {
+        let io = |e| StoreError::io("write", self.record_path(), e);
+        // The pack goes first (after room for the header): its slots go in the body.
+        let mut body = Body::default();
+        body.cache(self.verified_cache_stamp(key.id()));
+        body.shards(&shard_idents_now(self)?);
+        body.digests(digests);
+        let reserved = MAX_HEADER_BYTES as u64;
+        file.seek(SeekFrom::Start(reserved)).map_err(io)?;
+        let (slots, pack_len) = spool.write_pack(file).map_err(io)?;
+        body.slots(&slots);
+        // Header, body and MAC after the pack: the reader finds them from the header's sizes.
+        let header = format!("{MAGIC} {} {} {}", key.id(), body.0.len(), pack_len);
+        let header = format!("{header:<width$}", width = MAX_HEADER_BYTES - 1) + "\n";
+        let mut h = Sha256::new();
+        h.update(header.as_bytes());
+        h.update(&body.0);
+        let mac = key.mac(MacPurpose::ScanRecord, &h.finalize());
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        file.write_all(header.as_bytes()).map_err(io)?;
+        file.seek(SeekFrom::Start(reserved + pack_len))
+            .map_err(io)?;
+        file.write_all(&body.0).map_err(io)?;
+        file.write_all(format!("{mac}\n").as_bytes()).map_err(io)?;
+        Ok(())
+    }
+
+    /// Removes the scan record (pruning, or a run that found the store changed).
+    pub(crate) fn drop_scan_record(&self) -> Result<(), StoreError> {
+        match std::fs::remove_file(self.record_path()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io("remove", self.record_path(), e)),
+        }
+    }
+}
+
+/// The record in `file` (`len` bytes) when its MAC checks under `key`.
+fn read_record(mut file: File, len: u64, key: &SealKey) -> Option<ScanRecord> {
+    let mut header = vec![0u8; MAX_HEADER_BYTES];
+    file.read_exact(&mut header).ok()?;
+    let line = std::str::from_utf8(&header).ok()?;
+    let mut words = line.trim_end().split(' ');
+    let magic = [words.next()?, words.next()?].join(" ");
+    let (key_id, body_len, pack_len) = (words.next()?, words.next()?, words.next()?);
+    if magic != MAGIC || key_id != key.id() || words.next().is_some() {
+        return None;
+    }
+    let body_len: u64 = body_len.parse().ok()?;
+    let pack_len: u64 = pack_len.parse().ok()?;
+    let pack_at = MAX_HEADER_BYTES as u64;
+    let body_at = pack_at.checked_add(pack_len)?;
+    let end = body_at
+        .checked_add(body_len)?
+        .checked_add(MAC_LINE_BYTES as u64)?;
+    if body_len > MAX_BODY_BYTES || end != len {
+        return None;
+    }
+    file.seek(SeekFrom::Start(body_at)).ok()?;
+    let mut body = vec![0u8; usize::try_from(body_len).ok()? + MAC_LINE_BYTES];
+    file.read_exact(&mut body).ok()?;
+    let mac = std::str::from_utf8(&body[body.len() - MAC_LINE_BYTES..])
+        .ok()?
+        .to_string();
+    body.truncate(body.len() - MAC_LINE_BYTES);
+    let mut h = Sha256::new();
+    h.update(&header);
+    h.update(&body);
+    if !key.verify_mac(
+        MacPurpose::ScanRecord,
+        &h.finalize(),
+        mac.strip_suffix('\n')?,
+    ) {
+        return None;
+    }
+    let mut r = Reader(&body);
+    let cache = r.cache()?;
+    let shards = r.shards()?;
+    let digests = r.digests()?;
+    let slots = r.slots()?;
+    r.0.is_empty().then_some(ScanRecord {
+        cache,
+        shards,
+        digests,
+        slots,
+        file,
+        pack_at,
+        pack_len,
+    })
+}
+
+/// The body being written.
+#[derive(Default)]
+struct Body(Vec<u8>);
+
+impl Body {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn i64(&mut self, v: i64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.u64(b.len() as u64);
+        self.0.extend_from_slice(b);
+    }
+
+    fn cache(&mut self, stamp: Option<FileStamp>) {
+        match stamp {
+            Some((dev, ino, size, mtime, ctime)) => {
+                self.u8(1);
+                for v in [dev, ino, size] {
+                    self.u64(v);
+                }
+                self.i64(mtime);
+                self.i64(ctime);
+            }
+            None => self.u8(0),
+        }
+    }
+
+    fn shards(&mut self, shards: &[(String, DirIdent)]) {
+        self.u64(shards.len() as u64);
+        for (name, d) in shards {
+            self.bytes(name.as_bytes());
+            self.u64(d.ino);
+            self.i64(d.mtime_ns);
+            self.i64(d.ctime_ns);
+        }
+    }
+
+    fn digests(&mut self, digests: &StatDigests) {
+        let mut all: Vec<_> = digests.iter().collect();
+        all.sort_unstable_by_key(|(k, _)| **k);
+        self.u64(all.len() as u64);
+        for (key, d) in all {
+            self.0.extend_from_slice(key);
+            self.0.extend_from_slice(&d.stat);
+            self.u64(d.entries as u64);
+            self.i64(d.newest_file_ns);
+            self.u64(d.largest_file);
+            self.u8(d.backups.code());
+            self.u64(d.trees.len() as u64);
+            for (name, id) in &d.trees {
+                self.bytes(name.as_bytes());
+                self.0.extend_from_slice(id);
+            }
+        }
+    }
+
+    fn slots(&mut self, slots: &[PackSlot]) {
+        self.u64(slots.len() as u64);
+        for (key, offset, len) in slots {
+            self.0.extend_from_slice(key);
+            self.u64(*offset);
+            self.u64(*len);
+        }
+    }
+}
+
+/// The body being read: every read is bounds-checked, and a count is never trusted further
+/// than the bytes left.
+struct Reader<'b>(&'b [u8]);
+
+impl<'b> Reader<'b> {
+    fn take(&mut self, n: usize) -> Option<&'b [u8]> {
+        if n > self.0.len() {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn i64(&mut self) -> Option<i64> {
+        Some(i64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn key(&mut self) -> Option<[u8; 32]> {
+        self.take(32)?.try_into().ok()
+    }
+    fn bytes(&mut self) -> Option<&'b [u8]> {
+        let n = usize::try_from(self.u64()?).ok()?;
+        self.take(n)
+    }
+    /// A count of items of at least `min_bytes` each.
+    fn count(&mut self, min_bytes: usize) -> Option<usize> {
+        let n = usize::try_from(self.u64()?).ok()?;
+        (n.checked_mul(min_bytes)? <= self.0.len()).then_some(n)
+    }
+
+    fn cache(&mut self) -> Option<Option<FileStamp>> {
+        match self.u8()? {
+            0 => Some(None),
+            1 => Some(Some((
+                self.u64()?,
+                self.u64()?,
+                self.u64()?,
+                self.i64()?,
+                self.i64()?,
+            ))),
+            _ => None,
+        }
+    }
+
+    fn shards(&mut self) -> Option<Vec<(String, DirIdent)>> {
+        let n = self.count(32)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = std::str::from_utf8(self.bytes()?).ok()?.to_string();
+            let ident = DirIdent {
+                ino: self.u64()?,
+                mtime_ns: self.i64()?,
+                ctime_ns: self.i64()?,
+            };
+            out.push((name, ident));
+        }
+        Some(out)
+    }
+
+    fn digests(&mut self) -> Option<StatDigests> {
+        let n = self.count(32 + 32 + 8 * 4 + 1 + 8)?;
+        let mut out = StatDigests::default();
+        for _ in 0..n {
+            let key = self.key()?;
+            let stat = self.key()?;
+            let entries = usize::try_from(self.u64()?).ok()?;
+            let newest_file_ns = self.i64()?;
+            let largest_file = self.u64()?;
+            let backups = DirBackups::from_code(self.u8()?)?;
+            let subtrees = self.count(8 + 32)?;
+            let mut trees = Vec::with_capacity(subtrees);
+            for _ in 0..subtrees {
+                let name: Box<str> = std::str::from_utf8(self.bytes()?).ok()?.into();
+                trees.push((name, self.key()?));
+            }
+            let digest = DirDigest {
+                stat,
+                entries,
+                newest_file_ns,
+                largest_file,
+                backups,
+                trees,
+            };
+            // Past the budget the rest are read but not kept (their trees are read instead).
+            out.keep_record(key, digest);
+        }
+        Some(out)
+    }
+
+    fn slots(&mut self) -> Option<Vec<PackSlot>> {
+        let n = self.count(48)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push((self.key()?, self.u64()?, self.u64()?));
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::fs::{Tree, TreeSink, TreeSource};
+    use crate::store::{SpooledTrees, Store, TreeWriter};
+
+    fn key(b: u8) -> SealKey {
+        SealKey::from_bytes([b; 32])
+    }
+
+    /// A store whose run wrote `n` trees through a spool and left its cache and record.
+    fn recorded(n: usize) -> (tempfile::TempDir, Vec<(String, Tree)>, StatDigests) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut spool = TreeSpool::new(store.objects()).unwrap();
+        let mut digests = StatDigests::default();
+        let mut trees = Vec::new();
+        let mut writer = TreeWriter::new(store.objects(), Some(&mut spool));
+        let mut below = Tree::id_of(b"none");
+        for i in 0..n {
+            let mut tree = Tree::default();
+            tree.trees.insert(format!("d{i}"), below.clone());
+            let id = writer.directory("", tree.clone()).unwrap();
+            digests.insert(&id, DirDigest::of(&tree).unwrap());
+            trees.push((id.clone(), tree));
+            below = id;
+        }
+        drop(writer);
+        store.objects().sync().unwrap();
+        store.objects().save_verified_cache(&key(1)).unwrap();
+        store
+            .objects()
+            .save_scan_record(&key(1), &digests, &mut spool)
+            .unwrap();
+        (dir, trees, digests)
+    }
+
+    /// The store as the next run opens it: the cache loaded, the listing taken.
+    fn next_run(dir: &tempfile::TempDir, k: &SealKey) -> (Store, ObjectsSnapshot) {
+        let store = Store::open(dir.path()).unwrap();
+        store.objects().load_verified_cache(k);
+        let snap = ObjectsSnapshot::take(store.objects()).unwrap();
+        (store, snap)
+    }
+
+    fn sorted(d: &StatDigests) -> Vec<([u8; 32], DirDigest)> {
+        let mut all: Vec<_> = d.iter().map(|(k, v)| (*k, v.clone())).collect();
+        all.sort_by_key(|(k, _)| *k);
+        all
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written_and_seeds_a_spool_with_its_trees() {
+        let (dir, trees, digests) = recorded(40);
+        let (store, snap) = next_run(&dir, &key(1));
+        let record = store.objects().load_scan_record(&key(1)).expect("record");
+        let scan = record
+            .check(store.objects(), &snap, &key(1))
+            .expect("store unchanged");
+        assert_eq!(sorted(&scan.digests), sorted(&digests));
+        let mut spool = TreeSpool::new(store.objects()).unwrap();
+        assert!(scan.seed(&mut spool));
+        assert!(spool.only_seeded());
+        // Every tree is read from the copy, verified; the store's objects are not needed.
+        for (id, _) in &trees {
+            let path = store.objects().object_path(id).unwrap();
+            std::fs::remove_file(path).unwrap();
+        }
+        let read = SpooledTrees {
+            spool: Some(&spool),
+            objects: store.objects(),
+        };
+        for (id, tree) in &trees {
+            assert_eq!(&read.tree(id).unwrap(), tree, "{id}");
+        }
+    }
+
+    #[test]
+    fn a_record_under_another_key_or_damaged_anywhere_but_the_pack_is_no_record() {
+        let (dir, _, _) = recorded(5);
+        let path = dir.path().join(".agentdiff/objects").join(RECORD_FILE_NAME);
+        let (store, _) = next_run(&dir, &key(2));
+        assert!(
+            store.objects().load_scan_record(&key(2)).is_none(),
+            "another key"
+        );
+        let good = std::fs::read(&path).unwrap();
+        let header = String::from_utf8_lossy(&good[..MAX_HEADER_BYTES]).to_string();
+        let pack: usize = header.split_whitespace().nth(4).unwrap().parse().unwrap();
+        let body_at = MAX_HEADER_BYTES + pack;
+        for at in [0, 30, body_at, body_at + 9, good.len() - 2] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x20;
+            std::fs::write(&path, &bad).unwrap();
+            assert!(
+                store.objects().load_scan_record(&key(1)).is_none(),
+                "byte {at}"
+            );
+        }
+        for len in [0, 10, MAX_HEADER_BYTES, good.len() - 1] {
+            std::fs::write(&path, &good[..len]).unwrap();
+            assert!(
+                store.objects().load_scan_record(&key(1)).is_none(),
+                "{len} bytes"
+            );
+        }
+        let mut longer = good.clone();
+        longer.push(b'\n');
+        std::fs::write(&path, &longer).unwrap();
+        assert!(
+            store.objects().load_scan_record(&key(1)).is_none(),
+            "a byte added"
+        );
+        std::fs::write(&path, &good).unwrap();
+        assert!(store.objects().load_scan_record(&key(1)).is_some());
+    }
+
+    #[test]
+    fn a_store_changed_since_the_record_gets_no_digests_and_no_claims() {
+        // An object added: its shard directory changed.
+        let (dir, _, _) = recorded(3);
+        Store::open(dir.path())
+            .unwrap()
+            .objects()
+            .put_bytes(b"added between runs")
+            .unwrap();
+        let (store, snap) = next_run(&dir, &key(1));
+        let record = store.objects().load_scan_record(&key(1)).unwrap();
+        assert!(record.check(store.objects(), &snap, &key(1)).is_none());
+        assert_eq!(
+            store.objects().claim_verified(),
+            3,
+            "nothing was claimed before"
+        );
+        // The object cache replaced by another (an older one, or none): its entries may not
+        // cover the record's trees.
+        let (dir, _, _) = recorded(3);
+        let cache = dir.path().join(".agentdiff/objects/verified-cache");
+        let bytes = std::fs::read(&cache).unwrap();
+        std::fs::remove_file(&cache).unwrap();
+        let (store, snap) = next_run(&dir, &key(1));
+        let record = store.objects().load_scan_record(&key(1)).unwrap();
+        assert!(
+            record.check(store.objects(), &snap, &key(1)).is_none(),
+            "no cache"
+        );
+        std::fs::write(&cache, bytes).unwrap();
+        let (store, snap) = next_run(&dir, &key(1));
+        let record = store.objects().load_scan_record(&key(1)).unwrap();
+        assert!(
+            record.check(store.objects(), &snap, &key(1)).is_none(),
+            "a copy"
+        );
+    }
+
+    #[test]
+    fn a_pack_mostly_of_unused_trees_is_written_with_the_used_ones_only() {
+        let (dir, trees, _) = recorded(30);
+        let (store, snap) = next_run(&dir, &key(1));
+        let scan = store
+            .objects()
+            .load_scan_record(&key(1))
+            .unwrap()
+            .check(store.objects(), &snap, &key(1))
+            .unwrap();
+        let mut spool = TreeSpool::new(store.objects()).unwrap();
+        assert!(scan.seed(&mut spool));
+        let used: Vec<_> = trees.iter().take(3).collect();
+        let mut writer =
+            TreeWriter::new(store.objects(), Some(&mut spool)).reused_trees_are_stored();
+        // Two taken unread, one read from the store and found equal (the scan's other path).
+        for (id, tree) in &used[..2] {
+            let n = tree.entries.len();
+            writer.unchanged_unread("", id, n, store.objects()).unwrap();
+        }
+        let (id, _) = used[2];
+        let earlier = store.objects().reusable(id).unwrap();
+        writer.unchanged("", id, earlier).unwrap();
+        drop(writer);
+        let mut out = tempfile::tempfile().unwrap();
+        let (slots, len) = spool.write_pack(&mut out).unwrap();
+        assert_eq!(slots.len(), used.len());
+        let total: u64 = used
+            .iter()
+            .map(|(_, t)| t.to_bytes("").unwrap().len() as u64)
+            .sum();
+        assert_eq!(len, total, "only the used trees");
+        let mut fresh = TreeSpool::new(store.objects()).unwrap();
+        assert!(fresh.seed(&out, 0, len, &slots));
+        let read = SpooledTrees {
+            spool: Some(&fresh),
+            objects: store.objects(),
+        };
+        for (id, _) in &used {
+            let path = store.objects().object_path(id).unwrap();
+            let _ = std::fs::remove_file(path);
+        }
+        for (id, tree) in used {
+            assert_eq!(&read.tree(id).unwrap(), tree);
+        }
+    }
+}
