@@ -233,26 +233,37 @@ fn the_latest_sealed_run_feeds_the_cache_whatever_was_touched_since() {
     assert_eq!(cache["run_id"], "r2");
 }
 
-/// The verified-object cache is written when a run verified something new, not by every run:
-/// an unchanged tree's runs leave the file that is there as it is.
-#[test]
-fn an_unchanged_tree_does_not_rewrite_the_verified_object_cache() {
+/// The file's inode and ctime: any rewrite or replacement changes them.
+fn file_stamp(path: &Path) -> (u64, i64, i64) {
     use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(path).unwrap();
+    (m.ino(), m.ctime(), m.ctime_nsec())
+}
+
+/// The verified-object cache and the scan record are written when a run verified something
+/// new or its trees changed, not by every run: an unchanged tree's runs leave both files as
+/// they are.
+#[test]
+fn an_unchanged_tree_rewrites_neither_the_object_cache_nor_the_scan_record() {
     let p = aged_project();
     let cache = p.path().join(".agentdiff/objects/verified-cache");
-    let stamp = || {
-        let m = fs::symlink_metadata(&cache).unwrap();
-        (m.ino(), m.ctime(), m.ctime_nsec())
-    };
+    let record = p.path().join(".agentdiff/objects/scan-record");
+    let stamp = || (file_stamp(&cache), file_stamp(&record));
     run(p.path(), "r1", &[], "true");
     run(p.path(), "r2", &[], "true");
     let settled = stamp();
     run(p.path(), "r3", &[], "true");
-    assert_eq!(stamp(), settled, "an unchanged run rewrote the cache");
-    // A new file's backup is a new verified object: the next run writes the cache again.
+    assert_eq!(
+        stamp(),
+        settled,
+        "an unchanged run rewrote the cache or the record"
+    );
+    // A new file's backup is a new verified object, in a changed tree: both are written again.
     fs::write(p.path().join("new.txt"), "new\n").unwrap();
     run(p.path(), "r4", &[], "true");
-    assert_ne!(stamp(), settled);
+    let (now_cache, now_record) = stamp();
+    assert_ne!(now_cache, settled.0);
+    assert_ne!(now_record, settled.1);
     assert_exit(&agentdiff(p.path(), &["verify", "r4"]), 0);
 }
 
@@ -404,20 +415,27 @@ fn a_warm_run_takes_unchanged_directories_from_the_scan_record() {
     );
 }
 
+/// Run r1, then rewrite `a.txt`'s backup object in place (same size, mtime put back) as
+/// something outside agentdiff would between runs; returns the object's path.
+fn first_run_then_damage_a_backup(root: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    run(root, "r1", &[], "true");
+    let object = backup_object(root, "r1", "a.txt");
+    fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
+    agentdiff_engine::testing::rewrite_in_place(&object, b"A.txt\n");
+    // Past the filesystem's timestamp tick, so the change is older than the next run's listing.
+    std::thread::sleep(Duration::from_millis(50));
+    object
+}
+
 /// A backup rewritten in place between runs (same size, mtime put back) leaves every shard
 /// directory as it was, so the record is used and the backup is not looked at before launch:
 /// the check after the command finds the object's identity changed, hashes it, quarantines it
 /// and withdraws the backup, saying the change predates the run.
 #[test]
 fn a_backup_rewritten_between_runs_is_found_after_the_command_and_withdrawn() {
-    use std::os::unix::fs::PermissionsExt;
     let p = aged_project();
-    run(p.path(), "r1", &[], "true");
-    let object = backup_object(p.path(), "r1", "a.txt");
-    fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
-    agentdiff_engine::testing::rewrite_in_place(&object, b"A.txt\n");
-    // Past the filesystem's timestamp tick, so the change is older than the run's listing.
-    std::thread::sleep(Duration::from_millis(50));
+    let object = first_run_then_damage_a_backup(p.path());
     let result = run(p.path(), "r2", &[], "true");
     let cache = event(p.path(), "r2", "stat_cache").unwrap();
     assert!(cache["recorded_digests"].as_u64().unwrap() > 0, "{cache}");
@@ -554,13 +572,8 @@ fn a_forged_record_is_ignored_and_a_damaged_pack_only_costs_reads() {
 /// the record is checked first, so a backup damaged between runs is withdrawn there too.
 #[test]
 fn a_run_refused_at_launch_checks_what_it_claimed_before_sealing() {
-    use std::os::unix::fs::PermissionsExt;
     let p = aged_project();
-    run(p.path(), "r1", &[], "true");
-    let object = backup_object(p.path(), "r1", "a.txt");
-    fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
-    agentdiff_engine::testing::rewrite_in_place(&object, b"A.txt\n");
-    std::thread::sleep(Duration::from_millis(50));
+    let object = first_run_then_damage_a_backup(p.path());
     let out = agentdiff(
         p.path(),
         &[
@@ -592,25 +605,13 @@ fn a_run_refused_at_launch_checks_what_it_claimed_before_sealing() {
     assert_exit(&agentdiff(p.path(), &["verify", "r2"]), 0);
 }
 
-/// The record is written when a run's trees or store differ from it, not by every run; a run
-/// whose command changed the store leaves none (the next run reads every tree).
+/// A run whose command changed the store leaves no scan record: the next run reads every tree.
 #[test]
-fn the_scan_record_is_rewritten_only_when_it_changes_and_dropped_after_tampering() {
-    use std::os::unix::fs::MetadataExt;
+fn a_run_whose_command_changed_the_store_drops_the_scan_record() {
     let p = aged_project();
     let record = p.path().join(".agentdiff/objects/scan-record");
-    let stamp = || {
-        let m = fs::symlink_metadata(&record).unwrap();
-        (m.ino(), m.ctime(), m.ctime_nsec())
-    };
-    run(p.path(), "r1", &[], "true");
-    run(p.path(), "r2", &[], "true");
-    let settled = stamp();
-    run(p.path(), "r3", &[], "true");
-    assert_eq!(stamp(), settled, "an unchanged run rewrote the record");
-    fs::write(p.path().join("src/new.rs"), "new\n").unwrap();
     run(p.path(), "r4", &[], "true");
-    assert_ne!(stamp(), settled);
+    assert!(record.exists());
     // The command deletes a backup: a finding, and no record is left.
     let object = backup_object(p.path(), "r4", "b.txt");
     let script = format!("rm -f '{}'", object.display());

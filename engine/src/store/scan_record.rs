@@ -52,8 +52,11 @@ const MAGIC: &str = "agentdiff-scan-record v1";
 /// The MAC line: 64 hex digits and a newline.
 const MAC_LINE_BYTES: usize = 65;
 const MAX_HEADER_BYTES: usize = 256;
-/// Far above any record the digest budget allows; a larger body is ignored, not read.
-const MAX_BODY_BYTES: u64 = 256 * 1024 * 1024;
+/// Most bytes of a body that is read (the whole body is held to check its MAC): the digests a
+/// run keeps take at most a few MiB (`crate::fs::MAX_DIGEST_BYTES`), and the pack's slots 48
+/// bytes a directory. A larger body (a project of more than half a million directories, or a
+/// planted file) is ignored, not read: that run reads every tree.
+const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
 
 /// A scan record read back with its MAC checked (see the module doc).
 pub(crate) struct ScanRecord {
