@@ -166,23 +166,28 @@ impl ObjectStore {
         let tmp_dir = self.dir().join(TMP_DIR);
         let (mut file, tmp) = atomic::create_temp_in(&tmp_dir, RECORD_FILE_NAME)?;
         let dest = self.record_path();
-        let written = self.render(&mut file, key, digests, spool).and_then(|()| {
-            std::fs::rename(&tmp, &dest).map_err(|e| StoreError::io("rename into", &dest, e))
+        let written = self.render(&mut file, key, digests, spool).and_then(|fits| {
+            if !fits {
+                return Ok(false);
+            }
+            std::fs::rename(&tmp, &dest).map_err(|e| StoreError::io("rename into", &dest, e))?;
+            Ok(true)
         });
-        if written.is_err() {
+        if written.as_ref().map_or(true, |placed| !placed) {
             let _ = std::fs::remove_file(&tmp);
             self.drop_scan_record()?;
         }
-        written
+        written.map(|_| ())
     }
 
+    /// Writes the record to `file`; `false` when its body would be too large to be read back.
     fn render(
         &self,
         file: &mut File,
         key: &SealKey,
         digests: &StatDigests,
         spool: &mut TreeSpool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let io = |e| StoreError::io("write", self.record_path(), e);
         // The pack goes first (after room for the header): its slots go in the body.
         let mut body = Body::default();
@@ -193,6 +198,9 @@ impl ObjectStore {
         file.seek(SeekFrom::Start(reserved)).map_err(io)?;
         let (slots, pack_len) = spool.write_pack(file).map_err(io)?;
         body.slots(&slots);
+        if body.0.len() as u64 > MAX_BODY_BYTES {
+            return Ok(false);
+        }
         // Header, body and MAC after the pack: the reader finds them from the header's sizes.
         let header = format!("{MAGIC} {} {} {}", key.id(), body.0.len(), pack_len);
         let header = format!("{header:<width$}", width = MAX_HEADER_BYTES - 1) + "\n";
@@ -206,7 +214,7 @@ impl ObjectStore {
             .map_err(io)?;
         file.write_all(&body.0).map_err(io)?;
         file.write_all(format!("{mac}\n").as_bytes()).map_err(io)?;
-        Ok(())
+        Ok(true)
     }
 
     /// Removes the scan record (pruning, or a run that found the store changed).
