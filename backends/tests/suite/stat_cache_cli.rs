@@ -379,7 +379,8 @@ fn a_warm_run_takes_unchanged_directories_from_the_scan_record() {
     run(p.path(), "r2", &[], "true");
     let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
     assert!(cache["recorded_digests"].as_u64().unwrap() >= 2, "{cache}");
-    assert_eq!(cache["recorded_trees_copied"], true, "{cache}");
+    assert_eq!(cache["recorded_trees_copied"], 2, "{cache}");
+    assert_eq!(cache["recorded_pack_hashed"], false, "{cache}");
     let captured = event(p.path(), "r2", "before_captured").unwrap();
     assert_eq!(captured["trees_reused"], 2, "{captured}");
     let before = manifest(p.path(), "r2", Artifact::Before);
@@ -519,7 +520,8 @@ fn a_backup_removed_between_runs_turns_the_record_off_and_is_stored_again() {
 }
 
 /// A record whose MAC does not check is ignored as a whole; damage to its pack (the copy of the
-/// trees, not MAC'd: each tree is verified when read) costs reads, never a wrong manifest.
+/// trees, not MAC'd: each tree is verified as it is copied) costs reads, never a wrong manifest,
+/// and is repaired by the run that finds it.
 #[test]
 fn a_forged_record_is_ignored_and_a_damaged_pack_only_costs_reads() {
     let p = aged_project();
@@ -545,27 +547,33 @@ fn a_forged_record_is_ignored_and_a_damaged_pack_only_costs_reads() {
         *b = b'x';
     }
     fs::write(&record, &damaged).unwrap();
-    fs::write(p.path().join("a.txt"), "new a\n").unwrap();
+    // Every tree fails its check as it is copied: none is, all are read from the store.
     let result = run(p.path(), "r3", &[], "true");
     assert!(findings(&result).is_empty(), "{result}");
-    assert!(
-        event(p.path(), "r3", "stat_cache").unwrap()["recorded_digests"]
-            .as_u64()
-            .unwrap()
-            > 0
-    );
-    assert_eq!(
-        changed_paths(&result),
-        Vec::<String>::new(),
-        "changed before the run"
-    );
-    let before = manifest(p.path(), "r3", Artifact::Before);
-    assert_eq!(
-        before.entries["a.txt"].sha256.as_deref(),
-        Some(sha(b"new a\n").as_str())
-    );
-    assert_eq!(before.entries.len(), FILES.len() + 1);
+    let cache = event(p.path(), "r3", "stat_cache").unwrap();
+    assert!(cache["recorded_digests"].as_u64().unwrap() > 0, "{cache}");
+    assert_eq!(cache["recorded_trees_copied"], 0, "{cache}");
+    let root = |id: &str, a: &str| {
+        let path = p.path().join(format!(".agentdiff/runs/{id}/{a}"));
+        let v: Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+        v["root_tree"]["sha256"].clone()
+    };
+    assert_eq!(root("r3", "before.json"), root("r2", "after.json"));
     assert_exit(&agentdiff(p.path(), &["verify", "r3"]), 0);
+    // The damaged pack is not left for the next run.
+    run(p.path(), "r4", &[], "true");
+    let cache = event(p.path(), "r4", "stat_cache").unwrap();
+    assert_eq!(cache["recorded_trees_copied"], 2, "{cache}");
+    assert_eq!(cache["recorded_pack_hashed"], false, "{cache}");
+    // Without its stamp the pack is hashed as it is copied; found whole, it is vouched for.
+    fs::remove_file(p.path().join(".agentdiff/objects/scan-record.stamp")).unwrap();
+    run(p.path(), "r5", &[], "true");
+    let cache = event(p.path(), "r5", "stat_cache").unwrap();
+    assert_eq!(cache["recorded_pack_hashed"], true, "{cache}");
+    assert_eq!(cache["recorded_trees_copied"], 2, "{cache}");
+    run(p.path(), "r6", &[], "true");
+    let cache = event(p.path(), "r6", "stat_cache").unwrap();
+    assert_eq!(cache["recorded_pack_hashed"], false, "{cache}");
 }
 
 /// A run that never launches still seals its before manifest: what its before-scan claimed from

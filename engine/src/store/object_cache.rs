@@ -121,8 +121,8 @@ impl ObjectStore {
     }
 }
 
-/// The stamp of the cache file as `meta` shows it.
-fn stamp(meta: &std::fs::Metadata) -> FileStamp {
+/// The stamp of a file as `meta` shows it.
+pub(super) fn stamp(meta: &std::fs::Metadata) -> FileStamp {
     use std::os::unix::fs::MetadataExt;
     (
         meta.dev(),

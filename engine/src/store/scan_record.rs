@@ -24,8 +24,11 @@
 //!   mtime and ctime, and no unprivileged process can set a ctime back). An object rewritten in
 //!   place meanwhile is found by the check after the command (`super::object_snapshot`), which
 //!   compares each claimed object with its recorded identity and hashes it when they differ;
-//! - the pack is not trusted: each tree is verified against its id when read, as every read of
-//!   the private copy is, and a tree not in the copy is read from the store before launch.
+//! - the pack is trusted only as agentdiff left it: right after writing the record, its file's
+//!   stamp is written, MAC'd, to `objects/scan-record.stamp` ([`PackCheck`]). While the file has
+//!   that stamp the pack is copied into the run's private copy as it is; otherwise each tree is
+//!   hashed as it is copied and kept only when it matches its id. Either way the copy holds
+//!   nothing unverified at launch, and a tree not in it is read from the store before launch.
 //!
 //! Not defended: a process holding the key (under the `local` backend the command can read it),
 //! which can write a record naming digests of trees that do not match the tree's content; the
@@ -48,6 +51,9 @@ use crate::fs::{DirBackups, DirDigest, StatDigests};
 
 /// File name below `objects/`.
 pub(crate) const RECORD_FILE_NAME: &str = "scan-record";
+/// The record file's stamp as agentdiff left it, MAC'd (see [`PackCheck`]).
+const STAMP_FILE_NAME: &str = "scan-record.stamp";
+const STAMP_MAGIC: &str = "agentdiff-scan-record-stamp v1";
 const MAGIC: &str = "agentdiff-scan-record v1";
 /// The MAC line: 64 hex digits and a newline.
 const MAC_LINE_BYTES: usize = 65;
@@ -68,11 +74,30 @@ pub(crate) struct ScanRecord {
     file: File,
     pack_at: u64,
     pack_len: u64,
+    pack: PackCheck,
+    /// The file's stamp when it was opened.
+    opened: FileStamp,
+}
+
+/// Whether the pack's trees are hashed as they are copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PackCheck {
+    /// The record file has the stamp (device, inode, size, mtime, ctime) agentdiff recorded,
+    /// MAC'd, right after writing it: nothing wrote to it since (any write moves its ctime, which
+    /// no unprivileged process can set back), so its pack holds the trees agentdiff copied from
+    /// a verified private copy, and is copied as it is.
+    Unchanged,
+    /// Anything else: every tree is hashed as it is copied.
+    Verify,
 }
 
 /// What a run's before-scan takes from a record whose store check passed.
 pub(crate) struct RecordedScan {
     pub digests: StatDigests,
+    /// The record file's stamp, once its whole pack was hashed as it was copied and the file
+    /// did not change meanwhile: a run that leaves the file as it is records this stamp, so the
+    /// next run copies the pack without hashing it.
+    vouched: std::cell::Cell<Option<FileStamp>>,
     /// How many digests the record held (kept when the digests are released).
     recorded_digests: usize,
     record: ScanRecord,
@@ -102,10 +127,31 @@ impl RecordedScan {
             && shard_idents_now(store).is_ok_and(|now| now == r.shards)
     }
 
-    /// Fills `spool` with the record's pack (see [`TreeSpool::seed`]); whether it did.
-    pub fn seed(&self, spool: &mut TreeSpool) -> bool {
+    /// Fills `spool` with the record's pack (see [`TreeSpool::seed`]); how many trees it copied.
+    pub fn seed(&self, spool: &mut TreeSpool) -> usize {
         let r = &self.record;
-        spool.seed(&r.file, r.pack_at, r.pack_len, &r.slots)
+        let verify = r.pack == PackCheck::Verify;
+        let copied = spool.seed(&r.file, r.pack_at, r.pack_len, &r.slots, verify);
+        let now = r
+            .file
+            .metadata()
+            .ok()
+            .map(|m| super::object_cache::stamp(&m));
+        if verify && copied == r.slots.len() && now == Some(r.opened) {
+            self.vouched.set(Some(r.opened));
+        }
+        copied
+    }
+
+    /// Whether the pack's trees are hashed as they are copied (see [`PackCheck`]).
+    pub fn pack_hashed(&self) -> bool {
+        self.record.pack == PackCheck::Verify
+    }
+
+    /// The stamp to record for the record file when the run leaves it as it is (see
+    /// [`RecordedScan::vouched`]).
+    pub fn vouched(&self) -> Option<FileStamp> {
+        self.vouched.get()
     }
 }
 
@@ -133,6 +179,7 @@ impl ScanRecord {
         let recorded_digests = digests.len();
         Some(RecordedScan {
             digests,
+            vouched: std::cell::Cell::new(None),
             recorded_digests,
             record,
         })
@@ -147,7 +194,66 @@ impl ObjectStore {
     /// The scan record `key` authenticates, if there is one.
     pub(crate) fn load_scan_record(&self, key: &SealKey) -> Option<ScanRecord> {
         let (file, meta) = atomic::open_regular(&self.record_path()).ok()?;
-        read_record(file, meta.len(), key)
+        let opened = super::object_cache::stamp(&meta);
+        let mut record = read_record(file, meta.len(), key, opened)?;
+        if self.read_stamp(key) == Some(opened) {
+            record.pack = PackCheck::Unchanged;
+        }
+        Some(record)
+    }
+
+    fn stamp_path(&self) -> PathBuf {
+        self.dir().join(STAMP_FILE_NAME)
+    }
+
+    /// The record file's stamp as agentdiff left it, when its MAC checks under `key`.
+    fn read_stamp(&self, key: &SealKey) -> Option<FileStamp> {
+        let (mut file, meta) = atomic::open_regular(&self.stamp_path()).ok()?;
+        if meta.len() > MAX_HEADER_BYTES as u64 {
+            return None;
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).ok()?;
+        let (line, mac) = text.strip_suffix('\n')?.rsplit_once(' ')?;
+        if !key.verify_mac(MacPurpose::ScanRecord, line.as_bytes(), mac) {
+            return None;
+        }
+        let rest = line.strip_prefix(STAMP_MAGIC)?.strip_prefix(' ')?;
+        let f: Vec<&str> = rest.split(' ').collect();
+        match f.as_slice() {
+            [id, dev, ino, size, mtime, ctime] if *id == key.id() => Some((
+                dev.parse().ok()?,
+                ino.parse().ok()?,
+                size.parse().ok()?,
+                mtime.parse().ok()?,
+                ctime.parse().ok()?,
+            )),
+            _ => None,
+        }
+    }
+
+    /// Records `stamp` as the record file's, MAC'd (see [`PackCheck::Unchanged`]): the stamp it
+    /// had when agentdiff wrote it, or when a run hashed its whole pack.
+    pub(crate) fn write_stamp(&self, key: &SealKey, stamp: FileStamp) -> Result<(), StoreError> {
+        let (dev, ino, size, mtime, ctime) = stamp;
+        let line = format!(
+            "{STAMP_MAGIC} {} {dev} {ino} {size} {mtime} {ctime}",
+            key.id()
+        );
+        let mac = key.mac(MacPurpose::ScanRecord, line.as_bytes());
+        let tmp_dir = self.dir().join(TMP_DIR);
+        let (mut file, tmp) = atomic::create_temp_in(&tmp_dir, STAMP_FILE_NAME)?;
+        let dest = self.stamp_path();
+        let written = file
+            .write_all(format!("{line} {mac}\n").as_bytes())
+            .map_err(|e| StoreError::io("write", &tmp, e))
+            .and_then(|()| {
+                std::fs::rename(&tmp, &dest).map_err(|e| StoreError::io("rename into", &dest, e))
+            });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 
     /// Writes the record of a clean run: its before trees' `digests` and `spool` (the pack),
@@ -166,16 +272,27 @@ impl ObjectStore {
         let tmp_dir = self.dir().join(TMP_DIR);
         let (mut file, tmp) = atomic::create_temp_in(&tmp_dir, RECORD_FILE_NAME)?;
         let dest = self.record_path();
-        let written = self.render(&mut file, key, digests, spool).and_then(|fits| {
-            if !fits {
-                return Ok(false);
-            }
-            std::fs::rename(&tmp, &dest).map_err(|e| StoreError::io("rename into", &dest, e))?;
-            Ok(true)
-        });
+        let written = self
+            .render(&mut file, key, digests, spool)
+            .and_then(|fits| {
+                if !fits {
+                    return Ok(false);
+                }
+                std::fs::rename(&tmp, &dest)
+                    .map_err(|e| StoreError::io("rename into", &dest, e))?;
+                Ok(true)
+            });
         if written.as_ref().map_or(true, |placed| !placed) {
             let _ = std::fs::remove_file(&tmp);
             self.drop_scan_record()?;
+        } else {
+            let stamped = std::fs::symlink_metadata(&dest)
+                .map_err(|e| StoreError::io("inspect", &dest, e))
+                .and_then(|m| self.write_stamp(key, super::object_cache::stamp(&m)));
+            if stamped.is_err() {
+                // Without its stamp the pack is hashed as it is copied: slower, never weaker.
+                let _ = std::fs::remove_file(self.stamp_path());
+            }
         }
         written.map(|_| ())
     }
@@ -217,18 +334,21 @@ impl ObjectStore {
         Ok(true)
     }
 
-    /// Removes the scan record (pruning, or a run that found the store changed).
+    /// Removes the scan record and its stamp (pruning, or a run that found the store changed).
     pub(crate) fn drop_scan_record(&self) -> Result<(), StoreError> {
-        match std::fs::remove_file(self.record_path()) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError::io("remove", self.record_path(), e)),
+        for path in [self.record_path(), self.stamp_path()] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("remove", &path, e)),
+            }
         }
+        Ok(())
     }
 }
 
 /// The record in `file` (`len` bytes) when its MAC checks under `key`.
-fn read_record(mut file: File, len: u64, key: &SealKey) -> Option<ScanRecord> {
+fn read_record(mut file: File, len: u64, key: &SealKey, opened: FileStamp) -> Option<ScanRecord> {
     let mut header = vec![0u8; MAX_HEADER_BYTES];
     file.read_exact(&mut header).ok()?;
     let line = std::str::from_utf8(&header).ok()?;
@@ -278,6 +398,8 @@ fn read_record(mut file: File, len: u64, key: &SealKey) -> Option<ScanRecord> {
         file,
         pack_at,
         pack_len,
+        pack: PackCheck::Verify,
+        opened,
     })
 }
 
@@ -519,7 +641,7 @@ mod tests {
             .expect("store unchanged");
         assert_eq!(sorted(&scan.digests), sorted(&digests));
         let mut spool = TreeSpool::new(store.objects()).unwrap();
-        assert!(scan.seed(&mut spool));
+        assert_eq!(scan.seed(&mut spool), trees.len());
         assert!(spool.only_seeded());
         // Every tree is read from the copy, verified; the store's objects are not needed.
         for (id, _) in &trees {
@@ -533,6 +655,38 @@ mod tests {
         for (id, tree) in &trees {
             assert_eq!(&read.tree(id).unwrap(), tree, "{id}");
         }
+    }
+
+    /// The pack is copied without hashing only while the record file is exactly as agentdiff
+    /// left it (its MAC'd stamp); any write to it, or a stamp that does not authenticate, means
+    /// every tree is hashed as it is copied.
+    #[test]
+    fn the_pack_is_trusted_unhashed_only_while_the_record_file_is_untouched() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, _, _) = recorded(4);
+        let objects = dir.path().join(".agentdiff/objects");
+        let check = || {
+            let (store, _) = next_run(&dir, &key(1));
+            store.objects().load_scan_record(&key(1)).unwrap().pack
+        };
+        assert_eq!(check(), PackCheck::Unchanged);
+        let stamp = objects.join(STAMP_FILE_NAME);
+        let good = std::fs::read(&stamp).unwrap();
+        let mut forged = good.clone();
+        forged[40] ^= 1;
+        std::fs::write(&stamp, &forged).unwrap();
+        assert_eq!(
+            check(),
+            PackCheck::Verify,
+            "a stamp that does not authenticate"
+        );
+        std::fs::write(&stamp, &good).unwrap();
+        assert_eq!(check(), PackCheck::Unchanged);
+        let record = objects.join(RECORD_FILE_NAME);
+        std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(check(), PackCheck::Verify, "the record file's ctime moved");
+        let (store, _) = next_run(&dir, &key(2));
+        assert!(store.objects().load_scan_record(&key(2)).is_none());
     }
 
     #[test]
@@ -624,7 +778,7 @@ mod tests {
             .check(store.objects(), &snap, &key(1))
             .unwrap();
         let mut spool = TreeSpool::new(store.objects()).unwrap();
-        assert!(scan.seed(&mut spool));
+        assert_eq!(scan.seed(&mut spool), trees.len());
         let used: Vec<_> = trees.iter().take(3).collect();
         let mut writer =
             TreeWriter::new(store.objects(), Some(&mut spool)).reused_trees_are_stored();
@@ -646,7 +800,7 @@ mod tests {
             .sum();
         assert_eq!(len, total, "only the used trees");
         let mut fresh = TreeSpool::new(store.objects()).unwrap();
-        assert!(fresh.seed(&out, 0, len, &slots));
+        assert_eq!(fresh.seed(&out, 0, len, &slots, true), used.len());
         let read = SpooledTrees {
             spool: Some(&fresh),
             objects: store.objects(),

@@ -162,8 +162,9 @@ impl TreeSink for TreeWriter<'_> {
     }
 
     /// Counted without reading when the store holds the tree intact and the spool, if there is
-    /// one, already holds a copy (seeded from the last run's, see [`TreeSpool::seed`]: that copy
-    /// is verified when read, as every spool read is); otherwise read and handled as
+    /// one, already holds a copy (seeded from the last run's pack and verified as it was copied,
+    /// see [`TreeSpool::seed`]; verified again when read, as every spool read is); otherwise read
+    /// and handled as
     /// [`TreeWriter::unchanged`].
     fn unchanged_unread(
         &mut self,
@@ -193,8 +194,8 @@ impl TreeSink for TreeWriter<'_> {
 /// RAM; nothing names it in the filesystem), written in batches of [`SPOOL_BATCH`] bytes (one
 /// write per batch instead of one per tree; the batch not yet written is read from memory), and
 /// only a small index (id → offset, length) is kept in memory, so the before manifest is never
-/// held whole. Every read is verified against the id. A spool may start as a copy of the last
-/// run's ([`TreeSpool::seed`], from its scan record): those bytes are no more trusted than any.
+/// held whole. Every read is verified against the id. A spool may start with the last run's
+/// trees ([`TreeSpool::seed`], from its scan record's pack), each verified as it is copied.
 ///
 /// Not defended here: a process that can open the file through `/proc/PID/fd` (agentdiff is not
 /// dumpable, but root can) may change it; a changed or unreadable copy fails verification and
@@ -275,14 +276,21 @@ impl TreeSpool {
             let kept = self.kept.get_mut().unwrap_or_else(PoisonError::into_inner);
             kept.insert(key, (tree, bytes.len()));
         }
+        self.added += 1;
+        self.push(key, bytes, true);
+    }
+
+    /// Appends one tree's bytes (written with the next batch) and indexes them.
+    fn push(&mut self, key: [u8; 32], bytes: &[u8], used: bool) {
         let slot = Slot {
             offset: self.len,
             len: bytes.len(),
-            used: true,
+            used,
         };
         self.index.insert(key, slot);
-        self.added += 1;
-        self.live += bytes.len() as u64;
+        if used {
+            self.live += bytes.len() as u64;
+        }
         self.len += bytes.len() as u64;
         self.pending.extend_from_slice(bytes);
         if self.pending.len() >= SPOOL_BATCH {
@@ -339,47 +347,108 @@ impl TreeSpool {
         true
     }
 
-    /// Fills an empty spool with `len` bytes of `src` from `at` (the last run's trees, see
-    /// `super::scan_record`), indexed by `slots` (offsets relative to `at`). The bytes are not
-    /// trusted: each tree is verified against its id when read, as every spool read is. Slots
-    /// that do not lie inside the copied bytes are dropped. Whether anything was seeded.
+    /// Fills an empty spool with the trees of `src`'s `len` bytes from `at` (the last run's
+    /// pack, see `super::scan_record`) that `slots` index (offsets relative to `at`). With
+    /// `verify`, each tree is hashed as it is copied and kept only when it matches its id, so the
+    /// copy holds nothing unverified at launch (the pack is a file an earlier run's command could
+    /// reach); without, the caller knows the pack unchanged since agentdiff wrote it from a
+    /// verified copy, and it is copied in the kernel as it is. A slot outside the bytes or
+    /// overlapping another is dropped. Returns how many trees were copied.
     pub(crate) fn seed(
         &mut self,
         src: &std::fs::File,
         at: u64,
         len: u64,
         slots: &[PackSlot],
-    ) -> bool {
+        verify: bool,
+    ) -> usize {
+        use sha2::Digest;
+        use std::io::{Read, Seek, SeekFrom};
         if self.len != 0 || self.failed.is_some() {
-            return false;
+            return 0;
         }
-        if copy_range(src, at, &self.file, len).is_err() {
-            // Whatever was copied is not indexed: the spool starts empty after it.
-            self.written = len;
-            self.len = len;
-            return false;
+        let mut order: Vec<&PackSlot> = slots
+            .iter()
+            .filter(|(_, offset, n)| offset.checked_add(*n).is_some_and(|end| end <= len))
+            .collect();
+        order.sort_unstable_by_key(|(_, offset, _)| *offset);
+        if !verify {
+            return self.seed_unchecked(src, at, len, &order, slots.len());
         }
-        for (key, offset, tree_len) in slots {
-            let inside = offset.checked_add(*tree_len).is_some_and(|end| end <= len);
-            let Ok(tree_len) = usize::try_from(*tree_len) else {
+        let mut src = src;
+        if src.seek(SeekFrom::Start(at)).is_err() {
+            return 0;
+        }
+        let mut reader = std::io::BufReader::with_capacity(SPOOL_BATCH, src.take(len));
+        let (mut pos, mut buf) = (0u64, Vec::new());
+        for (key, offset, n) in order {
+            let Ok(n) = usize::try_from(*n) else {
                 continue;
             };
-            if inside {
+            if *offset < pos {
+                continue; // overlaps the slot before it
+            }
+            let skip = offset - pos;
+            buf.resize(n, 0);
+            let read = std::io::copy(&mut (&mut reader).take(skip), &mut std::io::sink())
+                .ok()
+                .filter(|copied| *copied == skip)
+                .and_then(|_| reader.read_exact(&mut buf).ok());
+            if read.is_none() {
+                break;
+            }
+            pos = offset + n as u64;
+            let digest: [u8; 32] = sha2::Sha256::digest(&buf).into();
+            if digest == *key {
+                self.push(*key, &buf, false);
+            }
+        }
+        self.flush();
+        let copied = self.index.len();
+        // Only a pack copied whole may be left as the next run's (see `only_seeded`).
+        self.seeded = self.failed.is_none() && copied == slots.len();
+        copied
+    }
+
+    /// [`TreeSpool::seed`] of a pack known unchanged: one kernel copy, every slot indexed that
+    /// does not overlap the one before it (`order` is sorted by offset).
+    fn seed_unchecked(
+        &mut self,
+        src: &std::fs::File,
+        at: u64,
+        len: u64,
+        order: &[&PackSlot],
+        slots: usize,
+    ) -> usize {
+        if copy_range(src, at, &self.file, len).is_err() {
+            // Whatever was copied is not indexed: later trees are written after it.
+            self.written = len;
+            self.len = len;
+            return 0;
+        }
+        let mut pos = 0u64;
+        for (key, offset, n) in order {
+            let Ok(n) = usize::try_from(*n) else {
+                continue;
+            };
+            if *offset >= pos {
                 let slot = Slot {
                     offset: *offset,
-                    len: tree_len,
+                    len: n,
                     used: false,
                 };
                 self.index.insert(*key, slot);
+                pos = offset + n as u64;
             }
         }
         self.written = len;
         self.len = len;
-        self.seeded = true;
-        true
+        let copied = self.index.len();
+        self.seeded = copied == slots;
+        copied
     }
 
-    /// Whether the spool holds only what [`TreeSpool::seed`] put in it.
+    /// Whether the spool holds only what [`TreeSpool::seed`] put in it, which was the whole pack.
     pub(crate) fn only_seeded(&self) -> bool {
         self.seeded && self.added == 0 && self.failed.is_none()
     }
@@ -739,6 +808,64 @@ pub(crate) fn tree_objects(root: &str, objects: &ObjectStore) -> Result<Vec<Stri
 mod tests {
     use super::*;
     use crate::store::Store;
+
+    /// A pack is a file an earlier run's command could reach: a tree changed in it is left out
+    /// of the copy (read from the store instead), the others are copied and read back.
+    #[test]
+    fn a_seeded_spool_holds_only_the_pack_trees_that_match_their_ids() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let trees: Vec<Tree> = (0..3)
+            .map(|i| {
+                let mut t = Tree::default();
+                t.trees.insert(format!("d{i}"), Tree::id_of(b"x"));
+                t
+            })
+            .collect();
+        let mut pack = Vec::new();
+        let mut slots = Vec::new();
+        for t in &trees {
+            let bytes = t.to_bytes("").unwrap();
+            let key = TreeSpool::key(&Tree::id_of(&bytes)).unwrap();
+            slots.push((key, pack.len() as u64, bytes.len() as u64));
+            pack.extend_from_slice(&bytes);
+        }
+        // Seven bytes before the pack, as in a record; the second tree changed in the file.
+        let mut file = tempfile::tempfile().unwrap();
+        let mut bytes = vec![b'#'; 7];
+        bytes.extend_from_slice(&pack);
+        let second = slots[1].1 as usize + 7 + 3;
+        bytes[second] ^= 1;
+        file.write_all(&bytes).unwrap();
+        // A slot past the end and one overlapping the first are dropped.
+        let mut all = slots.clone();
+        all.push(([9; 32], pack.len() as u64, 10));
+        all.push(([8; 32], slots[0].1 + 1, 4));
+        let mut spool = TreeSpool::new(store.objects()).unwrap();
+        assert_eq!(spool.seed(&file, 7, pack.len() as u64, &all, true), 2);
+        assert!(
+            !spool.only_seeded(),
+            "a damaged pack is not left for the next run"
+        );
+        let ids: Vec<String> = trees
+            .iter()
+            .map(|t| Tree::id_of(&t.to_bytes("").unwrap()))
+            .collect();
+        assert!(spool.mark_used(&ids[0]));
+        assert!(
+            !spool.mark_used(&ids[1]),
+            "a changed tree is not in the copy"
+        );
+        assert!(spool.mark_used(&ids[2]));
+        assert_eq!(spool.index.len(), 2);
+        let read = SpooledTrees {
+            spool: Some(&spool),
+            objects: store.objects(),
+        };
+        assert_eq!(read.tree(&ids[2]).unwrap(), trees[2]);
+        assert!(read.tree(&ids[1]).is_err(), "neither copied nor stored");
+    }
 
     fn entry(kind: EntryKind, ino: u64) -> Entry {
         Entry {

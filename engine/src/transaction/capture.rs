@@ -204,7 +204,11 @@ impl<'a> CapturePlan<'a> {
             let _ = objects.drop_scan_record();
             return;
         };
-        if recorded.is_some_and(|r| r.still_current(objects, key, digests, spool)) {
+        if let Some(r) = recorded.filter(|r| r.still_current(objects, key, digests, spool)) {
+            if let Some(stamp) = r.vouched() {
+                // The pack was hashed whole this run: the next copies it as it is.
+                let _ = objects.write_stamp(key, stamp);
+            }
             return;
         }
         let _ = objects.save_scan_record(key, digests, spool);
@@ -231,9 +235,9 @@ impl<'a> CapturePlan<'a> {
         let mut spool = TreeSpool::new(self.store.objects())?;
         let previous = self.previous_scan(root, recent);
         // The record's pack is the private copy of the trees it describes.
-        let seeded = match (recorded, &previous) {
+        let copied = match (recorded, &previous) {
             (Some(r), Some(_)) => r.seed(&mut spool),
-            _ => false,
+            _ => 0,
         };
         let step = Step {
             artifact: Artifact::Before,
@@ -253,7 +257,8 @@ impl<'a> CapturePlan<'a> {
                     "run_id": p.run_id.as_str(),
                     "artifact": p.artifact.file_name(),
                     "recorded_digests": digests,
-                    "recorded_trees_copied": seeded,
+                    "recorded_trees_copied": copied,
+                    "recorded_pack_hashed": recorded.is_some_and(RecordedScan::pack_hashed),
                 }),
             )?;
         }
