@@ -62,11 +62,11 @@ pub(crate) struct DirIdent {
     pub ctime_ns: i64,
 }
 
-#[derive(Debug, Clone)]
-struct Shard {
-    dir: DirIdent,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shard {
+    pub dir: DirIdent,
     /// (name key, inode) of each entry, sorted by name key.
-    entries: Vec<(u64, u64)>,
+    pub entries: Vec<(u64, u64)>,
 }
 
 /// What the object store looked like before the before-scan (see the module doc).
@@ -275,9 +275,28 @@ impl ObjectsSnapshot {
         Ok(ObjectsSnapshot { since_ns, shards })
     }
 
-    /// Each shard directory's name and identity when the snapshot was taken, in name order.
-    pub fn shard_idents(&self) -> impl Iterator<Item = (&str, DirIdent)> {
-        self.shards.iter().map(|(n, s)| (n.as_str(), s.dir))
+    /// Each shard directory and its listing when the snapshot was taken, in name order.
+    pub fn shards(&self) -> impl Iterator<Item = (&str, &Shard)> {
+        self.shards.iter().map(|(n, s)| (n.as_str(), s))
+    }
+
+    /// A snapshot whose listing is one taken earlier (`shards`, the scan record's), for a store
+    /// whose every shard directory still has the identity it had then: no entry was added,
+    /// removed or renamed since, so the listing is what a new one would give. The clock probe is
+    /// taken now.
+    pub fn from_listing(
+        objects: &ObjectStore,
+        shards: impl IntoIterator<Item = (String, Shard)>,
+    ) -> Result<ObjectsSnapshot, StoreError> {
+        let since_ns = filesystem_now(objects)?;
+        let shards = shards
+            .into_iter()
+            .map(|(name, mut shard)| {
+                shard.entries.sort_unstable();
+                (name, shard)
+            })
+            .collect();
+        Ok(ObjectsSnapshot { since_ns, shards })
     }
 
     /// What changed in the object store since [`ObjectsSnapshot::take`] (see the module doc).

@@ -8,7 +8,9 @@
 //! hex HMAC ([`MacPurpose::ScanRecord`]) of the SHA-256 of the header and body, then the pack.
 //! The body holds
 //! - the stamp of the verified-object cache file (`super::object_cache`) the run left behind;
-//! - every shard directory of `objects/sha256/` with its identity (inode, mtime, ctime) then;
+//! - every shard directory of `objects/sha256/` with its identity (inode, mtime, ctime) and its
+//!   listing then (the next run's tamper snapshot takes it instead of listing the shards again,
+//!   when every identity still matches: see `ObjectsSnapshot::from_listing`);
 //! - the stat digest of each of the run's before trees ([`crate::fs::StatDigests`], with the
 //!   backup state its files share and its largest file);
 //! - the slots (tree id, offset, length) of the pack: a copy of the run's private copy of its
@@ -41,7 +43,7 @@ use std::path::PathBuf;
 use sha2::{Digest, Sha256};
 
 use super::atomic;
-use super::object_snapshot::{shard_idents_now, DirIdent, ObjectsSnapshot};
+use super::object_snapshot::{shard_idents_now, DirIdent, ObjectsSnapshot, Shard};
 use super::objects::{ObjectStore, TMP_DIR};
 use super::seal::{MacPurpose, SealKey};
 use super::tree::PackSlot;
@@ -59,15 +61,16 @@ const MAGIC: &str = "agentdiff-scan-record v1";
 const MAC_LINE_BYTES: usize = 65;
 const MAX_HEADER_BYTES: usize = 256;
 /// Most bytes of a body that is read (the whole body is held to check its MAC): the digests a
-/// run keeps take at most a few MiB (`crate::fs::MAX_DIGEST_BYTES`), and the pack's slots 48
-/// bytes a directory. A larger body (a project of more than half a million directories, or a
-/// planted file) is ignored, not read: that run reads every tree.
+/// run keeps take at most a few MiB (`crate::fs::MAX_DIGEST_BYTES`), the pack's slots 48 bytes
+/// a directory, the shards' listing 16 bytes an object. A larger body (half a million
+/// directories, two million objects, or a planted file) is ignored, not read: that run reads
+/// every tree.
 const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
 
 /// A scan record read back with its MAC checked (see the module doc).
 pub(crate) struct ScanRecord {
     cache: Option<FileStamp>,
-    shards: Vec<(String, DirIdent)>,
+    shards: Vec<(String, Shard)>,
     digests: StatDigests,
     slots: Vec<PackSlot>,
     /// The file, and where its pack starts and how long it is.
@@ -100,6 +103,8 @@ pub(crate) struct RecordedScan {
     vouched: std::cell::Cell<Option<FileStamp>>,
     /// How many digests the record held (kept when the digests are released).
     recorded_digests: usize,
+    /// Every shard directory's identity, as the record names them.
+    shards: Vec<(String, DirIdent)>,
     record: ScanRecord,
 }
 
@@ -124,7 +129,7 @@ impl RecordedScan {
         digests.len() == self.recorded_digests
             && spool.only_seeded()
             && store.verified_cache_stamp(key.id()) == r.cache
-            && shard_idents_now(store).is_ok_and(|now| now == r.shards)
+            && shard_idents_now(store).is_ok_and(|now| now == self.shards)
     }
 
     /// Fills `spool` with the record's pack (see [`TreeSpool::seed`]); how many trees it copied.
@@ -157,32 +162,40 @@ impl RecordedScan {
 
 impl ScanRecord {
     /// The record's digests when the store is as the record found it (see the module doc):
-    /// every object known from the cache file is then claimed as verified. `objects` is the
-    /// listing taken before the before-scan.
+    /// every object known from the cache file is then claimed as verified. Also returns the
+    /// object store's part of the tamper snapshot, from the record's listing of the shards
+    /// (which no shard's identity contradicts: see [`ObjectsSnapshot::from_listing`]).
     pub(crate) fn check(
         self,
         store: &ObjectStore,
-        objects: &ObjectsSnapshot,
         key: &SealKey,
-    ) -> Option<RecordedScan> {
+    ) -> Result<Option<(RecordedScan, ObjectsSnapshot)>, StoreError> {
         let cache = store.verified_cache_stamp(key.id());
         if cache.is_none() || cache != self.cache {
-            return None;
+            return Ok(None);
         }
-        let recorded = self.shards.iter().map(|(n, d)| (n.as_str(), *d));
-        if !objects.shard_idents().eq(recorded) {
-            return None;
+        let now = shard_idents_now(store)?;
+        let recorded = self.shards.iter().map(|(n, s)| (n.as_str(), s.dir));
+        if !now.iter().map(|(n, d)| (n.as_str(), *d)).eq(recorded) {
+            return Ok(None);
+        }
+        let mut record = self;
+        let snapshot = ObjectsSnapshot::from_listing(store, std::mem::take(&mut record.shards))?;
+        // Checked again after the clock probe: a change in between is then after it.
+        if shard_idents_now(store)? != now {
+            return Ok(None);
         }
         store.claim_verified();
-        let mut record = self;
         let digests = std::mem::take(&mut record.digests);
         let recorded_digests = digests.len();
-        Some(RecordedScan {
+        let scan = RecordedScan {
             digests,
             vouched: std::cell::Cell::new(None),
             recorded_digests,
+            shards: now,
             record,
-        })
+        };
+        Ok(Some((scan, snapshot)))
     }
 }
 
@@ -309,7 +322,7 @@ impl ObjectStore {
         // The pack goes first (after room for the header): its slots go in the body.
         let mut body = Body::default();
         body.cache(self.verified_cache_stamp(key.id()));
-        body.shards(&shard_idents_now(self)?);
+        body.shards(ObjectsSnapshot::take(self)?.shards());
         body.digests(digests);
         let reserved = MAX_HEADER_BYTES as u64;
         file.seek(SeekFrom::Start(reserved)).map_err(io)?;
@@ -436,13 +449,19 @@ impl Body {
         }
     }
 
-    fn shards(&mut self, shards: &[(String, DirIdent)]) {
+    fn shards<'s>(&mut self, shards: impl Iterator<Item = (&'s str, &'s Shard)>) {
+        let shards: Vec<_> = shards.collect();
         self.u64(shards.len() as u64);
-        for (name, d) in shards {
+        for (name, s) in shards {
             self.bytes(name.as_bytes());
-            self.u64(d.ino);
-            self.i64(d.mtime_ns);
-            self.i64(d.ctime_ns);
+            self.u64(s.dir.ino);
+            self.i64(s.dir.mtime_ns);
+            self.i64(s.dir.ctime_ns);
+            self.u64(s.entries.len() as u64);
+            for (name_key, ino) in &s.entries {
+                self.u64(*name_key);
+                self.u64(*ino);
+            }
         }
     }
 
@@ -524,17 +543,22 @@ impl<'b> Reader<'b> {
         }
     }
 
-    fn shards(&mut self) -> Option<Vec<(String, DirIdent)>> {
-        let n = self.count(32)?;
+    fn shards(&mut self) -> Option<Vec<(String, Shard)>> {
+        let n = self.count(40)?;
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let name = std::str::from_utf8(self.bytes()?).ok()?.to_string();
-            let ident = DirIdent {
+            let dir = DirIdent {
                 ino: self.u64()?,
                 mtime_ns: self.i64()?,
                 ctime_ns: self.i64()?,
             };
-            out.push((name, ident));
+            let listed = self.count(16)?;
+            let mut entries = Vec::with_capacity(listed);
+            for _ in 0..listed {
+                entries.push((self.u64()?, self.u64()?));
+            }
+            out.push((name, Shard { dir, entries }));
         }
         Some(out)
     }
@@ -617,12 +641,20 @@ mod tests {
         (dir, trees, digests)
     }
 
-    /// The store as the next run opens it: the cache loaded, the listing taken.
-    fn next_run(dir: &tempfile::TempDir, k: &SealKey) -> (Store, ObjectsSnapshot) {
+    /// The store as the next run opens it: the cache loaded.
+    fn next_run(dir: &tempfile::TempDir, k: &SealKey) -> Store {
         let store = Store::open(dir.path()).unwrap();
         store.objects().load_verified_cache(k);
-        let snap = ObjectsSnapshot::take(store.objects()).unwrap();
-        (store, snap)
+        store
+    }
+
+    /// The record's check as the next run makes it.
+    fn check(store: &Store, record: ScanRecord) -> Option<RecordedScan> {
+        let (scan, snapshot) = record.check(store.objects(), &key(1)).unwrap()?;
+        // The listing it gives is the one a listing now would.
+        let now = ObjectsSnapshot::take(store.objects()).unwrap();
+        assert!(snapshot.shards().eq(now.shards()));
+        Some(scan)
     }
 
     fn sorted(d: &StatDigests) -> Vec<([u8; 32], DirDigest)> {
@@ -634,11 +666,9 @@ mod tests {
     #[test]
     fn a_record_reads_back_as_written_and_seeds_a_spool_with_its_trees() {
         let (dir, trees, digests) = recorded(40);
-        let (store, snap) = next_run(&dir, &key(1));
+        let store = next_run(&dir, &key(1));
         let record = store.objects().load_scan_record(&key(1)).expect("record");
-        let scan = record
-            .check(store.objects(), &snap, &key(1))
-            .expect("store unchanged");
+        let scan = check(&store, record).expect("store unchanged");
         assert_eq!(sorted(&scan.digests), sorted(&digests));
         let mut spool = TreeSpool::new(store.objects()).unwrap();
         assert_eq!(scan.seed(&mut spool), trees.len());
@@ -666,7 +696,7 @@ mod tests {
         let (dir, _, _) = recorded(4);
         let objects = dir.path().join(".agentdiff/objects");
         let check = || {
-            let (store, _) = next_run(&dir, &key(1));
+            let store = next_run(&dir, &key(1));
             store.objects().load_scan_record(&key(1)).unwrap().pack
         };
         assert_eq!(check(), PackCheck::Unchanged);
@@ -685,7 +715,7 @@ mod tests {
         let record = objects.join(RECORD_FILE_NAME);
         std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(check(), PackCheck::Verify, "the record file's ctime moved");
-        let (store, _) = next_run(&dir, &key(2));
+        let store = next_run(&dir, &key(2));
         assert!(store.objects().load_scan_record(&key(2)).is_none());
     }
 
@@ -693,7 +723,7 @@ mod tests {
     fn a_record_under_another_key_or_damaged_anywhere_but_the_pack_is_no_record() {
         let (dir, _, _) = recorded(5);
         let path = dir.path().join(".agentdiff/objects").join(RECORD_FILE_NAME);
-        let (store, _) = next_run(&dir, &key(2));
+        let store = next_run(&dir, &key(2));
         assert!(
             store.objects().load_scan_record(&key(2)).is_none(),
             "another key"
@@ -738,9 +768,9 @@ mod tests {
             .objects()
             .put_bytes(b"added between runs")
             .unwrap();
-        let (store, snap) = next_run(&dir, &key(1));
+        let store = next_run(&dir, &key(1));
         let record = store.objects().load_scan_record(&key(1)).unwrap();
-        assert!(record.check(store.objects(), &snap, &key(1)).is_none());
+        assert!(check(&store, record).is_none());
         assert_eq!(
             store.objects().claim_verified(),
             3,
@@ -752,31 +782,21 @@ mod tests {
         let cache = dir.path().join(".agentdiff/objects/verified-cache");
         let bytes = std::fs::read(&cache).unwrap();
         std::fs::remove_file(&cache).unwrap();
-        let (store, snap) = next_run(&dir, &key(1));
+        let store = next_run(&dir, &key(1));
         let record = store.objects().load_scan_record(&key(1)).unwrap();
-        assert!(
-            record.check(store.objects(), &snap, &key(1)).is_none(),
-            "no cache"
-        );
+        assert!(check(&store, record).is_none(), "no cache");
         std::fs::write(&cache, bytes).unwrap();
-        let (store, snap) = next_run(&dir, &key(1));
+        let store = next_run(&dir, &key(1));
         let record = store.objects().load_scan_record(&key(1)).unwrap();
-        assert!(
-            record.check(store.objects(), &snap, &key(1)).is_none(),
-            "a copy"
-        );
+        assert!(check(&store, record).is_none(), "a copy");
     }
 
     #[test]
     fn a_pack_mostly_of_unused_trees_is_written_with_the_used_ones_only() {
         let (dir, trees, _) = recorded(30);
-        let (store, snap) = next_run(&dir, &key(1));
-        let scan = store
-            .objects()
-            .load_scan_record(&key(1))
-            .unwrap()
-            .check(store.objects(), &snap, &key(1))
-            .unwrap();
+        let store = next_run(&dir, &key(1));
+        let record = store.objects().load_scan_record(&key(1)).unwrap();
+        let scan = check(&store, record).unwrap();
         let mut spool = TreeSpool::new(store.objects()).unwrap();
         assert_eq!(scan.seed(&mut spool), trees.len());
         let used: Vec<_> = trees.iter().take(3).collect();

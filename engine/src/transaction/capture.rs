@@ -166,15 +166,19 @@ impl<'a> CapturePlan<'a> {
     }
 
     /// The last clean run's scan record, when the stat cache may use it and the store is as that
-    /// run left it (`objects`: the listing taken before the before-scan). Every object known
-    /// from the cache file is then claimed as verified (see `store::scan_record`).
-    pub fn recorded_scan(&self, objects: &ObjectsSnapshot) -> Option<RecordedScan> {
+    /// run left it, with the object store's part of the tamper snapshot from its listing. Every
+    /// object known from the cache file is then claimed as verified (see `store::scan_record`).
+    pub fn recorded_scan(
+        &self,
+    ) -> Result<Option<(RecordedScan, ObjectsSnapshot)>, TransactionError> {
         if !self.keeps_record() {
-            return None;
+            return Ok(None);
         }
         let key = self.authority.key();
-        let record = self.store.objects().load_scan_record(key)?;
-        record.check(self.store.objects(), objects, key)
+        let Some(record) = self.store.objects().load_scan_record(key) else {
+            return Ok(None);
+        };
+        Ok(record.check(self.store.objects(), key)?)
     }
 
     /// Whether runs of this plan read and write scan records: the stat cache is on and the

@@ -399,19 +399,21 @@ fn blocked_message(argv0: &std::ffi::OsStr, decision: &crate::policy::Decision) 
     )
 }
 
-/// The before-capture, with the object store's part of the tamper snapshot, taken before it:
-/// that listing is also what the scan record is checked against (the before-scan's own writes
-/// are objects this process confirmed, never findings). The record, when the before-scan used
-/// it (objects were then claimed as verified: see `store::scan_record`), is kept to tell
-/// whether this run's record is the same.
+/// The before-capture, with the object store's part of the tamper snapshot, taken before it
+/// (the before-scan's own writes are objects this process confirmed, never findings): from the
+/// scan record's listing when the store is as that record found it, else listed now. The
+/// record, when the before-scan used it (objects were then claimed as verified: see
+/// `store::scan_record`), is kept to tell whether this run's record is the same.
 fn capture_before(
     capture: &CapturePlan<'_>,
     store: &Store,
     root: &Path,
     recent: &[String],
 ) -> Result<(capture::Captured, ObjectsSnapshot, Option<RecordedScan>), TransactionError> {
-    let objects = ObjectsSnapshot::take(store.objects())?;
-    let mut recorded = capture.recorded_scan(&objects);
+    let (mut recorded, objects) = match capture.recorded_scan()? {
+        Some((recorded, objects)) => (Some(recorded), objects),
+        None => (None, ObjectsSnapshot::take(store.objects())?),
+    };
     let before = capture.before(root, recent, recorded.as_ref())?;
     if let Some(r) = recorded.as_mut() {
         r.release_digests();
