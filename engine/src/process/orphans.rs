@@ -2,11 +2,17 @@
 //! process that supervised it is gone, and processes the run recorded are still alive. Every
 //! agentdiff command run in such a root points the user to `agentdiff cleanup RUN`.
 //!
-//! Invariants: only the most recently modified run directory is examined (one `stat` per run
-//! directory, then one capsule), nothing is signalled or written, and every identity is checked
-//! by pid + start time + boot id, so a recycled pid never makes a run look orphaned. A run whose
-//! `launched` event names no monitor identity (recorded before monitors were named) is not
-//! reported: a run in progress could not be told apart from an orphaned one.
+//! Invariants: only the last run is examined: the one `.agentdiff/last-run` names (one small
+//! file, whatever the number of runs), or in a store without that file the most recently
+//! modified run directory (one `stat` per run directory); then one capsule. Nothing is signalled
+//! or written, and every identity is checked by pid + start time + boot id, so a recycled pid
+//! never makes a run look orphaned. A run whose `launched` event names no monitor identity
+//! (recorded before monitors were named) is not reported: a run in progress could not be told
+//! apart from an orphaned one.
+//!
+//! Not defended: a command that can write `.agentdiff/` (the local backend) can point
+//! `last-run` elsewhere and so keep the notice from being printed; `agentdiff cleanup RUN` and
+//! the tamper check of the run that command ran in are unaffected.
 
 use std::path::Path;
 
@@ -17,16 +23,7 @@ use crate::store::{RunId, Store};
 /// The id of the root's last run when its monitor died and its processes still run.
 pub fn orphaned_last_run(project_root: &Path) -> Option<String> {
     let store = Store::open_existing(project_root).ok()?;
-    let last = std::fs::read_dir(store.runs_dir())
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let id = RunId::parse(e.file_name().to_str()?).ok()?;
-            let modified = e.metadata().ok()?.modified().ok()?;
-            Some((modified, id))
-        })
-        .max_by(|a, b| a.0.cmp(&b.0))?
-        .1;
+    let last = store.last_run().or_else(|| newest_run_dir(&store))?;
     let capsule = store.open_run(last.as_str()).ok()?;
     if capsule.is_sealed() {
         return None;
@@ -46,6 +43,21 @@ pub fn orphaned_last_run(project_root: &Path) -> Option<String> {
         }
     }
     alive.then(|| last.as_str().to_string())
+}
+
+/// The most recently modified run directory: for a store without `.agentdiff/last-run` (written
+/// by every run since it exists), one `stat` per run directory.
+fn newest_run_dir(store: &Store) -> Option<RunId> {
+    std::fs::read_dir(store.runs_dir())
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let id = RunId::parse(e.file_name().to_str()?).ok()?;
+            let modified = e.metadata().ok()?.modified().ok()?;
+            Some((modified, id))
+        })
+        .max_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, id)| id)
 }
 
 /// Whether `id` names a process that runs now (a zombie has ended; an unreadable boot id or
@@ -113,6 +125,32 @@ mod tests {
             serde_json::json!({"root": root, "monitor": me, "cgroup": null}),
         );
         assert_eq!(orphaned_last_run(dir.path()), None);
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+    }
+
+    #[test]
+    fn the_last_run_created_is_examined_and_without_its_record_the_newest_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let root = crate::process::read_identity(sleeper.id()).unwrap();
+        let orphan = serde_json::json!({"root": root, "monitor": dead_identity()});
+        launched(dir.path(), "r1", serde_json::json!({}));
+        launched(dir.path(), "r2", orphan);
+        // A later write into r1 (a recovery artifact) does not make r1 the last run.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let store = Store::open(dir.path()).unwrap();
+        std::fs::write(store.runs_dir().join("r1").join("note"), "x").unwrap();
+        assert_eq!(orphaned_last_run(dir.path()).as_deref(), Some("r2"));
+        // A store from before `last-run`: the most recently modified directory is the last run.
+        std::fs::remove_file(store.dir().join(crate::store::LAST_RUN_FILE_NAME)).unwrap();
+        assert_eq!(orphaned_last_run(dir.path()), None);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(store.runs_dir().join("r2").join("note"), "x").unwrap();
+        assert_eq!(orphaned_last_run(dir.path()).as_deref(), Some("r2"));
         let _ = sleeper.kill();
         let _ = sleeper.wait();
     }

@@ -4,6 +4,7 @@
 //! ROOT/.agentdiff/                 0700, owned by the current user, never a symlink
 //! ├── .gitignore                   "*": the store is never committed by accident (seed 000)
 //! ├── lock                         flock held by the one run/rollback/promote at a time (lock.rs)
+//! ├── last-run                     the id of the newest run created (a hint, last_run.rs)
 //! ├── runs/<run-id>/               0700; artifacts 0600 (seed 003 names)
 //! │   ├── metadata.json policy.json before.json after.json runtime.json result.json
 //! │   ├── events.jsonl             append-only, one JSON object per line
@@ -23,6 +24,7 @@ mod capsule;
 pub mod doc;
 mod error;
 mod integrity;
+mod last_run;
 mod lock;
 mod manifest;
 mod object_cache;
@@ -58,6 +60,7 @@ pub use integrity::{
     Integrity, LegacyIntegrity, ObjectsChecked, SealFormatKind, SealMac, Verdict, VerifyProblem,
     VerifyReport, ALGORITHM, MAC_ALGORITHM, SEAL_FORMAT,
 };
+pub use last_run::LAST_RUN_FILE_NAME;
 pub use lock::{LockError, StoreLock, Wait, LOCK_FILE_NAME};
 pub use manifest::{ManifestObject, MANIFEST_SCHEMA_VERSION};
 pub(crate) use object_snapshot::ObjectsSnapshot;
@@ -238,6 +241,7 @@ impl Store {
         self.objects.pending().dir(self.runs.clone());
         // Re-check what was created (umask can only narrow 0700, but fail closed regardless).
         atomic::ensure_private_dir(&dir, false)?;
+        self.note_last_run(&id);
         let pending = std::sync::Arc::clone(self.objects.pending());
         Ok(Some(Capsule::new_tracked(id, dir, pending)))
     }
