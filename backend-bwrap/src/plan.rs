@@ -7,10 +7,12 @@
 //! `/proc`, private `/tmp`, the project root and extra writable paths, then the read-only
 //! re-binds inside them, then the hidden credential locations (which win over everything, so a
 //! writable or protected path inside a hidden one stays hidden), and last the exec shim and its
-//! start marker (bound read-only so they are reachable wherever they live, `/tmp` included). The
-//! shim gets no mount of its own when the host's `--ro-bind / /` already shows it, read-only, at
-//! its own path: a path without symlinks, outside `/dev`, `/proc` and `/tmp`, and below no other
-//! planned mount (one mount fewer for bwrap to make on every start).
+//! start marker, each bound read-only so it is reachable wherever it lives (`/tmp` included)
+//! unless the sandbox already shows it read-only at its own path: a path without symlinks whose
+//! last covering mount is a read-only re-bind (the marker, in the capsule below the re-bound
+//! `.agentdiff`), or, covered by no planned mount, the host's `--ro-bind / /` outside `/dev`,
+//! `/proc` and `/tmp`. Every mount saved is one fewer for bwrap to make, and read the mount
+//! table for, on every start.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Component, Path, PathBuf};
@@ -559,14 +561,22 @@ pub fn plan(
     let new_session = !facts.interactive;
     let shim = ShimMount {
         path: &programs.shim,
-        bind: !shown_read_only_by_host(&programs.shim, &mounts),
+        bind: !shown_read_only(&programs.shim, &mounts),
+    };
+    // The marker does not exist yet (the launch creates it in the capsule directory): its
+    // directory decides whether it is shown.
+    let marker_mount = MarkerMount {
+        path: &marker,
+        bind: !marker
+            .parent()
+            .is_some_and(|dir| shown_read_only(dir, &mounts)),
     };
     let args = build_args(
         &mounts,
         network,
         new_session,
         shim,
-        &marker,
+        marker_mount,
         &workdir,
         &spec.argv,
     );
@@ -633,20 +643,33 @@ fn sandbox_env(env: &[(OsString, OsString)]) -> (Vec<(OsString, OsString)>, Vec<
     (kept, dropped)
 }
 
-/// Whether the base `--ro-bind / /` alone shows `path` inside the sandbox, read-only, as the
-/// host's file at the same path: `path` has no symlink in it, lies outside what the base replaces
-/// (`/dev`, `/proc`, `/tmp`) and below none of `mounts`. Anything else is not assumed.
-fn shown_read_only_by_host(path: &Path, mounts: &[Mount]) -> bool {
-    let canonical = path.canonicalize().is_ok_and(|c| c == path);
-    let replaced = ["/dev", "/proc", "/tmp"]
-        .iter()
-        .any(|base| is_within(path, Path::new(base)));
-    canonical && !replaced && !mounts.iter().any(|m| is_within(path, &m.path))
+/// Whether the sandbox already shows the host's `path`, read-only, at its own path: `path` has
+/// no symlink in it, and the last planned mount covering it (mounts cover the base and the
+/// mounts before them) is a read-only re-bind of the host path at itself; with no planned mount
+/// covering it, the base `--ro-bind / /` shows it unless it lies in what the base replaces
+/// (`/dev`, `/proc`, `/tmp`). Anything else is not assumed.
+fn shown_read_only(path: &Path, mounts: &[Mount]) -> bool {
+    if path.canonicalize().ok().as_deref() != Some(path) {
+        return false;
+    }
+    match mounts.iter().rev().find(|m| is_within(path, &m.path)) {
+        Some(last) => last.kind == MountKind::ReadOnly,
+        None => !["/dev", "/proc", "/tmp"]
+            .iter()
+            .any(|base| is_within(path, Path::new(base))),
+    }
 }
 
 /// The exec shim, and whether it needs a read-only bind of its own to be reachable.
 #[derive(Debug, Clone, Copy)]
 pub struct ShimMount<'a> {
+    pub path: &'a Path,
+    pub bind: bool,
+}
+
+/// The start marker, and whether it needs a read-only bind of its own to be reachable.
+#[derive(Debug, Clone, Copy)]
+pub struct MarkerMount<'a> {
     pub path: &'a Path,
     pub bind: bool,
 }
@@ -657,7 +680,7 @@ pub fn build_args(
     network: Network,
     new_session: bool,
     shim: ShimMount<'_>,
-    marker: &Path,
+    marker: MarkerMount<'_>,
     workdir: &Path,
     argv: &[OsString],
 ) -> Vec<OsString> {
@@ -680,7 +703,10 @@ pub fn build_args(
     if shim.bind {
         push(&[s("--ro-bind"), shim.path.as_os_str(), shim.path.as_os_str()]);
     }
-    push(&[s("--ro-bind"), marker.as_os_str(), marker.as_os_str()]);
+    if marker.bind {
+        let m = marker.path.as_os_str();
+        push(&[s("--ro-bind"), m, m]);
+    }
     push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
     if network == Network::None {
         push(&[s("--unshare-net")]);
@@ -699,7 +725,7 @@ pub fn build_args(
         shim.path.as_os_str(),
         s(exec_shim::SHIM_SUBCOMMAND),
     ]);
-    a.extend(exec_shim::shim_args(marker, argv));
+    a.extend(exec_shim::shim_args(marker.path, argv));
     a
 }
 
@@ -879,9 +905,42 @@ mod tests {
                 "-c"
             ]
         );
-        // The shim and the marker are reachable inside the sandbox wherever they live.
+        // The shim is reachable inside the sandbox wherever it lives; the marker, in the capsule
+        // below the read-only store, is shown by the store's re-bind.
         assert!(find(&a, &["--ro-bind", "/opt/agentdiff", "/opt/agentdiff"]).is_some());
-        assert!(find(&a, &["--ro-bind", &marker, &marker]).is_some());
+        assert!(find(&a, &["--ro-bind", &marker, &marker]).is_none());
+        let store = f.root.join(".agentdiff").display().to_string();
+        assert!(find(&a, &["--ro-bind", &store, &store]).is_some());
+    }
+
+    #[test]
+    fn a_marker_the_sandbox_does_not_show_read_only_gets_a_mount_of_its_own() {
+        let f = fixture();
+        let base = f.root.parent().unwrap().to_path_buf();
+        let with_capsule = |capsule: PathBuf| {
+            std::fs::create_dir_all(&capsule).unwrap();
+            let s = agentdiff_conformance::testing::launch_spec(&f.root, ["tool"])
+                .capsule_dir(&capsule)
+                .build();
+            let p = plan(&s, &facts(&f), programs(), &[]).unwrap();
+            let marker = capsule.join(START_MARKER_FILE).display().to_string();
+            let a = strs(&p.args);
+            assert!(find(&a, &["--", "/opt/agentdiff"]).is_some_and(|i| a[i..].contains(&marker)));
+            find(&a, &["--ro-bind", &marker, &marker]).is_some()
+        };
+        // In a hidden directory, below /tmp, through a symlink: bound.
+        assert!(with_capsule(f.home.join(".ssh/r1")));
+        assert!(with_capsule(
+            PathBuf::from("/tmp").join(format!("agentdiff-plan-test-{}", std::process::id()))
+        ));
+        std::os::unix::fs::symlink(f.root.join(".agentdiff"), base.join("link")).unwrap();
+        assert!(with_capsule(base.join("link/runs/r2")));
+        // Below the read-only store, in a capsule the plan re-binds read-only in the writable
+        // root, or outside every mount and the base's replacements: shown.
+        assert!(!with_capsule(f.root.join(".agentdiff/runs/r3")));
+        assert!(!with_capsule(f.root.join("capsules/r1")));
+        assert!(!with_capsule(PathBuf::from("/")));
+        let _ = std::fs::remove_dir_all(format!("/tmp/agentdiff-plan-test-{}", std::process::id()));
     }
 
     #[test]
