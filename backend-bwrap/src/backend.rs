@@ -66,6 +66,11 @@ pub const LIMITS: &[&str] = &[
      control work); only TIOCSTI and TIOCLINUX are refused, other terminal ioctls are not",
 ];
 
+/// The ports evidence of a run whose network namespace was unshared.
+pub const PORTS_ISOLATED_NOTE: &str = "the command has its own network namespace \
+(--unshare-net): a socket it listens on is reachable only from inside the sandbox, so the host's \
+listening sockets are not observed by this backend";
+
 /// The `bwrap` runtime backend.
 #[derive(Debug, Default)]
 pub struct BwrapBackend;
@@ -338,7 +343,12 @@ impl RuntimeBackend for BwrapBackend {
         };
         let config = runtime_config(&plan);
         let reach = plan.engine_reach();
-        Ok(PreparedLaunch::new(ID, spec, command, ENFORCEMENT, plan)
+        // With the network unshared, the command's listening sockets live in its own namespace,
+        // out of the host's reach and out of sight of the host's socket tables: no host snapshot
+        // is taken (it would read as "no listener opened"), and the evidence says why.
+        let mut spec = spec.clone();
+        spec.observe_ports &= plan.network == Network::Host;
+        Ok(PreparedLaunch::new(ID, &spec, command, ENFORCEMENT, plan)
             .wrapped()
             .with_runtime_config(config)
             .with_engine_reach(reach))
@@ -430,6 +440,9 @@ impl RunningCommand for BwrapRunning {
             env.dropped.dedup();
         }
         wrapper.sandbox_init = discount_sandbox_init(&mut evidence, root_pid);
+        if network == Network::None {
+            evidence.ports.note = PORTS_ISOLATED_NOTE.into();
+        }
         // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
         // minimal start whose message is read here (the kernel refusing namespaces, AppArmor),
         // so the remedy can be named. A run that started pays nothing.

@@ -357,3 +357,49 @@ fn host_network_from_the_policy_is_labelled_uncontrolled() {
     assert_eq!(rt["capabilities"]["network_enforcement"], false);
     assert_eq!(rt["capabilities"]["filesystem_writes"], "enforced");
 }
+
+#[test]
+fn listeners_are_observed_on_the_host_network_and_not_claimed_in_the_sandboxs_own() {
+    if no_bwrap() {
+        return;
+    }
+    let listen = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); \
+                  s.listen(); print(s.getsockname()[1], flush=True); time.sleep(1.5)";
+    let f = Fixture::new();
+    // The network unshared (the default): the host's socket tables cannot show the command's
+    // listener, so no snapshot is taken and the evidence says why instead of "none opened".
+    let (code, result, out) = f.run(&[], &["python3", "-c", listen], &[]);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let ports = &f.runtime_json(&result)["ports"];
+    assert_eq!(ports["mode"], "off", "{ports:#}");
+    assert!(
+        ports["note"]
+            .as_str()
+            .unwrap()
+            .contains("own network namespace"),
+        "{ports:#}"
+    );
+    assert_eq!(ports["opened"], serde_json::json!([]), "{ports:#}");
+
+    // The host network: the listener is the host's, and observed as the run's.
+    fs::write(
+        f.root().join("agentdiff.yaml"),
+        "version: 2\nruntime:\n  bwrap:\n    network: host\n",
+    )
+    .unwrap();
+    let (code, result, out) = f.run(&[], &["python3", "-c", listen], &[]);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let port: u64 = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no port printed: {}", String::from_utf8_lossy(&out.stderr)));
+    let ports = &f.runtime_json(&result)["ports"];
+    assert_eq!(ports["mode"], "observe", "{ports:#}");
+    let opened = ports["opened"].as_array().unwrap();
+    assert!(
+        opened
+            .iter()
+            .any(|p| p["port"] == port && p["attributed"] == true),
+        "port {port} not among {ports:#}"
+    );
+}
