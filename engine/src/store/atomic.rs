@@ -137,6 +137,9 @@ pub(crate) fn create_temp_in(dir: &Path, stem: &str) -> Result<(File, PathBuf), 
 pub(crate) enum Durability<'a> {
     Now,
     AtSeal(&'a PendingSync),
+    /// Written and never flushed here: for a line whose loss in a crash costs nothing (the
+    /// `sealed` note after a seal that is already durable); a later flush of the file keeps it.
+    Unflushed,
 }
 
 /// More entries than this are made durable with one `syncfs` of their filesystem instead of one
@@ -365,7 +368,7 @@ pub(crate) fn write_atomic(
     let (mut file, tmp) = create_temp_in(dir, name)?;
     let written = file.write_all(bytes).and_then(|()| match durability {
         Durability::Now => file.sync_all(),
-        Durability::AtSeal(_) => Ok(()),
+        Durability::AtSeal(_) | Durability::Unflushed => Ok(()),
     });
     drop(file);
     if let Err(e) = written {
@@ -384,6 +387,7 @@ pub(crate) fn write_atomic(
             pending.dir(dir.to_path_buf());
             Ok(())
         }
+        Durability::Unflushed => Ok(()),
     }
 }
 
@@ -453,12 +457,12 @@ pub(crate) fn append_line(
     file.write_all(buf.as_bytes())
         .and_then(|()| match durability {
             Durability::Now => file.sync_data(),
-            Durability::AtSeal(_) => Ok(()),
+            Durability::AtSeal(_) | Durability::Unflushed => Ok(()),
         })
         .map_err(|e| StoreError::io("append to", &path, e))?;
     match durability {
         Durability::Now if !existed => sync_dir(dir)?,
-        Durability::Now => {}
+        Durability::Now | Durability::Unflushed => {}
         Durability::AtSeal(pending) => {
             pending.file(path);
             if !existed {

@@ -353,26 +353,36 @@ impl Capsule {
     /// the seal.
     pub fn event(&self, name: &str, fields: Value) -> Result<(), StoreError> {
         self.refuse_if_sealed(Artifact::Events.file_name())?;
-        self.append_event(Artifact::Events.file_name(), false, name, fields)
+        let durability = atomic::Durability::AtSeal(&self.pending);
+        self.append_event(Artifact::Events.file_name(), durability, name, fields)
     }
 
-    /// Appends an event to recovery-events.jsonl (allowed before and after the seal).
+    /// Appends an event to recovery-events.jsonl (allowed before and after the seal) and fsyncs
+    /// it.
     pub fn recovery_event(&self, name: &str, fields: Value) -> Result<(), StoreError> {
-        self.append_event(
-            RecoveryArtifact::RecoveryEvents.file_name(),
-            true,
-            name,
-            fields,
-        )
+        let file = RecoveryArtifact::RecoveryEvents.file_name();
+        self.append_event(file, atomic::Durability::Now, name, fields)
     }
 
+    /// Notes in recovery-events.jsonl that the seal is in place, without an fsync: the seal
+    /// and its ledger line are durable already, and a crash that loses this line loses only the
+    /// note (the next recovery event's fsync keeps it).
+    pub(crate) fn sealed_note(&self, fields: Value) -> Result<(), StoreError> {
+        let file = RecoveryArtifact::RecoveryEvents.file_name();
+        self.append_event(file, atomic::Durability::Unflushed, "sealed", fields)
+    }
+
+    /// `durability`: [`atomic::Durability::AtSeal`] for events.jsonl (made durable by the seal),
+    /// `Now` or `Unflushed` for recovery events, which are written after the seal and stand
+    /// alone.
     fn append_event(
         &self,
         file: &str,
-        recovery: bool,
+        durability: atomic::Durability<'_>,
         name: &str,
         fields: Value,
     ) -> Result<(), StoreError> {
+        let recovery = !matches!(durability, atomic::Durability::AtSeal(_));
         validate_event_name(name)?;
         let fields = match fields {
             Value::Null => Map::new(),
@@ -412,13 +422,6 @@ impl Capsule {
                 source,
             }
         })?;
-        // Recovery events are written after the seal and stand alone; a run's events are made
-        // durable by the seal.
-        let durability = if recovery {
-            atomic::Durability::Now
-        } else {
-            atomic::Durability::AtSeal(&self.pending)
-        };
         atomic::append_line(&self.dir, file, &text, durability)?;
         if !recovery {
             self.remember_append(Artifact::Events, &text);
