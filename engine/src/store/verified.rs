@@ -89,7 +89,6 @@ pub(crate) type FileStamp = (u64, u64, u64, i64, i64);
 
 /// The binary form of a valid object name (`None` for anything else).
 pub(crate) fn key_of(hex: &str) -> Option<Key> {
-    // Object names are lower-case: "AB…" decodes but is not a name.
     crate::hex_id::decode(hex)
 }
 

@@ -221,10 +221,12 @@ impl<'a> CapturePlan<'a> {
     /// Scans `root` before the run, backing up what rollback or the workspace needs. `recent`:
     /// the project's latest sealed runs named by the ledger, newest first (stat-cache candidates).
     /// `recorded`: the last run's scan record, checked (see [`CapturePlan::recorded_scan`]).
+    /// `previous`: [`CapturePlan::previous_scan`]; `recorded`: the scan record, checked only
+    /// when there is a previous scan to use it with.
     pub fn before(
         &self,
         root: &Path,
-        recent: &[String],
+        previous: Option<PreviousScan>,
         recorded: Option<&RecordedScan>,
     ) -> Result<Captured, TransactionError> {
         let backup = self.backup_before.then(|| BackupRequest {
@@ -237,7 +239,6 @@ impl<'a> CapturePlan<'a> {
             },
         });
         let mut spool = TreeSpool::new(self.store.objects())?;
-        let previous = self.previous_scan(root, recent);
         // The record's pack is the private copy of the trees it describes.
         let copied = match (recorded, &previous) {
             (Some(r), Some(_)) => r.seed(&mut spool),
@@ -278,7 +279,7 @@ impl<'a> CapturePlan<'a> {
 
     /// The verified earlier scan the before-scan takes unchanged files' hashes from, when
     /// `capture.trust_stat` allows it.
-    fn previous_scan(&self, root: &Path, recent: &[String]) -> Option<PreviousScan> {
+    pub fn previous_scan(&self, root: &Path, recent: &[String]) -> Option<PreviousScan> {
         if !self.trust_stat {
             return None;
         }

@@ -58,6 +58,12 @@ impl<'a> Claims<'a> {
         }
     }
 
+    /// Whether objects were claimed as verified (a refusal path then takes a snapshot for
+    /// [`Claims::settle`]; without claims it need not).
+    pub(crate) fn any(&self) -> bool {
+        self.claimed
+    }
+
     /// Checks the claimed objects against `snapshot` (a no-op when nothing was claimed).
     pub(crate) fn settle(
         &self,

@@ -202,8 +202,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let mut referenced = vec![before.root_tree.clone()];
     if policy.capture().require_backups {
         if let Some(message) = capture::missing_backups(&before) {
-            let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
-            claims.settle(&snapshot, &mut before, &mut referenced)?;
+            if claims.any() {
+                let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
+                claims.settle(&snapshot, &mut before, &mut referenced)?;
+            }
             let refusal = Some(Refusal::BackupsMissing);
             return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
         }
@@ -410,11 +412,18 @@ fn capture_before(
     root: &Path,
     recent: &[String],
 ) -> Result<(capture::Captured, ObjectsSnapshot, Option<RecordedScan>), TransactionError> {
-    let (mut recorded, objects) = match capture.recorded_scan()? {
+    // The record's claims are made only for a before-scan that can use its digests: one with a
+    // verified earlier scan of this root.
+    let previous = capture.previous_scan(root, recent);
+    let checked = match previous {
+        Some(_) => capture.recorded_scan()?,
+        None => None,
+    };
+    let (mut recorded, objects) = match checked {
         Some((recorded, objects)) => (Some(recorded), objects),
         None => (None, ObjectsSnapshot::take(store.objects())?),
     };
-    let before = capture.before(root, recent, recorded.as_ref())?;
+    let before = capture.before(root, previous, recorded.as_ref())?;
     if let Some(r) = recorded.as_mut() {
         r.release_digests();
     }
