@@ -100,14 +100,31 @@ mod tests {
         id
     }
 
+    /// A live process to record as a run's root; ended when dropped.
+    struct Sleeper(std::process::Child);
+
+    impl Sleeper {
+        fn start() -> (Sleeper, ProcessIdentity) {
+            let child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let id = crate::process::read_identity(child.id()).unwrap();
+            (Sleeper(child), id)
+        }
+    }
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
     fn a_dead_monitor_with_a_live_root_is_reported_and_a_live_monitor_is_not() {
         let dir = tempfile::tempdir().unwrap();
-        let mut sleeper = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let root = crate::process::read_identity(sleeper.id()).unwrap();
+        let (_sleeper, root) = Sleeper::start();
         launched(
             dir.path(),
             "r1",
@@ -125,18 +142,12 @@ mod tests {
             serde_json::json!({"root": root, "monitor": me, "cgroup": null}),
         );
         assert_eq!(orphaned_last_run(dir.path()), None);
-        let _ = sleeper.kill();
-        let _ = sleeper.wait();
     }
 
     #[test]
     fn the_last_run_created_is_examined_and_without_its_record_the_newest_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let mut sleeper = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let root = crate::process::read_identity(sleeper.id()).unwrap();
+        let (_sleeper, root) = Sleeper::start();
         let orphan = serde_json::json!({"root": root, "monitor": dead_identity()});
         launched(dir.path(), "r1", serde_json::json!({}));
         launched(dir.path(), "r2", orphan);
@@ -151,8 +162,6 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(store.runs_dir().join("r2").join("note"), "x").unwrap();
         assert_eq!(orphaned_last_run(dir.path()).as_deref(), Some("r2"));
-        let _ = sleeper.kill();
-        let _ = sleeper.wait();
     }
 
     #[test]
