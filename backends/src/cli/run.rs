@@ -403,15 +403,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             outln!("{text}");
         }
         Format::Summary => {
-            // Read back from the capsule, so the backend's own facts (an external plugin's
-            // declared isolation) are shown; the result alone when that fails.
-            let view = store
-                .open_run(&outcome.result.run_id)
-                .ok()
-                .and_then(|c| RunView::load(&c).ok())
-                .unwrap_or_else(|| {
-                    RunView::of_result(outcome.result.clone(), true, outcome.capsule_dir.clone())
-                });
+            // With the runtime document the run sealed, so the backend's own facts (an external
+            // plugin's declared isolation) are shown.
+            let view = RunView::of_sealed_run(
+                outcome.result.clone(),
+                outcome.runtime.clone(),
+                backend.id(),
+                outcome.capsule_dir.clone(),
+            );
             errout!("{}", report::run_summary(&view));
         }
     }

@@ -178,15 +178,22 @@ pub enum Recovery<'a> {
 }
 
 impl RunView {
-    /// A run seen through its result alone (the terminal summary needs nothing else): one just
-    /// finished by this process, or one whose other artifacts are not read.
-    pub fn of_result(result: RunResult, sealed: bool, capsule_dir: PathBuf) -> RunView {
+    /// The view of a run this process has just sealed, from what it wrote (the result, the
+    /// `runtime.json` document, the backend it chose): the bytes the capsule holds, so nothing is
+    /// read back. Its id is the result's, which this process set from the capsule's
+    /// [`crate::store::RunId`]. The timeline is not included (`inspect` shows it).
+    pub fn of_sealed_run(
+        result: RunResult,
+        runtime: Option<RuntimeDoc>,
+        backend: &str,
+        capsule_dir: PathBuf,
+    ) -> RunView {
         RunView {
             id: result.run_id.clone(),
             result,
-            runtime: None,
-            backend: None,
-            sealed,
+            runtime,
+            backend: Some(backend.to_string()),
+            sealed: true,
             seal: None,
             capsule_dir,
             events: Vec::new(),

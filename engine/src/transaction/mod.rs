@@ -106,6 +106,9 @@ pub struct RunRequest<'a> {
 #[derive(Debug)]
 pub struct RunOutcome {
     pub result: RunResult,
+    /// The `runtime.json` the run recorded (none when nothing was launched or refused), as
+    /// written and sealed: a summary is shown from it without reading the capsule back.
+    pub runtime: Option<RuntimeDoc>,
     pub capsule_dir: PathBuf,
     /// Why the command did not run, when it did not; the CLI maps it to its own exit code.
     pub refusal: Option<Refusal>,
@@ -178,7 +181,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     // Fail closed before touching anything when the backend cannot run here (with these options).
     let options = effective_options(&req.options, policy, req.backend.id());
     if let Availability::Unavailable { reason, remedy } = req.backend.availability(&options).await {
-        let message = record_unavailable(&capsule, req.backend.id(), reason, remedy)?;
+        let message = record_unavailable(&sealer, req.backend.id(), reason, remedy)?;
         let refusal = Some(Refusal::BackendUnavailable);
         return sealer.seal_not_run(Status::Error, Some(message), refusal, &[]);
     }
@@ -243,7 +246,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Err(launch::LaunchFailure::Lost(evidence)) => record_lost(&capsule, *evidence)?,
         Err(launch::LaunchFailure::Refused(err)) => {
             let refused = decide::refused_launch(&err);
-            record_refused(&capsule, req.backend.id(), &refused.message)?;
+            record_refused(&sealer, req.backend.id(), &refused.message)?;
             claims.settle(&store_snapshot, &mut before, &mut referenced)?;
             // Nothing ran, so there is no after-state to capture.
             if private_workspace {
@@ -255,7 +258,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     };
     let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
     capsule_tampered.apply(&mut before, &mut referenced);
-    record_exited(&capsule, &evidence, &req.verified_controls)?;
+    record_exited(&sealer, &evidence, &req.verified_controls)?;
 
     // Capture after. The command has run: a capture that fails (the store's disk is full, or the
     // command broke the store) still ends in a sealed capsule that says so, never in no result.
@@ -388,6 +391,7 @@ fn open_capsule<'c>(
         task: req.task.clone(),
         started,
         started_at,
+        runtime: std::sync::Mutex::new(None),
     })
 }
 
@@ -432,16 +436,13 @@ fn capture_before(
 
 /// Records a backend that cannot run here; returns the message for the result.
 fn record_unavailable(
-    capsule: &Capsule,
+    sealer: &Sealer<'_>,
     backend: &str,
     reason: String,
     remedy: String,
 ) -> Result<String, TransactionError> {
     let message = format!("runtime backend `{backend}` is unavailable: {reason}; {remedy}");
-    capsule.write_artifact(
-        Artifact::Runtime,
-        &RuntimeDoc::unavailable(backend, reason, remedy),
-    )?;
+    sealer.write_runtime(RuntimeDoc::unavailable(backend, reason, remedy))?;
     Ok(message)
 }
 
@@ -454,26 +455,25 @@ fn record_lost(capsule: &Capsule, evidence: RunEvidence) -> Result<RunEvidence, 
 }
 
 /// Records a launch the backend refused or could not start.
-fn record_refused(capsule: &Capsule, backend: &str, message: &str) -> Result<(), TransactionError> {
-    capsule.event("launch_refused", json!({ "message": message }))?;
-    capsule.write_artifact(
-        Artifact::Runtime,
-        &RuntimeDoc::refused(backend, message.to_string()),
-    )?;
-    Ok(())
+fn record_refused(
+    sealer: &Sealer<'_>,
+    backend: &str,
+    message: &str,
+) -> Result<(), TransactionError> {
+    sealer
+        .capsule
+        .event("launch_refused", json!({ "message": message }))?;
+    sealer.write_runtime(RuntimeDoc::refused(backend, message.to_string()))
 }
 
 /// Records the backend's evidence (`runtime.json`) and how the command ended.
 fn record_exited(
-    capsule: &Capsule,
+    sealer: &Sealer<'_>,
     evidence: &RunEvidence,
     verified_controls: &[VerifiedControl],
 ) -> Result<(), TransactionError> {
-    capsule.write_artifact(
-        Artifact::Runtime,
-        &RuntimeDoc::launched(evidence, verified_controls),
-    )?;
-    capsule.event(
+    sealer.write_runtime(RuntimeDoc::launched(evidence, verified_controls))?;
+    sealer.capsule.event(
         "exited",
         json!({
             "code": evidence.exit.code,

@@ -1,6 +1,7 @@
 //! The last step: write `result.json`, record the decision, and seal the capsule with the objects
 //! its manifests reference (so pruning never removes a backup a sealed run still needs).
 
+use std::sync::{Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use serde_json::json;
@@ -10,7 +11,7 @@ use super::result::{RunResult, Status};
 use super::{Refusal, RunOutcome, TransactionError};
 use crate::policy::Decision;
 use crate::store::seal::SealAuthority;
-use crate::store::{Artifact, Capsule, ObjectStore, Store};
+use crate::store::{Artifact, Capsule, ObjectStore, RuntimeDoc, Store};
 
 pub(super) fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
@@ -28,6 +29,8 @@ pub(super) struct Sealer<'c> {
     pub task: Option<String>,
     pub started: Instant,
     pub started_at: String,
+    /// The `runtime.json` written, kept for the outcome.
+    pub runtime: Mutex<Option<RuntimeDoc>>,
 }
 
 impl Sealer<'_> {
@@ -40,6 +43,13 @@ impl Sealer<'_> {
             finished_at: now(),
             duration_ms: self.started.elapsed().as_millis() as u64,
         }
+    }
+
+    /// Writes `runtime.json` and keeps the document for the outcome.
+    pub fn write_runtime(&self, doc: RuntimeDoc) -> Result<(), TransactionError> {
+        self.capsule.write_artifact(Artifact::Runtime, &doc)?;
+        *self.runtime.lock().unwrap_or_else(PoisonError::into_inner) = Some(doc);
+        Ok(())
     }
 
     /// A run that never launched (blocked, backend unavailable, launch refused).
@@ -72,8 +82,14 @@ impl Sealer<'_> {
         // The cache only saves time: a run whose cache cannot be written is still complete, and
         // the next run hashes its objects again.
         let _ = self.objects.save_verified_cache(self.authority.key());
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         Ok(RunOutcome {
             result,
+            runtime,
             capsule_dir: self.capsule.dir().to_path_buf(),
             refusal,
         })
