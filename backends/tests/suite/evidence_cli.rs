@@ -121,6 +121,8 @@ fn a_command_rewriting_its_own_capsule_is_caught_and_the_seal_holds_what_agentdi
         "runs/second/events.jsonl",
         "runs/first/result.json",
         "runs/first/integrity.json",
+        // The orphan notice's hint is the store's too.
+        "last-run",
     ] {
         assert!(
             tampered.iter().any(|t| t == must),

@@ -56,6 +56,11 @@ fn event(root: &Path, id: &str, name: &str) -> Option<Value> {
     events(root, id).into_iter().find(|e| e["event"] == name)
 }
 
+/// The run's `stat_cache` event (the earlier scan it used, and what the scan record gave it).
+fn stat_cache(root: &Path, id: &str) -> Value {
+    event(root, id, "stat_cache").unwrap_or_else(|| panic!("run {id} used no earlier scan"))
+}
+
 fn reused(root: &Path, id: &str, phase: &str) -> u64 {
     event(root, id, &format!("{phase}_captured")).unwrap()["hashes_reused"]
         .as_u64()
@@ -94,7 +99,7 @@ fn an_unchanged_tree_reuses_the_previous_verified_run_and_records_it() {
     );
     assert_eq!(reused(p.path(), "r1", "before"), 0);
     run(p.path(), "r2", &[], "true");
-    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    let cache = stat_cache(p.path(), "r2");
     assert_eq!(cache["run_id"], "r1");
     assert_eq!(cache["artifact"], "after.json");
     assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64);
@@ -223,13 +228,13 @@ fn the_latest_sealed_run_feeds_the_cache_whatever_was_touched_since() {
         .unwrap();
     assert!(touched.success());
     run(p.path(), "r3", &[], "true");
-    let cache = event(p.path(), "r3", "stat_cache").expect("stat_cache event");
+    let cache = stat_cache(p.path(), "r3");
     assert_eq!(cache["run_id"], "r2");
     assert_eq!(reused(p.path(), "r3", "before"), FILES.len() as u64);
     // Without its capsule the newest sealed run cannot feed the cache: the next one does.
     fs::remove_dir_all(p.path().join(".agentdiff/runs/r3")).unwrap();
     run(p.path(), "r4", &[], "true");
-    let cache = event(p.path(), "r4", "stat_cache").expect("stat_cache event");
+    let cache = stat_cache(p.path(), "r4");
     assert_eq!(cache["run_id"], "r2");
 }
 
@@ -317,7 +322,7 @@ fn a_recent_run_feeds_the_cache_without_the_whole_ledger_being_read() {
         .unwrap();
     drop(file);
     run_with_state(p.path(), &state, "r2");
-    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    let cache = stat_cache(p.path(), "r2");
     assert_eq!(cache["run_id"], "r1");
     assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64);
 }
@@ -340,7 +345,7 @@ fn a_run_whose_seal_left_the_ledger_tail_still_feeds_the_cache() {
     ledger.write_all(other.as_bytes()).unwrap();
     drop(ledger);
     run_with_state(p.path(), &state, "r2");
-    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    let cache = stat_cache(p.path(), "r2");
     assert_eq!(cache["run_id"], "r1");
     assert_eq!(reused(p.path(), "r2", "before"), FILES.len() as u64);
 }
@@ -377,7 +382,7 @@ fn a_warm_run_takes_unchanged_directories_from_the_scan_record() {
     run(p.path(), "r1", &[], "true");
     assert!(p.path().join(".agentdiff/objects/scan-record").is_file());
     run(p.path(), "r2", &[], "true");
-    let cache = event(p.path(), "r2", "stat_cache").expect("stat_cache event");
+    let cache = stat_cache(p.path(), "r2");
     assert!(cache["recorded_digests"].as_u64().unwrap() >= 2, "{cache}");
     assert_eq!(cache["recorded_trees_copied"], 2, "{cache}");
     assert_eq!(cache["recorded_pack_hashed"], false, "{cache}");
@@ -438,7 +443,7 @@ fn a_backup_rewritten_between_runs_is_found_after_the_command_and_withdrawn() {
     let p = aged_project();
     let object = first_run_then_damage_a_backup(p.path());
     let result = run(p.path(), "r2", &[], "true");
-    let cache = event(p.path(), "r2", "stat_cache").unwrap();
+    let cache = stat_cache(p.path(), "r2");
     assert!(cache["recorded_digests"].as_u64().unwrap() > 0, "{cache}");
     let found = findings(&result);
     assert_eq!(found.len(), 1, "{result}");
@@ -488,7 +493,7 @@ fn an_object_touched_between_runs_with_its_content_intact_is_no_finding() {
     std::thread::sleep(Duration::from_millis(50));
     let result = run(p.path(), "r2", &[], "true");
     assert!(
-        event(p.path(), "r2", "stat_cache").unwrap()["recorded_digests"]
+        stat_cache(p.path(), "r2")["recorded_digests"]
             .as_u64()
             .unwrap()
             > 0
@@ -510,7 +515,7 @@ fn a_backup_removed_between_runs_turns_the_record_off_and_is_stored_again() {
     fs::remove_file(&object).unwrap();
     let result = run(p.path(), "r2", &[], "true");
     assert!(findings(&result).is_empty(), "{result}");
-    let cache = event(p.path(), "r2", "stat_cache").unwrap();
+    let cache = stat_cache(p.path(), "r2");
     assert_eq!(cache["recorded_digests"], 0, "{cache}");
     assert_eq!(
         fs::read(backup_object(p.path(), "r2", "a.txt")).unwrap(),
@@ -534,10 +539,7 @@ fn a_forged_record_is_ignored_and_a_damaged_pack_only_costs_reads() {
     forged[at] ^= 1;
     fs::write(&record, &forged).unwrap();
     run(p.path(), "r2", &[], "true");
-    assert_eq!(
-        event(p.path(), "r2", "stat_cache").unwrap()["recorded_digests"],
-        0
-    );
+    assert_eq!(stat_cache(p.path(), "r2")["recorded_digests"], 0);
     // r2 rewrote it; now damage every byte of the pack.
     let mut damaged = fs::read(&record).unwrap();
     let header = String::from_utf8_lossy(&damaged[..256]).to_string();
@@ -550,7 +552,7 @@ fn a_forged_record_is_ignored_and_a_damaged_pack_only_costs_reads() {
     // Every tree fails its check as it is copied: none is, all are read from the store.
     let result = run(p.path(), "r3", &[], "true");
     assert!(findings(&result).is_empty(), "{result}");
-    let cache = event(p.path(), "r3", "stat_cache").unwrap();
+    let cache = stat_cache(p.path(), "r3");
     assert!(cache["recorded_digests"].as_u64().unwrap() > 0, "{cache}");
     assert_eq!(cache["recorded_trees_copied"], 0, "{cache}");
     let root = |id: &str, a: &str| {
@@ -562,17 +564,17 @@ fn a_forged_record_is_ignored_and_a_damaged_pack_only_costs_reads() {
     assert_exit(&agentdiff(p.path(), &["verify", "r3"]), 0);
     // The damaged pack is not left for the next run.
     run(p.path(), "r4", &[], "true");
-    let cache = event(p.path(), "r4", "stat_cache").unwrap();
+    let cache = stat_cache(p.path(), "r4");
     assert_eq!(cache["recorded_trees_copied"], 2, "{cache}");
     assert_eq!(cache["recorded_pack_hashed"], false, "{cache}");
     // Without its stamp the pack is hashed as it is copied; found whole, it is vouched for.
     fs::remove_file(p.path().join(".agentdiff/objects/scan-record.stamp")).unwrap();
     run(p.path(), "r5", &[], "true");
-    let cache = event(p.path(), "r5", "stat_cache").unwrap();
+    let cache = stat_cache(p.path(), "r5");
     assert_eq!(cache["recorded_pack_hashed"], true, "{cache}");
     assert_eq!(cache["recorded_trees_copied"], 2, "{cache}");
     run(p.path(), "r6", &[], "true");
-    let cache = event(p.path(), "r6", "stat_cache").unwrap();
+    let cache = stat_cache(p.path(), "r6");
     assert_eq!(cache["recorded_pack_hashed"], false, "{cache}");
 }
 
@@ -594,7 +596,7 @@ fn a_run_refused_at_launch_checks_what_it_claimed_before_sealing() {
     );
     assert_exit(&out, 127);
     assert!(
-        event(p.path(), "r2", "stat_cache").unwrap()["recorded_digests"]
+        stat_cache(p.path(), "r2")["recorded_digests"]
             .as_u64()
             .unwrap()
             > 0
@@ -626,7 +628,7 @@ fn a_run_whose_command_changed_the_store_drops_the_scan_record() {
     let result = run(p.path(), "r5", &[], &script);
     // The object listing came from the record (the store was as it found it): the removal is
     // still found, by name.
-    let cache = event(p.path(), "r5", "stat_cache").unwrap();
+    let cache = stat_cache(p.path(), "r5");
     assert!(cache["recorded_digests"].as_u64().unwrap() > 0, "{cache}");
     let found = findings(&result);
     assert!(
@@ -637,9 +639,6 @@ fn a_run_whose_command_changed_the_store_drops_the_scan_record() {
     );
     assert!(!record.exists(), "a record left after tampering");
     run(p.path(), "r6", &[], "true");
-    assert_eq!(
-        event(p.path(), "r6", "stat_cache").unwrap()["recorded_digests"],
-        0
-    );
+    assert_eq!(stat_cache(p.path(), "r6")["recorded_digests"], 0);
     assert!(record.exists());
 }
