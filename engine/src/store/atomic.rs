@@ -137,8 +137,9 @@ pub(crate) fn create_temp_in(dir: &Path, stem: &str) -> Result<(File, PathBuf), 
 pub(crate) enum Durability<'a> {
     Now,
     AtSeal(&'a PendingSync),
-    /// Written and never flushed here: for a line whose loss in a crash costs nothing (the
-    /// `sealed` note after a seal that is already durable); a later flush of the file keeps it.
+    /// Written and never flushed here: for bytes whose loss in a crash costs nothing (the
+    /// `sealed` note after a seal that is already durable, the `last-run` hint); a later flush
+    /// of the file keeps them.
     Unflushed,
 }
 

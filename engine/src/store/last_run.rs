@@ -12,8 +12,6 @@
 //! it: the run it names is opened and checked like any other, and a change to it while a command
 //! runs is a store change the tamper check reports.
 
-use std::io::Write;
-
 use super::{atomic, RunId, Store};
 
 /// File name below `.agentdiff/`.
@@ -26,15 +24,13 @@ impl Store {
     /// Records `id` as the newest run. A failure only costs the next reader the listing of run
     /// directories, so it is not an error of the run.
     pub(super) fn note_last_run(&self, id: &RunId) {
-        let Ok((mut file, temp)) = atomic::create_temp_in(self.dir(), LAST_RUN_FILE_NAME) else {
-            return;
-        };
-        let written = file
-            .write_all(format!("{}\n", id.as_str()).as_bytes())
-            .and_then(|()| std::fs::rename(&temp, self.dir().join(LAST_RUN_FILE_NAME)));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temp);
-        }
+        let line = format!("{}\n", id.as_str());
+        let _ = atomic::write_atomic(
+            self.dir(),
+            LAST_RUN_FILE_NAME,
+            line.as_bytes(),
+            atomic::Durability::Unflushed,
+        );
     }
 
     /// The id `.agentdiff/last-run` names; `None` when the file is missing, unreadable or does not
