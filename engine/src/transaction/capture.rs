@@ -218,11 +218,10 @@ impl<'a> CapturePlan<'a> {
         let _ = objects.save_scan_record(key, digests, spool);
     }
 
-    /// Scans `root` before the run, backing up what rollback or the workspace needs. `recent`:
-    /// the project's latest sealed runs named by the ledger, newest first (stat-cache candidates).
-    /// `recorded`: the last run's scan record, checked (see [`CapturePlan::recorded_scan`]).
-    /// `previous`: [`CapturePlan::previous_scan`]; `recorded`: the scan record, checked only
-    /// when there is a previous scan to use it with.
+    /// Scans `root` before the run, backing up what rollback or the workspace needs.
+    /// `previous`: the verified earlier scan unchanged files' hashes come from
+    /// ([`CapturePlan::previous_scan`]); `recorded`: the last run's scan record, checked (see
+    /// [`CapturePlan::recorded_scan`]) only when there is a previous scan to use it with.
     pub fn before(
         &self,
         root: &Path,
