@@ -13,6 +13,7 @@ use agentdiff_engine::backend::{
 use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::process::exec_shim::{self, StartState};
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
+use agentdiff_engine::process::start_gate;
 use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
 use async_trait::async_trait;
@@ -267,6 +268,12 @@ impl RuntimeBackend for BwrapBackend {
         }
     }
 
+    fn holds_start(&self) -> bool {
+        // The exec shim waits at the plan's start gate: bwrap builds the sandbox while the
+        // transaction captures the tree.
+        true
+    }
+
     fn requires_scrubbed_environment(&self) -> bool {
         true
     }
@@ -335,6 +342,8 @@ impl RuntimeBackend for BwrapBackend {
                 )
             })?;
         env.push((exec_shim::ENV_HOST_NAMESPACES.into(), host_ns.into()));
+        // The shim waits at the gate until the launch is released (at once when not held).
+        env.push((start_gate::ENV_START_GATE.into(), plan.gate.clone().into()));
         let command = LaunchCommand {
             program: plan.bwrap.as_os_str().to_os_string(),
             args: plan.args.clone(),
@@ -377,7 +386,8 @@ impl RuntimeBackend for BwrapBackend {
             sandbox_init: None,
         };
         let env_dropped = plan.env_dropped.clone();
-        let inner = ShimmedCommand::spawn(prepared, ctx, labels, &plan.marker, "bwrap")
+        let gate = Some(plan.gate.as_path());
+        let inner = ShimmedCommand::spawn(prepared, ctx, labels, &plan.marker, gate, "bwrap")
             .map_err(|e| launch_error(e.to_string()))?;
         Ok(Box::new(BwrapRunning {
             inner,
@@ -417,6 +427,16 @@ impl RunningCommand for BwrapRunning {
 
     fn launch_facts(&self) -> LaunchFacts {
         self.inner.launch_facts()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        self.inner
+            .release()
+            .map_err(|e| launch_error(e.to_string()))
+    }
+
+    async fn abort(self: Box<Self>) {
+        self.inner.abort().await;
     }
 
     async fn wait(self: Box<Self>) -> Result<RunEvidence> {

@@ -27,6 +27,9 @@ use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, O
 
 /// Name of the start-marker FIFO in the run capsule (removed when the run ends).
 pub const START_MARKER_FILE: &str = "bwrap-start-marker.fifo";
+/// Name of the start-gate FIFO in the run capsule, where the exec shim waits until the run is
+/// released (`agentdiff_engine::process::start_gate`; removed when the run ends).
+pub const START_GATE_FILE: &str = "bwrap-start-gate.fifo";
 
 /// Credential locations below a home directory, hidden from the command when they exist: the
 /// engine's one list, shared with the srt backend and the hook.
@@ -230,6 +233,8 @@ pub struct Plan {
     pub bwrap: PathBuf,
     pub shim: PathBuf,
     pub marker: PathBuf,
+    /// The start gate, next to the marker.
+    pub gate: PathBuf,
     pub root: PathBuf,
     pub workdir: PathBuf,
     pub network: Network,
@@ -557,16 +562,18 @@ pub fn plan(
     }));
 
     let marker = spec.capsule_dir.join(START_MARKER_FILE);
+    let gate = spec.capsule_dir.join(START_GATE_FILE);
     let (env, env_dropped) = sandbox_env(&spec.env);
     let new_session = !facts.interactive;
     let shim = ShimMount {
         path: &programs.shim,
         bind: !shown_read_only(&programs.shim, &mounts),
     };
-    // The marker does not exist yet (the launch creates it in the capsule directory): its
-    // directory decides whether it is shown.
+    // The marker and the gate do not exist yet (the launch creates them in the capsule
+    // directory): their directory decides whether they are shown.
     let marker_mount = MarkerMount {
         path: &marker,
+        gate: &gate,
         bind: !marker
             .parent()
             .is_some_and(|dir| shown_read_only(dir, &mounts)),
@@ -584,6 +591,7 @@ pub fn plan(
         bwrap: programs.bwrap,
         shim: programs.shim,
         marker,
+        gate,
         root,
         workdir,
         network,
@@ -667,10 +675,12 @@ pub struct ShimMount<'a> {
     pub bind: bool,
 }
 
-/// The start marker, and whether it needs a read-only bind of its own to be reachable.
+/// The start marker and the start gate (in the same directory), and whether they need
+/// read-only binds of their own to be reachable.
 #[derive(Debug, Clone, Copy)]
 pub struct MarkerMount<'a> {
     pub path: &'a Path,
+    pub gate: &'a Path,
     pub bind: bool,
 }
 
@@ -704,8 +714,8 @@ pub fn build_args(
         push(&[s("--ro-bind"), shim.path.as_os_str(), shim.path.as_os_str()]);
     }
     if marker.bind {
-        let m = marker.path.as_os_str();
-        push(&[s("--ro-bind"), m, m]);
+        let (m, g) = (marker.path.as_os_str(), marker.gate.as_os_str());
+        push(&[s("--ro-bind"), m, m, s("--ro-bind"), g, g]);
     }
     push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
     if network == Network::None {
@@ -924,9 +934,15 @@ mod tests {
                 .build();
             let p = plan(&s, &facts(&f), programs(), &[]).unwrap();
             let marker = capsule.join(START_MARKER_FILE).display().to_string();
+            let gate = capsule.join(START_GATE_FILE);
+            assert_eq!(p.gate, gate);
+            let gate = gate.display().to_string();
             let a = strs(&p.args);
             assert!(find(&a, &["--", "/opt/agentdiff"]).is_some_and(|i| a[i..].contains(&marker)));
-            find(&a, &["--ro-bind", &marker, &marker]).is_some()
+            // The gate is reachable exactly where the marker is.
+            let bound = find(&a, &["--ro-bind", &marker, &marker]).is_some();
+            assert_eq!(find(&a, &["--ro-bind", &gate, &gate]).is_some(), bound);
+            bound
         };
         // In a hidden directory, below /tmp, through a symlink: bound.
         assert!(with_capsule(f.home.join(".ssh/r1")));

@@ -382,7 +382,7 @@ impl RuntimeBackend for SrtBackend {
             capabilities: capabilities(),
         };
         let marker = plan.marker.clone();
-        let inner = ShimmedCommand::spawn(prepared, ctx, labels, &marker, "srt")
+        let inner = ShimmedCommand::spawn(prepared, ctx, labels, &marker, None, "srt")
             .map_err(|e| launch_error(e.to_string()))?;
         Ok(Box::new(SrtRunning {
             inner,

@@ -116,6 +116,8 @@ pub struct Invocation {
     pub timeout: Option<Duration>,
     pub grace: Duration,
     pub options: BackendOptions,
+    /// Launch with [`LaunchContext::hold_start`]: the caller releases (or aborts) the command.
+    pub held: bool,
 }
 
 impl Invocation {
@@ -131,6 +133,7 @@ impl Invocation {
             timeout: Some(Duration::from_secs(60)),
             grace: Duration::from_millis(500),
             options: BackendOptions::new(),
+            held: false,
         }
     }
 
@@ -156,6 +159,12 @@ impl Invocation {
 
     pub fn options(mut self, o: &BackendOptions) -> Self {
         self.options = o.clone();
+        self
+    }
+
+    /// Launched held: nothing of the command may run before `release()`.
+    pub fn held(mut self) -> Self {
+        self.held = true;
         self
     }
 }
@@ -283,11 +292,12 @@ pub async fn start(
         &format!("conformance-{}", crate::host::random_token()),
     );
     let prepared = backend.prepare(&spec).map_err(Stage::Prepare)?;
-    let ctx = LaunchContext::new(StdioMode::Files {
+    let mut ctx = LaunchContext::new(StdioMode::Files {
         stdin,
         stdout: stdout.clone(),
         stderr: stderr.clone(),
     });
+    ctx.hold_start = inv.held;
     let started = Instant::now();
     let running = backend
         .launch(prepared.clone(), ctx)

@@ -525,6 +525,7 @@ async fn an_interrupt_stops_the_container_and_is_recorded() {
                 stdio,
                 interrupt: rx,
                 hold_reap: None,
+                hold_start: false,
             },
         )
         .await

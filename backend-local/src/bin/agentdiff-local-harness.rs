@@ -108,6 +108,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         },
         interrupt: rx,
         hold_reap: None,
+        hold_start: false,
     };
     let running = backend
         .launch(prepared, ctx)

@@ -217,6 +217,7 @@ fn interruption_ends_the_tree_and_is_recorded() {
         stdio: files(dir.path()),
         interrupt: rx,
         hold_reap: None,
+        hold_start: false,
     };
     let s = spec(
         dir.path(),

@@ -403,3 +403,117 @@ fn listeners_are_observed_on_the_host_network_and_not_claimed_in_the_sandboxs_ow
         "port {port} not among {ports:#}"
     );
 }
+
+/// The FIFOs of the capsule (the start marker and gate are removed when the run ends).
+fn fifos_in(dir: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_fifo()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// bwrap is started before the before-capture so that its setup overlaps it, with the command
+/// held at the start gate: the command must find the before-state and the `launched` event
+/// already recorded, however long the capture takes, or its first writes could hide in the
+/// before-state.
+#[test]
+fn the_command_starts_only_after_the_before_state_is_recorded() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    // A tree whose capture takes far longer than bwrap's setup.
+    for d in 0..30 {
+        let dir = f.root().join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..100 {
+            fs::write(dir.join(format!("f{i}.txt")), format!("{d} {i}\n")).unwrap();
+        }
+    }
+    let script = "cat .agentdiff/runs/*/events.jsonl > seen.txt; echo x >> d0/f0.txt";
+    let (code, result, out) = f.run(&[], &["sh", "-c", script], &[]);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Vec<Value> = fs::read_to_string(f.root().join("seen.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let events: Vec<&str> = seen.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert!(
+        events.contains(&"before_captured") && events.last() == Some(&"launched"),
+        "the command started before agentdiff recorded the before-state: {events:?}"
+    );
+    // Its first write is a recorded change, not part of the before-state.
+    let changed: Vec<&str> = result["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert!(changed.contains(&"d0/f0.txt"), "{changed:?}");
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["wrapper"]["command_started"], true, "{rt:#}");
+    let capsule = f
+        .root()
+        .join(".agentdiff/runs")
+        .join(result["run_id"].as_str().unwrap());
+    assert_eq!(fifos_in(&capsule), Vec::<PathBuf>::new());
+}
+
+/// A run that stops after bwrap was started but before the release (here `capture.require_backups`
+/// with a full object store) never lets the command start: the held sandbox is ended, nothing
+/// of the command ran, and no `launched` event, FIFO or bwrap process is left.
+#[test]
+fn a_held_sandbox_of_a_run_that_stops_before_the_start_runs_nothing() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let root = f.root();
+    fs::write(root.join("big.bin"), vec![7u8; 300_000]).unwrap();
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 1\ncapture:\n  require_backups: true\n",
+    )
+    .unwrap();
+    let args = [
+        "run",
+        "--runtime",
+        "bwrap",
+        "--",
+        "sh",
+        "-c",
+        "touch ran.txt; rm big.bin",
+    ];
+    let Some(out) = super::safe_defaults_cli::with_full_object_store(root, &args) else {
+        agentdiff_conformance::skip_unless_required("a private tmpfs mount (unshare -m, root)");
+        return;
+    };
+    super::assert_exit(&out, 70);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("capture.require_backups"), "{stderr}");
+    assert!(!root.join("ran.txt").exists(), "the command ran");
+    assert!(root.join("big.bin").exists(), "the command ran");
+    let runs: Vec<PathBuf> = fs::read_dir(root.join(".agentdiff/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let events = fs::read_to_string(runs[0].join("events.jsonl")).unwrap();
+    assert!(!events.contains("\"launched\""), "{events}");
+    assert_eq!(fifos_in(&runs[0]), Vec::<PathBuf>::new());
+    // The sandbox was ended before agentdiff exited: no process still names the run's capsule.
+    let capsule = runs[0].display().to_string();
+    let left: Vec<String> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&capsule))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
+}

@@ -872,7 +872,7 @@ fn a_killed_run_is_reported_as_interrupted_and_its_cgroup_is_removed_later() {
 /// larger files fail with ENOSPC. `None` when a private mount namespace is not available.
 /// agentdiff runs on one CPU, so it stores one backup at a time: a small backup never races a
 /// large one for the last free bytes (which a busy machine would otherwise decide).
-fn with_full_object_store(root: &Path, args: &[&str]) -> Option<Output> {
+pub(super) fn with_full_object_store(root: &Path, args: &[&str]) -> Option<Output> {
     let setup = format!(
         "mount -t tmpfs -o size=100k,mode=0700 tmpfs '{}/.agentdiff/objects' && \
          taskset -p -c 0 $$ >/dev/null",

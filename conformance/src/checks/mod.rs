@@ -7,6 +7,7 @@ mod cleanup;
 mod evidence;
 mod exit;
 mod failclosed;
+mod hold;
 mod honesty;
 mod labels;
 mod process;
@@ -135,6 +136,7 @@ pub fn catalogue() -> Vec<CheckDef> {
         def!("CLEAN-001", Must, "cleanup never signals an identity whose start time does not match", false, always, cleanup::start_time_mismatch),
         def!("CLEAN-002", Must, "cleanup never signals an identity from another boot", false, always, cleanup::boot_mismatch),
         def!("CLEAN-003", Should, "cleanup ends a matching identity and reports it terminated or killed", false, always, cleanup::matching_identity),
+        def!("HOLD-001", Must, "a backend that holds the start runs nothing of the command before release(), and nothing of an aborted one", true, always, hold::nothing_runs_before_release),
         def!("FAIL-001", Must, "a missing or unusable wrapper/engine fails closed and never runs the command", true, always, failclosed::fails_closed),
         def!("EVID-001", Must, "evidence validates against the published runtime schema", true, always, evidence::schema),
         def!("EVID-002", Must, "secrets in argv are redacted in evidence as stored", true, always, evidence::argv_redaction),

@@ -15,6 +15,8 @@
 //! - [`TestBackend::private_tmp_only`]: runs the command under `bwrap --bind / / --tmpfs /tmp`
 //!   (the root bound back) and claims filesystem confinement and a sandbox. Only `/tmp` is
 //!   private: writes to `/var/tmp` and `$HOME` reach the host. Must fail `HONEST-FS-001`.
+//! - [`TestBackend::ignores_hold`]: the reference launcher, but it declares `holds_start` and
+//!   starts the command at once anyway. Must fail `HOLD-001`.
 //! - [`TestBackend::wrapped`]: runs every command through a wrapper executable
 //!   (`WRAPPER [FLAGS] -- ARGV…`), typically the generic fake wrapper, with declared capabilities
 //!   of the caller's choice; the wrapper path comes from the `wrapper` option so a missing wrapper
@@ -44,6 +46,7 @@ enum Flavour {
     LeakyEvidence,
     HostEnvironment,
     PrivateTmpOnly,
+    IgnoresHold,
     Wrapped { default_wrapper: Option<PathBuf> },
 }
 
@@ -132,6 +135,15 @@ impl TestBackend {
         }
     }
 
+    /// Declares that it holds the start, and starts the command at once.
+    pub fn ignores_hold() -> Self {
+        Self {
+            id: "conformance-ignores-hold",
+            flavour: Flavour::IgnoresHold,
+            capabilities: honest_capabilities(),
+        }
+    }
+
     /// A wrapping backend. `wrapper` is used unless the launch options name another one
     /// (`wrapper=PATH`).
     pub fn wrapped(wrapper: Option<PathBuf>, capabilities: Capabilities) -> Self {
@@ -195,6 +207,10 @@ impl RuntimeBackend for TestBackend {
 
     fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
         self.capabilities.clone()
+    }
+
+    fn holds_start(&self) -> bool {
+        self.flavour == Flavour::IgnoresHold
     }
 
     async fn availability(&self, _options: &BackendOptions) -> Availability {

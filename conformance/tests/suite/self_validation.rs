@@ -302,3 +302,21 @@ async fn a_backend_leaking_the_host_environment_fails_the_environment_honesty_ch
         .unwrap()
         .is_empty());
 }
+
+/// A backend that says it holds the start but starts the command at once would let the
+/// command's first writes land before the before-capture, where they are never recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_does_not_hold_the_start_it_declares_fails_the_hold_check() {
+    let only = SuiteOptions {
+        only: vec!["HOLD-001".into()],
+        ..SuiteOptions::default()
+    };
+    let report = run_suite(factory(TestBackend::ignores_hold), only.clone()).await;
+    println!("{}", report.to_tap());
+    assert_eq!(report.failed_ids(), vec!["HOLD-001"]);
+    let hold = report.check("HOLD-001").unwrap();
+    assert_eq!(hold.details["ran_while_held"], true, "{:?}", hold.details);
+    // A backend that does not declare it is not held, and the check says so.
+    let report = run_suite(factory(TestBackend::reference), only).await;
+    assert!(report.check("HOLD-001").unwrap().outcome.is_skipped());
+}

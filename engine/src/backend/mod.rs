@@ -96,6 +96,18 @@ pub trait RunningCommand: Send {
             ..LaunchFacts::default()
         }
     }
+    /// Let a command launched with [`LaunchContext::hold_start`] start: called once, after the
+    /// transaction recorded the before-state, before `wait`; the deadline counts from here. A
+    /// launch that was not held has started already, so by default this does nothing.
+    fn release(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// End a held launch that will not be released (the transaction stopped before the start):
+    /// nothing of the command has run and nothing may; returns once the wrapper is gone. Only
+    /// held launches are aborted; the default waits for the end.
+    async fn abort(self: Box<Self>) {
+        let _ = self.wait().await;
+    }
     /// Wait for the end of the command and collect its evidence.
     async fn wait(self: Box<Self>) -> Result<RunEvidence>;
 }
@@ -120,6 +132,13 @@ pub trait RuntimeBackend: Send + Sync {
     /// policy's `environment.mode` say. A sandboxing backend scrubs by default so that an
     /// exported credential never reaches a command it confines.
     fn requires_scrubbed_environment(&self) -> bool {
+        false
+    }
+    /// Whether `launch` honours [`LaunchContext::hold_start`]: it starts the backend's own setup
+    /// (a sandbox's namespaces and mounts) at once, and nothing of the command before
+    /// [`RunningCommand::release`]; a failure before the release means the command did not run.
+    /// The transaction then launches before its before-capture, so that the setup overlaps it.
+    fn holds_start(&self) -> bool {
         false
     }
     /// Pure transform from the request to what will be executed: no process started, no file

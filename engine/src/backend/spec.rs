@@ -283,6 +283,11 @@ pub struct LaunchContext {
     pub interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     /// When set, a root process that has exited stays unreaped (a zombie) until the gate opens.
     pub hold_reap: Option<ReapGate>,
+    /// Start held: a backend that [`crate::backend::RuntimeBackend::holds_start`] sets up its
+    /// wrapper but lets nothing of the command run until
+    /// [`crate::backend::RunningCommand::release`]; the deadline counts from the release. Other
+    /// backends are never launched with it.
+    pub hold_start: bool,
 }
 
 impl LaunchContext {
@@ -293,6 +298,7 @@ impl LaunchContext {
             stdio,
             interrupt: rx,
             hold_reap: None,
+            hold_start: false,
         }
     }
 }

@@ -59,7 +59,12 @@ pub const ENV_TTY_GUARD: &str = "AGENTDIFF_EXEC_SHIM_TTY_GUARD";
 /// for the namespaces the sandbox unshares; removed before `exec`.
 pub const ENV_HOST_NAMESPACES: &str = "AGENTDIFF_EXEC_SHIM_HOST_NS";
 /// Every variable of the shim's own: dropped from a caller's environment and from the evidence.
-pub const SHIM_ENV_VARS: [&str; 3] = [ENV_ARGV_DIGEST, ENV_TTY_GUARD, ENV_HOST_NAMESPACES];
+pub const SHIM_ENV_VARS: [&str; 4] = [
+    ENV_ARGV_DIGEST,
+    ENV_TTY_GUARD,
+    ENV_HOST_NAMESPACES,
+    crate::process::start_gate::ENV_START_GATE,
+];
 /// Namespaces the shim can compare (names under `/proc/self/ns`).
 pub const NAMESPACES: [&str; 7] = ["mnt", "pid", "net", "ipc", "uts", "user", "cgroup"];
 /// Exit code of the shim when it refuses to start the command (bad shim argv, argument count
@@ -164,6 +169,11 @@ pub fn marker_token(digest_value: &OsStr) -> Option<String> {
 
 /// Token written when the shim has none (no digest variable): only refusals are written then.
 const NO_TOKEN: &str = "-";
+
+/// The token the shim uses for a marker token that may be missing: the same value on both sides.
+pub fn token_or_none(token: Option<&str>) -> &str {
+    token.unwrap_or(NO_TOKEN)
+}
 
 /// One line the shim writes on the marker: `KIND token=TOKEN FIELDS…`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -452,6 +462,8 @@ struct ShimEnv<'a> {
     digest: Option<&'a OsStr>,
     /// [`ENV_HOST_NAMESPACES`].
     host_namespaces: Option<&'a OsStr>,
+    /// [`crate::process::start_gate::ENV_START_GATE`].
+    start_gate: Option<&'a OsStr>,
 }
 
 /// The shim's entry point (inside the sandbox). `args` are the arguments after the subcommand
@@ -462,9 +474,11 @@ pub fn run(args: &[OsString]) -> u8 {
         Ok((marker, expected, argv)) => {
             let digest = std::env::var_os(ENV_ARGV_DIGEST);
             let host_namespaces = std::env::var_os(ENV_HOST_NAMESPACES);
+            let start_gate = std::env::var_os(crate::process::start_gate::ENV_START_GATE);
             let env = ShimEnv {
                 digest: digest.as_deref(),
                 host_namespaces: host_namespaces.as_deref(),
+                start_gate: start_gate.as_deref(),
             };
             start(&marker, expected, argv, env)
         }
@@ -613,6 +627,14 @@ fn start(marker: &Path, expected: usize, argv: &[OsString], env: ShimEnv<'_>) ->
         .unwrap_or_else(|| NO_TOKEN.to_string());
     if let Err(code) = check_before_start(&mut fifo, &token, expected, argv, env) {
         return code;
+    }
+    // Held until the host has recorded the before-state (see `start_gate`); no start mark when
+    // the run is abandoned, so the host never counts it as started.
+    if let Some(gate) = env.start_gate {
+        if let Err(e) = crate::process::start_gate::await_release(Path::new(gate), &token) {
+            eprintln!("agentdiff exec shim: {e}; the command was not started");
+            return SHIM_REFUSED_EXIT;
+        }
     }
     close_inherited_descriptors();
     let started = MarkerLine::Started { argc: argv.len() };
@@ -948,6 +970,7 @@ mod tests {
         let env = ShimEnv {
             digest: Some(&digest),
             host_namespaces: Some(&host),
+            start_gate: None,
         };
         assert_eq!(start(marker.path(), 3, &argv, env), SHIM_NOT_SANDBOXED_EXIT);
         assert!(!out.exists(), "the command ran");
@@ -964,6 +987,7 @@ mod tests {
             let env = ShimEnv {
                 digest: Some(&digest),
                 host_namespaces: Some(&host),
+                start_gate: None,
             };
             assert_eq!(start(marker.path(), 3, &argv, env), SHIM_NOT_SANDBOXED_EXIT);
             assert_eq!(
@@ -1101,6 +1125,7 @@ mod tests {
         let env = ShimEnv {
             digest: Some(&digest),
             host_namespaces: None,
+            start_gate: None,
         };
         assert_eq!(start(marker.path(), 2, &received, env), SHIM_REFUSED_EXIT);
         assert_eq!(
@@ -1131,11 +1156,65 @@ mod tests {
         let env = ShimEnv {
             digest: Some(&digest),
             host_namespaces: None,
+            start_gate: None,
         };
         assert_eq!(start(marker.path(), 1, &argv, env), EXEC_NOT_FOUND_EXIT);
         let token = marker_token(&digest);
         let state = StartState::from_marker(&marker.read_available(), token.as_deref());
         assert!(matches!(state, StartState::ExecFailed { .. }), "{state:?}");
+    }
+
+    #[test]
+    fn a_held_shim_starts_nothing_until_released_and_nothing_when_the_gate_closes() {
+        use crate::process::start_gate::StartGate;
+        let dir = tempfile::tempdir().unwrap();
+        let argv = [OsString::from("/nonexistent/agentdiff-no-such-program")];
+        let digest = OsString::from(digest_env_value("salt", &argv));
+        let token = marker_token(&digest).unwrap();
+        let shim = |marker: PathBuf, gate: PathBuf, digest: OsString| {
+            let argv = argv.clone();
+            std::thread::spawn(move || {
+                let env = ShimEnv {
+                    digest: Some(&digest),
+                    host_namespaces: None,
+                    start_gate: Some(gate.as_os_str()),
+                };
+                start(&marker, 1, &argv, env)
+            })
+        };
+        for release in [true, false] {
+            let mut marker =
+                StartMarker::create(&dir.path().join(format!("m-{release}.fifo"))).unwrap();
+            let mut gate =
+                StartGate::create(&dir.path().join(format!("g-{release}.fifo"))).unwrap();
+            let held = shim(
+                marker.path().to_path_buf(),
+                gate.path().to_path_buf(),
+                digest.clone(),
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!held.is_finished(), "the shim did not wait at the gate");
+            assert_eq!(
+                StartState::from_marker(&marker.read_available(), Some(&token)),
+                StartState::NotStarted,
+                "a start was marked while the run was held"
+            );
+            if release {
+                gate.release(&token).unwrap();
+            } else {
+                gate.close();
+            }
+            let code = held.join().unwrap();
+            let state = StartState::from_marker(&marker.read_available(), Some(&token));
+            if release {
+                // Released: the shim went on to mark the start and exec the command.
+                assert_eq!(code, EXEC_NOT_FOUND_EXIT);
+                assert!(matches!(state, StartState::ExecFailed { .. }), "{state:?}");
+            } else {
+                assert_eq!(code, SHIM_REFUSED_EXIT);
+                assert_eq!(state, StartState::NotStarted);
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub mod ports;
 pub mod shimmed;
 #[cfg(target_os = "linux")]
 pub mod spawn;
+#[cfg(unix)]
+pub mod start_gate;
 pub mod supervisor;
 pub mod terminal;
 pub mod tracker;

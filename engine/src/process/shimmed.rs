@@ -7,7 +7,10 @@
 //! Invariants: the argv digest is salted per run and freshly generated here, and any digest or
 //! tty-guard variable already in the command's environment is dropped first, so a caller cannot
 //! hand the shim a digest of its choosing. The shim's variables never reach the environment
-//! evidence. The marker is read only after the wrapper ended, and removed with this value.
+//! evidence. The marker is read only after the wrapper ended, and removed with this value. A
+//! launch with a start gate ([`crate::process::start_gate`]) lets the shim go only at
+//! [`ShimmedCommand::release`] (at once when the launch is not held), after the supervisor's
+//! deadline and terminal hand-over are in place.
 //!
 //! Not defended: what the wrapper does between its start and the shim's exec (the marker proves
 //! only that the shim ran with the argv agentdiff sent).
@@ -24,6 +27,7 @@ use crate::process::exec_shim::{
     self, Attribution, ExitBy, MarkerError, StartLabel, StartMarker, StartState, ENV_ARGV_DIGEST,
     ENV_TTY_GUARD, SHIM_ENV_VARS,
 };
+use crate::process::start_gate::{GateError, StartGate};
 use crate::process::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 
 /// Errors of the shimmed launch.
@@ -33,6 +37,8 @@ pub enum ShimmedError {
     Random(getrandom::Error),
     #[error(transparent)]
     Marker(#[from] MarkerError),
+    #[error(transparent)]
+    Gate(#[from] GateError),
     #[error("cannot start {wrapper}: {message}")]
     Spawn {
         wrapper: &'static str,
@@ -95,6 +101,9 @@ impl StartFacts {
 pub struct ShimmedCommand {
     inner: SupervisedCommand,
     marker: StartMarker,
+    /// The start gate the shim waits at, when the backend planned one; held open until the
+    /// wrapper ended.
+    gate: Option<StartGate>,
     expected_argc: usize,
     /// The run's marker token ([`exec_shim::marker_token`] of the digest agentdiff sent).
     token: Option<String>,
@@ -110,16 +119,21 @@ pub struct ShimmedExit {
 }
 
 impl ShimmedCommand {
-    /// Create the start marker at `marker` and start `prepared` (whose argv runs the shim with
-    /// that marker) under supervision. `wrapper` names the wrapper in errors.
+    /// Create the start marker at `marker` (and the start gate at `gate`, which the
+    /// environment `prepared` carries names to the shim) and start `prepared` (whose argv runs
+    /// the shim with that marker) under supervision. Unless `ctx` holds the start, the gate is
+    /// released at once. `wrapper` names the wrapper in errors.
     pub fn spawn(
         prepared: PreparedLaunch,
         ctx: LaunchContext,
         labels: EvidenceLabels,
         marker: &Path,
+        gate: Option<&Path>,
         wrapper: &'static str,
     ) -> Result<ShimmedCommand, ShimmedError> {
         let marker = StartMarker::create(marker)?;
+        let gate = gate.map(StartGate::create).transpose()?;
+        let hold = ctx.hold_start && gate.is_some();
         let expected_argc = prepared.spec().argv.len();
         let token = prepared
             .command()
@@ -132,12 +146,39 @@ impl ShimmedCommand {
             wrapper,
             message: e.to_string(),
         })?;
-        Ok(ShimmedCommand {
+        let mut command = ShimmedCommand {
             inner,
             marker,
+            gate,
             expected_argc,
             token,
-        })
+        };
+        if !hold {
+            if let Err(e) = command.release() {
+                command.inner.abort();
+                return Err(e);
+            }
+        }
+        Ok(command)
+    }
+
+    /// Let the shim start the command (see [`SupervisedCommand::release`]).
+    pub fn release(&mut self) -> Result<(), ShimmedError> {
+        self.inner.release();
+        match &mut self.gate {
+            Some(gate) => Ok(gate.release(exec_shim::token_or_none(self.token.as_deref()))?),
+            None => Ok(()),
+        }
+    }
+
+    /// End a held launch without releasing it (the shim refuses at the closed gate, and the
+    /// wrapper is killed); returns once the supervisor is done with it.
+    pub async fn abort(mut self) {
+        if let Some(gate) = &mut self.gate {
+            gate.close();
+        }
+        self.inner.abort();
+        let _ = Box::new(self.inner).wait().await;
     }
 
     /// Host pid of the wrapper process.
@@ -155,6 +196,7 @@ impl ShimmedCommand {
         let ShimmedCommand {
             inner,
             mut marker,
+            gate,
             expected_argc,
             token,
         } = self;
@@ -162,6 +204,7 @@ impl ShimmedCommand {
         // Without the digest's token (a launch agentdiff did not build) any token is accepted.
         let state = StartState::from_marker(&marker.read_available(), token.as_deref());
         drop(marker);
+        drop(gate);
         let mut evidence = evidence?;
         if let Some(env) = &mut evidence.environment {
             // agentdiff's plumbing, not the command's environment; even as a fingerprint the

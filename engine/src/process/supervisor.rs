@@ -7,6 +7,7 @@
 //! seen at once) for at most the poll interval, then runs one tracking pass.
 
 use std::ffi::OsString;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -44,12 +45,36 @@ pub struct SupervisedCommand {
     backend: String,
     facts: LaunchFacts,
     result: tokio::sync::oneshot::Receiver<Result<RunEvidence, ProcessError>>,
+    /// When the command was let start: set at the spawn, or at [`SupervisedCommand::release`]
+    /// for a held launch. The deadline and the recorded duration count from it.
+    released: Arc<OnceLock<Instant>>,
+    /// A held launch in a terminal: the foreground is handed over at the release.
+    foreground_at_release: bool,
 }
 
 impl SupervisedCommand {
     /// Host pid of the launched process.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// A held launch ([`LaunchContext::hold_start`]) may start now: the terminal goes to its
+    /// process group and the deadline starts. The caller lets the command itself go (the start
+    /// gate) after this, so the command never runs without the terminal or the deadline.
+    #[cfg(unix)]
+    pub fn release(&mut self) {
+        if std::mem::take(&mut self.foreground_at_release) {
+            crate::process::terminal::give_foreground(self.pid as libc::pid_t);
+        }
+        let _ = self.released.set(Instant::now());
+    }
+
+    /// End a held launch that will not be released: its process group is killed (bwrap's
+    /// sandbox dies with it); the monitor reaps it and ends what is left.
+    #[cfg(unix)]
+    pub fn abort(&self) {
+        // SAFETY: kill(2) on our own child's process group.
+        unsafe { libc::kill(-(self.pid as libc::pid_t), libc::SIGKILL) };
     }
 
     /// Wait without an async runtime (probes, harnesses). Must not be called from async code.
@@ -200,14 +225,11 @@ mod unix {
         Ok((pid, pidfd))
     }
 
-    /// Launch `prepared` under supervision. Returns once the process runs (or failed to start).
-    pub fn spawn_supervised(
-        prepared: PreparedLaunch,
-        ctx: LaunchContext,
-        labels: EvidenceLabels,
-    ) -> Result<SupervisedCommand, ProcessError> {
-        let spec = prepared.spec();
-        let request = match spec.options.get("tracking") {
+    /// The tracking and exec-events mechanisms the options ask for.
+    fn requests(
+        spec: &crate::backend::LaunchSpec,
+    ) -> Result<(TrackingRequest, ExecRequest), ProcessError> {
+        let tracking = match spec.options.get("tracking") {
             None => TrackingRequest::Auto,
             Some(s) => TrackingRequest::parse(s).ok_or_else(|| {
                 ProcessError::Unsupported(format!(
@@ -215,7 +237,7 @@ mod unix {
                 ))
             })?,
         };
-        let exec_request = match spec.options.get("exec-events") {
+        let exec = match spec.options.get("exec-events") {
             None => ExecRequest::Auto,
             Some(s) => ExecRequest::parse(s).ok_or_else(|| {
                 ProcessError::Unsupported(format!(
@@ -223,6 +245,17 @@ mod unix {
                 ))
             })?,
         };
+        Ok((tracking, exec))
+    }
+
+    /// Launch `prepared` under supervision. Returns once the process runs (or failed to start).
+    pub fn spawn_supervised(
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+        labels: EvidenceLabels,
+    ) -> Result<SupervisedCommand, ProcessError> {
+        let spec = prepared.spec();
+        let (request, exec_request) = requests(spec)?;
         // Everything that can fail before the spawn comes before the run cgroup exists.
         let stdio = stdio_fds(&ctx)?;
         // Subscribed before the spawn, so the root's own exec is seen.
@@ -243,8 +276,15 @@ mod unix {
             None
         };
 
-        let foreground = terminal.is_some();
+        let hold = ctx.hold_start;
+        // A held launch gets the terminal only when it is released.
+        let foreground = terminal.is_some() && !hold;
+        let foreground_at_release = terminal.is_some() && hold;
         let launched = Instant::now();
+        let released = Arc::new(OnceLock::new());
+        if !hold {
+            let _ = released.set(launched);
+        }
         #[cfg(target_os = "linux")]
         let spawned = match &cgroup {
             Some(cg) => {
@@ -282,7 +322,7 @@ mod unix {
                 return Err(e);
             }
         };
-        if let Some(t) = &terminal {
+        if let Some(t) = terminal.as_ref().filter(|_| foreground) {
             // Also from the parent, as shells do, so neither side races the other.
             t.give_to(pid as libc::pid_t);
         }
@@ -315,6 +355,7 @@ mod unix {
         let monitor = Monitor {
             pid,
             launched,
+            released: released.clone(),
             prepared,
             ctx,
             labels,
@@ -342,12 +383,16 @@ mod unix {
             backend,
             facts,
             result: rx,
+            released,
+            foreground_at_release,
         })
     }
 
     struct Monitor {
         pid: u32,
         launched: Instant,
+        /// See [`SupervisedCommand::released`].
+        released: Arc<OnceLock<Instant>>,
         prepared: PreparedLaunch,
         ctx: LaunchContext,
         labels: EvidenceLabels,
@@ -413,7 +458,7 @@ mod unix {
             let mut errors: Vec<String> = Vec::new();
 
             let end = self.watch(pidfd.as_ref(), interval, timeout, &mut status, &mut errors);
-            let duration = self.launched.elapsed();
+            let duration = self.released.get().unwrap_or(&self.launched).elapsed();
 
             // Leftovers: the root's children have been re-parented to us by now.
             let container_evidence = self.sample_after_end(end);
@@ -538,7 +583,9 @@ mod unix {
                         last_ports = Instant::now();
                     }
                 }
-                if timeout.is_some_and(|t| self.launched.elapsed() >= t) {
+                // A held command has no deadline yet: it has not been let start.
+                let released = self.released.get();
+                if timeout.is_some_and(|t| released.is_some_and(|r| r.elapsed() >= t)) {
                     return End::TimedOut;
                 }
                 if let Some(sig) = *self.ctx.interrupt.borrow() {
@@ -737,6 +784,17 @@ mod tests {
     use crate::backend::{BackendOptions, LaunchCommand, LaunchSpec, Level, StdioMode};
 
     fn prepared(dir: &std::path::Path, argv: &[&str], options: BackendOptions) -> PreparedLaunch {
+        prepared_script(dir, argv, options, "echo wrapped; exit 3", None)
+    }
+
+    /// A wrapper running `script` under `sh`, with this deadline.
+    fn prepared_script(
+        dir: &std::path::Path,
+        argv: &[&str],
+        options: BackendOptions,
+        script: &str,
+        timeout: Option<Duration>,
+    ) -> PreparedLaunch {
         let spec = LaunchSpec {
             run_id: "unit".into(),
             root: dir.to_path_buf(),
@@ -745,7 +803,7 @@ mod tests {
             argv: argv.iter().map(OsString::from).collect(),
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             env_plan: Default::default(),
-            timeout: None,
+            timeout,
             grace: Duration::from_millis(300),
             poll_interval: Duration::from_millis(5),
             observe_ports: false,
@@ -753,7 +811,7 @@ mod tests {
         };
         let command = LaunchCommand {
             program: "sh".into(),
-            args: vec!["-c".into(), "echo wrapped; exit 3".into()],
+            args: vec!["-c".into(), script.into()],
             env: spec.env.clone(),
             cwd: dir.to_path_buf(),
         };
@@ -798,6 +856,42 @@ mod tests {
         let ev = cmd.wait_blocking().unwrap();
         assert_eq!(ev.exit.code, Some(3));
         assert!(crate::process::read_stat(pid).is_err());
+    }
+
+    #[test]
+    fn a_held_launchs_deadline_and_duration_count_from_its_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let labels = EvidenceLabels {
+            backend: "wrapper".into(),
+            enforcement: Enforcement::ExternalSandboxRequested,
+            capabilities: Capabilities::default(),
+        };
+        let mut ctx = LaunchContext::new(StdioMode::Files {
+            stdin: None,
+            stdout: dir.path().join("out"),
+            stderr: dir.path().join("err"),
+        });
+        ctx.hold_start = true;
+        // Held for 1 s (a long before-capture), then 1 s more of the command: 2 s in all, past
+        // a 1.5 s deadline counted from the spawn, within one counted from the release.
+        let deadline = Some(Duration::from_millis(1500));
+        let prepared = prepared_script(
+            dir.path(),
+            &["inner"],
+            BackendOptions::new(),
+            "sleep 2",
+            deadline,
+        );
+        let mut cmd = spawn_supervised(prepared, ctx, labels).unwrap();
+        std::thread::sleep(Duration::from_millis(1000));
+        cmd.release();
+        let ev = cmd.wait_blocking().unwrap();
+        assert!(
+            !ev.exit.timed_out,
+            "the held time counted against the deadline"
+        );
+        assert_eq!(ev.exit.code, Some(0));
+        assert!(ev.exit.duration_ms < 1500, "{}", ev.exit.duration_ms);
     }
 
     #[test]

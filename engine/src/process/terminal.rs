@@ -63,8 +63,7 @@ mod imp {
 
         /// Make `pgid` the foreground process group.
         pub fn give_to(&self, pgid: libc::pid_t) {
-            // SAFETY: tcsetpgrp on fd 0 with SIGTTOU blocked in this thread.
-            with_ttou_blocked(|| unsafe { libc::tcsetpgrp(TTY, pgid) });
+            give_foreground(pgid);
         }
 
         /// The command stopped (Ctrl-Z): remember its modes, take the terminal back and restore
@@ -112,6 +111,13 @@ mod imp {
         }
     }
 
+    /// Make `pgid` the foreground process group of agentdiff's terminal (the one a [`Terminal`]
+    /// was acquired for).
+    pub fn give_foreground(pgid: libc::pid_t) {
+        // SAFETY: tcsetpgrp on fd 0 with SIGTTOU blocked in this thread.
+        with_ttou_blocked(|| unsafe { libc::tcsetpgrp(TTY, pgid) });
+    }
+
     /// In the forked child, before `exec`: make the child's own (new) process group the
     /// terminal's foreground group. Only async-signal-safe calls.
     pub fn child_take_foreground() -> std::io::Result<()> {
@@ -144,4 +150,4 @@ mod imp {
 }
 
 #[cfg(unix)]
-pub use imp::{child_take_foreground, stop_self, Terminal};
+pub use imp::{child_take_foreground, give_foreground, stop_self, Terminal};

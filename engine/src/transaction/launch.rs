@@ -1,4 +1,5 @@
 //! Launching the command through the backend: the launch spec (environment plan, options), the
+//! start (held, for a backend that holds it, until the before-state is recorded), the
 //! `launched` event cleanup relies on, and the environment evidence merge.
 //!
 //! Invariant: once the backend returned a running command, the run counts as launched whatever
@@ -8,15 +9,15 @@
 //! "not launched". Not defended: a descendant that left the launched tree before the failure (a
 //! daemon) is not found here (`agentdiff cleanup` and the next run's orphan notice remain).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
 use super::RunRequest;
 use crate::backend::{
     BackendError, BackendOptions, Capabilities, Enforcement, EnvironmentEvidence, EnvironmentPlan,
-    ExitInfo, FailureKind, LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RuntimeBackend,
-    StdioMode, Tracking,
+    ExitInfo, FailureKind, LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RunningCommand,
+    RuntimeBackend, StdioMode, Tracking,
 };
 use crate::environment::{self, EnvMode};
 use crate::policy::{NetworkMode, Policy};
@@ -29,50 +30,78 @@ pub(super) struct LaunchPlan {
     pub env_evidence: EnvironmentEvidence,
 }
 
-/// Builds the launch spec: the policy's environment settings (overridden by the request), and the
-/// backend `options`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn plan(
-    req: &RunRequest<'_>,
-    policy: &Policy,
-    options: BackendOptions,
-    run_id: &str,
-    root: PathBuf,
-    workdir: PathBuf,
-    capsule: &Capsule,
-    timeout: Option<std::time::Duration>,
-) -> LaunchPlan {
-    let env_settings = policy.environment();
-    let env_mode = if req.backend.requires_scrubbed_environment() {
-        EnvMode::Scrub
-    } else {
-        req.env_mode.unwrap_or(match env_settings.mode {
-            crate::policy::EnvMode::Scrub => EnvMode::Scrub,
-            crate::policy::EnvMode::Inherit => EnvMode::Inherit,
-        })
-    };
-    let mut pass = env_settings.pass.clone();
-    pass.extend(req.env_pass.iter().cloned());
-    let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
-    LaunchPlan {
-        spec: LaunchSpec {
-            run_id: run_id.to_string(),
-            root,
-            workdir,
-            capsule_dir: capsule.dir().to_path_buf(),
-            argv: req.argv.clone(),
-            env: env_plan.env,
-            env_plan: EnvironmentPlan {
-                mode: env_mode,
-                dropped: env_plan.evidence.dropped.clone(),
+/// What every launch of a run is planned from: the request, the policy's environment settings
+/// (overridden by the request), the backend `options` and the run's capsule.
+pub(super) struct Launcher<'a, 'r> {
+    pub req: &'a RunRequest<'r>,
+    pub policy: &'a Policy,
+    pub options: BackendOptions,
+    pub run_id: &'a str,
+    pub root: &'a Path,
+    pub capsule: &'a Capsule,
+    pub timeout: Option<std::time::Duration>,
+    pub key: &'a SealKey,
+}
+
+impl Launcher<'_, '_> {
+    /// The launch spec for a command working in `workdir`.
+    pub(super) fn plan(&self, workdir: PathBuf) -> LaunchPlan {
+        let (req, policy) = (self.req, self.policy);
+        let env_settings = policy.environment();
+        let env_mode = if req.backend.requires_scrubbed_environment() {
+            EnvMode::Scrub
+        } else {
+            req.env_mode.unwrap_or(match env_settings.mode {
+                crate::policy::EnvMode::Scrub => EnvMode::Scrub,
+                crate::policy::EnvMode::Inherit => EnvMode::Inherit,
+            })
+        };
+        let mut pass = env_settings.pass.clone();
+        pass.extend(req.env_pass.iter().cloned());
+        let env_plan = environment::plan(env_mode, &pass, std::env::vars_os());
+        LaunchPlan {
+            spec: LaunchSpec {
+                run_id: self.run_id.to_string(),
+                root: self.root.to_path_buf(),
+                workdir,
+                capsule_dir: self.capsule.dir().to_path_buf(),
+                argv: req.argv.clone(),
+                env: env_plan.env,
+                env_plan: EnvironmentPlan {
+                    mode: env_mode,
+                    dropped: env_plan.evidence.dropped.clone(),
+                },
+                timeout: self.timeout,
+                grace: req.grace,
+                poll_interval: req.poll_interval,
+                observe_ports: policy.network_mode() == NetworkMode::Observe,
+                options: self.options.clone(),
             },
-            timeout,
-            grace: req.grace,
-            poll_interval: req.poll_interval,
-            observe_ports: policy.network_mode() == NetworkMode::Observe,
-            options,
-        },
-        env_evidence: env_plan.evidence,
+            env_evidence: env_plan.evidence,
+        }
+    }
+
+    /// With `hold`, starts the command held in the project root (for a backend that
+    /// [`RuntimeBackend::holds_start`]); [`Started::finish`] releases it.
+    pub(super) async fn start_held_if(
+        &self,
+        hold: bool,
+    ) -> Result<Option<(LaunchPlan, Started)>, LaunchFailure> {
+        if !hold {
+            return Ok(None);
+        }
+        let plan = self.plan(self.root.to_path_buf());
+        let (stdio, interrupt) = (self.req.stdio.clone(), self.req.interrupt.clone());
+        let started = start(self.req.backend, &plan, stdio, interrupt, true, self.key).await?;
+        Ok(Some((plan, started)))
+    }
+
+    /// Prepares, launches and waits for the command working in `workdir` (not held).
+    pub(super) async fn launch(&self, workdir: PathBuf) -> Result<RunEvidence, LaunchFailure> {
+        let plan = self.plan(workdir);
+        let (stdio, interrupt) = (self.req.stdio.clone(), self.req.interrupt.clone());
+        let started = start(self.req.backend, &plan, stdio, interrupt, false, self.key).await?;
+        started.finish(&plan, self.capsule, self.key).await
     }
 }
 
@@ -87,21 +116,50 @@ pub(super) enum LaunchFailure {
     Lost(Box<RunEvidence>),
 }
 
+impl LaunchFailure {
+    /// The backend's error, for a launch that started nothing: a held start (which never
+    /// reports a lost command) or a refusal.
+    pub(super) fn into_refusal(self, backend: &str) -> BackendError {
+        match self {
+            LaunchFailure::Refused(err) => err,
+            LaunchFailure::Lost(evidence) => BackendError::Runtime {
+                backend: backend.to_string(),
+                message: evidence.failure.as_ref().map_or_else(
+                    || "the backend failed".to_string(),
+                    super::decide::execution_error,
+                ),
+            },
+        }
+    }
+}
+
 impl From<BackendError> for LaunchFailure {
     fn from(e: BackendError) -> Self {
         LaunchFailure::Refused(e)
     }
 }
 
-/// Prepares, launches and waits for the command.
-pub(super) async fn launch(
+/// A command the backend started: running, or held ([`LaunchContext::hold_start`]) until
+/// [`Started::finish`] releases it.
+pub(super) struct Started {
+    running: Box<dyn RunningCommand>,
+    backend: &'static str,
+    enforcement: Enforcement,
+    held: bool,
+    launched_at: std::time::Instant,
+}
+
+/// Prepares and starts the command. With `hold` (for a backend that
+/// [`RuntimeBackend::holds_start`]) the backend sets up its wrapper with the command held: a
+/// failure then means the command did not run.
+async fn start(
     backend: &dyn RuntimeBackend,
     plan: &LaunchPlan,
     stdio: StdioMode,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
-    capsule: &Capsule,
+    hold: bool,
     key: &SealKey,
-) -> Result<RunEvidence, LaunchFailure> {
+) -> Result<Started, LaunchFailure> {
     let mut prepared = backend.prepare(&plan.spec)?;
     let enforcement = prepared.enforcement();
     // Started from a subdirectory of the project: the command works there, as it would unwrapped.
@@ -112,13 +170,21 @@ pub(super) async fn launch(
         stdio,
         interrupt,
         hold_reap: None,
+        hold_start: hold,
     };
     let launched_at = std::time::Instant::now();
-    let running = match backend.launch(prepared, ctx).await {
-        Ok(running) => running,
+    match backend.launch(prepared, ctx).await {
+        Ok(running) => Ok(Started {
+            running,
+            backend: backend.id(),
+            enforcement,
+            held: hold,
+            launched_at,
+        }),
         // The backend failed once the command may have been started (an external plugin killed
-        // or garbled before its answer to `launch`): the run is lost, never "not launched".
-        Err(err @ BackendError::Runtime { .. }) => {
+        // or garbled before its answer to `launch`): the run is lost, never "not launched". A
+        // held launch has started nothing.
+        Err(err @ BackendError::Runtime { .. }) if !hold => {
             let lost = Lost {
                 backend: backend.id(),
                 enforcement,
@@ -130,49 +196,79 @@ pub(super) async fn launch(
             if let Some(env) = evidence.environment.as_mut() {
                 environment::key_fingerprints(env, key);
             }
+            Err(LaunchFailure::Lost(Box::new(evidence)))
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+impl Started {
+    /// Ends a held command that will not be released: nothing of it has run.
+    pub(super) async fn abort(self) {
+        self.running.abort().await;
+    }
+
+    /// Records the `launched` event, lets a held command start, and waits for its end.
+    pub(super) async fn finish(
+        self,
+        plan: &LaunchPlan,
+        capsule: &Capsule,
+        key: &SealKey,
+    ) -> Result<RunEvidence, LaunchFailure> {
+        let Started {
+            mut running,
+            backend,
+            enforcement,
+            held,
+            launched_at,
+        } = self;
+        // Recorded before the command can run (a held one) or before waiting: if agentdiff is
+        // killed now, `agentdiff cleanup` finds the run's processes from this event. A failed
+        // write must not orphan the command, so it only warns.
+        let mut facts = running.launch_facts();
+        if facts.pid.is_none() {
+            facts.pid = running.pid();
+        }
+        facts.monitor = crate::process::read_identity(std::process::id()).ok();
+        let mut fields = json!(facts);
+        // MAC'd so that `agentdiff cleanup` of a run whose monitor died trusts only an event
+        // this user's agentdiff wrote.
+        let body = launch_event_body(capsule.id().as_str(), &fields);
+        fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
+        let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, fields);
+        if held {
+            if let Err(err) = running.release() {
+                running.abort().await;
+                return Err(err.into());
+            }
+        }
+        // The identity the leftovers are ended by, should the backend lose the command.
+        let root = facts.root.clone().or_else(|| {
+            facts
+                .pid
+                .and_then(|p| crate::process::read_identity(p).ok())
+        });
+        let mut evidence = match running.wait().await {
+            Ok(evidence) => evidence,
+            Err(err) => {
+                let lost = Lost {
+                    backend,
+                    enforcement,
+                    root,
+                    duration: launched_at.elapsed(),
+                };
+                lost.evidence(plan, &err).await
+            }
+        };
+        merge_environment(&mut evidence, &plan.env_evidence);
+        if let Some(env) = evidence.environment.as_mut() {
+            environment::key_fingerprints(env, key);
+        }
+        if matches!(evidence.failure, Some(FailureKind::BackendFailed { .. })) {
             return Err(LaunchFailure::Lost(Box::new(evidence)));
         }
-        Err(err) => return Err(err.into()),
-    };
-    // Recorded before waiting: if agentdiff is killed now, `agentdiff cleanup` finds the run's
-    // processes from this event. A failed write must not orphan the command, so it only warns.
-    let mut facts = running.launch_facts();
-    if facts.pid.is_none() {
-        facts.pid = running.pid();
+        Ok(evidence)
     }
-    facts.monitor = crate::process::read_identity(std::process::id()).ok();
-    let mut fields = json!(facts);
-    // MAC'd so that `agentdiff cleanup` of a run whose monitor died trusts only an event this
-    // user's agentdiff wrote.
-    let body = launch_event_body(capsule.id().as_str(), &fields);
-    fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
-    let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, fields);
-    // The identity the leftovers are ended by, should the backend lose the command.
-    let root = facts.root.clone().or_else(|| {
-        facts
-            .pid
-            .and_then(|p| crate::process::read_identity(p).ok())
-    });
-    let mut evidence = match running.wait().await {
-        Ok(evidence) => evidence,
-        Err(err) => {
-            let lost = Lost {
-                backend: backend.id(),
-                enforcement,
-                root,
-                duration: launched_at.elapsed(),
-            };
-            lost.evidence(plan, &err).await
-        }
-    };
-    merge_environment(&mut evidence, &plan.env_evidence);
-    if let Some(env) = evidence.environment.as_mut() {
-        environment::key_fingerprints(env, key);
-    }
-    if matches!(evidence.failure, Some(FailureKind::BackendFailed { .. })) {
-        return Err(LaunchFailure::Lost(Box::new(evidence)));
-    }
-    Ok(evidence)
 }
 
 /// A command the backend lost after launching it.

@@ -10,6 +10,12 @@
 //!
 //! The command decision comes before the before-scan (the seed lists it after): a command that
 //! will never run needs no tree captured, and the capsule still records the refusal.
+//!
+//! A backend that [`RuntimeBackend::holds_start`] is launched before the before-scan with the
+//! command held, so its sandbox is set up meanwhile. Invariant: it is released only after the
+//! before manifest, the store snapshot and the `launched` event are recorded, and every way out
+//! before that ends it unreleased ([`launch::Started::abort`]; dropping it closes the start gate
+//! too), so the command never runs before its before-state is on record.
 
 mod capture;
 mod classify;
@@ -172,22 +178,31 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let sealer = open_capsule(
         &req, &store, &capsule, &authority, &root, timeout, started, started_at,
     )?;
-
-    // A denied executable is never launched.
-    if sealer.command_decision.action == Action::Deny {
-        let message = blocked_message(&req.argv[0], &sealer.command_decision);
-        return sealer.seal_not_run(Status::Blocked, Some(message), None, &[]);
-    }
-    // Fail closed before touching anything when the backend cannot run here (with these options).
     let options = effective_options(&req.options, policy, req.backend.id());
-    if let Availability::Unavailable { reason, remedy } = req.backend.availability(&options).await {
-        let message = record_unavailable(&sealer, req.backend.id(), reason, remedy)?;
-        let refusal = Some(Refusal::BackendUnavailable);
-        return sealer.seal_not_run(Status::Error, Some(message), refusal, &[]);
+    if let Some(not_run) = refuse_before_capture(&req, &sealer, &options).await {
+        return not_run;
     }
+
+    // A backend that holds the start is launched now: its sandbox is set up while the tree is
+    // captured, and nothing of the command runs before the store snapshot below is taken.
+    let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
+    let launcher = launch::Launcher {
+        req: &req,
+        policy,
+        options,
+        run_id: &sealer.run_id,
+        root: &root,
+        capsule: &capsule,
+        timeout,
+        key: authority.key(),
+    };
+    let hold = req.backend.holds_start() && !private_workspace;
+    let early = match launcher.start_held_if(hold).await {
+        Ok(early) => early,
+        Err(failure) => return seal_refused_start(&sealer, req.backend.id(), failure),
+    };
 
     // Capture before.
-    let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
     let capture = CapturePlan::new(
         &store,
         &capsule,
@@ -199,19 +214,25 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     // The project's latest sealed runs (ledger): stat-cache candidates, watched by the snapshot.
     let recent = authority.recent_sealed_runs(crate::store::WATCHED_SEALED_RUNS);
     let (mut before, objects_snapshot, recorded) =
-        capture_before(&capture, &store, &root, &recent)?;
+        match capture_before(&capture, &store, &root, &recent) {
+            Ok(captured) => captured,
+            Err(e) => return Err(abandon(early, e).await),
+        };
     let claims = guard::Claims::new(recorded.is_some(), &store, &capsule);
     // The root trees name every tree object and backup below them: sealing them seals those.
     let mut referenced = vec![before.root_tree.clone()];
-    if policy.capture().require_backups {
-        if let Some(message) = capture::missing_backups(&before) {
-            if claims.any() {
-                let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
-                claims.settle(&snapshot, &mut before, &mut referenced)?;
-            }
-            let refusal = Some(Refusal::BackupsMissing);
-            return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
+    let require_backups = policy.capture().require_backups;
+    if let Some(message) = require_backups
+        .then(|| capture::missing_backups(&before))
+        .flatten()
+    {
+        abandon(early, ()).await;
+        if claims.any() {
+            let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
+            claims.settle(&snapshot, &mut before, &mut referenced)?;
         }
+        let refusal = Some(Refusal::BackupsMissing);
+        return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
     }
     let workdir = if private_workspace {
         materialize_workspace(&store, &capsule)?
@@ -219,28 +240,15 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         root.clone()
     };
 
-    // Launch.
-    let plan = launch::plan(
-        &req,
-        policy,
-        options,
-        &sealer.run_id,
-        root,
-        workdir.clone(),
-        &capsule,
-        timeout,
-    );
-    // What agentdiff wrote before launch is checked against this after the command ran.
-    let store_snapshot = store.snapshot_with(&recent, objects_snapshot)?;
-    let launched = launch::launch(
-        req.backend,
-        &plan,
-        req.stdio.clone(),
-        req.interrupt.clone(),
-        &capsule,
-        authority.key(),
-    )
-    .await;
+    // Launch. What agentdiff wrote before it is checked against this after the command ran.
+    let store_snapshot = match store.snapshot_with(&recent, objects_snapshot) {
+        Ok(snapshot) => snapshot,
+        Err(e) => return Err(abandon(early, e.into()).await),
+    };
+    let launched = match early {
+        Some((plan, started)) => started.finish(&plan, &capsule, authority.key()).await,
+        None => launcher.launch(workdir.clone()).await,
+    };
     let evidence = match launched {
         Ok(evidence) => evidence,
         Err(launch::LaunchFailure::Lost(evidence)) => record_lost(&capsule, *evidence)?,
@@ -263,16 +271,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     // Capture after. The command has run: a capture that fails (the store's disk is full, or the
     // command broke the store) still ends in a sealed capsule that says so, never in no result.
     let store_untouched = capsule_tampered.findings.is_empty();
+    let failed = AfterCaptureFailed {
+        evidence: &evidence,
+        verified_controls: &req.verified_controls,
+        tampered: &capsule_tampered.findings,
+    };
     let after = match capture.after(&workdir, &before, store_untouched) {
         Ok(after) => after,
-        Err(e) => {
-            let failed = AfterCaptureFailed {
-                evidence: &evidence,
-                verified_controls: &req.verified_controls,
-                tampered: &capsule_tampered.findings,
-            };
-            return failed.seal(&sealer, &capsule, &referenced, &e);
-        }
+        Err(e) => return failed.seal(&sealer, &capsule, &referenced, &e),
     };
     referenced.push(after.root_tree.clone());
     if private_workspace {
@@ -395,6 +401,28 @@ fn open_capsule<'c>(
     })
 }
 
+/// A denied command (never launched) or a backend that cannot run here with these options
+/// (fail closed before touching anything): sealed as not run.
+async fn refuse_before_capture(
+    req: &RunRequest<'_>,
+    sealer: &Sealer<'_>,
+    options: &BackendOptions,
+) -> Option<Result<RunOutcome, TransactionError>> {
+    if sealer.command_decision.action == Action::Deny {
+        let message = blocked_message(&req.argv[0], &sealer.command_decision);
+        return Some(sealer.seal_not_run(Status::Blocked, Some(message), None, &[]));
+    }
+    if let Availability::Unavailable { reason, remedy } = req.backend.availability(options).await {
+        let message = match record_unavailable(sealer, req.backend.id(), reason, remedy) {
+            Ok(message) => message,
+            Err(e) => return Some(Err(e)),
+        };
+        let refusal = Some(Refusal::BackendUnavailable);
+        return Some(sealer.seal_not_run(Status::Error, Some(message), refusal, &[]));
+    }
+    None
+}
+
 /// Why a denied command was not launched.
 fn blocked_message(argv0: &std::ffi::OsStr, decision: &crate::policy::Decision) -> String {
     format!(
@@ -444,6 +472,27 @@ fn record_unavailable(
     let message = format!("runtime backend `{backend}` is unavailable: {reason}; {remedy}");
     sealer.write_runtime(RuntimeDoc::unavailable(backend, reason, remedy))?;
     Ok(message)
+}
+
+/// Ends a held start the run will not release (it stopped before the launch); `value` passes
+/// through.
+async fn abandon<T>(early: Option<(launch::LaunchPlan, launch::Started)>, value: T) -> T {
+    if let Some((_, started)) = early {
+        started.abort().await;
+    }
+    value
+}
+
+/// A held start the backend refused or could not make: nothing ran, and nothing was captured.
+fn seal_refused_start(
+    sealer: &Sealer<'_>,
+    backend: &str,
+    failure: launch::LaunchFailure,
+) -> Result<RunOutcome, TransactionError> {
+    let refused = decide::refused_launch(&failure.into_refusal(backend));
+    record_refused(sealer, backend, &refused.message)?;
+    let (status, refusal) = (refused.status, Some(refused.refusal));
+    sealer.seal_not_run(status, Some(refused.message), refusal, &[])
 }
 
 /// Records a command the backend lost after launching it. The command ran: what it changed is

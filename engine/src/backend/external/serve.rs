@@ -284,6 +284,7 @@ impl Server<'_> {
             stdio: StdioMode::Inherit,
             interrupt,
             hold_reap: Some(reap_gate),
+            hold_start: false,
         };
         let running = match self.backend.launch(prepared, ctx).await {
             Ok(r) => r,
