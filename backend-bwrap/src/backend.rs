@@ -466,8 +466,9 @@ impl RunningCommand for BwrapRunning {
         // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
         // minimal start whose message is read here (the kernel refusing namespaces, AppArmor),
         // so the remedy can be named. A run that started pays nothing.
+        let ended_by_agentdiff = evidence.exit.timed_out || evidence.exit.interrupted_by.is_some();
         let diagnosis = match state {
-            StartState::NotStarted => host::smoke_test(&bwrap).await.err(),
+            StartState::NotStarted if !ended_by_agentdiff => host::smoke_test(&bwrap).await.err(),
             _ => None,
         };
         attribute_exit(

@@ -517,3 +517,62 @@ fn a_held_sandbox_of_a_run_that_stops_before_the_start_runs_nothing() {
         .collect();
     assert_eq!(left, Vec::<String>::new());
 }
+
+/// agentdiff interrupted (SIGTERM) while it captures the tree, with bwrap already started and
+/// held: the command is never released, and the run reads as interrupted before the start (exit
+/// 143), not as bwrap's own failure.
+#[test]
+fn an_interruption_during_the_capture_never_releases_the_held_command() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    // A capture that takes a few hundred milliseconds: 20,000 files to hash.
+    for d in 0..100 {
+        let dir = f.root().join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..200 {
+            fs::write(dir.join(format!("f{i}")), format!("{d} {i}\n")).unwrap();
+        }
+    }
+    let child = super::cmd(f.root(), &["run", "--runtime", "bwrap", "--format", "json"])
+        .args(["--", "sh", "-c", "echo ran > ran.txt"])
+        .env("HOME", f.home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The capsule exists once the signal handlers are in place; the capture starts after it.
+    let runs = f.root().join(".agentdiff/runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let capsule = loop {
+        let found = fs::read_dir(&runs)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .map(|e| e.path());
+        if let Some(dir) = found.filter(|d| d.join("events.jsonl").exists()) {
+            break dir;
+        }
+        assert!(std::time::Instant::now() < deadline, "no capsule appeared");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let events = fs::read_to_string(capsule.join("events.jsonl")).unwrap();
+    assert!(
+        !events.contains("before_captured"),
+        "the capture ended before the signal could be sent; the test cannot tell anything"
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(!f.root().join("ran.txt").exists(), "the command ran");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "terminated", "{result:#}");
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["wrapper"]["start_state"], "not_started", "{rt:#}");
+    assert_eq!(rt["exit"]["interrupted_by"], 15, "{rt:#}");
+    let failure = rt["failure"].to_string();
+    assert!(failure.contains("the command never ran"), "{failure}");
+}

@@ -162,11 +162,17 @@ impl ShimmedCommand {
         Ok(command)
     }
 
-    /// Let the shim start the command (see [`SupervisedCommand::release`]).
+    /// Let the shim start the command (see [`SupervisedCommand::release`]). After an
+    /// interruption the gate is closed instead: the shim refuses, and the evidence shows a
+    /// wrapper ended before the command started.
     pub fn release(&mut self) -> Result<(), ShimmedError> {
-        self.inner.release();
+        let go = self.inner.release();
         match &mut self.gate {
-            Some(gate) => Ok(gate.release(exec_shim::token_or_none(self.token.as_deref()))?),
+            Some(gate) if go => Ok(gate.release(exec_shim::token_or_none(self.token.as_deref()))?),
+            Some(gate) => {
+                gate.close();
+                Ok(())
+            }
             None => Ok(()),
         }
     }

@@ -50,6 +50,8 @@ pub struct SupervisedCommand {
     released: Arc<OnceLock<Instant>>,
     /// A held launch in a terminal: the foreground is handed over at the release.
     foreground_at_release: bool,
+    /// agentdiff's interruption: a held launch is not released once it is set.
+    interrupt: tokio::sync::watch::Receiver<Option<i32>>,
 }
 
 impl SupervisedCommand {
@@ -60,13 +62,19 @@ impl SupervisedCommand {
 
     /// A held launch ([`LaunchContext::hold_start`]) may start now: the terminal goes to its
     /// process group and the deadline starts. The caller lets the command itself go (the start
-    /// gate) after this, so the command never runs without the terminal or the deadline.
+    /// gate) only when this returns `true`, so the command never runs without the terminal or
+    /// the deadline. `false` once agentdiff was interrupted: the monitor is ending the held
+    /// launch, and the command must not start.
     #[cfg(unix)]
-    pub fn release(&mut self) {
+    pub fn release(&mut self) -> bool {
+        if self.interrupt.borrow().is_some() {
+            return false;
+        }
         if std::mem::take(&mut self.foreground_at_release) {
             crate::process::terminal::give_foreground(self.pid as libc::pid_t);
         }
         let _ = self.released.set(Instant::now());
+        true
     }
 
     /// End a held launch that will not be released: its process group is killed (bwrap's
@@ -352,6 +360,7 @@ mod unix {
 
         let (tx, rx) = tokio::sync::oneshot::channel();
         let backend = labels.backend.clone();
+        let interrupt = ctx.interrupt.clone();
         let monitor = Monitor {
             pid,
             launched,
@@ -385,6 +394,7 @@ mod unix {
             result: rx,
             released,
             foreground_at_release,
+            interrupt,
         })
     }
 
@@ -458,6 +468,12 @@ mod unix {
             let mut errors: Vec<String> = Vec::new();
 
             let end = self.watch(pidfd.as_ref(), interval, timeout, &mut status, &mut errors);
+            // A held launch withheld because agentdiff was interrupted (the wrapper gave up at
+            // the start gate) ended by that interruption, however the race with this loop went.
+            let end = match (end, self.released.get(), *self.ctx.interrupt.borrow()) {
+                (End::Exited, None, Some(sig)) => End::Interrupted(sig),
+                (end, ..) => end,
+            };
             let duration = self.released.get().unwrap_or(&self.launched).elapsed();
 
             // Leftovers: the root's children have been re-parented to us by now.
