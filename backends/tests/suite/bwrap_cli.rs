@@ -404,6 +404,17 @@ fn listeners_are_observed_on_the_host_network_and_not_claimed_in_the_sandboxs_ow
     );
 }
 
+/// `dirs` directories `d0…` of `per_dir` small files `f0.txt…` each, below `root`.
+fn many_files(root: &Path, dirs: usize, per_dir: usize) {
+    for d in 0..dirs {
+        let dir = root.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..per_dir {
+            fs::write(dir.join(format!("f{i}.txt")), format!("{d} {i}\n")).unwrap();
+        }
+    }
+}
+
 /// The FIFOs of the capsule (the start marker and gate are removed when the run ends).
 fn fifos_in(dir: &Path) -> Vec<PathBuf> {
     use std::os::unix::fs::FileTypeExt;
@@ -426,13 +437,7 @@ fn the_command_starts_only_after_the_before_state_is_recorded() {
     }
     let f = Fixture::new();
     // A tree whose capture takes far longer than bwrap's setup.
-    for d in 0..30 {
-        let dir = f.root().join(format!("d{d}"));
-        fs::create_dir_all(&dir).unwrap();
-        for i in 0..100 {
-            fs::write(dir.join(format!("f{i}.txt")), format!("{d} {i}\n")).unwrap();
-        }
-    }
+    many_files(f.root(), 30, 100);
     let script = "cat .agentdiff/runs/*/events.jsonl > seen.txt; echo x >> d0/f0.txt";
     let (code, result, out) = f.run(&[], &["sh", "-c", script], &[]);
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
@@ -528,13 +533,7 @@ fn an_interruption_during_the_capture_never_releases_the_held_command() {
     }
     let f = Fixture::new();
     // A capture that takes a few hundred milliseconds: 20,000 files to hash.
-    for d in 0..100 {
-        let dir = f.root().join(format!("d{d}"));
-        fs::create_dir_all(&dir).unwrap();
-        for i in 0..200 {
-            fs::write(dir.join(format!("f{i}")), format!("{d} {i}\n")).unwrap();
-        }
-    }
+    many_files(f.root(), 100, 200);
     let child = super::cmd(f.root(), &["run", "--runtime", "bwrap", "--format", "json"])
         .args(["--", "sh", "-c", "echo ran > ran.txt"])
         .env("HOME", f.home.path())
