@@ -479,6 +479,9 @@ fn a_held_sandbox_of_a_run_that_stops_before_the_start_runs_nothing() {
     let f = Fixture::new();
     let root = f.root();
     fs::write(root.join("big.bin"), vec![7u8; 300_000]).unwrap();
+    // A first run creates the store whose object directory the full tmpfs then covers.
+    let (code, _, out) = f.run(&[], &["true"], &[]);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
     fs::write(
         root.join("agentdiff.yaml"),
         "version: 1\ncapture:\n  require_backups: true\n",
@@ -507,12 +510,18 @@ fn a_held_sandbox_of_a_run_that_stops_before_the_start_runs_nothing() {
         .flatten()
         .map(|e| e.path())
         .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    let events = fs::read_to_string(runs[0].join("events.jsonl")).unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let refused = runs
+        .iter()
+        .find(|r| {
+            fs::read_to_string(r.join("result.json")).is_ok_and(|t| t.contains("require_backups"))
+        })
+        .unwrap_or_else(|| panic!("no run refused for the backups: {runs:?}"));
+    let events = fs::read_to_string(refused.join("events.jsonl")).unwrap();
     assert!(!events.contains("\"launched\""), "{events}");
-    assert_eq!(fifos_in(&runs[0]), Vec::<PathBuf>::new());
+    assert_eq!(fifos_in(refused), Vec::<PathBuf>::new());
     // The sandbox was ended before agentdiff exited: no process still names the run's capsule.
-    let capsule = runs[0].display().to_string();
+    let capsule = refused.display().to_string();
     let left: Vec<String> = fs::read_dir("/proc")
         .unwrap()
         .flatten()
