@@ -340,10 +340,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let rt = crate::cli::runtime()?;
     let (tx, rx) = tokio::sync::watch::channel(None);
-    {
-        let _context = rt.enter();
-        spawn_signal_forwarders(tx)?;
-    }
+    spawn_signal_forwarders(tx)?;
     let outcome = rt.block_on(async {
         let progress_state = Mutex::new(ProgressState::default());
         let show_progress = std::io::stderr().is_terminal();
@@ -553,22 +550,38 @@ fn exit_code(outcome: &RunOutcome, fail_on: FailOn) -> u8 {
     }
 }
 
-/// SIGINT/SIGTERM to agentdiff end the command and still seal the capsule.
+/// SIGINT/SIGTERM to agentdiff end the command and still seal the capsule. The forwarder runs
+/// on a thread and runtime of its own: the transaction's runtime has one thread, which does long
+/// synchronous work (the scans), so a task of it would pass a signal on only at its next `await`
+/// (a command held for a sandbox's setup would then be released after the interruption).
 fn spawn_signal_forwarders(tx: tokio::sync::watch::Sender<Option<i32>>) -> anyhow::Result<()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-        tokio::spawn(async move {
-            let sig = tokio::select! {
-                _ = int.recv() => libc::SIGINT,
-                _ = term.recv() => libc::SIGTERM,
-                _ = hup.recv() => libc::SIGHUP,
-            };
-            let _ = tx.send(Some(sig));
-        });
+        let rt = crate::cli::runtime()?;
+        // Installed here, so that a failure is this command's error and no signal is missed
+        // once the run starts.
+        let (mut int, mut term, mut hup) = {
+            let _context = rt.enter();
+            (
+                signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+                signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+                signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+            )
+        };
+        std::thread::Builder::new()
+            .name("agentdiff-signals".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let sig = tokio::select! {
+                        _ = int.recv() => libc::SIGINT,
+                        _ = term.recv() => libc::SIGTERM,
+                        _ = hup.recv() => libc::SIGHUP,
+                    };
+                    let _ = tx.send(Some(sig));
+                })
+            })
+            .context("starting the signal thread")?;
     }
     #[cfg(not(unix))]
     {

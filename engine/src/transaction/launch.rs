@@ -237,12 +237,7 @@ impl Started {
         fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
         let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, fields);
         if held {
-            // A signal agentdiff received during the capture reaches the interruption watch
-            // from a task of this runtime: let it run, so a run interrupted before its start is
-            // never released (the backend checks the watch).
-            for _ in 0..2 {
-                tokio::task::yield_now().await;
-            }
+            // Refused once agentdiff was interrupted: the backend checks the watch.
             if let Err(err) = running.release() {
                 running.abort().await;
                 return Err(err.into());
