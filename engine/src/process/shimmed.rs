@@ -162,9 +162,9 @@ impl ShimmedCommand {
         Ok(command)
     }
 
-    /// Let the shim start the command (see [`SupervisedCommand::release`]). After an
-    /// interruption the gate is closed instead: the shim refuses, and the evidence shows a
-    /// wrapper ended before the command started.
+    /// Let the shim start the command (see [`SupervisedCommand::release`]). A held launch is
+    /// not released after an interruption: the gate is closed instead, the shim refuses, and the
+    /// evidence shows a wrapper ended before the command started.
     pub fn release(&mut self) -> Result<(), ShimmedError> {
         let go = self.inner.release();
         match &mut self.gate {

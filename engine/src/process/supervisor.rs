@@ -67,6 +67,10 @@ impl SupervisedCommand {
     /// launch, and the command must not start.
     #[cfg(unix)]
     pub fn release(&mut self) -> bool {
+        if self.released.get().is_some() {
+            // Not held (or released already): the command has been let go.
+            return true;
+        }
         if self.interrupt.borrow().is_some() {
             return false;
         }
