@@ -83,25 +83,38 @@ impl Launcher<'_, '_> {
 
     /// With `hold`, starts the command held in the project root (for a backend that
     /// [`RuntimeBackend::holds_start`]); [`Started::finish`] releases it.
+    /// A held start that fails has started nothing: its error is a refusal.
     pub(super) async fn start_held_if(
         &self,
         hold: bool,
-    ) -> Result<Option<(LaunchPlan, Started)>, LaunchFailure> {
+    ) -> Result<Option<(LaunchPlan, Started)>, BackendError> {
         if !hold {
             return Ok(None);
         }
         let plan = self.plan(self.root.to_path_buf());
         let (stdio, interrupt) = (self.req.stdio.clone(), self.req.interrupt.clone());
-        let started = start(self.req.backend, &plan, stdio, interrupt, true, self.key).await?;
-        Ok(Some((plan, started)))
+        match start(self.req.backend, &plan, stdio, interrupt, true).await {
+            Ok(started) => Ok(Some((plan, started))),
+            Err((err, _)) => Err(err),
+        }
     }
 
     /// Prepares, launches and waits for the command working in `workdir` (not held).
     pub(super) async fn launch(&self, workdir: PathBuf) -> Result<RunEvidence, LaunchFailure> {
         let plan = self.plan(workdir);
         let (stdio, interrupt) = (self.req.stdio.clone(), self.req.interrupt.clone());
-        let started = start(self.req.backend, &plan, stdio, interrupt, false, self.key).await?;
-        started.finish(&plan, self.capsule, self.key).await
+        match start(self.req.backend, &plan, stdio, interrupt, false).await {
+            Ok(started) => started.finish(&plan, self.capsule, self.key).await,
+            Err((err, Some(lost))) => {
+                let mut evidence = lost.evidence(&plan, &err).await;
+                merge_environment(&mut evidence, &plan.env_evidence);
+                if let Some(env) = evidence.environment.as_mut() {
+                    environment::key_fingerprints(env, self.key);
+                }
+                Err(LaunchFailure::Lost(Box::new(evidence)))
+            }
+            Err((err, None)) => Err(LaunchFailure::Refused(err)),
+        }
     }
 }
 
@@ -114,23 +127,6 @@ pub(super) enum LaunchFailure {
     /// evidence says what is known (exit unknown, the failure, the leftovers ended here); the run
     /// goes on to the after-capture like any other.
     Lost(Box<RunEvidence>),
-}
-
-impl LaunchFailure {
-    /// The backend's error, for a launch that started nothing: a held start (which never
-    /// reports a lost command) or a refusal.
-    pub(super) fn into_refusal(self, backend: &str) -> BackendError {
-        match self {
-            LaunchFailure::Refused(err) => err,
-            LaunchFailure::Lost(evidence) => BackendError::Runtime {
-                backend: backend.to_string(),
-                message: evidence.failure.as_ref().map_or_else(
-                    || "the backend failed".to_string(),
-                    super::decide::execution_error,
-                ),
-            },
-        }
-    }
 }
 
 impl From<BackendError> for LaunchFailure {
@@ -151,16 +147,16 @@ pub(super) struct Started {
 
 /// Prepares and starts the command. With `hold` (for a backend that
 /// [`RuntimeBackend::holds_start`]) the backend sets up its wrapper with the command held: a
-/// failure then means the command did not run.
+/// failure then means the command did not run. `Err` carries the [`Lost`] command when the
+/// backend failed once an unheld command may have started.
 async fn start(
     backend: &dyn RuntimeBackend,
     plan: &LaunchPlan,
     stdio: StdioMode,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     hold: bool,
-    key: &SealKey,
-) -> Result<Started, LaunchFailure> {
-    let mut prepared = backend.prepare(&plan.spec)?;
+) -> Result<Started, (BackendError, Option<Lost>)> {
+    let mut prepared = backend.prepare(&plan.spec).map_err(|e| (e, None))?;
     let enforcement = prepared.enforcement();
     // Started from a subdirectory of the project: the command works there, as it would unwrapped.
     if let Some(dir) = crate::root::invocation_dir(&plan.spec.root) {
@@ -191,14 +187,9 @@ async fn start(
                 root: None,
                 duration: launched_at.elapsed(),
             };
-            let mut evidence = lost.evidence(plan, &err).await;
-            merge_environment(&mut evidence, &plan.env_evidence);
-            if let Some(env) = evidence.environment.as_mut() {
-                environment::key_fingerprints(env, key);
-            }
-            Err(LaunchFailure::Lost(Box::new(evidence)))
+            Err((err, Some(lost)))
         }
-        Err(err) => Err(err.into()),
+        Err(err) => Err((err, None)),
     }
 }
 

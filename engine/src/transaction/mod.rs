@@ -199,7 +199,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let hold = req.backend.holds_start() && !private_workspace;
     let early = match launcher.start_held_if(hold).await {
         Ok(early) => early,
-        Err(failure) => return seal_refused_start(&sealer, req.backend.id(), failure),
+        Err(err) => return seal_refused_start(&sealer, req.backend.id(), &err),
     };
 
     // Capture before.
@@ -487,9 +487,9 @@ async fn abandon<T>(early: Option<(launch::LaunchPlan, launch::Started)>, value:
 fn seal_refused_start(
     sealer: &Sealer<'_>,
     backend: &str,
-    failure: launch::LaunchFailure,
+    err: &crate::backend::BackendError,
 ) -> Result<RunOutcome, TransactionError> {
-    let refused = decide::refused_launch(&failure.into_refusal(backend));
+    let refused = decide::refused_launch(err);
     record_refused(sealer, backend, &refused.message)?;
     let (status, refusal) = (refused.status, Some(refused.refusal));
     sealer.seal_not_run(status, Some(refused.message), refusal, &[])
