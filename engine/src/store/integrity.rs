@@ -202,9 +202,9 @@ impl Capsule {
     /// Seals the run: records a final `sealing` event in events.jsonl, writes integrity.json over
     /// every transaction artifact present and the referenced objects, MACs it with the
     /// authority's key and appends it to the authority's ledger; once that is durable, `sealed` is
-    /// appended to recovery-events.jsonl (outside the seal, without an fsync of its own). After this only recovery artifacts
-    /// may be written. Refuses a directory holding anything other than transaction or recovery
-    /// artifacts.
+    /// appended to recovery-events.jsonl (outside the seal, without an fsync of its own). After
+    /// this only recovery artifacts may be written. Refuses a directory holding anything other
+    /// than transaction or recovery artifacts.
     pub fn seal_with(
         &self,
         referenced_objects: &[String],
