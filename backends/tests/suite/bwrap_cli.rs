@@ -452,13 +452,8 @@ fn the_command_starts_only_after_the_before_state_is_recorded() {
         "the command started before agentdiff recorded the before-state: {events:?}"
     );
     // Its first write is a recorded change, not part of the before-state.
-    let changed: Vec<&str> = result["changes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["path"].as_str())
-        .collect();
-    assert!(changed.contains(&"d0/f0.txt"), "{changed:?}");
+    let changed = super::changed_paths(&result);
+    assert!(changed.iter().any(|p| p == "d0/f0.txt"), "{changed:?}");
     let rt = f.runtime_json(&result);
     assert_eq!(rt["wrapper"]["command_started"], true, "{rt:#}");
     let capsule = f

@@ -491,6 +491,58 @@ fn a_lying_python_backend_fails_the_honesty_check() {
     assert_eq!(check["outcome"], "failed", "{check:#}");
 }
 
+/// A third-party backend that declares no fail-closed case: `FAIL-001` (MUST) cannot run, so the
+/// report says "not run" and the backend is not conformant (exit 74), whatever else passed;
+/// naming a case with `--fail-closed-option` runs it.
+#[test]
+fn a_python_backend_without_a_fail_closed_case_is_never_reported_conformant() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant(
+        "nofail",
+        &[(r#""fail_closed": FAIL_CLOSED}"#, r#""fail_closed": []}"#)],
+    );
+    let report = failing_conformance(&plugins, "nofail", "FAIL");
+    let check = &report["checks"][0];
+    assert_eq!(check["id"], "FAIL-001");
+    assert_eq!(check["outcome"], "not_run", "{check:#}");
+    assert_eq!(report["summary"]["must_not_run"], 1, "{report:#}");
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let tap = agentdiff_on(
+        &path,
+        project.path(),
+        &["conformance", "--runtime", "nofail", "--only", "FAIL"],
+    );
+    assert_exit(&tap, 74);
+    let stdout = String::from_utf8_lossy(&tap.stdout);
+    assert!(
+        stdout.contains("NOT conformant: MUST check(s) not run: FAIL-001"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&tap.stderr);
+    assert!(stderr.contains("--fail-closed-option"), "{stderr}");
+    let named = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "conformance",
+            "--runtime",
+            "nofail",
+            "--only",
+            "FAIL",
+            "--fail-closed-option",
+            "nice-executable=/nonexistent/agentdiff-missing-nice",
+        ],
+    );
+    assert_exit(&named, 0);
+    let stdout = String::from_utf8_lossy(&named.stdout);
+    assert!(stdout.contains("\nok 1 - FAIL-001"), "{stdout}");
+    assert!(!stdout.contains("not ok"), "{stdout}");
+}
+
 #[test]
 fn a_python_backend_that_accepts_any_protocol_version_fails_proto_002() {
     if python_missing() {

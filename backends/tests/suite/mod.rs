@@ -179,6 +179,16 @@ pub fn json_of(out: &Output) -> Value {
 }
 
 /// Output bytes as text (lossy: tests print what they got).
+/// The paths of a result's recorded changes, in its order.
+pub fn changed_paths(result: &Value) -> Vec<String> {
+    result["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

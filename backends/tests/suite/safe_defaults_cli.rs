@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::text;
+use super::{changed_paths, text};
 
 /// [`super::cmd`] with a `$HOME` that does not exist, so no test depends on the real home.
 fn cmd(cwd: &Path, args: &[&str]) -> Command {
@@ -44,15 +44,6 @@ fn run_json(cwd: &Path, extra: &[&str], argv: &[&str]) -> (i32, Value, Output) {
     args.extend_from_slice(argv);
     let out = agentdiff(cwd, &args);
     (out.status.code().unwrap_or(-1), super::json_of(&out), out)
-}
-
-fn change_paths(r: &Value) -> Vec<String> {
-    r["changes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["path"].as_str().unwrap().to_owned())
-        .collect()
 }
 
 // ---- 1. Protected configuration -----------------------------------------------------------
@@ -106,7 +97,10 @@ fn a_run_cannot_blind_later_runs() {
         assert_eq!(decision_of(&r, path).0, "deny", "{path}: {r:#}");
     }
     // What the ignore file really ignores stays ignored.
-    assert!(!change_paths(&r).contains(&"notes.txt".to_owned()), "{r:#}");
+    assert!(
+        !changed_paths(&r).contains(&"notes.txt".to_owned()),
+        "{r:#}"
+    );
     // The policy itself, and a policy file named with --policy inside the project.
     fs::write(root.join("agentdiff.yaml"), "version: 1\n").unwrap();
     fs::write(root.join("custom.yaml"), "version: 1\n").unwrap();
@@ -167,7 +161,7 @@ fn a_run_cannot_arm_a_nested_repository_or_plant_a_nested_policy() {
     }
     // A nested repository's object store stays excluded: Git runs nothing from it.
     assert!(
-        !change_paths(&r).contains(&"sub/.git/objects/aa/cc".to_owned()),
+        !changed_paths(&r).contains(&"sub/.git/objects/aa/cc".to_owned()),
         "{r:#}"
     );
 }
@@ -210,7 +204,7 @@ fn ignore_rules_at_any_depth_never_hide_a_denied_path() {
     ] {
         assert_eq!(decision_of(&r, path).0, "deny", "{path}: {r:#}");
     }
-    let changed = change_paths(&r);
+    let changed = changed_paths(&r);
     for ignored in ["deep/a/b/notes.txt", "sub/other.bin"] {
         assert!(!changed.contains(&ignored.to_owned()), "{ignored}: {r:#}");
     }
@@ -280,7 +274,7 @@ fn a_run_from_a_subdirectory_observes_the_whole_project_and_runs_lists_it() {
     let sub = root.join("src/deep");
     let (code, r, out) = run_json(&sub, &[], &["sh", "-c", "echo edit >> ../../README.md"]);
     assert_eq!(code, 0, "{}", text(&out.stderr));
-    assert_eq!(change_paths(&r), vec!["README.md"], "{r:#}");
+    assert_eq!(changed_paths(&r), vec!["README.md"], "{r:#}");
     assert_eq!(r["status"], "review");
     let stderr = text(&out.stderr);
     assert!(
@@ -403,7 +397,7 @@ fn a_second_run_in_the_same_root_is_refused_or_waits() {
     let out = waiting.wait_with_output().unwrap();
     super::assert_exit(&out, 0);
     let r = super::json_of(&out);
-    assert_eq!(change_paths(&r), vec!["b.txt"], "{r:#}");
+    assert_eq!(changed_paths(&r), vec!["b.txt"], "{r:#}");
     assert!(first.wait().unwrap().success());
     // Sequential runs: each capsule lists only its own file.
     let out = agentdiff(&root, &["runs", "--format", "json"]);

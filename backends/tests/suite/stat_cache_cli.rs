@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use agentdiff_engine::fs::Manifest;
 use agentdiff_engine::store::{Artifact, Store};
 
-use super::{agentdiff, assert_exit};
+use super::{agentdiff, assert_exit, changed_paths};
 
 const FILES: [&str; 3] = ["a.txt", "b.txt", "src/lib.rs"];
 
@@ -78,15 +78,6 @@ fn manifest(root: &Path, id: &str, artifact: Artifact) -> Manifest {
 
 fn sha(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
-}
-
-fn changed_paths(result: &Value) -> Vec<String> {
-    result["changes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["path"].as_str().unwrap().to_string())
-        .collect()
 }
 
 #[test]
