@@ -78,16 +78,17 @@ pub const EXEC_NOT_EXECUTABLE_EXIT: u8 = 126;
 /// Exit code when the command is not found (as shells do).
 pub const EXEC_NOT_FOUND_EXIT: u8 = 127;
 
-/// Errors of the host-side marker.
+/// Errors of the host-side FIFOs (the start marker, and the start gate of
+/// [`crate::process::start_gate`]).
 #[derive(Debug, thiserror::Error)]
 pub enum MarkerError {
-    #[error("could not create the start-marker FIFO {path}: {source}")]
+    #[error("could not create the FIFO {path}: {source}")]
     Create {
         path: PathBuf,
         #[source]
         source: nix::Error,
     },
-    #[error("could not open the start-marker FIFO {path}: {source}")]
+    #[error("could not open the FIFO {path}: {source}")]
     Open {
         path: PathBuf,
         #[source]
@@ -374,25 +375,7 @@ pub struct StartMarker {
 impl StartMarker {
     /// Create the FIFO at `path` (which must not exist) and open its read end.
     pub fn create(path: &Path) -> Result<StartMarker, MarkerError> {
-        nix::unistd::mkfifo(
-            path,
-            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
-        )
-        .map_err(|source| MarkerError::Create {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let reader = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(|source| {
-                let _ = std::fs::remove_file(path);
-                MarkerError::Open {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
+        let reader = create_fifo(path, false)?;
         Ok(StartMarker {
             path: path.to_path_buf(),
             reader,
@@ -419,6 +402,31 @@ impl StartMarker {
         }
         out
     }
+}
+
+/// Creates a FIFO only this user can open at `path` (which must not exist) and opens it
+/// non-blocking for reading, and with `write` for writing too; removed again when the open fails.
+pub(crate) fn create_fifo(path: &Path, write: bool) -> Result<std::fs::File, MarkerError> {
+    nix::unistd::mkfifo(
+        path,
+        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+    )
+    .map_err(|source| MarkerError::Create {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|source| {
+            let _ = std::fs::remove_file(path);
+            MarkerError::Open {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
 }
 
 impl Drop for StartMarker {

@@ -22,6 +22,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::process::exec_shim::{create_fifo, MarkerError};
+
 /// Environment variable carrying the gate's path to the shim; removed before `exec`. Without
 /// it the shim does not wait.
 pub const ENV_START_GATE: &str = "AGENTDIFF_EXEC_SHIM_START_GATE";
@@ -32,18 +34,8 @@ const MAX_LINE: usize = 128;
 /// Errors of the host side of the gate.
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
-    #[error("could not create the start-gate FIFO {path}: {source}")]
-    Create {
-        path: PathBuf,
-        #[source]
-        source: nix::Error,
-    },
-    #[error("could not open the start-gate FIFO {path}: {source}")]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("the start gate: {0}")]
+    Fifo(#[from] MarkerError),
     #[error("could not release the command through the start gate {path}: {source}")]
     Release {
         path: PathBuf,
@@ -68,28 +60,9 @@ pub struct StartGate {
 impl StartGate {
     /// Create the FIFO at `path` (which must not exist) and hold it open.
     pub fn create(path: &Path) -> Result<StartGate, GateError> {
-        nix::unistd::mkfifo(
-            path,
-            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
-        )
-        .map_err(|source| GateError::Create {
-            path: path.to_path_buf(),
-            source,
-        })?;
         // Read-write: the FIFO then always has a writer, so the shim's read waits for the line
         // (or for this end to close) instead of seeing end-of-file at once.
-        let holder = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(|source| {
-                let _ = std::fs::remove_file(path);
-                GateError::Open {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
+        let holder = create_fifo(path, true)?;
         Ok(StartGate {
             path: path.to_path_buf(),
             holder: Some(holder),
