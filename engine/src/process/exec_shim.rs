@@ -48,8 +48,14 @@ pub const SHIM_SUBCOMMAND: &str = "__exec-shim";
 /// The subcommand's earlier name (from when only srt used the shim), still accepted so that a
 /// program or script written against it keeps working. agentdiff itself never emits it.
 pub const LEGACY_SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
-/// Version of the shim's argv layout and marker lines.
+/// Version of the shim's argv layout, marker lines and gate. A standalone shim can be installed
+/// apart from `agentdiff` (an upgrade that replaced only one of them), so any change to what the
+/// shim checks or does before `exec` bumps it: a shim of another version refuses, and nothing
+/// runs.
 pub const SHIM_PROTOCOL: &str = "v1";
+/// The standalone exec-shim program installed with `agentdiff` (`agentdiff-exec-shim`): the same
+/// engine code as `agentdiff __exec-shim`, in a program that starts faster.
+pub const STANDALONE_SHIM: &str = "agentdiff-exec-shim";
 /// Environment variable carrying `SALT:DIGEST` of the argv to the shim; removed before `exec`.
 pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_EXEC_SHIM_ARGV_DIGEST";
 /// Environment variable (value `1`) asking the shim to install the terminal-injection filter
@@ -828,8 +834,9 @@ pub struct LocateError {
 }
 
 /// The exec-shim program: `explicit` (an option, already absolute), else the first of `env_vars`
-/// that is set and not empty, else this program when it is the `agentdiff` binary (which has the
-/// hidden [`SHIM_SUBCOMMAND`]). `remedy` says how to name it.
+/// that is set and not empty, else the [`STANDALONE_SHIM`] installed next to this program when
+/// this program is the `agentdiff` binary (see [`installed_beside`]), else this program itself
+/// (which has the hidden [`SHIM_SUBCOMMAND`]). `remedy` says how to name it.
 pub fn locate(
     explicit: Option<PathBuf>,
     env_vars: &[&str],
@@ -854,16 +861,55 @@ pub fn locate(
                     exe.display()
                 )));
             }
-            exe
+            installed_beside(&exe).unwrap_or(exe)
         }
     };
     crate::host::resolve_executable(candidate.as_os_str(), None, Path::new("/"))
         .map_err(|e| fail(format!("exec shim: {e}")))
 }
 
+/// The [`STANDALONE_SHIM`] beside `agentdiff` (`cargo install` puts both in one directory),
+/// when it is an executable regular file that no one but its owner can write and that is owned
+/// by the owner of `agentdiff` or by root: then it is as trusted as `agentdiff` itself, and it
+/// starts in a fraction of the time (a small program, without the whole CLI to load and
+/// relocate), which every wrapped run waits for. `None` otherwise: `agentdiff` runs the shim.
+pub fn installed_beside(agentdiff: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let shim = agentdiff.with_file_name(STANDALONE_SHIM);
+    let own = std::fs::metadata(agentdiff).ok()?;
+    let meta = std::fs::metadata(&shim).ok()?;
+    let trusted_owner = meta.uid() == own.uid() || meta.uid() == 0;
+    let owner_only_writes = meta.mode() & 0o022 == 0;
+    let executable = meta.is_file() && meta.mode() & 0o111 != 0;
+    (trusted_owner && owner_only_writes && executable).then_some(shim)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_standalone_shim_beside_agentdiff_is_chosen_only_when_as_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let agentdiff = dir.path().join("agentdiff");
+        std::fs::write(&agentdiff, b"").unwrap();
+        let shim = dir.path().join(STANDALONE_SHIM);
+        let mode = |m: u32| std::fs::set_permissions(&shim, PermissionsExt::from_mode(m)).unwrap();
+        assert_eq!(installed_beside(&agentdiff), None, "none installed");
+        std::fs::write(&shim, b"").unwrap();
+        mode(0o755);
+        assert_eq!(installed_beside(&agentdiff), Some(shim.clone()));
+        mode(0o644);
+        assert_eq!(installed_beside(&agentdiff), None, "not executable");
+        mode(0o775);
+        assert_eq!(installed_beside(&agentdiff), None, "group-writable");
+        mode(0o757);
+        assert_eq!(installed_beside(&agentdiff), None, "writable by others");
+        std::fs::remove_file(&shim).unwrap();
+        std::fs::create_dir(&shim).unwrap();
+        assert_eq!(installed_beside(&agentdiff), None, "a directory");
+    }
 
     #[test]
     fn marker_lines_round_trip() {
