@@ -123,15 +123,24 @@ fn filesystem_now(objects: &ObjectStore) -> Result<i64, StoreError> {
     Ok(ns(meta.ctime(), meta.ctime_nsec()))
 }
 
-/// `work` over `names` split in two halves, one per thread (one thread on a single core); the
-/// results in order. A thread that died is an error, never an empty result: a check that lost
-/// half the shards must not pass for one that found nothing.
+/// Fewer shards than this per thread are checked on the calling thread: starting a thread costs
+/// more than checking a few shards (a young store has one or two).
+const SHARDS_PER_THREAD: usize = 16;
+
+/// `work` over `names` split in two halves, one per thread (one thread on a single core, none
+/// for a few shards); the results in order. A thread that died is an error, never an empty
+/// result: a check that lost half the shards must not pass for one that found nothing.
 fn on_two_threads<T: Send>(
     hash_dir: &Path,
     names: &[String],
     work: impl Fn(&[String]) -> Result<Vec<T>, StoreError> + Sync,
 ) -> Result<Vec<T>, StoreError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get().min(2))
+        .min(names.len() / SHARDS_PER_THREAD);
+    if threads <= 1 {
+        return work(names);
+    }
     let chunk = names.len().div_ceil(threads).max(1);
     let work = &work;
     let results: Vec<Result<Vec<T>, StoreError>> = std::thread::scope(|s| {
