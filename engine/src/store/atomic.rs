@@ -204,6 +204,9 @@ impl Syncer for RealSyncer {
 pub(crate) struct PendingSync {
     entries: Mutex<Pending>,
     syncer: Mutex<Arc<dyn Syncer>>,
+    /// A flush started ahead of the next one ([`PendingSync::flush_ahead`]), which that one
+    /// waits for.
+    ahead: Mutex<Option<std::thread::JoinHandle<Result<(), StoreError>>>>,
 }
 
 #[derive(Debug, Default)]
@@ -243,6 +246,7 @@ impl Default for PendingSync {
         PendingSync {
             entries: Mutex::default(),
             syncer: Mutex::new(Arc::new(RealSyncer)),
+            ahead: Mutex::new(None),
         }
     }
 }
@@ -267,11 +271,46 @@ impl PendingSync {
         *self.syncer.lock().unwrap_or_else(PoisonError::into_inner) = syncer;
     }
 
-    /// Makes every recorded entry durable: fsyncs issued concurrently (the filesystem groups
-    /// them into shared journal commits), or above [`FSYNC_BATCH_LIMIT`] entries one `syncfs`
-    /// per filesystem. An entry removed since it was recorded (a quarantined object, a temp
-    /// file) has nothing left to flush. On error the entries stay recorded for a later flush.
+    /// Starts flushing every entry recorded so far on a thread of its own while the caller goes
+    /// on: the transaction calls it as it launches the command, so what it wrote before (the
+    /// capsule's first artifacts, the before-state's objects) becomes durable while the command
+    /// runs instead of after it. The next [`PendingSync::flush`] waits for it first, so a seal
+    /// still vouches only for entries that are durable; entries recorded meanwhile, or recorded
+    /// again (a file written once more), are that flush's. One at a time; when no thread can be
+    /// started, the next flush does all of it.
+    pub(crate) fn flush_ahead(self: &Arc<Self>) {
+        let mut ahead = self.ahead.lock().unwrap_or_else(PoisonError::into_inner);
+        if ahead.is_some() {
+            return;
+        }
+        let this = Arc::clone(self);
+        *ahead = std::thread::Builder::new()
+            .name("agentdiff-flush".into())
+            .spawn(move || this.flush_recorded())
+            .ok();
+    }
+
+    /// Makes every recorded entry durable, after a flush started ahead has ended (one that
+    /// failed left its entries recorded: they are flushed again here): fsyncs issued
+    /// concurrently (the filesystem groups them into shared journal commits), or above
+    /// [`FSYNC_BATCH_LIMIT`] entries one `syncfs` per filesystem. An entry removed since it was
+    /// recorded (a quarantined object, a temp file) has nothing left to flush. On error the
+    /// entries stay recorded for a later flush.
     pub(crate) fn flush(&self) -> Result<(), StoreError> {
+        let ahead = self
+            .ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if ahead.is_some_and(|h| h.join().is_err()) {
+            // Its entries were taken and never flushed: nothing may be sealed on top of them.
+            let died = io::Error::other("the thread flushing ahead stopped");
+            return Err(StoreError::io("fsync", Path::new("."), died));
+        }
+        self.flush_recorded()
+    }
+
+    fn flush_recorded(&self) -> Result<(), StoreError> {
         let pending = std::mem::take(&mut *self.lock());
         let syncer = Arc::clone(&self.syncer.lock().unwrap_or_else(PoisonError::into_inner));
         let whole = pending.whole_filesystems;
@@ -594,6 +633,71 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// Records every fsync; a path in `fail_once` fails its first one.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        synced: Mutex<Vec<PathBuf>>,
+        fail_once: Mutex<BTreeSet<PathBuf>>,
+    }
+
+    impl Syncer for Flaky {
+        fn sync_file(&self, path: &Path) -> io::Result<()> {
+            self.synced.lock().unwrap().push(path.to_path_buf());
+            match self.fail_once.lock().unwrap().remove(path) {
+                true => Err(io::Error::other("I/O error")),
+                false => Ok(()),
+            }
+        }
+        fn sync_dir(&self, path: &Path) -> io::Result<()> {
+            self.sync_file(path)
+        }
+        fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+            self.sync_file(path)
+        }
+    }
+
+    fn flaky_pending() -> (Arc<PendingSync>, Arc<Flaky>) {
+        let pending = Arc::new(PendingSync::default());
+        let flaky = Arc::new(Flaky::default());
+        pending.set_syncer(flaky.clone());
+        (pending, flaky)
+    }
+
+    #[test]
+    fn a_flush_waits_for_the_flush_ahead_and_takes_what_was_recorded_since() {
+        let (pending, flaky) = flaky_pending();
+        let (a, b, c) = (
+            PathBuf::from("/a"),
+            PathBuf::from("/b"),
+            PathBuf::from("/c"),
+        );
+        pending.file(a.clone());
+        pending.dir(b.clone());
+        pending.flush_ahead();
+        pending.file(c.clone());
+        pending.file(a.clone());
+        pending.flush().unwrap();
+        let synced: BTreeSet<PathBuf> = flaky.synced.lock().unwrap().iter().cloned().collect();
+        assert_eq!(synced, BTreeSet::from([a, b, c]));
+        // Nothing is left recorded, and no flush is left running.
+        let before = flaky.synced.lock().unwrap().len();
+        pending.flush().unwrap();
+        assert_eq!(flaky.synced.lock().unwrap().len(), before);
+        assert!(pending.ahead.lock().unwrap().is_none());
+    }
+
+    #[test]
+    fn what_a_failed_flush_ahead_left_is_flushed_by_the_next_flush() {
+        let (pending, flaky) = flaky_pending();
+        let a = PathBuf::from("/a");
+        flaky.fail_once.lock().unwrap().insert(a.clone());
+        pending.file(a.clone());
+        pending.flush_ahead();
+        pending.flush().unwrap();
+        let synced = flaky.synced.lock().unwrap().clone();
+        assert_eq!(synced, vec![a.clone(), a], "failed ahead, flushed again");
     }
 
     #[test]

@@ -245,6 +245,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Ok(snapshot) => snapshot,
         Err(e) => return Err(abandon(early, e.into()).await),
     };
+    // What was written so far becomes durable while the command runs; the seal waits for it.
+    store.objects().pending().flush_ahead();
     let launched = match early {
         Some((plan, started)) => started.finish(&plan, &capsule, authority.key()).await,
         None => launcher.launch(workdir.clone()).await,
