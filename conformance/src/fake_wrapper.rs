@@ -21,6 +21,32 @@ pub enum FakeWrapperError {
     Records { dir: String, source: std::io::Error },
 }
 
+/// Returns once the script just written at `path` can be executed. A process that another thread
+/// of this (test) process forked while the script was open for writing holds it open until that
+/// process execs: until then executing the script fails with "text file busy", which a check
+/// would read as a wrapper that refused. Once it runs, it stays runnable: no one writes it again.
+#[cfg(unix)]
+fn wait_until_executable(path: &Path) -> std::io::Result<()> {
+    use std::process::{Command, Stdio};
+    let mut tries = 0;
+    loop {
+        let probe = Command::new(path)
+            .arg("--fake-wrapper-installed")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match probe {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 400 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(()),
+        }
+    }
+}
+
 /// What the fake wrapper does after recording its invocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Behaviour {
@@ -62,6 +88,7 @@ pub const SETUP_FAILED_EXIT: i32 = 71;
 
 const SCRIPT: &str = r#"#!/bin/sh
 # Generic fake wrapper: records its invocation, then behaves as configured.
+if [ "$1" = "--fake-wrapper-installed" ]; then exit 0; fi
 here=$(dirname "$0")
 rec="$here/records/$$"
 mkdir -p "$here/records" 2>/dev/null
@@ -138,6 +165,8 @@ impl FakeWrapper {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
         }
+        #[cfg(unix)]
+        wait_until_executable(&path).map_err(err)?;
         let w = Self {
             dir: dir.to_path_buf(),
             path,
@@ -235,22 +264,13 @@ mod tests {
     use super::*;
     use std::process::Command;
 
-    /// Runs the wrapper. ETXTBSY is retried: a test thread that forks while another thread still
-    /// holds a just-written script open for writing keeps that descriptor until its child execs.
+    /// Runs the wrapper (`install` returned once it was no longer "text file busy").
     fn call(w: &FakeWrapper, args: &[&str]) -> std::process::Output {
-        for _ in 0..50 {
-            match Command::new(w.path())
-                .args(args)
-                .env("FAKE_SEEN", "yes")
-                .output()
-            {
-                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
-                other => return other.unwrap(),
-            }
-        }
-        panic!("{} stayed busy (ETXTBSY)", w.path().display());
+        Command::new(w.path())
+            .args(args)
+            .env("FAKE_SEEN", "yes")
+            .output()
+            .unwrap()
     }
 
     #[test]
