@@ -240,13 +240,11 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         root.clone()
     };
 
-    // Launch. What agentdiff wrote before it is checked against this after the command ran.
-    let store_snapshot = match store.snapshot_with(&recent, objects_snapshot) {
+    // Launch.
+    let store_snapshot = match snapshot_before_launch(&store, &recent, objects_snapshot) {
         Ok(snapshot) => snapshot,
         Err(e) => return Err(abandon(early, e.into()).await),
     };
-    // What was written so far becomes durable while the command runs; the seal waits for it.
-    store.objects().pending().flush_ahead();
     let launched = match early {
         Some((plan, started)) => started.finish(&plan, &capsule, authority.key()).await,
         None => launcher.launch(workdir.clone()).await,
@@ -309,6 +307,19 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let outcome = sealer.seal(result, &referenced, None)?;
     capture.leave_record(&mut before, recorded.as_ref(), store_untouched);
     Ok(outcome)
+}
+
+/// The store just before the launch: what agentdiff wrote before it is checked against this
+/// after the command ran. What was written so far starts becoming durable as the command starts
+/// (the seal waits for it).
+fn snapshot_before_launch(
+    store: &Store,
+    recent: &[String],
+    objects: ObjectsSnapshot,
+) -> Result<crate::store::StoreSnapshot, crate::store::StoreError> {
+    let snapshot = store.snapshot_with(recent, objects)?;
+    store.objects().pending().flush_ahead();
+    Ok(snapshot)
 }
 
 /// A run whose command ran but whose after-capture failed: sealed as an error that never reads as
