@@ -876,12 +876,13 @@ pub fn locate(
 pub fn installed_beside(agentdiff: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let shim = agentdiff.with_file_name(STANDALONE_SHIM);
-    let own = std::fs::metadata(agentdiff).ok()?;
-    let meta = std::fs::metadata(&shim).ok()?;
+    crate::host::check_executable(&shim).ok()?;
+    let (own, meta) = (
+        std::fs::metadata(agentdiff).ok()?,
+        std::fs::metadata(&shim).ok()?,
+    );
     let trusted_owner = meta.uid() == own.uid() || meta.uid() == 0;
-    let owner_only_writes = meta.mode() & 0o022 == 0;
-    let executable = meta.is_file() && meta.mode() & 0o111 != 0;
-    (trusted_owner && owner_only_writes && executable).then_some(shim)
+    (trusted_owner && meta.mode() & 0o022 == 0).then_some(shim)
 }
 
 #[cfg(test)]
