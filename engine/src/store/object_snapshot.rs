@@ -4,7 +4,7 @@
 //!
 //! Before the before-scan (the run's own writes after it are objects it confirmed; the scan
 //! record is checked against these shard identities, see `super::scan_record`): the filesystem's
-//! clock (the ctime it gives a probe file in `objects/tmp/`), and for each shard directory its
+//! clock (the ctime it stamps on `objects/tmp/` when agentdiff touches it), and for each shard directory its
 //! identity (inode, mtime, ctime) and the (name, inode) of each entry as the listing reports them
 //! (no per-object stat; 16 bytes per object in memory).
 //!
@@ -113,9 +113,21 @@ fn io_err(what: &'static str, path: &Path, e: nix::Error) -> StoreError {
     StoreError::io(what, path, io::Error::from(e))
 }
 
-/// The ctime the filesystem gives a file created now.
+/// The ctime the filesystem gives an inode changed now: that of the store's own `objects/tmp/`
+/// directory, stamped with the current time. A directory, unlike a probe file, allocates and
+/// frees no inode per run (on ext4 without a journal each freed inode slows every file created
+/// in the next minutes) and cannot be a hard link to a file of the user's. A file created in
+/// `objects/tmp/` when the directory cannot be stamped.
 fn filesystem_now(objects: &ObjectStore) -> Result<i64, StoreError> {
-    let (file, path) = atomic::create_temp_in(&objects.dir().join(TMP_DIR), "clock")?;
+    let dir = objects.dir().join(TMP_DIR);
+    if let Ok(fd) = open_dir(&dir) {
+        let now = nix::sys::time::TimeSpec::UTIME_NOW;
+        if nix::sys::stat::futimens(fd.as_raw_fd(), &now, &now).is_ok() {
+            let st = fstat(fd.as_raw_fd()).map_err(|e| io_err("inspect", &dir, e))?;
+            return Ok(ns(st.st_ctime, st.st_ctime_nsec));
+        }
+    }
+    let (file, path) = atomic::create_temp_in(&dir, "clock")?;
     let meta = file.metadata();
     drop(file);
     let _ = fs::remove_file(&path);
@@ -575,6 +587,24 @@ mod tests {
     }
 
     use crate::testing::rewrite_in_place;
+
+    #[test]
+    fn the_clock_is_the_filesystems_now_and_leaves_no_file_behind() {
+        let (_d, store) = store();
+        let tmp = store.objects().dir().join(TMP_DIR);
+        fs::create_dir_all(&tmp).unwrap();
+        let ctime = |p: &Path| {
+            let m = fs::symlink_metadata(p).unwrap();
+            ns(m.ctime(), m.ctime_nsec())
+        };
+        let before = store.objects().dir().join("before");
+        fs::write(&before, b"").unwrap();
+        let now = filesystem_now(store.objects()).unwrap();
+        let after = store.objects().dir().join("after");
+        fs::write(&after, b"").unwrap();
+        assert!(ctime(&before) <= now && now <= ctime(&after), "{now}");
+        assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0);
+    }
 
     #[test]
     fn nothing_changed_means_no_finding_even_for_objects_written_just_before() {
