@@ -107,14 +107,6 @@ fn plan_error(e: PlanError) -> BackendError {
     }
 }
 
-/// The policy's filesystem deny patterns, from the capsule; none when the run has no policy
-/// artifact (a bare launch, as in conformance probes).
-fn policy_denies(
-    capsule_dir: &Path,
-) -> std::result::Result<Vec<String>, agentdiff_engine::store::StoreError> {
-    Ok(agentdiff_engine::store::recorded_deny_patterns(capsule_dir)?.unwrap_or_default())
-}
-
 impl BwrapBackend {
     fn plan(&self, spec: &LaunchSpec) -> Result<Plan> {
         let o = &spec.options;
@@ -132,13 +124,11 @@ impl BwrapBackend {
             &remedy,
         )
         .map_err(|e| unavailable(e.reason, e.remedy))?;
-        let denies = policy_denies(&spec.capsule_dir)
-            .map_err(|e| launch_error(format!("reading the run's policy: {e}")))?;
         plan::plan(
             spec,
             &HostFacts::current(&spec.env),
             Programs { bwrap, shim },
-            &denies,
+            &spec.deny_patterns,
         )
         .map_err(plan_error)
     }

@@ -192,6 +192,7 @@ pub fn spec_for(scratch: &Scratch, inv: &Invocation, run_id: &str) -> LaunchSpec
         poll_interval: Duration::from_millis(50),
         observe_ports: false,
         options: inv.options.clone(),
+        deny_patterns: Vec::new(),
     }
 }
 

@@ -85,6 +85,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         poll_interval: Duration::from_millis(10),
         observe_ports: a.observe_ports,
         options,
+        deny_patterns: Vec::new(),
     };
     let backend = LocalBackend::new();
     let prepared = backend.prepare(&spec).map_err(|e| e.to_string())?;

@@ -40,6 +40,7 @@ where
             poll_interval: Duration::from_millis(10),
             observe_ports: false,
             options: BackendOptions::new(),
+            deny_patterns: Vec::new(),
         },
     }
 }

@@ -104,6 +104,11 @@ pub struct LaunchSpec {
     /// Whether listening sockets are observed (`network.mode: observe`).
     pub observe_ports: bool,
     pub options: BackendOptions,
+    /// The policy's `filesystem.deny` patterns, for a built-in backend that protects them in its
+    /// sandbox (bwrap re-binds the literal ones read-only). Given here rather than read from the
+    /// capsule's `policy.json`, so a held start can be prepared before the capsule is opened.
+    /// Not sent to external backends, which read `policy.json` (the wire spec has no such field).
+    pub deny_patterns: Vec<String>,
 }
 
 /// The process a backend starts: program, arguments, environment and working directory.

@@ -828,6 +828,7 @@ mod tests {
             poll_interval: Duration::from_millis(5),
             observe_ports: false,
             options,
+            deny_patterns: Vec::new(),
         };
         let command = LaunchCommand {
             program: "sh".into(),

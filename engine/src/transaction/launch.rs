@@ -76,6 +76,7 @@ impl Launcher<'_, '_> {
                 poll_interval: req.poll_interval,
                 observe_ports: policy.network_mode() == NetworkMode::Observe,
                 options: self.options.clone(),
+                deny_patterns: policy.deny_patterns(),
             },
             env_evidence: env_plan.evidence,
         }

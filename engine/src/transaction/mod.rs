@@ -175,32 +175,32 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     store.objects().load_verified_cache(authority.key());
     let capsule = store.create_run(req.run_id.as_deref())?;
     let timeout = effective_timeout(req.timeout, policy.limits().duration_seconds);
-    let sealer = open_capsule(
-        &req, &store, &capsule, &authority, &root, timeout, started, started_at,
-    )?;
     let options = effective_options(&req.options, policy, req.backend.id());
-    if let Some(not_run) = refuse_before_capture(&req, &sealer, &options).await {
-        return not_run;
-    }
-
-    // A backend that holds the start is launched now: its sandbox is set up while the tree is
-    // captured, and nothing of the command runs before the store snapshot below is taken.
     let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
+    let run_id = capsule.id().to_string();
     let launcher = launch::Launcher {
         req: &req,
         policy,
-        options,
-        run_id: &sealer.run_id,
+        options: options.clone(),
+        run_id: &run_id,
         root: &root,
         capsule: &capsule,
         timeout,
         key: authority.key(),
     };
-    let hold = req.backend.holds_start() && !private_workspace;
-    let early = match launcher.start_held_if(hold).await {
-        Ok(early) => early,
-        Err(err) => return seal_refused_start(&sealer, req.backend.id(), &err),
+    // A backend that holds the start is launched first: its sandbox is set up while the capsule
+    // is opened and the tree captured; the command runs only after the store snapshot below.
+    let opening = Opening {
+        store: &store,
+        authority: &authority,
+        started,
+        started_at,
     };
+    let (sealer, early) =
+        match open_with_held_start(opening, &launcher, &options, private_workspace).await {
+            Ok(opened) => opened,
+            Err(not_run) => return not_run,
+        };
 
     // Capture before.
     let capture = CapturePlan::new(
@@ -367,16 +367,63 @@ impl AfterCaptureFailed<'_> {
 
 /// Writes `metadata.json` and `policy.json`, and decides and records the command.
 #[allow(clippy::too_many_arguments)]
-fn open_capsule<'c>(
-    req: &RunRequest<'_>,
+/// What opening the capsule needs besides the launcher's request, root, capsule and timeout.
+struct Opening<'c> {
     store: &'c Store,
-    capsule: &'c Capsule,
     authority: &'c SealAuthority,
-    root: &Path,
-    timeout: Option<Duration>,
     started: Instant,
     started_at: String,
+}
+
+/// A held start (for a backend that [`crate::backend::RuntimeBackend::holds_start`], in the
+/// project root, for a command the policy does not block) made first, then the capsule opened.
+/// A blocked command or an unavailable backend is reported as such before a failure of the held
+/// start is; on every early end the held command is abandoned: nothing of it has run.
+async fn open_with_held_start<'c>(
+    o: Opening<'c>,
+    launcher: &launch::Launcher<'c, '_>,
+    options: &BackendOptions,
+    private_workspace: bool,
+) -> Result<(Sealer<'c>, EarlyStart), Result<RunOutcome, TransactionError>> {
+    let req = launcher.req;
+    let blocked = req.policy.policy.decide_command(&req.argv[0]).action == Action::Deny;
+    let hold = req.backend.holds_start() && !private_workspace && !blocked;
+    let (mut held, start_failed) = match launcher.start_held_if(hold).await {
+        Ok(held) => (held, None),
+        Err(err) => (None, Some(err)),
+    };
+    let sealer = match open_capsule(o, launcher) {
+        Ok(sealer) => sealer,
+        Err(e) => return Err(Err(abandon(held, e).await)),
+    };
+    if let Some(not_run) = refuse_before_capture(req, &sealer, options, &mut held).await {
+        return Err(not_run);
+    }
+    match start_failed {
+        None => Ok((sealer, held)),
+        Some(err) => Err(seal_refused_start(&sealer, req.backend.id(), &err)),
+    }
+}
+
+/// A command started held, with the plan it was started with.
+type EarlyStart = Option<(launch::LaunchPlan, launch::Started)>;
+
+fn open_capsule<'c>(
+    o: Opening<'c>,
+    launcher: &launch::Launcher<'c, '_>,
 ) -> Result<Sealer<'c>, TransactionError> {
+    let Opening {
+        store,
+        authority,
+        started,
+        started_at,
+    } = o;
+    let (req, capsule, root, timeout) = (
+        launcher.req,
+        launcher.capsule,
+        launcher.root,
+        launcher.timeout,
+    );
     let policy = &req.policy.policy;
     let run_id = capsule.id().to_string();
     let metadata = Metadata {
@@ -416,16 +463,21 @@ fn open_capsule<'c>(
 
 /// A denied command (never launched) or a backend that cannot run here with these options
 /// (fail closed before touching anything): sealed as not run.
+/// A command started held is abandoned (it has not run, and its start files leave the capsule)
+/// before the refusal is sealed.
 async fn refuse_before_capture(
     req: &RunRequest<'_>,
     sealer: &Sealer<'_>,
     options: &BackendOptions,
+    held: &mut EarlyStart,
 ) -> Option<Result<RunOutcome, TransactionError>> {
     if sealer.command_decision.action == Action::Deny {
+        abandon(held.take(), ()).await;
         let message = blocked_message(&req.argv[0], &sealer.command_decision);
         return Some(sealer.seal_not_run(Status::Blocked, Some(message), None, &[]));
     }
     if let Availability::Unavailable { reason, remedy } = req.backend.availability(options).await {
+        abandon(held.take(), ()).await;
         let message = match record_unavailable(sealer, req.backend.id(), reason, remedy) {
             Ok(message) => message,
             Err(e) => return Some(Err(e)),

@@ -66,6 +66,7 @@ pub fn check_request(
         poll_interval: Duration::from_millis(10),
         observe_ports: policy.network_mode() == NetworkMode::Observe,
         options,
+        deny_patterns: policy.deny_patterns(),
     };
     match backend.prepare(&spec) {
         Err(e @ (BackendError::InvalidRequest { .. } | BackendError::Option(_))) => Err(e),

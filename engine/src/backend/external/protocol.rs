@@ -364,6 +364,7 @@ impl WireSpec {
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             observe_ports: self.observe_ports,
             options: options_from_wire(&self.options),
+            deny_patterns: Vec::new(),
         })
     }
 }
@@ -650,6 +651,7 @@ mod tests {
                 "k".to_string(),
                 vec!["a".to_string(), "b".to_string()],
             )])),
+            deny_patterns: Vec::new(),
         };
         let wire = WireSpec::from_spec(&spec).unwrap();
         let text =

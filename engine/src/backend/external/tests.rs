@@ -144,6 +144,7 @@ fn spec(dir: &Path) -> LaunchSpec {
         poll_interval: Duration::from_millis(10),
         observe_ports: false,
         options: BackendOptions::new(),
+        deny_patterns: Vec::new(),
     }
 }
 
