@@ -3,7 +3,8 @@
 //! stat'ing every run directory, a cost that grew with the store's history.
 //!
 //! Invariants: the file is replaced by rename (a reader sees an old or a new id, never a torn
-//! one) when a run directory is created, before anything of that run is written; it holds a
+//! one) when a run directory is created, before any artifact of that run is written (a
+//! transaction first starts a held sandbox, whose start files are not artifacts); it holds a
 //! valid [`RunId`] or is ignored. It is a hint, written without an fsync: after a crash it may
 //! name an older run.
 //!
@@ -23,7 +24,7 @@ const MAX_BYTES: u64 = 256;
 impl Store {
     /// Records `id` as the newest run. A failure only costs the next reader the listing of run
     /// directories, so it is not an error of the run.
-    pub(super) fn note_last_run(&self, id: &RunId) {
+    pub fn note_last_run(&self, id: &RunId) {
         let line = format!("{}\n", id.as_str());
         let _ = atomic::write_atomic(
             self.dir(),

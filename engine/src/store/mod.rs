@@ -206,6 +206,15 @@ impl Store {
     /// Creates a new run directory (0700, atomic `mkdir`). A requested id is validated and refused
     /// if it already exists; without one a fresh id is generated.
     pub fn create_run(&self, requested: Option<&str>) -> Result<Capsule, StoreError> {
+        let capsule = self.create_run_unnoted(requested)?;
+        self.note_last_run(capsule.id());
+        Ok(capsule)
+    }
+
+    /// [`Store::create_run`] without recording the run in `last-run` yet: the caller calls
+    /// [`Store::note_last_run`] before it writes any of the run's artifacts (the transaction
+    /// first starts a held sandbox, whose setup is the run's critical path).
+    pub fn create_run_unnoted(&self, requested: Option<&str>) -> Result<Capsule, StoreError> {
         atomic::ensure_private_dir(&self.runs, true)?;
         if let Some(requested) = requested {
             let id = RunId::parse(requested)?;
@@ -241,7 +250,6 @@ impl Store {
         self.objects.pending().dir(self.runs.clone());
         // Re-check what was created (umask can only narrow 0700, but fail closed regardless).
         atomic::ensure_private_dir(&dir, false)?;
-        self.note_last_run(&id);
         let pending = std::sync::Arc::clone(self.objects.pending());
         Ok(Some(Capsule::new_tracked(id, dir, pending)))
     }

@@ -173,7 +173,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let store = Store::open(&root)?;
     // Objects found intact by earlier runs (MAC'd with the key) are not hashed again.
     store.objects().load_verified_cache(authority.key());
-    let capsule = store.create_run(req.run_id.as_deref())?;
+    let capsule = store.create_run_unnoted(req.run_id.as_deref())?;
     let timeout = effective_timeout(req.timeout, policy.limits().duration_seconds);
     let options = effective_options(&req.options, policy, req.backend.id());
     let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
@@ -392,6 +392,7 @@ async fn open_with_held_start<'c>(
         Ok(held) => (held, None),
         Err(err) => (None, Some(err)),
     };
+    o.store.note_last_run(launcher.capsule.id());
     let sealer = match open_capsule(o, launcher) {
         Ok(sealer) => sealer,
         Err(e) => return Err(Err(abandon(held, e).await)),
