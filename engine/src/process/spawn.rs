@@ -212,6 +212,7 @@ fn exec_failure(rd: &OwnedFd) -> Option<i32> {
 
 /// The child's stack for [`clone_into`]'s vfork-style clone: the libc calls before `exec` need
 /// a few KiB.
+#[cfg(target_arch = "x86_64")]
 const CHILD_STACK: usize = 64 * 1024;
 
 /// `clone3` into the cgroup, the child running [`child_main`] on `plan`: the pid (in the parent),
