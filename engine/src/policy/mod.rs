@@ -115,13 +115,6 @@ impl Policy {
         Policy::compile(spec, origin)
     }
 
-    /// The `filesystem.deny` patterns of a policy document, parsed and schema-checked but with
-    /// no rule compiled: for a caller that needs only these strings (a sandbox re-binding the
-    /// directories they name) of a policy that was compiled and checked when it was recorded.
-    pub fn deny_patterns_of(text: &str, origin: &str) -> Result<Vec<String>, PolicyError> {
-        Ok(load::parse(text, origin)?.filesystem.deny)
-    }
-
     fn compile(spec: schema::Spec, origin: &str) -> Result<Policy, PolicyError> {
         let mut problems = Vec::new();
         let mut compile = |section: &'static str, patterns: Vec<String>, dirs: bool| {

@@ -49,13 +49,6 @@ pub fn recorded_policy(capsule_dir: &Path) -> Result<Option<Policy>, StoreError>
     recorded_effective(capsule_dir, Policy::from_yaml_or_json)
 }
 
-/// The `filesystem.deny` patterns of the policy a run recorded, as [`recorded_policy`] would
-/// give them, without compiling the policy's rules a second time (the transaction compiled and
-/// checked them before recording the document).
-pub fn recorded_deny_patterns(capsule_dir: &Path) -> Result<Option<Vec<String>>, StoreError> {
-    recorded_effective(capsule_dir, Policy::deny_patterns_of)
-}
-
 /// Reads `policy.json`'s `effective` document and hands its text to `parse`.
 fn recorded_effective<T>(
     capsule_dir: &Path,
@@ -328,27 +321,6 @@ impl Capsule {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn recorded_deny_patterns_are_those_of_the_recorded_policy() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(Artifact::Policy.file_name());
-        assert!(recorded_deny_patterns(dir.path()).unwrap().is_none());
-        let mut effective = Policy::builtin().to_json();
-        effective["filesystem"]["deny"] = serde_json::json!(["secrets/**", "*.pem"]);
-        let doc = serde_json::json!({ "effective": effective });
-        std::fs::write(&path, doc.to_string()).unwrap();
-        let compiled = recorded_policy(dir.path())
-            .unwrap()
-            .unwrap()
-            .deny_patterns();
-        assert_eq!(compiled, vec!["secrets/**", "*.pem"]);
-        assert_eq!(recorded_deny_patterns(dir.path()).unwrap(), Some(compiled));
-        // A document that is not a policy is an error, never "no deny patterns".
-        let bad = serde_json::json!({ "effective": { "filesystem": { "deny": 7 } } });
-        std::fs::write(&path, bad.to_string()).unwrap();
-        assert!(recorded_deny_patterns(dir.path()).is_err());
-    }
 
     #[test]
     fn runtime_docs_round_trip_by_their_launched_tag() {
