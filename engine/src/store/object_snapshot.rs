@@ -4,9 +4,9 @@
 //!
 //! Before the before-scan (the run's own writes after it are objects it confirmed; the scan
 //! record is checked against these shard identities, see `super::scan_record`): the filesystem's
-//! clock (the ctime it stamps on `objects/tmp/` when agentdiff touches it), and for each shard directory its
-//! identity (inode, mtime, ctime) and the (name, inode) of each entry as the listing reports them
-//! (no per-object stat; 16 bytes per object in memory).
+//! clock (the ctime it stamps on `objects/tmp/` when agentdiff touches it), and for each shard
+//! directory its identity (inode, mtime, ctime) and the (name, inode) of each entry as the listing
+//! reports them (no per-object stat; 16 bytes per object in memory).
 //!
 //! After the command, for every entry of every shard (two threads), one `fstatat` relative to the
 //! shard's directory descriptor. An entry is *touched* when
@@ -40,7 +40,6 @@ use std::ffi::CStr;
 use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::PoisonError;
 
@@ -52,7 +51,7 @@ use sha2::{Digest, Sha256};
 use super::objects::{ns, open_dir, ObjectStat, ObjectStore, ALGORITHM_DIR, TMP_DIR};
 use super::tamper::TamperFinding;
 use super::verified::key_of;
-use super::{atomic, StoreError, OBJECTS_DIR_NAME};
+use super::{StoreError, OBJECTS_DIR_NAME};
 
 /// Identity of a shard directory: any entry added, removed or renamed changes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,25 +113,18 @@ fn io_err(what: &'static str, path: &Path, e: nix::Error) -> StoreError {
 }
 
 /// The ctime the filesystem gives an inode changed now: that of the store's own `objects/tmp/`
-/// directory, stamped with the current time. A directory, unlike a probe file, allocates and
-/// frees no inode per run (on ext4 without a journal each freed inode slows every file created
-/// in the next minutes) and cannot be a hard link to a file of the user's. A file created in
-/// `objects/tmp/` when the directory cannot be stamped.
+/// directory (made by the store's layout), stamped with the current time. A directory, unlike a
+/// probe file, allocates and frees no inode per run (on ext4 without a journal each freed inode
+/// slows every file created in the next minutes) and cannot be a hard link to a file of the
+/// user's. Opened without following a symbolic link: one planted there is an error, never a
+/// stamp on what it points to.
 fn filesystem_now(objects: &ObjectStore) -> Result<i64, StoreError> {
     let dir = objects.dir().join(TMP_DIR);
-    if let Ok(fd) = open_dir(&dir) {
-        let now = nix::sys::time::TimeSpec::UTIME_NOW;
-        if nix::sys::stat::futimens(fd.as_raw_fd(), &now, &now).is_ok() {
-            let st = fstat(fd.as_raw_fd()).map_err(|e| io_err("inspect", &dir, e))?;
-            return Ok(ns(st.st_ctime, st.st_ctime_nsec));
-        }
-    }
-    let (file, path) = atomic::create_temp_in(&dir, "clock")?;
-    let meta = file.metadata();
-    drop(file);
-    let _ = fs::remove_file(&path);
-    let meta = meta.map_err(|e| StoreError::io("inspect", &path, e))?;
-    Ok(ns(meta.ctime(), meta.ctime_nsec()))
+    let fd = open_dir(&dir).map_err(|e| StoreError::io("open", &dir, e))?;
+    let now = nix::sys::time::TimeSpec::UTIME_NOW;
+    nix::sys::stat::futimens(fd.as_raw_fd(), &now, &now).map_err(|e| io_err("stamp", &dir, e))?;
+    let st = fstat(fd.as_raw_fd()).map_err(|e| io_err("inspect", &dir, e))?;
+    Ok(ns(st.st_ctime, st.st_ctime_nsec))
 }
 
 /// Fewer shards than this per thread are checked on the calling thread: starting a thread costs
@@ -587,12 +579,12 @@ mod tests {
     }
 
     use crate::testing::rewrite_in_place;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn the_clock_is_the_filesystems_now_and_leaves_no_file_behind() {
         let (_d, store) = store();
         let tmp = store.objects().dir().join(TMP_DIR);
-        fs::create_dir_all(&tmp).unwrap();
         let ctime = |p: &Path| {
             let m = fs::symlink_metadata(p).unwrap();
             ns(m.ctime(), m.ctime_nsec())
@@ -604,6 +596,24 @@ mod tests {
         fs::write(&after, b"").unwrap();
         assert!(ctime(&before) <= now && now <= ctime(&after), "{now}");
         assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0);
+        // `objects/tmp` replaced by a symbolic link to a directory of the user's: an error, and
+        // the directory it points to is neither stamped nor written.
+        let theirs = store.objects().dir().join("theirs");
+        fs::create_dir(&theirs).unwrap();
+        let old = (
+            ctime(&theirs),
+            fs::metadata(&theirs).unwrap().modified().unwrap(),
+        );
+        fs::remove_dir(&tmp).unwrap();
+        std::os::unix::fs::symlink(&theirs, &tmp).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(filesystem_now(store.objects()).is_err());
+        let new = (
+            ctime(&theirs),
+            fs::metadata(&theirs).unwrap().modified().unwrap(),
+        );
+        assert_eq!(new, old);
+        assert_eq!(fs::read_dir(&theirs).unwrap().count(), 0);
     }
 
     #[test]
