@@ -181,7 +181,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let launcher = launch::Launcher {
         req: &req,
         policy,
-        options: options.clone(),
+        options,
         run_id: &run_id,
         root: &root,
         capsule: &capsule,
@@ -196,11 +196,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         started,
         started_at,
     };
-    let (sealer, early) =
-        match open_with_held_start(opening, &launcher, &options, private_workspace).await {
-            Ok(opened) => opened,
-            Err(not_run) => return not_run,
-        };
+    let (sealer, early) = match open_with_held_start(opening, &launcher, private_workspace).await {
+        Ok(opened) => opened,
+        Err(not_run) => return not_run,
+    };
 
     // Capture before.
     let capture = CapturePlan::new(
@@ -365,8 +364,6 @@ impl AfterCaptureFailed<'_> {
     }
 }
 
-/// Writes `metadata.json` and `policy.json`, and decides and records the command.
-#[allow(clippy::too_many_arguments)]
 /// What opening the capsule needs besides the launcher's request, root, capsule and timeout.
 struct Opening<'c> {
     store: &'c Store,
@@ -382,21 +379,22 @@ struct Opening<'c> {
 async fn open_with_held_start<'c>(
     o: Opening<'c>,
     launcher: &launch::Launcher<'c, '_>,
-    options: &BackendOptions,
     private_workspace: bool,
 ) -> Result<(Sealer<'c>, EarlyStart), Result<RunOutcome, TransactionError>> {
     let req = launcher.req;
-    let blocked = req.policy.policy.decide_command(&req.argv[0]).action == Action::Deny;
+    let command_decision = req.policy.policy.decide_command(&req.argv[0]);
+    let blocked = command_decision.action == Action::Deny;
     let hold = req.backend.holds_start() && !private_workspace && !blocked;
     let (mut held, start_failed) = match launcher.start_held_if(hold).await {
         Ok(held) => (held, None),
         Err(err) => (None, Some(err)),
     };
     o.store.note_last_run(launcher.capsule.id());
-    let sealer = match open_capsule(o, launcher) {
+    let sealer = match open_capsule(o, launcher, command_decision) {
         Ok(sealer) => sealer,
         Err(e) => return Err(Err(abandon(held, e).await)),
     };
+    let options = &launcher.options;
     if let Some(not_run) = refuse_before_capture(req, &sealer, options, &mut held).await {
         return Err(not_run);
     }
@@ -409,9 +407,11 @@ async fn open_with_held_start<'c>(
 /// A command started held, with the plan it was started with.
 type EarlyStart = Option<(launch::LaunchPlan, launch::Started)>;
 
+/// Writes `metadata.json` and `policy.json`, and records the command's decision.
 fn open_capsule<'c>(
     o: Opening<'c>,
     launcher: &launch::Launcher<'c, '_>,
+    command_decision: crate::policy::Decision,
 ) -> Result<Sealer<'c>, TransactionError> {
     let Opening {
         store,
@@ -425,7 +425,6 @@ fn open_capsule<'c>(
         launcher.root,
         launcher.timeout,
     );
-    let policy = &req.policy.policy;
     let run_id = capsule.id().to_string();
     let metadata = Metadata {
         schema_version: crate::SCHEMA_VERSION,
@@ -444,7 +443,6 @@ fn open_capsule<'c>(
     let policy_doc = PolicyDoc::of(&req.policy).map_err(TransactionError::EffectivePolicy)?;
     capsule.write_artifact(Artifact::Policy, &policy_doc)?;
     capsule.event("capsule_created", json!({ "run_id": run_id }))?;
-    let command_decision = policy.decide_command(&req.argv[0]);
     capsule.event(
         "command_decided",
         json!({ "action": command_decision.action, "rule": command_decision.rule }),
@@ -463,30 +461,33 @@ fn open_capsule<'c>(
 }
 
 /// A denied command (never launched) or a backend that cannot run here with these options
-/// (fail closed before touching anything): sealed as not run.
-/// A command started held is abandoned (it has not run, and its start files leave the capsule)
-/// before the refusal is sealed.
+/// (fail closed before touching anything): sealed as not run. A command started held is
+/// abandoned first (it has not run, and its start files leave the capsule before the seal).
 async fn refuse_before_capture(
     req: &RunRequest<'_>,
     sealer: &Sealer<'_>,
     options: &BackendOptions,
     held: &mut EarlyStart,
 ) -> Option<Result<RunOutcome, TransactionError>> {
-    if sealer.command_decision.action == Action::Deny {
-        abandon(held.take(), ()).await;
+    let unavailable = if sealer.command_decision.action == Action::Deny {
+        None
+    } else {
+        match req.backend.availability(options).await {
+            Availability::Unavailable { reason, remedy } => Some((reason, remedy)),
+            _ => return None,
+        }
+    };
+    abandon(held.take(), ()).await;
+    let Some((reason, remedy)) = unavailable else {
         let message = blocked_message(&req.argv[0], &sealer.command_decision);
         return Some(sealer.seal_not_run(Status::Blocked, Some(message), None, &[]));
-    }
-    if let Availability::Unavailable { reason, remedy } = req.backend.availability(options).await {
-        abandon(held.take(), ()).await;
-        let message = match record_unavailable(sealer, req.backend.id(), reason, remedy) {
-            Ok(message) => message,
-            Err(e) => return Some(Err(e)),
-        };
-        let refusal = Some(Refusal::BackendUnavailable);
-        return Some(sealer.seal_not_run(Status::Error, Some(message), refusal, &[]));
-    }
-    None
+    };
+    let message = match record_unavailable(sealer, req.backend.id(), reason, remedy) {
+        Ok(message) => message,
+        Err(e) => return Some(Err(e)),
+    };
+    let refusal = Some(Refusal::BackendUnavailable);
+    Some(sealer.seal_not_run(Status::Error, Some(message), refusal, &[]))
 }
 
 /// Why a denied command was not launched.
