@@ -179,3 +179,63 @@ fn junk_written_into_the_start_marker_does_not_change_the_runs_outcome() {
     assert_eq!(rt["capabilities"]["sandboxed"], true);
     assert!(rt["failure"].is_null(), "{rt:#}");
 }
+
+/// A command the policy blocks never starts the sandbox (the held start comes before the
+/// capsule is opened, but not for a blocked command), and its refusal seals and verifies with no
+/// start file left in the capsule. The same recording `bwrap` is started for an allowed command,
+/// so the log can show a start.
+#[test]
+fn a_blocked_command_never_starts_the_sandbox() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    fs::write(
+        f.root().join("agentdiff.yaml"),
+        "version: 1\nprocess:\n  deny: [touch]\n",
+    )
+    .unwrap();
+    let real = Command::new("sh")
+        .args(["-c", "command -v bwrap"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8(real.stdout).unwrap().trim().to_string();
+    let log = f.home.path().join("bwrap-starts.log");
+    let fake = f.home.path().join("bin/bwrap");
+    fs::create_dir_all(fake.parent().unwrap()).unwrap();
+    let script = format!(
+        "#!/bin/sh\necho start >> {}\nexec {real} \"$@\"\n",
+        log.display()
+    );
+    fs::write(&fake, script).unwrap();
+    fs::set_permissions(&fake, PermissionsExt::from_mode(0o755)).unwrap();
+    let opt = format!("bwrap-executable={}", fake.display());
+
+    let (code, result, out) = f.run(&["--backend-option", &opt], &["touch", "ran.txt"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, 73, "{stderr}");
+    assert_eq!(result["status"], "blocked", "{result:#}");
+    assert!(!f.root().join("ran.txt").exists());
+    assert!(!log.exists(), "bwrap was started for a blocked command");
+    let id = result["run_id"].as_str().unwrap();
+    let capsule = f.root().join(".agentdiff/runs").join(id);
+    for entry in fs::read_dir(&capsule).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!name.ends_with(".fifo"), "{name} left in the capsule");
+    }
+    let verify = super::cmd(f.root(), &["verify", id]).output().unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+
+    let (code, _, out) = f.run(
+        &["--backend-option", &opt],
+        &["sh", "-c", "echo ran > ran.txt"],
+        &[],
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(f.root().join("ran.txt").exists());
+    assert!(fs::read_to_string(&log).unwrap().contains("start"));
+}
