@@ -11,8 +11,9 @@
 //! and tear down again. Invariants: the calling thread is suspended until the child has exec'd or
 //! exited; every signal is blocked across the clone and the child resets caught signals to their
 //! default before it unblocks them, so none of agentdiff's handlers runs on the shared memory.
-//! Not defended: another thread of agentdiff's holding a libc lock the child would need (it calls
-//! none that takes one).
+//! The child calls no libc function that takes a lock (another thread of agentdiff's may hold
+//! it), and its stack has a guard page, so an overflow faults in the child. Not defended: a
+//! change that makes the child call one.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -215,13 +216,64 @@ fn exec_failure(rd: &OwnedFd) -> Option<i32> {
 #[cfg(target_arch = "x86_64")]
 const CHILD_STACK: usize = 64 * 1024;
 
+/// The vfork-style child's stack, mapped with an inaccessible guard page below it: the child
+/// shares agentdiff's memory, so an overflow must fault in the child instead of writing over
+/// whatever agentdiff keeps next to it.
+#[cfg(target_arch = "x86_64")]
+struct ChildStack {
+    base: *mut libc::c_void,
+    guard: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ChildStack {
+    fn map() -> Option<ChildStack> {
+        // SAFETY: sysconf has no preconditions.
+        let guard = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+        let (prot, flags) = (
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+        );
+        // SAFETY: a new anonymous mapping, owned by the returned value.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                guard + CHILD_STACK,
+                prot,
+                flags,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let stack = ChildStack { base, guard };
+        // SAFETY: the lowest page of the mapping made above.
+        (unsafe { libc::mprotect(base, guard, libc::PROT_NONE) } == 0).then_some(stack)
+    }
+
+    /// The usable part: its lowest address and its size (`clone3`'s `stack`, `stack_size`).
+    fn usable(&self) -> (u64, u64) {
+        (self.base as u64 + self.guard as u64, CHILD_STACK as u64)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `map` made; the child has exec'd or exited.
+        unsafe { libc::munmap(self.base, self.guard + CHILD_STACK) };
+    }
+}
+
 /// `clone3` into the cgroup, the child running [`child_main`] on `plan`: the pid (in the parent),
 /// or `-errno`.
 ///
 /// On x86_64 the child shares agentdiff's memory and this thread waits until it has exec'd
 /// (`CLONE_VM | CLONE_VFORK`, as `posix_spawn` does): a fork-like clone copies the page tables of
-/// agentdiff's whole address space, which then the child's `exec` tears down again and
-/// agentdiff's own next writes fault on (about 1 ms of a 4 ms spawn of bwrap here). Every signal
+/// agentdiff's whole address space (0.3–0.7 ms of agentdiff's time in the clone here), which then
+/// the child's `exec` tears down again and agentdiff's own next writes fault on. Every signal
 /// is blocked around the clone, so no handler of agentdiff's runs in the child on shared memory;
 /// the child resets caught signals to their default before it unblocks them. Elsewhere, or when
 /// the kernel refuses that clone, a fork-like clone.
@@ -240,20 +292,22 @@ fn clone_into(plan: &ChildPlan, cgroup_dir: RawFd, pidfd: &mut libc::c_int) -> i
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
+    // Without a stack of its own (the mapping failed), the fork-like clone below.
     #[cfg(target_arch = "x86_64")]
-    let rc = {
-        let mut stack = vec![0u8; CHILD_STACK];
-        let shared = CloneArgs {
-            flags: args.flags | libc::CLONE_VM as u64 | libc::CLONE_VFORK as u64,
-            stack: stack.as_mut_ptr() as u64,
-            stack_size: CHILD_STACK as u64,
-            ..args
-        };
-        // SAFETY: the child runs `child_main` on its own stack and execs or exits; this thread
-        // is suspended until then, and `plan` and `stack` outlive the call.
-        let rc = unsafe { clone3_on_stack(&shared, plan) };
-        drop(stack);
-        rc
+    let rc = match ChildStack::map() {
+        Some(stack) => {
+            let (low, size) = stack.usable();
+            let shared = CloneArgs {
+                flags: args.flags | libc::CLONE_VM as u64 | libc::CLONE_VFORK as u64,
+                stack: low,
+                stack_size: size,
+                ..args
+            };
+            // SAFETY: the child runs `child_main` on its own stack and execs or exits; this
+            // thread is suspended until then, and `plan` and `stack` outlive the call.
+            unsafe { clone3_on_stack(&shared, plan) }
+        }
+        None => -i64::from(libc::ENOSYS),
     };
     #[cfg(not(target_arch = "x86_64"))]
     let rc = -i64::from(libc::ENOSYS);
