@@ -7,7 +7,8 @@
 //!   `Authorization: Bearer T`, `Cookie: …`), `KEY=VALUE` words whose key looks sensitive,
 //!   credentials embedded in URLs (`https://user:pass@host`), and well-known token shapes are
 //!   replaced by `[REDACTED]`; a word holding a whole shell command (`sh -c "curl -u a:b …"`) is
-//!   split into words and redacted the same way;
+//!   split into words and redacted the same way; a flag followed by a `--option` took no value
+//!   (the option is kept: `bwrap --new-session --cap-drop ALL`);
 //! - data: values under sensitive keys are replaced recursively;
 //! - environment: values become SHA-256 fingerprints;
 //! - display: control characters are escaped so recorded names cannot drive the terminal.
@@ -224,6 +225,13 @@ impl ArgvRedactor {
     }
 
     fn word(&mut self, arg: &str) -> String {
+        // A word that starts with `--` is the next option, not the value: no argument parser
+        // hands a value written that way to the option before it, so the flag before it took
+        // none (`bwrap --new-session --cap-drop ALL`). A value starting with one `-` is still
+        // taken as the value.
+        if arg.starts_with("--") && matches!(self.pending, Some(Pending::Value)) {
+            self.pending = None;
+        }
         if let Some(p) = self.pending.take() {
             return match p {
                 Pending::Value => REDACTED.to_string(),
@@ -553,6 +561,11 @@ mod tests {
                 &["tool", "--password", "X", "--password=Y"],
                 &["tool", "--password", REDACTED, "--password=[REDACTED]"],
             ),
+            // A value that starts with one dash is still the value.
+            (
+                &["tool", "--token", "-TOK", "--token", "--", "x"],
+                &["tool", "--token", REDACTED, "--token", "--", "x"],
+            ),
             (
                 &["git", "clone", "https://u:p@host/r"],
                 &["git", "clone", "https://u:[REDACTED]@host/r"],
@@ -582,6 +595,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A flag whose name only looks sensitive (`--new-session`), followed by another option,
+    /// took no value: the option after it is kept, and so is a wrapper argv around it.
+    #[test]
+    fn an_option_after_a_sensitive_looking_flag_is_not_its_value() {
+        let argv = [
+            "bwrap",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--session-token",
+            "--pass",
+            "hunter2",
+        ];
+        assert_eq!(
+            redact_argv(&argv),
+            [
+                "bwrap",
+                "--new-session",
+                "--cap-drop",
+                "ALL",
+                "--session-token",
+                "--pass",
+                REDACTED
+            ]
+        );
     }
 
     #[test]
