@@ -197,6 +197,15 @@ exit 0
         rt["wrapper"]["controls"]["credentials"]["level"],
         "enforced"
     );
+    // The recorded wrapper argv is the one that ran: no option of bwrap's own is redacted.
+    let argv: Vec<&str> = rt["wrapper_argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = argv.iter().position(|w| *w == "--new-session").unwrap();
+    assert_eq!(argv[at + 1..at + 3], ["--cap-drop", "ALL"], "{argv:?}");
     assert_eq!(rt["environment"]["mode"], "scrub");
 }
 
