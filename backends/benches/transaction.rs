@@ -259,6 +259,40 @@ fn load_average() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// CPU time this machine's vCPUs have had so far, and the part of it the hypervisor gave to
+/// others (`steal` in `/proc/stat`), in clock ticks; `None` where it cannot be read.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let total = fields.iter().take(8).sum();
+    Some((total, *fields.get(7)?))
+}
+
+/// The share of CPU time stolen by the hypervisor between two [`cpu_ticks`] readings.
+fn steal_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> String {
+    match (before, after) {
+        (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => {
+            format!("{:.1}%", 100.0 * (s1 - s0) as f64 / (t1 - t0) as f64)
+        }
+        _ => "unknown".into(),
+    }
+}
+
+/// The first and third quartiles of `v`, in milliseconds.
+fn quartiles_ms(v: &[Duration]) -> (f64, f64) {
+    let mut v = v.to_vec();
+    v.sort();
+    let at = |q: usize| v[(v.len() - 1) * q / 4].as_secs_f64() * 1000.0;
+    (at(1), at(3))
+}
+
 fn best_of(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
     (0..n).map(|_| f()).min().unwrap_or_default()
 }
@@ -331,12 +365,15 @@ fn bwrap_overhead(bin: &Path) -> Option<tempfile::TempDir> {
     let rounds = 41;
     let (mut direct, mut sandbox, mut local, mut wrapped) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let ticks_before = cpu_ticks();
     for _ in 0..rounds {
         direct.push(measure(&mut bare()).wall);
         sandbox.push(measure(&mut full()).wall);
         local.push(agentdiff("local"));
         wrapped.push(agentdiff("bwrap"));
     }
+    let stolen = steal_share(ticks_before, cpu_ticks());
+    let (spread_direct, spread_wrapped) = (quartiles_ms(&direct), quartiles_ms(&wrapped));
     let (direct, sandbox, local, wrapped) = (
         median(direct),
         median(sandbox),
@@ -355,8 +392,13 @@ fn bwrap_overhead(bin: &Path) -> Option<tempfile::TempDir> {
         wrapped.as_secs_f64() / direct.as_secs_f64()
     );
     println!(
-        "  load average before: {load_before}, after: {}",
-        load_average()
+        "  load average before: {load_before}, after: {}; CPU time stolen by the hypervisor \
+         during the rounds: {stolen}; quartiles: bare bwrap {:.2}–{:.2} ms, agentdiff {:.2}–{:.2} ms",
+        load_average(),
+        spread_direct.0,
+        spread_direct.1,
+        spread_wrapped.0,
+        spread_wrapped.1
     );
     println!(
         "  of which: the sandbox's controls (bwrap with dev, proc, tmpfs /tmp, namespaces, \
