@@ -18,8 +18,12 @@ const EXEC_ONLY_BWRAP: &str = "#!/bin/sh\nwhile [ \"$#\" -gt 0 ] && [ \"$1\" != 
                                shift; done\nshift\nexec \"$@\"\n";
 
 fn install_fake(path: &Path) {
+    install_script(path, EXEC_ONLY_BWRAP);
+}
+
+fn install_script(path: &Path, script: &str) {
     fs::create_dir_all(path.parent().unwrap()).unwrap();
-    fs::write(path, EXEC_ONLY_BWRAP).unwrap();
+    fs::write(path, script).unwrap();
     fs::set_permissions(path, PermissionsExt::from_mode(0o755)).unwrap();
 }
 
@@ -202,13 +206,11 @@ fn a_blocked_command_never_starts_the_sandbox() {
     let real = String::from_utf8(real.stdout).unwrap().trim().to_string();
     let log = f.home.path().join("bwrap-starts.log");
     let fake = f.home.path().join("bin/bwrap");
-    fs::create_dir_all(fake.parent().unwrap()).unwrap();
     let script = format!(
         "#!/bin/sh\necho start >> {}\nexec {real} \"$@\"\n",
         log.display()
     );
-    fs::write(&fake, script).unwrap();
-    fs::set_permissions(&fake, PermissionsExt::from_mode(0o755)).unwrap();
+    install_script(&fake, &script);
     let opt = format!("bwrap-executable={}", fake.display());
 
     let (code, result, out) = f.run(&["--backend-option", &opt], &["touch", "ran.txt"], &[]);
