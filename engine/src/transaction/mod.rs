@@ -469,25 +469,38 @@ async fn refuse_before_capture(
     options: &BackendOptions,
     held: &mut EarlyStart,
 ) -> Option<Result<RunOutcome, TransactionError>> {
-    let unavailable = if sealer.command_decision.action == Action::Deny {
-        None
+    let refused = if sealer.command_decision.action == Action::Deny {
+        Refused::Blocked
     } else {
         match req.backend.availability(options).await {
-            Availability::Unavailable { reason, remedy } => Some((reason, remedy)),
+            Availability::Unavailable { reason, remedy } => Refused::Unavailable(reason, remedy),
             _ => return None,
         }
     };
     abandon(held.take(), ()).await;
-    let Some((reason, remedy)) = unavailable else {
-        let message = blocked_message(&req.argv[0], &sealer.command_decision);
-        return Some(sealer.seal_not_run(Status::Blocked, Some(message), None, &[]));
-    };
-    let message = match record_unavailable(sealer, req.backend.id(), reason, remedy) {
-        Ok(message) => message,
-        Err(e) => return Some(Err(e)),
-    };
-    let refusal = Some(Refusal::BackendUnavailable);
-    Some(sealer.seal_not_run(Status::Error, Some(message), refusal, &[]))
+    Some(match refused {
+        Refused::Blocked => {
+            let message = blocked_message(&req.argv[0], &sealer.command_decision);
+            sealer.seal_not_run(Status::Blocked, Some(message), None, &[])
+        }
+        Refused::Unavailable(reason, remedy) => {
+            match record_unavailable(sealer, req.backend.id(), reason, remedy) {
+                Ok(message) => {
+                    let refusal = Some(Refusal::BackendUnavailable);
+                    sealer.seal_not_run(Status::Error, Some(message), refusal, &[])
+                }
+                Err(e) => Err(e),
+            }
+        }
+    })
+}
+
+/// Why a run is refused before its tree is captured.
+enum Refused {
+    /// The policy blocks the command.
+    Blocked,
+    /// The backend cannot run here: its reason and remedy.
+    Unavailable(String, String),
 }
 
 /// Why a denied command was not launched.
