@@ -49,6 +49,11 @@ impl Fixture {
         self.project.path()
     }
 
+    /// Writes the project's `agentdiff.yaml`.
+    pub(super) fn write_policy(&self, yaml: impl AsRef<str>) {
+        fs::write(self.root().join("agentdiff.yaml"), yaml.as_ref()).unwrap();
+    }
+
     pub(super) fn run(
         &self,
         extra: &[&str],
@@ -350,11 +355,7 @@ fn host_network_from_the_policy_is_labelled_uncontrolled() {
         return;
     }
     let f = Fixture::new();
-    fs::write(
-        f.root().join("agentdiff.yaml"),
-        "version: 2\nruntime:\n  bwrap:\n    network: host\n",
-    )
-    .unwrap();
+    f.write_policy("version: 2\nruntime:\n  bwrap:\n    network: host\n");
     let listener = Listener::new();
     let port = listener.port();
     let script = format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'");
@@ -391,11 +392,7 @@ fn listeners_are_observed_on_the_host_network_and_not_claimed_in_the_sandboxs_ow
     assert_eq!(ports["opened"], serde_json::json!([]), "{ports:#}");
 
     // The host network: the listener is the host's, and observed as the run's.
-    fs::write(
-        f.root().join("agentdiff.yaml"),
-        "version: 2\nruntime:\n  bwrap:\n    network: host\n",
-    )
-    .unwrap();
+    f.write_policy("version: 2\nruntime:\n  bwrap:\n    network: host\n");
     let (code, result, out) = f.run(&[], &["python3", "-c", listen], &[]);
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
     let port: u64 = String::from_utf8_lossy(&out.stderr)

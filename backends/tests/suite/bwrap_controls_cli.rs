@@ -503,14 +503,10 @@ fn hide_and_writable_options_extend_the_sandbox() {
     fs::create_dir_all(e.join("cache")).unwrap();
     fs::create_dir_all(e.join("other")).unwrap();
     let ed = e.display();
-    fs::write(
-        f.root().join("agentdiff.yaml"),
-        format!(
-            "version: 2\nruntime:\n  bwrap:\n    hide: [~/.config/my-tool, {ed}/secret-dir, \
+    f.write_policy(format!(
+        "version: 2\nruntime:\n  bwrap:\n    hide: [~/.config/my-tool, {ed}/secret-dir, \
              {ed}/secret-file, {ed}/not-there]\n    writable: [{ed}/cache, \"~/\"]\n"
-        ),
-    )
-    .unwrap();
+    ));
     let home = h.display();
     let tries = [
         (
@@ -545,11 +541,9 @@ fn hide_and_writable_options_extend_the_sandbox() {
     assert!(not_applied.contains("not-there"), "{not_applied}");
 
     // A writable path that does not exist is refused before anything runs.
-    fs::write(
-        f.root().join("agentdiff.yaml"),
-        format!("version: 2\nruntime:\n  bwrap:\n    writable: [{ed}/missing]\n"),
-    )
-    .unwrap();
+    f.write_policy(format!(
+        "version: 2\nruntime:\n  bwrap:\n    writable: [{ed}/missing]\n"
+    ));
     let (code, _, out) = f.run(&[], &["sh", "-c", "echo ran > ran.txt"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code, 64, "{stderr}");

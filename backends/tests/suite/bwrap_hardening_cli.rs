@@ -194,11 +194,7 @@ fn a_blocked_command_never_starts_the_sandbox() {
         return;
     }
     let f = Fixture::new();
-    fs::write(
-        f.root().join("agentdiff.yaml"),
-        "version: 1\nprocess:\n  deny: [touch]\n",
-    )
-    .unwrap();
+    f.write_policy("version: 1\nprocess:\n  deny: [touch]\n");
     let real = Command::new("sh")
         .args(["-c", "command -v bwrap"])
         .output()
