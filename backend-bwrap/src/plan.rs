@@ -19,6 +19,7 @@ use std::path::{Component, Path, PathBuf};
 
 use agentdiff_engine::backend::LaunchSpec;
 use agentdiff_engine::environment::is_runtime_injection;
+use agentdiff_engine::host::canonical_if_present;
 use agentdiff_engine::process::containers::{EngineReach, HiddenSocket};
 use agentdiff_engine::process::exec_shim;
 use serde::Serialize;
@@ -431,7 +432,7 @@ fn hidden(
     }
     let mut out: Vec<(PathBuf, String)> = Vec::new();
     for (p, reason) in wanted {
-        match p.canonicalize() {
+        match canonical_if_present(&p) {
             Ok(c) => {
                 if !out.iter().any(|(q, _)| *q == c) {
                     out.push((c, reason));
@@ -470,7 +471,7 @@ fn protected(
     }
     let mut out: Vec<(PathBuf, String)> = Vec::new();
     for (p, reason) in wanted {
-        let Ok(c) = p.canonicalize() else {
+        let Ok(c) = canonical_if_present(&p) else {
             if reason.starts_with("deny pattern") {
                 not_applied.push(format!(
                     "{reason}: {} does not exist at the start; what the command creates there is \

@@ -56,6 +56,16 @@ pub fn absolute_from_cwd(p: &str) -> PathBuf {
     }
 }
 
+/// `path` with every symlink resolved, as [`Path::canonicalize`] gives it, or the error that
+/// says nothing is there. A `stat` comes first: canonicalizing reads every component's link
+/// (one `readlink` each), and most of the locations a backend asks about (credential
+/// directories, engine sockets) do not exist. The answer is the same either way, since a path
+/// that cannot be `stat`ed cannot be canonicalized.
+pub fn canonical_if_present(path: &Path) -> std::io::Result<PathBuf> {
+    std::fs::metadata(path)?;
+    path.canonicalize()
+}
+
 /// The PATH a wrapper is looked up on: the one in the command's environment, else agentdiff's own.
 pub fn search_path(env: &[(OsString, OsString)]) -> Option<OsString> {
     env.iter()

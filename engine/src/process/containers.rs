@@ -169,7 +169,7 @@ impl HiddenSocket {
     /// The socket at `path` now (symlinks resolved); `None` when nothing is there.
     pub fn of(path: &Path) -> Option<HiddenSocket> {
         use std::os::unix::fs::MetadataExt;
-        let resolved = std::fs::canonicalize(path).ok()?;
+        let resolved = crate::host::canonical_if_present(path).ok()?;
         let meta = std::fs::metadata(&resolved).ok()?;
         Some(HiddenSocket {
             path: resolved,
@@ -446,7 +446,7 @@ pub fn candidate_sockets(command_env: &[(std::ffi::OsString, std::ffi::OsString)
     out.push(PathBuf::from(format!("/run/user/{uid}/docker.sock")));
     let mut seen = std::collections::HashSet::new();
     out.retain(|p| {
-        let key = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        let key = crate::host::canonical_if_present(p).unwrap_or_else(|_| p.clone());
         seen.insert(key)
     });
     out
