@@ -23,8 +23,7 @@ use super::key::{MacPurpose, SealKey, StateDir};
 pub const LEDGER_FILE_NAME: &str = "ledger.jsonl";
 /// Largest ledger `read` loads (hundreds of thousands of seals).
 const MAX_LEDGER_BYTES: u64 = 256 * 1024 * 1024;
-/// How much of the ledger's end [`Ledger::recent_runs`] and [`Ledger::read_tail`] read (a few
-/// hundred lines).
+/// How much of the ledger's end [`Ledger::read_tail`] reads (a few hundred lines).
 const TAIL_BYTES: u64 = 64 * 1024;
 
 /// One seal as recorded in the ledger.
@@ -158,6 +157,26 @@ impl LedgerContents {
             .filter(move |e| select(e) && e.authenticates(key))
     }
 
+    /// The ids of the last `limit` runs of `root` whose seal lines authenticate under `key`,
+    /// newest first, pruned runs left out. Over a [`Ledger::read_tail`] it costs the same
+    /// whatever the ledger's length; what the tail lacks gives fewer ids, never a wrong one.
+    pub fn recent_runs(&self, key: &SealKey, root: &str, limit: usize) -> Vec<String> {
+        let mut pruned: Vec<&str> = Vec::new();
+        let mut out: Vec<String> = Vec::new();
+        let newest_first = self.lines.iter().rev().map(|(_, e)| e);
+        for e in newest_first.filter(|e| e.root == root && e.authenticates(key)) {
+            if e.is_pruned() {
+                pruned.push(&e.run_id);
+            } else if !pruned.contains(&e.run_id.as_str()) && !out.contains(&e.run_id) {
+                out.push(e.run_id.clone());
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
     /// Every line whose MAC checks under `key`.
     pub fn entries(&self, key: &SealKey) -> Vec<LedgerEntry> {
         self.authenticated(key, |_| true).cloned().collect()
@@ -254,36 +273,11 @@ impl Ledger {
     fn tail(&self) -> Option<(Vec<u8>, bool)> {
         let (mut file, meta) = atomic::open_regular(&self.path()).ok()?;
         let start = meta.len().saturating_sub(TAIL_BYTES);
-        let mut tail = Vec::new();
+        // Sized up front: one read instead of a dozen growing ones.
+        let mut tail = Vec::with_capacity(usize::try_from(meta.len() - start).unwrap_or(0) + 1);
         file.seek(SeekFrom::Start(start)).ok()?;
         file.take(TAIL_BYTES).read_to_end(&mut tail).ok()?;
         Some((tail, start > 0))
-    }
-
-    /// The ids of the last `limit` runs of `root` whose seal lines in the ledger's last
-    /// [`TAIL_BYTES`] authenticate under `key`, newest first, pruned runs left out. Reads only the
-    /// tail, so its cost does not grow with the ledger; anything unreadable gives fewer ids.
-    pub fn recent_runs(&self, key: &SealKey, root: &str, limit: usize) -> Vec<String> {
-        let Some(tail) = self.tail() else {
-            return Vec::new();
-        };
-        let lines = whole_lines(&tail);
-        let mut pruned = Vec::new();
-        let mut out: Vec<String> = Vec::new();
-        let entries = lines
-            .rev()
-            .filter_map(|l| serde_json::from_slice::<LedgerEntry>(l).ok());
-        for e in entries.filter(|e| e.root == root && e.authenticates(key)) {
-            if e.is_pruned() {
-                pruned.push(e.run_id);
-            } else if !pruned.contains(&e.run_id) && !out.contains(&e.run_id) {
-                out.push(e.run_id);
-                if out.len() == limit {
-                    break;
-                }
-            }
-        }
-        out
     }
 
     /// Whether the ledger file exists.

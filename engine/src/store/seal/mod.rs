@@ -12,6 +12,7 @@ mod ledger;
 mod trust;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,12 @@ pub struct SealAuthority {
     key: SealKey,
     ledger: Ledger,
     root: PathBuf,
+    /// The ledger's tail as last read ([`Ledger::read_tail`]): a run asks for it twice before
+    /// it seals (its stat-cache candidates, their verification), and reads and parses it once.
+    /// Dropped whenever this authority appends, so it never lacks a line written through it;
+    /// a line another process appends meanwhile is missed, as it would be by a read a moment
+    /// earlier.
+    tail: Arc<Mutex<Option<Arc<LedgerContents>>>>,
 }
 
 impl SealAuthority {
@@ -43,6 +50,7 @@ impl SealAuthority {
             root: project_root
                 .canonicalize()
                 .unwrap_or_else(|_| project_root.to_path_buf()),
+            tail: Arc::default(),
         })
     }
 
@@ -68,16 +76,25 @@ impl SealAuthority {
         VerifyContext {
             key: Some(self.key.clone()),
             key_path: None,
-            ledger: Some(self.ledger.read_tail()),
+            ledger: Some(LedgerContents::clone(&self.tail())),
             root: Some(self.root.display().to_string()),
         }
     }
 
     /// The last `limit` runs of this project whose seals the ledger records (authenticated,
-    /// not pruned), newest first; see [`Ledger::recent_runs`].
+    /// not pruned), newest first; see [`LedgerContents::recent_runs`].
     pub fn recent_sealed_runs(&self, limit: usize) -> Vec<String> {
-        self.ledger
+        self.tail()
             .recent_runs(&self.key, &self.root.display().to_string(), limit)
+    }
+
+    fn tail(&self) -> Arc<LedgerContents> {
+        let mut cached = self.tail.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(cached.get_or_insert_with(|| Arc::new(self.ledger.read_tail())))
+    }
+
+    fn forget_tail(&self) {
+        *self.tail.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     pub(crate) fn mac_seal(&self, integrity: &Integrity) -> SealMac {
@@ -89,7 +106,9 @@ impl SealAuthority {
     }
 
     pub(crate) fn record(&self, integrity: &Integrity) -> Result<(), StoreError> {
-        self.ledger.append(&self.entry(integrity))
+        let appended = self.ledger.append(&self.entry(integrity));
+        self.forget_tail();
+        appended
     }
 
     /// Records that the run sealed as `integrity` was removed on purpose (`runs prune`).
@@ -99,7 +118,9 @@ impl SealAuthority {
             &self.entry(integrity),
             &super::now_rfc3339_millis(),
         );
-        self.ledger.append(&pruned)
+        let appended = self.ledger.append(&pruned);
+        self.forget_tail();
+        appended
     }
 
     fn entry(&self, integrity: &Integrity) -> LedgerEntry {
