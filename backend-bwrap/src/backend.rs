@@ -312,6 +312,12 @@ impl RuntimeBackend for BwrapBackend {
         Availability::Ready { detail }
     }
 
+    /// The plan is every check `prepare` makes; what comes after it (the argv digest's salt,
+    /// agentdiff's namespace ids) only feeds the launch.
+    fn check(&self, spec: &LaunchSpec) -> Result<()> {
+        self.plan(spec).map(|_| ())
+    }
+
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
         let plan = self.plan(spec)?;
         // The shim checks the argv it receives against a salted digest, and refuses

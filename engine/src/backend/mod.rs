@@ -144,6 +144,14 @@ pub trait RuntimeBackend: Send + Sync {
     /// Pure transform from the request to what will be executed: no process started, no file
     /// written. The backend's own plan travels inside the [`PreparedLaunch`].
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch>;
+    /// Whether [`RuntimeBackend::prepare`] would refuse `spec` as invalid (`InvalidRequest`, a bad
+    /// option): every such error `prepare` gives, without building what only the launch needs.
+    /// The transaction asks it before anything is written (`transaction::check_request`); a
+    /// backend whose `prepare` does work past its checks (a per-run secret, a probe of
+    /// agentdiff's own namespaces) answers it cheaper. Other failures may be left to `prepare`.
+    fn check(&self, spec: &LaunchSpec) -> Result<()> {
+        self.prepare(spec).map(|_| ())
+    }
     /// Start exactly what `prepare` made.
     async fn launch(
         &self,

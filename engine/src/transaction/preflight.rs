@@ -1,7 +1,8 @@
 //! A request the backend cannot accept is refused before anything is written.
 //!
 //! [`RuntimeBackend::prepare`] is a pure transform (no process, no file), so it can be asked
-//! once before the store and the capsule exist, with the spec the transaction would build. An
+//! ([`RuntimeBackend::check`]) once before the store and the capsule exist, with the spec the
+//! transaction would build. An
 //! `InvalidRequest` there (a container run without `--image`/`--rootfs`, an unknown option) is
 //! a usage error and leaves no capsule claiming a policy outcome for a command that never ran.
 //! Anything else (unavailable, runtime errors) is left to the transaction, which records it.
@@ -68,7 +69,7 @@ pub fn check_request(
         options,
         deny_patterns: policy.deny_patterns(),
     };
-    match backend.prepare(&spec) {
+    match backend.check(&spec) {
         Err(e @ (BackendError::InvalidRequest { .. } | BackendError::Option(_))) => Err(e),
         _ => Ok(()),
     }
