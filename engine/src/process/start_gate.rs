@@ -118,11 +118,12 @@ pub fn await_release(path: &Path, token: &str) -> Result<(), String> {
     }
     fcntl(gate.as_raw_fd(), FcntlArg::F_SETFL(OFlag::empty()))
         .map_err(|e| format!("cannot wait at the start gate: {e}"))?;
+    // What follows the first line is ignored, as if it were never read: the gate is read once.
     let mut line = Vec::with_capacity(MAX_LINE);
-    let mut byte = [0u8; 1];
-    // Byte by byte: nothing after the line is consumed, and the line is short.
-    while line.len() < MAX_LINE && line.last() != Some(&b'\n') {
-        match gate.read(&mut byte) {
+    let mut chunk = [0u8; MAX_LINE];
+    while line.len() < MAX_LINE && !line.contains(&b'\n') {
+        let room = MAX_LINE - line.len();
+        match gate.read(&mut chunk[..room]) {
             Ok(0) => {
                 return Err(
                     "agentdiff closed the start gate without releasing the run (it ended the run \
@@ -130,10 +131,13 @@ pub fn await_release(path: &Path, token: &str) -> Result<(), String> {
                         .into(),
                 )
             }
-            Ok(_) => line.push(byte[0]),
+            Ok(n) => line.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("waiting at the start gate failed: {e}")),
         }
+    }
+    if let Some(end) = line.iter().position(|b| *b == b'\n') {
+        line.truncate(end + 1);
     }
     if line == release_line(token).as_bytes() {
         Ok(())

@@ -12,15 +12,17 @@
 //! second user-level tool) can still write to the tree; this serialises agentdiff runs only.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Read, Seek};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::Store;
 
 /// Name of the lock file inside `.agentdiff/`.
 pub const LOCK_FILE_NAME: &str = "lock";
+/// Width the holder's pid is written at (right-aligned): a pid has at most 10 digits.
+const PID_WIDTH: usize = 10;
 
 /// Whether to wait for a lock another agentdiff holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,12 +101,17 @@ fn lock_file(
         on_wait(holder);
         try_flock(&file, true).map_err(io_err)?;
     }
-    // Informative only (see the module docs); a failure here does not weaken the lock.
-    let pid = std::process::id();
+    // Informative only (see the module docs); a failure here does not weaken the lock. Written
+    // over the old text at a fixed width, and the file cut only when it is longer: truncating to
+    // nothing and writing again frees and allocates a block on every run.
+    let line = format!("{:>width$}\n", std::process::id(), width = PID_WIDTH);
     let _ = file
-        .set_len(0)
-        .and_then(|()| file.rewind())
-        .and_then(|()| writeln!(file, "{pid}"));
+        .write_all_at(line.as_bytes(), 0)
+        .and_then(|()| file.metadata())
+        .and_then(|meta| match meta.len() > line.len() as u64 {
+            true => file.set_len(line.len() as u64),
+            false => Ok(()),
+        });
     Ok(StoreLock { _file: file })
 }
 
@@ -153,6 +160,18 @@ mod tests {
         }
         drop(first);
         lock_file(&path, Wait::No, |_| {}).unwrap();
+    }
+
+    #[test]
+    fn the_holder_is_written_over_a_longer_old_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE_NAME);
+        std::fs::write(&path, "123456789012345678901234567890\nleftover\n").unwrap();
+        let held = lock_file(&path, Wait::No, |_| {}).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.trim().parse::<u32>().unwrap(), std::process::id());
+        assert_eq!(text.len(), PID_WIDTH + 1, "{text:?}");
+        drop(held);
     }
 
     #[test]
