@@ -285,9 +285,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         // after tree references it); the workspace copy of the whole tree is not needed any more.
         seal::discard_workspace(&store, &capsule)?;
     }
-    // What was written since the launch (runtime.json, after.json, the after-state's objects)
-    // starts becoming durable while the result is decided; the seal waits for it.
-    store.objects().pending().flush_ahead();
+    store.objects().pending().flush_ahead(); // the after-state: durable while deciding
 
     // Decide and seal.
     let mut comparison = compare(&store, &before, &after);
