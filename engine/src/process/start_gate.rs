@@ -194,6 +194,46 @@ mod tests {
         assert!(refused.contains("not this run's release"), "{refused}");
     }
 
+    /// A raw FIFO at `path` that another thread writes `pieces` into, pausing between them. Held
+    /// open for writing before it returns, as the host holds its gate.
+    fn raw_gate(path: &Path, pieces: Vec<Vec<u8>>) -> std::thread::JoinHandle<()> {
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // Read-write: opening a FIFO so does not wait for a reader (Linux).
+        let mut w = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        std::thread::spawn(move || {
+            for piece in pieces {
+                std::io::Write::write_all(&mut w, &piece).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        })
+    }
+
+    #[test]
+    fn the_release_line_counts_however_it_arrives_and_nothing_after_it_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = release_line("t0k").into_bytes();
+        let (head, tail) = line.split_at(3);
+        // Split over two writes.
+        let split = dir.path().join("split.fifo");
+        let writer = raw_gate(&split, vec![head.to_vec(), tail.to_vec()]);
+        assert_eq!(await_release(&split, "t0k"), Ok(()));
+        writer.join().unwrap();
+        // Followed by more bytes in the same write: the first line decides.
+        let trailing = dir.path().join("trailing.fifo");
+        let writer = raw_gate(&trailing, vec![[line.as_slice(), b"junk\n"].concat()]);
+        assert_eq!(await_release(&trailing, "t0k"), Ok(()));
+        writer.join().unwrap();
+        // A longer token that starts with this run's is not its release.
+        let longer = dir.path().join("longer.fifo");
+        let writer = raw_gate(&longer, vec![release_line("t0kX").into_bytes()]);
+        assert!(await_release(&longer, "t0k").is_err());
+        writer.join().unwrap();
+    }
+
     #[test]
     fn anything_but_a_fifo_is_refused_and_the_gate_is_removed_with_its_holder() {
         let dir = tempfile::tempdir().unwrap();
