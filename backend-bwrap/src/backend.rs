@@ -565,6 +565,55 @@ mod tests {
         CleanupOutcome, CleanupRecord, ExitInfo, FailureKind, ProcessRecord,
     };
 
+    /// `check` refuses exactly what `prepare` refuses as invalid, and accepts what it accepts.
+    /// The programs are ones every host has (the plan checks where they are, not what they do).
+    #[test]
+    fn check_refuses_what_prepare_refuses_as_invalid() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let spec = |extra: &[(&str, &str)]| {
+            let mut options = agentdiff_engine::backend::BackendOptions::default();
+            options.push(crate::OPT_EXECUTABLE, "/bin/sh");
+            options.push(crate::OPT_EXEC_SHIM, "/bin/sh");
+            for (k, v) in extra {
+                options.push(*k, *v);
+            }
+            agentdiff_conformance::testing::launch_spec(&root, ["true"])
+                .capsule_dir(&root.join(".agentdiff/runs/r1"))
+                .options(options)
+                .build()
+        };
+        let backend = BwrapBackend::new();
+        let valid = spec(&[]);
+        assert!(backend.check(&valid).is_ok());
+        assert!(backend.prepare(&valid).is_ok());
+        let writable_root = root.join("w");
+        std::fs::create_dir(&writable_root).unwrap();
+        let writable = writable_root.display().to_string();
+        for bad in [
+            vec![("network", "sideways")],
+            vec![("image", "x")],
+            vec![("writable", "relative/path")],
+            vec![("writable", "/no/such/dir/here")],
+            vec![("writable", writable.as_str()), ("network", "bogus")],
+        ] {
+            let s = spec(&bad);
+            let (checked, prepared) = (backend.check(&s), backend.prepare(&s).map(|_| ()));
+            let invalid = |r: &Result<()>| {
+                matches!(
+                    r,
+                    Err(BackendError::InvalidRequest { .. } | BackendError::Option(_))
+                )
+            };
+            assert!(invalid(&checked), "{bad:?}: check gave {checked:?}");
+            assert!(invalid(&prepared), "{bad:?}: prepare gave {prepared:?}");
+            assert_eq!(
+                checked.unwrap_err().to_string(),
+                prepared.unwrap_err().to_string()
+            );
+        }
+    }
+
     fn ev(code: i32) -> RunEvidence {
         RunEvidence {
             exit: ExitInfo {
