@@ -551,8 +551,13 @@ mod tests {
             &other,
             std::iter::once("q1".into()),
         );
+        // Asked once before the prune: the tail read then must not hide the prune after it.
+        assert_eq!(authority.recent_sealed_runs(4), ["r2", "r1", "r0"]);
         let r2 = store.open_run("r2").unwrap();
         authority.record_pruned(&r2.integrity().unwrap()).unwrap();
         assert_eq!(authority.recent_sealed_runs(4), ["r1", "r0"]);
+        // A seal recorded after a read is seen by the next one.
+        seal_runs(&store, &authority, std::iter::once("r3".into()));
+        assert_eq!(authority.recent_sealed_runs(4), ["r3", "r1", "r0"]);
     }
 }
