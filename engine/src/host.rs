@@ -182,6 +182,32 @@ pub fn euid() -> u32 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn canonical_if_present_answers_as_canonicalize_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(base.join("real")).unwrap();
+        std::os::unix::fs::symlink(base.join("real"), base.join("link")).unwrap();
+        std::os::unix::fs::symlink(base.join("gone"), base.join("dangling")).unwrap();
+        for rel in [
+            "real",
+            "link",
+            "link/.",
+            "dangling",
+            "absent",
+            "link/absent",
+            "real/../real",
+        ] {
+            let p = base.join(rel);
+            let (ours, std) = (canonical_if_present(&p).ok(), p.canonicalize().ok());
+            assert_eq!(ours, std, "{rel}");
+        }
+        assert_eq!(
+            canonical_if_present(&base.join("link")).unwrap(),
+            base.join("real")
+        );
+    }
+
     fn write_exec(dir: &Path, name: &str, mode: u32) -> PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
