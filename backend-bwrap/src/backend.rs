@@ -579,7 +579,7 @@ mod tests {
                 options.push(*k, *v);
             }
             agentdiff_conformance::testing::launch_spec(&root, ["true"])
-                .capsule_dir(&root.join(".agentdiff/runs/r1"))
+                .capsule_dir(root.join(".agentdiff/runs/r1"))
                 .options(options)
                 .build()
         };
