@@ -402,12 +402,11 @@ mod tests {
     fn counting_bwrap(dir: &Path, code: i32) -> PathBuf {
         let p = dir.join(format!("bwrap-{code}"));
         let calls = dir.join("calls");
-        std::fs::write(
+        agentdiff_engine::testing::write_executable(
             &p,
-            format!("#!/bin/sh\necho x >> '{}'\nexit {code}\n", calls.display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            &format!("#!/bin/sh\necho x >> '{}'\nexit {code}\n", calls.display()),
+            0o755,
+        );
         p
     }
 
@@ -439,7 +438,7 @@ mod tests {
         assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Cached));
         std::thread::sleep(std::time::Duration::from_millis(20));
         let body = std::fs::read_to_string(&bwrap).unwrap();
-        std::fs::write(&bwrap, format!("{body}# replaced\n")).unwrap();
+        agentdiff_engine::testing::write_executable(&bwrap, &format!("{body}# replaced\n"), 0o755);
         assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Probed));
         assert_eq!(calls(dir.path()), 5);
     }

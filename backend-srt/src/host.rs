@@ -101,14 +101,12 @@ pub fn missing_linux_prerequisites(
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
 
     fn write_exec(dir: &Path, name: &str, mode: u32) -> PathBuf {
         let p = dir.join(name);
-        std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        agentdiff_engine::testing::write_executable(&p, "#!/bin/sh\nexit 0\n", mode);
         p
     }
 

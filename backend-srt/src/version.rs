@@ -264,8 +264,7 @@ mod tests {
 
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);
-        std::fs::write(&p, body).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        agentdiff_engine::testing::write_executable(&p, body, 0o755);
         p
     }
 
@@ -309,7 +308,7 @@ mod tests {
         MEMORY.lock().unwrap().clear();
         let v = version(&srt, None, Some(&state)).await.unwrap();
         assert_eq!(v.source, VersionSource::Cached);
-        std::fs::write(&srt, "#!/bin/sh\necho 2.0.0\n").unwrap();
+        agentdiff_engine::testing::write_executable(&srt, "#!/bin/sh\necho 2.0.0\n", 0o755);
         let v = version(&srt, None, Some(&state)).await.unwrap();
         assert_eq!(
             (v.version.as_str(), v.source),

@@ -210,8 +210,7 @@ mod tests {
 
     fn write_exec(dir: &Path, name: &str, mode: u32) -> PathBuf {
         let p = dir.join(name);
-        std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        crate::testing::write_executable(&p, "#!/bin/sh\nexit 0\n", mode);
         p
     }
 

@@ -294,3 +294,75 @@ pub fn rewrite_in_place(path: &Path, bytes: &[u8]) {
         .set_modified(mtime)
         .unwrap();
 }
+
+/// Writes the script `body` at `path` with permission bits `mode`, ready to be executed by any
+/// process at once.
+///
+/// Why not `fs::write`: a file this process holds open for writing is inherited by every child
+/// another test thread forks meanwhile, and stays open in that child until it execs (the
+/// descriptor is close-on-exec, nothing longer). Until then executing the file fails with
+/// ETXTBSY ("text file busy"), which a test reads as a broken program. Here the bytes are
+/// written by a short-lived `sh` whose descriptors no other process inherits; this process only
+/// sends them through a pipe and sets the mode by path.
+#[allow(clippy::unwrap_used, clippy::panic)]
+pub fn write_executable(path: &Path, body: &str, mode: u32) {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Stdio;
+    let mut writer = Command::new("/bin/sh")
+        .args(["-c", "cat > \"$1\"", "sh"])
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writer
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let status = writer.wait().unwrap();
+    if !status.success() {
+        panic!("could not write {} ({status})", path.display());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// Scripts written while other threads keep forking children run at once, every time.
+    /// (With `fs::write` in place of `write_executable`, some of these execs fail with ETXTBSY.)
+    #[test]
+    fn a_script_written_while_other_threads_fork_runs_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let forkers: Vec<_> = (0..4)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = std::process::Command::new("/bin/true").status();
+                    }
+                })
+            })
+            .collect();
+        let mut busy = 0;
+        for i in 0..200 {
+            let p = dir.path().join(format!("s{i}"));
+            super::write_executable(&p, "#!/bin/sh\nexit 0\n", 0o755);
+            match std::process::Command::new(&p).status() {
+                Ok(s) => assert!(s.success(), "{s}"),
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => busy += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for f in forkers {
+            f.join().unwrap();
+        }
+        assert_eq!(busy, 0, "{busy} of 200 scripts were busy");
+    }
+}

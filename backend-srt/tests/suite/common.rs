@@ -2,7 +2,6 @@
 //! fake (or the real one), and a way to run one command through the backend.
 
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -28,8 +27,7 @@ pub struct Fixture {
 }
 
 pub fn write_exec(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    agentdiff_engine::testing::write_executable(path, text, 0o755);
 }
 
 impl Fixture {

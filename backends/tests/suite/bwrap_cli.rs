@@ -258,12 +258,11 @@ fn bwrap_exit_1_of_the_command_is_the_commands_and_a_setup_failure_is_not() {
 
     // A bwrap whose setup fails: exits 1 without starting anything.
     let fake = f.home.path().join("fake-bwrap");
-    fs::write(
+    agentdiff_engine::testing::write_executable(
         &fake,
         "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n",
-    )
-    .unwrap();
-    fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        0o755,
+    );
     let opt = format!("bwrap-executable={}", fake.display());
     let (code, result, out) = f.run(
         &["--backend-option", &opt],

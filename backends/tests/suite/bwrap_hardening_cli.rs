@@ -5,7 +5,6 @@
 
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -23,8 +22,7 @@ fn install_fake(path: &Path) {
 
 fn install_script(path: &Path, script: &str) {
     fs::create_dir_all(path.parent().unwrap()).unwrap();
-    fs::write(path, script).unwrap();
-    fs::set_permissions(path, PermissionsExt::from_mode(0o755)).unwrap();
+    agentdiff_engine::testing::write_executable(path, script, 0o755);
 }
 
 const CANARY_COMMAND: &str = "echo COMMAND-RAN-CANARY; echo ran > ran.txt";

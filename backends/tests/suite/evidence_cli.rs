@@ -631,16 +631,7 @@ fn argv_secrets_are_redacted_and_environment_fingerprints_are_keyed() {
     let p = project();
     let bin = p.root.parent().unwrap().join("bin");
     fs::create_dir(&bin).unwrap();
-    fs::write(bin.join("mysql"), "#!/bin/sh\nexit 0\n").unwrap();
-    std::os::unix::fs::PermissionsExt::set_mode(
-        &mut fs::metadata(bin.join("mysql")).unwrap().permissions(),
-        0o755,
-    );
-    Command::new("chmod")
-        .arg("755")
-        .arg(bin.join("mysql"))
-        .status()
-        .unwrap();
+    agentdiff_engine::testing::write_executable(&bin.join("mysql"), "#!/bin/sh\nexit 0\n", 0o755);
     let mysql = bin.join("mysql").display().to_string();
     let out = p
         .cmd(&["run", "--run-id", "secrets", "--", "sh", "-c", "true", "x"])

@@ -85,7 +85,6 @@ impl PluginDir {
 
     /// A copy of the Python example named `agentdiff-backend-ID`, with `edits` (old, new) applied.
     fn python_variant(&self, id: &str, edits: &[(&str, &str)]) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
         let mut source = fs::read_to_string(python_example()).unwrap();
         for (old, new) in edits {
             assert!(
@@ -95,8 +94,7 @@ impl PluginDir {
             source = source.replace(old, new);
         }
         let p = self.dir.path().join(format!("agentdiff-backend-{id}"));
-        fs::write(&p, source).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        agentdiff_engine::testing::write_executable(&p, &source, 0o755);
         p
     }
 
@@ -711,15 +709,13 @@ fn a_group_interrupt_is_forwarded_to_the_command_through_both_external_backends(
 /// is an unavailable backend (69), not a usage error, and the run writes no capsule.
 #[test]
 fn a_plugin_that_cannot_be_described_is_an_unavailable_backend() {
-    use std::os::unix::fs::PermissionsExt;
     let plugins = PluginDir::new();
     for (id, body) in [
         ("quits", "#!/bin/sh\nexit 3\n"),
         ("babbles", "#!/bin/sh\necho 'not json' >&4\nsleep 5\n"),
     ] {
         let p = plugins.path().join(format!("agentdiff-backend-{id}"));
-        fs::write(&p, body).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        agentdiff_engine::testing::write_executable(&p, body, 0o755);
         let project = tempfile::tempdir().unwrap();
         let path = path_with(&[plugins.path()]);
         let out = agentdiff_on(

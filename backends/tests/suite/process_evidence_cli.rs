@@ -278,12 +278,11 @@ fn an_exec_of_a_script_through_its_interpreter_is_recorded() {
     }
     for mechanism in mechanisms {
         let p = project();
-        fs::write(p.path().join("tool.sh"), "#!/bin/sh\nsleep 0.4\n").unwrap();
-        fs::set_permissions(
-            p.path().join("tool.sh"),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        agentdiff_engine::testing::write_executable(
+            &p.path().join("tool.sh"),
+            "#!/bin/sh\nsleep 0.4\n",
+            0o755,
+        );
         let (code, r, rt) = run(
             p.path(),
             &["--backend-option", &format!("exec-events={mechanism}")],

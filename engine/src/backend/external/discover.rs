@@ -241,10 +241,8 @@ mod tests {
     use super::*;
 
     fn script(dir: &Path, name: &str) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
         let p = dir.join(name);
-        std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        crate::testing::write_executable(&p, "#!/bin/sh\nexit 0\n", 0o755);
         p
     }
 

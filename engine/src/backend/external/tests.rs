@@ -96,12 +96,10 @@ impl Fake {
     }
 
     fn with(mode: &str, extra: &[(&str, String)]) -> Self {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agentdiff-backend-fake");
         let record = dir.path().join("record");
-        std::fs::write(&path, fake_script(mode, &record, extra)).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        crate::testing::write_executable(&path, &fake_script(mode, &record, extra), 0o755);
         let plugin = Plugin {
             id: "fake".into(),
             path,
