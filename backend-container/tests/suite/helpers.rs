@@ -153,7 +153,11 @@ pub fn busybox_rootfs() -> tempfile::TempDir {
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = d.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
-    std::fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
+    agentdiff_engine::testing::copy_executable(
+        std::path::Path::new("/bin/busybox"),
+        &bin.join("busybox"),
+        0o755,
+    );
     let list = std::process::Command::new("/bin/busybox")
         .arg("--list")
         .output()

@@ -36,7 +36,7 @@ impl Fixture {
         let f = Fixture::bare();
         // A copy, not a link: each fixture's srt is a binary of its own identity, so a version
         // cached for another fixture's srt never answers for this one.
-        std::fs::copy(FAKE_SRT, f.bin.join("srt")).unwrap();
+        agentdiff_engine::testing::copy_executable(Path::new(FAKE_SRT), &f.bin.join("srt"), 0o755);
         for p in ["bwrap", "socat", "rg"] {
             write_exec(&f.bin.join(p), "#!/bin/sh\nexit 0\n");
         }

@@ -486,7 +486,11 @@ fn busybox_rootfs() -> tempfile::TempDir {
     fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bin = d.path().join("bin");
     fs::create_dir(&bin).unwrap();
-    fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
+    agentdiff_engine::testing::copy_executable(
+        Path::new("/bin/busybox"),
+        &bin.join("busybox"),
+        0o755,
+    );
     let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
     for applet in String::from_utf8_lossy(&list.stdout).lines() {
         if applet != "busybox" && !applet.is_empty() {
