@@ -48,10 +48,15 @@ fn daemon_case(tracking: &str, script: &str) {
     assert!(ev.cleanup.leftovers() >= 1);
 }
 
-// The short pause lets the daemon reach `exec sleep` before the root exits, so its executable
-// is `sleep` when it is recorded; the daemon is re-parented as soon as the subshell exits.
-const DOUBLE_FORK: &str = "(sleep 300 & echo $! > daemon.pid); sleep 0.1; exit 0";
-const SETSID: &str = "(setsid sleep 300 & echo $! > daemon.pid); sleep 0.1; exit 0";
+// The root waits (up to 10 s) until the daemon has reached `exec sleep`, so its executable is
+// `sleep` when it is recorded, however slow the machine; the daemon is re-parented as soon as
+// the subshell exits.
+const DOUBLE_FORK: &str = "(sleep 300 & echo $! > daemon.pid); \
+                           i=0; until [ \"$(cat /proc/$(cat daemon.pid)/comm)\" = sleep ] \
+                           || [ $i -ge 1000 ]; do sleep 0.01; i=$((i+1)); done; exit 0";
+const SETSID: &str = "(setsid sleep 300 & echo $! > daemon.pid); \
+                      i=0; until [ \"$(cat /proc/$(cat daemon.pid)/comm)\" = sleep ] \
+                      || [ $i -ge 1000 ]; do sleep 0.01; i=$((i+1)); done; exit 0";
 const QUICK_EXIT: &str = "(setsid sleep 300 & echo $! > daemon.pid); exit 0";
 
 #[test]
@@ -145,7 +150,9 @@ fn term_ignoring_tree_is_killed_after_the_grace_period() {
             "trap '' TERM; sleep 300 & echo $! >> daemon.pid; sleep 300 & echo $! >> daemon.pid; wait",
         ],
     );
-    s.timeout = Some(Duration::from_millis(300));
+    // The timeout is what ends the run: generous, so the tree is set up (trap, both sleeps)
+    // before it fires even on a loaded machine.
+    s.timeout = Some(Duration::from_secs(2));
     s.grace = Duration::from_millis(300);
     let ev = run(s);
     assert!(ev.exit.timed_out);
@@ -186,7 +193,8 @@ fn timeout_ends_the_whole_tree() {
              sleep 300 & echo $! >> daemon.pid; wait",
         ],
     );
-    s.timeout = Some(Duration::from_millis(300));
+    // Generous, so all three sleeps have started before it fires even on a loaded machine.
+    s.timeout = Some(Duration::from_secs(2));
     let ev = run(s);
     assert!(ev.exit.timed_out);
     assert_eq!(ev.exit.signal, Some(libc::SIGTERM));

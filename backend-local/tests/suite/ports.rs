@@ -54,19 +54,37 @@ time.sleep(0.6)\n";
 #[test]
 fn listener_of_another_process_is_machine_wide_only() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = spec(dir.path(), &["sleep", "0.5"]);
+    // Files order the two sides however slow the machine: the listener opens after the run's
+    // baseline (the command has started) and the command ends after it is open; the listener
+    // stays open until the run is over.
+    let (started, bound) = (dir.path().join("started"), dir.path().join("bound"));
+    let mut s = spec(
+        dir.path(),
+        &[
+            "sh",
+            "-c",
+            "touch started; i=0; until [ -e bound ] || [ $i -ge 1000 ]; do sleep 0.01; \
+             i=$((i+1)); done; sleep 0.2",
+        ],
+    );
     s.observe_ports = true;
-    let opener = std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_millis(100));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let opener = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !started.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let l = std::net::TcpListener::bind("[::1]:0")
             .or_else(|_| std::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let port = l.local_addr().unwrap().port();
-        std::thread::sleep(Duration::from_millis(1500));
+        std::fs::write(&bound, "").unwrap();
+        let _ = done_rx.recv_timeout(Duration::from_secs(30));
         drop(l);
         port
     });
     let ev = run(s);
+    done_tx.send(()).unwrap();
     let port = opener.join().unwrap();
     let rec = ev
         .ports

@@ -296,13 +296,15 @@ fn long_paths_are_refused_quickly_and_long_valid_paths_are_linear() {
     let dir = open_project();
     let root = dir.path();
     let huge = "a/".repeat(40_000);
+    // The time bounds below guard against pathological work (a walk quadratic in 40,000
+    // segments takes minutes), not for speed: loose enough for a loaded machine's debug build.
     let started = Instant::now();
     let out = hook(
         root,
         &claude_input(root, "Write", json!({"file_path": huge, "content": ""})),
     );
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(10),
         "{:?}",
         started.elapsed()
     );
@@ -317,7 +319,7 @@ fn long_paths_are_refused_quickly_and_long_valid_paths_are_linear() {
     let started = Instant::now();
     let (d, _) = decision(root, "Write", json!({"file_path": climb}));
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(10),
         "{:?}",
         started.elapsed()
     );

@@ -756,30 +756,46 @@ fn a_hung_engine_socket_does_not_block_the_run() {
 /// machine during the run: the second is a machine-wide observation, not the command's socket.
 #[test]
 fn the_summary_tells_the_runs_listeners_from_machine_wide_ones() {
-    let listen = |secs: f32| {
+    // Files order the two listeners however slow the machine: the outside one opens once the
+    // run's command has started (after the run's port baseline) and the command ends only once
+    // it is open.
+    let p = project();
+    let signals = tempfile::tempdir().unwrap();
+    let (started, bound) = (signals.path().join("started"), signals.path().join("bound"));
+    let wait_for = |f: &Path| {
         format!(
-            "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); \
-             time.sleep({secs})"
+            "d = time.time() + 10\nwhile not os.path.exists('{}') and time.time() < d: \
+             time.sleep(0.01)",
+            f.display()
+        )
+    };
+    let listen = |then: &str| {
+        format!(
+            "import os, socket, time\ns = socket.socket(); s.bind(('127.0.0.1', 0)); \
+             s.listen()\n{then}"
         )
     };
     // Outside the run: starts listening while the run is going on.
-    let mut outside = Command::new("sh")
+    let outside_script = listen(&format!(
+        "open('{}', 'w').close()\ntime.sleep(30)",
+        bound.display()
+    ));
+    let mut outside = Command::new("python3")
         .arg("-c")
-        .arg(format!("sleep 0.4; exec python3 -c \"{}\"", listen(4.0)))
+        .arg(format!(
+            "import os, time\n{}\n{outside_script}",
+            wait_for(&started)
+        ))
         .spawn()
         .unwrap();
-    let p = project();
+    let inside = listen(&format!(
+        "open('{}', 'w').close()\n{}\ntime.sleep(0.2)",
+        started.display(),
+        wait_for(&bound)
+    ));
     let out = agentdiff(
         p.path(),
-        &[
-            "run",
-            "--fail-on",
-            "never",
-            "--",
-            "python3",
-            "-c",
-            &listen(1.5),
-        ],
+        &["run", "--fail-on", "never", "--", "python3", "-c", &inside],
     );
     let _ = outside.kill();
     let _ = outside.wait();

@@ -185,8 +185,10 @@ fn prune_refuses_while_a_run_holds_the_lock_and_removes_nothing() {
             "--run-id",
             "busy",
             "--",
-            "sleep",
-            "4",
+            "sh",
+            "-c",
+            // Holds the lock until released (at most a minute), not for a fixed time.
+            "i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
         ],
     )
     .stdout(Stdio::null())
@@ -209,6 +211,7 @@ fn prune_refuses_while_a_run_holds_the_lock_and_removes_nothing() {
     let after = object_names(p.path());
     let lost: Vec<_> = objects_before.difference(&after).collect();
     assert!(lost.is_empty(), "prune removed {lost:?}");
+    fs::write(p.path().join("release"), "").unwrap();
     assert!(running.wait().unwrap().success());
 
     // Once it finished, --wait is not needed and the newest run is kept.

@@ -168,7 +168,15 @@ fn the_command_cannot_hide_a_rewrite_by_restoring_timestamps_or_swapping_inodes(
 fn entries_written_just_before_a_scan_are_racy_and_read_again() {
     let p = tempfile::tempdir().unwrap();
     fs::write(p.path().join("fresh.txt"), "fresh\n").unwrap();
-    // r1 scans within the racy margin of the write: its entry is never reused.
+    // Stamped a minute ahead: within the racy margin of every scan below however long each run
+    // takes (a write a moment before a slow run's scan could fall out of the margin). Its entry
+    // is never reused.
+    fs::File::options()
+        .write(true)
+        .open(p.path().join("fresh.txt"))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(60))
+        .unwrap();
     run(p.path(), "r1", &[], "true");
     assert_eq!(
         reused(p.path(), "r1", "after"),

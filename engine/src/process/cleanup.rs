@@ -548,9 +548,25 @@ mod tests {
 
     #[test]
     fn term_ignoring_process_is_killed_after_grace() {
-        let mut a = sleeper("trap '' TERM; echo ready; while :; do sleep 0.05; done");
-        // Give the shell time to install the trap.
-        std::thread::sleep(Duration::from_millis(200));
+        let mut a = KillOnDrop(
+            Command::new("sh")
+                .args([
+                    "-c",
+                    "trap '' TERM; echo ready; while :; do sleep 0.05; done",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        // The trap is installed once the shell says `ready`.
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(a.0.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "ready\n");
         let id = read_identity(a.0.id()).unwrap();
         let start = std::time::Instant::now();
         let report = cleanup_identities(&[id], Duration::from_millis(300));

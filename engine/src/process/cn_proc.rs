@@ -339,12 +339,20 @@ fn subscribe(shared: &Mutex<Shared>, buf: &mut [u8]) -> Result<OwnedFd, CnProcEr
     let fd = open_socket()?;
     send_control(&fd, PROC_CN_MCAST_LISTEN)?;
     let deadline = Instant::now() + ACK_TIMEOUT;
+    let give_up = |fd: &OwnedFd| {
+        let _ = send_control(fd, PROC_CN_MCAST_IGNORE);
+        CnProcError::NoAck(ACK_TIMEOUT)
+    };
     loop {
-        if Instant::now() >= deadline {
-            let _ = send_control(&fd, PROC_CN_MCAST_IGNORE);
-            return Err(CnProcError::NoAck(ACK_TIMEOUT));
+        // Past the deadline, reads stop blocking and an empty one gives up: what is queued is
+        // read first, so a thread descheduled past the deadline still finds an ack the kernel
+        // sent in time. A flood of events without an ack ends at twice the deadline.
+        let late = Instant::now() >= deadline;
+        if late && Instant::now() >= deadline + ACK_TIMEOUT {
+            return Err(give_up(&fd));
         }
-        match recv(&fd, buf, 0) {
+        let flags = if late { libc::MSG_DONTWAIT } else { 0 };
+        match recv(&fd, buf, flags) {
             Ok(Some(n)) => {
                 let (events, ack) = parse(&buf[..n]);
                 let mut s = lock(shared);
@@ -357,6 +365,7 @@ fn subscribe(shared: &Mutex<Shared>, buf: &mut [u8]) -> Result<OwnedFd, CnProcEr
                     None => {}
                 }
             }
+            Ok(None) if late => return Err(give_up(&fd)),
             Ok(None) => {}
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => lock(shared).snapshot.lost += 1,
             Err(source) => {

@@ -383,15 +383,27 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn the_poller_records_a_pid_that_execs_under_the_same_start_time() {
+        use std::io::Write;
+        // The shell execs only when told to, so the first poll sees it before the exec and the
+        // second after it, however slow the machine.
         let mut child = std::process::Command::new("sh")
-            .args(["-c", "sleep 0.3; exec sleep 5"])
+            .args(["-c", "read go; exec sleep 5"])
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let pid = child.id();
         let id = crate::process::read_identity(pid).unwrap();
         let mut p = ExecPoller::default();
         p.poll(&[(pid, id.clone())], 0);
-        std::thread::sleep(std::time::Duration::from_millis(600));
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap() != "sleep\n" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the shell never exec'd"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         p.poll(&[(pid, id.clone())], 600);
         let _ = child.kill();
         let _ = child.wait();

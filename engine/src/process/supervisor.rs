@@ -869,7 +869,20 @@ mod tests {
         )
         .unwrap();
         let pid = cmd.pid();
-        // Far longer than the monitor's 5 ms ticks: without the gate it would be reaped by now.
+        // Wait for the root's exit (it shows as a zombie), however slow the machine; then wait
+        // far longer than the monitor's 5 ms ticks: without the gate it would be reaped by now.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = crate::process::read_stat(pid).expect("the exited root is still there");
+            if stat.is_zombie() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never exited: {stat:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::thread::sleep(Duration::from_millis(300));
         let stat = crate::process::read_stat(pid).expect("the exited root is still there");
         assert!(stat.is_zombie(), "{stat:?}");
@@ -893,18 +906,19 @@ mod tests {
             stderr: dir.path().join("err"),
         });
         ctx.hold_start = true;
-        // Held for 1 s (a long before-capture), then 1 s more of the command: 2 s in all, past
-        // a 1.5 s deadline counted from the spawn, within one counted from the release.
-        let deadline = Some(Duration::from_millis(1500));
+        // Held for 2 s (a long before-capture), then 1 s more of the command: 3 s in all, past
+        // a 2.5 s deadline counted from the spawn, within one counted from the release (1.5 s
+        // to spare for a loaded machine).
+        let deadline = Some(Duration::from_millis(2500));
         let prepared = prepared_script(
             dir.path(),
             &["inner"],
             BackendOptions::new(),
-            "sleep 2",
+            "sleep 3",
             deadline,
         );
         let mut cmd = spawn_supervised(prepared, ctx, labels).unwrap();
-        std::thread::sleep(Duration::from_millis(1000));
+        std::thread::sleep(Duration::from_millis(2000));
         cmd.release();
         let ev = cmd.wait_blocking().unwrap();
         assert!(
@@ -912,7 +926,7 @@ mod tests {
             "the held time counted against the deadline"
         );
         assert_eq!(ev.exit.code, Some(0));
-        assert!(ev.exit.duration_ms < 1500, "{}", ev.exit.duration_ms);
+        assert!(ev.exit.duration_ms < 2500, "{}", ev.exit.duration_ms);
     }
 
     #[test]

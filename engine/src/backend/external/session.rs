@@ -287,9 +287,11 @@ impl Session {
         }
     }
 
-    /// How the plugin ended, if it has (waiting briefly: EOF comes just before the exit).
+    /// How the plugin ended, if it has (waiting briefly: EOF comes just before the exit). Only
+    /// an error path waits here, and it returns at the exit: the bound is generous so that a
+    /// loaded machine still names the exit status rather than "still running".
     fn exit_status_soon(&self) -> String {
-        let deadline = Instant::now() + Duration::from_millis(500);
+        let deadline = Instant::now() + Duration::from_secs(2);
         loop {
             if let Some(s) = try_wait(&self.child) {
                 return s;
