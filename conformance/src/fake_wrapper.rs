@@ -19,32 +19,9 @@ pub enum FakeWrapperError {
     Install { dir: String, source: std::io::Error },
     #[error("could not read the fake wrapper's records in {dir}: {source}")]
     Records { dir: String, source: std::io::Error },
-}
-
-/// Returns once the script just written at `path` can be executed. A process that another thread
-/// of this (test) process forked while the script was open for writing holds it open until that
-/// process execs: until then executing the script fails with "text file busy", which a check
-/// would read as a wrapper that refused. Once it runs, it stays runnable: no one writes it again.
-#[cfg(unix)]
-fn wait_until_executable(path: &Path) -> std::io::Result<()> {
-    use std::process::{Command, Stdio};
-    let mut tries = 0;
-    loop {
-        let probe = Command::new(path)
-            .arg("--fake-wrapper-installed")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        match probe {
-            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 400 => {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            Err(e) => return Err(e),
-            Ok(_) => return Ok(()),
-        }
-    }
+    #[cfg(unix)]
+    #[error("could not install the fake wrapper: {0}")]
+    Script(#[from] agentdiff_engine::process::program_file::ProgramFileError),
 }
 
 /// What the fake wrapper does after recording its invocation.
@@ -88,7 +65,6 @@ pub const SETUP_FAILED_EXIT: i32 = 71;
 
 const SCRIPT: &str = r#"#!/bin/sh
 # Generic fake wrapper: records its invocation, then behaves as configured.
-if [ "$1" = "--fake-wrapper-installed" ]; then exit 0; fi
 here=$(dirname "$0")
 rec="$here/records/$$"
 mkdir -p "$here/records" 2>/dev/null
@@ -159,14 +135,11 @@ impl FakeWrapper {
         };
         std::fs::create_dir_all(dir).map_err(err)?;
         let path = dir.join(name);
+        // Written so that it can be executed at once while other threads fork (ETXTBSY).
+        #[cfg(unix)]
+        agentdiff_engine::process::program_file::write(&path, SCRIPT.as_bytes(), 0o755)?;
+        #[cfg(not(unix))]
         std::fs::write(&path, SCRIPT).map_err(err)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
-        }
-        #[cfg(unix)]
-        wait_until_executable(&path).map_err(err)?;
         let w = Self {
             dir: dir.to_path_buf(),
             path,

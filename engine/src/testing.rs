@@ -296,93 +296,16 @@ pub fn rewrite_in_place(path: &Path, bytes: &[u8]) {
 }
 
 /// Writes the script `body` at `path` with permission bits `mode`, ready to be executed by any
-/// process at once.
-///
-/// Why not `fs::write`: a file this process holds open for writing is inherited by every child
-/// another test thread forks meanwhile, and stays open in that child until it execs (the
-/// descriptor is close-on-exec, nothing longer). Until then executing the file fails with
-/// ETXTBSY ("text file busy"), which a test reads as a broken program. Here the bytes are
-/// written by a short-lived `sh` whose descriptors no other process inherits; this process only
-/// sends them through a pipe and sets the mode by path.
+/// process at once: never `fs::write` for a script a test runs (see
+/// [`crate::process::program_file`] for the ETXTBSY it avoids).
+#[allow(clippy::unwrap_used)]
 pub fn write_executable(path: &Path, body: &str, mode: u32) {
-    write_in_child(path, "cat > \"$1\"", &[], Some(body.as_bytes()), mode);
+    crate::process::program_file::write(path, body.as_bytes(), mode).unwrap();
 }
 
 /// Copies the program `from` to `to` with permission bits `mode`, ready to be executed at once:
-/// [`write_executable`]'s reason, for `fs::copy`.
+/// never `fs::copy` for a program a test runs.
+#[allow(clippy::unwrap_used)]
 pub fn copy_executable(from: &Path, to: &Path, mode: u32) {
-    write_in_child(to, "cat -- \"$2\" > \"$1\"", &[from], None, mode);
-}
-
-/// Runs `script` in `sh` with `path` as `$1` (and `more` after it), `stdin` on its standard
-/// input, then sets `path`'s mode.
-#[allow(clippy::unwrap_used, clippy::panic)]
-fn write_in_child(path: &Path, script: &str, more: &[&Path], stdin: Option<&[u8]>, mode: u32) {
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
-    use std::process::Stdio;
-    let mut writer = Command::new("/bin/sh")
-        .args(["-c", script, "sh"])
-        .arg(path)
-        .args(more)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .spawn()
-        .unwrap();
-    if let Some(bytes) = stdin {
-        writer.stdin.take().unwrap().write_all(bytes).unwrap();
-    }
-    let status = writer.wait().unwrap();
-    if !status.success() {
-        panic!("could not write {} ({status})", path.display());
-    }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    /// Programs written or copied while other threads keep forking children run at once, every
-    /// time. (With `fs::write` or `fs::copy` in their place, some of these execs fail with
-    /// ETXTBSY.)
-    #[test]
-    fn a_script_written_while_other_threads_fork_runs_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let forkers: Vec<_> = (0..4)
-            .map(|_| {
-                let stop = Arc::clone(&stop);
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        let _ = std::process::Command::new("/bin/true").status();
-                    }
-                })
-            })
-            .collect();
-        let mut busy = 0;
-        for i in 0..200 {
-            let p = dir.path().join(format!("s{i}"));
-            if i % 2 == 0 {
-                super::write_executable(&p, "#!/bin/sh\nexit 0\n", 0o755);
-            } else {
-                super::copy_executable(Path::new("/bin/true"), &p, 0o755);
-            }
-            match std::process::Command::new(&p).status() {
-                Ok(s) => assert!(s.success(), "{s}"),
-                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => busy += 1,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        for f in forkers {
-            f.join().unwrap();
-        }
-        assert_eq!(busy, 0, "{busy} of 200 scripts were busy");
-    }
+    crate::process::program_file::copy(from, to, mode).unwrap();
 }
