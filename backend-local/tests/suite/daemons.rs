@@ -48,15 +48,20 @@ fn daemon_case(tracking: &str, script: &str) {
     assert!(ev.cleanup.leftovers() >= 1);
 }
 
-// The root waits (up to 10 s) until the daemon has reached `exec sleep`, so its executable is
-// `sleep` when it is recorded, however slow the machine; the daemon is re-parented as soon as
-// the subshell exits.
-const DOUBLE_FORK: &str = "(sleep 300 & echo $! > daemon.pid); \
-                           i=0; until [ \"$(cat /proc/$(cat daemon.pid)/comm)\" = sleep ] \
-                           || [ $i -ge 1000 ]; do sleep 0.01; i=$((i+1)); done; exit 0";
-const SETSID: &str = "(setsid sleep 300 & echo $! > daemon.pid); \
-                      i=0; until [ \"$(cat /proc/$(cat daemon.pid)/comm)\" = sleep ] \
-                      || [ $i -ge 1000 ]; do sleep 0.01; i=$((i+1)); done; exit 0";
+/// `$start` (which writes the daemon's pid to daemon.pid), then a root that waits (up to 10 s)
+/// until the daemon has reached `exec sleep`, so its executable is `sleep` when it is recorded
+/// however slow the machine; the daemon is re-parented as soon as the subshell exits.
+macro_rules! then_wait_for_the_daemons_exec {
+    ($start:literal) => {
+        concat!(
+            $start,
+            "; i=0; until [ \"$(cat /proc/$(cat daemon.pid)/comm)\" = sleep ] || [ $i -ge 1000 ]; \
+             do sleep 0.01; i=$((i+1)); done; exit 0"
+        )
+    };
+}
+const DOUBLE_FORK: &str = then_wait_for_the_daemons_exec!("(sleep 300 & echo $! > daemon.pid)");
+const SETSID: &str = then_wait_for_the_daemons_exec!("(setsid sleep 300 & echo $! > daemon.pid)");
 const QUICK_EXIT: &str = "(setsid sleep 300 & echo $! > daemon.pid); exit 0";
 
 #[test]
