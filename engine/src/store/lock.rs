@@ -159,7 +159,14 @@ mod tests {
             other => panic!("expected Busy, got {other:?}"),
         }
         drop(first);
-        lock_file(&path, Wait::No, |_| {}).unwrap();
+        // A child another test thread forked while the lock was held shares it until it execs
+        // (the descriptor is close-on-exec, nothing longer), so the release can show a moment
+        // late; it must show.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while let Err(e) = lock_file(&path, Wait::No, |_| {}) {
+            assert!(std::time::Instant::now() < deadline, "never released: {e}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     #[test]
