@@ -10,12 +10,12 @@ use agentdiff_engine::backend::{
     CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
     ProcessRelation, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
-use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::process::exec_shim::{self, StartState};
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_engine::process::start_gate;
 use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
+use agentdiff_host::system::absolute_from_cwd as absolute;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
@@ -290,7 +290,7 @@ impl RuntimeBackend for BwrapBackend {
         // setup failure is caught per run by the start marker, so no extra process is started.
         // A start that worked is remembered for this boot, kernel, user and bwrap binary: one
         // process fewer per run, and a stale entry still fails closed at launch.
-        let euid = agentdiff_engine::host::euid();
+        let euid = agentdiff_host::system::euid();
         let proc_sys = Path::new("/proc/sys");
         let mut detail = format!("bwrap at {}; {}", bwrap.display(), userns.detail);
         if host::apparmor_restricted(proc_sys, euid) {

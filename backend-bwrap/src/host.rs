@@ -7,8 +7,8 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::cache_file::{self, FileIdentity};
-use agentdiff_engine::host::{self, UserNamespaces};
+use agentdiff_host::cache_file::{self, FileIdentity};
+use agentdiff_host::system::{self as host, UserNamespaces};
 use serde::{Deserialize, Serialize};
 
 /// How to install bubblewrap.
@@ -402,7 +402,7 @@ mod tests {
     fn counting_bwrap(dir: &Path, code: i32) -> PathBuf {
         let p = dir.join(format!("bwrap-{code}"));
         let calls = dir.join("calls");
-        agentdiff_engine::testing::write_executable(
+        agentdiff_test_support::write_executable(
             &p,
             &format!("#!/bin/sh\necho x >> '{}'\nexit {code}\n", calls.display()),
             0o755,
@@ -438,7 +438,7 @@ mod tests {
         assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Cached));
         std::thread::sleep(std::time::Duration::from_millis(20));
         let body = std::fs::read_to_string(&bwrap).unwrap();
-        agentdiff_engine::testing::write_executable(&bwrap, &format!("{body}# replaced\n"), 0o755);
+        agentdiff_test_support::write_executable(&bwrap, &format!("{body}# replaced\n"), 0o755);
         assert_eq!(check(proc_sys.clone(), 1000).await, Ok(StartCheck::Probed));
         assert_eq!(calls(dir.path()), 5);
     }

@@ -19,9 +19,9 @@ use std::path::{Component, Path, PathBuf};
 
 use agentdiff_engine::backend::LaunchSpec;
 use agentdiff_engine::environment::is_runtime_injection;
-use agentdiff_engine::host::canonical_if_present;
 use agentdiff_engine::process::containers::{EngineReach, HiddenSocket};
 use agentdiff_engine::process::exec_shim;
+use agentdiff_host::system::canonical_if_present;
 use serde::Serialize;
 
 use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, OPT_WRITABLE};
@@ -34,7 +34,7 @@ pub const START_GATE_FILE: &str = "bwrap-start-gate.fifo";
 
 /// Credential locations below a home directory, hidden from the command when they exist: the
 /// engine's one list, shared with the srt backend and the hook.
-pub use agentdiff_engine::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
+pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
 
 /// Errors of planning: the request cannot be turned into a sandbox as asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

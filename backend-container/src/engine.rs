@@ -306,7 +306,7 @@ fn one_line(stderr: &str) -> String {
         .find(|l| !l.trim().is_empty())
         .unwrap_or("")
         .trim();
-    let mut s = agentdiff_engine::redact::escape_terminal(line);
+    let mut s = agentdiff_host::redact::escape_terminal(line);
     if s.len() > 400 {
         let mut cut = 400;
         while !s.is_char_boundary(cut) {

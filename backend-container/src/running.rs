@@ -380,7 +380,7 @@ fn environment_evidence(
             Some((_, v)) => {
                 variables.insert(
                     name.clone(),
-                    agentdiff_engine::redact::fingerprint(name, v.as_encoded_bytes()),
+                    agentdiff_host::redact::fingerprint(name, v.as_encoded_bytes()),
                 );
             }
             None => warnings.push(format!(

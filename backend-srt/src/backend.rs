@@ -11,10 +11,10 @@ use agentdiff_engine::backend::{
     LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessRelation, Result, RunEvidence,
     RunningCommand, RuntimeBackend, WorkspaceMode,
 };
-use agentdiff_engine::host::absolute_from_cwd as absolute;
 use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_engine::process::supervisor::EvidenceLabels;
 use agentdiff_engine::process::ProcessIdentity;
+use agentdiff_host::system::absolute_from_cwd as absolute;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};

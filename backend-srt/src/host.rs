@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-pub use agentdiff_engine::host::{
+pub use agentdiff_host::system::{
     check_executable, euid, resolve_executable, search_path, user_namespaces, ExecutableError,
     UserNamespaces,
 };
@@ -106,7 +106,7 @@ mod tests {
 
     fn write_exec(dir: &Path, name: &str, mode: u32) -> PathBuf {
         let p = dir.join(name);
-        agentdiff_engine::testing::write_executable(&p, "#!/bin/sh\nexit 0\n", mode);
+        agentdiff_test_support::write_executable(&p, "#!/bin/sh\nexit 0\n", mode);
         p
     }
 

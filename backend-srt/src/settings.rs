@@ -126,7 +126,7 @@ pub fn settings_evidence(choice: &SettingsChoice) -> Result<SettingsFacts, Setti
 
 /// Credential locations below a home directory whose reads the derived settings deny: the
 /// engine's one list, shared with the bwrap backend and the hook.
-pub use agentdiff_engine::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
+pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
 
 /// agentdiff's per-user state directory (its seal key and caches), resolved exactly as the store
 /// resolves it (`$AGENTDIFF_STATE_DIR`, `$XDG_STATE_HOME/agentdiff`, `$HOME/.local/state/agentdiff`),

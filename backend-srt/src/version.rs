@@ -19,7 +19,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use agentdiff_engine::cache_file;
+use agentdiff_host::cache_file;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ pub const CACHE_FILE: &str = "srt-version.json";
 /// Entries kept in the cache file (one per srt install seen; old ones fall off).
 const MAX_ENTRIES: usize = 8;
 
-pub use agentdiff_engine::cache_file::FileIdentity;
+pub use agentdiff_host::cache_file::FileIdentity;
 
 /// The srt executable and the interpreter its `#!` line names (Node.js for an npm install).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,7 +264,7 @@ mod tests {
 
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);
-        agentdiff_engine::testing::write_executable(&p, body, 0o755);
+        agentdiff_test_support::write_executable(&p, body, 0o755);
         p
     }
 
@@ -308,7 +308,7 @@ mod tests {
         MEMORY.lock().unwrap().clear();
         let v = version(&srt, None, Some(&state)).await.unwrap();
         assert_eq!(v.source, VersionSource::Cached);
-        agentdiff_engine::testing::write_executable(&srt, "#!/bin/sh\necho 2.0.0\n", 0o755);
+        agentdiff_test_support::write_executable(&srt, "#!/bin/sh\necho 2.0.0\n", 0o755);
         let v = version(&srt, None, Some(&state)).await.unwrap();
         assert_eq!(
             (v.version.as_str(), v.source),

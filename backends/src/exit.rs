@@ -119,7 +119,7 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
 
 /// One-line rendering of an error and its causes, with control characters escaped.
 pub fn render(err: &anyhow::Error) -> String {
-    agentdiff_engine::redact::escape_terminal(&chain_text(err))
+    agentdiff_host::redact::escape_terminal(&chain_text(err))
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@ use std::fmt::Write as _;
 use agentdiff_engine::backend::Enforcement;
 use agentdiff_engine::fs::EntryKind;
 use agentdiff_engine::policy::Action;
-use agentdiff_engine::redact::{escape_terminal, escape_terminal_lines};
 use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
 use agentdiff_engine::report::evidence::{port_owner, process_tree, PortOwner};
 use agentdiff_engine::report::rows::{self, FindingRow, Level};
@@ -14,6 +13,7 @@ use agentdiff_engine::report::words::{self, change_word, cleanup_word};
 use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
 use agentdiff_engine::store::Verdict;
 use agentdiff_engine::transaction::{RunResult, Status};
+use agentdiff_host::redact::{escape_terminal, escape_terminal_lines};
 
 /// The decision word, a deny in upper case.
 fn action_word(a: Action) -> String {

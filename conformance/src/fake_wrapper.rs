@@ -21,7 +21,7 @@ pub enum FakeWrapperError {
     Records { dir: String, source: std::io::Error },
     #[cfg(unix)]
     #[error("could not install the fake wrapper: {0}")]
-    Script(#[from] agentdiff_engine::process::program_file::ProgramFileError),
+    Script(#[from] agentdiff_host::program_file::ProgramFileError),
 }
 
 /// What the fake wrapper does after recording its invocation.
@@ -137,7 +137,7 @@ impl FakeWrapper {
         let path = dir.join(name);
         // Written so that it can be executed at once while other threads fork (ETXTBSY).
         #[cfg(unix)]
-        agentdiff_engine::process::program_file::write(&path, SCRIPT.as_bytes(), 0o755)?;
+        agentdiff_host::program_file::write(&path, SCRIPT.as_bytes(), 0o755)?;
         #[cfg(not(unix))]
         std::fs::write(&path, SCRIPT).map_err(err)?;
         let w = Self {

@@ -258,7 +258,7 @@ fn tap_description(s: &str) -> String {
 }
 
 fn tap_comment(s: &str) -> String {
-    agentdiff_engine::redact::escape_terminal(s)
+    agentdiff_host::redact::escape_terminal(s)
 }
 
 #[cfg(test)]

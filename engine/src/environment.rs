@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use crate::backend::EnvironmentEvidence;
-use crate::redact::fingerprint;
+use agentdiff_host::redact::fingerprint;
 
 /// How the environment is handed to the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -197,7 +197,7 @@ pub const KEYED_PREFIX: &str = "hmac-sha256:";
 /// the name and the unkeyed fingerprint, 128 bits in hex. Equal values under one name still
 /// compare equal across this user's runs, but a capsule alone no longer allows guessing a value
 /// offline (a 4-digit PIN fell to 10,000 SHA-256 guesses). Backends fingerprint with
-/// [`crate::redact::fingerprint`] (they need no key); the transaction keys the result.
+/// [`agentdiff_host::redact::fingerprint`] (they need no key); the transaction keys the result.
 pub fn key_fingerprints(evidence: &mut EnvironmentEvidence, key: &crate::store::seal::SealKey) {
     use crate::store::seal::MacPurpose;
     for (name, fp) in evidence.variables.iter_mut() {

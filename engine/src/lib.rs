@@ -4,19 +4,12 @@
 //! backends link this crate and register themselves through [`backend::registry`].
 
 pub mod backend;
-#[cfg(unix)]
-pub mod cache_file;
-pub mod credentials;
 pub mod environment;
 pub mod fs;
-mod hex_id;
-#[cfg(unix)]
-pub mod host;
 pub mod policy;
 pub mod process;
 pub mod promote;
 pub mod recovery;
-pub mod redact;
 pub mod report;
 pub mod rollback;
 pub mod root;

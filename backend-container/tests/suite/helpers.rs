@@ -153,7 +153,7 @@ pub fn busybox_rootfs() -> tempfile::TempDir {
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = d.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
-    agentdiff_engine::testing::copy_executable(
+    agentdiff_test_support::copy_executable(
         std::path::Path::new("/bin/busybox"),
         &bin.join("busybox"),
         0o755,

@@ -27,7 +27,7 @@ pub struct Fixture {
 }
 
 pub fn write_exec(path: &Path, text: &str) {
-    agentdiff_engine::testing::write_executable(path, text, 0o755);
+    agentdiff_test_support::write_executable(path, text, 0o755);
 }
 
 impl Fixture {
@@ -36,7 +36,7 @@ impl Fixture {
         let f = Fixture::bare();
         // A copy, not a link: each fixture's srt is a binary of its own identity, so a version
         // cached for another fixture's srt never answers for this one.
-        agentdiff_engine::testing::copy_executable(Path::new(FAKE_SRT), &f.bin.join("srt"), 0o755);
+        agentdiff_test_support::copy_executable(Path::new(FAKE_SRT), &f.bin.join("srt"), 0o755);
         for p in ["bwrap", "socat", "rg"] {
             write_exec(&f.bin.join(p), "#!/bin/sh\nexit 0\n");
         }

@@ -234,7 +234,7 @@ fn secrets_in_the_command_are_redacted_from_the_recorded_wrapper_argv() {
         .into_iter()
         .map(OsString::from)
         .collect();
-    let stored = agentdiff_engine::redact::redact_os_argv(&raw).join("\u{1}");
+    let stored = agentdiff_host::redact::redact_os_argv(&raw).join("\u{1}");
     for secret in [
         "s3cr3t-token-value",
         "hunter2hunter2",

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use agentdiff_engine::backend::{CleanupOutcome, Registry};
 use agentdiff_engine::recovery::cleanup::{self, CleanupError, CleanupResult, CleanupTrust};
-use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::store::seal::{StateDir, VerifyContext};
 use agentdiff_engine::store::{Store, StoreError};
+use agentdiff_host::redact::escape_terminal;
 use anyhow::Context;
 
 use crate::exit;

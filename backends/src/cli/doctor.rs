@@ -112,7 +112,7 @@ pub fn parse_options(words: &[String]) -> anyhow::Result<BackendOptions> {
 
 /// `  options:` and one line per declared option (name, type, default, flag, help).
 fn render_options(out: &mut String, options: &[OptionSpec]) {
-    let esc = agentdiff_engine::redact::escape_terminal;
+    let esc = agentdiff_host::redact::escape_terminal;
     if options.is_empty() {
         return;
     }
@@ -135,7 +135,7 @@ fn render_options(out: &mut String, options: &[OptionSpec]) {
 
 /// The boundary table: declared level, and with probes what was verified here.
 fn render_boundaries(out: &mut String, b: &BackendEntry) {
-    let esc = agentdiff_engine::redact::escape_terminal;
+    let esc = agentdiff_host::redact::escape_terminal;
     let results = match &b.probe {
         Some(ProbeSection::Ran { results, .. }) => Some(results),
         _ => None,
@@ -184,7 +184,7 @@ fn render_boundaries(out: &mut String, b: &BackendEntry) {
 }
 
 fn render_summary(doc: &DoctorReport) -> String {
-    let esc = agentdiff_engine::redact::escape_terminal;
+    let esc = agentdiff_host::redact::escape_terminal;
     let mut out = String::new();
     out.push_str("agentdiff doctor: runtime backends on this host\n");
     out.push_str("process tracking:\n");

@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::ValueEnum;
 
-use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::report::diff::DiffSource;
 use agentdiff_engine::report::markdown;
 use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
+use agentdiff_host::redact::escape_terminal;
 
 use crate::exit;
 

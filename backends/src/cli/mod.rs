@@ -145,7 +145,7 @@ pub fn project_root(
     if root.reason != agentdiff_engine::root::Reason::Explicit && !same_as_cwd {
         errln!(
             "agentdiff: project root: {} ({})",
-            agentdiff_engine::redact::escape_terminal(&root.path.display().to_string()),
+            agentdiff_host::redact::escape_terminal(&root.path.display().to_string()),
             root.describe()
         );
     }

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use agentdiff_engine::policy::{
     self, LoadedPolicy, Phase, PolicyError, PolicySource, POLICY_FILE_NAME,
 };
-use agentdiff_engine::redact::escape_terminal;
+use agentdiff_host::redact::escape_terminal;
 use anyhow::Context;
 
 use crate::exit::{with_code, INVALID_CONFIG, USAGE};

@@ -23,8 +23,8 @@ use agentdiff_engine::transaction::{
 
 use crate::exit;
 use crate::report;
-use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::report::{markdown, RunView};
+use agentdiff_host::redact::escape_terminal;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentdiff_engine::redact::escape_terminal;
 use agentdiff_engine::report::listing::{self, RunRow, SealState};
 use agentdiff_engine::store::{Store, StoreError, Verdict};
+use agentdiff_host::redact::escape_terminal;
 
 use crate::exit;
 

@@ -56,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         errln!(
             "agentdiff: serving the runs of {} read-only; the URL above is the only way in \
              (anyone holding it can read every run). Ctrl-C stops.",
-            agentdiff_engine::redact::escape_terminal(&root.display().to_string())
+            agentdiff_host::redact::escape_terminal(&root.display().to_string())
         );
         let _ = tokio::signal::ctrl_c().await;
         for t in tasks {

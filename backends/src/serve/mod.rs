@@ -263,7 +263,7 @@ enum Route {
 
 /// Error text in a plain-text response: control characters made visible.
 fn escape_plain(s: &str) -> String {
-    agentdiff_engine::redact::escape_terminal(s)
+    agentdiff_host::redact::escape_terminal(s)
 }
 
 /// The loopback listeners: 127.0.0.1 on `port` (0: the system picks), then `[::1]` on the same

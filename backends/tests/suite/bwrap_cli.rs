@@ -258,7 +258,7 @@ fn bwrap_exit_1_of_the_command_is_the_commands_and_a_setup_failure_is_not() {
 
     // A bwrap whose setup fails: exits 1 without starting anything.
     let fake = f.home.path().join("fake-bwrap");
-    agentdiff_engine::testing::write_executable(
+    agentdiff_test_support::write_executable(
         &fake,
         "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n",
         0o755,

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Output;
 
-use agentdiff_engine::testing::fake_podman;
+use agentdiff_test_support::fake_podman;
 use serde_json::Value;
 
 use super::bwrap_cli::{no_bwrap, Fixture, Listener};

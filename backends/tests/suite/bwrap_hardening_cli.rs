@@ -22,7 +22,7 @@ fn install_fake(path: &Path) {
 
 fn install_script(path: &Path, script: &str) {
     fs::create_dir_all(path.parent().unwrap()).unwrap();
-    agentdiff_engine::testing::write_executable(path, script, 0o755);
+    agentdiff_test_support::write_executable(path, script, 0o755);
 }
 
 const CANARY_COMMAND: &str = "echo COMMAND-RAN-CANARY; echo ran > ran.txt";

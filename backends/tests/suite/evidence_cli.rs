@@ -222,7 +222,7 @@ fn objects_rewritten_resized_or_vouched_for_between_runs_are_never_reused() {
     };
     let (a, b) = (object(b"a\n"), object(b"b\n"));
     // Same size, other bytes, mtime restored: only the ctime shows the write.
-    let rewrite_in_place = |path: &Path| agentdiff_engine::testing::rewrite_in_place(path, b"A\n");
+    let rewrite_in_place = |path: &Path| agentdiff_test_support::rewrite_in_place(path, b"A\n");
     let remove_and_restore = |id: &str| {
         let (code, result) = p.run(id, "rm a.txt b.txt");
         assert_eq!(code, 0, "{result:#}");
@@ -631,7 +631,7 @@ fn argv_secrets_are_redacted_and_environment_fingerprints_are_keyed() {
     let p = project();
     let bin = p.root.parent().unwrap().join("bin");
     fs::create_dir(&bin).unwrap();
-    agentdiff_engine::testing::write_executable(&bin.join("mysql"), "#!/bin/sh\nexit 0\n", 0o755);
+    agentdiff_test_support::write_executable(&bin.join("mysql"), "#!/bin/sh\nexit 0\n", 0o755);
     let mysql = bin.join("mysql").display().to_string();
     let out = p
         .cmd(&["run", "--run-id", "secrets", "--", "sh", "-c", "true", "x"])
@@ -682,7 +682,7 @@ fn argv_secrets_are_redacted_and_environment_fingerprints_are_keyed() {
     let fp = runtime["environment"]["variables"]["PIN"].as_str().unwrap();
     assert!(fp.starts_with("hmac-sha256:"), "{fp}");
     let guessed = (0..10_000).any(|pin| {
-        let unkeyed = agentdiff_engine::redact::fingerprint("PIN", format!("{pin:04}").as_bytes());
+        let unkeyed = agentdiff_host::redact::fingerprint("PIN", format!("{pin:04}").as_bytes());
         fp.contains(&unkeyed["sha256:".len()..])
     });
     assert!(!guessed, "the PIN is recoverable offline from {fp}");

@@ -94,7 +94,7 @@ impl PluginDir {
             source = source.replace(old, new);
         }
         let p = self.dir.path().join(format!("agentdiff-backend-{id}"));
-        agentdiff_engine::testing::write_executable(&p, &source, 0o755);
+        agentdiff_test_support::write_executable(&p, &source, 0o755);
         p
     }
 
@@ -715,7 +715,7 @@ fn a_plugin_that_cannot_be_described_is_an_unavailable_backend() {
         ("babbles", "#!/bin/sh\necho 'not json' >&4\nsleep 5\n"),
     ] {
         let p = plugins.path().join(format!("agentdiff-backend-{id}"));
-        agentdiff_engine::testing::write_executable(&p, body, 0o755);
+        agentdiff_test_support::write_executable(&p, body, 0o755);
         let project = tempfile::tempdir().unwrap();
         let path = path_with(&[plugins.path()]);
         let out = agentdiff_on(

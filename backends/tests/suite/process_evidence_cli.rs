@@ -278,7 +278,7 @@ fn an_exec_of_a_script_through_its_interpreter_is_recorded() {
     }
     for mechanism in mechanisms {
         let p = project();
-        agentdiff_engine::testing::write_executable(
+        agentdiff_test_support::write_executable(
             &p.path().join("tool.sh"),
             "#!/bin/sh\nsleep 0.4\n",
             0o755,
@@ -486,11 +486,7 @@ fn busybox_rootfs() -> tempfile::TempDir {
     fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bin = d.path().join("bin");
     fs::create_dir(&bin).unwrap();
-    agentdiff_engine::testing::copy_executable(
-        Path::new("/bin/busybox"),
-        &bin.join("busybox"),
-        0o755,
-    );
+    agentdiff_test_support::copy_executable(Path::new("/bin/busybox"), &bin.join("busybox"), 0o755);
     let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
     for applet in String::from_utf8_lossy(&list.stdout).lines() {
         if applet != "busybox" && !applet.is_empty() {

@@ -427,7 +427,7 @@ fn first_run_then_damage_a_backup(root: &Path) -> std::path::PathBuf {
     run(root, "r1", &[], "true");
     let object = backup_object(root, "r1", "a.txt");
     fs::set_permissions(&object, fs::Permissions::from_mode(0o600)).unwrap();
-    agentdiff_engine::testing::rewrite_in_place(&object, b"A.txt\n");
+    agentdiff_test_support::rewrite_in_place(&object, b"A.txt\n");
     // Past the filesystem's timestamp tick, so the change is older than the next run's listing.
     std::thread::sleep(Duration::from_millis(50));
     object

@@ -15,7 +15,7 @@ const ECHO_ARGS: &str = "for a in \"$@\"; do printf '%s\\0' \"$a\"; done";
 fn show(words: &[Vec<u8>]) -> Vec<String> {
     words
         .iter()
-        .map(|w| agentdiff_engine::redact::escape_terminal(&String::from_utf8_lossy(w)))
+        .map(|w| agentdiff_host::redact::escape_terminal(&String::from_utf8_lossy(w)))
         .collect()
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use agentdiff_engine::backend::{Boundary, Enforcement, Level, RunEvidence};
-use agentdiff_engine::redact;
+use agentdiff_host::redact;
 use serde_json::{json, Value};
 
 use super::{scratch_failure, stage_failure};

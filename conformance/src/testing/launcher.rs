@@ -311,7 +311,7 @@ impl RunningCommand for Running {
                 .iter()
                 .map(|(k, v)| {
                     let name = k.to_string_lossy().into_owned();
-                    let fp = agentdiff_engine::redact::fingerprint(&name, v.as_encoded_bytes());
+                    let fp = agentdiff_host::redact::fingerprint(&name, v.as_encoded_bytes());
                     (name, fp)
                 })
                 .collect(),

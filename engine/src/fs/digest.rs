@@ -229,7 +229,7 @@ impl StatDigests {
 }
 
 fn key(id: &str) -> Option<[u8; 32]> {
-    crate::hex_id::decode(id)
+    agentdiff_host::hex_id::decode(id)
 }
 
 /// SHA-256 over every entry's name and recorded fields except `sha256` and `backup`, in name

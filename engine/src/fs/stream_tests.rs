@@ -687,7 +687,7 @@ fn adversarial_edits_case(digests: bool) {
 
     // Past the kernel's coarse clock tick, so every edit moves a ctime.
     std::thread::sleep(std::time::Duration::from_millis(50));
-    crate::testing::rewrite_in_place(&r.join("same_size/f"), b"bbbb");
+    agentdiff_test_support::rewrite_in_place(&r.join("same_size/f"), b"bbbb");
     fs::rename(r.join("swap/x"), r.join("swap/tmp")).unwrap();
     fs::rename(r.join("swap/y"), r.join("swap/x")).unwrap();
     fs::rename(r.join("swap/tmp"), r.join("swap/y")).unwrap();
@@ -696,10 +696,10 @@ fn adversarial_edits_case(digests: bool) {
     symlink("t2", r.join("link/l")).unwrap();
     fs::remove_file(r.join("kind/thing")).unwrap();
     write(r, "kind/thing/inner", "file");
-    crate::testing::rewrite_in_place(&r.join("hard/two"), b"HHHH");
+    agentdiff_test_support::rewrite_in_place(&r.join("hard/two"), b"HHHH");
     fs::hard_link(r.join("hard/single"), r.join("hard/single2")).unwrap();
-    crate::testing::rewrite_in_place(&r.join("odd/ name\nwith newline"), b"odd?");
-    crate::testing::rewrite_in_place(&r.join("nest/a/b/f"), b"NNNN");
+    agentdiff_test_support::rewrite_in_place(&r.join("odd/ name\nwith newline"), b"odd?");
+    agentdiff_test_support::rewrite_in_place(&r.join("nest/a/b/f"), b"NNNN");
 
     let reused = rescan_reusing(r, &first, &trees);
     let mut sink = &trees;

@@ -139,7 +139,7 @@ fn many_walkers_reuse_an_earlier_scan_as_one_does() {
         .map(|s| s + 2 * RACY_MARGIN_NS);
     // Changes the reuse must see, in directories both walkers will hold.
     std::thread::sleep(std::time::Duration::from_millis(50));
-    crate::testing::rewrite_in_place(&d.path().join("d9/e0/f0.rs"), b"990");
+    agentdiff_test_support::rewrite_in_place(&d.path().join("d9/e0/f0.rs"), b"990");
     write(d.path(), "d11/e3/new.rs", "new");
     fs::remove_file(d.path().join("d3/e0/f2.rs")).unwrap();
     let scan_with = |walkers: usize, digests: bool| {

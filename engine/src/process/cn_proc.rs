@@ -529,7 +529,9 @@ mod tests {
     #[test]
     fn an_ack_queued_before_the_deadline_is_read_after_it() {
         if let Err(e) = probe() {
-            crate::testing::skip(&format!("the process events connector is unavailable: {e}"));
+            agentdiff_test_support::skip(&format!(
+                "the process events connector is unavailable: {e}"
+            ));
             return;
         }
         let fd = subscribe(

@@ -169,7 +169,7 @@ impl HiddenSocket {
     /// The socket at `path` now (symlinks resolved); `None` when nothing is there.
     pub fn of(path: &Path) -> Option<HiddenSocket> {
         use std::os::unix::fs::MetadataExt;
-        let resolved = crate::host::canonical_if_present(path).ok()?;
+        let resolved = agentdiff_host::system::canonical_if_present(path).ok()?;
         let meta = std::fs::metadata(&resolved).ok()?;
         Some(HiddenSocket {
             path: resolved,
@@ -446,7 +446,7 @@ pub fn candidate_sockets(command_env: &[(std::ffi::OsString, std::ffi::OsString)
     out.push(PathBuf::from(format!("/run/user/{uid}/docker.sock")));
     let mut seen = std::collections::HashSet::new();
     out.retain(|p| {
-        let key = crate::host::canonical_if_present(p).unwrap_or_else(|_| p.clone());
+        let key = agentdiff_host::system::canonical_if_present(p).unwrap_or_else(|_| p.clone());
         seen.insert(key)
     });
     out
@@ -574,7 +574,7 @@ fn record(
     let mut command = vec![c["Path"].as_str().unwrap_or("").to_string()];
     command.extend(str_list(&c["Args"]));
     command.retain(|s| !s.is_empty());
-    rec.command = crate::redact::redact_argv_deep(&command);
+    rec.command = agentdiff_host::redact::redact_argv_deep(&command);
     rec.created = c["Created"].as_str().unwrap_or("").to_string();
     rec.running_at_end = c["State"]["Running"].as_bool().unwrap_or(false);
     let pid_of = |k: &str| c["State"][k].as_u64().map(|p| p as u32).filter(|p| *p > 0);
@@ -969,7 +969,7 @@ mod tests {
             .any(|p| p.to_string_lossy().contains("1.2.3.4")));
     }
 
-    use crate::testing::fake_podman;
+    use agentdiff_test_support::fake_podman;
 
     #[test]
     fn engine_creation_times_parse_to_unix_nanoseconds() {

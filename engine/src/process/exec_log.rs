@@ -10,7 +10,7 @@
 //!   Misses a process that starts and exits between two polls, and every exec but the last
 //!   between two polls; an exec of the same program with the same arguments is invisible.
 //!
-//! Invariants: argument vectors are redacted ([`crate::redact::redact_argv_deep`], before they
+//! Invariants: argument vectors are redacted ([`agentdiff_host::redact::redact_argv_deep`], before they
 //! are cut) and bounded ([`MAX_ARGS`], [`MAX_ARG_BYTES`]) before they are kept; the log keeps at most
 //! [`super::cn_proc::MAX_EXEC_EVENTS`] events and counts the rest.
 
@@ -131,7 +131,7 @@ fn bounded_argv(raw: &[u8]) -> (Vec<String>, u64) {
         }
     }
     // Redacted whole, then cut: a cut secret could escape recognition.
-    let mut args = crate::redact::redact_argv_deep(&args);
+    let mut args = agentdiff_host::redact::redact_argv_deep(&args);
     for s in &mut args {
         if s.len() > MAX_ARG_BYTES {
             let mut cut = MAX_ARG_BYTES;

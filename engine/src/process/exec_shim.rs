@@ -864,7 +864,7 @@ pub fn locate(
             installed_beside(&exe).unwrap_or(exe)
         }
     };
-    crate::host::resolve_executable(candidate.as_os_str(), None, Path::new("/"))
+    agentdiff_host::system::resolve_executable(candidate.as_os_str(), None, Path::new("/"))
         .map_err(|e| fail(format!("exec shim: {e}")))
 }
 
@@ -876,7 +876,7 @@ pub fn locate(
 pub fn installed_beside(agentdiff: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let shim = agentdiff.with_file_name(STANDALONE_SHIM);
-    crate::host::check_executable(&shim).ok()?;
+    agentdiff_host::system::check_executable(&shim).ok()?;
     let (own, meta) = (
         std::fs::metadata(agentdiff).ok()?,
         std::fs::metadata(&shim).ok()?,

@@ -19,8 +19,6 @@ pub mod identity;
 pub mod orphans;
 pub mod ports;
 #[cfg(unix)]
-pub mod program_file;
-#[cfg(unix)]
 pub mod shimmed;
 #[cfg(target_os = "linux")]
 pub mod spawn;

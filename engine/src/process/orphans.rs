@@ -73,8 +73,8 @@ pub fn notice(run_id: &str) -> String {
     format!(
         "agentdiff: the monitor of run {} died while its command ran, and processes of that run \
          are still running; stop them with: agentdiff cleanup {}",
-        crate::redact::escape_terminal(run_id),
-        crate::redact::escape_terminal(run_id)
+        agentdiff_host::redact::escape_terminal(run_id),
+        agentdiff_host::redact::escape_terminal(run_id)
     )
 }
 

@@ -431,7 +431,9 @@ mod tests {
 
     fn cgroup() -> Option<crate::process::cgroup::RunCgroup> {
         crate::process::cgroup::RunCgroup::create()
-            .map_err(|e| crate::testing::skip(&format!("no run cgroup can be created here: {e}")))
+            .map_err(|e| {
+                agentdiff_test_support::skip(&format!("no run cgroup can be created here: {e}"))
+            })
             .ok()
     }
 

@@ -26,7 +26,7 @@ pub fn execute(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report, 
 fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report, PromoteError> {
     use crate::rollback::apply::Applier;
     use crate::rollback::execute;
-    use crate::rollback::secure_dir::DirHandle;
+    use agentdiff_host::dir::DirHandle;
 
     let started_at = now_rfc3339_millis();
     let root = DirHandle::open_root(&plan.root).map_err(|source| PromoteError::Io {

@@ -131,7 +131,7 @@ impl std::fmt::Display for PromoteStatus {
 
 /// Human summary of a report.
 pub fn render_summary(report: &Report) -> String {
-    use crate::redact::escape_terminal;
+    use agentdiff_host::redact::escape_terminal;
     let mut out = String::new();
     out.push_str(&format!(
         "promote {}{}: {}\n",

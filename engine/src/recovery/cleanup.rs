@@ -179,7 +179,7 @@ fn from_launch_event(
         if !is_run_cgroup(cg, cgroup_mount().as_deref()) {
             return Err(CleanupError::NotARunCgroup {
                 run_id: capsule.id().to_string(),
-                cgroup: crate::redact::escape_terminal(&cg.display().to_string()),
+                cgroup: agentdiff_host::redact::escape_terminal(&cg.display().to_string()),
             });
         }
         if let Ok(text) = std::fs::read_to_string(cg.join("cgroup.procs")) {

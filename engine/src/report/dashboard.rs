@@ -14,7 +14,7 @@ use super::field_text;
 use super::html::{self, escape};
 use super::listing::{RunRow, SealState};
 use super::live::LiveUpdate;
-use crate::redact::escape_terminal;
+use agentdiff_host::redact::escape_terminal;
 
 /// Opens the event stream and prepends each update to the live list.
 const SCRIPT: &str = "(function(){var t=document.body.dataset.token,l=document.getElementById(\

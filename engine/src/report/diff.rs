@@ -23,9 +23,9 @@ use sha2::{Digest, Sha256};
 
 use crate::fs::{BackupState, Entry, EntryKind, Manifest};
 use crate::rollback::diff_preview::{self, NoPreview, MAX_PREVIEW_BYTES};
-use crate::rollback::secure_dir::{file_meta, DirHandle, NodeKind};
 use crate::store::{Artifact, Capsule, ObjectStore};
 use crate::transaction::ChangeRecord;
+use agentdiff_host::dir::{file_meta, DirHandle, NodeKind};
 
 /// Most diff text a report carries in total; later changes say they were left out.
 pub const MAX_TOTAL_DIFF_BYTES: usize = 8 * 1024 * 1024;

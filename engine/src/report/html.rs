@@ -23,9 +23,9 @@ use std::fmt::Write as _;
 use sha2::{Digest, Sha256};
 
 use crate::backend::RunEvidence;
-use crate::redact::escape_terminal;
 use crate::store::Verdict;
 use crate::transaction::ChangeRecord;
+use agentdiff_host::redact::escape_terminal;
 
 use super::diff::{ChangeDiff, DiffBody};
 use super::evidence::{port_owner, process_tree, PortOwner, ProcessRow};

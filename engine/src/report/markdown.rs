@@ -16,8 +16,8 @@ use std::fmt::Write as _;
 
 use crate::backend::{Boundary, WorkspaceMode};
 use crate::policy::Action;
-use crate::redact::escape_terminal;
 use crate::store::{RunId, Verdict};
+use agentdiff_host::redact::escape_terminal;
 
 use super::evidence::{port_owner, PortOwner};
 use super::rows::{self, FindingRow, Level};

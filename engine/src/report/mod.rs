@@ -19,11 +19,11 @@ use std::path::PathBuf;
 use crate::backend::external::{ExternalFacts, ExternalOrigin};
 use crate::backend::{Enforcement, WorkspaceMode};
 use crate::policy::Action;
-use crate::redact::escape_terminal;
 use crate::store::doc::Event;
 use crate::store::seal::VerifyContext;
 use crate::store::{Artifact, Capsule, ObjectStore, RuntimeDoc, StoreError, VerifyReport};
 use crate::transaction::{ChangeRecord, RunResult, RuntimeSummary, Status};
+use agentdiff_host::redact::escape_terminal;
 
 /// Errors of loading a run for a report.
 #[derive(Debug, thiserror::Error)]

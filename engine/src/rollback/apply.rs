@@ -29,9 +29,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::diff_preview;
-use super::secure_dir::{self, DirHandle, NodeKind, NodeMeta};
 use crate::fs::{BackupSkip, BackupState, Entry, EntryKind};
 use crate::store::{ObjectStore, StoreError};
+use agentdiff_host::dir::{self, DirHandle, NodeKind, NodeMeta};
 
 /// One path to move from `expected` to `target`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -571,7 +571,7 @@ impl<'a> Applier<'a> {
         let parent = match self.root.open_relative(parent_rel) {
             Ok(p) => Some(p),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) if secure_dir::is_not_a_directory(&e) => {
+            Err(e) if dir::is_not_a_directory(&e) => {
                 return Ok(OpResult::with(
                     Outcome::Conflict,
                     format!(
@@ -778,7 +778,7 @@ impl<'a> Applier<'a> {
                 }
             })
             .and_then(|()| {
-                secure_dir::chmod_file(&tmp, target.mode)
+                dir::chmod_file(&tmp, target.mode)
                     .and_then(|()| tmp.flush())
                     .and_then(|()| tmp.sync_all())
                     .map_err(|e| format!("cannot write the temporary file: {e}"))
@@ -856,7 +856,7 @@ impl<'a> Applier<'a> {
             ));
         }
         self.step()?;
-        match secure_dir::chmod_file(&file, target.mode).and_then(|()| file.sync_all()) {
+        match dir::chmod_file(&file, target.mode).and_then(|()| file.sync_all()) {
             Ok(()) => Ok(OpResult::new(Outcome::Restored)),
             Err(e) => Ok(OpResult::with(
                 Outcome::Failed,
@@ -903,7 +903,7 @@ impl<'a> Applier<'a> {
                 OpResult::with(Outcome::Failed, format!("cannot move it aside: {e}"))
             });
         }
-        let ours = match (parent.stat(&aside), secure_dir::file_meta(&file)) {
+        let ours = match (parent.stat(&aside), dir::file_meta(&file)) {
             // The rename itself updates ctime, so only size and mtime are compared here.
             (Ok(Some(moved)), Ok(fd_now)) => {
                 moved.same_identity(&meta)
@@ -1036,7 +1036,7 @@ impl<'a> Applier<'a> {
         };
         let extra: Vec<String> = entries
             .iter()
-            .filter(|n| !(self.dry_run && secure_dir::is_temp_name(n)))
+            .filter(|n| !(self.dry_run && dir::is_temp_name(n)))
             .map(|n| n.to_string_lossy().into_owned())
             .filter(|n| !children.gone.contains(n))
             .collect();
@@ -1222,7 +1222,7 @@ fn read_current(parent: &DirHandle, name: &OsStr, op: &ApplyOp) -> io::Result<Cu
                 }
                 Err(e) => return Err(e),
             };
-            let before = secure_dir::file_meta(&file)?;
+            let before = dir::file_meta(&file)?;
             if !before.same_identity(&meta) || before.kind != NodeKind::File {
                 return Err(io::Error::other(
                     "it was replaced while being checked; run the rollback again",
@@ -1235,7 +1235,7 @@ fn read_current(parent: &DirHandle, name: &OsStr, op: &ApplyOp) -> io::Result<Cu
                 .any(|e| e.kind == EntryKind::File && e.size == before.size);
             let sha = if worth_hashing {
                 let sha = hash_file(&mut file)?;
-                let after = secure_dir::file_meta(&file)?;
+                let after = dir::file_meta(&file)?;
                 if !after.unchanged_since(&before) {
                     return Err(io::Error::other(
                         "it changed while being hashed; run the rollback again",
@@ -1258,7 +1258,7 @@ fn read_current(parent: &DirHandle, name: &OsStr, op: &ApplyOp) -> io::Result<Cu
 /// The last check before a swap: `name` is still the inode that was verified (looked up afresh in
 /// its parent), and the open file was not modified since.
 fn still_verified(parent: &DirHandle, name: &OsStr, meta: &NodeMeta, file: &std::fs::File) -> bool {
-    match (parent.stat(name), secure_dir::file_meta(file)) {
+    match (parent.stat(name), dir::file_meta(file)) {
         (Ok(Some(now)), Ok(fd_now)) => now.same_identity(meta) && fd_now.unchanged_since(meta),
         _ => false,
     }

@@ -11,8 +11,8 @@
 
 use crate::fs::Entry;
 use crate::policy::Action;
-use crate::redact::escape_terminal;
 pub use crate::score::is_sensitive_path;
+use agentdiff_host::redact::escape_terminal;
 
 /// Largest side shown inline.
 pub const MAX_PREVIEW_BYTES: u64 = 1024 * 1024;

@@ -19,7 +19,6 @@ pub mod execute;
 mod later;
 pub mod plan;
 pub mod report;
-pub mod secure_dir;
 
 use std::path::PathBuf;
 
@@ -163,12 +162,13 @@ pub fn execute(
     opts: &ExecuteOptions,
 ) -> Result<Report, RollbackError> {
     let started_at = now_rfc3339_millis();
-    let root =
-        secure_dir::DirHandle::open_root(&plan.root).map_err(|source| RollbackError::Io {
+    let root = agentdiff_host::dir::DirHandle::open_root(&plan.root).map_err(|source| {
+        RollbackError::Io {
             action: "open the project root",
             path: plan.root.clone(),
             source,
-        })?;
+        }
+    })?;
     let mut applier = apply::Applier::new(root, &plan.objects, opts.dry_run, opts.fault);
     applier.expected_label = "the state the run left";
     applier.show_secrets = plan.show_secrets;

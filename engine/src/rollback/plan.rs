@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::apply::{classify, ApplyOp, OpKind, Transition};
-use super::secure_dir::{DirHandle, NodeKind};
 use super::{RollbackError, Scope, Selection};
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::Action;
 use crate::recovery::{RecordedRun, RecordedTree};
 use crate::store::{Capsule, ObjectStore, StoreError};
 use crate::transaction::ChangeRecord;
+use agentdiff_host::dir::{DirHandle, NodeKind};
 
 /// What rollback will do with one recorded change.
 #[derive(Debug, Clone, PartialEq, Eq)]

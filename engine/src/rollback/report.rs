@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::apply::{OpKind, Outcome};
 use super::Scope;
 use crate::fs::{ChangeType, EntryKind};
-use crate::redact::{escape_terminal, escape_terminal_lines};
+use agentdiff_host::redact::{escape_terminal, escape_terminal_lines};
 
 /// One recorded change and what happened to it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,8 +16,8 @@ pub use crate::backend::LaunchFacts;
 use crate::backend::RunEvidence;
 use crate::fs::Manifest;
 use crate::policy::{Policy, PolicySource, RollbackSettings};
-use crate::redact;
 pub use crate::transaction::{ChangeRecord, Metadata, RunResult, VerifiedControl};
+use agentdiff_host::redact;
 
 /// `policy.json`: where the policy came from and the effective policy with every default filled
 /// in (itself a valid policy document of `policy_version`).

@@ -418,7 +418,7 @@ mod tests {
         objects.save_verified_cache(&key(1)).unwrap();
         let path = objects.object_path(&hex).unwrap();
         // Same size, other content, mtime put back: only the ctime shows the write.
-        crate::testing::rewrite_in_place(&path, b"BACKUP BYTES");
+        agentdiff_test_support::rewrite_in_place(&path, b"BACKUP BYTES");
         let next = reopened(&objects);
         assert_eq!(next.load_verified_cache(&key(1)), 1);
         assert!(

@@ -578,7 +578,7 @@ mod tests {
             .collect()
     }
 
-    use crate::testing::rewrite_in_place;
+    use agentdiff_test_support::rewrite_in_place;
     use std::os::unix::fs::MetadataExt;
 
     #[test]

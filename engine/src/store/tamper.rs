@@ -522,7 +522,7 @@ mod tests {
         // An artifact of the latest run rewritten in place (same size, mtime put back).
         let result = store.runs_dir().join("r7/result.json");
         let bytes = fs::read(&result).unwrap();
-        crate::testing::rewrite_in_place(&result, &bytes);
+        agentdiff_test_support::rewrite_in_place(&result, &bytes);
         // A file planted in a watched run; an old run removed, another replaced, one planted.
         fs::write(store.runs_dir().join("r6/extra.json"), b"{}").unwrap();
         fs::remove_dir_all(store.runs_dir().join("r0")).unwrap();

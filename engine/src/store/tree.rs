@@ -250,7 +250,7 @@ impl TreeSpool {
     }
 
     fn key(id: &str) -> Option<[u8; 32]> {
-        crate::hex_id::decode(id)
+        agentdiff_host::hex_id::decode(id)
     }
 
     /// Why the spool stopped taking trees, if it did.

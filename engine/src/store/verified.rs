@@ -89,7 +89,7 @@ pub(crate) type FileStamp = (u64, u64, u64, i64, i64);
 
 /// The binary form of a valid object name (`None` for anything else).
 pub(crate) fn key_of(hex: &str) -> Option<Key> {
-    crate::hex_id::decode(hex)
+    agentdiff_host::hex_id::decode(hex)
 }
 
 /// The first eight bytes of a key as a number: most comparisons end there.

@@ -87,7 +87,7 @@ pub fn classify_uncaptured(policy: &Policy, changes: &[UnsupportedChange]) -> Ve
                 detail: format!(
                     "{}: {} {:?} where the policy denies writes ({}); it could not be captured, \
                      so it cannot be shown or rolled back",
-                    crate::redact::escape_terminal(&u.path),
+                    agentdiff_host::redact::escape_terminal(&u.path),
                     u.after_kind
                         .as_deref()
                         .or(u.before_kind.as_deref())
@@ -115,7 +115,7 @@ pub fn classify_incomplete(incomplete: &[String]) -> Vec<EvidenceFinding> {
             action: Action::Deny,
             detail: format!(
                 "the before/after comparison is incomplete: {}",
-                crate::redact::escape_terminal(why)
+                agentdiff_host::redact::escape_terminal(why)
             ),
             process: None,
             container: None,

@@ -19,8 +19,8 @@ use super::{Refusal, VerifiedControl};
 use crate::backend::{BackendError, ExitInfo, FailureKind, RunEvidence};
 use crate::fs::{self, Manifest};
 use crate::policy::{Action, Decision, Policy, Weights};
-use crate::redact;
 use crate::score;
+use agentdiff_host::redact;
 
 /// Everything the decision reads about a run that was launched.
 pub struct Evidence<'a> {

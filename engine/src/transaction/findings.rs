@@ -73,7 +73,7 @@ pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
                     "process {} ({}) moved itself out of the run cgroup into {cg}: an attempt to \
                      escape observation; it was tracked as a descendant and ended",
                     p.identity.pid,
-                    crate::redact::escape_terminal(&p.executable)
+                    agentdiff_host::redact::escape_terminal(&p.executable)
                 ),
                 process: Some(p.identity.clone()),
                 container: None,
@@ -88,7 +88,7 @@ pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
                 "the command started container {} (image {:?}, {}){}",
                 short_id(&c.id),
                 c.image,
-                crate::redact::escape_terminal(&c.command.join(" ")),
+                agentdiff_host::redact::escape_terminal(&c.command.join(" ")),
                 if c.running_after_cleanup {
                     "; still running: `agentdiff cleanup RUN --containers` stops it"
                 } else {

@@ -48,11 +48,11 @@ use crate::backend::{
 use crate::environment::EnvMode;
 use crate::fs::ScanProgress;
 use crate::policy::{Action, LoadedPolicy};
-use crate::redact;
 use crate::store::seal::{SealAuthority, StateDir};
 use crate::store::{
     Artifact, Capsule, ObjectsSnapshot, PolicyDoc, RecordedScan, RuntimeDoc, Store,
 };
+use agentdiff_host::redact;
 use capture::CapturePlan;
 use seal::Sealer;
 

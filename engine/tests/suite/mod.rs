@@ -4,4 +4,4 @@ mod rollback;
 mod scanner;
 mod store;
 
-pub use agentdiff_engine::testing::skip;
+pub use agentdiff_test_support::skip;

@@ -242,7 +242,7 @@ mod tests {
 
     fn script(dir: &Path, name: &str) -> PathBuf {
         let p = dir.join(name);
-        crate::testing::write_executable(&p, "#!/bin/sh\nexit 0\n", 0o755);
+        agentdiff_test_support::write_executable(&p, "#!/bin/sh\nexit 0\n", 0o755);
         p
     }
 

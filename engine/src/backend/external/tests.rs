@@ -99,7 +99,7 @@ impl Fake {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agentdiff-backend-fake");
         let record = dir.path().join("record");
-        crate::testing::write_executable(&path, &fake_script(mode, &record, extra), 0o755);
+        agentdiff_test_support::write_executable(&path, &fake_script(mode, &record, extra), 0o755);
         // The default timeouts: a shell plugin's start on a loaded machine is part of the first
         // request's time. The one test about a timeout sets its own.
         let plugin = Plugin {

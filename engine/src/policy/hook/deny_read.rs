@@ -138,12 +138,12 @@ impl DenyRead {
 
     /// The default section.
     /// The default section: the engine's credential locations under `~/`, then the project's
-    /// secret files ([`crate::credentials`]).
+    /// secret files ([`agentdiff_host::credentials`]).
     pub fn default_patterns() -> Vec<String> {
-        let home = crate::credentials::HOME_CREDENTIAL_LOCATIONS
+        let home = agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS
             .iter()
             .map(|l| format!("~/{l}"));
-        let project = crate::credentials::PROJECT_SECRET_PATTERNS
+        let project = agentdiff_host::credentials::PROJECT_SECRET_PATTERNS
             .iter()
             .map(|p| (*p).to_owned());
         home.chain(project).collect()

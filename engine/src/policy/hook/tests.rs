@@ -103,7 +103,7 @@ fn hard_links_are_the_same_file() {
         &root,
         json!({"tool_name": "Read", "tool_input": {"file_path": "src/envhl"}}),
     );
-    let ix = crate::credentials::HOME_CREDENTIAL_LOCATIONS.len();
+    let ix = agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS.len();
     assert_eq!(
         v.decision.unwrap().rule,
         format!("filesystem.deny_read[{ix}]")

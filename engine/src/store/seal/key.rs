@@ -25,9 +25,7 @@ use sha2::{Digest, Sha256};
 use super::super::atomic;
 use super::super::StoreError;
 
-/// Environment variable naming the state directory (key and ledger) explicitly; tests and
-/// operators who keep evidence keys elsewhere use it.
-pub const STATE_DIR_ENV: &str = "AGENTDIFF_STATE_DIR";
+pub use agentdiff_host::state_dir::STATE_DIR_ENV;
 pub const KEY_FILE_NAME: &str = "seal.key";
 const KEY_LEN: usize = 32;
 
@@ -52,18 +50,15 @@ impl StateDir {
         Ok(StateDir { path })
     }
 
-    /// Resolves the location from the environment (see the module docs).
+    /// Resolves the location from the environment, by the one rule every crate uses
+    /// ([`agentdiff_host::state_dir::locate`]).
     pub fn from_env() -> Result<StateDir, StoreError> {
-        let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-        if let Some(dir) = non_empty(STATE_DIR_ENV) {
-            return StateDir::at(PathBuf::from(dir));
-        }
-        if let Some(xdg) = non_empty("XDG_STATE_HOME") {
-            return StateDir::at(PathBuf::from(xdg).join("agentdiff"));
-        }
-        match non_empty("HOME") {
-            Some(home) => StateDir::at(PathBuf::from(home).join(".local/state/agentdiff")),
-            None => Err(StoreError::StateDir {
+        match agentdiff_host::state_dir::locate() {
+            Ok(path) => StateDir::at(path),
+            Err(agentdiff_host::state_dir::StateDirError::NotAbsolute { path }) => {
+                StateDir::at(path)
+            }
+            Err(agentdiff_host::state_dir::StateDirError::Unset) => Err(StoreError::StateDir {
                 path: PathBuf::from("~/.local/state/agentdiff"),
                 reason: format!("neither {STATE_DIR_ENV}, XDG_STATE_HOME nor HOME is set"),
             }),

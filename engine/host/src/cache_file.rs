@@ -58,7 +58,7 @@ pub fn read<T: DeserializeOwned + Default>(path: &Path) -> T {
         return T::default();
     };
     let trusted = file.metadata().is_ok_and(|m| {
-        m.is_file() && m.uid() == crate::host::euid() && m.permissions().mode() & 0o022 == 0
+        m.is_file() && m.uid() == crate::system::euid() && m.permissions().mode() & 0o022 == 0
     });
     if !trusted {
         return T::default();

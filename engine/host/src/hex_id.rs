@@ -23,7 +23,7 @@ const DIGITS: [u8; 256] = {
 const INVALID: u8 = 0xff;
 
 /// The 32 bytes of a 64-digit lower-case hex id; `None` for anything else.
-pub(crate) fn decode(id: &str) -> Option<[u8; 32]> {
+pub fn decode(id: &str) -> Option<[u8; 32]> {
     let b = id.as_bytes();
     if b.len() != 64 {
         return None;

@@ -210,7 +210,7 @@ mod tests {
 
     fn write_exec(dir: &Path, name: &str, mode: u32) -> PathBuf {
         let p = dir.join(name);
-        crate::testing::write_executable(&p, "#!/bin/sh\nexit 0\n", mode);
+        agentdiff_test_support::write_executable(&p, "#!/bin/sh\nexit 0\n", mode);
         p
     }
 

@@ -1,0 +1,20 @@
+//! The host toolkit: what every other agentdiff crate needs from the machine it runs on, and
+//! nothing that knows about runs, policies or backends.
+//!
+//! Layering: this crate is the bottom of the workspace. It depends on no other agentdiff crate,
+//! so a backend author and the engine share one implementation of each primitive (directory
+//! handles that never follow symlinks, the state directory's location, redaction, the credential
+//! locations) instead of near-copies. See docs/architecture.md.
+
+#[cfg(unix)]
+pub mod cache_file;
+pub mod credentials;
+#[cfg(unix)]
+pub mod dir;
+pub mod hex_id;
+#[cfg(unix)]
+pub mod program_file;
+pub mod redact;
+pub mod state_dir;
+#[cfg(unix)]
+pub mod system;
