@@ -5,17 +5,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::{
-    cleanup_host_processes, Availability, BackendError, BackendFacts, BackendOptions, Capabilities,
-    CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
-    ProcessRelation, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+use agentdiff_backend_api::{
+    Availability, BackendError, BackendFacts, BackendOptions, Capabilities, CleanupReport,
+    LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessRelation,
+    Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
-use agentdiff_engine::process::exec_shim::{self, StartState};
-use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
-use agentdiff_engine::process::start_gate;
-use agentdiff_engine::process::supervisor::EvidenceLabels;
-use agentdiff_engine::process::ProcessIdentity;
 use agentdiff_host::system::absolute_from_cwd as absolute;
+use agentdiff_process::cleanup_host_processes;
+use agentdiff_process::exec_shim::{self, StartState};
+use agentdiff_process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
+use agentdiff_process::start_gate;
+use agentdiff_process::supervisor::EvidenceLabels;
+use agentdiff_process::ProcessIdentity;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
@@ -294,8 +295,8 @@ impl RuntimeBackend for BwrapBackend {
         let proc_sys = Path::new("/proc/sys");
         let mut detail = format!("bwrap at {}; {}", bwrap.display(), userns.detail);
         if host::apparmor_restricted(proc_sys, euid) {
-            let state = agentdiff_engine::store::seal::StateDir::from_env().ok();
-            let state = state.as_ref().map(|s| s.path());
+            let state = agentdiff_host::state_dir::locate().ok();
+            let state = state.as_deref();
             match host::smoke_test_cached(&bwrap, proc_sys, euid, state).await {
                 Ok(host::StartCheck::Probed) => detail.push_str("; bwrap started a sandbox"),
                 Ok(host::StartCheck::Cached) => detail.push_str(
@@ -450,7 +451,7 @@ impl RunningCommand for BwrapRunning {
             expected_argc,
         } = inner.wait().await?;
         if let Some(env) = &mut evidence.environment {
-            env.mode = agentdiff_engine::environment::EnvMode::Scrub;
+            env.mode = agentdiff_backend_api::environment::EnvMode::Scrub;
             env.dropped.extend(env_dropped);
             env.dropped.sort();
             env.dropped.dedup();
@@ -561,7 +562,7 @@ pub fn attribute_exit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_engine::backend::{
+    use agentdiff_backend_api::{
         CleanupOutcome, CleanupRecord, ExitInfo, FailureKind, ProcessRecord,
     };
 
@@ -572,7 +573,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
         let spec = |extra: &[(&str, &str)]| {
-            let mut options = agentdiff_engine::backend::BackendOptions::default();
+            let mut options = agentdiff_backend_api::BackendOptions::default();
             options.push(crate::OPT_EXECUTABLE, "/bin/sh");
             options.push(crate::OPT_EXEC_SHIM, "/bin/sh");
             for (k, v) in extra {
@@ -764,7 +765,7 @@ mod tests {
         let w: BwrapFacts = e.wrapper.unwrap().decode().unwrap();
         assert_eq!(
             w.start.unwrap().exit_attribution,
-            agentdiff_engine::process::exec_shim::ExitBy::Wrapper
+            agentdiff_process::exec_shim::ExitBy::Wrapper
         );
     }
 

@@ -1,11 +1,11 @@
 //! The bwrap backend's own section of the evidence (`runtime.json` → `wrapper`), typed: written
-//! with [`BackendFacts::new`](agentdiff_engine::backend::BackendFacts::new) and read back with
+//! with [`BackendFacts::new`](agentdiff_backend_api::BackendFacts::new) and read back with
 //! `decode::<BwrapFacts>()`. Field names are the recorded format (docs/backends/bwrap.md).
 
 use std::collections::BTreeMap;
 
-use agentdiff_engine::backend::{CleanupOutcome, Level};
-use agentdiff_engine::process::shimmed::StartFacts;
+use agentdiff_backend_api::{CleanupOutcome, Level};
+use agentdiff_process::shimmed::StartFacts;
 use serde::{Deserialize, Serialize};
 
 /// What the bwrap backend records about one run.

@@ -43,8 +43,8 @@ pub use facts::BwrapFacts;
 /// Backend id (`--runtime bwrap`).
 pub const ID: &str = "bwrap";
 /// Enforcement label on the evidence: agentdiff built the sandbox and bwrap applied it.
-pub const ENFORCEMENT: agentdiff_engine::backend::Enforcement =
-    agentdiff_engine::backend::Enforcement::BwrapSandbox;
+pub const ENFORCEMENT: agentdiff_backend_api::Enforcement =
+    agentdiff_backend_api::Enforcement::BwrapSandbox;
 
 /// Option key: the bwrap executable (a name looked up on PATH, or a path).
 pub const OPT_EXECUTABLE: &str = "bwrap-executable";
@@ -64,7 +64,7 @@ pub const OPTION_KEYS: [&str; 5] = [
     OPT_WRITABLE,
     OPT_NETWORK,
 ];
-use agentdiff_engine::backend::{FailClosedSpec, OptionKind, OptionSpec};
+use agentdiff_backend_api::{FailClosedSpec, OptionKind, OptionSpec};
 
 /// The options the bwrap backend declares.
 pub const OPTIONS: &[OptionSpec] = &[
@@ -110,13 +110,13 @@ pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
 pub const ENV_EXEC_SHIM: &str = "AGENTDIFF_EXEC_SHIM";
 
 #[cfg(target_os = "linux")]
-fn factory() -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
+fn factory() -> Box<dyn agentdiff_backend_api::RuntimeBackend> {
     Box::new(BwrapBackend::new())
 }
 
 #[cfg(target_os = "linux")]
 inventory::submit! {
-    agentdiff_engine::backend::BackendDescriptor::new(
+    agentdiff_backend_api::BackendDescriptor::new(
         ID,
         "bubblewrap sandbox built by agentdiff: host read-only, root writable, .git and \
          credentials protected, no network",

@@ -17,11 +17,11 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Component, Path, PathBuf};
 
-use agentdiff_engine::backend::LaunchSpec;
-use agentdiff_engine::environment::is_runtime_injection;
-use agentdiff_engine::process::containers::{EngineReach, HiddenSocket};
-use agentdiff_engine::process::exec_shim;
+use agentdiff_backend_api::environment::is_runtime_injection;
+use agentdiff_backend_api::LaunchSpec;
 use agentdiff_host::system::canonical_if_present;
+use agentdiff_process::containers::{EngineReach, HiddenSocket};
+use agentdiff_process::exec_shim;
 use serde::Serialize;
 
 use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, OPT_WRITABLE};
@@ -29,7 +29,7 @@ use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, O
 /// Name of the start-marker FIFO in the run capsule (removed when the run ends).
 pub const START_MARKER_FILE: &str = "bwrap-start-marker.fifo";
 /// Name of the start-gate FIFO in the run capsule, where the exec shim waits until the run is
-/// released (`agentdiff_engine::process::start_gate`; removed when the run ends).
+/// released (`agentdiff_process::start_gate`; removed when the run ends).
 pub const START_GATE_FILE: &str = "bwrap-start-gate.fifo";
 
 /// Credential locations below a home directory, hidden from the command when they exist: the
@@ -192,11 +192,9 @@ impl HostFacts {
     pub fn current(command_env: &[(OsString, OsString)]) -> HostFacts {
         let own: Vec<(OsString, OsString)> = std::env::vars_os().collect();
         let mut facts = HostFacts {
-            state_dir: agentdiff_engine::store::seal::StateDir::from_env()
-                .ok()
-                .map(|d| d.path().to_path_buf()),
+            state_dir: agentdiff_host::state_dir::locate().ok(),
             interactive: std::io::IsTerminal::is_terminal(&std::io::stdin()),
-            engine_sockets: agentdiff_engine::process::containers::candidate_sockets(command_env)
+            engine_sockets: agentdiff_process::containers::candidate_sockets(command_env)
                 .into_iter()
                 .chain(RUNTIME_SOCKETS.iter().map(PathBuf::from))
                 .collect(),
@@ -742,7 +740,7 @@ pub fn build_args(
 
 #[cfg(test)]
 mod tests {
-    use agentdiff_engine::backend::BackendOptions;
+    use agentdiff_backend_api::BackendOptions;
 
     use super::*;
 
@@ -1174,9 +1172,7 @@ mod tests {
         let f = HostFacts::current(&env);
         assert!(f.homes.contains(&PathBuf::from("/home/cmd")));
         // The command's XDG_STATE_HOME does not move agentdiff's key: only the store's rule does.
-        let store = agentdiff_engine::store::seal::StateDir::from_env()
-            .ok()
-            .map(|d| d.path().to_path_buf());
+        let store = agentdiff_host::state_dir::locate().ok();
         assert_eq!(f.state_dir, store);
     }
 

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use agentdiff_backend_api::{LaunchContext, RuntimeBackend, StdioMode};
 use agentdiff_backend_container::ContainerBackend;
-use agentdiff_engine::backend::{LaunchContext, RuntimeBackend, StdioMode};
 use agentdiff_engine::fs::{scan, BackupRequest, ScanOptions, DEFAULT_MAX_HASH_BYTES};
 use agentdiff_engine::store::Store;
 use agentdiff_engine::workspace::materialize_into;

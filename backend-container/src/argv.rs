@@ -160,7 +160,7 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_engine::backend::BackendOptions;
+    use agentdiff_backend_api::BackendOptions;
 
     fn options(pairs: &[(&str, &str)]) -> ContainerOptions {
         let mut o = BackendOptions::new();

@@ -8,7 +8,7 @@
 //! [`RuntimeBackend::prepare`] is a pure transform to the engine argv ([`argv`]); everything that
 //! depends on the machine (engine present, image present locally, rootfs usable) is checked in
 //! [`RuntimeBackend::launch`], which fails closed with
-//! [`BackendError::Unavailable`](agentdiff_engine::backend::BackendError) and a remedy.
+//! [`BackendError::Unavailable`](agentdiff_backend_api::BackendError) and a remedy.
 //!
 //! Options (`LaunchSpec::options`, from flags or the policy's `runtime.options`) are listed in
 //! [`options::KEYS`]; see `docs/backends/container.md`.
@@ -27,12 +27,12 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::{
-    cleanup_host_processes, Availability, BackendError, BackendOptions, Capabilities,
-    CleanupReport, Enforcement, FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level,
-    OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity, Result, RunningCommand,
-    RuntimeBackend, WorkspaceMode,
+use agentdiff_backend_api::{
+    Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
+    FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec,
+    PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
+use agentdiff_process::cleanup_host_processes;
 use async_trait::async_trait;
 
 pub use cleanup::{remove_run_containers, CleanupError, RemovedContainers};
@@ -123,7 +123,7 @@ fn factory() -> Box<dyn RuntimeBackend> {
 }
 
 inventory::submit! {
-    agentdiff_engine::backend::BackendDescriptor::new(
+    agentdiff_backend_api::BackendDescriptor::new(
         ID,
         "podman or docker container on a private workspace copy, with network, privilege and resource limits",
         factory,

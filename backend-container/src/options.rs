@@ -1,7 +1,7 @@
 //! The container backend's options: parsed and validated from [`BackendOptions`] (command-line
 //! flags and the policy's version-2 `runtime.options` map feed the same keys).
 
-use agentdiff_engine::backend::BackendOptions;
+use agentdiff_backend_api::BackendOptions;
 use serde::Serialize;
 
 /// Option keys this backend reads. Any other key is refused, so a typo never silently weakens a

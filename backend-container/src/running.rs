@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use agentdiff_engine::backend::{
+use agentdiff_backend_api::{
     BackendError, BackendFacts, CleanupMechanism, CleanupReport, EnvironmentEvidence, ExitInfo,
     FailureKind, LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord,
     ProcessRelation, Result, RunEvidence, RunningCommand, StdioMode,
@@ -74,7 +74,7 @@ pub(crate) async fn launch(
         .spawn()
         .map_err(|e| launch_error(format!("could not start {}: {e}", program.display())))?;
     let pid = child.id();
-    let identity = pid.and_then(|p| agentdiff_engine::process::read_identity(p).ok());
+    let identity = pid.and_then(|p| agentdiff_process::read_identity(p).ok());
 
     let mut wrapper_argv = vec![prepared.program().clone()];
     wrapper_argv.extend(args);
@@ -116,7 +116,7 @@ pub(crate) async fn launch(
             backend: ID.into(),
             enforcement: ENFORCEMENT,
             capabilities: crate::declared_capabilities(),
-            tracking: agentdiff_engine::backend::Tracking::ContainerEngine,
+            tracking: agentdiff_backend_api::Tracking::ContainerEngine,
             wrapper_argv: Some(
                 wrapper_argv
                     .iter()
@@ -127,7 +127,7 @@ pub(crate) async fn launch(
             observation_root: spec.workdir.display().to_string(),
             environment: Some(environment),
             ports: PortEvidence {
-                mode: agentdiff_engine::backend::PortMode::Off,
+                mode: agentdiff_backend_api::PortMode::Off,
                 note: "the container has its own network namespace; host listening sockets are not observed by this backend".into(),
                 ..PortEvidence::default()
             },
@@ -180,7 +180,7 @@ struct Probed {
 async fn probe(
     engine: &Engine,
     plan: &Plan,
-    spec: &agentdiff_engine::backend::LaunchSpec,
+    spec: &agentdiff_backend_api::LaunchSpec,
 ) -> Result<Probed> {
     let rootfs_check = async {
         match &plan.options.source {
@@ -271,7 +271,7 @@ async fn local_image(engine: &Engine, plan: &Plan) -> Result<Option<String>> {
 async fn hand_over_workspace(
     backend: &ContainerBackend,
     plan: &Plan,
-    spec: &agentdiff_engine::backend::LaunchSpec,
+    spec: &agentdiff_backend_api::LaunchSpec,
 ) -> Result<Vec<String>> {
     let ws_meta =
         std::fs::symlink_metadata(&spec.workdir).map_err(|e| BackendError::InvalidRequest {
@@ -400,7 +400,7 @@ fn environment_evidence(
     dropped.dedup();
     EnvironmentEvidence {
         // Scrubbed: the container gets only the named variables.
-        mode: agentdiff_engine::environment::EnvMode::Scrub,
+        mode: agentdiff_backend_api::environment::EnvMode::Scrub,
         variables,
         dropped,
     }
@@ -410,7 +410,7 @@ struct RunningContainer {
     engine: Engine,
     child: tokio::process::Child,
     pid: Option<u32>,
-    identity: Option<agentdiff_engine::process::ProcessIdentity>,
+    identity: Option<agentdiff_process::ProcessIdentity>,
     started: Instant,
     since_unix: u64,
     /// Kept alive until the container id is read; removed on drop.

@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
+use agentdiff_backend_api::{LaunchContext, LaunchSpec, RuntimeBackend, StdioMode};
 use agentdiff_backend_local::LocalBackend;
 use agentdiff_conformance::testing::launch_spec;
-use agentdiff_engine::backend::{LaunchContext, LaunchSpec, RuntimeBackend, StdioMode};
 
 fn spec(dir: &std::path::Path, argv: &[&str], tracking: Option<&str>) -> LaunchSpec {
     let mut b = launch_spec(dir, argv.iter().copied())
@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         poll.push(launch(Some("proc_poll"), &["true"])?);
     }
     let (d, a, p) = (median(direct), median(auto), median(poll));
-    let mechanism = agentdiff_engine::process::tracker::preferred_mechanism();
+    let mechanism = agentdiff_process::tracker::preferred_mechanism();
     println!("launch `true`, median of {runs} runs:");
     println!(
         "  direct spawn                : {:>8.3} ms",

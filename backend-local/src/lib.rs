@@ -3,17 +3,18 @@
 //! changes are observed, and leftovers are cleaned up by verified identity.
 //!
 //! The process machinery (tracking, cleanup, ports, terminal hand-over) lives in
-//! `agentdiff_engine::process` so that wrapping backends reuse it for their host-side process.
+//! `agentdiff_process` so that wrapping backends reuse it for their host-side process.
 
 use std::time::Duration;
 
-use agentdiff_engine::backend::{
-    cleanup_host_processes, validate_options, Availability, BackendDescriptor, BackendError,
-    BackendOptions, Capabilities, CleanupReport, Enforcement, FailClosedSpec, LaunchCommand,
-    LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity,
-    Result, RunningCommand, RuntimeBackend, WorkspaceMode,
+use agentdiff_backend_api::{
+    validate_options, Availability, BackendDescriptor, BackendError, BackendOptions, Capabilities,
+    CleanupReport, Enforcement, FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level,
+    OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity, Result, RunningCommand,
+    RuntimeBackend, WorkspaceMode,
 };
-use agentdiff_engine::process::{spawn_supervised, tracking_mechanisms_available, EvidenceLabels};
+use agentdiff_process::cleanup_host_processes;
+use agentdiff_process::{spawn_supervised, tracking_mechanisms_available, EvidenceLabels};
 use async_trait::async_trait;
 
 /// Backend id.
@@ -104,7 +105,7 @@ impl RuntimeBackend for LocalBackend {
             }
             None => detail.push_str("; no process tracking mechanism is available"),
         }
-        let (exec, why) = agentdiff_engine::process::exec_log::exec_mechanism_available();
+        let (exec, why) = agentdiff_process::exec_log::exec_mechanism_available();
         detail.push_str(&format!("; exec events: {exec} ({why})"));
         Availability::Ready { detail }
     }
@@ -185,8 +186,8 @@ mod tests {
     use std::ffi::OsString;
     use std::path::Path;
 
+    use agentdiff_backend_api::Boundary;
     use agentdiff_conformance::testing::launch_spec;
-    use agentdiff_engine::backend::Boundary;
 
     use super::*;
 

@@ -5,16 +5,17 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::{
-    cleanup_host_processes, validate_options, Availability, BackendError, BackendFacts,
-    BackendOptions, Capabilities, CleanupReport, InfrastructurePort, LaunchCommand, LaunchContext,
-    LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessRelation, Result, RunEvidence,
-    RunningCommand, RuntimeBackend, WorkspaceMode,
+use agentdiff_backend_api::{
+    validate_options, Availability, BackendError, BackendFacts, BackendOptions, Capabilities,
+    CleanupReport, InfrastructurePort, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec,
+    Level, PreparedLaunch, ProcessRelation, Result, RunEvidence, RunningCommand, RuntimeBackend,
+    WorkspaceMode,
 };
-use agentdiff_engine::process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
-use agentdiff_engine::process::supervisor::EvidenceLabels;
-use agentdiff_engine::process::ProcessIdentity;
 use agentdiff_host::system::absolute_from_cwd as absolute;
+use agentdiff_process::cleanup_host_processes;
+use agentdiff_process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
+use agentdiff_process::supervisor::EvidenceLabels;
+use agentdiff_process::ProcessIdentity;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -327,8 +328,7 @@ impl RuntimeBackend for SrtBackend {
         let mut generated = None;
         let settings_ev = match &plan.settings {
             SettingsChoice::FromPolicy(path) => {
-                let denies = settings::effective_policy_denies(&spec.capsule_dir)
-                    .map_err(|e| launch_error(format!("srt settings from the policy: {e}")))?;
+                let denies = settings::policy_denies(&spec.deny_patterns);
                 let homes = settings::home_dirs(prepared.env());
                 let bridged = settings::bridge(&settings::BridgeInput {
                     workdir: &spec.workdir,
@@ -513,7 +513,7 @@ fn strings(list: &[&str]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_engine::backend::{ExitInfo, FailureKind};
+    use agentdiff_backend_api::{ExitInfo, FailureKind};
 
     #[test]
     fn capabilities_never_claim_enforcement() {
@@ -571,7 +571,7 @@ mod tests {
         assert!(!start.command_started);
         assert_eq!(
             start.exit_attribution,
-            agentdiff_engine::process::exec_shim::ExitBy::Wrapper
+            agentdiff_process::exec_shim::ExitBy::Wrapper
         );
         assert_eq!(e.enforcement, ENFORCEMENT);
     }
@@ -589,14 +589,14 @@ mod tests {
         let start = w.decode::<SrtFacts>().unwrap().start.unwrap();
         assert_eq!(
             start.exit_attribution,
-            agentdiff_engine::process::exec_shim::ExitBy::Command
+            agentdiff_process::exec_shim::ExitBy::Command
         );
         assert_eq!(e.exit.code, Some(1));
     }
 
     #[test]
     fn only_listeners_held_by_the_srt_process_are_infrastructure() {
-        use agentdiff_engine::backend::{PortRecord, ProcessRecord};
+        use agentdiff_backend_api::{PortRecord, ProcessRecord};
         let id = |pid| ProcessIdentity {
             pid,
             start_time_ticks: 7,

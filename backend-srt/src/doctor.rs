@@ -4,9 +4,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::{
-    Availability, Capabilities, DiagnosticFact, Diagnostics, Enforcement,
-};
+use agentdiff_backend_api::{Availability, Capabilities, DiagnosticFact, Diagnostics, Enforcement};
 use serde::Serialize;
 
 use crate::host::{self, Prerequisite, UserNamespaces};

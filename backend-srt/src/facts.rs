@@ -1,8 +1,8 @@
 //! The srt backend's own section of the evidence (`runtime.json` → `wrapper`), typed: written
-//! with [`BackendFacts::new`](agentdiff_engine::backend::BackendFacts::new) and read back with
+//! with [`BackendFacts::new`](agentdiff_backend_api::BackendFacts::new) and read back with
 //! `decode::<SrtFacts>()`. Field names are the recorded format (docs/backends/srt.md).
 
-use agentdiff_engine::process::shimmed::StartFacts;
+use agentdiff_process::shimmed::StartFacts;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -64,7 +64,7 @@ pub struct BridgeFacts {
     /// The settings document as srt read it: srt's format, not agentdiff's.
     pub content: Value,
     pub file_removed_after_run: bool,
-    /// `run_capsule` (the run's policy.json) or `built_in`.
+    /// `run_policy` (the run's effective policy, from the launch spec) or `none`.
     pub policy_source: String,
     pub expressed_denies: Vec<String>,
     pub not_expressed_denies: Vec<String>,
@@ -73,5 +73,5 @@ pub struct BridgeFacts {
     /// What the bridge cannot express ([`crate::settings::BRIDGE_LIMITS`]).
     pub limits: Vec<String>,
     /// Always `requested`: srt applies them, agentdiff does not verify it.
-    pub controls: agentdiff_engine::backend::Level,
+    pub controls: agentdiff_backend_api::Level,
 }

@@ -23,7 +23,7 @@ pub mod host;
 pub mod settings;
 /// The exec shim, shared with other wrapping backends (it lives in the engine).
 #[cfg(unix)]
-pub use agentdiff_engine::process::exec_shim as shim;
+pub use agentdiff_process::exec_shim as shim;
 #[cfg(unix)]
 pub mod version;
 
@@ -40,8 +40,8 @@ pub use facts::SrtFacts;
 /// Backend id (`--runtime srt`).
 pub const ID: &str = "srt";
 /// Enforcement label on the evidence.
-pub const ENFORCEMENT: agentdiff_engine::backend::Enforcement =
-    agentdiff_engine::backend::Enforcement::ExternalSandboxRequested;
+pub const ENFORCEMENT: agentdiff_backend_api::Enforcement =
+    agentdiff_backend_api::Enforcement::ExternalSandboxRequested;
 
 /// `LaunchSpec::options` key: the srt executable (a name looked up on PATH, or a path).
 pub const OPT_EXECUTABLE: &str = "srt-executable";
@@ -57,7 +57,7 @@ pub const OPT_EXEC_SHIM: &str = "srt-exec-shim";
 /// Environment variable naming the exec-shim program when no option does.
 pub const ENV_EXEC_SHIM: &str = "AGENTDIFF_SRT_EXEC_SHIM";
 
-use agentdiff_engine::backend::{FailClosedSpec, OptionKind, OptionSpec};
+use agentdiff_backend_api::{FailClosedSpec, OptionKind, OptionSpec};
 
 /// The options the srt backend declares (with the `agentdiff run` flags users rely on).
 pub const OPTIONS: &[OptionSpec] = &[
@@ -102,14 +102,14 @@ pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
 }];
 
 #[cfg(unix)]
-fn factory() -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
+fn factory() -> Box<dyn agentdiff_backend_api::RuntimeBackend> {
     Box::new(SrtBackend::new())
 }
 
 #[cfg(unix)]
 fn diagnostics(
-    options: agentdiff_engine::backend::BackendOptions,
-) -> agentdiff_engine::backend::DiagnosticsFuture {
+    options: agentdiff_backend_api::BackendOptions,
+) -> agentdiff_backend_api::DiagnosticsFuture {
     Box::pin(async move {
         let report = doctor_report(options.get(OPT_EXECUTABLE)).await;
         report.diagnostics()
@@ -118,7 +118,7 @@ fn diagnostics(
 
 #[cfg(unix)]
 inventory::submit! {
-    agentdiff_engine::backend::BackendDescriptor::new(
+    agentdiff_backend_api::BackendDescriptor::new(
         ID,
         "Anthropic Sandbox Runtime (srt): OS enforcement delegated to srt, labelled requested",
         factory,

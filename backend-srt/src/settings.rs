@@ -16,7 +16,6 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use agentdiff_engine::policy::Policy;
 use serde_json::{json, Value};
 
 use crate::facts::{SettingsFacts, SettingsSource};
@@ -40,8 +39,6 @@ pub enum SettingsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot read the run's effective policy: {0}")]
-    Policy(#[source] agentdiff_engine::store::StoreError),
     #[error("cannot write the derived srt settings {path}: {source}")]
     Write {
         path: PathBuf,
@@ -133,9 +130,7 @@ pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOC
 /// so the directory denied to the command is the one holding the key. `None` when it cannot be
 /// resolved (the store then refuses to seal as well).
 pub fn agentdiff_state_dir() -> Option<PathBuf> {
-    agentdiff_engine::store::seal::StateDir::from_env()
-        .ok()
-        .map(|d| d.path().to_path_buf())
+    agentdiff_host::state_dir::locate().ok()
 }
 
 /// The home directories whose credential locations are denied: the command's `HOME` and
@@ -162,28 +157,23 @@ pub fn home_dirs(env: &[(OsString, OsString)]) -> Vec<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyDenies {
     pub patterns: Vec<String>,
-    /// `run_capsule` (the transaction's `policy.json`) or `built_in` (no `policy.json`: a probe
-    /// or a direct backend call outside a transaction).
+    /// `run_policy` (the run's effective policy, which the transaction hands over in the launch
+    /// spec and records as `policy.json`) or `none` (a spec without deny patterns: a direct
+    /// backend call outside a transaction, such as a probe).
     pub source: &'static str,
 }
 
-/// Read the effective policy's deny patterns from the capsule's `policy.json`. Without that
-/// file (outside a transaction) the built-in policy applies, and the source says so.
-pub fn effective_policy_denies(capsule_dir: &Path) -> Result<PolicyDenies, SettingsError> {
-    Ok(
-        match agentdiff_engine::store::recorded_policy(capsule_dir)
-            .map_err(SettingsError::Policy)?
-        {
-            Some(policy) => PolicyDenies {
-                patterns: policy.deny_patterns(),
-                source: "run_capsule",
-            },
-            None => PolicyDenies {
-                patterns: Policy::builtin().deny_patterns(),
-                source: "built_in",
-            },
+/// The deny patterns the launch spec carries. The backend never reads the capsule for them: the
+/// transaction puts the effective policy's patterns in the spec before anything is launched.
+pub fn policy_denies(spec_patterns: &[String]) -> PolicyDenies {
+    PolicyDenies {
+        patterns: spec_patterns.to_vec(),
+        source: if spec_patterns.is_empty() {
+            "none"
+        } else {
+            "run_policy"
         },
-    )
+    }
 }
 
 /// Everything the derivation reads.
@@ -401,30 +391,13 @@ mod tests {
     }
 
     #[test]
-    fn policy_denies_come_from_the_effective_policy_or_the_built_in_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = effective_policy_denies(dir.path()).unwrap();
-        assert_eq!(d.source, "built_in");
-        assert_eq!(d.patterns, Policy::builtin().deny_patterns());
-        let effective = Policy::from_yaml_or_json(
-            "version: 1\nfilesystem:\n  deny: [.env, \"**/*.pem\"]\n",
-            "t.yaml",
-        )
-        .unwrap()
-        .to_json();
-        std::fs::write(
-            dir.path().join(POLICY_ARTIFACT),
-            json!({ "effective": effective }).to_string(),
-        )
-        .unwrap();
-        let d = effective_policy_denies(dir.path()).unwrap();
-        assert_eq!(d.source, "run_capsule");
+    fn policy_denies_are_the_launch_specs_and_say_so() {
+        let d = policy_denies(&[".env".to_string(), "**/*.pem".to_string()]);
+        assert_eq!(d.source, "run_policy");
         assert_eq!(d.patterns, vec![".env".to_string(), "**/*.pem".to_string()]);
-        // A policy.json that is there but not a policy is an error, never the built-in policy.
-        std::fs::write(dir.path().join(POLICY_ARTIFACT), r#"{"effective":{}}"#).unwrap();
-        assert!(effective_policy_denies(dir.path()).is_err());
-        std::fs::write(dir.path().join(POLICY_ARTIFACT), "not json").unwrap();
-        assert!(effective_policy_denies(dir.path()).is_err());
+        let none = policy_denies(&[]);
+        assert_eq!(none.source, "none");
+        assert!(none.patterns.is_empty());
     }
 
     #[test]

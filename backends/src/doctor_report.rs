@@ -4,15 +4,16 @@
 
 use std::collections::BTreeMap;
 
+use agentdiff_backend_api::recommend::{recommend, Candidate, ProbeOutcome, Recommendation};
+use agentdiff_backend_api::{
+    Availability, BackendDescriptor, BackendOptions, Boundary, Level, OptionSpec, RuntimeBackend,
+    WorkspaceMode,
+};
 use agentdiff_conformance::probes::{
     self, HostId, ProbeOptions, ProbeRecord, ProbeResult, Verdict,
 };
-use agentdiff_engine::backend::recommend::{recommend, Candidate, ProbeOutcome, Recommendation};
-use agentdiff_engine::backend::{
-    Availability, BackendDescriptor, BackendOptions, Boundary, Level, OptionSpec, Registry,
-    RuntimeBackend, WorkspaceMode,
-};
-use agentdiff_engine::process::TrackingMechanism;
+use agentdiff_plugins::Registry;
+use agentdiff_process::TrackingMechanism;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -122,7 +123,7 @@ pub async fn assemble(
         let (mut entry, candidate) = backend_entry(descriptor, backend, options, probe).await;
         entry.external = registry.external(id).map(|ext| ExternalEntry {
             path: ext.plugin.path.clone(),
-            protocol: agentdiff_engine::backend::external::protocol::PROTOCOL_VERSION,
+            protocol: agentdiff_backend_api::protocol::PROTOCOL_VERSION,
         });
         backends.push(entry);
         // A plugin's labels are its own word: it is listed, never recommended.
@@ -133,7 +134,7 @@ pub async fn assemble(
     Ok(DoctorReport {
         schema_version: 1,
         host: probes::current_host().ok(),
-        process_tracking: agentdiff_engine::process::tracking_mechanisms_available(),
+        process_tracking: agentdiff_process::tracking_mechanisms_available(),
         backends,
         recommended: recommend(&candidates),
         external_backends_refused: Vec::new(),

@@ -23,8 +23,8 @@ mod serve;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use agentdiff_engine::backend::Registry;
-use agentdiff_engine::process::exec_shim;
+use agentdiff_plugins::Registry;
+use agentdiff_process::exec_shim;
 
 /// Makes this process non-dumpable, so processes of the same user — the watched command among
 /// them — cannot open `/proc/<agentdiff>/fd/*` (the run's private spool and lock files), read its
@@ -94,7 +94,7 @@ mod tests {
     use std::ffi::OsString;
     use std::path::Path;
 
-    use agentdiff_engine::backend::Registry;
+    use agentdiff_plugins::Registry;
 
     use super::{exec_shim, shim_arguments};
 

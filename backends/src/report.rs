@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use agentdiff_engine::backend::Enforcement;
+use agentdiff_backend_api::Enforcement;
 use agentdiff_engine::fs::EntryKind;
 use agentdiff_engine::policy::Action;
 use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
@@ -37,7 +37,7 @@ fn outcome_line(r: &RunResult) -> String {
         Status::Failed
             if matches!(
                 r.runtime.as_ref().and_then(|rt| rt.failure.as_ref()),
-                Some(agentdiff_engine::backend::FailureKind::BackendFailed { .. })
+                Some(agentdiff_backend_api::FailureKind::BackendFailed { .. })
             ) =>
         {
             "task started (or may have), but the runtime backend failed before reporting how it ended".into()

@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agentdiff_engine::backend::{
+use agentdiff_backend_api::{
     BackendError, BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, RunEvidence,
     RunningCommand, RuntimeBackend, StdioMode, WorkspaceMode,
 };

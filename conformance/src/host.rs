@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use agentdiff_engine::backend::ProcessIdentity;
+use agentdiff_backend_api::ProcessIdentity;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentdiff_engine::backend::{
+use agentdiff_backend_api::{
     Availability, BackendDescriptor, BackendOptions, Capabilities, FailClosedSpec, RuntimeBackend,
 };
 
@@ -139,7 +139,7 @@ pub struct SuiteOptions {
     pub pids_attempts: u32,
     /// The plugin executable, when the backend is an external one: the `PROTO-*` checks speak to
     /// it directly (skipped without one).
-    pub plugin: Option<agentdiff_engine::backend::external::Plugin>,
+    pub plugin: Option<agentdiff_plugins::external::Plugin>,
 }
 
 impl Default for SuiteOptions {

@@ -1,6 +1,6 @@
 //! Suite results and their renderings: TAP 13 with YAML diagnostics, and JSON.
 
-use agentdiff_engine::backend::{Availability, Capabilities};
+use agentdiff_backend_api::{Availability, Capabilities};
 use serde::{Deserialize, Serialize};
 
 use crate::probes::ProbeResult;

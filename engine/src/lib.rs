@@ -1,13 +1,11 @@
 //! agentdiff engine: everything that is not a runtime backend.
 //!
-//! The engine defines the [`backend::RuntimeBackend`] contract and never names a concrete backend;
-//! backends link this crate and register themselves through [`backend::registry`].
+//! The engine runs the evidence transaction over the contract of `agentdiff-backend-api` and never
+//! names a concrete backend; backends depend on the contract (and the host and process toolkits),
+//! never on this crate. See docs/architecture.md for the layers and the allowed edges.
 
-pub mod backend;
-pub mod environment;
 pub mod fs;
 pub mod policy;
-pub mod process;
 pub mod promote;
 pub mod recovery;
 pub mod report;

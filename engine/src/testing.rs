@@ -10,7 +10,6 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::backend::{RunEvidence, WorkspaceMode};
 use crate::fs::{
     diff, scan, BackupRequest, BackupState, Change, IgnoreSource, Manifest, ScanError, ScanOptions,
 };
@@ -18,6 +17,7 @@ use crate::policy::{Action, LoadedPolicy, Policy, PolicyError, PolicySource};
 use crate::store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store, StoreError};
 use crate::transaction::decide::{self, Evidence, RunFrame};
 use crate::transaction::{Metadata, RunResult};
+use agentdiff_backend_api::{RunEvidence, WorkspaceMode};
 
 /// Why a fixture could not be written.
 #[derive(Debug, thiserror::Error)]

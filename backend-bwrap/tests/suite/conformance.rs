@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use agentdiff_backend_api::BackendOptions;
 use agentdiff_backend_bwrap::{BwrapBackend, OPT_EXECUTABLE, OPT_EXEC_SHIM};
 use agentdiff_conformance::{assert_conformant, FailClosedCase, Outcome, SuiteOptions};
-use agentdiff_engine::backend::BackendOptions;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_agentdiff-bwrap-exec-shim");
 

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use agentdiff_backend_api::BackendOptions;
 use agentdiff_backend_container::engine::ProgramSource;
 use agentdiff_backend_container::ContainerBackend;
 use agentdiff_conformance::{assert_conformant, FailClosedCase, SuiteOptions};
-use agentdiff_engine::backend::BackendOptions;
 
 use super::helpers::*;
 

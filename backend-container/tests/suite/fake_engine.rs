@@ -4,11 +4,12 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agentdiff_backend_api::{
+    Availability, BackendError, FailureKind, Level, RuntimeBackend, WorkspaceMode,
+};
 use agentdiff_backend_container::engine::{EngineKind, ProgramSource};
 use agentdiff_backend_container::{cleanup, ContainerBackend};
-use agentdiff_engine::backend::{
-    Availability, BackendError, FailureKind, Level, Registry, RuntimeBackend, WorkspaceMode,
-};
+use agentdiff_plugins::Registry;
 
 use super::helpers::*;
 
@@ -23,7 +24,7 @@ fn registered_in_the_inventory() {
     let b = reg.create("container").unwrap();
     assert_eq!(b.id(), "container");
     assert_eq!(
-        b.capabilities(&agentdiff_engine::backend::BackendOptions::new())
+        b.capabilities(&agentdiff_backend_api::BackendOptions::new())
             .workspace,
         WorkspaceMode::Private
     );
@@ -207,7 +208,7 @@ async fn runs_in_the_workspace_and_records_evidence() {
     assert_eq!(ev.processes.len(), 1);
     assert_eq!(
         ev.cleanup.mechanism,
-        agentdiff_engine::backend::CleanupMechanism::ContainerEngine
+        agentdiff_backend_api::CleanupMechanism::ContainerEngine
     );
     // argv boundaries survive the engine; the command ran in the workspace.
     assert_eq!(
@@ -221,7 +222,7 @@ async fn runs_in_the_workspace_and_records_evidence() {
     assert!(!l.root.join("out.txt").exists());
     // Environment evidence: fingerprints, never values.
     let env = ev.environment.unwrap();
-    assert_eq!(env.mode, agentdiff_engine::environment::EnvMode::Scrub);
+    assert_eq!(env.mode, agentdiff_backend_api::environment::EnvMode::Scrub);
     assert!(env.variables["SECRET_TOKEN"].starts_with("sha256:"));
     assert!(!serde_json::to_string(&env).unwrap().contains("hunter2"));
     assert!(env.dropped.contains(&"LANG".to_string()));
@@ -278,7 +279,7 @@ async fn no_engine_means_unavailable_never_a_weaker_run() {
     let missing = ProgramSource::Fixed(PathBuf::from("/nonexistent/podman"));
     let b = ContainerBackend::new().with_engines(missing.clone(), missing);
     assert!(matches!(
-        b.availability(&agentdiff_engine::backend::BackendOptions::new())
+        b.availability(&agentdiff_backend_api::BackendOptions::new())
             .await,
         Availability::Unavailable { .. }
     ));
@@ -492,7 +493,7 @@ async fn availability_reports_the_engines_found() {
     let log = l.root.join("log");
     let b = fake_backend(&log, "podman", &[]);
     match b
-        .availability(&agentdiff_engine::backend::BackendOptions::new())
+        .availability(&agentdiff_backend_api::BackendOptions::new())
         .await
     {
         Availability::Ready { detail } => assert!(detail.contains("99.0.0-fake"), "{detail}"),
@@ -521,7 +522,7 @@ async fn an_interrupt_stops_the_container_and_is_recorded() {
     let running = b
         .launch(
             prepared,
-            agentdiff_engine::backend::LaunchContext {
+            agentdiff_backend_api::LaunchContext {
                 stdio,
                 interrupt: rx,
                 hold_reap: None,

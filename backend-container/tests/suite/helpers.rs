@@ -3,12 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agentdiff_backend_api::{LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode};
 use agentdiff_backend_container::engine::ProgramSource;
 use agentdiff_backend_container::ContainerBackend;
 use agentdiff_conformance::testing::launch_spec;
-use agentdiff_engine::backend::{
-    LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode,
-};
 
 pub const FAKE: &str = env!("CARGO_BIN_EXE_agentdiff-fake-container-engine");
 pub const TEST_IMAGE: &str = "localhost/agentdiff-test:busybox";
@@ -77,7 +75,7 @@ pub async fn run(
     backend: &dyn RuntimeBackend,
     spec: &LaunchSpec,
     stdio: StdioMode,
-) -> Result<RunEvidence, agentdiff_engine::backend::BackendError> {
+) -> Result<RunEvidence, agentdiff_backend_api::BackendError> {
     let prepared = backend.prepare(spec)?;
     let running = backend.launch(prepared, LaunchContext::new(stdio)).await?;
     running.wait().await

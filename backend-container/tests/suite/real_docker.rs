@@ -78,7 +78,7 @@ async fn docker_cli_refuses_an_absent_image_without_pulling() {
     );
     let (stdio, _, _) = files_stdio(&l.capsule);
     match run(&docker_backend(), &s, stdio).await {
-        Err(agentdiff_engine::backend::BackendError::Unavailable { reason, .. }) => {
+        Err(agentdiff_backend_api::BackendError::Unavailable { reason, .. }) => {
             assert!(reason.contains("not present locally"), "{reason}")
         }
         other => panic!("expected Unavailable, got {other:?}"),

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use agentdiff_backend_api::{BackendError, FailureKind, RuntimeBackend};
 use agentdiff_backend_container::ContainerBackend;
-use agentdiff_engine::backend::{BackendError, FailureKind, RuntimeBackend};
 
 use super::helpers::*;
 
@@ -284,7 +284,7 @@ async fn podman_stdin_reaches_the_command_and_non_utf8_arguments_are_refused() {
     let input = l.capsule.join("stdin");
     std::fs::write(&input, b"line one\n\tline two \xe2\x9c\x93\n").unwrap();
     let out = l.capsule.join("stdout");
-    let stdio = agentdiff_engine::backend::StdioMode::Files {
+    let stdio = agentdiff_backend_api::StdioMode::Files {
         stdin: Some(input.clone()),
         stdout: out.clone(),
         stderr: l.capsule.join("stderr"),

@@ -5,8 +5,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
+use agentdiff_backend_api::{BackendOptions, StdioMode};
 use agentdiff_backend_container::ContainerBackend;
-use agentdiff_engine::backend::{BackendOptions, StdioMode};
 use agentdiff_engine::promote::{self, PromoteError, Scope, Selection};
 use agentdiff_engine::store::Store;
 use agentdiff_engine::transaction::{self, RunRequest};

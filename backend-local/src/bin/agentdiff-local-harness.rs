@@ -13,10 +13,8 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use agentdiff_backend_api::{BackendOptions, LaunchContext, LaunchSpec, RuntimeBackend, StdioMode};
 use agentdiff_backend_local::LocalBackend;
-use agentdiff_engine::backend::{
-    BackendOptions, LaunchContext, LaunchSpec, RuntimeBackend, StdioMode,
-};
 
 struct Args {
     evidence: Option<std::path::PathBuf>,

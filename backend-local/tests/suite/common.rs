@@ -4,11 +4,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use agentdiff_backend_local::LocalBackend;
-use agentdiff_conformance::testing::launch_spec;
-use agentdiff_engine::backend::{
+use agentdiff_backend_api::{
     LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RuntimeBackend, StdioMode,
 };
+use agentdiff_backend_local::LocalBackend;
+use agentdiff_conformance::testing::launch_spec;
 
 /// Runs that rely on `/proc` polling claim orphans of the test process; one at a time keeps the
 /// attribution of each test's daemons unambiguous.
@@ -67,7 +67,7 @@ pub fn read(path: &Path) -> String {
 
 /// Whether the identity still names a live (non-zombie) process.
 pub fn alive(id: &ProcessIdentity) -> bool {
-    agentdiff_engine::process::read_stat(id.pid)
+    agentdiff_process::read_stat(id.pid)
         .map(|s| s.start_time_ticks == id.start_time_ticks && !s.is_zombie())
         .unwrap_or(false)
 }
@@ -83,7 +83,7 @@ impl Drop for PidFileGuard {
                 let Ok(pid) = word.parse::<i32>() else {
                     continue;
                 };
-                let is_sleep = agentdiff_engine::process::read_stat(pid as u32)
+                let is_sleep = agentdiff_process::read_stat(pid as u32)
                     .map(|s| s.comm == "sleep")
                     .unwrap_or(false);
                 if is_sleep {

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use agentdiff_backend_api::BackendOptions;
 use agentdiff_backend_local::{LocalBackend, FAIL_CLOSED};
 use agentdiff_conformance::{assert_conformant, FailClosedCase, SuiteOptions};
-use agentdiff_engine::backend::BackendOptions;
 
 #[test]
 fn local_backend_is_conformant() {

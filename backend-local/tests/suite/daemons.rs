@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use agentdiff_engine::backend::{CleanupOutcome, ProcessRelation, RunEvidence};
+use agentdiff_backend_api::{CleanupOutcome, ProcessRelation, RunEvidence};
 
 use super::common::*;
 
@@ -43,7 +43,7 @@ fn daemon_case(tracking: &str, script: &str) {
     assert!(!alive(&rec.identity), "daemon still running after the run");
     assert_eq!(
         ev.cleanup.mechanism,
-        agentdiff_engine::backend::CleanupMechanism::Pidfd
+        agentdiff_backend_api::CleanupMechanism::Pidfd
     );
     assert!(ev.cleanup.leftovers() >= 1);
 }
@@ -106,7 +106,7 @@ fn setsid_daemon_is_reparented_and_ended_with_proc_polling() {
 
 /// Whether this machine lets agentdiff create run cgroups; a skip says why and is not a pass.
 fn cgroup_available() -> bool {
-    let m = agentdiff_engine::process::tracking_mechanisms_available();
+    let m = agentdiff_process::tracking_mechanisms_available();
     let cg = m.iter().find(|m| m.name == "cgroup");
     match cg {
         Some(c) if c.available => true,
@@ -226,7 +226,7 @@ fn interruption_ends_the_tree_and_is_recorded() {
     let pidfile = dir.path().join("daemon.pid");
     let _guard = PidFileGuard(vec![pidfile.clone()]);
     let (tx, rx) = tokio::sync::watch::channel(None);
-    let ctx = agentdiff_engine::backend::LaunchContext {
+    let ctx = agentdiff_backend_api::LaunchContext {
         stdio: files(dir.path()),
         interrupt: rx,
         hold_reap: None,
@@ -267,12 +267,12 @@ fn recorded_identity_with_a_reused_pid_is_refused_and_survives() {
             let _ = self.0.wait();
         }
     }
-    let mut id = agentdiff_engine::process::read_identity(child.id()).unwrap();
+    let mut id = agentdiff_process::read_identity(child.id()).unwrap();
     let guard = Kill(&mut child);
     // The record says the pid started at another time: it is another process now.
     id.start_time_ticks = id.start_time_ticks.saturating_sub(1);
     let report = runtime().block_on(async {
-        use agentdiff_engine::backend::RuntimeBackend;
+        use agentdiff_backend_api::RuntimeBackend;
         agentdiff_backend_local::LocalBackend::new()
             .cleanup_run("r", std::slice::from_ref(&id), Duration::from_millis(200))
             .await

@@ -2,7 +2,7 @@
 
 use std::ffi::OsString;
 
-use agentdiff_engine::environment::{plan, EnvMode};
+use agentdiff_backend_api::environment::{plan, EnvMode};
 
 use super::common::*;
 
@@ -31,7 +31,7 @@ fn scrubbed_plan_reaches_the_child_and_the_evidence() {
     let p = plan(EnvMode::Scrub, &[], current.into_iter());
     let mut s = spec(dir.path(), &["sh", "-c", "env"]);
     s.env = p.env.clone();
-    s.env_plan = agentdiff_engine::backend::EnvironmentPlan {
+    s.env_plan = agentdiff_backend_api::EnvironmentPlan {
         mode: EnvMode::Scrub,
         dropped: p.evidence.dropped.clone(),
     };

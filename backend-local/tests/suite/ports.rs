@@ -47,7 +47,7 @@ time.sleep(0.6)\n";
     assert_eq!(rec.address, "127.0.0.1");
     assert!(rec.attributed);
     assert_eq!(rec.owner.as_ref(), Some(&ev.processes[0].identity));
-    assert_eq!(ev.ports.mode, agentdiff_engine::backend::PortMode::Observe);
+    assert_eq!(ev.ports.mode, agentdiff_backend_api::PortMode::Observe);
     assert!(ev.ports.note.contains("does not block"));
 }
 
@@ -100,6 +100,6 @@ fn listener_of_another_process_is_machine_wide_only() {
 fn ports_off_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let ev = run(spec(dir.path(), &["true"]));
-    assert_eq!(ev.ports.mode, agentdiff_engine::backend::PortMode::Off);
+    assert_eq!(ev.ports.mode, agentdiff_backend_api::PortMode::Off);
     assert!(ev.ports.opened.is_empty());
 }

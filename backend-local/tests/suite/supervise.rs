@@ -2,7 +2,7 @@
 
 use std::process::{Command, Stdio};
 
-use agentdiff_engine::backend::{Level, ProcessRelation, RuntimeBackend};
+use agentdiff_backend_api::{Level, ProcessRelation, RuntimeBackend};
 
 use super::common::*;
 
@@ -64,8 +64,7 @@ fn own_process_group_and_only_the_given_environment() {
         &["sh", "-c", "cat /proc/$$/stat; echo; env"],
     ));
     let out = read(&dir.path().join("stdout.txt"));
-    let stat =
-        agentdiff_engine::process::identity::parse_stat(out.lines().next().unwrap()).unwrap();
+    let stat = agentdiff_host::process_identity::parse_stat(out.lines().next().unwrap()).unwrap();
     assert_eq!(
         stat.pgrp as u32, stat.pid,
         "the command leads its own process group"
@@ -84,7 +83,7 @@ fn unknown_program_is_a_launch_error() {
             .unwrap();
         b.launch(
             p,
-            agentdiff_engine::backend::LaunchContext::new(files(dir.path())),
+            agentdiff_backend_api::LaunchContext::new(files(dir.path())),
         )
         .await
         .err()
@@ -140,20 +139,19 @@ fn evidence_labels_are_honest() {
     assert_eq!(ev.capabilities.resources, Level::Uncontrolled);
     assert_eq!(ev.capabilities.privileges, Level::Uncontrolled);
     assert!(ev.wrapper_argv.is_none());
-    assert_eq!(ev.ports.mode, agentdiff_engine::backend::PortMode::Off);
+    assert_eq!(ev.ports.mode, agentdiff_backend_api::PortMode::Off);
     assert!(ev.ports.note.contains("does not disable"));
-    assert_ne!(ev.tracking, agentdiff_engine::backend::Tracking::Untracked);
+    assert_ne!(ev.tracking, agentdiff_backend_api::Tracking::Untracked);
 }
 
 #[test]
 fn registered_through_inventory_and_ready() {
-    let reg = agentdiff_engine::backend::Registry::from_inventory().unwrap();
+    let reg = agentdiff_plugins::Registry::from_inventory().unwrap();
     assert!(reg.ids().contains(&"local"));
     let b = reg.create("local").unwrap();
-    let avail =
-        runtime().block_on(b.availability(&agentdiff_engine::backend::BackendOptions::new()));
+    let avail = runtime().block_on(b.availability(&agentdiff_backend_api::BackendOptions::new()));
     match avail {
-        agentdiff_engine::backend::Availability::Ready { detail } => {
+        agentdiff_backend_api::Availability::Ready { detail } => {
             assert!(detail.contains("process tracking"), "{detail}")
         }
         other => panic!("{other:?}"),

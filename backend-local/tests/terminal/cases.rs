@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use agentdiff_engine::backend::RunEvidence;
+use agentdiff_backend_api::RunEvidence;
 
 use crate::common::*;
 
@@ -69,7 +69,7 @@ fn ctrl_c_in_tmux_reaches_the_foreground_command_and_evidence_is_written() {
     std::thread::sleep(Duration::from_millis(300));
 
     // The command leads the terminal's foreground process group.
-    let stat = agentdiff_engine::process::identity::parse_stat(&read(&d.join("stat.txt"))).unwrap();
+    let stat = agentdiff_host::process_identity::parse_stat(&read(&d.join("stat.txt"))).unwrap();
     let raw = read(&d.join("stat.txt"));
     let after_comm = &raw[raw.rfind(')').unwrap() + 2..];
     let tpgid: i32 = after_comm
@@ -133,7 +133,7 @@ fn sigint_to_the_launcher_without_a_terminal_ends_the_tree_with_evidence() {
 }
 
 fn state_of(pid: u32) -> char {
-    agentdiff_engine::process::read_stat(pid)
+    agentdiff_process::read_stat(pid)
         .map(|s| s.state)
         .unwrap_or('?')
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 #[cfg(unix)]
 fn main() -> ExitCode {
-    ExitCode::from(agentdiff_engine::process::exec_shim::standalone_main(
+    ExitCode::from(agentdiff_process::exec_shim::standalone_main(
         "agentdiff-srt-exec-shim",
     ))
 }

@@ -5,12 +5,12 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_backend_srt::{SrtBackend, OPT_EXEC_SHIM};
-use agentdiff_conformance::testing::launch_spec;
-use agentdiff_engine::backend::{
+use agentdiff_backend_api::{
     BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, RunEvidence, RuntimeBackend,
     StdioMode,
 };
+use agentdiff_backend_srt::{SrtBackend, OPT_EXEC_SHIM};
+use agentdiff_conformance::testing::launch_spec;
 
 pub const FAKE_SRT: &str = env!("CARGO_BIN_EXE_agentdiff-fake-srt");
 pub const SHIM: &str = env!("CARGO_BIN_EXE_agentdiff-srt-exec-shim");
@@ -93,15 +93,19 @@ impl Fixture {
         self.spec_os(argv.iter().map(OsString::from).collect(), false)
     }
 
+    /// A direct launch with the built-in policy's deny patterns, as a transaction without a
+    /// project policy hands them over.
     pub fn spec_os(&self, argv: Vec<OsString>, host_path: bool) -> LaunchSpec {
-        launch_spec(&self.root, argv)
+        let mut spec = launch_spec(&self.root, argv)
             .run_id("r1")
             .capsule_dir(&self.capsule)
             .env(self.env(host_path))
             .timeout(Duration::from_secs(60))
             .grace(Duration::from_millis(500))
             .options(self.options.clone())
-            .build()
+            .build();
+        spec.deny_patterns = agentdiff_engine::policy::Policy::builtin().deny_patterns();
+        spec
     }
 
     /// Every invocation of the fake srt, in order.

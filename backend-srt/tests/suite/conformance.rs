@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use agentdiff_backend_api::BackendOptions;
 use agentdiff_backend_srt::{SrtBackend, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_SETTINGS};
 use agentdiff_conformance::{assert_conformant, FailClosedCase, SuiteOptions};
-use agentdiff_engine::backend::BackendOptions;
 
 use super::common::{FAKE_SRT, SHIM};
 

@@ -2,11 +2,11 @@
 
 use std::ffi::OsString;
 
+use agentdiff_backend_api::{BackendError, FailureKind, Level, RuntimeBackend};
 use agentdiff_backend_srt::{
     SrtBackend, ENFORCEMENT, OPT_ALLOW_DOMAIN, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_SETTINGS,
     OPT_SETTINGS_FROM_POLICY,
 };
-use agentdiff_engine::backend::{BackendError, FailureKind, Level, RuntimeBackend};
 use serde_json::json;
 
 use super::common::*;
@@ -128,14 +128,14 @@ fn settings_go_before_the_separator_and_are_digested() {
 }
 
 #[test]
-fn no_settings_means_settings_derived_from_the_built_in_policy() {
-    // No policy.json in the capsule (a direct backend call, as probes make): the built-in
-    // policy's denies apply, and the evidence says so.
+fn no_settings_means_settings_derived_from_the_launch_specs_policy() {
+    // The spec carries the built-in policy's deny patterns (what a transaction without a project
+    // policy hands over): they apply, and the evidence says where they came from.
     let f = Fixture::fake();
     let ev = run(&f, f.spec(&["/bin/true"]));
     let w = ev.wrapper.unwrap();
     assert_eq!(w["settings"]["source"], "generated_from_policy");
-    assert_eq!(w["settings"]["bridge"]["policy_source"], "built_in");
+    assert_eq!(w["settings"]["bridge"]["policy_source"], "run_policy");
     let content = &w["settings"]["bridge"]["content"];
     let root = f.root.to_string_lossy().into_owned();
     assert_eq!(content["filesystem"]["allowWrite"], json!([root]));
@@ -419,7 +419,7 @@ fn the_exec_shim_must_be_located() {
         return;
     }
     let mut f = Fixture::fake();
-    f.options = agentdiff_engine::backend::BackendOptions::new();
+    f.options = agentdiff_backend_api::BackendOptions::new();
     // This test binary is not `agentdiff`, so there is no shim to fall back on.
     let err = prepare_err(&f, &["/bin/true"]);
     let BackendError::Unavailable { reason, remedy, .. } = &err else {
@@ -451,7 +451,7 @@ fn a_broken_srt_version_refuses_the_launch() {
     let err = rt
         .block_on(SrtBackend::new().launch(
             prepared,
-            agentdiff_engine::backend::LaunchContext::new(Default::default()),
+            agentdiff_backend_api::LaunchContext::new(Default::default()),
         ))
         .err()
         .unwrap();
@@ -530,7 +530,7 @@ fn a_policy_json_that_is_not_a_policy_refuses_to_launch() {
     let err = rt
         .block_on(SrtBackend::new().launch(
             prepared,
-            agentdiff_engine::backend::LaunchContext::new(Default::default()),
+            agentdiff_backend_api::LaunchContext::new(Default::default()),
         ))
         .err()
         .unwrap();
@@ -543,7 +543,7 @@ fn a_policy_json_that_is_not_a_policy_refuses_to_launch() {
 
 #[test]
 fn registered_as_srt() {
-    let registry = agentdiff_engine::backend::Registry::from_inventory().unwrap();
+    let registry = agentdiff_plugins::Registry::from_inventory().unwrap();
     assert!(registry.ids().contains(&"srt"));
     assert_eq!(registry.create("srt").unwrap().id(), "srt");
 }
@@ -621,13 +621,12 @@ fn launch_facts_carry_the_wrappers_identity_for_cleanup() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let ctx = agentdiff_engine::backend::LaunchContext::new(
-            agentdiff_engine::backend::StdioMode::Files {
+        let ctx =
+            agentdiff_backend_api::LaunchContext::new(agentdiff_backend_api::StdioMode::Files {
                 stdin: None,
                 stdout: f.dir.path().join("stdout"),
                 stderr: f.dir.path().join("stderr"),
-            },
-        );
+            });
         let running = SrtBackend::new().launch(prepared, ctx).await.unwrap();
         let facts = running.launch_facts();
         let root = facts.root.expect("the root identity is recorded at launch");

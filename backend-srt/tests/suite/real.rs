@@ -5,8 +5,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use agentdiff_backend_api::{FailureKind, Level};
 use agentdiff_backend_srt::OPT_SETTINGS;
-use agentdiff_engine::backend::{FailureKind, Level};
 use serde_json::json;
 
 use super::common::*;
@@ -223,7 +223,7 @@ fn real_srt_with_no_options_protects_denied_paths_the_store_and_the_outside() {
     assert!(!f.root.join(".git/hooks/pre-commit").exists(), ".git");
     let w = ev.wrapper.unwrap();
     assert_eq!(w["settings"]["source"], "generated_from_policy");
-    assert_eq!(w["settings"]["bridge"]["policy_source"], "run_capsule");
+    assert_eq!(w["settings"]["bridge"]["policy_source"], "run_policy");
     assert_eq!(w["settings"]["bridge"]["controls"], "requested");
     assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
 }
@@ -281,7 +281,7 @@ fn doctor_reports_the_real_srt_and_its_prerequisites() {
     assert_eq!(json["capabilities"]["filesystem_writes"], "requested");
     if report.ready {
         let avail = report.availability();
-        let agentdiff_engine::backend::Availability::Ready { detail } = avail else {
+        let agentdiff_backend_api::Availability::Ready { detail } = avail else {
             panic!("{avail:?}")
         };
         assert!(detail.contains("not verified"), "{detail}");

@@ -5,8 +5,8 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use agentdiff_backend_api::{Level, StdioMode};
 use agentdiff_backend_srt::{SrtBackend, OPT_SETTINGS};
-use agentdiff_engine::backend::{Level, StdioMode};
 use agentdiff_engine::transaction::{self, RunRequest};
 use serde_json::json;
 

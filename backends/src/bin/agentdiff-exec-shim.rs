@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 #[cfg(unix)]
 fn main() -> ExitCode {
-    ExitCode::from(agentdiff_engine::process::exec_shim::standalone_main(
-        agentdiff_engine::process::exec_shim::STANDALONE_SHIM,
+    ExitCode::from(agentdiff_process::exec_shim::standalone_main(
+        agentdiff_process::exec_shim::STANDALONE_SHIM,
     ))
 }
 

@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{CleanupOutcome, Registry};
+use agentdiff_backend_api::CleanupOutcome;
 use agentdiff_engine::recovery::cleanup::{self, CleanupError, CleanupResult, CleanupTrust};
 use agentdiff_engine::store::seal::{StateDir, VerifyContext};
 use agentdiff_engine::store::{Store, StoreError};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_plugins::Registry;
 use anyhow::Context;
 
 use crate::exit;

@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use agentdiff_conformance::{run_suite, FailClosedCase, SuiteOptions};
-use agentdiff_engine::backend::Registry;
+use agentdiff_plugins::Registry;
 use anyhow::Context;
 
 use crate::exit;
@@ -121,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use agentdiff_engine::backend::BackendOptions;
+    use agentdiff_backend_api::BackendOptions;
 
     use super::*;
 

@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use agentdiff_backend_api::{BackendOptions, Boundary, OptionSpec, WorkspaceMode};
 use agentdiff_conformance::probes::{ProbeRecord, Verdict};
-use agentdiff_engine::backend::{BackendOptions, Boundary, OptionSpec, Registry, WorkspaceMode};
+use agentdiff_plugins::Registry;
 use anyhow::Context;
 
 use crate::doctor_report::{

@@ -18,7 +18,7 @@ pub(crate) use verify::context as verify_context;
 
 use std::process::ExitCode;
 
-use agentdiff_engine::backend::Registry;
+use agentdiff_plugins::Registry;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Wrap one command in an evidence transaction: capture the tree before, run the command through
@@ -111,8 +111,8 @@ fn orphan_notice(root: &std::path::Path) {
     if !ORPHAN_NOTICE.load(std::sync::atomic::Ordering::Relaxed) {
         return;
     }
-    if let Some(run) = agentdiff_engine::process::orphans::orphaned_last_run(root) {
-        errln!("{}", agentdiff_engine::process::orphans::notice(&run));
+    if let Some(run) = agentdiff_engine::recovery::orphans::orphaned_last_run(root) {
+        errln!("{}", agentdiff_engine::recovery::orphans::notice(&run));
     }
 }
 
@@ -157,10 +157,10 @@ pub fn project_root(
 /// claim, is a usage error (64); a plugin that is there but cannot be described (it exits, hangs,
 /// or answers out of protocol) is an unavailable backend (69).
 pub fn resolve_backend(
-    registry: &mut agentdiff_engine::backend::Registry,
+    registry: &mut agentdiff_plugins::Registry,
     id: &str,
-) -> anyhow::Result<&'static agentdiff_engine::backend::BackendDescriptor> {
-    use agentdiff_engine::backend::RegistryError;
+) -> anyhow::Result<&'static agentdiff_backend_api::BackendDescriptor> {
+    use agentdiff_plugins::RegistryError;
     registry.resolve(id).map_err(|e| {
         let code = match e {
             RegistryError::External(_) => crate::exit::BACKEND_UNAVAILABLE,

@@ -10,16 +10,17 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::ValueEnum;
 
-use agentdiff_engine::backend::{
-    BackendDescriptor, BackendOptions, Boundary, OptionKind, OptionSpec, Registry, StdioMode,
+use agentdiff_backend_api::environment::EnvMode;
+use agentdiff_backend_api::{
+    BackendDescriptor, BackendOptions, Boundary, OptionKind, OptionSpec, StdioMode,
 };
-use agentdiff_engine::environment::EnvMode;
 use agentdiff_engine::fs::ScanProgress;
 use agentdiff_engine::policy::{self, Action};
 use agentdiff_engine::store::{Store, StoreError};
 use agentdiff_engine::transaction::{
     self, Refusal, RunOutcome, RunRequest, Status, VerifiedControl,
 };
+use agentdiff_plugins::Registry;
 
 use crate::exit;
 use crate::report;
@@ -521,16 +522,14 @@ fn exit_code(outcome: &RunOutcome, fail_on: FailOn) -> u8 {
         Status::Failed => {
             let rt = r.runtime.as_ref();
             match rt.and_then(|rt| rt.failure.as_ref()) {
-                Some(agentdiff_engine::backend::FailureKind::WrapperSetupFailed { .. }) => {
+                Some(agentdiff_backend_api::FailureKind::WrapperSetupFailed { .. }) => {
                     exit::BACKEND_UNAVAILABLE
                 }
-                Some(agentdiff_engine::backend::FailureKind::LaunchFailed { .. }) => {
+                Some(agentdiff_backend_api::FailureKind::LaunchFailed { .. }) => {
                     exit::LAUNCH_FAILED
                 }
                 // The command ran but how it ended is unknown: not its own code, never 0.
-                Some(agentdiff_engine::backend::FailureKind::BackendFailed { .. }) => {
-                    exit::INTERNAL
-                }
+                Some(agentdiff_backend_api::FailureKind::BackendFailed { .. }) => exit::INTERNAL,
                 None => match (
                     exit_info.and_then(|e| e.code),
                     exit_info.and_then(|e| e.signal),

@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use agentdiff_engine::backend::{ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence};
+use agentdiff_backend_api::{ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence};
 use agentdiff_engine::store::seal::{
     launch_event_body, MacPurpose, SealAuthority, SealKey, StateDir,
 };
@@ -104,7 +104,7 @@ fn json_of(out: &Output) -> Value {
 fn reused_pid_in_a_copied_capsule_is_refused_and_the_process_survives() {
     let root = tempfile::tempdir().unwrap();
     let mut victim = sleeper();
-    let mut id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
+    let mut id = agentdiff_process::read_identity(victim.0.id()).unwrap();
     // The stored start time differs: the pid belongs to a different process now.
     id.start_time_ticks += 3;
     let dir = capsule(root.path(), "run-1", std::slice::from_ref(&id));
@@ -130,7 +130,7 @@ fn reused_pid_in_a_copied_capsule_is_refused_and_the_process_survives() {
 fn matching_identity_is_terminated() {
     let root = tempfile::tempdir().unwrap();
     let mut victim = sleeper();
-    let id = agentdiff_engine::process::read_identity(victim.0.id()).unwrap();
+    let id = agentdiff_process::read_identity(victim.0.id()).unwrap();
     capsule(root.path(), "run-2", &[id]);
     let out = cleanup(root.path(), "run-2", "0.5");
     assert_eq!(out.status.code(), Some(0), "{out:?}");

@@ -553,7 +553,7 @@ fn victim() -> (Victim, Value) {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    let id = agentdiff_engine::process::read_identity(child.id()).unwrap();
+    let id = agentdiff_process::read_identity(child.id()).unwrap();
     (Victim(child), serde_json::to_value(id).unwrap())
 }
 

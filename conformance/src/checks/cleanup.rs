@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{CleanupOutcome, ProcessIdentity};
+use agentdiff_backend_api::{CleanupOutcome, ProcessIdentity};
 use serde_json::json;
 
 use crate::host;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use agentdiff_engine::backend::{Boundary, Enforcement, Level, RunEvidence};
+use agentdiff_backend_api::{Boundary, Enforcement, Level, RunEvidence};
 use agentdiff_host::redact;
 use serde_json::{json, Value};
 

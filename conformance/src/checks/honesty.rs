@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use agentdiff_engine::backend::{Boundary, Level};
+use agentdiff_backend_api::{Boundary, Level};
 use serde_json::json;
 
 use crate::probes::{run_probe, ProbeKind, Verdict};

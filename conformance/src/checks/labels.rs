@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use agentdiff_engine::backend::{Availability, BackendError, Level};
+use agentdiff_backend_api::{Availability, BackendError, Level};
 use serde_json::json;
 
 use super::scratch_failure;

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use agentdiff_engine::backend::{Boundary, Capabilities, Level, WorkspaceMode};
+use agentdiff_backend_api::{Boundary, Capabilities, Level, WorkspaceMode};
 
 use crate::harness::Stage;
 use crate::report::RequirementLevel::{self, Must, Should};

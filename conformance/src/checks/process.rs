@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{Enforcement, ProcessIdentity, ProcessRelation, Tracking};
+use agentdiff_backend_api::{Enforcement, ProcessIdentity, ProcessRelation, Tracking};
 use serde_json::json;
 
 use super::{scratch_failure, stage_failure};

@@ -5,10 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_engine::backend::external::protocol::{
-    Request, Response, WireCommand, WireSpec, PROTOCOL_VERSION,
-};
-use agentdiff_engine::backend::external::{
+use agentdiff_backend_api::protocol::{Request, Response, WireCommand, WireSpec, PROTOCOL_VERSION};
+use agentdiff_plugins::external::{
     verify_descendant, ExternalError, Parentage, Plugin, PluginStdio, Session,
 };
 use serde_json::{json, Value};
@@ -331,7 +329,7 @@ fn direct_child_ancestor(pid: u32) -> Option<u32> {
     let me = std::process::id();
     let mut current = pid;
     for _ in 0..64 {
-        let stat = agentdiff_engine::process::read_stat(current).ok()?;
+        let stat = agentdiff_process::read_stat(current).ok()?;
         if stat.ppid == me {
             return Some(current);
         }
@@ -343,8 +341,8 @@ fn direct_child_ancestor(pid: u32) -> Option<u32> {
     None
 }
 
-fn alive(id: &agentdiff_engine::backend::ProcessIdentity) -> bool {
-    match agentdiff_engine::process::read_stat(id.pid) {
+fn alive(id: &agentdiff_backend_api::ProcessIdentity) -> bool {
+    match agentdiff_process::read_stat(id.pid) {
         Ok(s) => s.start_time_ticks == id.start_time_ticks && !s.is_zombie(),
         Err(_) => false,
     }

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{StdioMode, WorkspaceMode};
+use agentdiff_backend_api::{StdioMode, WorkspaceMode};
 use agentdiff_engine::policy::{LoadedPolicy, Policy, PolicySource};
 use agentdiff_engine::transaction::{self, RunOutcome, RunRequest};
 use serde_json::{json, Value};

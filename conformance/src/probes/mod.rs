@@ -14,7 +14,7 @@ pub use record::{
 
 use std::path::PathBuf;
 
-use agentdiff_engine::backend::{BackendOptions, Boundary, RuntimeBackend, WorkspaceMode};
+use agentdiff_backend_api::{BackendOptions, Boundary, RuntimeBackend, WorkspaceMode};
 use serde::{Deserialize, Serialize};
 
 /// What a probe tries.

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::RuntimeBackend;
+use agentdiff_backend_api::RuntimeBackend;
 use serde_json::json;
 
 use super::{inconclusive, ProbeKind, ProbeOptions, ProbeResult, Verdict};

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use agentdiff_engine::backend::citation::{Citation, HostId};
-use agentdiff_engine::backend::{BackendOptions, Boundary};
+pub use agentdiff_backend_api::citation::{Citation, HostId};
+use agentdiff_backend_api::{BackendOptions, Boundary};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 

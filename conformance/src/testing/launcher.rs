@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use agentdiff_engine::backend::{
+use agentdiff_backend_api::{
     BackendError, Capabilities, CleanupMechanism, CleanupOutcome, CleanupRecord, CleanupReport,
     Enforcement, EnvironmentEvidence, ExitInfo, LaunchContext, PortEvidence, PreparedLaunch,
     ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence, RunningCommand, StdioMode,
@@ -305,7 +305,7 @@ impl RunningCommand for Running {
 
         let (code, signal) = exit_parts(&status);
         let environment = EnvironmentEvidence {
-            mode: agentdiff_engine::environment::EnvMode::Inherit,
+            mode: agentdiff_backend_api::environment::EnvMode::Inherit,
             variables: prepared
                 .env()
                 .iter()
@@ -329,7 +329,7 @@ impl RunningCommand for Running {
                 duration_ms: started.elapsed().as_millis() as u64,
             },
             failure: None,
-            tracking: agentdiff_engine::backend::Tracking::EnvMarkerProcScan,
+            tracking: agentdiff_backend_api::Tracking::EnvMarkerProcScan,
             processes: tracker.seen.into_values().collect(),
             cleanup: CleanupReport {
                 mechanism: CleanupMechanism::Pidfd,
@@ -339,7 +339,7 @@ impl RunningCommand for Running {
                 resources_removed: Vec::new(),
             },
             ports: PortEvidence {
-                mode: agentdiff_engine::backend::PortMode::Off,
+                mode: agentdiff_backend_api::PortMode::Off,
                 note: "listening sockets are not observed by this backend".into(),
                 ..PortEvidence::default()
             },

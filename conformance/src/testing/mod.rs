@@ -31,7 +31,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agentdiff_engine::backend::{
+use agentdiff_backend_api::{
     Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
     LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
     RunningCommand, RuntimeBackend,
@@ -364,7 +364,7 @@ impl RunningCommand for Leaky {
     fn pid(&self) -> Option<u32> {
         self.inner.pid()
     }
-    async fn wait(self: Box<Self>) -> Result<agentdiff_engine::backend::RunEvidence, BackendError> {
+    async fn wait(self: Box<Self>) -> Result<agentdiff_backend_api::RunEvidence, BackendError> {
         let mut evidence = self.inner.wait().await?;
         evidence.warnings.push(self.line);
         Ok(evidence)

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::{BackendOptions, EnvironmentPlan, LaunchSpec};
+use agentdiff_backend_api::{BackendOptions, EnvironmentPlan, LaunchSpec};
 
 /// The run id tests use unless they set one.
 pub const TEST_RUN_ID: &str = "test-run";

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use agentdiff_backend_api::{BackendOptions, Capabilities, Level};
 use agentdiff_conformance::fake_wrapper::{Behaviour, FakeWrapper};
 use agentdiff_conformance::testing::{honest_capabilities, TestBackend};
 use agentdiff_conformance::{run_suite, FailClosedCase, Report, SuiteOptions};
-use agentdiff_engine::backend::{BackendOptions, Capabilities, Level};
 
 async fn wrapped(
     behaviour: Behaviour,

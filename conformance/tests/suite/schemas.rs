@@ -3,13 +3,13 @@
 
 use std::path::Path;
 
-use agentdiff_conformance::schema::validate;
-use agentdiff_engine::backend::external::protocol::{
+use agentdiff_backend_api::environment::EnvMode;
+use agentdiff_backend_api::protocol::{
     ErrorKind, ExitReport, Request, Response, WireCommand, WireDescriptor, WireFailClosed,
     WireOption, WireSpec, WireText,
 };
-use agentdiff_engine::backend::{Availability, Capabilities, CleanupReport, ProcessIdentity};
-use agentdiff_engine::environment::EnvMode;
+use agentdiff_backend_api::{Availability, Capabilities, CleanupReport, ProcessIdentity};
+use agentdiff_conformance::schema::validate;
 use serde_json::Value;
 
 const SCHEMAS: &[&str] = &[
@@ -214,7 +214,7 @@ fn serde_names<T: serde::Serialize>(all: &[T]) -> Vec<String> {
 
 #[test]
 fn the_runtime_schema_lists_exactly_the_tracking_cleanup_and_exec_labels() {
-    use agentdiff_engine::backend::{CleanupMechanism as C, Tracking as T};
+    use agentdiff_backend_api::{CleanupMechanism as C, Tracking as T};
     let tracking = [
         T::Untracked,
         T::Cgroup,
@@ -238,7 +238,7 @@ fn the_runtime_schema_lists_exactly_the_tracking_cleanup_and_exec_labels() {
         serde_names(&cleanup),
         schema_enum("/properties/cleanup/properties/mechanism/enum")
     );
-    use agentdiff_engine::process::exec_log::ExecMechanism as E;
+    use agentdiff_process::exec_log::ExecMechanism as E;
     // A new variant stops this from compiling until it is listed here and in the schema.
     let _all = |e: E| match e {
         E::CnProc | E::ProcPoll | E::None => (),

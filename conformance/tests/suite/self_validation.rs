@@ -162,28 +162,28 @@ struct Crashing {
 }
 
 #[async_trait::async_trait]
-impl agentdiff_engine::backend::RuntimeBackend for Crashing {
+impl agentdiff_backend_api::RuntimeBackend for Crashing {
     fn id(&self) -> &'static str {
         "conformance-crashing"
     }
     fn capabilities(
         &self,
-        _o: &agentdiff_engine::backend::BackendOptions,
-    ) -> agentdiff_engine::backend::Capabilities {
-        agentdiff_engine::backend::Capabilities::default()
+        _o: &agentdiff_backend_api::BackendOptions,
+    ) -> agentdiff_backend_api::Capabilities {
+        agentdiff_backend_api::Capabilities::default()
     }
     async fn availability(
         &self,
-        _o: &agentdiff_engine::backend::BackendOptions,
-    ) -> agentdiff_engine::backend::Availability {
-        agentdiff_engine::backend::Availability::Ready {
+        _o: &agentdiff_backend_api::BackendOptions,
+    ) -> agentdiff_backend_api::Availability {
+        agentdiff_backend_api::Availability::Ready {
             detail: "test".into(),
         }
     }
     fn prepare(
         &self,
-        spec: &agentdiff_engine::backend::LaunchSpec,
-    ) -> agentdiff_engine::backend::Result<agentdiff_engine::backend::PreparedLaunch> {
+        spec: &agentdiff_backend_api::LaunchSpec,
+    ) -> agentdiff_backend_api::Result<agentdiff_backend_api::PreparedLaunch> {
         if self.hang {
             return TestBackend::reference().prepare(spec);
         }
@@ -191,18 +191,18 @@ impl agentdiff_engine::backend::RuntimeBackend for Crashing {
     }
     async fn launch(
         &self,
-        _p: agentdiff_engine::backend::PreparedLaunch,
-        _c: agentdiff_engine::backend::LaunchContext,
-    ) -> agentdiff_engine::backend::Result<Box<dyn agentdiff_engine::backend::RunningCommand>> {
+        _p: agentdiff_backend_api::PreparedLaunch,
+        _c: agentdiff_backend_api::LaunchContext,
+    ) -> agentdiff_backend_api::Result<Box<dyn agentdiff_backend_api::RunningCommand>> {
         std::future::pending().await
     }
     async fn cleanup_run(
         &self,
         _run: &str,
-        _ids: &[agentdiff_engine::backend::ProcessIdentity],
+        _ids: &[agentdiff_backend_api::ProcessIdentity],
         _g: std::time::Duration,
-    ) -> agentdiff_engine::backend::CleanupReport {
-        agentdiff_engine::backend::CleanupReport::default()
+    ) -> agentdiff_backend_api::CleanupReport {
+        agentdiff_backend_api::CleanupReport::default()
     }
 }
 
@@ -241,7 +241,7 @@ async fn a_crashing_or_hanging_check_is_a_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_backend_skips_launching_checks_unless_real_backends_are_required() {
-    let make = || -> Box<dyn agentdiff_engine::backend::RuntimeBackend> {
+    let make = || -> Box<dyn agentdiff_backend_api::RuntimeBackend> {
         Box::new(TestBackend::wrapped(
             Some("/nonexistent/wrapper".into()),
             agentdiff_conformance::testing::honest_capabilities(),

@@ -12,6 +12,7 @@ pub mod credentials;
 #[cfg(unix)]
 pub mod dir;
 pub mod hex_id;
+pub mod process_identity;
 #[cfg(unix)]
 pub mod program_file;
 pub mod redact;

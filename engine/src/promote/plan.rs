@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use crate::backend::WorkspaceMode;
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::Action;
 use crate::recovery::recorded::parent_of;
@@ -13,6 +12,7 @@ use crate::rollback::apply::{self, ApplyOp, OpKind, Transition};
 use crate::rollback::plan::{path_filters, under, PathArgError};
 use crate::store::{Capsule, ObjectStore};
 use crate::transaction::ChangeRecord;
+use agentdiff_backend_api::WorkspaceMode;
 
 use super::{PlanItem, PromoteError, Scope, Selection, Step};
 

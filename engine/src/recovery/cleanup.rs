@@ -19,7 +19,7 @@
 //!
 //! On request, the containers the run recorded as started during it are stopped through their
 //! engine, each by id after the engine confirms its creation time lies inside the recorded run
-//! window ([`crate::process::containers::stop_recorded`]).
+//! window ([`agentdiff_process::containers::stop_recorded`]).
 //!
 //! Not defended: a capsule edited to name another agentdiff run's cgroup below the same mount
 //! (the identities in it are still checked one by one before any signal).
@@ -30,11 +30,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::backend::{CleanupOutcome, CleanupReport, ProcessIdentity, RuntimeBackend};
-use crate::process::containers::{self, ContainerEvidence, ContainerStop};
-use crate::process::RUN_CGROUP_PREFIX;
 use crate::store::seal::{trusted_process_evidence, TrustedEvidence, VerifyContext};
 use crate::store::{Capsule, RecoveryArtifact, Store, StoreError};
+use agentdiff_backend_api::{CleanupOutcome, CleanupReport, ProcessIdentity, RuntimeBackend};
+use agentdiff_process::containers::{self, ContainerEvidence, ContainerStop};
+use agentdiff_process::RUN_CGROUP_PREFIX;
 
 /// Why a recorded run's processes cannot be determined, or its cleanup not recorded.
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +184,7 @@ fn from_launch_event(
         }
         if let Ok(text) = std::fs::read_to_string(cg.join("cgroup.procs")) {
             for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
-                if let Ok(id) = crate::process::read_identity(pid) {
+                if let Ok(id) = agentdiff_process::read_identity(pid) {
                     push_unique(&mut ids, id);
                 }
             }
@@ -206,7 +206,7 @@ fn push_unique(ids: &mut Vec<ProcessIdentity>, id: ProcessIdentity) {
 
 #[cfg(target_os = "linux")]
 fn cgroup_mount() -> Option<PathBuf> {
-    crate::process::cgroup::cgroup2_mount()
+    agentdiff_process::cgroup::cgroup2_mount()
 }
 
 #[cfg(not(target_os = "linux"))]

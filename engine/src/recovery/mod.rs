@@ -8,6 +8,7 @@
 //! backend checks each identity before signalling.
 
 pub mod cleanup;
+pub mod orphans;
 pub mod recorded;
 
 pub use cleanup::{CleanupError, CleanupResult, RecordedProcesses};

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::backend::{CleanupOutcome, PortRecord, ProcessRecord, RunEvidence};
+use agentdiff_backend_api::{CleanupOutcome, PortRecord, ProcessRecord, RunEvidence};
 
 /// Deepest nesting shown; deeper processes are shown at this depth (a pid cycle in a hostile
 /// record cannot recurse forever).
@@ -99,8 +99,8 @@ pub fn port_owner<'a>(ev: &'a RunEvidence, port: &PortRecord) -> PortOwner<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::ProcessRelation;
-    use crate::process::ProcessIdentity;
+    use agentdiff_backend_api::ProcessRelation;
+    use agentdiff_process::ProcessIdentity;
 
     fn rec(pid: u32, ppid: u32) -> ProcessRecord {
         ProcessRecord {

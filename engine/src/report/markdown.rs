@@ -14,9 +14,9 @@
 
 use std::fmt::Write as _;
 
-use crate::backend::{Boundary, WorkspaceMode};
 use crate::policy::Action;
 use crate::store::{RunId, Verdict};
+use agentdiff_backend_api::{Boundary, WorkspaceMode};
 use agentdiff_host::redact::escape_terminal;
 
 use super::evidence::{port_owner, PortOwner};

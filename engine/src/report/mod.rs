@@ -16,14 +16,14 @@ pub mod words;
 
 use std::path::PathBuf;
 
-use crate::backend::external::{ExternalFacts, ExternalOrigin};
-use crate::backend::{Enforcement, WorkspaceMode};
 use crate::policy::Action;
 use crate::store::doc::Event;
 use crate::store::seal::VerifyContext;
 use crate::store::{Artifact, Capsule, ObjectStore, RuntimeDoc, StoreError, VerifyReport};
 use crate::transaction::{ChangeRecord, RunResult, RuntimeSummary, Status};
+use agentdiff_backend_api::{Enforcement, WorkspaceMode};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_plugins::external::{ExternalFacts, ExternalOrigin};
 
 /// Errors of loading a run for a report.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +85,7 @@ pub struct RunView {
 
 /// How the command ended, in words: `exited with code 0 after 12 ms`, `killed by signal 9 …`,
 /// with the deadline or an interruption when they ended it.
-pub fn exit_text(e: &crate::backend::ExitInfo) -> String {
+pub fn exit_text(e: &agentdiff_backend_api::ExitInfo) -> String {
     let how = match (e.code, e.signal) {
         (Some(c), _) => format!("exited with code {c}"),
         (_, Some(sig)) => format!("was killed by signal {sig}"),

@@ -2,11 +2,11 @@
 //! the terminal, markdown and HTML reports cannot drift apart. Surfaces may emphasise a word
 //! (bold, upper case) but never reword it.
 
-use crate::backend::CleanupOutcome;
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::Action;
 use crate::store::Verdict;
 use crate::transaction::ChangeRecord;
+use agentdiff_backend_api::CleanupOutcome;
 
 /// `allow`, `review` or `deny`.
 pub fn action_word(a: Action) -> &'static str {

@@ -12,11 +12,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use super::{Artifact, Capsule, ObjectStore, StoreError};
-pub use crate::backend::LaunchFacts;
-use crate::backend::RunEvidence;
 use crate::fs::Manifest;
 use crate::policy::{Policy, PolicySource, RollbackSettings};
 pub use crate::transaction::{ChangeRecord, Metadata, RunResult, VerifiedControl};
+pub use agentdiff_backend_api::LaunchFacts;
+use agentdiff_backend_api::RunEvidence;
 use agentdiff_host::redact;
 
 /// `policy.json`: where the policy came from and the effective policy with every default filled

@@ -16,10 +16,10 @@ use super::classify::{
 use super::findings::{evidence_findings, with_findings};
 use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
 use super::{Refusal, VerifiedControl};
-use crate::backend::{BackendError, ExitInfo, FailureKind, RunEvidence};
 use crate::fs::{self, Manifest};
 use crate::policy::{Action, Decision, Policy, Weights};
 use crate::score;
+use agentdiff_backend_api::{BackendError, ExitInfo, FailureKind, RunEvidence};
 use agentdiff_host::redact;
 
 /// Everything the decision reads about a run that was launched.

@@ -14,9 +14,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::RunEvidence;
 use crate::policy::Action;
-use crate::process::ProcessIdentity;
+use agentdiff_backend_api::RunEvidence;
+use agentdiff_process::ProcessIdentity;
 
 /// One finding from the run's process evidence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,8 +117,8 @@ fn short_id(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{ProcessRecord, ProcessRelation};
-    use crate::process::containers::{ContainerEvidence, ContainerRecord};
+    use agentdiff_backend_api::{ProcessRecord, ProcessRelation};
+    use agentdiff_process::containers::{ContainerEvidence, ContainerRecord};
 
     fn process(left: Option<&str>) -> ProcessRecord {
         ProcessRecord {

@@ -14,15 +14,15 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::RunRequest;
-use crate::backend::{
+use crate::policy::{NetworkMode, Policy};
+use crate::store::seal::{launch_event_body, MacPurpose, SealKey};
+use crate::store::Capsule;
+use agentdiff_backend_api::environment::{self, EnvMode};
+use agentdiff_backend_api::{
     BackendError, BackendOptions, Capabilities, Enforcement, EnvironmentEvidence, EnvironmentPlan,
     ExitInfo, FailureKind, LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RunningCommand,
     RuntimeBackend, StdioMode, Tracking,
 };
-use crate::environment::{self, EnvMode};
-use crate::policy::{NetworkMode, Policy};
-use crate::store::seal::{launch_event_body, MacPurpose, SealKey};
-use crate::store::Capsule;
 
 /// The spec handed to the backend, and what the environment plan recorded about it.
 pub(super) struct LaunchPlan {
@@ -110,7 +110,7 @@ impl Launcher<'_, '_> {
                 let mut evidence = lost.evidence(&plan, &err).await;
                 merge_environment(&mut evidence, &plan.env_evidence);
                 if let Some(env) = evidence.environment.as_mut() {
-                    environment::key_fingerprints(env, self.key);
+                    super::fingerprints::key_fingerprints(env, self.key);
                 }
                 Err(LaunchFailure::Lost(Box::new(evidence)))
             }
@@ -221,7 +221,7 @@ impl Started {
         if facts.pid.is_none() {
             facts.pid = running.pid();
         }
-        facts.monitor = crate::process::read_identity(std::process::id()).ok();
+        facts.monitor = agentdiff_process::read_identity(std::process::id()).ok();
         let mut fields = json!(facts);
         // MAC'd so that `agentdiff cleanup` of a run whose monitor died trusts only an event
         // this user's agentdiff wrote.
@@ -239,7 +239,7 @@ impl Started {
         let root = facts.root.clone().or_else(|| {
             facts
                 .pid
-                .and_then(|p| crate::process::read_identity(p).ok())
+                .and_then(|p| agentdiff_process::read_identity(p).ok())
         });
         let mut evidence = match running.wait().await {
             Ok(evidence) => evidence,
@@ -255,7 +255,7 @@ impl Started {
         };
         merge_environment(&mut evidence, &plan.env_evidence);
         if let Some(env) = evidence.environment.as_mut() {
-            environment::key_fingerprints(env, key);
+            super::fingerprints::key_fingerprints(env, key);
         }
         if matches!(evidence.failure, Some(FailureKind::BackendFailed { .. })) {
             return Err(LaunchFailure::Lost(Box::new(evidence)));
@@ -280,9 +280,9 @@ impl Lost {
         let tree = self
             .root
             .as_ref()
-            .map(crate::backend::process_tree)
+            .map(agentdiff_process::process_tree)
             .unwrap_or_default();
-        let cleanup = crate::backend::cleanup_host_processes(&tree, plan.spec.grace).await;
+        let cleanup = agentdiff_process::cleanup_host_processes(&tree, plan.spec.grace).await;
         RunEvidence {
             backend: self.backend.to_string(),
             enforcement: self.enforcement,
@@ -297,7 +297,7 @@ impl Lost {
             tracking: Tracking::Untracked,
             processes: Vec::new(),
             cleanup,
-            ports: crate::process::ports::off_evidence(),
+            ports: agentdiff_process::ports::off_evidence(),
             wrapper_argv: None,
             wrapper: None,
             runtime_config: serde_json::Value::Null,

@@ -21,6 +21,7 @@ mod capture;
 mod classify;
 pub mod decide;
 mod findings;
+mod fingerprints;
 mod guard;
 mod launch;
 mod preflight;
@@ -42,15 +43,15 @@ pub use result::{
     VerifiedControl,
 };
 
-use crate::backend::{
-    Availability, BackendOptions, RunEvidence, RuntimeBackend, StdioMode, WorkspaceMode,
-};
-use crate::environment::EnvMode;
 use crate::fs::ScanProgress;
 use crate::policy::{Action, LoadedPolicy};
 use crate::store::seal::{SealAuthority, StateDir};
 use crate::store::{
     Artifact, Capsule, ObjectsSnapshot, PolicyDoc, RecordedScan, RuntimeDoc, Store,
+};
+use agentdiff_backend_api::environment::EnvMode;
+use agentdiff_backend_api::{
+    Availability, BackendOptions, RunEvidence, RuntimeBackend, StdioMode, WorkspaceMode,
 };
 use agentdiff_host::redact;
 use capture::CapturePlan;
@@ -373,7 +374,7 @@ struct Opening<'c> {
     started_at: String,
 }
 
-/// A held start (for a backend that [`crate::backend::RuntimeBackend::holds_start`], in the
+/// A held start (for a backend that [`agentdiff_backend_api::RuntimeBackend::holds_start`], in the
 /// project root, for a command the policy does not block) made first, then the capsule opened.
 /// A blocked command or an unavailable backend is reported as such before a failure of the held
 /// start is; on every early end the held command is abandoned: nothing of it has run.
@@ -568,7 +569,7 @@ async fn abandon<T>(early: Option<(launch::LaunchPlan, launch::Started)>, value:
 fn seal_refused_start(
     sealer: &Sealer<'_>,
     backend: &str,
-    err: &crate::backend::BackendError,
+    err: &agentdiff_backend_api::BackendError,
 ) -> Result<RunOutcome, TransactionError> {
     let refused = decide::refused_launch(err);
     record_refused(sealer, backend, &refused.message)?;

@@ -3,10 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Boundary, Capabilities, ExitInfo, FailureKind};
 use crate::fs::{ChangeType, EntryKind};
 use crate::policy::{Action, Decision};
 use crate::score::BlastRadius;
+use agentdiff_backend_api::{Boundary, Capabilities, ExitInfo, FailureKind};
 
 /// Operational status of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,20 +108,20 @@ pub struct Summary {
 pub struct VerifiedControl {
     pub boundary: Boundary,
     /// The probe record's facts: backend, settings digest, host, when, what the probe saw.
-    pub citation: crate::backend::citation::Citation,
+    pub citation: agentdiff_backend_api::citation::Citation,
 }
 
 /// Runtime facts copied into the result for CI consumers (full evidence is in runtime.json).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RuntimeSummary {
     pub backend: String,
-    pub enforcement: crate::backend::Enforcement,
+    pub enforcement: agentdiff_backend_api::Enforcement,
     pub sandboxed: bool,
     pub network_enforcement: bool,
     pub capabilities: Capabilities,
     pub exit: ExitInfo,
     pub failure: Option<FailureKind>,
-    pub tracking: crate::backend::Tracking,
+    pub tracking: agentdiff_backend_api::Tracking,
     pub observation_root: String,
     /// Controls a recent probe verified here (empty unless the run was given probe records).
     #[serde(default)]

@@ -7,13 +7,13 @@ use std::ffi::OsStr;
 
 use super::decide::{self, Evidence, RunFrame};
 use super::{Refusal, Status};
-use crate::backend::{
+use crate::fs::{BackupSkip, BackupState, Entry, EntryKind, Manifest, Unsupported};
+use crate::policy::{Action, Decision, Policy};
+use agentdiff_backend_api::{
     BackendError, CleanupOutcome, CleanupRecord, ExitInfo, FailureKind, PortRecord, ProcessRecord,
     ProcessRelation, RunEvidence,
 };
-use crate::fs::{BackupSkip, BackupState, Entry, EntryKind, Manifest, Unsupported};
-use crate::policy::{Action, Decision, Policy};
-use crate::process::ProcessIdentity;
+use agentdiff_process::ProcessIdentity;
 
 const POLICY: &str = "version: 1
 filesystem:
@@ -83,8 +83,8 @@ fn manifest(entries: &[(&str, Entry)]) -> Manifest {
 fn exited(code: i32) -> RunEvidence {
     RunEvidence {
         backend: "test".into(),
-        enforcement: crate::backend::Enforcement::None,
-        tracking: crate::backend::Tracking::SubreaperProcPoll,
+        enforcement: agentdiff_backend_api::Enforcement::None,
+        tracking: agentdiff_backend_api::Tracking::SubreaperProcPoll,
         exit: ExitInfo {
             code: Some(code),
             ..ExitInfo::default()
@@ -418,7 +418,7 @@ fn failures_become_the_execution_error() {
     assert_eq!(runtime.backend, "test");
     assert_eq!(
         runtime.tracking,
-        crate::backend::Tracking::SubreaperProcPoll
+        agentdiff_backend_api::Tracking::SubreaperProcPoll
     );
 }
 
@@ -888,12 +888,12 @@ mod losing_backend {
 
     use async_trait::async_trait;
 
-    use crate::backend::{
+    use agentdiff_backend_api::{
         Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
         LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch, Result, RunEvidence,
         RunningCommand, RuntimeBackend,
     };
-    use crate::process::ProcessIdentity;
+    use agentdiff_process::ProcessIdentity;
 
     pub struct Losing {
         /// Where the command writes the pid of the `sleep` it leaves behind.
@@ -1018,7 +1018,7 @@ async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_chan
         run_id: Some("lost".into()),
         backend: &backend,
         options: Default::default(),
-        stdio: crate::backend::StdioMode::Inherit,
+        stdio: agentdiff_backend_api::StdioMode::Inherit,
         interrupt,
         env_mode: None,
         env_pass: Vec::new(),
@@ -1083,7 +1083,7 @@ async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_chan
         .parse()
         .unwrap();
     let gone = (0..100).any(|_| {
-        let ended = crate::process::read_stat(pid).map_or(true, |s| s.is_zombie());
+        let ended = agentdiff_process::read_stat(pid).map_or(true, |s| s.is_zombie());
         if !ended {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

@@ -10,13 +10,14 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_engine::backend::{
-    cleanup_host_processes, validate_options, Availability, BackendDescriptor, BackendError,
-    BackendOptions, Capabilities, CleanupReport, Enforcement, FailClosedSpec, LaunchCommand,
-    LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity,
-    Result, RunningCommand, RuntimeBackend,
+use agentdiff_backend_api::{
+    validate_options, Availability, BackendDescriptor, BackendError, BackendOptions, Capabilities,
+    CleanupReport, Enforcement, FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level,
+    OptionKind, OptionSpec, PreparedLaunch, ProcessIdentity, Result, RunningCommand,
+    RuntimeBackend,
 };
-use agentdiff_engine::process::{spawn_supervised, EvidenceLabels};
+use agentdiff_process::cleanup_host_processes;
+use agentdiff_process::{spawn_supervised, EvidenceLabels};
 use async_trait::async_trait;
 
 /// Backend id (`--runtime nice`).

@@ -2,5 +2,5 @@
 //! the stock `agentdiff` runs `--runtime nice` through it (docs/backend-protocol.md).
 
 fn main() -> std::process::ExitCode {
-    agentdiff_engine::backend::external::serve(&agentdiff_backend_nice::DESCRIPTOR)
+    agentdiff_backend_api::serve::serve(&agentdiff_backend_nice::DESCRIPTOR)
 }

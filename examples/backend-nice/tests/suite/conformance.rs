@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use agentdiff_backend_api::BackendOptions;
 use agentdiff_backend_nice::NiceBackend;
 use agentdiff_conformance::{assert_conformant, FailClosedCase, SuiteOptions};
-use agentdiff_engine::backend::{BackendOptions, Registry};
+use agentdiff_plugins::Registry;
 
 #[test]
 fn nice_backend_is_conformant() {

@@ -1,0 +1,173 @@
+//! The runtime-backend contract: how a command is launched, observed and cleaned up.
+//!
+//! A backend turns a [`LaunchSpec`] into a [`PreparedLaunch`] (pure, so argv boundaries and labels
+//! are testable without running anything), launches it, and reports [`RunEvidence`] whose labels never
+//! claim more than the backend verified (see [`Level`]).
+
+mod capabilities;
+pub mod citation;
+pub mod containers;
+pub mod descriptor;
+pub mod environment;
+mod evidence;
+pub mod exec;
+pub mod protocol;
+pub mod recommend;
+pub mod serve;
+mod spec;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use capabilities::{Availability, Boundary, Capabilities, Enforcement, Level, WorkspaceMode};
+pub use descriptor::{
+    validate_options, BackendDescriptor, DiagnosticFact, Diagnostics, DiagnosticsFuture,
+    DiagnosticsHook, FailClosedSpec, OptionError, OptionKind, OptionSpec,
+};
+pub use evidence::{
+    BackendFacts, CleanupMechanism, CleanupOutcome, CleanupRecord, CleanupReport,
+    EnvironmentEvidence, ExitInfo, FactsError, FailureKind, InfrastructurePort, PortEvidence,
+    PortMode, PortRecord, ProcessRecord, ProcessRelation, RunEvidence, Tracking,
+};
+pub use spec::{
+    BackendOptions, EnvironmentPlan, LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch,
+    ReapGate, ReapGateOpener, StdioMode,
+};
+
+pub use agentdiff_host::process_identity::ProcessIdentity;
+
+/// Errors a backend reports. Each names what is wrong and, where there is one, what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend cannot run here (missing wrapper or engine, prerequisite absent). Never a
+    /// reason to fall back to a weaker backend.
+    #[error("runtime backend `{backend}` is unavailable: {reason}; {remedy}")]
+    Unavailable {
+        backend: String,
+        reason: String,
+        remedy: String,
+    },
+    /// The launch request is invalid for this backend (bad option, bad path).
+    #[error("invalid request for runtime backend `{backend}`: {message}")]
+    InvalidRequest { backend: String, message: String },
+    /// An option does not fit the backend's declaration.
+    #[error(transparent)]
+    Option(#[from] OptionError),
+    /// Starting the process failed.
+    #[error("could not launch the command through `{backend}`: {message}")]
+    Launch { backend: String, message: String },
+    /// Observing or waiting for the running command failed.
+    #[error("runtime backend `{backend}` failed while the command ran: {message}")]
+    Runtime { backend: String, message: String },
+}
+
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// What is recorded the moment the command started (the `launched` event), so that
+/// `agentdiff cleanup` can still find the run's processes if agentdiff itself is killed before the
+/// evidence is written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LaunchFacts {
+    /// Host pid of the launched process.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Verified identity of the launched process.
+    #[serde(default)]
+    pub root: Option<ProcessIdentity>,
+    /// The run's tracking cgroup, when the command was placed in one.
+    #[serde(default)]
+    pub cgroup: Option<String>,
+    /// Identity of the agentdiff process supervising the run, set by the transaction: tells a
+    /// run in progress from one whose monitor died.
+    #[serde(default)]
+    pub monitor: Option<ProcessIdentity>,
+}
+
+/// A launched command. `wait` resolves when the command has ended (normally, by timeout or by
+/// interruption) and its leftovers have been cleaned up, and returns the evidence.
+#[async_trait]
+pub trait RunningCommand: Send {
+    /// Host pid of the launched process (the wrapper's pid for wrapping backends).
+    fn pid(&self) -> Option<u32>;
+    /// Facts recorded the moment the command started (see [`LaunchFacts`]). By default only the
+    /// pid.
+    fn launch_facts(&self) -> LaunchFacts {
+        LaunchFacts {
+            pid: self.pid(),
+            ..LaunchFacts::default()
+        }
+    }
+    /// Let a command launched with [`LaunchContext::hold_start`] start: called once, after the
+    /// transaction recorded the before-state, before `wait`; the deadline counts from here. A
+    /// launch that was not held has started already, so by default this does nothing.
+    fn release(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// End a held launch that will not be released (the transaction stopped before the start):
+    /// nothing of the command has run and nothing may; returns once the wrapper is gone. Only
+    /// held launches are aborted; the default waits for the end.
+    async fn abort(self: Box<Self>) {
+        let _ = self.wait().await;
+    }
+    /// Wait for the end of the command and collect its evidence.
+    async fn wait(self: Box<Self>) -> Result<RunEvidence>;
+}
+
+/// A pluggable runtime backend. Implementations must be honest: [`RuntimeBackend::capabilities`]
+/// starts from [`Capabilities::default`] (everything `uncontrolled`) and raises a boundary only to
+/// the level the backend really reaches with these options.
+///
+/// Everything else the CLI needs (options, fail-closed cases, diagnostics) is declared in the
+/// backend's [`BackendDescriptor`].
+#[async_trait]
+pub trait RuntimeBackend: Send + Sync {
+    /// Stable identifier used by `--runtime` (lowercase ASCII, digits, `-`).
+    fn id(&self) -> &'static str;
+    /// Declared capabilities per boundary, for a run with these options.
+    fn capabilities(&self, options: &BackendOptions) -> Capabilities;
+    /// Whether the backend can run here with these options, with a remedy when it cannot. Must
+    /// not answer `Ready` when `prepare` would refuse for a missing component.
+    async fn availability(&self, options: &BackendOptions) -> Availability;
+    /// Whether the command always gets the scrubbed environment (allowlist, `--pass-env` names,
+    /// credential-like and runtime-injection variables dropped), whatever `--scrub-env` and the
+    /// policy's `environment.mode` say. A sandboxing backend scrubs by default so that an
+    /// exported credential never reaches a command it confines.
+    fn requires_scrubbed_environment(&self) -> bool {
+        false
+    }
+    /// Whether `launch` honours [`LaunchContext::hold_start`]: it starts the backend's own setup
+    /// (a sandbox's namespaces and mounts) at once, and nothing of the command before
+    /// [`RunningCommand::release`]; a failure before the release means the command did not run.
+    /// The transaction then launches before its before-capture, so that the setup overlaps it.
+    fn holds_start(&self) -> bool {
+        false
+    }
+    /// Pure transform from the request to what will be executed: no process started, no file
+    /// written. The backend's own plan travels inside the [`PreparedLaunch`].
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch>;
+    /// Whether [`RuntimeBackend::prepare`] would refuse `spec` as invalid (`InvalidRequest`, a bad
+    /// option): every such error `prepare` gives, without building what only the launch needs.
+    /// The transaction asks it before anything is written (`transaction::check_request`); a
+    /// backend whose `prepare` does work past its checks (a per-run secret, a probe of
+    /// agentdiff's own namespaces) answers it cheaper. Other failures may be left to `prepare`.
+    fn check(&self, spec: &LaunchSpec) -> Result<()> {
+        self.prepare(spec).map(|_| ())
+    }
+    /// Start exactly what `prepare` made.
+    async fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> Result<Box<dyn RunningCommand>>;
+    /// Clean up everything a recorded run left behind (`agentdiff cleanup RUN`, and the
+    /// conformance suite): its processes, each identity verified before it is signalled (a
+    /// mismatch is refused, never signalled); a backend that creates other resources (containers)
+    /// removes those too, found by the run id.
+    async fn cleanup_run(
+        &self,
+        run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+    ) -> CleanupReport;
+}

@@ -1,0 +1,418 @@
+//! The plugin side of the protocol: [`serve`] turns a backend's descriptor into an executable
+//! agentdiff can drive (`fn main() -> ExitCode { serve(&DESCRIPTOR) }`).
+//!
+//! The protocol descriptors are made close-on-exec at once, so the launched command never
+//! inherits them; the command gets exactly the environment of the request. The plugin makes
+//! itself non-dumpable first, so a command of the same user cannot reach those descriptors through
+//! `/proc/<plugin>/fd` either (root can; a command can still kill its plugin, which fails the run
+//! closed with its changes recorded).
+
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::process::ExitCode;
+
+use crate::protocol::{
+    options_from_wire, write_message, ErrorKind, ExitReport, LineReader, Request, Response,
+    WireCommand, WireDescriptor, WireError, WireFailClosed, WireOption, WireSpec, FDS_ENV,
+    PROTOCOL_VERSION,
+};
+use crate::{
+    BackendDescriptor, BackendError, LaunchContext, OptionKind, ReapGate, RunEvidence,
+    RuntimeBackend, StdioMode,
+};
+
+/// Serve `descriptor`'s backend on the protocol descriptors agentdiff passed
+/// ([`FDS_ENV`](crate::protocol::FDS_ENV)) until agentdiff closes the channel. Started any other
+/// way, it says what it is and exits 2.
+pub fn serve(descriptor: &BackendDescriptor) -> ExitCode {
+    let Some((read_fd, write_fd)) = std::env::var(FDS_ENV).ok().and_then(|v| parse_fds(&v)) else {
+        eprintln!(
+            "agentdiff-backend-{}: this program is an agentdiff runtime backend; run it through \
+             `agentdiff run --runtime {}` (protocol: docs/backend-protocol.md)",
+            descriptor.id, descriptor.id
+        );
+        return ExitCode::from(2);
+    };
+    harden_process(descriptor.id);
+    for fd in [read_fd, write_fd] {
+        // SAFETY: fcntl on a descriptor number; an invalid one only makes it fail.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            eprintln!("agentdiff-backend-{}: fd {fd} is not open", descriptor.id);
+            return ExitCode::from(2);
+        }
+    }
+    // SAFETY: agentdiff handed these two descriptors to this process alone, and nothing else
+    // here owns them.
+    let (reader, writer) = unsafe {
+        (
+            OwnedFd::from_raw_fd(read_fd),
+            OwnedFd::from_raw_fd(write_fd),
+        )
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentdiff-backend-{}: no async runtime: {e}", descriptor.id);
+            return ExitCode::from(70);
+        }
+    };
+    let mut server = Server {
+        descriptor,
+        backend: (descriptor.factory)(),
+        writer: std::fs::File::from(writer),
+    };
+    match runtime.block_on(server.run(LineReader::new(reader))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentdiff-backend-{}: {e}", descriptor.id);
+            ExitCode::from(70)
+        }
+    }
+}
+
+/// Makes the plugin non-dumpable before it reads a request: a process of the same user (the
+/// launched command among them) then cannot open `/proc/<plugin>/fd/*` — the protocol pipes, where
+/// it could forge an `exited` report or garble the channel — nor read the plugin's memory or
+/// attach to it; the kernel refuses those to a process without CAP_SYS_PTRACE. The command is not
+/// affected (`execve` makes a new program dumpable again). Not defended: root, CAP_SYS_PTRACE, and
+/// a command that kills the plugin (the run then fails closed, with its changes recorded).
+fn harden_process(id: &str) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            eprintln!(
+                "agentdiff-backend-{id}: warning: could not make the process non-dumpable: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = id;
+}
+
+fn parse_fds(v: &str) -> Option<(RawFd, RawFd)> {
+    let (r, w) = v.split_once(',')?;
+    Some((r.trim().parse().ok()?, w.trim().parse().ok()?))
+}
+
+struct Server<'a> {
+    descriptor: &'a BackendDescriptor,
+    backend: Box<dyn RuntimeBackend>,
+    writer: std::fs::File,
+}
+
+/// Requests arrive through a reader thread so a run can be interrupted while it is awaited.
+type Inbox = tokio::sync::mpsc::UnboundedReceiver<Result<Request, WireError>>;
+
+fn start_reader(mut reader: LineReader) -> Inbox {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || loop {
+        let next = reader.read_message::<Request>(None, || None);
+        let fatal = matches!(
+            next,
+            Err(WireError::Closed | WireError::Io(_) | WireError::Oversized)
+        );
+        if tx.send(next).is_err() || fatal {
+            return;
+        }
+    });
+    rx
+}
+
+fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error {
+        kind,
+        message: message.into(),
+        remedy: None,
+    }
+}
+
+fn backend_error(e: BackendError) -> Response {
+    let kind = match &e {
+        BackendError::Unavailable { .. } => ErrorKind::Unavailable,
+        BackendError::InvalidRequest { .. } | BackendError::Option(_) => ErrorKind::InvalidRequest,
+        BackendError::Launch { .. } => ErrorKind::Launch,
+        BackendError::Runtime { .. } => ErrorKind::Runtime,
+    };
+    let remedy = match &e {
+        BackendError::Unavailable { remedy, .. } => Some(remedy.clone()),
+        _ => None,
+    };
+    Response::Error {
+        kind,
+        message: e.to_string(),
+        remedy,
+    }
+}
+
+impl Server<'_> {
+    fn send(&mut self, response: &Response) -> Result<(), WireError> {
+        write_message(&mut self.writer, response)
+    }
+
+    async fn run(&mut self, reader: LineReader) -> Result<(), WireError> {
+        // A signal to agentdiff's process group (Ctrl-C without a terminal hand-over, a CI
+        // cancel) must not kill the plugin before it reports: agentdiff forwards it as
+        // `interrupt`. Caught, not ignored, so the command starts with default dispositions.
+        let _absorbed = absorb_group_signals();
+        let mut inbox = start_reader(reader);
+        // The handshake: one version, answered or refused.
+        match inbox.recv().await {
+            Some(Ok(Request::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
+                let id = self.descriptor.id.to_string();
+                self.send(&Response::Hello {
+                    protocol: PROTOCOL_VERSION,
+                    id,
+                })?;
+            }
+            Some(Ok(Request::Hello { protocol })) => {
+                return self.send(&error(
+                    ErrorKind::Protocol,
+                    format!("this backend speaks protocol {PROTOCOL_VERSION}, not {protocol}"),
+                ));
+            }
+            Some(Ok(_)) => {
+                return self.send(&error(
+                    ErrorKind::Protocol,
+                    "the first request must be `hello`",
+                ))
+            }
+            Some(Err(e)) => return self.send(&error(ErrorKind::Protocol, e.to_string())),
+            None => return Ok(()),
+        }
+        while let Some(next) = inbox.recv().await {
+            let request = match next {
+                Ok(r) => r,
+                Err(WireError::Closed) => return Ok(()),
+                Err(e) => {
+                    self.send(&error(ErrorKind::Protocol, e.to_string()))?;
+                    continue;
+                }
+            };
+            let response = match request {
+                Request::Describe {} => Response::Descriptor(describe(self.descriptor)),
+                Request::Capabilities { options } => Response::Capabilities {
+                    capabilities: self.backend.capabilities(&options_from_wire(&options)),
+                },
+                Request::Availability { options } => Response::Availability {
+                    availability: self
+                        .backend
+                        .availability(&options_from_wire(&options))
+                        .await,
+                },
+                Request::Prepare { spec } => self.prepare(&spec),
+                Request::Launch { spec, command } => {
+                    // One launch per process: the exchange ends with the run.
+                    return self.launch(&spec, &command, &mut inbox).await;
+                }
+                Request::Cleanup {
+                    run_id,
+                    identities,
+                    grace_ms,
+                } => Response::CleanupReport {
+                    report: self
+                        .backend
+                        .cleanup_run(
+                            &run_id,
+                            &identities,
+                            std::time::Duration::from_millis(grace_ms),
+                        )
+                        .await,
+                },
+                Request::Hello { .. } | Request::Ack {} | Request::Interrupt { .. } => {
+                    error(ErrorKind::Protocol, "this request is not valid here")
+                }
+            };
+            self.send(&response)?;
+        }
+        Ok(())
+    }
+
+    fn prepare(&self, spec: &WireSpec) -> Response {
+        let spec = match spec.to_spec() {
+            Ok(s) => s,
+            Err(e) => return error(ErrorKind::Protocol, e.to_string()),
+        };
+        match self.backend.prepare(&spec) {
+            Ok(p) => match WireCommand::from_command(p.command()) {
+                Ok(command) => Response::Prepared {
+                    command,
+                    enforcement: p.enforcement(),
+                    wrapped: p.wrapper_argv().is_some(),
+                    runtime_config: p.runtime_config().clone(),
+                },
+                Err(e) => error(ErrorKind::InvalidRequest, e.to_string()),
+            },
+            Err(e) => backend_error(e),
+        }
+    }
+
+    async fn launch(
+        &mut self,
+        spec: &WireSpec,
+        expected: &WireCommand,
+        inbox: &mut Inbox,
+    ) -> Result<(), WireError> {
+        let spec = match spec.to_spec() {
+            Ok(s) => s,
+            Err(e) => return self.send(&error(ErrorKind::Protocol, e.to_string())),
+        };
+        let mut prepared = match self.backend.prepare(&spec) {
+            Ok(p) => p,
+            Err(e) => return self.send(&backend_error(e)),
+        };
+        if prepared.cwd().as_os_str() != expected.cwd.as_str() {
+            prepared = prepared.starting_in(expected.cwd.clone().into());
+        }
+        // Run exactly what agentdiff recorded, or nothing.
+        if WireCommand::from_command(prepared.command()).ok().as_ref() != Some(expected) {
+            return self.send(&error(
+                ErrorKind::Launch,
+                "the command prepared now differs from the one agentdiff recorded; prepare must be \
+                 a pure function of the request",
+            ));
+        }
+        let (interrupt_tx, interrupt) = tokio::sync::watch::channel(None);
+        // The backend's monitor reaps the command when it exits; the gate keeps it a zombie
+        // until agentdiff has checked the identity (docs/backend-protocol.md, `ack`).
+        let (reap_opener, reap_gate) = ReapGate::closed();
+        let ctx = LaunchContext {
+            stdio: StdioMode::Inherit,
+            interrupt,
+            hold_reap: Some(reap_gate),
+            hold_start: false,
+        };
+        let running = match self.backend.launch(prepared, ctx).await {
+            Ok(r) => r,
+            Err(e) => return self.send(&backend_error(e)),
+        };
+        let facts = running.launch_facts();
+        let identity = facts.root.or_else(|| {
+            facts
+                .pid
+                .and_then(|p| agentdiff_host::process_identity::read_identity(p).ok())
+        });
+        let Some(identity) = identity else {
+            return self.send(&error(
+                ErrorKind::Launch,
+                "the launched process has no identity",
+            ));
+        };
+        self.send(&Response::Launched {
+            pid: identity.pid,
+            start_time_ticks: identity.start_time_ticks,
+        })?;
+        // The command's wait runs from here, but the monitor reaps it only once the gate opens:
+        // on `ack`, on `interrupt`, or when agentdiff is gone (dropping the opener opens it).
+        let mut reap_opener = Some(reap_opener);
+        let mut listening = true;
+        let waiting = running.wait();
+        tokio::pin!(waiting);
+        let result = loop {
+            tokio::select! {
+                result = &mut waiting => break result,
+                next = inbox.recv(), if listening => match next {
+                    Some(Ok(Request::Ack {})) => drop(reap_opener.take()),
+                    Some(Ok(Request::Interrupt { signal })) => {
+                        let _ = interrupt_tx.send(Some(signal));
+                        drop(reap_opener.take());
+                    }
+                    // agentdiff is gone: end the command as if interrupted.
+                    None | Some(Err(WireError::Closed)) => {
+                        let _ = interrupt_tx.send(Some(libc::SIGTERM));
+                        drop(reap_opener.take());
+                        listening = false;
+                    }
+                    Some(Ok(_)) | Some(Err(_)) => self.send(&error(
+                        ErrorKind::Protocol,
+                        "only `ack` and `interrupt` are valid during a run",
+                    ))?,
+                },
+            }
+        };
+        match result {
+            Ok(evidence) => self.send(&Response::Exited {
+                report: Box::new(report(evidence)),
+            }),
+            Err(e) => self.send(&backend_error(e)),
+        }
+    }
+}
+
+/// Catch SIGINT, SIGTERM and SIGHUP for the life of the returned handles.
+fn absorb_group_signals() -> Vec<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ]
+    .into_iter()
+    .filter_map(|kind| signal(kind).ok())
+    .collect()
+}
+
+/// The exit report of a backend's own evidence.
+fn report(ev: RunEvidence) -> ExitReport {
+    ExitReport {
+        exit: ev.exit,
+        failure: ev.failure,
+        tracking: ev.tracking,
+        processes: ev.processes,
+        cleanup: ev.cleanup,
+        ports: Some(ev.ports),
+        execs: Some(ev.execs),
+        facts: ev.wrapper.map(|w| (*w).clone()),
+        warnings: ev.warnings,
+        capabilities: Some(ev.capabilities),
+        enforcement: Some(ev.enforcement),
+    }
+}
+
+fn describe(d: &BackendDescriptor) -> WireDescriptor {
+    let backend = (d.factory)();
+    WireDescriptor {
+        id: d.id.to_string(),
+        summary: d.summary.to_string(),
+        options: d
+            .options
+            .iter()
+            .map(|o| {
+                let (kind, choices) = match o.kind {
+                    OptionKind::Text => ("text", vec![]),
+                    OptionKind::Path => ("path", vec![]),
+                    OptionKind::Bool => ("bool", vec![]),
+                    OptionKind::Integer => ("integer", vec![]),
+                    OptionKind::EnvName => ("env_name", vec![]),
+                    OptionKind::Choice(c) => ("choice", c.iter().map(|s| s.to_string()).collect()),
+                };
+                WireOption {
+                    name: o.name.to_string(),
+                    kind: kind.to_string(),
+                    choices,
+                    help: o.help.to_string(),
+                    default: o.default.map(str::to_string),
+                    repeatable: o.repeatable,
+                }
+            })
+            .collect(),
+        fail_closed: d
+            .fail_closed
+            .iter()
+            .map(|f| WireFailClosed {
+                name: f.name.to_string(),
+                remove: f.remove.iter().map(|s| s.to_string()).collect(),
+                set: f
+                    .set
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            })
+            .collect(),
+        requires_scrubbed_environment: backend.requires_scrubbed_environment(),
+    }
+}
