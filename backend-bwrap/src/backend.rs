@@ -12,9 +12,9 @@ use agentdiff_backend_api::{
 };
 use agentdiff_host::system::absolute_from_cwd as absolute;
 use agentdiff_process::cleanup_host_processes;
+use agentdiff_process::exec_shim::start_gate;
 use agentdiff_process::exec_shim::{self, StartState};
 use agentdiff_process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
-use agentdiff_process::start_gate;
 use agentdiff_process::supervisor::EvidenceLabels;
 use agentdiff_process::ProcessIdentity;
 use async_trait::async_trait;

@@ -29,7 +29,7 @@ use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, O
 /// Name of the start-marker FIFO in the run capsule (removed when the run ends).
 pub const START_MARKER_FILE: &str = "bwrap-start-marker.fifo";
 /// Name of the start-gate FIFO in the run capsule, where the exec shim waits until the run is
-/// released (`agentdiff_process::start_gate`; removed when the run ends).
+/// released (`agentdiff_process::exec_shim::start_gate`; removed when the run ends).
 pub const START_GATE_FILE: &str = "bwrap-start-gate.fifo";
 
 /// Credential locations below a home directory, hidden from the command when they exist: the

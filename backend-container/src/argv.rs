@@ -22,11 +22,9 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use crate::engine::EngineKind;
+use crate::engine::{EngineKind, RUN_LABEL};
 use crate::options::{ContainerOptions, Source, UserSpec, TMPFS_TMP};
 
-/// Label carrying the run id; `agentdiff cleanup` finds a crashed run's containers by it.
-pub const RUN_LABEL: &str = "agentdiff.run";
 /// Label marking every container agentdiff starts.
 pub const MANAGED_LABEL: &str = "agentdiff.managed=true";
 /// Where the private workspace appears inside the container.

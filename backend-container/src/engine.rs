@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+/// Label carrying the run id; `agentdiff cleanup` finds a crashed run's containers by it.
+pub const RUN_LABEL: &str = "agentdiff.run";
+
 /// Deadline of one auxiliary engine call (version, inspect, rm…).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -236,7 +239,7 @@ impl Engine {
 
     /// Ids of containers (running or not) labelled with this run id.
     pub async fn containers_of_run(&self, run_id: &str) -> Result<Vec<String>, EngineError> {
-        let filter = format!("label={}={run_id}", crate::argv::RUN_LABEL);
+        let filter = format!("label={RUN_LABEL}={run_id}");
         let out = self
             .call_ok(&["ps", "-a", "-q", "--no-trunc", "--filter", &filter])
             .await?;

@@ -422,7 +422,7 @@ impl RuntimeBackend for ContainerBackend {
             },
             "container_name": argv::container_name(&spec.run_id).unwrap_or_default(),
             "labels": {
-                argv::RUN_LABEL: spec.run_id,
+                engine::RUN_LABEL: spec.run_id,
                 "agentdiff.managed": "true",
             },
             "mounts": [{

@@ -57,16 +57,6 @@ pub fn capabilities() -> Capabilities {
     }
 }
 
-/// What the backend knows does not hold, stated with every run's evidence.
-pub const LIMITS: &[&str] = &[
-    "srt owns the OS enforcement; agentdiff does not audit srt or prove that its settings are \
-     restrictive, so filesystem and network controls are labelled requested, not enforced",
-    "writes below the project root are allowed by typical settings and are observed by \
-     agentdiff's before/after manifests, not prevented",
-    "srt reports a command killed by signal N as exit code 128+N, so such a death is recorded as \
-     that exit code, not as a signal",
-];
-
 /// The `srt` runtime backend.
 #[derive(Debug, Default)]
 pub struct SrtBackend;
@@ -373,7 +363,7 @@ impl RuntimeBackend for SrtBackend {
             settings: settings_ev,
             exec_shim: plan.shim.to_string_lossy().into_owned(),
             sandbox: SandboxClaim::RequestedNotVerified,
-            limits: strings(LIMITS),
+            limits: strings(crate::facts::LIMITS),
             start: None,
         };
         let labels = EvidenceLabels {
@@ -543,7 +533,7 @@ mod tests {
             },
             exec_shim: "/usr/bin/agentdiff".into(),
             sandbox: SandboxClaim::RequestedNotVerified,
-            limits: strings(LIMITS),
+            limits: strings(crate::facts::LIMITS),
             start: None,
         }
     }

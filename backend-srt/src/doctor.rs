@@ -257,7 +257,7 @@ pub async fn doctor_report(executable: Option<&str>) -> DoctorReport {
         sandboxed: false,
         network_enforcement: false,
         remedies,
-        limits: crate::backend::LIMITS.to_vec(),
+        limits: crate::facts::LIMITS.to_vec(),
     }
 }
 

@@ -8,6 +8,16 @@ use serde_json::Value;
 
 use crate::version::VersionSource;
 
+/// What the backend knows does not hold, stated with every run's evidence.
+pub const LIMITS: &[&str] = &[
+    "srt owns the OS enforcement; agentdiff does not audit srt or prove that its settings are \
+     restrictive, so filesystem and network controls are labelled requested, not enforced",
+    "writes below the project root are allowed by typical settings and are observed by \
+     agentdiff's before/after manifests, not prevented",
+    "srt reports a command killed by signal N as exit code 128+N, so such a death is recorded as \
+     that exit code, not as a signal",
+];
+
 /// What the srt backend records about one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SrtFacts {
@@ -20,7 +30,7 @@ pub struct SrtFacts {
     /// The program that ran the exec shim inside the sandbox.
     pub exec_shim: String,
     pub sandbox: SandboxClaim,
-    /// What the backend knows does not hold ([`crate::backend::LIMITS`]).
+    /// What the backend knows does not hold ([`LIMITS`]).
     pub limits: Vec<String>,
     /// What the start marker said; absent until the run ended.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]

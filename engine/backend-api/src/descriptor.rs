@@ -337,6 +337,18 @@ impl std::fmt::Debug for BackendDescriptor {
     }
 }
 
+/// Whether `id` is a valid backend id: 1 to 64 lowercase ASCII letters, digits and `-`, not
+/// starting with `-` (it becomes `--runtime ID` and part of the executable name
+/// `agentdiff-backend-ID`).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,7 +74,7 @@ impl Registry {
         &mut self,
         descriptor: &'static BackendDescriptor,
     ) -> Result<(), RegistryError> {
-        if !valid_id(descriptor.id) {
+        if !agentdiff_backend_api::descriptor::valid_id(descriptor.id) {
             return Err(RegistryError::InvalidId(descriptor.id.to_string()));
         }
         if self.entries.contains_key(descriptor.id) {
@@ -231,15 +231,6 @@ impl Registry {
             })
             .collect()
     }
-}
-
-pub(crate) fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !id.starts_with('-')
 }
 
 #[cfg(test)]

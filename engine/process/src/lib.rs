@@ -20,8 +20,6 @@ pub mod ports;
 pub mod shimmed;
 #[cfg(target_os = "linux")]
 pub mod spawn;
-#[cfg(unix)]
-pub mod start_gate;
 pub mod supervisor;
 pub mod terminal;
 pub mod tracker;

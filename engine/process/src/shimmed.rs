@@ -8,7 +8,7 @@
 //! tty-guard variable already in the command's environment is dropped first, so a caller cannot
 //! hand the shim a digest of its choosing. The shim's variables never reach the environment
 //! evidence. The marker is read only after the wrapper ended, and removed with this value. A
-//! launch with a start gate ([`crate::start_gate`]) lets the shim go only at
+//! launch with a start gate ([`crate::exec_shim::start_gate`]) lets the shim go only at
 //! [`ShimmedCommand::release`] (at once when the launch is not held), after the supervisor's
 //! deadline and terminal hand-over are in place.
 //!
@@ -20,11 +20,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec_shim::start_gate::{GateError, StartGate};
 use crate::exec_shim::{
     self, Attribution, ExitBy, MarkerError, StartLabel, StartMarker, StartState, ENV_ARGV_DIGEST,
     ENV_TTY_GUARD, SHIM_ENV_VARS,
 };
-use crate::start_gate::{GateError, StartGate};
 use crate::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 use agentdiff_backend_api::{
     BackendError, LaunchContext, LaunchFacts, PreparedLaunch, RunEvidence, RunningCommand,

@@ -48,7 +48,7 @@ pub fn scan_path(path_var: Option<&OsStr>) -> BTreeMap<String, Vec<PathBuf>> {
             else {
                 continue;
             };
-            if !crate::registry::valid_id(id) || !is_executable(&path) {
+            if !agentdiff_backend_api::descriptor::valid_id(id) || !is_executable(&path) {
                 continue;
             }
             let real = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
@@ -148,7 +148,7 @@ fn option_kind(kind: &str, choices: &[String]) -> Result<OptionKind, DescriptorP
 fn leak_descriptor(wire: &WireDescriptor) -> Result<&'static BackendDescriptor, DescriptorProblem> {
     let mut options = Vec::new();
     for o in &wire.options {
-        if !crate::registry::valid_id(&o.name) {
+        if !agentdiff_backend_api::descriptor::valid_id(&o.name) {
             return Err(DescriptorProblem::OptionName(o.name.clone()));
         }
         let mut spec = OptionSpec::new(

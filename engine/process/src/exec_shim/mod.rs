@@ -35,6 +35,8 @@
 //! so it can forge every check); the backend must choose a trusted wrapper (see the bwrap
 //! backend's executable check).
 
+pub mod start_gate;
+
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -69,7 +71,7 @@ pub const SHIM_ENV_VARS: [&str; 4] = [
     ENV_ARGV_DIGEST,
     ENV_TTY_GUARD,
     ENV_HOST_NAMESPACES,
-    crate::start_gate::ENV_START_GATE,
+    self::start_gate::ENV_START_GATE,
 ];
 /// Namespaces the shim can compare (names under `/proc/self/ns`).
 pub const NAMESPACES: [&str; 7] = ["mnt", "pid", "net", "ipc", "uts", "user", "cgroup"];
@@ -85,7 +87,7 @@ pub const EXEC_NOT_EXECUTABLE_EXIT: u8 = 126;
 pub const EXEC_NOT_FOUND_EXIT: u8 = 127;
 
 /// Errors of the host-side FIFOs (the start marker, and the start gate of
-/// [`crate::start_gate`]).
+/// [`self::start_gate`]).
 #[derive(Debug, thiserror::Error)]
 pub enum MarkerError {
     #[error("could not create the FIFO {path}: {source}")]
@@ -476,7 +478,7 @@ struct ShimEnv<'a> {
     digest: Option<&'a OsStr>,
     /// [`ENV_HOST_NAMESPACES`].
     host_namespaces: Option<&'a OsStr>,
-    /// [`crate::start_gate::ENV_START_GATE`].
+    /// [`self::start_gate::ENV_START_GATE`].
     start_gate: Option<&'a OsStr>,
 }
 
@@ -488,7 +490,7 @@ pub fn run(args: &[OsString]) -> u8 {
         Ok((marker, expected, argv)) => {
             let digest = std::env::var_os(ENV_ARGV_DIGEST);
             let host_namespaces = std::env::var_os(ENV_HOST_NAMESPACES);
-            let start_gate = std::env::var_os(crate::start_gate::ENV_START_GATE);
+            let start_gate = std::env::var_os(self::start_gate::ENV_START_GATE);
             let env = ShimEnv {
                 digest: digest.as_deref(),
                 host_namespaces: host_namespaces.as_deref(),
@@ -645,7 +647,7 @@ fn start(marker: &Path, expected: usize, argv: &[OsString], env: ShimEnv<'_>) ->
     // Held until the host has recorded the before-state (see `start_gate`); no start mark when
     // the run is abandoned, so the host never counts it as started.
     if let Some(gate) = env.start_gate {
-        if let Err(e) = crate::start_gate::await_release(Path::new(gate), &token) {
+        if let Err(e) = self::start_gate::await_release(Path::new(gate), &token) {
             eprintln!("agentdiff exec shim: {e}; the command was not started");
             return SHIM_REFUSED_EXIT;
         }
@@ -1221,7 +1223,7 @@ mod tests {
 
     #[test]
     fn a_held_shim_starts_nothing_until_released_and_nothing_when_the_gate_closes() {
-        use crate::start_gate::StartGate;
+        use self::start_gate::StartGate;
         let dir = tempfile::tempdir().unwrap();
         let argv = [OsString::from("/nonexistent/agentdiff-no-such-program")];
         let digest = OsString::from(digest_env_value("salt", &argv));

@@ -6,7 +6,7 @@
 //! The gate is a FIFO in the run capsule, which the sandbox shows read-only: opening a FIFO for
 //! reading works on a read-only mount. The host creates it and holds it open read-write, so the
 //! shim's open never blocks and its read waits until the host writes the release line
-//! `release TOKEN` ([`crate::exec_shim::marker_token`], which the command never sees).
+//! `release TOKEN` ([`super::marker_token`], which the command never sees).
 //! When the host closes the gate without releasing it (the run was abandoned before the start),
 //! the shim reads end-of-file and refuses: nothing of the command runs.
 //!
@@ -22,7 +22,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::exec_shim::{create_fifo, MarkerError};
+use super::{create_fifo, MarkerError};
 
 /// Environment variable carrying the gate's path to the shim; removed before `exec`. Without
 /// it the shim does not wait.
