@@ -195,6 +195,32 @@ fn without_test_items(tokens: &[(usize, Token)]) -> Vec<&(usize, Token)> {
     out
 }
 
+/// The contract crate every subcommand may use (`agentdiff_backend_api`) shares the backend crates'
+/// prefix; its exact name, as a whole word, is not a backend crate. A longer name that starts
+/// with it (`agentdiff_backend_apix`) still is.
+fn without_contract_crate(lower: &str) -> String {
+    let mut out = String::with_capacity(lower.len());
+    let mut rest = lower;
+    let word = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
+    while let Some(at) = rest.find("agentdiff").filter(|_| !rest.is_empty()) {
+        let (before, from) = rest.split_at(at);
+        out.push_str(before);
+        let len = ["agentdiff_backend_api", "agentdiff-backend-api"]
+            .iter()
+            .find(|name| from.starts_with(*name) && !from[name.len()..].starts_with(word))
+            .map(|name| name.len());
+        match len {
+            Some(n) => rest = &from[n..],
+            None => {
+                out.push_str("agentdiff");
+                rest = &from["agentdiff".len()..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Lower-case words of a text: runs of letters, digits and `_`.
 fn words(text: &str) -> impl Iterator<Item = String> + '_ {
     text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
@@ -209,7 +235,7 @@ pub fn mentions(src: &str, ids: &[&str]) -> Vec<Mention> {
     let code = without_test_items(&tokens);
     let mut found = Vec::new();
     let check = |found: &mut Vec<Mention>, line: usize, text: &str| {
-        let lower = text.to_lowercase();
+        let lower = without_contract_crate(&text.to_lowercase());
         if lower.contains("agentdiff_backend_") || lower.contains("agentdiff-backend-") {
             found.push((line, format!("a backend crate: {text}")));
         }
@@ -292,6 +318,19 @@ mod tests {
         assert!(named("const X: &str = \"\\x73rt\";"));
         assert!(named("const X: &str = \"\\u{62}wrap\";"));
         assert!(named("const X: &str = concat!(\"sr\",\n \"t\");"));
+    }
+
+    #[test]
+    fn the_contract_crate_is_not_a_backend_crate_but_a_longer_name_is() {
+        assert!(!named(
+            "use agentdiff_backend_api::{Registry, RuntimeBackend};"
+        ));
+        assert!(!named("const X: &str = \"see agentdiff-backend-api\";"));
+        assert!(named("use agentdiff_backend_apix::Thing;"));
+        assert!(named("use agentdiff_backend_api_local::Thing;"));
+        assert!(named(
+            "use agentdiff_backend_api::X; use agentdiff_backend_x::Y;"
+        ));
     }
 
     #[test]

@@ -463,15 +463,18 @@ fn a_broken_srt_version_refuses_the_launch() {
 #[test]
 fn settings_from_policy_are_generated_in_the_capsule() {
     let mut f = Fixture::fake();
+    // A policy.json planted in the capsule says something else: the launch spec is what counts.
     std::fs::write(
         f.capsule.join("policy.json"),
-        json!({"effective": {"version": 1, "filesystem": {"deny": [".env", ".git/**", "**/*.pem"]}}})
+        json!({"effective": {"version": 1, "filesystem": {"deny": [".ssh", "planted/**"]}}})
             .to_string(),
     )
     .unwrap();
     f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
     f.options.push(OPT_ALLOW_DOMAIN, "example.com");
-    let ev = run(&f, f.spec(&["/bin/true"]));
+    let mut spec = f.spec(&["/bin/true"]);
+    spec.deny_patterns = vec![".env".into(), ".git/**".into(), "**/*.pem".into()];
+    let ev = run(&f, spec);
     assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
     let generated = f.capsule.join("srt-settings.json");
     // srt read the generated file from the capsule...
@@ -489,8 +492,9 @@ fn settings_from_policy_are_generated_in_the_capsule() {
             "{p}: {deny_write:?}"
         );
     }
-    // The policy in the capsule, not the built-in one: `.ssh` is not denied here.
+    // The spec's patterns, not the built-in policy's nor the planted file's.
     assert!(!deny_write.contains(&json!(format!("{root}/.ssh"))));
+    assert!(!deny_write.contains(&json!(format!("{root}/planted"))));
     assert_eq!(
         settings["network"]["allowedDomains"],
         json!(["example.com"])
@@ -514,31 +518,34 @@ fn settings_from_policy_are_generated_in_the_capsule() {
 }
 
 #[test]
-fn a_policy_json_that_is_not_a_policy_refuses_to_launch() {
-    // Never a silent fallback to the built-in policy when the run's policy cannot be read.
-    let f = Fixture::fake();
+fn a_spec_without_deny_patterns_derives_no_policy_denies_and_says_so() {
+    // A direct call outside a transaction: nothing from a policy, whatever the capsule holds.
+    let mut f = Fixture::fake();
     std::fs::write(
         f.capsule.join("policy.json"),
-        r#"{"effective": {"filesystem": {}}}"#,
+        json!({"effective": {"version": 1, "filesystem": {"deny": [".env"]}}}).to_string(),
     )
     .unwrap();
-    let prepared = SrtBackend::new().prepare(&f.spec(&["/bin/true"])).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    f.options.push(OPT_SETTINGS_FROM_POLICY, "true");
+    let mut spec = f.spec(&["/bin/true"]);
+    spec.deny_patterns.clear();
+    let ev = run(&f, spec);
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    let bridge = &ev.wrapper.as_ref().unwrap()["settings"]["bridge"];
+    assert_eq!(bridge["policy_source"], "none");
+    let root = f.root.to_string_lossy().into_owned();
+    let deny_write = bridge["content"]["filesystem"]["denyWrite"]
+        .as_array()
         .unwrap();
-    let err = rt
-        .block_on(SrtBackend::new().launch(
-            prepared,
-            agentdiff_backend_api::LaunchContext::new(Default::default()),
-        ))
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("policy.json"), "{err}");
-    assert!(!f
-        .records()
-        .iter()
-        .any(|r| r["argv"].as_array().unwrap().iter().any(|a| a == "--")));
+    assert!(
+        !deny_write.contains(&json!(format!("{root}/.env"))),
+        "{deny_write:?}"
+    );
+    // agentdiff's own store is protected whatever the policy says.
+    assert!(
+        deny_write.contains(&json!(format!("{root}/.agentdiff"))),
+        "{deny_write:?}"
+    );
 }
 
 #[test]

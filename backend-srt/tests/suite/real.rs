@@ -193,12 +193,6 @@ fn real_srt_with_no_options_protects_denied_paths_the_store_and_the_outside() {
     let f = Fixture::bare();
     std::fs::write(f.root.join(".env"), "SECRET=1\n").unwrap();
     let env_before = sha256_file(&f.root.join(".env"));
-    std::fs::write(
-        f.capsule.join("policy.json"),
-        json!({"effective": {"version": 1, "filesystem": {"deny": [".env", "secrets/**"]}}})
-            .to_string(),
-    )
-    .unwrap();
     let outside = f.dir.path().join("outside.txt");
     // Each attempt in its own `sh -c` so one refusal does not stop the others.
     let script = format!(
@@ -207,10 +201,9 @@ fn real_srt_with_no_options_protects_denied_paths_the_store_and_the_outside() {
          .git/hooks/pre-commit); exit 0",
         outside.display()
     );
-    let ev = run(
-        &f,
-        f.spec_os(vec!["/bin/sh".into(), "-c".into(), script.into()], true),
-    );
+    let mut spec = f.spec_os(vec!["/bin/sh".into(), "-c".into(), script.into()], true);
+    spec.deny_patterns = vec![".env".into(), "secrets/**".into()];
+    let ev = run(&f, spec);
     assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
     assert!(f.root.join("allowed.txt").exists(), "inside write");
     assert_eq!(sha256_file(&f.root.join(".env")), env_before, ".env");

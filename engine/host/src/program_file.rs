@@ -75,13 +75,15 @@ fn in_child(
     };
     // Waited for even when the pipe broke, so no writer outlives the call.
     let status = writer.wait().map_err(io("wait for the writer of"))?;
-    sent.map_err(io("send the bytes of"))?;
+    // A writer that failed (it could not create the file) may have exited before the bytes were
+    // sent: its exit is the cause, the broken pipe only a consequence.
     if !status.success() {
         return Err(ProgramFileError::Writer {
             path: path.to_path_buf(),
             status,
         });
     }
+    sent.map_err(io("send the bytes of"))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(io("set the mode of"))
 }
