@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use agentdiff_backend_api::{LaunchContext, RuntimeBackend, StdioMode};
 use agentdiff_backend_container::ContainerBackend;
-use agentdiff_engine::fs::{scan, BackupRequest, ScanOptions, DEFAULT_MAX_HASH_BYTES};
-use agentdiff_engine::store::Store;
 use agentdiff_engine::workspace::materialize_into;
+use agentdiff_scan::{scan, BackupRequest, ScanOptions, DEFAULT_MAX_HASH_BYTES};
+use agentdiff_store::Store;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

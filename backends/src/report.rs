@@ -4,16 +4,16 @@
 use std::fmt::Write as _;
 
 use agentdiff_backend_api::Enforcement;
-use agentdiff_engine::fs::EntryKind;
-use agentdiff_engine::policy::Action;
 use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
 use agentdiff_engine::report::evidence::{port_owner, process_tree, PortOwner};
 use agentdiff_engine::report::rows::{self, FindingRow, Level};
 use agentdiff_engine::report::words::{self, change_word, cleanup_word};
 use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
-use agentdiff_engine::store::Verdict;
 use agentdiff_engine::transaction::{RunResult, Status};
 use agentdiff_host::redact::{escape_terminal, escape_terminal_lines};
+use agentdiff_policy::Action;
+use agentdiff_scan::EntryKind;
+use agentdiff_store::Verdict;
 
 /// The decision word, a deny in upper case.
 fn action_word(a: Action) -> String {
@@ -471,8 +471,8 @@ pub fn diff_section(diffs: &[ChangeDiff]) -> String {
 /// ledger). A capsule that cannot be read, or whose result names another run, exits
 /// [`crate::exit::INVALID_CAPSULE`].
 pub fn load_verified(
-    store: &agentdiff_engine::store::Store,
-    capsule: &agentdiff_engine::store::Capsule,
+    store: &agentdiff_store::Store,
+    capsule: &agentdiff_store::Capsule,
 ) -> anyhow::Result<RunView> {
     let (ctx, _) = crate::cli::verify_context(store.root());
     RunView::load_verified(capsule, store.objects(), &ctx)
@@ -482,8 +482,8 @@ pub fn load_verified(
 /// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
 /// its diffs (the after side from the working tree at the store's root); `back` links above it.
 pub fn html_report(
-    store: &agentdiff_engine::store::Store,
-    capsule: &agentdiff_engine::store::Capsule,
+    store: &agentdiff_store::Store,
+    capsule: &agentdiff_store::Capsule,
     back: Option<&str>,
 ) -> anyhow::Result<String> {
     use agentdiff_engine::report::diff::DiffSource;

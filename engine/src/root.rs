@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 
 /// Directory names that mark a project already used with agentdiff.
-const STORE_MARKER: &str = crate::store::STORE_DIR_NAME;
+const STORE_MARKER: &str = agentdiff_store::STORE_DIR_NAME;
 /// Version-control metadata that marks a project root (file or directory: a git worktree or
 /// submodule has a `.git` file).
 const VCS_MARKERS: [&str; 3] = [".git", ".hg", ".jj"];
@@ -105,8 +105,11 @@ pub fn discover(
         if is_dir(&dir.join(STORE_MARKER)) {
             return Ok(found(dir, Reason::Project(".agentdiff/")));
         }
-        if exists(&dir.join(crate::policy::POLICY_FILE_NAME)) {
-            return Ok(found(dir, Reason::Project(crate::policy::POLICY_FILE_NAME)));
+        if exists(&dir.join(agentdiff_policy::POLICY_FILE_NAME)) {
+            return Ok(found(
+                dir,
+                Reason::Project(agentdiff_policy::POLICY_FILE_NAME),
+            ));
         }
     }
     for dir in candidates() {

@@ -10,14 +10,14 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::fs::{
-    diff, scan, BackupRequest, BackupState, Change, IgnoreSource, Manifest, ScanError, ScanOptions,
-};
-use crate::policy::{Action, LoadedPolicy, Policy, PolicyError, PolicySource};
-use crate::store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store, StoreError};
 use crate::transaction::decide::{self, Evidence, RunFrame};
 use crate::transaction::{Metadata, RunResult};
 use agentdiff_backend_api::{RunEvidence, WorkspaceMode};
+use agentdiff_policy::{Action, LoadedPolicy, Policy, PolicyError, PolicySource};
+use agentdiff_scan::{
+    diff, scan, BackupRequest, BackupState, Change, IgnoreSource, Manifest, ScanError, ScanOptions,
+};
+use agentdiff_store::{Artifact, Capsule, PolicyDoc, RuntimeDoc, Store, StoreError};
 
 /// Why a fixture could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +171,7 @@ pub fn stored_objects(m: &Manifest) -> Vec<String> {
 /// The `metadata.json` of a test run of `sh` under `backend`.
 pub fn metadata(run_id: &str, root: &str, backend: &str) -> Metadata {
     Metadata {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: agentdiff_store::SCHEMA_VERSION,
         run_id: run_id.to_string(),
         created_at: STARTED_AT.into(),
         agentdiff_version: "test".into(),
@@ -205,7 +205,7 @@ pub fn write_run_docs(
         finished_at: FINISHED_AT.into(),
         duration_ms: 1000,
     };
-    let comparison = crate::fs::compare(before, after);
+    let comparison = agentdiff_scan::compare(before, after);
     let evidence = Evidence {
         policy,
         command_decision: &command,

@@ -8,8 +8,8 @@ use std::time::Duration;
 use agentdiff_backend_api::{BackendOptions, StdioMode};
 use agentdiff_backend_container::ContainerBackend;
 use agentdiff_engine::promote::{self, PromoteError, Scope, Selection};
-use agentdiff_engine::store::Store;
 use agentdiff_engine::transaction::{self, RunRequest};
+use agentdiff_store::Store;
 
 use super::helpers::*;
 
@@ -23,7 +23,7 @@ async fn run_in_container(root: &Path, rootfs: &Path, script: &str) -> String {
     std::fs::create_dir_all(&logs).unwrap();
     let outcome = transaction::run(RunRequest {
         root: root.to_path_buf(),
-        policy: agentdiff_engine::policy::load(root, None).unwrap(),
+        policy: agentdiff_policy::load(root, None).unwrap(),
         argv: ["/bin/sh", "-c", script]
             .iter()
             .map(OsString::from)
@@ -46,8 +46,7 @@ async fn run_in_container(root: &Path, rootfs: &Path, script: &str) -> String {
         progress: None,
         verified_controls: Vec::new(),
         state_dir: Some(
-            agentdiff_engine::store::seal::StateDir::at(root.parent().unwrap().join("state"))
-                .unwrap(),
+            agentdiff_store::seal::StateDir::at(root.parent().unwrap().join("state")).unwrap(),
         ),
     })
     .await
@@ -91,7 +90,7 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
     let capsule = store.open_run(&run_id).unwrap();
     assert!(capsule.is_sealed());
     let result: serde_json::Value = capsule
-        .read_artifact(agentdiff_engine::store::Artifact::Result)
+        .read_artifact(agentdiff_store::Artifact::Result)
         .unwrap();
     assert_eq!(result["exit_code"], 0, "{result:#}");
     let changes = result["changes"].as_array().unwrap();
@@ -106,7 +105,7 @@ async fn container_run_leaves_the_host_unchanged_and_promote_applies_reviewed_ch
     assert!(decision("seen-link").is_some());
     assert!(changes.iter().all(|c| c["reversible"] == false));
     let runtime: serde_json::Value = capsule
-        .read_artifact(agentdiff_engine::store::Artifact::Runtime)
+        .read_artifact(agentdiff_store::Artifact::Runtime)
         .unwrap();
     assert_eq!(runtime["capabilities"]["workspace"], "private");
     assert!(runtime["observation_root"]

@@ -104,7 +104,7 @@ impl Fixture {
             .grace(Duration::from_millis(500))
             .options(self.options.clone())
             .build();
-        spec.deny_patterns = agentdiff_engine::policy::Policy::builtin().deny_patterns();
+        spec.deny_patterns = agentdiff_policy::Policy::builtin().deny_patterns();
         spec
     }
 

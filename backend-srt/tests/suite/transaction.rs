@@ -14,7 +14,7 @@ use super::common::*;
 
 fn run_transaction(f: &Fixture, argv: Vec<OsString>) -> transaction::RunOutcome {
     let backend = SrtBackend::new();
-    let policy = agentdiff_engine::policy::load(&f.root, None).unwrap();
+    let policy = agentdiff_policy::load(&f.root, None).unwrap();
     let (_tx, rx) = tokio::sync::watch::channel(None);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -41,9 +41,7 @@ fn run_transaction(f: &Fixture, argv: Vec<OsString>) -> transaction::RunOutcome 
         poll_interval: Duration::from_millis(10),
         progress: None,
         verified_controls: Vec::new(),
-        state_dir: Some(
-            agentdiff_engine::store::seal::StateDir::at(f.dir.path().join("state")).unwrap(),
-        ),
+        state_dir: Some(agentdiff_store::seal::StateDir::at(f.dir.path().join("state")).unwrap()),
     }))
     .unwrap()
 }

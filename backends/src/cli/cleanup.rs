@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use agentdiff_backend_api::CleanupOutcome;
 use agentdiff_engine::recovery::cleanup::{self, CleanupError, CleanupResult, CleanupTrust};
-use agentdiff_engine::store::seal::{StateDir, VerifyContext};
-use agentdiff_engine::store::{Store, StoreError};
 use agentdiff_host::redact::escape_terminal;
 use agentdiff_plugins::Registry;
+use agentdiff_store::seal::{StateDir, VerifyContext};
+use agentdiff_store::{Store, StoreError};
 use anyhow::Context;
 
 use crate::exit;

@@ -13,7 +13,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentdiff_engine::policy::{self, hook, PolicyError};
+use agentdiff_policy::{self as policy, hook, PolicyError};
 use anyhow::Context;
 
 use crate::exit::with_code;

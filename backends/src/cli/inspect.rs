@@ -8,9 +8,9 @@ use clap::ValueEnum;
 
 use agentdiff_engine::report::diff::DiffSource;
 use agentdiff_engine::report::markdown;
-use agentdiff_engine::store::{Artifact, Store};
 use agentdiff_engine::transaction::RunResult;
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_store::{Artifact, Store};
 
 use crate::exit;
 
@@ -137,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// A run that never recorded its result (agentdiff was killed mid-run): say so, with what is
 /// known from metadata.json and what can still be done, instead of a file-not-found error.
 fn interrupted(
-    capsule: &agentdiff_engine::store::Capsule,
+    capsule: &agentdiff_store::Capsule,
     format: InspectFormat,
 ) -> anyhow::Result<ExitCode> {
     let id = capsule.id().to_string();

@@ -174,10 +174,10 @@ pub fn resolve_backend(
 /// another `run`, `rollback` or `promote` in the same root is refused (exit 75) or, with
 /// `--wait`, waited for with a message.
 pub fn lock_store(
-    store: &agentdiff_engine::store::Store,
+    store: &agentdiff_store::Store,
     wait: bool,
-) -> anyhow::Result<agentdiff_engine::store::StoreLock> {
-    use agentdiff_engine::store::{LockError, Wait};
+) -> anyhow::Result<agentdiff_store::StoreLock> {
+    use agentdiff_store::{LockError, Wait};
     let mode = if wait { Wait::Yes } else { Wait::No };
     store
         .lock(mode, |holder| {

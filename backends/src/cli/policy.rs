@@ -5,10 +5,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use agentdiff_engine::policy::{
-    self, LoadedPolicy, Phase, PolicyError, PolicySource, POLICY_FILE_NAME,
-};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_policy::{
+    self as policy, LoadedPolicy, Phase, PolicyError, PolicySource, POLICY_FILE_NAME,
+};
 use anyhow::Context;
 
 use crate::exit::{with_code, INVALID_CONFIG, USAGE};

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use agentdiff_engine::promote::{self, PromoteError, Scope, Selection};
-use agentdiff_engine::store::Store;
+use agentdiff_store::Store;
 
 use crate::exit;
 

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use agentdiff_engine::rollback::{
     self, render_summary, ExecuteOptions, RollbackError, Scope, Selection,
 };
-use agentdiff_engine::store::{Store, StoreError};
+use agentdiff_store::{Store, StoreError};
 use anyhow::Context;
 
 use crate::exit::{self, with_code};

@@ -14,13 +14,13 @@ use agentdiff_backend_api::environment::EnvMode;
 use agentdiff_backend_api::{
     BackendDescriptor, BackendOptions, Boundary, OptionKind, OptionSpec, StdioMode,
 };
-use agentdiff_engine::fs::ScanProgress;
-use agentdiff_engine::policy::{self, Action};
-use agentdiff_engine::store::{Store, StoreError};
 use agentdiff_engine::transaction::{
     self, Refusal, RunOutcome, RunRequest, Status, VerifiedControl,
 };
 use agentdiff_plugins::Registry;
+use agentdiff_policy::{self as policy, Action};
+use agentdiff_scan::ScanProgress;
+use agentdiff_store::{Store, StoreError};
 
 use crate::exit;
 use crate::report;

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentdiff_engine::report::listing::{self, RunRow, SealState};
-use agentdiff_engine::store::{Store, StoreError, Verdict};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_store::{Store, StoreError, Verdict};
 
 use crate::exit;
 

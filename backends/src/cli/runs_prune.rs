@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use agentdiff_engine::store::seal::{SealAuthority, StateDir};
-use agentdiff_engine::store::{PruneRunsReport, PruneSelection, Store, StoreError};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_store::seal::{SealAuthority, StateDir};
+use agentdiff_store::{PruneRunsReport, PruneSelection, Store, StoreError};
 
 use crate::exit;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use agentdiff_engine::store::Store;
+use agentdiff_store::Store;
 
 use crate::exit;
 use crate::serve::{self, auth::Token, Server};

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Serialize;
 
-use agentdiff_engine::store::seal::{StateDir, VerifyContext};
-use agentdiff_engine::store::{ObjectsChecked, Store, StoreError, Verdict, VerifyReport};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_store::seal::{StateDir, VerifyContext};
+use agentdiff_store::{ObjectsChecked, Store, StoreError, Verdict, VerifyReport};
 
 use crate::exit;
 

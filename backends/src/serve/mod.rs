@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use agentdiff_engine::report::live::LiveTail;
 use agentdiff_engine::report::{dashboard, listing};
-use agentdiff_engine::store::{Store, StoreError};
+use agentdiff_store::{Store, StoreError};
 
 use auth::Token;
 

@@ -7,11 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use agentdiff_backend_api::{ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence};
-use agentdiff_engine::store::seal::{
-    launch_event_body, MacPurpose, SealAuthority, SealKey, StateDir,
-};
-use agentdiff_engine::store::{Artifact, RuntimeDoc, Store};
 use agentdiff_engine::testing;
+use agentdiff_store::seal::{launch_event_body, MacPurpose, SealAuthority, SealKey, StateDir};
+use agentdiff_store::{Artifact, RuntimeDoc, Store};
 use serde_json::{json, Value};
 
 const NO_SUCH_RUN: i32 = 66;
@@ -46,7 +44,7 @@ fn cleanup(root: &Path, run: &str, grace: &str) -> Output {
 
 /// Adds the artifacts every sealed capsule holds and seals it with the tests' key, so it
 /// authenticates (cleanup acts on nothing else).
-fn seal_authenticated(root: &Path, capsule: &agentdiff_engine::store::Capsule) {
+fn seal_authenticated(root: &Path, capsule: &agentdiff_store::Capsule) {
     let metadata = testing::metadata(capsule.id().as_str(), &root.display().to_string(), "local");
     capsule
         .write_artifact(Artifact::Metadata, &metadata)

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use agentdiff_engine::store::seal::{StateDir, VerifyContext};
-use agentdiff_engine::store::{Integrity, Store, Verdict};
+use agentdiff_store::seal::{StateDir, VerifyContext};
+use agentdiff_store::{Integrity, Store, Verdict};
 use serde_json::Value;
 
 use super::{json_of, text};
@@ -714,7 +714,7 @@ fn bit_flips_anywhere_in_a_capsule_are_all_detected() {
         .map(|e| e.unwrap().path())
         .filter(|p| {
             let name = p.file_name().unwrap().to_str().unwrap();
-            agentdiff_engine::store::Artifact::from_file_name(name).is_some()
+            agentdiff_store::Artifact::from_file_name(name).is_some()
         })
         .collect();
     assert_eq!(targets.len(), 8, "{targets:?}");

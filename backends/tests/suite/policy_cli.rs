@@ -5,7 +5,7 @@ use serde_json::Value;
 use super::{agentdiff, text};
 
 pub(super) const SEED_POLICY: &str =
-    include_str!("../../../engine/tests/fixtures/seed-policy.yaml");
+    include_str!("../../../engine/policy/tests/fixtures/seed-policy.yaml");
 const USAGE: i32 = 64;
 const INVALID_CONFIG: i32 = 65;
 

@@ -9,9 +9,9 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use agentdiff_engine::fs::Change;
-use agentdiff_engine::policy::Action;
 use agentdiff_engine::testing::Recording;
+use agentdiff_policy::Action;
+use agentdiff_scan::Change;
 use serde_json::Value;
 
 use super::{agentdiff, cmd, text};

@@ -433,7 +433,7 @@ fn capsule_artifacts_validate_against_the_published_schemas() {
     }
     // The typed reader reads every artifact back, and writes it out again unchanged: the reader
     // and the writer share one set of types and nothing is dropped.
-    let store = agentdiff_engine::store::Store::open_existing(p.path()).unwrap();
+    let store = agentdiff_store::Store::open_existing(p.path()).unwrap();
     let capsule = store.open_run(id).unwrap();
     let same = |typed: Value, name: &str| assert_eq!(typed, read(name), "{name} round trip");
     same(

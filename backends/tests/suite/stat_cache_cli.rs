@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use agentdiff_engine::fs::Manifest;
-use agentdiff_engine::store::{Artifact, Store};
+use agentdiff_scan::Manifest;
+use agentdiff_store::{Artifact, Store};
 
 use super::{agentdiff, assert_exit, changed_paths};
 
@@ -102,7 +102,7 @@ fn an_unchanged_tree_reuses_the_previous_verified_run_and_records_it() {
             e.sha256.as_deref(),
             Some(sha(format!("{f}\n").as_bytes()).as_str())
         );
-        assert_eq!(e.backup, agentdiff_engine::fs::BackupState::Stored, "{f}");
+        assert_eq!(e.backup, agentdiff_scan::BackupState::Stored, "{f}");
     }
     assert_eq!(before.stats.bytes_hashed, 0);
     let out = agentdiff(p.path(), &["verify", "r2"]);
@@ -352,11 +352,7 @@ fn a_run_whose_seal_left_the_ledger_tail_still_feeds_the_cache() {
 /// The object of `path`'s backup in run `id`'s before manifest.
 fn backup_object(root: &Path, id: &str, path: &str) -> std::path::PathBuf {
     let e = &manifest(root, id, Artifact::Before).entries[path];
-    assert_eq!(
-        e.backup,
-        agentdiff_engine::fs::BackupState::Stored,
-        "{path}"
-    );
+    assert_eq!(e.backup, agentdiff_scan::BackupState::Stored, "{path}");
     let hex = e.sha256.clone().unwrap();
     root.join(format!(
         ".agentdiff/objects/sha256/{}/{}",
@@ -395,7 +391,7 @@ fn a_warm_run_takes_unchanged_directories_from_the_scan_record() {
             e.sha256.as_deref(),
             Some(sha(format!("{f}\n").as_bytes()).as_str())
         );
-        assert_eq!(e.backup, agentdiff_engine::fs::BackupState::Stored, "{f}");
+        assert_eq!(e.backup, agentdiff_scan::BackupState::Stored, "{f}");
     }
     // The same tree as the last run's after-scan, which a full read would give too.
     let root = |id: &str, a: &str| {
@@ -416,7 +412,7 @@ fn a_warm_run_takes_unchanged_directories_from_the_scan_record() {
     );
     assert_eq!(
         before.entries["src/lib.rs"].backup,
-        agentdiff_engine::fs::BackupState::Stored
+        agentdiff_scan::BackupState::Stored
     );
 }
 
@@ -459,14 +455,14 @@ fn a_backup_rewritten_between_runs_is_found_after_the_command_and_withdrawn() {
     assert!(
         matches!(
             before.entries["a.txt"].backup,
-            agentdiff_engine::fs::BackupState::Skipped { .. }
+            agentdiff_scan::BackupState::Skipped { .. }
         ),
         "{:?}",
         before.entries["a.txt"]
     );
     assert_eq!(
         before.entries["b.txt"].backup,
-        agentdiff_engine::fs::BackupState::Stored
+        agentdiff_scan::BackupState::Stored
     );
     assert_exit(&agentdiff(p.path(), &["verify", "r2"]), 0);
     // The next run stores the backup again (the store changed: no record is trusted).
@@ -500,7 +496,7 @@ fn an_object_touched_between_runs_with_its_content_intact_is_no_finding() {
     assert!(findings(&result).is_empty(), "{result}");
     assert_eq!(
         manifest(p.path(), "r2", Artifact::Before).entries["a.txt"].backup,
-        agentdiff_engine::fs::BackupState::Stored
+        agentdiff_scan::BackupState::Stored
     );
 }
 
@@ -609,7 +605,7 @@ fn a_run_refused_at_launch_checks_what_it_claimed_before_sealing() {
     assert!(!object.exists(), "quarantined");
     assert!(matches!(
         manifest(p.path(), "r2", Artifact::Before).entries["a.txt"].backup,
-        agentdiff_engine::fs::BackupState::Skipped { .. }
+        agentdiff_scan::BackupState::Skipped { .. }
     ));
     assert_exit(&agentdiff(p.path(), &["verify", "r2"]), 0);
 }

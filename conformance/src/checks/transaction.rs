@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentdiff_backend_api::{StdioMode, WorkspaceMode};
-use agentdiff_engine::policy::{LoadedPolicy, Policy, PolicySource};
 use agentdiff_engine::transaction::{self, RunOutcome, RunRequest};
+use agentdiff_policy::{LoadedPolicy, Policy, PolicySource};
 use serde_json::{json, Value};
 
 use super::scratch_failure;
@@ -23,7 +23,7 @@ async fn transact(
     let backend = ctx.backend();
     let (_tx, interrupt) = tokio::sync::watch::channel(None);
     // Never the real user's key: a key and ledger private to this scratch.
-    let state_dir = agentdiff_engine::store::seal::StateDir::at(scratch.outside.join("state"))
+    let state_dir = agentdiff_store::seal::StateDir::at(scratch.outside.join("state"))
         .map_err(|e| Finding::fail(format!("no private state directory: {e}"), json!(null)))?;
     let request = RunRequest {
         root: scratch.root.clone(),

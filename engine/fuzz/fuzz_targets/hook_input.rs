@@ -1,7 +1,7 @@
 //! Fuzz hook input parsing and evaluation: malformed input must be an error, never a panic.
 #![no_main]
 
-use agentdiff_engine::policy::{hook, Policy};
+use agentdiff_policy::{hook, Policy};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,7 @@
 
 use std::ffi::OsStr;
 
-use agentdiff_engine::policy::{Phase, Policy};
+use agentdiff_policy::{Phase, Policy};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use crate::store::{now_rfc3339_millis, Capsule, RecoveryArtifact};
+use agentdiff_store::{now_rfc3339_millis, Capsule, RecoveryArtifact};
 
 use super::{ItemReport, Plan, PromoteError, PromoteOutcome, PromoteStatus, Report};
 
@@ -81,7 +81,7 @@ fn execute_unix(capsule: &Capsule, plan: &Plan, dry_run: bool) -> Result<Report,
         });
     }
     let mut report = Report {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: agentdiff_store::SCHEMA_VERSION,
         run_id: plan.run_id.clone(),
         root: plan.root.display().to_string(),
         scope: plan.scope,

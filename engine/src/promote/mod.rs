@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::recovery::RecordedError;
-use crate::store::StoreError;
+use agentdiff_store::StoreError;
 
 mod execute;
 mod plan;
@@ -117,8 +117,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::policy::Action;
-    use crate::store::{Capsule, Store};
+    use agentdiff_policy::Action;
+    use agentdiff_store::{Capsule, Store};
 
     /// Records a sealed private-workspace run the way the transaction does (the shared
     /// fixture): the host captured before, `script` run in a copy of it (the workspace), the copy

@@ -4,15 +4,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use crate::fs::{ChangeType, EntryKind};
-use crate::policy::Action;
 use crate::recovery::recorded::parent_of;
 use crate::recovery::{RecordedRun, RecordedTree};
 use crate::rollback::apply::{self, ApplyOp, OpKind, Transition};
 use crate::rollback::plan::{path_filters, under, PathArgError};
-use crate::store::{Capsule, ObjectStore};
 use crate::transaction::ChangeRecord;
 use agentdiff_backend_api::WorkspaceMode;
+use agentdiff_policy::Action;
+use agentdiff_scan::{ChangeType, EntryKind};
+use agentdiff_store::{Capsule, ObjectStore};
 
 use super::{PlanItem, PromoteError, Scope, Selection, Step};
 
@@ -34,7 +34,7 @@ pub struct Plan {
 
 /// The workspace was written by the command: a setuid or setgid bit it set would become a
 /// privileged file owned by whoever promotes. Such paths are reported, never written.
-fn unsafe_target_mode(target: Option<&crate::fs::Entry>) -> Option<String> {
+fn unsafe_target_mode(target: Option<&agentdiff_scan::Entry>) -> Option<String> {
     let mode = target?.mode;
     (mode & 0o6000 != 0).then(|| {
         format!(
@@ -232,7 +232,7 @@ fn verify_objects(items: &mut BTreeMap<String, PlanItem>, objects: &ObjectStore)
 /// Directories to remove: their children (in the before-state) whose removal is not applied.
 fn unselected_children(
     items: &BTreeMap<String, PlanItem>,
-    before: &crate::fs::Manifest,
+    before: &agentdiff_scan::Manifest,
 ) -> BTreeMap<String, Vec<String>> {
     let removing: BTreeSet<&str> = items
         .values()

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::fs::{ChangeType, EntryKind};
-use crate::policy::Action;
 use crate::rollback::apply::{OpKind, Outcome};
+use agentdiff_policy::Action;
+use agentdiff_scan::{ChangeType, EntryKind};
 
 use super::Scope;
 

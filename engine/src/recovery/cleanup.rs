@@ -30,11 +30,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::store::seal::{trusted_process_evidence, TrustedEvidence, VerifyContext};
-use crate::store::{Capsule, RecoveryArtifact, Store, StoreError};
 use agentdiff_backend_api::{CleanupOutcome, CleanupReport, ProcessIdentity, RuntimeBackend};
 use agentdiff_process::containers::{self, ContainerEvidence, ContainerStop};
 use agentdiff_process::RUN_CGROUP_PREFIX;
+use agentdiff_store::seal::{trusted_process_evidence, TrustedEvidence, VerifyContext};
+use agentdiff_store::{Capsule, RecoveryArtifact, Store, StoreError};
 
 /// Why a recorded run's processes cannot be determined, or its cleanup not recorded.
 #[derive(Debug, thiserror::Error)]
@@ -276,7 +276,7 @@ pub async fn cleanup_run(
     };
     let containers_refused = stops.iter().flatten().filter(|s| !s.succeeded()).count();
     let result = CleanupResult {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: agentdiff_store::SCHEMA_VERSION,
         run_id: run_id.clone(),
         backend: processes.backend,
         refused_or_escaped: refused_or_escaped(&report) + containers_refused,

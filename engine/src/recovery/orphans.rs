@@ -16,8 +16,8 @@
 
 use std::path::Path;
 
-use crate::store::{RunId, Store};
 use agentdiff_host::process_identity::{boot_id, read_stat, ProcessIdentity};
+use agentdiff_store::{RunId, Store};
 
 /// The id of the root's last run when its monitor died and its processes still run.
 pub fn orphaned_last_run(project_root: &Path) -> Option<String> {
@@ -80,7 +80,7 @@ pub fn notice(run_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
+    use agentdiff_store::Store;
 
     fn launched(root: &Path, id: &str, fields: serde_json::Value) {
         let store = Store::open(root).unwrap();
@@ -156,7 +156,7 @@ mod tests {
         std::fs::write(store.runs_dir().join("r1").join("note"), "x").unwrap();
         assert_eq!(orphaned_last_run(dir.path()).as_deref(), Some("r2"));
         // A store from before `last-run`: the most recently modified directory is the last run.
-        std::fs::remove_file(store.dir().join(crate::store::LAST_RUN_FILE_NAME)).unwrap();
+        std::fs::remove_file(store.dir().join(agentdiff_store::LAST_RUN_FILE_NAME)).unwrap();
         assert_eq!(orphaned_last_run(dir.path()), None);
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(store.runs_dir().join("r2").join("note"), "x").unwrap();

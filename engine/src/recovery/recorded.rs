@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::fs::{EntryKind, Manifest, STORE_DIR};
-use crate::store::{Artifact, Capsule, ObjectStore, StoreError};
 use crate::transaction::{ChangeRecord, RunResult};
+use agentdiff_scan::{EntryKind, Manifest, STORE_DIR};
+use agentdiff_store::{Artifact, Capsule, ObjectStore, StoreError};
 
 /// Which tree the recorded after-state describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -62,7 +62,7 @@ pub fn index(runs: &[RunRow], token: &str) -> String {
         for r in runs.iter().rev() {
             let id = r.id.as_str();
             let seal_class = match (r.seal, r.verdict) {
-                (SealState::Verified, Some(crate::store::Verdict::Authenticated)) => "d-allow",
+                (SealState::Verified, Some(agentdiff_store::Verdict::Authenticated)) => "d-allow",
                 (SealState::Verified, _) => "d-review",
                 _ => "d-deny",
             };
@@ -146,8 +146,8 @@ pub fn live_data(update: &LiveUpdate) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::doc::Event;
-    use crate::store::RunId;
+    use agentdiff_store::doc::Event;
+    use agentdiff_store::RunId;
 
     #[test]
     fn live_data_is_one_line_of_json_with_controls_made_visible() {
@@ -176,7 +176,7 @@ mod tests {
             // recorded time, backend, task and the problem.
             state: super::super::listing::RunState::Finished(crate::transaction::Status::Passed),
             seal: SealState::Broken,
-            verdict: Some(crate::store::Verdict::Forged),
+            verdict: Some(agentdiff_store::Verdict::Forged),
             started_at: Some("<b>\"x\"</b>".into()),
             backend: Some("<i>".into()),
             task: None,

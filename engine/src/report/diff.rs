@@ -21,11 +21,11 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::fs::{BackupState, Entry, EntryKind, Manifest};
 use crate::rollback::diff_preview::{self, NoPreview, MAX_PREVIEW_BYTES};
-use crate::store::{Artifact, Capsule, ObjectStore};
 use crate::transaction::ChangeRecord;
 use agentdiff_host::dir::{file_meta, DirHandle, NodeKind};
+use agentdiff_scan::{BackupState, Entry, EntryKind, Manifest};
+use agentdiff_store::{Artifact, Capsule, ObjectStore};
 
 /// Most diff text a report carries in total; later changes say they were left out.
 pub const MAX_TOTAL_DIFF_BYTES: usize = 8 * 1024 * 1024;
@@ -119,7 +119,7 @@ impl<'a> DiffSource<'a> {
         if c.entry_kind == EntryKind::Directory {
             return DiffBody::Unavailable("directory: no content".into());
         }
-        if !c.content_changed && c.change_type == crate::fs::ChangeType::Modified {
+        if !c.content_changed && c.change_type == agentdiff_scan::ChangeType::Modified {
             return DiffBody::Unavailable("mode change only: the content is unchanged".into());
         }
         let old = match self.side(before.as_ref(), &c.path, false) {
@@ -194,7 +194,7 @@ enum NoSide {
     #[error("its content was not hashed")]
     NotHashed,
     #[error("the stored copy cannot be read ({0})")]
-    Unreadable(#[source] crate::store::StoreError),
+    Unreadable(#[source] agentdiff_store::StoreError),
     #[error("no copy was kept (rollback backups were off or skipped)")]
     NoCopy,
     #[error("the file has changed or gone since the run")]

@@ -22,10 +22,10 @@ use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
-use crate::store::Verdict;
 use crate::transaction::ChangeRecord;
 use agentdiff_backend_api::RunEvidence;
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_store::Verdict;
 
 use super::diff::{ChangeDiff, DiffBody};
 use super::evidence::{port_owner, process_tree, PortOwner, ProcessRow};

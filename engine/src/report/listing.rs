@@ -11,9 +11,9 @@
 
 use serde::Serialize;
 
-use crate::store::seal::VerifyContext;
-use crate::store::{Artifact, Capsule, ObjectsChecked, RunId, Store, StoreError, Verdict};
 use crate::transaction::Status;
+use agentdiff_store::seal::VerifyContext;
+use agentdiff_store::{Artifact, Capsule, ObjectsChecked, RunId, Store, StoreError, Verdict};
 
 /// Where a run stands, from its result.json.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -22,8 +22,8 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::store::doc::Event;
-use crate::store::{Artifact, RunId, Store, StoreError, LOCK_FILE_NAME};
+use agentdiff_store::doc::Event;
+use agentdiff_store::{Artifact, RunId, Store, StoreError, LOCK_FILE_NAME};
 
 /// Why a run's new events could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -287,7 +287,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let mut tail = LiveTail::start(&store).unwrap();
-        let lock = store.lock(crate::store::Wait::No, |_| {}).unwrap();
+        let lock = store.lock(agentdiff_store::Wait::No, |_| {}).unwrap();
         let run = store.create_run(Some("i-1")).unwrap();
         run.event("capsule_created", json!({})).unwrap();
         let updates = tail.poll(&store).unwrap();

@@ -10,14 +10,14 @@
 //! rendered text; the report writes `#` and `@` as HTML character references, which GitHub may
 //! still link. Long reports are folded, never truncated, so a huge run gives a huge report.
 //!
-//! [`RunId`]: crate::store::RunId
+//! [`RunId`]: agentdiff_store::RunId
 
 use std::fmt::Write as _;
 
-use crate::policy::Action;
-use crate::store::{RunId, Verdict};
 use agentdiff_backend_api::{Boundary, WorkspaceMode};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_policy::Action;
+use agentdiff_store::{RunId, Verdict};
 
 use super::evidence::{port_owner, PortOwner};
 use super::rows::{self, FindingRow, Level};

@@ -16,14 +16,14 @@ pub mod words;
 
 use std::path::PathBuf;
 
-use crate::policy::Action;
-use crate::store::doc::Event;
-use crate::store::seal::VerifyContext;
-use crate::store::{Artifact, Capsule, ObjectStore, RuntimeDoc, StoreError, VerifyReport};
 use crate::transaction::{ChangeRecord, RunResult, RuntimeSummary, Status};
 use agentdiff_backend_api::{Enforcement, WorkspaceMode};
 use agentdiff_host::redact::escape_terminal;
 use agentdiff_plugins::external::{ExternalFacts, ExternalOrigin};
+use agentdiff_policy::Action;
+use agentdiff_store::doc::Event;
+use agentdiff_store::seal::VerifyContext;
+use agentdiff_store::{Artifact, Capsule, ObjectStore, RuntimeDoc, StoreError, VerifyReport};
 
 /// Errors of loading a run for a report.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +63,7 @@ pub fn checked_result(capsule: &Capsule) -> Result<RunResult, ReportError> {
 /// One run as the reports see it.
 #[derive(Debug, Clone)]
 pub struct RunView {
-    /// The run id: the capsule's directory name (a validated [`crate::store::RunId`]), which
+    /// The run id: the capsule's directory name (a validated [`agentdiff_store::RunId`]), which
     /// every command a report prints is built from, never `result.run_id`.
     pub id: String,
     pub result: RunResult,
@@ -181,7 +181,7 @@ impl RunView {
     /// The view of a run this process has just sealed, from what it wrote (the result, the
     /// `runtime.json` document, the backend it chose): the bytes the capsule holds, so nothing is
     /// read back. Its id is the result's, which this process set from the capsule's
-    /// [`crate::store::RunId`]. The timeline is not included (`inspect` shows it).
+    /// [`agentdiff_store::RunId`]. The timeline is not included (`inspect` shows it).
     pub fn of_sealed_run(
         result: RunResult,
         runtime: Option<RuntimeDoc>,

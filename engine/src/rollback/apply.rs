@@ -29,9 +29,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::diff_preview;
-use crate::fs::{BackupSkip, BackupState, Entry, EntryKind};
-use crate::store::{ObjectStore, StoreError};
 use agentdiff_host::dir::{self, DirHandle, NodeKind, NodeMeta};
+use agentdiff_scan::{BackupSkip, BackupState, Entry, EntryKind};
+use agentdiff_store::{ObjectStore, StoreError};
 
 /// One path to move from `expected` to `target`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,10 +9,10 @@
 //! `.env*`, keys, credentials) never get a content diff unless the user asks with
 //! `--show-secrets`: the preview shows sizes and hashes only ([`withheld`]).
 
-use crate::fs::Entry;
-use crate::policy::Action;
-pub use crate::score::is_sensitive_path;
 use agentdiff_host::redact::escape_terminal;
+pub use agentdiff_policy::score::is_sensitive_path;
+use agentdiff_policy::Action;
+use agentdiff_scan::Entry;
 
 /// Largest side shown inline.
 pub const MAX_PREVIEW_BYTES: u64 = 1024 * 1024;

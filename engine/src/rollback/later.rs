@@ -13,7 +13,7 @@ use std::path::Path;
 
 use super::apply::Outcome;
 use super::report::Report;
-use crate::store::{RecoveryArtifact, Store};
+use agentdiff_store::{RecoveryArtifact, Store};
 
 /// Path → id of the first later run that recorded a change to it.
 pub(crate) fn later_changes(

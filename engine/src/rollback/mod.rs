@@ -30,7 +30,7 @@ pub use plan::{plan, Plan, PlanItem, PlannedStep};
 pub use report::{render_summary, ItemReport, Report, ReportStatus, Totals};
 
 use crate::recovery::RecordedError;
-use crate::store::{now_rfc3339_millis, Capsule, RecoveryArtifact, StoreError};
+use agentdiff_store::{now_rfc3339_millis, Capsule, RecoveryArtifact, StoreError};
 
 /// Which recorded changes a rollback touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,7 +220,7 @@ pub fn execute(
     }
 
     let mut report = Report {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: agentdiff_store::SCHEMA_VERSION,
         run_id: plan.run_id.clone(),
         root: plan.root.display().to_string(),
         scope: plan.scope,

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use super::apply::{classify, ApplyOp, OpKind, Transition};
 use super::{RollbackError, Scope, Selection};
-use crate::fs::{ChangeType, EntryKind};
-use crate::policy::Action;
 use crate::recovery::{RecordedRun, RecordedTree};
-use crate::store::{Capsule, ObjectStore, StoreError};
 use crate::transaction::ChangeRecord;
 use agentdiff_host::dir::{DirHandle, NodeKind};
+use agentdiff_policy::Action;
+use agentdiff_scan::{ChangeType, EntryKind};
+use agentdiff_store::{Capsule, ObjectStore, StoreError};
 
 /// What rollback will do with one recorded change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -280,7 +280,7 @@ fn restore_step(
 /// removed with it.
 fn unselected_children(
     items: &[PlanItem],
-    after: &crate::fs::Manifest,
+    after: &agentdiff_scan::Manifest,
 ) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
     let applied: BTreeSet<&str> = items

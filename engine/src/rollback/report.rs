@@ -4,8 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use super::apply::{OpKind, Outcome};
 use super::Scope;
-use crate::fs::{ChangeType, EntryKind};
 use agentdiff_host::redact::{escape_terminal, escape_terminal_lines};
+use agentdiff_scan::{ChangeType, EntryKind};
 
 /// One recorded change and what happened to it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,7 +14,7 @@ pub struct ItemReport {
     pub change_type: ChangeType,
     pub entry_kind: EntryKind,
     /// The run's policy decision (`allow`, `review`, `deny`).
-    pub decision: crate::policy::Action,
+    pub decision: agentdiff_policy::Action,
     /// Not selected itself, but a selected path below it needs it (a deleted parent directory).
     pub implied: bool,
     /// The write this path needs, when it is one rollback performs.

@@ -21,13 +21,13 @@ use std::path::Path;
 use serde_json::json;
 
 use super::{ProgressFn, TransactionError};
-use crate::fs::{
-    self, BackupRequest, IgnoreSource, Manifest, Reusable, ScanOptions, ScanProgress, Scanned,
-    StatDigests, Tree, TreeError, TreeReuse, TreeSink, TreeSource,
+use agentdiff_policy::Policy;
+use agentdiff_scan::{
+    self as fs, BackupRequest, IgnoreSource, Manifest, Reusable, ScanOptions, ScanProgress,
+    Scanned, StatDigests, Tree, TreeError, TreeReuse, TreeSink, TreeSource,
 };
-use crate::policy::Policy;
-use crate::store::seal::SealAuthority;
-use crate::store::{
+use agentdiff_store::seal::SealAuthority;
+use agentdiff_store::{
     Artifact, Capsule, ObjectsSnapshot, PreviousScan, RecordedScan, SpooledTrees, Store, TreeSpool,
     TreeWrite, TreeWriter,
 };
@@ -288,7 +288,7 @@ impl<'a> CapturePlan<'a> {
         let full = || self.authority.verify_context().ok();
         // The scanner names its root this way; a manifest of another root is never reused.
         let canon = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
-        let shown = crate::fs::escape_bytes(canon.as_os_str().as_bytes());
+        let shown = agentdiff_scan::escape_bytes(canon.as_os_str().as_bytes());
         self.store
             .previous_verified_manifest(&tail, full, &shown, recent)
     }

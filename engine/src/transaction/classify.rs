@@ -1,9 +1,11 @@
 //! Path decisions, recoverability, limits and blast-radius counts for a run's changes.
 
-use crate::fs::{BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind, UnsupportedChange};
-use crate::policy::{Action, Decision, Phase, Policy};
-use crate::score::{self, Counts, SCOPE_DRIFT_ALLOWANCE};
 use agentdiff_backend_api::RunEvidence;
+use agentdiff_policy::score::{self, Counts, SCOPE_DRIFT_ALLOWANCE};
+use agentdiff_policy::{Action, Decision, Phase, Policy};
+use agentdiff_scan::{
+    BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind, UnsupportedChange,
+};
 
 use super::{ChangeRecord, EvidenceFinding, LimitViolation};
 

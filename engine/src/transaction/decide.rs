@@ -14,13 +14,15 @@ use super::classify::{
     classify_changes, classify_incomplete, classify_uncaptured, evaluate_limits,
 };
 use super::findings::{evidence_findings, with_findings};
-use super::result::{ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary};
 use super::{Refusal, VerifiedControl};
-use crate::fs::{self, Manifest};
-use crate::policy::{Action, Decision, Policy, Weights};
-use crate::score;
 use agentdiff_backend_api::{BackendError, ExitInfo, FailureKind, RunEvidence};
 use agentdiff_host::redact;
+use agentdiff_policy::score;
+use agentdiff_policy::{Action, Decision, Policy, Weights};
+use agentdiff_scan::{self as fs, Manifest};
+use agentdiff_store::schema::{
+    ChangeRecord, LimitViolation, RunResult, RuntimeSummary, Status, Summary,
+};
 
 /// Everything the decision reads about a run that was launched.
 pub struct Evidence<'a> {
@@ -36,7 +38,7 @@ pub struct Evidence<'a> {
     pub private_workspace: bool,
     pub verified_controls: &'a [VerifiedControl],
     /// What changed under `.agentdiff/` while the command ran (a deny-level finding).
-    pub capsule_tampered: &'a [crate::store::TamperFinding],
+    pub capsule_tampered: &'a [agentdiff_store::TamperFinding],
 }
 
 /// Identity and timing of the run, taken by the caller so the decision stays pure.
@@ -75,7 +77,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let status = status(&ev.run.exit, ev.run.failure.as_ref(), safety_outcome);
     let summary = summarize(&changes, ev.before, ev.after, ev.run);
     RunResult {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: agentdiff_store::SCHEMA_VERSION,
         run_id: frame.run_id,
         status,
         safety_outcome,
@@ -107,7 +109,7 @@ pub fn not_run(
     frame: RunFrame,
 ) -> RunResult {
     RunResult {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: agentdiff_store::SCHEMA_VERSION,
         run_id: frame.run_id,
         status,
         safety_outcome: if status == Status::Blocked {

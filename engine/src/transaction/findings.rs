@@ -12,26 +12,9 @@
 //!   by someone are counted in the summary (`containers_started`) without a finding, since they
 //!   are not attributable to the command.
 
-use serde::{Deserialize, Serialize};
-
-use crate::policy::Action;
 use agentdiff_backend_api::RunEvidence;
-use agentdiff_process::ProcessIdentity;
-
-/// One finding from the run's process evidence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EvidenceFinding {
-    /// `left_run_cgroup` or `container_started` (from the process evidence), or
-    /// `uncaptured_denied` (from the tree, see `classify::classify_uncaptured`), or
-    /// `comparison_incomplete` (see `classify::classify_incomplete`).
-    pub kind: String,
-    pub action: Action,
-    pub detail: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub process: Option<ProcessIdentity>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
-}
+use agentdiff_policy::Action;
+pub use agentdiff_store::schema::EvidenceFinding;
 
 /// The findings of one run's evidence, processes first.
 pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
@@ -117,7 +100,7 @@ fn short_id(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_backend_api::{ProcessRecord, ProcessRelation};
+    use agentdiff_backend_api::{ProcessIdentity, ProcessRecord, ProcessRelation};
     use agentdiff_process::containers::{ContainerEvidence, ContainerRecord};
 
     fn process(left: Option<&str>) -> ProcessRecord {

@@ -5,7 +5,7 @@
 use agentdiff_backend_api::environment::KEYED_PREFIX;
 use agentdiff_backend_api::EnvironmentEvidence;
 
-use crate::store::seal::{MacPurpose, SealKey};
+use agentdiff_store::seal::{MacPurpose, SealKey};
 
 /// Replaces every fingerprint by a keyed one: HMAC-SHA256 (per-user key, environment purpose) of
 /// the name and the unkeyed fingerprint, 128 bits in hex. Equal values under one name still

@@ -5,8 +5,10 @@
 use std::collections::BTreeSet;
 
 use super::capture::Captured;
-use crate::fs::{read_readable_entries, unsupported_kind, BackupSkip, BackupState, Unsupported};
-use crate::store::{Artifact, Capsule, Store, StoreError, StoreSnapshot, TamperFinding};
+use agentdiff_scan::{
+    read_readable_entries, unsupported_kind, BackupSkip, BackupState, Unsupported,
+};
+use agentdiff_store::{Artifact, Capsule, Store, StoreError, StoreSnapshot, TamperFinding};
 
 /// Why a backup stopped counting, as recorded in the before manifest.
 const LOST_BACKUP: &str =

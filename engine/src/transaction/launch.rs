@@ -14,15 +14,15 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::RunRequest;
-use crate::policy::{NetworkMode, Policy};
-use crate::store::seal::{launch_event_body, MacPurpose, SealKey};
-use crate::store::Capsule;
 use agentdiff_backend_api::environment::{self, EnvMode};
 use agentdiff_backend_api::{
     BackendError, BackendOptions, Capabilities, Enforcement, EnvironmentEvidence, EnvironmentPlan,
     ExitInfo, FailureKind, LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RunningCommand,
     RuntimeBackend, StdioMode, Tracking,
 };
+use agentdiff_policy::{NetworkMode, Policy};
+use agentdiff_store::seal::{launch_event_body, MacPurpose, SealKey};
+use agentdiff_store::Capsule;
 
 /// The spec handed to the backend, and what the environment plan recorded about it.
 pub(super) struct LaunchPlan {
@@ -52,8 +52,8 @@ impl Launcher<'_, '_> {
             EnvMode::Scrub
         } else {
             req.env_mode.unwrap_or(match env_settings.mode {
-                crate::policy::EnvMode::Scrub => EnvMode::Scrub,
-                crate::policy::EnvMode::Inherit => EnvMode::Inherit,
+                agentdiff_policy::EnvMode::Scrub => EnvMode::Scrub,
+                agentdiff_policy::EnvMode::Inherit => EnvMode::Inherit,
             })
         };
         let mut pass = env_settings.pass.clone();
@@ -227,7 +227,7 @@ impl Started {
         // this user's agentdiff wrote.
         let body = launch_event_body(capsule.id().as_str(), &fields);
         fields["mac"] = json!(key.mac(MacPurpose::LaunchEvent, &body));
-        let _ = capsule.event(crate::store::doc::LAUNCHED_EVENT, fields);
+        let _ = capsule.event(agentdiff_store::doc::LAUNCHED_EVENT, fields);
         if held {
             // Refused once agentdiff was interrupted: the backend checks the watch.
             if let Err(err) = running.release() {

@@ -25,7 +25,7 @@ mod fingerprints;
 mod guard;
 mod launch;
 mod preflight;
-mod result;
+
 mod seal;
 
 use std::ffi::OsString;
@@ -34,26 +34,26 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+pub use agentdiff_store::schema::{
+    ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
+    VerifiedControl,
+};
 pub use classify::{classify_changes, evaluate_limits};
 pub use decide::{Evidence, RunFrame};
 pub use findings::{evidence_findings, EvidenceFinding};
 pub use preflight::{check_request, effective_options};
-pub use result::{
-    ChangeRecord, LimitViolation, Metadata, RunResult, RuntimeSummary, Status, Summary,
-    VerifiedControl,
-};
 
-use crate::fs::ScanProgress;
-use crate::policy::{Action, LoadedPolicy};
-use crate::store::seal::{SealAuthority, StateDir};
-use crate::store::{
-    Artifact, Capsule, ObjectsSnapshot, PolicyDoc, RecordedScan, RuntimeDoc, Store,
-};
 use agentdiff_backend_api::environment::EnvMode;
 use agentdiff_backend_api::{
     Availability, BackendOptions, RunEvidence, RuntimeBackend, StdioMode, WorkspaceMode,
 };
 use agentdiff_host::redact;
+use agentdiff_policy::{Action, LoadedPolicy};
+use agentdiff_scan::ScanProgress;
+use agentdiff_store::seal::{SealAuthority, StateDir};
+use agentdiff_store::{
+    Artifact, Capsule, ObjectsSnapshot, PolicyDoc, RecordedScan, RuntimeDoc, Store,
+};
 use capture::CapturePlan;
 use seal::Sealer;
 
@@ -68,9 +68,9 @@ pub enum TransactionError {
     #[error("project root {}: is not a directory", path.display())]
     RootNotDirectory { path: PathBuf },
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] agentdiff_store::StoreError),
     #[error("scanning the project tree failed: {0}")]
-    Scan(#[from] crate::fs::ScanError),
+    Scan(#[from] agentdiff_scan::ScanError),
     #[error("the command is empty: give the command after `--`")]
     EmptyCommand,
     #[error("could not record the effective policy: {0}")]
@@ -212,7 +212,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         req.progress,
     );
     // The project's latest sealed runs (ledger): stat-cache candidates, watched by the snapshot.
-    let recent = authority.recent_sealed_runs(crate::store::WATCHED_SEALED_RUNS);
+    let recent = authority.recent_sealed_runs(agentdiff_store::WATCHED_SEALED_RUNS);
     let (mut before, objects_snapshot, recorded) =
         match capture_before(&capture, &store, &root, &recent) {
             Ok(captured) => captured,
@@ -317,7 +317,7 @@ fn snapshot_before_launch(
     store: &Store,
     recent: &[String],
     objects: ObjectsSnapshot,
-) -> Result<crate::store::StoreSnapshot, crate::store::StoreError> {
+) -> Result<agentdiff_store::StoreSnapshot, agentdiff_store::StoreError> {
     let snapshot = store.snapshot_with(recent, objects)?;
     store.objects().pending().flush_ahead();
     Ok(snapshot)
@@ -328,7 +328,7 @@ fn snapshot_before_launch(
 struct AfterCaptureFailed<'a> {
     evidence: &'a RunEvidence,
     verified_controls: &'a [VerifiedControl],
-    tampered: &'a [crate::store::TamperFinding],
+    tampered: &'a [agentdiff_store::TamperFinding],
 }
 
 impl AfterCaptureFailed<'_> {
@@ -413,7 +413,7 @@ type EarlyStart = Option<(launch::LaunchPlan, launch::Started)>;
 fn open_capsule<'c>(
     o: Opening<'c>,
     launcher: &launch::Launcher<'c, '_>,
-    command_decision: crate::policy::Decision,
+    command_decision: agentdiff_policy::Decision,
 ) -> Result<Sealer<'c>, TransactionError> {
     let Opening {
         store,
@@ -429,7 +429,7 @@ fn open_capsule<'c>(
     );
     let run_id = capsule.id().to_string();
     let metadata = Metadata {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: agentdiff_store::SCHEMA_VERSION,
         run_id: run_id.clone(),
         created_at: started_at.clone(),
         agentdiff_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -506,7 +506,7 @@ enum Refused {
 }
 
 /// Why a denied command was not launched.
-fn blocked_message(argv0: &std::ffi::OsStr, decision: &crate::policy::Decision) -> String {
+fn blocked_message(argv0: &std::ffi::OsStr, decision: &agentdiff_policy::Decision) -> String {
     format!(
         "command `{}` blocked by {} ({})",
         redact::escape_terminal(&argv0.to_string_lossy()),
@@ -624,8 +624,8 @@ fn compare(
     store: &Store,
     before: &capture::Captured,
     after: &capture::Captured,
-) -> crate::fs::Comparison {
-    crate::fs::compare_trees(
+) -> agentdiff_scan::Comparison {
+    agentdiff_scan::compare_trees(
         &before.manifest,
         &before.root_tree,
         &after.manifest,

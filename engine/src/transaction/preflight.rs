@@ -10,11 +10,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::policy::{NetworkMode, Policy};
-use crate::store::{RUNS_DIR_NAME, STORE_DIR_NAME};
 use agentdiff_backend_api::{
     BackendError, BackendOptions, LaunchSpec, RuntimeBackend, WorkspaceMode,
 };
+use agentdiff_policy::{NetworkMode, Policy};
+use agentdiff_store::{RUNS_DIR_NAME, STORE_DIR_NAME};
 
 /// The run id the preflight spec carries; never used for a real run directory.
 const PREFLIGHT_RUN_ID: &str = "preflight";

@@ -7,11 +7,11 @@ use std::time::{Instant, SystemTime};
 use serde_json::json;
 
 use super::decide::{self, RunFrame};
-use super::result::{RunResult, Status};
 use super::{Refusal, RunOutcome, TransactionError};
-use crate::policy::Decision;
-use crate::store::seal::SealAuthority;
-use crate::store::{Artifact, Capsule, ObjectStore, RuntimeDoc, Store};
+use agentdiff_policy::Decision;
+use agentdiff_store::schema::{RunResult, Status};
+use agentdiff_store::seal::SealAuthority;
+use agentdiff_store::{Artifact, Capsule, ObjectStore, RuntimeDoc, Store};
 
 pub(super) fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()

@@ -7,13 +7,13 @@ use std::ffi::OsStr;
 
 use super::decide::{self, Evidence, RunFrame};
 use super::{Refusal, Status};
-use crate::fs::{BackupSkip, BackupState, Entry, EntryKind, Manifest, Unsupported};
-use crate::policy::{Action, Decision, Policy};
 use agentdiff_backend_api::{
     BackendError, CleanupOutcome, CleanupRecord, ExitInfo, FailureKind, PortRecord, ProcessRecord,
     ProcessRelation, RunEvidence,
 };
+use agentdiff_policy::{Action, Decision, Policy};
 use agentdiff_process::ProcessIdentity;
+use agentdiff_scan::{BackupSkip, BackupState, Entry, EntryKind, Manifest, Unsupported};
 
 const POLICY: &str = "version: 1
 filesystem:
@@ -114,7 +114,7 @@ struct Case {
     after: Manifest,
     run: RunEvidence,
     private_workspace: bool,
-    tampered: Vec<crate::store::TamperFinding>,
+    tampered: Vec<agentdiff_store::TamperFinding>,
 }
 
 impl Case {
@@ -134,7 +134,7 @@ impl Case {
     fn decide(&self) -> super::RunResult {
         let policy = policy(self.policy_extra);
         let command = command(&policy, self.argv0);
-        let comparison = crate::fs::compare(&self.before, &self.after);
+        let comparison = agentdiff_scan::compare(&self.before, &self.after);
         let ev = Evidence {
             policy: &policy,
             command_decision: &command,
@@ -155,7 +155,7 @@ fn decide_clean_exit(
     policy_text: &str,
     before: &Manifest,
     after: &Manifest,
-    comparison: &crate::fs::Comparison,
+    comparison: &agentdiff_scan::Comparison,
 ) -> super::RunResult {
     let policy = Policy::from_yaml_or_json(policy_text, "test.yaml").unwrap();
     let case = Case::new("clean exit", before.clone(), after.clone());
@@ -291,7 +291,7 @@ fn status_and_safety_outcome_follow_the_evidence() {
 fn capsule_tampering_denies_an_otherwise_clean_run() {
     let tree = || manifest(&[("a.txt", file("aa", stored()))]);
     let mut case = Case::new("tampered", tree(), tree());
-    case.tampered = vec![crate::store::TamperFinding {
+    case.tampered = vec![agentdiff_store::TamperFinding {
         path: "runs/r/before.json".into(),
         change: "modified".into(),
         detail: "changed".into(),
@@ -710,7 +710,7 @@ fn uncaptured_entries_where_the_policy_denies_are_denied() {
             kind: kind.into(),
             reason: "test".into(),
         });
-        let comparison = crate::fs::compare(&before, &after);
+        let comparison = agentdiff_scan::compare(&before, &after);
         decide_clean_exit(policy, &before, &after, &comparison)
     };
     // Undecodable names and special files under denied paths: the name itself cannot be judged
@@ -756,7 +756,7 @@ fn an_incomplete_comparison_fails_closed_and_still_lists_denied_writes() {
     // The stored trees, compared as a run does: the command planted a hook and changed a file,
     // then destroyed the before root tree it could reach in the store.
     let tmp = tempfile::tempdir().unwrap();
-    let store = crate::store::Store::open(tmp.path()).unwrap();
+    let store = agentdiff_store::Store::open(tmp.path()).unwrap();
     let capsule = store.create_run(Some("r1")).unwrap();
     let objects = store.objects();
     let before = manifest(&[
@@ -771,14 +771,14 @@ fn an_incomplete_comparison_fails_closed_and_still_lists_denied_writes() {
         .insert(".git/hooks/post-checkout".into(), file("e", stored()));
     after.entries.insert("src/a.rs".into(), file("b", stored()));
     let b_root = capsule
-        .write_manifest(crate::store::Artifact::Before, &before, objects)
+        .write_manifest(agentdiff_store::Artifact::Before, &before, objects)
         .unwrap();
     let a_root = capsule
-        .write_manifest(crate::store::Artifact::After, &after, objects)
+        .write_manifest(agentdiff_store::Artifact::After, &after, objects)
         .unwrap();
     std::fs::write(objects.object_path(&b_root).unwrap(), b"{}").unwrap();
     objects.forget_verified();
-    let comparison = crate::fs::compare_trees(&before, &b_root, &after, &a_root, objects);
+    let comparison = agentdiff_scan::compare_trees(&before, &b_root, &after, &a_root, objects);
     assert!(!comparison.incomplete.is_empty());
 
     let policy = "version: 1\nfilesystem:\n  deny: [\".git/**\"]\n  default: allow\n";
@@ -804,10 +804,10 @@ fn an_incomplete_comparison_fails_closed_and_still_lists_denied_writes() {
 
 #[test]
 fn a_before_tree_lost_everywhere_is_recorded_unreadable_and_the_capsule_still_verifies() {
-    use crate::fs::TreeSource;
-    use crate::store::Artifact;
+    use agentdiff_scan::TreeSource;
+    use agentdiff_store::Artifact;
     let tmp = tempfile::tempdir().unwrap();
-    let store = crate::store::Store::open(tmp.path()).unwrap();
+    let store = agentdiff_store::Store::open(tmp.path()).unwrap();
     let capsule = store.create_run(Some("r1")).unwrap();
     let objects = store.objects();
     let backed = |content: &[u8]| Entry {
@@ -866,7 +866,7 @@ fn a_before_tree_lost_everywhere_is_recorded_unreadable_and_the_capsule_still_ve
     let a_root = capsule
         .write_manifest(Artifact::After, &after, objects)
         .unwrap();
-    let c = crate::fs::compare_trees(&header, &new_root, &after, &a_root, objects);
+    let c = agentdiff_scan::compare_trees(&header, &new_root, &after, &a_root, objects);
     let below: Vec<_> = c
         .changes
         .iter()
@@ -1008,9 +1008,9 @@ async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_chan
     let (_tx, interrupt) = tokio::sync::watch::channel(None);
     let req = super::RunRequest {
         root: proj.clone(),
-        policy: crate::policy::LoadedPolicy {
+        policy: agentdiff_policy::LoadedPolicy {
             policy: policy(""),
-            source: crate::policy::PolicySource::BuiltIn,
+            source: agentdiff_policy::PolicySource::BuiltIn,
         },
         argv: vec!["sh".into()],
         task: None,
@@ -1026,7 +1026,7 @@ async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_chan
         poll_interval: std::time::Duration::from_millis(20),
         progress: None,
         verified_controls: Vec::new(),
-        state_dir: Some(crate::store::seal::StateDir::at(&state).unwrap()),
+        state_dir: Some(agentdiff_store::seal::StateDir::at(&state).unwrap()),
     };
     let outcome = super::run(req).await.unwrap();
     let r = &outcome.result;
@@ -1053,7 +1053,7 @@ async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_chan
         .is_some_and(|e| e.contains("before it reported how the command ended")));
 
     // On record: launched, the failure, the after-state, and a seal.
-    let capsule = crate::store::Store::open(&proj)
+    let capsule = agentdiff_store::Store::open(&proj)
         .unwrap()
         .open_run("lost")
         .unwrap();

@@ -47,8 +47,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::fs::{unsupported_kind, BackupState, Entry, EntryKind, Manifest};
-use crate::store::{Capsule, ObjectStore, RunId, Store, StoreError};
+use agentdiff_scan::{unsupported_kind, BackupState, Entry, EntryKind, Manifest};
+use agentdiff_store::{Capsule, ObjectStore, RunId, Store, StoreError};
 
 /// Directory below `ROOT/.agentdiff` holding one workspace per run.
 pub const WORKSPACES_DIR_NAME: &str = "workspaces";
@@ -458,13 +458,13 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
-    use crate::fs::{scan, BackupRequest, ScanOptions};
+    use agentdiff_scan::{scan, BackupRequest, ScanOptions};
 
     fn captured(root: &Path, store: &Store) -> Manifest {
         let mut opts = ScanOptions::new();
         opts.backup = Some(BackupRequest {
             sink: store.objects(),
-            max_file_bytes: crate::fs::DEFAULT_MAX_HASH_BYTES,
+            max_file_bytes: agentdiff_scan::DEFAULT_MAX_HASH_BYTES,
         });
         scan(root, &opts).unwrap()
     }
@@ -530,7 +530,7 @@ mod tests {
                 assert_eq!(a.mtime_ns, e.mtime_ns, "{p}");
             }
         }
-        assert!(crate::fs::diff(&before, &again).is_empty());
+        assert!(agentdiff_scan::diff(&before, &again).is_empty());
         // A second materialisation of the same run is refused.
         assert!(matches!(
             materialize(&store, &capsule, &before),

@@ -1,7 +1,1 @@
-mod hook_resolve;
-mod policy;
 mod rollback;
-mod scanner;
-mod store;
-
-pub use agentdiff_test_support::skip;

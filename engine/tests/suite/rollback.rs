@@ -10,14 +10,14 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agentdiff_engine::fs::Manifest;
-use agentdiff_engine::policy::Action;
 use agentdiff_engine::rollback::{
     self, execute, plan, ExecuteOptions, Fault, FaultAction, Outcome, Report, ReportStatus,
     RollbackError, Scope, Selection,
 };
-use agentdiff_engine::store::{Artifact, Capsule, RecoveryArtifact, Store};
 use agentdiff_engine::testing::Recording;
+use agentdiff_policy::Action;
+use agentdiff_scan::Manifest;
+use agentdiff_store::{Artifact, Capsule, RecoveryArtifact, Store};
 
 fn sh(root: &Path, script: &str) {
     let status = Command::new("sh")

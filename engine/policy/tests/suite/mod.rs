@@ -1,0 +1,2 @@
+mod hook_resolve;
+mod policy;

@@ -1,0 +1,2 @@
+mod scanner;
+pub use agentdiff_test_support::skip;
