@@ -5,9 +5,9 @@
    reports it, must be an edge of the diagram below. Dev-dependencies are not layered: a test may
    drive the whole stack (a backend's transaction tests link the engine).
 2. Module cycles: inside each crate, the top-level modules (the files and folders directly under
-   `src/`) must not form an import cycle through `crate::` paths. The engine's cycles that the
-   layering work has not yet removed are listed in KNOWN_ENGINE_CYCLE; a module joining a cycle,
-   or a new cycle, fails the check, and the list may only shrink.
+   `src/`) must not form an import cycle through `crate::` paths. A cycle accepted for a while
+   would be listed in KNOWN_ENGINE_CYCLE (empty); a module joining a cycle, or a new cycle, fails
+   the check, and the list may only shrink.
 3. The dependency tree of the third-party example backend (examples/backend-nice) is counted and
    printed next to the engine's, the figure docs/architecture.md tracks.
 
@@ -36,6 +36,10 @@ ALLOWED = {
         "agentdiff-store", "agentdiff-scan", "agentdiff-policy", "agentdiff-plugins",
         "agentdiff-process", "agentdiff-backend-api", "agentdiff-host",
     },
+    "agentdiff-report": {
+        "agentdiff-engine", "agentdiff-store", "agentdiff-scan", "agentdiff-policy",
+        "agentdiff-plugins", "agentdiff-backend-api", "agentdiff-host",
+    },
     "agentdiff-conformance": {
         "agentdiff-engine", "agentdiff-store", "agentdiff-scan", "agentdiff-policy",
         "agentdiff-plugins", "agentdiff-process", "agentdiff-backend-api", "agentdiff-host",
@@ -48,14 +52,16 @@ BACKEND_ALLOWED = {"agentdiff-backend-api", "agentdiff-process", "agentdiff-host
 BACKEND_PREFIX = "agentdiff-backend-"
 NOT_BACKENDS = {"agentdiff-backend-api"}
 
-# The engine's top-level modules still in one import cycle. Shrink it as layers leave the engine.
-KNOWN_ENGINE_CYCLE = {"recovery", "transaction", "workspace"}
+# The engine's top-level modules still in one import cycle: none. Kept as a list so that a cycle
+# accepted for a while is named here, and only here.
+KNOWN_ENGINE_CYCLE = set()
 
 # The crates whose top-level modules must form no cycle (the engine is ratcheted above).
 CYCLE_FREE = [
-    "engine/host", "engine/backend-api", "engine/process", "engine/plugins", "engine/policy",
-    "engine/scan", "engine/store",
+    "engine", "engine/host", "engine/backend-api", "engine/process", "engine/plugins", "engine/policy",
+    "engine/scan", "engine/store", "engine/report",
     "backend-local", "backend-srt", "backend-container", "backend-bwrap", "conformance",
+    "backends", "examples/backend-nice",
 ]
 
 USE_RE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
@@ -171,7 +177,7 @@ def check_cycles():
             problems.append(f"engine: modules joined an import cycle: {sorted(extra)} "
                             f"(cycle: {sorted(comp)})")
     engine_mods = set(top_modules("engine/src"))
-    stale = (KNOWN_ENGINE_CYCLE & engine_mods) - set().union(*cycles(module_graph("engine/src")))
+    stale = (KNOWN_ENGINE_CYCLE & engine_mods) - set().union(set(), *cycles(module_graph("engine/src")))
     if stale:
         problems.append(f"engine: {sorted(stale)} are no longer in a cycle; remove them from "
                         "KNOWN_ENGINE_CYCLE in scripts/layers.py (the list only shrinks)")

@@ -6,7 +6,6 @@
 
 pub mod promote;
 pub mod recovery;
-pub mod report;
 pub mod rollback;
 pub mod root;
 #[cfg(any(test, feature = "test-support"))]

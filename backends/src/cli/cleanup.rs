@@ -16,7 +16,7 @@ use agentdiff_store::seal::{StateDir, VerifyContext};
 use agentdiff_store::{Store, StoreError};
 use anyhow::Context;
 
-use crate::exit;
+use crate::common::exit;
 
 /// Stop processes a run left behind, after verifying their identities.
 ///
@@ -136,7 +136,7 @@ fn cleanup_run(
                 ),
             )
         })?;
-    super::runtime()?
+    crate::common::context::runtime()?
         .block_on(cleanup::cleanup_run(
             &store,
             &capsule,
@@ -222,7 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             anyhow::anyhow!("--grace-period must be between 0 and 3600 seconds"),
         ));
     }
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let grace = Duration::from_secs_f64(args.grace_period);
     let result = cleanup_run(&root, &args.run, grace, args.containers, args.force)?;
     match args.format {

@@ -11,7 +11,7 @@ use agentdiff_conformance::{run_suite, FailClosedCase, SuiteOptions};
 use agentdiff_plugins::Registry;
 use anyhow::Context;
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -46,7 +46,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut registry =
         Registry::from_inventory().context("could not build the backend registry")?;
-    let descriptor = super::resolve_backend(&mut registry, &args.runtime)?;
+    let descriptor = crate::common::context::resolve_backend(&mut registry, &args.runtime)?;
     let backend_options = crate::cli::doctor::parse_options(&args.backend_option)?;
     descriptor
         .validate_options(&backend_options)

@@ -10,10 +10,10 @@ use agentdiff_conformance::probes::{ProbeRecord, Verdict};
 use agentdiff_plugins::Registry;
 use anyhow::Context;
 
-use crate::doctor_report::{
+use crate::common::doctor_report::{
     assemble, AvailabilityEntry, BackendEntry, DoctorReport, ProbeSection, RefusedExternal,
 };
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -63,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     let options = parse_options(&args.backend_option)?;
-    let rt = crate::cli::runtime()?;
+    let rt = crate::common::context::runtime()?;
     let mut doc = rt.block_on(assemble(&registry, &ids, &options, args.probe))?;
     doc.external_backends_refused = plugins
         .iter()
@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn matrix_lists_every_builtin_backend_with_the_seed_wording_for_local() {
-        let rt = crate::cli::runtime().unwrap();
+        let rt = crate::common::context::runtime().unwrap();
         let reg = registry();
         let ids = reg.ids();
         let report = rt
@@ -305,7 +305,7 @@ mod tests {
 
     #[test]
     fn probing_local_verifies_nothing_it_does_not_control() {
-        let rt = crate::cli::runtime().unwrap();
+        let rt = crate::common::context::runtime().unwrap();
         let reg = registry();
         let report = rt
             .block_on(assemble(&reg, &["local"], &BackendOptions::new(), true))

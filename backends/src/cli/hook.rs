@@ -16,11 +16,9 @@ use std::process::ExitCode;
 use agentdiff_policy::{self as policy, hook, PolicyError};
 use anyhow::Context;
 
-use crate::exit::with_code;
+use crate::common::exit::with_code;
 
-/// Exit code of a failed hook: Claude Code treats exit 2 from a PreToolUse hook as "block this
-/// call" and shows stderr to the agent; every other non-zero code lets the call run.
-pub const HOOK_BLOCK: u8 = 2;
+pub use crate::common::exit::HOOK_BLOCK;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -55,7 +53,7 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<ExitCode> {
     let text = String::from_utf8(input)
         .map_err(|_| PolicyError::HookInput("stdin is not UTF-8".to_owned()))?;
     let call = hook::ToolCall::parse(&text)?;
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|err| without_policy_text(err, &root))?;
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;

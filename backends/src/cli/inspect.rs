@@ -6,13 +6,13 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::ValueEnum;
 
-use agentdiff_engine::report::diff::DiffSource;
-use agentdiff_engine::report::markdown;
 use agentdiff_engine::transaction::RunResult;
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_report::diff::DiffSource;
+use agentdiff_report::markdown;
 use agentdiff_store::{Artifact, Store};
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -64,7 +64,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     let capsule = store
         .open_run(&args.run)
@@ -109,27 +109,30 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return interrupted(&capsule, args.format);
     }
     if args.format == InspectFormat::Markdown {
-        let view = crate::report::load_verified(&store, &capsule)?;
+        let view = crate::common::context::load_verified(&store, &capsule)?;
         out!("{}", markdown::render(&view));
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Html {
-        out!("{}", crate::report::html_report(&store, &capsule, None)?);
+        out!(
+            "{}",
+            crate::common::context::html_report(&store, &capsule, None)?
+        );
         return Ok(ExitCode::SUCCESS);
     }
     if args.format == InspectFormat::Json {
-        let result: RunResult = agentdiff_engine::report::checked_result(&capsule)
+        let result: RunResult = agentdiff_report::checked_result(&capsule)
             .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
         outln!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let view = crate::report::load_verified(&store, &capsule)?;
-    out!("{}", crate::report::run_summary(&view));
-    out!("{}", crate::report::inspect_sections(&view));
+    let view = crate::common::context::load_verified(&store, &capsule)?;
+    out!("{}", agentdiff_report::terminal::run_summary(&view));
+    out!("{}", agentdiff_report::terminal::inspect_sections(&view));
     if args.diff {
         let diffs =
             DiffSource::open(&capsule, store.objects(), store.root()).diffs(&view.result.changes);
-        out!("{}", crate::report::diff_section(&diffs));
+        out!("{}", agentdiff_report::terminal::diff_section(&diffs));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -11,7 +11,7 @@ use agentdiff_policy::{
 };
 use anyhow::Context;
 
-use crate::exit::{with_code, INVALID_CONFIG, USAGE};
+use crate::common::exit::{with_code, INVALID_CONFIG, USAGE};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -99,12 +99,12 @@ fn load(root: &Path, explicit: Option<&Path>) -> anyhow::Result<LoadedPolicy> {
 fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
     let target = match args.output {
         Some(output) => output,
-        None => super::project_root(args.root.as_deref())?
+        None => crate::common::context::project_root(args.root.as_deref())?
             .path
             .join(POLICY_FILE_NAME),
     };
     if target == Path::new("-") {
-        crate::out::stdout_bytes(policy::STARTER.as_bytes());
+        crate::common::out::stdout_bytes(policy::STARTER.as_bytes());
         return Ok(ExitCode::SUCCESS);
     }
     let mut options = std::fs::OpenOptions::new();
@@ -142,7 +142,7 @@ fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
 fn load_for(root: Option<&Path>, explicit: Option<&Path>) -> anyhow::Result<policy::LoadedPolicy> {
     let root = match explicit {
         Some(_) => std::path::PathBuf::from("."),
-        None => super::project_root(root)?.path,
+        None => crate::common::context::project_root(root)?.path,
     };
     load(&root, explicit)
 }

@@ -9,7 +9,7 @@ use anyhow::Context;
 use agentdiff_engine::promote::{self, PromoteError, Scope, Selection};
 use agentdiff_store::Store;
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -56,12 +56,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     // A preview writes nothing and may run beside a run; a real promote may not.
     let _lock = match args.dry_run {
         true => None,
-        false => Some(super::lock_store(&store, args.wait)?),
+        false => Some(crate::common::context::lock_store(&store, args.wait)?),
     };
     let capsule = store
         .open_run(&args.run)

@@ -16,7 +16,7 @@ use agentdiff_engine::rollback::{
 use agentdiff_store::{Store, StoreError};
 use anyhow::Context;
 
-use crate::exit::{self, with_code};
+use crate::common::exit::{self, with_code};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -60,12 +60,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(store_error)?;
     // A preview writes nothing and may run beside a run; a real rollback may not.
     let _lock = match args.dry_run {
         true => None,
-        false => Some(super::lock_store(&store, args.wait)?),
+        false => Some(crate::common::context::lock_store(&store, args.wait)?),
     };
     let capsule = store.open_run(&args.run).map_err(store_error)?;
     let selection = Selection {

@@ -22,10 +22,10 @@ use agentdiff_policy::{self as policy, Action};
 use agentdiff_scan::ScanProgress;
 use agentdiff_store::{Store, StoreError};
 
-use crate::exit;
-use crate::report;
-use agentdiff_engine::report::{markdown, RunView};
+use crate::common::exit;
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_report::terminal as report;
+use agentdiff_report::{markdown, RunView};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -296,7 +296,7 @@ fn env_names_in_options(descriptor: &BackendDescriptor, options: &BackendOptions
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
     let mut registry = Registry::from_inventory().context("backend registry")?;
@@ -308,7 +308,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("no runtime backend chosen and none is the default")?;
     // A built-in backend, or the `agentdiff-backend-<id>` plugin on PATH. Nothing is written
     // before this succeeds: an unknown id leaves no capsule behind.
-    let descriptor = super::resolve_backend(&mut registry, &runtime)?;
+    let descriptor = crate::common::context::resolve_backend(&mut registry, &runtime)?;
     let backend = registry
         .create(descriptor.id)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
@@ -337,9 +337,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let summary = args.summary_file.as_deref().map(open_summary).transpose()?;
     // One run per project at a time; held until the capsule is sealed and the process exits.
     let store = Store::open(&root).map_err(|e| exit::with_code(exit::INTERNAL, e))?;
-    let _lock = super::lock_store(&store, args.wait)?;
+    let _lock = crate::common::context::lock_store(&store, args.wait)?;
 
-    let rt = crate::cli::runtime()?;
+    let rt = crate::common::context::runtime()?;
     let (tx, rx) = tokio::sync::watch::channel(None);
     spawn_signal_forwarders(tx)?;
     let outcome = rt.block_on(async {
@@ -435,8 +435,13 @@ fn append_summary(
     let written = store
         .open_run(id)
         .map_err(anyhow::Error::from)
-        .and_then(|c| report::load_verified(store, &c))
-        .map_err(|e| format!("cannot render the report: {}", crate::exit::chain_text(&e)))
+        .and_then(|c| crate::common::context::load_verified(store, &c))
+        .map_err(|e| {
+            format!(
+                "cannot render the report: {}",
+                crate::common::exit::chain_text(&e)
+            )
+        })
         .and_then(|view| {
             file.write_all(markdown::render(&view).as_bytes())
                 .and_then(|()| file.flush())
@@ -557,7 +562,7 @@ fn spawn_signal_forwarders(tx: tokio::sync::watch::Sender<Option<i32>>) -> anyho
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let rt = crate::cli::runtime()?;
+        let rt = crate::common::context::runtime()?;
         // Installed here, so that a failure is this command's error and no signal is missed
         // once the run starts.
         let (mut int, mut term, mut hup) = {

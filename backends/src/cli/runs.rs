@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentdiff_engine::report::listing::{self, RunRow, SealState};
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_report::listing::{self, RunRow, SealState};
 use agentdiff_store::{Store, StoreError, Verdict};
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -33,7 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(Action::Prune(prune)) = args.action {
         return super::runs_prune::run(prune);
     }
-    let root = super::project_root(args.root.as_deref())?;
+    let root = crate::common::context::project_root(args.root.as_deref())?;
     let store = match Store::open_existing(&root.path) {
         Ok(store) => Some(store),
         // No store yet: no runs, which is not an error.
@@ -41,7 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(exit::with_code(exit::INVALID_CAPSULE, e)),
     };
     // The same key and ledger as `agentdiff verify`, so "verified" means authenticated here.
-    let (ctx, _) = super::verify::context(&root.path);
+    let (ctx, _) = crate::common::context::verify_context(&root.path);
     let rows: Vec<RunRow> = match &store {
         Some(store) => {
             listing::list(store, &ctx).map_err(|e| exit::with_code(exit::INTERNAL, e))?

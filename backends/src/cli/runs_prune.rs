@@ -11,7 +11,7 @@ use agentdiff_host::redact::escape_terminal;
 use agentdiff_store::seal::{SealAuthority, StateDir};
 use agentdiff_store::{PruneRunsReport, PruneSelection, Store, StoreError};
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("selection").required(true).args(["keep", "older_than"])))]
@@ -47,7 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ))
         }
     };
-    let root = super::project_root(args.root.as_deref())?;
+    let root = crate::common::context::project_root(args.root.as_deref())?;
     let store = match Store::open_existing(&root.path) {
         Ok(store) => store,
         Err(StoreError::NoStore { .. }) => {
@@ -66,8 +66,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .transpose()
         .map_err(|e| exit::with_code(exit::INTERNAL, e))?;
     // Only runs whose seal authenticates here are removed; the others are evidence and stay.
-    let (ctx, _) = super::verify::context(&root.path);
-    let lock = super::lock_store(&store, args.wait)?;
+    let (ctx, _) = crate::common::context::verify_context(&root.path);
+    let lock = crate::common::context::lock_store(&store, args.wait)?;
     let report = store
         .prune_runs(&lock, selection, args.dry_run, &ctx, authority.as_ref())
         .map_err(|e| exit::with_code(exit::INTERNAL, e))?;

@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use agentdiff_store::Store;
 
-use crate::exit;
+use crate::common::exit;
 use crate::serve::{self, auth::Token, Server};
 
 #[derive(Debug, clap::Args)]
@@ -30,7 +30,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     let token = Token::generate()
         .map_err(|e| anyhow::anyhow!("{e}"))

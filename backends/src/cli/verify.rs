@@ -9,10 +9,10 @@ use anyhow::Context;
 use serde::Serialize;
 
 use agentdiff_host::redact::escape_terminal;
-use agentdiff_store::seal::{StateDir, VerifyContext};
+use agentdiff_store::seal::VerifyContext;
 use agentdiff_store::{ObjectsChecked, Store, StoreError, Verdict, VerifyReport};
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -68,16 +68,6 @@ struct Unverifiable {
     problem: String,
 }
 
-/// This user's key and ledger; a state directory that cannot be used is reported, not fatal:
-/// verification still checks integrity, and says it could not authenticate.
-pub(crate) fn context(root: &std::path::Path) -> (VerifyContext, Option<String>) {
-    let loaded = StateDir::from_env().and_then(|state| VerifyContext::for_user(&state, root));
-    match loaded {
-        Ok(ctx) => (ctx, None),
-        Err(e) => (VerifyContext::default(), Some(e.to_string())),
-    }
-}
-
 fn open_code(e: &StoreError) -> u8 {
     match e {
         StoreError::NoStore { .. }
@@ -96,9 +86,9 @@ fn code_for(verdict: Verdict) -> u8 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let root = super::project_root(args.root.as_deref())?.path;
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(open_code(&e), e))?;
-    let (ctx, context_problem) = context(&root);
+    let (ctx, context_problem) = crate::common::context::verify_context(&root);
     if let Some(p) = &context_problem {
         eprintln!(
             "agentdiff: the seal key could not be used, so nothing can be authenticated: {}",

@@ -28,8 +28,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use agentdiff_engine::report::live::LiveTail;
-use agentdiff_engine::report::{dashboard, listing};
+use agentdiff_report::live::LiveTail;
+use agentdiff_report::{dashboard, listing};
 use agentdiff_store::{Store, StoreError};
 
 use auth::Token;
@@ -165,7 +165,7 @@ impl Server {
         }
         if path == "/" {
             // The same verifying listing as `agentdiff runs`, with the same key and ledger.
-            let (ctx, _) = crate::cli::verify_context(self.store.root());
+            let (ctx, _) = crate::common::context::verify_context(self.store.root());
             return Route::Page(match listing::list(&self.store, &ctx) {
                 Ok(runs) => page(dashboard::index(&runs, self.token.as_str())),
                 Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
@@ -188,11 +188,11 @@ impl Server {
         };
         let back = format!("/?token={}", self.token.as_str());
         Route::Page(
-            match crate::report::html_report(&self.store, &capsule, Some(&back)) {
+            match crate::common::context::html_report(&self.store, &capsule, Some(&back)) {
                 Ok(html) => page(html),
                 Err(e) => text(
                     StatusCode::CONFLICT,
-                    &escape_plain(&crate::exit::chain_text(&e)),
+                    &escape_plain(&crate::common::exit::chain_text(&e)),
                 ),
             },
         )

@@ -188,3 +188,33 @@ impl Manifest {
         self.unsupported.iter().filter(move |u| u.path == path)
     }
 }
+
+/// Checks a recorded path: relative, `/`-separated, no empty, `.` or `..` components, no NUL,
+/// not inside the run store ([`STORE_DIR`](crate::STORE_DIR)).
+pub fn validate_recorded_path(path: &str) -> Result<(), &'static str> {
+    if path.is_empty() {
+        return Err("the path is empty");
+    }
+    if path.starts_with('/') {
+        return Err("the path is absolute");
+    }
+    if path.contains('\0') {
+        return Err("the path contains a NUL byte");
+    }
+    for part in path.split('/') {
+        match part {
+            "" => return Err("the path has an empty component"),
+            "." | ".." => return Err("the path has a '.' or '..' component"),
+            _ => {}
+        }
+    }
+    if path.split('/').next() == Some(crate::STORE_DIR) {
+        return Err("the path is inside the run store");
+    }
+    Ok(())
+}
+
+/// The parent of a recorded path (`None` at the top).
+pub fn parent_of(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(p, _)| p)
+}

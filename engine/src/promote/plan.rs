@@ -4,13 +4,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use crate::recovery::recorded::parent_of;
 use crate::recovery::{RecordedRun, RecordedTree};
 use crate::rollback::apply::{self, ApplyOp, OpKind, Transition};
 use crate::rollback::plan::{path_filters, under, PathArgError};
 use crate::transaction::ChangeRecord;
 use agentdiff_backend_api::WorkspaceMode;
 use agentdiff_policy::Action;
+use agentdiff_scan::parent_of;
 use agentdiff_scan::{ChangeType, EntryKind};
 use agentdiff_store::{Capsule, ObjectStore};
 

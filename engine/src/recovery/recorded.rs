@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::transaction::{ChangeRecord, RunResult};
-use agentdiff_scan::{EntryKind, Manifest, STORE_DIR};
+use agentdiff_scan::{parent_of, validate_recorded_path, EntryKind, Manifest};
+use agentdiff_store::schema::{ChangeRecord, RunResult};
 use agentdiff_store::{Artifact, Capsule, ObjectStore, StoreError};
 
 /// Which tree the recorded after-state describes.
@@ -181,34 +181,4 @@ pub fn verification_problems(
         .map(|p| format!("{}: {}", p.subject, p.problem))
         .collect();
     Ok((!verify.sealed || !fatal.is_empty()).then_some(fatal))
-}
-
-/// Checks a recorded path: relative, `/`-separated, no empty, `.` or `..` components, no NUL,
-/// not inside the run store.
-pub fn validate_recorded_path(path: &str) -> Result<(), &'static str> {
-    if path.is_empty() {
-        return Err("the path is empty");
-    }
-    if path.starts_with('/') {
-        return Err("the path is absolute");
-    }
-    if path.contains('\0') {
-        return Err("the path contains a NUL byte");
-    }
-    for part in path.split('/') {
-        match part {
-            "" => return Err("the path has an empty component"),
-            "." | ".." => return Err("the path has a '.' or '..' component"),
-            _ => {}
-        }
-    }
-    if path.split('/').next() == Some(STORE_DIR) {
-        return Err("the path is inside the run store");
-    }
-    Ok(())
-}
-
-/// The parent of a recorded path (`None` at the top).
-pub fn parent_of(path: &str) -> Option<&str> {
-    path.rsplit_once('/').map(|(p, _)| p)
 }

@@ -59,8 +59,8 @@ pub struct Plan {
     pub(crate) unselected_children: BTreeMap<String, Vec<String>>,
 }
 
-pub(crate) use crate::recovery::recorded::parent_of;
-pub use crate::recovery::recorded::validate_recorded_path;
+pub(crate) use agentdiff_scan::parent_of;
+pub use agentdiff_scan::validate_recorded_path;
 
 /// Normalizes a `--path` argument (`./a/` → `a`; `.` → everything; an absolute path below the
 /// root → relative to it). Shared with promote.

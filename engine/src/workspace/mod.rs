@@ -269,7 +269,7 @@ fn layout(before: &Manifest) -> Result<Layout<'_>, WorkspaceError> {
     // BTreeMap order puts every directory before the paths below it.
     let mut dir_set: BTreeSet<&str> = BTreeSet::new();
     for (path, entry) in &before.entries {
-        crate::recovery::recorded::validate_recorded_path(path).map_err(|r| invalid(path, r))?;
+        agentdiff_scan::validate_recorded_path(path).map_err(|r| invalid(path, r))?;
         if let Some((parent, _)) = path.rsplit_once('/') {
             if !dir_set.contains(parent) {
                 return Err(invalid(

@@ -174,7 +174,9 @@ mod tests {
             id: "r-1".into(),
             // The status is typed (a forged one does not list); free text comes from the
             // recorded time, backend, task and the problem.
-            state: super::super::listing::RunState::Finished(crate::transaction::Status::Passed),
+            state: super::super::listing::RunState::Finished(
+                agentdiff_store::schema::Status::Passed,
+            ),
             seal: SealState::Broken,
             verdict: Some(agentdiff_store::Verdict::Forged),
             started_at: Some("<b>\"x\"</b>".into()),

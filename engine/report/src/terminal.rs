@@ -3,16 +3,16 @@
 
 use std::fmt::Write as _;
 
+use crate::diff::{ChangeDiff, DiffBody};
+use crate::evidence::{port_owner, process_tree, PortOwner};
+use crate::rows::{self, FindingRow, Level};
+use crate::words::{self, change_word, cleanup_word};
+use crate::{exit_text, field_text, Recovery, RunView};
 use agentdiff_backend_api::Enforcement;
-use agentdiff_engine::report::diff::{ChangeDiff, DiffBody};
-use agentdiff_engine::report::evidence::{port_owner, process_tree, PortOwner};
-use agentdiff_engine::report::rows::{self, FindingRow, Level};
-use agentdiff_engine::report::words::{self, change_word, cleanup_word};
-use agentdiff_engine::report::{exit_text, field_text, Recovery, RunView};
-use agentdiff_engine::transaction::{RunResult, Status};
 use agentdiff_host::redact::{escape_terminal, escape_terminal_lines};
 use agentdiff_policy::Action;
 use agentdiff_scan::EntryKind;
+use agentdiff_store::schema::{RunResult, Status};
 use agentdiff_store::Verdict;
 
 /// The decision word, a deny in upper case.
@@ -294,7 +294,7 @@ fn seal_lines(s: &mut String, v: &RunView) {
         );
     }
     if seal.verdict == Verdict::Authenticated {
-        if let Some(caveat) = agentdiff_engine::report::key_exposure(v) {
+        if let Some(caveat) = crate::key_exposure(v) {
             let _ = writeln!(s, "  note: {caveat}");
         }
     }
@@ -465,30 +465,4 @@ pub fn diff_section(diffs: &[ChangeDiff]) -> String {
         }
     }
     s
-}
-
-/// A stored run for a report, its seal verified as `agentdiff verify` does (this user's key and
-/// ledger). A capsule that cannot be read, or whose result names another run, exits
-/// [`crate::exit::INVALID_CAPSULE`].
-pub fn load_verified(
-    store: &agentdiff_store::Store,
-    capsule: &agentdiff_store::Capsule,
-) -> anyhow::Result<RunView> {
-    let (ctx, _) = crate::cli::verify_context(store.root());
-    RunView::load_verified(capsule, store.objects(), &ctx)
-        .map_err(|e| crate::exit::with_code(crate::exit::INVALID_CAPSULE, e))
-}
-
-/// The HTML report of a run: its view, its seal verified with this user's key and ledger, and
-/// its diffs (the after side from the working tree at the store's root); `back` links above it.
-pub fn html_report(
-    store: &agentdiff_store::Store,
-    capsule: &agentdiff_store::Capsule,
-    back: Option<&str>,
-) -> anyhow::Result<String> {
-    use agentdiff_engine::report::diff::DiffSource;
-    let view = load_verified(store, capsule)?;
-    let diffs =
-        DiffSource::open(capsule, store.objects(), store.root()).diffs(&view.result.changes);
-    Ok(agentdiff_engine::report::html::render(&view, &diffs, back))
 }

@@ -22,9 +22,9 @@ use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
-use crate::transaction::ChangeRecord;
 use agentdiff_backend_api::RunEvidence;
 use agentdiff_host::redact::escape_terminal;
+use agentdiff_store::schema::ChangeRecord;
 use agentdiff_store::Verdict;
 
 use super::diff::{ChangeDiff, DiffBody};

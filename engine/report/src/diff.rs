@@ -21,10 +21,10 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::rollback::diff_preview::{self, NoPreview, MAX_PREVIEW_BYTES};
-use crate::transaction::ChangeRecord;
+use agentdiff_engine::rollback::diff_preview::{self, NoPreview, MAX_PREVIEW_BYTES};
 use agentdiff_host::dir::{file_meta, DirHandle, NodeKind};
 use agentdiff_scan::{BackupState, Entry, EntryKind, Manifest};
+use agentdiff_store::schema::ChangeRecord;
 use agentdiff_store::{Artifact, Capsule, ObjectStore};
 
 /// Most diff text a report carries in total; later changes say they were left out.

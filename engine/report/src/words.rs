@@ -2,10 +2,10 @@
 //! the terminal, markdown and HTML reports cannot drift apart. Surfaces may emphasise a word
 //! (bold, upper case) but never reword it.
 
-use crate::transaction::ChangeRecord;
 use agentdiff_backend_api::CleanupOutcome;
 use agentdiff_policy::Action;
 use agentdiff_scan::{ChangeType, EntryKind};
+use agentdiff_store::schema::ChangeRecord;
 use agentdiff_store::Verdict;
 
 /// `allow`, `review` or `deny`.

@@ -12,16 +12,17 @@ pub mod listing;
 pub mod live;
 pub mod markdown;
 pub mod rows;
+pub mod terminal;
 pub mod words;
 
 use std::path::PathBuf;
 
-use crate::transaction::{ChangeRecord, RunResult, RuntimeSummary, Status};
 use agentdiff_backend_api::{Enforcement, WorkspaceMode};
 use agentdiff_host::redact::escape_terminal;
 use agentdiff_plugins::external::{ExternalFacts, ExternalOrigin};
 use agentdiff_policy::Action;
 use agentdiff_store::doc::Event;
+use agentdiff_store::schema::{ChangeRecord, RunResult, RuntimeSummary, Status};
 use agentdiff_store::seal::VerifyContext;
 use agentdiff_store::{Artifact, Capsule, ObjectStore, RuntimeDoc, StoreError, VerifyReport};
 

@@ -60,8 +60,12 @@ const ALL: &[u8] = &[
     UNAUTHENTICATED,
     TIMED_OUT,
     LAUNCH_FAILED,
-    crate::cli::hook::HOOK_BLOCK,
+    HOOK_BLOCK,
 ];
+
+/// Exit code of a failed hook: Claude Code treats exit 2 from a PreToolUse hook as "block this
+/// call" and shows stderr to the agent; every other non-zero code lets the call run.
+pub const HOOK_BLOCK: u8 = 2;
 
 /// Exit code of a command killed by signal `sig` (clamped so it stays a valid code).
 pub fn signalled(sig: i32) -> u8 {
@@ -172,7 +176,7 @@ mod tests {
     /// renumbered on one side only fails this test.
     #[test]
     fn the_documented_table_matches_the_constants() {
-        let doc = include_str!("../../docs/cli.md");
+        let doc = include_str!("../../../docs/cli.md");
         let table = doc
             .split("## Exit codes")
             .nth(1)

@@ -6,9 +6,9 @@
 //! through its one escaping function. No surface builds these rows itself, so a finding shown on
 //! one surface is shown on all of them.
 
-use crate::transaction::RunResult;
 use agentdiff_backend_api::RunEvidence;
 use agentdiff_policy::Action;
+use agentdiff_store::schema::RunResult;
 
 /// How a finding row reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use crate::transaction::Status;
+use agentdiff_store::schema::Status;
 use agentdiff_store::seal::VerifyContext;
 use agentdiff_store::{Artifact, Capsule, ObjectsChecked, RunId, Store, StoreError, Verdict};
 

@@ -75,21 +75,21 @@ pub fn failure() -> Option<String> {
 
 /// `println!` that never panics (see the module docs).
 macro_rules! outln {
-    () => { $crate::out::stdout(format_args!("\n")) };
-    ($($arg:tt)*) => { $crate::out::stdout(format_args!("{}\n", format_args!($($arg)*))) };
+    () => { $crate::common::out::stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::common::out::stdout(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
 /// `print!` that never panics.
 macro_rules! out {
-    ($($arg:tt)*) => { $crate::out::stdout(format_args!($($arg)*)) };
+    ($($arg:tt)*) => { $crate::common::out::stdout(format_args!($($arg)*)) };
 }
 
 /// `eprintln!` that never panics.
 macro_rules! errln {
-    ($($arg:tt)*) => { $crate::out::stderr(format_args!("{}\n", format_args!($($arg)*))) };
+    ($($arg:tt)*) => { $crate::common::out::stderr(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
 /// `eprint!` that never panics.
 macro_rules! errout {
-    ($($arg:tt)*) => { $crate::out::stderr(format_args!($($arg)*)) };
+    ($($arg:tt)*) => { $crate::common::out::stderr(format_args!($($arg)*)) };
 }

@@ -1,0 +1,10 @@
+//! What every subcommand shares, and only that: output (`out`, with its macros), exit codes
+//! (`exit`), the project context (`context`: the root, the runtime, backend resolution, the
+//! project lock, verified run views) and the doctor's report. Files under `cli/` use it; nothing
+//! here names a subcommand.
+
+#[macro_use]
+pub mod out;
+pub mod context;
+pub mod doctor_report;
+pub mod exit;
