@@ -14,6 +14,7 @@ mod error;
 pub mod glob;
 pub mod hook;
 mod load;
+mod nesting;
 mod node;
 mod path;
 mod schema;

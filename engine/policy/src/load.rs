@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::hook::resolve;
 use super::node::{self, Node};
-use super::{schema, Policy, PolicyError};
+use super::{nesting, schema, Policy, PolicyError};
 
 /// Largest policy document accepted, in bytes.
 pub const MAX_POLICY_BYTES: usize = 1024 * 1024;
@@ -218,6 +218,8 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<schema::Spec, PolicyErro
         origin: origin.to_owned(),
         message,
     };
+    // Before any parser: the YAML scanner's work per token grows with the nesting depth.
+    nesting::check(text, node::MAX_DEPTH).map_err(|e| syntax(e.to_string()))?;
     let strict_json = origin.to_ascii_lowercase().ends_with(".json");
     let looks_json = text.trim_start().starts_with(['{', '[']);
     let tree = if strict_json {

@@ -212,6 +212,69 @@ fn deep_nesting_is_rejected() {
     assert!(error(&deep).contains("nests deeper"));
 }
 
+/// 200 KB of nesting in every shape YAML has is refused by the pre-scan, before a parser's
+/// per-token work grows with the depth (nested flow sequences took a minute to reject this way).
+#[test]
+fn large_nested_documents_are_refused_before_parsing() {
+    let n = 200 * 1024;
+    let block_indent = {
+        let mut s = String::from("version: 1\n");
+        for i in 0..600 {
+            s.push_str(&format!("{}a{i}:\n", " ".repeat(i)));
+        }
+        s
+    };
+    let shapes = [
+        (
+            "flow sequences",
+            format!("version: 1\nx: {}", "[".repeat(n)),
+            2,
+        ),
+        (
+            "closed flow sequences",
+            format!("version: 1\nx: {}{}", "[".repeat(n / 2), "]".repeat(n / 2)),
+            2,
+        ),
+        (
+            "flow mappings",
+            format!("version: 1\nx: {}", "{a: ".repeat(n / 4)),
+            2,
+        ),
+        ("JSON", "[".repeat(n), 1),
+        (
+            "compact block sequences",
+            format!("version: 1\nx:\n{}", "- ".repeat(n / 2)),
+            3,
+        ),
+        ("block mappings", block_indent, 19),
+        (
+            "anchored flow sequences",
+            format!("version: 1\nx: &a {}", "[&b ".repeat(n / 4)),
+            2,
+        ),
+    ];
+    for (shape, doc, line) in shapes {
+        let e = error(&doc);
+        assert!(
+            e.contains(&format!("line {line} nests deeper than 16 levels")),
+            "{shape}: {e}"
+        );
+    }
+}
+
+/// A mapping with eighty thousand distinct keys is read in linear time (duplicates were looked
+/// up by a linear search per key) and duplicates are still found.
+#[test]
+fn many_keys_are_checked_for_duplicates() {
+    let mut doc = String::from("version: 1\nx: {");
+    for i in 0..80_000 {
+        doc.push_str(&format!("k{i}: 1, "));
+    }
+    doc.push_str("k7: 2}");
+    let e = error(&doc);
+    assert!(e.contains("duplicate key: x.k7"), "{e}");
+}
+
 #[test]
 fn json_documents() {
     let p = Policy::from_yaml_or_json(
