@@ -19,10 +19,10 @@ pub struct Args {
     /// Project root (default: discovered from the current directory, see docs/cli.md).
     #[arg(long)]
     root: Option<PathBuf>,
-    /// Keep the newest N runs (by creation time) and remove the older ones.
+    /// Keep the newest N authenticated runs (by sealed creation time) and remove the older ones.
     #[arg(long, value_name = "N")]
     keep: Option<usize>,
-    /// Remove the runs created longer ago than D (`90s`, `12h`, `7d`, `2weeks`).
+    /// Remove the authenticated runs created longer ago than D (`90s`, `12h`, `7d`, `2weeks`).
     #[arg(long, value_name = "D", value_parser = super::run::parse_duration)]
     older_than: Option<Duration>,
     /// List what would be removed and the bytes it would free; remove nothing.
@@ -93,21 +93,22 @@ fn render(r: &PruneRunsReport) {
     }
     for id in &r.unsealed_kept {
         outln!(
-            "kept run {} although selected: it has no seal (see agentdiff inspect {0}, agentdiff \
-             cleanup {0})",
+            "left run {} in place, not counted as a kept run: it has no seal (see agentdiff \
+             inspect {0}, agentdiff cleanup {0})",
             escape_terminal(id)
         );
     }
     for run in &r.unverified_kept {
         outln!(
-            "kept run {} although selected: its seal does not authenticate here ({}) — see \
-             agentdiff verify {0}; remove its directory by hand if you mean to",
+            "left run {} in place, not counted as a kept run: its seal does not authenticate \
+             here ({}) — see agentdiff verify {0}; remove its directory by hand if you mean to",
             escape_terminal(&run.id),
             escape_terminal(run.problem.as_deref().unwrap_or("not authenticated"))
         );
     }
     outln!(
-        "{} {} run(s) and {} object(s), {} bytes ({} of objects); {} run(s) and {} object(s) kept",
+        "{} {} run(s) and {} object(s), {} bytes ({} of objects); {} authenticated run(s) and {} \
+         object(s) kept",
         if r.dry_run { "would free:" } else { "freed:" },
         r.runs_removed.len(),
         r.objects_removed,

@@ -254,7 +254,9 @@ fn runs_whose_seal_does_not_authenticate_here_are_kept() {
     assert_eq!(runs(p.path()), vec!["r1", "r3"]);
     let summary = super::text(&agentdiff(p.path(), &["runs", "prune", "--keep", "1"]).stdout);
     assert!(
-        summary.contains("kept run r1 although selected: its seal does not authenticate"),
+        summary.contains(
+            "left run r1 in place, not counted as a kept run: its seal does not authenticate"
+        ),
         "{summary}"
     );
 
@@ -281,4 +283,73 @@ fn runs_whose_seal_does_not_authenticate_here_are_kept() {
         "{report:#}"
     );
     assert_eq!(runs(p.path()), vec!["r1", "r3"]);
+}
+
+/// Directories planted in the store, named and dated 2099 (by name, by metadata.json and by
+/// mtime), one with no seal and one a copy of a genuine run's capsule with its date changed: neither
+/// is counted as a kept run. `--keep 1` keeps the newest genuine run, removes the other genuine
+/// ones, and leaves the planted directories in place, reported.
+#[test]
+fn keep_counts_only_authenticated_runs_not_planted_directories_dated_2099() {
+    let p = project_with_runs(&["r1", "r2", "r3"]);
+    let runs_dir = p.path().join(".agentdiff/runs");
+    let metadata_2099 = r#"{"created_at": "2099-01-01T00:00:00.000Z"}"#;
+
+    let junk = runs_dir.join("20990101T000000Z-junk");
+    fs::create_dir(&junk).unwrap();
+    fs::write(junk.join("metadata.json"), metadata_2099).unwrap();
+
+    // A copy of r3 (seal and all) whose metadata now says 2099: its seal no longer matches.
+    let copy = runs_dir.join("20990101T000000Z-copy");
+    fs::create_dir(&copy).unwrap();
+    for entry in fs::read_dir(runs_dir.join("r3")).unwrap() {
+        let entry = entry.unwrap();
+        fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let meta = copy.join("metadata.json");
+    let mut doc: Value = serde_json::from_str(&fs::read_to_string(&meta).unwrap()).unwrap();
+    doc["created_at"] = Value::from("2099-01-01T00:00:00.000Z");
+    fs::set_permissions(&meta, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    fs::write(&meta, doc.to_string()).unwrap();
+
+    for dir in [&junk, &copy] {
+        fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let status = std::process::Command::new("touch")
+            .args(["-d", "2099-01-01T00:00:00"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    let (code, report) = prune(p.path(), &["--keep", "1"]);
+    assert_eq!(code, 0);
+    assert_eq!(removed(&report), vec!["r2", "r1"], "{report:#}");
+    assert_eq!(report["runs_kept"], 1, "{report:#}");
+    assert_eq!(
+        report["unsealed_kept"],
+        serde_json::json!(["20990101T000000Z-junk"]),
+        "{report:#}"
+    );
+    assert_eq!(
+        report["unverified_kept"][0]["id"], "20990101T000000Z-copy",
+        "{report:#}"
+    );
+    assert_eq!(
+        runs(p.path()),
+        vec!["20990101T000000Z-copy", "20990101T000000Z-junk", "r3"]
+    );
+    assert_exit(&agentdiff(p.path(), &["verify", "r3"]), 0);
+
+    // The summary says what was left and that it does not count.
+    let out = agentdiff(p.path(), &["runs", "prune", "--keep", "1", "--dry-run"]);
+    assert_exit(&out, 0);
+    let summary = super::text(&out.stdout);
+    assert!(
+        summary.contains(
+            "left run 20990101T000000Z-junk in place, not counted as a kept run: it has no seal"
+        ),
+        "{summary}"
+    );
+    assert!(summary.contains("1 authenticated run(s)"), "{summary}");
 }

@@ -7,6 +7,9 @@
 //! - only sealed runs are removed; an unsealed run (interrupted, or being recovered) is kept;
 //! - only runs whose seal authenticates under this user's key and ledger are removed: a run whose
 //!   seal is broken, forged or cannot be authenticated here is evidence to look at, and stays;
+//! - only those genuine runs are ordered and counted, by the creation time their sealed metadata
+//!   records: an unsealed or unauthenticated directory (anyone can plant one, named or dated as it
+//!   likes) is reported and left in place, never kept in place of a genuine run;
 //! - the mark covers every remaining run: what its seal lists and everything below its manifests'
 //!   trees (tree objects and backups). If any remaining run's references cannot be read, nothing
 //!   is swept (the report says which run), so an object a remaining run needs is never removed;
@@ -28,12 +31,12 @@ use super::seal::{SealAuthority, VerifyContext};
 use super::Verdict;
 use super::{Artifact, Capsule, RunId, Store, StoreError, StoreLock};
 
-/// Which runs to remove.
+/// Which runs to remove. Only runs whose seal authenticates here are counted and compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PruneSelection {
-    /// Keep the newest N runs (by creation time), remove the older ones.
+    /// Keep the newest N authenticated runs (by sealed creation time), remove the older ones.
     Keep(usize),
-    /// Remove runs created longer ago than this.
+    /// Remove authenticated runs created (by their sealed creation time) longer ago than this.
     OlderThan(Duration),
 }
 
@@ -46,7 +49,8 @@ pub struct PrunedRun {
     pub bytes: u64,
 }
 
-/// A selected run a prune kept because its seal does not authenticate under this user's key.
+/// A run a prune left in place, uncounted, because its seal does not authenticate under this
+/// user's key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UnverifiedRun {
     pub id: String,
@@ -60,10 +64,12 @@ pub struct UnverifiedRun {
 pub struct PruneRunsReport {
     pub dry_run: bool,
     pub runs_removed: Vec<PrunedRun>,
+    /// Authenticated runs kept (the run directories below are not counted).
     pub runs_kept: usize,
-    /// Selected runs that were kept because they have no seal.
+    /// Run directories left in place because they have no seal; never counted as kept runs.
     pub unsealed_kept: Vec<String>,
-    /// Selected runs that were kept because their seal does not authenticate here, and why.
+    /// Run directories left in place because their seal does not authenticate here, and why;
+    /// never counted as kept runs.
     pub unverified_kept: Vec<UnverifiedRun>,
     pub objects_removed: usize,
     pub objects_kept: usize,
@@ -79,6 +85,8 @@ struct Candidate {
     created: SystemTime,
     created_at: Option<String>,
     sealed: bool,
+    /// `None` when the seal authenticates here (checked for sealed runs only).
+    unverified: Option<UnverifiedRun>,
 }
 
 impl Store {
@@ -93,12 +101,13 @@ impl Store {
         ctx: &VerifyContext,
         authority: Option<&SealAuthority>,
     ) -> Result<PruneRunsReport, StoreError> {
-        let mut runs = self.prune_candidates()?;
-        // Newest first; ties by id so the order is stable.
+        let mut runs = self.prune_candidates(ctx)?;
+        // Newest first; ties by id so the order is stable. Only genuine runs' times are compared
+        // (the others are never selected), and theirs come from authenticated metadata.
         runs.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| b.id.cmp(&a.id)));
         let now = SystemTime::now();
-        let selected = |i: usize, run: &Candidate| match selection {
-            PruneSelection::Keep(n) => i >= n,
+        let selected = |genuine_newer: usize, run: &Candidate| match selection {
+            PruneSelection::Keep(n) => genuine_newer >= n,
             PruneSelection::OlderThan(age) => now
                 .duration_since(run.created)
                 .is_ok_and(|elapsed| elapsed > age),
@@ -108,20 +117,24 @@ impl Store {
             ..PruneRunsReport::default()
         };
         let (mut remove, mut keep) = (Vec::new(), Vec::new());
-        for (i, run) in runs.into_iter().enumerate() {
-            if !selected(i, &run) {
-                keep.push(run);
-            } else if !run.sealed {
+        let mut genuine = 0;
+        for mut run in runs {
+            if !run.sealed {
                 report.unsealed_kept.push(run.id.to_string());
                 keep.push(run);
-            } else if let Some(unverified) = self.unauthenticated(&run.id, ctx) {
+            } else if let Some(unverified) = run.unverified.take() {
                 report.unverified_kept.push(unverified);
                 keep.push(run);
             } else {
-                remove.push(run);
+                if selected(genuine, &run) {
+                    remove.push(run);
+                } else {
+                    report.runs_kept += 1;
+                    keep.push(run);
+                }
+                genuine += 1;
             }
         }
-        report.runs_kept = keep.len();
 
         // Mark before anything is removed: what the remaining runs reference.
         let marked = self.mark(&keep);
@@ -168,23 +181,29 @@ impl Store {
         })
     }
 
-    fn prune_candidates(&self) -> Result<Vec<Candidate>, StoreError> {
+    /// Every run directory, each sealed one verified. The creation time is read from
+    /// metadata.json, which the seal covers; a run without one (or whose seal does not
+    /// authenticate) gets the epoch, which orders it but is never trusted: such runs are not
+    /// selected.
+    fn prune_candidates(&self, ctx: &VerifyContext) -> Result<Vec<Candidate>, StoreError> {
         let mut out = Vec::new();
         for listing in self.list_runs()? {
-            let dir = self.runs_dir().join(listing.id.as_str());
-            let dir_time = fs::symlink_metadata(&dir)
-                .and_then(|m| m.modified())
-                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let unverified = if listing.sealed {
+                self.unauthenticated(&listing.id, ctx)
+            } else {
+                None
+            };
             let created = listing
                 .created_at
                 .as_deref()
                 .and_then(|t| humantime::parse_rfc3339(t).ok())
-                .unwrap_or(dir_time);
+                .unwrap_or(SystemTime::UNIX_EPOCH);
             out.push(Candidate {
                 id: listing.id,
                 created,
                 created_at: listing.created_at,
                 sealed: listing.sealed,
+                unverified,
             });
         }
         Ok(out)
