@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -27,9 +28,29 @@ pub struct Args {
     /// the nearest VCS root, else the current directory).
     #[arg(long)]
     root: Option<PathBuf>,
+    /// Most connections open at once (never more than half the descriptor limit); a connection
+    /// beyond it replaces the oldest one not in a request.
+    #[arg(long, value_name = "N", default_value_t = serve::conns::MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(usize))]
+    max_connections: usize,
+    /// Longest wait for a request's header, on connect and between keep-alive requests
+    /// (`10s`, `500ms`, or seconds).
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = super::run::parse_duration)]
+    header_timeout: Duration,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.max_connections == 0 || args.header_timeout.is_zero() {
+        return Err(exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!("--max-connections and --header-timeout must be greater than zero"),
+        ));
+    }
+    let limits = serve::conns::Limits {
+        max_connections: args.max_connections,
+        header_timeout: args.header_timeout,
+    }
+    .within_descriptor_limit();
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     let token = Token::generate()
@@ -48,9 +69,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| exit::with_code(exit::USAGE, e))?;
         let url = format!("http://127.0.0.1:{port}/?token={}", token.as_str());
         let server = Arc::new(Server { store, token, port });
+        let conns = Arc::new(serve::conns::Connections::new(limits));
         let tasks: Vec<_> = listeners
             .into_iter()
-            .map(|l| tokio::spawn(serve::accept_loop(Arc::clone(&server), l)))
+            .map(|l| {
+                tokio::spawn(serve::accept_loop(
+                    Arc::clone(&server),
+                    l,
+                    Arc::clone(&conns),
+                ))
+            })
             .collect();
         outln!("{url}");
         errln!(

@@ -13,6 +13,7 @@
 //! frame-ancestors policy, so another site can neither read nor frame a page.
 
 pub mod auth;
+pub mod conns;
 
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -24,7 +25,7 @@ use std::time::Duration;
 use hyper::body::{Bytes, Frame};
 use hyper::header::{HeaderValue, AUTHORIZATION, HOST};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
@@ -33,6 +34,7 @@ use agentdiff_report::{dashboard, listing};
 use agentdiff_store::{Store, StoreError};
 
 use auth::Token;
+use conns::{Connections, InRequest, Tracked};
 
 /// How often the event stream looks for new events.
 const POLL: Duration = Duration::from_millis(250);
@@ -279,20 +281,45 @@ pub async fn listen(port: u16) -> std::io::Result<(Vec<TcpListener>, u16)> {
     Ok((listeners, port))
 }
 
-/// Serves connections from `listener` until the task is dropped.
-pub async fn accept_loop(server: Arc<Server>, listener: TcpListener) {
+/// Serves connections from `listener` until the task is dropped, within the bounds of `conns`
+/// (shared by every listener).
+pub async fn accept_loop(server: Arc<Server>, listener: TcpListener, conns: Arc<Connections>) {
+    let header_timeout = conns.limits().header_timeout;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             // Out of descriptors or similar: wait instead of spinning.
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        // Every open connection is in a request: this one is closed at once (dropped).
+        let Some(admitted) = conns.admit() else {
+            continue;
+        };
         let server = Arc::clone(&server);
+        let conns = Arc::clone(&conns);
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| Arc::clone(&server).handle(req));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let busy = admitted.busy;
+            let service = hyper::service::service_fn(move |req| {
+                let request = InRequest::enter(&busy);
+                let server = Arc::clone(&server);
+                async move {
+                    let response = server.handle(req).await?;
+                    Ok::<_, Infallible>(response.map(|body| Tracked {
+                        body,
+                        _request: request,
+                    }))
+                }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                // Replaced by a newer connection while idle: dropping it closes the socket.
+                () = admitted.close.notified() => {}
+            }
+            conns.release(admitted.id);
         });
     }
 }

@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use super::html_cli::{hostile_run, project, SECRETS};
-use super::{agentdiff, cmd};
+use super::{agentdiff, bin, cmd, state_dir};
 
 /// A running `agentdiff serve`, stopped on drop.
 pub struct Served {
@@ -27,7 +27,12 @@ impl Drop for Served {
 
 /// Starts `agentdiff serve --port 0` in `proj` and reads the URL it prints.
 pub fn serve(proj: &Path) -> Served {
-    let mut child = cmd(proj, &["serve", "--port", "0"])
+    served(cmd(proj, &["serve", "--port", "0"]))
+}
+
+/// Starts `command` (an `agentdiff serve`) and reads the URL it prints.
+fn served(mut command: std::process::Command) -> Served {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -220,4 +225,68 @@ fn events_stream_a_run_started_after_connecting() {
     assert!(seen.contains("\"run_id\":\"after-1\",\"kind\":\"finished\",\"text\":\"sealed: status review, 1 change(s)\""), "{seen}");
     // A run sealed before the stream opened is history, not news.
     assert!(!seen.contains("\"run_id\":\"before-1\""), "{seen}");
+}
+
+/// Reads until the server closes the connection (or 30 s pass, which fails the test); returns what
+/// arrived.
+fn read_until_closed(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return String::from_utf8_lossy(&out).into_owned(),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return String::from_utf8_lossy(&out).into_owned()
+            }
+            Err(e) => panic!("the server did not close the connection: {e}"),
+        }
+    }
+}
+
+/// More idle connections than the server may hold (under a descriptor limit of 64, which used to
+/// leave it unable to accept anything once ~60 idle connections were open) do not lock out a
+/// client with the token; a connection that sends no header, and a keep-alive connection idle
+/// after its response, are closed after the header timeout.
+#[test]
+fn idle_connections_neither_exhaust_the_server_nor_stay_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = agentdiff(dir.path(), &["run", "--run-id", "r1", "--", "true"]);
+    assert!(out.status.code().is_some(), "{out:?}");
+    let mut command = std::process::Command::new("sh");
+    command
+        .args(["-c", "ulimit -n 64 && exec \"$@\"", "sh"])
+        .arg(bin())
+        .args(["serve", "--port", "0", "--header-timeout", "2s"])
+        .current_dir(dir.path())
+        .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", state_dir());
+    let server = served(command);
+
+    let idle: Vec<TcpStream> = (0..150)
+        .map(|_| TcpStream::connect(("127.0.0.1", server.port)).unwrap())
+        .collect();
+    let (status, page) = request(
+        server.port,
+        "GET",
+        &format!("/run/r1?token={}", server.token),
+        &format!("127.0.0.1:{}", server.port),
+        "",
+    );
+    assert_eq!(status, 200, "{page}");
+    // The newest idle connection was let in; it sent nothing and is closed for it.
+    let mut newest = idle.into_iter().last().unwrap();
+    assert_eq!(read_until_closed(&mut newest), "");
+
+    // A keep-alive connection: answered, then closed once it stays idle.
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        s,
+        "GET /?token={} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+        server.token, server.port
+    )
+    .unwrap();
+    let answered = read_until_closed(&mut s);
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
 }
