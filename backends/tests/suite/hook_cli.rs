@@ -486,3 +486,93 @@ fn hook_uses_the_builtin_policy_and_explicit_policy() {
     let value: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(value["hookSpecificOutput"]["permissionDecision"], "allow");
 }
+
+/// Git's config often holds a token in a remote URL; it and the other token-bearing files a
+/// project may carry are in the default `deny_read`.
+#[test]
+fn reading_git_config_and_token_files_is_denied_by_default() {
+    let dir = open_project();
+    let root = dir.path();
+    for file in [
+        ".git/config",
+        ".npmrc",
+        ".netrc",
+        ".pypirc",
+        ".git-credentials",
+    ] {
+        std::fs::write(root.join(file), "token=x\n").unwrap();
+        let (d, reason) = decision(root, "Read", json!({"file_path": file}));
+        assert_eq!(d, "deny", "{file}: {reason}");
+        assert!(reason.contains("filesystem.deny_read["), "{reason}");
+    }
+}
+
+/// `+++ b/.env x` is `.env x` to git but `.env` to GNU `patch -p1`; a quoted git name and any
+/// first component count too. Every reading is judged.
+#[test]
+fn unified_diff_names_are_judged_in_every_reading() {
+    let dir = open_project();
+    let root = dir.path();
+    for body in [
+        "--- a/.env x\n+++ b/.env x\n@@ -1 +1 @@\n-a\n+b\n",
+        "--- a/.env\t2026-01-01 00:00:00\n+++ b/.env 2026-01-01 00:00:00.000000000 +0000\n@@ -1 +1 @@\n-a\n+b\n",
+        "--- \"a/.e\\156v\"\n+++ \"b/.e\\156v\"\n@@ -1 +1 @@\n-a\n+b\n",
+        "--- old/.git/config\n+++ new/.git/config\n@@ -1 +1 @@\n-a\n+b\n",
+    ] {
+        let (d, reason) = decision(root, "apply_patch", json!({ "input": body }));
+        assert_eq!(d, "deny", "{body:?}: {reason}");
+    }
+}
+
+/// An `apply_patch` input's working directory is where its files are: honoured when inside the
+/// root, `ask` when it leads outside or is not a string, never silently replaced by the root.
+#[test]
+fn an_apply_patch_working_directory_is_honoured_or_asked_about() {
+    let dir = open_project();
+    let root = dir.path();
+    let body = "*** Begin Patch\n*** Update File: config\n@@\n-a\n+b\n*** End Patch\n";
+    for key in ["workdir", "cwd"] {
+        let (d, reason) = decision(root, "apply_patch", json!({"input": body, key: ".git"}));
+        assert_eq!(d, "deny", "{key}: {reason}");
+        assert!(reason.contains(".git/config"), "{reason}");
+    }
+    let (d, _) = decision(
+        root,
+        "apply_patch",
+        json!({"input": body, "workdir": "src"}),
+    );
+    assert_eq!(d, "allow");
+    let (d, reason) = decision(
+        root,
+        "apply_patch",
+        json!({"input": body, "workdir": home()}),
+    );
+    assert_eq!(d, "ask", "{reason}");
+    assert!(reason.contains("hook.patch_workdir"), "{reason}");
+}
+
+/// A Grep over a directory reads every file below it: a hard link there to `.env` is denied,
+/// one to a file outside the project (a credential elsewhere) gets no decision, not `allow`.
+#[test]
+fn a_directory_search_over_hard_links_is_not_allowed() {
+    let dir = open_project();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("src/notes")).unwrap();
+    std::fs::write(root.join("src/notes/a.txt"), "x").unwrap();
+    let grep = json!({"pattern": "TOKEN", "path": "src"});
+    let (d, _) = decision(root, "Grep", grep.clone());
+    assert_eq!(d, "allow");
+    std::fs::hard_link(root.join(".env"), root.join("src/notes/env")).unwrap();
+    let (d, reason) = decision(root, "Grep", grep.clone());
+    assert_eq!(d, "deny", "{reason}");
+    assert!(reason.contains("hard link to `.env`"), "{reason}");
+    std::fs::remove_file(root.join("src/notes/env")).unwrap();
+    let outside = tempfile::tempdir_in(root.parent().unwrap()).unwrap();
+    std::fs::write(outside.path().join("credentials"), "aws_secret=x").unwrap();
+    std::fs::hard_link(
+        outside.path().join("credentials"),
+        root.join("src/notes/creds"),
+    )
+    .unwrap();
+    assert_eq!(answer(root, "Grep", grep), None);
+}

@@ -29,8 +29,25 @@ pub const HOME_CREDENTIAL_LOCATIONS: &[&str] = &[
 ];
 
 /// Secret files inside the project (patterns relative to the project root); only the hook
-/// judges these, since a sandbox must let the command read its own project.
-pub const PROJECT_SECRET_PATTERNS: &[&str] = &[".env", ".env.*"];
+/// judges these, since a sandbox must let the command read its own project. Git's config often
+/// holds a token in a remote URL (`https://user:token@host/…`) or an `extraheader`; the other
+/// files are the token-bearing tool configs a project may carry next to its code. Patterns are
+/// anchored at the root: a `**/` pattern could match below every directory, so no content search
+/// (Grep) anywhere could be allowed.
+pub const PROJECT_SECRET_PATTERNS: &[&str] = &[
+    ".env",
+    ".env.*",
+    ".git/config",
+    ".git/config.worktree",
+    ".git/modules/**/config",
+    ".git/worktrees/*/config.worktree",
+    ".git/credentials",
+    ".git-credentials",
+    ".netrc",
+    ".npmrc",
+    ".pypirc",
+    ".docker/config.json",
+];
 
 #[cfg(test)]
 mod tests {

@@ -86,6 +86,31 @@ impl<'a> Context<'a> {
         })
     }
 
+    /// This context with relative paths starting at `base` (an `apply_patch` working directory
+    /// inside the root). Its hard-link search budget starts where this context's is.
+    pub(crate) fn with_base(&self, base: PathBuf) -> Context<'a> {
+        Context {
+            policy: self.policy,
+            root: self.root.clone(),
+            home: self.home.clone(),
+            base,
+            link_searches: Cell::new(self.link_searches.get()),
+        }
+    }
+
+    /// Where `raw` (a directory a tool names) leads, when that is inside the root.
+    pub(crate) fn inside_root(&self, raw: &str) -> Result<PathBuf, String> {
+        let resolution = resolve(&self.base, Path::new(raw)).map_err(|e| e.to_string())?;
+        match self.relative(&resolution.target) {
+            Some(_) => Ok(resolution.target),
+            None => Err(format!(
+                "it leads to {}, outside the project root {}",
+                resolution.target.display(),
+                self.root.display()
+            )),
+        }
+    }
+
     /// The names of a multiply-linked file inside the root, within the per-call budget.
     fn link_names(&self, id: FileId) -> links::Links {
         let done = self.link_searches.get();
@@ -293,8 +318,54 @@ impl<'a> Context<'a> {
                 ));
                 return;
             }
+            if !self.judge_links_below(raw, &resolution.target, out) {
+                return;
+            }
         }
         self.allow_inside(raw, &resolution.target, "hook.search_inside_root", out);
+    }
+
+    /// A content search reads every file below `dir` under whatever other names those files
+    /// have. Each multiply-linked file there is judged on its names inside the root (one in
+    /// `deny_read` denies); one with names outside the root, or a walk that could not see every
+    /// file, leaves the search undecided. True when nothing below stands in the way of `allow`.
+    fn judge_links_below(&self, raw: &str, dir: &Path, out: &mut Judgement) -> bool {
+        if self.relative(dir).is_none() {
+            return true; // outside the root: never allowed anyway
+        }
+        let (found, complete) = links::linked_below(dir, MAX_LINK_SEARCHES);
+        for (below, id) in &found {
+            let shown = self.display(&dir.join(below));
+            let names = self.link_names(*id);
+            for name in &names.names {
+                if let Some(mut d) = self.deny_read_of(raw, &self.root.join(name)) {
+                    d.reason = format!(
+                        "a search of `{raw}` reads {shown}, a hard link to `{name}` (the same \
+                         file); {}",
+                        d.reason
+                    );
+                    out.decisions.push(d);
+                    return false;
+                }
+            }
+            if !names.complete || (names.names.len() as u64) < id.nlink {
+                out.unknown(format!(
+                    "a search of `{raw}` reads {shown}, which has {} hard links, not all of them \
+                     found inside the project",
+                    id.nlink
+                ));
+                return false;
+            }
+        }
+        if !complete {
+            out.unknown(format!(
+                "a search of `{raw}` could not check every file below it for hard links (it \
+                 stops after {} entries or {MAX_LINK_SEARCHES} multiply-linked files)",
+                links::MAX_ENTRIES
+            ));
+            return false;
+        }
+        true
     }
 
     /// Deny when the target or a final symlink's name is in `deny_read`; true if denied.

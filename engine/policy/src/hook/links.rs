@@ -37,10 +37,29 @@ const DIR_FLAGS: OFlag = OFlag::O_RDONLY
 
 /// Every name of the file `id` below `root` (a symlink-free absolute directory).
 pub fn names_in_root(root: &Path, id: FileId) -> Links {
+    let search = walk(root, Want::Names(id));
+    let complete = search.done() || (search.walked_all && search.budget > 0);
+    let mut names = search.names;
+    names.sort();
+    Links { names, complete }
+}
+
+/// Regular files with more than one link below the directory `dir` (symlink-free, absolute):
+/// a content search of `dir` reads them, and their other names may be anywhere. At most
+/// `limit` are returned (names relative to `dir`, with their identities); `complete` is false
+/// when the walk stopped early (the limit, [`MAX_ENTRIES`], an unreadable directory).
+pub fn linked_below(dir: &Path, limit: usize) -> (Vec<(String, FileId)>, bool) {
+    let search = walk(dir, Want::Linked(limit));
+    let complete = search.walked_all && search.budget > 0 && search.found.len() < limit;
+    (search.found, complete)
+}
+
+fn walk(root: &Path, want: Want) -> Search {
     let mut search = Search {
-        id,
+        want,
         budget: MAX_ENTRIES,
         names: Vec::new(),
+        found: Vec::new(),
         walked_all: true,
         // Pending directories hold their parent's descriptor, so open descriptors stay bounded
         // by the depth of the tree, not its width.
@@ -66,23 +85,33 @@ pub fn names_in_root(root: &Path, id: FileId) -> Links {
             Err(_) => search.walked_all = false,
         }
     }
-    let complete = search.done() || (search.walked_all && search.budget > 0);
-    let mut names = search.names;
-    names.sort();
-    Links { names, complete }
+    search
+}
+
+/// What a walk looks for.
+#[derive(Clone, Copy)]
+enum Want {
+    /// The names of one file (on its device only: a hard link cannot cross one).
+    Names(FileId),
+    /// Up to this many regular files with more than one link, on any device.
+    Linked(usize),
 }
 
 struct Search {
-    id: FileId,
+    want: Want,
     budget: usize,
     names: Vec<String>,
+    found: Vec<(String, FileId)>,
     walked_all: bool,
     pending: Vec<(Arc<OwnedFd>, CString, String)>,
 }
 
 impl Search {
     fn done(&self) -> bool {
-        self.names.len() as u64 >= self.id.nlink
+        match self.want {
+            Want::Names(id) => self.names.len() as u64 >= id.nlink,
+            Want::Linked(limit) => self.found.len() >= limit,
+        }
     }
 
     fn list(&mut self, fd: &OwnedFd, rel: &str) {
@@ -117,16 +146,27 @@ impl Search {
                 continue;
             };
             let seen = FileId::of(&st);
-            if seen.dev != self.id.dev {
-                continue;
+            if let Want::Names(id) = self.want {
+                if seen.dev != id.dev {
+                    continue;
+                }
             }
             let child = join(rel, name.to_bytes());
             let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
             if kind == SFlag::S_IFDIR {
                 self.pending
                     .push((Arc::clone(&shared), name.to_owned(), child));
-            } else if seen.ino == self.id.ino {
-                self.names.push(child);
+                continue;
+            }
+            match self.want {
+                Want::Names(id) if seen.ino == id.ino => self.names.push(child),
+                Want::Linked(limit) if seen.regular && seen.nlink > 1 => {
+                    self.found.push((child, seen));
+                    if self.found.len() >= limit {
+                        return;
+                    }
+                }
+                _ => {}
             }
         }
     }

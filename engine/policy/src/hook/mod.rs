@@ -7,7 +7,11 @@
 //!   the project path the kernel lands on (and a final symlink's own name, which a tool that
 //!   replaces the file acts on). A target outside the project root is denied.
 //! - A write target that is a regular file with several links is decided on every name it has
-//!   inside the root ([`links`]); names outside the root make it an outside write.
+//!   inside the root ([`links`]); names outside the root make it an outside write. A content
+//!   search of a directory is judged on the other names of every multiply-linked file below it
+//!   (a bounded walk), and is never allowed when those cannot all be seen.
+//! - A patch's file names are judged in every reading `git apply` and GNU `patch` may give them
+//!   ([`patch`]); a working directory in an `apply_patch` input is where its files are.
 //! - `allow` is answered only when every target of the call was understood: the tool is one
 //!   this module models ([`tools`]) and each of its paths resolved inside the root. Anything
 //!   else gets at most `ask`/`deny`, or no decision at all, which leaves Claude Code's own

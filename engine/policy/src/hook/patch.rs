@@ -5,9 +5,16 @@
 //! `*** Delete File:` sections) and unified diffs (`--- a/x` / `+++ b/x`, git's `rename from/to`
 //! and `copy from/to`). Every file header found is reported whether or not the whole text is
 //! well-formed, so a denied file is denied even in a broken patch; [`PatchFiles::well_formed`]
-//! says whether the text was understood completely. A unified-diff name with an `a/` or `b/`
-//! prefix is reported both with and without it, since the tool may apply it with `-p0` or `-p1`.
-//! One pass over the lines: linear in the text.
+//! says whether the text was understood completely.
+//!
+//! A unified-diff name is reported in every reading a patch tool may give it ([`diff_names`]):
+//! `git apply` reads a C-quoted name (`"b/\056env"`) with its escapes and an unquoted one to the
+//! end of the line (less a trailing timestamp), GNU `patch` stops an unquoted name at the first
+//! blank (`+++ b/.env x` writes `.env`); each is reported as written (`-p0`) and without its
+//! first component (`-p1`). Context-diff (`*** name`), `Index:` and `diff --git` names count
+//! too, since GNU patch and git may take the file name from them. The caller judges every
+//! reading, so any reading that reaches a denied path denies. One pass over the lines: linear in
+//! the text (each line's readings are at most its number of blanks plus a few).
 
 /// The files a patch names and whether the text parsed as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -140,8 +147,20 @@ fn parse_unified(text: &str, paths: &mut Vec<String>) -> bool {
             .iter()
             .find_map(|h| line.strip_prefix(h))
         {
-            add(paths, rest.trim());
+            // git reads these names without a prefix to strip.
+            let rest = rest.trim();
+            add(paths, &unquote(rest).unwrap_or_else(|| rest.to_owned()));
             headers += 1;
+        } else if let Some(rest) = line.strip_prefix("diff --git ") {
+            git_header_names(rest, paths);
+        } else if let Some(rest) = line.strip_prefix("Index: ") {
+            diff_name(rest, paths);
+        } else if let Some(rest) = line.strip_prefix("*** ").filter(|r| {
+            !r.ends_with(" ****") && !ENVELOPE_HEADERS.iter().any(|h| line.starts_with(h))
+        }) {
+            // A context diff's old-file header: GNU patch may write the file it names.
+            diff_name(rest, paths);
+            ok = false;
         } else if open_minus {
             ok = false;
         } else if ENVELOPE_HEADERS.iter().any(|h| line.starts_with(h)) {
@@ -156,13 +175,108 @@ fn parse_unified(text: &str, paths: &mut Vec<String>) -> bool {
 }
 
 fn diff_name(rest: &str, paths: &mut Vec<String>) {
-    let name = rest.split('\t').next().unwrap_or(rest).trim();
-    if name == "/dev/null" || name.is_empty() {
+    for name in diff_names(rest) {
+        add(paths, &name);
+    }
+}
+
+/// A name as written and without its first component.
+fn add_with_stripped(paths: &mut Vec<String>, name: &str) {
+    if name.is_empty() || name == "/dev/null" {
         return;
     }
     add(paths, name);
-    if let Some(stripped) = name.strip_prefix("a/").or_else(|| name.strip_prefix("b/")) {
-        add(paths, stripped);
+    if let Some(stripped) = strip_first_component(name) {
+        add(paths, &stripped);
+    }
+}
+
+/// Every name a patch tool may read from the text after `--- `/`+++ ` (or `Index: `), each as
+/// written and with its first component stripped.
+fn diff_names(rest: &str) -> Vec<String> {
+    let mut readings = Vec::new();
+    let rest = rest.trim_start();
+    if let Some(name) = unquote(rest) {
+        readings.push(name);
+    }
+    // git: to the tab, else to the end, less trailing blanks (and a timestamp, a prefix below).
+    let to_tab = rest.split('\t').next().unwrap_or(rest).trim_end();
+    readings.push(to_tab.to_owned());
+    // GNU patch stops at the first blank; git drops a trailing timestamp after a blank. Every
+    // prefix that ends at a blank covers both, whatever the timestamp looks like.
+    let bytes = to_tab.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if (b == b' ' || b == b'\t') && i > 0 && bytes[i - 1] != b' ' {
+            readings.push(to_tab[..i].to_owned());
+        }
+    }
+    let mut out = Vec::new();
+    for name in &readings {
+        add_with_stripped(&mut out, name);
+    }
+    out
+}
+
+/// `-p1`: the name without its first component (and the slashes after it), as git and GNU patch
+/// strip it; `None` when nothing is left.
+fn strip_first_component(name: &str) -> Option<String> {
+    // An absolute name's first component is the empty one before its `/`.
+    let rest = match name.strip_prefix('/') {
+        Some(rest) => rest,
+        None => name.split_once('/')?.1,
+    };
+    let rest = rest.trim_start_matches('/');
+    (!rest.is_empty()).then(|| rest.to_owned())
+}
+
+/// A git C-quoted name (`"…"` with `\\`, `\"`, `\t`, `\n`, octal escapes …) at the start of
+/// `text`; `None` when it is not one.
+fn unquote(text: &str) -> Option<String> {
+    let body = text.strip_prefix('"')?;
+    let mut out = Vec::new();
+    let mut bytes = body.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'"' => return Some(String::from_utf8_lossy(&out).into_owned()),
+            b'\\' => {
+                let e = bytes.next()?;
+                out.push(match e {
+                    b'a' => 7,
+                    b'b' => 8,
+                    b't' => b'\t',
+                    b'n' => b'\n',
+                    b'v' => 11,
+                    b'f' => 12,
+                    b'r' => b'\r',
+                    b'0'..=b'7' => {
+                        let d2 = bytes.next()?;
+                        let d3 = bytes.next()?;
+                        if !(b'0'..=b'7').contains(&d2) || !(b'0'..=b'7').contains(&d3) {
+                            return None;
+                        }
+                        let value = u32::from(e - b'0') * 64
+                            + u32::from(d2 - b'0') * 8
+                            + u32::from(d3 - b'0');
+                        u8::try_from(value).ok()?
+                    }
+                    other => other,
+                });
+            }
+            other => out.push(other),
+        }
+    }
+    None
+}
+
+/// `diff --git A B`: git takes the names from here when no `---`/`+++` follow (a mode change, a
+/// binary patch). Unquoted names with blanks are ambiguous, so every split before ` b/` counts.
+fn git_header_names(rest: &str, paths: &mut Vec<String>) {
+    if let Some(first) = unquote(rest) {
+        add_with_stripped(paths, &first);
+    }
+    for (i, _) in rest.match_indices(" b/").chain(rest.match_indices(" \"b/")) {
+        diff_name(&rest[..i], paths);
+        diff_name(&rest[i + 1..], paths);
     }
 }
 
@@ -204,7 +318,43 @@ mod tests {
         assert_eq!(p.paths, ["b/new", "new"]);
         let p = parse("diff --git a/x b/y\nrename from x\nrename to .env\n");
         assert!(p.well_formed);
-        assert_eq!(p.paths, ["x", ".env"]);
+        assert_eq!(p.paths, ["a/x", "x", "b/y", "y", ".env"]);
         assert!(!parse("--- a\n--- b\n").well_formed);
+    }
+
+    /// `git apply` and GNU `patch -p1` read these names differently; every reading is reported.
+    #[test]
+    fn unified_names_in_every_reading() {
+        let names = |text: &str| parse(text).paths;
+        // GNU patch stops at the blank: `.env`; git reads `.env x`.
+        let p = names("--- a/.env x\n+++ b/.env x\n@@ -1 +1 @@\n-x\n+y\n");
+        assert!(p.contains(&".env".to_owned()), "{p:?}");
+        assert!(p.contains(&".env x".to_owned()), "{p:?}");
+        // A timestamp after a blank or a tab.
+        let p = names("--- a/.env 2024-01-01 00:00:00.000000000 +0000\n+++ b/.env\t2024-01-01\n");
+        assert!(p.contains(&".env".to_owned()), "{p:?}");
+        // Any first component is stripped by -p1, not only `a/` and `b/`.
+        let p = names("--- x/.env\n+++ y/.git/config\n");
+        assert!(
+            p.contains(&".env".to_owned()) && p.contains(&".git/config".to_owned()),
+            "{p:?}"
+        );
+        // git's quoted names, with escapes.
+        let p = names("--- \"a/.e\\156v\"\n+++ \"b/.git/con\\146ig\"\n");
+        assert!(
+            p.contains(&".env".to_owned()) && p.contains(&".git/config".to_owned()),
+            "{p:?}"
+        );
+        // /dev/null is no file, nor is its last component.
+        assert_eq!(names("--- /dev/null\n+++ b/new\n"), ["b/new", "new"]);
+        // An absolute name loses only its leading slash to -p1.
+        assert!(names("--- /etc/x\n+++ /etc/x\n").contains(&"etc/x".to_owned()));
+        // Context diffs, Index: lines and git headers without ---/+++ (a binary patch).
+        assert!(
+            names("*** .env\n--- x\n***************\n*** 1 ****\n").contains(&".env".to_owned())
+        );
+        assert!(names("Index: .env\n--- x\n+++ x\n").contains(&".env".to_owned()));
+        let p = names("diff --git a/.env b/.env\nindex 1..2\nGIT binary patch\n");
+        assert!(p.contains(&".env".to_owned()), "{p:?}");
     }
 }

@@ -309,3 +309,122 @@ fn the_project_policy_is_not_read_through_a_link_out_of_the_root() {
     let v = evaluate(&loaded.policy, &root, &call).unwrap();
     assert_eq!(v.permission_decision(), Some("deny"), "{v:?}");
 }
+
+#[test]
+fn token_bearing_files_are_in_the_default_deny_read() {
+    let (_d, root) = project();
+    std::fs::create_dir_all(root.join(".git/modules/lib")).unwrap();
+    std::fs::write(root.join(".git/modules/lib/config"), "[remote]\n").unwrap();
+    for file in [
+        ".git/config",
+        ".git/modules/lib/config",
+        ".git-credentials",
+        ".netrc",
+        ".npmrc",
+        ".pypirc",
+        ".docker/config.json",
+    ] {
+        let read = json!({"tool_name": "Read", "tool_input": {"file_path": file}});
+        let v = verdict(&root, read);
+        let d = v.decision.unwrap();
+        assert_eq!(d.action, Action::Deny, "{file}");
+        assert!(
+            d.rule.starts_with("filesystem.deny_read["),
+            "{file}: {}",
+            d.rule
+        );
+    }
+    let other = json!({"tool_name": "Read", "tool_input": {"file_path": ".git/HEAD"}});
+    assert_eq!(answer(&root, other), Some("allow"));
+}
+
+#[test]
+fn unified_diff_names_are_judged_as_gnu_patch_and_git_read_them() {
+    let (_d, root) = project();
+    let patch = |body: &str| json!({"tool_name": "apply_patch", "tool_input": {"input": body}});
+    for body in [
+        "--- a/.env x\n+++ b/.env x\n@@ -1 +1 @@\n-a\n+b\n",
+        "--- a/.env\t2024-01-01\n+++ b/.env 2024-01-01 00:00:00 +0000\n@@ -1 +1 @@\n-a\n+b\n",
+        "--- \"a/.e\\156v\"\n+++ \"b/.e\\156v\"\n@@ -1 +1 @@\n-a\n+b\n",
+        "--- x/.git/config\n+++ y/.git/config\n@@ -1 +1 @@\n-a\n+b\n",
+    ] {
+        assert_eq!(answer(&root, patch(body)), Some("deny"), "{body:?}");
+    }
+    let fine = "--- a/src/a file.txt\n+++ b/src/a file.txt\n@@ -1 +1 @@\n-a\n+b\n";
+    assert_eq!(answer(&root, patch(fine)), Some("allow"));
+}
+
+#[test]
+fn an_apply_patch_working_directory_is_honoured_or_asked_about() {
+    let (_d, root) = project();
+    let body = "*** Begin Patch\n*** Update File: config\n@@\n-a\n+b\n*** End Patch\n";
+    let with = |extra: Value| {
+        let mut input = json!({"input": body});
+        input
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"tool_name": "apply_patch", "tool_input": input})
+    };
+    // Resolved from the working directory the input names, not from the root.
+    for key in ["workdir", "cwd", "working_directory"] {
+        let v = verdict(&root, with(json!({ key: ".git" })));
+        let d = v.decision.unwrap();
+        assert_eq!(d.action, Action::Deny, "{key}");
+        assert_eq!(d.subject, ".git/config", "{key}");
+    }
+    let abs = root.join(".git");
+    assert_eq!(
+        answer(&root, with(json!({"workdir": abs.to_str().unwrap()}))),
+        Some("deny")
+    );
+    assert_eq!(
+        answer(&root, with(json!({"workdir": "src"}))),
+        Some("allow")
+    );
+    // A directory outside the root, or one that is not a string: ask.
+    let outside = tempfile::tempdir().unwrap();
+    for extra in [
+        json!({"workdir": outside.path().to_str().unwrap()}),
+        json!({"workdir": ".."}),
+        json!({"cwd": ["src"]}),
+    ] {
+        let v = verdict(&root, with(extra.clone()));
+        assert_eq!(v.permission_decision(), Some("ask"), "{extra}");
+        assert!(
+            v.decisions.iter().any(|d| d.rule == "hook.patch_workdir"),
+            "{extra}"
+        );
+    }
+}
+
+#[test]
+fn a_directory_search_is_not_allowed_over_hard_links() {
+    let (_d, root) = project();
+    let grep =
+        |path: &str| json!({"tool_name": "Grep", "tool_input": {"pattern": "x", "path": path}});
+    std::fs::create_dir_all(root.join("src/deep")).unwrap();
+    std::fs::write(root.join("src/deep/ok.txt"), "x").unwrap();
+    assert_eq!(answer(&root, grep("src")), Some("allow"));
+    // A hard link to `.env` below the searched directory: deny.
+    std::fs::hard_link(root.join(".env"), root.join("src/deep/notes")).unwrap();
+    let v = verdict(&root, grep("src"));
+    let d = v.decision.unwrap();
+    assert_eq!(d.action, Action::Deny);
+    assert!(d.reason.contains("hard link to `.env`"), "{}", d.reason);
+    std::fs::remove_file(root.join("src/deep/notes")).unwrap();
+    // A hard link to a file outside the root (a credential elsewhere): no decision.
+    let outside = tempfile::tempdir_in(&root).unwrap();
+    let secret = outside.path().join("credentials");
+    std::fs::write(&secret, "key").unwrap();
+    std::fs::hard_link(&secret, root.join("src/deep/creds")).unwrap();
+    let moved = root.join("..").join(format!(
+        "outside-{}",
+        root.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::rename(outside.path(), &moved).unwrap();
+    let v = verdict(&root, grep("src"));
+    assert_eq!(v.decision, None, "{v:?}");
+    assert!(v.unknowns[0].contains("hard links"), "{:?}", v.unknowns);
+    std::fs::remove_dir_all(&moved).unwrap();
+}

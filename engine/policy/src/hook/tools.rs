@@ -58,6 +58,19 @@ fn key_form(key: &str) -> String {
 pub const MAX_PATHS_PER_CALL: usize = 1000;
 /// Input keys that may carry the text of a patch.
 const PATCH_KEYS: [&str; 4] = ["patch", "input", "diff", "content"];
+/// Input keys (after [`key_form`]) that may name the directory a patch is applied in.
+const WORKDIR_KEYS: [&str; 10] = [
+    "workdir",
+    "cwd",
+    "workingdirectory",
+    "workingdir",
+    "dir",
+    "directory",
+    "basedir",
+    "base",
+    "root",
+    "chdir",
+];
 
 enum Tool {
     Write(&'static str),
@@ -173,13 +186,14 @@ fn optional_path(input: &Map<String, Value>, key: &str) -> Result<Option<String>
 }
 
 /// `apply_patch`: every file of every patch text, plus path keys; an unparsed text is review.
+/// A working directory in the input (`workdir`, `cwd`, …) is honoured: the files are judged from
+/// it, and it must itself lead inside the root, else the call is review.
 fn judge_patch(
     ctx: &Context<'_>,
     input: &Map<String, Value>,
     out: &mut Judgement,
 ) -> Result<(), PolicyError> {
-    let mut texts = 0;
-    let mut judged = 0;
+    let mut texts = Vec::new();
     for key in PATCH_KEYS {
         let Some(value) = input.get(key) else {
             continue;
@@ -190,15 +204,35 @@ fn judge_patch(
                 json_kind(value)
             )));
         };
-        texts += 1;
-        let files = patch::parse(text);
-        judged += files.paths.len();
-        if judged > MAX_PATHS_PER_CALL {
-            return Err(too_many_paths());
-        }
+        texts.push((key, patch::parse(text)));
+    }
+    let judged: usize = texts.iter().map(|(_, files)| files.paths.len()).sum();
+    if judged > MAX_PATHS_PER_CALL {
+        return Err(too_many_paths());
+    }
+    let mut paths = Vec::new();
+    for (_, files) in &texts {
         for path in &files.paths {
-            ctx.judge_write(&bounded(path, "a file named in the patch")?, out);
+            paths.push(bounded(path, "a file named in the patch")?);
         }
+    }
+    for key in ["path", "file_path"] {
+        if let Some(path) = optional_path(input, key)? {
+            paths.push(path);
+        }
+    }
+    let bases = patch_bases(ctx, input, out)?;
+    if bases.is_empty() {
+        for path in &paths {
+            ctx.judge_write(path, out);
+        }
+    }
+    for base in &bases {
+        for path in &paths {
+            base.judge_write(path, out);
+        }
+    }
+    for (key, files) in &texts {
         if !files.well_formed {
             out.decisions.push(tool_decision(
                 ctx,
@@ -212,7 +246,7 @@ fn judge_patch(
             ));
         }
     }
-    if texts == 0 {
+    if texts.is_empty() {
         out.decisions.push(tool_decision(
             ctx,
             "apply_patch",
@@ -221,12 +255,47 @@ fn judge_patch(
             "the call carries no patch text (patch, input or diff)",
         ));
     }
-    for key in ["path", "file_path"] {
-        if let Some(path) = optional_path(input, key)? {
-            ctx.judge_write(&path, out);
-        }
-    }
     Ok(())
+}
+
+/// The working directories an `apply_patch` input names, each as a context to judge its files
+/// from; one that is not a string, cannot be resolved or leads outside the root is review.
+fn patch_bases<'a>(
+    ctx: &Context<'a>,
+    input: &Map<String, Value>,
+    out: &mut Judgement,
+) -> Result<Vec<Context<'a>>, PolicyError> {
+    let mut bases = Vec::new();
+    for (key, value) in input {
+        if !WORKDIR_KEYS.contains(&key_form(key).as_str()) {
+            continue;
+        }
+        let refused = match value {
+            Value::String(dir) => {
+                match ctx.inside_root(&bounded(dir, &format!("tool_input.{key}"))?) {
+                    Ok(base) => {
+                        bases.push(ctx.with_base(base));
+                        continue;
+                    }
+                    Err(why) => {
+                        format!("tool_input.{key} {dir:?} cannot be the patch's directory: {why}")
+                    }
+                }
+            }
+            other => format!(
+                "tool_input.{key} names the patch's directory but is {}",
+                json_kind(other)
+            ),
+        };
+        out.decisions.push(tool_decision(
+            ctx,
+            "apply_patch",
+            Action::Review,
+            "hook.patch_workdir",
+            &format!("{refused}, so the files the patch changes are not known for certain"),
+        ));
+    }
+    Ok(bases)
 }
 
 /// `Grep`, `Glob`, `LS`: the directory searched (`path`, else the working directory) and,
