@@ -59,8 +59,13 @@ fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse_with(&registry) {
         Ok(cli) => cli,
         Err(err) => {
-            // Help and version are not errors; everything else is a usage error.
-            let code = if err.use_stderr() { exit::USAGE } else { 0 };
+            // Help and version are not errors; everything else is a usage error, which for the
+            // hook must block the call (any other non-zero exit lets Claude Code run it).
+            let code = match (err.use_stderr(), is_hook(&argv)) {
+                (false, _) => 0,
+                (true, true) => cli::hook::HOOK_BLOCK,
+                (true, false) => exit::USAGE,
+            };
             let _ = err.print();
             return ExitCode::from(code);
         }
@@ -73,14 +78,27 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     };
-    // Output the user asked for was lost (not a closed pipe, which ends output quietly).
+    // Output the user asked for was lost (not a closed pipe, which ends output quietly). A hook
+    // whose answer was lost blocks the call.
     match out::failure() {
         Some(failure) => {
             errln!("agentdiff: error: {failure}");
-            ExitCode::from(exit::INTERNAL)
+            ExitCode::from(if is_hook(&argv) {
+                cli::hook::HOOK_BLOCK
+            } else {
+                exit::INTERNAL
+            })
         }
         None => code,
     }
+}
+
+/// Whether this is an `agentdiff hook …` command line (global options before it included).
+fn is_hook(argv: &[OsString]) -> bool {
+    argv.iter()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'))
+        .is_some_and(|a| a == "hook")
 }
 
 /// The arguments after the hidden exec-shim subcommand, when `argv[1]` is it.

@@ -576,3 +576,58 @@ fn a_directory_search_over_hard_links_is_not_allowed() {
     .unwrap();
     assert_eq!(answer(root, "Grep", grep), None);
 }
+
+/// The recorded exchange of a `Write .env` whose judging does not finish (here the input never
+/// ends: Claude Code's stdin is held open) gets `deny` with the reason once the hook's own
+/// deadline passes, not silence past Claude Code's timeout (which runs the call unjudged).
+#[test]
+fn a_call_not_judged_within_the_deadline_is_denied() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = open_project();
+    let root = dir.path();
+    let input = claude_input(
+        root,
+        "Write",
+        json!({"file_path": ".env", "content": "A=1"}),
+    );
+    let mut child = super::cmd(
+        root,
+        &["hook", "pre-tool-use", "--root", root.to_str().unwrap()],
+    )
+    .env("AGENTDIFF_HOOK_DEADLINE", "1s")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    // Not the hook's speed: only how long this test waits before it calls the hook stuck.
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > give_up {
+            let _ = child.kill();
+            panic!("the hook never answered while its input stayed open");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    super::assert_exit(&out, 0);
+    let value: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let specific = &value["hookSpecificOutput"];
+    assert_eq!(specific["permissionDecision"], "deny", "{value}");
+    let reason = specific["permissionDecisionReason"].as_str().unwrap();
+    assert!(reason.contains("deadline of 1s"), "{reason}");
+
+    // A deadline that is not a duration, and a command line the hook does not understand, block.
+    let out = super::cmd(root, &["hook", "pre-tool-use"])
+        .env("AGENTDIFF_HOOK_DEADLINE", "soon")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    super::assert_exit(&out, HOOK_BLOCK);
+    let out = agentdiff(root, &["hook", "pre-tool-use", "--no-such-flag"]);
+    super::assert_exit(&out, HOOK_BLOCK);
+}
