@@ -428,4 +428,43 @@ mod tests {
         assert!(depth_ok("---\na: 1\n...\n---\nb: [1]\n", 1));
         assert!(!depth_ok("--- [[[[1]]]]\n", 2));
     }
+
+    /// A tree `depth` levels deep whose scalars carry YAML's special characters.
+    fn tree(depth: u32, texts: Vec<String>) -> serde_json::Value {
+        let mut value = serde_json::Value::from(texts.clone());
+        for (i, text) in (0..depth).zip(texts.iter().cycle()) {
+            value = if i % 3 == 0 {
+                serde_json::json!([text, value, text])
+            } else {
+                // The key ends in `0`, so it is never the other key.
+                serde_json::json!({ format!("{text}0"): value, "k": text })
+            };
+        }
+        value
+    }
+
+    proptest::proptest! {
+        /// What serde_yaml and serde_json write for a tree the reader accepts passes the scan,
+        /// whatever quotes, brackets, `#`, `:` and line breaks its strings hold; a tree more
+        /// than twice as deep as the limit never does.
+        #[test]
+        fn serialised_trees_are_measured(
+            depth in 0u32..40,
+            texts in proptest::collection::vec("[a-z\\[\\]{}'\"#:,&*!|> \\n-]{0,8}", 1..4),
+        ) {
+            let value = tree(depth, texts);
+            let yaml = serde_yaml::to_string(&value).unwrap();
+            let json = serde_json::to_string(&value).unwrap();
+            let pretty = serde_json::to_string_pretty(&value).unwrap();
+            for text in [&yaml, &json, &pretty] {
+                // The innermost list sits at `depth`, its strings one deeper.
+                if depth < 16 {
+                    proptest::prop_assert!(check(text, 16).is_ok(), "{}", text);
+                }
+                if depth > 33 {
+                    proptest::prop_assert!(check(text, 16).is_err(), "{}", text);
+                }
+            }
+        }
+    }
 }
