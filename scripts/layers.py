@@ -24,6 +24,11 @@ import sys
 ALLOWED = {
     "agentdiff-host": set(),
     "agentdiff-test-support": {"agentdiff-host"},
+    # Recorded runs for tests: above the engine, a dev-dependency only (checked below).
+    "agentdiff-run-fixtures": {
+        "agentdiff-engine", "agentdiff-store", "agentdiff-scan", "agentdiff-policy",
+        "agentdiff-backend-api",
+    },
     "agentdiff-backend-api": {"agentdiff-host"},
     "agentdiff-process": {"agentdiff-backend-api", "agentdiff-host"},
     "agentdiff-plugins": {"agentdiff-backend-api", "agentdiff-process", "agentdiff-host"},
@@ -75,6 +80,10 @@ def metadata():
     return json.loads(out)
 
 
+# Test-only crates: no crate may take them as a normal or build dependency.
+DEV_ONLY = {"agentdiff-test-support", "agentdiff-run-fixtures"}
+
+
 def check_edges(meta):
     names = {p["name"] for p in meta["packages"]}
     problems = []
@@ -92,6 +101,8 @@ def check_edges(meta):
             problems.append(f"{name}: a crate the diagram does not place; add it to "
                             "scripts/layers.py and docs/architecture.md")
             continue
+        for d in sorted(deps & DEV_ONLY):
+            problems.append(f"{name} -> {d}: a test-only crate as a normal dependency")
         if allowed is None:
             continue
         for d in sorted(deps - allowed):

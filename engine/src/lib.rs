@@ -8,7 +8,5 @@ pub mod promote;
 pub mod recovery;
 pub mod rollback;
 pub mod root;
-#[cfg(any(test, feature = "test-support"))]
-pub mod testing;
 pub mod transaction;
 pub mod workspace;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use agentdiff_backend_api::{ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence};
-use agentdiff_engine::testing;
+use agentdiff_run_fixtures as testing;
 use agentdiff_store::seal::{launch_event_body, MacPurpose, SealAuthority, SealKey, StateDir};
 use agentdiff_store::{Artifact, RuntimeDoc, Store};
 use serde_json::{json, Value};

@@ -9,8 +9,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use agentdiff_engine::testing::Recording;
 use agentdiff_policy::Action;
+use agentdiff_run_fixtures::Recording;
 use agentdiff_scan::Change;
 use serde_json::Value;
 

@@ -7,9 +7,12 @@
 //! keeps referring to the directory that was checked. Names are single path components: `/`,
 //! `.`, `..` and NUL are refused.
 //!
-//! Used by rollback (restore the before-state) and promote (apply the after-state).
+//! Used by rollback (restore the before-state) and promote (apply the after-state). The
+//! openers below ([`open_dir_at`], [`open_path_at`], [`open_dir_path`]) are the one way any
+//! agentdiff crate opens a directory it works below (the scanner's walk, the hook's path
+//! resolution, the object store): never through a symlink, never inherited by a child.
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -19,6 +22,54 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
+
+/// How every directory agentdiff works below is opened: for reading, only if it is a directory,
+/// never through a symlink in the last component, never inherited across `exec`.
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// The same for a directory that is only walked through, not listed (`O_PATH` where the kernel
+/// has it: a directory the user may search but not read can still be passed).
+#[cfg(target_os = "linux")]
+const PATH_FLAGS: OFlag = OFlag::O_PATH
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+#[cfg(not(target_os = "linux"))]
+const PATH_FLAGS: OFlag = DIR_FLAGS;
+
+fn owned(fd: RawFd) -> OwnedFd {
+    // SAFETY: `fd` was just returned by a successful open call and is owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Opens the directory `name` (one component, or `..`) below `parent` for listing, refusing a
+/// symlink. The kernel's errno is returned as it is: callers tell a swapped entry (`ELOOP`,
+/// `ENOTDIR`) from a vanished one (`ENOENT`) in their own terms.
+pub fn open_dir_at(parent: &impl AsRawFd, name: &CStr) -> Result<OwnedFd, Errno> {
+    nix::fcntl::openat(Some(parent.as_raw_fd()), name, DIR_FLAGS, Mode::empty()).map(owned)
+}
+
+/// Opens the directory `name` below `parent` to walk through it only (see [`PATH_FLAGS`]),
+/// refusing a symlink.
+pub fn open_path_at(parent: &impl AsRawFd, name: &CStr) -> Result<OwnedFd, Errno> {
+    nix::fcntl::openat(Some(parent.as_raw_fd()), name, PATH_FLAGS, Mode::empty()).map(owned)
+}
+
+/// Opens the directory at `path` to walk through it only, refusing a symlink as its last
+/// component (earlier components are resolved by the kernel: pass a resolved path).
+pub fn open_path(path: &Path) -> Result<OwnedFd, Errno> {
+    nix::fcntl::open(path, PATH_FLAGS, Mode::empty()).map(owned)
+}
+
+/// Opens the directory at `path` for listing, refusing a symlink as its last component.
+pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
+    nix::fcntl::open(path, DIR_FLAGS, Mode::empty())
+        .map(owned)
+        .map_err(io::Error::from)
+}
 
 /// Prefix of every temporary name this module creates. A name with this prefix inside the
 /// project tree is a leftover of an interrupted restore and may be removed by [`DirHandle::remove_stale_temps`].
@@ -152,13 +203,6 @@ pub struct DirHandle {
 }
 
 impl DirHandle {
-    fn from_raw(fd: RawFd) -> DirHandle {
-        // SAFETY: `fd` was just returned by a successful open call and is owned by nobody else.
-        DirHandle {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        }
-    }
-
     fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -166,13 +210,9 @@ impl DirHandle {
     /// Opens the root directory itself. The final component must not be a symlink (pass the
     /// resolved root).
     pub fn open_root(path: &Path) -> io::Result<DirHandle> {
-        let fd = nix::fcntl::open(
-            path,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io::Error::from)?;
-        Ok(DirHandle::from_raw(fd))
+        Ok(DirHandle {
+            fd: open_dir_path(path)?,
+        })
     }
 
     /// Another handle to the same directory.
@@ -185,14 +225,9 @@ impl DirHandle {
     /// Opens the child directory `name` without following a symlink.
     pub fn open_dir(&self, name: &OsStr) -> io::Result<DirHandle> {
         let c = component(name)?;
-        let fd = nix::fcntl::openat(
-            Some(self.raw()),
-            c.as_c_str(),
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io::Error::from)?;
-        Ok(DirHandle::from_raw(fd))
+        Ok(DirHandle {
+            fd: open_dir_at(&self.fd, c.as_c_str()).map_err(io::Error::from)?,
+        })
     }
 
     /// Opens the directory at the `/`-separated relative path `rel` one component at a time,

@@ -1614,10 +1614,8 @@ fn describe(seen: &Meta) -> &'static str {
 /// Opens the subdirectory `name` of `parent` without following a symlink and checks it is the
 /// directory the listing saw.
 fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'static str, String)> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = match openat(Some(parent.as_raw_fd()), name, flags, Mode::empty()) {
-        // SAFETY: `openat` just returned this descriptor and nothing else owns it.
-        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+    let fd = match agentdiff_host::dir::open_dir_at(parent, name) {
+        Ok(fd) => fd,
         Err(Errno::ELOOP | Errno::ENOTDIR) => {
             return Err((
                 uk::CHANGED_DURING_CAPTURE,

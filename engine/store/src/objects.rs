@@ -27,10 +27,10 @@
 //! the sink's size-aware `contains` stores it again, and every read verifies the hash, so it is
 //! never restored.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -134,14 +134,8 @@ pub(crate) fn stat_at(dir: &OwnedFd, name: &str) -> Option<ObjectStat> {
         .map(|st| ObjectStat::of_stat(&st))
 }
 
-/// Opens a directory for `*at` calls, refusing a symlink.
-pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map(OwnedFd::from)
-}
+/// Opens a directory for `*at` calls, refusing a symlink (the host's one directory opener).
+pub(crate) use agentdiff_host::dir::open_dir_path as open_dir;
 
 /// The backup objects a manifest references (entries whose backup is stored).
 pub fn manifest_objects(manifest: &agentdiff_scan::Manifest) -> Vec<String> {

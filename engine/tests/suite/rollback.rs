@@ -14,8 +14,8 @@ use agentdiff_engine::rollback::{
     self, execute, plan, ExecuteOptions, Fault, FaultAction, Outcome, Report, ReportStatus,
     RollbackError, Scope, Selection,
 };
-use agentdiff_engine::testing::Recording;
 use agentdiff_policy::Action;
+use agentdiff_run_fixtures::Recording;
 use agentdiff_scan::Manifest;
 use agentdiff_store::{Artifact, Capsule, RecoveryArtifact, Store};
 

@@ -28,13 +28,13 @@
 //! itself never follows a swapped entry (`O_NOFOLLOW` on every step fails instead).
 
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
-use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
+use nix::fcntl::{readlinkat, AtFlags};
+use nix::sys::stat::{fstat, fstatat, FileStat, SFlag};
 
 /// Longest path accepted, in bytes: the kernel's `PATH_MAX` (a longer path fails there too).
 pub const PATH_MAX: usize = 4096;
@@ -93,17 +93,6 @@ pub enum ResolveError {
     #[error("{} is a /proc link, which leads somewhere else for the tool's process", at.display())]
     ProcLink { at: PathBuf },
 }
-
-#[cfg(target_os = "linux")]
-const DIR_FLAGS: OFlag = OFlag::O_PATH
-    .union(OFlag::O_DIRECTORY)
-    .union(OFlag::O_NOFOLLOW)
-    .union(OFlag::O_CLOEXEC);
-#[cfg(not(target_os = "linux"))]
-const DIR_FLAGS: OFlag = OFlag::O_RDONLY
-    .union(OFlag::O_DIRECTORY)
-    .union(OFlag::O_NOFOLLOW)
-    .union(OFlag::O_CLOEXEC);
 
 /// Resolve `path` (absolute, or relative to the absolute `base`) as the kernel would.
 pub fn resolve(base: &Path, path: &Path) -> Result<Resolution, ResolveError> {
@@ -305,14 +294,8 @@ impl Walk {
 
     fn open_dir(&self, name: &[u8]) -> Result<OwnedFd, ResolveError> {
         let c = cstring(name)?;
-        match openat(
-            Some(self.dir.as_raw_fd()),
-            c.as_c_str(),
-            DIR_FLAGS,
-            Mode::empty(),
-        ) {
-            // SAFETY: `openat` just returned this descriptor and nothing else owns it.
-            Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        match agentdiff_host::dir::open_path_at(&self.dir, c.as_c_str()) {
+            Ok(fd) => Ok(fd),
             Err(errno) => Err(ResolveError::Io {
                 at: self.here().join(OsStr::from_bytes(name)),
                 errno,
@@ -334,9 +317,8 @@ fn on_procfs(_dir: &OwnedFd) -> bool {
 }
 
 fn open_root() -> Result<OwnedFd, ResolveError> {
-    match nix::fcntl::open("/", DIR_FLAGS, Mode::empty()) {
-        // SAFETY: `open` just returned this descriptor and nothing else owns it.
-        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+    match agentdiff_host::dir::open_path(Path::new("/")) {
+        Ok(fd) => Ok(fd),
         Err(errno) => Err(ResolveError::Io {
             at: PathBuf::from("/"),
             errno,

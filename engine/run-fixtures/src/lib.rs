@@ -1,5 +1,5 @@
-//! Test fixtures shared by the test suites of every crate (feature `test-support`, enabled only by
-//! dev-dependencies; nothing in a release build uses it): a recorded run written into a capsule
+//! Recorded runs for tests (a dev-dependency only; no product crate links it): a run written into
+//! a capsule
 //! the way the transaction writes it, through the same types and the same decision step, so the
 //! readers (rollback, promote, cleanup, inspect) are tested against what a real run stores.
 //!
@@ -10,9 +10,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::transaction::decide::{self, Evidence, RunFrame};
-use crate::transaction::{Metadata, RunResult};
 use agentdiff_backend_api::{RunEvidence, WorkspaceMode};
+use agentdiff_engine::transaction::decide::{self, Evidence, RunFrame};
+use agentdiff_engine::transaction::{Metadata, RunResult};
 use agentdiff_policy::{Action, LoadedPolicy, Policy, PolicyError, PolicySource};
 use agentdiff_scan::{
     diff, scan, BackupRequest, BackupState, Change, IgnoreSource, Manifest, ScanError, ScanOptions,
