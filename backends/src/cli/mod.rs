@@ -1,10 +1,12 @@
 //! Command-line interface: one file per subcommand.
 
+mod attest;
 mod cleanup;
 mod conformance;
 mod doctor;
 pub(crate) mod hook;
 mod inspect;
+mod key;
 mod policy;
 mod promote;
 mod rollback;
@@ -35,6 +37,11 @@ enum Command {
     Run(Box<run::Args>),
     /// Check a run capsule's integrity seal and backup objects.
     Verify(verify::Args),
+    /// Write a signed in-toto attestation (DSSE envelope) of a sealed run.
+    Attest(attest::Args),
+    /// This user's signing key (`key show`).
+    #[command(subcommand)]
+    Key(key::Command),
     /// Show a stored run.
     Inspect(inspect::Args),
     /// List stored runs (`runs prune` removes old ones).
@@ -85,6 +92,8 @@ impl Cli {
         match self.command {
             Command::Run(a) => run::run(*a),
             Command::Verify(a) => verify::run(a),
+            Command::Attest(a) => attest::run(a),
+            Command::Key(c) => key::run(c),
             Command::Inspect(a) => inspect::run(a),
             Command::Runs(a) => runs::run(a),
             Command::Rollback(a) => rollback::run(a),

@@ -106,6 +106,11 @@ pub struct Args {
     /// non-zero code).
     #[arg(long, value_name = "FILE")]
     summary_file: Option<PathBuf>,
+    /// After the run, write its signed attestation (as `agentdiff attest RUN --out FILE`) to this
+    /// file. If it cannot be written, the run stays recorded and sealed and agentdiff exits 76
+    /// (or the run's own non-zero code).
+    #[arg(long, value_name = "FILE")]
+    attest: Option<PathBuf>,
     /// KEY=VALUE option of the chosen backend (repeatable); `agentdiff doctor` lists each
     /// backend's options. Checked against the backend's declaration.
     #[arg(long = "backend-option", value_name = "KEY=VALUE")]
@@ -417,7 +422,44 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (Some(path), Some(file)) => append_summary(&store, &outcome, (path, file), code),
         _ => code,
     };
+    let code = match &args.attest {
+        Some(path) => write_run_attestation(&store, &outcome, &root, path, code),
+        None => code,
+    };
     Ok(ExitCode::from(code))
+}
+
+/// Writes the run's attestation after the seal. A failure loses nothing: it is reported with how
+/// to make the attestation again, and the run's own exit code is kept unless it was 0.
+fn write_run_attestation(
+    store: &Store,
+    outcome: &RunOutcome,
+    root: &std::path::Path,
+    path: &std::path::Path,
+    code: u8,
+) -> u8 {
+    let id = &outcome.result.run_id;
+    let written = store
+        .open_run(id)
+        .map_err(anyhow::Error::from)
+        .and_then(|capsule| super::attest::attestation(store, &capsule, root))
+        .and_then(|bytes| super::attest::write_attestation(path, &bytes));
+    match written {
+        Ok(()) => code,
+        Err(e) => {
+            errout!(
+                "agentdiff: error: the attestation was not written: {}; the run is recorded and \
+                 sealed — `agentdiff attest {} --out FILE` writes it\n",
+                escape_terminal(&crate::common::exit::chain_text(&e)),
+                escape_terminal(id)
+            );
+            if code == 0 {
+                exit::SUMMARY_NOT_WRITTEN
+            } else {
+                code
+            }
+        }
+    }
 }
 
 /// Append the run's markdown report to the summary file opened before the run. The capsule is

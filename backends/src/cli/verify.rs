@@ -1,5 +1,6 @@
-//! `agentdiff verify [RUN | --all]`: check capsules against their seal, this user's seal key and
-//! this user's ledger.
+//! `agentdiff verify [RUN | --all] [--trusted-keys FILE] [--attestation FILE]`: check capsules
+//! against their seal, this user's seal key and ledger, and (for capsules and attestations from
+//! other machines) the signatures of trusted public keys.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -26,12 +27,17 @@ XDG default state directory below $HOME. A command that ran unconfined as you co
 see docs/security-model.md for what each backend hides.\n\n\
 With --all, an entry of the store's runs directory that cannot be checked as a capsule (a planted \
 file or symlink) is named as CANNOT VERIFY and the pass goes on with the other runs.\n\n\
+With --trusted-keys FILE (public keys as `agentdiff key show` prints them: PEM, ssh-ed25519 or \
+base64, one per line or block), a seal this user's key cannot authenticate (another machine or \
+user) authenticates when it carries a signature by one of those keys; --attestation FILE checks \
+an attestation from `agentdiff attest` the same way, and with RUN also that it attests that run's \
+capsule.\n\n\
 Exit codes: 0 authenticated; 77 intact but not authenticated; 67 forged or unsealed (or, with \
 --all, a run the ledger records is missing, or an entry cannot be verified); 66 no such run."
 )]
 pub struct Args {
     /// The run id (see `agentdiff runs`).
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    #[arg(required_unless_present_any = ["all", "attestation"], conflicts_with = "all")]
     run: Option<String>,
     /// Verify every run in the store, and report runs this user's ledger records under this root
     /// that are missing from it.
@@ -41,6 +47,12 @@ pub struct Args {
     /// the nearest VCS root, else the current directory).
     #[arg(long)]
     root: Option<PathBuf>,
+    /// Public keys whose signatures authenticate capsules and attestations sealed elsewhere.
+    #[arg(long, value_name = "FILE")]
+    trusted_keys: Option<PathBuf>,
+    /// An attestation (DSSE envelope) to verify; with RUN, it must attest that run's capsule.
+    #[arg(long, value_name = "FILE", conflicts_with = "all")]
+    attestation: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: super::inspect::Format,
@@ -86,9 +98,19 @@ fn code_for(verdict: Verdict) -> u8 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let trusted = match &args.trusted_keys {
+        Some(path) => super::attest::read_trusted_keys(path)?,
+        None => Vec::new(),
+    };
+    if let (Some(file), None) = (&args.attestation, &args.run) {
+        let check = AttestationCheck::of(file, &trusted, None)?;
+        check.print(args.format)?;
+        return Ok(ExitCode::from(check.code()));
+    }
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(|e| exit::with_code(open_code(&e), e))?;
-    let (ctx, context_problem) = crate::common::context::verify_context(&root);
+    let (mut ctx, context_problem) = crate::common::context::verify_context(&root);
+    ctx.trusted = trusted;
     if let Some(p) = &context_problem {
         eprintln!(
             "agentdiff: the seal key could not be used, so nothing can be authenticated: {}",
@@ -104,6 +126,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report = capsule
         .verify_with(store.objects(), &ctx)
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let attestation = match &args.attestation {
+        Some(file) => Some(AttestationCheck::of(file, &ctx.trusted, Some(&report))?),
+        None => None,
+    };
     match args.format {
         super::inspect::Format::Json => outln!(
             "{}",
@@ -111,7 +137,137 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ),
         super::inspect::Format::Summary => print_report(&report),
     }
-    Ok(ExitCode::from(code_for(report.verdict)))
+    let mut code = code_for(report.verdict);
+    if let Some(check) = attestation {
+        check.print(args.format)?;
+        code = worst_code(code, check.code());
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// The more serious of two exit codes: forged or unsealed over not authenticated over 0.
+fn worst_code(a: u8, b: u8) -> u8 {
+    let rank = |c: u8| match c {
+        0 => 0,
+        exit::UNAUTHENTICATED => 1,
+        _ => 2,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
+    }
+}
+
+/// One attestation's verdict, as `verify` prints it.
+#[derive(Debug, Serialize)]
+struct AttestationCheck {
+    attestation: String,
+    verdict: Verdict,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signed_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seal_digest: Option<String>,
+}
+
+impl AttestationCheck {
+    /// Checks the envelope in `file` against `trusted`; with `run`, also that it attests that
+    /// run's sealed capsule (its capsule subject names the run and the seal's digest).
+    fn of(
+        file: &std::path::Path,
+        trusted: &[agentdiff_store::seal::PublicKey],
+        run: Option<&VerifyReport>,
+    ) -> anyhow::Result<AttestationCheck> {
+        use agentdiff_store::attest::EnvelopeCheck;
+        let envelope = super::attest::read_envelope(file)?;
+        let mut check = AttestationCheck {
+            attestation: file.display().to_string(),
+            verdict: Verdict::Forged,
+            detail: String::new(),
+            signed_by: None,
+            run_id: None,
+            seal_digest: None,
+        };
+        match envelope.check(trusted) {
+            EnvelopeCheck::Bad { reason } => check.detail = reason,
+            EnvelopeCheck::Untrusted { key_ids } => {
+                check.verdict = Verdict::IntactNotAuthenticated;
+                check.detail = format!(
+                    "signed by {}, none of them a trusted key{}",
+                    if key_ids.is_empty() {
+                        "no key".to_string()
+                    } else {
+                        key_ids.join(", ")
+                    },
+                    if trusted.is_empty() {
+                        " (no --trusted-keys given)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            EnvelopeCheck::Verified { key_id, statement } => {
+                check.signed_by = Some(key_id.clone());
+                let subject = statement
+                    .capsule()
+                    .map(|(r, d)| (r.to_string(), d.to_string()));
+                check.run_id = subject.as_ref().map(|(r, _)| r.clone());
+                check.seal_digest = subject.as_ref().map(|(_, d)| d.clone());
+                check.bind(subject, run, &key_id);
+            }
+        }
+        Ok(check)
+    }
+
+    /// The verdict of a verified envelope: authenticated unless it names no capsule, or another
+    /// capsule than `run`'s.
+    fn bind(&mut self, subject: Option<(String, String)>, run: Option<&VerifyReport>, key: &str) {
+        let Some((run_id, digest)) = subject else {
+            self.detail = "the statement names no agentdiff capsule".into();
+            return;
+        };
+        if let Some(report) = run {
+            let sealed = report.authentication.seal_digest.as_deref();
+            if run_id != report.run_id.as_str() || sealed != Some(digest.as_str()) {
+                self.detail = format!(
+                    "it attests run {run_id} (seal {digest}), not run {} (seal {})",
+                    report.run_id.as_str(),
+                    sealed.unwrap_or("unknown")
+                );
+                return;
+            }
+        }
+        self.verdict = Verdict::Authenticated;
+        self.detail =
+            format!("signed by trusted key {key}, attesting run {run_id} (seal {digest})");
+    }
+
+    fn code(&self) -> u8 {
+        code_for(self.verdict)
+    }
+
+    fn print(&self, format: super::inspect::Format) -> anyhow::Result<()> {
+        let word = match self.verdict {
+            Verdict::Authenticated => "authenticated",
+            Verdict::IntactNotAuthenticated => "NOT authenticated",
+            Verdict::Forged | Verdict::Unsealed => "FORGED",
+        };
+        match format {
+            super::inspect::Format::Json => outln!(
+                "{}",
+                serde_json::to_string_pretty(self).context("serialising the report")?
+            ),
+            super::inspect::Format::Summary => outln!(
+                "attestation {}: {word}: {}",
+                escape_terminal(&self.attestation),
+                escape_terminal(&self.detail)
+            ),
+        }
+        Ok(())
+    }
 }
 
 fn verify_all(
@@ -197,7 +353,8 @@ fn print_report(report: &VerifyReport) {
     match report.verdict {
         Verdict::Authenticated => outln!(
             "authenticated: run {id} is sealed, every artifact and object matches the seal, and \
-             the seal's MAC checks under this user's key"
+             {}",
+            escape_terminal(&report.authentication.detail)
         ),
         Verdict::IntactNotAuthenticated => outln!(
             "intact, NOT authenticated: run {id} matches its seal, but {}",
@@ -211,6 +368,9 @@ fn print_report(report: &VerifyReport) {
     }
     if report.authentication.is_forged() {
         outln!("  seal: {}", escape_terminal(&report.authentication.detail));
+    }
+    if let Some(key) = &report.authentication.signed_by {
+        outln!("  signed by: Ed25519 key {}", escape_terminal(key));
     }
     for p in &report.problems {
         outln!(

@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod attest_cli;
 mod browser_cli;
 mod bwrap_cli;
 mod bwrap_controls_cli;

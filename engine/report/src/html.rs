@@ -249,6 +249,13 @@ fn seal(s: &mut String, v: &RunView) {
          <p class=\"seal {class}\"><strong id=\"seal-verdict\">{word}</strong>: {meaning}. Detail: {}</p>",
         escape(&report.authentication.detail)
     );
+    if let Some(key) = &report.authentication.signed_by {
+        let _ = writeln!(
+            s,
+            "<p class=\"seal\" id=\"seal-signer\">Signed by Ed25519 key <code>{}</code>.</p>",
+            escape(key)
+        );
+    }
     if let Some(caveat) = super::key_exposure(v).filter(|_| authenticated) {
         let _ = writeln!(
             s,

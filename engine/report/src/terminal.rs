@@ -293,6 +293,9 @@ fn seal_lines(s: &mut String, v: &RunView) {
             escape_terminal(&p.problem)
         );
     }
+    if let Some(key) = &seal.authentication.signed_by {
+        let _ = writeln!(s, "  signed by: Ed25519 key {}", escape_terminal(key));
+    }
     if seal.verdict == Verdict::Authenticated {
         if let Some(caveat) = crate::key_exposure(v) {
             let _ = writeln!(s, "  note: {caveat}");

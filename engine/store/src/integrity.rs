@@ -66,6 +66,10 @@ pub struct Integrity {
     pub digest: String,
     /// HMAC of the same body under the per-user key; `None` for a seal made without a key.
     pub mac: Option<SealMac>,
+    /// Ed25519 signature of the same body (behind a context string) by the sealer's signing key;
+    /// absent in seals made without a key and in capsules sealed before signing existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<super::seal::SealSignature>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -254,10 +258,12 @@ impl Capsule {
             objects,
             digest: String::new(),
             mac: None,
+            signature: None,
         };
         integrity.digest = integrity.compute_digest();
         if let Some(authority) = authority {
             integrity.mac = Some(authority.mac_seal(&integrity));
+            integrity.signature = Some(authority.sign_seal(&integrity));
         }
         let name = Artifact::Integrity.file_name();
         let bytes = to_pretty_json(name, &integrity)?;

@@ -20,6 +20,7 @@
 //! says, cannot win every same-user race.
 
 mod atomic;
+pub mod attest;
 mod capsule;
 pub mod doc;
 mod error;

@@ -191,81 +191,13 @@ impl SealKey {
 
     /// The key of `state`, created on first use.
     pub fn load_or_create(state: &StateDir) -> Result<SealKey, StoreError> {
-        state.ensure()?;
-        if let Some(key) = SealKey::load(state)? {
-            return Ok(key);
-        }
-        let mut bytes = [0u8; KEY_LEN];
-        getrandom::getrandom(&mut bytes).map_err(|e| StoreError::Random(e.to_string()))?;
-        let (mut tmp, tmp_path) = atomic::create_temp_in(state.path(), "key")?;
-        let written = tmp.write_all(&bytes).and_then(|()| tmp.sync_all());
-        drop(tmp);
-        let key_path = state.key_path();
-        let linked = written.and_then(|()| fs::hard_link(&tmp_path, &key_path));
-        let _ = fs::remove_file(&tmp_path);
-        match linked {
-            Ok(()) => atomic::sync_dir(state.path())?,
-            // Another first run installed its key first: use that one.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(StoreError::io("create seal key", key_path, e)),
-        }
-        SealKey::load(state)?.ok_or_else(|| StoreError::StateDir {
-            path: state.key_path(),
-            reason: "the key vanished right after it was created".into(),
-        })
+        load_or_create_secret(state, &state.key_path(), "seal key").map(SealKey::from_bytes)
     }
 
     /// The key of `state` if it exists (never creates anything). A key file that is a symlink,
     /// not owned by the current user, readable by others or of the wrong size is an error.
     pub fn load(state: &StateDir) -> Result<Option<SealKey>, StoreError> {
-        if !state.check_existing()? {
-            return Ok(None);
-        }
-        let path = state.key_path();
-        let file = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(StoreError::StateDir {
-                    path,
-                    reason: format!(
-                        "the key file cannot be opened ({e}); it must be a regular file"
-                    ),
-                })
-            }
-        };
-        let meta = file
-            .metadata()
-            .map_err(|e| StoreError::io("inspect", &path, e))?;
-        let bad = |reason: String| StoreError::StateDir {
-            path: path.clone(),
-            reason,
-        };
-        if !meta.is_file() {
-            return Err(bad("the key is not a regular file".into()));
-        }
-        if meta.uid() != nix::unistd::geteuid().as_raw() {
-            return Err(bad(format!("the key is owned by uid {}", meta.uid())));
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(bad(format!(
-                "the key has mode {:o}; it must be 600 (chmod 600 it, or delete it to start a new \
-                 key — capsules sealed with the old key then verify as not authenticated)",
-                meta.mode() & 0o7777
-            )));
-        }
-        let bytes = atomic::read_bounded(&path, KEY_LEN as u64 + 1)?;
-        let bytes: [u8; KEY_LEN] = bytes.as_slice().try_into().map_err(|_| {
-            bad(format!(
-                "the key holds {} bytes, not {KEY_LEN}",
-                bytes.len()
-            ))
-        })?;
-        Ok(Some(SealKey::from_bytes(bytes)))
+        Ok(load_secret(state, &state.key_path())?.map(SealKey::from_bytes))
     }
 
     fn mac_state(&self, purpose: MacPurpose) -> HmacSha256 {
@@ -308,6 +240,97 @@ fn hmac_with(key: &[u8]) -> HmacSha256 {
     let n = key.len().min(block.len());
     block[..n].copy_from_slice(&key[..n]);
     <HmacSha256 as hmac::digest::KeyInit>::new(GenericArray::from_slice(&block))
+}
+
+/// The 32 secret bytes at `path` in `state`, created on first use: random bytes written to a
+/// private temp file, then hard-linked into place, so the file is never seen half-written and two
+/// first runs cannot install different secrets (the second finds the first one's file).
+pub(crate) fn load_or_create_secret(
+    state: &StateDir,
+    path: &Path,
+    what: &str,
+) -> Result<[u8; KEY_LEN], StoreError> {
+    state.ensure()?;
+    if let Some(bytes) = load_secret(state, path)? {
+        return Ok(bytes);
+    }
+    let mut bytes = [0u8; KEY_LEN];
+    getrandom::getrandom(&mut bytes).map_err(|e| StoreError::Random(e.to_string()))?;
+    let (mut tmp, tmp_path) = atomic::create_temp_in(state.path(), "key")?;
+    let written = tmp.write_all(&bytes).and_then(|()| tmp.sync_all());
+    drop(tmp);
+    let linked = written.and_then(|()| fs::hard_link(&tmp_path, path));
+    let _ = fs::remove_file(&tmp_path);
+    match linked {
+        Ok(()) => atomic::sync_dir(state.path())?,
+        // Another first run installed its secret first: use that one.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(StoreError::io("create the key file", path, e)),
+    }
+    load_secret(state, path)?.ok_or_else(|| StoreError::StateDir {
+        path: path.to_path_buf(),
+        reason: format!("the {what} vanished right after it was created"),
+    })
+}
+
+/// The 32 secret bytes at `path` in `state` if the file exists (never creates anything). A file
+/// that is a symlink, not owned by the current user, readable by others or of the wrong size is
+/// an error.
+pub(crate) fn load_secret(
+    state: &StateDir,
+    path: &Path,
+) -> Result<Option<[u8; KEY_LEN]>, StoreError> {
+    if !state.check_existing()? {
+        return Ok(None);
+    }
+    read_private_secret(path)
+}
+
+/// The 32 bytes of the private file at `path` (`None` when absent); see [`load_secret`].
+pub(crate) fn read_private_secret(path: &Path) -> Result<Option<[u8; KEY_LEN]>, StoreError> {
+    let path = path.to_path_buf();
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(StoreError::StateDir {
+                path,
+                reason: format!("the key file cannot be opened ({e}); it must be a regular file"),
+            })
+        }
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| StoreError::io("inspect", &path, e))?;
+    let bad = |reason: String| StoreError::StateDir {
+        path: path.clone(),
+        reason,
+    };
+    if !meta.is_file() {
+        return Err(bad("the key is not a regular file".into()));
+    }
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(bad(format!("the key is owned by uid {}", meta.uid())));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(bad(format!(
+            "the key has mode {:o}; it must be 600 (chmod 600 it, or delete it to start a new \
+             key — capsules sealed with the old key then verify as not authenticated)",
+            meta.mode() & 0o7777
+        )));
+    }
+    let bytes = atomic::read_bounded(&path, KEY_LEN as u64 + 1)?;
+    let bytes: [u8; KEY_LEN] = bytes.as_slice().try_into().map_err(|_| {
+        bad(format!(
+            "the key holds {} bytes, not {KEY_LEN}",
+            bytes.len()
+        ))
+    })?;
+    Ok(Some(bytes))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 
 mod key;
 mod ledger;
+mod signing;
 mod trust;
 
 use std::path::{Path, PathBuf};
@@ -18,6 +19,10 @@ use serde::{Deserialize, Serialize};
 
 pub use key::{MacPurpose, SealKey, StateDir, KEY_FILE_NAME, STATE_DIR_ENV};
 pub use ledger::{Ledger, LedgerContents, LedgerEntry, LEDGER_FILE_NAME};
+pub use signing::{
+    PublicKey, SealSignature, SignatureCheck, SigningError, SigningKey, SIGNATURE_ALGORITHM,
+    SIGNING_KEY_FILE_ENV, SIGNING_KEY_FILE_NAME,
+};
 pub use trust::{trusted_process_evidence, TrustedEvidence, Untrusted};
 
 use super::integrity::{Findings, Integrity, SealMac, MAC_ALGORITHM};
@@ -28,6 +33,8 @@ use super::StoreError;
 #[derive(Debug, Clone)]
 pub struct SealAuthority {
     key: SealKey,
+    /// Signs every seal, so it authenticates wherever its public key is trusted.
+    signer: Arc<SigningKey>,
     ledger: Ledger,
     root: PathBuf,
     /// The ledger's tail as last read ([`Ledger::read_tail`]): a run asks for it twice before
@@ -44,8 +51,16 @@ impl SealAuthority {
     pub fn open(state: &StateDir, project_root: &Path) -> Result<SealAuthority, StoreError> {
         state.check_outside(project_root)?;
         let key = SealKey::load_or_create(state)?;
+        let signer = SigningKey::load_or_create(state, project_root).map_err(|e| match e {
+            SigningError::Store(e) => e,
+            other => StoreError::StateDir {
+                path: state.path().join(SIGNING_KEY_FILE_NAME),
+                reason: other.to_string(),
+            },
+        })?;
         Ok(SealAuthority {
             key,
+            signer: Arc::new(signer),
             ledger: Ledger::new(state.clone()),
             root: project_root
                 .canonicalize()
@@ -58,10 +73,16 @@ impl SealAuthority {
         &self.key
     }
 
+    /// The key that signs this authority's seals.
+    pub fn signer(&self) -> &SigningKey {
+        &self.signer
+    }
+
     /// What `verify` would check this authority's own seals against: its key and ledger.
     pub fn verify_context(&self) -> Result<VerifyContext, StoreError> {
         Ok(VerifyContext {
             key: Some(self.key.clone()),
+            trusted: Vec::new(),
             key_path: None,
             ledger: Some(self.ledger.read()?),
             root: Some(self.root.display().to_string()),
@@ -75,6 +96,7 @@ impl SealAuthority {
     pub fn recent_verify_context(&self) -> VerifyContext {
         VerifyContext {
             key: Some(self.key.clone()),
+            trusted: Vec::new(),
             key_path: None,
             ledger: Some(LedgerContents::clone(&self.tail())),
             root: Some(self.root.display().to_string()),
@@ -103,6 +125,10 @@ impl SealAuthority {
             key_id: self.key.id().to_string(),
             value: self.key.mac(MacPurpose::Seal, &integrity.body()),
         }
+    }
+
+    pub(crate) fn sign_seal(&self, integrity: &Integrity) -> SealSignature {
+        self.signer.sign_seal(&integrity.digest)
     }
 
     pub(crate) fn record(&self, integrity: &Integrity) -> Result<(), StoreError> {
@@ -151,6 +177,17 @@ pub struct Authentication {
     pub detail: String,
     /// The key id the seal names, when it names one.
     pub seal_key_id: Option<String>,
+    /// The id of the Ed25519 key whose signature the seal carries, when it carries one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
+    /// The seal authenticated by a trusted public key's signature (not by this user's MAC): the
+    /// ledger, which records this machine's seals only, is not consulted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_signature: bool,
+    /// The digest of the seal checked (`integrity.json` → `digest`): what an attestation of
+    /// this capsule names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal_digest: Option<String>,
 }
 
 impl Authentication {
@@ -159,6 +196,9 @@ impl Authentication {
             state: AuthState::NotAuthenticated,
             detail: detail.to_string(),
             seal_key_id,
+            signed_by: None,
+            by_signature: false,
+            seal_digest: None,
         }
     }
 
@@ -190,6 +230,9 @@ impl Authentication {
 #[derive(Debug, Clone, Default)]
 pub struct VerifyContext {
     pub key: Option<SealKey>,
+    /// Public keys whose signatures authenticate a seal this user's key cannot (`verify
+    /// --trusted-keys`): capsules from other machines and users.
+    pub trusted: Vec<PublicKey>,
     /// Where the key was looked for (named in "no key" messages).
     pub key_path: Option<PathBuf>,
     pub ledger: Option<LedgerContents>,
@@ -211,13 +254,14 @@ impl VerifyContext {
             .unwrap_or_else(|_| project_root.to_path_buf());
         Ok(VerifyContext {
             key,
+            trusted: Vec::new(),
             key_path: Some(state.key_path()),
             ledger,
             root: Some(root.display().to_string()),
         })
     }
 
-    pub(crate) fn authenticate(&self, seal: &Integrity) -> Authentication {
+    fn authenticate_mac(&self, seal: &Integrity) -> Authentication {
         let Some(mac) = &seal.mac else {
             return Authentication::not("the seal carries no MAC (sealed without a key)", None);
         };
@@ -257,6 +301,9 @@ impl VerifyContext {
                     key.id()
                 ),
                 seal_key_id: seal_key,
+                signed_by: None,
+                by_signature: false,
+                seal_digest: None,
             }
         } else {
             Authentication {
@@ -267,7 +314,50 @@ impl VerifyContext {
                     key.id()
                 ),
                 seal_key_id: seal_key,
+                signed_by: None,
+                by_signature: false,
+                seal_digest: None,
             }
+        }
+    }
+
+    /// The seal's authentication: its MAC under this user's key; where that cannot authenticate
+    /// it (no key, another user's or machine's key, no MAC) and trusted public keys are given,
+    /// its signature under them. A signature that names a trusted key and does not verify is a
+    /// forgery, like a MAC that names this user's key and does not match.
+    pub(crate) fn authenticate(&self, seal: &Integrity) -> Authentication {
+        let mut auth = self.authenticate_mac(seal);
+        auth.signed_by = seal.signature.as_ref().map(|s| s.key_id.clone());
+        auth.seal_digest = Some(seal.digest.clone());
+        if auth.state != AuthState::NotAuthenticated || self.trusted.is_empty() {
+            return auth;
+        }
+        let Some(sig) = &seal.signature else {
+            auth.detail
+                .push_str("; the seal carries no signature for the trusted keys to check");
+            return auth;
+        };
+        match sig.check(&seal.compute_digest(), &self.trusted) {
+            SignatureCheck::Verified { key_id } => Authentication {
+                state: AuthState::Authenticated,
+                detail: format!("the seal's Ed25519 signature checks under trusted key {key_id}"),
+                by_signature: true,
+                ..auth
+            },
+            SignatureCheck::UntrustedKey { key_id } => {
+                auth.detail.push_str(&format!(
+                    "; the seal is signed by key {key_id}, which is not among the trusted keys"
+                ));
+                auth
+            }
+            SignatureCheck::Bad { key_id, reason } => Authentication {
+                state: AuthState::Forged,
+                detail: format!(
+                    "the seal names trusted key {key_id} but {reason}: it was made or changed by \
+                     someone else"
+                ),
+                ..auth
+            },
         }
     }
 
@@ -315,6 +405,14 @@ impl VerifyContext {
         if self.ledger.is_none() {
             f.notes
                 .push("no ledger for this user here: ledger consistency was not checked".into());
+            return;
+        }
+        if auth.by_signature {
+            f.notes.push(
+                "authenticated by a trusted signature: this user's ledger records only the seals \
+                 made here, so it was not consulted"
+                    .into(),
+            );
             return;
         }
         let entries: Vec<&LedgerEntry> = self.ledger_entries(run.as_str()).collect();

@@ -1,0 +1,147 @@
+//! `agentdiff attest RUN [--out FILE]`: a signed in-toto attestation of a sealed run — a DSSE
+//! envelope that agentdiff (`verify --attestation`) or any DSSE verifier checks with the signer's
+//! public key (`agentdiff key show`). Also the readers `verify` uses for trusted keys and
+//! envelopes.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use agentdiff_host::redact::escape_terminal;
+use agentdiff_store::attest::{self, AttestError, Envelope};
+use agentdiff_store::seal::{PublicKey, SigningKey, StateDir};
+use agentdiff_store::{Capsule, Store, Verdict};
+
+use crate::common::exit;
+
+/// Largest attestation or trusted-keys file read.
+const MAX_INPUT: u64 = 64 << 20;
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "The run must verify as authenticated here (its seal checks under this \
+user's key): an attestation never signs more than the seal proves. The envelope is signed with \
+this user's Ed25519 signing key ($AGENTDIFF_SIGNING_KEY_FILE, else signing.key in the state \
+directory, created on first use). Its subjects are the files the run left changed (path and \
+SHA-256) and the capsule (agentdiff-capsule:RUN, the seal's digest).\n\n\
+Exit codes: 0 written; 77 the run is intact but not authenticated here; 67 forged or unsealed; \
+66 no such run."
+)]
+pub struct Args {
+    /// The run id (see `agentdiff runs`).
+    run: String,
+    /// Write the envelope to this file (default: standard output).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Project root (default: the nearest directory holding .agentdiff/ or agentdiff.yaml, else
+    /// the nearest VCS root, else the current directory).
+    #[arg(long)]
+    root: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let root = crate::common::context::project_root(args.root.as_deref())?.path;
+    let store = Store::open_existing(&root).map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let capsule = store
+        .open_run(&args.run)
+        .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
+    let bytes = attestation(&store, &capsule, &root)?;
+    match &args.out {
+        Some(path) => write_attestation(path, &bytes)?,
+        None => out!("{}", String::from_utf8_lossy(&bytes)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The signed attestation of `capsule` (pretty JSON with a final newline).
+pub fn attestation(store: &Store, capsule: &Capsule, root: &Path) -> anyhow::Result<Vec<u8>> {
+    let (ctx, _) = crate::common::context::verify_context(root);
+    let key = signing_key(root)?;
+    let statement = attest::statement(
+        capsule,
+        store.objects(),
+        &ctx,
+        env!("CARGO_PKG_VERSION"),
+        key.id(),
+    )
+    .map_err(|e| {
+        let code = match &e {
+            AttestError::NotAuthenticated {
+                verdict: Verdict::IntactNotAuthenticated,
+                ..
+            } => exit::UNAUTHENTICATED,
+            _ => exit::INVALID_CAPSULE,
+        };
+        exit::with_code(code, e)
+    })?;
+    let envelope =
+        attest::sign(&statement, &key).map_err(|e| exit::with_code(exit::INTERNAL, e))?;
+    let mut bytes = serde_json::to_vec_pretty(&envelope).context("serialising the envelope")?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// This user's signing key (created on first use), or the one $AGENTDIFF_SIGNING_KEY_FILE names.
+pub fn signing_key(root: &Path) -> anyhow::Result<SigningKey> {
+    let state = StateDir::from_env().map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
+    SigningKey::load_or_create(&state, root).map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))
+}
+
+/// Writes an attestation to `path` (created or replaced).
+pub fn write_attestation(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    std::fs::write(path, bytes)
+        .with_context(|| {
+            format!(
+                "cannot write the attestation to {}",
+                escape_terminal(&path.display().to_string())
+            )
+        })
+        .map_err(|e| exit::with_code(exit::INTERNAL, e))
+}
+
+/// The public keys in a trusted-keys file; a file that cannot be read or holds anything that is
+/// not a key is a usage error (a key silently skipped would read as "not signed").
+pub fn read_trusted_keys(path: &Path) -> anyhow::Result<Vec<PublicKey>> {
+    let text = read_bounded_text(path, "trusted keys")?;
+    let keys = PublicKey::parse_all(&text)
+        .with_context(|| format!("reading trusted keys from {}", path.display()))
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    if keys.is_empty() {
+        return Err(exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!("{} holds no public key", path.display()),
+        ));
+    }
+    Ok(keys)
+}
+
+/// The DSSE envelope in `path`; a file that is not one is an invalid capsule (67).
+pub fn read_envelope(path: &Path) -> anyhow::Result<Envelope> {
+    let text = read_bounded_text(path, "attestation")?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a DSSE envelope", path.display()))
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))
+}
+
+fn read_bounded_text(path: &Path, what: &str) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open the {what} file {}", path.display()))
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    let mut text = String::new();
+    file.take(MAX_INPUT + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("cannot read the {what} file {} as text", path.display()))
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
+    if text.len() as u64 > MAX_INPUT {
+        return Err(exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!(
+                "the {what} file {} is over {MAX_INPUT} bytes",
+                path.display()
+            ),
+        ));
+    }
+    Ok(text)
+}
