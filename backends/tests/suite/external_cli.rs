@@ -867,6 +867,44 @@ fn a_plugin_that_dies_before_answering_launch_still_has_its_commands_changes_rec
     );
 }
 
+/// A plugin that answers `launched` with a pid it does not own (here its own parent, agentdiff),
+/// after its command ran and wrote `.env`: the launch cannot be verified, so it is lost, not
+/// refused — the after-state is captured and `.env` denied — and the named process is not signalled.
+#[test]
+fn a_plugin_that_names_a_process_it_does_not_own_still_has_its_commands_changes_recorded() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant(
+        "liar",
+        &[(
+            r#"channel.send({"type": "launched", "pid": child.pid, "start_time_ticks": start_time(child.pid)})"#,
+            r#"child.wait(); channel.send({"type": "launched", "pid": os.getppid(), "start_time_ticks": start_time(os.getppid())})"#,
+        )],
+    );
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let args = [
+        "run",
+        "--format",
+        "json",
+        "--runtime",
+        "liar",
+        "--",
+        "sh",
+        "-c",
+        "echo SECRET=x > .env",
+    ];
+    let out = agentdiff_on(&path, project.path(), &args);
+    let r = assert_lost_run_recorded(project.path(), &out);
+    let error = r["execution_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("not a descendant") && error.contains("may have run"),
+        "{r:#}"
+    );
+}
+
 /// The example plugins are not dumpable (the Rust SDK's `serve` and the Python example): a command
 /// of the same user cannot open their descriptors through `/proc/<plugin>/fd`. Checked as an
 /// unprivileged user, since root passes every ptrace check.

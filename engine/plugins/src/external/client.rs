@@ -307,7 +307,7 @@ impl RuntimeBackend for ExternalBackend {
                 return Err(BackendError::Runtime {
                     backend: self.id.into(),
                     message: format!(
-                        "{e}, after the launch request and before it reported the launched \
+                        "{e}, after the launch request and before a verified report of the launched \
                          process: the command may have run ({ended} process(es) it had started \
                          were still running and were ended, {escaped} could not be stopped)"
                     ),
@@ -365,7 +365,8 @@ enum Failure {
     ),
     External(ExternalError),
     /// The plugin failed after the `launch` request and before a verified `launched` (it died,
-    /// or its answer was garbled: the command may have done either): the command may have run.
+    /// its answer was garbled — the command may have done either — or it named a process that is
+    /// not its descendant): the command may have run.
     /// Holds the plugin's descendants as they were before it was killed.
     AfterRequest(ExternalError, Vec<ProcessIdentity>),
 }
@@ -441,13 +442,15 @@ fn start_launch(
             Ok((session, identity, parentage))
         }
         Err(reason) => {
-            // Never signal a process the plugin merely named: end the plugin, our own child.
+            // The plugin may well have started the command and then named another process: the
+            // launch is lost, not refused, so the after-state is still captured and classified.
+            // Never signal the process the plugin merely named; only the plugin's own
+            // descendants, read before it is killed, are ended.
             let e = session.violation(format!(
                 "it reported pid {pid} as the launched command, but {reason}; the run fails closed \
                  and pid {pid} was not signalled"
             ));
-            session.kill();
-            Err(e.into())
+            Err(lost_after_request(&mut session, e))
         }
     }
 }
