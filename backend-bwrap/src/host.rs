@@ -70,39 +70,10 @@ pub fn resolve_bwrap(requested: &str, path: Option<&OsStr>) -> Result<PathBuf, U
     Ok(canonical)
 }
 
-/// Why `canonical` (a path without symlinks) could be changed by someone other than `owner`:
-/// the file or a directory above it is owned by another user, or is writable by group or
-/// others (a sticky directory, like `/tmp`, only lets each owner replace its own entries, so it
-/// is accepted). `None` when only `owner` can change it.
+/// Why `canonical` could be changed by anyone but `owner` (the rule lives in the host crate, where
+/// plugin discovery applies it too).
 pub fn untrusted_component(canonical: &Path, owner: u32) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    for p in canonical.ancestors() {
-        let meta = match std::fs::symlink_metadata(p) {
-            Ok(m) => m,
-            Err(e) => return Some(format!("{}: {e}", p.display())),
-        };
-        let sticky_dir = meta.is_dir() && meta.mode() & 0o1000 != 0;
-        if meta.uid() != owner {
-            return Some(format!(
-                "{} is owned by uid {}, not {}",
-                p.display(),
-                meta.uid(),
-                if owner == 0 {
-                    "root"
-                } else {
-                    "the trusted owner"
-                }
-            ));
-        }
-        if meta.mode() & 0o022 != 0 && !sticky_dir {
-            return Some(format!(
-                "{} is writable by group or others (mode {:o})",
-                p.display(),
-                meta.mode() & 0o7777
-            ));
-        }
-    }
-    None
+    host::untrusted_component(canonical, &[owner])
 }
 
 /// The PATH bwrap is looked up on for the command (its own PATH, else agentdiff's).

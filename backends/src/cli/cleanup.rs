@@ -11,7 +11,6 @@ use std::time::Duration;
 use agentdiff_backend_api::CleanupOutcome;
 use agentdiff_engine::recovery::cleanup::{self, CleanupError, CleanupResult, CleanupTrust};
 use agentdiff_host::redact::escape_terminal;
-use agentdiff_plugins::Registry;
 use agentdiff_store::seal::{StateDir, VerifyContext};
 use agentdiff_store::{Store, StoreError};
 use anyhow::Context;
@@ -122,8 +121,7 @@ fn cleanup_run(
             escape_terminal(reason)
         );
     }
-    let mut registry =
-        Registry::from_inventory().context("the backend registry is inconsistent")?;
+    let mut registry = crate::common::context::registry(None)?;
     // A run an external backend made is cleaned up through that plugin, found on PATH again.
     let backend = registry
         .resolve(&processes.backend)

@@ -8,7 +8,6 @@
 use std::process::ExitCode;
 
 use agentdiff_conformance::{run_suite, FailClosedCase, SuiteOptions};
-use agentdiff_plugins::Registry;
 use anyhow::Context;
 
 use crate::common::exit;
@@ -44,8 +43,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut registry =
-        Registry::from_inventory().context("could not build the backend registry")?;
+    let mut registry = crate::common::context::registry(None)?;
     let descriptor = crate::common::context::resolve_backend(&mut registry, &args.runtime)?;
     let backend_options = crate::cli::doctor::parse_options(&args.backend_option)?;
     descriptor
@@ -129,7 +127,7 @@ mod tests {
     /// configuration that changes the options it runs with.
     #[test]
     fn every_built_in_backend_declares_a_fail_closed_case() {
-        let registry = Registry::from_inventory().unwrap();
+        let registry = agentdiff_plugins::Registry::from_inventory().unwrap();
         for d in registry.descriptors() {
             let base = BackendOptions::new();
             let cases = FailClosedCase::declared(d, &base);

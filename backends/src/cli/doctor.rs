@@ -7,7 +7,6 @@ use std::process::ExitCode;
 
 use agentdiff_backend_api::{BackendOptions, Boundary, OptionSpec, WorkspaceMode};
 use agentdiff_conformance::probes::{ProbeRecord, Verdict};
-use agentdiff_plugins::Registry;
 use anyhow::Context;
 
 use crate::common::doctor_report::{
@@ -44,8 +43,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut registry =
-        Registry::from_inventory().context("could not build the backend registry")?;
+    let mut registry = crate::common::context::registry(None)?;
     // External backends: every `agentdiff-backend-<id>` on PATH is described (or refused).
     let (ids, plugins): (Vec<&'static str>, _) = match &args.runtime {
         Some(id) => (
@@ -269,8 +267,8 @@ fn render_summary(doc: &DoctorReport) -> String {
 mod tests {
     use super::*;
 
-    fn registry() -> Registry {
-        Registry::from_inventory().unwrap()
+    fn registry() -> agentdiff_plugins::Registry {
+        agentdiff_plugins::Registry::from_inventory().unwrap()
     }
 
     #[test]

@@ -304,7 +304,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
-    let mut registry = Registry::from_inventory().context("backend registry")?;
+    let mut registry = crate::common::context::registry(Some(&root))?;
     let runtime = args
         .runtime
         .clone()

@@ -60,6 +60,27 @@ pub fn project_root(
     Ok(root)
 }
 
+/// The backend registry, which refuses plugins planted inside `root` (when given) or inside the
+/// project the current directory belongs to, besides every directory marked as a project root.
+pub fn registry(root: Option<&std::path::Path>) -> anyhow::Result<agentdiff_plugins::Registry> {
+    use anyhow::Context;
+    let mut registry = agentdiff_plugins::Registry::from_inventory()
+        .context("could not build the backend registry")?;
+    match root {
+        Some(root) => registry.add_project_root(root),
+        None => {
+            let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+            let found = std::env::current_dir()
+                .ok()
+                .and_then(|cwd| agentdiff_engine::root::discover(None, &cwd, home.as_deref()).ok());
+            if let Some(found) = found {
+                registry.add_project_root(&found.path);
+            }
+        }
+    }
+    Ok(registry)
+}
+
 /// The backend `id`, built in or a plugin on `PATH`. An id nobody serves, or one two plugins
 /// claim, is a usage error (64); a plugin that is there but cannot be described (it exits, hangs,
 /// or answers out of protocol) is an unavailable backend (69).
@@ -70,7 +91,9 @@ pub fn resolve_backend(
     use agentdiff_plugins::RegistryError;
     registry.resolve(id).map_err(|e| {
         let code = match e {
-            RegistryError::External(_) => crate::common::exit::BACKEND_UNAVAILABLE,
+            RegistryError::External(_) | RegistryError::Untrusted { .. } => {
+                crate::common::exit::BACKEND_UNAVAILABLE
+            }
             _ => crate::common::exit::USAGE,
         };
         crate::common::exit::with_code(code, e)

@@ -55,7 +55,7 @@ fn python_missing() -> bool {
     !ok && agentdiff_conformance::skip_unless_required("python3 is not installed")
 }
 
-/// A directory for `PATH` holding links named as plugins.
+/// A directory for `PATH` holding programs named as plugins.
 struct PluginDir {
     dir: tempfile::TempDir,
 }
@@ -67,19 +67,21 @@ impl PluginDir {
         }
     }
 
-    fn link(&self, name: &str, target: &Path) -> PathBuf {
+    /// A copy of `target` named `name`: plugin discovery judges the file a link resolves to, and
+    /// the build's own output lies below `target/`, a directory it refuses plugins from.
+    fn install(&self, name: &str, target: &Path) -> PathBuf {
         let p = self.dir.path().join(name);
-        std::os::unix::fs::symlink(target, &p).unwrap();
+        agentdiff_test_support::copy_executable(target, &p, 0o755);
         p
     }
 
     fn with_nice(self) -> Self {
-        self.link("agentdiff-backend-nice", nice_executable());
+        self.install("agentdiff-backend-nice", nice_executable());
         self
     }
 
     fn with_python(self) -> Self {
-        self.link("agentdiff-backend-lowprio", &python_example());
+        self.install("agentdiff-backend-lowprio", &python_example());
         self
     }
 
@@ -302,9 +304,9 @@ fn an_unknown_runtime_lists_built_in_and_path_ids_and_writes_no_capsule() {
 fn built_in_ids_cannot_be_shadowed_and_duplicates_name_both_paths() {
     let a = PluginDir::new();
     let b = PluginDir::new();
-    a.link("agentdiff-backend-local", nice_executable());
-    let first = a.link("agentdiff-backend-twin", nice_executable());
-    let second = b.link("agentdiff-backend-twin", Path::new("/bin/true"));
+    a.install("agentdiff-backend-local", nice_executable());
+    let first = a.install("agentdiff-backend-twin", nice_executable());
+    let second = b.install("agentdiff-backend-twin", Path::new("/bin/true"));
     let project = tempfile::tempdir().unwrap();
     let path = path_with(&[a.path(), b.path()]);
     // `local` stays the built-in backend.
@@ -945,4 +947,79 @@ fn assert_plugin_descriptors_closed(plugins: &PluginDir, runtime: &str) {
     assert!(out.status.success(), "{runtime}: {}", text(&out.stderr));
     let seen = fs::read_to_string(u.proj.join("probe")).unwrap();
     assert_eq!(seen.trim(), "denied", "{runtime}: {}", text(&out.stderr));
+}
+
+/// A program that, if ever executed, leaves `marker` behind.
+fn plant(dir: &Path, id: &str, marker: &Path) -> PathBuf {
+    fs::create_dir_all(dir).unwrap();
+    let p = dir.join(format!("agentdiff-backend-{id}"));
+    let body = format!("#!/bin/sh\necho ran > '{}'\nexit 1\n", marker.display());
+    agentdiff_test_support::write_executable(&p, &body, 0o755);
+    p
+}
+
+/// Programs planted where a sandboxed command could write them (the issue's `.venv/bin`, a
+/// `node_modules/.bin` outside any project, a marked project's `tools/`, the current project's
+/// own `tools/`, a directory others can write) are refused by plugin discovery with the reason,
+/// listed by `doctor`, and never executed — by `doctor` or by `run --runtime ID`.
+#[test]
+fn planted_plugins_are_refused_and_never_executed() {
+    use std::os::unix::fs::PermissionsExt;
+    let project = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let marker = elsewhere.path().join("executed");
+    let marked = elsewhere.path().join("other-project");
+    fs::create_dir_all(&marked).unwrap();
+    fs::write(marked.join("agentdiff.yaml"), "version: 1\n").unwrap();
+    let shared = elsewhere.path().join("shared");
+    let cases = [
+        (project.path().join(".venv/bin"), "pwn", "`.venv`"),
+        (
+            elsewhere.path().join("dep/node_modules/.bin"),
+            "nm",
+            "`node_modules`",
+        ),
+        (marked.join("tools"), "marked", "inside the project root"),
+        (
+            project.path().join("tools"),
+            "here",
+            "inside the project root",
+        ),
+        (shared.clone(), "shared", "writable by group or others"),
+    ];
+    let mut dirs = Vec::new();
+    for (dir, id, _) in &cases {
+        plant(dir, id, &marker);
+        dirs.push(dir.as_path());
+    }
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+    let path = path_with(&dirs);
+    let out = agentdiff_on(&path, project.path(), &["doctor", "--format", "json"]);
+    assert_exit(&out, 0);
+    let doc = json_of(&out);
+    let refused = doc["external_backends_refused"].as_array().unwrap();
+    for (_, id, reason) in &cases {
+        let entry = refused
+            .iter()
+            .find(|r| r["id"] == *id)
+            .unwrap_or_else(|| panic!("{id} is not listed as refused: {doc:#}"));
+        let error = entry["error"].as_str().unwrap();
+        assert!(
+            error.contains(reason) && error.contains("not run"),
+            "{id}: {error}"
+        );
+    }
+    assert!(!marker.exists(), "doctor executed a planted plugin");
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &["run", "--runtime", "pwn", "--", "true"],
+    );
+    assert_exit(&out, 69);
+    assert!(
+        text(&out.stderr).contains("refusing runtime backend `pwn`"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!marker.exists(), "run executed a planted plugin");
 }

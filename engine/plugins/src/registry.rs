@@ -35,6 +35,14 @@ pub enum RegistryError {
     Conflict { id: String, paths: Vec<PathBuf> },
     #[error("{0}")]
     External(String),
+    #[error(
+        "refusing runtime backend `{id}`: {reason}; it was not run. Install plugins outside any \
+         project, in a directory only you (or root) can write, such as ~/.local/bin"
+    )]
+    Untrusted {
+        id: String,
+        reason: crate::external::Untrusted,
+    },
 }
 
 /// The set of backends this program knows, sorted by id.
@@ -43,6 +51,8 @@ pub struct Registry {
     entries: BTreeMap<&'static str, &'static BackendDescriptor>,
     /// Backends served by plugin executables (also in `entries`).
     external: BTreeMap<&'static str, Arc<External>>,
+    /// Project roots (canonical) no plugin may be loaded from (see `external::check_trusted`).
+    project_roots: Vec<PathBuf>,
 }
 
 /// What became of one plugin found on `PATH` (see [`Registry::load_external`]).
@@ -192,6 +202,14 @@ impl Registry {
         self.descriptor(id)
     }
 
+    /// Refuse plugins inside `root` (the current project), besides those inside any directory
+    /// marked as a project root.
+    pub fn add_project_root(&mut self, root: &std::path::Path) {
+        if let Ok(canonical) = std::fs::canonicalize(root) {
+            self.project_roots.push(canonical);
+        }
+    }
+
     fn load_plugin(&mut self, id: &str, paths: &[PathBuf]) -> Result<(), RegistryError> {
         if self.get(id).is_some() && !self.external.contains_key(id) {
             return Err(RegistryError::Shadowed {
@@ -205,6 +223,13 @@ impl Registry {
                 paths: paths.to_vec(),
             });
         };
+        // Checked before the plugin is ever executed (even to describe itself).
+        external::check_trusted(path, &self.project_roots).map_err(|reason| {
+            RegistryError::Untrusted {
+                id: id.to_string(),
+                reason,
+            }
+        })?;
         let plugin = Plugin {
             id: id.to_string(),
             path: path.clone(),

@@ -4,6 +4,9 @@
 //!
 //! Invariants:
 //! - A built-in id is never served by a plugin; two plugins with one id are an error naming both.
+//! - A plugin planted where a sandboxed command could have written it (inside a project root,
+//!   below a default-excluded directory, or changeable by others) is refused before it is ever
+//!   executed (see `trust`).
 //! - The plugin gets the user's standard streams for a launch; the protocol uses fds 3 and 4.
 //! - Every request has a deadline, every message a size limit, and an unknown message type ends
 //!   the exchange. The plugin's exit or silence during a run fails the run closed.
@@ -18,6 +21,7 @@
 mod client;
 mod discover;
 mod session;
+mod trust;
 mod verify;
 
 use std::path::PathBuf;
@@ -26,6 +30,7 @@ use std::time::Duration;
 pub use client::{ExternalBackend, ExternalFacts, ExternalOrigin};
 pub use discover::{describe, scan_path, External, EXECUTABLE_PREFIX};
 pub use session::{Plugin, PluginStdio, Session, Timeouts};
+pub use trust::{check as check_trusted, Untrusted};
 pub use verify::{verify_descendant, NotDescendant, Parentage};
 
 /// Errors talking to a plugin. Each names the plugin's id and path.
