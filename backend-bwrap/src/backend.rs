@@ -321,14 +321,9 @@ impl RuntimeBackend for BwrapBackend {
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
         let plan = self.plan(spec)?;
-        // The shim checks the argv it receives against a salted digest, and refuses
-        // TIOCSTI/TIOCLINUX for the command before it starts it.
-        let mut env = shimmed::shim_env(&plan.env, &spec.argv, true).map_err(|e| {
-            unavailable(
-                e.to_string(),
-                "check that the kernel's random source (getrandom/urandom) is available",
-            )
-        })?;
+        // The shim refuses TIOCSTI/TIOCLINUX for the command before it starts it (the argv
+        // digest it checks reaches it through the secret FIFO at the launch, not the environment).
+        let mut env = shimmed::shim_env(&plan.env, true);
         // The shim refuses to start the command unless each namespace bwrap should unshare
         // differs from agentdiff's own: a "bwrap" that only execs its argument runs nothing.
         let host_ns =

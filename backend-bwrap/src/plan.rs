@@ -674,8 +674,8 @@ pub struct ShimMount<'a> {
     pub bind: bool,
 }
 
-/// The start marker and the start gate (in the same directory), and whether they need
-/// read-only binds of their own to be reachable.
+/// The start marker and the start gate (in the same directory, with the secret FIFO beside the
+/// marker), and whether they need read-only binds of their own to be reachable.
 #[derive(Debug, Clone, Copy)]
 pub struct MarkerMount<'a> {
     pub path: &'a Path,
@@ -713,8 +713,14 @@ pub fn build_args(
         push(&[s("--ro-bind"), shim.path.as_os_str(), shim.path.as_os_str()]);
     }
     if marker.bind {
-        let (m, g) = (marker.path.as_os_str(), marker.gate.as_os_str());
+        let secret = exec_shim::secret_path(marker.path);
+        let (m, g, k) = (
+            marker.path.as_os_str(),
+            marker.gate.as_os_str(),
+            secret.as_os_str(),
+        );
         push(&[s("--ro-bind"), m, m, s("--ro-bind"), g, g]);
+        push(&[s("--ro-bind"), k, k]);
     }
     push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
     if network == Network::None {
@@ -904,7 +910,7 @@ mod tests {
             [
                 "/opt/agentdiff",
                 exec_shim::SHIM_SUBCOMMAND,
-                "v1",
+                exec_shim::SHIM_PROTOCOL,
                 &marker,
                 "5",
                 "tool",

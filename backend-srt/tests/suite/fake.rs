@@ -89,7 +89,7 @@ fn argv_boundaries_reach_the_command_unchanged() {
     assert!(!got[..sep].iter().any(|a| a == "-c"), "{got:?}");
     assert_eq!(got[sep + 1], SHIM);
     assert_eq!(got[sep + 2], "__exec-shim");
-    assert_eq!(got[sep + 3], "v1");
+    assert_eq!(got[sep + 3], agentdiff_backend_srt::shim::SHIM_PROTOCOL);
     assert_eq!(got[sep + 5], argv.len().to_string());
     let tail: Vec<OsString> = got[sep + 6..].iter().map(OsString::from).collect();
     assert_eq!(tail, argv);
@@ -597,10 +597,13 @@ fn the_argv_digest_stays_out_of_the_command_and_the_evidence() {
         f.spec(&["/bin/sh", "-c", &format!("env > '{}'", out.display())]),
     );
     assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
-    // srt received it (that is how it reaches the shim)...
+    // srt never receives it (it reaches the shim through the secret FIFO, read once), yet the
+    // shim verified the argv; the command's environment and the evidence do not have it either.
     let rec = f.run_record();
-    assert!(rec["env"][agentdiff_backend_srt::shim::ENV_ARGV_DIGEST].is_string());
-    // ...the command's environment and the evidence do not have it.
+    assert!(
+        rec["env"][agentdiff_backend_srt::shim::ENV_ARGV_DIGEST].is_null(),
+        "{rec:#}"
+    );
     let env = std::fs::read_to_string(&out).unwrap();
     assert!(
         !env.contains(agentdiff_backend_srt::shim::ENV_ARGV_DIGEST),

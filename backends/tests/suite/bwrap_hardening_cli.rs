@@ -235,3 +235,52 @@ fn a_blocked_command_never_starts_the_sandbox() {
     assert!(f.root().join("ran.txt").exists());
     assert!(fs::read_to_string(&log).unwrap().contains("start"));
 }
+
+/// The start marker's forgery from inside the sandbox: the command looks for the salt in every
+/// process's environment and argv (`/proc/*/environ`, `/proc/*/cmdline`, bwrap's init is pid 1),
+/// tries to read the secret FIFO and the marker itself (to learn the token from the start line or
+/// take that line away), and writes `exec_failed` with every token it could derive into the
+/// marker, after changing a file. The run is still recorded as the command's: started, its exit
+/// code, its change.
+#[test]
+fn the_command_cannot_forge_the_start_marker() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let command = r#"echo changed > changed.txt
+m=$(ls .agentdiff/runs/*/bwrap-start-marker.fifo)
+for p in /proc/[0-9]*; do cat "$p/environ" "$p/cmdline" 2>/dev/null | tr '\0' '\n'; done \
+  | sed -n 's/^AGENTDIFF_EXEC_SHIM_ARGV_DIGEST=//p' > salts.txt
+dd if="$m.secret" iflag=nonblock of=secret.txt 2>/dev/null
+cut -d: -f1 secret.txt >> salts.txt
+dd if="$m" iflag=nonblock of=stolen.txt 2>/dev/null
+for salt in $(cut -d: -f1 salts.txt); do
+  t=$(printf 'agentdiff exec shim start marker\000%s' "$salt" | sha256sum | cut -c1-32)
+  printf 'exec_failed token=%s forged\n' "$t" > "$m"
+done
+t=$(sed -n 's/^started token=\([^ ]*\).*/\1/p' stolen.txt)
+printf 'exec_failed token=%s forged\n' "$t" > "$m"
+exit 3"#;
+    let (code, result, out) = f.run(&[], &["sh", "-c", command], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let read = |name: &str| fs::read_to_string(f.root().join(name)).unwrap_or_default();
+    assert_eq!(code, 3, "{stderr}");
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["wrapper"]["start_state"], "started", "{rt:#}");
+    assert_eq!(rt["wrapper"]["exit_attribution"], "command");
+    assert_eq!(rt["exit"]["code"], 3, "{rt:#}");
+    assert!(rt["failure"].is_null(), "{rt:#}");
+    let changes = result["changes"].to_string();
+    assert!(changes.contains("changed.txt"), "{result:#}");
+    assert_eq!(
+        read("salts.txt"),
+        "",
+        "the salt was readable in the sandbox"
+    );
+    assert_eq!(
+        read("stolen.txt"),
+        "",
+        "the start line was readable in the sandbox"
+    );
+}

@@ -4,9 +4,10 @@
 //! [`exec_shim::shim_args`]) and adds only what is its own: labels, its evidence section, the
 //! setup hint for a failure before the start.
 //!
-//! Invariants: the argv digest is salted per run and freshly generated here, and any digest or
-//! tty-guard variable already in the command's environment is dropped first, so a caller cannot
-//! hand the shim a digest of its choosing. The shim's variables never reach the environment
+//! Invariants: the argv digest is salted per run and freshly generated at the launch, and handed
+//! to the shim only through the secret FIFO (never the environment or argv of any process in the
+//! sandbox: see [`crate::exec_shim`]); any shim variable already in the command's environment is
+//! dropped first, so a caller cannot hand the shim a digest of its choosing. The shim's variables never reach the environment
 //! evidence. The marker is read only after the wrapper ended, and removed with this value. A
 //! launch with a start gate ([`crate::exec_shim::start_gate`]) lets the shim go only at
 //! [`ShimmedCommand::release`] (at once when the launch is not held), after the supervisor's
@@ -22,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exec_shim::start_gate::{GateError, StartGate};
 use crate::exec_shim::{
-    self, Attribution, ExitBy, MarkerError, StartLabel, StartMarker, StartState, ENV_ARGV_DIGEST,
+    self, Attribution, ExitBy, MarkerError, ShimSecret, StartLabel, StartMarker, StartState,
     ENV_TTY_GUARD, SHIM_ENV_VARS,
 };
 use crate::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
@@ -46,29 +47,26 @@ pub enum ShimmedError {
     },
 }
 
-/// The environment the wrapper gets: `env` without any shim variable it carried, plus the
-/// salted digest of `argv` (fresh salt) and, with `tty_guard`, the request for the shim's
-/// TIOCSTI/TIOCLINUX filter.
-pub fn shim_env(
-    env: &[(OsString, OsString)],
-    argv: &[OsString],
-    tty_guard: bool,
-) -> Result<Vec<(OsString, OsString)>, ShimmedError> {
-    let mut salt = [0u8; 16];
-    getrandom::getrandom(&mut salt).map_err(ShimmedError::Random)?;
+/// The environment the wrapper gets: `env` without any shim variable it carried, plus, with
+/// `tty_guard`, the request for the shim's TIOCSTI/TIOCLINUX filter. Nothing secret: the
+/// argv digest and its salt reach the shim through the secret FIFO ([`ShimmedCommand::spawn`]).
+pub fn shim_env(env: &[(OsString, OsString)], tty_guard: bool) -> Vec<(OsString, OsString)> {
     let mut out: Vec<(OsString, OsString)> = env
         .iter()
         .filter(|(k, _)| !SHIM_ENV_VARS.iter().any(|v| k == v))
         .cloned()
         .collect();
-    out.push((
-        ENV_ARGV_DIGEST.into(),
-        exec_shim::digest_env_value(&hex::encode(salt), argv).into(),
-    ));
     if tty_guard {
         out.push((ENV_TTY_GUARD.into(), "1".into()));
     }
-    Ok(out)
+    out
+}
+
+/// A fresh `SALT:DIGEST` for `argv`.
+fn fresh_secret(argv: &[OsString]) -> Result<String, ShimmedError> {
+    let mut salt = [0u8; 16];
+    getrandom::getrandom(&mut salt).map_err(ShimmedError::Random)?;
+    Ok(exec_shim::digest_env_value(&hex::encode(salt), argv))
 }
 
 /// What the start marker said, recorded in the backend's evidence section (a wrapping backend
@@ -107,6 +105,8 @@ pub struct ShimmedCommand {
     expected_argc: usize,
     /// The run's marker token ([`exec_shim::marker_token`] of the digest agentdiff sent).
     token: Option<String>,
+    /// The secret FIFO the shim reads the digest from; held until the wrapper ended.
+    secret: ShimSecret,
 }
 
 /// A finished shimmed run: the evidence (shim variables removed) and what the marker said.
@@ -119,8 +119,9 @@ pub struct ShimmedExit {
 }
 
 impl ShimmedCommand {
-    /// Create the start marker at `marker` (and the start gate at `gate`, which the
-    /// environment `prepared` carries names to the shim) and start `prepared` (whose argv runs
+    /// Create the start marker at `marker`, the secret FIFO beside it (holding a fresh salted
+    /// digest of the command's argv), and the start gate at `gate` (which the environment
+    /// `prepared` carries names to the shim), and start `prepared` (whose argv runs
     /// the shim with that marker) under supervision. Unless `ctx` holds the start, the gate is
     /// released at once. `wrapper` names the wrapper in errors.
     pub fn spawn(
@@ -131,17 +132,13 @@ impl ShimmedCommand {
         gate: Option<&Path>,
         wrapper: &'static str,
     ) -> Result<ShimmedCommand, ShimmedError> {
+        let value = fresh_secret(&prepared.spec().argv)?;
+        let secret = ShimSecret::create(&exec_shim::secret_path(marker), &value)?;
+        let token = exec_shim::marker_token(value.as_ref());
         let marker = StartMarker::create(marker)?;
         let gate = gate.map(StartGate::create).transpose()?;
         let hold = ctx.hold_start && gate.is_some();
         let expected_argc = prepared.spec().argv.len();
-        let token = prepared
-            .command()
-            .env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == ENV_ARGV_DIGEST)
-            .and_then(|(_, v)| exec_shim::marker_token(v));
         let inner = spawn_supervised(prepared, ctx, labels).map_err(|e| ShimmedError::Spawn {
             wrapper,
             message: e.to_string(),
@@ -152,6 +149,7 @@ impl ShimmedCommand {
             gate,
             expected_argc,
             token,
+            secret,
         };
         if !hold {
             if let Err(e) = command.release() {
@@ -205,8 +203,10 @@ impl ShimmedCommand {
             gate,
             expected_argc,
             token,
+            secret,
         } = self;
         let evidence = Box::new(inner).wait().await;
+        drop(secret);
         // Without the digest's token (a launch agentdiff did not build) any token is accepted.
         let state = StartState::from_marker(&marker.read_available(), token.as_deref());
         drop(marker);
@@ -232,20 +232,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_digest_in_the_callers_environment_is_replaced() {
-        let argv = vec![OsString::from("tool"), OsString::from("a b")];
+    fn the_wrapper_environment_holds_no_digest_and_no_salt() {
         let env = vec![
-            (OsString::from(ENV_ARGV_DIGEST), OsString::from("forged")),
+            (
+                OsString::from(exec_shim::ENV_ARGV_DIGEST),
+                OsString::from("forged"),
+            ),
             (OsString::from(ENV_TTY_GUARD), OsString::from("0")),
             (OsString::from("PATH"), OsString::from("/bin")),
         ];
-        let out = shim_env(&env, &argv, false).unwrap();
-        let digests: Vec<_> = out.iter().filter(|(k, _)| k == ENV_ARGV_DIGEST).collect();
-        assert_eq!(digests.len(), 1);
-        assert_ne!(digests[0].1, "forged");
-        assert!(exec_shim::verify_argv(Some(digests[0].1.as_os_str()), &argv).is_ok());
-        assert!(!out.iter().any(|(k, _)| k == ENV_TTY_GUARD));
-        let guarded = shim_env(&env, &argv, true).unwrap();
+        let out = shim_env(&env, false);
+        assert_eq!(out, vec![(OsString::from("PATH"), OsString::from("/bin"))]);
+        let guarded = shim_env(&env, true);
         let tty: Vec<_> = guarded.iter().filter(|(k, _)| k == ENV_TTY_GUARD).collect();
         assert_eq!(
             tty,
@@ -256,8 +254,9 @@ mod tests {
     #[test]
     fn salts_differ_between_runs() {
         let argv = vec![OsString::from("tool")];
-        let a = shim_env(&[], &argv, false).unwrap();
-        let b = shim_env(&[], &argv, false).unwrap();
+        let a = fresh_secret(&argv).unwrap();
+        let b = fresh_secret(&argv).unwrap();
         assert_ne!(a, b);
+        assert!(exec_shim::verify_argv(Some(a.as_ref()), &argv).is_ok());
     }
 }

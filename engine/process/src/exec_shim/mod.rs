@@ -6,15 +6,24 @@
 //! mark is written on a FIFO the host holds open for reading: opening a FIFO for writing works on
 //! a read-only mount, so the mark gets through even when the sandbox allows no writes at all.
 //!
-//! Shim argv (after `agentdiff __exec-shim`): `v1 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
+//! Shim argv (after `agentdiff __exec-shim`): `v2 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
 //! to start the command when the argument count it received differs from `ARGC` (the wrapper split
-//! or merged arguments), when the salted digest of the argv in [`ENV_ARGV_DIGEST`] does not match
-//! what it received (the wrapper altered an argument), and when the marker cannot be written
-//! (nothing would tell the host that the command ran). The digest travels in the environment, not
-//! in the argv, because the wrapper argv is stored as evidence: a digest of an argv with a weak
-//! secret in it could be brute-forced from the capsule; the per-run random salt, and dropping the
-//! variable from the environment evidence, keep it out. The marker lines are defined by
-//! [`MarkerLine`].
+//! or merged arguments), when the salted digest of the argv it reads from the secret FIFO
+//! ([`secret_path`]) does not match what it received (the wrapper altered an argument), and when
+//! the marker cannot be written (nothing would tell the host that the command ran). The marker
+//! lines are defined by [`MarkerLine`].
+//!
+//! The salt is the run's secret: every marker line and the start gate's release line carry a
+//! token derived from it. It reaches the shim only through a descriptor the shim closes before
+//! `exec` ([`ShimSecret`]): a FIFO next to the marker, written by the host before the launch and
+//! read once by the shim (whatever opens it afterwards finds it empty), never the environment or
+//! the argv of a process in the sandbox, which the command can read in `/proc/PID/environ` and
+//! `/proc/PID/cmdline` (bwrap's own init is pid 1 there). The marker FIFO is left writable only
+//! (mode 0200, once the host holds its read end): the command can write into it but cannot open
+//! it for reading, so it can neither learn the token from the start line nor take that line away
+//! before the host reads it; the secret FIFO is left readable only (0400). Both sit on a mount the
+//! command cannot change (chmod fails there) and the wrappers drop every capability, so no
+//! `CAP_DAC_OVERRIDE` lifts the modes.
 //!
 //! Before it marks the start the shim also proves it is inside a sandbox when the backend asks:
 //! [`ENV_HOST_NAMESPACES`] carries the host's namespace ids (as agentdiff sees them) for every
@@ -25,15 +34,18 @@
 //! fd that reaches the host tree through `/proc/self/fd`, a socket to a container engine) reaches
 //! the command.
 //!
-//! Every line carries a per-run token derived from the digest's salt, which the command never
-//! sees (the variable is removed before `exec`). The host reads the marker's first line, which
+//! Every line carries a per-run token derived from the salt, which the command never sees. The
+//! host reads the marker's first line, which
 //! the shim writes before the command exists, and ignores what follows except the shim's own
 //! `exec_failed` line with the token: the command can write into the FIFO (a FIFO opens for
 //! writing on a read-only mount) but cannot turn its run into a setup failure or a launch failure.
 //!
-//! Not defended: a wrapper written against this protocol (it sees the argv and the environment,
-//! so it can forge every check); the backend must choose a trusted wrapper (see the bwrap
-//! backend's executable check).
+//! Not defended: a wrapper written against this protocol (it can read the secret FIFO before the
+//! shim, so it can forge every check); the backend must choose a trusted wrapper (see the bwrap
+//! backend's executable check). Another process of the same user outside the sandbox can open the
+//! FIFOs (it can change the tree itself, which the transaction does not defend against either).
+//! A command holding `CAP_DAC_OVERRIDE` over the capsule (a wrapper that keeps capabilities) could
+//! read the marker.
 
 pub mod start_gate;
 
@@ -54,11 +66,13 @@ pub const LEGACY_SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
 /// apart from `agentdiff` (an upgrade that replaced only one of them), so any change to what the
 /// shim checks or does before `exec` bumps it: a shim of another version refuses, and nothing
 /// runs.
-pub const SHIM_PROTOCOL: &str = "v1";
+pub const SHIM_PROTOCOL: &str = "v2";
 /// The standalone exec-shim program installed with `agentdiff` (`agentdiff-exec-shim`): the same
 /// engine code as `agentdiff __exec-shim`, in a program that starts faster.
 pub const STANDALONE_SHIM: &str = "agentdiff-exec-shim";
-/// Environment variable carrying `SALT:DIGEST` of the argv to the shim; removed before `exec`.
+/// The environment variable that carried `SALT:DIGEST` to shims before protocol v2. agentdiff
+/// never sets it (the value travels through the secret FIFO) and drops it from a caller's
+/// environment; the shim ignores it.
 pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_EXEC_SHIM_ARGV_DIGEST";
 /// Environment variable (value `1`) asking the shim to install the terminal-injection filter
 /// ([`crate::tty_guard`]) before it marks the start; removed before `exec`.
@@ -166,8 +180,8 @@ pub fn verify_argv(value: Option<&OsStr>, argv: &[OsString]) -> Result<(), &'sta
     }
 }
 
-/// The per-run marker token for the digest variable's value (`SALT:DIGEST`): derived from the
-/// salt, which the command never sees. `None` when the value has no salt.
+/// The per-run marker token for the secret's value (`SALT:DIGEST`): derived from the salt, which
+/// the command never sees. `None` when the value has no salt.
 pub fn marker_token(digest_value: &OsStr) -> Option<String> {
     let (salt, _) = digest_value.to_str()?.split_once(':')?;
     let mut h = Sha256::new();
@@ -384,6 +398,8 @@ impl StartMarker {
     /// Create the FIFO at `path` (which must not exist) and open its read end.
     pub fn create(path: &Path) -> Result<StartMarker, MarkerError> {
         let reader = create_fifo(path, false)?;
+        // Held open for reading now: from here on only writers may open it (see the module docs).
+        restrict_fifo(path, &reader, 0o200)?;
         Ok(StartMarker {
             path: path.to_path_buf(),
             reader,
@@ -410,6 +426,89 @@ impl StartMarker {
         }
         out
     }
+}
+
+/// Leave the FIFO at `path` (held open as `file`) with only the permission bits `mode`; the
+/// FIFO is removed when that fails.
+fn restrict_fifo(path: &Path, file: &std::fs::File, mode: u32) -> Result<(), MarkerError> {
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(|source| {
+            let _ = std::fs::remove_file(path);
+            MarkerError::Open {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
+}
+
+/// Where the secret FIFO of the run whose marker is at `marker` lives: beside it, so every
+/// sandbox that shows the marker shows it too.
+pub fn secret_path(marker: &Path) -> PathBuf {
+    let mut name = marker.file_name().unwrap_or_default().to_os_string();
+    name.push(".secret");
+    marker.with_file_name(name)
+}
+
+/// Host side of the secret FIFO: holds `SALT:DIGEST` for the shim to read once. Held open
+/// read-write until the wrapper ended (so the value is not lost if the shim opens it late);
+/// removed when dropped.
+#[derive(Debug)]
+pub struct ShimSecret {
+    path: PathBuf,
+    _holder: std::fs::File,
+}
+
+impl ShimSecret {
+    /// Create the FIFO at `path` (which must not exist) holding `value`.
+    pub fn create(path: &Path, value: &str) -> Result<ShimSecret, MarkerError> {
+        let mut holder = create_fifo(path, true)?;
+        let opened = |source| {
+            let _ = std::fs::remove_file(path);
+            MarkerError::Open {
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        // One short write into an empty pipe: atomic, and never blocks.
+        holder
+            .write_all(format!("{value}\n").as_bytes())
+            .map_err(opened)?;
+        restrict_fifo(path, &holder, 0o400)?;
+        Ok(ShimSecret {
+            path: path.to_path_buf(),
+            _holder: holder,
+        })
+    }
+}
+
+impl Drop for ShimSecret {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The shim's side: read the secret once (the host wrote it before the launch). `None` when it
+/// is not there: the shim then refuses (`digest_missing`). The descriptor is closed on return.
+fn read_secret(path: &Path) -> Option<OsString> {
+    use std::io::Read;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.file_type().is_fifo() {
+        return None;
+    }
+    let mut buf = [0u8; 256];
+    let n = loop {
+        match file.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => break other.ok()?,
+        }
+    };
+    let line = std::str::from_utf8(&buf[..n]).ok()?.strip_suffix('\n')?;
+    Some(OsString::from(line))
 }
 
 /// Creates a FIFO only this user can open at `path` (which must not exist) and opens it
@@ -474,7 +573,7 @@ fn parse_args(args: &[OsString]) -> Result<(PathBuf, usize, &[OsString]), ShimAr
 /// The shim's own variables as it received them.
 #[derive(Debug, Clone, Copy, Default)]
 struct ShimEnv<'a> {
-    /// [`ENV_ARGV_DIGEST`].
+    /// `SALT:DIGEST`, as read from the secret FIFO.
     digest: Option<&'a OsStr>,
     /// [`ENV_HOST_NAMESPACES`].
     host_namespaces: Option<&'a OsStr>,
@@ -488,7 +587,7 @@ struct ShimEnv<'a> {
 pub fn run(args: &[OsString]) -> u8 {
     match parse_args(args) {
         Ok((marker, expected, argv)) => {
-            let digest = std::env::var_os(ENV_ARGV_DIGEST);
+            let digest = read_secret(&secret_path(&marker));
             let host_namespaces = std::env::var_os(ENV_HOST_NAMESPACES);
             let start_gate = std::env::var_os(self::start_gate::ENV_START_GATE);
             let env = ShimEnv {
@@ -1103,7 +1202,7 @@ mod tests {
     fn shim_args_keep_argv_verbatim() {
         let argv: Vec<OsString> = ["-c", "", "a b", "--"].iter().map(OsString::from).collect();
         let args = shim_args(Path::new("/x/m.fifo"), &argv);
-        assert_eq!(args[0], "v1");
+        assert_eq!(args[0], SHIM_PROTOCOL);
         assert_eq!(args[1], "/x/m.fifo");
         assert_eq!(args[2], "4");
         assert_eq!(&args[3..], &argv[..]);
@@ -1121,7 +1220,7 @@ mod tests {
             .map(OsString::from)
             .collect();
         assert_eq!(run(&args), SHIM_REFUSED_EXIT);
-        let args: Vec<OsString> = ["v1", "/m", "x", "true"]
+        let args: Vec<OsString> = [SHIM_PROTOCOL, "/m", "x", "true"]
             .iter()
             .map(OsString::from)
             .collect();
@@ -1198,6 +1297,62 @@ mod tests {
         );
         assert_eq!(
             StartState::from_marker(&marker.read_available(), None),
+            StartState::ArgvAltered {
+                what: "digest_missing".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_secret_is_read_once_and_the_fifos_cannot_be_opened_the_other_way() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
+        let path = secret_path(marker.path());
+        assert_eq!(path, dir.path().join("m.fifo.secret"));
+        let secret = ShimSecret::create(&path, "salt:digest").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // Only writers may open the marker (none can read the start line or take it away);
+        // only readers the secret.
+        assert_eq!(mode(marker.path()), 0o200);
+        assert_eq!(mode(&path), 0o400);
+        assert_eq!(read_secret(&path), Some(OsString::from("salt:digest")));
+        assert_eq!(
+            read_secret(&path),
+            None,
+            "whoever comes after the shim finds it empty"
+        );
+        drop(secret);
+        assert!(!path.exists());
+        // Not a FIFO: refused.
+        std::fs::write(&path, "salt:digest\n").unwrap();
+        assert_eq!(read_secret(&path), None);
+    }
+
+    #[test]
+    fn the_shim_takes_the_digest_from_the_secret_fifo_not_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let argv = [OsString::from("/nonexistent/agentdiff-no-such-program")];
+        let value = digest_env_value("salt", &argv);
+        let mut marker = StartMarker::create(&dir.path().join("m.fifo")).unwrap();
+        let _secret = ShimSecret::create(&secret_path(marker.path()), &value).unwrap();
+        let mut args = vec![
+            OsString::from(SHIM_PROTOCOL),
+            marker.path().as_os_str().to_os_string(),
+            OsString::from("1"),
+        ];
+        args.extend(argv.iter().cloned());
+        assert_eq!(run(&args), EXEC_NOT_FOUND_EXIT);
+        let token = marker_token(OsStr::new(&value));
+        let state = StartState::from_marker(&marker.read_available(), token.as_deref());
+        assert!(matches!(state, StartState::ExecFailed { .. }), "{state:?}");
+        // Without the secret FIFO the shim refuses, whatever the environment holds.
+        let mut other = StartMarker::create(&dir.path().join("o.fifo")).unwrap();
+        args[1] = other.path().as_os_str().to_os_string();
+        assert_eq!(run(&args), SHIM_REFUSED_EXIT);
+        let state = StartState::from_marker(&other.read_available(), None);
+        assert_eq!(
+            state,
             StartState::ArgvAltered {
                 what: "digest_missing".into()
             }

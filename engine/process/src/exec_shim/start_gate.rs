@@ -14,9 +14,12 @@
 //! mark, so a held run has never started the command; the host keeps its end open until the
 //! wrapper has ended, so a release written before the shim opened the gate is not lost.
 //!
-//! Not defended: another process of the same user that writes the release line before the host
-//! does (it can read the token from the wrapper's environment in `/proc`); such a process can
-//! change the tree itself at any time, which the transaction does not defend against either.
+//! The token is derived from the salt the shim reads from the secret FIFO (see the parent module):
+//! it is in no process's environment or argv, and the command does not exist before the release.
+//!
+//! Not defended: another process of the same user outside the sandbox that opens the FIFOs before
+//! the shim does; such a process can change the tree itself at any time, which the transaction
+//! does not defend against either.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
