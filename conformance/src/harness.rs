@@ -113,6 +113,8 @@ pub struct Invocation {
     /// Extra environment on top of `PATH`.
     pub env: Vec<(OsString, OsString)>,
     pub stdin: Option<Vec<u8>>,
+    /// A host file or directory opened as the command's stdin (instead of `stdin`).
+    pub stdin_path: Option<PathBuf>,
     pub timeout: Option<Duration>,
     pub grace: Duration,
     pub options: BackendOptions,
@@ -130,6 +132,7 @@ impl Invocation {
             argv: argv.into_iter().map(Into::into).collect(),
             env: Vec::new(),
             stdin: None,
+            stdin_path: None,
             timeout: Some(Duration::from_secs(60)),
             grace: Duration::from_millis(500),
             options: BackendOptions::new(),
@@ -149,6 +152,12 @@ impl Invocation {
 
     pub fn stdin(mut self, bytes: &[u8]) -> Self {
         self.stdin = Some(bytes.to_vec());
+        self
+    }
+
+    /// Open `path` (a file or a directory of the host) as the command's stdin.
+    pub fn stdin_from(mut self, path: &Path) -> Self {
+        self.stdin_path = Some(path.to_path_buf());
         self
     }
 
@@ -280,6 +289,7 @@ pub async fn start(
     let stdout = io_dir.join("stdout");
     let stderr = io_dir.join("stderr");
     let stdin = match &inv.stdin {
+        _ if inv.stdin_path.is_some() => inv.stdin_path.clone(),
         Some(bytes) => {
             let p = io_dir.join("stdin");
             std::fs::write(&p, bytes).map_err(Stage::Scratch)?;

@@ -236,6 +236,69 @@ fn a_blocked_command_never_starts_the_sandbox() {
     assert!(fs::read_to_string(&log).unwrap().contains("start"));
 }
 
+/// The issue's commands: with a host file on stdin the command writes through `/proc/self/fd/0`,
+/// with a host directory on stdin it lists, reads and creates files below it through that link,
+/// and it writes through `/proc/self/fd/2` with a host file as stderr. Every stream that is not a
+/// terminal or a pipe reaches the command as agentdiff's own pipe: the host file and directory
+/// are untouched, the bytes still flow, and the evidence names the relayed streams.
+#[test]
+fn standard_streams_never_reopen_host_files_or_directories() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let notes = f.home.path().join("notes.txt");
+    fs::write(&notes, "my notes\n").unwrap();
+    fs::write(f.home.path().join("secret.txt"), "HOME-SECRET-CANARY\n").unwrap();
+    let errors = f.home.path().join("stderr.txt");
+    let run = |stdin: &Path, command: &str| {
+        let mut cmd = super::cmd(
+            f.root(),
+            &["run", "--runtime", "bwrap", "--format", "json", "--"],
+        );
+        cmd.args(["sh", "-c", command])
+            .env("HOME", f.home.path())
+            .stdin(fs::File::open(stdin).unwrap())
+            .stderr(fs::File::create(&errors).unwrap());
+        let out = cmd.output().unwrap();
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let stderr = fs::read_to_string(&errors).unwrap_or_default();
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        result
+    };
+    let result = run(
+        &notes,
+        "read line; echo \"got: $line\" >&2; echo X > /proc/self/fd/0; \
+         echo Y > /proc/self/fd/2; true",
+    );
+    assert_eq!(fs::read_to_string(&notes).unwrap(), "my notes\n");
+    let stderr = fs::read_to_string(&errors).unwrap();
+    assert!(stderr.contains("got: my notes"), "{stderr}");
+    let rt = f.runtime_json(&result);
+    let relayed = rt["stdio_relayed"].to_string();
+    assert!(
+        relayed.contains("stdin: regular_file") && relayed.contains("stderr: regular_file"),
+        "{rt:#}"
+    );
+
+    let result = run(
+        f.home.path(),
+        "ls -a /proc/self/fd/0/ > listing.txt 2>&1; \
+         cat /proc/self/fd/0/secret.txt > stolen.txt 2>&1; \
+         echo x > /proc/self/fd/0/planted 2>/dev/null; true",
+    );
+    assert!(!f.home.path().join("planted").exists());
+    let stolen = fs::read_to_string(f.root().join("stolen.txt")).unwrap();
+    assert!(!stolen.contains("HOME-SECRET-CANARY"), "{stolen}");
+    let listing = fs::read_to_string(f.root().join("listing.txt")).unwrap();
+    assert!(!listing.contains("notes.txt"), "{listing}");
+    let rt = f.runtime_json(&result);
+    assert!(
+        rt["stdio_relayed"].to_string().contains("stdin: directory"),
+        "{rt:#}"
+    );
+}
+
 /// The start marker's forgery from inside the sandbox: the command looks for the salt in every
 /// process's environment and argv (`/proc/*/environ`, `/proc/*/cmdline`, bwrap's init is pid 1),
 /// tries to read the secret FIFO and the marker itself (to learn the token from the start line or

@@ -130,6 +130,7 @@ pub fn catalogue() -> Vec<CheckDef> {
         def!("TIME-001", Must, "an expired deadline ends the whole process tree and is reported as timed out (exit 124 in the CLI)", true, always, timeout::ends_tree),
         def!("STDIO-001", Must, "stdin reaches the command and its stdout comes back byte-exact", true, always, stdio::stdin_to_stdout),
         def!("STDIO-002", Must, "stdout and stderr pass through separately", true, always, stdio::separate_streams),
+        def!("STDIO-003", Must, "a host file or directory given as a standard stream reaches a filesystem-confining backend's command only as a pipe: it cannot be reopened through /proc/self/fd", true, gate_fs, stdio::host_streams_not_reopenable),
         def!("PROC-001", Must, "the launched process is recorded with pid, start time in ticks and this boot's id", true, processes_observed, process::root_identity),
         def!("PROC-002", Must, "a daemonised grandchild is recorded with its identity", true, processes_observed, process::daemon_recorded),
         def!("PROC-003", Should, "no process of the run survives wait(): a daemonised grandchild is ended", true, processes_observed, process::daemon_ended),

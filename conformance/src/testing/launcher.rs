@@ -68,6 +68,9 @@ pub struct Labels {
     pub backend: &'static str,
     pub enforcement: Enforcement,
     pub capabilities: Capabilities,
+    /// Relay streams that are not a terminal or a pipe, as the supervisor does for a backend
+    /// that claims filesystem confinement (`agentdiff_process::stdio_relay`).
+    pub relay_stdio: bool,
 }
 
 /// Start `prepared` and return a handle whose `wait` yields evidence.
@@ -78,7 +81,12 @@ pub fn spawn(
 ) -> Result<Box<dyn RunningCommand>, BackendError> {
     let backend = labels.backend;
     let token = host::random_token();
-    let (sin, sout, serr) = open_stdio(&ctx, backend)?;
+    let (sin, sout, serr, relays) = if labels.relay_stdio {
+        relayed_stdio(&ctx, backend)?
+    } else {
+        let (i, o, e) = open_stdio(&ctx, backend)?;
+        (i, o, e, agentdiff_process::stdio_relay::Relays::default())
+    };
     let mut cmd = std::process::Command::new(prepared.program());
     cmd.args(prepared.args())
         .env_clear()
@@ -111,7 +119,47 @@ pub fn spawn(
         ctx,
         labels,
         started,
+        relays,
     }))
+}
+
+/// The streams of `ctx` as the supervisor hands them to a confined command.
+fn relayed_stdio(
+    ctx: &LaunchContext,
+    backend: &str,
+) -> Result<(Stdio, Stdio, Stdio, agentdiff_process::stdio_relay::Relays), BackendError> {
+    use std::os::fd::OwnedFd;
+    let open = |p: &std::path::Path, write: bool| -> Result<OwnedFd, BackendError> {
+        let f = if write {
+            std::fs::File::create(p)
+        } else {
+            std::fs::File::open(p)
+        };
+        f.map(OwnedFd::from)
+            .map_err(|e| launch_error(backend, format!("{}: {e}", p.display())))
+    };
+    let fds: [Option<OwnedFd>; 3] = match &ctx.stdio {
+        StdioMode::Files {
+            stdin,
+            stdout,
+            stderr,
+        } => [
+            Some(open(
+                stdin
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("/dev/null")),
+                false,
+            )?),
+            Some(open(stdout, true)?),
+            Some(open(stderr, true)?),
+        ],
+        _ => [None, None, None],
+    };
+    let (fds, relays) = agentdiff_process::stdio_relay::relay_stdio(fds)
+        .map_err(|e| launch_error(backend, e.to_string()))?;
+    let [i, o, e] = fds;
+    let pick = |fd: Option<OwnedFd>| fd.map_or_else(Stdio::inherit, Stdio::from);
+    Ok((pick(i), pick(o), pick(e), relays))
 }
 
 struct Running {
@@ -122,6 +170,7 @@ struct Running {
     ctx: LaunchContext,
     labels: Labels,
     started: Instant,
+    relays: agentdiff_process::stdio_relay::Relays,
 }
 
 struct Tracker {
@@ -234,6 +283,7 @@ impl RunningCommand for Running {
             mut ctx,
             labels,
             started,
+            mut relays,
         } = *self;
         let spec = prepared.spec();
         let entry = format!("{MARKER_VAR}={token}");
@@ -353,6 +403,10 @@ impl RunningCommand for Running {
             environment: Some(environment),
             execs: Default::default(),
             containers: None,
+            stdio_relayed: {
+                relays.drain();
+                relays.names()
+            },
             warnings: Vec::new(),
         })
     }

@@ -4,7 +4,8 @@
 //!   (processes `observed`, environment `enforced` because it hands over exactly the given
 //!   environment). Must pass every applicable check.
 //! - [`TestBackend::dishonest`]: the same launcher, but it claims filesystem confinement and a
-//!   sandbox it never sets up. Must fail `HONEST-FS-001` (and only the honesty checks).
+//!   sandbox it never sets up. Must fail `HONEST-FS-001` and `STDIO-003` (its command holds the
+//!   harness's host files as its streams), and nothing else.
 //! - [`TestBackend::broken_argv`]: hands the command over through a line-oriented channel that
 //!   drops empty arguments and splits arguments at newlines. Must fail the argv checks.
 //! - [`TestBackend::leaky_evidence`]: honest launcher, but it records the command line as one
@@ -332,6 +333,10 @@ impl RuntimeBackend for TestBackend {
                 backend: self.id,
                 enforcement: prepared.enforcement(),
                 capabilities: self.capabilities.clone(),
+                // Every double but the dishonest one is honest about its streams too.
+                relay_stdio: self.flavour != Flavour::Dishonest
+                    && (self.capabilities.filesystem_writes >= Level::Requested
+                        || self.capabilities.sandboxed),
             },
         )?;
         if self.flavour == Flavour::LeakyEvidence {

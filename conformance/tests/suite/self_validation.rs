@@ -34,9 +34,13 @@ async fn reference_backend_passes_every_applicable_check() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dishonest_backend_fails_exactly_the_filesystem_honesty_check() {
+async fn dishonest_backend_fails_exactly_the_filesystem_checks() {
     let report = suite(TestBackend::dishonest).await;
-    assert_eq!(report.failed_ids(), vec!["HONEST-FS-001"]);
+    // It claims filesystem confinement but hands the command the harness's host files as its
+    // streams (STDIO-003) and lets it write outside the root (HONEST-FS-001).
+    assert_eq!(report.failed_ids(), vec!["STDIO-003", "HONEST-FS-001"]);
+    let stdio = report.check("STDIO-003").unwrap();
+    assert_eq!(stdio.details["planted"], true, "{:?}", stdio.details);
     let fs = report.check("HONEST-FS-001").unwrap();
     assert_eq!(
         fs.details["probe"]["verdict"], "not_enforced",

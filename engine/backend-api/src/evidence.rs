@@ -340,6 +340,11 @@ pub struct RunEvidence {
     /// Containers a reachable container engine created during the run (not owned by the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<crate::containers::ContainerEvidence>,
+    /// The command's standard streams agentdiff handed it through pipes of its own, because
+    /// they were neither a terminal nor a pipe (`stdin: regular_file`, `stdout: directory`, …):
+    /// the command never held those descriptors.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stdio_relayed: Vec<String>,
     pub warnings: Vec<String>,
 }
 

@@ -20,6 +20,8 @@ pub mod ports;
 pub mod shimmed;
 #[cfg(target_os = "linux")]
 pub mod spawn;
+#[cfg(unix)]
+pub mod stdio_relay;
 pub mod supervisor;
 pub mod terminal;
 pub mod tracker;
@@ -60,6 +62,9 @@ pub enum ProcessError {
     },
     #[error("{0}")]
     Unsupported(String),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Relay(#[from] crate::stdio_relay::RelayError),
 }
 
 impl From<IdentityError> for ProcessError {

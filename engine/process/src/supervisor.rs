@@ -190,6 +190,21 @@ mod unix {
         })
     }
 
+    /// A backend that keeps the command off the host's files must not hand it one as a stream
+    /// either: `/proc/self/fd/N` would reopen it (see `stdio_relay`).
+    fn relayed_stdio(
+        labels: &EvidenceLabels,
+        stdio: [Option<OwnedFd>; 3],
+    ) -> Result<([Option<OwnedFd>; 3], crate::stdio_relay::Relays), ProcessError> {
+        let caps = &labels.capabilities;
+        let confined =
+            caps.filesystem_writes >= agentdiff_backend_api::Level::Requested || caps.sandboxed;
+        if !confined {
+            return Ok((stdio, crate::stdio_relay::Relays::default()));
+        }
+        Ok(crate::stdio_relay::relay_stdio(stdio)?)
+    }
+
     /// fork + exec through std, joining the run cgroup (if any) between the two.
     fn std_spawn(
         prepared: &PreparedLaunch,
@@ -270,6 +285,7 @@ mod unix {
         let (request, exec_request) = requests(spec)?;
         // Everything that can fail before the spawn comes before the run cgroup exists.
         let stdio = stdio_fds(&ctx)?;
+        let (stdio, relays) = relayed_stdio(&labels, stdio)?;
         // Subscribed before the spawn, so the root's own exec is seen.
         let (exec, exec_warning) = ExecObserver::start(exec_request)?;
         let ports = spec.observe_ports.then(PortObserver::start);
@@ -379,6 +395,7 @@ mod unix {
             pidfd,
             exec,
             containers: Some(container_watch),
+            relays,
         };
         let spawned = std::thread::Builder::new()
             .name("agentdiff-monitor".into())
@@ -417,6 +434,8 @@ mod unix {
         pidfd: Option<OwnedFd>,
         exec: ExecObserver,
         containers: Option<containers::ContainerWatch>,
+        /// The command's streams agentdiff relays (see `stdio_relay`).
+        relays: crate::stdio_relay::Relays,
     }
 
     /// waitpid(pid, WNOHANG|WUNTRACED): Ok(None) while running, Ok(Some(status)) on an event.
@@ -484,6 +503,14 @@ mod unix {
             let container_evidence = self.sample_after_end(end);
 
             let mut cleanup = self.end_leftovers(grace, status.is_some());
+            // Everything the command's processes wrote is copied out before the evidence.
+            if !self.relays.drain() {
+                self.warnings.push(
+                    "a process still held the command's relayed output after cleanup; what it \
+                     writes later is not shown"
+                        .into(),
+                );
+            }
 
             // The root's status, when cleanup ended it.
             if status.is_none() && end != End::Lost {
@@ -518,6 +545,7 @@ mod unix {
                 &spec.env_plan.dropped,
             );
             Ok(RunEvidence {
+                stdio_relayed: self.relays.names(),
                 backend: self.labels.backend,
                 enforcement: self.labels.enforcement,
                 capabilities: self.labels.capabilities,

@@ -305,6 +305,7 @@ impl Lost {
             environment: None,
             execs: Default::default(),
             containers: None,
+            stdio_relayed: Vec::new(),
             warnings: vec![
                 "the runtime backend failed while the command ran (see the error): how the command \
                  ended, its processes, ports and programs were not observed"

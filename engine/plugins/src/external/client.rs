@@ -689,6 +689,7 @@ fn evidence(
         },
     };
     RunEvidence {
+        stdio_relayed: Vec::new(),
         backend: id.to_string(),
         enforcement: prepared.enforcement(),
         capabilities: report.capabilities.unwrap_or(plan.capabilities),
