@@ -445,8 +445,9 @@ fn hidden(
     out
 }
 
-/// The read-only re-binds inside writable paths: `.git`, `.agentdiff`, the capsule and every
-/// literal deny path that exists.
+/// The read-only re-binds inside writable paths: `.git`, every git directory and `.git` file the
+/// engine found in the tree (`LaunchSpec::git_dirs`), `.agentdiff`, the capsule and every literal
+/// deny path that exists.
 fn protected(
     spec: &LaunchSpec,
     root: &Path,
@@ -459,6 +460,11 @@ fn protected(
         (root.join(".agentdiff"), "evidence store".into()),
         (spec.capsule_dir.clone(), "run capsule".into()),
     ];
+    wanted.extend(
+        spec.git_dirs
+            .iter()
+            .map(|g| (g.clone(), "repository metadata (git directory)".into())),
+    );
     for d in denies {
         match literal_path(d) {
             Some(rel) => wanted.push((root.join(rel), format!("deny pattern {d:?}"))),
@@ -828,6 +834,31 @@ mod tests {
     fn find(args: &[String], seq: &[&str]) -> Option<usize> {
         args.windows(seq.len())
             .position(|w| w.iter().zip(seq).all(|(a, b)| a == b))
+    }
+
+    /// Git directories the engine found (a separate git dir, a `.git` file) are re-bound
+    /// read-only inside the root; one outside every writable path is read-only already.
+    #[test]
+    fn git_directories_from_the_spec_are_read_only() {
+        let f = fixture();
+        let repo = f.root.join(".repo");
+        std::fs::create_dir_all(&repo).unwrap();
+        let pointer = f.root.join("sub/.git");
+        std::fs::create_dir_all(f.root.join("sub")).unwrap();
+        std::fs::write(&pointer, "gitdir: ../.repo\n").unwrap();
+        let outside = f.home.join("elsewhere.git");
+        std::fs::create_dir_all(&outside).unwrap();
+        let mut s = spec(&f, BackendOptions::new());
+        s.git_dirs = vec![repo.clone(), pointer.clone(), outside.clone()];
+        let p = plan(&s, &facts(&f), programs(), &[]).unwrap();
+        let ro: Vec<&PathBuf> = p
+            .mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::ReadOnly)
+            .map(|m| &m.path)
+            .collect();
+        assert!(ro.contains(&&repo) && ro.contains(&&pointer), "{ro:?}");
+        assert!(!ro.contains(&&outside), "{ro:?}");
     }
 
     #[test]

@@ -202,6 +202,7 @@ pub fn spec_for(scratch: &Scratch, inv: &Invocation, run_id: &str) -> LaunchSpec
         observe_ports: false,
         options: inv.options.clone(),
         deny_patterns: Vec::new(),
+        git_dirs: Vec::new(),
     }
 }
 

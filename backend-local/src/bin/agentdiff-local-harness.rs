@@ -84,6 +84,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         observe_ports: a.observe_ports,
         options,
         deny_patterns: Vec::new(),
+        git_dirs: Vec::new(),
     };
     let backend = LocalBackend::new();
     let prepared = backend.prepare(&spec).map_err(|e| e.to_string())?;

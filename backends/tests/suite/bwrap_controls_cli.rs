@@ -16,11 +16,11 @@ use serde_json::Value;
 use super::bwrap_cli::{no_bwrap, Fixture, Listener};
 
 /// Outcome of each attempt, by name: `true` when the shell command succeeded in the sandbox.
-type Outcomes = BTreeMap<String, bool>;
+pub(super) type Outcomes = BTreeMap<String, bool>;
 
 /// Runs every attempt (name, shell command) inside the sandbox as `sh attempts.sh`; each one
 /// appends `name=ok` or `name=fail` to report.txt in the root.
-fn attempt(
+pub(super) fn attempt(
     f: &Fixture,
     extra: &[&str],
     env: &[(&str, &str)],
@@ -51,7 +51,7 @@ fn attempt(
 }
 
 /// Asserts every attempt named in `expected` had that outcome.
-fn expect(outcomes: &Outcomes, expected: &[(&str, bool)]) {
+pub(super) fn expect(outcomes: &Outcomes, expected: &[(&str, bool)]) {
     for (name, ok) in expected {
         assert_eq!(
             outcomes.get(*name),
@@ -63,7 +63,7 @@ fn expect(outcomes: &Outcomes, expected: &[(&str, bool)]) {
 }
 
 /// A scratch directory outside the project, `$TMPDIR` and the fixture's home.
-fn var_tmp(prefix: &str) -> tempfile::TempDir {
+pub(super) fn var_tmp(prefix: &str) -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in("/var/tmp")
@@ -79,7 +79,7 @@ fn hidden_paths(rt: &Value) -> Vec<String> {
         .collect()
 }
 
-fn mounts(rt: &Value) -> Vec<(String, String)> {
+pub(super) fn mounts(rt: &Value) -> Vec<(String, String)> {
     rt["runtime_config"]["mounts"]
         .as_array()
         .unwrap_or_else(|| panic!("no mounts: {rt:#}"))
@@ -93,7 +93,7 @@ fn mounts(rt: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-fn canonical(p: &Path) -> String {
+pub(super) fn canonical(p: &Path) -> String {
     p.canonicalize().unwrap().to_string_lossy().into_owned()
 }
 

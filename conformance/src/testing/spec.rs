@@ -41,6 +41,7 @@ where
             observe_ports: false,
             options: BackendOptions::new(),
             deny_patterns: Vec::new(),
+            git_dirs: Vec::new(),
         },
     }
 }

@@ -365,6 +365,7 @@ impl WireSpec {
             observe_ports: self.observe_ports,
             options: options_from_wire(&self.options),
             deny_patterns: Vec::new(),
+            git_dirs: Vec::new(),
         })
     }
 }
@@ -652,6 +653,7 @@ mod tests {
                 vec!["a".to_string(), "b".to_string()],
             )])),
             deny_patterns: Vec::new(),
+            git_dirs: Vec::new(),
         };
         let wire = WireSpec::from_spec(&spec).unwrap();
         let text =

@@ -109,6 +109,13 @@ pub struct LaunchSpec {
     /// capsule's `policy.json`, so a held start can be prepared before the capsule is opened.
     /// Not sent to external backends, which read `policy.json` (the wire spec has no such field).
     pub deny_patterns: Vec<String>,
+    /// The project's git directories and `.git` files, canonical, as the engine found them in
+    /// the tree before the launch (`agentdiff_host::git_dirs::discover`: `ROOT/.git`, a `.git`
+    /// file's `gitdir:` target inside or outside the root, `commondir`, nested and renamed
+    /// repositories). A sandboxing backend keeps them read-only (bwrap re-binds them). Empty when
+    /// the caller did not look (the preflight check, tests). In-process only, like
+    /// `deny_patterns`: not on the wire.
+    pub git_dirs: Vec<PathBuf>,
 }
 
 /// The process a backend starts: program, arguments, environment and working directory.

@@ -11,6 +11,8 @@ pub mod cache_file;
 pub mod credentials;
 #[cfg(unix)]
 pub mod dir;
+#[cfg(unix)]
+pub mod git_dirs;
 pub mod hex_id;
 pub mod process_identity;
 #[cfg(unix)]

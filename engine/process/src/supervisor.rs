@@ -857,6 +857,7 @@ mod tests {
             observe_ports: false,
             options,
             deny_patterns: Vec::new(),
+            git_dirs: Vec::new(),
         };
         let command = LaunchCommand {
             program: "sh".into(),

@@ -216,6 +216,7 @@ pub fn write_run_docs(
         private_workspace: run.capabilities.workspace == WorkspaceMode::Private,
         verified_controls: &[],
         capsule_tampered: &[],
+        git_dirs: &[],
     };
     let mut result = decide::decide(&evidence, frame);
     for (record, change) in result.changes.iter_mut().zip(&diff(before, after)) {

@@ -14,11 +14,12 @@ pub fn classify_changes(
     policy: &Policy,
     changes: &[Change],
     private_workspace: bool,
+    git_dirs: &[String],
 ) -> Vec<ChangeRecord> {
     changes
         .iter()
         .map(|c| {
-            let decision = decide(policy, &c.path);
+            let decision = decide_with_git_dirs(policy, &c.path, git_dirs);
             let (reversible, recovery_reason) = if private_workspace {
                 (
                     false,
@@ -46,6 +47,50 @@ pub fn classify_changes(
             }
         })
         .collect()
+}
+
+/// Where `path` lies in git metadata, as the same path below `ROOT/.git` would: below a git
+/// directory or `.git` file found before the run (whatever its name: `--separate-git-dir`, a
+/// worktree's or submodule's), or below any component named `.git` (a pointer file the command
+/// planted). The entry itself stands for the repository's `HEAD`, which replacing it changes.
+fn as_git_metadata(path: &str, git_dirs: &[String]) -> Option<String> {
+    let below = |dir: &str| {
+        if path == dir {
+            Some(String::new())
+        } else {
+            path.strip_prefix(dir)
+                .and_then(|r| r.strip_prefix('/'))
+                .map(str::to_owned)
+        }
+    };
+    let rest = git_dirs.iter().find_map(|g| below(g)).or_else(|| {
+        let mut parts = path.split('/');
+        parts
+            .position(|p| p == ".git")
+            .map(|_| parts.collect::<Vec<_>>().join("/"))
+    })?;
+    Some(if rest.is_empty() {
+        ".git/HEAD".to_owned()
+    } else {
+        format!(".git/{rest}")
+    })
+}
+
+/// The policy's decision for `path`, and, when it is git metadata, the decision for its `.git`
+/// equivalent: the strictest counts, so the built-in policy's `.git/**` denies a hook written to
+/// a separate git directory as it denies one in `.git/hooks`.
+pub(crate) fn decide_with_git_dirs(policy: &Policy, path: &str, git_dirs: &[String]) -> Decision {
+    let own = decide(policy, path);
+    let Some(equivalent) = as_git_metadata(path, git_dirs) else {
+        return own;
+    };
+    let mut as_git = decide(policy, &equivalent);
+    if as_git.action <= own.action {
+        return own;
+    }
+    as_git.reason = format!("git metadata (decided as {equivalent}): {}", as_git.reason);
+    as_git.subject = path.to_owned();
+    as_git
 }
 
 fn decide(policy: &Policy, path: &str) -> Decision {

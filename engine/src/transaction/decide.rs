@@ -39,6 +39,9 @@ pub struct Evidence<'a> {
     pub verified_controls: &'a [VerifiedControl],
     /// What changed under `.agentdiff/` while the command ran (a deny-level finding).
     pub capsule_tampered: &'a [agentdiff_store::TamperFinding],
+    /// The git directories and `.git` files below the root found before the launch
+    /// (root-relative): a change below one is decided as git metadata.
+    pub git_dirs: &'a [String],
 }
 
 /// Identity and timing of the run, taken by the caller so the decision stays pure.
@@ -53,7 +56,12 @@ pub struct RunFrame {
 
 /// The result of a run that was launched.
 pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
-    let changes = classify_changes(ev.policy, &ev.comparison.changes, ev.private_workspace);
+    let changes = classify_changes(
+        ev.policy,
+        &ev.comparison.changes,
+        ev.private_workspace,
+        ev.git_dirs,
+    );
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
     let mut findings = evidence_findings(ev.run);

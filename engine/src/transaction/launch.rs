@@ -41,6 +41,9 @@ pub(super) struct Launcher<'a, 'r> {
     pub capsule: &'a Capsule,
     pub timeout: Option<std::time::Duration>,
     pub key: &'a SealKey,
+    /// The git directories, found in the tree before the command can change it: the sandbox
+    /// keeps them read-only, and a change below one is decided as git metadata.
+    pub git_dirs: &'a agentdiff_host::git_dirs::GitDirs,
 }
 
 impl Launcher<'_, '_> {
@@ -77,6 +80,7 @@ impl Launcher<'_, '_> {
                 observe_ports: policy.network_mode() == NetworkMode::Observe,
                 options: self.options.clone(),
                 deny_patterns: policy.deny_patterns(),
+                git_dirs: self.git_dirs.paths(),
             },
             env_evidence: env_plan.evidence,
         }

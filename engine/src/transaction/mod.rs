@@ -179,6 +179,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let options = effective_options(&req.options, policy, req.backend.id());
     let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
     let run_id = capsule.id().to_string();
+    let git_dirs = agentdiff_host::git_dirs::discover(&root);
     let launcher = launch::Launcher {
         req: &req,
         policy,
@@ -188,6 +189,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         capsule: &capsule,
         timeout,
         key: authority.key(),
+        git_dirs: &git_dirs,
     };
     // A backend that holds the start is launched first: its sandbox is set up while the capsule
     // is opened and the tree captured; the command runs only after the store snapshot below.
@@ -201,7 +203,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Ok(opened) => opened,
         Err(not_run) => return not_run,
     };
-
     // Capture before.
     let capture = CapturePlan::new(
         &store,
@@ -239,7 +240,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     } else {
         root.clone()
     };
-
     // Launch.
     let store_snapshot = match snapshot_before_launch(&store, &recent, objects_snapshot) {
         Ok(snapshot) => snapshot,
@@ -267,7 +267,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
     capsule_tampered.apply(&mut before, &mut referenced);
     record_exited(&sealer, &evidence, &req.verified_controls)?;
-
     // Capture after. The command has run: a capture that fails (the store's disk is full, or the
     // command broke the store) still ends in a sealed capsule that says so, never in no result.
     let store_untouched = capsule_tampered.findings.is_empty();
@@ -303,6 +302,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         private_workspace,
         verified_controls: &req.verified_controls,
         capsule_tampered: &capsule_tampered.findings,
+        git_dirs: &git_dirs.relative_to(&root),
     };
     let result = decide::decide(&evidence_in, sealer.frame());
     let outcome = sealer.seal(result, &referenced, None)?;

@@ -70,6 +70,7 @@ pub fn check_request(
         observe_ports: policy.network_mode() == NetworkMode::Observe,
         options,
         deny_patterns: policy.deny_patterns(),
+        git_dirs: Vec::new(),
     };
     match backend.check(&spec) {
         Err(e @ (BackendError::InvalidRequest { .. } | BackendError::Option(_))) => Err(e),

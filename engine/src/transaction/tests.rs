@@ -145,6 +145,7 @@ impl Case {
             private_workspace: self.private_workspace,
             verified_controls: &[],
             capsule_tampered: &self.tampered,
+            git_dirs: &[],
         };
         decide::decide(&ev, frame())
     }
@@ -170,6 +171,7 @@ fn decide_clean_exit(
         private_workspace: false,
         verified_controls: &[],
         capsule_tampered: &[],
+        git_dirs: &[],
     };
     decide::decide(&ev, frame())
 }
@@ -1090,4 +1092,29 @@ async fn a_backend_that_fails_after_launch_still_records_and_classifies_the_chan
         ended
     });
     assert!(gone, "the command's leftover sleep {pid} still runs");
+}
+
+/// A change below a git directory found before the run is decided as the same path below
+/// `.git/` would be, whatever the directory is called; so is anything below a `.git` component
+/// the command planted. Other paths keep their own decision.
+#[test]
+fn changes_below_any_git_directory_are_decided_as_git_metadata() {
+    use super::classify::decide_with_git_dirs;
+    let policy = Policy::builtin();
+    let dirs = vec![".repo".to_string(), "sub/.git".to_string()];
+    for path in [
+        ".repo/hooks/pre-commit",
+        ".repo/config",
+        ".repo",
+        "sub/.git",
+        "x/.git",
+    ] {
+        let d = decide_with_git_dirs(&policy, path, &dirs);
+        assert_eq!(d.action, Action::Deny, "{path}: {d:?}");
+        assert_eq!(d.subject, path);
+    }
+    let without = decide_with_git_dirs(&policy, ".repo/hooks/pre-commit", &[]);
+    assert_eq!(without.action, Action::Review, "{without:?}");
+    let other = decide_with_git_dirs(&policy, ".repository/x", &dirs);
+    assert_eq!(other.action, Action::Review, "{other:?}");
 }

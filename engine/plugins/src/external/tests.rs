@@ -142,6 +142,7 @@ fn spec(dir: &Path) -> LaunchSpec {
         observe_ports: false,
         options: BackendOptions::new(),
         deny_patterns: Vec::new(),
+        git_dirs: Vec::new(),
     }
 }
 
