@@ -142,6 +142,8 @@ fn runtime_config(plan: &Plan) -> Value {
         "exec_shim": plan.shim.to_string_lossy(),
         "start_marker": plan.marker.to_string_lossy(),
         "network": plan.network,
+        "home": plan.home,
+        "home_sockets": if plan.agent_sockets_allowed { "allow" } else { "hide" },
         "base": ["ro-bind / /", "dev /dev", "proc /proc", "tmpfs /tmp"],
         "mounts": plan.mounts,
         "not_applied": plan.not_applied,
@@ -160,6 +162,37 @@ fn namespaces(network: Network) -> Vec<&'static str> {
         n.push("net");
     }
     n
+}
+
+/// The credentials control: enforced under the home allowlist (only the allowlist of each home
+/// is shown); under the denylist only the listed locations are hidden and any other file of the
+/// home is readable, which no label may call enforced; nor may it when the agent sockets were
+/// allowed (the command can use the keys behind them).
+fn credentials_control(home: plan::HomeMode, sockets_allowed: bool) -> Control {
+    let (level, how) = match home {
+        plan::HomeMode::Allowlist if sockets_allowed => (
+            Level::Uncontrolled,
+            "home allowlist, but $XDG_RUNTIME_DIR and the agent sockets allowed \
+             (runtime.bwrap.home.sockets: allow): the command can use the keys behind them",
+        ),
+        plan::HomeMode::Allowlist => (
+            Level::Enforced,
+            "home allowlist: each home hidden (read-only tmpfs) except the allowlist; \
+             credential locations, agentdiff's key directory, $XDG_RUNTIME_DIR, agent sockets \
+             and container engine sockets hidden",
+        ),
+        plan::HomeMode::Denylist => (
+            Level::Uncontrolled,
+            "home denylist (runtime.bwrap.home.mode: denylist): only the listed credential \
+             locations, agentdiff's key directory and container engine sockets are hidden; \
+             every other file of the home is readable",
+        ),
+    };
+    Control {
+        level,
+        how: how.to_string(),
+        hidden: None,
+    }
 }
 
 /// The level of every control, as recorded with the run.
@@ -211,11 +244,7 @@ fn controls(plan: &Plan) -> BTreeMap<String, Control> {
             "credentials",
             Control {
                 hidden: Some(hidden),
-                ..control(
-                    Level::Enforced,
-                    "credential locations, agentdiff's key directory and container engine sockets \
-                     hidden",
-                )
+                ..credentials_control(plan.home, plan.agent_sockets_allowed)
             },
         ),
         ("network", control(caps.network, network_how)),

@@ -56,13 +56,29 @@ pub const OPT_HIDE: &str = "hide";
 pub const OPT_WRITABLE: &str = "writable";
 /// Option key: `none` (default, network namespace unshared) or `host` (`runtime.bwrap.network`).
 pub const OPT_NETWORK: &str = "network";
+/// Option key: `allowlist` (default: each home hidden except the allowlist) or `denylist` (the
+/// home readable except the credential list) (`runtime.bwrap.home.mode`).
+pub const OPT_HOME: &str = "home";
+/// Option key (repeatable): a `~/…` path shown read-only under the home allowlist
+/// (`runtime.bwrap.home.read`).
+pub const OPT_HOME_READ: &str = "home-read";
+/// Option key (repeatable): a `~/…` path shown writable under the home allowlist
+/// (`runtime.bwrap.home.write`).
+pub const OPT_HOME_WRITE: &str = "home-write";
+/// Option key: `hide` (default under the allowlist) or `allow`: whether `$XDG_RUNTIME_DIR` and
+/// the agent sockets stay reachable, with their variables (`runtime.bwrap.home.sockets`).
+pub const OPT_HOME_SOCKETS: &str = "home-sockets";
 /// Every option key this backend reads; any other is refused so a typo never weakens a run.
-pub const OPTION_KEYS: [&str; 5] = [
+pub const OPTION_KEYS: [&str; 9] = [
     OPT_EXECUTABLE,
     OPT_EXEC_SHIM,
     OPT_HIDE,
     OPT_WRITABLE,
     OPT_NETWORK,
+    OPT_HOME,
+    OPT_HOME_READ,
+    OPT_HOME_WRITE,
+    OPT_HOME_SOCKETS,
 ];
 use agentdiff_backend_api::{FailClosedSpec, OptionKind, OptionSpec};
 
@@ -97,6 +113,32 @@ pub const OPTIONS: &[OptionSpec] = &[
         "none (network namespace unshared) or host (runtime.bwrap.network)",
     )
     .default_value("none"),
+    OptionSpec::new(
+        OPT_HOME,
+        OptionKind::Choice(&["allowlist", "denylist"]),
+        "allowlist (each home hidden except the allowlist) or denylist (readable except the \
+         credential list) (runtime.bwrap.home.mode)",
+    )
+    .default_value("allowlist"),
+    OptionSpec::new(
+        OPT_HOME_READ,
+        OptionKind::Path,
+        "a ~/ path shown read-only under the home allowlist (runtime.bwrap.home.read)",
+    )
+    .repeatable(),
+    OptionSpec::new(
+        OPT_HOME_WRITE,
+        OptionKind::Path,
+        "a ~/ path shown writable under the home allowlist (runtime.bwrap.home.write)",
+    )
+    .repeatable(),
+    OptionSpec::new(
+        OPT_HOME_SOCKETS,
+        OptionKind::Choice(&["hide", "allow"]),
+        "hide (default) or allow $XDG_RUNTIME_DIR and the agent sockets under the home \
+         allowlist (runtime.bwrap.home.sockets)",
+    )
+    .default_value("hide"),
 ];
 
 /// bwrap missing must refuse the launch, never run the command unsandboxed.

@@ -26,6 +26,9 @@ use serde::Serialize;
 
 use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, OPT_WRITABLE};
 
+mod home;
+pub use home::{HomeMode, AGENT_VARS, HOME_ALLOWLIST};
+
 /// Name of the start-marker FIFO in the run capsule (removed when the run ends).
 pub const START_MARKER_FILE: &str = "bwrap-start-marker.fifo";
 /// Name of the start-gate FIFO in the run capsule, where the exec shim waits until the run is
@@ -74,6 +77,10 @@ pub enum MountKind {
     HiddenDir,
     /// `--ro-bind /dev/null P`: an empty, read-only file.
     HiddenFile,
+    /// `--tmpfs P`, remounted read-only after every mount below it: a home under the allowlist.
+    HomeTmpfs,
+    /// `--symlink TARGET P`: an allowlisted home entry that is a symlink, shown as one.
+    Symlink,
 }
 
 /// One planned mount with the reason it is there.
@@ -81,6 +88,9 @@ pub enum MountKind {
 pub struct Mount {
     pub kind: MountKind,
     pub path: PathBuf,
+    /// The link's target, for [`MountKind::Symlink`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<PathBuf>,
     pub reason: String,
 }
 
@@ -104,6 +114,9 @@ pub struct HostFacts {
     /// Credential locations named by the command's environment and agentdiff's default key
     /// directories ([`env_credential_locations`]), hidden like the home ones.
     pub env_credentials: Vec<(PathBuf, String)>,
+    /// The runtime directory and agent sockets agentdiff's and the command's environments name:
+    /// hidden under the home allowlist.
+    pub agent_sockets: Vec<(PathBuf, String)>,
 }
 
 /// Credential files a tool keeps below the directory an environment variable names.
@@ -222,6 +235,13 @@ impl HostFacts {
             }
         }
         facts.env_credentials = creds;
+        for env in [own.as_slice(), command_env] {
+            for (p, why) in home::agent_locations(env) {
+                if !facts.agent_sockets.iter().any(|(q, _)| *q == p) {
+                    facts.agent_sockets.push((p, why));
+                }
+            }
+        }
         facts
     }
 }
@@ -237,6 +257,10 @@ pub struct Plan {
     pub root: PathBuf,
     pub workdir: PathBuf,
     pub network: Network,
+    /// How the homes are shown (`home` option).
+    pub home: HomeMode,
+    /// `home-sockets: allow`: the runtime directory and agent sockets were left reachable.
+    pub agent_sockets_allowed: bool,
     /// `--new-session` (non-interactive runs).
     pub new_session: bool,
     /// Mounts after the fixed base (`/`, `/dev`, `/proc`, `/tmp`), in order.
@@ -403,9 +427,13 @@ fn read_options(
 fn hidden(
     facts: &HostFacts,
     extra: &[String],
+    hide_agents: bool,
     not_applied: &mut Vec<String>,
 ) -> Vec<(PathBuf, String)> {
     let mut wanted: Vec<(PathBuf, String)> = Vec::new();
+    if hide_agents {
+        wanted.extend(facts.agent_sockets.iter().cloned());
+    }
     for home in &facts.homes {
         for rel in CREDENTIAL_LOCATIONS.iter() {
             wanted.push((home.join(rel), "credential location".into()));
@@ -442,6 +470,14 @@ fn hidden(
             Err(_) => {}
         }
     }
+    // Inside a hidden directory a path is hidden already, and its mount point could not be
+    // created in that directory's read-only tmpfs (a socket under `$XDG_RUNTIME_DIR`).
+    let dirs: Vec<PathBuf> = out
+        .iter()
+        .filter(|(p, _)| p.is_dir())
+        .map(|(p, _)| p.clone())
+        .collect();
+    out.retain(|(p, _)| !dirs.iter().any(|d| p != d && is_within(p, d)));
     out
 }
 
@@ -494,6 +530,36 @@ fn protected(
     out
 }
 
+/// The home mounts, the mode the run is labelled with and the mode asked for. A home a writable
+/// path shows whole is not hidden: such a run is labelled as the denylist.
+fn home_plan(
+    spec: &LaunchSpec,
+    facts: &HostFacts,
+    writable: &[PathBuf],
+    not_applied: &mut Vec<String>,
+) -> Result<(Vec<Mount>, HomeMode, home::HomeOptions), PlanError> {
+    let opts = home::read_options(&spec.options)?;
+    let mounts = match opts.mode {
+        HomeMode::Allowlist => home::mounts(
+            &facts.homes,
+            &opts,
+            facts.state_dir.as_deref(),
+            writable,
+            not_applied,
+        )?,
+        HomeMode::Denylist => Vec::new(),
+    };
+    let whole = |h: &PathBuf| {
+        let h = h.canonicalize().unwrap_or_else(|_| h.clone());
+        writable.iter().any(|w| h.starts_with(w))
+    };
+    let mode = match opts.mode {
+        HomeMode::Allowlist if facts.homes.iter().any(whole) => HomeMode::Denylist,
+        mode => mode,
+    };
+    Ok((mounts, mode, opts))
+}
+
 /// Plan the sandbox for `spec`. `denies` are the policy's filesystem deny patterns.
 pub fn plan(
     spec: &LaunchSpec,
@@ -524,10 +590,23 @@ pub fn plan(
     }
     let mut writable = vec![root.clone()];
     writable.extend(extra_writable);
-    check_bwrap_location(&programs.bwrap, &writable)?;
     let mut not_applied = Vec::new();
-    let hide = hidden(facts, &extra_hide, &mut not_applied);
-    let protect = protected(spec, &root, &writable, denies, &mut not_applied);
+    let (home_mounts, home_mode, home_opts) = home_plan(spec, facts, &writable, &mut not_applied)?;
+    let mut checked = writable.clone();
+    checked.extend(
+        home_mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::Writable)
+            .map(|m| m.path.clone()),
+    );
+    check_bwrap_location(&programs.bwrap, &checked)?;
+    let hide = hidden(
+        facts,
+        &extra_hide,
+        home_opts.hide_agents(),
+        &mut not_applied,
+    );
+    let protect = protected(spec, &root, &checked, denies, &mut not_applied);
     for (h, reason) in &hide {
         if is_within(&root, h) || is_within(&workdir, h) {
             return Err(layout(format!(
@@ -538,22 +617,22 @@ pub fn plan(
             )));
         }
     }
-    let mut mounts: Vec<Mount> = writable
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Mount {
-            kind: MountKind::Writable,
-            path: p.clone(),
-            reason: if i == 0 {
-                "project root".into()
-            } else {
-                "writable option".into()
-            },
-        })
-        .collect();
+    // The homes first: the root and the writable paths are bound over them.
+    let mut mounts: Vec<Mount> = home_mounts;
+    mounts.extend(writable.iter().enumerate().map(|(i, p)| Mount {
+        kind: MountKind::Writable,
+        path: p.clone(),
+        target: None,
+        reason: if i == 0 {
+            "project root".into()
+        } else {
+            "writable option".into()
+        },
+    }));
     mounts.extend(protect.into_iter().map(|(path, reason)| Mount {
         kind: MountKind::ReadOnly,
         path,
+        target: None,
         reason,
     }));
     mounts.extend(hide.into_iter().map(|(path, reason)| Mount {
@@ -563,12 +642,23 @@ pub fn plan(
             MountKind::HiddenFile
         },
         path,
+        target: None,
         reason,
     }));
 
     let marker = spec.capsule_dir.join(START_MARKER_FILE);
     let gate = spec.capsule_dir.join(START_GATE_FILE);
-    let (env, env_dropped) = sandbox_env(&spec.env);
+    let (mut env, mut env_dropped) = sandbox_env(&spec.env);
+    if home_opts.hide_agents() {
+        // The sockets are hidden; their variables would only point at nothing.
+        env.retain(|(k, _)| {
+            let agent = AGENT_VARS.iter().any(|v| k.as_os_str() == OsStr::new(v));
+            if agent {
+                env_dropped.push(k.to_string_lossy().into_owned());
+            }
+            !agent
+        });
+    }
     let new_session = !facts.interactive;
     let shim = ShimMount {
         path: &programs.shim,
@@ -600,6 +690,8 @@ pub fn plan(
         root,
         workdir,
         network,
+        home: home_mode,
+        agent_sockets_allowed: home_opts.sockets_allowed,
         new_session,
         mounts,
         not_applied,
@@ -713,6 +805,11 @@ pub fn build_args(
             MountKind::ReadOnly => push(&[s("--ro-bind"), p, p]),
             MountKind::HiddenDir => push(&[s("--tmpfs"), p, s("--remount-ro"), p]),
             MountKind::HiddenFile => push(&[s("--ro-bind"), s("/dev/null"), p]),
+            MountKind::HomeTmpfs => push(&[s("--tmpfs"), p]),
+            MountKind::Symlink => {
+                let t = m.target.as_deref().unwrap_or(Path::new("/nonexistent"));
+                push(&[s("--symlink"), t.as_os_str(), p]);
+            }
         }
     }
     if shim.bind {
@@ -727,6 +824,10 @@ pub fn build_args(
         );
         push(&[s("--ro-bind"), m, m, s("--ro-bind"), g, g]);
         push(&[s("--ro-bind"), k, k]);
+    }
+    // A home's tmpfs turns read-only only now: every mount point below it had to be created.
+    for m in mounts.iter().filter(|m| m.kind == MountKind::HomeTmpfs) {
+        push(&[s("--remount-ro"), m.path.as_os_str()]);
     }
     push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
     if network == Network::None {
@@ -809,6 +910,7 @@ mod tests {
             interactive: false,
             engine_sockets: vec![f.home.join("engine.sock"), f.home.join("absent.sock")],
             env_credentials: Vec::new(),
+            agent_sockets: Vec::new(),
         }
     }
 
@@ -859,6 +961,51 @@ mod tests {
             .collect();
         assert!(ro.contains(&&repo) && ro.contains(&&pointer), "{ro:?}");
         assert!(!ro.contains(&&outside), "{ro:?}");
+    }
+
+    /// Under the default allowlist the home is a tmpfs made before the root's bind and
+    /// remounted read-only after every mount below it; allowlisted entries are shown read-only;
+    /// agent variables are dropped. The state directory is never allowed; `denylist` makes no
+    /// home mount.
+    #[test]
+    fn the_home_allowlist_is_mounted_in_order_and_refuses_the_state_dir() {
+        let f = fixture();
+        std::fs::create_dir_all(f.home.join(".cargo/bin")).unwrap();
+        let mut s = spec(&f, BackendOptions::new());
+        s.env
+            .push(("SSH_AUTH_SOCK".into(), "/run/user/1/agent.sock".into()));
+        let p = plan(&s, &facts(&f), programs(), &[]).unwrap();
+        let a = strs(&p.args);
+        let home = f.home.display().to_string();
+        let cargo = f.home.join(".cargo").display().to_string();
+        let root = f.root.display().to_string();
+        let at = |seq: &[&str]| find(&a, seq).unwrap_or_else(|| panic!("{seq:?} not in {a:?}"));
+        let tmpfs = at(&["--tmpfs", &home]);
+        let ro_cargo = at(&["--ro-bind", &cargo, &cargo]);
+        let bind_root = at(&["--bind", &root, &root]);
+        let remount = at(&["--remount-ro", &home]);
+        let shim = at(&["--ro-bind", "/opt/agentdiff", "/opt/agentdiff"]);
+        assert!(
+            tmpfs < ro_cargo && ro_cargo < bind_root && shim < remount,
+            "{a:?}"
+        );
+        assert_eq!(p.home, HomeMode::Allowlist);
+        assert!(p.env.iter().all(|(k, _)| k != "SSH_AUTH_SOCK"));
+        assert!(p.env_dropped.contains(&"SSH_AUTH_SOCK".to_string()));
+
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_HOME_READ, "~/.local/state");
+        let err = plan(&spec(&f, o), &facts(&f), programs(), &[]).unwrap_err();
+        assert!(err.to_string().contains("state directory"), "{err}");
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_HOME_WRITE, "~/../etc");
+        assert!(plan(&spec(&f, o), &facts(&f), programs(), &[]).is_err());
+
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_HOME, "denylist");
+        let p = plan(&spec(&f, o), &facts(&f), programs(), &[]).unwrap();
+        assert_eq!(p.home, HomeMode::Denylist);
+        assert!(find(&strs(&p.args), &["--tmpfs", &home]).is_none());
     }
 
     #[test]

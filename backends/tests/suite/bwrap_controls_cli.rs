@@ -863,4 +863,16 @@ fn doctor_probes_verify_every_enforced_bwrap_label() {
     }
     assert_eq!(doc["recommended"]["id"], "bwrap", "{doc:#}");
     assert_eq!(doc["recommended"]["verified"], true, "{doc:#}");
+    // The home allowlist: a file planted in a temporary HOME outside the list is unreadable.
+    let home_read = doc["backends"][0]["probe"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["probe"] == "home_read")
+        .unwrap_or_else(|| panic!("no home_read probe: {doc:#}"));
+    assert_eq!(home_read["verdict"], "verified", "{home_read:#}");
+    assert_eq!(
+        home_read["evidence"]["allowlisted_read"], true,
+        "{home_read:#}"
+    );
 }

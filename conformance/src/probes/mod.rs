@@ -26,6 +26,9 @@ pub enum ProbeKind {
     OutsideWrite,
     /// Read canary secret files outside the root (the same three places).
     OutsideRead,
+    /// With `HOME` a fresh temporary directory, read a canary file planted there outside any
+    /// home allowlist (and, for information, one in `~/.cargo`, which the bwrap allowlist shows).
+    HomeRead,
     /// Connect to a TCP listener the probe opened on the host, at 127.0.0.1 and at this host's
     /// non-loopback address.
     HostLoopbackConnect,
@@ -42,9 +45,10 @@ pub enum ProbeKind {
 }
 
 impl ProbeKind {
-    pub const ALL: [ProbeKind; 8] = [
+    pub const ALL: [ProbeKind; 9] = [
         ProbeKind::OutsideWrite,
         ProbeKind::OutsideRead,
+        ProbeKind::HomeRead,
         ProbeKind::HostLoopbackConnect,
         ProbeKind::Environment,
         ProbeKind::Daemon,
@@ -57,6 +61,7 @@ impl ProbeKind {
         match self {
             ProbeKind::OutsideWrite => "outside_write",
             ProbeKind::OutsideRead => "outside_read",
+            ProbeKind::HomeRead => "home_read",
             ProbeKind::HostLoopbackConnect => "host_loopback_connect",
             ProbeKind::Environment => "environment",
             ProbeKind::Daemon => "daemon",
@@ -71,7 +76,7 @@ impl ProbeKind {
     pub fn boundary(self) -> Option<Boundary> {
         match self {
             ProbeKind::OutsideWrite => Some(Boundary::FilesystemWrites),
-            ProbeKind::OutsideRead => None,
+            ProbeKind::OutsideRead | ProbeKind::HomeRead => None,
             ProbeKind::HostLoopbackConnect => Some(Boundary::Network),
             ProbeKind::Environment => Some(Boundary::Environment),
             ProbeKind::Daemon => Some(Boundary::Processes),

@@ -51,6 +51,7 @@ pub(super) async fn run(
     match kind {
         ProbeKind::OutsideWrite => outside_write(backend, scratch, options).await,
         ProbeKind::OutsideRead => outside_read(backend, scratch, options).await,
+        ProbeKind::HomeRead => home_read(backend, scratch, options).await,
         ProbeKind::HostLoopbackConnect => loopback(backend, scratch, options).await,
         ProbeKind::Environment => environment(backend, scratch, options).await,
         ProbeKind::Daemon => daemon(backend, scratch, options).await,
@@ -227,6 +228,73 @@ async fn outside_write(
         ),
         evidence,
     )
+}
+
+/// `HOME` is a fresh directory with a canary at `~/.agentdiff-probe-secret` (on no allowlist)
+/// and one at `~/.cargo/agentdiff-probe` (on bwrap's): the first must not be read.
+async fn home_read(
+    backend: &dyn RuntimeBackend,
+    scratch: &Scratch,
+    options: &ProbeOptions,
+) -> ProbeResult {
+    let kind = ProbeKind::HomeRead;
+    let home = match tempfile::Builder::new()
+        .prefix("agentdiff-probe-home-")
+        .tempdir_in(&scratch.outside)
+    {
+        Ok(h) => h,
+        Err(e) => return inconclusive(kind, format!("no temporary home: {e}"), json!(null)),
+    };
+    let secret = format!("agentdiff-canary-{}", host::random_token());
+    let listed = format!("agentdiff-canary-{}", host::random_token());
+    let unlisted = home.path().join(".agentdiff-probe-secret");
+    let allowed = home.path().join(".cargo/agentdiff-probe");
+    let planted = std::fs::write(&unlisted, &secret)
+        .and_then(|()| std::fs::create_dir_all(home.path().join(".cargo")))
+        .and_then(|()| std::fs::write(&allowed, &listed));
+    if let Err(e) = planted {
+        return inconclusive(
+            kind,
+            format!("could not plant the canaries: {e}"),
+            json!(null),
+        );
+    }
+    let script = format!(
+        "echo ran > {RAN_MARKER}; cat \"$HOME/.agentdiff-probe-secret\"; echo; \
+         cat \"$HOME/.cargo/agentdiff-probe\"; exit 0"
+    );
+    let home_str = home.path().to_string_lossy().into_owned();
+    let inv = Invocation::new(["sh", "-c", script.as_str()]).env("HOME", &home_str);
+    let ran = match launch(kind, backend, scratch, inv, options).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let out = ran.stdout_text();
+    let evidence = json!({
+        "home": home_str,
+        "unlisted": unlisted.display().to_string(),
+        "unlisted_read": out.contains(secret.as_str()),
+        "allowlisted": allowed.display().to_string(),
+        "allowlisted_read": out.contains(listed.as_str()),
+        "exit": ran.evidence.exit,
+        "stderr": excerpt(&ran.stderr),
+    });
+    if out.contains(secret.as_str()) {
+        let why = format!(
+            "a file in HOME on no allowlist was readable: {}",
+            unlisted.display()
+        );
+        return result(kind, Verdict::NotEnforced, why, evidence);
+    }
+    if !ran_marker_present(scratch) {
+        return inconclusive(kind, "the probe did not run".into(), evidence);
+    }
+    let summary = if out.contains(listed.as_str()) {
+        "a file in HOME on no allowlist was unreadable; one in ~/.cargo was readable"
+    } else {
+        "a file in HOME on no allowlist was unreadable (so was one in ~/.cargo)"
+    };
+    result(kind, Verdict::Verified, summary, evidence)
 }
 
 async fn outside_read(

@@ -32,7 +32,7 @@ pub use error::PolicyError;
 pub use load::{load, load_file, LoadedPolicy, PolicySource, MAX_POLICY_BYTES, POLICY_FILE_NAME};
 pub use path::{normalize_path, PathProblem};
 pub use schema::{
-    BwrapSettings, CaptureSettings, EnvMode, EnvironmentSettings, Limits, NetworkMode,
+    BwrapHome, BwrapSettings, CaptureSettings, EnvMode, EnvironmentSettings, Limits, NetworkMode,
     ObserveSettings, RollbackSettings, RuntimeSettings, Weights, SUPPORTED_VERSIONS, WEIGHT_NAMES,
 };
 

@@ -234,6 +234,25 @@ pub struct BwrapSettings {
     /// `none` (the default) or `host`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// `runtime.bwrap.home`: how the home directories are shown to the command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<BwrapHome>,
+}
+
+/// `runtime.bwrap.home`: `mode` (`allowlist`, the default: the home is hidden except the listed
+/// entries; `denylist`: the home is readable except the credential list), and `~/` paths added
+/// to the allowlist read-only (`read`) or writable (`write`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BwrapHome {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub write: Vec<String>,
+    /// `hide` (the default) or `allow`: the runtime directory and agent sockets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sockets: Option<String>,
 }
 
 impl RuntimeSettings {
@@ -251,13 +270,28 @@ impl RuntimeSettings {
             if let Some(n) = &b.network {
                 out.insert("network".to_string(), vec![n.clone()]);
             }
+            if let Some(h) = &b.home {
+                if let Some(m) = &h.mode {
+                    out.insert("home".to_string(), vec![m.clone()]);
+                }
+                if !h.read.is_empty() {
+                    out.insert("home-read".to_string(), h.read.clone());
+                }
+                if !h.write.is_empty() {
+                    out.insert("home-write".to_string(), h.write.clone());
+                }
+                if let Some(s) = &h.sockets {
+                    out.insert("home-sockets".to_string(), vec![s.clone()]);
+                }
+            }
         }
         out
     }
 }
 
 /// Keys of `runtime.bwrap`: extra hidden paths, extra writable paths, and the network mode.
-const BWRAP_KEYS: [&str; 3] = ["hide", "writable", "network"];
+const BWRAP_KEYS: [&str; 4] = ["hide", "writable", "network", "home"];
+const BWRAP_HOME_KEYS: [&str; 4] = ["mode", "read", "write", "sockets"];
 
 /// `observe` section (version 2): extra paths the scanner observes even where they are excluded
 /// by default (e.g. `node_modules/**`), so that they can be decided and scored.
@@ -882,7 +916,63 @@ impl Checker {
                 }
             }
         }
+        if let Some(n) = lookup(entries, "home") {
+            section.home = Some(self.bwrap_home(n));
+        }
         section
+    }
+
+    /// `runtime.bwrap.home`: the mode, and `~/` paths below the home (never the home itself,
+    /// never with `..`; the backend refuses agentdiff's state directory).
+    fn bwrap_home(&mut self, node: &Node) -> BwrapHome {
+        let mut home = BwrapHome::default();
+        let Some(entries) = self.mapping(node, "runtime.bwrap.home", &BWRAP_HOME_KEYS) else {
+            return home;
+        };
+        if let Some(n) = lookup(entries, "mode") {
+            if let Some(mode) = self.string(n, "runtime.bwrap.home.mode") {
+                if mode == "allowlist" || mode == "denylist" {
+                    home.mode = Some(mode);
+                } else {
+                    self.problem(format!(
+                        "runtime.bwrap.home.mode: {mode:?} is not `allowlist` or `denylist`"
+                    ));
+                }
+            }
+        }
+        if let Some(n) = lookup(entries, "sockets") {
+            if let Some(v) = self.string(n, "runtime.bwrap.home.sockets") {
+                if v == "hide" || v == "allow" {
+                    home.sockets = Some(v);
+                } else {
+                    self.problem(format!(
+                        "runtime.bwrap.home.sockets: {v:?} is not `hide` or `allow`"
+                    ));
+                }
+            }
+        }
+        for key in ["read", "write"] {
+            let Some(n) = lookup(entries, key) else {
+                continue;
+            };
+            let path = join("runtime.bwrap.home", key);
+            let values = self.string_list(n, &path);
+            for (i, v) in values.iter().enumerate() {
+                let rest = v.strip_prefix("~/").unwrap_or("");
+                if rest.trim_matches('/').is_empty() || rest.split('/').any(|s| s == "..") {
+                    self.problem(format!(
+                        "{path}[{i}]: {v:?} must name a path below the home, as `~/…`, \
+                         without `..`"
+                    ));
+                }
+            }
+            if key == "read" {
+                home.read = values;
+            } else {
+                home.write = values;
+            }
+        }
+        home
     }
 
     fn option_values(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {

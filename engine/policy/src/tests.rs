@@ -606,6 +606,35 @@ fn runtime_bwrap_section_is_checked_and_kept_apart_from_generic_options() {
     assert!(p[0].contains("mounts"), "{p:?}");
 }
 
+/// `runtime.bwrap.home` becomes the `home`, `home-read` and `home-write` options; a mode other
+/// than the two, a path not below the home and an unknown key are refused.
+#[test]
+fn runtime_bwrap_home_is_checked_and_handed_to_bwrap() {
+    let p = parse(
+        "version: 2\nruntime:\n  bwrap:\n    home:\n      mode: denylist\n      read: [~/.config/tool]\n      write: [~/.cache/tool]\n",
+    )
+    .unwrap();
+    let section = p.runtime().section_options("bwrap");
+    assert_eq!(section["home"], vec!["denylist"]);
+    assert_eq!(section["home-read"], vec!["~/.config/tool"]);
+    assert_eq!(section["home-write"], vec!["~/.cache/tool"]);
+    let again = Policy::from_yaml_or_json(&p.to_json().to_string(), "effective.json").unwrap();
+    assert_eq!(again.runtime().section_options("bwrap"), section);
+    for (yaml, key) in [
+        ("mode: open", "runtime.bwrap.home.mode"),
+        ("read: [/etc]", "runtime.bwrap.home.read[0]"),
+        ("read: [\"~/../etc\"]", "runtime.bwrap.home.read[0]"),
+        ("write: [\"~/\"]", "runtime.bwrap.home.write[0]"),
+        ("sockets: maybe", "runtime.bwrap.home.sockets"),
+        ("hide: [x]", "hide"),
+    ] {
+        let p = problems(&format!(
+            "version: 2\nruntime:\n  bwrap:\n    home:\n      {yaml}\n"
+        ));
+        assert!(p.iter().any(|m| m.contains(key)), "{yaml}: {p:?}");
+    }
+}
+
 #[test]
 fn a_backslash_in_a_name_cannot_move_a_file_out_of_a_deny_pattern() {
     // On POSIX `a\b.pem` is one name in `secrets/`; reading `\` only as a separator would make it
