@@ -455,11 +455,11 @@ fn without_the_key_a_genuine_capsule_is_intact_but_not_authenticated() {
         "verify must not create a key"
     );
 
-    // The previous format: no seal_format, digest or MAC.
+    // The previous format: no seal_format, digest, MAC or signature.
     let path = p.run_dir("r1").join("integrity.json");
     let mut seal: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
     let map = seal.as_object_mut().unwrap();
-    for k in ["seal_format", "digest", "mac"] {
+    for k in ["seal_format", "digest", "mac", "signature"] {
         map.remove(k);
     }
     fs::write(&path, serde_json::to_vec_pretty(&seal).unwrap()).unwrap();

@@ -75,7 +75,7 @@ pub fn verdict_meaning(v: Verdict) -> &'static str {
     match v {
         Verdict::Authenticated => {
             "every artifact and object matches the seal, and the seal's MAC checks under this \
-             user's key (or its signature under a trusted key)"
+             user's key"
         }
         Verdict::IntactNotAuthenticated => {
             "everything matches the seal, but the seal could not be authenticated here: anyone \

@@ -329,6 +329,19 @@ impl VerifyContext {
         let mut auth = self.authenticate_mac(seal);
         auth.signed_by = seal.signature.as_ref().map(|s| s.key_id.clone());
         auth.seal_digest = Some(seal.digest.clone());
+        // A signature is checked against the key it names whatever is trusted: a seal whose
+        // signature was changed is not intact.
+        if let Some(Err(why)) = seal
+            .signature
+            .as_ref()
+            .map(|s| s.self_check(&seal.compute_digest()))
+        {
+            return Authentication {
+                state: AuthState::Forged,
+                detail: format!("the seal's signature is damaged: {why}"),
+                ..auth
+            };
+        }
         if auth.state != AuthState::NotAuthenticated || self.trusted.is_empty() {
             return auth;
         }

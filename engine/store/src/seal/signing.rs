@@ -160,6 +160,7 @@ impl SigningKey {
         SealSignature {
             algorithm: SIGNATURE_ALGORITHM.to_string(),
             key_id: self.id().to_string(),
+            public_key: self.public.to_base64(),
             value: B64.encode(self.sign(&message)),
         }
     }
@@ -378,13 +379,17 @@ fn seal_message(digest: &str) -> Vec<u8> {
     message
 }
 
-/// A seal's signature (`integrity.json` → `signature`): covers the seal's digest.
+/// A seal's signature (`integrity.json` → `signature`): covers the seal's digest. It names the
+/// public key that made it, so every verification checks it (a changed byte anywhere in it is
+/// found without any trusted key); whether that key is trusted is a separate question.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SealSignature {
     pub algorithm: String,
     /// [`PublicKey::id`] of the key that signed.
     pub key_id: String,
+    /// Base64 of the raw 32-byte public key.
+    pub public_key: String,
     /// Base64 of the 64-byte signature.
     pub value: String,
 }
@@ -401,6 +406,33 @@ pub enum SignatureCheck {
 }
 
 impl SealSignature {
+    /// Whether the signature is well formed and verifies over `digest` under the public key it
+    /// names (whose id it must carry): `Err` says what is wrong. Says nothing about trust.
+    pub fn self_check(&self, digest: &str) -> Result<(), String> {
+        if self.algorithm != SIGNATURE_ALGORITHM {
+            return Err(format!(
+                "algorithm {:?}, not {SIGNATURE_ALGORITHM}",
+                self.algorithm
+            ));
+        }
+        let raw = B64
+            .decode(self.public_key.as_bytes())
+            .map_err(|_| "its public key is not base64".to_string())?;
+        let key =
+            PublicKey::from_bytes(&raw, "the seal's public key").map_err(|e| e.to_string())?;
+        if key.id != self.key_id {
+            return Err("its key id is not the id of the public key it names".into());
+        }
+        let sig = B64
+            .decode(self.value.as_bytes())
+            .map_err(|_| "the signature is not base64".to_string())?;
+        if key.verifies(&seal_message(digest), &sig) {
+            Ok(())
+        } else {
+            Err("the signature does not match the seal".into())
+        }
+    }
+
     /// Checks the signature of the seal whose digest (recomputed from its body) is `digest`
     /// against `trusted`.
     pub fn check(&self, digest: &str, trusted: &[PublicKey]) -> SignatureCheck {
@@ -467,6 +499,38 @@ mod tests {
             bare.check("ab12", &trusted),
             SignatureCheck::Bad { .. }
         ));
+    }
+
+    #[test]
+    fn a_changed_byte_anywhere_in_a_signature_fails_its_self_check() {
+        let sig = key(6).sign_seal("ab12");
+        assert_eq!(sig.self_check("ab12"), Ok(()));
+        assert!(sig.self_check("ab13").is_err());
+        let flip = |s: &str| {
+            let mut b = s.as_bytes().to_vec();
+            b[2] ^= 0x01;
+            String::from_utf8(b).unwrap()
+        };
+        for changed in [
+            SealSignature {
+                value: flip(&sig.value),
+                ..sig.clone()
+            },
+            SealSignature {
+                public_key: flip(&sig.public_key),
+                ..sig.clone()
+            },
+            SealSignature {
+                key_id: flip(&sig.key_id),
+                ..sig.clone()
+            },
+            SealSignature {
+                algorithm: "ed25518".into(),
+                ..sig.clone()
+            },
+        ] {
+            assert!(changed.self_check("ab12").is_err(), "{changed:?}");
+        }
     }
 
     #[test]
