@@ -64,7 +64,7 @@ pub(crate) async fn launch(
     let mut args = prepared.args().to_vec();
     let cid_arg: OsString = cid_path.clone().into_os_string();
     args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
-    let mut cmd = client_command(&program, &args, &prepared, &ctx.stdio)?;
+    let (mut cmd, relays) = client_command(&program, &args, &prepared, &ctx.stdio)?;
     let since_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs().saturating_sub(1))
@@ -98,7 +98,9 @@ pub(crate) async fn launch(
         container_id: None,
         leftover_containers_removed: Vec::new(),
     };
+    let stdio_relayed = relays.names();
     Ok(Box::new(RunningContainer {
+        relays: std::sync::Mutex::new(relays),
         engine,
         child,
         pid,
@@ -132,6 +134,7 @@ pub(crate) async fn launch(
                 ..PortEvidence::default()
             },
             warnings,
+            stdio_relayed,
             ..RunEvidence::default()
         },
         facts,
@@ -299,73 +302,74 @@ async fn hand_over_workspace(
     }
 }
 
-/// The engine client's command with the run's stdio, in a process group of its own.
+/// The engine client's command with the run's stdio, in a process group of its own. A stream
+/// that is not a terminal or a pipe reaches the client (and so the command) only through a pipe
+/// agentdiff relays (`agentdiff_process::stdio_relay`): the command never holds a host file or
+/// directory, whatever the engine does with the client's descriptors.
 fn client_command(
     program: &std::path::Path,
     args: &[OsString],
     prepared: &PreparedLaunch,
     stdio: &StdioMode,
-) -> Result<tokio::process::Command> {
+) -> Result<(
+    tokio::process::Command,
+    agentdiff_process::stdio_relay::Relays,
+)> {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env_clear()
         .envs(prepared.env().iter().map(|(k, v)| (k, v)))
         .current_dir(prepared.cwd())
         .kill_on_drop(false);
-    #[cfg(unix)]
-    {
-        // Own process group: agentdiff decides how the container is stopped (interrupt channel),
-        // not a terminal signal racing it.
-        cmd.process_group(0);
-    }
-    match stdio {
-        StdioMode::Inherit => {
-            cmd.stdin(Stdio::inherit())
-                .stdout(Stdio::inherit())
-                .stderr(Stdio::inherit());
-        }
+    // Own process group: agentdiff decides how the container is stopped (interrupt channel),
+    // not a terminal signal racing it.
+    cmd.process_group(0);
+    let (fds, relays) = agentdiff_process::stdio_relay::relay_stdio(client_stdio(stdio)?)
+        .map_err(|e| launch_error(format!("could not relay the standard streams: {e}")))?;
+    let [stdin, stdout, stderr] = fds;
+    let pass = |fd: Option<std::os::fd::OwnedFd>| fd.map_or_else(Stdio::inherit, Stdio::from);
+    cmd.stdin(pass(stdin))
+        .stdout(pass(stdout))
+        .stderr(pass(stderr));
+    Ok((cmd, relays))
+}
+
+/// The client's fds 0–2 for `stdio` (`None`: agentdiff's own).
+fn client_stdio(stdio: &StdioMode) -> Result<[Option<std::os::fd::OwnedFd>; 3]> {
+    use std::os::fd::{AsFd, OwnedFd};
+    let open = |path: &std::path::Path, write: bool| -> Result<OwnedFd> {
+        let f = if write {
+            std::fs::File::create(path)
+        } else {
+            std::fs::File::open(path)
+        };
+        f.map(OwnedFd::from)
+            .map_err(|e| launch_error(format!("{}: {e}", path.display())))
+    };
+    Ok(match stdio {
+        StdioMode::Inherit => [None, None, None],
         StdioMode::StdoutToStderr => {
-            #[cfg(unix)]
-            {
-                use std::os::fd::AsFd;
-                let fd = std::io::stderr()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|e| launch_error(format!("could not duplicate stderr: {e}")))?;
-                cmd.stdin(Stdio::inherit())
-                    .stdout(Stdio::from(fd))
-                    .stderr(Stdio::inherit());
-            }
-            #[cfg(not(unix))]
-            {
-                cmd.stdin(Stdio::inherit())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::inherit());
-            }
+            let fd = std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| launch_error(format!("could not duplicate stderr: {e}")))?;
+            [None, Some(fd), None]
         }
         StdioMode::Files {
             stdin,
             stdout,
             stderr,
-        } => {
-            match stdin {
-                Some(path) => {
-                    let f = std::fs::File::open(path)
-                        .map_err(|e| launch_error(format!("{}: {e}", path.display())))?;
-                    cmd.stdin(Stdio::from(f));
-                }
-                None => {
-                    cmd.stdin(Stdio::null());
-                }
-            }
-            let out = std::fs::File::create(stdout)
-                .map_err(|e| launch_error(format!("{}: {e}", stdout.display())))?;
-            let err = std::fs::File::create(stderr)
-                .map_err(|e| launch_error(format!("{}: {e}", stderr.display())))?;
-            cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err));
-        }
-    }
-    Ok(cmd)
+        } => [
+            Some(open(
+                stdin
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("/dev/null")),
+                false,
+            )?),
+            Some(open(stdout, true)?),
+            Some(open(stderr, true)?),
+        ],
+    })
 }
 
 /// Names handed to the container with their fingerprints; values are never recorded.
@@ -408,6 +412,9 @@ fn environment_evidence(
 
 struct RunningContainer {
     engine: Engine,
+    /// The relays of the client's standard streams, drained before the evidence is returned
+    /// (in a mutex only so that the struct is `Sync`; nothing shares it).
+    relays: std::sync::Mutex<agentdiff_process::stdio_relay::Relays>,
     child: tokio::process::Child,
     pid: Option<u32>,
     identity: Option<agentdiff_process::ProcessIdentity>,
@@ -508,11 +515,26 @@ impl RunningCommand for RunningContainer {
 
     async fn wait(mut self: Box<Self>) -> Result<RunEvidence> {
         let exit = self.wait_for_end().await?;
+        let mut relays = std::mem::take(
+            self.relays
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let drained = tokio::task::spawn_blocking(move || relays.drain())
+            .await
+            .unwrap_or(false);
         let container_id = std::fs::read_to_string(&self.cid_path)
             .ok()
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit()));
         let mut ev = std::mem::take(&mut self.evidence);
+        if !drained {
+            ev.warnings.push(
+                "a relayed output stream was still open after the command ended; what it wrote \
+                 after that was not copied"
+                    .into(),
+            );
+        }
         self.facts.container_id = container_id.clone();
         self.attribute_engine_exit(&exit, container_id.as_deref(), &mut ev)
             .await;

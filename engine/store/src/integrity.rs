@@ -192,7 +192,7 @@ impl Findings {
 
 /// What was found in integrity.json.
 enum ParsedSeal {
-    Current(Integrity, Vec<u8>),
+    Current(Box<Integrity>, Vec<u8>),
     Legacy(LegacyIntegrity),
 }
 
@@ -423,7 +423,7 @@ impl Capsule {
     /// integrity.json when it parses as a seal of the current format, with its bytes.
     pub(crate) fn parse_current_seal(&self) -> Option<(Integrity, Vec<u8>)> {
         match self.parse_seal() {
-            Ok(ParsedSeal::Current(seal, bytes)) => Some((seal, bytes)),
+            Ok(ParsedSeal::Current(seal, bytes)) => Some((*seal, bytes)),
             _ => None,
         }
     }
@@ -433,7 +433,7 @@ impl Capsule {
         let bytes =
             atomic::read_bounded(&path, MAX_ARTIFACT_BYTES).map_err(SealUnreadable::Read)?;
         match serde_json::from_slice::<Integrity>(&bytes) {
-            Ok(seal) => Ok(ParsedSeal::Current(seal, bytes)),
+            Ok(seal) => Ok(ParsedSeal::Current(Box::new(seal), bytes)),
             Err(current_err) => match serde_json::from_slice::<LegacyIntegrity>(&bytes) {
                 Ok(legacy) => Ok(ParsedSeal::Legacy(legacy)),
                 Err(_) => Err(SealUnreadable::Format(current_err)),
