@@ -42,18 +42,15 @@ pub use tree::{cleanup_host_processes, process_tree};
 /// Errors of the process helpers.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
-    #[error("process {0} does not exist")]
-    NoSuchProcess(u32),
+    /// Reading a process's identity from `/proc` failed (the host toolkit's error, kept whole).
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
     #[error("could not read {what}: {source}")]
     Io {
         what: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("could not parse {what}: {message}")]
-    Parse { what: String, message: String },
-    #[error("could not read the boot id (/proc/sys/kernel/random/boot_id): {0}")]
-    BootId(#[source] std::sync::Arc<std::io::Error>),
     #[error("could not start `{program}`: {source}")]
     Spawn {
         program: String,
@@ -65,17 +62,6 @@ pub enum ProcessError {
     #[cfg(unix)]
     #[error(transparent)]
     Relay(#[from] crate::stdio_relay::RelayError),
-}
-
-impl From<IdentityError> for ProcessError {
-    fn from(e: IdentityError) -> Self {
-        match e {
-            IdentityError::NoSuchProcess(pid) => ProcessError::NoSuchProcess(pid),
-            IdentityError::Io { what, source } => ProcessError::Io { what, source },
-            IdentityError::Parse { what, message } => ProcessError::Parse { what, message },
-            IdentityError::BootId(e) => ProcessError::BootId(e),
-        }
-    }
 }
 
 impl ProcessError {
