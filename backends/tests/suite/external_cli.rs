@@ -830,20 +830,16 @@ fn a_command_that_writes_into_its_plugins_pipe_cannot_erase_its_changes() {
     }
 }
 
-/// A plugin that dies between the `launch` request and its `launched` answer (here, after its
-/// command finished) may have run the command: the run is recorded as lost, with the command's
-/// changes captured and denied, never as "not launched".
-#[test]
-fn a_plugin_that_dies_before_answering_launch_still_has_its_commands_changes_recorded() {
-    if python_missing() {
-        return;
-    }
+/// The execution error of a run through a Python plugin variant `name` whose `launched` answer
+/// is replaced by `after_launch`, once its command wrote `.env`: the run must be recorded as lost,
+/// the command's changes captured and denied.
+fn lost_run_error(name: &str, after_launch: &str) -> String {
     let plugins = PluginDir::new();
     plugins.python_variant(
-        "mute",
+        name,
         &[(
             r#"channel.send({"type": "launched", "pid": child.pid, "start_time_ticks": start_time(child.pid)})"#,
-            "child.wait(); os._exit(9)",
+            after_launch,
         )],
     );
     let project = tempfile::tempdir().unwrap();
@@ -853,7 +849,7 @@ fn a_plugin_that_dies_before_answering_launch_still_has_its_commands_changes_rec
         "--format",
         "json",
         "--runtime",
-        "mute",
+        name,
         "--",
         "sh",
         "-c",
@@ -861,12 +857,22 @@ fn a_plugin_that_dies_before_answering_launch_still_has_its_commands_changes_rec
     ];
     let out = agentdiff_on(&path, project.path(), &args);
     let r = assert_lost_run_recorded(project.path(), &out);
-    assert!(
-        r["execution_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("may have run")),
-        "{r:#}"
-    );
+    r["execution_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A plugin that dies between the `launch` request and its `launched` answer (here, after its
+/// command finished) may have run the command: the run is recorded as lost, with the command's
+/// changes captured and denied, never as "not launched".
+#[test]
+fn a_plugin_that_dies_before_answering_launch_still_has_its_commands_changes_recorded() {
+    if python_missing() {
+        return;
+    }
+    let error = lost_run_error("mute", "child.wait(); os._exit(9)");
+    assert!(error.contains("may have run"), "{error}");
 }
 
 /// A plugin that answers `launched` with a pid it does not own (here its own parent, agentdiff),
@@ -877,33 +883,13 @@ fn a_plugin_that_names_a_process_it_does_not_own_still_has_its_commands_changes_
     if python_missing() {
         return;
     }
-    let plugins = PluginDir::new();
-    plugins.python_variant(
+    let error = lost_run_error(
         "liar",
-        &[(
-            r#"channel.send({"type": "launched", "pid": child.pid, "start_time_ticks": start_time(child.pid)})"#,
-            r#"child.wait(); channel.send({"type": "launched", "pid": os.getppid(), "start_time_ticks": start_time(os.getppid())})"#,
-        )],
+        r#"child.wait(); channel.send({"type": "launched", "pid": os.getppid(), "start_time_ticks": start_time(os.getppid())})"#,
     );
-    let project = tempfile::tempdir().unwrap();
-    let path = path_with(&[plugins.path()]);
-    let args = [
-        "run",
-        "--format",
-        "json",
-        "--runtime",
-        "liar",
-        "--",
-        "sh",
-        "-c",
-        "echo SECRET=x > .env",
-    ];
-    let out = agentdiff_on(&path, project.path(), &args);
-    let r = assert_lost_run_recorded(project.path(), &out);
-    let error = r["execution_error"].as_str().unwrap_or_default();
     assert!(
         error.contains("not a descendant") && error.contains("may have run"),
-        "{r:#}"
+        "{error}"
     );
 }
 
