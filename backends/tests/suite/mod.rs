@@ -22,6 +22,7 @@ mod external_cli;
 mod hook_cli;
 pub mod html_cli;
 mod markdown_cli;
+mod planted_programs_cli;
 mod policy_cli;
 mod process_evidence_cli;
 mod prune_cli;

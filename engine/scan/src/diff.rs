@@ -637,6 +637,7 @@ mod tests {
                 })
                 .collect(),
             excluded: vec![],
+            excluded_programs: None,
             stats: ScanStats::default(),
         }
     }

@@ -24,6 +24,7 @@ mod digest;
 mod exclude;
 mod manifest;
 mod peers;
+pub mod programs;
 mod tree;
 
 #[cfg(unix)]
@@ -146,11 +147,14 @@ pub struct ScanOptions<'a> {
     pub progress: Option<&'a (dyn Fn(&ScanProgress) + Sync)>,
     /// Which ignore rules apply.
     pub ignore: IgnoreSource,
+    /// Sweep the excluded paths for programs ([`programs`]): `lstat` every name below them,
+    /// reading no content. On by default; off only for scans whose excluded paths nobody judges.
+    pub sweep_excluded: bool,
 }
 
 impl<'a> ScanOptions<'a> {
     /// Defaults: 256 MiB hash limit, no backups, no re-includes, no reuse, all cores, no progress,
-    /// rules from `ROOT/.agentdiffignore`.
+    /// rules from `ROOT/.agentdiffignore`, excluded paths swept.
     pub fn new() -> Self {
         Self {
             max_hash_bytes: DEFAULT_MAX_HASH_BYTES,
@@ -164,6 +168,7 @@ impl<'a> ScanOptions<'a> {
             walkers: 0,
             progress: None,
             ignore: IgnoreSource::ProjectFile,
+            sweep_excluded: true,
         }
     }
 }

@@ -9,11 +9,14 @@
 //!   the same path saying why (too large, unreadable, changed during capture).
 //! - Everything that could not be captured (FIFOs, sockets, devices, non-UTF-8 names, unreadable
 //!   directories, ...) is in `unsupported`; nothing is dropped silently.
-//! - Everything skipped on purpose is in `excluded` (directories once, not every file beneath them).
+//! - Everything skipped on purpose is in `excluded` (directories once, not every file beneath them),
+//!   and the programs below those paths are in `excluded_programs` when the scan swept them.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::programs::ProgramSweep;
 
 /// Kind of a captured entry. Other file types are never entries; they go to
 /// [`Manifest::unsupported`].
@@ -179,6 +182,10 @@ pub struct Manifest {
     pub entries: BTreeMap<String, Entry>,
     pub unsupported: Vec<Unsupported>,
     pub excluded: Vec<Exclusion>,
+    /// Programs below the excluded paths ([`crate::programs`]); `None`: not swept (the scan was
+    /// asked not to, or the manifest predates sweeps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excluded_programs: Option<ProgramSweep>,
     pub stats: ScanStats,
 }
 

@@ -564,6 +564,7 @@ mod random {
             entries,
             unsupported,
             excluded: vec![],
+            excluded_programs: None,
             stats: ScanStats::default(),
         }
     }

@@ -4,7 +4,8 @@ use agentdiff_backend_api::RunEvidence;
 use agentdiff_policy::score::{self, Counts, SCOPE_DRIFT_ALLOWANCE};
 use agentdiff_policy::{Action, Decision, Phase, Policy};
 use agentdiff_scan::{
-    BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind, UnsupportedChange,
+    programs, BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind, Manifest,
+    UnsupportedChange,
 };
 
 use super::{ChangeRecord, EvidenceFinding, LimitViolation};
@@ -147,6 +148,90 @@ pub fn classify_uncaptured(policy: &Policy, changes: &[UnsupportedChange]) -> Ve
             })
         })
         .collect()
+}
+
+/// Findings shown per program before the rest are counted in one line.
+const MAX_PROGRAM_FINDINGS: usize = 50;
+
+/// `excluded_program` findings (review at least): a program appeared or changed below an excluded
+/// path, which the scan lists but does not capture (see `agentdiff_scan::programs`). It is not a
+/// change record (nothing was hashed or backed up, so it cannot be shown or rolled back), and it
+/// can run later outside any sandbox: a plugin on `PATH`, an npm bin, a Python start-up hook.
+/// A path the policy denies (a hook in an unnamed `.git`) is denied; anything else is a review.
+/// Past [`MAX_PROGRAM_FINDINGS`] the rest are counted in one finding; the full list is in the
+/// after-scan's manifest. `excluded_sweep_incomplete` (review): the after-sweep could not see
+/// somewhere the before-sweep could, so a program there cannot be ruled out.
+pub fn classify_programs(
+    policy: &Policy,
+    before: &Manifest,
+    after: &Manifest,
+    git_dirs: &[String],
+) -> Vec<EvidenceFinding> {
+    let changed = programs::changed_programs(
+        before.excluded_programs.as_ref(),
+        after.excluded_programs.as_ref(),
+    );
+    let mut out: Vec<EvidenceFinding> = changed
+        .iter()
+        .take(MAX_PROGRAM_FINDINGS)
+        .map(|c| {
+            let p = c.program;
+            let decided = decide_with_git_dirs(policy, &p.path, git_dirs);
+            let verb = match c.change_type {
+                programs::ProgramChangeType::Created => "new",
+                programs::ProgramChangeType::Modified => "changed",
+            };
+            let denied = if decided.action == Action::Deny {
+                format!("; the policy denies writes here ({})", decided.rule)
+            } else {
+                String::new()
+            };
+            EvidenceFinding {
+                kind: "excluded_program".into(),
+                action: Action::strictest(Action::Review, decided.action),
+                detail: format!(
+                    "{}: {verb} {} (mode {:o}) in an excluded directory: not captured or \
+                     backed up, and it may run later outside the sandbox{denied}",
+                    agentdiff_host::redact::escape_terminal(&p.path),
+                    p.reason.describe(),
+                    p.mode
+                ),
+                process: None,
+                container: None,
+            }
+        })
+        .collect();
+    if changed.len() > MAX_PROGRAM_FINDINGS {
+        let rest = &changed[MAX_PROGRAM_FINDINGS..];
+        let action = rest
+            .iter()
+            .map(|c| decide_with_git_dirs(policy, &c.program.path, git_dirs).action)
+            .fold(Action::Review, Action::strictest);
+        out.push(EvidenceFinding {
+            kind: "excluded_program".into(),
+            action,
+            detail: format!(
+                "{} more new or changed programs in excluded directories (listed in the \
+                 after-scan's manifest, `excluded_programs`)",
+                rest.len()
+            ),
+            process: None,
+            container: None,
+        });
+    }
+    for why in programs::newly_incomplete(
+        before.excluded_programs.as_ref(),
+        after.excluded_programs.as_ref(),
+    ) {
+        out.push(EvidenceFinding {
+            kind: "excluded_sweep_incomplete".into(),
+            action: Action::Review,
+            detail: format!("excluded paths not fully swept for programs: {why}"),
+            process: None,
+            container: None,
+        });
+    }
+    out
 }
 
 /// `comparison_incomplete` findings (deny): part of the before/after comparison could not be made

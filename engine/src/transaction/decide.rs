@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::classify::{
-    classify_changes, classify_incomplete, classify_uncaptured, evaluate_limits,
+    classify_changes, classify_incomplete, classify_programs, classify_uncaptured, evaluate_limits,
 };
 use super::findings::{evidence_findings, with_findings};
 use super::{Refusal, VerifiedControl};
@@ -67,6 +67,12 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let mut findings = evidence_findings(ev.run);
     findings.extend(classify_uncaptured(ev.policy, &ev.comparison.unsupported));
     findings.extend(classify_incomplete(&ev.comparison.incomplete));
+    findings.extend(classify_programs(
+        ev.policy,
+        ev.before,
+        ev.after,
+        ev.git_dirs,
+    ));
     let outcome = with_findings(
         safety_outcome(
             &changes,

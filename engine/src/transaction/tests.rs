@@ -76,6 +76,7 @@ fn manifest(entries: &[(&str, Entry)]) -> Manifest {
             .collect::<BTreeMap<_, _>>(),
         unsupported: Vec::new(),
         excluded: Vec::new(),
+        excluded_programs: None,
         stats: Default::default(),
     }
 }

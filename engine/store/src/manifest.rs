@@ -103,6 +103,7 @@ impl Capsule {
             entries: Default::default(),
             unsupported: manifest.unsupported.clone(),
             excluded: manifest.excluded.clone(),
+            excluded_programs: manifest.excluded_programs.clone(),
             stats: manifest.stats.clone(),
         };
         let mut header =
@@ -267,6 +268,7 @@ mod tests {
             entries,
             unsupported: vec![],
             excluded: vec![],
+            excluded_programs: None,
             stats: ScanStats::default(),
         }
     }

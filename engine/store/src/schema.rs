@@ -182,7 +182,9 @@ pub struct Metadata {
 pub struct EvidenceFinding {
     /// `left_run_cgroup` or `container_started` (from the process evidence), or
     /// `uncaptured_denied` (from the tree, see `classify::classify_uncaptured`), or
-    /// `comparison_incomplete` (see `classify::classify_incomplete`).
+    /// `comparison_incomplete` (see `classify::classify_incomplete`), or `excluded_program` /
+    /// `excluded_sweep_incomplete` (programs below excluded paths, see
+    /// `classify::classify_programs`).
     pub kind: String,
     pub action: Action,
     pub detail: String,

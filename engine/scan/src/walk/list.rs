@@ -432,7 +432,10 @@ const NAME_AT: usize = 19;
 /// directory is listed once). Returns the names read with the type the listing reports (`None`
 /// where the filesystem gives `DT_UNKNOWN`), and the error that stopped the listing, if any.
 #[cfg(target_os = "linux")]
-fn read_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>, Option<String>) {
+pub(super) fn read_names(
+    fd: &OwnedFd,
+    buf: &mut Vec<u8>,
+) -> (Vec<(CString, Option<Type>)>, Option<String>) {
     let mut names = Vec::new();
     buf.resize(LIST_BUF, 0);
     loop {
@@ -479,7 +482,10 @@ fn read_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>,
 /// stream, which needs its own fd so the original stays usable for `*at` calls). Same result as
 /// the Linux version.
 #[cfg(not(target_os = "linux"))]
-fn read_names(fd: &OwnedFd, _buf: &mut Vec<u8>) -> (Vec<(CString, Option<Type>)>, Option<String>) {
+pub(super) fn read_names(
+    fd: &OwnedFd,
+    _buf: &mut Vec<u8>,
+) -> (Vec<(CString, Option<Type>)>, Option<String>) {
     use nix::fcntl::{fcntl, FcntlArg};
     let mut names = Vec::new();
     let dup = match fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(0)) {

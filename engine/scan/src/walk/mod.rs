@@ -443,6 +443,7 @@ pub(crate) fn scan(
         root: &root_str,
     };
     let mut walker = Walker::new(ctx, first_inbox);
+    let root_fd = Arc::new(root_fd);
 
     let (job_tx, job_rx) = sync_channel::<FileJob>(threads.saturating_mul(QUEUE_PER_WORKER));
     let job_rx = Mutex::new(job_rx);
@@ -467,7 +468,7 @@ pub(crate) fn scan(
             max: walkers(opts).saturating_sub(1),
             started: Vec::new(),
         };
-        walker.walk(Arc::new(root_fd), &inbox, &pool, &mut helpers);
+        walker.walk(Arc::clone(&root_fd), &inbox, &pool, &mut helpers);
         let found = helpers.stop();
         let failed = pool
             .failed
@@ -505,6 +506,9 @@ pub(crate) fn scan(
     let root_tree = root_tree.ok_or(ScanError::Incomplete)?;
     unsupported.sort_by(|a, b| a.path.cmp(&b.path).then_with(|| a.kind.cmp(&b.kind)));
     excluded.sort_by(|a, b| a.path.cmp(&b.path));
+    let excluded_programs = opts
+        .sweep_excluded
+        .then(|| sweep::sweep(&root_fd, &excluded, walkers(opts)));
     stats.bytes_hashed = counters.bytes_hashed.load(Ordering::Relaxed);
     stats.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     stats.started_ns = started_ns;
@@ -521,6 +525,7 @@ pub(crate) fn scan(
         entries: Default::default(),
         unsupported,
         excluded,
+        excluded_programs,
         stats,
     };
     Ok(Scanned {
@@ -944,6 +949,7 @@ impl<'o, 'a> Walker<'o, 'a> {
 
 mod file;
 mod list;
+mod sweep;
 mod tree;
 
 #[cfg(test)]

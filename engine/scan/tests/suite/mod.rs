@@ -1,2 +1,3 @@
 mod scanner;
 pub use agentdiff_test_support::skip;
+mod programs;
