@@ -13,6 +13,7 @@
 //! Options (`LaunchSpec::options`, from flags or the policy's `runtime.options`) are listed in
 //! [`options::KEYS`]; see `docs/backends/container.md`.
 
+pub mod archive;
 pub mod argv;
 pub mod cleanup;
 pub mod engine;
