@@ -15,6 +15,12 @@
 //!
 //! Nothing else is mounted: not the host project tree, not the engine's socket.
 //!
+//! Remote mode (an engine that may run on another machine) builds `create` instead of `run`,
+//! without `--rm` (the workspace is copied out of the stopped container before agentdiff removes
+//! it) and with `--mount type=volume,destination=/workspace` instead of `-v <workspace>:…`: an
+//! anonymous volume on the engine's side, filled and emptied through the engine's archive API.
+//! No host path appears in a remote argv.
+//!
 //! `--rm` is given to podman only. Through podman's Docker-compatible API, the docker CLI with
 //! `--rm` reports exit code 0 whatever the command returned (the container is removed before
 //! its exit code is read), so for docker agentdiff removes the container itself after the run.
@@ -54,7 +60,12 @@ pub struct RunRequest<'a> {
     /// Rootless podman: map the invoking user to itself so the workspace it owns is writable.
     pub userns_keep_id: bool,
     pub command: &'a [OsString],
+    /// Remote mode: `create` with an engine-side volume, no host path.
+    pub remote: bool,
 }
+
+/// The engine-side anonymous volume a remote container's workspace lives in.
+pub const REMOTE_WORKSPACE_MOUNT: &str = "type=volume,destination=/workspace";
 
 /// Container name for a run.
 pub fn container_name(run_id: &str) -> Result<String, ArgvError> {
@@ -90,8 +101,8 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         })
         .ok_or_else(|| ArgvError::WorkspacePath(req.workspace.display().to_string()))?;
     let o = req.options;
-    let mut a: Vec<String> = vec!["run".into()];
-    if req.kind == EngineKind::Podman {
+    let mut a: Vec<String> = vec![if req.remote { "create" } else { "run" }.into()];
+    if req.kind == EngineKind::Podman && !req.remote {
         a.push("--rm".into());
     }
     a.extend([
@@ -135,12 +146,12 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         // appear on a command line or in evidence.
         a.extend(["--env".into(), name.clone()]);
     }
-    a.extend([
-        "-v".into(),
-        format!("{workspace}:{CONTAINER_WORKDIR}"),
-        "-w".into(),
-        CONTAINER_WORKDIR.into(),
-    ]);
+    if req.remote {
+        a.extend(["--mount".into(), REMOTE_WORKSPACE_MOUNT.into()]);
+    } else {
+        a.extend(["-v".into(), format!("{workspace}:{CONTAINER_WORKDIR}")]);
+    }
+    a.extend(["-w".into(), CONTAINER_WORKDIR.into()]);
     match &o.source {
         Source::Image(image) => {
             let pull = if o.pull { "missing" } else { "never" };
@@ -183,6 +194,7 @@ mod tests {
             },
             userns_keep_id: false,
             command: &cmd,
+            remote: false,
         })
         .unwrap();
         let expected = "run --rm --name agentdiff-r1 --label agentdiff.run=r1 --label agentdiff.managed=true \
@@ -219,6 +231,7 @@ mod tests {
             },
             userns_keep_id: true,
             command: &cmd,
+            remote: false,
         })
         .unwrap();
         let s: Vec<String> = args
@@ -234,6 +247,35 @@ mod tests {
     }
 
     #[test]
+    fn remote_creates_with_an_engine_volume_and_no_host_path() {
+        let o = options(&[("image", "localhost/x:1"), ("engine-host", "tcp://h:1")]);
+        let cmd: Vec<OsString> = vec!["true".into()];
+        for kind in [EngineKind::Podman, EngineKind::Docker] {
+            let args = run_args(&RunRequest {
+                kind,
+                run_id: "r",
+                workspace: Path::new("/p/.agentdiff/workspaces/r"),
+                options: &o,
+                user: UserSpec { uid: 1, gid: 1 },
+                userns_keep_id: false,
+                command: &cmd,
+                remote: true,
+            })
+            .unwrap();
+            let s: Vec<String> = args
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(s[0], "create");
+            assert!(!s.contains(&"--rm".to_string()));
+            assert!(!s.contains(&"-v".to_string()));
+            assert!(!s.iter().any(|a| a.contains("/p/")), "{s:?}");
+            let joined = s.join(" ");
+            assert!(joined.contains("--mount type=volume,destination=/workspace -w /workspace"));
+        }
+    }
+
+    #[test]
     fn docker_gets_no_rm_so_its_exit_code_survives() {
         let o = options(&[("image", "localhost/x:1")]);
         let cmd: Vec<OsString> = vec!["true".into()];
@@ -245,6 +287,7 @@ mod tests {
             user: UserSpec { uid: 1, gid: 1 },
             userns_keep_id: false,
             command: &cmd,
+            remote: false,
         };
         let docker = run_args(&req(EngineKind::Docker)).unwrap();
         assert_eq!(docker[1], OsString::from("--name"));
@@ -274,6 +317,7 @@ mod tests {
                 user: UserSpec { uid: 1, gid: 1 },
                 userns_keep_id: false,
                 command: &cmd,
+                remote: false,
             });
             assert!(res.is_err(), "{run:?} {ws:?}");
         }
@@ -285,6 +329,7 @@ mod tests {
             user: UserSpec { uid: 1, gid: 1 },
             userns_keep_id: false,
             command: &[],
+            remote: false,
         });
         assert_eq!(res.unwrap_err(), ArgvError::EmptyCommand);
         #[cfg(unix)]
@@ -299,6 +344,7 @@ mod tests {
                 user: UserSpec { uid: 1, gid: 1 },
                 userns_keep_id: false,
                 command: &bad,
+                remote: false,
             });
             assert_eq!(res.unwrap_err(), ArgvError::NonUtf8Argument(1));
         }

@@ -19,6 +19,7 @@ pub mod cleanup;
 pub mod engine;
 pub mod options;
 pub mod ownership;
+pub mod remote;
 pub mod rootfs;
 mod running;
 
@@ -56,6 +57,12 @@ pub const OPTIONS: &[OptionSpec] = &[
     )
     .default_value("auto")
     .flag("engine"),
+    OptionSpec::new(
+        "engine-host",
+        OptionKind::Text,
+        "run on the engine at this address (tcp://, ssh://, unix://) or `env` (DOCKER_HOST / CONTAINER_HOST); the workspace is shipped through the engine API instead of mounted",
+    )
+    .validate(|v| options::parse_engine_host(v).map(|_| ()).map_err(|_| options::ENGINE_HOST_EXPECTED)),
     OptionSpec::new(
         "image",
         OptionKind::Text,
@@ -237,7 +244,24 @@ impl ContainerBackend {
                 )));
             }
         }
-        let (user, keep_id) = ownership::container_user(options.user, self.invoker, kind);
+        remote::refuse_endpoint_passthrough(&options.env).map_err(|e| invalid(e.to_string()))?;
+        let endpoint = match &options.engine_host {
+            Some(host) => Some(
+                remote::endpoint(host, kind, &self.client_env)
+                    .map_err(|e| invalid(e.to_string()))?,
+            ),
+            None => {
+                remote::refuse_remote_client_env(kind, &self.client_env)
+                    .map_err(|e| invalid(e.to_string()))?;
+                None
+            }
+        };
+        let (user, keep_id) = match endpoint {
+            // The remote engine's users are not this machine's: no keep-id, and the archive
+            // carries the container user's ids.
+            Some(_) => (options.user.unwrap_or(options::DEFAULT_USER), false),
+            None => ownership::container_user(options.user, self.invoker, kind),
+        };
         let args = argv::run_args(&argv::RunRequest {
             kind,
             run_id: &spec.run_id,
@@ -246,9 +270,11 @@ impl ContainerBackend {
             user,
             userns_keep_id: keep_id,
             command: &spec.argv,
+            remote: endpoint.is_some(),
         })
         .map_err(|e| invalid(e.to_string()))?;
         Ok(Plan {
+            endpoint,
             kind,
             program: program.unwrap_or_else(|| PathBuf::from(kind.as_str())),
             options,
@@ -264,13 +290,20 @@ impl ContainerBackend {
         &self,
         spec: &LaunchSpec,
         options: &ContainerOptions,
+        kind: EngineKind,
+        endpoint: Option<&str>,
     ) -> Vec<(OsString, OsString)> {
         let mut env: Vec<(OsString, OsString)> = self
             .client_env
             .iter()
             .filter(|(k, _)| !options.env.iter().any(|n| k == n.as_str()))
+            .filter(|(k, _)| endpoint.is_none() || !remote::ENDPOINT_VARS.iter().any(|n| k == n))
             .cloned()
             .collect();
+        if let Some(url) = endpoint {
+            // The one address the run uses, whatever agentdiff's environment said.
+            env.push((remote::endpoint_var(kind).into(), url.into()));
+        }
         for name in &options.env {
             if let Some((k, v)) = spec.env.iter().find(|(k, _)| k == name.as_str()) {
                 env.push((k.clone(), v.clone()));
@@ -284,6 +317,8 @@ impl ContainerBackend {
 #[derive(Debug, Clone)]
 struct Plan {
     kind: EngineKind,
+    /// Remote mode: the engine's address (the workspace is shipped, never mounted).
+    endpoint: Option<String>,
     program: PathBuf,
     options: ContainerOptions,
     user: options::UserSpec,
@@ -333,14 +368,24 @@ pub fn declared_capabilities() -> Capabilities {
     }
 }
 
+/// Remote mode: nothing of this host is mounted (host_repository stays enforced), and the
+/// command's processes are the remote engine's to contain and report.
+pub fn capabilities_for(remote: bool) -> Capabilities {
+    let mut c = declared_capabilities();
+    if remote {
+        c.processes = Level::Requested;
+    }
+    c
+}
+
 #[async_trait]
 impl RuntimeBackend for ContainerBackend {
     fn id(&self) -> &'static str {
         ID
     }
 
-    fn capabilities(&self, _options: &BackendOptions) -> Capabilities {
-        declared_capabilities()
+    fn capabilities(&self, options: &BackendOptions) -> Capabilities {
+        capabilities_for(options.get("engine-host").is_some())
     }
 
     async fn availability(&self, _options: &BackendOptions) -> Availability {
@@ -396,7 +441,7 @@ impl RuntimeBackend for ContainerBackend {
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
         let plan = self.plan(spec)?;
-        let env = self.client_env(spec, &plan.options);
+        let env = self.client_env(spec, &plan.options, plan.kind, plan.endpoint.as_deref());
         let runtime_config = serde_json::json!({
             "engine": plan.kind.as_str(),
             "engine_program": plan.program.display().to_string(),
@@ -417,19 +462,29 @@ impl RuntimeBackend for ContainerBackend {
             "tmpfs": [options::TMPFS_TMP],
             "init": true,
             "remove_after_run": true,
-            "removed_by": match plan.kind {
-                EngineKind::Podman => "engine (--rm)",
-                EngineKind::Docker => "agentdiff (rm -f after the exit code is read)",
+            "removed_by": match (plan.kind, &plan.endpoint) {
+                (_, Some(_)) => "agentdiff (rm -f -v by id after the workspace is shipped back, then checked gone)",
+                (EngineKind::Podman, None) => "engine (--rm)",
+                (EngineKind::Docker, None) => "agentdiff (rm -f after the exit code is read)",
             },
+            "engine_host": plan.endpoint,
             "container_name": argv::container_name(&spec.run_id).unwrap_or_default(),
             "labels": {
                 engine::RUN_LABEL: spec.run_id,
                 "agentdiff.managed": "true",
             },
-            "mounts": [{
-                "source": spec.workdir.display().to_string(),
-                "target": argv::CONTAINER_WORKDIR,
-                "kind": "private_workspace",
+            "mounts": [match &plan.endpoint {
+                None => serde_json::json!({
+                    "source": spec.workdir.display().to_string(),
+                    "target": argv::CONTAINER_WORKDIR,
+                    "kind": "private_workspace",
+                }),
+                Some(_) => serde_json::json!({
+                    "source": "engine volume",
+                    "target": argv::CONTAINER_WORKDIR,
+                    "kind": "shipped_workspace",
+                    "shipped_from": spec.workdir.display().to_string(),
+                }),
             }],
             "workdir": argv::CONTAINER_WORKDIR,
             "host_repository_mounted": false,

@@ -6,8 +6,9 @@ use serde::Serialize;
 
 /// Option keys this backend reads. Any other key is refused, so a typo never silently weakens a
 /// run.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 11] = [
     "engine",
+    "engine-host",
     "image",
     "rootfs",
     "network",
@@ -58,6 +59,23 @@ pub enum OptionsError {
     RootfsNeedsPodman,
     #[error("`--pull` only applies to `--image`; a rootfs is never pulled")]
     PullWithRootfs,
+    #[error("a remote engine (`engine-host`) runs an image; `--rootfs` names a directory of this machine, which the remote engine cannot see. Import the directory as an image on the engine (`tar -C DIR -cf rootfs.tar . && podman --url URL import rootfs.tar localhost/NAME:TAG`) and pass `--image`")]
+    RemoteNeedsImage,
+}
+
+/// What `engine-host` accepts.
+pub const ENGINE_HOST_EXPECTED: &str =
+    "an engine API address (unix:///path, tcp://host:port or ssh://[user@]host[:port][/path]), or `env` to use DOCKER_HOST (docker) or CONTAINER_HOST (podman) from agentdiff's environment";
+
+/// Where the engine runs when it may be another machine (remote mode: the workspace is shipped
+/// through the engine's archive API, never bind-mounted).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum EngineHost {
+    /// This address.
+    Url(String),
+    /// DOCKER_HOST (docker) or CONTAINER_HOST (podman) of agentdiff's environment.
+    Env,
 }
 
 /// Which container engine CLI to drive.
@@ -125,6 +143,8 @@ pub struct ContainerOptions {
     /// Host environment variable names passed through (`--env NAME`; values never on argv).
     pub env: Vec<String>,
     pub pull: bool,
+    /// Remote mode when set.
+    pub engine_host: Option<EngineHost>,
 }
 
 impl ContainerOptions {
@@ -217,6 +237,13 @@ impl ContainerOptions {
         if pull && matches!(source, Source::Rootfs(_)) {
             return Err(OptionsError::PullWithRootfs);
         }
+        let engine_host = match options.get("engine-host") {
+            None => None,
+            Some(v) => Some(parse_engine_host(v)?),
+        };
+        if engine_host.is_some() && matches!(source, Source::Rootfs(_)) {
+            return Err(OptionsError::RemoteNeedsImage);
+        }
         Ok(Self {
             engine,
             source,
@@ -227,7 +254,32 @@ impl ContainerOptions {
             user,
             env,
             pull,
+            engine_host,
         })
+    }
+}
+
+pub(crate) fn parse_engine_host(v: &str) -> Result<EngineHost, OptionsError> {
+    if v == "env" {
+        return Ok(EngineHost::Env);
+    }
+    validate_engine_url(v)
+        .map(|()| EngineHost::Url(v.to_string()))
+        .map_err(|_| invalid("engine-host", v, ENGINE_HOST_EXPECTED))
+}
+
+/// An engine address the docker and podman clients both understand, as one printable token.
+pub(crate) fn validate_engine_url(v: &str) -> Result<(), OptionsError> {
+    let rest = ["unix://", "tcp://", "ssh://"]
+        .iter()
+        .find_map(|scheme| v.strip_prefix(scheme));
+    let ok = rest.is_some_and(|r| !r.is_empty())
+        && v.len() <= 1024
+        && !v.chars().any(|c| c.is_control() || c.is_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid("engine-host", v, ENGINE_HOST_EXPECTED))
     }
 }
 
@@ -346,6 +398,43 @@ mod tests {
         assert_eq!(o.user, None);
         assert!(o.env.is_empty());
         assert!(!o.pull);
+    }
+
+    #[test]
+    fn engine_host_is_an_address_or_env_and_needs_an_image() {
+        let parse = |v: &str| {
+            ContainerOptions::parse(&opts(&[("image", "a"), ("engine-host", v)]))
+                .map(|o| o.engine_host)
+        };
+        assert_eq!(parse("env").unwrap(), Some(EngineHost::Env));
+        for ok in [
+            "tcp://127.0.0.1:2375",
+            "ssh://u@build-1:22",
+            "unix:///run/x.sock",
+        ] {
+            assert_eq!(parse(ok).unwrap(), Some(EngineHost::Url(ok.into())), "{ok}");
+        }
+        for bad in [
+            "",
+            "tcp://",
+            "http://h",
+            "/run/x.sock",
+            "tcp://h:1 --x",
+            "tcp://h\n",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            ContainerOptions::parse(&opts(&[
+                ("engine", "podman"),
+                ("rootfs", "/r"),
+                ("engine-host", "env")
+            ]))
+            .unwrap_err(),
+            OptionsError::RemoteNeedsImage
+        );
+        let local = ContainerOptions::parse(&opts(&[("image", "a")])).unwrap();
+        assert_eq!(local.engine_host, None);
     }
 
     #[test]

@@ -50,7 +50,13 @@ pub(crate) async fn launch(
         rootfs: rootfs_facts,
     } = probe(&engine, &plan, spec).await?;
     let image_id = local_image(&engine, &plan).await?;
-    let mut warnings = hand_over_workspace(backend, &plan, spec).await?;
+    let (mut warnings, remote) = match &plan.endpoint {
+        None => (hand_over_workspace(backend, &plan, spec).await?, None),
+        Some(endpoint) => {
+            let (state, warnings) = remote_setup(&engine, &plan, &prepared, endpoint).await?;
+            (warnings, Some(state))
+        }
+    };
     // Start the client. The container id comes back through a private --cidfile.
     let cid_dir = tempfile::Builder::new()
         .prefix("agentdiff-cid-")
@@ -64,6 +70,13 @@ pub(crate) async fn launch(
     let mut args = prepared.args().to_vec();
     let cid_arg: OsString = cid_path.clone().into_os_string();
     args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
+    if let Some(r) = &remote {
+        // The container exists (created and filled); the client attaches to it.
+        args = ["start", "-a", "-i", r.container_id.as_str()]
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+    }
     let (mut cmd, relays) = client_command(&program, &args, &prepared, &ctx.stdio)?;
     let since_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -77,7 +90,11 @@ pub(crate) async fn launch(
     let identity = pid.and_then(|p| agentdiff_process::read_identity(p).ok());
 
     let mut wrapper_argv = vec![prepared.program().clone()];
-    wrapper_argv.extend(args);
+    match &remote {
+        None => wrapper_argv.extend(args),
+        // The create argv carries the controls; `start` only attaches.
+        Some(_) => wrapper_argv.extend(prepared.args().iter().cloned()),
+    }
     let environment = environment_evidence(&prepared, &plan, &mut warnings);
     let facts = ContainerFacts {
         engine: plan.kind.as_str().to_string(),
@@ -97,6 +114,7 @@ pub(crate) async fn launch(
         container_name: crate::argv::container_name(&spec.run_id).unwrap_or_default(),
         container_id: None,
         leftover_containers_removed: Vec::new(),
+        remote: remote.as_ref().map(|r| r.facts.clone()),
     };
     let stdio_relayed = relays.names();
     Ok(Box::new(RunningContainer {
@@ -117,7 +135,7 @@ pub(crate) async fn launch(
         evidence: RunEvidence {
             backend: ID.into(),
             enforcement: ENFORCEMENT,
-            capabilities: crate::declared_capabilities(),
+            capabilities: crate::capabilities_for(remote.is_some()),
             tracking: agentdiff_backend_api::Tracking::ContainerEngine,
             wrapper_argv: Some(
                 wrapper_argv
@@ -138,6 +156,8 @@ pub(crate) async fn launch(
             ..RunEvidence::default()
         },
         facts,
+        remote,
+        workdir: spec.workdir.clone(),
         image_pulled_ref: match (&plan.options.source, image_id.is_none()) {
             (Source::Image(i), true) => Some(i.clone()),
             _ => None,
@@ -269,6 +289,91 @@ async fn local_image(engine: &Engine, plan: &Plan) -> Result<Option<String>> {
     Ok(image_id)
 }
 
+/// Remote mode before the client starts: the engine says who it is, the container is created
+/// (no host path in its argv) and the private workspace is shipped into its volume. A failure
+/// removes the container; the command never ran.
+async fn remote_setup(
+    engine: &Engine,
+    plan: &Plan,
+    prepared: &PreparedLaunch,
+    endpoint: &str,
+) -> Result<(RemoteState, Vec<String>)> {
+    let spec = prepared.spec();
+    let identity = crate::remote::identify(engine, endpoint)
+        .await
+        .map_err(|e| {
+            unavailable(
+                format!("the engine at {endpoint} did not identify itself: {e}"),
+                "check the address and that an engine API service listens there (`docker -H URL info` or `podman --url URL info`)",
+            )
+        })?;
+    let mut warnings = Vec::new();
+    if identity.transport == "tcp" && !identity.tls.as_ref().is_some_and(|t| t.verify) {
+        warnings.push(format!(
+            "the engine API at {endpoint} is plain TCP without verified TLS: neither side is authenticated and the workspace crosses the network unencrypted"
+        ));
+    }
+    workspace_dir(&spec.workdir)?;
+    let args: Vec<&str> = prepared
+        .args()
+        .iter()
+        .map(|a| {
+            a.to_str()
+                .ok_or_else(|| launch_error("the create argv is not UTF-8".into()))
+        })
+        .collect::<Result<_>>()?;
+    let created = engine
+        .call_ok(&args)
+        .await
+        .map_err(|e| launch_error(format!("creating the container on {endpoint}: {e}")))?;
+    let container_id = created
+        .lines()
+        .last()
+        .map(str::trim)
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| launch_error(format!("the engine at {endpoint} created a container but did not print its id (it printed {created:?})")))?
+        .to_string();
+    match crate::remote::ship_in(engine, &container_id, &spec.workdir, plan.user).await {
+        Ok(shipped) => Ok((
+            RemoteState {
+                container_id,
+                facts: crate::remote::RemoteFacts {
+                    engine: identity,
+                    shipped_in: Some(shipped),
+                    shipped_out: None,
+                    container_removed_verified: false,
+                },
+            },
+            warnings,
+        )),
+        Err(e) => {
+            let removed = match crate::remote::remove_verified(engine, &container_id).await {
+                Ok(true) => "the container was removed".to_string(),
+                Ok(false) => format!("container {container_id} is still listed by the engine"),
+                Err(r) => format!("removing container {container_id} failed: {r}"),
+            };
+            Err(launch_error(format!(
+                "{e}; {removed}; the command never ran"
+            )))
+        }
+    }
+}
+
+fn workspace_dir(workdir: &std::path::Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(workdir).map_err(|e| BackendError::InvalidRequest {
+        backend: ID.into(),
+        message: format!("private workspace {}: {e}", workdir.display()),
+    })?;
+    if meta.is_dir() {
+        Ok(())
+    } else {
+        Err(BackendError::InvalidRequest {
+            backend: ID.into(),
+            message: format!("private workspace {} is not a directory", workdir.display()),
+        })
+    }
+}
+
 /// The private workspace exists and the container user can write it; returns the hand-over's
 /// warnings.
 async fn hand_over_workspace(
@@ -276,20 +381,7 @@ async fn hand_over_workspace(
     plan: &Plan,
     spec: &agentdiff_backend_api::LaunchSpec,
 ) -> Result<Vec<String>> {
-    let ws_meta =
-        std::fs::symlink_metadata(&spec.workdir).map_err(|e| BackendError::InvalidRequest {
-            backend: ID.into(),
-            message: format!("private workspace {}: {e}", spec.workdir.display()),
-        })?;
-    if !ws_meta.is_dir() {
-        return Err(BackendError::InvalidRequest {
-            backend: ID.into(),
-            message: format!(
-                "private workspace {} is not a directory",
-                spec.workdir.display()
-            ),
-        });
-    }
+    workspace_dir(&spec.workdir)?;
     {
         let ws = spec.workdir.clone();
         let (user, invoker) = (plan.user, backend.invoker);
@@ -431,7 +523,17 @@ struct RunningContainer {
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
     evidence: RunEvidence,
     facts: ContainerFacts,
+    /// Remote mode: the created container and what was shipped in.
+    remote: Option<RemoteState>,
+    /// The private workspace (remote mode ships the container's copy back into it).
+    workdir: PathBuf,
     image_pulled_ref: Option<String>,
+}
+
+/// A remote run's container, created and filled before the client attaches.
+struct RemoteState {
+    container_id: String,
+    facts: crate::remote::RemoteFacts,
 }
 
 /// The container backend's own section of the evidence (`wrapper` in runtime.json): the engine,
@@ -456,6 +558,9 @@ pub struct ContainerFacts {
     /// Containers of this run still present after it and removed.
     #[serde(default)]
     pub leftover_containers_removed: Vec<String>,
+    /// Remote mode: the engine that ran the command and what was shipped each way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteFacts>,
 }
 
 /// A rootfs run's source.
@@ -523,10 +628,13 @@ impl RunningCommand for RunningContainer {
         let drained = tokio::task::spawn_blocking(move || relays.drain())
             .await
             .unwrap_or(false);
-        let container_id = std::fs::read_to_string(&self.cid_path)
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit()));
+        let container_id = match &self.remote {
+            Some(r) => Some(r.container_id.clone()),
+            None => std::fs::read_to_string(&self.cid_path)
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())),
+        };
         let mut ev = std::mem::take(&mut self.evidence);
         if !drained {
             ev.warnings.push(
@@ -539,7 +647,11 @@ impl RunningCommand for RunningContainer {
         self.attribute_engine_exit(&exit, container_id.as_deref(), &mut ev)
             .await;
         ev.exit = exit;
+        if self.remote.is_some() {
+            self.ship_back(&mut ev).await;
+        }
         let (cleanup, removed) = self.remove_leftovers(&mut ev, container_id.is_some()).await;
+        self.facts.remote = self.remote.as_ref().map(|r| r.facts.clone());
         ev.cleanup = cleanup;
         if let Some(image) = &self.image_pulled_ref {
             match self.engine.local_image_id(image).await {
@@ -658,10 +770,42 @@ impl RunningContainer {
         }
     }
 
+    /// Remote mode: copy the stopped container's workspace back into the private workspace
+    /// (checked like any untrusted archive). A refusal leaves the private workspace as it was and
+    /// is recorded as the run's failure.
+    async fn ship_back(&mut self, ev: &mut RunEvidence) {
+        let Some(remote) = &mut self.remote else {
+            return;
+        };
+        let limits = crate::archive::Limits::default();
+        match crate::remote::ship_out(&self.engine, &remote.container_id, &self.workdir, limits)
+            .await
+        {
+            Ok(out) => {
+                remote.facts.shipped_out = Some(out.facts);
+                if !out.dropped_special_bits.is_empty() {
+                    ev.warnings.push(format!(
+                        "setuid/setgid bits were dropped from files shipped back: {}",
+                        out.dropped_special_bits.join(", ")
+                    ));
+                }
+            }
+            Err(e) => {
+                let message = format!(
+                    "the container's workspace was not shipped back: {e}; the private workspace keeps its pre-run content, so nothing the command did is captured or can be promoted"
+                );
+                match &ev.failure {
+                    None => ev.failure = Some(FailureKind::BackendFailed { message }),
+                    Some(_) => ev.warnings.push(message),
+                }
+            }
+        }
+    }
+
     /// Leftovers: `--rm` normally removes the container; remove anything still labelled.
     /// `created`: the run's container was created (its removal failing is then an error).
     async fn remove_leftovers(
-        &self,
+        &mut self,
         ev: &mut RunEvidence,
         created: bool,
     ) -> (CleanupReport, Vec<String>) {
@@ -672,9 +816,24 @@ impl RunningContainer {
             errors: std::mem::take(&mut ev.cleanup.errors),
             resources_removed: Vec::new(),
         };
-        // docker runs have no `--rm` (see argv.rs): remove our own container now that its exit
-        // code has been read.
-        if self.engine.kind == EngineKind::Docker {
+        if let Some(remote) = &mut self.remote {
+            match crate::remote::remove_verified(&self.engine, &remote.container_id).await {
+                Ok(gone) => {
+                    remote.facts.container_removed_verified = gone;
+                    if !gone {
+                        cleanup.errors.push(format!(
+                            "container {} is still listed by the engine after its removal",
+                            remote.container_id
+                        ));
+                    }
+                }
+                Err(e) => cleanup
+                    .errors
+                    .push(format!("removing container {}: {e}", remote.container_id)),
+            }
+        } else if self.engine.kind == EngineKind::Docker {
+            // docker runs have no `--rm` (see argv.rs): remove our own container now that its
+            // exit code has been read.
             if let Err(e) = self.engine.remove(&self.name).await {
                 if created {
                     cleanup
@@ -688,6 +847,7 @@ impl RunningContainer {
         // ending (engine error codes, a signal, a stop, docker's asynchronous auto-remove) is
         // followed by a sweep by label.
         let clean_podman_exit = self.engine.kind == EngineKind::Podman
+            && self.remote.is_none()
             && !ev.exit.timed_out
             && ev.exit.interrupted_by.is_none()
             && ev.exit.signal.is_none()

@@ -13,6 +13,13 @@
 //! - `FAKE_ENGINE_STATE`: directory for the pid of a running `run` (so `stop`/`rm -f` can end it);
 //!   defaults to the directory of `FAKE_ENGINE_LOG`.
 //!
+//! - Remote mode (`create`, `cp`, `start`, `info`): `create` records the run argv in the state
+//!   directory and prints the container id; `cp - ID:/workspace` unpacks the uploaded tar into
+//!   `STATE/volume` (with the system `tar`); `start -a -i ID` runs the recorded command there;
+//!   `cp ID:/workspace/. -` writes `STATE/volume` as a tar, or the bytes of the file named by
+//!   `FAKE_ENGINE_ARCHIVE_OUT` (a hostile engine); `rm -f -v ID` removes the volume, after which
+//!   `ps --filter id=ID` lists nothing (unless `FAKE_ENGINE_RM_KEEPS` is set).
+//!
 //! Like a container's pid namespace, everything the command starts ends with it: `run` is a child
 //! subreaper, so daemons re-parent to it, and it kills what is left when the command exits;
 //! `stop` and `rm -f` kill the running `run`'s whole tree.
@@ -76,12 +83,36 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         "ps" => {
+            if let Some(id) = argv.iter().find_map(|a| a.strip_prefix("id=")) {
+                let created = state_dir().join("created.json").exists();
+                let removed = state_dir().join("removed").exists();
+                if id == FAKE_CID
+                    && created
+                    && (!removed || !var("FAKE_ENGINE_RM_KEEPS").is_empty())
+                {
+                    println!("{FAKE_CID}");
+                }
+                return ExitCode::SUCCESS;
+            }
             for id in var("FAKE_ENGINE_PS").split(',').filter(|s| !s.is_empty()) {
                 println!("{id}");
             }
             ExitCode::SUCCESS
         }
+        "info" => {
+            println!(
+                r#"{{"id":"FAKEENGINE","name":"fake-remote","version":"99.0.0-fake","os":"linux","arch":"amd64"}}"#
+            );
+            ExitCode::SUCCESS
+        }
+        "create" => create(&argv[1..]),
+        "start" => start(),
+        "cp" => copy(&argv[1..]),
         "rm" | "stop" => {
+            if first == "rm" && argv.iter().any(|a| a == FAKE_CID) {
+                let _ = std::fs::remove_dir_all(state_dir().join("volume"));
+                let _ = std::fs::write(state_dir().join("removed"), "");
+            }
             if let Ok(pid) = std::fs::read_to_string(state_dir().join("run.pid")) {
                 if let Ok(pid) = pid.trim().parse::<u32>() {
                     // The container's processes end with it; then the `run` itself.
@@ -94,7 +125,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        "run" => run(&argv[1..]),
+        "run" => run(&argv[1..], None),
         _ => {
             eprintln!("fake engine: unsupported invocation {argv:?}");
             ExitCode::from(125)
@@ -115,7 +146,71 @@ fn record(argv: &[String]) -> std::io::Result<()> {
     writeln!(f, "{line}")
 }
 
-fn run(args: &[String]) -> ExitCode {
+/// Remote `create`: remember the argv (as for `run`), print the id.
+fn create(args: &[String]) -> ExitCode {
+    let state = state_dir();
+    let saved = serde_json::to_string(args).unwrap_or_default();
+    if std::fs::write(state.join("created.json"), saved).is_err()
+        || std::fs::create_dir_all(state.join("volume")).is_err()
+    {
+        return ExitCode::from(125);
+    }
+    println!("{FAKE_CID}");
+    ExitCode::SUCCESS
+}
+
+/// Remote `start -a -i ID`: the created argv, run in the volume.
+fn start() -> ExitCode {
+    let state = state_dir();
+    let Ok(text) = std::fs::read_to_string(state.join("created.json")) else {
+        eprintln!("Error: no such container");
+        return ExitCode::from(125);
+    };
+    let args: Vec<String> = serde_json::from_str(&text).unwrap_or_default();
+    run(&args, Some(state.join("volume")))
+}
+
+/// `cp - ID:/workspace` (upload) or `cp ID:/workspace/. -` (download), through the system tar.
+fn copy(args: &[String]) -> ExitCode {
+    let volume = state_dir().join("volume");
+    let upload =
+        args.iter().any(|a| a == "-") && args.last().is_some_and(|a| a.ends_with(":/workspace"));
+    let status = if upload {
+        std::process::Command::new("tar")
+            .arg("-x")
+            .arg("-C")
+            .arg(&volume)
+            .arg("-f")
+            .arg("-")
+            .status()
+    } else if let Some(file) = std::env::var_os("FAKE_ENGINE_ARCHIVE_OUT") {
+        let copied = std::fs::File::open(file)
+            .and_then(|mut f| std::io::copy(&mut f, &mut std::io::stdout().lock()));
+        return if copied.is_ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    } else {
+        std::process::Command::new("tar")
+            .arg("-c")
+            .arg("-C")
+            .arg(&volume)
+            .arg("-f")
+            .arg("-")
+            .arg(".")
+            .status()
+    };
+    match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        _ => {
+            eprintln!("Error: copying failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: &[String], volume: Option<std::path::PathBuf>) -> ExitCode {
     let var = |k: &str| std::env::var(k).unwrap_or_default();
     let mode = var("FAKE_ENGINE_RUN");
     if mode == "engine-fail" {
@@ -190,7 +285,7 @@ fn run(args: &[String]) -> ExitCode {
         }
     }
     cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
-    if let Some(w) = workspace {
+    if let Some(w) = volume.or(workspace.map(std::path::PathBuf::from)) {
         cmd.current_dir(w);
     }
     // SAFETY: prctl with constant arguments; only affects this process.

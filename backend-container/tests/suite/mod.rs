@@ -3,4 +3,5 @@ mod fake_engine;
 mod helpers;
 mod real_docker;
 mod real_podman;
+mod remote_fake;
 mod transaction;
