@@ -388,3 +388,35 @@ fn a_client_environment_naming_another_engine_needs_remote_mode() {
     let msg = prepare_error(&b, &l, &passthrough);
     assert!(msg.contains("--env DOCKER_HOST"), "{msg}");
 }
+
+#[tokio::test]
+async fn a_remote_timeout_stops_the_container_and_still_ships_back() {
+    let l = layout("rem-5");
+    let log = l.root.join("log");
+    let b = fake_backend(
+        &log,
+        "podman",
+        &[
+            ("FAKE_ENGINE_IMAGES", "localhost/img:1"),
+            ("FAKE_ENGINE_RUN", "hang"),
+        ],
+    );
+    let mut s = spec(&l, "rem-5", &["true"], &remote_opts("podman"));
+    s.timeout = Some(std::time::Duration::from_millis(300));
+    let (stdio, _, _) = files_stdio(&l.capsule);
+    let ev = run(&b, &s, stdio).await.unwrap();
+    assert!(ev.exit.timed_out);
+    let facts: ContainerFacts = ev.wrapper.as_ref().unwrap().decode().unwrap();
+    let remote = facts.remote.unwrap();
+    assert!(remote.shipped_out.is_some());
+    assert!(remote.container_removed_verified);
+    let calls = logged(&log);
+    let firsts: Vec<&str> = calls.iter().map(|(a, _)| a[0].as_str()).collect();
+    let stop = firsts.iter().position(|c| *c == "stop").expect("a stop");
+    let out = firsts.iter().rposition(|c| *c == "cp").unwrap();
+    assert!(stop < out, "{firsts:?}");
+    assert_eq!(
+        std::fs::read_to_string(l.workspace.join("host.txt")).unwrap(),
+        "host content\n"
+    );
+}

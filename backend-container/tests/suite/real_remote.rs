@@ -1,0 +1,304 @@
+//! Remote mode against a real podman API service that shares no filesystem with the test: it
+//! runs in its own mount namespace with a private tmpfs on `/tmp` (where the test's project and
+//! workspace live) holding its storage, and listens on a loopback TCP port. A bind mount of the
+//! workspace could not work there; the run works only because the workspace is shipped.
+//!
+//! The engine client is a recording shim around podman, so the calls are checked: no bind mount
+//! is ever requested.
+
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentdiff_backend_api::{BackendOptions, StdioMode};
+use agentdiff_backend_container::engine::ProgramSource;
+use agentdiff_backend_container::{ContainerBackend, ContainerFacts};
+use agentdiff_engine::promote::{self, Scope, Selection};
+use agentdiff_engine::transaction::{self, RunRequest};
+use agentdiff_store::Store;
+
+use super::helpers::*;
+
+pub const REMOTE_IMAGE: &str = "localhost/agentdiff-remote:busybox";
+
+/// Inside the new mount namespace: a private /tmp, a busybox image imported into private storage
+/// there, then the API service on 127.0.0.1:$1.
+const SERVICE_SCRIPT: &str = r#"
+set -e
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+S=/tmp/engine
+mkdir -p $S/rfs/bin
+cp /bin/busybox $S/rfs/bin/busybox
+for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$S/rfs/bin/$a"; done
+chmod 755 $S/rfs
+tar -C $S/rfs -cf $S/rfs.tar .
+podman --root $S/root --runroot $S/run import -q $S/rfs.tar "$2" >/dev/null
+rm -rf $S/rfs $S/rfs.tar
+cd /
+exec podman --root $S/root --runroot $S/run system service --time=0 "tcp://127.0.0.1:$1"
+"#;
+
+/// The service, stopped (with its whole process group) when dropped.
+pub struct RemoteEngine {
+    child: std::process::Child,
+    pub url: String,
+    pub log: PathBuf,
+}
+
+impl Drop for RemoteEngine {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the process group this test created for the service.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// What a remote engine needs here: podman, busybox, and unshare for the private namespace.
+pub fn remote_engine_missing() -> Option<String> {
+    if let Some(missing) = podman_missing() {
+        return Some(missing);
+    }
+    if which::which("unshare").is_err() {
+        return Some("unshare (util-linux) is not installed".into());
+    }
+    None
+}
+
+/// Start a podman API service in its own mount namespace on a free loopback port.
+pub fn start_remote_engine(log_dir: &Path) -> RemoteEngine {
+    use std::os::unix::process::CommandExt;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = log_dir.join(format!("remote-engine-{port}.log"));
+    let out = std::fs::File::create(&log).unwrap();
+    let child = std::process::Command::new("unshare")
+        .args([
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            SERVICE_SCRIPT,
+            "sh",
+        ])
+        .arg(port.to_string())
+        .arg(REMOTE_IMAGE)
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let engine = RemoteEngine {
+        child,
+        url: format!("tcp://127.0.0.1:{port}"),
+        log,
+    };
+    for _ in 0..150 {
+        let ready = std::process::Command::new("podman")
+            .args(["--url", &engine.url, "image", "exists", REMOTE_IMAGE])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ready {
+            return engine;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!(
+        "the remote podman service did not come up: {}",
+        std::fs::read_to_string(&engine.log).unwrap_or_default()
+    );
+}
+
+/// A podman client that records its argv (one line per call) and runs the real podman.
+fn recording_client(dir: &Path) -> (PathBuf, PathBuf) {
+    let log = dir.join("calls.log");
+    let shim = dir.join("podman");
+    let podman = which::which("podman").unwrap();
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            podman.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (shim, log)
+}
+
+async fn remote_transaction(
+    root: &Path,
+    backend: &ContainerBackend,
+    url: &str,
+    script: &str,
+) -> String {
+    let mut options = BackendOptions::new();
+    options.push("engine", "podman");
+    options.push("image", REMOTE_IMAGE);
+    options.push("engine-host", url);
+    let (_tx, rx) = tokio::sync::watch::channel(None);
+    let logs = root.parent().unwrap().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let outcome = transaction::run(RunRequest {
+        root: root.to_path_buf(),
+        policy: agentdiff_policy::load(root, None).unwrap(),
+        argv: ["/bin/sh", "-c", script]
+            .iter()
+            .map(OsString::from)
+            .collect(),
+        task: None,
+        timeout: Some(Duration::from_secs(120)),
+        run_id: None,
+        backend,
+        options,
+        stdio: StdioMode::Files {
+            stdin: None,
+            stdout: logs.join("out"),
+            stderr: logs.join("err"),
+        },
+        interrupt: rx,
+        env_mode: None,
+        env_pass: Vec::new(),
+        grace: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(50),
+        progress: None,
+        verified_controls: Vec::new(),
+        state_dir: Some(
+            agentdiff_store::seal::StateDir::at(root.parent().unwrap().join("state")).unwrap(),
+        ),
+    })
+    .await
+    .unwrap();
+    assert!(outcome.refusal.is_none(), "{:?}", outcome.refusal);
+    outcome
+        .capsule_dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[tokio::test]
+async fn a_remote_engine_runs_on_a_shipped_workspace_and_promote_applies_it() {
+    if skip_or_fail("remote_engine_transaction", remote_engine_missing()) {
+        return;
+    }
+    // Under /tmp, which the engine's namespace replaces with its own tmpfs.
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let engine = start_remote_engine(dir.path());
+    let root = dir.path().join("project");
+    std::fs::create_dir_all(root.join("keep")).unwrap();
+    std::fs::write(root.join("a.txt"), b"a before\n").unwrap();
+    std::fs::write(root.join("del.txt"), b"delete me\n").unwrap();
+    std::fs::write(root.join("keep/k.txt"), b"kept\n").unwrap();
+    let root = root.canonicalize().unwrap();
+    let host_before = snapshot(&root);
+    let (shim, calls) = recording_client(dir.path());
+    let backend =
+        ContainerBackend::new().with_engines(ProgramSource::Fixed(shim), ProgramSource::SearchPath);
+
+    let run_id = remote_transaction(
+        &root,
+        &backend,
+        &engine.url,
+        "test \"$(cat a.txt)\" = 'a before' || exit 9; test \"$(cat keep/k.txt)\" = kept || exit 10; \
+         echo 'a after' > a.txt; rm del.txt; echo new > new.txt; ln -s new.txt link; \
+         printf '#!/bin/sh\\necho tool\\n' > tool.sh; chmod 755 tool.sh; mkdir -p d/e; echo deep > d/e/f.txt",
+    )
+    .await;
+    assert_eq!(snapshot(&root), host_before, "the host tree is untouched");
+    let store = Store::open_existing(&root).unwrap();
+    let capsule = store.open_run(&run_id).unwrap();
+    assert!(capsule.is_sealed());
+    let result: serde_json::Value = capsule
+        .read_artifact(agentdiff_store::Artifact::Result)
+        .unwrap();
+    assert_eq!(result["exit_code"], 0, "{result:#}");
+    let changes = result["changes"].as_array().unwrap();
+    for p in [
+        "a.txt",
+        "del.txt",
+        "new.txt",
+        "link",
+        "tool.sh",
+        "d/e/f.txt",
+    ] {
+        assert!(
+            changes.iter().any(|c| c["path"] == p),
+            "{p} missing from {changes:#?}"
+        );
+    }
+    assert!(!changes.iter().any(|c| c["path"] == "keep/k.txt"));
+    let runtime: serde_json::Value = capsule
+        .read_artifact(agentdiff_store::Artifact::Runtime)
+        .unwrap();
+    assert_eq!(runtime["capabilities"]["host_repository"], "enforced");
+    let facts: ContainerFacts = serde_json::from_value(runtime["wrapper"].clone()).unwrap();
+    let remote = facts.remote.expect("remote facts");
+    assert_eq!(remote.engine.endpoint, engine.url);
+    assert_eq!(remote.engine.server_version.as_deref(), Some("4.3.1"));
+    assert!(remote.engine.os.is_some() && remote.engine.arch.is_some());
+    assert!(remote.shipped_in.unwrap().entries >= 5);
+    assert!(remote.shipped_out.unwrap().entries >= 9);
+    assert!(remote.container_removed_verified);
+
+    // The recorded calls: a create with an engine volume, never a bind mount of a host path.
+    let recorded = std::fs::read_to_string(&calls).unwrap();
+    let create = recorded
+        .lines()
+        .find(|l| l.starts_with("create "))
+        .expect("a create call");
+    assert!(create.contains("--mount type=volume,destination=/workspace"));
+    for line in recorded.lines().filter(|l| !l.starts_with("rm ")) {
+        assert!(
+            !line.split(' ').any(|w| w == "-v" || w == "--volume"),
+            "{line}"
+        );
+        assert!(!line.contains(dir.path().to_str().unwrap()), "{line}");
+    }
+    // Gone from the engine.
+    let listed = std::process::Command::new("podman")
+        .args(["--url", &engine.url, "ps", "-a", "-q"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).trim().is_empty());
+
+    // Promote as for a local engine.
+    let all = Selection {
+        scope: Scope::All,
+        paths: Vec::new(),
+        force: false,
+    };
+    let plan = promote::plan(&capsule, store.objects(), &root, &all).unwrap();
+    let report = promote::execute(&capsule, &plan, false).unwrap();
+    let outcome = |p: &str| {
+        report
+            .items
+            .iter()
+            .find(|i| i.path == p)
+            .map(|i| i.outcome.as_str())
+            .unwrap_or_else(|| panic!("{p} not in the report: {report:#?}"))
+    };
+    assert_eq!(outcome("a.txt"), "applied");
+    assert_eq!(outcome("del.txt"), "removed");
+    assert_eq!(outcome("new.txt"), "created");
+    assert_eq!(outcome("tool.sh"), "created");
+    assert_eq!(outcome("link"), "skipped", "symlinks are never promoted");
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"a after\n");
+    assert!(!root.join("del.txt").exists());
+    assert_eq!(std::fs::read(root.join("d/e/f.txt")).unwrap(), b"deep\n");
+    let mode = std::fs::metadata(root.join("tool.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o111, 0o111, "the executable stays executable");
+    drop(engine);
+}
