@@ -302,3 +302,58 @@ async fn a_remote_engine_runs_on_a_shipped_workspace_and_promote_applies_it() {
     assert_eq!(mode & 0o111, 0o111, "the executable stays executable");
     drop(engine);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_roots_run_against_one_remote_engine_at_once() {
+    if skip_or_fail("remote_engine_concurrent", remote_engine_missing()) {
+        return;
+    }
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let engine = start_remote_engine(dir.path());
+    let runs: Vec<_> = (0..4)
+        .map(|i| {
+            let run_id = format!("remote-par-{i}");
+            let l = layout(&run_id);
+            std::fs::write(l.workspace.join("mine.txt"), format!("{i}\n")).unwrap();
+            let s = spec(
+                &l,
+                &run_id,
+                &[
+                    "sh",
+                    "-c",
+                    "sleep 1; cat mine.txt > copy.txt; hostname > host.txt",
+                ],
+                &[
+                    ("engine", "podman"),
+                    ("image", REMOTE_IMAGE),
+                    ("engine-host", engine.url.as_str()),
+                ],
+            );
+            tokio::spawn(async move {
+                let backend = ContainerBackend::new();
+                let (stdio, _, _) = files_stdio(&l.capsule);
+                let ev = run(&backend, &s, stdio).await.unwrap();
+                (l, ev, i)
+            })
+        })
+        .collect();
+    let mut containers = Vec::new();
+    for r in runs {
+        let (l, ev, i) = r.await.unwrap();
+        assert!(ev.failure.is_none(), "{i}: {:?}", ev.failure);
+        assert_eq!(ev.exit.code, Some(0), "{i}");
+        // Each run got its own workspace back, nobody else's.
+        assert_eq!(
+            std::fs::read_to_string(l.workspace.join("copy.txt")).unwrap(),
+            format!("{i}\n")
+        );
+        let facts: ContainerFacts = ev.wrapper.as_ref().unwrap().decode().unwrap();
+        assert_eq!(facts.container_name, format!("agentdiff-remote-par-{i}"));
+        assert!(facts.remote.unwrap().container_removed_verified);
+        containers.push(facts.container_id.unwrap());
+    }
+    containers.sort();
+    containers.dedup();
+    assert_eq!(containers.len(), 4, "four distinct containers");
+    drop(engine);
+}
