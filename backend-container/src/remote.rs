@@ -254,6 +254,26 @@ pub async fn identify(engine: &Engine, endpoint: &str) -> Result<EngineIdentity,
     })
 }
 
+/// This machine's host name, as engines on it report theirs (`/proc/sys/kernel/hostname`).
+fn local_host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Local mode with the docker CLI (the only local client with a daemon that could be elsewhere,
+/// e.g. behind a forwarded socket or a context in docker's configuration): the engine must
+/// report this machine's host name, or the bind mount would name another machine's files.
+/// Returns what the engine said when it differs.
+pub async fn other_host(engine: &Engine) -> Result<Option<String>, RemoteError> {
+    let Some(local) = local_host_name() else {
+        return Ok(None);
+    };
+    let identity = identify(engine, "local").await?;
+    Ok(identity.name.filter(|name| *name != local))
+}
+
 fn tls_identity(env: &[(OsString, OsString)]) -> Option<TlsIdentity> {
     let verify = env_value(env, "DOCKER_TLS_VERIFY").is_some_and(|v| v != "0");
     let cert_path = env_value(env, "DOCKER_CERT_PATH").map(str::to_string);

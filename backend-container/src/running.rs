@@ -49,6 +49,9 @@ pub(crate) async fn launch(
         server_version,
         rootfs: rootfs_facts,
     } = probe(&engine, &plan, spec).await?;
+    if plan.endpoint.is_none() && plan.kind == EngineKind::Docker {
+        refuse_other_host(&engine).await?;
+    }
     let image_id = local_image(&engine, &plan).await?;
     let (mut warnings, remote) = match &plan.endpoint {
         None => (hand_over_workspace(backend, &plan, spec).await?, None),
@@ -163,6 +166,21 @@ pub(crate) async fn launch(
             _ => None,
         },
     }))
+}
+
+/// A local run needs a local engine: a docker daemon that reports another host name is refused.
+async fn refuse_other_host(engine: &Engine) -> Result<()> {
+    match crate::remote::other_host(engine).await {
+        Ok(None) => Ok(()),
+        Ok(Some(name)) => Err(unavailable(
+            format!("the docker engine reports host name {name:?}, not this machine's: it may run elsewhere, where a bind mount of the workspace would name that machine's filesystem"),
+            "run remotely with `--backend-option engine-host=env` (or `=URL`), which ships the workspace through the engine API, or point the docker CLI at a local engine",
+        )),
+        Err(e) => Err(unavailable(
+            format!("the docker engine could not say which host it runs on: {e}"),
+            "check the engine (`docker info`)",
+        )),
+    }
 }
 
 /// The engine client `prepare` chose, when it still resolves to the same executable.

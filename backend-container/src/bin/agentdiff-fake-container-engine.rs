@@ -9,7 +9,9 @@
 //! - `FAKE_ENGINE_RUN`: `exec` (default), `oci-fail` (container created, never started, exit 126),
 //!   `engine-fail` (exit 125 before creating anything), `hang` (runs until `stop`).
 //! - `FAKE_ENGINE_PS`: comma-separated container ids `ps` reports for any label filter.
-//! - `FAKE_ENGINE_VERSION_FAIL`, `FAKE_ENGINE_SERVER_FAIL`: make `--version` / `version` fail.
+//! - `FAKE_ENGINE_VERSION_FAIL`, `FAKE_ENGINE_SERVER_FAIL`: make `--version` / `version` and
+//!   `info` fail.
+//! - `FAKE_ENGINE_NAME`: the host name `info` reports (default: this machine's).
 //! - `FAKE_ENGINE_STATE`: directory for the pid of a running `run` (so `stop`/`rm -f` can end it);
 //!   defaults to the directory of `FAKE_ENGINE_LOG`.
 //!
@@ -100,9 +102,26 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         "info" => {
-            println!(
-                r#"{{"id":"FAKEENGINE","name":"fake-remote","version":"99.0.0-fake","os":"linux","arch":"amd64"}}"#
-            );
+            if !var("FAKE_ENGINE_SERVER_FAIL").is_empty() {
+                eprintln!("Cannot connect to the Docker daemon at unix:///nowhere.");
+                return ExitCode::from(1);
+            }
+            // The host name: FAKE_ENGINE_NAME, else this machine's (a local engine).
+            let name = match var("FAKE_ENGINE_NAME") {
+                n if !n.is_empty() => n,
+                _ => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            };
+            let reply = serde_json::json!({
+                "id": "FAKEENGINE",
+                "name": name,
+                "version": "99.0.0-fake",
+                "os": "linux",
+                "arch": "amd64",
+            });
+            println!("{reply}");
             ExitCode::SUCCESS
         }
         "create" => create(&argv[1..]),

@@ -63,6 +63,7 @@ async fn a_remote_run_ships_the_workspace_both_ways_and_mounts_nothing() {
             ("FAKE_ENGINE_IMAGES", "localhost/img:1"),
             ("CONTAINER_HOST", "tcp://elsewhere:9"),
             ("DOCKER_HOST", "tcp://elsewhere:9"),
+            ("FAKE_ENGINE_NAME", "fake-remote"),
         ],
     );
     let script = "cat sub/keep.txt > seen.txt; rm del.txt; echo new > new.txt; \
@@ -419,4 +420,36 @@ async fn a_remote_timeout_stops_the_container_and_still_ships_back() {
         std::fs::read_to_string(l.workspace.join("host.txt")).unwrap(),
         "host content\n"
     );
+}
+
+#[tokio::test]
+async fn a_local_docker_engine_on_another_host_is_refused_before_anything_is_created() {
+    let l = layout("rem-6");
+    let log = l.root.join("log");
+    let b = fake_backend(
+        &log,
+        "docker",
+        &[
+            ("FAKE_ENGINE_IMAGES", "localhost/img:1"),
+            ("FAKE_ENGINE_NAME", "build-host-7"),
+            ("DOCKER_HOST", "unix:///run/forwarded.sock"),
+        ],
+    );
+    let s = spec(
+        &l,
+        "rem-6",
+        &["true"],
+        &[("engine", "docker"), ("image", "localhost/img:1")],
+    );
+    let (stdio, _, _) = files_stdio(&l.capsule);
+    match run(&b, &s, stdio).await {
+        Err(BackendError::Unavailable { reason, remedy, .. }) => {
+            assert!(reason.contains("build-host-7"), "{reason}");
+            assert!(remedy.contains("engine-host=env"), "{remedy}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(!logged(&log)
+        .iter()
+        .any(|(a, _)| a[0] == "run" || a[0] == "create"));
 }
