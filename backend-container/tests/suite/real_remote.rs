@@ -357,3 +357,57 @@ async fn several_roots_run_against_one_remote_engine_at_once() {
     assert_eq!(containers.len(), 4, "four distinct containers");
     drop(engine);
 }
+
+#[tokio::test]
+async fn the_docker_cli_runs_remotely_over_the_engine_api() {
+    if skip_or_fail("remote_engine_docker_cli", remote_engine_missing()) {
+        return;
+    }
+    if which::which("docker").is_err() {
+        if skip_or_fail(
+            "remote_engine_docker_cli",
+            Some("the docker CLI is not installed".into()),
+        ) {
+            return;
+        }
+    }
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let engine = start_remote_engine(dir.path());
+    let l = layout("remote-docker");
+    let s = spec(
+        &l,
+        "remote-docker",
+        &[
+            "sh",
+            "-c",
+            "cat host.txt > seen.txt; ln -s /etc/passwd out-link; rm host.txt",
+        ],
+        &[
+            ("engine", "docker"),
+            ("image", REMOTE_IMAGE),
+            ("engine-host", engine.url.as_str()),
+        ],
+    );
+    let (stdio, _, _) = files_stdio(&l.capsule);
+    let ev = run(&ContainerBackend::new(), &s, stdio).await.unwrap();
+    assert!(ev.failure.is_none(), "{:?}", ev.failure);
+    assert_eq!(ev.exit.code, Some(0));
+    let ws = &l.workspace;
+    assert_eq!(
+        std::fs::read_to_string(ws.join("seen.txt")).unwrap(),
+        "host content\n"
+    );
+    assert!(!ws.join("host.txt").exists());
+    // A link out of the workspace comes back as a link, never followed.
+    let meta = std::fs::symlink_metadata(ws.join("out-link")).unwrap();
+    assert!(meta.file_type().is_symlink());
+    assert_eq!(
+        std::fs::read_link(ws.join("out-link")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    let facts: ContainerFacts = ev.wrapper.as_ref().unwrap().decode().unwrap();
+    let remote = facts.remote.unwrap();
+    assert!(remote.engine.engine_id.is_some(), "{:?}", remote.engine);
+    assert!(remote.container_removed_verified);
+    drop(engine);
+}
