@@ -360,16 +360,13 @@ async fn several_roots_run_against_one_remote_engine_at_once() {
 
 #[tokio::test]
 async fn the_docker_cli_runs_remotely_over_the_engine_api() {
-    if skip_or_fail("remote_engine_docker_cli", remote_engine_missing()) {
+    let missing = remote_engine_missing().or_else(|| {
+        which::which("docker")
+            .is_err()
+            .then(|| "the docker CLI is not installed".to_string())
+    });
+    if skip_or_fail("remote_engine_docker_cli", missing) {
         return;
-    }
-    if which::which("docker").is_err() {
-        if skip_or_fail(
-            "remote_engine_docker_cli",
-            Some("the docker CLI is not installed".into()),
-        ) {
-            return;
-        }
     }
     let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
     let engine = start_remote_engine(dir.path());
