@@ -255,6 +255,7 @@ pub fn unpack<R: Read>(input: R, dest: &Path, limits: &Limits) -> Result<Shipped
         limits,
         kinds: HashMap::new(),
         dirs: Vec::new(),
+        implicit: Default::default(),
         shipped: Shipped::default(),
     };
     for entry in archive.entries().map_err(ArchiveError::Read)? {
@@ -283,6 +284,8 @@ struct Unpacker<'a> {
     limits: &'a Limits,
     kinds: HashMap<PathBuf, Kind>,
     dirs: Vec<(PathBuf, u32, SystemTime)>,
+    /// Directories created for an entry below them before (or without) their own entry.
+    implicit: std::collections::HashSet<PathBuf>,
     shipped: Shipped,
 }
 
@@ -310,6 +313,16 @@ impl Unpacker<'_> {
             };
         };
         if self.kinds.contains_key(&rel) {
+            // A directory created implicitly for an earlier entry may still be listed itself.
+            if kind == tar::EntryType::Directory && self.implicit.remove(&rel) {
+                let header = entry.header();
+                let mode = header.mode().map_err(ArchiveError::Read)? & 0o1777;
+                let mtime = UNIX_EPOCH + Duration::from_secs(header.mtime().unwrap_or(0));
+                if let Some(d) = self.dirs.iter_mut().find(|(p, _, _)| *p == rel) {
+                    (d.1, d.2) = (mode, mtime);
+                }
+                return Ok(());
+            }
             return Err(ArchiveError::Duplicate(shown));
         }
         self.ancestors(&rel, &shown)?;
@@ -408,6 +421,7 @@ impl Unpacker<'_> {
                     std::fs::create_dir(&path).map_err(io_at(&path))?;
                     self.dirs.push((prefix.clone(), 0o755, SystemTime::now()));
                     self.kinds.insert(prefix.clone(), Kind::Dir);
+                    self.implicit.insert(prefix.clone());
                 }
             }
         }

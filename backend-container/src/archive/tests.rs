@@ -358,3 +358,29 @@ fn a_read_only_directory_is_filled_before_it_is_closed() {
     assert_eq!(mode & 0o777, 0o555);
     assert!(s.dest.join("ro/f").is_file());
 }
+
+#[test]
+fn a_directory_listed_after_its_content_is_accepted_once() {
+    let mut b = tar::Builder::new(Vec::new());
+    raw(&mut b, b"late/f", T::Regular, b"x", b"");
+    let mut h = tar::Header::new_gnu();
+    h.set_path("late").unwrap();
+    h.set_entry_type(T::Directory);
+    h.set_mode(0o750);
+    h.set_size(0);
+    h.set_cksum();
+    b.append(&h, io::empty()).unwrap();
+    let bytes = b.into_inner().unwrap();
+    let s = sandbox();
+    unpack(&bytes[..], &s.dest, &Limits::default()).unwrap();
+    let mode = std::fs::metadata(s.dest.join("late")).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o750);
+    // Listed twice is still a duplicate.
+    let mut twice = bytes[..bytes.len() - 1024].to_vec();
+    twice.extend_from_slice(h.as_bytes());
+    twice.extend_from_slice(&[0u8; 1024]);
+    assert!(matches!(
+        refused(&twice, &Limits::default()),
+        ArchiveError::Duplicate(_)
+    ));
+}
