@@ -124,7 +124,8 @@ fn rollback_error(e: RollbackError) -> anyhow::Error {
         RollbackError::Disabled { .. } => exit::INVALID_CONFIG,
         RollbackError::UnknownPath { .. }
         | RollbackError::InvalidPathArgument { .. }
-        | RollbackError::RootMismatch { .. } => exit::USAGE,
+        | RollbackError::RootMismatch { .. }
+        | RollbackError::PrivateWorkspace { .. } => exit::USAGE,
         RollbackError::CrossesSymlink { .. } => exit::CONFLICT,
         RollbackError::Io { .. } | RollbackError::FaultInjected { .. } => exit::INTERNAL,
     };

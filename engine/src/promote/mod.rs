@@ -101,6 +101,11 @@ impl From<RecordedError> for PromoteError {
             RecordedError::RootMismatch { recorded, given } => {
                 PromoteError::RootMismatch { recorded, given }
             }
+            // Promote opens runs as private-workspace runs, which this never refuses.
+            RecordedError::PrivateWorkspace { run_id } => PromoteError::Malformed {
+                run_id,
+                detail: "recorded as a private-workspace run opened in place".into(),
+            },
             RecordedError::UnsafePath { path, reason } => PromoteError::UnsafePath { path, reason },
             RecordedError::Root { path, source } => PromoteError::Io {
                 action: "resolve the project root",

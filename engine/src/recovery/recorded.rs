@@ -36,6 +36,10 @@ pub enum RecordedError {
     },
     #[error("run was recorded for project root {recorded}, not {given}")]
     RootMismatch { recorded: String, given: String },
+    /// An in-place recovery (rollback) of a run whose command changed a private workspace: the
+    /// recorded root is right, but the after-state is not of this tree.
+    #[error("run '{run_id}' ran in a private workspace; this tree was not changed")]
+    PrivateWorkspace { run_id: String },
     #[error("recorded path {path:?} is unsafe ({reason})")]
     UnsafePath { path: String, reason: String },
     #[error("could not resolve the project root {}: {source}", path.display())]
@@ -90,7 +94,10 @@ impl RecordedRun {
             source,
         })?;
         let same_tree = tree == RecordedTree::PrivateWorkspace || before.root == after.root;
-        if given != Path::new(&before.root) || !same_tree {
+        if given == Path::new(&before.root) && !same_tree {
+            return Err(RecordedError::PrivateWorkspace { run_id }.into());
+        }
+        if given != Path::new(&before.root) {
             return Err(RecordedError::RootMismatch {
                 recorded: before.root.clone(),
                 given: given.display().to_string(),

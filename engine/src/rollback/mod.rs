@@ -94,6 +94,13 @@ pub enum RollbackError {
     RootMismatch { recorded: String, given: String },
 
     #[error(
+        "run '{run_id}' ran in a private workspace: its changes never reached this tree, so there \
+         is nothing to roll back (nothing was changed); apply them with `agentdiff promote \
+         {run_id}`, or leave them unapplied"
+    )]
+    PrivateWorkspace { run_id: String },
+
+    #[error(
         "recorded path {path:?} is unsafe ({reason}); refusing the whole rollback, nothing was \
          changed"
     )]
@@ -139,6 +146,9 @@ impl From<RecordedError> for RollbackError {
             }
             RecordedError::RootMismatch { recorded, given } => {
                 RollbackError::RootMismatch { recorded, given }
+            }
+            RecordedError::PrivateWorkspace { run_id } => {
+                RollbackError::PrivateWorkspace { run_id }
             }
             RecordedError::UnsafePath { path, reason } => {
                 RollbackError::UnsafePath { path, reason }

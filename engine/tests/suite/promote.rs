@@ -114,3 +114,30 @@ fn previews_name_the_promoted_side_and_absolute_path_arguments_select() {
     assert!(diff.contains("+++ src/a.txt (after promote)"), "{diff}");
     assert!(!diff.contains("rollback"), "{diff}");
 }
+
+#[test]
+fn rolling_back_a_private_workspace_run_says_there_is_nothing_to_roll_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("project");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("a.txt"), b"alpha\n").unwrap();
+    let root = root.canonicalize().unwrap();
+    let (store, capsule) = record_private_run(&root, &dir.path().join("workspace"), "rm a.txt");
+    let selection = agentdiff_engine::rollback::Selection {
+        scope: agentdiff_engine::rollback::Scope::All,
+        paths: Vec::new(),
+    };
+    // The recorded root is right: this used to be refused as a root mismatch naming the same
+    // root twice.
+    let err =
+        agentdiff_engine::rollback::plan(&capsule, store.objects(), &root, &selection).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            agentdiff_engine::rollback::RollbackError::PrivateWorkspace { .. }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("agentdiff promote"), "{err}");
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"alpha\n");
+}
