@@ -107,35 +107,42 @@ fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
         crate::common::out::stdout_bytes(policy::STARTER.as_bytes());
         return Ok(ExitCode::SUCCESS);
     }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true);
-    if args.force {
-        options.create(true).truncate(true);
-    } else {
-        // create_new refuses atomically, even if the file appears between check and write.
-        options.create_new(true);
+    if !write_starter(&target, args.force)? {
+        return Err(with_code(
+            USAGE,
+            anyhow::anyhow!(
+                "{} already exists; pass --force to overwrite it",
+                target.display()
+            ),
+        ));
     }
-    let mut file = match options.open(&target) {
-        Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
-            return Err(with_code(
-                USAGE,
-                anyhow::anyhow!(
-                    "{} already exists; pass --force to overwrite it",
-                    target.display()
-                ),
-            ))
-        }
-        Err(err) => return Err(err).with_context(|| format!("cannot create {}", target.display())),
-    };
-    file.write_all(policy::STARTER.as_bytes())
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", target.display()))?;
     outln!(
         "wrote starter policy to {}; check it with `agentdiff policy validate`",
         escape_terminal(&target.display().to_string())
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the starter policy to `target`; `false` (nothing written) when the file exists and
+/// `force` is off.
+pub(crate) fn write_starter(target: &Path, force: bool) -> anyhow::Result<bool> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true);
+    if force {
+        options.create(true).truncate(true);
+    } else {
+        // create_new refuses atomically, even if the file appears between check and write.
+        options.create_new(true);
+    }
+    let mut file = match options.open(target) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(err) => return Err(err).with_context(|| format!("cannot create {}", target.display())),
+    };
+    file.write_all(policy::STARTER.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", target.display()))?;
+    Ok(true)
 }
 
 /// The policy in force: `--policy FILE` needs no project root; otherwise the root is discovered.

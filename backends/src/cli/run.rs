@@ -31,6 +31,9 @@ use agentdiff_report::{markdown, RunView};
 pub enum Format {
     Summary,
     Json,
+    /// The command's own output only, plus one line on stderr when the run found a denied or
+    /// review change or finding (with the run id): for commands run on an agent's behalf.
+    Brief,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -365,7 +368,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             backend: backend.as_ref(),
             options,
             stdio: match args.format {
-                Format::Summary => StdioMode::Inherit,
+                Format::Summary | Format::Brief => StdioMode::Inherit,
                 Format::Json => StdioMode::StdoutToStderr,
             },
             interrupt: rx,
@@ -415,6 +418,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 outcome.capsule_dir.clone(),
             );
             errout!("{}", report::run_summary(&view));
+        }
+        Format::Brief => {
+            if let Some(line) = brief_line(&outcome.result) {
+                errln!("{line}");
+            }
         }
     }
     let code = exit_code(&outcome, args.fail_on);
@@ -550,6 +558,22 @@ fn cite_probes(
             citation: c,
         })
         .collect())
+}
+
+/// `--format brief`'s one line: `None` when the run's outcome is allow.
+fn brief_line(r: &agentdiff_store::schema::RunResult) -> Option<String> {
+    if r.safety_outcome == Action::Allow {
+        return None;
+    }
+    Some(format!(
+        "agentdiff: run {}: {} (changes: {} denied, {} for review); `agentdiff inspect {}` shows \
+         why",
+        escape_terminal(&r.run_id),
+        r.safety_outcome,
+        r.summary.protected,
+        r.summary.unexpected,
+        escape_terminal(&r.run_id)
+    ))
 }
 
 /// Map a finished transaction to the process exit code (docs/cli.md).

@@ -20,6 +20,7 @@ mod cleanup_cli;
 mod evidence_cli;
 mod external_cli;
 mod hook_cli;
+mod hook_install_cli;
 pub mod html_cli;
 mod markdown_cli;
 mod planted_programs_cli;

@@ -1,4 +1,6 @@
-//! `agentdiff hook pre-tool-use`: answer, before a tool call runs, whether an agent may run it.
+//! `agentdiff hook`: the agent hooks. `pre-tool-use` answers, before a tool call runs, whether an
+//! agent may run it (and runs shell calls sandboxed, [`sandbox`]); `install` and `uninstall`
+//! ([`install`]) put the hooks into Claude Code's settings ([`settings`]).
 //!
 //! Works as a Claude Code `PreToolUse` command hook: one JSON object on stdin; on stdout one
 //! decision object (allow, ask or deny) or nothing at all (no decision: Claude Code's own
@@ -28,6 +30,10 @@ use serde_json::json;
 
 use crate::common::exit::with_code;
 
+mod install;
+pub mod sandbox;
+mod settings;
+
 pub use crate::common::exit::HOOK_BLOCK;
 
 /// How long the hook takes at most before it answers `deny`: well below the 30 s timeout the
@@ -41,6 +47,11 @@ pub const DEADLINE_ENV: &str = "AGENTDIFF_HOOK_DEADLINE";
 pub enum Command {
     /// Decide one tool call (JSON on stdin) before it runs: allow, ask, deny or no decision.
     PreToolUse(PreToolUseArgs),
+    /// Install agentdiff's hooks into Claude Code's settings (shell calls sandboxed where a
+    /// sandbox is verified here).
+    Install(install::InstallArgs),
+    /// Remove agentdiff's hooks from Claude Code's settings.
+    Uninstall(install::UninstallArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -55,13 +66,21 @@ pub struct PreToolUseArgs {
     /// $AGENTDIFF_HOOK_DEADLINE, else 5 s). Keep it below the hook's installed timeout.
     #[arg(long, value_name = "D", value_parser = super::run::parse_duration)]
     deadline: Option<Duration>,
+    /// Run `Bash` calls sandboxed in this runtime, each as its own `agentdiff run`, while a
+    /// probe record (kept by `hook install`) verifies it on this host; else they are asked.
+    #[arg(long, value_name = "ID")]
+    runtime: Option<String>,
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
-    block_on_panic();
     match command {
-        Command::PreToolUse(args) => within_deadline(args)
-            .map_err(|err| with_code(HOOK_BLOCK, err.context("tool call blocked"))),
+        Command::PreToolUse(args) => {
+            block_on_panic();
+            within_deadline(args)
+                .map_err(|err| with_code(HOOK_BLOCK, err.context("tool call blocked")))
+        }
+        Command::Install(args) => install::install(args),
+        Command::Uninstall(args) => install::uninstall(args),
     }
 }
 
@@ -75,8 +94,8 @@ fn block_on_panic() {
 }
 
 /// The deadline in force: `--deadline`, else [`DEADLINE_ENV`], else [`DEFAULT_DEADLINE`].
-fn deadline(args: &PreToolUseArgs) -> anyhow::Result<Duration> {
-    let deadline = match (args.deadline, std::env::var_os(DEADLINE_ENV)) {
+fn resolve_deadline(flag: Option<Duration>) -> anyhow::Result<Duration> {
+    let deadline = match (flag, std::env::var_os(DEADLINE_ENV)) {
         (Some(d), _) => d,
         (None, Some(text)) => {
             let text = text.to_string_lossy();
@@ -94,7 +113,7 @@ fn deadline(args: &PreToolUseArgs) -> anyhow::Result<Duration> {
 
 /// Judges the call on a worker thread and waits for it until the deadline; past it, `deny`.
 fn within_deadline(args: PreToolUseArgs) -> anyhow::Result<ExitCode> {
-    let deadline = deadline(&args)?;
+    let deadline = resolve_deadline(args.deadline)?;
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("hook-judge".to_owned())
@@ -150,8 +169,114 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<Option<serde_json::Value
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|err| without_policy_text(err, &root))?;
+    if call.tool_name == SHELL_TOOL {
+        if let Some(answer) = shell_call(&args, &root, &call, &text) {
+            return Ok(Some(answer));
+        }
+    }
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
     Ok(verdict.to_claude_json())
+}
+
+/// Claude Code's shell tool.
+const SHELL_TOOL: &str = "Bash";
+
+/// The identifiers of a call, for the run's task line.
+#[derive(Debug, Default, serde::Deserialize)]
+struct CallIds {
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    tool_use_id: Option<String>,
+}
+
+/// A shell call: `allow` with the command rewritten to run sandboxed as its own `agentdiff run`,
+/// or `ask` saying why it cannot be (no sandbox verified, a command that cannot be carried
+/// exactly). `None` when no runtime was installed: the judge's `ask` stands.
+fn shell_call(
+    args: &PreToolUseArgs,
+    root: &std::path::Path,
+    call: &hook::ToolCall,
+    text: &str,
+) -> Option<serde_json::Value> {
+    let runtime = args.runtime.as_deref()?;
+    let ask = |why: String| {
+        json!({
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": "ask",
+                "permissionDecisionReason": format!(
+                    "agentdiff hook: this shell command cannot run sandboxed: {why}; it runs \
+                     unsandboxed only if a person allows it"
+                ),
+            }
+        })
+    };
+    let records = match sandbox::verified(runtime) {
+        sandbox::Verified::Yes { records } => records,
+        sandbox::Verified::No { reason } => {
+            return Some(ask(format!(
+                "{reason} (run `agentdiff hook install` again to probe)"
+            )))
+        }
+    };
+    match rewritten(runtime, root, call, text, &records) {
+        Ok(input) => Some(json!({
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": "allow",
+                "permissionDecisionReason": format!(
+                    "agentdiff hook: runs sandboxed in `{runtime}` as its own recorded run"
+                ),
+                "updatedInput": input,
+            }
+        })),
+        Err(e) => Some(ask(format!("{e:#}"))),
+    }
+}
+
+/// The call's input with `command` rewritten ([`sandbox::rewrite`]); every other field kept.
+fn rewritten(
+    runtime: &str,
+    root: &std::path::Path,
+    call: &hook::ToolCall,
+    text: &str,
+    records: &std::path::Path,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let command = match call.tool_input.get("command") {
+        Some(serde_json::Value::String(c)) => c,
+        _ => anyhow::bail!("tool_input.command is not a string"),
+    };
+    let cwd = call.cwd.as_deref().unwrap_or(root);
+    let cwd = std::fs::canonicalize(cwd)
+        .with_context(|| format!("its working directory {} cannot be resolved", cwd.display()))?;
+    let workdir = match cwd.strip_prefix(root) {
+        Ok(rel) if rel.as_os_str().is_empty() => std::path::Path::new("."),
+        Ok(rel) => rel,
+        Err(_) => anyhow::bail!(
+            "its working directory {} is outside the project root",
+            cwd.display()
+        ),
+    };
+    let ids: CallIds = serde_json::from_str(text).unwrap_or_default();
+    let task = format!(
+        "Claude Code Bash call {} in session {}",
+        ids.tool_use_id.as_deref().unwrap_or("(no id)"),
+        ids.session_id.as_deref().unwrap_or("(no id)")
+    );
+    let program = std::env::current_exe().context("cannot locate the agentdiff program")?;
+    let command = sandbox::rewrite(&sandbox::ShellCall {
+        program: &program,
+        root,
+        runtime,
+        records,
+        task: &task,
+        workdir,
+        command,
+    })?;
+    let mut input = call.tool_input.clone();
+    input.insert("command".to_owned(), serde_json::Value::String(command));
+    Ok(input)
 }
 
 /// A policy error as the agent may see it: syntax and schema problems quote the document

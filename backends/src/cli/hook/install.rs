@@ -1,0 +1,419 @@
+//! `agentdiff hook install` and `hook uninstall`: agentdiff's hooks in Claude Code's settings.
+//!
+//! Install finds the sandbox shell calls will run in (the strongest runtime a probe verifies on
+//! this host, or the one `--runtime` names), keeps its probe record in the state directory,
+//! and merges the hook into `ROOT/.claude/settings.json` (or `~/.claude/settings.json` with
+//! `--user`): idempotent, other hooks kept, the previous file backed up, every change printed,
+//! a starter `agentdiff.yaml` written into a project that has none. With no sandbox verified it
+//! refuses, unless `--runtime` names a runtime that is no sandbox: shell calls are then asked.
+//!
+//! The installed command ends in `|| exit 2`: when agentdiff cannot be started (moved,
+//! uninstalled), the shell's 127 would let Claude Code run the call unjudged; 2 blocks it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agentdiff_backend_api::{BackendOptions, Boundary};
+use agentdiff_conformance::probes;
+use agentdiff_host::redact::escape_terminal;
+use agentdiff_plugins::Registry;
+use anyhow::Context;
+
+use super::sandbox::{self, quote};
+use super::settings::{self, Settings, Wanted};
+use crate::common::exit::{self, with_code};
+
+/// Largest settings file read (Claude Code's are a few KiB).
+const MAX_SETTINGS_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The smallest Claude Code timeout installed, in seconds; always above the hook's deadline.
+const MIN_TIMEOUT_SECS: u64 = 30;
+
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Install into ~/.claude/settings.json (every project) instead of ROOT/.claude/settings.json.
+    #[arg(long)]
+    user: bool,
+    /// Project root (default: discovered as by `agentdiff run`).
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// The runtime shell calls run in. Default: the strongest one whose filesystem-write
+    /// control a probe verifies here now. A runtime that is no sandbox installs the hook with
+    /// shell calls asked, not sandboxed.
+    #[arg(long, value_name = "ID")]
+    runtime: Option<String>,
+    /// The hook's own deadline (default $AGENTDIFF_HOOK_DEADLINE, else 5 s); the installed
+    /// Claude Code timeout is larger.
+    #[arg(long, value_name = "D", value_parser = crate::cli::run::parse_duration)]
+    deadline: Option<Duration>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// Remove from ~/.claude/settings.json instead of ROOT/.claude/settings.json.
+    #[arg(long)]
+    user: bool,
+    /// Project root (default: discovered as by `agentdiff run`).
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+}
+
+/// How shell calls will be handled.
+enum Shell {
+    Sandboxed { runtime: String, records: PathBuf },
+    Asked { runtime: String },
+}
+
+pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
+    let root = match args.user {
+        true => None,
+        false => Some(crate::common::context::project_root(args.root.as_deref())?.path),
+    };
+    let path = settings_path(args.user, root.as_deref())?;
+    let (original, mut doc) = read_settings(&path)?;
+    let deadline = super::resolve_deadline(args.deadline)?;
+    let mut registry = crate::common::context::registry(root.as_deref())?;
+    let shell = choose_shell(&mut registry, args.runtime.as_deref())?;
+    let wanted = wanted_hooks(&shell, deadline)?;
+    let changes = settings::merge(&mut doc, &wanted);
+    let backup = match changes.any() {
+        true => write_settings(&path, original.as_deref(), &doc)?,
+        false => None,
+    };
+    report(&path, &changes, backup.as_deref(), "installed");
+    match &shell {
+        Shell::Sandboxed { runtime, records } => outln!(
+            "  shell calls: run sandboxed in `{}`, each as its own `agentdiff run` (a probe on \
+             this host verified its filesystem-write control; record: {})",
+            escape_terminal(runtime),
+            escape_terminal(&records.display().to_string())
+        ),
+        Shell::Asked { runtime } => outln!(
+            "  shell calls: asked, not sandboxed: `{}` is no sandbox (--runtime)",
+            escape_terminal(runtime)
+        ),
+    }
+    if let Some(root) = &root {
+        let policy = root.join(agentdiff_policy::POLICY_FILE_NAME);
+        if crate::cli::policy::write_starter(&policy, false)? {
+            outln!(
+                "  wrote a starter policy to {}; check it with `agentdiff policy validate`",
+                escape_terminal(&policy.display().to_string())
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
+    let root = match args.user {
+        true => None,
+        false => Some(crate::common::context::project_root(args.root.as_deref())?.path),
+    };
+    let path = settings_path(args.user, root.as_deref())?;
+    let (original, mut doc) = read_settings(&path)?;
+    let changes = settings::merge(&mut doc, &[]);
+    let backup = match changes.any() {
+        true => write_settings(&path, original.as_deref(), &doc)?,
+        false => None,
+    };
+    report(&path, &changes, backup.as_deref(), "uninstalled");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report(path: &Path, changes: &settings::Changes, backup: Option<&Path>, done: &str) {
+    let shown = escape_terminal(&path.display().to_string());
+    if !changes.any() {
+        outln!("agentdiff hook: {shown} is already as wanted; nothing changed");
+    } else {
+        outln!("agentdiff hook: {done} in {shown}");
+    }
+    if let Some(backup) = backup {
+        outln!(
+            "  the previous file is kept as {}",
+            escape_terminal(&backup.display().to_string())
+        );
+    }
+    for (verb, list) in [
+        ("added", &changes.added),
+        ("replaced", &changes.replaced),
+        ("removed", &changes.removed),
+    ] {
+        for line in list {
+            outln!("  {verb} {}", escape_terminal(line));
+        }
+    }
+    if changes.kept > 0 {
+        outln!("  kept {} other hook(s) as they were", changes.kept);
+    }
+}
+
+fn settings_path(user: bool, root: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let dir = match (user, root) {
+        (false, Some(root)) => root.to_path_buf(),
+        _ => std::env::var_os("HOME")
+            .filter(|h| !h.is_empty() && Path::new(h).is_absolute())
+            .map(PathBuf::from)
+            .context("HOME is not set to an absolute path, so ~/.claude cannot be found")
+            .map_err(|e| with_code(exit::USAGE, e))?,
+    };
+    Ok(dir.join(".claude").join("settings.json"))
+}
+
+/// The file's bytes (`None` when it does not exist) and its model. A file that is not a
+/// settings object is refused, and nothing is changed.
+fn read_settings(path: &Path) -> anyhow::Result<(Option<Vec<u8>>, Settings)> {
+    use std::io::Read;
+    let shown = path.display().to_string();
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((None, Settings::default()))
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read {shown}")),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_SETTINGS_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {shown}"))?;
+    let invalid = |why: String| {
+        with_code(
+            exit::INVALID_CONFIG,
+            anyhow::anyhow!(
+                "{shown} {why}; fix it (or move it away) and run this again — nothing was changed"
+            ),
+        )
+    };
+    if bytes.len() as u64 > MAX_SETTINGS_BYTES {
+        return Err(invalid(format!(
+            "is larger than {MAX_SETTINGS_BYTES} bytes"
+        )));
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok((Some(bytes), Settings::default()));
+    }
+    let doc = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(format!("is not a Claude Code settings object ({e})")))?;
+    Ok((Some(bytes), doc))
+}
+
+/// Writes `doc` over `path` (through a symlink to its target), atomically, keeping the mode;
+/// the previous content first goes to a new backup file, whose path is returned.
+fn write_settings(
+    path: &Path,
+    original: Option<&[u8]>,
+    doc: &Settings,
+) -> anyhow::Result<Option<PathBuf>> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let target = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path)
+            .with_context(|| format!("cannot follow the symlink {}", path.display()))?,
+        _ => path.to_path_buf(),
+    };
+    let dir = target
+        .parent()
+        .context("the settings file has no directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let backup = original
+        .map(|bytes| write_backup(dir, &name, bytes))
+        .transpose()?;
+    let mode = std::fs::metadata(&target)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o644);
+    let mut text = serde_json::to_vec_pretty(doc).context("serialising the settings")?;
+    text.push(b'\n');
+    let tmp = dir.join(format!(".{name}.agentdiff-{}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(&text)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, &target));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", target.display()));
+    }
+    Ok(backup)
+}
+
+/// A new file `NAME.agentdiff-backup-<unix time>[-N]` beside the original, never overwriting one.
+fn write_backup(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    for n in 0..100 {
+        let suffix = if n == 0 {
+            String::new()
+        } else {
+            format!("-{n}")
+        };
+        let path = dir.join(format!("{name}.agentdiff-backup-{stamp}{suffix}"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                f.write_all(bytes)
+                    .and_then(|()| f.sync_all())
+                    .with_context(|| format!("cannot write the backup {}", path.display()))?;
+                return Ok(path);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot create the backup {}", path.display()))
+            }
+        }
+    }
+    anyhow::bail!(
+        "cannot find a free backup name beside {name} in {}",
+        dir.display()
+    )
+}
+
+/// The hooks to install: `PreToolUse` for every tool.
+fn wanted_hooks(shell: &Shell, deadline: Duration) -> anyhow::Result<Vec<Wanted>> {
+    let exe = std::env::current_exe().context("cannot locate the agentdiff program")?;
+    let exe = exe.to_str().with_context(|| {
+        format!(
+            "the path of agentdiff ({}) is not valid UTF-8 and cannot be written into the settings",
+            exe.display()
+        )
+    })?;
+    let mut command = format!(
+        "{} hook pre-tool-use --root \"$CLAUDE_PROJECT_DIR\" --deadline {}ms",
+        quote(exe),
+        deadline.as_millis()
+    );
+    if let Shell::Sandboxed { runtime, .. } = shell {
+        command.push_str(&format!(" --runtime {}", quote(runtime)));
+    }
+    command.push_str(" || exit 2");
+    let timeout = (deadline.as_secs() + 10).max(MIN_TIMEOUT_SECS);
+    Ok(vec![Wanted {
+        event: "PreToolUse",
+        matcher: Some("*"),
+        command,
+        timeout,
+    }])
+}
+
+/// The runtime shell calls will use: `--runtime` (probed when it claims to be a sandbox), else
+/// the strongest built-in runtime whose filesystem-write control a probe verifies now.
+fn choose_shell(registry: &mut Registry, runtime: Option<&str>) -> anyhow::Result<Shell> {
+    let options = BackendOptions::new();
+    let ids: Vec<&'static str> = match runtime {
+        Some(id) => {
+            let descriptor = crate::common::context::resolve_backend(registry, id)?;
+            let backend = registry
+                .create(descriptor.id)
+                .map_err(|e| with_code(exit::USAGE, e))?;
+            if !backend.capabilities(&options).sandboxed {
+                return Ok(Shell::Asked {
+                    runtime: descriptor.id.to_owned(),
+                });
+            }
+            vec![descriptor.id]
+        }
+        None => registry.ids(),
+    };
+    let rt = crate::common::context::runtime()?;
+    let doc = rt.block_on(crate::common::doctor_report::assemble(
+        registry, &ids, &options, true,
+    ))?;
+    let verified = |id: &str| {
+        doc.backends
+            .iter()
+            .find(|b| b.id == id)
+            .and_then(|b| b.probe_record.clone())
+            .filter(|r| {
+                probes::cite(
+                    std::slice::from_ref(r),
+                    id,
+                    &options,
+                    Boundary::FilesystemWrites,
+                    sandbox::MAX_AGE,
+                )
+                .is_some()
+            })
+    };
+    // The recommendation ranks every boundary; among verified sandboxes it comes first.
+    let order = doc
+        .recommended
+        .iter()
+        .map(|r| r.id.as_str())
+        .chain(doc.backends.iter().map(|b| b.id));
+    for id in order {
+        if let Some(record) = verified(id) {
+            let records = sandbox::save_record(&record)?;
+            return Ok(Shell::Sandboxed {
+                runtime: id.to_owned(),
+                records,
+            });
+        }
+    }
+    Err(no_sandbox(registry, &doc, runtime))
+}
+
+/// The refusal when no sandbox is verified, with what each runtime said and the remedies.
+fn no_sandbox(
+    registry: &Registry,
+    doc: &crate::common::doctor_report::DoctorReport,
+    runtime: Option<&str>,
+) -> anyhow::Error {
+    use crate::common::doctor_report::AvailabilityEntry;
+    let mut lines = Vec::new();
+    for b in &doc.backends {
+        let why = match &b.availability {
+            AvailabilityEntry::Unavailable { reason, remedy } => {
+                format!("unavailable: {reason} ({remedy})")
+            }
+            AvailabilityEntry::Ready { .. } if !b.sandboxed => continue,
+            AvailabilityEntry::Ready { .. } => {
+                "available, but no probe verified its filesystem-write control here".to_owned()
+            }
+        };
+        lines.push(format!("{}: {why}", b.id));
+    }
+    let options = BackendOptions::new();
+    let unsandboxed: Vec<&str> = registry
+        .ids()
+        .into_iter()
+        .filter(|id| {
+            registry
+                .create(id)
+                .is_ok_and(|b| !b.capabilities(&options).sandboxed)
+        })
+        .collect();
+    let what = match runtime {
+        Some(id) => format!("the runtime `{id}` is not verified as a sandbox on this host"),
+        None => "no sandbox is verified on this host".to_owned(),
+    };
+    with_code(
+        exit::BACKEND_UNAVAILABLE,
+        anyhow::anyhow!(
+            "{what}, so shell calls could not run sandboxed; nothing was installed. {}. \
+             `agentdiff doctor --probe` shows what each runtime enforces here. Install a sandbox \
+             (docs/agents.md), or pass `--runtime {}` to install with shell calls asked, not \
+             sandboxed",
+            lines.join("; "),
+            unsandboxed.join("` or `--runtime ")
+        ),
+    )
+}
