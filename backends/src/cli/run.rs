@@ -560,18 +560,27 @@ fn cite_probes(
         .collect())
 }
 
-/// `--format brief`'s one line: `None` when the run's outcome is allow.
+/// `--format brief`'s one line: `None` unless a change or a finding is denied or for review
+/// (an outcome of review from observation warnings alone is recorded, not announced).
 fn brief_line(r: &agentdiff_store::schema::RunResult) -> Option<String> {
-    if r.safety_outcome == Action::Allow {
+    let findings = r
+        .evidence_findings
+        .iter()
+        .filter(|f| f.action != Action::Allow)
+        .count();
+    let (denied, review) = (r.summary.protected, r.summary.unexpected);
+    if denied == 0 && review == 0 && findings == 0 {
         return None;
     }
+    let findings = match findings {
+        0 => String::new(),
+        n => format!(", {n} finding(s)"),
+    };
     Some(format!(
-        "agentdiff: run {}: {} (changes: {} denied, {} for review); `agentdiff inspect {}` shows \
-         why",
+        "agentdiff: run {}: {} (changes: {denied} denied, {review} for review{findings}); \
+         `agentdiff inspect {}` shows why",
         escape_terminal(&r.run_id),
         r.safety_outcome,
-        r.summary.protected,
-        r.summary.unexpected,
         escape_terminal(&r.run_id)
     ))
 }

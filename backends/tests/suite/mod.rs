@@ -16,6 +16,7 @@ mod bwrap_controls_cli;
 mod bwrap_git_dirs_cli;
 mod bwrap_hardening_cli;
 mod bwrap_home_cli;
+mod claude_cli;
 mod cleanup_cli;
 mod evidence_cli;
 mod external_cli;

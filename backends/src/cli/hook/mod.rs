@@ -175,6 +175,21 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<Option<serde_json::Value
         }
     }
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
+    if call.tool_name == SHELL_TOOL {
+        if let (Some(decision), Some(reason)) = (verdict.permission_decision(), verdict.reason()) {
+            return Ok(Some(json!({
+                "hookSpecificOutput": {
+                    "hookEventName": "PreToolUse",
+                    "permissionDecision": decision,
+                    "permissionDecisionReason": format!(
+                        "{reason}; shell calls are not sandboxed: this hook runs without \
+                         --runtime (installed without a verified sandbox; `agentdiff hook \
+                         install` sets one up where a probe verifies one)"
+                    ),
+                }
+            })));
+        }
+    }
     Ok(verdict.to_claude_json())
 }
 

@@ -1,0 +1,370 @@
+//! The real Claude Code CLI (`claude -p`, headless) with agentdiff's hook installed as a user
+//! installs it, driven by a scripted local stand-in of the Messages API
+//! (`tests/claude/messages_api.py`). Claude Code refuses `--dangerously-skip-permissions` as
+//! root, so when the tests run as root the session runs as the unprivileged user `cloudsdk`.
+//!
+//! The CLI is found at `$AGENTDIFF_CLAUDE_CLI`, else `/opt/claude-code/node_modules/.bin/claude`
+//! (where `.ci/run` installs the pinned version), else `claude` on PATH.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{json, Value};
+
+use super::{assert_exit, bin, text};
+
+/// The unprivileged user a root test runs the session as.
+const USER: &str = "cloudsdk";
+
+fn claude_cli() -> Option<PathBuf> {
+    let named = std::env::var_os("AGENTDIFF_CLAUDE_CLI").map(PathBuf::from);
+    let pinned = Path::new("/opt/claude-code/node_modules/.bin/claude").to_path_buf();
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("claude"))
+            .find(|c| c.is_file())
+    });
+    named
+        .into_iter()
+        .chain([pinned])
+        .chain(on_path)
+        .find(|c| c.is_file())
+}
+
+/// (uid, gid) of [`USER`] when running as root; `None` when not root (the session runs as us).
+fn session_user() -> Result<Option<(u32, u32)>, String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    match nix::unistd::User::from_name(USER) {
+        Ok(Some(u)) => Ok(Some((u.uid.as_raw(), u.gid.as_raw()))),
+        _ => Err(format!("the unprivileged user `{USER}` does not exist")),
+    }
+}
+
+/// What a session needs here, or the reason it cannot run (a counted skip; a failure under
+/// AGENTDIFF_REQUIRE_REAL_BACKENDS=1).
+fn ready() -> Option<(PathBuf, Option<(u32, u32)>)> {
+    let Some(cli) = claude_cli() else {
+        agentdiff_test_support::skip(
+            "the Claude Code CLI is not installed (.ci/run installs @anthropic-ai/claude-code in \
+             /opt/claude-code)",
+        );
+        return None;
+    };
+    if Command::new("python3").arg("-V").output().is_err() {
+        agentdiff_test_support::skip("python3 (the Messages API stand-in) is not installed");
+        return None;
+    }
+    match session_user() {
+        Ok(user) => Some((cli, user)),
+        Err(reason) => {
+            agentdiff_test_support::skip(&reason);
+            None
+        }
+    }
+}
+
+/// A project, a home and a directory outside the project, owned by the session's user.
+struct Session {
+    base: tempfile::TempDir,
+    cli: PathBuf,
+    user: Option<(u32, u32)>,
+}
+
+impl Session {
+    fn new(cli: PathBuf, user: Option<(u32, u32)>) -> Session {
+        let base = tempfile::tempdir().unwrap();
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let s = Session { base, cli, user };
+        for d in ["proj/src", "proj/.git/hooks", "home", "outside"] {
+            fs::create_dir_all(s.base.path().join(d)).unwrap();
+        }
+        fs::write(s.proj().join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        fs::write(s.proj().join("src/lib.rs"), "pub fn f() {}\n").unwrap();
+        if let Some((uid, gid)) = user {
+            let chown = Command::new("chown")
+                .arg("-R")
+                .arg(format!("{uid}:{gid}"))
+                .arg(s.base.path())
+                .status()
+                .unwrap();
+            assert!(chown.success());
+        }
+        s
+    }
+
+    fn proj(&self) -> PathBuf {
+        self.base.path().join("proj")
+    }
+
+    fn outside(&self) -> PathBuf {
+        self.base.path().join("outside")
+    }
+
+    /// `program ARGS` as the session's user, in the project, with its home and state directory.
+    fn command(&self, program: &Path) -> Command {
+        let mut c = match self.user {
+            // setpriv also drops root's supplementary groups.
+            Some((uid, gid)) => {
+                let mut c = Command::new("/usr/bin/setpriv");
+                c.arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={gid}"))
+                    .args(["--clear-groups", "--"])
+                    .arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
+        let home = self.base.path().join("home");
+        c.current_dir(self.proj())
+            .env_remove("AGENTDIFF_POLICY")
+            .env("HOME", &home)
+            .env("AGENTDIFF_STATE_DIR", home.join("state"));
+        c
+    }
+
+    fn agentdiff(&self, args: &[&str]) -> std::process::Output {
+        self.command(bin()).args(args).output().unwrap()
+    }
+
+    /// Runs `claude -p` against a stand-in serving `script`; its JSON result and the tool
+    /// results Claude Code sent back (tool_use_id → (is_error, text)).
+    fn run(&self, script: &Value) -> (Value, Vec<(String, bool, String)>) {
+        let dir = self.base.path();
+        fs::write(dir.join("script.json"), script.to_string()).unwrap();
+        let log = dir.join("requests.jsonl");
+        let server = StandIn::start(&dir.join("script.json"), &log);
+        let out = self
+            .command(&self.cli)
+            .args([
+                "-p",
+                "do the task",
+                "--dangerously-skip-permissions",
+                "--output-format",
+                "json",
+            ])
+            .env(
+                "ANTHROPIC_BASE_URL",
+                format!("http://127.0.0.1:{}", server.port),
+            )
+            .env("ANTHROPIC_API_KEY", "dummy")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env_remove("ANTHROPIC_AUTH_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        drop(server);
+        assert_exit(&out, 0);
+        let result: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+        (result, tool_results(&log))
+    }
+}
+
+/// The scripted API, killed when dropped.
+struct StandIn {
+    child: Child,
+    port: u16,
+}
+
+impl StandIn {
+    fn start(script: &Path, log: &Path) -> StandIn {
+        let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/claude/messages_api.py");
+        let mut child = Command::new("python3")
+            .arg(server)
+            .arg(script)
+            .arg(log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the stand-in prints its port");
+        StandIn { child, port }
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every tool result in the requests Claude Code sent, first occurrence of each id, in order.
+fn tool_results(log: &Path) -> Vec<(String, bool, String)> {
+    let mut seen = Vec::<(String, bool, String)>::new();
+    for line in fs::read_to_string(log).unwrap_or_default().lines() {
+        let request: Value = serde_json::from_str(line).unwrap();
+        let messages = request["body"]["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for block in messages
+            .iter()
+            .filter_map(|m| m["content"].as_array())
+            .flatten()
+            .filter(|b| b["type"] == "tool_result")
+        {
+            let id = block["tool_use_id"].as_str().unwrap().to_owned();
+            if seen.iter().any(|(s, _, _)| *s == id) {
+                continue;
+            }
+            let content = match &block["content"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            seen.push((id, block["is_error"] == true, content));
+        }
+    }
+    seen
+}
+
+fn result_of<'a>(results: &'a [(String, bool, String)], id: &str) -> &'a (String, bool, String) {
+    results
+        .iter()
+        .find(|(i, _, _)| i == id)
+        .unwrap_or_else(|| panic!("no tool result for {id}: {results:?}"))
+}
+
+fn denied_ids(result: &Value) -> Vec<String> {
+    result["permission_denials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["tool_use_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn write(path: &Path, content: &str) -> Value {
+    json!({"name": "Write", "input": {"file_path": path, "content": content}})
+}
+
+fn bash(command: &str) -> Value {
+    json!({"name": "Bash", "input": {"command": command, "description": "a step"}})
+}
+
+#[test]
+fn a_headless_session_runs_unattended_inside_agentdiff() {
+    let Some((cli, user)) = ready() else { return };
+    if super::bwrap_cli::no_bwrap() {
+        return;
+    }
+    let s = Session::new(cli, user);
+    let proj = s.proj();
+    let out = s.agentdiff(&["hook", "install", "--runtime", "bwrap"]);
+    assert_exit(&out, 0);
+    assert!(
+        text(&out.stdout).contains("run sandboxed in `bwrap`"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A listener the network call tries to reach from inside the sandbox.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let outside = s.outside().join("escape.txt");
+    let script = json!({"steps": [
+        [write(&proj.join("src/main.rs"), "fn main() { println!(\"hi\"); }\n")],
+        [write(&proj.join(".env"), "TOKEN=stolen\n")],
+        [bash("mkdir -p out && cp src/main.rs out/main.built && echo build ok")],
+        [bash("test -f out/main.built && echo tests passed")],
+        [write(&proj.join(".git/hooks/pre-commit"), "#!/bin/sh\n")],
+        [bash(&format!(
+            "echo x > {}; echo y > .git/hooks/pre-commit; echo after",
+            outside.display()
+        ))],
+        [bash(&format!(
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)' \
+             && echo connected || echo no network"
+        ))],
+    ], "final": "done"});
+    let (result, results) = s.run(&script);
+
+    // The source edit and the build output are there; nothing landed in .env, .git or outside.
+    assert_eq!(
+        fs::read_to_string(proj.join("src/main.rs")).unwrap(),
+        "fn main() { println!(\"hi\"); }\n"
+    );
+    assert!(proj.join("out/main.built").is_file());
+    assert!(!proj.join(".env").exists());
+    assert!(!proj.join(".git/hooks/pre-commit").exists());
+    assert!(!outside.exists());
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "the sandboxed call reached the host"
+    );
+
+    // Only the two denied file writes were refused: no allowed call needed a prompt.
+    assert_eq!(
+        denied_ids(&result),
+        ["toolu_0002", "toolu_0005"],
+        "{result}"
+    );
+    assert!(result_of(&results, "toolu_0002").2.contains("deny `.env`"));
+    let (_, error, build) = result_of(&results, "toolu_0003");
+    assert!(!error && build.contains("build ok"), "{build}");
+    assert!(result_of(&results, "toolu_0004").2.contains("tests passed"));
+    let escape = &result_of(&results, "toolu_0006").2;
+    assert!(
+        escape.contains("Read-only file system") && escape.contains("after"),
+        "{escape}"
+    );
+    let net = &result_of(&results, "toolu_0007").2;
+    assert!(
+        net.contains("no network") && !net.contains("connected"),
+        "{net}"
+    );
+
+    // One sealed, authenticated run per shell call, each naming the call and the session.
+    let runs = s.agentdiff(&["runs", "--format", "json"]);
+    assert_exit(&runs, 0);
+    let runs: Value = serde_json::from_slice(&runs.stdout).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    let session = result["session_id"].as_str().unwrap();
+    for run in runs {
+        let task = run["task"].as_str().unwrap_or_default();
+        assert!(task.contains(session), "{run}");
+    }
+    assert_exit(&s.agentdiff(&["verify", "--all"]), 0);
+}
+
+#[test]
+fn without_a_sandbox_shell_calls_are_asked_and_say_so() {
+    let Some((cli, user)) = ready() else { return };
+    let s = Session::new(cli, user);
+    let empty = tempfile::tempdir().unwrap();
+    // No sandbox on PATH: install refuses and says what to do.
+    let refused = s
+        .command(bin())
+        .args(["hook", "install"])
+        .env("PATH", empty.path())
+        .output()
+        .unwrap();
+    assert_exit(&refused, 69);
+    assert!(text(&refused.stderr).contains("--runtime local"));
+    let out = s.agentdiff(&["hook", "install", "--runtime", "local"]);
+    assert_exit(&out, 0);
+    let script = json!({"steps": [
+        [bash("echo hi > made.txt")],
+        [write(&s.proj().join("src/main.rs"), "fn main() {}\n")],
+    ], "final": "done"});
+    let (result, results) = s.run(&script);
+    assert_eq!(denied_ids(&result), ["toolu_0001"], "{result}");
+    assert!(!s.proj().join("made.txt").exists());
+    let (_, error, reason) = result_of(&results, "toolu_0001");
+    assert!(*error && reason.contains("not sandboxed"), "{reason}");
+    assert!(
+        s.proj().join("src/main.rs").is_file(),
+        "file tools still run"
+    );
+}
