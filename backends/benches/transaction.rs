@@ -35,23 +35,13 @@
     clippy::zombie_processes
 )]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn corpus_dir() -> Option<PathBuf> {
-    if let Ok(dir) = std::env::var("AGENTDIFF_CORPUS") {
-        return Some(PathBuf::from(dir));
-    }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        manifest.join("../../shared/corpus"),
-        manifest.join("../shared/corpus"),
-    ];
-    candidates
-        .into_iter()
-        .find(|c| c.join("make-corpus.sh").is_file())
-}
+use common::{corpus_dir, median};
 
 /// What one command cost.
 struct Cost {
@@ -109,11 +99,6 @@ fn measure(cmd: &mut Command) -> Cost {
         max_rss_kib: usage.ru_maxrss as u64,
         code,
     }
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// Launch overhead and monitor CPU in an empty directory (issue targets for the local backend).

@@ -420,7 +420,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             errout!("{}", report::run_summary(&view));
         }
         Format::Brief => {
-            if let Some(line) = brief_line(&outcome.result) {
+            if let Some(line) = brief_line(&outcome) {
                 errln!("{line}");
             }
         }
@@ -560,9 +560,24 @@ fn cite_probes(
         .collect())
 }
 
-/// `--format brief`'s one line: `None` unless a change or a finding is denied or for review
-/// (an outcome of review from observation warnings alone is recorded, not announced).
-fn brief_line(r: &agentdiff_store::schema::RunResult) -> Option<String> {
+/// `--format brief`'s one line: why the command did not run or failed to be run, else a
+/// denied or review change or finding; `None` otherwise (an outcome of review from observation
+/// warnings alone is recorded, not announced).
+fn brief_line(outcome: &RunOutcome) -> Option<String> {
+    let r = &outcome.result;
+    let id = escape_terminal(&r.run_id);
+    let not_run = outcome.refusal.is_some() || matches!(r.status, Status::Error | Status::Blocked);
+    if not_run {
+        let why = r
+            .execution_error
+            .as_deref()
+            .map(escape_terminal)
+            .unwrap_or_else(|| format!("status {:?}", r.status).to_lowercase());
+        return Some(format!(
+            "agentdiff: run {id}: the command was not run as asked: {why}; `agentdiff inspect \
+             {id}` shows why"
+        ));
+    }
     let findings = r
         .evidence_findings
         .iter()
@@ -577,11 +592,9 @@ fn brief_line(r: &agentdiff_store::schema::RunResult) -> Option<String> {
         n => format!(", {n} finding(s)"),
     };
     Some(format!(
-        "agentdiff: run {}: {} (changes: {denied} denied, {review} for review{findings}); \
-         `agentdiff inspect {}` shows why",
-        escape_terminal(&r.run_id),
-        r.safety_outcome,
-        escape_terminal(&r.run_id)
+        "agentdiff: run {id}: {} (changes: {denied} denied, {review} for review{findings}); \
+         `agentdiff inspect {id}` shows why",
+        r.safety_outcome
     ))
 }
 

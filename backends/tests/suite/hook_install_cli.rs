@@ -377,6 +377,35 @@ fn a_bash_call_runs_sandboxed_as_its_own_run() {
     );
     assert_exit(&agentdiff(&root, &["verify", run_id]), 0);
 
+    // The runtime gone after install: the call fails closed (69) and says why, nothing runs
+    // unsandboxed.
+    let answer = hook_answer(&installed_hook(
+        &root,
+        &bash_call(&root, &root, "echo ran > ran.txt"),
+        None,
+    ));
+    let out = Command::new("unshare")
+        .args([
+            "-m",
+            "sh",
+            "-c",
+            "mount --bind /dev/null \"$(command -v bwrap)\" && exec bash -c 'eval \"$1\"' bash \"$1\"",
+            "sh",
+            answer["updatedInput"]["command"].as_str().unwrap(),
+        ])
+        .current_dir(&root)
+        .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was not run as asked"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!root.join("ran.txt").exists());
+
     // Without the probe record (another state directory): asked, and it says why.
     let fresh = tempfile::tempdir().unwrap();
     let answer = hook_answer(&installed_hook(
