@@ -6,7 +6,8 @@
 //! - the wall time a sandboxed `Bash` call adds over the bare command, on the corpus
 //!   (`../shared/corpus`, `make-corpus.sh DEST N`) at each N of `AGENTDIFF_BENCH_N` (default
 //!   `1,8`): the hook's answer plus the rewritten command run as Claude Code runs it (`eval` in
-//!   bash), minus `bash -c true`; median of [`SHELL_CALLS`] calls after one warm-up call
+//!   bash), minus `bash -c true` (the hook's answer also shown on its own); median of
+//!   [`SHELL_CALLS`] calls after one warm-up call
 //!   (targets: ≤ 50 ms at N=1; ≤ 2× `git status --porcelain` on that tree + 15 ms at N=8).
 //!   Needs bubblewrap (the runtime `hook install --runtime bwrap` verifies); skipped without it.
 //!
@@ -145,9 +146,10 @@ fn bwrap_works() -> bool {
 }
 
 /// One sandboxed call as Claude Code makes it: the hook's answer, then its command in bash.
-fn sandboxed_call(state: &Path, tree: &Path, input: &[u8]) -> Duration {
+/// (time to the hook's answer, time to the command's end)
+fn sandboxed_call(state: &Path, tree: &Path, input: &[u8]) -> (Duration, Duration) {
     let start = Instant::now();
-    let (_, answer) = timed(
+    let (hook, answer) = timed(
         agentdiff(state, tree)
             .args(["hook", "pre-tool-use", "--runtime", "bwrap", "--root"])
             .arg(tree),
@@ -167,7 +169,7 @@ fn sandboxed_call(state: &Path, tree: &Path, input: &[u8]) -> Duration {
         .status()
         .unwrap();
     assert!(status.success());
-    start.elapsed()
+    (hook, start.elapsed())
 }
 
 fn shell_overhead(state: &Path, corpus: &Path, n: usize) {
@@ -195,10 +197,13 @@ fn shell_overhead(state: &Path, corpus: &Path, n: usize) {
     sandboxed_call(state, &tree, &input); // warm-up: the first run hashes the whole tree
     let mut bare = Vec::new();
     let mut sandboxed = Vec::new();
+    let mut hooks = Vec::new();
     let mut git = Vec::new();
     for _ in 0..SHELL_CALLS {
         bare.push(timed(Command::new("bash").args(["-c", "true"]), b"").0);
-        sandboxed.push(sandboxed_call(state, &tree, &input));
+        let (hook, total) = sandboxed_call(state, &tree, &input);
+        hooks.push(hook);
+        sandboxed.push(total);
         git.push(
             timed(
                 Command::new("git")
@@ -209,7 +214,8 @@ fn shell_overhead(state: &Path, corpus: &Path, n: usize) {
             .0,
         );
     }
-    let (bare, sandboxed, git) = (median(bare), median(sandboxed), median(git));
+    let (bare, sandboxed, git, hook) =
+        (median(bare), median(sandboxed), median(git), median(hooks));
     let added = sandboxed.saturating_sub(bare);
     let target = if n <= 1 {
         Duration::from_millis(50)
@@ -221,6 +227,7 @@ fn shell_overhead(state: &Path, corpus: &Path, n: usize) {
     );
     println!("  bare `bash -c true`            {:.2} ms", ms(bare));
     println!("  hook + sandboxed run           {:.2} ms", ms(sandboxed));
+    println!("    of which the hook's answer   {:.2} ms", ms(hook));
     println!("  git status --porcelain         {:.2} ms", ms(git));
     println!(
         "  added {:.2} ms ({:.2}x git status; target <= {:.2} ms: {})",

@@ -424,3 +424,22 @@ fn a_bash_call_runs_sandboxed_as_its_own_run() {
 fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
+
+#[test]
+fn a_symlinked_settings_file_is_edited_where_it_points() {
+    let dir = project();
+    let root = dir.path();
+    let dotfiles = tempfile::tempdir().unwrap();
+    let target = dotfiles.path().join("claude-settings.json");
+    fs::write(&target, USER_SETTINGS).unwrap();
+    fs::create_dir_all(root.join(".claude")).unwrap();
+    std::os::unix::fs::symlink(&target, root.join(".claude/settings.json")).unwrap();
+    assert_exit(&install(root, &["--runtime", "local"]), 0);
+    let link = fs::symlink_metadata(root.join(".claude/settings.json")).unwrap();
+    assert!(link.file_type().is_symlink(), "the link stays a link");
+    let edited: Value = serde_json::from_slice(&fs::read(&target).unwrap()).unwrap();
+    assert_eq!(ours(&edited).len(), 1, "{edited}");
+    let saved = backups(dotfiles.path());
+    assert_eq!(saved.len(), 1, "the backup sits beside the file it keeps");
+    assert_eq!(fs::read_to_string(&saved[0]).unwrap(), USER_SETTINGS);
+}
