@@ -406,6 +406,23 @@ fn a_bash_call_runs_sandboxed_as_its_own_run() {
     );
     assert!(!root.join("ran.txt").exists());
 
+    // A working directory outside the root, or no command string: asked, with the reason.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let answer = hook_answer(&installed_hook(
+        &root,
+        &bash_call(&root, elsewhere.path(), "true"),
+        None,
+    ));
+    assert_eq!(answer["permissionDecision"], "ask", "{answer}");
+    assert!(answer["permissionDecisionReason"]
+        .as_str()
+        .unwrap()
+        .contains("outside the project root"));
+    let mut no_command: Value = serde_json::from_str(&bash_call(&root, &root, "true")).unwrap();
+    no_command["tool_input"] = json!({"cmd": "true"});
+    let answer = hook_answer(&installed_hook(&root, &no_command.to_string(), None));
+    assert_eq!(answer["permissionDecision"], "ask", "{answer}");
+
     // Without the probe record (another state directory): asked, and it says why.
     let fresh = tempfile::tempdir().unwrap();
     let answer = hook_answer(&installed_hook(
