@@ -115,6 +115,23 @@ fn install_merges_idempotently_and_uninstall_restores() {
     assert!(!command.contains("--runtime"), "{command}");
     assert!(*timeout > 5, "{timeout}");
 
+    // The agent cannot unhook itself through a file tool, whatever the policy allows.
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 1\nfilesystem:\n  allow_write: [\"**\"]\n  default: allow\n",
+    )
+    .unwrap();
+    let write = json!({
+        "session_id": "s", "cwd": root, "hook_event_name": "PreToolUse", "tool_name": "Write",
+        "tool_input": {"file_path": root.join(".claude/settings.json"), "content": "{}"},
+    });
+    let answer = hook_answer(&installed_hook(root, &write.to_string(), None));
+    assert_eq!(answer["permissionDecision"], "deny", "{answer}");
+    assert!(answer["permissionDecisionReason"]
+        .as_str()
+        .unwrap()
+        .contains("builtin.protected_config"));
+
     // Again: nothing changes, no new backup, the starter policy is not rewritten.
     fs::write(root.join("agentdiff.yaml"), "version: 1\n").unwrap();
     let out = install(root, &["--runtime", "local"]);

@@ -31,6 +31,11 @@ const PROTECTED_ROOT_NAMES: [&str; 3] = ["agentdiff.yaml", "agentdiff.yml", "age
 const PROTECTED_ANY_DEPTH: &str = ".agentdiffignore";
 /// A run store; a nested one makes runs started below it take its directory as their root.
 const STORE_NAME: &str = ".agentdiff";
+/// Claude Code's project settings, where `agentdiff hook install` puts the hook that judges an
+/// agent's calls: a call (or a sandboxed shell call) that rewrote them would unhook the sessions
+/// that follow. Not `.claude/settings.local.json`: Claude Code itself writes a person's "don't
+/// ask again" answers there, so a wrapped Claude Code would see its own writes denied.
+const AGENT_HOOK_SETTINGS: [&str; 1] = [".claude/settings.json"];
 
 /// A change to agentdiff's own configuration is denied, whatever the policy's patterns say: a run
 /// that edits the policy or an ignore file would otherwise switch off observation or decisions
@@ -51,6 +56,8 @@ pub(crate) fn protected_config(
         "a run store for runs started below it"
     } else if name == PROTECTED_ANY_DEPTH {
         "an ignore file"
+    } else if AGENT_HOOK_SETTINGS.contains(&subject) {
+        "the agent hook's settings (Claude Code's, which run the hook)"
     } else if extra.iter().any(|p| p == subject) {
         "the policy file in force"
     } else {
@@ -70,7 +77,7 @@ pub(crate) fn protected_config(
     })
 }
 
-/// The files agentdiff reads as configuration, as scanner globs that no ignore rule can hide.
+/// The files agentdiff reads as configuration (and the agent hook's settings), as scanner globs that no ignore rule can hide.
 /// Only the root ignore file is read, so a nested one is protected where it is observed but does
 /// not force every ignored directory to be searched for it.
 pub(crate) fn protected_globs() -> Vec<String> {
@@ -79,6 +86,7 @@ pub(crate) fn protected_globs() -> Vec<String> {
         .map(|n| (*n).to_owned())
         .collect();
     globs.push(PROTECTED_ANY_DEPTH.to_owned());
+    globs.extend(AGENT_HOOK_SETTINGS.iter().map(|n| (*n).to_owned()));
     globs
 }
 

@@ -407,6 +407,7 @@ fn nested_policy_files_and_stores_are_protected_configuration() {
         "sub/.agentdiff/runs/x/result.json",
         "sub/.agentdiff",
         "d/.agentdiffignore",
+        ".claude/settings.json",
     ] {
         let d = p.decide_path(path, Phase::PostRun).unwrap();
         assert_eq!(
@@ -419,6 +420,9 @@ fn nested_policy_files_and_stores_are_protected_configuration() {
         "sub/agentdiff.yaml.bak",
         "sub/my-agentdiff.yaml",
         "agentdiff/x",
+        ".claude/commands/x.md",
+        ".claude/settings.local.json",
+        "sub/.claude/settings.json",
     ] {
         let d = p.decide_path(path, Phase::PostRun).unwrap();
         assert_eq!(d.action, Action::Allow, "{path}");
