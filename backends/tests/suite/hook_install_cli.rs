@@ -440,6 +440,26 @@ fn a_bash_call_runs_sandboxed_as_its_own_run() {
     let answer = hook_answer(&installed_hook(&root, &no_command.to_string(), None));
     assert_eq!(answer["permissionDecision"], "ask", "{answer}");
 
+    // A runtime that is no sandbox is never rewritten into, whatever a record would say.
+    let out = super::agentdiff_with_stdin(
+        &root,
+        &[
+            "hook",
+            "pre-tool-use",
+            "--runtime",
+            "local",
+            "--root",
+            root.to_str().unwrap(),
+        ],
+        &bash_call(&root, &root, "true"),
+    );
+    let answer = hook_answer(&out);
+    assert_eq!(answer["permissionDecision"], "ask", "{answer}");
+    assert!(answer["permissionDecisionReason"]
+        .as_str()
+        .unwrap()
+        .contains("not a built-in runtime that sandboxes"));
+
     // Without the probe record (another state directory): asked, and it says why.
     let fresh = tempfile::tempdir().unwrap();
     let answer = hook_answer(&installed_hook(

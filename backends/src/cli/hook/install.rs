@@ -321,6 +321,15 @@ fn choose_shell(registry: &mut Registry, runtime: Option<&str>) -> anyhow::Resul
     let ids: Vec<&'static str> = match runtime {
         Some(id) => {
             let descriptor = crate::common::context::resolve_backend(registry, id)?;
+            if registry.external(descriptor.id).is_some() {
+                return Err(with_code(
+                    exit::USAGE,
+                    anyhow::anyhow!(
+                        "`{id}` is an external backend; shell calls run only in a built-in \
+                         runtime (`agentdiff doctor` lists them); nothing was installed"
+                    ),
+                ));
+            }
             let backend = registry
                 .create(descriptor.id)
                 .map_err(|e| with_code(exit::USAGE, e))?;

@@ -1,7 +1,9 @@
 //! The sandbox an agent's shell calls run in: the probe record `hook install` keeps for it, the
 //! check the hook makes on every call, and the command a `Bash` call is rewritten to.
 //!
-//! Invariants: a shell call is rewritten only while a probe record made on this host and boot,
+//! Invariants: a shell call is rewritten only into a built-in runtime that declares itself a
+//! sandbox (a forged probe record cannot make an unsandboxed runtime one), and only while a
+//! probe record made on this host and boot,
 //! for this backend and its default settings, no older than [`MAX_AGE`], shows filesystem
 //! writes held (the record `agentdiff run --probe-records` cites, so the run's evidence says
 //! the same); the record lives in the per-user state directory, which every sandbox hides from
@@ -81,6 +83,17 @@ pub enum Verified {
 
 /// The hook's check on every shell call.
 pub fn verified(runtime: &str) -> Verified {
+    let options = BackendOptions::new();
+    // Built-in backends only: external plugins are not looked up (no PATH search here).
+    let sandbox = agentdiff_plugins::Registry::from_inventory()
+        .ok()
+        .and_then(|registry| registry.create(runtime).ok())
+        .is_some_and(|backend| backend.capabilities(&options).sandboxed);
+    if !sandbox {
+        return Verified::No {
+            reason: format!("`{runtime}` is not a built-in runtime that sandboxes a command"),
+        };
+    }
     let path = match records_path() {
         Ok(path) => path,
         Err(e) => {
@@ -97,7 +110,6 @@ pub fn verified(runtime: &str) -> Verified {
             }
         }
     };
-    let options = BackendOptions::new();
     match probes::cite(
         &records,
         runtime,
