@@ -1009,3 +1009,31 @@ fn planted_plugins_are_refused_and_never_executed() {
     );
     assert!(!marker.exists(), "run executed a planted plugin");
 }
+
+#[test]
+fn hook_install_refuses_an_external_backend_for_shell_calls() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new().with_python();
+    let project = tempfile::tempdir().unwrap();
+    let out = agentdiff_on(
+        &path_with(&[plugins.path()]),
+        project.path(),
+        &[
+            "hook",
+            "install",
+            "--root",
+            project.path().to_str().unwrap(),
+            "--runtime",
+            "lowprio",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("external backend"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!project.path().join(".claude").exists());
+}
