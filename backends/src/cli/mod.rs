@@ -11,6 +11,7 @@ mod policy;
 mod promote;
 mod rollback;
 mod run;
+mod run_revert;
 mod runs;
 mod runs_prune;
 mod serve;

@@ -102,6 +102,10 @@ pub struct Args {
     /// Wait for another agentdiff running in this project instead of exiting 75.
     #[arg(long)]
     wait: bool,
+    /// After the run is sealed, revert the changes its policy denies, by the rollback's rule
+    /// (a path that changed again since is kept and reported); the evidence stays in the capsule.
+    #[arg(long)]
+    revert_denied: bool,
     /// After the run, append its markdown report (as `agentdiff inspect RUN --format markdown`)
     /// to this file, e.g. "$GITHUB_STEP_SUMMARY". The file is created if missing; if it cannot be
     /// written the file is refused before anything runs (exit 64); if writing fails after
@@ -423,6 +427,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if let Some(line) = brief_line(&outcome) {
                 errln!("{line}");
             }
+        }
+    }
+    if args.revert_denied {
+        if let Some(line) = super::run_revert::revert_denied(&store, &root, &outcome.result) {
+            errln!("{line}");
         }
     }
     let code = exit_code(&outcome, args.fail_on);

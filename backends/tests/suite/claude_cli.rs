@@ -285,10 +285,12 @@ fn a_headless_session_runs_unattended_inside_agentdiff() {
             "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)' \
              && echo connected || echo no network"
         ))],
+        // A denied change a shell call can make (the root is writable): reverted after the run.
+        [bash("echo TOKEN=from-bash > .env; echo wrote")],
     ], "final": "done"});
     let (result, results) = s.run(&script);
 
-    // The source edit and the build output are there; nothing landed in .env, .git or outside.
+    // The source edit and the build output are there; nothing is left in .env, .git or outside.
     assert_eq!(
         fs::read_to_string(proj.join("src/main.rs")).unwrap(),
         "fn main() { println!(\"hi\"); }\n"
@@ -323,13 +325,18 @@ fn a_headless_session_runs_unattended_inside_agentdiff() {
         net.contains("no network") && !net.contains("connected"),
         "{net}"
     );
+    let env = &result_of(&results, "toolu_0008").2;
+    assert!(
+        env.contains("wrote") && env.contains("reverted 1 denied change(s)"),
+        "{env}"
+    );
 
     // One sealed, authenticated run per shell call, each naming the call and the session.
     let runs = s.agentdiff(&["runs", "--format", "json"]);
     assert_exit(&runs, 0);
     let runs: Value = serde_json::from_slice(&runs.stdout).unwrap();
     let runs = runs.as_array().unwrap();
-    assert_eq!(runs.len(), 4, "{runs:?}");
+    assert_eq!(runs.len(), 5, "{runs:?}");
     let session = result["session_id"].as_str().unwrap();
     for run in runs {
         let task = run["task"].as_str().unwrap_or_default();

@@ -398,3 +398,62 @@ fn end_to_end_rollback_disabled_by_policy_exits_65() {
     super::assert_exit(&out, INVALID_CONFIG);
     assert!(!root.join("a.txt").exists());
 }
+
+/// `run --revert-denied`: the denied changes are put back once the run is sealed, allowed and
+/// review changes stay, the exit code is the run's, and the capsule still verifies.
+#[test]
+fn run_revert_denied_puts_back_denied_changes_only() {
+    let (_t, root) = project();
+    fs::write(root.join(".env"), "TOKEN=old\n").unwrap();
+    let out = agentdiff(
+        &root,
+        &[
+            "run",
+            "--format",
+            "brief",
+            "--revert-denied",
+            "--",
+            "sh",
+            "-c",
+            "echo TOKEN=stolen > .env; echo k > id.pem; echo new > notes.txt",
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(71), "{stderr}");
+    assert_eq!(
+        fs::read_to_string(root.join(".env")).unwrap(),
+        "TOKEN=old\n"
+    );
+    assert!(!root.join("id.pem").exists(), "{stderr}");
+    assert_eq!(fs::read_to_string(root.join("notes.txt")).unwrap(), "new\n");
+    assert!(stderr.contains("reverted 2 denied change(s)"), "{stderr}");
+    let run_id = stderr
+        .split("run ")
+        .nth(1)
+        .and_then(|s| s.split(':').next())
+        .unwrap()
+        .to_owned();
+    let verify = agentdiff(&root, &["verify", &run_id]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stderr));
+}
+
+/// Without the flag nothing is reverted (the flag is what does it).
+#[test]
+fn run_without_revert_denied_leaves_denied_changes_in_place() {
+    let (_t, root) = project();
+    let out = agentdiff(
+        &root,
+        &[
+            "run",
+            "--format",
+            "brief",
+            "--",
+            "sh",
+            "-c",
+            "echo k > id.pem",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(71), "{}", text(&out.stderr));
+    assert!(root.join("id.pem").exists());
+    assert!(!text(&out.stderr).contains("reverted"));
+}

@@ -40,6 +40,8 @@ pub enum Scope {
     SafeOnly,
     /// Every recorded change.
     All,
+    /// Only changes the run's policy classified `deny` (`run --revert-denied`).
+    DeniedOnly,
 }
 
 /// The user's selection.

@@ -156,6 +156,7 @@ pub fn plan(
     let in_scope = |c: &ChangeRecord| match selection.scope {
         Scope::All => true,
         Scope::SafeOnly => c.decision != Action::Allow,
+        Scope::DeniedOnly => c.decision == Action::Deny,
     };
 
     let transition = |path: &str| Transition {

@@ -162,6 +162,7 @@ pub fn render_summary(report: &Report) -> String {
     let mode = match report.scope {
         Scope::SafeOnly => "--safe-only",
         Scope::All => "--all",
+        Scope::DeniedOnly => "denied changes only",
     };
     out.push_str(&format!(
         "rollback of run {} ({mode}{}){}\n",

@@ -173,7 +173,8 @@ pub fn rewrite(call: &ShellCall<'_>) -> anyhow::Result<String> {
     );
     Ok(format!(
         "{program} run --root {root} --runtime {runtime} --probe-records {records} \
-         --probe-max-age {max_age}s --format brief --fail-on never --wait --task {task} -- \
+         --probe-max-age {max_age}s --format brief --fail-on never --wait --revert-denied \
+         --task {task} -- \
          sh -c 'cd -- \"$1\" && shift && exec \"$@\"' sh {workdir} bash -c {command}",
         program = utf8(call.program, "path of agentdiff")?,
         root = utf8(call.root, "project root")?,
