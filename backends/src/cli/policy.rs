@@ -1,4 +1,5 @@
-//! `agentdiff policy init | validate | explain`: create, check and explain mutation policies.
+//! `agentdiff policy init | validate | explain`: create, check and explain policies (paths,
+//! commands, network hosts).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -19,7 +20,7 @@ pub enum Command {
     Init(InitArgs),
     /// Check the policy in force (or --policy FILE) against the strict schema.
     Validate(ValidateArgs),
-    /// Show the decision, rule, pattern and reason for a path or a command.
+    /// Show the decision, rule, pattern and reason for a path, a command or a network host.
     Explain(ExplainArgs),
 }
 
@@ -62,13 +63,17 @@ pub struct ExplainArgs {
     /// Project-relative path to explain (e.g. `.env`, `src/auth.py`).
     #[arg(
         value_name = "PATH",
-        required_unless_present = "command",
-        conflicts_with = "command"
+        required_unless_present_any = ["command", "host"],
+        conflicts_with_all = ["command", "host"]
     )]
     path: Option<String>,
     /// Explain the launch of this executable instead (its basename is matched).
-    #[arg(long, value_name = "EXE")]
+    #[arg(long, value_name = "EXE", conflicts_with = "host")]
     command: Option<OsString>,
+    /// Explain a connection to HOST[:PORT] under `network.egress` instead (port 443 when not
+    /// given; `[v6]:PORT` for an IPv6 address). Names are not resolved here.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    host: Option<String>,
     /// Project root (its agentdiff.yaml is read unless --policy is given).
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
@@ -181,8 +186,14 @@ fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The port `policy explain --host` assumes when none is given: the one most connections use.
+const DEFAULT_EXPLAIN_PORT: u16 = 443;
+
 fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let loaded = load_for(args.root.as_deref(), args.policy.as_deref())?;
+    if let Some(host) = &args.host {
+        return explain_host(&loaded, host, args.format);
+    }
     let decision = match (&args.path, &args.command) {
         (_, Some(exe)) => loaded.policy.decide_command(exe),
         (Some(path), None) => loaded
@@ -192,7 +203,7 @@ fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         (None, None) => {
             return Err(with_code(
                 USAGE,
-                anyhow::anyhow!("give a PATH or --command EXE to explain"),
+                anyhow::anyhow!("give a PATH, --command EXE or --host HOST to explain"),
             ))
         }
     };
@@ -220,9 +231,63 @@ fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                     ),
                 ),
             ];
-            for (name, value) in lines {
-                outln!("{:<8} {}", format!("{name}:"), escape_terminal(&value));
-            }
+            print_lines(&lines);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_lines(lines: &[(&str, String)]) {
+    for (name, value) in lines {
+        outln!("{:<8} {}", format!("{name}:"), escape_terminal(value));
+    }
+}
+
+/// `policy explain --host HOST[:PORT]`: the decision `network.egress` makes for a connection.
+fn explain_host(loaded: &LoadedPolicy, text: &str, format: Format) -> anyhow::Result<ExitCode> {
+    let (host, port) = policy::egress::split_port(text).map_err(|reason| {
+        with_code(
+            USAGE,
+            anyhow::anyhow!("--host {text:?}: {reason} (write HOST, HOST:PORT or [IPv6]:PORT)"),
+        )
+    })?;
+    if let Err(reason) = policy::egress::Target::parse(host) {
+        return Err(with_code(
+            USAGE,
+            anyhow::anyhow!("--host {text:?}: {reason}"),
+        ));
+    }
+    let decision = loaded
+        .policy
+        .decide_host(host, port.unwrap_or(DEFAULT_EXPLAIN_PORT));
+    match format {
+        Format::Json => outln!(
+            "{}",
+            serde_json::to_string_pretty(&decision).context("cannot encode the decision")?
+        ),
+        Format::Summary => {
+            let subject = match policy::egress::Target::parse(&decision.host) {
+                Ok(target) => target.with_port(decision.port),
+                Err(_) => format!("{}:{}", decision.host, decision.port),
+            };
+            print_lines(&[
+                ("action", decision.action.to_string()),
+                ("subject", subject),
+                ("rule", decision.rule.clone()),
+                (
+                    "pattern",
+                    decision.pattern.clone().unwrap_or_else(|| "-".to_owned()),
+                ),
+                ("reason", decision.reason.clone()),
+                (
+                    "policy",
+                    format!(
+                        "{} (version {})",
+                        loaded.source.describe(),
+                        loaded.policy.version()
+                    ),
+                ),
+            ]);
         }
     }
     Ok(ExitCode::SUCCESS)

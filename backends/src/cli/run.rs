@@ -85,6 +85,11 @@ pub struct Args {
     /// Pass the command only an allowlisted environment (names dropped are recorded).
     #[arg(long)]
     scrub_env: bool,
+    /// Allow connections to this host pattern (repeatable), as an entry of the policy's
+    /// `network.egress.allow` (`api.example.com`, `*.example.com`, `host:port`, an address or
+    /// CIDR); recorded in the run's effective policy. Where it is enforced: docs/network.md.
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    allow_host: Vec<String>,
     /// With --scrub-env: also pass this variable (repeatable).
     #[arg(long = "pass-env", value_name = "NAME")]
     pass_env: Vec<String>,
@@ -309,8 +314,12 @@ fn env_names_in_options(descriptor: &BackendDescriptor, options: &BackendOptions
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
-    let loaded = policy::load(&root, args.policy.as_deref())
+    let mut loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))?;
+    loaded.policy = loaded
+        .policy
+        .with_allowed_hosts(&args.allow_host)
+        .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let mut registry = crate::common::context::registry(Some(&root))?;
     let runtime = args
         .runtime

@@ -229,3 +229,98 @@ fn explain_usage_errors() {
         assert!(text(&out.stdout).is_empty(), "{args:?}");
     }
 }
+
+const EGRESS_POLICY: &str = "version: 2\nnetwork:\n  egress:\n    allow: [\"*.npmjs.org\", \"127.0.0.1:8080\"]\n    deny: [evil.npmjs.org]\n    presets: [pypi]\n";
+
+#[test]
+fn explain_host_gives_rule_and_pattern() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("agentdiff.yaml"), EGRESS_POLICY).unwrap();
+    let explain = |host: &str| -> Value {
+        let out = agentdiff(
+            dir.path(),
+            &["policy", "explain", "--host", host, "--format", "json"],
+        );
+        assert!(out.status.success(), "{host}: {}", text(&out.stderr));
+        serde_json::from_str(&text(&out.stdout)).unwrap()
+    };
+    let d = explain("registry.npmjs.org");
+    assert_eq!(
+        (&d["action"], &d["rule"], &d["pattern"], &d["port"]),
+        (
+            &Value::from("allow"),
+            &Value::from("network.egress.allow[0]"),
+            &Value::from("*.npmjs.org"),
+            &Value::from(443)
+        )
+    );
+    assert_eq!(explain("npmjs.org")["action"], "allow");
+    assert_eq!(explain("evil.npmjs.org")["rule"], "network.egress.deny[0]");
+    assert_eq!(explain("pypi.org")["rule"], "network.egress.presets[0]");
+    assert_eq!(explain("pypi.org:80")["rule"], "network.egress.default");
+    assert_eq!(explain("127.0.0.1:8080")["action"], "allow");
+    assert_eq!(explain("127.0.0.1:8081")["action"], "deny");
+    assert_eq!(explain("localhost:8080")["action"], "deny");
+
+    let out = agentdiff(
+        dir.path(),
+        &["policy", "explain", "--host", "evil.npmjs.org"],
+    );
+    let shown = text(&out.stdout);
+    assert!(shown.contains("action:  deny"), "{shown}");
+    assert!(shown.contains("subject: evil.npmjs.org:443"), "{shown}");
+    assert!(shown.contains("rule:    network.egress.deny[0]"), "{shown}");
+
+    // No egress section: nothing is allowed.
+    let empty = tempfile::tempdir().unwrap();
+    let out = agentdiff(
+        empty.path(),
+        &["policy", "explain", "--host", "example.com"],
+    );
+    assert!(text(&out.stdout).contains("network.egress.default"));
+
+    for args in [
+        &["policy", "explain", "--host", "127.1"][..],
+        &["policy", "explain", "--host", "a.test:0"][..],
+        &["policy", "explain", "--host", "[::1"][..],
+        &["policy", "explain", "--host", "a.test", ".env"][..],
+        &["policy", "explain", "--host", "a.test", "--command", "curl"][..],
+    ] {
+        let out = agentdiff(dir.path(), args);
+        assert_eq!(
+            out.status.code(),
+            Some(USAGE),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stdout).is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn egress_needs_version_2_and_checks_every_pattern() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agentdiff.yaml");
+    std::fs::write(
+        &file,
+        "version: 1\nnetwork:\n  egress:\n    allow: [a.test]\n",
+    )
+    .unwrap();
+    let out = agentdiff(dir.path(), &["policy", "validate"]);
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG));
+    assert!(
+        text(&out.stderr).contains("`network.egress` requires `version: 2`"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(
+        &file,
+        "version: 2\nnetwork:\n  egress:\n    allow: [\"a*.test\"]\n    presets: [nope]\n",
+    )
+    .unwrap();
+    let out = agentdiff(dir.path(), &["policy", "validate"]);
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG));
+    let err = text(&out.stderr);
+    assert!(err.contains("network.egress.allow[0]"), "{err}");
+    assert!(err.contains("network.egress.presets[0]"), "{err}");
+}

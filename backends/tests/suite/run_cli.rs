@@ -201,6 +201,57 @@ fn bad_input_gets_documented_codes_and_changes_nothing() {
 }
 
 #[test]
+fn allow_host_is_recorded_in_the_effective_policy() {
+    let p = project();
+    let (code, r, _) = run_json(
+        p.path(),
+        &[
+            "--allow-host",
+            "api.example.com:443",
+            "--allow-host",
+            "*.test",
+        ],
+        &["true"],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    let id = r["run_id"].as_str().unwrap();
+    let policy: Value = serde_json::from_slice(
+        &fs::read(
+            p.path()
+                .join(".agentdiff/runs")
+                .join(id)
+                .join("policy.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(policy["policy_version"], 2, "{policy:#}");
+    assert_eq!(policy["source"]["kind"], "built_in");
+    assert_eq!(
+        policy["effective"]["network"]["egress"]["allow"],
+        serde_json::json!(["api.example.com:443", "*.test"])
+    );
+    let schema: Value = serde_json::from_slice(
+        &fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schemas/policy.schema.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let v = agentdiff_conformance::schema::validate(&schema, &policy);
+    assert!(v.is_valid(), "{:#?}", v.errors);
+    let out = agentdiff(p.path(), &["verify", id]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+
+    // A bad pattern is a usage error before anything runs.
+    let out = agentdiff(
+        p.path(),
+        &["run", "--allow-host", "a*.test", "--", "touch", "x"],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--allow-host \"a*.test\""));
+    assert!(!p.path().join("x").exists());
+}
+
+#[test]
 fn a_requested_run_id_is_used_once() {
     let p = project();
     let (code, r, _) = run_json(p.path(), &["--run-id", "my-run.1"], &["true"]);

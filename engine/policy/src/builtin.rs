@@ -2,6 +2,7 @@
 //! `agentdiff policy init`.
 
 use super::decide::{Action, Decision, Phase};
+use super::egress::EgressSpec;
 use super::schema::{
     CaptureSettings, EnvironmentSettings, Limits, NetworkMode, ObserveSettings, RollbackSettings,
     RuntimeSettings, SectionSpec, Spec, Weights,
@@ -108,6 +109,7 @@ pub(crate) fn spec() -> Spec {
             default: Action::Allow,
         },
         network_mode: NetworkMode::Observe,
+        egress: EgressSpec::default(),
         limits: Limits::default(),
         rollback: RollbackSettings::default(),
         capture: CaptureSettings::default(),

@@ -10,6 +10,7 @@
 
 mod builtin;
 mod decide;
+pub mod egress;
 mod error;
 pub mod glob;
 pub mod hook;
@@ -28,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 pub use builtin::{BUILTIN_DENY, PROTECTED_CONFIG_RULE, STARTER};
 pub use decide::{Action, Decision, Phase};
+pub use egress::{Egress, EgressDecision};
 pub use error::PolicyError;
 pub use load::{load, load_file, LoadedPolicy, PolicySource, MAX_POLICY_BYTES, POLICY_FILE_NAME};
 pub use path::{normalize_path, PathProblem};
@@ -47,7 +49,7 @@ pub struct Policy {
     loaded_from: Arc<Vec<String>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     version: u32,
     filesystem: Rules,
@@ -55,6 +57,7 @@ struct Inner {
     deny_read: hook::DenyRead,
     process: Rules,
     network_mode: NetworkMode,
+    egress: Egress,
     limits: Limits,
     rollback: RollbackSettings,
     capture: CaptureSettings,
@@ -99,6 +102,7 @@ impl Policy {
                 deny_read: hook::DenyRead::empty(),
                 process: rules("process", "process.allow", "process.review", "process.deny"),
                 network_mode: NetworkMode::Observe,
+                egress: Egress::default(),
                 limits: Limits::default(),
                 rollback: RollbackSettings::default(),
                 capture: CaptureSettings::default(),
@@ -152,6 +156,10 @@ impl Policy {
             problems.append(&mut p);
             hook::DenyRead::empty()
         });
+        let egress = Egress::compile(&spec.egress).unwrap_or_else(|mut p| {
+            problems.append(&mut p);
+            Egress::default()
+        });
         if !problems.is_empty() {
             return Err(PolicyError::Invalid {
                 origin: origin.to_owned(),
@@ -166,6 +174,7 @@ impl Policy {
                 deny_read,
                 process,
                 network_mode: spec.network_mode,
+                egress,
                 limits: spec.limits,
                 rollback: spec.rollback,
                 capture: spec.capture,
@@ -263,6 +272,36 @@ impl Policy {
         self.inner.network_mode
     }
 
+    /// `network.egress` with the hosts `--allow-host` added (empty when the policy has none).
+    pub fn egress(&self) -> &Egress {
+        &self.inner.egress
+    }
+
+    /// Decide a connection to `host:port` (see [`Egress::decide`]).
+    pub fn decide_host(&self, host: &str, port: u16) -> EgressDecision {
+        self.inner.egress.decide(host, port)
+    }
+
+    /// This policy with host patterns from `agentdiff run --allow-host` added to
+    /// `network.egress` (recorded in the effective policy). `network.egress` is a version-2
+    /// key, so a version-1 policy given hosts becomes the equivalent version-2 document (version
+    /// 2 keeps every version-1 key's meaning). A bad pattern is an error naming it.
+    pub fn with_allowed_hosts(mut self, hosts: &[String]) -> Result<Policy, PolicyError> {
+        if hosts.is_empty() {
+            return Ok(self);
+        }
+        let inner = Arc::make_mut(&mut self.inner);
+        inner
+            .egress
+            .add_command_hosts(hosts)
+            .map_err(|problems| PolicyError::Invalid {
+                origin: "--allow-host".to_owned(),
+                problems,
+            })?;
+        inner.version = inner.version.max(2);
+        Ok(self)
+    }
+
     pub fn weights(&self) -> &Weights {
         &self.inner.weights
     }
@@ -319,11 +358,23 @@ impl Policy {
         if let Value::Object(map) = &mut filesystem {
             map.insert("deny_read".to_owned(), json!(i.deny_read.patterns()));
         }
+        let mut network = json!({ "mode": i.network_mode });
+        // Only when set, so the effective document (and digest) of other policies is unchanged.
+        if !i.egress.is_empty() {
+            if let Value::Object(map) = &mut network {
+                let egress = json!({
+                    "allow": i.egress.allow_patterns(),
+                    "deny": i.egress.deny_patterns(),
+                    "presets": i.egress.presets(),
+                });
+                map.insert("egress".to_owned(), egress);
+            }
+        }
         let mut doc = json!({
             "version": i.version,
             "filesystem": filesystem,
             "process": section(&i.process, "allow"),
-            "network": { "mode": i.network_mode },
+            "network": network,
             "limits": i.limits,
             "rollback": i.rollback,
             "scoring": { "weights": i.weights },

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::decide::Action;
+use super::egress::{self, EgressSpec, HostPattern};
 use super::node::Node;
 use super::path::{check_pattern, check_process_pattern};
 
@@ -317,6 +318,8 @@ pub(crate) struct Spec {
     pub(crate) filesystem: SectionSpec,
     pub(crate) process: SectionSpec,
     pub(crate) network_mode: NetworkMode,
+    /// `network.egress` (version 2); empty when absent.
+    pub(crate) egress: EgressSpec,
     pub(crate) limits: Limits,
     pub(crate) rollback: RollbackSettings,
     pub(crate) capture: CaptureSettings,
@@ -557,6 +560,9 @@ impl Checker {
         let network_mode = lookup(entries, "network")
             .map(|n| self.network(n))
             .unwrap_or(Some(NetworkMode::Observe));
+        let egress = lookup(entries, "network")
+            .map(|n| self.egress(n, version))
+            .unwrap_or_default();
         let limits = lookup(entries, "limits")
             .map(|n| self.limits(n))
             .unwrap_or_default();
@@ -585,6 +591,7 @@ impl Checker {
             filesystem: filesystem?,
             process: process?,
             network_mode: network_mode?,
+            egress,
             limits,
             rollback,
             capture,
@@ -667,7 +674,7 @@ impl Checker {
     }
 
     fn network(&mut self, node: &Node) -> Option<NetworkMode> {
-        let entries = self.mapping(node, "network", &["mode"])?;
+        let entries = self.mapping(node, "network", &["mode", "egress"])?;
         match lookup(entries, "mode") {
             None => Some(NetworkMode::Observe),
             Some(Node::Str(s)) if s == "observe" => Some(NetworkMode::Observe),
@@ -694,6 +701,64 @@ impl Checker {
                 None
             }
         }
+    }
+
+    /// `network.egress` (version 2): `allow` and `deny` host patterns, `presets` by name. Each
+    /// pattern is kept in its canonical form.
+    fn egress(&mut self, network: &Node, version: Option<u32>) -> EgressSpec {
+        let mut spec = EgressSpec::default();
+        let Node::Map(entries) = network else {
+            return spec;
+        };
+        let Some(node) = lookup(entries, "egress") else {
+            return spec;
+        };
+        if version == Some(1) {
+            self.problem(
+                "policy key `network.egress` requires `version: 2` (this document is version 1)"
+                    .to_owned(),
+            );
+            return spec;
+        }
+        let Some(entries) = self.mapping(node, "network.egress", &["allow", "deny", "presets"])
+        else {
+            return spec;
+        };
+        for key in ["allow", "deny"] {
+            let Some(n) = lookup(entries, key) else {
+                continue;
+            };
+            let path = join("network.egress", key);
+            let mut checked = Vec::new();
+            for (i, text) in self.string_list(n, &path).iter().enumerate() {
+                match HostPattern::parse(text) {
+                    Ok(p) => checked.push(p.to_string()),
+                    Err(reason) => self.problem(format!("{path}[{i}]: {reason}")),
+                }
+            }
+            if key == "allow" {
+                spec.allow = checked;
+            } else {
+                spec.deny = checked;
+            }
+        }
+        if let Some(n) = lookup(entries, "presets") {
+            for (i, name) in self
+                .string_list(n, "network.egress.presets")
+                .into_iter()
+                .enumerate()
+            {
+                if egress::preset(&name).is_some() {
+                    spec.presets.push(name);
+                } else {
+                    self.problem(format!(
+                        "network.egress.presets[{i}]: {name:?} is not a preset (known: {})",
+                        egress::PRESETS.map(|(n, _)| n).join(", ")
+                    ));
+                }
+            }
+        }
+        spec
     }
 
     fn limits(&mut self, node: &Node) -> Limits {

@@ -663,3 +663,82 @@ fn a_backslash_in_a_name_cannot_move_a_file_out_of_a_deny_pattern() {
     let d = p.decide_path("src/a.rs", Phase::PostRun).unwrap();
     assert_eq!(d.action, Action::Allow, "{d:?}");
 }
+
+#[test]
+fn network_egress_is_version_2_and_round_trips() {
+    let v1 = problems("version: 1\nnetwork:\n  egress:\n    allow: [a.test]\n");
+    assert!(
+        v1.iter()
+            .any(|p| p.contains("`network.egress` requires `version: 2`")),
+        "{v1:?}"
+    );
+    let bad = problems(
+        "version: 2\nnetwork:\n  egress:\n    allow: [\"a*.test\", ok.test]\n    deny: [\"x:0\"]\n    presets: [npm, nope]\n    extra: 1\n",
+    );
+    for needle in [
+        "network.egress.allow[0]",
+        "network.egress.deny[0]",
+        "network.egress.presets[1]: \"nope\" is not a preset",
+        "unknown policy key: network.egress.extra",
+    ] {
+        assert!(bad.iter().any(|p| p.contains(needle)), "{needle}: {bad:?}");
+    }
+    let p = parse(
+        "version: 2\nnetwork:\n  egress:\n    allow: [\"*.Example.com\", \"10.0.0.0/8:443\"]\n    deny: [bad.example.com]\n    presets: [pypi]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        p.decide_host("files.pythonhosted.org", 443).rule,
+        "network.egress.presets[0]"
+    );
+    assert_eq!(p.decide_host("bad.example.com", 443).action, Action::Deny);
+    let doc = p.to_json();
+    assert_eq!(
+        doc["network"]["egress"],
+        json!({"allow": ["*.example.com", "10.0.0.0/8:443"], "deny": ["bad.example.com"], "presets": ["pypi"]})
+    );
+    let again = parse(&doc.to_string()).unwrap();
+    assert_eq!(again.to_json(), doc);
+    // Without the section the effective document has no `egress` (digests unchanged).
+    assert!(parse("version: 2\n").unwrap().to_json()["network"]
+        .get("egress")
+        .is_none());
+}
+
+#[test]
+fn allowed_hosts_join_the_effective_policy() {
+    let p = Policy::builtin()
+        .with_allowed_hosts(&["api.anthropic.com:443".into()])
+        .unwrap();
+    assert_eq!(p.version(), 2);
+    let d = p.decide_host("api.anthropic.com", 443);
+    assert_eq!(
+        (d.action, d.rule.as_str()),
+        (Action::Allow, "--allow-host[0]")
+    );
+    let doc = p.to_json();
+    assert_eq!(doc["version"], 2);
+    assert_eq!(
+        doc["network"]["egress"]["allow"],
+        json!(["api.anthropic.com:443"])
+    );
+    // The recorded document loads to the same decisions.
+    let again = parse(&doc.to_string()).unwrap();
+    assert_eq!(
+        again.decide_host("api.anthropic.com", 443).action,
+        Action::Allow
+    );
+    assert_eq!(
+        again.decide_host("api.anthropic.com", 80).action,
+        Action::Deny
+    );
+    let err = Policy::builtin()
+        .with_allowed_hosts(&["*.".into()])
+        .unwrap_err();
+    assert!(err.to_string().contains("--allow-host"), "{err}");
+    // No hosts: the policy is unchanged (still version 1).
+    assert_eq!(
+        Policy::builtin().with_allowed_hosts(&[]).unwrap().version(),
+        1
+    );
+}

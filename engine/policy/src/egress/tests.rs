@@ -1,0 +1,304 @@
+//! The host matcher: patterns, targets, precedence, internal addresses; properties over
+//! generated names and addresses.
+
+use super::*;
+use proptest::prelude::*;
+
+fn egress(allow: &[&str], deny: &[&str], presets: &[&str]) -> Egress {
+    let own = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect();
+    Egress::compile(&EgressSpec {
+        allow: own(allow),
+        deny: own(deny),
+        presets: own(presets),
+    })
+    .unwrap()
+}
+
+fn verdict(e: &Egress, host: &str, port: u16) -> (Action, String) {
+    let d = e.decide(host, port);
+    (d.action, d.rule)
+}
+
+#[test]
+fn wildcard_matches_apex_and_below_label_aligned() {
+    let e = egress(&["*.npmjs.org"], &[], &[]);
+    for host in ["npmjs.org", "registry.npmjs.org", "a.b.NPMJS.org."] {
+        assert_eq!(e.decide(host, 443).action, Action::Allow, "{host}");
+    }
+    for host in ["evilnpmjs.org", "npmjs.org.evil.com", "npmjs.orgx", "org"] {
+        assert_eq!(e.decide(host, 443).action, Action::Deny, "{host}");
+    }
+}
+
+#[test]
+fn exact_names_and_ports() {
+    let e = egress(&["api.anthropic.com:443", "example.com"], &[], &[]);
+    assert_eq!(
+        verdict(&e, "api.anthropic.com", 443),
+        (Action::Allow, "network.egress.allow[0]".into())
+    );
+    assert_eq!(
+        verdict(&e, "api.anthropic.com", 80),
+        (Action::Deny, "network.egress.default".into())
+    );
+    assert_eq!(e.decide("example.com", 8080).action, Action::Allow);
+    assert_eq!(e.decide("www.example.com", 443).action, Action::Deny);
+}
+
+#[test]
+fn deny_comes_before_allow_whatever_the_order() {
+    let e = egress(&["*.example.com", "*"], &["secret.example.com"], &[]);
+    let d = e.decide("secret.example.com", 443);
+    assert_eq!(
+        (d.action, d.rule.as_str(), d.pattern.as_deref()),
+        (
+            Action::Deny,
+            "network.egress.deny[0]",
+            Some("secret.example.com")
+        )
+    );
+    assert!(d.reason.contains("deny takes precedence"), "{}", d.reason);
+    assert_eq!(e.decide("www.example.com", 443).action, Action::Allow);
+}
+
+#[test]
+fn names_never_match_addresses_and_back() {
+    let e = egress(&["*"], &[], &[]);
+    assert_eq!(e.decide("anything.test", 1).action, Action::Allow);
+    for host in ["127.0.0.1", "[::1]", "::1", "10.1.2.3", "::ffff:127.0.0.1"] {
+        assert_eq!(
+            verdict(&e, host, 80),
+            (Action::Deny, "network.egress.default".into()),
+            "{host}"
+        );
+    }
+    let e = egress(&["10.0.0.0/8", "[::1]:8080", "192.0.2.7"], &[], &[]);
+    assert_eq!(e.decide("10.200.0.1", 22).action, Action::Allow);
+    assert_eq!(e.decide("[::1]", 8080).action, Action::Allow);
+    assert_eq!(e.decide("::1", 8081).action, Action::Deny);
+    assert_eq!(e.decide("192.0.2.7", 1).action, Action::Allow);
+    assert_eq!(e.decide("192.0.2.8", 1).action, Action::Deny);
+    assert_eq!(e.decide("ten.example", 1).action, Action::Deny);
+}
+
+#[test]
+fn numeric_and_malformed_hosts_are_invalid() {
+    let e = egress(&["*"], &[], &[]);
+    for host in [
+        "127.1",
+        "0x7f.1",
+        "2130706433",
+        "",
+        "a..b",
+        "-a.com",
+        "bad host",
+        "é.com",
+    ] {
+        let d = e.decide(host, 80);
+        assert_eq!(d.action, Action::Deny, "{host}");
+        if host != "0x7f.1" {
+            assert_eq!(d.rule, "network.egress.invalid_host", "{host}");
+        }
+    }
+    // `0x7f.1`'s last label is numeric too.
+    assert_eq!(e.decide("0x7f.1", 80).rule, "network.egress.invalid_host");
+}
+
+#[test]
+fn bad_patterns_are_refused_with_a_reason() {
+    for text in [
+        "",
+        "*.",
+        "a*.com",
+        "*.*.com",
+        "host:0",
+        "host:70000",
+        "host:x",
+        "[::1",
+        "[::1]x",
+        "10.0.0.0/33",
+        "::/129",
+        "nope/8",
+        "127.1",
+        "exa mple.com",
+    ] {
+        assert!(HostPattern::parse(text).is_err(), "{text:?} parsed");
+    }
+}
+
+#[test]
+fn patterns_print_canonically() {
+    for (text, shown) in [
+        ("API.Example.COM.", "api.example.com"),
+        ("*.Example.com:443", "*.example.com:443"),
+        ("10.9.8.7/8", "10.0.0.0/8"),
+        ("[::1]:80", "[::1]:80"),
+        ("::ffff:10.0.0.1", "10.0.0.1"),
+        ("fd00::1/8", "fd00::/8"),
+        ("*", "*"),
+        ("*:22", "*:22"),
+    ] {
+        assert_eq!(HostPattern::parse(text).unwrap().to_string(), shown);
+    }
+}
+
+#[test]
+fn internal_addresses_need_an_address_pattern() {
+    let e = egress(&["*.test", "127.0.0.2"], &["203.0.113.0/24"], &[]);
+    let allowed = e.decide("svc.test", 443);
+    assert_eq!(allowed.action, Action::Allow);
+    for addr in [
+        "127.0.0.1",
+        "10.0.0.1",
+        "172.16.5.5",
+        "192.168.1.1",
+        "169.254.169.254",
+        "169.254.1.1",
+        "100.64.0.1",
+        "0.0.0.0",
+        "224.0.0.1",
+        "255.255.255.255",
+        "::1",
+        "::",
+        "fd12::1",
+        "fe80::1",
+        "::ffff:127.0.0.1",
+        "64:ff9b::a00:1",
+    ] {
+        let d = e.check_address(&allowed, addr.parse().unwrap(), 443);
+        let d = d.unwrap_or_else(|| panic!("{addr} passed"));
+        assert_eq!(d.rule, "network.egress.internal_address", "{addr}");
+        assert_eq!(d.action, Action::Deny);
+    }
+    let meta = e
+        .check_address(&allowed, "169.254.169.254".parse().unwrap(), 80)
+        .unwrap();
+    assert!(meta.reason.contains("metadata"), "{}", meta.reason);
+    // Listed: reachable.
+    assert!(e
+        .check_address(&allowed, "127.0.0.2".parse().unwrap(), 443)
+        .is_none());
+    // Public: reachable, unless a deny address pattern covers it.
+    assert!(e
+        .check_address(&allowed, "93.184.216.34".parse().unwrap(), 443)
+        .is_none());
+    let d = e
+        .check_address(&allowed, "203.0.113.9".parse().unwrap(), 443)
+        .unwrap();
+    assert_eq!(d.rule, "network.egress.deny[0]");
+}
+
+#[test]
+fn presets_expand_with_their_rule() {
+    let e = egress(&[], &[], &["npm", "github"]);
+    let d = e.decide("registry.npmjs.org", 443);
+    assert_eq!(
+        (d.action, d.rule.as_str()),
+        (Action::Allow, "network.egress.presets[0]")
+    );
+    assert!(d.reason.contains("preset npm"), "{}", d.reason);
+    assert_eq!(e.decide("registry.npmjs.org", 80).action, Action::Deny);
+    assert_eq!(
+        e.decide("codeload.github.com", 443).rule,
+        "network.egress.presets[1]"
+    );
+    assert!(e.allow_patterns().is_empty());
+    assert_eq!(e.presets(), ["npm", "github"]);
+    // Every preset's patterns parse.
+    for (name, patterns) in PRESETS {
+        for p in patterns {
+            assert!(HostPattern::parse(p).is_ok(), "{name}: {p}");
+        }
+    }
+    assert!(Egress::compile(&EgressSpec {
+        presets: vec!["nope".into()],
+        ..EgressSpec::default()
+    })
+    .is_err());
+}
+
+#[test]
+fn command_hosts_come_after_the_policy() {
+    let mut e = egress(&["a.test"], &["b.test"], &[]);
+    e.add_command_hosts(&["a.test".into(), "*.b.test".into(), "c.test:8080".into()])
+        .unwrap();
+    assert_eq!(e.decide("a.test", 1).rule, "network.egress.allow[0]");
+    assert_eq!(e.decide("b.test", 1).rule, "network.egress.deny[0]");
+    assert_eq!(e.decide("x.b.test", 1).rule, "--allow-host[1]");
+    assert_eq!(e.decide("c.test", 8080).rule, "--allow-host[2]");
+    assert_eq!(
+        e.allow_patterns(),
+        ["a.test", "a.test", "*.b.test", "c.test:8080"]
+    );
+    let err = e.add_command_hosts(&["bad host".into()]).unwrap_err();
+    assert!(err[0].contains("--allow-host \"bad host\""), "{err:?}");
+}
+
+fn label() -> impl Strategy<Value = String> {
+    "[a-z][a-z0-9-]{0,8}[a-z0-9]"
+}
+
+fn name() -> impl Strategy<Value = String> {
+    prop::collection::vec(label(), 1..5).prop_map(|l| l.join("."))
+}
+
+proptest! {
+    /// `*.d` matches exactly the names equal to `d` or ending in `.d`.
+    #[test]
+    fn domain_wildcard_is_label_aligned(d in name(), host in name(), prefix in name()) {
+        let e = egress(&[&format!("*.{d}")], &[], &[]);
+        let below = format!("{prefix}.{d}");
+        prop_assert_eq!(e.decide(&below, 443).action, Action::Allow);
+        prop_assert_eq!(e.decide(&d, 443).action, Action::Allow);
+        let expected = host == d || host.ends_with(&format!(".{d}"));
+        prop_assert_eq!(e.decide(&host, 443).action == Action::Allow, expected);
+        // Glued on without a dot: never.
+        let glued = format!("x{d}");
+        prop_assert_eq!(e.decide(&glued, 443).action, Action::Deny);
+    }
+
+    /// A deny pattern that matches wins over any allow pattern.
+    #[test]
+    fn deny_wins(host in name(), port in 1u16..) {
+        let e = egress(&["*", &host, &format!("{host}:{port}")], &[&host], &[]);
+        let d = e.decide(&host, port);
+        prop_assert_eq!(d.action, Action::Deny);
+        prop_assert_eq!(d.rule, "network.egress.deny[0]");
+    }
+
+    /// A CIDR covers exactly the addresses sharing its first `prefix` bits.
+    #[test]
+    fn cidr_covers_by_prefix(net in any::<u32>(), addr in any::<u32>(), prefix in 0u8..=32) {
+        let net = Ipv4Addr::from(net);
+        let pattern = HostPattern::parse(&format!("{net}/{prefix}")).unwrap();
+        let m = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+        let expected = (addr & m) == (u32::from(net) & m);
+        prop_assert_eq!(pattern.covers(IpAddr::V4(Ipv4Addr::from(addr)), 1), expected);
+    }
+
+    /// Whatever is allowed by name, a name that resolves to loopback or a private address
+    /// reaches it only when an address pattern lists it.
+    #[test]
+    fn internal_addresses_are_refused_unless_listed(host in name(), last in 1u8..255) {
+        let e = egress(&["*"], &[], &[]);
+        let allowed = e.decide(&host, 443);
+        prop_assert_eq!(allowed.action, Action::Allow);
+        for addr in [Ipv4Addr::new(127, 0, 0, last), Ipv4Addr::new(10, last, 0, 1),
+                     Ipv4Addr::new(192, 168, last, 1), Ipv4Addr::new(169, 254, last, 254)] {
+            prop_assert!(e.check_address(&allowed, IpAddr::V4(addr), 443).is_some());
+        }
+        let listed = egress(&["*", &format!("127.0.0.{last}")], &[], &[]);
+        let allowed = listed.decide(&host, 443);
+        let addr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
+        prop_assert!(listed.check_address(&allowed, addr, 443).is_none());
+    }
+
+    /// Parsing never panics, and a pattern's canonical form parses to the same pattern.
+    #[test]
+    fn canonical_form_round_trips(text in "[a-z0-9*.:/\\[\\]-]{0,30}") {
+        if let Ok(p) = HostPattern::parse(&text) {
+            let again = HostPattern::parse(&p.to_string()).unwrap();
+            prop_assert_eq!(again, p);
+        }
+    }
+}
