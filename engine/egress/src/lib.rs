@@ -1,0 +1,388 @@
+//! The egress proxy: every connection a sandboxed command makes leaves through here, is decided
+//! by the policy's `network.egress` (host name and port, then every resolved address), and is
+//! recorded.
+//!
+//! ```text
+//! client ─▶ first byte 0x05? ─▶ SOCKS5 CONNECT ─┐
+//!                  └─ else ─▶ HTTP CONNECT / absolute http:// URI ─┤
+//!    Egress::decide(host, port) ─▶ resolve here ─▶ check_address each ─▶ connect ─▶ relay
+//!    every attempt ─▶ EgressLog (first N records, per-host counts, totals)
+//! ```
+//!
+//! Invariants:
+//! - The proxy resolves names itself; the client's idea of an address is never used for a name.
+//! - Bytes a client sends after its request go only to the address decided for it (one upstream
+//!   per client connection; an HTTP request is forwarded with `Connection: close`).
+//! - Every phase before the relay is bounded in time and size (handshake timeout, head size,
+//!   connect timeout); the number of concurrent connections is bounded, and the log is bounded
+//!   (record.rs).
+//! - Stopping the proxy ends every relay; each open record is closed with its byte counts.
+//!
+//! Not defended here: what flows inside an allowed connection (a program can tunnel anything
+//! through an allowed host); a program that does not use the proxy (the sandbox must leave it
+//! no other route: that is the backend's job); UDP and ICMP (never relayed). See docs/network.md.
+
+mod http;
+mod record;
+mod socks;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentdiff_policy::Egress;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use record::{Bounds, ConnectionRecord, EgressLog, HostCount, Protocol};
+pub use upstream::{Resolve, SystemResolver};
+
+use record::{End, Recorder};
+use upstream::{Counted, Counters, Opened};
+
+/// Relay buffer per direction: large enough that a bulk transfer is not bound by syscalls.
+const RELAY_BUFFER: usize = 64 * 1024;
+
+/// Errors of starting the proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("cannot listen on {what}: {source}")]
+    Bind {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Limits of one proxy.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyConfig {
+    /// How long a client may take to send its request.
+    pub handshake_timeout: Duration,
+    /// How long resolving a name, and connecting to one address, may take.
+    pub connect_timeout: Duration,
+    /// Connections served at once; a client beyond this is closed at once and counted.
+    pub max_connections: usize,
+    pub bounds: Bounds,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            handshake_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            max_connections: 512,
+            bounds: Bounds {
+                max_records: 1000,
+                max_hosts: 1000,
+            },
+        }
+    }
+}
+
+/// Where the proxy listens.
+#[derive(Debug, Clone)]
+pub enum Bind {
+    /// A TCP address (tests and benchmarks; port 0 picks one).
+    Tcp(SocketAddr),
+    /// A Unix socket at this path (created; it must not exist).
+    Unix(PathBuf),
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+struct Shared {
+    egress: Egress,
+    resolver: Arc<dyn Resolve>,
+    config: ProxyConfig,
+    recorder: Recorder,
+}
+
+/// A running proxy. [`Proxy::stop`] ends it and returns what it saw.
+pub struct Proxy {
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    accept: tokio::task::JoinHandle<()>,
+    local_tcp: Option<SocketAddr>,
+    unix_path: Option<PathBuf>,
+}
+
+impl Proxy {
+    /// Listen and serve on the current tokio runtime.
+    pub async fn start(
+        egress: Egress,
+        resolver: Arc<dyn Resolve>,
+        config: ProxyConfig,
+        bind: Bind,
+    ) -> Result<Proxy, ProxyError> {
+        let (listener, local_tcp, unix_path) = match bind {
+            Bind::Tcp(addr) => {
+                let l = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ProxyError::Bind {
+                        what: addr.to_string(),
+                        source,
+                    })?;
+                let local = l.local_addr().ok();
+                (Listener::Tcp(l), local, None)
+            }
+            Bind::Unix(path) => {
+                let l = UnixListener::bind(&path).map_err(|source| ProxyError::Bind {
+                    what: path.display().to_string(),
+                    source,
+                })?;
+                (Listener::Unix(l), None, Some(path))
+            }
+        };
+        let shared = Arc::new(Shared {
+            egress,
+            resolver,
+            config,
+            recorder: Recorder::new(config.bounds),
+        });
+        let (shutdown, rx) = watch::channel(false);
+        let accept = tokio::spawn(accept_loop(listener, shared.clone(), rx));
+        Ok(Proxy {
+            shared,
+            shutdown,
+            accept,
+            local_tcp,
+            unix_path,
+        })
+    }
+
+    /// The TCP address listened on (`Bind::Tcp`).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.local_tcp
+    }
+
+    /// The socket path listened on (`Bind::Unix`).
+    pub fn unix_path(&self) -> Option<&Path> {
+        self.unix_path.as_deref()
+    }
+
+    /// What the proxy has seen so far.
+    pub fn snapshot(&self) -> EgressLog {
+        self.shared.recorder.snapshot()
+    }
+
+    /// Stop accepting, end every open relay, and return the log.
+    pub async fn stop(self) -> EgressLog {
+        let _ = self.shutdown.send(true);
+        let _ = self.accept.await;
+        if let Some(path) = &self.unix_path {
+            let _ = std::fs::remove_file(path);
+        }
+        self.shared.recorder.snapshot()
+    }
+}
+
+async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut tasks = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            accepted = accept(&listener) => {
+                let Ok(client) = accepted else {
+                    // Out of descriptors or similar: do not spin.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                if tasks.len() >= shared.config.max_connections {
+                    shared.recorder.over_capacity();
+                    continue;
+                }
+                let shared = shared.clone();
+                let rx = shutdown.clone();
+                match client {
+                    Client::Tcp(s) => tasks.spawn(serve(s, shared, rx)),
+                    Client::Unix(s) => tasks.spawn(serve(s, shared, rx)),
+                };
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+enum Client {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Client> {
+    match listener {
+        Listener::Tcp(l) => l.accept().await.map(|(s, _)| {
+            let _ = s.set_nodelay(true);
+            Client::Tcp(s)
+        }),
+        Listener::Unix(l) => l.accept().await.map(|(s, _)| Client::Unix(s)),
+    }
+}
+
+/// What a client asked for.
+struct Request {
+    protocol: Protocol,
+    host: String,
+    port: u16,
+    /// Bytes for the upstream before relaying.
+    upstream: Vec<u8>,
+}
+
+/// Read the request: SOCKS5 when the first byte is its version, else HTTP. A request that
+/// cannot be served is answered here and `None` returned.
+async fn read_request<S>(client: &mut S) -> Option<Request>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut first = vec![0u8; 4096];
+    let n = client.read(&mut first).await.ok()?;
+    if n == 0 {
+        return None;
+    }
+    first.truncate(n);
+    if first[0] == 5 {
+        let r = socks::handshake(client, &first).await.ok()?;
+        return Some(Request {
+            protocol: Protocol::Socks5,
+            host: r.host,
+            port: r.port,
+            upstream: r.early,
+        });
+    }
+    match http::read(client, first).await {
+        Ok(r) => Some(Request {
+            protocol: if r.connect {
+                Protocol::Connect
+            } else {
+                Protocol::Http
+            },
+            host: r.host,
+            port: r.port,
+            upstream: r.upstream,
+        }),
+        Err(e) => {
+            let body = format!("agentdiff egress proxy: {e}");
+            let _ = client
+                .write_all(&http::response("400 Bad Request", None, &body))
+                .await;
+            None
+        }
+    }
+}
+
+/// Serve one client connection to its end.
+async fn serve<S>(mut client: S, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let config = shared.config;
+    let setup = async {
+        let request = tokio::time::timeout(config.handshake_timeout, read_request(&mut client))
+            .await
+            .ok()
+            .flatten();
+        let Some(request) = request else {
+            shared.recorder.malformed();
+            return None;
+        };
+        let opened = upstream::open(
+            &shared.egress,
+            shared.resolver.as_ref(),
+            &request.host,
+            request.port,
+            config.connect_timeout,
+        )
+        .await;
+        Some((request, opened))
+    };
+    let (request, opened) = tokio::select! {
+        r = setup => match r { Some(r) => r, None => return },
+        _ = shutdown.changed() => return,
+    };
+    let (stream, address, decision) = match opened {
+        Opened::Denied(d) => {
+            let slot = shared.recorder.start(request.protocol, &d);
+            let _ = client.write_all(&refusal(request.protocol, &d)).await;
+            shared.recorder.finish(slot, &d.host, End::default());
+            return;
+        }
+        Opened::Failed { decision, error } => {
+            let slot = shared.recorder.start(request.protocol, &decision);
+            let reply = match request.protocol {
+                Protocol::Socks5 => socks::reply(socks::REPLY_HOST_UNREACHABLE).to_vec(),
+                _ => http::response(
+                    "502 Bad Gateway",
+                    Some(&decision.rule),
+                    &format!("agentdiff egress proxy: {error}"),
+                ),
+            };
+            let _ = client.write_all(&reply).await;
+            let end = End {
+                error: Some(error),
+                ..End::default()
+            };
+            shared.recorder.finish(slot, &decision.host, end);
+            return;
+        }
+        Opened::Connected {
+            stream,
+            address,
+            decision,
+        } => (stream, address, decision),
+    };
+    let slot = shared.recorder.start(request.protocol, &decision);
+    let counters = Arc::new(Counters::default());
+    let mut upstream = Counted::new(stream, counters.clone());
+    let relay = async {
+        match request.protocol {
+            Protocol::Socks5 => client.write_all(&socks::reply(socks::REPLY_OK)).await?,
+            Protocol::Connect => {
+                client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await?
+            }
+            Protocol::Http => {}
+        }
+        upstream.write_all(&request.upstream).await?;
+        tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            RELAY_BUFFER,
+            RELAY_BUFFER,
+        )
+        .await
+        .map(|_| ())
+    };
+    let error = tokio::select! {
+        r = relay => r.err().map(|e| e.to_string()),
+        _ = shutdown.changed() => Some("still open when the run ended; closed".to_owned()),
+    };
+    let end = End {
+        address: Some(address.to_string()),
+        bytes_up: counters.up.load(Ordering::Relaxed),
+        bytes_down: counters.down.load(Ordering::Relaxed),
+        error,
+    };
+    shared.recorder.finish(slot, &decision.host, end);
+}
+
+/// The answer to a denied request: SOCKS5 "not allowed by ruleset", or HTTP 403 naming the rule.
+fn refusal(protocol: Protocol, d: &agentdiff_policy::EgressDecision) -> Vec<u8> {
+    match protocol {
+        Protocol::Socks5 => socks::reply(socks::REPLY_NOT_ALLOWED).to_vec(),
+        _ => http::response(
+            "403 Forbidden",
+            Some(&d.rule),
+            &format!("agentdiff egress proxy: denied by {}: {}", d.rule, d.reason),
+        ),
+    }
+}
