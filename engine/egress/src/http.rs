@@ -155,6 +155,26 @@ pub(crate) fn response(status: &str, rule: Option<&str>, body: &str) -> Vec<u8> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any head a client sends is answered or refused, never a panic; a forwarded request
+        /// always goes out in origin form with `Connection: close`.
+        #[test]
+        fn any_head_is_parsed_or_refused(head in proptest::collection::vec(any::<u8>(), 0..300),
+                                         target in "[a-zA-Z0-9:/.\\[\\]@?#%*-]{0,40}") {
+            let mut bytes = head;
+            bytes.extend_from_slice(b"\r\n\r\n");
+            let _ = parse(&bytes, b"");
+            let text = format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+            if let Ok(r) = parse(text.as_bytes(), b"") {
+                let out = String::from_utf8_lossy(&r.upstream).into_owned();
+                prop_assert!(out.starts_with("GET /"), "{}", out);
+                prop_assert!(out.ends_with("Connection: close\r\n\r\n"), "{}", out);
+                prop_assert!(!r.host.is_empty() || !r.connect);
+            }
+        }
+    }
 
     fn req(text: &str) -> Result<HttpRequest, HeadError> {
         let end = find_head_end(text.as_bytes()).unwrap();

@@ -112,3 +112,60 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 pub(crate) fn reply(code: u8) -> [u8; 10] {
     [VERSION, code, 0, 1, 0, 0, 0, 0, 0, 0]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn run(input: Vec<u8>) -> Result<SocksRequest, SocksError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (mut ours, mut theirs) = tokio::io::duplex(4096);
+            theirs.write_all(&input).await.unwrap();
+            // End of input, while our replies still have somewhere to go.
+            theirs.shutdown().await.unwrap();
+            let r = handshake(&mut ours, &[]).await;
+            drop(theirs);
+            r
+        })
+    }
+
+    #[test]
+    fn a_pipelined_request_and_early_data_are_kept() {
+        let mut input = vec![5, 1, 0, 5, 1, 0, 3, 6];
+        input.extend_from_slice(b"a.test");
+        input.extend_from_slice(&443u16.to_be_bytes());
+        input.extend_from_slice(b"early");
+        // Everything arrives as the "already read" first chunk.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let r = rt
+            .block_on(async {
+                let (mut ours, _theirs) = tokio::io::duplex(64);
+                handshake(&mut ours, &input).await
+            })
+            .unwrap();
+        assert_eq!((r.host.as_str(), r.port), ("a.test", 443));
+        assert_eq!(r.early, b"early");
+        let r = run(vec![
+            5, 1, 0, 5, 1, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 80,
+        ])
+        .unwrap();
+        assert_eq!((r.host.as_str(), r.port), ("::1", 80));
+    }
+
+    proptest! {
+        /// Whatever a client sends, the handshake ends (the input runs out) without a panic.
+        #[test]
+        fn any_input_ends(input in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut bytes = vec![5];
+            bytes.extend(input);
+            let _ = run(bytes);
+        }
+    }
+}
