@@ -2,8 +2,10 @@
 //!
 //! Invariants: the request head is read to at most [`MAX_HEAD`] bytes; the host decided is the
 //! one in the request line (a `Host` header is never consulted), and the bytes that follow go to
-//! that host only. An absolute request is rewritten to origin form with `Connection: close`
-//! and without the proxy's own headers, so the upstream ends the connection after its response.
+//! that host only. An absolute request is rewritten to origin form with the target's `Host`,
+//! `Connection: close` and without the proxy's own headers, so the upstream serves the decided
+//! host and ends the connection after its response (a second request the client pipelines
+//! still reaches only that address).
 //!
 //! Not handled: `https://` absolute URIs (clients use `CONNECT` for them), proxy
 //! authentication (the proxy is reachable only through the run's socket), HTTP/2 prior
@@ -112,12 +114,15 @@ fn parse(head: &[u8], rest: &[u8]) -> Result<HttpRequest, HeadError> {
         p if p.starts_with('/') => p.to_owned(),
         p => format!("/{p}"),
     };
-    let mut out = format!("{method} {path} HTTP/1.{version}\r\n").into_bytes();
+    // RFC 9112 §3.2.2: a proxy replaces the Host header by the request target's authority, so
+    // the upstream serves the host that was decided, never another name behind the same
+    // address (a virtual host, a CDN's other customers).
+    let mut out = format!("{method} {path} HTTP/1.{version}\r\nHost: {authority}\r\n").into_bytes();
     for h in req.headers.iter() {
         let name = h.name.to_ascii_lowercase();
         if matches!(
             name.as_str(),
-            "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive"
+            "host" | "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive"
         ) {
             continue;
         }
@@ -197,7 +202,7 @@ mod tests {
         assert_eq!((r.host.as_str(), r.port), ("a.test", 8080));
         assert_eq!(
             String::from_utf8(r.upstream).unwrap(),
-            "POST /p?q=1 HTTP/1.1\r\nHost: other.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+            "POST /p?q=1 HTTP/1.1\r\nHost: a.test:8080\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
         );
         let r = req("GET http://a.test HTTP/1.0\r\n\r\n").unwrap();
         assert_eq!(r.port, 80);

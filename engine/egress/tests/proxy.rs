@@ -161,7 +161,7 @@ async fn absolute_http_requests_are_decided_rewritten_and_counted() {
     .await;
     let mut c = TcpStream::connect(proxy.tcp_addr().unwrap()).await.unwrap();
     let req = format!(
-        "GET http://allowed.test:{}/a?b HTTP/1.1\r\nHost: allowed.test\r\nProxy-Connection: keep-alive\r\n\r\n",
+        "GET http://allowed.test:{}/a?b HTTP/1.1\r\nHost: evil.test\r\nProxy-Connection: keep-alive\r\n\r\n",
         server.port()
     );
     c.write_all(req.as_bytes()).await.unwrap();
@@ -170,6 +170,10 @@ async fn absolute_http_requests_are_decided_rewritten_and_counted() {
     let head = heads.recv().await.unwrap();
     assert!(head.starts_with("GET /a?b HTTP/1.1\r\n"), "{head}");
     assert!(head.contains("Connection: close"), "{head}");
+    // The upstream is told the decided host, whatever Host header the client sent.
+    let host = format!("\r\nHost: allowed.test:{}\r\n", server.port());
+    assert!(head.contains(&host), "{head}");
+    assert!(!head.contains("evil.test"), "{head}");
     assert!(
         !head.to_ascii_lowercase().contains("proxy-connection"),
         "{head}"

@@ -192,6 +192,12 @@ pub fn split_port(text: &str) -> Result<(&str, Option<u16>), String> {
         let Some((inside, after)) = rest.split_once(']') else {
             return Err("`[` without its `]`".to_owned());
         };
+        // Brackets are for IPv6 only (an address, or a network in a pattern).
+        if !inside.contains(':') {
+            return Err(format!(
+                "[{inside}] is not an IPv6 address; brackets are for IPv6 only"
+            ));
+        }
         return match after {
             "" => Ok((inside, None)),
             _ => match after.strip_prefix(':') {
