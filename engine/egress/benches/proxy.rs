@@ -5,9 +5,10 @@
 //! - Latency: connect, one byte to an echo server and its echo back, directly and through the
 //!   proxy (`CONNECT` and its `200` included), p50 and p99 over 2000 rounds; the added p50
 //!   (target <= 1 ms).
-//! - CPU: the proxy thread's CPU time (getrusage RUSAGE_THREAD) per GiB relayed.
+//! - CPU: the proxy thread's CPU time (`ProxyThread`'s, from `CLOCK_THREAD_CPUTIME_ID`) per GiB
+//!   relayed.
 //!
-//! The proxy runs as agentdiff runs it: a current-thread tokio runtime on its own thread. The
+//! The proxy runs on a `ProxyThread` (a current-thread runtime on a thread of its own); the
 //! client and servers are plain blocking threads. Rounds of both kinds alternate, and the best
 //! throughput of each is kept, so a noisy neighbour on a shared machine lowers both rather than
 //! one. Run with `cargo bench -p agentdiff-egress --bench proxy`.
@@ -17,25 +18,15 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentdiff_egress::{Bind, Proxy, ProxyConfig, SystemResolver};
+use agentdiff_egress::{Bind, ProxyConfig, ProxyThread, SystemResolver};
 use agentdiff_policy::Policy;
 
 const CHUNK: usize = 256 * 1024;
 const ROUNDS: usize = 3;
 const LATENCY_ROUNDS: usize = 2000;
-
-fn thread_cpu() -> Duration {
-    // SAFETY: getrusage writes into the struct we own; RUSAGE_THREAD is valid on Linux.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
-    assert_eq!(rc, 0, "getrusage");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 /// A server that reads everything a connection sends and then answers one byte.
 fn sink() -> SocketAddr {
@@ -82,44 +73,22 @@ fn echo() -> SocketAddr {
     addr
 }
 
-/// The proxy on its own current-thread runtime; dropping the sender stops it and the thread
-/// returns its CPU time.
-fn proxy() -> (
-    SocketAddr,
-    mpsc::Sender<()>,
-    std::thread::JoinHandle<Duration>,
-) {
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let handle = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let egress = Policy::from_yaml_or_json(
-            "version: 2\nnetwork:\n  egress:\n    allow: [\"127.0.0.1\"]\n",
-            "bench.yaml",
-        )
-        .unwrap()
-        .egress()
-        .clone();
-        let before = thread_cpu();
-        rt.block_on(async move {
-            let p = Proxy::start(
-                egress,
-                Arc::new(SystemResolver),
-                ProxyConfig::default(),
-                Bind::Tcp("127.0.0.1:0".parse().unwrap()),
-            )
-            .await
-            .unwrap();
-            addr_tx.send(p.tcp_addr().unwrap()).unwrap();
-            let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
-            p.stop().await;
-        });
-        thread_cpu() - before
-    });
-    (addr_rx.recv().unwrap(), stop_tx, handle)
+/// The proxy on a thread of its own with a current-thread runtime.
+fn proxy() -> ProxyThread {
+    let egress = Policy::from_yaml_or_json(
+        "version: 2\nnetwork:\n  egress:\n    allow: [\"127.0.0.1\"]\n",
+        "bench.yaml",
+    )
+    .unwrap()
+    .egress()
+    .clone();
+    ProxyThread::spawn(
+        egress,
+        Arc::new(SystemResolver),
+        ProxyConfig::default(),
+        Bind::Tcp("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap()
 }
 
 /// A connection to `target`, through the proxy's `CONNECT` when given.
@@ -182,14 +151,19 @@ fn main() {
     let sink = sink();
     let echo = echo();
 
-    let (paddr, stop, handle) = proxy();
+    let p = proxy();
+    let paddr = p.tcp_addr().unwrap();
     let (mut direct, mut proxied) = (f64::MAX, f64::MAX);
     for _ in 0..ROUNDS {
         direct = direct.min(transfer(sink, None, bytes));
         proxied = proxied.min(transfer(sink, Some(paddr), bytes));
     }
-    drop(stop);
-    let cpu = handle.join().unwrap();
+    let outcome = p.stop();
+    assert_eq!(
+        outcome.log.allowed, ROUNDS as u64,
+        "every transfer was recorded"
+    );
+    let cpu = outcome.cpu.expect("the thread's CPU time");
     let rate = |secs: f64| bytes as f64 / secs / (1u64 << 20) as f64;
     println!("throughput, {mib} MiB per transfer, best of {ROUNDS}:");
     println!("  direct loopback   {:>9.0} MiB/s", rate(direct));
@@ -205,14 +179,14 @@ fn main() {
         gib * ROUNDS as f64
     );
 
-    let (paddr, stop, handle) = proxy();
+    let proxy = proxy();
+    let paddr = proxy.tcp_addr().unwrap();
     let (mut d, mut p) = (Vec::new(), Vec::new());
     for _ in 0..LATENCY_ROUNDS {
         d.push(round_trip(echo, None));
         p.push(round_trip(echo, Some(paddr)));
     }
-    drop(stop);
-    handle.join().unwrap();
+    proxy.stop();
     d.sort();
     p.sort();
     println!("latency, connect + 1-byte echo, {LATENCY_ROUNDS} rounds:");

@@ -59,6 +59,10 @@ pub enum ProxyError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot start the proxy's thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the proxy's thread ended before it listened")]
+    ThreadEnded,
 }
 
 /// Limits of one proxy.
@@ -185,6 +189,103 @@ impl Proxy {
         }
         self.shared.recorder.snapshot()
     }
+}
+
+/// A proxy on a thread of its own, with its own current-thread runtime: whatever the caller's
+/// thread does (a blocking wait for the command, another runtime), the proxy keeps serving.
+pub struct ProxyThread {
+    tcp_addr: Option<SocketAddr>,
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<ThreadOutcome>,
+}
+
+/// What the proxy thread returns: the log and the thread's CPU time (user + system).
+#[derive(Debug, Clone, Default)]
+pub struct ThreadOutcome {
+    pub log: EgressLog,
+    pub cpu: Option<Duration>,
+}
+
+impl ProxyThread {
+    /// Start the proxy on a new thread; returns once it listens (or failed to).
+    pub fn spawn(
+        egress: Egress,
+        resolver: Arc<dyn Resolve>,
+        config: ProxyConfig,
+        bind: Bind,
+    ) -> Result<ProxyThread, ProxyError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("agentdiff-egress".to_owned())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(ProxyError::Thread(e)));
+                        return ThreadOutcome::default();
+                    }
+                };
+                let log = rt.block_on(async move {
+                    let proxy = match Proxy::start(egress, resolver, config, bind).await {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return EgressLog::default();
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(proxy.tcp_addr()));
+                    // Ends when `stop` is used or dropped.
+                    let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+                    proxy.stop().await
+                });
+                ThreadOutcome {
+                    log,
+                    cpu: thread_cpu(),
+                }
+            })
+            .map_err(ProxyError::Thread)?;
+        match ready_rx.recv() {
+            Ok(Ok(tcp_addr)) => Ok(ProxyThread {
+                tcp_addr,
+                stop,
+                thread,
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(ProxyError::ThreadEnded)
+            }
+        }
+    }
+
+    /// The TCP address listened on (`Bind::Tcp`).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp_addr
+    }
+
+    /// Stop the proxy (every open relay is ended) and return its log.
+    pub fn stop(self) -> ThreadOutcome {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// The calling thread's CPU time, where the platform says.
+fn thread_cpu() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {

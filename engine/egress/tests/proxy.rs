@@ -8,7 +8,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_egress::{Bind, Bounds, EgressLog, Protocol, Proxy, ProxyConfig, Resolve};
+use agentdiff_egress::{
+    Bind, Bounds, EgressLog, Protocol, Proxy, ProxyConfig, ProxyError, ProxyThread, Resolve,
+};
 use agentdiff_policy::{Action, Egress, Policy};
 use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -420,4 +422,44 @@ async fn a_silent_client_is_dropped_after_the_handshake_timeout() {
         .expect("the proxy closes a silent client");
     assert_eq!(n.unwrap_or(0), 0);
     assert_eq!(proxy.stop().await.malformed, 1);
+}
+
+#[test]
+fn a_proxy_thread_serves_whatever_its_caller_does() {
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("egress.sock");
+    let proxy = ProxyThread::spawn(
+        egress(&["allowed.test", "127.0.0.1"], &[]),
+        resolver(),
+        ProxyConfig::default(),
+        Bind::Unix(socket.clone()),
+    )
+    .unwrap();
+    // The caller blocks (std I/O, no runtime): the proxy still answers.
+    use std::io::{Read, Write};
+    let mut c = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    write!(c, "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").unwrap();
+    let (mut upstream, _) = server.accept().unwrap();
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    upstream.write_all(b"x").unwrap();
+    drop(upstream);
+    let outcome = proxy.stop();
+    assert_eq!(outcome.log.allowed, 1, "{:#?}", outcome.log);
+    assert!(outcome.cpu.is_some());
+    assert!(!socket.exists());
+
+    // A socket path that cannot be bound is an error, not a proxy that never listens.
+    let err = ProxyThread::spawn(
+        egress(&[], &[]),
+        resolver(),
+        ProxyConfig::default(),
+        Bind::Unix(dir.path().join("missing/dir/egress.sock")),
+    )
+    .err()
+    .expect("binding fails");
+    assert!(matches!(err, ProxyError::Bind { .. }), "{err}");
 }
