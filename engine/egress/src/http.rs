@@ -31,6 +31,8 @@ pub(crate) enum HeadError {
     Parse(#[from] httparse::Error),
     #[error("{0}")]
     Unsupported(String),
+    #[error(transparent)]
+    Host(#[from] agentdiff_policy::egress::HostError),
 }
 
 /// A parsed proxy request.
@@ -80,7 +82,7 @@ fn parse(head: &[u8], rest: &[u8]) -> Result<HttpRequest, HeadError> {
         return Err(HeadError::Truncated);
     };
     if method.eq_ignore_ascii_case("CONNECT") {
-        let (host, port) = split_port(target).map_err(HeadError::Unsupported)?;
+        let (host, port) = split_port(target)?;
         let Some(port) = port else {
             return unsupported(format!("CONNECT {target:?} names no port"));
         };
@@ -108,7 +110,7 @@ fn parse(head: &[u8], rest: &[u8]) -> Result<HttpRequest, HeadError> {
     if authority.contains('@') {
         return unsupported("credentials in the URI are not forwarded".to_owned());
     }
-    let (host, port) = split_port(authority).map_err(HeadError::Unsupported)?;
+    let (host, port) = split_port(authority)?;
     let path = match path {
         "" => "/".to_owned(),
         p if p.starts_with('/') => p.to_owned(),

@@ -165,11 +165,11 @@ pub(crate) async fn open(
     }
 }
 
-fn refused(mut d: EgressDecision, reason: String) -> EgressDecision {
+fn refused(mut d: EgressDecision, reason: agentdiff_policy::egress::HostError) -> EgressDecision {
     d.action = Action::Deny;
     d.rule = "network.egress.invalid_host".to_owned();
     d.pattern = None;
-    d.reason = reason;
+    d.reason = reason.to_string();
     d
 }
 

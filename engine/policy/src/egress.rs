@@ -117,7 +117,7 @@ impl Target {
 
     /// Read a host as a client sends it (`Host`, `CONNECT`, SOCKS): an address (IPv6 possibly
     /// in brackets) or a DNS name, which is lowercased and loses a trailing dot.
-    pub fn parse(host: &str) -> Result<Target, String> {
+    pub fn parse(host: &str) -> Result<Target, HostError> {
         let bare = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
@@ -126,7 +126,7 @@ impl Target {
             return Ok(Target::Addr(canonical_addr(addr)));
         }
         if bare.len() != host.len() {
-            return Err(format!("{host:?} is not an IPv6 address"));
+            return Err(HostError::NotIpv6(bare.to_owned()));
         }
         check_name(host).map(Target::Name)
     }
@@ -143,29 +143,57 @@ fn canonical_addr(addr: IpAddr) -> IpAddr {
     }
 }
 
+/// Why a host, a `host:port` or a host pattern cannot be read. Every message names the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("the host is empty")]
+    Empty,
+    #[error("the host name is longer than {MAX_NAME} characters")]
+    TooLong,
+    #[error("{0:?} is not a host name (every label between dots has 1 to {MAX_LABEL} characters)")]
+    Label(String),
+    #[error(
+        "{0:?} is not a host name (letters, digits, `-` and `_`; write an internationalised \
+         name in its xn-- form)"
+    )]
+    Characters(String),
+    #[error(
+        "{0:?} is not a host name (its last label is a number; resolvers read such names as \
+         addresses, so write the address out)"
+    )]
+    Numeric(String),
+    #[error("{0:?} is not a port (1 to 65535)")]
+    Port(String),
+    #[error("`[` without its `]`")]
+    Bracket,
+    #[error("unexpected {0:?} after `]`")]
+    AfterBracket(String),
+    #[error("[{0}] is not an IPv6 address; brackets are for IPv6 only")]
+    NotIpv6(String),
+    #[error("{0:?}: `*` is allowed only as the whole host or as a leading `*.`")]
+    Wildcard(String),
+    #[error("{0:?} before `/` is not an IP address")]
+    NetAddress(String),
+    #[error("{bits:?} is not a prefix length (0 to {max})")]
+    Prefix { bits: String, max: u8 },
+}
+
 /// A DNS name, lowercased, without its trailing dot.
-fn check_name(host: &str) -> Result<String, String> {
+fn check_name(host: &str) -> Result<String, HostError> {
     let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
     if name.is_empty() {
-        return Err("the host name is empty".to_owned());
+        return Err(HostError::Empty);
     }
     if name.len() > MAX_NAME {
-        return Err(format!(
-            "the host name is longer than {MAX_NAME} characters"
-        ));
+        return Err(HostError::TooLong);
     }
     for label in name.split('.') {
         if label.is_empty() || label.len() > MAX_LABEL {
-            return Err(format!(
-                "{host:?} is not a host name (every label between dots has 1 to {MAX_LABEL} characters)"
-            ));
+            return Err(HostError::Label(host.to_owned()));
         }
         let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
         if !label.chars().all(ok) || label.starts_with('-') || label.ends_with('-') {
-            return Err(format!(
-                "{host:?} is not a host name (letters, digits, `-` and `_`; write an \
-                 internationalised name in its xn-- form)"
-            ));
+            return Err(HostError::Characters(host.to_owned()));
         }
     }
     if name
@@ -173,36 +201,31 @@ fn check_name(host: &str) -> Result<String, String> {
         .next()
         .is_some_and(|last| last.chars().all(|c| c.is_ascii_digit()))
     {
-        return Err(format!(
-            "{host:?} is not a host name (its last label is a number; resolvers read such names \
-             as addresses, so write the address out)"
-        ));
+        return Err(HostError::Numeric(host.to_owned()));
     }
     Ok(name)
 }
 
 /// Split `host:port`, `[v6]:port`, `[v6]`; a bare IPv6 address (two colons or more) has no port.
 /// The host keeps its brackets off; the port, when given, is 1 to 65535.
-pub fn split_port(text: &str) -> Result<(&str, Option<u16>), String> {
+pub fn split_port(text: &str) -> Result<(&str, Option<u16>), HostError> {
     let port = |p: &str| match p.parse::<u16>() {
         Ok(n) if n > 0 => Ok(Some(n)),
-        _ => Err(format!("{p:?} is not a port (1 to 65535)")),
+        _ => Err(HostError::Port(p.to_owned())),
     };
     if let Some(rest) = text.strip_prefix('[') {
         let Some((inside, after)) = rest.split_once(']') else {
-            return Err("`[` without its `]`".to_owned());
+            return Err(HostError::Bracket);
         };
         // Brackets are for IPv6 only (an address, or a network in a pattern).
         if !inside.contains(':') {
-            return Err(format!(
-                "[{inside}] is not an IPv6 address; brackets are for IPv6 only"
-            ));
+            return Err(HostError::NotIpv6(inside.to_owned()));
         }
         return match after {
             "" => Ok((inside, None)),
             _ => match after.strip_prefix(':') {
                 Some(p) => Ok((inside, port(p)?)),
-                None => Err(format!("unexpected {after:?} after `]`")),
+                None => Err(HostError::AfterBracket(after.to_owned())),
             },
         };
     }
@@ -218,10 +241,10 @@ pub fn split_port(text: &str) -> Result<(&str, Option<u16>), String> {
 
 impl HostPattern {
     /// Parse one pattern as written in a policy or given to `--allow-host`.
-    pub fn parse(text: &str) -> Result<HostPattern, String> {
+    pub fn parse(text: &str) -> Result<HostPattern, HostError> {
         let text = text.trim();
         if text.is_empty() {
-            return Err("the pattern is empty".to_owned());
+            return Err(HostError::Empty);
         }
         let (host, port) = split_port(text)?;
         let shape = if host == "*" {
@@ -229,17 +252,20 @@ impl HostPattern {
         } else if let Some(domain) = host.strip_prefix("*.") {
             Shape::Domain(check_name(domain)?)
         } else if host.contains('*') {
-            return Err(format!(
-                "{host:?}: `*` is allowed only as the whole host or as a leading `*.`"
-            ));
+            return Err(HostError::Wildcard(host.to_owned()));
         } else if let Some((addr, bits)) = host.split_once('/') {
             let addr = addr
                 .parse::<IpAddr>()
-                .map_err(|_| format!("{addr:?} before `/` is not an IP address"))?;
+                .map_err(|_| HostError::NetAddress(addr.to_owned()))?;
             let max = if addr.is_ipv4() { 32 } else { 128 };
             let prefix = match bits.parse::<u8>() {
                 Ok(p) if p <= max => p,
-                _ => return Err(format!("{bits:?} is not a prefix length (0 to {max})")),
+                _ => {
+                    return Err(HostError::Prefix {
+                        bits: bits.to_owned(),
+                        max,
+                    })
+                }
             };
             Shape::Net {
                 addr: mask(addr, prefix),
@@ -557,7 +583,7 @@ impl Egress {
                     port,
                     rule: "network.egress.invalid_host".to_owned(),
                     pattern: None,
-                    reason,
+                    reason: reason.to_string(),
                 }
             }
         };
