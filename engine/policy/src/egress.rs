@@ -126,7 +126,7 @@ impl Target {
             return Ok(Target::Addr(canonical_addr(addr)));
         }
         if bare.len() != host.len() {
-            return Err(HostError::NotIpv6(bare.to_owned()));
+            return Err(HostError::NotIpv6(shown(bare)));
         }
         check_name(host).map(Target::Name)
     }
@@ -178,6 +178,18 @@ pub enum HostError {
     Prefix { bits: String, max: u8 },
 }
 
+/// Most characters of a refused host kept in an error or a decision: a client can send a host
+/// of many kilobytes, and records of refused attempts must stay small.
+const SHOWN: usize = 128;
+
+/// `text` cut to [`SHOWN`] characters (marked with `…` when cut).
+fn shown(text: &str) -> String {
+    match text.char_indices().nth(SHOWN) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
 /// A DNS name, lowercased, without its trailing dot.
 fn check_name(host: &str) -> Result<String, HostError> {
     let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
@@ -189,11 +201,11 @@ fn check_name(host: &str) -> Result<String, HostError> {
     }
     for label in name.split('.') {
         if label.is_empty() || label.len() > MAX_LABEL {
-            return Err(HostError::Label(host.to_owned()));
+            return Err(HostError::Label(shown(host)));
         }
         let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
         if !label.chars().all(ok) || label.starts_with('-') || label.ends_with('-') {
-            return Err(HostError::Characters(host.to_owned()));
+            return Err(HostError::Characters(shown(host)));
         }
     }
     if name
@@ -201,7 +213,7 @@ fn check_name(host: &str) -> Result<String, HostError> {
         .next()
         .is_some_and(|last| last.chars().all(|c| c.is_ascii_digit()))
     {
-        return Err(HostError::Numeric(host.to_owned()));
+        return Err(HostError::Numeric(shown(host)));
     }
     Ok(name)
 }
@@ -211,7 +223,7 @@ fn check_name(host: &str) -> Result<String, HostError> {
 pub fn split_port(text: &str) -> Result<(&str, Option<u16>), HostError> {
     let port = |p: &str| match p.parse::<u16>() {
         Ok(n) if n > 0 => Ok(Some(n)),
-        _ => Err(HostError::Port(p.to_owned())),
+        _ => Err(HostError::Port(shown(p))),
     };
     if let Some(rest) = text.strip_prefix('[') {
         let Some((inside, after)) = rest.split_once(']') else {
@@ -219,13 +231,13 @@ pub fn split_port(text: &str) -> Result<(&str, Option<u16>), HostError> {
         };
         // Brackets are for IPv6 only (an address, or a network in a pattern).
         if !inside.contains(':') {
-            return Err(HostError::NotIpv6(inside.to_owned()));
+            return Err(HostError::NotIpv6(shown(inside)));
         }
         return match after {
             "" => Ok((inside, None)),
             _ => match after.strip_prefix(':') {
                 Some(p) => Ok((inside, port(p)?)),
-                None => Err(HostError::AfterBracket(after.to_owned())),
+                None => Err(HostError::AfterBracket(shown(after))),
             },
         };
     }
@@ -252,17 +264,17 @@ impl HostPattern {
         } else if let Some(domain) = host.strip_prefix("*.") {
             Shape::Domain(check_name(domain)?)
         } else if host.contains('*') {
-            return Err(HostError::Wildcard(host.to_owned()));
+            return Err(HostError::Wildcard(shown(host)));
         } else if let Some((addr, bits)) = host.split_once('/') {
             let addr = addr
                 .parse::<IpAddr>()
-                .map_err(|_| HostError::NetAddress(addr.to_owned()))?;
+                .map_err(|_| HostError::NetAddress(shown(addr)))?;
             let max = if addr.is_ipv4() { 32 } else { 128 };
             let prefix = match bits.parse::<u8>() {
                 Ok(p) if p <= max => p,
                 _ => {
                     return Err(HostError::Prefix {
-                        bits: bits.to_owned(),
+                        bits: shown(bits),
                         max,
                     })
                 }
@@ -579,7 +591,7 @@ impl Egress {
             Err(reason) => {
                 return EgressDecision {
                     action: Action::Deny,
-                    host: host.to_owned(),
+                    host: shown(host),
                     port,
                     rule: "network.egress.invalid_host".to_owned(),
                     pattern: None,

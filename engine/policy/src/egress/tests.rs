@@ -105,6 +105,16 @@ fn numeric_and_malformed_hosts_are_invalid() {
 }
 
 #[test]
+fn a_huge_refused_host_is_shown_cut() {
+    let e = egress(&["*"], &[], &[]);
+    let huge = format!("{}!", "a".repeat(60_000));
+    let d = e.decide(&huge, 443);
+    assert_eq!(d.rule, "network.egress.invalid_host");
+    assert!(d.host.chars().count() <= 129, "{}", d.host.len());
+    assert!(d.reason.len() < 300, "{}", d.reason.len());
+}
+
+#[test]
 fn bad_patterns_are_refused_with_a_reason() {
     for text in [
         "",
