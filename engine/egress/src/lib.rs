@@ -96,7 +96,7 @@ impl Default for ProxyConfig {
 pub enum Bind {
     /// A TCP address (tests and benchmarks; port 0 picks one).
     Tcp(SocketAddr),
-    /// A Unix socket at this path (created; it must not exist).
+    /// A Unix socket at this path (created with mode 0600; it must not exist).
     Unix(PathBuf),
 }
 
@@ -141,10 +141,20 @@ impl Proxy {
                 (Listener::Tcp(l), local, None)
             }
             Bind::Unix(path) => {
-                let l = UnixListener::bind(&path).map_err(|source| ProxyError::Bind {
+                let bind_error = |source| ProxyError::Bind {
                     what: path.display().to_string(),
                     source,
-                })?;
+                };
+                let l = UnixListener::bind(&path).map_err(bind_error)?;
+                // Connecting needs write permission on the socket: only agentdiff's user gets
+                // it, whatever the umask.
+                use std::os::unix::fs::PermissionsExt;
+                if let Err(e) =
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(bind_error(e));
+                }
                 (Listener::Unix(l), None, Some(path))
             }
         };

@@ -382,6 +382,9 @@ async fn stop_closes_open_tunnels_with_their_counts() {
     )
     .await
     .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     let mut c = tokio::net::UnixStream::connect(&socket).await.unwrap();
     let req = format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", server.port());
     c.write_all(req.as_bytes()).await.unwrap();
