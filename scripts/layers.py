@@ -36,19 +36,24 @@ ALLOWED = {
     # The egress proxy decides with the policy's network.egress and needs nothing else.
     "agentdiff-egress": {"agentdiff-policy"},
     "agentdiff-scan": {"agentdiff-policy", "agentdiff-host"},
+    # The store seals the egress proxy's connection log (its types are the egress crate's).
     "agentdiff-store": {
-        "agentdiff-scan", "agentdiff-policy", "agentdiff-backend-api", "agentdiff-host",
+        "agentdiff-scan", "agentdiff-policy", "agentdiff-egress", "agentdiff-backend-api",
+        "agentdiff-host",
     },
     "agentdiff-engine": {
-        "agentdiff-store", "agentdiff-scan", "agentdiff-policy", "agentdiff-plugins",
+        "agentdiff-store", "agentdiff-scan", "agentdiff-policy", "agentdiff-egress",
+        "agentdiff-plugins",
         "agentdiff-process", "agentdiff-backend-api", "agentdiff-host",
     },
     "agentdiff-report": {
         "agentdiff-engine", "agentdiff-store", "agentdiff-scan", "agentdiff-policy",
+        "agentdiff-egress",
         "agentdiff-plugins", "agentdiff-backend-api", "agentdiff-host",
     },
     "agentdiff-conformance": {
         "agentdiff-engine", "agentdiff-store", "agentdiff-scan", "agentdiff-policy",
+        "agentdiff-egress",
         "agentdiff-plugins", "agentdiff-process", "agentdiff-backend-api", "agentdiff-host",
     },
     # The CLI links everything, built-in backends included (that is how they register).

@@ -203,6 +203,7 @@ pub fn spec_for(scratch: &Scratch, inv: &Invocation, run_id: &str) -> LaunchSpec
         options: inv.options.clone(),
         deny_patterns: Vec::new(),
         git_dirs: Vec::new(),
+        egress_proxy: None,
     }
 }
 

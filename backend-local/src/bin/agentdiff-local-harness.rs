@@ -85,6 +85,7 @@ async fn run(a: Args) -> Result<ExitCode, String> {
         options,
         deny_patterns: Vec::new(),
         git_dirs: Vec::new(),
+        egress_proxy: None,
     };
     let backend = LocalBackend::new();
     let prepared = backend.prepare(&spec).map_err(|e| e.to_string())?;

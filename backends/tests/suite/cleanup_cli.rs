@@ -82,7 +82,10 @@ fn capsule(root: &Path, run: &str, ids: &[ProcessIdentity]) -> PathBuf {
         ..RunEvidence::default()
     };
     capsule
-        .write_artifact(Artifact::Runtime, &RuntimeDoc::launched(&evidence, &[]))
+        .write_artifact(
+            Artifact::Runtime,
+            &RuntimeDoc::launched(&evidence, &[], None),
+        )
         .unwrap();
     seal_authenticated(root, &capsule);
     capsule.dir().to_path_buf()

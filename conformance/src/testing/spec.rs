@@ -42,6 +42,7 @@ where
             options: BackendOptions::new(),
             deny_patterns: Vec::new(),
             git_dirs: Vec::new(),
+            egress_proxy: None,
         },
     }
 }

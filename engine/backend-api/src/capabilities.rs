@@ -16,6 +16,10 @@ pub enum Level {
     /// The control was handed to an external tool (a sandbox, a container engine) whose effect was
     /// not verified here.
     Requested,
+    /// Only for the network: agentdiff's egress proxy decided every connection the command could
+    /// make (the host allowlist, `network.egress`), in a sandbox with no other route out. Below
+    /// `enforced`, which for the network means no network at all.
+    Filtered,
     /// agentdiff applies the control itself, or a probe proved it in this environment.
     Enforced,
 }
@@ -26,6 +30,7 @@ impl Level {
             Level::Uncontrolled => "uncontrolled",
             Level::Observed => "observed",
             Level::Requested => "requested",
+            Level::Filtered => "filtered",
             Level::Enforced => "enforced",
         }
     }
@@ -212,7 +217,8 @@ mod tests {
     fn levels_order_weakest_first() {
         assert!(Level::Uncontrolled < Level::Observed);
         assert!(Level::Observed < Level::Requested);
-        assert!(Level::Requested < Level::Enforced);
+        assert!(Level::Requested < Level::Filtered);
+        assert!(Level::Filtered < Level::Enforced);
     }
 
     #[test]

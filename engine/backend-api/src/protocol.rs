@@ -366,6 +366,7 @@ impl WireSpec {
             options: options_from_wire(&self.options),
             deny_patterns: Vec::new(),
             git_dirs: Vec::new(),
+            egress_proxy: None,
         })
     }
 }
@@ -654,6 +655,7 @@ mod tests {
             )])),
             deny_patterns: Vec::new(),
             git_dirs: Vec::new(),
+            egress_proxy: None,
         };
         let wire = WireSpec::from_spec(&spec).unwrap();
         let text =

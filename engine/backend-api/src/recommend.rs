@@ -50,6 +50,7 @@ fn points(level: Level) -> u32 {
         Level::Uncontrolled => 0,
         Level::Observed => 1,
         Level::Requested => 2,
+        Level::Filtered => 3,
         Level::Enforced => 4,
     }
 }

@@ -116,6 +116,12 @@ pub struct LaunchSpec {
     /// the caller did not look (the preflight check, tests). In-process only, like
     /// `deny_patterns`: not on the wire.
     pub git_dirs: Vec<PathBuf>,
+    /// The Unix socket of agentdiff's egress proxy for this run, when the policy's
+    /// `network.egress` allows anything (the transaction started the proxy in a private 0700
+    /// directory). A backend that labels its network `filtered` routes the command's traffic
+    /// through it and nowhere else. In-process only: the external protocol does not carry it, so
+    /// an external backend is never labelled `filtered`.
+    pub egress_proxy: Option<PathBuf>,
 }
 
 /// The process a backend starts: program, arguments, environment and working directory.

@@ -858,6 +858,7 @@ mod tests {
             options,
             deny_patterns: Vec::new(),
             git_dirs: Vec::new(),
+            egress_proxy: None,
         };
         let command = LaunchCommand {
             program: "sh".into(),

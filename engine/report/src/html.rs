@@ -578,6 +578,37 @@ fn processes(s: &mut String, v: &RunView) {
     ports(s, ev);
 }
 
+/// The egress proxy's hosts, denied first.
+fn network(s: &mut String, v: &RunView) {
+    let Some(net) = rows::network_rows(v.runtime.as_ref()) else {
+        return;
+    };
+    let _ = write!(
+        s,
+        "<section aria-labelledby=\"h-network\"><h2 id=\"h-network\">Network</h2><p>{}</p>\
+         <table id=\"network\"><thead><tr><th scope=\"col\">Host</th><th scope=\"col\">\
+         Denied</th><th scope=\"col\">Allowed</th><th scope=\"col\">Bytes up / down</th>\
+         </tr></thead><tbody>",
+        escape(&net.headline())
+    );
+    for h in &net.hosts {
+        let _ = write!(
+            s,
+            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{} / {}</td></tr>",
+            escape(&h.host),
+            h.denied,
+            h.allowed,
+            h.bytes_up,
+            h.bytes_down
+        );
+    }
+    s.push_str("</tbody></table>");
+    if net.more_hosts > 0 {
+        s.push_str("<p>More hosts are listed in <code>runtime.json</code>.</p>");
+    }
+    s.push_str("</section>\n");
+}
+
 fn containers(s: &mut String, ev: &RunEvidence) {
     let found = rows::container_rows(ev);
     if found.is_empty() {
@@ -717,6 +748,7 @@ pub fn render(v: &RunView, diffs: &[ChangeDiff], back: Option<&str>) -> String {
         "Evidence findings, limits and warnings",
         &rows::finding_rows(&v.result),
     );
+    network(&mut s, v);
     diff_sections(&mut s, v, diffs);
     blast_radius(&mut s, v);
     processes(&mut s, v);

@@ -373,6 +373,36 @@ fn findings(s: &mut String, v: &RunView) {
     finding_table(s, "Evidence findings", &rows::finding_rows(&v.result));
 }
 
+/// The egress proxy's hosts, denied first.
+fn network(s: &mut String, v: &RunView) {
+    let Some(net) = rows::network_rows(v.runtime.as_ref()) else {
+        return;
+    };
+    let _ = writeln!(s, "**Network** — {}\n", escape(&net.headline()));
+    let cells: Vec<Vec<String>> = net
+        .hosts
+        .iter()
+        .map(|h| {
+            vec![
+                format!("`{}`", escape(&h.host)),
+                h.denied.to_string(),
+                h.allowed.to_string(),
+                format!("{} / {}", h.bytes_up, h.bytes_down),
+            ]
+        })
+        .collect();
+    table(
+        s,
+        "Hosts",
+        false,
+        &["Host", "Denied", "Allowed", "Bytes up / down"],
+        &cells,
+    );
+    if net.more_hosts > 0 {
+        let _ = writeln!(s, "More hosts are listed in `runtime.json`.\n");
+    }
+}
+
 fn recovery(s: &mut String, v: &RunView) {
     let r = &v.result;
     let _ = writeln!(s, "**Rollback**\n");
@@ -429,6 +459,7 @@ pub fn render(v: &RunView) -> String {
     blast_radius(&mut s, v);
     process_evidence(&mut s, v);
     findings(&mut s, v);
+    network(&mut s, v);
     recovery(&mut s, v);
     s
 }

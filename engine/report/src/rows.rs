@@ -1,6 +1,7 @@
 //! The rows every surface shows for a run's findings, built once: what changed under
 //! `.agentdiff/` during the run (capsule tampering, deny), the evidence findings, exceeded limits,
-//! observation warnings, and the containers started during the run.
+//! observation warnings, the containers started during the run, and the hosts the egress proxy
+//! was asked for.
 //!
 //! Invariant: cells are the capsule's recorded text, unescaped; each surface passes every cell
 //! through its one escaping function. No surface builds these rows itself, so a finding shown on
@@ -93,4 +94,80 @@ pub fn container_rows(ev: &RunEvidence) -> Vec<ContainerRow> {
             attributed: c.attributed,
         })
         .collect()
+}
+
+/// Hosts listed at most on a surface; the rest are counted (runtime.json has them all, bounded).
+pub const MAX_HOST_ROWS: usize = 10;
+
+/// One host the run's egress proxy was asked for (recorded text, unescaped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRow {
+    pub host: String,
+    pub allowed: u64,
+    pub denied: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+}
+
+impl HostRow {
+    /// `denied 2, allowed 1: example.com (10 B up, 2048 B down)`.
+    pub fn line(&self) -> String {
+        format!(
+            "denied {}, allowed {}: {} ({} B up, {} B down)",
+            self.denied, self.allowed, self.host, self.bytes_up, self.bytes_down
+        )
+    }
+}
+
+/// The egress proxy's connections: totals, then the hosts with denied attempts first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkRows {
+    pub total: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    /// At most [`MAX_HOST_ROWS`], hosts with refused attempts first, then by attempts.
+    pub hosts: Vec<HostRow>,
+    /// Hosts not listed here (beyond the rows, or beyond the log's own bound).
+    pub more_hosts: u64,
+}
+
+impl NetworkRows {
+    /// `egress proxy: 5 connection attempts, 2 denied, 3 allowed`.
+    pub fn headline(&self) -> String {
+        format!(
+            "egress proxy: {} connection attempt(s), {} denied, {} allowed",
+            self.total, self.denied, self.allowed
+        )
+    }
+}
+
+/// The run's egress rows, when it had the proxy.
+pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<NetworkRows> {
+    let log = &runtime?.network()?.egress;
+    let mut hosts: Vec<HostRow> = log
+        .hosts
+        .iter()
+        .map(|h| HostRow {
+            host: h.host.clone(),
+            allowed: h.allowed,
+            denied: h.denied,
+            bytes_up: h.bytes_up,
+            bytes_down: h.bytes_down,
+        })
+        .collect();
+    hosts.sort_by(|a, b| {
+        (b.denied > 0)
+            .cmp(&(a.denied > 0))
+            .then((b.denied + b.allowed).cmp(&(a.denied + a.allowed)))
+            .then(a.host.cmp(&b.host))
+    });
+    let beyond_rows = hosts.len().saturating_sub(MAX_HOST_ROWS) as u64;
+    hosts.truncate(MAX_HOST_ROWS);
+    Some(NetworkRows {
+        total: log.total,
+        allowed: log.allowed,
+        denied: log.denied,
+        hosts,
+        more_hosts: beyond_rows + u64::from(log.hosts_omitted > 0),
+    })
 }

@@ -303,6 +303,20 @@ fn seal_lines(s: &mut String, v: &RunView) {
     }
 }
 
+/// The egress proxy's hosts, denied first (at most [`rows::MAX_HOST_ROWS`]).
+fn network_lines(s: &mut String, v: &RunView) {
+    let Some(net) = rows::network_rows(v.runtime.as_ref()) else {
+        return;
+    };
+    let _ = writeln!(s, "  {}", escape_terminal(&net.headline()));
+    for h in &net.hosts {
+        let _ = writeln!(s, "    {}", escape_terminal(&h.line()));
+    }
+    if net.more_hosts > 0 {
+        let _ = writeln!(s, "    … and more hosts (see runtime.json)");
+    }
+}
+
 /// The end-of-run summary: what happened at a glance, then each change. The facts shared with
 /// the markdown report (policy outcome, recovery) come from [`RunView`].
 pub fn run_summary(v: &RunView) -> String {
@@ -322,6 +336,7 @@ pub fn run_summary(v: &RunView) -> String {
     tamper_lines(&mut s, r);
     change_lines(&mut s, r);
     evidence_lines(&mut s, r, &v.id);
+    network_lines(&mut s, v);
     let b = &r.blast_radius;
     let _ = writeln!(s, "  blast radius: {} ({}/100)", b.level.as_str(), b.score);
     let outcome = v

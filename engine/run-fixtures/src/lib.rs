@@ -216,6 +216,7 @@ pub fn write_run_docs(
         private_workspace: run.capabilities.workspace == WorkspaceMode::Private,
         verified_controls: &[],
         capsule_tampered: &[],
+        network: None,
         git_dirs: &[],
     };
     let mut result = decide::decide(&evidence, frame);
@@ -228,7 +229,7 @@ pub fn write_run_docs(
     )?;
     let policy_doc = PolicyDoc::of(loaded).map_err(FixtureError::PolicyDoc)?;
     capsule.write_artifact(Artifact::Policy, &policy_doc)?;
-    capsule.write_artifact(Artifact::Runtime, &RuntimeDoc::launched(run, &[]))?;
+    capsule.write_artifact(Artifact::Runtime, &RuntimeDoc::launched(run, &[], None))?;
     capsule.write_artifact(Artifact::Result, &result)?;
     Ok(result)
 }

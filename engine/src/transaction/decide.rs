@@ -42,6 +42,8 @@ pub struct Evidence<'a> {
     /// The git directories and `.git` files below the root found before the launch
     /// (root-relative): a change below one is decided as git metadata.
     pub git_dirs: &'a [String],
+    /// What the run's egress proxy saw (a refused connection is a review finding).
+    pub network: Option<&'a agentdiff_store::NetworkEvidence>,
 }
 
 /// Identity and timing of the run, taken by the caller so the decision stays pure.
@@ -65,6 +67,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
     let mut findings = evidence_findings(ev.run);
+    findings.extend(super::findings::egress_findings(ev.network));
     findings.extend(classify_uncaptured(ev.policy, &ev.comparison.unsupported));
     findings.extend(classify_incomplete(&ev.comparison.incomplete));
     findings.extend(classify_programs(

@@ -11,6 +11,9 @@
 //!   run's processes was created during the run. Containers merely created during the run window
 //!   by someone are counted in the summary (`containers_started`) without a finding, since they
 //!   are not attributable to the command.
+//! - `egress_denied` (review): the run's egress proxy refused connections to a host
+//!   (`network.egress`); one finding per host (the log's per-host counts are bounded, so are
+//!   these), whatever the rule that refused it.
 
 use agentdiff_backend_api::RunEvidence;
 use agentdiff_policy::Action;
@@ -80,6 +83,52 @@ pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
             ),
             process: None,
             container: Some(c.id.clone()),
+        });
+    }
+    out
+}
+
+/// One `egress_denied` finding per host the egress proxy refused, and one more when refused
+/// attempts went to hosts beyond the log's host bound.
+pub fn egress_findings(network: Option<&agentdiff_store::NetworkEvidence>) -> Vec<EvidenceFinding> {
+    let Some(log) = network.map(|n| &n.egress) else {
+        return Vec::new();
+    };
+    let mut out: Vec<EvidenceFinding> = log
+        .hosts
+        .iter()
+        .filter(|h| h.denied > 0)
+        .map(|h| {
+            let rule = log
+                .records
+                .iter()
+                .find(|r| r.host == h.host && r.action == Action::Deny)
+                .map(|r| format!(" ({}: {})", r.rule, r.reason))
+                .unwrap_or_default();
+            EvidenceFinding {
+                kind: "egress_denied".into(),
+                action: Action::Review,
+                detail: format!(
+                    "{} connection attempt(s) to {} refused by network.egress{}",
+                    h.denied,
+                    agentdiff_host::redact::escape_terminal(&h.host),
+                    agentdiff_host::redact::escape_terminal(&rule)
+                ),
+                process: None,
+                container: None,
+            }
+        })
+        .collect();
+    if log.hosts_omitted > 0 && log.denied > out.len() as u64 {
+        out.push(EvidenceFinding {
+            kind: "egress_denied".into(),
+            action: Action::Review,
+            detail: format!(
+                "attempts to {} more host(s) beyond the log's bound; {} refused in all",
+                log.hosts_omitted, log.denied
+            ),
+            process: None,
+            container: None,
         });
     }
     out
@@ -199,6 +248,44 @@ mod tests {
             ..f[0].clone()
         };
         assert_eq!(with_findings(Action::Deny, &[review]), Action::Deny);
+    }
+
+    #[test]
+    fn each_refused_host_is_one_review_finding() {
+        use agentdiff_egress::{EgressLog, HostCount};
+        let host = |name: &str, allowed, denied| HostCount {
+            host: name.into(),
+            allowed,
+            denied,
+            ..HostCount::default()
+        };
+        let network = agentdiff_store::NetworkEvidence {
+            egress: EgressLog {
+                total: 6,
+                allowed: 2,
+                denied: 4,
+                hosts: vec![
+                    host("a.test", 2, 0),
+                    host("b.test", 0, 3),
+                    host("c.test", 0, 1),
+                ],
+                ..EgressLog::default()
+            },
+        };
+        let f = egress_findings(Some(&network));
+        let got: Vec<(&str, Action, bool)> = f
+            .iter()
+            .map(|f| (f.kind.as_str(), f.action, f.detail.starts_with("3 ")))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("egress_denied", Action::Review, true),
+                ("egress_denied", Action::Review, false)
+            ]
+        );
+        assert!(f[0].detail.contains("b.test") && f[1].detail.contains("c.test"));
+        assert!(egress_findings(None).is_empty());
     }
 
     #[test]

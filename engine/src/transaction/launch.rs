@@ -44,6 +44,8 @@ pub(super) struct Launcher<'a, 'r> {
     /// The git directories, found in the tree before the command can change it: the sandbox
     /// keeps them read-only, and a change below one is decided as git metadata.
     pub git_dirs: &'a agentdiff_host::git_dirs::GitDirs,
+    /// The egress proxy's socket, when the run has one.
+    pub egress_proxy: Option<PathBuf>,
 }
 
 impl Launcher<'_, '_> {
@@ -81,6 +83,7 @@ impl Launcher<'_, '_> {
                 options: self.options.clone(),
                 deny_patterns: policy.deny_patterns(),
                 git_dirs: self.git_dirs.paths(),
+                egress_proxy: self.egress_proxy.clone(),
             },
             env_evidence: env_plan.evidence,
         }

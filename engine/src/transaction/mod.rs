@@ -20,6 +20,7 @@
 mod capture;
 mod classify;
 pub mod decide;
+mod egress;
 mod findings;
 mod fingerprints;
 mod guard;
@@ -77,6 +78,8 @@ pub enum TransactionError {
     EffectivePolicy(#[source] serde_json::Error),
     #[error("could not prepare the private workspace: {0}")]
     Workspace(#[source] crate::workspace::WorkspaceError),
+    #[error("{0}; the command was not started (network.egress needs agentdiff's proxy)")]
+    Egress(#[from] egress::EgressError),
 }
 
 /// Progress callback for long scans (phase name, progress).
@@ -172,6 +175,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let state_dir = req.state_dir.clone().map_or_else(StateDir::from_env, Ok)?;
     let authority = SealAuthority::open(&state_dir, &root)?;
     let store = Store::open(&root)?;
+    // Before the capsule exists: a proxy that cannot start leaves nothing half-made.
+    let proxy = egress::RunProxy::start(policy)?;
     // Objects found intact by earlier runs (MAC'd with the key) are not hashed again.
     store.objects().load_verified_cache(authority.key());
     let capsule = store.create_run_unnoted(req.run_id.as_deref())?;
@@ -190,6 +195,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         timeout,
         key: authority.key(),
         git_dirs: &git_dirs,
+        egress_proxy: proxy.as_ref().map(|p| p.socket().to_path_buf()),
     };
     // A backend that holds the start is launched first: its sandbox is set up while the capsule
     // is opened and the tree captured; the command runs only after the store snapshot below.
@@ -249,6 +255,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Some((plan, started)) => started.finish(&plan, &capsule, authority.key()).await,
         None => launcher.launch(workdir.clone()).await,
     };
+    // The command has ended: nothing more can connect through the proxy.
+    let network = proxy.map(egress::RunProxy::stop);
     let evidence = match launched {
         Ok(evidence) => evidence,
         Err(launch::LaunchFailure::Lost(evidence)) => record_lost(&capsule, *evidence)?,
@@ -266,7 +274,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     };
     let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
     capsule_tampered.apply(&mut before, &mut referenced);
-    record_exited(&sealer, &evidence, &req.verified_controls)?;
+    record_exited(&sealer, &evidence, &req.verified_controls, network.clone())?;
     // Capture after. The command has run: a capture that fails (the store's disk is full, or the
     // command broke the store) still ends in a sealed capsule that says so, never in no result.
     let store_untouched = capsule_tampered.findings.is_empty();
@@ -303,6 +311,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         verified_controls: &req.verified_controls,
         capsule_tampered: &capsule_tampered.findings,
         git_dirs: &git_dirs.relative_to(&root),
+        network: network.as_ref(),
     };
     let result = decide::decide(&evidence_in, sealer.frame());
     let outcome = sealer.seal(result, &referenced, None)?;
@@ -602,8 +611,9 @@ fn record_exited(
     sealer: &Sealer<'_>,
     evidence: &RunEvidence,
     verified_controls: &[VerifiedControl],
+    network: Option<agentdiff_store::NetworkEvidence>,
 ) -> Result<(), TransactionError> {
-    sealer.write_runtime(RuntimeDoc::launched(evidence, verified_controls))?;
+    sealer.write_runtime(RuntimeDoc::launched(evidence, verified_controls, network))?;
     sealer.capsule.event(
         "exited",
         json!({
@@ -649,7 +659,7 @@ fn materialize_workspace(store: &Store, capsule: &Capsule) -> Result<PathBuf, Tr
 
 /// `runtime.json` as stored for this evidence (see [`RuntimeDoc::launched`]), as JSON.
 pub fn runtime_document(evidence: &RunEvidence) -> serde_json::Value {
-    serde_json::to_value(RuntimeDoc::launched(evidence, &[])).unwrap_or_else(|_| json!({}))
+    serde_json::to_value(RuntimeDoc::launched(evidence, &[], None)).unwrap_or_else(|_| json!({}))
 }
 
 #[cfg(unix)]

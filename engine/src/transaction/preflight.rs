@@ -71,6 +71,7 @@ pub fn check_request(
         options,
         deny_patterns: policy.deny_patterns(),
         git_dirs: Vec::new(),
+        egress_proxy: None,
     };
     match backend.check(&spec) {
         Err(e @ (BackendError::InvalidRequest { .. } | BackendError::Option(_))) => Err(e),

@@ -146,6 +146,7 @@ impl Case {
             private_workspace: self.private_workspace,
             verified_controls: &[],
             capsule_tampered: &self.tampered,
+            network: None,
             git_dirs: &[],
         };
         decide::decide(&ev, frame())
@@ -172,6 +173,7 @@ fn decide_clean_exit(
         private_workspace: false,
         verified_controls: &[],
         capsule_tampered: &[],
+        network: None,
         git_dirs: &[],
     };
     decide::decide(&ev, frame())

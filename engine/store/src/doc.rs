@@ -111,6 +111,17 @@ pub struct LaunchedRuntime {
     /// Controls a recorded probe verified here (empty unless the run was given probe records).
     #[serde(default)]
     pub verified_controls: Vec<VerifiedControl>,
+    /// What agentdiff's egress proxy saw, when the run had one (`network.egress` allowed
+    /// anything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkEvidence>,
+}
+
+/// `runtime.json`'s `network`: the connections the run's egress proxy decided.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetworkEvidence {
+    /// Every connection attempt through the proxy, bounded (see [`agentdiff_egress::EgressLog`]).
+    pub egress: agentdiff_egress::EgressLog,
 }
 
 /// A run whose command was never launched.
@@ -146,7 +157,11 @@ pub enum AvailabilityState {
 impl RuntimeDoc {
     /// The stored form of a backend's evidence: the wrapper argv redacted, sensitive keys in
     /// `runtime_config` and `wrapper` redacted.
-    pub fn launched(evidence: &RunEvidence, verified_controls: &[VerifiedControl]) -> RuntimeDoc {
+    pub fn launched(
+        evidence: &RunEvidence,
+        verified_controls: &[VerifiedControl],
+        network: Option<NetworkEvidence>,
+    ) -> RuntimeDoc {
         let mut evidence = evidence.clone();
         if let Some(argv) = &evidence.wrapper_argv {
             evidence.wrapper_argv = Some(redact::redact_argv(argv));
@@ -160,6 +175,7 @@ impl RuntimeDoc {
             launched: true,
             evidence,
             verified_controls: verified_controls.to_vec(),
+            network,
         }))
     }
 
@@ -201,6 +217,14 @@ impl RuntimeDoc {
     pub fn evidence(&self) -> Option<&RunEvidence> {
         match self {
             RuntimeDoc::Launched(l) => Some(&l.evidence),
+            RuntimeDoc::NotLaunched(_) => None,
+        }
+    }
+
+    /// What the run's egress proxy saw, when it had one.
+    pub fn network(&self) -> Option<&NetworkEvidence> {
+        match self {
+            RuntimeDoc::Launched(l) => l.network.as_ref(),
             RuntimeDoc::NotLaunched(_) => None,
         }
     }
@@ -331,6 +355,7 @@ mod tests {
                 ..RunEvidence::default()
             },
             &[],
+            None,
         );
         let value = serde_json::to_value(&launched).unwrap();
         assert_eq!(value["launched"], Value::Bool(true));

@@ -55,8 +55,8 @@ pub use capsule::{
     now_rfc3339_millis, Artifact, Capsule, HistoryName, RecoveryArtifact, MAX_ARTIFACT_BYTES,
 };
 pub use doc::{
-    recorded_policy, Event, LaunchFacts, LaunchedRuntime, NotLaunched, PolicyDoc, RuntimeDoc,
-    Unavailable,
+    recorded_policy, Event, LaunchFacts, LaunchedRuntime, NetworkEvidence, NotLaunched, PolicyDoc,
+    RuntimeDoc, Unavailable,
 };
 pub use error::StoreError;
 pub use integrity::{

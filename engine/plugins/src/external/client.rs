@@ -23,8 +23,8 @@ use agentdiff_backend_api::protocol::{
 };
 use agentdiff_backend_api::{
     Availability, BackendError, BackendFacts, Capabilities, CleanupOutcome, CleanupReport,
-    Enforcement, LaunchContext, LaunchFacts, LaunchSpec, PreparedLaunch, ProcessIdentity, Result,
-    RunEvidence, RunningCommand, RuntimeBackend, StdioMode,
+    Enforcement, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
+    Result, RunEvidence, RunningCommand, RuntimeBackend, StdioMode,
 };
 use agentdiff_process::cleanup_host_processes;
 
@@ -246,9 +246,17 @@ impl RuntimeBackend for ExternalBackend {
                 ),
             }));
         }
+        let capabilities = self.fetch_capabilities(&spec.options);
+        if capabilities.network == Level::Filtered {
+            return Err(self.error(ExternalError::Protocol {
+                id: self.id.into(),
+                path: self.plugin.path.clone(),
+                message: FILTERED_REFUSED.to_string(),
+            }));
+        }
         let plan = Plan {
             command: command.clone(),
-            capabilities: self.fetch_capabilities(&spec.options),
+            capabilities,
         };
         let mut prepared = PreparedLaunch::new(self.id, spec, launch_command, enforcement, plan)
             .with_runtime_config(runtime_config);
@@ -638,6 +646,12 @@ fn session_wire(plugin: &Plugin, e: agentdiff_backend_api::protocol::WireError) 
     }
 }
 
+/// Why a plugin's `filtered` network label is refused: the protocol does not hand a plugin
+/// agentdiff's egress proxy, so no external backend can route a command through it.
+const FILTERED_REFUSED: &str = "it labels its network `filtered`, which only agentdiff's own \
+     egress proxy can make true; the backend protocol does not carry the proxy to external \
+     backends, so an external backend may claim at most `requested` for the network";
+
 /// The first label in `report` above what was declared, if any.
 fn overclaim(
     report: &ExitReport,
@@ -650,6 +664,9 @@ fn overclaim(
         }
     }
     let caps = report.capabilities.as_ref()?;
+    if caps.network == Level::Filtered {
+        return Some(FILTERED_REFUSED.into());
+    }
     for b in agentdiff_backend_api::Boundary::ALL {
         if caps.level(b) > declared.level(b) {
             return Some(format!(
@@ -736,7 +753,6 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentdiff_backend_api::Level;
 
     #[test]
     fn exit_reports_may_not_raise_labels() {
@@ -761,5 +777,22 @@ mod tests {
             ..declared.clone()
         });
         assert!(overclaim(&report, &declared, Enforcement::None).is_some());
+    }
+
+    #[test]
+    fn a_filtered_network_is_refused_even_below_what_was_declared() {
+        let declared = Capabilities {
+            network: Level::Enforced,
+            ..Capabilities::default()
+        };
+        let report = ExitReport {
+            capabilities: Some(Capabilities {
+                network: Level::Filtered,
+                ..declared.clone()
+            }),
+            ..ExitReport::default()
+        };
+        let claim = overclaim(&report, &declared, Enforcement::None).unwrap();
+        assert!(claim.contains("`filtered`"), "{claim}");
     }
 }

@@ -143,6 +143,7 @@ fn spec(dir: &Path) -> LaunchSpec {
         options: BackendOptions::new(),
         deny_patterns: Vec::new(),
         git_dirs: Vec::new(),
+        egress_proxy: None,
     }
 }
 
