@@ -35,16 +35,17 @@ pub fn capabilities() -> Capabilities {
     capabilities_for(Network::None)
 }
 
-/// The labels for a planned network mode: with the host network, network is `uncontrolled`.
+/// The labels for a planned network mode: with the host network, network is `uncontrolled`;
+/// filtered (the egress proxy the only route out) is `filtered`, no network at all `enforced`.
 pub fn capabilities_for(network: Network) -> Capabilities {
-    let enforced_net = network == Network::None;
+    let enforced_net = network.unshared();
     Capabilities {
         filesystem_writes: Level::Enforced,
         host_repository: Level::Observed,
-        network: if enforced_net {
-            Level::Enforced
-        } else {
-            Level::Uncontrolled
+        network: match network {
+            Network::None => Level::Enforced,
+            Network::Filtered => Level::Filtered,
+            Network::Host => Level::Uncontrolled,
         },
         processes: Level::Enforced,
         resources: Level::Uncontrolled,
@@ -158,7 +159,7 @@ fn runtime_config(plan: &Plan) -> Value {
 
 fn namespaces(network: Network) -> Vec<&'static str> {
     let mut n = vec!["mount", "pid", "ipc", "uts"];
-    if network == Network::None {
+    if network.unshared() {
         n.push("net");
     }
     n
@@ -214,10 +215,14 @@ fn controls(plan: &Plan) -> BTreeMap<String, Control> {
         })
         .map(|m| m.path.to_string_lossy().into_owned())
         .collect();
-    let network_how = if plan.network == Network::None {
-        "network namespace unshared (loopback only)"
-    } else {
-        "host network (runtime.bwrap.network: host)"
+    let network_how = match plan.network {
+        Network::None => "network namespace unshared (loopback only)",
+        Network::Filtered => {
+            "network namespace unshared; the only route out is agentdiff's egress proxy \
+             (network.egress), through its Unix socket and a forwarder on 127.0.0.1, with the \
+             proxy variables set"
+        }
+        Network::Host => "host network (runtime.bwrap.network: host)",
     };
     let terminal_how = if plan.new_session {
         "new session (no controlling terminal); TIOCSTI and TIOCLINUX refused by a seccomp filter"
@@ -284,6 +289,7 @@ impl RuntimeBackend for BwrapBackend {
     fn capabilities(&self, options: &BackendOptions) -> Capabilities {
         match options.get(OPT_NETWORK) {
             Some("host") => capabilities_for(Network::Host),
+            Some("filtered") => capabilities_for(Network::Filtered),
             _ => capabilities(),
         }
     }
@@ -365,6 +371,17 @@ impl RuntimeBackend for BwrapBackend {
         env.push((exec_shim::ENV_HOST_NAMESPACES.into(), host_ns.into()));
         // The shim waits at the gate until the launch is released (at once when not held).
         env.push((start_gate::ENV_START_GATE.into(), plan.gate.clone().into()));
+        // The shim starts the egress forwarder before the command (filtered network only).
+        if let Some(socket) = &plan.egress {
+            let forward = exec_shim::forward::ForwardSpec {
+                port: plan::EGRESS_PORT,
+                socket: socket.clone(),
+            };
+            env.push((
+                exec_shim::forward::ENV_EGRESS_FORWARD.into(),
+                forward.env_value(),
+            ));
+        }
         let command = LaunchCommand {
             program: plan.bwrap.as_os_str().to_os_string(),
             args: plan.args.clone(),
@@ -405,6 +422,7 @@ impl RuntimeBackend for BwrapBackend {
             limits: LIMITS.iter().map(|s| s.to_string()).collect(),
             start: None,
             sandbox_init: None,
+            egress_forwarder: None,
         };
         let env_dropped = plan.env_dropped.clone();
         let gate = Some(plan.gate.as_path());
@@ -481,7 +499,15 @@ impl RunningCommand for BwrapRunning {
             env.dropped.dedup();
         }
         wrapper.sandbox_init = discount_sandbox_init(&mut evidence, root_pid);
-        if network == Network::None {
+        if network == Network::Filtered {
+            let init = wrapper.sandbox_init.as_ref().map(|i| i.pid);
+            let shim = Path::new(&wrapper.exec_shim).file_name();
+            let shim = shim.map(|n| n.to_string_lossy().into_owned());
+            wrapper.egress_forwarder = init
+                .zip(shim)
+                .and_then(|(init, shim)| discount_forwarder(&mut evidence, init, &shim));
+        }
+        if network.unshared() {
             evidence.ports.note = PORTS_ISOLATED_NOTE.into();
         }
         // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
@@ -523,19 +549,27 @@ fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<Sa
         .iter()
         .find(|p| p.identity.pid == root_pid)
         .map(|p| p.ppid);
-    let mut inits = evidence.processes.iter_mut().filter(|p| {
+    discount_one(evidence, |p| {
         let placed = p.ppid == root_pid
             || (p.relation == ProcessRelation::Reparented && Some(p.ppid) == monitor);
         placed && p.executable == "bwrap" && p.identity.pid != root_pid
-    });
-    let init = inits.next()?;
-    if inits.next().is_some() {
-        // More than one child of the outer bwrap is not bwrap's layout: count them all.
+    })
+}
+
+/// The one process `is_it` picks (none when more than one does: not the layout expected),
+/// taken out of the leftovers and their cleanup records.
+fn discount_one(
+    evidence: &mut RunEvidence,
+    is_it: impl Fn(&agentdiff_backend_api::ProcessRecord) -> bool,
+) -> Option<SandboxInit> {
+    let mut found = evidence.processes.iter_mut().filter(|p| is_it(p));
+    let process = found.next()?;
+    if found.next().is_some() {
         return None;
     }
-    let was_alive = init.alive_after_root_exit;
-    init.alive_after_root_exit = false;
-    let identity = init.identity.clone();
+    let was_alive = process.alive_after_root_exit;
+    process.alive_after_root_exit = false;
+    let identity = process.identity.clone();
     let cleanup = evidence
         .cleanup
         .records
@@ -548,6 +582,14 @@ fn discount_sandbox_init(evidence: &mut RunEvidence, root_pid: u32) -> Option<Sa
         ended_by_cleanup: cleanup.map(|r| r.outcome),
         counted_as_leftover: false,
     })
+}
+
+/// The exec shim's egress forwarder: the one process running the shim's program whose parent
+/// is the sandbox's init (the shim double-forks it so the init adopts it). It dies with the
+/// sandbox; like the init, it may still be exiting when bwrap returns. Two candidates are not
+/// the shim's layout, and both stay counted.
+fn discount_forwarder(evidence: &mut RunEvidence, init: u32, shim: &str) -> Option<SandboxInit> {
+    discount_one(evidence, |p| p.ppid == init && p.executable == shim)
 }
 
 /// Labels and start state on the evidence: the exit is the command's only when the shim marked
@@ -765,6 +807,7 @@ mod tests {
             limits: Vec::new(),
             start: None,
             sandbox_init: None,
+            egress_forwarder: None,
         }
     }
 

@@ -27,6 +27,10 @@ pub struct BwrapFacts {
     /// bwrap's own pid-1 init inside the sandbox, when it was seen (never a leftover).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_init: Option<SandboxInit>,
+    /// The exec shim's egress forwarder (filtered network only), when it was seen: sandbox
+    /// plumbing that dies with the sandbox, never a leftover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_forwarder: Option<SandboxInit>,
 }
 
 /// What agentdiff claims about the sandbox.

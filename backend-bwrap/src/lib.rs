@@ -109,8 +109,10 @@ pub const OPTIONS: &[OptionSpec] = &[
     .repeatable(),
     OptionSpec::new(
         OPT_NETWORK,
-        OptionKind::Choice(&["none", "host"]),
-        "none (network namespace unshared) or host (runtime.bwrap.network)",
+        OptionKind::Choice(&["none", "filtered", "host"]),
+        "none (network namespace unshared), filtered (unshared; agentdiff's egress proxy the only \
+         route out; the default when network.egress allows a host) or host \
+         (runtime.bwrap.network)",
     )
     .default_value("none"),
     OptionSpec::new(

@@ -63,6 +63,48 @@ pub enum Network {
     None,
     /// The host's network (`runtime.bwrap.network: host`).
     Host,
+    /// `--unshare-net` with agentdiff's egress proxy as the only route out: its Unix socket is
+    /// bound into the sandbox, the exec shim's forwarder listens on the sandbox's
+    /// `127.0.0.1:`[`EGRESS_PORT`], and the proxy variables point there (the default when the
+    /// run has the proxy, i.e. `network.egress` allows anything).
+    Filtered,
+}
+
+impl Network {
+    /// Whether the command gets a network namespace of its own (no route to the host's).
+    pub fn unshared(self) -> bool {
+        self != Network::Host
+    }
+}
+
+/// The port the egress forwarder listens on inside the sandbox (the sandbox's own loopback, so
+/// nothing else there uses it).
+pub const EGRESS_PORT: u16 = 3128;
+
+/// The proxy variables a `filtered` sandbox gets, after the environment scrub: the standard
+/// ones in both cases (curl, pip, git, Node's undici through `NODE_USE_ENV_PROXY`, most tools),
+/// SOCKS5 with remote name resolution for `ALL_PROXY`, npm's own settings and cargo's. Local
+/// addresses bypass the proxy (they are the sandbox's own loopback).
+pub fn egress_env() -> Vec<(OsString, OsString)> {
+    let http = format!("http://127.0.0.1:{EGRESS_PORT}");
+    let socks = format!("socks5h://127.0.0.1:{EGRESS_PORT}");
+    let no_proxy = "localhost,127.0.0.1,::1";
+    [
+        ("HTTP_PROXY", http.as_str()),
+        ("HTTPS_PROXY", &http),
+        ("http_proxy", &http),
+        ("https_proxy", &http),
+        ("ALL_PROXY", &socks),
+        ("all_proxy", &socks),
+        ("NO_PROXY", no_proxy),
+        ("no_proxy", no_proxy),
+        ("npm_config_proxy", &http),
+        ("npm_config_https_proxy", &http),
+        ("CARGO_HTTP_PROXY", &http),
+    ]
+    .into_iter()
+    .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+    .collect()
 }
 
 /// What one mount does.
@@ -257,6 +299,8 @@ pub struct Plan {
     pub root: PathBuf,
     pub workdir: PathBuf,
     pub network: Network,
+    /// The egress proxy's socket, bound into the sandbox (`Network::Filtered` only).
+    pub egress: Option<PathBuf>,
     /// How the homes are shown (`home` option).
     pub home: HomeMode,
     /// `home-sockets: allow`: the runtime directory and agent sockets were left reachable.
@@ -283,7 +327,7 @@ impl Plan {
     /// recorded as they are now, so a socket replaced later is noticed. With the host network the
     /// engines are queried as for any backend.
     pub fn engine_reach(&self) -> EngineReach {
-        if self.network != Network::None {
+        if !self.network.unshared() {
             return EngineReach::Unrestricted;
         }
         let sockets = self
@@ -355,13 +399,23 @@ fn read_options(
     if let Some(k) = o.keys().find(|k| !OPTION_KEYS.contains(k)) {
         return Err(PlanError::UnknownOption(k.to_string()));
     }
-    let network = match o.get(OPT_NETWORK) {
-        None | Some("none") => Network::None,
-        Some("host") => Network::Host,
-        Some(v) => {
+    let network = match (o.get(OPT_NETWORK), &spec.egress_proxy) {
+        (None, None) | (Some("none"), _) => Network::None,
+        (None, Some(_)) | (Some("filtered"), Some(_)) => Network::Filtered,
+        (Some("host"), _) => Network::Host,
+        (Some("filtered"), None) => {
             return Err(PlanError::BadOption {
                 key: OPT_NETWORK,
-                message: format!("`{v}` is not `none` or `host`"),
+                message: "`filtered` needs agentdiff's egress proxy, which a run has only when \
+                          the policy's network.egress allows a host: add `network.egress.allow` \
+                          (or `--allow-host`), or use `none`"
+                    .into(),
+            })
+        }
+        (Some(v), _) => {
+            return Err(PlanError::BadOption {
+                key: OPT_NETWORK,
+                message: format!("`{v}` is not `none`, `filtered` or `host`"),
             })
         }
     };
@@ -659,6 +713,7 @@ pub fn plan(
             !agent
         });
     }
+    let egress = with_egress(network, spec, &mut env);
     let new_session = !facts.interactive;
     let shim = ShimMount {
         path: &programs.shim,
@@ -675,7 +730,10 @@ pub fn plan(
     };
     let args = build_args(
         &mounts,
-        network,
+        Sandboxing {
+            network,
+            egress: egress.as_deref(),
+        },
         new_session,
         shim,
         marker_mount,
@@ -690,6 +748,7 @@ pub fn plan(
         root,
         workdir,
         network,
+        egress,
         home: home_mode,
         agent_sockets_allowed: home_opts.sockets_allowed,
         new_session,
@@ -699,6 +758,23 @@ pub fn plan(
         env,
         args,
     })
+}
+
+/// The proxy's socket for a filtered sandbox, whose environment then gets the proxy variables
+/// (after the scrub: the caller's own proxy settings never reach a filtered sandbox).
+fn with_egress(
+    network: Network,
+    spec: &LaunchSpec,
+    env: &mut Vec<(OsString, OsString)>,
+) -> Option<PathBuf> {
+    let socket = spec
+        .egress_proxy
+        .clone()
+        .filter(|_| network == Network::Filtered)?;
+    let ours = egress_env();
+    env.retain(|(k, _)| !ours.iter().any(|(o, _)| o == k));
+    env.extend(ours);
+    Some(socket)
 }
 
 /// Refuse a bwrap the command could replace: one inside the project root or a writable path
@@ -720,7 +796,7 @@ fn check_bwrap_location(bwrap: &Path, writable: &[PathBuf]) -> Result<(), PlanEr
 /// find different from agentdiff's own.
 pub fn unshared_namespaces(network: Network) -> Vec<&'static str> {
     let mut n = vec!["mnt", "pid", "ipc", "uts"];
-    if network == Network::None {
+    if network.unshared() {
         n.push("net");
     }
     n
@@ -781,10 +857,17 @@ pub struct MarkerMount<'a> {
     pub bind: bool,
 }
 
+/// The network mode and, when filtered, the egress proxy's socket to bind into the sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct Sandboxing<'a> {
+    pub network: Network,
+    pub egress: Option<&'a Path>,
+}
+
 /// bwrap's arguments for these mounts and this command.
 pub fn build_args(
     mounts: &[Mount],
-    network: Network,
+    sandboxing: Sandboxing<'_>,
     new_session: bool,
     shim: ShimMount<'_>,
     marker: MarkerMount<'_>,
@@ -825,12 +908,16 @@ pub fn build_args(
         push(&[s("--ro-bind"), m, m, s("--ro-bind"), g, g]);
         push(&[s("--ro-bind"), k, k]);
     }
+    if let Some(sock) = sandboxing.egress {
+        // Read-only: the command can connect to the socket but not replace it.
+        push(&[s("--ro-bind"), sock.as_os_str(), sock.as_os_str()]);
+    }
     // A home's tmpfs turns read-only only now: every mount point below it had to be created.
     for m in mounts.iter().filter(|m| m.kind == MountKind::HomeTmpfs) {
         push(&[s("--remount-ro"), m.path.as_os_str()]);
     }
     push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
-    if network == Network::None {
+    if sandboxing.network.unshared() {
         push(&[s("--unshare-net")]);
     }
     push(&[s("--die-with-parent")]);
@@ -1199,6 +1286,58 @@ mod tests {
             plan_with(&f, o, &[]),
             Err(PlanError::BadOption { key: "network", .. })
         ));
+    }
+
+    #[test]
+    fn the_egress_proxy_makes_filtered_the_default_and_is_bound_with_its_variables() {
+        let f = fixture();
+        let sock = PathBuf::from("/tmp/agentdiff-egress-1-2/egress.sock");
+        let with_proxy = |options: BackendOptions| {
+            let mut s = spec(&f, options);
+            s.egress_proxy = Some(sock.clone());
+            s.env
+                .push(("HTTPS_PROXY".into(), "http://caller.example:8080".into()));
+            plan(&s, &facts(&f), programs(), &[])
+        };
+        let p = with_proxy(BackendOptions::new()).unwrap();
+        let a = strs(&p.args);
+        assert_eq!(
+            (p.network, p.egress.as_ref()),
+            (Network::Filtered, Some(&sock))
+        );
+        let sock_s = sock.display().to_string();
+        assert!(find(&a, &["--ro-bind", &sock_s, &sock_s]).is_some());
+        assert!(a.contains(&"--unshare-net".to_string()));
+        let env = |k: &str| {
+            p.env
+                .iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(env("HTTPS_PROXY"), ["http://127.0.0.1:3128"]);
+        assert_eq!(env("all_proxy"), ["socks5h://127.0.0.1:3128"]);
+        assert_eq!(env("NO_PROXY"), ["localhost,127.0.0.1,::1"]);
+        assert_eq!(env("CARGO_HTTP_PROXY"), ["http://127.0.0.1:3128"]);
+        assert!(unshared_namespaces(Network::Filtered).contains(&"net"));
+        // `none` stays none (no socket, no variables); `host` is the host's network.
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_NETWORK, "none");
+        let none = with_proxy(o).unwrap();
+        assert_eq!((none.network, none.egress), (Network::None, None));
+        assert!(!strs(&none.args).contains(&sock_s));
+        // `filtered` without a proxy is refused, never a sandbox without a route.
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_NETWORK, "filtered");
+        assert!(matches!(
+            plan_with(&f, o, &[]),
+            Err(PlanError::BadOption { key: "network", .. })
+        ));
+        // Without a proxy the default stays `none`.
+        assert_eq!(
+            plan_with(&f, BackendOptions::new(), &[]).unwrap().network,
+            Network::None
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod attest_cli;
 mod browser_cli;
 mod bwrap_cli;
 mod bwrap_controls_cli;
+mod bwrap_egress_cli;
 mod bwrap_git_dirs_cli;
 mod bwrap_hardening_cli;
 mod bwrap_home_cli;

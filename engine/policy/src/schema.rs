@@ -232,7 +232,8 @@ pub struct BwrapSettings {
     pub hide: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub writable: Vec<String>,
-    /// `none` (the default) or `host`.
+    /// `none`, `filtered` or `host` (the backend's default: `filtered` when `network.egress`
+    /// allows a host, else `none`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
     /// `runtime.bwrap.home`: how the home directories are shown to the command.
@@ -946,7 +947,7 @@ impl Checker {
     }
 
     /// `runtime.bwrap`: `hide` and `writable` are lists of absolute (or `~/`) paths, `network` is
-    /// `none` (default) or `host`.
+    /// `none`, `filtered` or `host`.
     fn bwrap_section(&mut self, node: &Node) -> BwrapSettings {
         let mut section = BwrapSettings::default();
         let Some(entries) = self.mapping(node, "runtime.bwrap", &BWRAP_KEYS) else {
@@ -972,11 +973,11 @@ impl Checker {
         }
         if let Some(n) = lookup(entries, "network") {
             if let Some(mode) = self.string(n, "runtime.bwrap.network") {
-                if mode == "host" || mode == "none" {
+                if ["none", "filtered", "host"].contains(&mode.as_str()) {
                     section.network = Some(mode);
                 } else {
                     self.problem(format!(
-                        "runtime.bwrap.network: {mode:?} is not `none` or `host`"
+                        "runtime.bwrap.network: {mode:?} is not `none`, `filtered` or `host`"
                     ));
                 }
             }

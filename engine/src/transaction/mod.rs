@@ -288,18 +288,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Err(e) => return failed.seal(&sealer, &capsule, &referenced, &e),
     };
     referenced.push(after.root_tree.clone());
-    if private_workspace {
-        // The after-state now lives in the object store (promote applies it from there, the
-        // after tree references it); the workspace copy of the whole tree is not needed any more.
-        seal::discard_workspace(&store, &capsule)?;
-    }
-    store.objects().pending().flush_ahead(); // the after-state: durable while deciding
+    after_captured(&store, &capsule, private_workspace)?;
 
     // Decide and seal.
-    let mut comparison = compare(&store, &before, &after);
-    comparison
-        .incomplete
-        .extend(capsule_tampered.unreadable.clone());
+    let comparison = compare(&store, &before, &after, &capsule_tampered.unreadable);
     let evidence_in = Evidence {
         policy,
         command_decision: &sealer.command_decision,
@@ -317,6 +309,21 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let outcome = sealer.seal(result, &referenced, None)?;
     capture.leave_record(&mut before, recorded.as_ref(), store_untouched);
     Ok(outcome)
+}
+
+/// Once the after-state is captured: a private workspace is discarded (the after-state now lives
+/// in the object store, promote applies it from there and the after tree references it), and the
+/// after-state starts becoming durable while the run is decided.
+fn after_captured(
+    store: &Store,
+    capsule: &Capsule,
+    private_workspace: bool,
+) -> Result<(), TransactionError> {
+    if private_workspace {
+        seal::discard_workspace(store, capsule)?;
+    }
+    store.objects().pending().flush_ahead();
+    Ok(())
 }
 
 /// The store just before the launch: what agentdiff wrote before it is checked against this
@@ -634,14 +641,18 @@ fn compare(
     store: &Store,
     before: &capture::Captured,
     after: &capture::Captured,
+    unreadable: &Option<String>,
 ) -> agentdiff_scan::Comparison {
-    agentdiff_scan::compare_trees(
+    let mut comparison = agentdiff_scan::compare_trees(
         &before.manifest,
         &before.root_tree,
         &after.manifest,
         &after.root_tree,
         &before.trees(store),
-    )
+    );
+    // What the capsule guard could not read back counts as not compared.
+    comparison.incomplete.extend(unreadable.iter().cloned());
+    comparison
 }
 
 /// Materialises the private workspace from the before-state's backups (the before manifest is

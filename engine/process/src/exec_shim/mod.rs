@@ -6,7 +6,7 @@
 //! mark is written on a FIFO the host holds open for reading: opening a FIFO for writing works on
 //! a read-only mount, so the mark gets through even when the sandbox allows no writes at all.
 //!
-//! Shim argv (after `agentdiff __exec-shim`): `v2 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
+//! Shim argv (after `agentdiff __exec-shim`): `v3 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
 //! to start the command when the argument count it received differs from `ARGC` (the wrapper split
 //! or merged arguments), when the salted digest of the argv it reads from the secret FIFO
 //! ([`secret_path`]) does not match what it received (the wrapper altered an argument), and when
@@ -24,6 +24,10 @@
 //! before the host reads it; the secret FIFO is left readable only (0400). Both sit on a mount the
 //! command cannot change (chmod fails there) and the wrappers drop every capability, so no
 //! `CAP_DAC_OVERRIDE` lifts the modes.
+//!
+//! Since v3, when [`forward::ENV_EGRESS_FORWARD`] is set, the shim starts the egress forwarder
+//! (see [`forward`]) after the start gate and before it marks the start; a forwarder that cannot
+//! listen, or a proxy socket that is not there, refuses the start (no mark: a setup failure).
 //!
 //! Before it marks the start the shim also proves it is inside a sandbox when the backend asks:
 //! [`ENV_HOST_NAMESPACES`] carries the host's namespace ids (as agentdiff sees them) for every
@@ -47,6 +51,7 @@
 //! A command holding `CAP_DAC_OVERRIDE` over the capsule (a wrapper that keeps capabilities) could
 //! read the marker.
 
+pub mod forward;
 pub mod start_gate;
 
 use std::ffi::{OsStr, OsString};
@@ -66,7 +71,7 @@ pub const LEGACY_SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
 /// apart from `agentdiff` (an upgrade that replaced only one of them), so any change to what the
 /// shim checks or does before `exec` bumps it: a shim of another version refuses, and nothing
 /// runs.
-pub const SHIM_PROTOCOL: &str = "v2";
+pub const SHIM_PROTOCOL: &str = "v3";
 /// The standalone exec-shim program installed with `agentdiff` (`agentdiff-exec-shim`): the same
 /// engine code as `agentdiff __exec-shim`, in a program that starts faster.
 pub const STANDALONE_SHIM: &str = "agentdiff-exec-shim";
@@ -81,11 +86,12 @@ pub const ENV_TTY_GUARD: &str = "AGENTDIFF_EXEC_SHIM_TTY_GUARD";
 /// for the namespaces the sandbox unshares; removed before `exec`.
 pub const ENV_HOST_NAMESPACES: &str = "AGENTDIFF_EXEC_SHIM_HOST_NS";
 /// Every variable of the shim's own: dropped from a caller's environment and from the evidence.
-pub const SHIM_ENV_VARS: [&str; 4] = [
+pub const SHIM_ENV_VARS: [&str; 5] = [
     ENV_ARGV_DIGEST,
     ENV_TTY_GUARD,
     ENV_HOST_NAMESPACES,
     self::start_gate::ENV_START_GATE,
+    self::forward::ENV_EGRESS_FORWARD,
 ];
 /// Namespaces the shim can compare (names under `/proc/self/ns`).
 pub const NAMESPACES: [&str; 7] = ["mnt", "pid", "net", "ipc", "uts", "user", "cgroup"];
@@ -752,6 +758,14 @@ fn start(marker: &Path, expected: usize, argv: &[OsString], env: ShimEnv<'_>) ->
         }
     }
     close_inherited_descriptors();
+    // The egress forwarder listens before the command exists (v3); without it the command
+    // would have no route to the proxy the run promises, so it is not started.
+    if let Some(value) = std::env::var_os(self::forward::ENV_EGRESS_FORWARD) {
+        if let Err(e) = self::forward::start(&value) {
+            eprintln!("agentdiff exec shim: {e}; the command was not started");
+            return SHIM_REFUSED_EXIT;
+        }
+    }
     let started = MarkerLine::Started { argc: argv.len() };
     if let Err(e) = fifo.write_all(started.render(&token).as_bytes()) {
         eprintln!(
