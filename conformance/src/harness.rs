@@ -120,6 +120,8 @@ pub struct Invocation {
     pub options: BackendOptions,
     /// Launch with [`LaunchContext::hold_start`]: the caller releases (or aborts) the command.
     pub held: bool,
+    /// The egress proxy's socket handed to the backend ([`LaunchSpec::egress_proxy`]).
+    pub egress_proxy: Option<PathBuf>,
 }
 
 impl Invocation {
@@ -137,6 +139,7 @@ impl Invocation {
             grace: Duration::from_millis(500),
             options: BackendOptions::new(),
             held: false,
+            egress_proxy: None,
         }
     }
 
@@ -203,7 +206,7 @@ pub fn spec_for(scratch: &Scratch, inv: &Invocation, run_id: &str) -> LaunchSpec
         options: inv.options.clone(),
         deny_patterns: Vec::new(),
         git_dirs: Vec::new(),
-        egress_proxy: None,
+        egress_proxy: inv.egress_proxy.clone(),
     }
 }
 

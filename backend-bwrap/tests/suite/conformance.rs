@@ -1,5 +1,6 @@
 //! The conformance suite against the bwrap backend with the real bubblewrap: every label it
-//! declares `enforced` must withstand its probe, and a missing bwrap must fail closed.
+//! declares `enforced` must withstand its probe, handed the egress proxy its `filtered` network
+//! must withstand the egress probe, and a missing bwrap must fail closed.
 
 use std::sync::Arc;
 
@@ -35,6 +36,7 @@ fn bwrap_backend_is_conformant_and_its_enforced_labels_are_proved() {
     for id in [
         "HONEST-FS-001",
         "HONEST-NET-001",
+        "NET-FILTER-001",
         "HONEST-PROC-001",
         "HONEST-PRIV-001",
         "HONEST-ENV-001",

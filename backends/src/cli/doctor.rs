@@ -23,8 +23,8 @@ pub enum Format {
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Run the probes (outside write, outside read, host loopback connection, environment,
-    /// daemon, pids limit, capabilities, host tree) inside each available backend and report what
-    /// holds on this host.
+    /// daemon, pids limit, capabilities, host tree, the egress proxy as the only route out)
+    /// inside each available backend and report what holds on this host.
     #[arg(long)]
     probe: bool,
     /// Only this backend.
@@ -255,7 +255,8 @@ fn render_summary(doc: &DoctorReport) -> String {
         None => out.push_str("\nrecommended: none (no backend is available here)\n"),
     }
     out.push_str(&format!(
-        "\nlevels: uncontrolled < observed < requested (handed to an external tool, not verified) < enforced.\n\
+        "\nlevels: uncontrolled < observed < requested (handed to an external tool, not verified) < \
+         filtered (network only: agentdiff's egress proxy the only route out) < enforced.\n\
          `{}` means a probe showed the control holding on this host; `{}` means the attempt succeeded.\n",
         Verdict::Verified.as_str(),
         Verdict::NotEnforced.as_str()

@@ -829,7 +829,7 @@ fn an_engine_socket_appearing_during_a_bwrap_run_is_queried() {
 }
 
 /// `agentdiff doctor --probe --runtime bwrap` proves each enforced label on this host and
-/// recommends bwrap as verified, not merely declared.
+/// the `filtered` network mode, and recommends bwrap as verified, not merely declared.
 #[test]
 fn doctor_probes_verify_every_enforced_bwrap_label() {
     if no_bwrap() {
@@ -875,4 +875,15 @@ fn doctor_probes_verify_every_enforced_bwrap_label() {
         home_read["evidence"]["allowlisted_read"], true,
         "{home_read:#}"
     );
+    // Handed the egress proxy, bwrap labels its network `filtered`, and the probe shows the
+    // proxy is the only route out: listed host through it, the rest refused and recorded.
+    let egress = doc["backends"][0]["probe"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["probe"] == "egress_filtered")
+        .unwrap_or_else(|| panic!("no egress_filtered probe: {doc:#}"));
+    assert_eq!(egress["verdict"], "verified", "{egress:#}");
+    assert_eq!(egress["evidence"]["label"], "filtered", "{egress:#}");
+    assert_eq!(egress["evidence"]["proxy_log"]["denied"], 2, "{egress:#}");
 }

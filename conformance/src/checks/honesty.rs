@@ -71,3 +71,32 @@ pub async fn privileges(ctx: Arc<Ctx>) -> Finding {
 pub async fn environment(ctx: Arc<Ctx>) -> Finding {
     withstand(ctx, Boundary::Environment).await
 }
+
+/// `filtered` network: the egress probe, handed the proxy, must verify; a backend that does not
+/// label the run `filtered` when handed the proxy has nothing to withstand (skipped).
+pub async fn network_filtered(ctx: Arc<Ctx>) -> Finding {
+    let backend = ctx.backend();
+    let r = run_probe(
+        backend.as_ref(),
+        ProbeKind::EgressFiltered,
+        &ctx.options.probe_options(),
+    )
+    .await;
+    ctx.note_probe(r.clone());
+    let details = json!({"probe": r});
+    match r.verdict {
+        Verdict::Verified => Finding::pass(details),
+        Verdict::NotApplicable => Finding {
+            outcome: crate::Outcome::skipped(r.summary.clone()),
+            details,
+        },
+        Verdict::NotEnforced | Verdict::Inconclusive => Finding::fail(
+            format!(
+                "labelled filtered, but the egress probe {}: {}",
+                r.verdict.as_str(),
+                r.summary
+            ),
+            details,
+        ),
+    }
+}

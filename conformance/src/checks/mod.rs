@@ -154,6 +154,7 @@ pub fn catalogue() -> Vec<CheckDef> {
         def!("HONEST-FS-001", Must, "filesystem_writes labelled enforced withstands the outside-write probe", true, gate_fs, honesty::filesystem_writes),
         def!("HONEST-HOST-001", Must, "host_repository labelled enforced withstands the host-tree probe", true, gate_host, honesty::host_repository),
         def!("HONEST-NET-001", Must, "network labelled enforced withstands the host-loopback probe", true, gate_net, honesty::network),
+        def!("NET-FILTER-001", Must, "handed agentdiff's egress proxy, a network labelled filtered reaches a listed host only through the proxy: unlisted and loopback-resolving names refused and recorded, no direct TCP, no UDP, no resolver", true, always, honesty::network_filtered),
         def!("HONEST-PROC-001", Must, "processes labelled enforced withstands the daemon probe", true, gate_proc, honesty::processes),
         def!("HONEST-RES-001", Must, "resources labelled enforced withstands the pids-limit probe", true, gate_res, honesty::resources),
         def!("HONEST-PRIV-001", Must, "privileges labelled enforced withstands the capabilities probe", true, gate_priv, honesty::privileges),
@@ -204,6 +205,7 @@ mod tests {
             c
         };
         let honest: Vec<&CheckDef> = all.iter().filter(|c| c.id.starts_with("HONEST-")).collect();
+        assert!(all.iter().any(|c| c.id == "NET-FILTER-001"));
         assert_eq!(honest.len(), Boundary::ALL.len());
         for c in honest {
             assert!(

@@ -5,6 +5,7 @@
 //! the probe never ran" is told apart from "the control held". Probe programs use only `sh`,
 //! `cat`, `sleep` and other busybox applets, so they also run in a minimal container root.
 
+mod egress;
 pub(crate) mod programs;
 mod record;
 
@@ -42,10 +43,16 @@ pub enum ProbeKind {
     Privileges,
     /// Change the working tree and see whether the host project tree changes.
     HostTree,
+    /// Handed agentdiff's egress proxy, a backend that labels its network `filtered` lets a
+    /// listed host be reached through the proxy and nothing else (unlisted and loopback-resolving
+    /// names refused and recorded, no direct TCP, no UDP, no resolver). Information only (no
+    /// boundary's `enforced` rests on it): `not_applicable` for a backend that does not label
+    /// the run `filtered`.
+    EgressFiltered,
 }
 
 impl ProbeKind {
-    pub const ALL: [ProbeKind; 9] = [
+    pub const ALL: [ProbeKind; 10] = [
         ProbeKind::OutsideWrite,
         ProbeKind::OutsideRead,
         ProbeKind::HomeRead,
@@ -55,6 +62,7 @@ impl ProbeKind {
         ProbeKind::PidsLimit,
         ProbeKind::Privileges,
         ProbeKind::HostTree,
+        ProbeKind::EgressFiltered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -68,6 +76,7 @@ impl ProbeKind {
             ProbeKind::PidsLimit => "pids_limit",
             ProbeKind::Privileges => "privileges",
             ProbeKind::HostTree => "host_tree",
+            ProbeKind::EgressFiltered => "egress_filtered",
         }
     }
 
@@ -76,7 +85,7 @@ impl ProbeKind {
     pub fn boundary(self) -> Option<Boundary> {
         match self {
             ProbeKind::OutsideWrite => Some(Boundary::FilesystemWrites),
-            ProbeKind::OutsideRead | ProbeKind::HomeRead => None,
+            ProbeKind::OutsideRead | ProbeKind::HomeRead | ProbeKind::EgressFiltered => None,
             ProbeKind::HostLoopbackConnect => Some(Boundary::Network),
             ProbeKind::Environment => Some(Boundary::Environment),
             ProbeKind::Daemon => Some(Boundary::Processes),

@@ -12,9 +12,9 @@ use super::{inconclusive, ProbeKind, ProbeOptions, ProbeResult, Verdict};
 use crate::harness::{self, excerpt, Invocation, Ran, Scratch};
 use crate::host;
 
-const RAN_MARKER: &str = "probe-ran";
+pub(super) const RAN_MARKER: &str = "probe-ran";
 
-fn result(
+pub(super) fn result(
     kind: ProbeKind,
     verdict: Verdict,
     summary: impl Into<String>,
@@ -29,11 +29,11 @@ fn result(
     }
 }
 
-fn ran_marker_present(scratch: &Scratch) -> bool {
+pub(super) fn ran_marker_present(scratch: &Scratch) -> bool {
     scratch.work_file(RAN_MARKER).exists()
 }
 
-fn run_facts(ran: &Ran) -> serde_json::Value {
+pub(super) fn run_facts(ran: &Ran) -> serde_json::Value {
     json!({
         "exit": ran.evidence.exit,
         "failure": ran.evidence.failure,
@@ -58,10 +58,11 @@ pub(super) async fn run(
         ProbeKind::PidsLimit => pids(backend, scratch, options).await,
         ProbeKind::Privileges => privileges(backend, scratch, options).await,
         ProbeKind::HostTree => host_tree(backend, scratch, options).await,
+        ProbeKind::EgressFiltered => super::egress::filtered(backend, scratch, options).await,
     }
 }
 
-async fn launch(
+pub(super) async fn launch(
     kind: ProbeKind,
     backend: &dyn RuntimeBackend,
     scratch: &Scratch,
@@ -370,7 +371,7 @@ async fn outside_read(
 
 /// A non-loopback address of this host (the source address of the default route), found
 /// without sending anything; `None` on a host without one.
-fn host_address() -> Option<std::net::IpAddr> {
+pub(super) fn host_address() -> Option<std::net::IpAddr> {
     let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
     // TEST-NET-1: connect() on UDP only selects a route and a source address.
     s.connect("192.0.2.1:9").ok()?;

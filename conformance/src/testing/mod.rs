@@ -48,6 +48,7 @@ enum Flavour {
     HostEnvironment,
     PrivateTmpOnly,
     IgnoresHold,
+    FalselyFiltered,
     Wrapped { default_wrapper: Option<PathBuf> },
 }
 
@@ -147,6 +148,20 @@ impl TestBackend {
 
     /// A wrapping backend. `wrapper` is used unless the launch options name another one
     /// (`wrapper=PATH`).
+    /// Labels its network `filtered` and sets the proxy variables, but runs the command with the
+    /// host's network (nothing unshared, no forwarder): the egress probe must catch it.
+    pub fn falsely_filtered() -> Self {
+        Self {
+            id: "conformance-falsely-filtered",
+            flavour: Flavour::FalselyFiltered,
+            capabilities: Capabilities {
+                network: Level::Filtered,
+                network_enforcement: true,
+                ..honest_capabilities()
+            },
+        }
+    }
+
     pub fn wrapped(wrapper: Option<PathBuf>, capabilities: Capabilities) -> Self {
         Self {
             id: "conformance-wrapped",
@@ -284,6 +299,11 @@ impl RuntimeBackend for TestBackend {
         let mut env = spec.env.clone();
         if self.flavour == Flavour::HostEnvironment {
             env.extend(std::env::vars_os().filter(|(k, _)| !spec.env.iter().any(|(s, _)| s == k)));
+        }
+        if self.flavour == Flavour::FalselyFiltered {
+            for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.push((k.into(), "http://127.0.0.1:9".into()));
+            }
         }
         let command = LaunchCommand {
             program,

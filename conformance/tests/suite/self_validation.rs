@@ -63,6 +63,29 @@ async fn dishonest_backend_fails_exactly_the_filesystem_checks() {
     );
 }
 
+/// Proxy variables set, network not unshared: the `filtered` label fails the egress check, and
+/// only it (the loopback honesty check does not apply below `enforced`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_label_without_an_unshared_network_fails_the_egress_check() {
+    let report = suite(TestBackend::falsely_filtered).await;
+    assert_eq!(report.failed_ids(), vec!["NET-FILTER-001"]);
+    let check = report.check("NET-FILTER-001").unwrap();
+    assert_eq!(
+        check.details["probe"]["verdict"], "not_enforced",
+        "{:?}",
+        check.details
+    );
+    let summary = check.details["probe"]["summary"].as_str().unwrap();
+    assert!(summary.contains("direct connection reached"), "{summary}");
+    // The honest reference backend is not labelled filtered: the check does not apply to it.
+    let reference = suite(TestBackend::reference).await;
+    assert!(reference
+        .check("NET-FILTER-001")
+        .unwrap()
+        .outcome
+        .is_skipped());
+}
+
 /// A backend that only makes `/tmp` private hides the scratch directory (in `$TMPDIR`) and would
 /// pass a probe that wrote only there; the sentinels in `/var/tmp` and `$HOME` catch it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
