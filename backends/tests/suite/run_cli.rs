@@ -214,7 +214,26 @@ fn allow_host_is_recorded_in_the_effective_policy() {
         &["true"],
     );
     assert_eq!(code, 0, "{r:#}");
+    // The local backend does not route the command through the egress proxy: the run says the
+    // allowlist was not applied, and seals no connection log.
+    let warnings = r["observation_warnings"].to_string();
+    assert!(
+        warnings.contains("did not apply the allowlist (network `uncontrolled`)"),
+        "{r:#}"
+    );
+    assert_eq!(r["safety_outcome"], "review", "{r:#}");
     let id = r["run_id"].as_str().unwrap();
+    let runtime: Value = serde_json::from_slice(
+        &fs::read(
+            p.path()
+                .join(".agentdiff/runs")
+                .join(id)
+                .join("runtime.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(runtime.get("network").is_none(), "{runtime:#}");
     let policy: Value = serde_json::from_slice(
         &fs::read(
             p.path()

@@ -65,7 +65,8 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
         ev.git_dirs,
     );
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
-    let warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
+    let mut warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
+    warnings.extend(egress_not_applied(ev.policy, ev.run));
     let mut findings = evidence_findings(ev.run);
     findings.extend(super::findings::egress_findings(ev.network));
     findings.extend(classify_uncaptured(ev.policy, &ev.comparison.unsupported));
@@ -203,6 +204,25 @@ pub fn safety_outcome(
     } else {
         Action::Allow
     }
+}
+
+/// A warning when the policy allows hosts (`network.egress`) but the backend did not make
+/// agentdiff's egress proxy the command's route out (its network is not `filtered`): the
+/// allowlist was neither applied nor were the connections recorded.
+fn egress_not_applied(policy: &Policy, run: &RunEvidence) -> Option<String> {
+    let label = run.capabilities.network;
+    (policy.egress().allows_anything() && label != agentdiff_backend_api::Level::Filtered).then(
+        || {
+            format!(
+                concat!(
+                    "network.egress allows hosts, but the {} backend did not apply the allowlist ",
+                    "(network `{}`): the command's connections were neither filtered nor recorded"
+                ),
+                run.backend,
+                label.as_str()
+            )
+        },
+    )
 }
 
 /// The run's status from how the command ended and the safety outcome.

@@ -14,6 +14,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use agentdiff_backend_api::{Level, RunEvidence};
 use agentdiff_egress::{Bind, ProxyConfig, ProxyThread, SystemResolver};
 use agentdiff_policy::Policy;
 use agentdiff_store::NetworkEvidence;
@@ -90,11 +91,14 @@ impl RunProxy {
         &self.socket
     }
 
-    /// Stops the proxy (open connections are ended) and returns what it saw.
-    pub(super) fn stop(self) -> NetworkEvidence {
+    /// Stops the proxy (open connections are ended) and returns what it saw, when the backend
+    /// made it the command's route out (the run's network is labelled `filtered`). Elsewhere the
+    /// log is not evidence of the command's connections, and the decision warns that the
+    /// allowlist was not applied.
+    pub(super) fn stop_for(self, evidence: &RunEvidence) -> Option<NetworkEvidence> {
         let RunProxy { thread, _dir, .. } = self;
-        NetworkEvidence {
-            egress: thread.stop().log,
-        }
+        let log = thread.stop().log;
+        (evidence.capabilities.network == Level::Filtered)
+            .then_some(NetworkEvidence { egress: log })
     }
 }

@@ -255,8 +255,6 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         Some((plan, started)) => started.finish(&plan, &capsule, authority.key()).await,
         None => launcher.launch(workdir.clone()).await,
     };
-    // The command has ended: nothing more can connect through the proxy.
-    let network = proxy.map(egress::RunProxy::stop);
     let evidence = match launched {
         Ok(evidence) => evidence,
         Err(launch::LaunchFailure::Lost(evidence)) => record_lost(&capsule, *evidence)?,
@@ -272,6 +270,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
             return sealer.seal_not_run(status, Some(refused.message), refusal, &referenced);
         }
     };
+    // The command has ended: nothing more can connect through the proxy.
+    let network = proxy.and_then(|p| p.stop_for(&evidence));
     let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
     capsule_tampered.apply(&mut before, &mut referenced);
     record_exited(&sealer, &evidence, &req.verified_controls, network.clone())?;
