@@ -323,6 +323,29 @@ fn real_programs_reach_only_the_allowed_name_and_every_attempt_is_sealed() {
     assert!(findings[0]["detail"].as_str().unwrap().contains(DENIED));
     let id = result["run_id"].as_str().unwrap();
     super::assert_exit(&super::cmd(f.root(), &["verify", id]).output().unwrap(), 0);
+    // Every review surface lists the hosts, the refused one first.
+    let surface = |format: &str| {
+        let out = super::cmd(f.root(), &["inspect", id, "--format", format])
+            .output()
+            .unwrap();
+        super::assert_exit(&out, 0);
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for (format, heading) in [
+        ("summary", "egress proxy: "),
+        ("markdown", "**Network**"),
+        ("html", "id=\"h-network\""),
+    ] {
+        let text = surface(format);
+        let rest = &text[text
+            .find(heading)
+            .unwrap_or_else(|| panic!("{format}: no {heading:?} in {text}"))..];
+        let (denied, allowed) = (rest.find(DENIED), rest.find(ALLOWED));
+        assert!(
+            denied.is_some() && allowed.is_some() && denied < allowed,
+            "{format}: {text}"
+        );
+    }
     // The proxy's private directory is gone with the run.
     let left: Vec<String> = fs::read_dir("/tmp")
         .unwrap()
