@@ -375,3 +375,146 @@ fn without_a_sandbox_shell_calls_are_asked_and_say_so() {
         "file tools still run"
     );
 }
+
+/// Claude Code itself inside `--runtime bwrap`, with only its API host allowed (issue: network
+/// egress): the stand-in API is reached by a name a private `/etc/hosts` maps to loopback, through
+/// agentdiff's egress proxy; the session completes, its edit is recorded, `.git` stays read-only,
+/// and a `curl` it runs to any other host is refused and sealed with the run.
+#[test]
+fn claude_code_runs_inside_bwrap_with_only_its_api_host_reachable() {
+    let Some((cli, user)) = ready() else { return };
+    if super::bwrap_cli::no_bwrap() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        // The private /etc/hosts needs a mount namespace of the test's own.
+        agentdiff_test_support::skip("mapping test names to loopback needs root (unshare -m)");
+        return;
+    }
+    let s = Session::new(cli, user);
+    let proj = s.proj();
+    let base = s.base.path().to_path_buf();
+    let hosts = base.join("hosts");
+    fs::write(
+        &hosts,
+        "127.0.0.1 localhost\n127.0.0.1 api.stand-in.test other.denied.test\n",
+    )
+    .unwrap();
+    fs::set_permissions(&hosts, fs::Permissions::from_mode(0o644)).unwrap();
+    let script = json!({"steps": [
+        [write(&proj.join("src/main.rs"), "fn main() {}\n")],
+        [bash(
+            "curl -s -m 5 -o /dev/null -w 'http %{http_code}\\n' http://other.denied.test:9/; \
+             echo y > .git/hooks/pre-commit; echo done"
+        )],
+    ], "final": "done"});
+    fs::write(base.join("script.json"), script.to_string()).unwrap();
+    let log = base.join("requests.jsonl");
+    let server = StandIn::start(&base.join("script.json"), &log);
+    let (uid, gid) = user.unwrap_or((0, 0));
+    let home = base.join("home");
+    let mut c = Command::new("unshare");
+    c.args([
+        "-m",
+        "sh",
+        "-c",
+        "mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"",
+        "sh",
+    ])
+    .arg(&hosts)
+    .arg("/usr/bin/setpriv")
+    .arg(format!("--reuid={uid}"))
+    .arg(format!("--regid={gid}"))
+    .args(["--clear-groups", "--"])
+    .arg(bin())
+    .args([
+        "run",
+        "--runtime",
+        "bwrap",
+        "--allow-host",
+        "api.stand-in.test",
+        "--allow-host",
+        "127.0.0.1",
+        "--pass-env",
+        "ANTHROPIC_BASE_URL",
+        "--pass-env",
+        "ANTHROPIC_API_KEY",
+        "--pass-env",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "--",
+    ])
+    .arg(&s.cli)
+    .args([
+        "-p",
+        "do the task",
+        "--dangerously-skip-permissions",
+        "--output-format",
+        "json",
+    ])
+    .current_dir(&proj)
+    .env_remove("AGENTDIFF_POLICY")
+    .env_remove("ANTHROPIC_AUTH_TOKEN")
+    .env("HOME", &home)
+    .env("AGENTDIFF_STATE_DIR", home.join("state"))
+    .env(
+        "ANTHROPIC_BASE_URL",
+        format!("http://api.stand-in.test:{}", server.port),
+    )
+    .env("ANTHROPIC_API_KEY", "dummy")
+    .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+    .stdin(Stdio::null());
+    let out = c.output().unwrap();
+    drop(server);
+    assert_exit(&out, 0);
+    let result: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {} {}", text(&out.stdout), text(&out.stderr)));
+    assert_eq!(result["is_error"], false, "{result}");
+    assert_eq!(result["result"], "done", "{result}");
+
+    // The edit landed and is recorded; .git stayed read-only; the other host was refused.
+    assert!(proj.join("src/main.rs").is_file());
+    assert!(!proj.join(".git/hooks/pre-commit").exists());
+    let results = tool_results(&log);
+    let bash_out = &result_of(&results, "toolu_0002").2;
+    assert!(
+        bash_out.contains("http 403")
+            && bash_out.contains("Read-only file system")
+            && bash_out.contains("done"),
+        "{bash_out}"
+    );
+
+    // The sealed run: network filtered, the API host allowed, the other host denied.
+    let runs = proj.join(".agentdiff/runs");
+    let run_id = fs::read_dir(&runs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .next()
+        .expect("one run");
+    let runtime: Value =
+        serde_json::from_slice(&fs::read(runs.join(&run_id).join("runtime.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        runtime["capabilities"]["network"], "filtered",
+        "{runtime:#}"
+    );
+    let records = runtime["network"]["egress"]["records"].as_array().unwrap();
+    let by = |host: &str, action: &str| {
+        records
+            .iter()
+            .filter(|r| r["host"] == host && r["action"] == action)
+            .count()
+    };
+    assert!(by("api.stand-in.test", "allow") >= 2, "{records:#?}");
+    assert_eq!(by("other.denied.test", "deny"), 1, "{records:#?}");
+    assert_eq!(by("other.denied.test", "allow"), 0, "{records:#?}");
+    let changes: Value =
+        serde_json::from_slice(&fs::read(runs.join(&run_id).join("result.json")).unwrap()).unwrap();
+    let paths: Vec<&str> = changes["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert!(paths.contains(&"src/main.rs"), "{paths:?}");
+    assert_exit(&s.agentdiff(&["verify", &run_id]), 0);
+}
