@@ -147,6 +147,31 @@ pub(super) async fn filtered(
         Ok(p) => p,
         Err(e) => return setup("egress proxy", &e),
     };
+    // Whether the backend labels its network filtered when handed the proxy, asked with a command
+    // every sandbox has: a backend that does not claim it is not judged on a program (python3)
+    // its image may lack.
+    let mut label_inv = Invocation::new(["sh", "-c", ":"]);
+    label_inv.egress_proxy = Some(socket.clone());
+    match launch(KIND, backend, scratch, label_inv, options).await {
+        Ok(ran) if ran.evidence.capabilities.network != Level::Filtered => {
+            let _ = proxy.stop();
+            return result(
+                KIND,
+                Verdict::NotApplicable,
+                format!(
+                    "handed the egress proxy, the backend labelled the network `{}`, not \
+                     `filtered`",
+                    ran.evidence.capabilities.network.as_str()
+                ),
+                json!({"label": ran.evidence.capabilities.network, "run": run_facts(&ran)}),
+            );
+        }
+        Ok(_) => {}
+        Err(r) => {
+            let _ = proxy.stop();
+            return r;
+        }
+    }
     let mut addresses = vec!["127.0.0.1".to_string()];
     addresses.extend(host_address().map(|a| a.to_string()));
     let script = SCRIPT
