@@ -15,6 +15,7 @@ mod run_revert;
 mod runs;
 mod runs_prune;
 mod serve;
+mod session;
 mod verify;
 
 use std::process::ExitCode;
@@ -58,6 +59,9 @@ enum Command {
     /// Create, validate and explain policies.
     #[command(subcommand)]
     Policy(policy::Command),
+    /// Agent sessions recorded by the session hooks: list, show, rollback, end.
+    #[command(subcommand)]
+    Session(session::Command),
     /// Agent hooks (Claude Code PreToolUse).
     #[command(subcommand)]
     Hook(hook::Command),
@@ -103,6 +107,7 @@ impl Cli {
             Command::Doctor(a) => doctor::run(a),
             Command::Policy(c) => policy::run(c),
             Command::Hook(c) => hook::run(c),
+            Command::Session(c) => session::run(c),
             Command::Conformance(a) => conformance::run(a),
             Command::Serve(a) => serve::run(a),
         }

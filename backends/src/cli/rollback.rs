@@ -59,6 +59,30 @@ pub struct Args {
     root: Option<PathBuf>,
 }
 
+impl Args {
+    /// A whole-capsule rollback of `run` (as `session rollback` asks for it).
+    pub(crate) fn of(
+        run: String,
+        all: bool,
+        dry_run: bool,
+        wait: bool,
+        format: Format,
+        root: Option<PathBuf>,
+    ) -> Args {
+        Args {
+            run,
+            safe_only: !all,
+            all,
+            paths: Vec::new(),
+            dry_run,
+            wait,
+            show_secrets: false,
+            format,
+            root,
+        }
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = Store::open_existing(&root).map_err(store_error)?;

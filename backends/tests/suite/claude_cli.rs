@@ -288,6 +288,7 @@ fn a_headless_session_runs_unattended_inside_agentdiff() {
         // A denied change a shell call can make (the root is writable): reverted after the run.
         [bash("echo TOKEN=from-bash > .env; echo wrote")],
     ], "final": "done"});
+    let main_before = fs::read(proj.join("src/main.rs")).ok();
     let (result, results) = s.run(&script);
 
     // The source edit and the build output are there; nothing is left in .env, .git or outside.
@@ -331,18 +332,75 @@ fn a_headless_session_runs_unattended_inside_agentdiff() {
         "{env}"
     );
 
-    // One sealed, authenticated run per shell call, each naming the call and the session.
+    // One sealed, authenticated run per shell call, each naming the call and the session, and
+    // the session's own capsule (backend `session`).
     let runs = s.agentdiff(&["runs", "--format", "json"]);
     assert_exit(&runs, 0);
     let runs: Value = serde_json::from_slice(&runs.stdout).unwrap();
     let runs = runs.as_array().unwrap();
-    assert_eq!(runs.len(), 5, "{runs:?}");
+    assert_eq!(runs.len(), 6, "{runs:?}");
+    let sessions = runs.iter().filter(|r| r["backend"] == "session").count();
+    assert_eq!(sessions, 1, "{runs:?}");
     let session = result["session_id"].as_str().unwrap();
     for run in runs {
         let task = run["task"].as_str().unwrap_or_default();
         assert!(task.contains(session), "{run}");
     }
     assert_exit(&s.agentdiff(&["verify", "--all"]), 0);
+    session_capsule(&s, result["session_id"].as_str().unwrap(), main_before);
+}
+
+/// The session hooks `hook install` put in recorded the whole session as one sealed capsule:
+/// every call with its decision, every change attributed to a call; its rollback restores the
+/// tree.
+fn session_capsule(s: &Session, session: &str, main_before: Option<Vec<u8>>) {
+    let proj = s.proj();
+    let listed = s.agentdiff(&["session", "list", "--format", "json"]);
+    assert_exit(&listed, 0);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["agent_session_id"], session);
+    assert_eq!(listed[0]["state"], "ended", "{listed:?}");
+    let id = listed[0]["id"].as_str().unwrap();
+    let shown = s.agentdiff(&["session", "show", id, "--format", "json"]);
+    assert_exit(&shown, 0);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let calls = shown["calls"].as_array().unwrap();
+    let outcome = |id: &str| {
+        let call = calls.iter().find(|c| c["tool_use_id"] == id);
+        call.unwrap_or_else(|| panic!("{id} not in {calls:?}"))["outcome"].clone()
+    };
+    for n in 1..=8 {
+        let id = format!("toolu_{n:04}");
+        let expected = if n == 2 || n == 5 { "denied" } else { "ran" };
+        assert_eq!(outcome(&id), expected, "{id}: {calls:?}");
+    }
+    let shell_runs = calls
+        .iter()
+        .filter(|c| c["tool"] == "Bash" && c["run_id"].is_string())
+        .count();
+    assert_eq!(shell_runs, 5, "{calls:?}");
+    let ended = &shown["ended"];
+    assert_eq!(ended["denied_calls"], json!(["toolu_0002", "toolu_0005"]));
+    assert_eq!(ended["linked_runs"].as_array().unwrap().len(), 5, "{ended}");
+    let attributions = ended["attributions"].as_array().unwrap();
+    assert!(!attributions.is_empty(), "{ended}");
+    for a in attributions {
+        assert_eq!(a["unattributed"], false, "{a}");
+    }
+    let who = |path: &str| {
+        let a = attributions.iter().find(|a| a["path"] == path);
+        a.unwrap_or_else(|| panic!("{path} not in {attributions:?}"))["calls"].clone()
+    };
+    assert_eq!(who("src/main.rs"), json!(["toolu_0001"]));
+    assert_eq!(who("out/main.built"), json!(["toolu_0003"]));
+
+    let rollback = s.agentdiff(&["session", "rollback", id, "--all"]);
+    assert_exit(&rollback, 0);
+    assert_eq!(fs::read(proj.join("src/main.rs")).ok(), main_before);
+    assert!(!proj.join("out").exists());
+    assert_exit(&s.agentdiff(&["verify", id]), 0);
 }
 
 #[test]

@@ -101,7 +101,27 @@ fn install_merges_idempotently_and_uninstall_restores() {
     // 5 s deadline, a failure to start blocking (exit 2).
     let installed = settings_of(root);
     assert_eq!(installed["model"], "opus");
-    assert_eq!(installed["hooks"]["Stop"], original["hooks"]["Stop"]);
+    // The user's Stop hook stays first; the session's own follows it.
+    assert_eq!(installed["hooks"]["Stop"][0], original["hooks"]["Stop"][0]);
+    assert_eq!(installed["hooks"]["Stop"].as_array().unwrap().len(), 2);
+    // The session hooks: each once, none blocking (they cannot block a call).
+    for (event, sub) in [
+        ("SessionStart", "session-start"),
+        ("PostToolUse", "post-tool-use"),
+        ("Stop", "stop"),
+        ("SessionEnd", "session-end"),
+    ] {
+        let commands: Vec<&str> = installed["hooks"][event]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["hooks"].as_array().unwrap())
+            .filter_map(|h| h["command"].as_str())
+            .filter(|c| c.contains(&format!(" hook {sub} ")))
+            .collect();
+        assert_eq!(commands.len(), 1, "{event}: {installed}");
+        assert!(!commands[0].contains("exit 2"), "{}", commands[0]);
+    }
     assert_eq!(
         installed["hooks"]["PreToolUse"][0],
         original["hooks"]["PreToolUse"][0]

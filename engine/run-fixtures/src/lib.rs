@@ -182,6 +182,7 @@ pub fn metadata(run_id: &str, root: &str, backend: &str) -> Metadata {
         timeout_seconds: None,
         platform: "test".into(),
         uid: None,
+        session: None,
     }
 }
 

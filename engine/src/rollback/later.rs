@@ -4,7 +4,8 @@
 //! capsule would then describe a tree that no longer exists.
 //!
 //! "Later" is by the recorded `started_at` (runs in one root never overlap: they hold the project
-//! lock). Runs that cannot be read, or were interrupted before recording their result, are not
+//! lock). For a session capsule the caller passes its `finished_at` instead: the shell calls of the
+//! session are runs inside it, part of what it recorded, not later work. Runs that cannot be read, or were interrupted before recording their result, are not
 //! consulted: their changes are unknown. A path the later run's own latest rollback already put
 //! back is no longer that run's work and does not count.
 

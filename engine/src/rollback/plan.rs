@@ -202,7 +202,15 @@ pub fn plan(
     }
 
     // Steps.
-    let later = super::later::later_changes(&recorded, &run.run_id, &run.result.started_at);
+    // A session's own shell calls are runs inside it: only runs started after its end are later.
+    let is_session = capsule
+        .read_artifact::<agentdiff_store::schema::Metadata>(agentdiff_store::Artifact::Metadata)
+        .is_ok_and(|m| m.session.is_some());
+    let since = match is_session {
+        true => &run.result.finished_at,
+        false => &run.result.started_at,
+    };
+    let later = super::later::later_changes(&recorded, &run.run_id, since);
     let mut items = Vec::new();
     let mut verified: BTreeMap<String, Result<(), BackupObjectError>> = BTreeMap::new();
     for (path, (c, implied)) in &chosen {

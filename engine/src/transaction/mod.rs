@@ -28,6 +28,7 @@ mod launch;
 mod preflight;
 
 mod seal;
+pub mod session;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -456,6 +457,7 @@ fn open_capsule<'c>(
         timeout_seconds: timeout.map(|t| t.as_secs()),
         platform: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
         uid: current_uid(),
+        session: None,
     };
     capsule.write_artifact(Artifact::Metadata, &metadata)?;
     let policy_doc = PolicyDoc::of(&req.policy).map_err(TransactionError::EffectivePolicy)?;

@@ -206,6 +206,13 @@ impl Store {
         &self.objects
     }
 
+    /// Makes durable everything this process wrote without an fsync of its own (artifacts,
+    /// events, objects): for a capsule left unsealed on purpose (a session's, sealed by a later
+    /// process), whose writes no seal of this process flushes.
+    pub fn flush_pending(&self) -> Result<(), StoreError> {
+        self.objects.pending().flush()
+    }
+
     /// Creates a new run directory (0700, atomic `mkdir`). A requested id is validated and refused
     /// if it already exists; without one a fresh id is generated.
     pub fn create_run(&self, requested: Option<&str>) -> Result<Capsule, StoreError> {

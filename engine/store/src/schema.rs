@@ -175,6 +175,82 @@ pub struct Metadata {
     pub timeout_seconds: Option<u64>,
     pub platform: String,
     pub uid: Option<u32>,
+    /// Present only in a session capsule (an agent session recorded as one transaction); its
+    /// absence marks a run capsule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionMeta>,
+}
+
+/// What `metadata.json` of a session capsule adds: the agent and its own id for the session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionMeta {
+    /// The agent whose session this is (`claude-code`).
+    pub agent: String,
+    /// The agent's own id for the session (Claude Code's `session_id`).
+    pub agent_session_id: String,
+    /// How the agent said the session started (Claude Code's `source`: `startup`, `resume`…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The agent's process when the session started, and its start time (clock ticks since
+    /// boot): while it lives, an unsealed session is open; after, it was interrupted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_started: Option<u64>,
+}
+
+/// One agent tool call in a session's log (the `tool_call` event of a session capsule).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    /// The agent's tool name (`Write`, `Edit`, `Bash`…).
+    pub tool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_use_id: Option<String>,
+    /// The paths a file tool named, relative to the project root (as the tool gave them when
+    /// outside it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// The run a sandboxed shell call was recorded as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// `ran` (the agent reported the call done), `failed` (the tool reported an error) or
+    /// `denied` (the hook refused it before it ran).
+    pub outcome: String,
+    /// Why a call was denied, or the tool's error, shortened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The calls that could have made one change of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeAttribution {
+    pub path: String,
+    pub decision: Action,
+    /// `tool_use_id`s (or tool names, for a call without one) of the file tools that named the
+    /// path and of the shell calls whose own run recorded a change of it; empty when
+    /// `unattributed`.
+    pub calls: Vec<String>,
+    /// The runs of those shell calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<String>,
+    /// No recorded call could have made it (a change outside the agent, or by an unsandboxed
+    /// process the session does not see).
+    pub unattributed: bool,
+}
+
+/// How a session ended (the `session_ended` event of a session capsule, before the seal).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEnd {
+    /// `session_end` (the agent's SessionEnd hook, with its `reason`) or `closed` (`agentdiff
+    /// session end`, for a session whose end never came).
+    pub ended_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub attributions: Vec<ChangeAttribution>,
+    /// The runs the session's shell calls were recorded as.
+    pub linked_runs: Vec<String>,
+    /// The `tool_use_id`s (or tool names) of the calls the hook denied.
+    pub denied_calls: Vec<String>,
 }
 
 /// One finding from the run's process evidence.

@@ -7,8 +7,10 @@
 //! a starter `agentdiff.yaml` written into a project that has none. With no sandbox verified it
 //! refuses, unless `--runtime` names a runtime that is no sandbox: shell calls are then asked.
 //!
-//! The installed command ends in `|| exit 2`: when agentdiff cannot be started (moved,
-//! uninstalled), the shell's 127 would let Claude Code run the call unjudged; 2 blocks it.
+//! The installed `PreToolUse` command ends in `|| exit 2`: when agentdiff cannot be started
+//! (moved, uninstalled), the shell's 127 would let Claude Code run the call unjudged; 2 blocks it.
+//! The session hooks (`SessionStart`, `PostToolUse`, `Stop`, `SessionEnd`) record the session;
+//! they cannot block a call, so they end without it.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,6 +31,9 @@ const MAX_SETTINGS_BYTES: u64 = 4 * 1024 * 1024;
 
 /// The smallest Claude Code timeout installed, in seconds; always above the hook's deadline.
 const MIN_TIMEOUT_SECS: u64 = 30;
+
+/// Claude Code's timeout for the session hooks that scan the whole tree (start and end).
+const SESSION_SCAN_TIMEOUT_SECS: u64 = 300;
 
 #[derive(Debug, clap::Args)]
 pub struct InstallArgs {
@@ -287,7 +292,7 @@ fn write_backup(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<PathBuf>
     )
 }
 
-/// The hooks to install: `PreToolUse` for every tool.
+/// The hooks to install: `PreToolUse` for every tool, and the session hooks.
 fn wanted_hooks(shell: &Shell, deadline: Duration) -> anyhow::Result<Vec<Wanted>> {
     let exe = std::env::current_exe().context("cannot locate the agentdiff program")?;
     let exe = exe.to_str().with_context(|| {
@@ -306,12 +311,47 @@ fn wanted_hooks(shell: &Shell, deadline: Duration) -> anyhow::Result<Vec<Wanted>
     }
     command.push_str(" || exit 2");
     let timeout = (deadline.as_secs() + 10).max(MIN_TIMEOUT_SECS);
-    Ok(vec![Wanted {
+    let mut hooks = vec![Wanted {
         event: "PreToolUse",
         matcher: Some("*"),
         command,
         timeout,
-    }])
+    }];
+    hooks.extend(session_hooks(exe));
+    Ok(hooks)
+}
+
+/// The session hooks (see `session.rs`): none of these events can block a call, so they are
+/// installed without `|| exit 2`; a failure says so on stderr and exits 1. The start and the
+/// end scan the tree, so they get a longer timeout.
+fn session_hooks(exe: &str) -> Vec<Wanted> {
+    let command = |sub: &str| format!("{} hook {sub} --root \"$CLAUDE_PROJECT_DIR\"", quote(exe));
+    vec![
+        Wanted {
+            event: "SessionStart",
+            matcher: None,
+            command: command("session-start"),
+            timeout: SESSION_SCAN_TIMEOUT_SECS,
+        },
+        Wanted {
+            event: "PostToolUse",
+            matcher: Some("*"),
+            command: command("post-tool-use"),
+            timeout: MIN_TIMEOUT_SECS,
+        },
+        Wanted {
+            event: "Stop",
+            matcher: None,
+            command: command("stop"),
+            timeout: MIN_TIMEOUT_SECS,
+        },
+        Wanted {
+            event: "SessionEnd",
+            matcher: None,
+            command: command("session-end"),
+            timeout: SESSION_SCAN_TIMEOUT_SECS,
+        },
+    ]
 }
 
 /// The runtime shell calls will use: `--runtime` (probed when it claims to be a sandbox), else

@@ -32,6 +32,7 @@ use crate::common::exit::with_code;
 
 mod install;
 pub mod sandbox;
+pub mod session;
 mod settings;
 
 pub use crate::common::exit::HOOK_BLOCK;
@@ -52,6 +53,14 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Remove agentdiff's hooks from Claude Code's settings.
     Uninstall(install::UninstallArgs),
+    /// Open the session's record (Claude Code SessionStart; JSON on stdin).
+    SessionStart(session::SessionHookArgs),
+    /// Append a finished tool call to the session's record (Claude Code PostToolUse).
+    PostToolUse(session::SessionHookArgs),
+    /// Note the end of an agent turn in the session's record (Claude Code Stop).
+    Stop(session::SessionHookArgs),
+    /// Take the after-scan and seal the session's record (Claude Code SessionEnd).
+    SessionEnd(session::SessionHookArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -81,6 +90,10 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Install(args) => install::install(args),
         Command::Uninstall(args) => install::uninstall(args),
+        Command::SessionStart(args) => session::run(session::Event::SessionStart, args),
+        Command::PostToolUse(args) => session::run(session::Event::PostToolUse, args),
+        Command::Stop(args) => session::run(session::Event::Stop, args),
+        Command::SessionEnd(args) => session::run(session::Event::SessionEnd, args),
     }
 }
 
@@ -175,6 +188,9 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<Option<serde_json::Value
         }
     }
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
+    if verdict.permission_decision() == Some("deny") {
+        record_denied(&root, &call, &text, verdict.reason());
+    }
     if call.tool_name == SHELL_TOOL {
         if let (Some(decision), Some(reason)) = (verdict.permission_decision(), verdict.reason()) {
             return Ok(Some(json!({
@@ -191,6 +207,23 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<Option<serde_json::Value
         }
     }
     Ok(verdict.to_claude_json())
+}
+
+/// A denied call goes into the session's record (when a session is open for it).
+fn record_denied(root: &std::path::Path, call: &hook::ToolCall, text: &str, why: Option<String>) {
+    let ids: CallIds = serde_json::from_str(text).unwrap_or_default();
+    let Some(session_id) = ids.session_id else {
+        return;
+    };
+    let mut record = session::call_record(
+        root,
+        call.cwd.as_deref(),
+        &call.tool_name,
+        ids.tool_use_id,
+        Some(&call.tool_input),
+    );
+    record.detail = why;
+    session::record_denied(root, &session_id, record);
 }
 
 /// Claude Code's shell tool.
@@ -274,10 +307,9 @@ fn rewritten(
         ),
     };
     let ids: CallIds = serde_json::from_str(text).unwrap_or_default();
-    let task = format!(
-        "Claude Code Bash call {} in session {}",
-        ids.tool_use_id.as_deref().unwrap_or("(no id)"),
-        ids.session_id.as_deref().unwrap_or("(no id)")
+    let task = agentdiff_engine::transaction::session::shell_task(
+        ids.tool_use_id.as_deref(),
+        ids.session_id.as_deref(),
     );
     let program = std::env::current_exe().context("cannot locate the agentdiff program")?;
     let command = sandbox::rewrite(&sandbox::ShellCall {

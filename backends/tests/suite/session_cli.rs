@@ -1,0 +1,355 @@
+//! Agent sessions through the binary: the session hooks fed recorded Claude Code hook JSON on
+//! stdin, a sandboxed shell call made as the hook rewrites it (`agentdiff run --task …`), then
+//! `agentdiff session list | show | rollback | end` and `verify` on the session capsule.
+
+use std::fs;
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::{json, Value};
+
+use super::{agentdiff, agentdiff_with_stdin, assert_exit, json_of, text};
+
+const SESSION: &str = "7c1d2e3f-0a9b-4c8d-9e7f-6a5b4c3d2e1f";
+const POLICY: &str = "version: 1\nfilesystem:\n  allow_write: [\"**\"]\n  deny: [.env, .git/**]\n";
+
+fn project() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    fs::write(root.join("agentdiff.yaml"), POLICY).unwrap();
+    fs::create_dir_all(root.join("src")).unwrap();
+    fs::write(root.join("src/main.rs"), "fn main() {}\n").unwrap();
+    fs::write(root.join("notes.txt"), "notes\n").unwrap();
+    fs::write(root.join(".env"), "TOKEN=old\n").unwrap();
+    (dir, root)
+}
+
+fn root_arg(root: &Path) -> String {
+    root.display().to_string()
+}
+
+/// Runs one hook with `input` (as Claude Code sends it) and checks it succeeded.
+fn hook(root: &Path, event: &str, input: Value) -> Output {
+    let out = agentdiff_with_stdin(
+        root,
+        &["hook", event, "--root", &root_arg(root)],
+        &input.to_string(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "hook {event}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    out
+}
+
+fn tool_input(root: &Path, event: &str, tool: &str, id: &str, input: Value) -> Value {
+    json!({
+        "session_id": SESSION,
+        "transcript_path": "/home/dev/.claude/projects/demo/s.jsonl",
+        "cwd": root,
+        "hook_event_name": event,
+        "tool_name": tool,
+        "tool_use_id": id,
+        "tool_input": input,
+    })
+}
+
+/// The sessions `session list --format json` shows.
+fn sessions(root: &Path) -> Vec<Value> {
+    let out = agentdiff(
+        root,
+        &[
+            "session",
+            "list",
+            "--root",
+            &root_arg(root),
+            "--format",
+            "json",
+        ],
+    );
+    assert_exit(&out, 0);
+    json_of(&out).as_array().unwrap().clone()
+}
+
+fn start(root: &Path) -> String {
+    let input = json!({
+        "session_id": SESSION, "cwd": root, "hook_event_name": "SessionStart", "source": "startup",
+    });
+    hook(root, "session-start", input);
+    let listed = sessions(root);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    listed[0]["id"].as_str().unwrap().to_string()
+}
+
+/// A session with a file-tool write, a denied write, a sandboxed shell call and a change no call
+/// made: `session show` lists every call and attributes every change, the capsule verifies,
+/// rollback restores the tree but keeps a later edit as a conflict, and an ended session cannot
+/// be ended again.
+#[test]
+fn session_records_every_call_attributes_every_change_and_rolls_back() {
+    let (_t, root) = project();
+    let r = root_arg(&root);
+    let id = start(&root);
+    assert_eq!(sessions(&root)[0]["state"], "open");
+
+    // A Write through the file tool: judged, made by the agent, then reported.
+    let write = json!({"file_path": root.join("src/main.rs"), "content": "fn main() { run() }\n"});
+    let pre = hook(
+        &root,
+        "pre-tool-use",
+        tool_input(&root, "PreToolUse", "Write", "toolu_w", write.clone()),
+    );
+    assert!(
+        text(&pre.stdout).contains("\"permissionDecision\":\"allow\""),
+        "{}",
+        text(&pre.stdout)
+    );
+    fs::write(root.join("src/main.rs"), "fn main() { run() }\n").unwrap();
+    hook(
+        &root,
+        "post-tool-use",
+        tool_input(&root, "PostToolUse", "Write", "toolu_w", write),
+    );
+
+    // A Write to .env: denied by the hook, never made, recorded as denied.
+    let env = json!({"file_path": ".env", "content": "TOKEN=stolen\n"});
+    let pre = hook(
+        &root,
+        "pre-tool-use",
+        tool_input(&root, "PreToolUse", "Write", "toolu_env", env),
+    );
+    assert!(
+        text(&pre.stdout).contains("\"deny\""),
+        "{}",
+        text(&pre.stdout)
+    );
+
+    // A shell call, as the hook rewrites it: its own run, tasked with the call and the session.
+    let task = format!("Claude Code Bash call toolu_b in session {SESSION}");
+    let run = agentdiff(
+        &root,
+        &[
+            "run",
+            "--root",
+            &r,
+            "--format",
+            "brief",
+            "--fail-on",
+            "never",
+            "--task",
+            &task,
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p out && echo built > out/app.txt",
+        ],
+    );
+    assert_exit(&run, 0);
+    let bash = json!({"command": "make"});
+    hook(
+        &root,
+        "post-tool-use",
+        tool_input(&root, "PostToolUse", "Bash", "toolu_b", bash),
+    );
+    hook(
+        &root,
+        "stop",
+        json!({"session_id": SESSION, "hook_event_name": "Stop"}),
+    );
+
+    // Made by nothing the session recorded.
+    fs::write(root.join("stray.txt"), "stray\n").unwrap();
+    let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
+    hook(&root, "session-end", end);
+
+    let out = agentdiff(
+        &root,
+        &["session", "show", &id, "--root", &r, "--format", "json"],
+    );
+    assert_exit(&out, 0);
+    let shown = json_of(&out);
+    assert_eq!(shown["state"], "ended");
+    let calls = shown["calls"].as_array().unwrap();
+    let outcome = |id: &str| {
+        calls
+            .iter()
+            .find(|c| c["tool_use_id"] == id)
+            .unwrap_or_else(|| panic!("{id}: {calls:?}"))
+            .clone()
+    };
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert_eq!(outcome("toolu_w")["outcome"], "ran");
+    assert_eq!(outcome("toolu_w")["paths"], json!(["src/main.rs"]));
+    assert_eq!(outcome("toolu_env")["outcome"], "denied");
+    let bash_run = outcome("toolu_b")["run_id"].as_str().unwrap().to_string();
+    let ended = &shown["ended"];
+    assert_eq!(ended["ended_by"], "session_end");
+    assert_eq!(ended["linked_runs"], json!([bash_run]));
+    assert_eq!(ended["denied_calls"], json!(["toolu_env"]));
+    let attributions = ended["attributions"].as_array().unwrap();
+    let who = |path: &str| {
+        attributions
+            .iter()
+            .find(|a| a["path"] == path)
+            .unwrap_or_else(|| panic!("{path}: {attributions:?}"))
+            .clone()
+    };
+    assert_eq!(who("src/main.rs")["calls"], json!(["toolu_w"]));
+    assert_eq!(who("out/app.txt")["calls"], json!(["toolu_b"]));
+    assert_eq!(who("out/app.txt")["runs"], json!([bash_run]));
+    assert_eq!(who("out")["calls"], json!(["toolu_b"]));
+    assert_eq!(who("stray.txt")["unattributed"], true);
+    assert_eq!(attributions.len(), 4, "{attributions:?}");
+    assert_eq!(
+        fs::read_to_string(root.join(".env")).unwrap(),
+        "TOKEN=old\n"
+    );
+
+    // The summary, markdown and html say the same.
+    for format in ["summary", "markdown", "html"] {
+        let out = agentdiff(
+            &root,
+            &["session", "show", &id, "--root", &r, "--format", format],
+        );
+        assert_exit(&out, 0);
+        // Markdown escapes `_`.
+        let said = text(&out.stdout).replace('\\', "");
+        assert!(
+            said.contains("stray.txt") && said.contains("toolu_b"),
+            "{format}: {said}"
+        );
+        assert!(said.contains("unattributed"), "{format}: {said}");
+    }
+    let out = agentdiff(&root, &["verify", &id, "--root", &r]);
+    assert_exit(&out, 0);
+    assert!(
+        text(&out.stdout).contains("authenticated"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Sessions are listed by `runs` too, with the backend `session`.
+    let out = agentdiff(&root, &["runs", "--root", &r]);
+    assert!(
+        text(&out.stdout).contains("session"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A later edit of a path the session changed is kept as a conflict; the rest is restored.
+    fs::write(root.join("out/app.txt"), "edited later\n").unwrap();
+    let out = agentdiff(&root, &["session", "rollback", &id, "--all", "--root", &r]);
+    assert_exit(&out, 68);
+    assert_eq!(
+        fs::read_to_string(root.join("src/main.rs")).unwrap(),
+        "fn main() {}\n"
+    );
+    assert!(!root.join("stray.txt").exists());
+    assert_eq!(
+        fs::read_to_string(root.join("out/app.txt")).unwrap(),
+        "edited later\n"
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("notes.txt")).unwrap(),
+        "notes\n"
+    );
+
+    // Ended once; a run is not a session; an unknown id is no session.
+    let out = agentdiff(&root, &["session", "end", &id, "--root", &r]);
+    assert_exit(&out, 64);
+    assert!(
+        text(&out.stderr).contains("already ended"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = agentdiff(&root, &["session", "show", &bash_run, "--root", &r]);
+    assert_exit(&out, 66);
+    assert!(
+        text(&out.stderr).contains("not a session"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = agentdiff(
+        &root,
+        &["session", "show", "20990101T000000Z-00000000", "--root", &r],
+    );
+    assert_exit(&out, 66);
+}
+
+/// A session whose agent went away without SessionEnd is `interrupted`; it cannot be rolled
+/// back until `session end` seals it, which then attributes and verifies like any end. A
+/// session whose agent still runs is `open`, and `session end` refuses it without --force.
+#[test]
+fn interrupted_session_is_listed_and_session_end_seals_it() {
+    let (_t, root) = project();
+    let r = root_arg(&root);
+    // Claude Code runs hooks through a shell; the agent here is a shell that exits at once.
+    let input = root.join("start.json");
+    let start = json!({"session_id": SESSION, "cwd": root, "hook_event_name": "SessionStart"});
+    fs::write(&input, start.to_string()).unwrap();
+    let status = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "sh -c '\"$0\" hook session-start --root \"$1\" < \"$2\"; :' \"$0\" \"$1\" \"$2\"; :",
+        ])
+        .arg(super::bin())
+        .arg(&root)
+        .arg(&input)
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+        .env_remove("AGENTDIFF_POLICY")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    fs::remove_file(&input).unwrap();
+    let listed = sessions(&root);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "interrupted");
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    fs::write(root.join("notes.txt"), "changed\n").unwrap();
+
+    let out = agentdiff(&root, &["session", "rollback", &id, "--all", "--root", &r]);
+    assert_exit(&out, 67);
+    assert!(
+        text(&out.stderr).contains("session end"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = agentdiff(&root, &["session", "end", &id, "--root", &r]);
+    assert_exit(&out, 0);
+    assert_eq!(sessions(&root)[0]["state"], "ended");
+    let out = agentdiff(
+        &root,
+        &["session", "show", &id, "--root", &r, "--format", "json"],
+    );
+    let shown = json_of(&out);
+    assert_eq!(shown["ended"]["ended_by"], "closed");
+    assert_eq!(shown["ended"]["attributions"][0]["path"], "notes.txt");
+    assert_eq!(shown["ended"]["attributions"][0]["unattributed"], true);
+    assert_exit(&agentdiff(&root, &["verify", &id, "--root", &r]), 0);
+    let out = agentdiff(&root, &["session", "rollback", &id, "--all", "--root", &r]);
+    assert_exit(&out, 0);
+    assert_eq!(
+        fs::read_to_string(root.join("notes.txt")).unwrap(),
+        "notes\n"
+    );
+
+    // The test process is this session's agent: alive, so the session is open.
+    let again = json!({"session_id": "other", "cwd": root, "hook_event_name": "SessionStart"});
+    hook(&root, "session-start", again);
+    let open = sessions(&root);
+    let open = open
+        .iter()
+        .find(|s| s["agent_session_id"] == "other")
+        .unwrap();
+    assert_eq!(open["state"], "open");
+    let other = open["id"].as_str().unwrap();
+    let out = agentdiff(&root, &["session", "end", other, "--root", &r]);
+    assert_exit(&out, 64);
+    assert_exit(
+        &agentdiff(&root, &["session", "end", other, "--force", "--root", &r]),
+        0,
+    );
+}
