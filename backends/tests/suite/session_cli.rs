@@ -300,9 +300,9 @@ fn interrupted_session_is_listed_and_session_end_seals_it() {
         .arg(&input)
         .env("AGENTDIFF_STATE_DIR", super::state_dir())
         .env_remove("AGENTDIFF_POLICY")
-        .status()
+        .output()
         .unwrap();
-    assert!(status.success());
+    assert!(status.status.success(), "{}", text(&status.stderr));
     fs::remove_file(&input).unwrap();
     let listed = sessions(&root);
     assert_eq!(listed.len(), 1, "{listed:?}");
@@ -352,4 +352,52 @@ fn interrupted_session_is_listed_and_session_end_seals_it() {
         &agentdiff(&root, &["session", "end", other, "--force", "--root", &r]),
         0,
     );
+}
+
+/// A session hook that cannot record says so on stderr and exits 1 (Claude Code reports it and
+/// goes on), never 2: these hooks cannot block a call. A call that comes after the end is not
+/// written into the sealed capsule.
+#[test]
+fn a_failing_session_hook_says_so_and_never_blocks() {
+    let (_t, root) = project();
+    let r = root_arg(&root);
+    let cases = [
+        ("post-tool-use", "not json".to_string()),
+        (
+            "session-end",
+            json!({"hook_event_name": "SessionEnd"}).to_string(),
+        ),
+        ("stop", json!({"session_id": "no-such-session"}).to_string()),
+    ];
+    for (event, input) in cases {
+        let out = agentdiff_with_stdin(&root, &["hook", event, "--root", &r], &input);
+        assert_exit(&out, 1);
+        assert!(
+            text(&out.stderr).contains("agentdiff: session not recorded:"),
+            "{event}: {}",
+            text(&out.stderr)
+        );
+    }
+    let id = start(&root);
+    let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd"});
+    hook(&root, "session-end", end);
+    let late = tool_input(
+        &root,
+        "PostToolUse",
+        "Write",
+        "toolu_late",
+        json!({"file_path": "a"}),
+    );
+    let out = agentdiff_with_stdin(
+        &root,
+        &["hook", "post-tool-use", "--root", &r],
+        &late.to_string(),
+    );
+    assert_exit(&out, 1);
+    assert!(
+        text(&out.stderr).contains("no open session"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_exit(&agentdiff(&root, &["verify", &id, "--root", &r]), 0);
 }

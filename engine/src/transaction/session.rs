@@ -145,16 +145,26 @@ fn open_session(store: &Store, id: &str) -> Result<(Capsule, Metadata), SessionE
 pub fn record_call(store: &Store, id: &str, call: &ToolCallRecord) -> Result<(), SessionError> {
     let (capsule, _) = open_session(store, id)?;
     let fields = serde_json::to_value(call).map_err(SessionError::Log)?;
-    let lock_error = |source| SessionError::LogLock {
-        id: id.to_string(),
-        source,
-    };
-    let dir = std::fs::File::open(capsule.dir()).map_err(lock_error)?;
-    let _held = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, errno)| lock_error(std::io::Error::from(errno)))?;
+    let _held = lock_log(&capsule)?;
+    // The end may have sealed it while this waited for the lock.
+    if capsule.is_sealed() {
+        return Err(SessionError::AlreadyEnded { id: id.to_string() });
+    }
     capsule.event("tool_call", fields)?;
     store.flush_pending()?;
     Ok(())
+}
+
+/// The lock of a session's log: taken to append a call, and by the end from reading the calls to
+/// the seal, so no call lands in a log already sealed (it would break the seal).
+fn lock_log(capsule: &Capsule) -> Result<nix::fcntl::Flock<std::fs::File>, SessionError> {
+    let lock_error = |source| SessionError::LogLock {
+        id: capsule.id().to_string(),
+        source,
+    };
+    let dir = std::fs::File::open(capsule.dir()).map_err(lock_error)?;
+    nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| lock_error(std::io::Error::from(errno)))
 }
 
 /// The sessions of `agent_session_id` still open (newest last).
@@ -291,6 +301,10 @@ pub fn end(req: SessionClose<'_>) -> Result<RunResult, SessionError> {
             result.safety_outcome = Action::Review;
             result.status = decide::status(&run.exit, None, Action::Review);
         }
+    }
+    let _held = lock_log(&capsule)?;
+    if capsule.is_sealed() {
+        return Err(SessionError::AlreadyEnded { id: req.id });
     }
     let calls = read_calls(&capsule)?;
     let session_id = metadata.session.map(|s| s.agent_session_id);

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use agentdiff_engine::transaction::session::{self, SessionClose, SessionStart};
+use agentdiff_host::process_identity::read_stat;
 use agentdiff_policy as policy;
 use agentdiff_store::schema::{SessionMeta, ToolCallRecord};
 use agentdiff_store::Store;
@@ -271,26 +272,18 @@ pub fn close(
 /// through; with its start time (clock ticks since boot), so a reused pid is not taken for it.
 fn agent_process() -> (Option<u32>, Option<u64>) {
     let mut pid = std::os::unix::process::parent_id();
-    if let Some((comm, ppid, _)) = proc_stat(pid) {
-        if matches!(comm.as_str(), "sh" | "bash" | "dash" | "zsh") {
-            pid = ppid;
+    if let Ok(parent) = read_stat(pid) {
+        if matches!(parent.comm.as_str(), "sh" | "bash" | "dash" | "zsh") {
+            pid = parent.ppid;
         }
     }
-    match proc_stat(pid) {
-        Some((_, _, started)) => (Some(pid), Some(started)),
-        None => (None, None),
+    match read_stat(pid) {
+        Ok(agent) => (Some(pid), Some(agent.start_time_ticks)),
+        Err(_) => (None, None),
     }
 }
 
-/// `comm`, parent pid and start time of a process, from `/proc/PID/stat`.
-pub fn proc_stat(pid: u32) -> Option<(String, u32, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let comm = text.get(open + 1..close)?.to_string();
-    let fields: Vec<&str> = text.get(close + 2..)?.split_whitespace().collect();
-    // After `comm`: state is field 3, ppid 4, starttime 22.
-    let ppid = fields.get(1)?.parse().ok()?;
-    let started = fields.get(19)?.parse().ok()?;
-    Some((comm, ppid, started))
+/// Whether the process `pid`, started at `started` (clock ticks since boot), still runs.
+pub fn still_runs(pid: u32, started: u64) -> bool {
+    read_stat(pid).is_ok_and(|s| s.start_time_ticks == started && s.state != 'Z')
 }

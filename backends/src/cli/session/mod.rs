@@ -67,9 +67,7 @@ pub fn state(capsule: &Capsule, metadata: &Metadata) -> State {
         .session
         .as_ref()
         .is_some_and(|s| match (s.agent_pid, s.agent_started) {
-            (Some(pid), Some(started)) => {
-                crate::cli::hook::session::proc_stat(pid).is_some_and(|(_, _, now)| now == started)
-            }
+            (Some(pid), Some(started)) => crate::cli::hook::session::still_runs(pid, started),
             _ => false,
         });
     if alive {
