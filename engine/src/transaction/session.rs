@@ -250,7 +250,8 @@ pub fn end(req: SessionClose<'_>) -> Result<RunResult, SessionError> {
         digests: None,
     };
     let after = capture.after(&root, &before, false)?;
-    let comparison = super::compare(&store, &before, &after);
+    // No capsule guard runs across a session (see capsule-format.md): nothing unreadable to add.
+    let comparison = super::compare(&store, &before, &after, &None);
     let run = RunEvidence {
         backend: SESSION_BACKEND.to_string(),
         exit: agentdiff_backend_api::ExitInfo {
@@ -280,6 +281,8 @@ pub fn end(req: SessionClose<'_>) -> Result<RunResult, SessionError> {
         verified_controls: &[],
         capsule_tampered: &[],
         git_dirs: &agentdiff_host::git_dirs::discover(&root).relative_to(&root),
+        // A session's own calls run no proxy; its shell calls' runs carry their own evidence.
+        network: None,
     };
     let frame = RunFrame {
         run_id: req.id.clone(),
