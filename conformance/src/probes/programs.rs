@@ -592,9 +592,13 @@ pub(crate) fn daemon_invocation(token: &str) -> Invocation {
     let inner =
         "i=0; while [ $i -lt 150 ]; do i=$((i+1)); echo $i > probe-heartbeat; sleep 0.2; done";
     // The root only carries the token; the daemon's $0 is built inside, so only the daemon's
-    // command line holds the full name the host searches for.
+    // command line holds the full name the host searches for. The root's second begins once the
+    // daemon has written its first heartbeat (at most 10 s): on a loaded machine the daemon may
+    // start late, and a root that ended first had its tree cleaned up before the host saw it.
     let outer = format!(
-        "echo ran > {RAN_MARKER}; ( sh -c \"$1\" \"agentdiff-probe-daemon-$2\" & ); sleep 1; exit 0"
+        "echo ran > {RAN_MARKER}; ( sh -c \"$1\" \"agentdiff-probe-daemon-$2\" & ); \
+         n=0; while [ ! -s probe-heartbeat ] && [ $n -lt 200 ]; do n=$((n+1)); sleep 0.05; done; \
+         sleep 1; exit 0"
     );
     Invocation::new([
         "sh".to_string(),
