@@ -212,29 +212,41 @@ fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&decision).context("cannot encode the decision")?
         ),
-        Format::Summary => {
-            let lines = [
-                ("action", decision.action.to_string()),
-                ("subject", decision.subject.clone()),
-                ("rule", decision.rule.clone()),
-                (
-                    "pattern",
-                    decision.pattern.clone().unwrap_or_else(|| "-".to_owned()),
-                ),
-                ("reason", decision.reason.clone()),
-                (
-                    "policy",
-                    format!(
-                        "{} (version {})",
-                        loaded.source.describe(),
-                        decision.policy_version
-                    ),
-                ),
-            ];
-            print_lines(&lines);
-        }
+        Format::Summary => print_decision(&Shown {
+            action: decision.action.to_string(),
+            subject: decision.subject.clone(),
+            rule: &decision.rule,
+            pattern: decision.pattern.as_deref(),
+            reason: &decision.reason,
+            policy: format!(
+                "{} (version {})",
+                loaded.source.describe(),
+                decision.policy_version
+            ),
+        }),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One decision as `policy explain` shows it, whatever it decided (a path, a command, a host).
+struct Shown<'d> {
+    action: String,
+    subject: String,
+    rule: &'d str,
+    pattern: Option<&'d str>,
+    reason: &'d str,
+    policy: String,
+}
+
+fn print_decision(d: &Shown<'_>) {
+    print_lines(&[
+        ("action", d.action.clone()),
+        ("subject", d.subject.clone()),
+        ("rule", d.rule.to_owned()),
+        ("pattern", d.pattern.unwrap_or("-").to_owned()),
+        ("reason", d.reason.to_owned()),
+        ("policy", d.policy.clone()),
+    ]);
 }
 
 fn print_lines(lines: &[(&str, String)]) {
@@ -270,24 +282,18 @@ fn explain_host(loaded: &LoadedPolicy, text: &str, format: Format) -> anyhow::Re
                 Ok(target) => target.with_port(decision.port),
                 Err(_) => format!("{}:{}", decision.host, decision.port),
             };
-            print_lines(&[
-                ("action", decision.action.to_string()),
-                ("subject", subject),
-                ("rule", decision.rule.clone()),
-                (
-                    "pattern",
-                    decision.pattern.clone().unwrap_or_else(|| "-".to_owned()),
+            print_decision(&Shown {
+                action: decision.action.to_string(),
+                subject,
+                rule: &decision.rule,
+                pattern: decision.pattern.as_deref(),
+                reason: &decision.reason,
+                policy: format!(
+                    "{} (version {})",
+                    loaded.source.describe(),
+                    loaded.policy.version()
                 ),
-                ("reason", decision.reason.clone()),
-                (
-                    "policy",
-                    format!(
-                        "{} (version {})",
-                        loaded.source.describe(),
-                        loaded.policy.version()
-                    ),
-                ),
-            ]);
+            });
         }
     }
     Ok(ExitCode::SUCCESS)
