@@ -446,40 +446,7 @@ fn client_command(
 
 /// The client's fds 0–2 for `stdio` (`None`: agentdiff's own).
 fn client_stdio(stdio: &StdioMode) -> Result<[Option<std::os::fd::OwnedFd>; 3]> {
-    use std::os::fd::{AsFd, OwnedFd};
-    let open = |path: &std::path::Path, write: bool| -> Result<OwnedFd> {
-        let f = if write {
-            std::fs::File::create(path)
-        } else {
-            std::fs::File::open(path)
-        };
-        f.map(OwnedFd::from)
-            .map_err(|e| launch_error(format!("{}: {e}", path.display())))
-    };
-    Ok(match stdio {
-        StdioMode::Inherit => [None, None, None],
-        StdioMode::StdoutToStderr => {
-            let fd = std::io::stderr()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| launch_error(format!("could not duplicate stderr: {e}")))?;
-            [None, Some(fd), None]
-        }
-        StdioMode::Files {
-            stdin,
-            stdout,
-            stderr,
-        } => [
-            Some(open(
-                stdin
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new("/dev/null")),
-                false,
-            )?),
-            Some(open(stdout, true)?),
-            Some(open(stderr, true)?),
-        ],
-    })
+    agentdiff_process::stdio_relay::open_stdio(stdio).map_err(|e| launch_error(e.to_string()))
 }
 
 /// Names handed to the container with their fingerprints; values are never recorded.

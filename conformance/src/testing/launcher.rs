@@ -128,37 +128,12 @@ fn relayed_stdio(
     ctx: &LaunchContext,
     backend: &str,
 ) -> Result<(Stdio, Stdio, Stdio, agentdiff_process::stdio_relay::Relays), BackendError> {
-    use std::os::fd::OwnedFd;
-    let open = |p: &std::path::Path, write: bool| -> Result<OwnedFd, BackendError> {
-        let f = if write {
-            std::fs::File::create(p)
-        } else {
-            std::fs::File::open(p)
-        };
-        f.map(OwnedFd::from)
-            .map_err(|e| launch_error(backend, format!("{}: {e}", p.display())))
-    };
-    let fds: [Option<OwnedFd>; 3] = match &ctx.stdio {
-        StdioMode::Files {
-            stdin,
-            stdout,
-            stderr,
-        } => [
-            Some(open(
-                stdin
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new("/dev/null")),
-                false,
-            )?),
-            Some(open(stdout, true)?),
-            Some(open(stderr, true)?),
-        ],
-        _ => [None, None, None],
-    };
+    let fds = agentdiff_process::stdio_relay::open_stdio(&ctx.stdio)
+        .map_err(|e| launch_error(backend, e.to_string()))?;
     let (fds, relays) = agentdiff_process::stdio_relay::relay_stdio(fds)
         .map_err(|e| launch_error(backend, e.to_string()))?;
     let [i, o, e] = fds;
-    let pick = |fd: Option<OwnedFd>| fd.map_or_else(Stdio::inherit, Stdio::from);
+    let pick = |fd: Option<std::os::fd::OwnedFd>| fd.map_or_else(Stdio::inherit, Stdio::from);
     Ok((pick(i), pick(o), pick(e), relays))
 }
 

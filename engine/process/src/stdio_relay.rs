@@ -46,6 +46,13 @@ pub struct Relayed {
 /// Errors setting a relay up.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
+    #[error("could not open {what} as the command's {stream:?}: {source}")]
+    Open {
+        stream: Stream,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("could not inspect the command's {stream:?}: {source}")]
     Inspect {
         stream: Stream,
@@ -201,6 +208,55 @@ pub fn relay_stdio(
         out[i] = Some(child_end);
     }
     Ok((out, relays))
+}
+
+/// The command's fds 0, 1 and 2 for `mode` (`None`: inherit agentdiff's own): the files of
+/// [`StdioMode::Files`] (stdin `/dev/null` when none is given), or a duplicate of agentdiff's
+/// stderr as stdout for [`StdioMode::StdoutToStderr`]. The one way every launcher opens them.
+pub fn open_stdio(
+    mode: &agentdiff_backend_api::StdioMode,
+) -> Result<[Option<OwnedFd>; 3], RelayError> {
+    use agentdiff_backend_api::StdioMode;
+    let open = |p: &std::path::Path, write: bool, stream: Stream| {
+        let f = if write {
+            std::fs::File::create(p)
+        } else {
+            std::fs::File::open(p)
+        };
+        f.map(OwnedFd::from).map_err(|source| RelayError::Open {
+            stream,
+            what: p.display().to_string(),
+            source,
+        })
+    };
+    Ok(match mode {
+        StdioMode::Inherit => [None, None, None],
+        StdioMode::StdoutToStderr => {
+            let err = std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| RelayError::Duplicate {
+                    stream: Stream::Stderr,
+                    source,
+                })?;
+            [None, Some(err), None]
+        }
+        StdioMode::Files {
+            stdin,
+            stdout,
+            stderr,
+        } => [
+            Some(open(
+                stdin
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("/dev/null")),
+                false,
+                Stream::Stdin,
+            )?),
+            Some(open(stdout, true, Stream::Stdout)?),
+            Some(open(stderr, true, Stream::Stderr)?),
+        ],
+    })
 }
 
 #[cfg(test)]

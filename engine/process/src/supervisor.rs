@@ -142,7 +142,7 @@ pub use unix::spawn_supervised;
 
 #[cfg(unix)]
 mod unix {
-    use std::os::fd::{AsFd, OwnedFd};
+    use std::os::fd::OwnedFd;
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
 
@@ -157,37 +157,7 @@ mod unix {
 
     /// Replacement descriptors for the child's fds 0, 1, 2 (`None` = inherit).
     fn stdio_fds(ctx: &LaunchContext) -> Result<[Option<OwnedFd>; 3], ProcessError> {
-        let open = |p: &std::path::Path, write: bool| -> Result<OwnedFd, ProcessError> {
-            let f = if write {
-                std::fs::File::create(p)
-            } else {
-                std::fs::File::open(p)
-            };
-            f.map(OwnedFd::from)
-                .map_err(|e| ProcessError::io(p.display().to_string(), e))
-        };
-        Ok(match &ctx.stdio {
-            StdioMode::Inherit => [None, None, None],
-            StdioMode::StdoutToStderr => {
-                let err = std::io::stderr()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|e| ProcessError::io("a duplicate of stderr", e))?;
-                [None, Some(err), None]
-            }
-            StdioMode::Files {
-                stdin,
-                stdout,
-                stderr,
-            } => [
-                Some(match stdin {
-                    Some(p) => open(p, false)?,
-                    None => open(std::path::Path::new("/dev/null"), false)?,
-                }),
-                Some(open(stdout, true)?),
-                Some(open(stderr, true)?),
-            ],
-        })
+        crate::stdio_relay::open_stdio(&ctx.stdio).map_err(ProcessError::from)
     }
 
     /// A backend that keeps the command off the host's files must not hand it one as a stream
