@@ -218,7 +218,7 @@ fn real_programs_reach_only_the_allowed_name_and_every_attempt_is_sealed() {
         ),
     ];
     let mut script = String::from(
-        "r=report.txt\n: > $r\ntry() { if sh -c \"$2\" >/dev/null 2>&1; then echo \"$1=ok\" >> $r; \
+        "r=report.txt\n: > $r\nmkdir -p errs\ntry() { if sh -c \"$2\" >/dev/null 2>\"errs/$1\"; then echo \"$1=ok\" >> $r; \
          else echo \"$1=fail\" >> $r; fi; }\n",
     );
     for (name, cmd) in &tries {
@@ -261,10 +261,12 @@ fn real_programs_reach_only_the_allowed_name_and_every_attempt_is_sealed() {
         ("raw_socket_outside", false),
     ];
     for (name, ok) in expected {
+        // What the attempt itself printed, so a failure on another machine says why.
+        let said = fs::read_to_string(f.root().join("errs").join(name)).unwrap_or_default();
         assert_eq!(
             outcomes.get(name),
             Some(&ok),
-            "{name}: {report}; stderr {stderr}"
+            "{name}: {report}; the attempt's stderr: {said}; agentdiff's stderr {stderr}"
         );
     }
     assert_eq!(
