@@ -434,6 +434,67 @@ fn without_a_sandbox_shell_calls_are_asked_and_say_so() {
     );
 }
 
+/// A call the hook cannot judge within its own deadline is denied by the real CLI, not skipped
+/// and run: Claude Code runs a call unjudged when a hook outlives Claude Code's `timeout`, so the
+/// installed hook answers `deny` at its own, shorter deadline. The slow judgement is real work: a
+/// `Read` of a file with a second hard link outside the project, whose other names the hook looks
+/// for through all 20,000 files of the project. (This CLI version offers no `Grep` tool.)
+#[test]
+fn a_call_not_judged_within_the_hooks_deadline_is_denied_by_the_real_cli() {
+    let Some((cli, user)) = ready() else { return };
+    let s = Session::new(cli, user);
+    let proj = s.proj();
+    // Judging the read below takes hundreds of milliseconds here; the deadline is far below it.
+    let out = s.agentdiff(&[
+        "hook",
+        "install",
+        "--runtime",
+        "local",
+        "--deadline",
+        "20ms",
+    ]);
+    assert_exit(&out, 0);
+    let settings: Value =
+        serde_json::from_slice(&fs::read(proj.join(".claude/settings.json")).unwrap()).unwrap();
+    let pre = &settings["hooks"]["PreToolUse"][0]["hooks"][0];
+    assert!(
+        pre["command"].as_str().unwrap().contains("--deadline 20ms"),
+        "{settings:#}"
+    );
+    assert!(pre["timeout"].as_u64().unwrap() >= 10, "{settings:#}");
+
+    let data = proj.join("data");
+    for d in 0..100 {
+        let dir = data.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..200 {
+            fs::write(dir.join(format!("f{f}")), "").unwrap();
+        }
+    }
+    let linked = data.join("notes.txt");
+    fs::write(s.outside().join("secret.txt"), "TOKEN=1\n").unwrap();
+    fs::hard_link(s.outside().join("secret.txt"), &linked).unwrap();
+    if let Some((uid, gid)) = user {
+        let chown = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(&data)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+    }
+    let script = json!({"steps": [
+        [{"name": "Read", "input": {"file_path": linked}}],
+    ], "final": "done"});
+    let (result, results) = s.run(&script);
+    assert_eq!(denied_ids(&result), ["toolu_0001"], "{result} {results:?}");
+    let (_, error, reason) = result_of(&results, "toolu_0001");
+    assert!(
+        *error && reason.contains("within its deadline of 20ms"),
+        "{reason}"
+    );
+}
+
 /// Claude Code itself inside `--runtime bwrap`, with only its API host allowed (issue: network
 /// egress): the stand-in API is reached by a name a private `/etc/hosts` maps to loopback, through
 /// agentdiff's egress proxy; the session completes, its edit is recorded, `.git` stays read-only,
