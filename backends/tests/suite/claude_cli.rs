@@ -493,6 +493,10 @@ fn a_call_not_judged_within_the_hooks_deadline_is_denied_by_the_real_cli() {
         *error && reason.contains("within its deadline of 20ms"),
         "{reason}"
     );
+    assert!(
+        results.iter().all(|(_, _, text)| !text.contains("TOKEN=1")),
+        "the file was read: {results:?}"
+    );
 }
 
 /// Claude Code itself inside `--runtime bwrap`, with only its API host allowed (issue: network
