@@ -29,6 +29,7 @@ mod planted_programs_cli;
 mod policy_cli;
 mod process_evidence_cli;
 mod prune_cli;
+mod remote_engine_cli;
 mod report_honesty_cli;
 mod rollback_cli;
 mod run_cli;

@@ -1,11 +1,14 @@
 //! Test fixtures shared by the test suites of every agentdiff crate: the skip rule, programs
-//! written so they can be executed at once, a fake container engine, an in-place rewrite.
+//! written so they can be executed at once, a fake container engine, a real "remote" podman
+//! service, an in-place rewrite.
 //!
 //! A dev-dependency only: no product crate links it. It sits just above `agentdiff-host`, so the
 //! lowest crates' unit tests can use it without linking a second copy of anything above them.
 //! Fixtures that record whole runs need the engine's types and live with the engine's tests.
 
 use std::path::Path;
+
+pub mod remote_engine;
 
 /// A test that cannot run here says why. Under `AGENTDIFF_REQUIRE_REAL_BACKENDS=1` (CI) that is a
 /// failure, never a skip; elsewhere it prints `SKIPPED (not a pass): <reason>` and the caller
