@@ -1,10 +1,22 @@
 //! Cleanup of containers a crashed run left behind, found by their run label. The recorded
 //! engine-client processes are ordinary host processes: the engine's identity-checked pidfd
 //! cleanup stops them (see `ContainerBackend::cleanup_run`).
+//!
+//! A remote run's containers live on the engine it ran on, which the environment of a later
+//! `agentdiff cleanup` need not name. So a remote run records that engine at launch
+//! ([`RecordedEngine`], in the MAC'd `launched` event) and cleanup asks it, removing the run's
+//! containers by label and the recorded one by id, and checking the engine no longer lists them.
+//! The engine hands the record back only from an authenticated capsule; its address is still
+//! checked here like a `--backend-option engine-host=` value.
+//!
+//! Not defended: a run killed between creating its remote container and writing the `launched`
+//! event has no record; its container is found only through an engine the cleanup's own
+//! environment names.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, EngineError, EngineKind, ProgramSource, ENGINE_CLIENT_VARS};
+use crate::remote::ENDPOINT_VARS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CleanupError {
@@ -12,6 +24,133 @@ pub enum CleanupError {
     RunId(String),
     #[error("{0}")]
     Engine(#[from] EngineError),
+    #[error("the run's recorded engine address {0:?} is not an engine API address")]
+    RecordedEndpoint(String),
+    #[error("no {0} client is installed to reach the run's recorded engine")]
+    NoClient(&'static str),
+    #[error("container {id} is still listed by the {engine} engine after its removal")]
+    StillListed { id: String, engine: String },
+}
+
+/// Client variables that carry the TLS material's location (paths, not secrets); recorded with
+/// the endpoint because a `tcp://` engine with TLS cannot be reached without them.
+const TLS_VARS: [&str; 2] = ["DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY"];
+
+/// What a remote run records at launch so that cleanup reaches the engine it ran on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedEngine {
+    pub engine: EngineKind,
+    /// The address the run's client was given.
+    pub endpoint: String,
+    /// [`TLS_VARS`] as the run's client had them.
+    #[serde(default)]
+    pub tls: Vec<(String, String)>,
+    /// The container the run created.
+    #[serde(default)]
+    pub container_id: Option<String>,
+}
+
+impl RecordedEngine {
+    /// The record of a run whose client talked to `endpoint` with environment `env`.
+    pub fn of(
+        engine: EngineKind,
+        endpoint: &str,
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+        container_id: Option<&str>,
+    ) -> RecordedEngine {
+        RecordedEngine {
+            engine,
+            endpoint: endpoint.to_string(),
+            tls: env
+                .iter()
+                .filter(|(k, _)| TLS_VARS.iter().any(|n| k == n))
+                .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string())))
+                .collect(),
+            container_id: container_id.map(str::to_string),
+        }
+    }
+
+    /// The client environment cleanup uses: this process's client variables without any that
+    /// choose an engine or TLS material, then the recorded ones.
+    fn client_env(
+        &self,
+        current: &[(std::ffi::OsString, std::ffi::OsString)],
+    ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+        let mut env: Vec<_> = current
+            .iter()
+            .filter(|(k, _)| ENGINE_CLIENT_VARS.iter().any(|n| k == *n))
+            .filter(|(k, _)| !ENDPOINT_VARS.iter().chain(&TLS_VARS).any(|n| k == *n))
+            .cloned()
+            .collect();
+        env.push((
+            crate::remote::endpoint_var(self.engine).into(),
+            self.endpoint.clone().into(),
+        ));
+        env.extend(self.tls.iter().map(|(k, v)| (k.into(), v.into())));
+        env
+    }
+}
+
+/// Remove the run's containers from the engine `recorded` names: every container labelled with
+/// the run and the recorded one by id, each checked gone. An engine that cannot be asked is
+/// reported in `unreachable`, a container still listed after removal in the error. `client_env`
+/// is the client environment the backend was configured with; its engine choice is replaced.
+pub async fn remove_recorded_containers(
+    run_id: &str,
+    recorded: &RecordedEngine,
+    program: &ProgramSource,
+    client_env: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Result<RemovedContainers, CleanupError> {
+    crate::argv::container_name(run_id).map_err(|_| CleanupError::RunId(run_id.to_string()))?;
+    crate::options::parse_engine_host(&recorded.endpoint)
+        .ok()
+        .filter(|h| !matches!(h, crate::options::EngineHost::Env))
+        .ok_or_else(|| CleanupError::RecordedEndpoint(recorded.endpoint.clone()))?;
+    let kind = recorded.engine;
+    let program = program
+        .resolve(kind)
+        .ok_or(CleanupError::NoClient(kind.as_str()))?;
+    let engine = Engine {
+        kind,
+        program,
+        env: recorded.client_env(client_env),
+    };
+    let label = format!("{} at {}", kind.as_str(), recorded.endpoint);
+    let mut out = RemovedContainers::default();
+    let mut ids = match engine.containers_of_run(run_id).await {
+        Ok(ids) => ids,
+        Err(e) => {
+            out.unreachable.push((label, e.to_string()));
+            return Ok(out);
+        }
+    };
+    // The recorded container by id too, should it have lost its label (a hex id only: it is
+    // passed to the client as a filter).
+    let unlisted = recorded
+        .container_id
+        .as_ref()
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .filter(|id| !ids.iter().any(|i| i.starts_with(id.as_str())));
+    if let Some(id) = unlisted {
+        let filter = format!("id={id}");
+        let listed = engine
+            .call_ok(&["ps", "-a", "-q", "--no-trunc", "--filter", &filter])
+            .await?;
+        ids.extend(
+            listed
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string),
+        );
+    }
+    for id in ids {
+        if !crate::remote::remove_verified(&engine, &id).await? {
+            return Err(CleanupError::StillListed { id, engine: label });
+        }
+        out.removed.push((label.clone(), id));
+    }
+    Ok(out)
 }
 
 /// What [`remove_run_containers`] did, per engine.
@@ -70,4 +209,77 @@ pub async fn remove_run_containers_with(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn pair(k: &str, v: &str) -> (OsString, OsString) {
+        (k.into(), v.into())
+    }
+
+    #[test]
+    fn the_recorded_engine_replaces_every_engine_choice_of_the_cleanups_environment() {
+        let at_run = [
+            pair("DOCKER_HOST", "tcp://build-1:2376"),
+            pair("DOCKER_CERT_PATH", "/certs"),
+            pair("DOCKER_TLS_VERIFY", "1"),
+            pair("HOME", "/home/u"),
+        ];
+        let recorded = RecordedEngine::of(
+            EngineKind::Docker,
+            "tcp://build-1:2376",
+            &at_run,
+            Some("abc"),
+        );
+        assert_eq!(
+            recorded.tls,
+            [
+                ("DOCKER_CERT_PATH".to_string(), "/certs".to_string()),
+                ("DOCKER_TLS_VERIFY".to_string(), "1".to_string())
+            ]
+        );
+        let now = [
+            pair("DOCKER_HOST", "unix:///var/run/docker.sock"),
+            pair("DOCKER_CONTEXT", "other"),
+            pair("CONTAINER_HOST", "ssh://elsewhere"),
+            pair("DOCKER_CERT_PATH", "/other-certs"),
+            pair("HOME", "/home/u"),
+            pair("SECRET_TOKEN", "x"),
+        ];
+        let mut env = recorded.client_env(&now);
+        env.sort();
+        assert_eq!(
+            env,
+            [
+                pair("DOCKER_CERT_PATH", "/certs"),
+                pair("DOCKER_HOST", "tcp://build-1:2376"),
+                pair("DOCKER_TLS_VERIFY", "1"),
+                pair("HOME", "/home/u"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_recorded_address_that_is_not_an_engine_address_is_refused_before_any_client_runs() {
+        for endpoint in ["env", "http://x", "", "file:///etc/passwd"] {
+            let recorded = RecordedEngine {
+                engine: EngineKind::Podman,
+                endpoint: endpoint.into(),
+                tls: Vec::new(),
+                container_id: None,
+            };
+            // A client that would fail loudly if it were run.
+            let program = ProgramSource::Fixed("/nonexistent/podman".into());
+            let err = remove_recorded_containers("run-1", &recorded, &program, &[])
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, CleanupError::RecordedEndpoint(_)),
+                "{endpoint}: {err}"
+            );
+        }
+    }
 }

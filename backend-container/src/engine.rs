@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Label carrying the run id; `agentdiff cleanup` finds a crashed run's containers by it.
 pub const RUN_LABEL: &str = "agentdiff.run";
@@ -39,7 +39,7 @@ pub const ENGINE_CLIENT_VARS: [&str; 17] = [
     "CONTAINERS_STORAGE_CONF",
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EngineKind {
     Podman,

@@ -521,24 +521,67 @@ impl RuntimeBackend for ContainerBackend {
         grace: Duration,
     ) -> CleanupReport {
         let mut report = cleanup_host_processes(ids, grace).await;
-        match cleanup::remove_run_containers(run_id).await {
-            Ok(removed) => {
-                for (engine, id) in removed.removed {
-                    report
-                        .resources_removed
-                        .push(format!("{engine} container {id}"));
-                }
-                for (engine, why) in removed.unreachable {
-                    report.errors.push(format!(
-                        "{engine} could not be asked for the run's containers: {why}"
-                    ));
-                }
+        add_removed(&mut report, cleanup::remove_run_containers(run_id).await);
+        report
+    }
+
+    /// A remote run recorded the engine it ran on: its containers are removed there (see
+    /// [`cleanup::RecordedEngine`]); any other run as [`RuntimeBackend::cleanup_run`].
+    async fn cleanup_recorded_run(
+        &self,
+        run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+        resources: Option<&serde_json::Value>,
+    ) -> CleanupReport {
+        let Some(resources) = resources else {
+            return self.cleanup_run(run_id, ids, grace).await;
+        };
+        let mut report = cleanup_host_processes(ids, grace).await;
+        match serde_json::from_value::<cleanup::RecordedEngine>(resources.clone()) {
+            Ok(recorded) => {
+                let program = match recorded.engine {
+                    EngineKind::Podman => &self.podman,
+                    EngineKind::Docker => &self.docker,
+                };
+                let removed = cleanup::remove_recorded_containers(
+                    run_id,
+                    &recorded,
+                    program,
+                    &self.client_env,
+                )
+                .await;
+                add_removed(&mut report, removed);
             }
-            Err(e) => report
-                .errors
-                .push(format!("the run's containers could not be removed: {e}")),
+            Err(e) => report.errors.push(format!(
+                "the run's record of its engine could not be read ({e}); its containers were not looked for"
+            )),
         }
         report
+    }
+}
+
+/// What a container removal did, into the cleanup report.
+fn add_removed(
+    report: &mut CleanupReport,
+    removed: std::result::Result<cleanup::RemovedContainers, cleanup::CleanupError>,
+) {
+    match removed {
+        Ok(removed) => {
+            for (engine, id) in removed.removed {
+                report
+                    .resources_removed
+                    .push(format!("{engine} container {id}"));
+            }
+            for (engine, why) in removed.unreachable {
+                report.errors.push(format!(
+                    "{engine} could not be asked for the run's containers: {why}"
+                ));
+            }
+        }
+        Err(e) => report
+            .errors
+            .push(format!("the run's containers could not be removed: {e}")),
     }
 }
 

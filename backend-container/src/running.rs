@@ -595,11 +595,22 @@ impl RunningCommand for RunningContainer {
     }
 
     fn launch_facts(&self) -> LaunchFacts {
+        // A remote run's container is on an engine a later `agentdiff cleanup` may not name.
+        let resources = self.remote.as_ref().and_then(|remote| {
+            let recorded = crate::cleanup::RecordedEngine::of(
+                self.engine.kind,
+                &remote.facts.engine.endpoint,
+                &self.engine.env,
+                Some(&remote.container_id),
+            );
+            serde_json::to_value(recorded).ok()
+        });
         LaunchFacts {
             pid: self.pid,
             root: self.identity.clone(),
             cgroup: None,
             monitor: None,
+            resources,
         }
     }
 

@@ -155,3 +155,102 @@ fn runtime_json(root: &Path, id: &str) -> Value {
     let path = root.join(".agentdiff/runs").join(id).join("runtime.json");
     serde_json::from_slice(&fs::read(&path).unwrap()).unwrap()
 }
+
+/// A remote run whose agentdiff is killed mid-command leaves its container on the engine it ran
+/// on. `agentdiff cleanup RUN`, with no engine address in its own environment, reaches that
+/// engine from the run's authenticated `launched` event, removes the container and checks it is
+/// gone.
+#[test]
+fn cleanup_of_a_killed_remote_run_removes_its_container_on_the_recorded_engine() {
+    if let Some(reason) = missing() {
+        agentdiff_test_support::skip(&reason);
+        return;
+    }
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let engine = start_remote_engine(dir.path());
+    let root = dir.path().join("project");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("a.txt"), "a\n").unwrap();
+    let endpoint = format!("engine-host={}", engine.url);
+    let mut run = super::cmd(
+        &root,
+        &[
+            "run",
+            "--runtime",
+            "container",
+            "--engine",
+            "docker",
+            "--image",
+            REMOTE_IMAGE,
+            "--backend-option",
+            &endpoint,
+            "--",
+            "sleep",
+            "300",
+        ],
+    )
+    .env_remove("DOCKER_HOST")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let listed = || {
+        let out = Command::new("podman")
+            .args(["--url", &engine.url, "ps", "-a", "-q", "--no-trunc"])
+            .output()
+            .unwrap();
+        text(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // Not a timing assertion: how long this test waits for the container to start at all.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let running = loop {
+        let out = Command::new("podman")
+            .args(["--url", &engine.url, "ps", "-q", "--no-trunc"])
+            .output()
+            .unwrap();
+        let ids = text(&out.stdout);
+        if let Some(id) = ids.lines().next() {
+            break id.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < give_up && run.try_wait().unwrap().is_none(),
+            "the remote container never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert_eq!(
+        listed(),
+        std::slice::from_ref(&running),
+        "the killed run left its container"
+    );
+
+    let id = fs::read_dir(root.join(".agentdiff/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| !n.starts_with('.'))
+        .expect("the killed run's capsule");
+    let out = super::cmd(
+        &root,
+        &["cleanup", &id, "--format", "json", "--grace-period", "1"],
+    )
+    .env_remove("DOCKER_HOST")
+    .env_remove("CONTAINER_HOST")
+    .output()
+    .unwrap();
+    assert_exit(&out, 0);
+    let result = json_of(&out);
+    let removed = result["cleanup"]["resources_removed"].to_string();
+    assert!(
+        removed.contains(&running) && removed.contains(&engine.url),
+        "{result:#}"
+    );
+    assert_eq!(listed(), Vec::<String>::new(), "{result:#}");
+    drop(engine);
+}

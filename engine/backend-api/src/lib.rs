@@ -82,6 +82,12 @@ pub struct LaunchFacts {
     /// run in progress from one whose monitor died.
     #[serde(default)]
     pub monitor: Option<ProcessIdentity>,
+    /// What the backend needs at cleanup to reach resources it created away from this host's
+    /// process table (a remote engine's address). Opaque to the engine and typed by the backend
+    /// that wrote it; handed back by [`RuntimeBackend::cleanup_recorded_run`] only from an
+    /// authenticated capsule (a MAC'd `launched` event or a sealed run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<serde_json::Value>,
 }
 
 /// A launched command. `wait` resolves when the command has ended (normally, by timeout or by
@@ -170,4 +176,17 @@ pub trait RuntimeBackend: Send + Sync {
         ids: &[ProcessIdentity],
         grace: Duration,
     ) -> CleanupReport;
+    /// [`RuntimeBackend::cleanup_run`] with what the backend itself recorded at launch
+    /// ([`LaunchFacts::resources`]), when the capsule authenticates; `agentdiff cleanup` calls
+    /// this. A backend whose resources are found from this host alone keeps the default.
+    async fn cleanup_recorded_run(
+        &self,
+        run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+        resources: Option<&serde_json::Value>,
+    ) -> CleanupReport {
+        let _ = resources;
+        self.cleanup_run(run_id, ids, grace).await
+    }
 }

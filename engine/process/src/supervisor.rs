@@ -335,6 +335,7 @@ mod unix {
             root: crate::read_identity(pid).ok(),
             cgroup: cgroup_path,
             monitor: None,
+            resources: None,
         };
         #[allow(unused_mut)]
         let mut tracker = Tracker::new(pid, launched, cgroup, reservation);

@@ -74,6 +74,9 @@ pub struct RecordedProcesses {
     pub cgroup: Option<PathBuf>,
     /// How the evidence was trusted.
     pub trust: CleanupTrust,
+    /// What the backend recorded at launch to reach resources away from this host (see
+    /// `LaunchFacts::resources`); only from an authenticated capsule, never a forced one.
+    pub resources: Option<serde_json::Value>,
 }
 
 /// How the evidence cleanup acted on was trusted (recorded in `cleanup-result.json`).
@@ -151,12 +154,38 @@ pub fn recorded_processes(
     for p in runtime.evidence().map_or(&[][..], |e| &e.processes) {
         push_unique(&mut ids, p.identity.clone());
     }
+    let resources = recorded_resources(capsule, &trust)?;
     Ok(RecordedProcesses {
         backend: runtime.backend().to_string(),
         ids,
         cgroup: None,
         trust,
+        resources,
     })
+}
+
+/// Whether this user's agentdiff vouched for the evidence (a sealed capsule or a MAC'd
+/// `launched` event under this user's key).
+fn vouched(trust: &CleanupTrust) -> bool {
+    matches!(
+        trust,
+        CleanupTrust::AuthenticatedSeal | CleanupTrust::AuthenticatedLaunchEvent
+    )
+}
+
+/// The `launched` event's `resources`, when the capsule authenticated: a forced cleanup acts on
+/// processes it can verify one by one, but never sends a backend to an address nobody vouched for.
+fn recorded_resources(
+    capsule: &Capsule,
+    trust: &CleanupTrust,
+) -> Result<Option<serde_json::Value>, CleanupError> {
+    if !vouched(trust) {
+        return Ok(None);
+    }
+    Ok(capsule
+        .launched_event()
+        .map_err(CleanupError::Capsule)?
+        .and_then(|launched| launched.resources))
 }
 
 fn from_launch_event(
@@ -171,8 +200,10 @@ fn from_launch_event(
             ids: Vec::new(),
             cgroup: None,
             trust,
+            resources: None,
         });
     };
+    let resources = launched.resources.clone().filter(|_| vouched(&trust));
     let mut ids: Vec<ProcessIdentity> = launched.root.into_iter().collect();
     let cgroup = launched.cgroup.map(PathBuf::from);
     if let Some(cg) = &cgroup {
@@ -195,6 +226,7 @@ fn from_launch_event(
         ids,
         cgroup,
         trust,
+        resources,
     })
 }
 
@@ -252,7 +284,10 @@ pub async fn cleanup_run(
     stop_containers: bool,
 ) -> Result<CleanupResult, CleanupError> {
     let run_id = capsule.id().to_string();
-    let mut report = backend.cleanup_run(&run_id, &processes.ids, grace).await;
+    let resources = processes.resources.as_ref();
+    let mut report = backend
+        .cleanup_recorded_run(&run_id, &processes.ids, grace, resources)
+        .await;
     if let Some(cg) = &processes.cgroup {
         remove_run_cgroup(cg, &mut report);
     }
