@@ -93,6 +93,9 @@ fn render(r: &RunRow) -> String {
         seal,
         changes,
     );
+    if let Some(refused) = r.egress_denied.filter(|n| *n > 0) {
+        line.push_str(&format!("  {refused} connection(s) refused"));
+    }
     if let Some(task) = &r.task {
         line.push_str(&format!("  task: {}", escape_terminal(task)));
     }

@@ -57,7 +57,8 @@ pub fn index(runs: &[RunRow], token: &str) -> String {
     } else {
         s.push_str(
             "<table id=\"runs\"><thead><tr><th scope=\"col\">Run</th><th scope=\"col\">Started\
-             </th><th scope=\"col\">Status</th><th scope=\"col\">Seal</th></tr></thead><tbody>\n",
+             </th><th scope=\"col\">Status</th><th scope=\"col\">Seal</th><th scope=\"col\">\
+             Refused connections</th></tr></thead><tbody>\n",
         );
         for r in runs.iter().rev() {
             let id = r.id.as_str();
@@ -71,10 +72,16 @@ pub fn index(runs: &[RunRow], token: &str) -> String {
                 .as_ref()
                 .map(|p| format!(" <span class=\"d-review\">({})</span>", escape(p)))
                 .unwrap_or_default();
+            // No proxy: nothing to count; refused attempts are a finding, shown as one.
+            let refused = match r.egress_denied {
+                None => "<td class=\"muted\">no proxy</td>".to_string(),
+                Some(0) => "<td>0</td>".to_string(),
+                Some(n) => format!("<td class=\"d-review\">{n}</td>"),
+            };
             let _ = writeln!(
                 s,
                 "<tr><td class=\"path\"><a href=\"{}\">{}</a></td><td>{}</td><td>{}{problem}</td>\
-                 <td class=\"{seal_class}\">{}</td></tr>",
+                 <td class=\"{seal_class}\">{}</td>{refused}</tr>",
                 run_link(id, token),
                 escape(id),
                 escape(r.started_at.as_deref().unwrap_or("unknown")),
@@ -184,6 +191,7 @@ mod tests {
             task: None,
             changes: None,
             problem: Some("<img src=x>".into()),
+            egress_denied: Some(3),
         }];
         let page = index(&runs, "00ff");
         assert!(page.contains("href=\"/run/r-1?token=00ff\""), "{page}");
@@ -192,5 +200,10 @@ mod tests {
         assert!(page.contains("&lt;b&gt;&quot;x&quot;&lt;/b&gt;"), "{page}");
         // The seal column is the verdict, not whether integrity.json exists.
         assert!(page.contains("<td class=\"d-deny\">FORGED</td>"), "{page}");
+        // Refused connections are counted in their own column.
+        assert!(
+            page.contains("<td class=\"d-deny\">FORGED</td><td class=\"d-review\">3</td></tr>"),
+            "{page}"
+        );
     }
 }

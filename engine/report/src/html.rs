@@ -588,18 +588,21 @@ fn network(s: &mut String, v: &RunView) {
         "<section aria-labelledby=\"h-network\"><h2 id=\"h-network\">Network</h2><p>{}</p>\
          <table id=\"network\"><thead><tr><th scope=\"col\">Host</th><th scope=\"col\">\
          Denied</th><th scope=\"col\">Allowed</th><th scope=\"col\">Bytes up / down</th>\
-         </tr></thead><tbody>",
+         <th scope=\"col\">Rule</th></tr></thead><tbody>",
         escape(&net.headline())
     );
     for h in &net.hosts {
         let _ = write!(
             s,
-            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{} / {}</td></tr>",
+            "<tr><td><code>{}</code></td><td class=\"{}\">{}</td><td>{}</td><td>{} / {}</td>\
+             <td><code>{}</code></td></tr>",
             escape(&h.host),
+            if h.denied > 0 { "d-deny" } else { "" },
             h.denied,
             h.allowed,
             h.bytes_up,
-            h.bytes_down
+            h.bytes_down,
+            escape(h.rule_text())
         );
     }
     s.push_str("</tbody></table>");

@@ -82,6 +82,9 @@ pub struct RunRow {
     pub problem: Option<String>,
     pub changes: Option<Counts>,
     pub task: Option<String>,
+    /// Connection attempts the run's egress proxy refused (`None`: no proxy, or no
+    /// runtime.json).
+    pub egress_denied: Option<u64>,
 }
 
 fn state_json<S: serde::Serializer>(state: &RunState, s: S) -> Result<S::Ok, S::Error> {
@@ -120,6 +123,7 @@ fn row(store: &Store, ctx: &VerifyContext, checked: &ObjectsChecked, id: RunId) 
         problem: None,
         changes: None,
         task: None,
+        egress_denied: None,
     };
     let capsule = match store.open_run(id.as_str()) {
         Ok(c) => c,
@@ -164,7 +168,8 @@ fn present(capsule: &Capsule, artifact: Artifact) -> bool {
     std::fs::symlink_metadata(capsule.dir().join(artifact.file_name())).is_ok()
 }
 
-/// metadata.json's start, backend and task, then result.json's status, backend and counts.
+/// metadata.json's start, backend and task, runtime.json's refused connections, then
+/// result.json's status, backend and counts.
 fn read_artifacts(capsule: &Capsule, row: &mut RunRow, problems: &mut Vec<String>) {
     if present(capsule, Artifact::Metadata) {
         match capsule.metadata() {
@@ -173,6 +178,12 @@ fn read_artifacts(capsule: &Capsule, row: &mut RunRow, problems: &mut Vec<String
                 row.backend = Some(meta.backend);
                 row.task = meta.task;
             }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if present(capsule, Artifact::Runtime) {
+        match capsule.runtime() {
+            Ok(doc) => row.egress_denied = super::rows::refused_connections(Some(&doc)),
             Err(e) => problems.push(e.to_string()),
         }
     }

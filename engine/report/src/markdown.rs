@@ -388,6 +388,7 @@ fn network(s: &mut String, v: &RunView) {
                 h.denied.to_string(),
                 h.allowed.to_string(),
                 format!("{} / {}", h.bytes_up, h.bytes_down),
+                escape(h.rule_text()),
             ]
         })
         .collect();
@@ -395,7 +396,7 @@ fn network(s: &mut String, v: &RunView) {
         s,
         "Hosts",
         false,
-        &["Host", "Denied", "Allowed", "Bytes up / down"],
+        &["Host", "Denied", "Allowed", "Bytes up / down", "Rule"],
         &cells,
     );
     if net.more_hosts > 0 {

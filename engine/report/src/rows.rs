@@ -10,6 +10,7 @@
 use agentdiff_backend_api::RunEvidence;
 use agentdiff_policy::Action;
 use agentdiff_store::schema::RunResult;
+use agentdiff_store::NetworkEvidence;
 
 /// How a finding row reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,15 +108,28 @@ pub struct HostRow {
     pub denied: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// The rule that decided the host's first recorded refused attempt (its first allowed one
+    /// when none was refused); `None` when the log's record bound left its attempts out.
+    pub rule: Option<String>,
 }
 
 impl HostRow {
-    /// `denied 2, allowed 1: example.com (10 B up, 2048 B down)`.
+    /// `denied 2, allowed 1: example.com (10 B up, 2048 B down; rule network.egress.default)`.
     pub fn line(&self) -> String {
         format!(
-            "denied {}, allowed {}: {} ({} B up, {} B down)",
-            self.denied, self.allowed, self.host, self.bytes_up, self.bytes_down
+            "denied {}, allowed {}: {} ({} B up, {} B down; rule {})",
+            self.denied,
+            self.allowed,
+            self.host,
+            self.bytes_up,
+            self.bytes_down,
+            self.rule_text()
         )
+    }
+
+    /// The rule, or `not recorded` when the record bound left it out.
+    pub fn rule_text(&self) -> &str {
+        self.rule.as_deref().unwrap_or("not recorded")
     }
 }
 
@@ -143,7 +157,8 @@ impl NetworkRows {
 
 /// The run's egress rows, when it had the proxy.
 pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<NetworkRows> {
-    let log = &runtime?.network()?.egress;
+    let network = runtime?.network()?;
+    let log = &network.egress;
     let mut hosts: Vec<HostRow> = log
         .hosts
         .iter()
@@ -153,6 +168,7 @@ pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<Net
             denied: h.denied,
             bytes_up: h.bytes_up,
             bytes_down: h.bytes_down,
+            rule: host_rule(network, &h.host, h.denied > 0),
         })
         .collect();
     hosts.sort_by(|a, b| {
@@ -170,4 +186,72 @@ pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<Net
         hosts,
         more_hosts: beyond_rows + u64::from(log.hosts_omitted > 0),
     })
+}
+
+/// The rule of `host`'s first recorded refused attempt (`denied`), else of its first allowed one.
+fn host_rule(network: &NetworkEvidence, host: &str, denied: bool) -> Option<String> {
+    let wanted = if denied { Action::Deny } else { Action::Allow };
+    network
+        .egress
+        .records
+        .iter()
+        .find(|r| r.host == host && r.action == wanted)
+        .map(|r| r.rule.clone())
+}
+
+/// Connection attempts the run's egress proxy refused (`None`: the run had no proxy).
+pub fn refused_connections(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<u64> {
+    Some(runtime?.network()?.egress.denied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentdiff_backend_api::RunEvidence;
+    use agentdiff_store::RuntimeDoc;
+
+    fn record(host: &str, action: &str, rule: &str) -> serde_json::Value {
+        serde_json::json!({
+            "host": host, "port": 443, "protocol": "connect", "action": action, "rule": rule,
+            "reason": "r", "bytes_up": 0, "bytes_down": 0, "started_at": "t",
+        })
+    }
+
+    #[test]
+    fn refused_hosts_come_first_with_the_rule_of_their_refused_attempt() {
+        let network: NetworkEvidence = serde_json::from_value(serde_json::json!({ "egress": {
+            "total": 4, "allowed": 2, "denied": 2, "malformed": 0, "over_capacity": 0,
+            "records": [
+                record("b.test", "allow", "network.egress.allow[0]"),
+                record("b.test", "deny", "network.egress.deny[0]"),
+                record("a.test", "allow", "network.egress.allow[1]"),
+            ],
+            "records_omitted": 1,
+            "hosts": [
+                {"host": "a.test", "allowed": 1, "denied": 0, "bytes_up": 1, "bytes_down": 2},
+                {"host": "b.test", "allowed": 1, "denied": 1, "bytes_up": 0, "bytes_down": 0},
+                {"host": "c.test", "allowed": 0, "denied": 1, "bytes_up": 0, "bytes_down": 0},
+            ],
+            "hosts_omitted": 0,
+        }}))
+        .unwrap();
+        let doc = RuntimeDoc::launched(&RunEvidence::default(), &[], Some(network));
+        let rows = network_rows(Some(&doc)).unwrap();
+        let got: Vec<(&str, &str)> = rows
+            .hosts
+            .iter()
+            .map(|h| (h.host.as_str(), h.rule_text()))
+            .collect();
+        // c.test's attempt is beyond the record bound: its rule is not recorded, not guessed.
+        assert_eq!(
+            got,
+            [
+                ("b.test", "network.egress.deny[0]"),
+                ("c.test", "not recorded"),
+                ("a.test", "network.egress.allow[1]"),
+            ]
+        );
+        assert_eq!(refused_connections(Some(&doc)), Some(2));
+        assert_eq!(refused_connections(None), None);
+    }
 }
