@@ -15,7 +15,7 @@ mod run_revert;
 mod runs;
 mod runs_prune;
 mod serve;
-mod session;
+pub(crate) mod session;
 mod verify;
 
 use std::process::ExitCode;

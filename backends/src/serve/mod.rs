@@ -2,8 +2,10 @@
 //! already in the tree, listening on loopback only.
 //!
 //! Routes (GET only; read-only):
-//! - `/?token=T` — every run in the store and the live feed;
+//! - `/?token=T` — every agent session and run in the store, and the live feed;
 //! - `/run/ID?token=T` — the run's HTML report;
+//! - `/session/ID?token=T` — an agent session: its calls, its changes with the calls each is
+//!   attributed to, links to its runs;
 //! - `/events` with `Authorization: Bearer T` or `?token=T` — server-sent events of runs in
 //!   progress (the new lines of their `events.jsonl`, and their outcome once sealed).
 //!
@@ -30,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use agentdiff_report::live::LiveTail;
+use agentdiff_report::session::{self, SessionViewError};
 use agentdiff_report::{dashboard, listing};
 use agentdiff_store::{Store, StoreError};
 
@@ -168,25 +171,26 @@ impl Server {
         if path == "/" {
             // The same verifying listing as `agentdiff runs`, with the same key and ledger.
             let (ctx, _) = crate::common::context::verify_context(self.store.root());
-            return Route::Page(match listing::list(&self.store, &ctx) {
-                Ok(runs) => page(dashboard::index(&runs, self.token.as_str())),
+            let listed = listing::list(&self.store, &ctx).and_then(|runs| {
+                let sessions = session::list(&self.store, &crate::cli::session::alive)?;
+                Ok((runs, sessions))
+            });
+            return Route::Page(match listed {
+                Ok((runs, sessions)) => {
+                    page(dashboard::index(&runs, &sessions, self.token.as_str()))
+                }
                 Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
             });
+        }
+        if let Some(id) = path.strip_prefix("/session/") {
+            return Route::Page(self.session_page(id));
         }
         let Some(id) = path.strip_prefix("/run/") else {
             return Route::Page(text(StatusCode::NOT_FOUND, "not found"));
         };
         let capsule = match self.store.open_run(id) {
             Ok(c) => c,
-            Err(e @ (StoreError::InvalidRunId { .. } | StoreError::RunNotFound { .. })) => {
-                return Route::Page(text(StatusCode::NOT_FOUND, &escape_plain(&e.to_string())))
-            }
-            Err(e) => {
-                return Route::Page(text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &escape_plain(&e.to_string()),
-                ))
-            }
+            Err(e) => return Route::Page(store_error_page(e)),
         };
         let back = format!("/?token={}", self.token.as_str());
         Route::Page(
@@ -198,6 +202,21 @@ impl Server {
                 ),
             },
         )
+    }
+
+    /// A session's page (404 for an unknown id or a run that is not a session).
+    fn session_page(&self, id: &str) -> Response<Body> {
+        let shown = session::open(&self.store, id).and_then(|(capsule, metadata)| {
+            session::view(&capsule, metadata, &crate::cli::session::alive)
+        });
+        match shown {
+            Ok(view) => page(dashboard::session_page(&view, self.token.as_str())),
+            Err(SessionViewError::Store(e)) => store_error_page(e),
+            Err(e @ SessionViewError::NotASession { .. }) => {
+                text(StatusCode::NOT_FOUND, &escape_plain(&e.to_string()))
+            }
+            Err(e) => text(StatusCode::CONFLICT, &escape_plain(&e.to_string())),
+        }
     }
 
     /// The event stream: a task polls the store and feeds the response body until the client goes.
@@ -261,6 +280,19 @@ impl Server {
 enum Route {
     Page(Response<Body>),
     Events,
+}
+
+/// A capsule that cannot be opened: 404 for an unknown or invalid id, 500 otherwise.
+fn store_error_page(e: StoreError) -> Response<Body> {
+    match e {
+        e @ (StoreError::InvalidRunId { .. } | StoreError::RunNotFound { .. }) => {
+            text(StatusCode::NOT_FOUND, &escape_plain(&e.to_string()))
+        }
+        e => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &escape_plain(&e.to_string()),
+        ),
+    }
 }
 
 /// Error text in a plain-text response: control characters made visible.

@@ -336,3 +336,33 @@ fn chromium_dashboard_streams_a_run_started_after_the_page_opened() {
         "{live}"
     );
 }
+
+#[test]
+fn chromium_shows_a_session_page_with_the_agents_text_as_text() {
+    let Some(chromium) = chromium() else {
+        skip_unless_required("chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    let (_dir, root, id) = super::session_cli::ended_session();
+    let server = serve(&root);
+    let index_url = format!("http://127.0.0.1:{}/?token={}", server.port, server.token);
+    let index = browse(&chromium, "--dump-dom", &index_url);
+    assert!(index.contains(&format!(">{id}</a>")), "{index}");
+    assert!(index.contains("id=\"sessions\""), "{index}");
+    let url = format!(
+        "http://127.0.0.1:{}/session/{id}?token={}",
+        server.port, server.token
+    );
+    let dom = browse(&chromium, "--dump-dom", &url);
+    assert!(dom.contains("toolu_env") && dom.contains("denied"), "{dom}");
+    assert!(
+        dom.contains("unattributed") || dom.contains("toolu_w"),
+        "{dom}"
+    );
+    // The agent's path is text in a cell, never an element.
+    assert!(!dom.contains("<img"), "{dom}");
+    assert!(dom.contains("&lt;img src=x onerror=alert(1)&gt;"), "{dom}");
+    let shot = screens_dir().join("session.png");
+    browse(&chromium, &format!("--screenshot={}", shot.display()), &url);
+    assert!(std::fs::metadata(&shot).unwrap().len() > 1000);
+}

@@ -38,7 +38,11 @@ fn policy(extra: &str) -> String {
 /// Runs `sh -c script` under bwrap with `fail_on`; the exit code and result.json.
 fn run(f: &Fixture, fail_on: &str, script: &str) -> (i32, Value, String) {
     let (code, result, out) = f.run(&["--fail-on", fail_on], &["sh", "-c", script], &[]);
-    (code, result, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        code,
+        result,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn denied_findings(result: &Value) -> Vec<Value> {
@@ -68,7 +72,9 @@ fn a_hostile_host_name_is_escaped_on_every_surface_and_the_dashboard_counts_refu
     let rt = f.runtime_json(&result);
     let hosts = rt["network"]["egress"]["hosts"].as_array().unwrap();
     assert!(
-        hosts.iter().any(|h| h["host"] == HOSTILE && h["denied"] == 1),
+        hosts
+            .iter()
+            .any(|h| h["host"] == HOSTILE && h["denied"] == 1),
         "the hostile name reached the proxy: {hosts:#?}"
     );
     assert_eq!(rt["network"]["egress"]["denied"], 2, "{rt:#}");
@@ -86,14 +92,23 @@ fn a_hostile_host_name_is_escaped_on_every_surface_and_the_dashboard_counts_refu
         let markup = text.contains("<img") || text.contains("<script>alert");
         assert!(format == "summary" || !markup, "{format}: {text}");
         assert!(!text.contains('\u{202e}'), "{format}: {text}");
-        assert!(text.contains("network.egress.invalid_host"), "{format}: {text}");
+        assert!(
+            text.contains("network.egress.invalid_host"),
+            "{format}: {text}"
+        );
         assert!(text.contains("network.egress.default"), "{format}: {text}");
     }
 
     // The dashboard: the refused count in the index, the hosts with their rule on the run's page.
     let server = serve(f.root());
     let host = format!("127.0.0.1:{}", server.port);
-    let (status, index) = request(server.port, "GET", &format!("/?token={}", server.token), &host, "");
+    let (status, index) = request(
+        server.port,
+        "GET",
+        &format!("/?token={}", server.token),
+        &host,
+        "",
+    );
     assert_eq!(status, 200, "{index}");
     assert!(index.contains("Refused connections</th>"), "{index}");
     let row = &index[index.find(&format!("/run/{id}?")).unwrap()..];
@@ -107,7 +122,10 @@ fn a_hostile_host_name_is_escaped_on_every_surface_and_the_dashboard_counts_refu
         "",
     );
     assert_eq!(status, 200, "{page}");
-    assert!(!page.contains("<img") && !page.contains("<script>alert"), "{page}");
+    assert!(
+        !page.contains("<img") && !page.contains("<script>alert"),
+        "{page}"
+    );
     let network = &page[page.find("id=\"network\"").expect("a network table")..];
     let network = &network[..network.find("</table>").unwrap()];
     assert!(

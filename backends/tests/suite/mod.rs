@@ -37,7 +37,7 @@ mod run_cli;
 mod runs_cli;
 mod safe_defaults_cli;
 pub mod serve_cli;
-mod session_cli;
+pub mod session_cli;
 mod stat_cache_cli;
 mod terminal_cli;
 

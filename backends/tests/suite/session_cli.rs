@@ -401,3 +401,181 @@ fn a_failing_session_hook_says_so_and_never_blocks() {
     );
     assert_exit(&agentdiff(&root, &["verify", &id, "--root", &r]), 0);
 }
+
+/// The dashboard lists sessions as sessions (state, calls, linked runs, denied calls) apart from
+/// the runs, and a session's page shows every call with its decision, every change with the
+/// calls it is attributed to, and links to its runs; a path the agent chose is escaped.
+#[test]
+fn the_dashboard_lists_sessions_and_shows_one_with_its_calls_changes_and_runs() {
+    use super::serve_cli::{request, serve};
+    const HOSTILE: &str = HOSTILE_PATH;
+    let (_t, root) = project();
+    let r = root_arg(&root);
+    let id = start(&root);
+    let write = json!({"file_path": HOSTILE, "content": "x\n"});
+    let pre = hook(
+        &root,
+        "pre-tool-use",
+        tool_input(&root, "PreToolUse", "Write", "toolu_w", write.clone()),
+    );
+    assert!(
+        text(&pre.stdout).contains("\"allow\""),
+        "{}",
+        text(&pre.stdout)
+    );
+    fs::write(root.join(HOSTILE), "x\n").unwrap();
+    hook(
+        &root,
+        "post-tool-use",
+        tool_input(&root, "PostToolUse", "Write", "toolu_w", write),
+    );
+    let env = json!({"file_path": ".env", "content": "TOKEN=stolen\n"});
+    hook(
+        &root,
+        "pre-tool-use",
+        tool_input(&root, "PreToolUse", "Write", "toolu_env", env),
+    );
+    let task = format!("Claude Code Bash call toolu_b in session {SESSION}");
+    let run = agentdiff(
+        &root,
+        &[
+            "run",
+            "--root",
+            &r,
+            "--format",
+            "brief",
+            "--fail-on",
+            "never",
+            "--task",
+            &task,
+            "--",
+            "sh",
+            "-c",
+            "echo built > built.txt",
+        ],
+    );
+    assert_exit(&run, 0);
+    hook(
+        &root,
+        "post-tool-use",
+        tool_input(
+            &root,
+            "PostToolUse",
+            "Bash",
+            "toolu_b",
+            json!({"command": "make"}),
+        ),
+    );
+    fs::write(root.join("stray.txt"), "stray\n").unwrap();
+
+    // While open, the page shows the calls so far and says the changes come with the end.
+    let server = serve(&root);
+    let host = format!("127.0.0.1:{}", server.port);
+    let get = |path: &str| {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        request(
+            server.port,
+            "GET",
+            &format!("{path}{sep}token={}", server.token),
+            &host,
+            "",
+        )
+    };
+    let (status, open) = get(&format!("/session/{id}"));
+    assert_eq!(status, 200, "{open}");
+    assert!(open.contains("<strong>open</strong>"), "{open}");
+    assert!(open.contains("has not ended"), "{open}");
+
+    let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
+    hook(&root, "session-end", end);
+    let shown = json_of(&agentdiff(
+        &root,
+        &["session", "show", &id, "--root", &r, "--format", "json"],
+    ));
+    let bash_run = shown["ended"]["linked_runs"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The index: the session in its own table, with its counts; its shell call's run with the
+    // runs, the session capsule not among them.
+    let (status, index) = get("/");
+    assert_eq!(status, 200, "{index}");
+    let sessions = &index[index.find("id=\"sessions\"").expect("a sessions table")..];
+    let sessions = &sessions[..sessions.find("</table>").unwrap()];
+    let row = format!(
+        "<tr><td class=\"path\"><a href=\"/session/{id}?token={}\">{id}</a></td>\
+         <td>claude-code</td><td><code>{SESSION}</code></td>",
+        server.token
+    );
+    assert!(sessions.contains(&row), "{sessions}");
+    assert!(
+        sessions
+            .contains("<td class=\"\">ended</td><td>3</td><td>1</td><td class=\"d-deny\">1</td>"),
+        "{sessions}"
+    );
+    let runs = &index[index.find("id=\"runs\"").expect("a runs table")..];
+    assert!(runs.contains(&format!("/run/{bash_run}?")), "{runs}");
+    assert!(!runs.contains(&format!("/run/{id}?")), "{runs}");
+
+    // The session's page.
+    let (status, page) = get(&format!("/session/{id}"));
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("<strong>ended</strong>"), "{page}");
+    assert!(!page.contains("<img"), "{page}");
+    assert!(
+        page.contains("src/&quot;&#39;&gt;&lt;img src=x onerror=alert(1)&gt;.rs"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<td><code>toolu_env</code></td><td class=\"d-deny\">denied</td>"),
+        "{page}"
+    );
+    let run_link = format!("<a href=\"/run/{bash_run}?token={}\">", server.token);
+    assert!(page.contains(&run_link), "{page}");
+    assert!(
+        page.contains("<td class=\"path\"><code>stray.txt</code></td><td class=\"d-allow\">allow</td><td class=\"d-review\">unattributed</td>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<td class=\"path\"><code>built.txt</code></td><td class=\"d-allow\">allow</td><td>toolu_b</td>"),
+        "{page}"
+    );
+    assert!(page.contains("Denied calls: toolu_env."), "{page}");
+    assert!(
+        page.contains(&format!("/run/{id}?token=")),
+        "the full report: {page}"
+    );
+    // A run is not a session; an unknown id is not found.
+    let (status, body) = get(&format!("/session/{bash_run}"));
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("not a session"), "{body}");
+    assert_eq!(get("/session/20990101T000000Z-00000000").0, 404);
+    assert_eq!(get("/session/..%2f..%2fetc").0, 404);
+}
+
+/// A path an agent's Write names, markup in it.
+pub(super) const HOSTILE_PATH: &str = "src/\"'><img src=x onerror=alert(1)>.rs";
+
+/// An ended session (in a new project) with a Write of [`HOSTILE_PATH`] and a denied Write of
+/// `.env`: the project and the session's id.
+pub(super) fn ended_session() -> (tempfile::TempDir, std::path::PathBuf, String) {
+    let (dir, root) = project();
+    let id = start(&root);
+    let write = json!({"file_path": HOSTILE_PATH, "content": "x\n"});
+    fs::write(root.join(HOSTILE_PATH), "x\n").unwrap();
+    hook(
+        &root,
+        "post-tool-use",
+        tool_input(&root, "PostToolUse", "Write", "toolu_w", write),
+    );
+    let env = json!({"file_path": ".env", "content": "TOKEN=stolen\n"});
+    hook(
+        &root,
+        "pre-tool-use",
+        tool_input(&root, "PreToolUse", "Write", "toolu_env", env),
+    );
+    let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
+    hook(&root, "session-end", end);
+    (dir, root, id)
+}

@@ -12,6 +12,7 @@ pub mod listing;
 pub mod live;
 pub mod markdown;
 pub mod rows;
+pub mod session;
 pub mod terminal;
 pub mod words;
 

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use agentdiff_store::schema::Metadata;
+use agentdiff_store::schema::{Metadata, SessionMeta};
 use agentdiff_store::{Artifact, Capsule, Store, StoreError};
 
 use crate::common::exit::{self, with_code};
@@ -39,41 +39,23 @@ pub fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
     }
 }
 
-/// A session's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    Open,
-    Interrupted,
-    Ended,
-}
+pub use agentdiff_report::session::SessionState as State;
 
-impl State {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Open => "open",
-            State::Interrupted => "interrupted",
-            State::Ended => "ended",
-        }
+/// Whether the agent process that started a session still runs (its pid with the recorded
+/// start time).
+pub fn alive(meta: &SessionMeta) -> bool {
+    match (meta.agent_pid, meta.agent_started) {
+        (Some(pid), Some(started)) => crate::cli::hook::session::still_runs(pid, started),
+        _ => false,
     }
 }
 
 /// The state of a session capsule with this metadata.
 pub fn state(capsule: &Capsule, metadata: &Metadata) -> State {
-    if capsule.is_sealed() {
-        return State::Ended;
-    }
-    let alive = metadata
-        .session
-        .as_ref()
-        .is_some_and(|s| match (s.agent_pid, s.agent_started) {
-            (Some(pid), Some(started)) => crate::cli::hook::session::still_runs(pid, started),
-            _ => false,
-        });
-    if alive {
-        State::Open
-    } else {
-        State::Interrupted
+    match &metadata.session {
+        Some(meta) => agentdiff_report::session::state(capsule, meta, &alive),
+        None if capsule.is_sealed() => State::Ended,
+        None => State::Interrupted,
     }
 }
 
