@@ -15,7 +15,7 @@ mod run_revert;
 mod runs;
 mod runs_prune;
 mod serve;
-pub(crate) mod session;
+mod session;
 mod verify;
 
 use std::process::ExitCode;

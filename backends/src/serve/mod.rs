@@ -172,7 +172,7 @@ impl Server {
             // The same verifying listing as `agentdiff runs`, with the same key and ledger.
             let (ctx, _) = crate::common::context::verify_context(self.store.root());
             let listed = listing::list(&self.store, &ctx).and_then(|runs| {
-                let sessions = session::list(&self.store, &crate::cli::session::alive)?;
+                let sessions = session::list(&self.store, &session::agent_runs)?;
                 Ok((runs, sessions))
             });
             return Route::Page(match listed {
@@ -207,7 +207,7 @@ impl Server {
     /// A session's page (404 for an unknown id or a run that is not a session).
     fn session_page(&self, id: &str) -> Response<Body> {
         let shown = session::open(&self.store, id).and_then(|(capsule, metadata)| {
-            session::view(&capsule, metadata, &crate::cli::session::alive)
+            session::view(&capsule, metadata, &session::agent_runs)
         });
         match shown {
             Ok(view) => page(dashboard::session_page(&view, self.token.as_str())),

@@ -4,8 +4,8 @@
 //!
 //! A session is `open` while its capsule is unsealed and the agent process that started it
 //! lives, `interrupted` when it is unsealed and that process is gone, `ended` once sealed.
-//! Whether the agent process lives is the caller's judgement (`alive`), made from the recorded
-//! pid and start time.
+//! Whether the agent process lives is judged from the recorded pid and start time
+//! ([`agent_runs`]; the functions take it as `alive`, so a test can decide).
 //!
 //! Invariants: every string is recorded text (the agent's ids, tool names, paths), unescaped
 //! here; each surface escapes it. The linked runs and denied calls of an ended session are the
@@ -57,8 +57,19 @@ impl SessionState {
     }
 }
 
-/// Whether the agent process a session recorded still runs (judged by the caller).
+/// Whether the agent process a session recorded still runs ([`agent_runs`], or a test's).
 pub type Alive<'a> = &'a dyn Fn(&SessionMeta) -> bool;
+
+/// Whether the agent process that started a session still runs: its recorded pid, with the
+/// recorded start time (clock ticks since boot), not a zombie. Unknown (nothing recorded) is
+/// `false`.
+pub fn agent_runs(meta: &SessionMeta) -> bool {
+    let (Some(pid), Some(started)) = (meta.agent_pid, meta.agent_started) else {
+        return false;
+    };
+    agentdiff_host::process_identity::read_stat(pid)
+        .is_ok_and(|s| s.start_time_ticks == started && !s.is_zombie())
+}
 
 /// The state of a session capsule with this metadata.
 pub fn state(capsule: &Capsule, meta: &SessionMeta, alive: Alive<'_>) -> SessionState {

@@ -282,8 +282,3 @@ fn agent_process() -> (Option<u32>, Option<u64>) {
         Err(_) => (None, None),
     }
 }
-
-/// Whether the process `pid`, started at `started` (clock ticks since boot), still runs.
-pub fn still_runs(pid: u32, started: u64) -> bool {
-    read_stat(pid).is_ok_and(|s| s.start_time_ticks == started && s.state != 'Z')
-}

@@ -20,7 +20,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let invalid = |e| crate::common::exit::with_code(crate::common::exit::INVALID_CAPSULE, e);
     let rows = match agentdiff_store::Store::open_existing(&root) {
-        Ok(store) => agentdiff_report::session::list(&store, &super::alive).map_err(invalid)?,
+        Ok(store) => {
+            agentdiff_report::session::list(&store, &super::agent_runs).map_err(invalid)?
+        }
         Err(StoreError::NoStore { .. }) => Vec::new(),
         Err(e) => return Err(invalid(e)),
     };

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use agentdiff_store::schema::{Metadata, SessionMeta};
+use agentdiff_store::schema::Metadata;
 use agentdiff_store::{Artifact, Capsule, Store, StoreError};
 
 use crate::common::exit::{self, with_code};
@@ -39,21 +39,12 @@ pub fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
     }
 }
 
-pub use agentdiff_report::session::SessionState as State;
-
-/// Whether the agent process that started a session still runs (its pid with the recorded
-/// start time).
-pub fn alive(meta: &SessionMeta) -> bool {
-    match (meta.agent_pid, meta.agent_started) {
-        (Some(pid), Some(started)) => crate::cli::hook::session::still_runs(pid, started),
-        _ => false,
-    }
-}
+pub use agentdiff_report::session::{agent_runs, SessionState as State};
 
 /// The state of a session capsule with this metadata.
 pub fn state(capsule: &Capsule, metadata: &Metadata) -> State {
     match &metadata.session {
-        Some(meta) => agentdiff_report::session::state(capsule, meta, &alive),
+        Some(meta) => agentdiff_report::session::state(capsule, meta, &agent_runs),
         None if capsule.is_sealed() => State::Ended,
         None => State::Interrupted,
     }

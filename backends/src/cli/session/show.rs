@@ -39,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
     let store = super::store(&root)?;
     let (capsule, metadata) = super::open(&store, &args.id)?;
-    let report = session::view(&capsule, metadata, &super::alive)
+    let report = session::view(&capsule, metadata, &super::agent_runs)
         .map_err(|e| with_code(exit::INVALID_CAPSULE, e))?;
     if report.state != SessionState::Ended && matches!(args.format, Format::Markdown | Format::Html)
     {
