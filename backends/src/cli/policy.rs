@@ -272,10 +272,15 @@ fn explain_host(loaded: &LoadedPolicy, text: &str, format: Format) -> anyhow::Re
     let decision = loaded
         .policy
         .decide_host(host, port.unwrap_or(DEFAULT_EXPLAIN_PORT));
+    let on_denied = loaded.policy.egress().on_denied();
     match format {
         Format::Json => outln!(
             "{}",
-            serde_json::to_string_pretty(&decision).context("cannot encode the decision")?
+            serde_json::to_string_pretty(&HostExplained {
+                decision: &decision,
+                on_denied,
+            })
+            .context("cannot encode the decision")?
         ),
         Format::Summary => {
             let subject = match policy::egress::Target::parse(&decision.host) {
@@ -294,7 +299,29 @@ fn explain_host(loaded: &LoadedPolicy, text: &str, format: Format) -> anyhow::Re
                     loaded.policy.version()
                 ),
             });
+            print_lines(&[("refused", refused_words(on_denied))]);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `policy explain --host --format json`: the decision, and what a refusal is in the findings.
+#[derive(serde::Serialize)]
+struct HostExplained<'a> {
+    #[serde(flatten)]
+    decision: &'a policy::EgressDecision,
+    on_denied: policy::OnDenied,
+}
+
+/// What a refused connection becomes, in words.
+fn refused_words(on_denied: policy::OnDenied) -> String {
+    let default = match on_denied {
+        policy::OnDenied::Review => " (the default)",
+        policy::OnDenied::Deny => "",
+    };
+    format!(
+        "a refused connection is a {} finding (network.egress.on_denied: {}{default})",
+        on_denied.as_str(),
+        on_denied.as_str()
+    )
 }

@@ -144,3 +144,71 @@ fn a_hostile_host_name_is_escaped_on_every_surface_and_the_dashboard_counts_refu
         "{network}"
     );
 }
+
+/// `network.egress.on_denied`: a refused attempt is a review finding by default (`--fail-on deny`
+/// passes), a deny finding when the policy says `deny` (the run fails with the deny code), and a
+/// value the policy does not know stops the run before anything is launched.
+#[test]
+fn on_denied_decides_whether_a_refused_connection_fails_the_run() {
+    if no_bwrap() {
+        return;
+    }
+    let refused = format!("curl -s -m 10 http://{DENIED}/ >/dev/null; touch ran.txt");
+
+    let f = Fixture::new();
+    f.write_policy(policy(""));
+    let (code, result, stderr) = run(&f, "deny", &refused);
+    assert_eq!(code, 0, "{stderr}");
+    let found = denied_findings(&result);
+    assert_eq!(found.len(), 1, "{result:#}");
+    assert_eq!(found[0]["action"], "review");
+    assert_eq!(result["safety_outcome"], "review", "{result:#}");
+    let (code, _, stderr) = run(&f, "review", &refused);
+    assert_eq!(code, 72, "review findings under --fail-on review: {stderr}");
+
+    let f = Fixture::new();
+    f.write_policy(policy("    on_denied: deny\n"));
+    let (code, result, stderr) = run(&f, "deny", &refused);
+    assert_eq!(code, 71, "denied findings under --fail-on deny: {stderr}");
+    let found = denied_findings(&result);
+    assert_eq!(found.len(), 1, "{result:#}");
+    assert_eq!(found[0]["action"], "deny");
+    assert!(
+        found[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("network.egress.on_denied makes it deny"),
+        "{found:?}"
+    );
+    assert_eq!(result["safety_outcome"], "deny", "{result:#}");
+    assert!(
+        f.root().join("ran.txt").exists(),
+        "the command ran to its end"
+    );
+    // The effective policy the run recorded says so.
+    let id = result["run_id"].as_str().unwrap();
+    let recorded: Value = serde_json::from_str(
+        &fs::read_to_string(
+            f.root()
+                .join(".agentdiff/runs")
+                .join(id)
+                .join("policy.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        recorded["effective"]["network"]["egress"]["on_denied"],
+        "deny"
+    );
+
+    let f = Fixture::new();
+    f.write_policy(policy("    on_denied: ignore\n"));
+    let (code, _, stderr) = run(&f, "deny", "touch ran.txt");
+    assert_eq!(code, 65, "{stderr}");
+    assert!(
+        stderr.contains("network.egress.on_denied: \"ignore\" is not one of review, deny"),
+        "{stderr}"
+    );
+    assert!(!f.root().join("ran.txt").exists());
+}

@@ -324,3 +324,59 @@ fn egress_needs_version_2_and_checks_every_pattern() {
     assert!(err.contains("network.egress.allow[0]"), "{err}");
     assert!(err.contains("network.egress.presets[0]"), "{err}");
 }
+
+#[test]
+fn explain_host_says_what_a_refusal_becomes_and_a_bad_on_denied_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |extra: &str| {
+        std::fs::write(
+            dir.path().join("agentdiff.yaml"),
+            format!("version: 2\nnetwork:\n  egress:\n    allow: [a.test]\n{extra}"),
+        )
+        .unwrap()
+    };
+    let explain = |format: &str| {
+        let out = agentdiff(
+            dir.path(),
+            &["policy", "explain", "--host", "b.test", "--format", format],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    write("");
+    let json: Value = serde_json::from_str(&explain("json")).unwrap();
+    assert_eq!(
+        (&json["action"], &json["on_denied"]),
+        (&Value::from("deny"), &Value::from("review"))
+    );
+    assert!(
+        explain("summary").contains(
+            "refused: a refused connection is a review finding (network.egress.on_denied: review \
+             (the default))"
+        ),
+        "{}",
+        explain("summary")
+    );
+    write("    on_denied: deny\n");
+    let json: Value = serde_json::from_str(&explain("json")).unwrap();
+    assert_eq!(json["on_denied"], "deny");
+    assert!(
+        explain("summary").contains("refused: a refused connection is a deny finding"),
+        "{}",
+        explain("summary")
+    );
+
+    write("    on_denied: allow\n");
+    let out = agentdiff(dir.path(), &["policy", "validate"]);
+    assert_eq!(
+        out.status.code(),
+        Some(INVALID_CONFIG),
+        "{}",
+        text(&out.stderr)
+    );
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("network.egress.on_denied: \"allow\" is not one of review, deny"),
+        "{said}"
+    );
+}

@@ -463,12 +463,52 @@ pub struct EgressDecision {
     pub reason: String,
 }
 
+/// What a refused connection is in the run's findings (`network.egress.on_denied`): a refusal
+/// is never silent, so there is no `allow`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDenied {
+    /// A `review` finding (the default): the run needs a look, `--fail-on deny` passes it.
+    #[default]
+    Review,
+    /// A `deny` finding: the run's outcome is deny, `--fail-on deny` fails it.
+    Deny,
+}
+
+impl OnDenied {
+    /// The values a policy may write.
+    pub const NAMES: [&'static str; 2] = ["review", "deny"];
+
+    /// The value `text` names, if any.
+    pub fn parse(text: &str) -> Option<OnDenied> {
+        match text {
+            "review" => Some(OnDenied::Review),
+            "deny" => Some(OnDenied::Deny),
+            _ => None,
+        }
+    }
+
+    /// The finding's level.
+    pub fn action(self) -> Action {
+        match self {
+            OnDenied::Review => Action::Review,
+            OnDenied::Deny => Action::Deny,
+        }
+    }
+
+    /// The word a policy writes.
+    pub fn as_str(self) -> &'static str {
+        self.action().as_str()
+    }
+}
+
 /// The patterns as written, checked (`network.egress` of a document).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct EgressSpec {
     pub(crate) allow: Vec<String>,
     pub(crate) deny: Vec<String>,
     pub(crate) presets: Vec<String>,
+    pub(crate) on_denied: OnDenied,
 }
 
 /// The compiled `network.egress` section, plus hosts `agentdiff run --allow-host` added.
@@ -477,13 +517,17 @@ pub struct Egress {
     deny: Vec<Entry>,
     allow: Vec<Entry>,
     presets: Vec<String>,
+    on_denied: OnDenied,
 }
 
 impl Egress {
     /// Compile a checked spec; a pattern that does not parse is a problem naming its key.
     pub(crate) fn compile(spec: &EgressSpec) -> Result<Egress, Vec<String>> {
         let mut problems = Vec::new();
-        let mut egress = Egress::default();
+        let mut egress = Egress {
+            on_denied: spec.on_denied,
+            ..Egress::default()
+        };
         let mut add = |key: &str, list: &[String], out: &mut Vec<Entry>| {
             for (i, text) in list.iter().enumerate() {
                 let rule = format!("network.egress.{key}[{i}]");
@@ -582,6 +626,11 @@ impl Egress {
     /// The presets named, in order.
     pub fn presets(&self) -> &[String] {
         &self.presets
+    }
+
+    /// What a refused connection is in the run's findings (`network.egress.on_denied`).
+    pub fn on_denied(&self) -> OnDenied {
+        self.on_denied
     }
 
     /// Decide a connection to `host:port` as the client names it, before resolution.

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 pub use builtin::{BUILTIN_DENY, PROTECTED_CONFIG_RULE, STARTER};
 pub use decide::{Action, Decision, Phase};
-pub use egress::{Egress, EgressDecision};
+pub use egress::{Egress, EgressDecision, OnDenied};
 pub use error::PolicyError;
 pub use load::{load, load_file, LoadedPolicy, PolicySource, MAX_POLICY_BYTES, POLICY_FILE_NAME};
 pub use path::{normalize_path, PathProblem};
@@ -366,6 +366,7 @@ impl Policy {
                     "allow": i.egress.allow_patterns(),
                     "deny": i.egress.deny_patterns(),
                     "presets": i.egress.presets(),
+                    "on_denied": i.egress.on_denied().as_str(),
                 });
                 map.insert("egress".to_owned(), egress);
             }

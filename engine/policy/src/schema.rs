@@ -721,10 +721,16 @@ impl Checker {
             );
             return spec;
         }
-        let Some(entries) = self.mapping(node, "network.egress", &["allow", "deny", "presets"])
-        else {
+        let Some(entries) = self.mapping(
+            node,
+            "network.egress",
+            &["allow", "deny", "presets", "on_denied"],
+        ) else {
             return spec;
         };
+        if let Some(n) = lookup(entries, "on_denied") {
+            spec.on_denied = self.on_denied(n);
+        }
         for key in ["allow", "deny"] {
             let Some(n) = lookup(entries, key) else {
                 continue;
@@ -760,6 +766,24 @@ impl Checker {
             }
         }
         spec
+    }
+
+    /// `network.egress.on_denied`: `review` or `deny` (anything else is a problem; the default
+    /// stays).
+    fn on_denied(&mut self, node: &Node) -> egress::OnDenied {
+        let written = match node {
+            Node::Str(text) => egress::OnDenied::parse(text).ok_or(format!("{text:?}")),
+            other => Err(other.kind().to_owned()),
+        };
+        written.unwrap_or_else(|got| {
+            self.problem(format!(
+                "network.egress.on_denied: {got} is not one of {} (what a refused connection is \
+                 in the run's findings: `review`, the default, or `deny` to fail the run under \
+                 `--fail-on deny`)",
+                egress::OnDenied::NAMES.join(", ")
+            ));
+            egress::OnDenied::default()
+        })
     }
 
     fn limits(&mut self, node: &Node) -> Limits {

@@ -695,7 +695,7 @@ fn network_egress_is_version_2_and_round_trips() {
     let doc = p.to_json();
     assert_eq!(
         doc["network"]["egress"],
-        json!({"allow": ["*.example.com", "10.0.0.0/8:443"], "deny": ["bad.example.com"], "presets": ["pypi"]})
+        json!({"allow": ["*.example.com", "10.0.0.0/8:443"], "deny": ["bad.example.com"], "presets": ["pypi"], "on_denied": "review"})
     );
     let again = parse(&doc.to_string()).unwrap();
     assert_eq!(again.to_json(), doc);
@@ -703,6 +703,31 @@ fn network_egress_is_version_2_and_round_trips() {
     assert!(parse("version: 2\n").unwrap().to_json()["network"]
         .get("egress")
         .is_none());
+}
+
+#[test]
+fn on_denied_is_review_by_default_deny_when_written_and_nothing_else() {
+    let base = "version: 2\nnetwork:\n  egress:\n    allow: [a.test]\n";
+    let p = parse(base).unwrap();
+    assert_eq!(p.egress().on_denied(), crate::OnDenied::Review);
+    let p = parse(&format!("{base}    on_denied: deny\n")).unwrap();
+    assert_eq!(p.egress().on_denied(), crate::OnDenied::Deny);
+    assert_eq!(p.egress().on_denied().action(), Action::Deny);
+    // Recorded in the effective document, which reads back the same.
+    let doc = p.to_json();
+    assert_eq!(doc["network"]["egress"]["on_denied"], "deny");
+    assert_eq!(parse(&doc.to_string()).unwrap().to_json(), doc);
+    // A refusal is never silent: `allow` is refused like any other value, with the choices.
+    for bad in ["allow", "Deny", "[deny]", "1"] {
+        let found = problems(&format!("{base}    on_denied: {bad}\n"));
+        assert!(
+            found
+                .iter()
+                .any(|p| p.starts_with("network.egress.on_denied: ")
+                    && p.contains("is not one of review, deny")),
+            "{bad}: {found:?}"
+        );
+    }
 }
 
 #[test]

@@ -42,7 +42,8 @@ pub struct Evidence<'a> {
     /// The git directories and `.git` files below the root found before the launch
     /// (root-relative): a change below one is decided as git metadata.
     pub git_dirs: &'a [String],
-    /// What the run's egress proxy saw (a refused connection is a review finding).
+    /// What the run's egress proxy saw (a refused connection is a finding at the level
+    /// `network.egress.on_denied` gives).
     pub network: Option<&'a agentdiff_store::NetworkEvidence>,
 }
 
@@ -68,7 +69,10 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     let mut warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
     warnings.extend(egress_not_applied(ev.policy, ev.run));
     let mut findings = evidence_findings(ev.run);
-    findings.extend(super::findings::egress_findings(ev.network));
+    findings.extend(super::findings::egress_findings(
+        ev.network,
+        ev.policy.egress().on_denied(),
+    ));
     findings.extend(classify_uncaptured(ev.policy, &ev.comparison.unsupported));
     findings.extend(classify_incomplete(&ev.comparison.incomplete));
     findings.extend(classify_programs(

@@ -89,8 +89,18 @@ pub fn evidence_findings(evidence: &RunEvidence) -> Vec<EvidenceFinding> {
 }
 
 /// One `egress_denied` finding per host the egress proxy refused, and one more when refused
-/// attempts went to hosts beyond the log's host bound.
-pub fn egress_findings(network: Option<&agentdiff_store::NetworkEvidence>) -> Vec<EvidenceFinding> {
+/// attempts went to hosts beyond the log's host bound; each at the level
+/// `network.egress.on_denied` gives (`review` unless the policy says `deny`).
+pub fn egress_findings(
+    network: Option<&agentdiff_store::NetworkEvidence>,
+    on_denied: agentdiff_policy::OnDenied,
+) -> Vec<EvidenceFinding> {
+    let action = on_denied.action();
+    // Said only when the policy made it a deny, so the reader knows why.
+    let why = match on_denied {
+        agentdiff_policy::OnDenied::Deny => "; network.egress.on_denied makes it deny",
+        agentdiff_policy::OnDenied::Review => "",
+    };
     let Some(log) = network.map(|n| &n.egress) else {
         return Vec::new();
     };
@@ -107,9 +117,9 @@ pub fn egress_findings(network: Option<&agentdiff_store::NetworkEvidence>) -> Ve
                 .unwrap_or_default();
             EvidenceFinding {
                 kind: "egress_denied".into(),
-                action: Action::Review,
+                action,
                 detail: format!(
-                    "{} connection attempt(s) to {} refused by network.egress{}",
+                    "{} connection attempt(s) to {} refused by network.egress{}{why}",
                     h.denied,
                     agentdiff_host::redact::escape_terminal(&h.host),
                     agentdiff_host::redact::escape_terminal(&rule)
@@ -122,9 +132,9 @@ pub fn egress_findings(network: Option<&agentdiff_store::NetworkEvidence>) -> Ve
     if log.hosts_omitted > 0 && log.denied > out.len() as u64 {
         out.push(EvidenceFinding {
             kind: "egress_denied".into(),
-            action: Action::Review,
+            action,
             detail: format!(
-                "attempts to {} more host(s) beyond the log's bound; {} refused in all",
+                "attempts to {} more host(s) beyond the log's bound; {} refused in all{why}",
                 log.hosts_omitted, log.denied
             ),
             process: None,
@@ -272,7 +282,7 @@ mod tests {
                 ..EgressLog::default()
             },
         };
-        let f = egress_findings(Some(&network));
+        let f = egress_findings(Some(&network), agentdiff_policy::OnDenied::Review);
         let got: Vec<(&str, Action, bool)> = f
             .iter()
             .map(|f| (f.kind.as_str(), f.action, f.detail.starts_with("3 ")))
@@ -285,7 +295,16 @@ mod tests {
             ]
         );
         assert!(f[0].detail.contains("b.test") && f[1].detail.contains("c.test"));
-        assert!(egress_findings(None).is_empty());
+        assert!(!f[0].detail.contains("on_denied"), "{}", f[0].detail);
+        // The policy can make every refusal a deny, and says so in the detail.
+        let f = egress_findings(Some(&network), agentdiff_policy::OnDenied::Deny);
+        assert!(
+            f.iter().all(|f| f.action == Action::Deny
+                && f.detail.ends_with("network.egress.on_denied makes it deny")),
+            "{f:?}"
+        );
+        assert_eq!(f.len(), 2);
+        assert!(egress_findings(None, agentdiff_policy::OnDenied::Deny).is_empty());
     }
 
     #[test]

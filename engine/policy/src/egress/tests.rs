@@ -10,6 +10,7 @@ fn egress(allow: &[&str], deny: &[&str], presets: &[&str]) -> Egress {
         allow: own(allow),
         deny: own(deny),
         presets: own(presets),
+        on_denied: OnDenied::default(),
     })
     .unwrap()
 }
