@@ -579,3 +579,48 @@ pub(super) fn ended_session() -> (tempfile::TempDir, std::path::PathBuf, String)
     hook(&root, "session-end", end);
     (dir, root, id)
 }
+
+/// A session whose sealed result cannot be read is still listed (with the problem), by `session
+/// list` and the dashboard; its page says why it cannot be shown.
+#[test]
+fn a_session_with_an_unreadable_result_is_listed_with_the_problem() {
+    use super::serve_cli::{request, serve};
+    let (_dir, root, id) = ended_session();
+    fs::write(
+        root.join(".agentdiff/runs").join(&id).join("result.json"),
+        "{not json",
+    )
+    .unwrap();
+    let listed = sessions(&root);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["id"], id.as_str());
+    assert!(
+        listed[0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("result.json"),
+        "{listed:?}"
+    );
+    let server = serve(&root);
+    let host = format!("127.0.0.1:{}", server.port);
+    let (status, index) = request(
+        server.port,
+        "GET",
+        &format!("/?token={}", server.token),
+        &host,
+        "",
+    );
+    assert_eq!(status, 200, "{index}");
+    let sessions = &index[index.find("id=\"sessions\"").unwrap()..];
+    assert!(sessions.contains(&format!(">{id}</a>")), "{sessions}");
+    assert!(sessions.contains("result.json"), "{sessions}");
+    let (status, page) = request(
+        server.port,
+        "GET",
+        &format!("/session/{id}?token={}", server.token),
+        &host,
+        "",
+    );
+    assert_eq!(status, 409, "{page}");
+    assert!(page.contains("result.json"), "{page}");
+}

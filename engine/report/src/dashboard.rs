@@ -138,10 +138,15 @@ fn session_table(s: &mut String, sessions: &[SessionRow], token: &str) {
             session::SessionState::Interrupted => "d-review",
         };
         let denied_class = if r.denied_calls > 0 { "d-deny" } else { "" };
+        let problem = r
+            .problem
+            .as_ref()
+            .map(|p| format!(" <span class=\"d-review\">({})</span>", escape(p)))
+            .unwrap_or_default();
         let _ = writeln!(
             s,
             "<tr><td class=\"path\"><a href=\"{}\">{}</a></td><td>{}</td><td><code>{}</code></td>\
-             <td>{}</td><td class=\"{state_class}\">{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td class=\"{state_class}\">{}{problem}</td><td>{}</td><td>{}</td>\
              <td class=\"{denied_class}\">{}</td></tr>",
             session_link(&r.id, token),
             escape(&r.id),

@@ -97,6 +97,8 @@ pub struct SessionRow {
     pub calls: usize,
     pub linked_runs: usize,
     pub denied_calls: usize,
+    /// Why the session's log, end record or result could not be read (the counts are then 0).
+    pub problem: Option<String>,
 }
 
 /// One session as shown (`agentdiff session show --format json`).
@@ -154,6 +156,7 @@ impl SessionView {
             calls: self.calls.len(),
             linked_runs: self.linked_runs().len(),
             denied_calls: self.denied_calls().len(),
+            problem: None,
         }
     }
 }
@@ -211,17 +214,35 @@ fn ended_record(capsule: &Capsule) -> Result<Option<SessionEnd>, SessionViewErro
         .map_err(SessionViewError::Ended)
 }
 
-/// Every session of `store`, oldest first. A capsule that cannot be read as a session is left
-/// out (`agentdiff runs` and `verify` report it as a run).
+/// Every session of `store`, oldest first. A capsule whose metadata cannot be read (or names no
+/// session) is left out (`agentdiff runs` and `verify` report it as a run); a session whose log,
+/// end record or result cannot be read is listed with the problem.
 pub fn list(store: &Store, alive: Alive<'_>) -> Result<Vec<SessionRow>, StoreError> {
     let mut rows = Vec::new();
     for id in store.run_ids()? {
         let Ok((capsule, metadata)) = open(store, id.as_str()) else {
             continue;
         };
-        if let Ok(v) = view(&capsule, metadata, alive) {
-            rows.push(v.row());
-        }
+        let Some(meta) = metadata.session.clone() else {
+            continue;
+        };
+        let created_at = metadata.created_at.clone();
+        rows.push(match view(&capsule, metadata, alive) {
+            Ok(v) => v.row(),
+            Err(e) => SessionRow {
+                id: id.to_string(),
+                state: state(&capsule, &meta, alive),
+                agent: meta.agent,
+                agent_session_id: meta.agent_session_id,
+                created_at,
+                status: None,
+                changes: None,
+                calls: 0,
+                linked_runs: 0,
+                denied_calls: 0,
+                problem: Some(e.to_string()),
+            },
+        });
     }
     Ok(rows)
 }

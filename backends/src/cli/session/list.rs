@@ -52,6 +52,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     r.denied_calls,
                     outcome
                 );
+                if let Some(p) = &r.problem {
+                    outln!("    problem: {}", escape_terminal(p));
+                }
             }
         }
     }
