@@ -67,7 +67,8 @@ enum Command {
     Hook(hook::Command),
     /// Run the backend conformance suite against a registered backend.
     Conformance(conformance::Args),
-    /// Serve a read-only, token-guarded dashboard of every run on 127.0.0.1/[::1].
+    /// Serve a read-only, token-guarded dashboard of every run and agent session on
+    /// 127.0.0.1/[::1].
     Serve(serve::Args),
 }
 

@@ -1,5 +1,5 @@
-//! `agentdiff serve`: a read-only dashboard of every run in the store, and a live feed of runs in
-//! progress, on loopback only, guarded by a fresh token printed once as a URL.
+//! `agentdiff serve`: a read-only dashboard of every run and agent session in the store, and a
+//! live feed of runs in progress, on loopback only, guarded by a fresh token printed once as a URL.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
