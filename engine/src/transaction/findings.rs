@@ -261,7 +261,7 @@ mod tests {
     }
 
     #[test]
-    fn each_refused_host_is_one_review_finding() {
+    fn each_refused_host_is_one_finding_at_the_level_on_denied_gives() {
         use agentdiff_egress::{EgressLog, HostCount};
         let host = |name: &str, allowed, denied| HostCount {
             host: name.into(),
