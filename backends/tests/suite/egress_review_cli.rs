@@ -97,6 +97,11 @@ fn a_hostile_host_name_is_escaped_on_every_surface_and_the_dashboard_counts_refu
             "{format}: {text}"
         );
         assert!(text.contains("network.egress.default"), "{format}: {text}");
+        // The backend line says filtered, not blocked: the allowed host was reachable.
+        assert!(
+            format == "summary" || text.contains("network filtered"),
+            "{format}: {text}"
+        );
     }
 
     // The dashboard: the refused count in the index, the hosts with their rule on the run's page.

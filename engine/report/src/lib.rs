@@ -104,7 +104,8 @@ pub fn exit_text(e: &agentdiff_backend_api::ExitInfo) -> String {
 }
 
 /// The launched backend in one line, the same words on every surface:
-/// `NAME · enforcement E · sandboxed|not sandboxed · network blocked|not blocked`, the name
+/// `NAME · enforcement E · sandboxed|not sandboxed · network blocked|filtered|not blocked` (`filtered`:
+/// the network label is `filtered`, agentdiff's egress proxy the only route out), the name
 /// through the surface's `escape`; `(declared by plugin)` after the claims when an external
 /// plugin made them ([`RunView::plugin`]).
 pub fn runtime_line(rt: &RuntimeSummary, plugin: bool, escape: fn(&str) -> String) -> String {
@@ -113,10 +114,11 @@ pub fn runtime_line(rt: &RuntimeSummary, plugin: bool, escape: fn(&str) -> Strin
     } else {
         "not sandboxed"
     };
-    let network = if rt.network_enforcement {
-        "blocked"
-    } else {
-        "not blocked"
+    // A filtered network reaches the allowed hosts: "blocked" would claim more than that.
+    let network = match (rt.capabilities.network, rt.network_enforcement) {
+        (agentdiff_backend_api::Level::Filtered, _) => "filtered",
+        (_, true) => "blocked",
+        (_, false) => "not blocked",
     };
     let declared = if plugin { " (declared by plugin)" } else { "" };
     format!(
