@@ -170,34 +170,36 @@ fn real_programs_reach_only_the_allowed_name_and_every_attempt_is_sealed() {
         "version: 2\nnetwork:\n  egress:\n    allow:\n      - \"{ALLOWED}\"\n      - \"{SERVER_IP}\"\n"
     ));
     let url = |host: &str, path: &str| format!("http://{host}:{port}/{path}");
+    // Each program ignores the machine's own configuration (a pip mirror in /etc/pip.conf, a
+    // system gitconfig, a .curlrc): only the names this test asks for are contacted.
     let tries: Vec<(&str, String)> = vec![
         (
             "curl_allowed",
-            format!("curl -sSf -m 20 {}", url(ALLOWED, "hello.txt")),
+            format!("curl -q -sSf -m 20 {}", url(ALLOWED, "hello.txt")),
         ),
         (
             "curl_denied",
-            format!("curl -sSf -m 20 {}", url(DENIED, "hello.txt")),
+            format!("curl -q -sSf -m 20 {}", url(DENIED, "hello.txt")),
         ),
         (
             "curl_socks5",
             format!(
-                "curl -sSf -m 20 -x \"$ALL_PROXY\" {}",
+                "curl -q -sSf -m 20 -x \"$ALL_PROXY\" {}",
                 url(ALLOWED, "hello.txt")
             ),
         ),
         (
             "git_clone",
             format!(
-                "git clone -q {} clone && test -f clone/README",
+                "GIT_CONFIG_NOSYSTEM=1 git clone -q {} clone && test -f clone/README",
                 url(ALLOWED, "repo.git")
             ),
         ),
         (
             "pip_install",
             format!(
-                "{PYTHON} -m pip install -q --no-cache-dir --disable-pip-version-check \
-                 --trusted-host {ALLOWED} --index-url {} --target site demo-pkg && \
+                "PIP_CONFIG_FILE=/dev/null {PYTHON} -m pip install -q --no-cache-dir \
+                 --disable-pip-version-check --trusted-host {ALLOWED} --index-url {} --target site demo-pkg && \
                  test -f site/demo_pkg/__init__.py",
                 url(ALLOWED, "simple/")
             ),
