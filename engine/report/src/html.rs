@@ -118,14 +118,19 @@ fn base64(bytes: &[u8]) -> String {
 /// `connect` adds a `connect-src 'self'` (the dashboard's event stream); `body_attrs` are written
 /// into the `<body>` tag as given (the caller escapes them).
 pub fn head(s: &mut String, title: &str, script: &str, connect: bool, body_attrs: &str) {
-    let hash = base64(&Sha256::digest(script.as_bytes()));
+    // A page without a script allows none.
+    let scripts = if script.is_empty() {
+        "'none'".to_string()
+    } else {
+        format!("'sha256-{}'", base64(&Sha256::digest(script.as_bytes())))
+    };
     let connect = if connect { "; connect-src 'self'" } else { "" };
     let _ = write!(
         s,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
          <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; \
-         style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{hash}'{connect}; \
+         style-src 'unsafe-inline'; img-src data:; script-src {scripts}{connect}; \
          base-uri 'none'; form-action 'none'\">\
          <meta name=\"referrer\" content=\"no-referrer\">\
          <title>{}</title><style>{STYLE}</style></head>\n<body{body_attrs}>\n",
@@ -133,9 +138,12 @@ pub fn head(s: &mut String, title: &str, script: &str, connect: bool, body_attrs
     );
 }
 
-/// Closes a page opened with [`head`], with its script.
+/// Closes a page opened with [`head`], with its script (if any).
 pub fn foot(s: &mut String, script: &str) {
-    let _ = write!(s, "<script>{script}</script>\n</body></html>\n");
+    if !script.is_empty() {
+        let _ = write!(s, "<script>{script}</script>\n");
+    }
+    s.push_str("</body></html>\n");
 }
 
 /// The directory a change is filtered under: its first path component, or `(top level)`.
@@ -763,6 +771,20 @@ pub fn render(v: &RunView, diffs: &[ChangeDiff], back: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_page_without_a_script_allows_none_and_carries_no_script_tag() {
+        let mut page = String::new();
+        head(&mut page, "t", "", false, "");
+        foot(&mut page, "");
+        assert!(page.contains("script-src 'none';"), "{page}");
+        assert!(!page.contains("<script"), "{page}");
+        let mut page = String::new();
+        head(&mut page, "t", "x()", false, "");
+        foot(&mut page, "x()");
+        assert!(page.contains("script-src 'sha256-"), "{page}");
+        assert!(page.contains("<script>x()</script>"), "{page}");
+    }
     use super::*;
 
     #[test]
