@@ -352,11 +352,24 @@ pub fn live_data(update: &LiveUpdate) -> String {
                 changes.map_or("unknown".into(), |n| n.to_string())
             ),
         },
-        LiveUpdate::Interrupted { run_id } => LiveMessage {
+        LiveUpdate::Interrupted {
+            run_id,
+            session: false,
+        } => LiveMessage {
             run_id: run_id.as_str(),
             kind: "interrupted",
             text: "not sealed and no agentdiff is running it: interrupted (agentdiff cleanup \
                    RUN stops what it left behind); no longer followed"
+                .into(),
+        },
+        LiveUpdate::Interrupted {
+            run_id,
+            session: true,
+        } => LiveMessage {
+            run_id: run_id.as_str(),
+            kind: "interrupted",
+            text: "session not sealed and its agent is gone: interrupted (agentdiff session end \
+                   ID seals it); no longer followed"
                 .into(),
         },
         LiveUpdate::Unreadable { run_id, problem } => LiveMessage {

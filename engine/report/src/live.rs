@@ -5,7 +5,9 @@
 //! unsealed run while no agentdiff holds the project lock (seen in `/proc/locks`, without taking
 //! the lock) was interrupted: it yields one [`LiveUpdate::Interrupted`] and is no longer followed.
 //! Its seal is looked at again after the lock check, since a run is sealed before its agentdiff
-//! releases the lock: one that finishes between the two checks is sealed, not interrupted.
+//! releases the lock: one that finishes between the two checks is sealed, not interrupted. An
+//! agent session holds no lock between its hooks: an unsealed session stands by its agent process
+//! instead (running while the recorded agent lives, else interrupted).
 //!
 //! Invariants: read-only (nothing in the store is written or locked); each event is yielded once
 //! per [`LiveTail`]; a line still being written is left for the next poll; `events.jsonl` is
@@ -53,9 +55,10 @@ pub enum LiveUpdate {
     },
     /// A run's events cannot be read (said once).
     Unreadable { run_id: RunId, problem: String },
-    /// A run is not sealed and no agentdiff holds the project lock: it was interrupted (said
-    /// once; `agentdiff cleanup RUN` stops what it left behind).
-    Interrupted { run_id: RunId },
+    /// A run is not sealed and no agentdiff holds the project lock (a session: its agent is
+    /// gone): it was interrupted (said once; `agentdiff cleanup RUN` stops what a run left
+    /// behind, `agentdiff session end ID` seals a session).
+    Interrupted { run_id: RunId, session: bool },
 }
 
 /// The runs being followed and how far each was read.
@@ -95,9 +98,13 @@ impl LiveTail {
             Ok(c) => c,
             Err(e) => return self.give_up(id, e.into(), out),
         };
-        // Sealed and the lock are checked before reading, so the events read afterwards are the
-        // last ones.
-        let standing = standing(|| capsule.is_sealed(), || lock_held(store));
+        // Sealed and the lock (a session: its agent) are checked before reading, so the events
+        // read afterwards are the last ones.
+        let session = capsule.metadata().ok().and_then(|m| m.session);
+        let standing = match &session {
+            Some(meta) => standing(|| capsule.is_sealed(), || crate::session::agent_runs(meta)),
+            None => standing(|| capsule.is_sealed(), || lock_held(store)),
+        };
         let offset = self.offsets.get(&id).copied().unwrap_or(0);
         let path = capsule.dir().join(Artifact::Events.file_name());
         let (events, next) = match read_from(&path, offset) {
@@ -119,7 +126,10 @@ impl LiveTail {
             self.offsets.remove(&id);
             self.done.insert(id);
         } else if standing == Standing::Interrupted {
-            out.push(LiveUpdate::Interrupted { run_id: id.clone() });
+            out.push(LiveUpdate::Interrupted {
+                run_id: id.clone(),
+                session: session.is_some(),
+            });
             self.offsets.remove(&id);
             self.done.insert(id);
         }
@@ -306,11 +316,80 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         };
         assert!(
-            matches!(&updates[..], [LiveUpdate::Interrupted { run_id }] if run_id.as_str() == "i-1"),
+            matches!(&updates[..], [LiveUpdate::Interrupted { run_id, session: false }]
+                if run_id.as_str() == "i-1"),
             "{updates:?}"
         );
         run.event("late", json!({})).unwrap();
         assert!(tail.poll(&store).unwrap().is_empty());
+    }
+
+    /// A session capsule whose agent is `agent` (pid and start time).
+    fn session(store: &Store, id: &str, agent: (u32, u64)) -> agentdiff_store::Capsule {
+        let capsule = store.create_run(Some(id)).unwrap();
+        let metadata = agentdiff_store::schema::Metadata {
+            schema_version: agentdiff_store::SCHEMA_VERSION,
+            run_id: id.into(),
+            created_at: "t".into(),
+            agentdiff_version: "0".into(),
+            root: "/r".into(),
+            argv: Vec::new(),
+            task: None,
+            backend: "session".into(),
+            timeout_seconds: None,
+            platform: "linux".into(),
+            uid: Some(0),
+            session: Some(agentdiff_store::schema::SessionMeta {
+                agent: "claude-code".into(),
+                agent_session_id: "a".into(),
+                source: None,
+                agent_pid: Some(agent.0),
+                agent_started: Some(agent.1),
+            }),
+        };
+        capsule
+            .write_artifact(Artifact::Metadata, &metadata)
+            .unwrap();
+        capsule.event("session_started", json!({})).unwrap();
+        capsule
+    }
+
+    #[test]
+    fn an_open_session_is_followed_while_its_agent_lives_and_interrupted_once_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut tail = LiveTail::start(&store).unwrap();
+        // No agentdiff holds the lock between a session's hooks: the agent (here this test
+        // process) is what keeps it open.
+        let me = std::process::id();
+        let started = agentdiff_host::process_identity::read_stat(me)
+            .unwrap()
+            .start_time_ticks;
+        let open = session(&store, "s-open", (me, started));
+        let updates = tail.poll(&store).unwrap();
+        assert!(
+            matches!(&updates[..], [LiveUpdate::Event { event, .. }] if event.event == "session_started"),
+            "{updates:?}"
+        );
+        open.event("tool_call", json!({})).unwrap();
+        assert_eq!(tail.poll(&store).unwrap().len(), 1);
+        // The same pid with another start time is another process: the agent is gone.
+        session(&store, "s-gone", (me, started + 1));
+        let updates = tail.poll(&store).unwrap();
+        assert!(
+            updates.iter().any(
+                |u| matches!(u, LiveUpdate::Interrupted { run_id, session: true }
+                if run_id.as_str() == "s-gone")
+            ),
+            "{updates:?}"
+        );
+        assert!(
+            !updates
+                .iter()
+                .any(|u| matches!(u, LiveUpdate::Interrupted { run_id, .. }
+                if run_id.as_str() == "s-open")),
+            "{updates:?}"
+        );
     }
 
     #[test]
