@@ -141,7 +141,7 @@ pub fn head(s: &mut String, title: &str, script: &str, connect: bool, body_attrs
 /// Closes a page opened with [`head`], with its script (if any).
 pub fn foot(s: &mut String, script: &str) {
     if !script.is_empty() {
-        let _ = write!(s, "<script>{script}</script>\n");
+        let _ = writeln!(s, "<script>{script}</script>");
     }
     s.push_str("</body></html>\n");
 }
