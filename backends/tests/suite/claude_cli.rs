@@ -287,6 +287,8 @@ fn a_headless_session_runs_unattended_inside_agentdiff() {
         ))],
         // A denied change a shell call can make (the root is writable): reverted after the run.
         [bash("echo TOKEN=from-bash > .env; echo wrote")],
+        // A call that fails is still recorded (PostToolUseFailure).
+        [{"name": "Read", "input": {"file_path": proj.join("no-such-file.txt")}}],
     ], "final": "done"});
     let main_before = fs::read(proj.join("src/main.rs")).ok();
     let (result, results) = s.run(&script);
@@ -371,9 +373,13 @@ fn session_capsule(s: &Session, session: &str, main_before: Option<Vec<u8>>) {
         let call = calls.iter().find(|c| c["tool_use_id"] == id);
         call.unwrap_or_else(|| panic!("{id} not in {calls:?}"))["outcome"].clone()
     };
-    for n in 1..=8 {
+    for n in 1..=9 {
         let id = format!("toolu_{n:04}");
-        let expected = if n == 2 || n == 5 { "denied" } else { "ran" };
+        let expected = match n {
+            2 | 5 => "denied",
+            9 => "failed",
+            _ => "ran",
+        };
         assert_eq!(outcome(&id), expected, "{id}: {calls:?}");
     }
     let shell_runs = calls

@@ -108,6 +108,7 @@ fn install_merges_idempotently_and_uninstall_restores() {
     for (event, sub) in [
         ("SessionStart", "session-start"),
         ("PostToolUse", "post-tool-use"),
+        ("PostToolUseFailure", "post-tool-use-failure"),
         ("Stop", "stop"),
         ("SessionEnd", "session-end"),
     ] {

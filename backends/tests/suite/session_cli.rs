@@ -114,6 +114,15 @@ fn session_records_every_call_attributes_every_change_and_rolls_back() {
         tool_input(&root, "PostToolUse", "Write", "toolu_w", write),
     );
 
+    // An Edit that failed part-way (Claude Code's PostToolUseFailure): recorded as failed with
+    // the start of its error, and the change it made is still attributed to it.
+    let edit = json!({"file_path": root.join("partial.txt"), "old_string": "a", "new_string": "b"});
+    fs::write(root.join("partial.txt"), "half\n").unwrap();
+    let mut failed = tool_input(&root, "PostToolUseFailure", "Edit", "toolu_f", edit);
+    failed["error"] = json!(format!("disk full {}", "x".repeat(2000)));
+    failed["is_interrupt"] = json!(false);
+    hook(&root, "post-tool-use-failure", failed);
+
     // A Write to .env: denied by the hook, never made, recorded as denied.
     let env = json!({"file_path": ".env", "content": "TOKEN=stolen\n"});
     let pre = hook(
@@ -180,8 +189,14 @@ fn session_records_every_call_attributes_every_change_and_rolls_back() {
             .unwrap_or_else(|| panic!("{id}: {calls:?}"))
             .clone()
     };
-    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert_eq!(calls.len(), 4, "{calls:?}");
     assert_eq!(outcome("toolu_w")["outcome"], "ran");
+    assert_eq!(outcome("toolu_f")["outcome"], "failed");
+    let detail = outcome("toolu_f")["detail"].as_str().unwrap().to_string();
+    assert!(
+        detail.starts_with("disk full") && detail.chars().count() == 500,
+        "{detail}"
+    );
     assert_eq!(outcome("toolu_w")["paths"], json!(["src/main.rs"]));
     assert_eq!(outcome("toolu_env")["outcome"], "denied");
     let bash_run = outcome("toolu_b")["run_id"].as_str().unwrap().to_string();
@@ -202,7 +217,8 @@ fn session_records_every_call_attributes_every_change_and_rolls_back() {
     assert_eq!(who("out/app.txt")["runs"], json!([bash_run]));
     assert_eq!(who("out")["calls"], json!(["toolu_b"]));
     assert_eq!(who("stray.txt")["unattributed"], true);
-    assert_eq!(attributions.len(), 4, "{attributions:?}");
+    assert_eq!(who("partial.txt")["calls"], json!(["toolu_f"]));
+    assert_eq!(attributions.len(), 5, "{attributions:?}");
     assert_eq!(
         fs::read_to_string(root.join(".env")).unwrap(),
         "TOKEN=old\n"

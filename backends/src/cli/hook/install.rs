@@ -9,8 +9,8 @@
 //!
 //! The installed `PreToolUse` command ends in `|| exit 2`: when agentdiff cannot be started
 //! (moved, uninstalled), the shell's 127 would let Claude Code run the call unjudged; 2 blocks it.
-//! The session hooks (`SessionStart`, `PostToolUse`, `Stop`, `SessionEnd`) record the session;
-//! they cannot block a call, so they end without it.
+//! The session hooks (`SessionStart`, `PostToolUse`, `PostToolUseFailure`, `Stop`, `SessionEnd`)
+//! record the session; they cannot block a call, so they end without it.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -337,6 +337,12 @@ fn session_hooks(exe: &str) -> Vec<Wanted> {
             event: "PostToolUse",
             matcher: Some("*"),
             command: command("post-tool-use"),
+            timeout: MIN_TIMEOUT_SECS,
+        },
+        Wanted {
+            event: "PostToolUseFailure",
+            matcher: Some("*"),
+            command: command("post-tool-use-failure"),
             timeout: MIN_TIMEOUT_SECS,
         },
         Wanted {

@@ -57,6 +57,8 @@ pub enum Command {
     SessionStart(session::SessionHookArgs),
     /// Append a finished tool call to the session's record (Claude Code PostToolUse).
     PostToolUse(session::SessionHookArgs),
+    /// Append a failed tool call to the session's record (Claude Code PostToolUseFailure).
+    PostToolUseFailure(session::SessionHookArgs),
     /// Note the end of an agent turn in the session's record (Claude Code Stop).
     Stop(session::SessionHookArgs),
     /// Take the after-scan and seal the session's record (Claude Code SessionEnd).
@@ -92,6 +94,7 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Uninstall(args) => install::uninstall(args),
         Command::SessionStart(args) => session::run(session::Event::SessionStart, args),
         Command::PostToolUse(args) => session::run(session::Event::PostToolUse, args),
+        Command::PostToolUseFailure(args) => session::run(session::Event::PostToolUseFailure, args),
         Command::Stop(args) => session::run(session::Event::Stop, args),
         Command::SessionEnd(args) => session::run(session::Event::SessionEnd, args),
     }

@@ -1,5 +1,9 @@
-//! `agentdiff hook session-start | post-tool-use | stop | session-end`: the Claude Code hooks that
-//! record a whole agent session as one capsule (`agentdiff_engine::transaction::session`).
+//! `agentdiff hook session-start | post-tool-use | post-tool-use-failure | stop | session-end`: the
+//! Claude Code hooks that record a whole agent session as one capsule
+//! (`agentdiff_engine::transaction::session`). A call that failed (Claude Code's
+//! `PostToolUseFailure`) is recorded as `failed`, with the agent's error text (at most
+//! [`MAX_ERROR_CHARS`] characters): a failed call may still have changed files, and its changes are
+//! attributed to it like any other call's.
 //!
 //! None of these events can block a tool call, so a failure is never turned into a block: it is
 //! said on stderr (`agentdiff: session not recorded: …`) and the hook exits 1, which Claude Code
@@ -25,6 +29,9 @@ use serde_json::{json, Map, Value};
 /// The agent these hooks are for.
 pub const AGENT: &str = "claude-code";
 
+/// How much of a failed call's error text is kept in the session's log.
+pub const MAX_ERROR_CHARS: usize = 500;
+
 #[derive(Debug, clap::Args)]
 pub struct SessionHookArgs {
     /// Project root (default: discovered from the current directory).
@@ -40,6 +47,7 @@ pub struct SessionHookArgs {
 pub enum Event {
     SessionStart,
     PostToolUse,
+    PostToolUseFailure,
     Stop,
     SessionEnd,
 }
@@ -60,6 +68,11 @@ struct HookInput {
     tool_use_id: Option<String>,
     #[serde(default)]
     tool_input: Option<Map<String, Value>>,
+    /// `PostToolUseFailure`: the error, and whether the user interrupted the call.
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    is_interrupt: Option<bool>,
 }
 
 /// Runs one session hook; a failure is reported, never a block (see the module docs).
@@ -93,6 +106,14 @@ fn handle(event: Event, args: &SessionHookArgs) -> anyhow::Result<()> {
     match event {
         Event::SessionStart => start(args, &root, &input),
         Event::PostToolUse => record(&root, &input, tool_call(&root, &input, "ran", None)),
+        Event::PostToolUseFailure => {
+            let detail = failure_detail(&input);
+            record(
+                &root,
+                &input,
+                tool_call(&root, &input, "failed", Some(detail)),
+            )
+        }
         Event::Stop => checkpoint(&root, &input),
         Event::SessionEnd => end(args, &root, &input),
     }
@@ -178,6 +199,22 @@ fn tool_call(root: &Path, input: &HookInput, outcome: &str, detail: Option<Strin
     Call {
         record,
         shell: tool == super::SHELL_TOOL,
+    }
+}
+
+/// What a failed call's record says: interrupted or not, and the start of the agent's error.
+fn failure_detail(input: &HookInput) -> String {
+    let error: String = input
+        .error
+        .as_deref()
+        .unwrap_or("no error text")
+        .chars()
+        .take(MAX_ERROR_CHARS)
+        .collect();
+    if input.is_interrupt == Some(true) {
+        format!("interrupted: {error}")
+    } else {
+        error
     }
 }
 
