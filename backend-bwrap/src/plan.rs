@@ -77,35 +77,9 @@ impl Network {
     }
 }
 
-/// The port the egress forwarder listens on inside the sandbox (the sandbox's own loopback, so
-/// nothing else there uses it).
-pub const EGRESS_PORT: u16 = 3128;
-
-/// The proxy variables a `filtered` sandbox gets, after the environment scrub: the standard
-/// ones in both cases (curl, pip, git, Node's undici through `NODE_USE_ENV_PROXY`, most tools),
-/// SOCKS5 with remote name resolution for `ALL_PROXY`, npm's own settings and cargo's. Local
-/// addresses bypass the proxy (they are the sandbox's own loopback).
-pub fn egress_env() -> Vec<(OsString, OsString)> {
-    let http = format!("http://127.0.0.1:{EGRESS_PORT}");
-    let socks = format!("socks5h://127.0.0.1:{EGRESS_PORT}");
-    let no_proxy = "localhost,127.0.0.1,::1";
-    [
-        ("HTTP_PROXY", http.as_str()),
-        ("HTTPS_PROXY", &http),
-        ("http_proxy", &http),
-        ("https_proxy", &http),
-        ("ALL_PROXY", &socks),
-        ("all_proxy", &socks),
-        ("NO_PROXY", no_proxy),
-        ("no_proxy", no_proxy),
-        ("npm_config_proxy", &http),
-        ("npm_config_https_proxy", &http),
-        ("CARGO_HTTP_PROXY", &http),
-    ]
-    .into_iter()
-    .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-    .collect()
-}
+/// The port the egress forwarder listens on inside the sandbox (shared with every backend that
+/// labels its network `filtered`).
+pub use agentdiff_backend_api::egress::FORWARDER_PORT as EGRESS_PORT;
 
 /// What one mount does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -771,9 +745,7 @@ fn with_egress(
         .egress_proxy
         .clone()
         .filter(|_| network == Network::Filtered)?;
-    let ours = egress_env();
-    env.retain(|(k, _)| !ours.iter().any(|(o, _)| o == k));
-    env.extend(ours);
+    agentdiff_backend_api::egress::with_proxy_env(env);
     Some(socket)
 }
 

@@ -101,7 +101,11 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         })
         .ok_or_else(|| ArgvError::WorkspacePath(req.workspace.display().to_string()))?;
     let o = req.options;
-    let mut a: Vec<String> = vec![if req.remote { "create" } else { "run" }.into()];
+    let filtered = req.options.network == crate::options::Network::Filtered;
+    // Created first when agentdiff must act between the container's creation and the command's
+    // start: shipping the workspace in (remote), starting the egress forwarder (filtered).
+    let create = req.remote || filtered;
+    let mut a: Vec<String> = vec![if create { "create" } else { "run" }.into()];
     if req.kind == EngineKind::Podman && !req.remote {
         a.push("--rm".into());
     }
@@ -113,7 +117,7 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         "--label".into(),
         MANAGED_LABEL.into(),
         "--network".into(),
-        o.network.as_str().into(),
+        o.network.engine_value().into(),
         "--cap-drop".into(),
         "ALL".into(),
         "--security-opt".into(),
@@ -141,10 +145,22 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         // Keep stdin open: the command reads what agentdiff's stdin (or a file) provides.
         "--interactive".into(),
     ]);
-    for name in &o.env {
+    let proxy_env = agentdiff_backend_api::egress::proxy_env();
+    let ours = |name: &str| filtered && proxy_env.iter().any(|(k, _)| k == name);
+    for name in o.env.iter().filter(|n| !ours(n)) {
         // Name only: the engine copies the value from its own environment, so values never
         // appear on a command line or in evidence.
         a.extend(["--env".into(), name.clone()]);
+    }
+    if filtered {
+        // The proxy variables replace the caller's own (as bwrap does); their values name only
+        // the container's loopback, so they may appear on the command line.
+        for (k, v) in &proxy_env {
+            a.extend([
+                "--env".into(),
+                format!("{}={}", k.to_string_lossy(), v.to_string_lossy()),
+            ]);
+        }
     }
     if req.remote {
         a.extend(["--mount".into(), REMOTE_WORKSPACE_MOUNT.into()]);

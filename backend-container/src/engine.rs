@@ -259,6 +259,33 @@ impl Engine {
             .map(|_| ())
     }
 
+    /// `podman init`: the container's namespaces exist and its init process waits for `start`;
+    /// returns that process's host pid (the key to its network namespace).
+    pub async fn init_pid(&self, id: &str) -> Result<u32, EngineError> {
+        self.call_ok(&["init", "--", id]).await?;
+        let out = self
+            .call_ok(&[
+                "inspect",
+                "--type",
+                "container",
+                "--format",
+                "{{.State.Pid}}",
+                "--",
+                id,
+            ])
+            .await?;
+        out.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|p| *p > 1)
+            .ok_or_else(|| EngineError::Failed {
+                program: self.program.display().to_string(),
+                args: format!("inspect {id}"),
+                code: Some(0),
+                stderr: format!("no process id for the initialised container (it printed {out:?})"),
+            })
+    }
+
     /// Force-remove a container (kills it if it still runs).
     pub async fn remove(&self, name_or_id: &str) -> Result<(), EngineError> {
         self.call_ok(&["rm", "-f", "--", name_or_id])

@@ -23,7 +23,7 @@ pub mod remote;
 pub mod rootfs;
 mod running;
 
-pub use running::{ContainerFacts, RootfsFacts};
+pub use running::{ContainerFacts, EgressForwarderFacts, RootfsFacts};
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -78,8 +78,8 @@ pub const OPTIONS: &[OptionSpec] = &[
     .flag("rootfs"),
     OptionSpec::new(
         "network",
-        OptionKind::Choice(&["none", "bridge"]),
-        "container network: none (loopback only) or the engine's bridge",
+        OptionKind::Choice(&["none", "filtered", "bridge"]),
+        "container network: none (loopback only), filtered (none, plus agentdiff's egress proxy on the container's 127.0.0.1:3128; local podman only; the default when network.egress allows a host) or the engine's bridge",
     )
     .default_value(options::DEFAULT_NETWORK.as_str())
     .flag("network"),
@@ -223,7 +223,8 @@ impl ContainerBackend {
             backend: ID.into(),
             message,
         };
-        let options = ContainerOptions::parse(&spec.options).map_err(|e| invalid(e.to_string()))?;
+        let mut options =
+            ContainerOptions::parse(&spec.options).map_err(|e| invalid(e.to_string()))?;
         let (mut kind, mut program) = self.choose(options.engine);
         if matches!(options.source, Source::Rootfs(_)) && kind == EngineKind::Docker {
             // `auto` with a rootfs can only mean podman (docker has no --rootfs).
@@ -256,6 +257,11 @@ impl ContainerBackend {
                 None
             }
         };
+        options.network = filtered_network(spec, &options, kind, endpoint.is_some())
+            .map_err(|e| invalid(e.to_string()))?;
+        let egress = (options.network == options::Network::Filtered)
+            .then(|| spec.egress_proxy.clone())
+            .flatten();
         let (user, keep_id) = match endpoint {
             // The remote engine's users are not this machine's: no keep-id, and the archive
             // carries the container user's ids.
@@ -281,6 +287,7 @@ impl ContainerBackend {
             user,
             keep_id,
             args,
+            egress,
         })
     }
 
@@ -324,6 +331,49 @@ struct Plan {
     user: options::UserSpec,
     keep_id: bool,
     args: Vec<OsString>,
+    /// `network: filtered`: the egress proxy's socket, which a forwarder in the container's
+    /// network namespace relays to.
+    egress: Option<PathBuf>,
+}
+
+/// Why a run cannot have the network it asked for.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NetworkError {
+    #[error("network `filtered` needs agentdiff's egress proxy, which a run has only when the policy's network.egress allows a host: add `network.egress.allow` (or `--allow-host`), or use `--network none`")]
+    NoProxy,
+    #[error("network `filtered` needs the egress proxy's socket on this machine, which a remote engine (engine-host) cannot reach; the command would run without the allowlist. Use `--network none` (no network at all; the run then says the allowlist was not applied) or a local engine")]
+    Remote,
+    #[error("network `filtered` needs podman: agentdiff starts its forwarder in the container's network namespace between `podman init` and the command's start, and the docker CLI has no such step. Use `--engine podman`, or `--network none`")]
+    Docker,
+}
+
+/// The run's network: `filtered` when asked for, and by default when the run has the egress
+/// proxy and a local podman (as under bwrap). Asked for where agentdiff cannot make the proxy
+/// the only route out (no proxy, a remote engine, docker), it is refused; by default there the
+/// network stays `none`, and the transaction warns that the allowlist was not applied.
+fn filtered_network(
+    spec: &LaunchSpec,
+    options: &ContainerOptions,
+    kind: EngineKind,
+    remote: bool,
+) -> std::result::Result<options::Network, NetworkError> {
+    let servable = !remote && kind == EngineKind::Podman;
+    let network = match (spec.options.get("network"), &spec.egress_proxy) {
+        (None, Some(_)) if servable => options::Network::Filtered,
+        _ => options.network,
+    };
+    if network != options::Network::Filtered {
+        return Ok(network);
+    }
+    if spec.egress_proxy.is_none() {
+        Err(NetworkError::NoProxy)
+    } else if remote {
+        Err(NetworkError::Remote)
+    } else if kind == EngineKind::Docker {
+        Err(NetworkError::Docker)
+    } else {
+        Ok(network)
+    }
 }
 
 /// Why a workspace cannot be mounted into the container.
@@ -449,6 +499,11 @@ impl RuntimeBackend for ContainerBackend {
             "source": plan.options.source,
             "pull": plan.options.pull,
             "network": plan.options.network.as_str(),
+            "engine_network": plan.options.network.engine_value(),
+            "egress_proxy": plan.egress.as_ref().map(|socket| serde_json::json!({
+                "socket": socket.display().to_string(),
+                "forwarder": format!("127.0.0.1:{} in the container's network namespace, run by agentdiff", agentdiff_backend_api::egress::FORWARDER_PORT),
+            })),
             "memory": plan.options.memory,
             "memory_swap": plan.options.memory,
             "cpus": plan.options.cpus,
@@ -462,6 +517,7 @@ impl RuntimeBackend for ContainerBackend {
             "tmpfs": [options::TMPFS_TMP],
             "init": true,
             "remove_after_run": true,
+            "started_by": if plan.egress.is_some() { "create, init, forwarder, start -a" } else if plan.endpoint.is_some() { "create, ship in, start -a" } else { "run" },
             "removed_by": match (plan.kind, &plan.endpoint) {
                 (_, Some(_)) => "agentdiff (rm -f -v by id after the workspace is shipped back, then checked gone)",
                 (EngineKind::Podman, None) => "engine (--rm)",

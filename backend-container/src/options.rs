@@ -95,12 +95,25 @@ pub enum Network {
     None,
     /// The engine's default bridge network.
     Bridge,
+    /// No network (`--network none`) except agentdiff's egress proxy, reached through a
+    /// forwarder on the container's `127.0.0.1` (local podman only; the default when the run has
+    /// the proxy).
+    Filtered,
 }
 
 impl Network {
     pub const fn as_str(self) -> &'static str {
         match self {
             Network::None => "none",
+            Network::Bridge => "bridge",
+            Network::Filtered => "filtered",
+        }
+    }
+
+    /// The engine's `--network` value.
+    pub const fn engine_value(self) -> &'static str {
+        match self {
+            Network::None | Network::Filtered => "none",
             Network::Bridge => "bridge",
         }
     }
@@ -193,7 +206,8 @@ impl ContainerOptions {
         let network = match options.get("network").unwrap_or(DEFAULT_NETWORK.as_str()) {
             "none" => Network::None,
             "bridge" => Network::Bridge,
-            other => return Err(invalid("network", other, "none or bridge")),
+            "filtered" => Network::Filtered,
+            other => return Err(invalid("network", other, "none, filtered or bridge")),
         };
         let memory = options.get("memory").unwrap_or(DEFAULT_MEMORY);
         validate_memory(memory)?;

@@ -16,6 +16,8 @@ use agentdiff_backend_api::{
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use agentdiff_process::exec_shim::forward::NetnsForwarder;
+
 use crate::engine::{Engine, EngineKind};
 use crate::options::Source;
 use crate::{ContainerBackend, Plan, ENFORCEMENT, ID};
@@ -73,12 +75,20 @@ pub(crate) async fn launch(
     let mut args = prepared.args().to_vec();
     let cid_arg: OsString = cid_path.clone().into_os_string();
     args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
+    // What the evidence records: the argv that carries the controls (`run`, or `create`).
+    let controls_argv = match &remote {
+        None => args.clone(),
+        Some(_) => prepared.args().to_vec(),
+    };
+    let mut forwarder = None;
+    if let Some(socket) = &plan.egress {
+        let (id, started) = filtered_setup(&engine, &args, socket).await?;
+        forwarder = Some(started);
+        args = start_args(&id);
+    }
     if let Some(r) = &remote {
         // The container exists (created and filled); the client attaches to it.
-        args = ["start", "-a", "-i", r.container_id.as_str()]
-            .into_iter()
-            .map(OsString::from)
-            .collect();
+        args = start_args(&r.container_id);
     }
     let (mut cmd, relays) = client_command(&program, &args, &prepared, &ctx.stdio)?;
     let since_unix = SystemTime::now()
@@ -93,11 +103,7 @@ pub(crate) async fn launch(
     let identity = pid.and_then(|p| agentdiff_process::read_identity(p).ok());
 
     let mut wrapper_argv = vec![prepared.program().clone()];
-    match &remote {
-        None => wrapper_argv.extend(args),
-        // The create argv carries the controls; `start` only attaches.
-        Some(_) => wrapper_argv.extend(prepared.args().iter().cloned()),
-    }
+    wrapper_argv.extend(controls_argv);
     let environment = environment_evidence(&prepared, &plan, &mut warnings);
     let facts = ContainerFacts {
         engine: plan.kind.as_str().to_string(),
@@ -118,7 +124,21 @@ pub(crate) async fn launch(
         container_id: None,
         leftover_containers_removed: Vec::new(),
         remote: remote.as_ref().map(|r| r.facts.clone()),
+        egress_forwarder: forwarder
+            .as_ref()
+            .map(|f: &NetnsForwarder| EgressForwarderFacts {
+                netns: f.netns().to_string(),
+                listen: format!("127.0.0.1:{}", f.port()),
+            }),
     };
+    let mut capabilities = crate::capabilities_for(remote.is_some());
+    if forwarder.is_some() {
+        // The proxy is the only route out: the engine was asked for no network, and the
+        // forwarder found only a loopback in the container's namespace before the command
+        // started (it refuses any other interface).
+        capabilities.network = agentdiff_backend_api::Level::Filtered;
+        capabilities.network_enforcement = true;
+    }
     let stdio_relayed = relays.names();
     Ok(Box::new(RunningContainer {
         relays: std::sync::Mutex::new(relays),
@@ -138,7 +158,7 @@ pub(crate) async fn launch(
         evidence: RunEvidence {
             backend: ID.into(),
             enforcement: ENFORCEMENT,
-            capabilities: crate::capabilities_for(remote.is_some()),
+            capabilities,
             tracking: agentdiff_backend_api::Tracking::ContainerEngine,
             wrapper_argv: Some(
                 wrapper_argv
@@ -160,6 +180,7 @@ pub(crate) async fn launch(
         },
         facts,
         remote,
+        forwarder,
         workdir: spec.workdir.clone(),
         image_pulled_ref: match (&plan.options.source, image_id.is_none()) {
             (Source::Image(i), true) => Some(i.clone()),
@@ -344,13 +365,8 @@ async fn remote_setup(
         .call_ok(&args)
         .await
         .map_err(|e| launch_error(format!("creating the container on {endpoint}: {e}")))?;
-    let container_id = created
-        .lines()
-        .last()
-        .map(str::trim)
-        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| launch_error(format!("the engine at {endpoint} created a container but did not print its id (it printed {created:?})")))?
-        .to_string();
+    let container_id = created_id(&created)
+        .ok_or_else(|| launch_error(format!("the engine at {endpoint} created a container but did not print its id (it printed {created:?})")))?;
     match crate::remote::ship_in(engine, &container_id, &spec.workdir, plan.user).await {
         Ok(shipped) => Ok((
             RemoteState {
@@ -372,6 +388,79 @@ async fn remote_setup(
             };
             Err(launch_error(format!(
                 "{e}; {removed}; the command never ran"
+            )))
+        }
+    }
+}
+
+/// The id `create` printed (its last line).
+fn created_id(out: &str) -> Option<String> {
+    out.lines()
+        .last()
+        .map(str::trim)
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_string)
+}
+
+/// The client that attaches to a created container.
+fn start_args(id: &str) -> Vec<OsString> {
+    ["start", "-a", "-i", id]
+        .into_iter()
+        .map(OsString::from)
+        .collect()
+}
+
+/// `network: filtered` before the client starts: the container is created and initialised (its
+/// network namespace exists, its command does not run yet), and the egress forwarder listens on
+/// that namespace's `127.0.0.1`. A failure removes the container; the command never ran.
+async fn filtered_setup(
+    engine: &Engine,
+    create_args: &[OsString],
+    socket: &std::path::Path,
+) -> Result<(String, NetnsForwarder)> {
+    let args: Vec<&str> = create_args
+        .iter()
+        .map(|a| {
+            a.to_str()
+                .ok_or_else(|| launch_error("the create argv is not UTF-8".into()))
+        })
+        .collect::<Result<_>>()?;
+    let created = engine
+        .call_ok(&args)
+        .await
+        .map_err(|e| launch_error(format!("creating the container: {e}")))?;
+    let id = created_id(&created).ok_or_else(|| {
+        launch_error(format!(
+            "the engine created a container but did not print its id (it printed {created:?})"
+        ))
+    })?;
+    let started = async {
+        let pid = engine
+            .init_pid(&id)
+            .await
+            .map_err(|e| format!("initialising the container: {e}"))?;
+        let netns = PathBuf::from(format!("/proc/{pid}/ns/net"));
+        let socket = socket.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            NetnsForwarder::start(
+                &netns,
+                agentdiff_backend_api::egress::FORWARDER_PORT,
+                &socket,
+            )
+        })
+        .await
+        .map_err(|e| format!("the egress forwarder did not start: {e}"))?
+        .map_err(|e| format!("the egress forwarder did not start: {e}"))
+    };
+    match started.await {
+        Ok(forwarder) => Ok((id, forwarder)),
+        Err(why) => {
+            let removed = match engine.remove(&id).await {
+                Ok(()) => "the container was removed".to_string(),
+                Err(e) => format!("removing container {id} failed: {e}"),
+            };
+            Err(launch_error(format!(
+                "network filtered: {why}; {removed}; the command never ran"
             )))
         }
     }
@@ -510,6 +599,9 @@ struct RunningContainer {
     facts: ContainerFacts,
     /// Remote mode: the created container and what was shipped in.
     remote: Option<RemoteState>,
+    /// `network: filtered`: the forwarder in the container's network namespace, stopped once
+    /// the client has ended.
+    forwarder: Option<NetnsForwarder>,
     /// The private workspace (remote mode ships the container's copy back into it).
     workdir: PathBuf,
     image_pulled_ref: Option<String>,
@@ -546,6 +638,19 @@ pub struct ContainerFacts {
     /// Remote mode: the engine that ran the command and what was shipped each way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<crate::remote::RemoteFacts>,
+    /// `network: filtered`: where the egress forwarder listened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_forwarder: Option<EgressForwarderFacts>,
+}
+
+/// The egress forwarder of a `filtered` run: it ran in agentdiff's process, in the container's
+/// network namespace (checked to hold only a loopback interface before the command started).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressForwarderFacts {
+    /// `net:[INODE]` of the container's network namespace.
+    pub netns: String,
+    /// `127.0.0.1:PORT` inside it.
+    pub listen: String,
 }
 
 /// A rootfs run's source.
@@ -615,7 +720,11 @@ impl RunningCommand for RunningContainer {
     }
 
     async fn wait(mut self: Box<Self>) -> Result<RunEvidence> {
-        let exit = self.wait_for_end().await?;
+        let exit = self.wait_for_end().await;
+        if let Some(f) = self.forwarder.take() {
+            let _ = tokio::task::spawn_blocking(move || f.stop()).await;
+        }
+        let exit = exit?;
         let mut relays = std::mem::take(
             self.relays
                 .get_mut()

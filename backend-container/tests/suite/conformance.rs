@@ -15,11 +15,12 @@ use super::helpers::*;
 fn container_backend_is_conformant_on_podman() {
     if skip_or_fail(
         "container_backend_is_conformant_on_podman",
-        podman_missing(),
+        podman_missing().or_else(host_python_missing),
     ) {
         return;
     }
-    let rootfs = busybox_rootfs();
+    // Busybox plus Python: the egress probe (NET-FILTER-001) runs a Python script.
+    let rootfs = python_rootfs().unwrap();
     let mut options = BackendOptions::new();
     options.push("engine", "podman");
     options.push("rootfs", rootfs.path().to_str().unwrap());
@@ -57,12 +58,22 @@ fn container_backend_is_conformant_on_podman() {
         "WORK-001",
         "TXN-002",
         "HONEST-HOST-001",
+        "NET-FILTER-001",
     ] {
         let check = report
             .check(id)
             .unwrap_or_else(|| panic!("{id} missing from the report"));
         assert!(check.outcome.is_passed(), "{id}: {:?}", check.outcome);
     }
+    // Verified by the probe, not skipped: handed the proxy, the run is labelled filtered and
+    // only the listed host was reached.
+    let net = report.check("NET-FILTER-001").unwrap();
+    assert!(
+        matches!(net.outcome, agentdiff_conformance::Outcome::Passed),
+        "{:?} {}",
+        net.outcome,
+        net.details
+    );
 }
 
 #[test]
@@ -116,6 +127,9 @@ fn container_backend_is_conformant_with_the_fake_engine() {
     let mut options = BackendOptions::new();
     options.push("engine", "podman");
     options.push("rootfs", rootfs.path().to_str().unwrap());
+    // The fake engine creates no network namespace, so `filtered` (the default when the egress
+    // probe hands over the proxy) could never start its forwarder: the run would be refused.
+    options.push("network", "none");
     let fail_log = log.clone();
     assert_conformant(
         Arc::new(move || Box::new(fake_backend(&log, "podman", &[]))),

@@ -1,4 +1,5 @@
 mod conformance;
+mod egress;
 mod fake_engine;
 mod helpers;
 mod real_docker;

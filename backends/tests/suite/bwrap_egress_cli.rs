@@ -15,20 +15,20 @@ use super::bwrap_cli::{no_bwrap, Fixture};
 
 /// The server's address: loopback, but not 127.0.0.1, so the policy's address pattern is the
 /// only thing that lets the proxy reach it.
-const SERVER_IP: &str = "127.0.0.7";
-const ALLOWED: &str = "pkgs.allowed.test";
-const DENIED: &str = "other.denied.test";
+pub(super) const SERVER_IP: &str = "127.0.0.7";
+pub(super) const ALLOWED: &str = "pkgs.allowed.test";
+pub(super) const DENIED: &str = "other.denied.test";
 /// A Python with pip, outside any home the sandbox hides.
 const PYTHON: &str = "/usr/bin/python3";
 
 /// `python3 -m http.server` serving `dir` on [`SERVER_IP`]; killed on drop.
-struct Server {
+pub(super) struct Server {
     child: Child,
-    port: u16,
+    pub(super) port: u16,
 }
 
 impl Server {
-    fn start(dir: &Path) -> Server {
+    pub(super) fn start(dir: &Path) -> Server {
         let mut child = Command::new(PYTHON)
             .args(["-u", "-m", "http.server", "--bind", SERVER_IP, "0"])
             .current_dir(dir)
@@ -137,7 +137,7 @@ fn tools_missing() -> Option<&'static str> {
     None
 }
 
-fn records<'a>(rt: &'a Value, host: &str) -> Vec<&'a Value> {
+pub(super) fn records<'a>(rt: &'a Value, host: &str) -> Vec<&'a Value> {
     rt["network"]["egress"]["records"]
         .as_array()
         .unwrap_or_else(|| panic!("no network.egress records: {rt:#}"))

@@ -451,7 +451,7 @@ fn an_unknown_exec_mechanism_is_refused_before_anything_runs() {
 
 const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
 
-fn podman_missing() -> Option<String> {
+pub(super) fn podman_missing() -> Option<String> {
     let Ok(podman) = which_podman() else {
         return Some("podman is not installed (apt-get install -y podman runc)".into());
     };
@@ -480,7 +480,7 @@ fn which_podman() -> Result<PathBuf, ()> {
 }
 
 /// A busybox root filesystem (bin/busybox and one link per applet), so no image is needed.
-fn busybox_rootfs() -> tempfile::TempDir {
+pub(super) fn busybox_rootfs() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
     let d = tempfile::tempdir().unwrap();
     fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();

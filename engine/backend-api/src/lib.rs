@@ -8,6 +8,7 @@ mod capabilities;
 pub mod citation;
 pub mod containers;
 pub mod descriptor;
+pub mod egress;
 pub mod environment;
 mod evidence;
 pub mod exec;

@@ -71,7 +71,12 @@ pub fn check_request(
         options,
         deny_patterns: policy.deny_patterns(),
         git_dirs: Vec::new(),
-        egress_proxy: None,
+        // The run will have the proxy when the policy allows a host, and a backend judges
+        // `network: filtered` by whether it has one; the path is never opened here.
+        egress_proxy: policy
+            .egress()
+            .allows_anything()
+            .then(|| std::env::temp_dir().join("agentdiff-egress-preflight/egress.sock")),
     };
     match backend.check(&spec) {
         Err(e @ (BackendError::InvalidRequest { .. } | BackendError::Option(_))) => Err(e),

@@ -8,9 +8,18 @@
 //! `/dev/null` and no other inherited descriptor open (the start marker, the command's pipes); it
 //! dies with the sandbox's pid namespace. It only moves bytes: every decision is the proxy's.
 //!
+//! The same relay also runs on the host side of a sandbox the shim cannot run in (a container
+//! whose root filesystem has no C library for it): [`NetnsForwarder`] listens on the loopback of
+//! another process's network namespace from a thread of agentdiff's own process, and refuses a
+//! namespace that is agentdiff's own or has any interface besides `lo` (a route out the proxy
+//! would not see). Its relays connect to the socket by path, which works from any network
+//! namespace, so the socket itself need not enter the sandbox.
+//!
 //! Not defended: the command can connect to the Unix socket itself, or to the forwarder, with
 //! any protocol; that is what the proxy is for. The command can kill the forwarder (same user):
-//! it then loses its only route out, nothing more.
+//! it then loses its only route out, nothing more. A [`NetnsForwarder`] runs as agentdiff, out
+//! of the command's reach; an interface added to the namespace after it started (by a process
+//! holding `CAP_NET_ADMIN` there) is not noticed.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -19,6 +28,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Environment variable (`PORT:SOCKET`) asking the shim to start the forwarder from the
 /// sandbox's `127.0.0.1:PORT` to the proxy's Unix socket `SOCKET`; removed before `exec`.
@@ -91,7 +102,7 @@ pub(crate) fn start(value: &OsStr) -> Result<(), String> {
             // SAFETY: as above, one thread.
             if let Ok(nix::unistd::ForkResult::Child) = unsafe { nix::unistd::fork() } {
                 detach(listener.as_raw_fd());
-                serve(&listener, &spec.socket);
+                serve(&listener, &spec.socket, None);
             }
             // SAFETY: _exit ends the middle (or failed) child without running the parent's
             // destructors or flushing its buffers twice.
@@ -124,12 +135,23 @@ fn detach(keep: i32) {
     }
 }
 
-fn serve(listener: &TcpListener, socket: &Path) -> ! {
+/// Accepts until `stop` is set (never, without one).
+fn serve(listener: &TcpListener, socket: &Path, stop: Option<&AtomicBool>) {
+    let stopped = || stop.is_some_and(|s| s.load(Ordering::SeqCst));
     loop {
+        if stopped() {
+            return;
+        }
         let Ok((client, _)) = listener.accept() else {
+            if stopped() {
+                return;
+            }
             std::thread::sleep(std::time::Duration::from_millis(20));
             continue;
         };
+        if stopped() {
+            return;
+        }
         let socket = socket.to_path_buf();
         // One thread per direction; a connection the proxy refuses simply closes.
         let _ = std::thread::Builder::new().spawn(move || relay(client, &socket));
@@ -168,6 +190,183 @@ fn copy(mut from: impl Read, mut to: impl std::io::Write) {
     }
 }
 
+/// Why a [`NetnsForwarder`] did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("cannot open the network namespace {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the network namespace {0} is agentdiff's own: a forwarder there would listen on the host's loopback")]
+    OwnNamespace(String),
+    #[error("cannot enter the network namespace {}: {source} (entering another process's namespace needs CAP_SYS_ADMIN over it: a rootful engine, agentdiff run as root)", path.display())]
+    Enter {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the network namespace has interfaces besides the loopback ({0}): the command would have a route out that the proxy does not see")]
+    NotIsolated(String),
+    #[error("the egress proxy's socket {} is not a socket", .0.display())]
+    NoSocket(PathBuf),
+    #[error("cannot listen on 127.0.0.1:{port} in the namespace: {source}")]
+    Listen {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the forwarder's thread could not start or ended before it listened: {0}")]
+    Thread(String),
+}
+
+/// A forwarder listening on `127.0.0.1:PORT` in another process's network namespace, run by a
+/// thread of this process (see the module documentation). Stopped by [`NetnsForwarder::stop`] or
+/// on drop; relays still open then end when either side closes (the proxy closes them when it
+/// stops).
+#[derive(Debug)]
+pub struct NetnsForwarder {
+    /// `net:[INODE]` of the namespace it listens in.
+    netns: String,
+    port: u16,
+    stop: Arc<AtomicBool>,
+    listener: Arc<TcpListener>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NetnsForwarder {
+    /// Enters the namespace `netns` (a `/proc/PID/ns/net` path) on a thread of its own, checks
+    /// that it is not ours and has no interface but `lo`, binds `127.0.0.1:port` there and
+    /// relays every connection to `socket`. Returns once it listens.
+    pub fn start(netns: &Path, port: u16, socket: &Path) -> Result<NetnsForwarder, ForwardError> {
+        let is_socket = std::fs::metadata(socket).map(|m| m.file_type().is_socket());
+        if !matches!(is_socket, Ok(true)) {
+            return Err(ForwardError::NoSocket(socket.to_path_buf()));
+        }
+        let ns = std::fs::File::open(netns).map_err(|source| ForwardError::Open {
+            path: netns.to_path_buf(),
+            source,
+        })?;
+        let own = std::fs::metadata("/proc/self/ns/net").map_err(|source| ForwardError::Open {
+            path: PathBuf::from("/proc/self/ns/net"),
+            source,
+        })?;
+        let theirs = ns.metadata().map_err(|source| ForwardError::Open {
+            path: netns.to_path_buf(),
+            source,
+        })?;
+        let id = format!("net:[{}]", std::os::unix::fs::MetadataExt::ino(&theirs));
+        if std::os::unix::fs::MetadataExt::ino(&own) == std::os::unix::fs::MetadataExt::ino(&theirs)
+            && std::os::unix::fs::MetadataExt::dev(&own)
+                == std::os::unix::fs::MetadataExt::dev(&theirs)
+        {
+            return Err(ForwardError::OwnNamespace(id));
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<TcpListener>, ForwardError>>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (path, socket, thread_stop) = (netns.to_path_buf(), socket.to_path_buf(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("agentdiff-egress-forwarder".into())
+            .spawn(move || {
+                let listener = match enter_and_listen(&ns, &path, port) {
+                    Ok(l) => Arc::new(l),
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = tx.send(Ok(listener.clone()));
+                serve(&listener, &socket, Some(&thread_stop));
+            })
+            .map_err(|e| ForwardError::Thread(e.to_string()))?;
+        let listener = match rx.recv() {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(e) => return Err(ForwardError::Thread(e.to_string())),
+        };
+        Ok(NetnsForwarder {
+            netns: id,
+            port,
+            stop,
+            listener,
+            thread: Some(thread),
+        })
+    }
+
+    /// `net:[INODE]` of the namespace it listens in.
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    /// The port it listens on (the namespace's `127.0.0.1`).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops accepting and waits for the accepting thread (open relays end on their own).
+    pub fn stop(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the blocked `accept` (Linux returns EINVAL on a listener shut down).
+        // SAFETY: shutdown(2) on a descriptor this struct keeps open.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for NetnsForwarder {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+/// On the calling thread (which stays in the namespace): enter `ns`, check that it holds only a
+/// loopback interface, and listen on its `127.0.0.1:port`.
+fn enter_and_listen(
+    ns: &std::fs::File,
+    path: &Path,
+    port: u16,
+) -> Result<TcpListener, ForwardError> {
+    // SAFETY: setns(2) with a descriptor we hold open; it changes only this thread's namespace.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(ForwardError::Enter {
+            path: path.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // /proc/thread-self: this thread's view, i.e. the namespace just entered.
+    let dev = std::fs::read_to_string("/proc/thread-self/net/dev").map_err(|source| {
+        ForwardError::Open {
+            path: PathBuf::from("/proc/thread-self/net/dev"),
+            source,
+        }
+    })?;
+    let others = interfaces_besides_lo(&dev);
+    if !others.is_empty() {
+        return Err(ForwardError::NotIsolated(others.join(", ")));
+    }
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        .map_err(|source| ForwardError::Listen { port, source })
+}
+
+/// The interface names of a `/proc/net/dev` table other than `lo`.
+fn interfaces_besides_lo(dev: &str) -> Vec<String> {
+    dev.lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim().to_string()))
+        .filter(|name| name != "lo")
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +381,106 @@ mod tests {
         for bad in ["", "3128", "0:/s", "x:/s", "3128:rel/s", "70000:/s"] {
             assert!(ForwardSpec::parse(OsStr::new(bad)).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn only_a_loopback_interface_counts_as_isolated() {
+        let head = "Inter-|   Receive\n face |bytes    packets\n";
+        let lo = "    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n";
+        let eth = "  eth0: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\n";
+        assert!(interfaces_besides_lo(&format!("{head}{lo}")).is_empty());
+        assert_eq!(interfaces_besides_lo(&format!("{head}{lo}{eth}")), ["eth0"]);
+    }
+
+    #[test]
+    fn a_forwarder_refuses_agentdiffs_own_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let err = NetnsForwarder::start(Path::new("/proc/self/ns/net"), 3128, &sock).unwrap_err();
+        assert!(matches!(err, ForwardError::OwnNamespace(_)), "{err}");
+        let err =
+            NetnsForwarder::start(Path::new("/proc/self/ns/net"), 3128, dir.path()).unwrap_err();
+        assert!(matches!(err, ForwardError::NoSocket(_)), "{err}");
+    }
+
+    /// A process in a network namespace of its own (loopback up), killed on drop.
+    struct NsHolder(std::process::Child);
+
+    impl Drop for NsHolder {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn a_forwarder_in_another_namespace_relays_to_the_socket_and_stops() {
+        let child = std::process::Command::new("unshare")
+            .args([
+                "-n",
+                "sh",
+                "-c",
+                "ip link set lo up && echo up && exec sleep 60",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let Ok(mut child) = child else {
+            agentdiff_test_support::skip("unshare is not available");
+            return;
+        };
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        );
+        let holder = NsHolder(child);
+        if line.trim() != "up" {
+            agentdiff_test_support::skip("no network namespace with a loopback (unshare -n, ip)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("egress.sock");
+        let proxy = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let ns = PathBuf::from(format!("/proc/{}/ns/net", holder.0.id()));
+        let fwd = NetnsForwarder::start(&ns, 3128, &sock).unwrap();
+        assert!(fwd.netns().starts_with("net:["), "{}", fwd.netns());
+        // A client inside the namespace reaches the socket through the forwarder...
+        let client_ns = std::fs::File::open(&ns).unwrap();
+        let client = std::thread::spawn(move || {
+            // SAFETY: this thread only.
+            assert_eq!(
+                unsafe { libc::setns(client_ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            let mut c = TcpStream::connect((Ipv4Addr::LOCALHOST, 3128)).unwrap();
+            std::io::Write::write_all(&mut c, b"ping").unwrap();
+            c.shutdown(Shutdown::Write).unwrap();
+            let mut back = String::new();
+            c.read_to_string(&mut back).unwrap();
+            back
+        });
+        let (mut upstream, _) = proxy.accept().unwrap();
+        let mut got = [0u8; 4];
+        upstream.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        std::io::Write::write_all(&mut upstream, b"pong").unwrap();
+        drop(upstream);
+        assert_eq!(client.join().unwrap(), "pong");
+        // ...and nothing listens on agentdiff's own loopback port for it.
+        fwd.stop();
+        let ns2 = std::fs::File::open(&ns).unwrap();
+        let after = std::thread::spawn(move || {
+            // SAFETY: this thread only.
+            assert_eq!(
+                unsafe { libc::setns(ns2.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            TcpStream::connect((Ipv4Addr::LOCALHOST, 3128)).is_err()
+        });
+        assert!(
+            after.join().unwrap(),
+            "the forwarder still listens after stop"
+        );
     }
 }
