@@ -395,10 +395,16 @@ impl RuntimeBackend for BwrapBackend {
         // is taken (it would read as "no listener opened"), and the evidence says why.
         let mut spec = spec.clone();
         spec.observe_ports &= plan.network == Network::Host;
-        Ok(PreparedLaunch::new(ID, &spec, command, ENFORCEMENT, plan)
+        let filtered = plan.egress.is_some();
+        let prepared = PreparedLaunch::new(ID, &spec, command, ENFORCEMENT, plan)
             .wrapped()
             .with_runtime_config(config)
-            .with_engine_reach(reach))
+            .with_engine_reach(reach);
+        Ok(if filtered {
+            prepared.routes_egress()
+        } else {
+            prepared
+        })
     }
 
     async fn launch(

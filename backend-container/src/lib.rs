@@ -554,9 +554,15 @@ impl RuntimeBackend for ContainerBackend {
             env,
             cwd: spec.workdir.clone(),
         };
-        Ok(PreparedLaunch::new(ID, spec, command, ENFORCEMENT, plan)
+        let filtered = plan.egress.is_some();
+        let prepared = PreparedLaunch::new(ID, spec, command, ENFORCEMENT, plan)
             .wrapped()
-            .with_runtime_config(runtime_config))
+            .with_runtime_config(runtime_config);
+        Ok(if filtered {
+            prepared.routes_egress()
+        } else {
+            prepared
+        })
     }
 
     async fn launch(

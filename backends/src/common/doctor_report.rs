@@ -123,7 +123,7 @@ pub async fn assemble(
         let (mut entry, candidate) = backend_entry(descriptor, backend, options, probe).await;
         entry.external = registry.external(id).map(|ext| ExternalEntry {
             path: ext.plugin.path.clone(),
-            protocol: agentdiff_backend_api::protocol::PROTOCOL_VERSION,
+            protocol: ext.protocol,
         });
         backends.push(entry);
         // A plugin's labels are its own word: it is listed, never recommended.

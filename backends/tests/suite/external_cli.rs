@@ -158,7 +158,8 @@ fn doctor_lists_the_external_backend_with_its_path_and_protocol() {
         .iter()
         .find(|b| b["id"] == "nice")
         .unwrap_or_else(|| panic!("nice is not listed: {doc:#}"));
-    assert_eq!(nice["external"]["protocol"], 1);
+    // The SDK's `serve` speaks protocols 1 and 2; the handshake settles on 2.
+    assert_eq!(nice["external"]["protocol"], 2);
     assert_eq!(
         nice["external"]["path"],
         plugins
@@ -175,7 +176,8 @@ fn doctor_lists_the_external_backend_with_its_path_and_protocol() {
         .iter()
         .find(|b| b["id"] == "lowprio")
         .unwrap_or_else(|| panic!("lowprio is not listed: {doc:#}"));
-    assert_eq!(lowprio["external"]["protocol"], 1);
+    // The Python example speaks protocols 1 and 2; the handshake settles on 2.
+    assert_eq!(lowprio["external"]["protocol"], 2);
     assert_eq!(lowprio["availability"]["state"], "ready", "{lowprio:#}");
     assert_eq!(lowprio["capabilities"]["processes"], "uncontrolled");
     // A plugin's labels are its own word: never the recommendation.
@@ -234,7 +236,7 @@ fn a_run_through_the_external_backend_records_changes_and_passes_the_exit_code()
     assert_eq!(r["runtime"]["exit"]["code"], 3);
     let rt = runtime_json(project.path(), &r);
     let origin = &rt["wrapper"]["external_backend"];
-    assert_eq!(origin["protocol"], 1, "{rt:#}");
+    assert_eq!(origin["protocol"], 2, "{rt:#}");
     assert!(origin["path"]
         .as_str()
         .unwrap()
@@ -551,16 +553,10 @@ fn a_python_backend_that_accepts_any_protocol_version_fails_proto_002() {
     let plugins = PluginDir::new();
     plugins.python_variant(
         "anyversion",
-        &[
-            (
-                r#"hello.get("type") != "hello" or hello.get("protocol") != PROTOCOL"#,
-                r#"hello.get("type") != "hello""#,
-            ),
-            (
-                r#"{"type": "hello", "protocol": PROTOCOL, "id": BACKEND_ID}"#,
-                r#"{"type": "hello", "protocol": hello["protocol"], "id": BACKEND_ID}"#,
-            ),
-        ],
+        &[(
+            r#"shared = [v for v in offered if v in PROTOCOLS] if hello.get("type") == "hello" else []"#,
+            r#"shared = offered if hello.get("type") == "hello" else []"#,
+        )],
     );
     let report = failing_conformance(&plugins, "anyversion", "PROTO-00");
     let outcomes: Vec<(&str, &str)> = report["checks"]
@@ -1036,4 +1032,150 @@ fn hook_install_refuses_an_external_backend_for_shell_calls() {
         text(&out.stderr)
     );
     assert!(!project.path().join(".claude").exists());
+}
+
+/// Root and `unshare` (the Python example's `network=filtered` needs both); `true` when the test
+/// returns (skipped, or failing under AGENTDIFF_REQUIRE_REAL_BACKENDS=1).
+fn no_root_unshare() -> bool {
+    let ok = Command::new("unshare")
+        .args(["--net", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    !ok && agentdiff_conformance::skip_unless_required("root with `unshare --net` (util-linux)")
+}
+
+/// `agentdiff conformance --only NET-FILTER` on plugin `id` with `network=filtered`.
+fn egress_conformance(plugins: &PluginDir, id: &str) -> (Output, Value) {
+    let project = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let args = [
+        "conformance",
+        "--runtime",
+        id,
+        "--backend-option",
+        "network=filtered",
+        "--only",
+        "NET-FILTER",
+        "--format",
+        "json",
+    ];
+    let out = agentdiff_on(&path, project.path(), &args);
+    let report = json_of(&out);
+    (out, report)
+}
+
+#[test]
+fn a_protocol_2_python_backend_routing_through_the_proxy_is_verified_filtered() {
+    if python_missing() || no_root_unshare() {
+        return;
+    }
+    let plugins = PluginDir::new().with_python();
+    let (out, report) = egress_conformance(&plugins, "lowprio");
+    assert_exit(&out, 0);
+    assert_passed(&report, &["NET-FILTER-001"]);
+    let check = &report["checks"][0];
+    assert_eq!(
+        check["details"]["probe"]["verdict"], "verified",
+        "{check:#}"
+    );
+}
+
+#[test]
+fn a_python_backend_that_claims_filtered_but_keeps_the_network_fails_the_egress_check() {
+    if python_missing() || no_root_unshare() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    // Still says `egress_routed` and sets the proxy variables, but never enters a namespace of
+    // its own nor starts a forwarder: the command keeps the host's network.
+    plugins.python_variant(
+        "leaky",
+        &[(
+            "argv = filtered_wrapper(spec, protocol) + argv",
+            "filtered_wrapper(spec, protocol)",
+        )],
+    );
+    let (out, report) = egress_conformance(&plugins, "leaky");
+    assert_exit(&out, 74);
+    let check = &report["checks"][0];
+    assert_eq!(check["id"], "NET-FILTER-001");
+    assert_eq!(check["outcome"], "failed", "{check:#}");
+    let reason = check["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("direct connection"), "{check:#}");
+}
+
+#[test]
+fn a_protocol_1_python_backend_still_runs_and_is_conformant() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant("old", &[("PROTOCOLS = (1, 2)", "PROTOCOLS = (1,)")]);
+    let project = tempfile::tempdir().unwrap();
+    fs::write(
+        project.path().join("agentdiff.yaml"),
+        "version: 2\nnetwork:\n  egress:\n    allow: [api.example.com]\n",
+    )
+    .unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "run",
+            "--runtime",
+            "old",
+            "--format",
+            "json",
+            "--fail-on",
+            "never",
+            "--",
+            "sh",
+            "-c",
+            "echo x > a.txt",
+        ],
+    );
+    assert_exit(&out, 0);
+    let r = json_of(&out);
+    let rt = runtime_json(project.path(), &r);
+    assert_eq!(rt["wrapper"]["external_backend"]["protocol"], 1, "{rt:#}");
+    // Never filtered: the allowlist was not applied, and the run says so.
+    assert_ne!(rt["capabilities"]["network"], "filtered");
+    assert!(
+        r.to_string().contains("did not apply the allowlist"),
+        "{r:#}"
+    );
+    let conf = agentdiff_on(
+        &path,
+        project.path(),
+        &[
+            "conformance",
+            "--runtime",
+            "old",
+            "--only",
+            "PROTO",
+            "--format",
+            "json",
+        ],
+    );
+    assert_exit(&conf, 0);
+}
+
+#[test]
+fn a_python_backend_answering_a_version_1_hello_with_version_2_fails_proto_002() {
+    if python_missing() {
+        return;
+    }
+    let plugins = PluginDir::new();
+    plugins.python_variant("pushy", &[("protocol = max(shared)", "protocol = 2")]);
+    let report = failing_conformance(&plugins, "pushy", "PROTO-002");
+    let check = &report["checks"][0];
+    assert_eq!(check["outcome"], "failed", "{check:#}");
+    assert!(
+        check["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("only protocol 1"),
+        "{check:#}"
+    );
 }

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_backend_api::protocol::{Request, Response, WireCommand, WireSpec, PROTOCOL_VERSION};
+use agentdiff_backend_api::protocol::{
+    Request, Response, WireCommand, WireSpec, PROTOCOL_VERSION, PROTOCOL_VERSIONS,
+};
 use agentdiff_plugins::external::{
     verify_descendant, ExternalError, Parentage, Plugin, PluginStdio, Session,
 };
@@ -73,26 +75,34 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.ok()
 }
 
-/// PROTO-001: `hello` is answered with this protocol version and the id of the file name, and the
-/// descriptor is well formed.
+/// agentdiff's own `hello`: the oldest version in `protocol`, every one in `protocols`.
+fn client_hello() -> Value {
+    json!({"type": "hello", "protocol": PROTOCOL_VERSIONS[0], "protocols": PROTOCOL_VERSIONS})
+}
+
+/// PROTO-001: agentdiff's `hello` is answered with a version it offered and the id of the file
+/// name, and the descriptor is well formed.
 pub async fn handshake(ctx: Arc<Ctx>) -> Finding {
     let plugin = match self::plugin(&ctx) {
         Ok(p) => p,
         Err(skip) => return skip,
     };
     let id = plugin.id.clone();
-    let requests = [
-        json!({"type": "hello", "protocol": PROTOCOL_VERSION}),
-        json!({"type": "describe"}),
-    ];
+    let requests = [client_hello(), json!({"type": "describe"})];
     let answers = match blocking(move || exchange(&plugin, &requests)).await {
         Some(Ok(a)) => a,
         Some(Err(e)) => return Finding::fail(e.to_string(), Value::Null),
         None => return Finding::fail("the exchange did not complete", Value::Null),
     };
     let mut problems: Vec<String> = answers.iter().flat_map(schema_errors).collect();
-    if answers[0] != json!({"type": "hello", "protocol": PROTOCOL_VERSION, "id": id}) {
-        problems.push(format!("hello answered {}", answers[0]));
+    let offered = PROTOCOL_VERSIONS
+        .iter()
+        .any(|v| answers[0]["protocol"] == json!(v));
+    if answers[0]["type"] != "hello" || answers[0]["id"] != id.as_str() || !offered {
+        problems.push(format!(
+            "hello offering {PROTOCOL_VERSIONS:?} answered {}",
+            answers[0]
+        ));
     }
     if answers[1]["type"] != "descriptor" || answers[1]["id"] != id.as_str() {
         problems.push(format!(
@@ -107,14 +117,18 @@ pub async fn handshake(ctx: Arc<Ctx>) -> Finding {
     )
 }
 
-/// PROTO-002: a `hello` with a version the plugin does not speak is refused, not served.
+/// PROTO-002: a `hello` with a version the plugin does not speak is refused, not served; and a
+/// version-1 client's `hello` (no `protocols`) is never answered with another version.
 pub async fn version_mismatch(ctx: Arc<Ctx>) -> Finding {
     let plugin = match self::plugin(&ctx) {
         Ok(p) => p,
         Err(skip) => return skip,
     };
+    if let Some(problem) = version_1_client(&plugin).await {
+        return Finding::fail(problem, Value::Null);
+    }
     let unsupported = PROTOCOL_VERSION + 998;
-    let requests = [json!({"type": "hello", "protocol": unsupported})];
+    let requests = [json!({"type": "hello", "protocol": unsupported, "protocols": [unsupported]})];
     let answers = match blocking(move || exchange(&plugin, &requests)).await {
         Some(Ok(a)) => a,
         // Closing the channel without a word is a refusal too, if an unhelpful one.
@@ -144,6 +158,21 @@ pub async fn version_mismatch(ctx: Arc<Ctx>) -> Finding {
     )
 }
 
+/// A plugin asked by a version-1 client (`{"protocol": 1}` alone) answers version 1 or refuses;
+/// answering a version that was not offered is the problem returned.
+async fn version_1_client(plugin: &Plugin) -> Option<String> {
+    let plugin = plugin.clone();
+    let requests = [json!({"type": "hello", "protocol": 1})];
+    let answer = match blocking(move || exchange(&plugin, &requests)).await {
+        Some(Ok(a)) => a.into_iter().next().unwrap_or(Value::Null),
+        // A plugin that no longer speaks version 1 may refuse by closing the channel.
+        _ => return None,
+    };
+    (answer["type"] == "hello" && answer["protocol"] != json!(1)).then(|| {
+        format!("a hello offering only protocol 1 was answered with another version: {answer}")
+    })
+}
+
 /// PROTO-003: an unknown request type is answered with an `error` of kind `protocol`, and the
 /// plugin goes on answering.
 pub async fn unknown_request(ctx: Arc<Ctx>) -> Finding {
@@ -152,7 +181,7 @@ pub async fn unknown_request(ctx: Arc<Ctx>) -> Finding {
         Err(skip) => return skip,
     };
     let requests = [
-        json!({"type": "hello", "protocol": PROTOCOL_VERSION}),
+        client_hello(),
         json!({"type": "agentdiff-conformance-unknown", "argv": ["sh", "-c", "exit 0"]}),
         json!({"type": "describe"}),
     ];

@@ -71,6 +71,7 @@ fn spec() -> WireSpec {
         poll_interval_ms: 10,
         observe_ports: false,
         options: [("k".to_string(), vec!["v".to_string()])].into(),
+        egress_proxy: Some("/tmp/agentdiff-egress-1-2/egress.sock".into()),
     }
 }
 
@@ -92,7 +93,14 @@ fn every_request_validates() {
         boot_id: "b".into(),
     };
     for r in [
-        Request::Hello { protocol: 1 },
+        Request::Hello {
+            protocol: 1,
+            protocols: Vec::new(),
+        },
+        Request::Hello {
+            protocol: 1,
+            protocols: vec![1, 2],
+        },
         Request::Describe {},
         Request::Capabilities {
             options: spec().options,
@@ -159,6 +167,7 @@ fn every_response_validates() {
             enforcement: Default::default(),
             wrapped: true,
             runtime_config: serde_json::json!({"niceness": "10"}),
+            egress_routed: true,
         },
         Response::Launched {
             pid: 42,

@@ -23,8 +23,23 @@ use crate::{
     ExitInfo, FailureKind, LaunchCommand, LaunchSpec, PortEvidence, ProcessRecord, Tracking,
 };
 
-/// The protocol version this engine speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest protocol version this engine speaks. Version 2 adds the egress proxy: a
+/// version-2 plugin receives its socket in the spec (`egress_proxy`) and may say, in `prepared`,
+/// that it routes the command through it (`egress_routed`).
+pub const PROTOCOL_VERSION: u32 = 2;
+/// Every version this engine speaks, oldest first. The client's `hello` names the oldest in
+/// `protocol` (a version-1 plugin reads only that) and all of them in `protocols`.
+pub const PROTOCOL_VERSIONS: [u32; 2] = [1, 2];
+/// The version a plugin's handshake settles on: the newest in the client's offer (its
+/// `protocols`, or only `protocol` from a client that sends no list) that the plugin speaks.
+pub fn negotiate(protocol: u32, protocols: &[u32], spoken: &[u32]) -> Option<u32> {
+    let offered: &[u32] = if protocols.is_empty() {
+        std::slice::from_ref(&protocol)
+    } else {
+        protocols
+    };
+    offered.iter().copied().filter(|v| spoken.contains(v)).max()
+}
 /// The largest message either side accepts, newline included.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// The variable that tells a plugin which descriptors carry the protocol: `READ,WRITE` from the
@@ -53,6 +68,9 @@ pub enum Request {
     /// First message of every exchange.
     Hello {
         protocol: u32,
+        /// Every version the client speaks (since version 2; absent from a version-1 client).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        protocols: Vec<u32>,
     },
     Describe {},
     Capabilities {
@@ -107,6 +125,10 @@ pub enum Response {
         wrapped: bool,
         #[serde(default)]
         runtime_config: serde_json::Value,
+        /// Version 2: the plugin routes the command's network through the egress proxy whose
+        /// socket the spec gave it, and nothing else (the claim behind a `filtered` label).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        egress_routed: bool,
     },
     /// The command started: the process the plugin launched (a direct child, or a descendant).
     Launched {
@@ -265,6 +287,10 @@ pub struct WireSpec {
     pub observe_ports: bool,
     #[serde(default)]
     pub options: WireOptions,
+    /// Version 2: the Unix socket of agentdiff's egress proxy, when the run has one (the policy
+    /// allows a host). Sent only in a version-2 exchange.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<String>,
 }
 
 /// How the command ended, as the plugin observed it. agentdiff adds what it knows itself
@@ -344,6 +370,11 @@ impl WireSpec {
             poll_interval_ms: spec.poll_interval.as_millis() as u64,
             observe_ports: spec.observe_ports,
             options: options_to_wire(&spec.options),
+            egress_proxy: spec
+                .egress_proxy
+                .as_ref()
+                .map(|p| text("the egress proxy's socket", p.as_os_str()))
+                .transpose()?,
         })
     }
 
@@ -366,7 +397,7 @@ impl WireSpec {
             options: options_from_wire(&self.options),
             deny_patterns: Vec::new(),
             git_dirs: Vec::new(),
-            egress_proxy: None,
+            egress_proxy: self.egress_proxy.as_ref().map(PathBuf::from),
         })
     }
 }
@@ -557,7 +588,14 @@ mod tests {
     #[test]
     fn messages_round_trip_one_per_line() {
         let (r, mut w) = pipe();
-        write_message(&mut w, &Request::Hello { protocol: 1 }).unwrap();
+        write_message(
+            &mut w,
+            &Request::Hello {
+                protocol: 1,
+                protocols: Vec::new(),
+            },
+        )
+        .unwrap();
         write_message(&mut w, &Request::Describe {}).unwrap();
         let mut reader = LineReader::new(r);
         let a: Request = reader
@@ -566,7 +604,13 @@ mod tests {
         let b: Request = reader
             .read_message(Some(Duration::from_secs(1)), || None)
             .unwrap();
-        assert_eq!(a, Request::Hello { protocol: 1 });
+        assert_eq!(
+            a,
+            Request::Hello {
+                protocol: 1,
+                protocols: Vec::new()
+            }
+        );
         assert_eq!(b, Request::Describe {});
     }
 

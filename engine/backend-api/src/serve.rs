@@ -11,9 +11,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
 
 use crate::protocol::{
-    options_from_wire, write_message, ErrorKind, ExitReport, LineReader, Request, Response,
-    WireCommand, WireDescriptor, WireError, WireFailClosed, WireOption, WireSpec, FDS_ENV,
-    PROTOCOL_VERSION,
+    negotiate, options_from_wire, write_message, ErrorKind, ExitReport, LineReader, Request,
+    Response, WireCommand, WireDescriptor, WireError, WireFailClosed, WireOption, WireSpec,
+    FDS_ENV, PROTOCOL_VERSIONS,
 };
 use crate::{
     BackendDescriptor, BackendError, LaunchContext, OptionKind, ReapGate, RunEvidence,
@@ -60,6 +60,7 @@ pub fn serve(descriptor: &BackendDescriptor) -> ExitCode {
         }
     };
     let mut server = Server {
+        protocol: 1,
         descriptor,
         backend: (descriptor.factory)(),
         writer: std::fs::File::from(writer),
@@ -103,6 +104,8 @@ struct Server<'a> {
     descriptor: &'a BackendDescriptor,
     backend: Box<dyn RuntimeBackend>,
     writer: std::fs::File,
+    /// The version the handshake settled on.
+    protocol: u32,
 }
 
 /// Requests arrive through a reader thread so a run can be interrupted while it is awaited.
@@ -162,19 +165,28 @@ impl Server<'_> {
         let mut inbox = start_reader(reader);
         // The handshake: one version, answered or refused.
         match inbox.recv().await {
-            Some(Ok(Request::Hello { protocol })) if protocol == PROTOCOL_VERSION => {
-                let id = self.descriptor.id.to_string();
-                self.send(&Response::Hello {
-                    protocol: PROTOCOL_VERSION,
-                    id,
-                })?;
-            }
-            Some(Ok(Request::Hello { protocol })) => {
-                return self.send(&error(
-                    ErrorKind::Protocol,
-                    format!("this backend speaks protocol {PROTOCOL_VERSION}, not {protocol}"),
-                ));
-            }
+            Some(Ok(Request::Hello {
+                protocol,
+                protocols,
+            })) => match negotiate(protocol, &protocols, &PROTOCOL_VERSIONS) {
+                Some(version) => {
+                    self.protocol = version;
+                    let id = self.descriptor.id.to_string();
+                    self.send(&Response::Hello {
+                        protocol: version,
+                        id,
+                    })?;
+                }
+                None => {
+                    return self.send(&error(
+                        ErrorKind::Protocol,
+                        format!(
+                            "this backend speaks protocols {PROTOCOL_VERSIONS:?}, not {protocol} \
+                             (offered {protocols:?})"
+                        ),
+                    ));
+                }
+            },
             Some(Ok(_)) => {
                 return self.send(&error(
                     ErrorKind::Protocol,
@@ -232,8 +244,18 @@ impl Server<'_> {
         Ok(())
     }
 
+    /// The spec as the backend sees it: a version-1 exchange has no egress proxy, whatever the
+    /// message carried.
+    fn spec(&self, wire: &WireSpec) -> Result<crate::LaunchSpec, WireError> {
+        let mut spec = wire.to_spec()?;
+        if self.protocol < 2 {
+            spec.egress_proxy = None;
+        }
+        Ok(spec)
+    }
+
     fn prepare(&self, spec: &WireSpec) -> Response {
-        let spec = match spec.to_spec() {
+        let spec = match self.spec(spec) {
             Ok(s) => s,
             Err(e) => return error(ErrorKind::Protocol, e.to_string()),
         };
@@ -244,6 +266,7 @@ impl Server<'_> {
                     enforcement: p.enforcement(),
                     wrapped: p.wrapper_argv().is_some(),
                     runtime_config: p.runtime_config().clone(),
+                    egress_routed: self.protocol >= 2 && p.egress_routed(),
                 },
                 Err(e) => error(ErrorKind::InvalidRequest, e.to_string()),
             },
@@ -257,7 +280,7 @@ impl Server<'_> {
         expected: &WireCommand,
         inbox: &mut Inbox,
     ) -> Result<(), WireError> {
-        let spec = match spec.to_spec() {
+        let spec = match self.spec(spec) {
             Ok(s) => s,
             Err(e) => return self.send(&error(ErrorKind::Protocol, e.to_string())),
         };

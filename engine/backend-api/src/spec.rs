@@ -119,8 +119,8 @@ pub struct LaunchSpec {
     /// The Unix socket of agentdiff's egress proxy for this run, when the policy's
     /// `network.egress` allows anything (the transaction started the proxy in a private 0700
     /// directory). A backend that labels its network `filtered` routes the command's traffic
-    /// through it and nowhere else. In-process only: the external protocol does not carry it, so
-    /// an external backend is never labelled `filtered`.
+    /// through it and nowhere else (and says so with [`PreparedLaunch::routes_egress`]). The
+    /// external protocol carries it from version 2 only (`WireSpec::egress_proxy`).
     pub egress_proxy: Option<PathBuf>,
 }
 
@@ -152,6 +152,7 @@ pub struct PreparedLaunch {
     backend: &'static str,
     plan: Arc<dyn Any + Send + Sync>,
     engine_reach: crate::containers::EngineReach,
+    egress_routed: bool,
 }
 
 impl std::fmt::Debug for PreparedLaunch {
@@ -185,7 +186,19 @@ impl PreparedLaunch {
             backend,
             plan: Arc::new(plan),
             engine_reach: crate::containers::EngineReach::default(),
+            egress_routed: false,
         }
+    }
+
+    /// The launch routes the command's network through the spec's egress proxy and nothing
+    /// else (what a `filtered` network label rests on; the SDK's `serve` tells agentdiff so).
+    pub fn routes_egress(mut self) -> Self {
+        self.egress_routed = self.spec.egress_proxy.is_some();
+        self
+    }
+
+    pub fn egress_routed(&self) -> bool {
+        self.egress_routed
     }
 
     /// What the backend established about the command's reach to container engine APIs (the

@@ -19,7 +19,7 @@ use super::session::{read_response, Plugin, PluginStdio, Session};
 use super::verify::{verify_descendant, Parentage};
 use super::ExternalError;
 use agentdiff_backend_api::protocol::{
-    options_to_wire, ExitReport, Request, Response, WireCommand, WireSpec, PROTOCOL_VERSION,
+    options_to_wire, ExitReport, Request, Response, WireCommand, WireSpec,
 };
 use agentdiff_backend_api::{
     Availability, BackendError, BackendFacts, Capabilities, CleanupOutcome, CleanupReport,
@@ -60,6 +60,17 @@ impl ExternalBackend {
     }
 
     fn query(&self, request: &Request, timeout: Duration) -> Result<Response, ExternalError> {
+        self.query_for(|_| request.clone(), timeout)
+            .map(|(answer, _)| answer)
+    }
+
+    /// A query whose request depends on the protocol version the plugin's handshake settled on;
+    /// the answer with that version.
+    fn query_for(
+        &self,
+        request: impl FnOnce(u32) -> Request,
+        timeout: Duration,
+    ) -> Result<(Response, u32), ExternalError> {
         let mut slot = self.queries.lock().map_err(|_| ExternalError::Protocol {
             id: self.id.into(),
             path: self.plugin.path.clone(),
@@ -69,17 +80,49 @@ impl ExternalBackend {
             Some(s) => s,
             None => Session::start(&self.plugin, PluginStdio::Quiet)?,
         };
-        match session.request(request, timeout) {
+        let protocol = session.protocol();
+        match session.request(&request(protocol), timeout) {
             // Only a well-formed answer keeps the process for the next query.
             Ok(answer) => {
                 *slot = Some(session);
-                Ok(answer)
+                Ok((answer, protocol))
             }
             Err(e) => {
                 session.kill();
                 Err(e)
             }
         }
+    }
+
+    /// The labels a prepared run may carry. `filtered` only from a version-2 plugin that was
+    /// given the egress proxy's socket and said it routes the command through it (then the
+    /// network is `filtered` whatever else it declared); any other `filtered` claim is refused.
+    fn run_capabilities(
+        &self,
+        spec: &LaunchSpec,
+        protocol: u32,
+        egress_routed: bool,
+    ) -> std::result::Result<Capabilities, String> {
+        let mut capabilities = self.fetch_capabilities(&spec.options);
+        let given = protocol >= 2 && spec.egress_proxy.is_some();
+        if egress_routed && !given {
+            return Err(format!(
+                "it says it routes the command through the egress proxy, but it was given none \
+                 (protocol {protocol}{})",
+                if spec.egress_proxy.is_none() {
+                    ", and the run has no proxy"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if egress_routed {
+            capabilities.network = Level::Filtered;
+            capabilities.network_enforcement = true;
+        } else if capabilities.network == Level::Filtered {
+            return Err(FILTERED_REFUSED.to_string());
+        }
+        Ok(capabilities)
     }
 
     fn fetch_capabilities(&self, options: &agentdiff_backend_api::BackendOptions) -> Capabilities {
@@ -141,6 +184,18 @@ impl ExternalBackend {
 struct Plan {
     command: WireCommand,
     capabilities: Capabilities,
+    /// The version the `prepare` exchange settled on.
+    protocol: u32,
+    /// A version-2 plugin given the proxy said it routes the command through it.
+    egress_routed: bool,
+}
+
+/// The spec as a plugin speaking `version` receives it: the egress proxy only in version 2.
+fn wire_for(mut wire: WireSpec, version: u32) -> WireSpec {
+    if version < 2 {
+        wire.egress_proxy = None;
+    }
+    wire
 }
 
 /// Where an external run's evidence came from, stored as the run's `wrapper` facts; read back
@@ -205,19 +260,22 @@ impl RuntimeBackend for ExternalBackend {
             backend: self.id.into(),
             message: e.to_string(),
         })?;
-        let answer = self
-            .query(
-                &Request::Prepare { spec: wire },
+        let (answer, protocol) = self
+            .query_for(
+                |version| Request::Prepare {
+                    spec: wire_for(wire, version),
+                },
                 self.plugin.timeouts.request,
             )
             .map_err(|e| self.error(e))?;
-        let (command, enforcement, wrapped, runtime_config) = match answer {
+        let (command, enforcement, wrapped, runtime_config, egress_routed) = match answer {
             Response::Prepared {
                 command,
                 enforcement,
                 wrapped,
                 runtime_config,
-            } => (command, enforcement, wrapped, runtime_config),
+                egress_routed,
+            } => (command, enforcement, wrapped, runtime_config, egress_routed),
             Response::Error {
                 kind,
                 message,
@@ -246,17 +304,20 @@ impl RuntimeBackend for ExternalBackend {
                 ),
             }));
         }
-        let capabilities = self.fetch_capabilities(&spec.options);
-        if capabilities.network == Level::Filtered {
-            return Err(self.error(ExternalError::Protocol {
-                id: self.id.into(),
-                path: self.plugin.path.clone(),
-                message: FILTERED_REFUSED.to_string(),
-            }));
-        }
+        let capabilities = self
+            .run_capabilities(spec, protocol, egress_routed)
+            .map_err(|message| {
+                self.error(ExternalError::Protocol {
+                    id: self.id.into(),
+                    path: self.plugin.path.clone(),
+                    message,
+                })
+            })?;
         let plan = Plan {
             command: command.clone(),
             capabilities,
+            protocol,
+            egress_routed,
         };
         let mut prepared = PreparedLaunch::new(self.id, spec, launch_command, enforcement, plan)
             .with_runtime_config(runtime_config);
@@ -291,9 +352,11 @@ impl RuntimeBackend for ExternalBackend {
             spec: wire_spec,
             command,
         };
-        let started = tokio::task::spawn_blocking(move || start_launch(&plugin, stdio, &request))
-            .await
-            .map_err(|e| launch_err(format!("the launch did not complete: {e}")))?;
+        let routed = plan.egress_routed;
+        let started =
+            tokio::task::spawn_blocking(move || start_launch(&plugin, stdio, request, routed))
+                .await
+                .map_err(|e| launch_err(format!("the launch did not complete: {e}")))?;
         let (session, identity, parentage) = match started {
             Ok(s) => s,
             Err(Failure::Plugin(kind, message, remedy)) => {
@@ -410,13 +473,32 @@ fn launch_stdio(mode: &StdioMode) -> std::io::Result<PluginStdio> {
 }
 
 /// Start the plugin, ask it to launch, verify the process it reports, acknowledge.
+/// `routed`: the prepared run routes the command through the egress proxy, which needs a
+/// version-2 exchange here too.
 fn start_launch(
     plugin: &Plugin,
     stdio: PluginStdio,
-    request: &Request,
+    request: Request,
+    routed: bool,
 ) -> Result<(Session, ProcessIdentity, Parentage), Failure> {
     let mut session = Session::start(plugin, stdio)?;
-    let answer = session.request(request, plugin.timeouts.launch);
+    let version = session.protocol();
+    if routed && version < 2 {
+        let e = session.violation(format!(
+            "it prepared a run routed through the egress proxy, then answered protocol {version} \
+             for the launch; nothing was started"
+        ));
+        session.kill();
+        return Err(e.into());
+    }
+    let request = match request {
+        Request::Launch { spec, command } => Request::Launch {
+            spec: wire_for(spec, version),
+            command,
+        },
+        other => other,
+    };
+    let answer = session.request(&request, plugin.timeouts.launch);
     let (pid, start_time_ticks) = match answer {
         Ok(Response::Launched {
             pid,
@@ -649,8 +731,9 @@ fn session_wire(plugin: &Plugin, e: agentdiff_backend_api::protocol::WireError) 
 /// Why a plugin's `filtered` network label is refused: the protocol does not hand a plugin
 /// agentdiff's egress proxy, so no external backend can route a command through it.
 const FILTERED_REFUSED: &str = "it labels its network `filtered`, which only agentdiff's own \
-     egress proxy can make true; the backend protocol does not carry the proxy to external \
-     backends, so an external backend may claim at most `requested` for the network";
+     egress proxy can make true: an external backend may claim it only in a protocol-2 exchange \
+     where it was given the proxy's socket and said in `prepared` that it routes the command \
+     through it (`egress_routed`); otherwise it may claim at most `requested` for the network";
 
 /// The first label in `report` above what was declared, if any.
 fn overclaim(
@@ -664,7 +747,7 @@ fn overclaim(
         }
     }
     let caps = report.capabilities.as_ref()?;
-    if caps.network == Level::Filtered {
+    if caps.network == Level::Filtered && declared.network != Level::Filtered {
         return Some(FILTERED_REFUSED.into());
     }
     for b in agentdiff_backend_api::Boundary::ALL {
@@ -698,7 +781,7 @@ fn evidence(
     let origin = ExternalFacts {
         external_backend: ExternalOrigin {
             path,
-            protocol: PROTOCOL_VERSION,
+            protocol: plan.protocol,
             launched_process: parentage,
             evidence_source: "exit, processes, cleanup, ports and execs as reported by the plugin"
                 .to_string(),

@@ -77,6 +77,8 @@ pub struct External {
     pub plugin: Plugin,
     pub descriptor: &'static BackendDescriptor,
     pub requires_scrubbed_environment: bool,
+    /// The protocol version its handshake settled on when it described itself.
+    pub protocol: u32,
 }
 
 impl External {
@@ -92,6 +94,7 @@ impl External {
 /// Ask the plugin to describe itself and check the answer.
 pub fn describe(plugin: &Plugin) -> Result<External, ExternalError> {
     let mut session = Session::start(plugin, PluginStdio::Quiet)?;
+    let protocol = session.protocol();
     let answer = session.request(&Request::Describe {}, plugin.timeouts.request);
     session.finish();
     let wire = match answer? {
@@ -114,6 +117,7 @@ pub fn describe(plugin: &Plugin) -> Result<External, ExternalError> {
         plugin: plugin.clone(),
         descriptor,
         requires_scrubbed_environment: wire.requires_scrubbed_environment,
+        protocol,
     })
 }
 

@@ -44,8 +44,8 @@ pub enum ExternalError {
         source: std::io::Error,
     },
     #[error(
-        "external backend `{id}` ({}) does not speak protocol version {}: it answered {theirs}; \
-         install a plugin built for this agentdiff", path.display(), agentdiff_backend_api::protocol::PROTOCOL_VERSION
+        "external backend `{id}` ({}) does not speak a protocol version this agentdiff speaks ({:?}): it answered {theirs}; \
+         install a plugin built for this agentdiff", path.display(), agentdiff_backend_api::protocol::PROTOCOL_VERSIONS
     )]
     Version {
         id: String,

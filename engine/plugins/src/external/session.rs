@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::ExternalError;
 use agentdiff_backend_api::protocol::{
-    write_message, LineReader, Request, Response, WireError, FDS_ENV, PROTOCOL_VERSION,
+    write_message, LineReader, Request, Response, WireError, FDS_ENV, PROTOCOL_VERSIONS,
 };
 
 /// Deadlines of the protocol's requests.
@@ -68,6 +68,8 @@ pub struct Session {
     pid: u32,
     writer: Option<std::fs::File>,
     reader: Option<LineReader>,
+    /// The version the handshake settled on (1 before it).
+    protocol: u32,
 }
 
 fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -143,6 +145,7 @@ impl Session {
             pid,
             writer: Some(std::fs::File::from(req_write)),
             reader: Some(LineReader::new(resp_read)),
+            protocol: 1,
         })
     }
 
@@ -164,23 +167,34 @@ impl Session {
 
     fn handshake(&mut self) -> Result<(), ExternalError> {
         let timeout = self.plugin.timeouts.request;
+        // The oldest version in `protocol` (all a version-1 plugin reads), every one in
+        // `protocols`: a newer plugin answers the newest it shares.
         match self.request(
             &Request::Hello {
-                protocol: PROTOCOL_VERSION,
+                protocol: PROTOCOL_VERSIONS[0],
+                protocols: PROTOCOL_VERSIONS.to_vec(),
             },
             timeout,
         )? {
-            Response::Hello { protocol, .. } if protocol != PROTOCOL_VERSION => {
+            Response::Hello { protocol, .. } if !PROTOCOL_VERSIONS.contains(&protocol) => {
                 Err(self.version_mismatch(protocol.to_string()))
             }
             Response::Hello { id, .. } if id != self.plugin.id => Err(self.violation(format!(
                 "it answered as backend `{id}`, but its name makes it backend `{}`",
                 self.plugin.id
             ))),
-            Response::Hello { .. } => Ok(()),
+            Response::Hello { protocol, .. } => {
+                self.protocol = protocol;
+                Ok(())
+            }
             Response::Error { message, .. } => Err(self.version_mismatch(message)),
             other => Err(self.unexpected("hello", &other)),
         }
+    }
+
+    /// The protocol version the handshake settled on.
+    pub fn protocol(&self) -> u32 {
+        self.protocol
     }
 
     /// The plugin process id.

@@ -19,6 +19,7 @@ fn fake_script(mode: &str, record: &Path, extra: &[(&str, String)]) -> String {
     for (k, v) in extra {
         prelude.push_str(&format!("{k}='{v}'\n"));
     }
+    let caps_filtered = CAPS.replace(r#""network":"uncontrolled""#, r#""network":"filtered""#);
     let caps_enforced = CAPS.replace(
         r#""filesystem_writes":"uncontrolled""#,
         r#""filesystem_writes":"enforced""#,
@@ -42,13 +43,17 @@ while IFS= read -r line <&3; do
       say '{{"type":"hello","protocol":1,"id":"fake"}}'
       sleep 0.2; exit 3 ;;
     oversized) head -c 5000000 /dev/zero | tr '\0' x >&4; say '' ;;
+    v2*) say '{{"type":"hello","protocol":2,"id":"fake"}}' ;;
     *) say '{{"type":"hello","protocol":1,"id":"fake"}}' ;;
     esac ;;
   *'"type":"describe"'*)
     say '{{"type":"descriptor","id":"fake","summary":"a fake","options":[{{"name":"level","type":"choice","choices":["a","b"],"help":"h"}}],"fail_closed":[{{"name":"broken","set":[["level","b"]]}}]}}' ;;
   *'"type":"capabilities"'*) say '{{"type":"capabilities","capabilities":{CAPS}}}' ;;
   *'"type":"prepare"'*)
-    say '{{"type":"prepared","command":{{"program":"/bin/sh","args":["-c","exit 7"],"env":[],"cwd":"/"}},"wrapped":true}}' ;;
+    case "$mode" in
+    *routed) say '{{"type":"prepared","command":{{"program":"/bin/sh","args":["-c","exit 7"],"env":[],"cwd":"/"}},"wrapped":true,"egress_routed":true}}' ;;
+    *) say '{{"type":"prepared","command":{{"program":"/bin/sh","args":["-c","exit 7"],"env":[],"cwd":"/"}},"wrapped":true}}' ;;
+    esac ;;
   *'"type":"launch"'*)
     case "$mode" in
     stranger)
@@ -75,7 +80,11 @@ while IFS= read -r line <&3; do
       say "{{\"type\":\"launched\",\"pid\":$pid,\"start_time_ticks\":$(start_of $pid)}}"
       read -r ack <&3; printf '%s\n' "$ack" >> "$FAKE_RECORD"
       wait $pid
-      if [ "$mode" = overclaim ]; then caps='{caps_enforced}'; else caps='{CAPS}'; fi
+      case "$mode" in
+      overclaim) caps='{caps_enforced}' ;;
+      v2routed) caps='{caps_filtered}' ;;
+      *) caps='{CAPS}' ;;
+      esac
       say "{{\"type\":\"exited\",\"report\":{{\"exit\":{{\"code\":7,\"signal\":null,\"timed_out\":false,\"interrupted_by\":null,\"duration_ms\":5}},\"capabilities\":$caps,\"facts\":{{\"tool\":\"fake\"}}}}}}" ;;
     esac ;;
   *) say '{{"type":"error","kind":"protocol","message":"unknown request"}}' ;;
@@ -160,8 +169,15 @@ fn block<F: std::future::Future>(f: F) -> F::Output {
 fn launch_and_wait(
     fake: &Fake,
 ) -> agentdiff_backend_api::Result<agentdiff_backend_api::RunEvidence> {
+    launch_spec_and_wait(fake, &spec(fake.dir.path()))
+}
+
+fn launch_spec_and_wait(
+    fake: &Fake,
+    spec: &LaunchSpec,
+) -> agentdiff_backend_api::Result<agentdiff_backend_api::RunEvidence> {
     let backend = fake.backend();
-    let prepared = backend.prepare(&spec(fake.dir.path()))?;
+    let prepared = backend.prepare(spec)?;
     block(async {
         let running = backend
             .launch(prepared, LaunchContext::new(StdioMode::Inherit))
@@ -183,7 +199,10 @@ fn describe_builds_a_descriptor_and_records_the_exchange() {
     let rec = fake.recorded();
     assert_eq!(
         rec,
-        [r#"{"type":"hello","protocol":1}"#, r#"{"type":"describe"}"#]
+        [
+            r#"{"type":"hello","protocol":1,"protocols":[1,2]}"#,
+            r#"{"type":"describe"}"#
+        ]
     );
 }
 
@@ -193,10 +212,7 @@ fn a_version_mismatch_names_both_versions() {
     let err = describe(&fake.plugin).unwrap_err();
     assert!(matches!(err, ExternalError::Version { .. }), "{err}");
     let text = err.to_string();
-    assert!(
-        text.contains("protocol version 1") && text.contains("99"),
-        "{text}"
-    );
+    assert!(text.contains("[1, 2]") && text.contains("99"), "{text}");
     assert!(text.contains("agentdiff-backend-fake"), "{text}");
 }
 
@@ -359,4 +375,63 @@ fn queries_of_one_backend_share_one_plugin_process() {
     );
     // An unknown request type gets an error answer: the process stays usable.
     drop(backend);
+}
+
+fn with_proxy(dir: &Path) -> LaunchSpec {
+    let mut s = spec(dir);
+    s.egress_proxy = Some(dir.join("egress.sock"));
+    s
+}
+
+#[test]
+fn a_protocol_2_plugin_given_the_proxy_that_routes_through_it_is_labelled_filtered() {
+    let fake = Fake::new("v2routed");
+    let ev = launch_spec_and_wait(&fake, &with_proxy(fake.dir.path())).unwrap();
+    assert_eq!(
+        ev.capabilities.network,
+        agentdiff_backend_api::Level::Filtered
+    );
+    let facts: ExternalFacts = ev.wrapper.unwrap().decode().unwrap();
+    assert_eq!(facts.external_backend.protocol, 2);
+    // Both the prepare and the launch carried the socket.
+    let sent = fake.recorded();
+    let with_socket = sent
+        .iter()
+        .filter(|l| l.contains(r#""egress_proxy":""#) && l.contains("egress.sock"))
+        .count();
+    assert_eq!(with_socket, 2, "{sent:#?}");
+}
+
+#[test]
+fn a_routed_claim_without_the_socket_or_from_protocol_1_is_refused() {
+    // Protocol 2, but the run has no proxy.
+    let fake = Fake::new("v2routed");
+    let err = fake.backend().prepare(&spec(fake.dir.path())).unwrap_err();
+    assert!(err.to_string().contains("given none"), "{err}");
+    // Protocol 1: never given the socket (not even in the message), so it cannot route.
+    let fake = Fake::new("v1routed");
+    let err = fake
+        .backend()
+        .prepare(&with_proxy(fake.dir.path()))
+        .unwrap_err();
+    assert!(err.to_string().contains("protocol 1"), "{err}");
+    assert!(
+        !fake.recorded().iter().any(|l| l.contains("egress_proxy")),
+        "{:#?}",
+        fake.recorded()
+    );
+}
+
+#[test]
+fn a_protocol_1_plugin_works_as_before_with_the_proxy_in_the_run() {
+    let fake = Fake::new("ok");
+    let ev = launch_spec_and_wait(&fake, &with_proxy(fake.dir.path())).unwrap();
+    assert_eq!(ev.exit.code, Some(7));
+    assert_ne!(
+        ev.capabilities.network,
+        agentdiff_backend_api::Level::Filtered
+    );
+    let facts: ExternalFacts = ev.wrapper.unwrap().decode().unwrap();
+    assert_eq!(facts.external_backend.protocol, 1);
+    assert!(!fake.recorded().iter().any(|l| l.contains("egress_proxy")));
 }
