@@ -15,6 +15,8 @@
 //! - `FAKE_ENGINE_STATE`: directory for the pid of a running `run` (so `stop`/`rm -f` can end it);
 //!   defaults to the directory of `FAKE_ENGINE_LOG`.
 //!
+//! - `init` succeeds and `inspect --format {{.State.Pid}}` prints the fake's caller: a
+//!   "container" without a network namespace of its own (`network: filtered` must refuse it).
 //! - Remote mode (`create`, `cp`, `start`, `info`): `create` records the run argv in the state
 //!   directory and prints the container id; `cp - ID:/workspace` unpacks the uploaded tar into
 //!   `STATE/volume` (with the system `tar`); `start -a -i ID` runs the recorded command there;
@@ -125,6 +127,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         "create" => create(&argv[1..]),
+        // `init` succeeds; the "container's" pid is the engine's caller, which shares every
+        // namespace with it: a lying engine whose container has no network namespace of its own.
+        "init" => ExitCode::SUCCESS,
+        "inspect" if argv.iter().any(|a| a == "{{.State.Pid}}") => {
+            println!("{}", std::os::unix::process::parent_id());
+            ExitCode::SUCCESS
+        }
         "start" => start(),
         "cp" => copy(&argv[1..]),
         "rm" | "stop" => {

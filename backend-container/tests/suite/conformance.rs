@@ -127,8 +127,8 @@ fn container_backend_is_conformant_with_the_fake_engine() {
     let mut options = BackendOptions::new();
     options.push("engine", "podman");
     options.push("rootfs", rootfs.path().to_str().unwrap());
-    // The fake engine creates no network namespace, so `filtered` (the default when the egress
-    // probe hands over the proxy) could never start its forwarder: the run would be refused.
+    // The fake engine's "container" has no network namespace of its own, so `filtered` (the
+    // default when the egress probe hands over the proxy) is refused there (egress.rs).
     options.push("network", "none");
     let fail_log = log.clone();
     assert_conformant(

@@ -120,3 +120,38 @@ fn by_default_a_remote_or_docker_run_with_the_proxy_gets_no_network_not_the_brid
         assert_eq!(p.runtime_config()["network"], "none");
     }
 }
+
+#[tokio::test]
+async fn an_engine_whose_container_shares_agentdiffs_network_runs_nothing() {
+    // The fake engine's "container" is its caller: no network namespace of its own, so the
+    // forwarder refuses to start, the container is removed, and the command never starts.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let backend = fake_backend(&log, "podman", &[]);
+    let l = layout("r1");
+    let sock = dir.path().join("egress.sock");
+    let _proxy = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let rootfs = busybox_rootfs();
+    let mut s = spec(
+        &l,
+        "r1",
+        &["touch", "ran.txt"],
+        &[
+            ("engine", "podman"),
+            ("rootfs", rootfs.path().to_str().unwrap()),
+        ],
+    );
+    s.egress_proxy = Some(sock);
+    let (stdio, _, _) = files_stdio(dir.path());
+    let err = run(&backend, &s, stdio).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("agentdiff's own") && text.contains("never ran"),
+        "{text}"
+    );
+    let calls: Vec<String> = logged(&log).into_iter().map(|(a, _)| a.join(" ")).collect();
+    assert!(calls.iter().any(|c| c.starts_with("create ")), "{calls:#?}");
+    assert!(calls.iter().any(|c| c.starts_with("rm -f")), "{calls:#?}");
+    assert!(!calls.iter().any(|c| c.starts_with("start")), "{calls:#?}");
+    assert!(!l.workspace.join("ran.txt").exists());
+}
