@@ -439,3 +439,135 @@ fn describe(d: &BackendDescriptor) -> WireDescriptor {
         requires_scrubbed_environment: backend.requires_scrubbed_environment(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        Availability, BackendOptions, Capabilities, CleanupReport, Enforcement, LaunchCommand,
+        LaunchSpec, PreparedLaunch, ProcessIdentity, RunningCommand,
+    };
+    use serde_json::{json, Value};
+    use std::time::Duration;
+
+    /// Prepares `/bin/true`, says it routes through the proxy whenever its spec has one, and
+    /// records in its runtime configuration whether it had one.
+    struct Routing;
+
+    #[async_trait::async_trait]
+    impl RuntimeBackend for Routing {
+        fn id(&self) -> &'static str {
+            "routing"
+        }
+        fn capabilities(&self, _: &BackendOptions) -> Capabilities {
+            Capabilities::default()
+        }
+        async fn availability(&self, _: &BackendOptions) -> Availability {
+            Availability::Ready {
+                detail: String::new(),
+            }
+        }
+        fn prepare(&self, spec: &LaunchSpec) -> crate::Result<PreparedLaunch> {
+            let command = LaunchCommand {
+                program: "/bin/true".into(),
+                args: Vec::new(),
+                env: Vec::new(),
+                cwd: spec.workdir.clone(),
+            };
+            // What the backend saw, for the test to read back.
+            let saw = json!({ "saw_proxy": spec.egress_proxy.is_some() });
+            Ok(
+                PreparedLaunch::new("routing", spec, command, Enforcement::None, ())
+                    .with_runtime_config(saw)
+                    .routes_egress(),
+            )
+        }
+        async fn launch(
+            &self,
+            _: PreparedLaunch,
+            _: LaunchContext,
+        ) -> crate::Result<Box<dyn RunningCommand>> {
+            Err(BackendError::Launch {
+                backend: "routing".into(),
+                message: "not in this test".into(),
+            })
+        }
+        async fn cleanup_run(&self, _: &str, _: &[ProcessIdentity], _: Duration) -> CleanupReport {
+            CleanupReport::default()
+        }
+    }
+
+    fn factory() -> Box<dyn RuntimeBackend> {
+        Box::new(Routing)
+    }
+
+    static DESCRIPTOR: BackendDescriptor = BackendDescriptor::new("routing", "a test", factory);
+
+    /// `hello` then a `prepare` whose spec names a proxy socket, served; the answers.
+    fn serve_prepare(hello: Value) -> Vec<Value> {
+        let spec = json!({
+            "run_id": "r", "root": "/p", "workdir": "/p", "capsule_dir": "/p/c",
+            "argv": ["true"], "env": [], "env_mode": "scrub", "grace_ms": 100,
+            "poll_interval_ms": 10, "egress_proxy": "/tmp/agentdiff-egress-1-2/egress.sock",
+        });
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (answers_ours, answers_theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut w = ours;
+        for message in [hello, json!({"type": "prepare", "spec": spec})] {
+            std::io::Write::write_all(&mut w, format!("{message}\n").as_bytes()).unwrap();
+        }
+        w.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut server = Server {
+            protocol: 1,
+            descriptor: &DESCRIPTOR,
+            backend: factory(),
+            writer: std::fs::File::from(OwnedFd::from(answers_theirs)),
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(server.run(LineReader::new(OwnedFd::from(theirs))))
+            .unwrap();
+        drop(server);
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut &answers_ours, &mut text).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_version_2_exchange_hands_the_backend_the_proxy_and_reports_the_route() {
+        let answers = serve_prepare(json!({"type": "hello", "protocol": 1, "protocols": [1, 2]}));
+        assert_eq!(
+            answers[0],
+            json!({"type": "hello", "protocol": 2, "id": "routing"})
+        );
+        assert_eq!(answers[1]["type"], "prepared", "{answers:?}");
+        assert_eq!(answers[1]["egress_routed"], true, "{answers:?}");
+        assert_eq!(answers[1]["runtime_config"]["saw_proxy"], true);
+    }
+
+    #[test]
+    fn a_version_1_exchange_never_hands_the_backend_the_proxy() {
+        // An agentdiff that speaks only version 1: the socket in the message is dropped, so the
+        // backend has no proxy to route through, and nothing is claimed.
+        let answers = serve_prepare(json!({"type": "hello", "protocol": 1}));
+        assert_eq!(
+            answers[0],
+            json!({"type": "hello", "protocol": 1, "id": "routing"})
+        );
+        assert_eq!(answers[1]["type"], "prepared", "{answers:?}");
+        assert!(answers[1].get("egress_routed").is_none(), "{answers:?}");
+        assert_eq!(answers[1]["runtime_config"]["saw_proxy"], false);
+    }
+
+    #[test]
+    fn a_version_it_does_not_speak_is_refused() {
+        let answers = serve_prepare(json!({"type": "hello", "protocol": 7, "protocols": [7]}));
+        assert_eq!(answers[0]["type"], "error", "{answers:?}");
+        assert_eq!(answers[0]["kind"], "protocol");
+        assert_eq!(answers.len(), 1, "{answers:?}");
+    }
+}
