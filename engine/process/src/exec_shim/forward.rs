@@ -19,7 +19,9 @@
 //! any protocol; that is what the proxy is for. The command can kill the forwarder (same user):
 //! it then loses its only route out, nothing more. A [`NetnsForwarder`] runs as agentdiff, out
 //! of the command's reach; an interface added to the namespace after it started (by a process
-//! holding `CAP_NET_ADMIN` there) is not noticed.
+//! holding `CAP_NET_ADMIN` there) is not noticed. Relays are bounded ([`MAX_RELAYS`]), so a
+//! command that opens connections without end cannot make either forwarder start threads
+//! without end.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -102,7 +104,7 @@ pub(crate) fn start(value: &OsStr) -> Result<(), String> {
             // SAFETY: as above, one thread.
             if let Ok(nix::unistd::ForkResult::Child) = unsafe { nix::unistd::fork() } {
                 detach(listener.as_raw_fd());
-                serve(&listener, &spec.socket, None);
+                serve(&listener, &spec.socket, None, MAX_RELAYS);
             }
             // SAFETY: _exit ends the middle (or failed) child without running the parent's
             // destructors or flushing its buffers twice.
@@ -135,9 +137,26 @@ fn detach(keep: i32) {
     }
 }
 
-/// Accepts until `stop` is set (never, without one).
-fn serve(listener: &TcpListener, socket: &Path, stop: Option<&AtomicBool>) {
+/// At most this many relays at once; a connection beyond them is closed at once. Above the
+/// proxy's own limit of concurrent clients (which counts what it refuses), it bounds the threads a
+/// command can make the forwarder start: under the container backend they are agentdiff's own.
+pub const MAX_RELAYS: usize = 1024;
+/// Each relay's two threads only move bytes through a heap buffer.
+const RELAY_STACK: usize = 256 * 1024;
+
+/// Counts a relay while it lives.
+struct RelaySlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for RelaySlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Accepts until `stop` is set (never, without one), with at most `max_relays` relays at once.
+fn serve(listener: &TcpListener, socket: &Path, stop: Option<&AtomicBool>, max_relays: usize) {
     let stopped = || stop.is_some_and(|s| s.load(Ordering::SeqCst));
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         if stopped() {
             return;
@@ -152,9 +171,20 @@ fn serve(listener: &TcpListener, socket: &Path, stop: Option<&AtomicBool>) {
         if stopped() {
             return;
         }
+        if live.fetch_add(1, Ordering::SeqCst) >= max_relays {
+            live.fetch_sub(1, Ordering::SeqCst);
+            drop(client);
+            continue;
+        }
+        let slot = RelaySlot(live.clone());
         let socket = socket.to_path_buf();
         // One thread per direction; a connection the proxy refuses simply closes.
-        let _ = std::thread::Builder::new().spawn(move || relay(client, &socket));
+        let _ = std::thread::Builder::new()
+            .stack_size(RELAY_STACK)
+            .spawn(move || {
+                let _slot = slot;
+                relay(client, &socket)
+            });
     }
 }
 
@@ -165,10 +195,12 @@ fn relay(client: TcpStream, socket: &Path) {
     let (Ok(client_w), Ok(upstream_r)) = (client.try_clone(), upstream.try_clone()) else {
         return;
     };
-    let back = std::thread::Builder::new().spawn(move || {
-        copy(upstream_r, &client_w);
-        let _ = client_w.shutdown(Shutdown::Write);
-    });
+    let back = std::thread::Builder::new()
+        .stack_size(RELAY_STACK)
+        .spawn(move || {
+            copy(upstream_r, &client_w);
+            let _ = client_w.shutdown(Shutdown::Write);
+        });
     copy(&client, &upstream);
     let _ = upstream.shutdown(Shutdown::Write);
     if let Ok(back) = back {
@@ -277,7 +309,7 @@ impl NetnsForwarder {
                     }
                 };
                 let _ = tx.send(Ok(listener.clone()));
-                serve(&listener, &socket, Some(&thread_stop));
+                serve(&listener, &socket, Some(&thread_stop), MAX_RELAYS);
             })
             .map_err(|e| ForwardError::Thread(e.to_string()))?;
         let listener = match rx.recv() {
@@ -482,5 +514,41 @@ mod tests {
             after.join().unwrap(),
             "the forwarder still listens after stop"
         );
+    }
+
+    #[test]
+    fn relays_beyond_the_limit_are_closed_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("egress.sock");
+        let proxy = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        // The "proxy" accepts and holds every connection, so each relay stays open.
+        let held = std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            for c in proxy.incoming().take(2) {
+                kept.push(c.unwrap());
+            }
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        });
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let serving = {
+            let stop = stop.clone();
+            std::thread::spawn(move || serve(&listener, &sock, Some(&stop), 2))
+        };
+        let connect = || TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
+        let (a, b) = (connect(), connect());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // The third is over the limit: closed by the forwarder without a byte.
+        let mut c = connect();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(c.read(&mut buf).unwrap(), 0);
+        stop.store(true, Ordering::SeqCst);
+        let _ = connect();
+        serving.join().unwrap();
+        drop((a, b));
+        held.join().unwrap();
     }
 }
