@@ -280,11 +280,16 @@ async fn probe(
             "repair the engine installation (try `podman info` / `docker version`)",
         )
     })?;
-    let server_version = server_version.map_err(|e| {
-        unavailable(
+    let server_version = server_version.map_err(|e| match &plan.endpoint {
+        // A remote engine: the address, the network or the TLS material is what to check.
+        Some(endpoint) => unavailable(
+            format!("the docker CLI cannot reach the engine at {endpoint}: {e}"),
+            "check the address and that an engine API service listens there; for TLS, that DOCKER_CERT_PATH holds the ca.pem that signed the engine's certificate and a client cert.pem/key.pem it accepts (`docker -H URL --tlsverify version`)",
+        ),
+        None => unavailable(
             format!("the docker CLI cannot reach its API server: {e}"),
             "start the Docker daemon, or point DOCKER_HOST at a running socket (e.g. `podman system service --time=0 unix:///run/podman/podman.sock` and DOCKER_HOST=unix:///run/podman/podman.sock)",
-        )
+        ),
     })?;
     let rootfs = match rootfs_checked {
         Some(checked) => Some(

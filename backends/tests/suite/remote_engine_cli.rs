@@ -254,3 +254,190 @@ fn cleanup_of_a_killed_remote_run_removes_its_container_on_the_recorded_engine()
     assert_eq!(listed(), Vec::<String>::new(), "{result:#}");
     drop(engine);
 }
+
+/// Certificates for a TLS engine: a CA, a server certificate for 127.0.0.1 and a client
+/// certificate, laid out as the docker client reads them (`ca.pem`, `cert.pem`, `key.pem` in
+/// `client/`), the server's in `server/`. A second, unrelated CA goes to `stranger/ca.pem`.
+fn make_certificates(dir: &Path) {
+    let script = r#"
+set -e
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out "$1" 2>/dev/null; }
+mkdir -p ca client server stranger
+key ca/key.pem
+openssl req -x509 -new -key ca/key.pem -days 2 -subj /CN=agentdiff-test-ca -out ca/ca.pem
+key stranger/key.pem
+openssl req -x509 -new -key stranger/key.pem -days 2 -subj /CN=agentdiff-test-ca -out stranger/ca.pem
+sign() {
+  openssl req -new -key "$1" -subj "/CN=$2" -out req.csr
+  printf '%s\n' "$3" > ext.cnf
+  openssl x509 -req -in req.csr -CA ca/ca.pem -CAkey ca/key.pem -CAcreateserial -days 2 \
+    -extfile ext.cnf -out "$4" 2>/dev/null
+}
+key server/key.pem
+sign server/key.pem 127.0.0.1 'subjectAltName=IP:127.0.0.1
+extendedKeyUsage=serverAuth' server/cert.pem
+key client/key.pem
+sign client/key.pem client 'extendedKeyUsage=clientAuth' client/cert.pem
+cp ca/ca.pem client/ca.pem
+cp client/cert.pem client/key.pem stranger/
+"#;
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// A TLS front (socat) for the engine at `url`, verifying client certificates; killed on drop.
+struct TlsFront {
+    child: std::process::Child,
+    url: String,
+}
+
+impl TlsFront {
+    fn start(certs: &Path, url: &str) -> TlsFront {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let server = certs.join("server");
+        let listen = format!(
+            "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,cert={},key={},cafile={},verify=1",
+            server.join("cert.pem").display(),
+            server.join("key.pem").display(),
+            certs.join("ca/ca.pem").display()
+        );
+        let target = format!("TCP:{}", url.trim_start_matches("tcp://"));
+        let child = Command::new("socat")
+            .args([listen.as_str(), target.as_str()])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Not a timing assertion: how long this test waits for socat to listen at all.
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        TlsFront {
+            child,
+            url: format!("tcp://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A remote engine behind TLS with client certificates: with the right CA the run works and the
+/// capsule names the TLS material by digest, with no plain-TCP warning; a client that trusts
+/// another CA is refused before anything is created, and nothing runs.
+#[test]
+fn a_tls_engine_is_reached_with_verified_certificates_and_recorded() {
+    if let Some(reason) = missing() {
+        agentdiff_test_support::skip(&reason);
+        return;
+    }
+    let works = |program: &str, arg: &str| {
+        Command::new(program)
+            .arg(arg)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !works("socat", "-V") || !works("openssl", "version") {
+        agentdiff_test_support::skip("socat and openssl (a TLS front for the engine)");
+        return;
+    }
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let engine = start_remote_engine(dir.path());
+    let certs = dir.path().join("certs");
+    fs::create_dir_all(&certs).unwrap();
+    make_certificates(&certs);
+    let front = TlsFront::start(&certs, &engine.url);
+    let root = dir.path().join("project");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("a.txt"), "a\n").unwrap();
+    let run = |cert_path: &Path| {
+        super::cmd(
+            &root,
+            &[
+                "run",
+                "--format",
+                "json",
+                "--fail-on",
+                "never",
+                "--runtime",
+                "container",
+                "--engine",
+                "docker",
+                "--image",
+                REMOTE_IMAGE,
+                "--backend-option",
+                "engine-host=env",
+                "--",
+                "sh",
+                "-c",
+                "cat a.txt > seen.txt",
+            ],
+        )
+        .env("DOCKER_HOST", &front.url)
+        .env("DOCKER_TLS_VERIFY", "1")
+        .env("DOCKER_CERT_PATH", cert_path)
+        .output()
+        .unwrap()
+    };
+
+    // A client that trusts another authority: refused with what to check, nothing created.
+    let refused = run(&certs.join("stranger"));
+    assert_exit(&refused, 69);
+    let said = format!("{}{}", text(&refused.stdout), text(&refused.stderr));
+    assert!(
+        said.contains(&format!("cannot reach the engine at {}", front.url))
+            && said.contains("certificate")
+            && said.contains("DOCKER_CERT_PATH"),
+        "{said}"
+    );
+    let left = Command::new("podman")
+        .args(["--url", &engine.url, "ps", "-a", "-q"])
+        .output()
+        .unwrap();
+    assert_eq!(text(&left.stdout).trim(), "");
+
+    // The right authority: the run works over TLS and the capsule says so.
+    let client = certs.join("client");
+    let out = run(&client);
+    assert_exit(&out, 0);
+    let result = json_of(&out);
+    assert_eq!(super::changed_paths(&result), ["seen.txt"], "{result:#}");
+    let runtime = runtime_json(&root, result["run_id"].as_str().unwrap());
+    let tls = &runtime["wrapper"]["remote"]["engine"]["tls"];
+    assert_eq!(tls["verify"], true, "{runtime:#}");
+    let sha = |path: &Path| {
+        let out = Command::new("sha256sum").arg(path).output().unwrap();
+        text(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(tls["ca_sha256"], sha(&client.join("ca.pem")).as_str());
+    assert_eq!(
+        tls["client_cert_sha256"],
+        sha(&client.join("cert.pem")).as_str()
+    );
+    assert!(
+        !runtime
+            .to_string()
+            .contains("plain TCP without verified TLS"),
+        "{runtime:#}"
+    );
+    drop(front);
+    drop(engine);
+}
