@@ -2,13 +2,14 @@
 //!
 //! `/proc/self/fd/N` is a magic link: a command whose stdin is `~/notes.txt` can open
 //! `/proc/self/fd/0` for writing and overwrite it, and one whose stdin is `~` can open files below
-//! it, whatever a sandbox's mounts say. So every stream that is not a terminal or a pipe (a
-//! regular file, a directory, a socket, a device other than a terminal, …) is handed to the
-//! command as a pipe agentdiff creates, with a thread copying between that pipe and the real
-//! stream: the command gets the bytes, never the descriptor.
+//! it, whatever a sandbox's mounts say. So every stream that is not a terminal, a pipe or the null
+//! device (a regular file, a directory, a socket, another device, …) is handed to the command as
+//! a pipe agentdiff creates, with a thread copying between that pipe and the real stream: the
+//! command gets the bytes, never the descriptor.
 //!
 //! Invariants: a terminal stays the command's terminal (job control, raw mode, the TIOCSTI guard
-//! of the wrapping backends); a pipe is passed as it is. Reopening an inherited pipe through
+//! of the wrapping backends); a pipe is passed as it is; so is the null device (character device
+//! 1:3, told by its device number, not its path), which reopened reaches nothing but itself. Reopening an inherited pipe through
 //! `/proc/self/fd` reaches only that pipe (either of its ends): the command can read what other
 //! writers put into it and write into it, but no file or directory of the host.
 //!
@@ -116,12 +117,23 @@ impl Relays {
     }
 }
 
-/// What the descriptor is, or `None` for a terminal or a pipe (passed as they are).
+/// The null device's number (Linux `mem` driver, minor 3): the same device whatever node or
+/// path names it.
+const NULL_DEVICE: (u64, u64) = (1, 3);
+
+/// What the descriptor is, or `None` for a terminal, a pipe or the null device (passed as they
+/// are).
 fn needs_relay(fd: BorrowedFd<'_>, stream: Stream) -> Result<Option<&'static str>, RelayError> {
-    use nix::sys::stat::{fstat, SFlag};
+    use nix::sys::stat::{fstat, major, minor, SFlag};
     let st = fstat(fd.as_raw_fd()).map_err(|source| RelayError::Inspect { stream, source })?;
     let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
     if kind == SFlag::S_IFIFO || nix::unistd::isatty(fd.as_raw_fd()).unwrap_or(false) {
+        return Ok(None);
+    }
+    // Reopened through `/proc/self/fd`, the null device is the null device: it reaches no file,
+    // and every sandbox shows the command one anyway. Relaying it would cost a thread per stream
+    // and nothing would be defended.
+    if kind == SFlag::S_IFCHR && (major(st.st_rdev), minor(st.st_rdev)) == NULL_DEVICE {
         return Ok(None);
     }
     Ok(Some(match kind {
@@ -311,6 +323,39 @@ mod tests {
             .unwrap();
         assert!(relays.drain());
         assert_eq!(std::fs::read_to_string(&output).unwrap(), "out\n");
+    }
+
+    #[test]
+    fn the_null_device_is_passed_and_other_devices_are_relayed() {
+        let open = |p: &str, write: bool| {
+            let f = std::fs::OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .open(p)
+                .unwrap();
+            Some(OwnedFd::from(f))
+        };
+        let null_inode = std::fs::metadata("/dev/null").unwrap();
+        let stdio = [
+            open("/dev/null", false),
+            open("/dev/zero", true),
+            open("/dev/null", true),
+        ];
+        let (fds, relays) = relay_stdio(stdio).unwrap();
+        let kinds: Vec<_> = relays
+            .relayed
+            .iter()
+            .map(|r| (r.stream, r.kind.as_str()))
+            .collect();
+        assert_eq!(kinds, vec![(Stream::Stdout, "character_device")]);
+        let [stdin, _, stderr] = fds;
+        // The very descriptors given: the null device, not a pipe.
+        for fd in [stdin.unwrap(), stderr.unwrap()] {
+            let meta = std::fs::File::from(fd).metadata().unwrap();
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(meta.rdev(), null_inode.rdev());
+            assert_eq!(meta.ino(), null_inode.ino());
+        }
     }
 
     #[test]
