@@ -7,9 +7,9 @@
 //! git directory names the shared one in `commondir`, and a bare repository or a nested one can
 //! sit anywhere below the root.
 //!
-//! [`discover`] walks the directories below the root once (it lists them, it reads no file but
-//! `.git` files and `commondir`; the evidence store `ROOT/.agentdiff` is not searched) and
-//! returns:
+//! [`discover`] walks the directories below the root once, on a few threads (it lists them, it
+//! reads no file but `.git` files and `commondir`; the evidence store `ROOT/.agentdiff` is not
+//! searched) and returns, the same whatever the number of threads:
 //! - every directory git itself would take for a git directory (a `HEAD` file, a `refs`
 //!   directory, and an `objects` directory or a `commondir` file), whatever its name;
 //! - every `.git` entry (a directory, or a file, which is returned as well so that the pointer
@@ -196,56 +196,203 @@ fn accept_target(root: &Path, target: &Path, what: &str) -> Result<PathBuf, Stri
 }
 
 /// Every git directory below `root` (canonical) and every one a `.git` file or `commondir`
-/// there names. Never fails: what cannot be read is listed.
+/// there names. Never fails: what cannot be read is listed. The directories are listed on up to
+/// [`MAX_WALKERS`] threads; the result is the same for any number of threads (sorted by path
+/// before the pointers are followed).
 pub fn discover(root: &Path) -> GitDirs {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WALKERS));
+    discover_with(root, threads)
+}
+
+/// Most threads listing directories: the walk is bound by the kernel's per-directory work.
+const MAX_WALKERS: usize = 4;
+
+fn discover_with(root: &Path, threads: usize) -> GitDirs {
     let mut out = GitDirs::default();
     let Ok(root) = root.canonicalize() else {
         out.unreadable.push(root.to_path_buf());
         return out;
     };
-    let mut stack = vec![root.clone()];
-    let mut pointed: Vec<(PathBuf, Found)> = Vec::new();
     // The evidence store holds no repository and many directories (objects, runs); the sandbox
     // re-binds it read-only and the engine checks it after the command.
     let store = root.join(STORE_DIR);
-    while let Some(dir) = stack.pop() {
-        let entries: Vec<(std::ffi::OsString, fs::FileType)> = match fs::read_dir(&dir) {
-            // The type comes with the directory entry: no `stat` per entry.
-            Ok(e) => e
-                .flatten()
-                .filter_map(|e| Some((e.file_name(), e.file_type().ok()?)))
-                .collect(),
-            Err(_) => {
-                out.unreadable.push(dir);
-                continue;
+    // A walker thread that failed leaves its directories unlisted: walk again on this thread
+    // alone rather than protect less.
+    let mut walked = walk(&root, &store, threads).unwrap_or_else(|| {
+        walk(&root, &store, 1).unwrap_or_else(|| Walked {
+            unreadable: vec![root.clone()],
+            ..Walked::default()
+        })
+    });
+    walked.found.sort();
+    for (path, found) in walked.found {
+        out.push(path, found);
+    }
+    walked.unreadable.sort();
+    out.unreadable = walked.unreadable;
+    walked.pointed.sort();
+    // `follow_pointers` takes them from the end: in path order.
+    walked.pointed.reverse();
+    follow_pointers(&root, walked.pointed, &mut out);
+    out
+}
+
+/// What the walkers found: git directories, pointers to follow, directories not listed.
+#[derive(Default)]
+struct Walked {
+    found: Vec<(PathBuf, Found)>,
+    pointed: Vec<(PathBuf, Found)>,
+    unreadable: Vec<PathBuf>,
+}
+
+/// The directories still to list, and how many are being listed now.
+struct Work {
+    dirs: Vec<PathBuf>,
+    busy: usize,
+    /// A walker panicked: its directory's subdirectories may be missing.
+    failed: bool,
+}
+
+struct Shared {
+    work: std::sync::Mutex<Work>,
+    more: std::sync::Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Work> {
+        self.work
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Ends one directory's listing: hands over its subdirectories and wakes the others, also when
+/// the listing panicked (then the walk is marked failed, so nobody waits for it).
+struct Listing<'s> {
+    shared: &'s Shared,
+    subdirs: Vec<PathBuf>,
+}
+
+impl Drop for Listing<'_> {
+    fn drop(&mut self) {
+        let mut work = self.shared.lock();
+        work.failed |= std::thread::panicking();
+        work.dirs.append(&mut self.subdirs);
+        work.busy -= 1;
+        self.shared.more.notify_all();
+    }
+}
+
+/// Lists every directory below `root` on `threads` threads; `None` when one of them failed.
+fn walk(root: &Path, store: &Path, threads: usize) -> Option<Walked> {
+    let shared = Shared {
+        work: std::sync::Mutex::new(Work {
+            dirs: vec![root.to_path_buf()],
+            busy: 0,
+            failed: false,
+        }),
+        more: std::sync::Condvar::new(),
+    };
+    let mut parts: Vec<Walked> = Vec::new();
+    let mut failed = false;
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads.max(1))
+            .filter_map(|i| {
+                std::thread::Builder::new()
+                    .name(format!("agentdiff-gitdirs-{i}"))
+                    .spawn_scoped(scope, || walker(&shared, root, store))
+                    // Fewer threads only make the walk slower, never less complete.
+                    .ok()
+            })
+            .collect();
+        parts.push(walker(&shared, root, store));
+        for h in helpers {
+            match h.join() {
+                Ok(part) => parts.push(part),
+                Err(_) => failed = true,
+            }
+        }
+    });
+    if failed || shared.lock().failed {
+        return None;
+    }
+    let mut all = Walked::default();
+    for mut part in parts {
+        all.found.append(&mut part.found);
+        all.pointed.append(&mut part.pointed);
+        all.unreadable.append(&mut part.unreadable);
+    }
+    Some(all)
+}
+
+/// Takes directories until none is left and no other walker is listing one.
+fn walker(shared: &Shared, root: &Path, store: &Path) -> Walked {
+    let mut mine = Walked::default();
+    loop {
+        let dir = {
+            let mut work = shared.lock();
+            loop {
+                if work.failed {
+                    return mine;
+                }
+                if let Some(dir) = work.dirs.pop() {
+                    work.busy += 1;
+                    break dir;
+                }
+                if work.busy == 0 {
+                    return mine;
+                }
+                work = shared
+                    .more
+                    .wait(work)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
         };
-        if dir != root && layout_of(&entries) {
-            out.push(dir.clone(), Found::Layout);
-            pointed.push((dir.join("commondir"), Found::Commondir));
+        let mut listing = Listing {
+            shared,
+            subdirs: Vec::new(),
+        };
+        list_dir(&dir, root, store, &mut mine, &mut listing.subdirs);
+    }
+}
+
+/// Lists one directory: a git layout is recorded (and not descended into), `.git` entries are
+/// recorded with what they point at, other directories go to `subdirs`.
+fn list_dir(dir: &Path, root: &Path, store: &Path, out: &mut Walked, subdirs: &mut Vec<PathBuf>) {
+    let entries: Vec<(std::ffi::OsString, fs::FileType)> = match fs::read_dir(dir) {
+        // The type comes with the directory entry: no `stat` per entry.
+        Ok(e) => e
+            .flatten()
+            .filter_map(|e| Some((e.file_name(), e.file_type().ok()?)))
+            .collect(),
+        Err(_) => {
+            out.unreadable.push(dir.to_path_buf());
+            return;
+        }
+    };
+    if dir != root && layout_of(&entries) {
+        out.found.push((dir.to_path_buf(), Found::Layout));
+        out.pointed.push((dir.join("commondir"), Found::Commondir));
+        return;
+    }
+    for (name, kind) in entries {
+        let path = dir.join(&name);
+        if name == ".git" {
+            if kind.is_dir() {
+                out.pointed.push((path.join("commondir"), Found::Commondir));
+                out.found.push((path, Found::DotGit));
+            } else if kind.is_file() {
+                out.found.push((path.clone(), Found::DotGit));
+                out.pointed.push((path, Found::GitdirFile));
+            } else if kind.is_symlink() {
+                out.pointed.push((path, Found::Symlink));
+            }
             continue;
         }
-        for (name, kind) in entries {
-            let path = dir.join(&name);
-            if name == ".git" {
-                if kind.is_dir() {
-                    out.push(path.clone(), Found::DotGit);
-                    pointed.push((path.join("commondir"), Found::Commondir));
-                } else if kind.is_file() {
-                    out.push(path.clone(), Found::DotGit);
-                    pointed.push((path, Found::GitdirFile));
-                } else if kind.is_symlink() {
-                    pointed.push((path, Found::Symlink));
-                }
-                continue;
-            }
-            if kind.is_dir() && path != store {
-                stack.push(path);
-            }
+        if kind.is_dir() && path != store {
+            subdirs.push(path);
         }
     }
-    follow_pointers(&root, pointed, &mut out);
-    out
 }
 
 /// Follow `.git` files and `commondir` files (each target's own `commondir` too).
@@ -323,6 +470,34 @@ mod tests {
             root.join("vendor/thing.bare"),
         ] {
             assert!(found.contains(&p), "{p:?} not in {found:?}");
+        }
+    }
+
+    #[test]
+    fn the_result_does_not_depend_on_the_number_of_walkers() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        for i in 0..40 {
+            let dir = root.join(format!("d{i}/e{}/f", i % 7));
+            fs::create_dir_all(&dir).unwrap();
+            match i % 5 {
+                0 => git_layout(&dir.join(".git")),
+                1 => git_layout(&dir.join(format!("bare{i}"))),
+                2 => fs::write(dir.join(".git"), "gitdir: ../../../d0/e0/f/.git\n").unwrap(),
+                3 => fs::write(dir.join(".git"), "gitdir: /nowhere\n").unwrap(),
+                _ => {}
+            }
+        }
+        fs::create_dir_all(root.join(".agentdiff/runs")).unwrap();
+        git_layout(&root.join(".agentdiff/runs/not-searched"));
+        let one = discover_with(&root, 1);
+        assert_eq!(one.dirs.len(), 8 * 4, "{:?}", one.dirs);
+        assert_eq!(one.ignored.len(), 8, "{:?}", one.ignored);
+        assert!(!paths(&one)
+            .iter()
+            .any(|p| p.starts_with(root.join(".agentdiff"))));
+        for threads in [2, 3, 4, 8] {
+            assert_eq!(discover_with(&root, threads), one, "{threads} walkers");
         }
     }
 

@@ -170,6 +170,10 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let started = Instant::now();
     let started_at = seal::now();
     let root = resolve_root(&req.root)?;
+    // The git directories are found (the caller holds the project lock) while the key, the
+    // store, the proxy, the verified-object cache and the capsule are set up; the launch plan
+    // waits for them.
+    let discovery = GitDirDiscovery::start(&root);
     let policy = &req.policy.policy;
     // The key is loaded before anything is written and kept in memory: replacing the key file
     // during the run does not change what seals this run.
@@ -185,7 +189,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let options = effective_options(&req.options, policy, req.backend.id());
     let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
     let run_id = capsule.id().to_string();
-    let git_dirs = agentdiff_host::git_dirs::discover(&root);
+    let git_dirs = discovery.finish(&root);
     let launcher = launch::Launcher {
         req: &req,
         policy,
@@ -310,6 +314,30 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let outcome = sealer.seal(result, &referenced, None)?;
     capture.leave_record(&mut before, recorded.as_ref(), store_untouched);
     Ok(outcome)
+}
+
+/// The git directories of the tree ([`agentdiff_host::git_dirs::discover`]), found on a thread of
+/// their own while the run is set up.
+struct GitDirDiscovery(Option<std::thread::JoinHandle<agentdiff_host::git_dirs::GitDirs>>);
+
+impl GitDirDiscovery {
+    fn start(root: &Path) -> Self {
+        let root = root.to_path_buf();
+        GitDirDiscovery(
+            std::thread::Builder::new()
+                .name("agentdiff-git-dirs".into())
+                .spawn(move || agentdiff_host::git_dirs::discover(&root))
+                .ok(),
+        )
+    }
+
+    /// The discovery's result; found here and now when the thread could not start or failed, so
+    /// the launch never goes without it.
+    fn finish(self, root: &Path) -> agentdiff_host::git_dirs::GitDirs {
+        self.0
+            .and_then(|h| h.join().ok())
+            .unwrap_or_else(|| agentdiff_host::git_dirs::discover(root))
+    }
 }
 
 /// Once the after-state is captured: a private workspace is discarded (the after-state now lives
