@@ -12,7 +12,9 @@
 //!   Needs bubblewrap (the runtime `hook install --runtime bwrap` verifies); skipped without it.
 //!
 //! Run with `cargo bench -p agentdiff --bench agent_hook` (`AGENTDIFF_BENCH_BIN=PATH` measures
-//! another agentdiff binary).
+//! another agentdiff binary; `AGENTDIFF_BENCH_BASE_BIN=PATH` also measures a second binary's
+//! sandboxed calls, call by call alternating with the first on the same tree, store and state
+//! directory, and prints both: a before/after comparison under the same load).
 
 // A benchmark is a measuring tool, not library code: a failed step should stop it loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -33,6 +35,11 @@ fn bin() -> PathBuf {
     std::env::var_os("AGENTDIFF_BENCH_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_agentdiff")))
+}
+
+/// The binary compared with [`bin`] (`AGENTDIFF_BENCH_BASE_BIN`), if any.
+fn base_bin() -> Option<PathBuf> {
+    std::env::var_os("AGENTDIFF_BENCH_BASE_BIN").map(PathBuf::from)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -56,7 +63,11 @@ fn timed(cmd: &mut Command, input: &[u8]) -> (Duration, Vec<u8>) {
 }
 
 fn agentdiff(state: &Path, cwd: &Path) -> Command {
-    let mut c = Command::new(bin());
+    agentdiff_at(&bin(), state, cwd)
+}
+
+fn agentdiff_at(program: &Path, state: &Path, cwd: &Path) -> Command {
+    let mut c = Command::new(program);
     c.current_dir(cwd)
         .env_remove("AGENTDIFF_POLICY")
         .env_remove("AGENTDIFF_HOOK_DEADLINE")
@@ -147,10 +158,10 @@ fn bwrap_works() -> bool {
 
 /// One sandboxed call as Claude Code makes it: the hook's answer, then its command in bash.
 /// (time to the hook's answer, time to the command's end)
-fn sandboxed_call(state: &Path, tree: &Path, input: &[u8]) -> (Duration, Duration) {
+fn sandboxed_call(program: &Path, state: &Path, tree: &Path, input: &[u8]) -> (Duration, Duration) {
     let start = Instant::now();
     let (hook, answer) = timed(
-        agentdiff(state, tree)
+        agentdiff_at(program, state, tree)
             .args(["hook", "pre-tool-use", "--runtime", "bwrap", "--root"])
             .arg(tree),
         input,
@@ -194,16 +205,23 @@ fn shell_overhead(state: &Path, corpus: &Path, n: usize) {
         "Bash",
         serde_json::json!({"command": "true", "description": "bench"}),
     );
-    sandboxed_call(state, &tree, &input); // warm-up: the first run hashes the whole tree
+    let programs: Vec<PathBuf> = std::iter::once(bin()).chain(base_bin()).collect();
+    for program in &programs {
+        // Warm-up: the first run hashes the whole tree.
+        sandboxed_call(program, state, &tree, &input);
+    }
     let mut bare = Vec::new();
-    let mut sandboxed = Vec::new();
-    let mut hooks = Vec::new();
+    let mut calls: Vec<Calls> = programs.iter().map(|_| Calls::default()).collect();
     let mut git = Vec::new();
-    for _ in 0..SHELL_CALLS {
+    for round in 0..SHELL_CALLS {
         bare.push(timed(Command::new("bash").args(["-c", "true"]), b"").0);
-        let (hook, total) = sandboxed_call(state, &tree, &input);
-        hooks.push(hook);
-        sandboxed.push(total);
+        // Alternating which binary goes first, so neither always follows the other.
+        for k in 0..programs.len() {
+            let i = (k + round) % programs.len();
+            let (hook, total) = sandboxed_call(&programs[i], state, &tree, &input);
+            calls[i].hooks.push(hook);
+            calls[i].totals.push(total);
+        }
         git.push(
             timed(
                 Command::new("git")
@@ -214,9 +232,7 @@ fn shell_overhead(state: &Path, corpus: &Path, n: usize) {
             .0,
         );
     }
-    let (bare, sandboxed, git, hook) =
-        (median(bare), median(sandboxed), median(git), median(hooks));
-    let added = sandboxed.saturating_sub(bare);
+    let (bare, git) = (median(bare), median(git));
     let target = if n <= 1 {
         Duration::from_millis(50)
     } else {
@@ -226,22 +242,39 @@ fn shell_overhead(state: &Path, corpus: &Path, n: usize) {
         "sandboxed Bash call on the corpus N={n} (median of {SHELL_CALLS}, after one warm-up):"
     );
     println!("  bare `bash -c true`            {:.2} ms", ms(bare));
-    println!("  hook + sandboxed run           {:.2} ms", ms(sandboxed));
-    println!("    of which the hook's answer   {:.2} ms", ms(hook));
     println!("  git status --porcelain         {:.2} ms", ms(git));
-    println!(
-        "  added {:.2} ms ({:.2}x git status; target <= {:.2} ms: {})",
-        ms(added),
-        added.as_secs_f64() / git.as_secs_f64(),
-        ms(target),
-        if added <= target { "met" } else { "NOT met" }
-    );
+    for (program, calls) in programs.iter().zip(calls) {
+        let (sandboxed, hook) = (median(calls.totals), median(calls.hooks));
+        let added = sandboxed.saturating_sub(bare);
+        if programs.len() > 1 {
+            println!("  {}:", program.display());
+        }
+        println!("  hook + sandboxed run           {:.2} ms", ms(sandboxed));
+        println!("    of which the hook's answer   {:.2} ms", ms(hook));
+        println!(
+            "  added {:.2} ms ({:.2}x git status; target <= {:.2} ms: {})",
+            ms(added),
+            added.as_secs_f64() / git.as_secs_f64(),
+            ms(target),
+            if added <= target { "met" } else { "NOT met" }
+        );
+    }
+}
+
+/// One binary's sandboxed calls: the time to the hook's answer and to the command's end.
+#[derive(Default)]
+struct Calls {
+    hooks: Vec<Duration>,
+    totals: Vec<Duration>,
 }
 
 fn main() {
     let state = tempfile::tempdir().unwrap();
     let state = state.path().join("state");
     println!("agentdiff: {}", bin().display());
+    if let Some(base) = base_bin() {
+        println!("compared with: {} (sandboxed calls only)", base.display());
+    }
     file_tool_decisions(&state);
     if !bwrap_works() {
         println!("sandboxed Bash call: skipped (bubblewrap is not usable here)");
