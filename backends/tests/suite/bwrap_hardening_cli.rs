@@ -297,6 +297,27 @@ fn standard_streams_never_reopen_host_files_or_directories() {
         rt["stdio_relayed"].to_string().contains("stdin: directory"),
         "{rt:#}"
     );
+
+    // The null device is handed over as it is (no relay thread): reopened, it is still only the
+    // null device, and the host's stays one.
+    let result = run(
+        Path::new("/dev/null"),
+        "read line; echo \"read: $?\" > null.txt; echo x > /proc/self/fd/0; \
+         stat -L -c '%t:%T' /proc/self/fd/0 >> null.txt",
+    );
+    let seen = fs::read_to_string(f.root().join("null.txt")).unwrap();
+    assert_eq!(seen, "read: 1\n1:3\n", "{seen}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    let rt = f.runtime_json(&result);
+    let relayed = rt["stdio_relayed"].to_string();
+    assert!(
+        !relayed.contains("stdin") && relayed.contains("stderr: regular_file"),
+        "{rt:#}"
+    );
 }
 
 /// The start marker's forgery from inside the sandbox: the command looks for the salt in every
