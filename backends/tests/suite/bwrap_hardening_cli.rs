@@ -239,8 +239,9 @@ fn a_blocked_command_never_starts_the_sandbox() {
 /// The commands: with a host file on stdin the command writes through `/proc/self/fd/0`,
 /// with a host directory on stdin it lists, reads and creates files below it through that link,
 /// and it writes through `/proc/self/fd/2` with a host file as stderr. Every stream that is not a
-/// terminal or a pipe reaches the command as agentdiff's own pipe: the host file and directory
-/// are untouched, the bytes still flow, and the evidence names the relayed streams.
+/// terminal, a pipe or the null device reaches the command as agentdiff's own pipe: the host
+/// file and directory are untouched, the bytes still flow, and the evidence names the relayed
+/// streams.
 #[test]
 fn standard_streams_never_reopen_host_files_or_directories() {
     if no_bwrap() {
