@@ -175,16 +175,16 @@ fn real_programs_reach_only_the_allowed_name_and_every_attempt_is_sealed() {
     let tries: Vec<(&str, String)> = vec![
         (
             "curl_allowed",
-            format!("curl -q -sSf -m 20 {}", url(ALLOWED, "hello.txt")),
+            format!("curl -q -sSf -m 60 {}", url(ALLOWED, "hello.txt")),
         ),
         (
             "curl_denied",
-            format!("curl -q -sSf -m 20 {}", url(DENIED, "hello.txt")),
+            format!("curl -q -sSf -m 60 {}", url(DENIED, "hello.txt")),
         ),
         (
             "curl_socks5",
             format!(
-                "curl -q -sSf -m 20 -x \"$ALL_PROXY\" {}",
+                "curl -q -sSf -m 60 -x \"$ALL_PROXY\" {}",
                 url(ALLOWED, "hello.txt")
             ),
         ),
@@ -198,7 +198,7 @@ fn real_programs_reach_only_the_allowed_name_and_every_attempt_is_sealed() {
         (
             "pip_install",
             format!(
-                "PIP_CONFIG_FILE=/dev/null {PYTHON} -m pip install -q --no-cache-dir \
+                "PIP_CONFIG_FILE=/dev/null {PYTHON} -m pip install -q --no-cache-dir --timeout 60 \
                  --disable-pip-version-check --trusted-host {ALLOWED} --index-url {} --target site demo-pkg && \
                  test -f site/demo_pkg/__init__.py",
                 url(ALLOWED, "simple/")
@@ -219,9 +219,23 @@ fn real_programs_reach_only_the_allowed_name_and_every_attempt_is_sealed() {
             ),
         ),
     ];
-    let mut script = String::from(
-        "r=report.txt\n: > $r\nmkdir -p errs\ntry() { if sh -c \"$2\" >/dev/null 2>\"errs/$1\"; then echo \"$1=ok\" >> $r; \
-         else echo \"$1=fail\" >> $r; fi; }\n",
+    // Each attempt starts from an empty environment but for PATH, HOME and the proxy variables
+    // agentdiff gave the sandbox: a machine's own settings (PIP_INDEX_URL, PIP_FIND_LINKS, a
+    // GIT_* or CURL_* variable) must not send a program to a host this test did not name.
+    let keep: Vec<String> = ["PATH", "HOME"]
+        .into_iter()
+        .map(String::from)
+        .chain(
+            agentdiff_backend_api::egress::proxy_env()
+                .into_iter()
+                .map(|(k, _)| k.to_string_lossy().into_owned()),
+        )
+        .map(|k| format!("{k}=\"${k}\""))
+        .collect();
+    let mut script = format!(
+        "r=report.txt\n: > $r\nmkdir -p errs\ntry() {{ if env -i {} sh -c \"$2\" >/dev/null 2>\"errs/$1\"; \
+         then echo \"$1=ok\" >> $r; else echo \"$1=fail\" >> $r; fi; }}\n",
+        keep.join(" ")
     );
     for (name, cmd) in &tries {
         script.push_str(&format!("try {name} '{}'\n", cmd.replace('\'', r"'\''")));
