@@ -63,15 +63,7 @@ pub(crate) async fn launch(
         }
     };
     // Start the client. The container id comes back through a private --cidfile.
-    let cid_dir = tempfile::Builder::new()
-        .prefix("agentdiff-cid-")
-        .tempdir()
-        .map_err(|e| {
-            launch_error(format!(
-                "could not create a private temporary directory: {e}"
-            ))
-        })?;
-    let cid_path = cid_dir.path().join("cid");
+    let (cid_dir, cid_path) = private_cid_file()?;
     let mut args = prepared.args().to_vec();
     let cid_arg: OsString = cid_path.clone().into_os_string();
     args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
@@ -187,6 +179,21 @@ pub(crate) async fn launch(
             _ => None,
         },
     }))
+}
+
+/// A fresh directory of this user's for the engine client's `--cidfile`, and the file's path in it
+/// (the file must not exist yet: the client creates it).
+fn private_cid_file() -> Result<(tempfile::TempDir, std::path::PathBuf)> {
+    let dir = tempfile::Builder::new()
+        .prefix("agentdiff-cid-")
+        .tempdir()
+        .map_err(|e| {
+            launch_error(format!(
+                "could not create a private temporary directory: {e}"
+            ))
+        })?;
+    let path = dir.path().join("cid");
+    Ok((dir, path))
 }
 
 /// A local run needs a local engine: a docker daemon that reports another host name is refused.

@@ -246,11 +246,7 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         let refusal = Some(Refusal::BackupsMissing);
         return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
     }
-    let workdir = if private_workspace {
-        materialize_workspace(&store, &capsule)?
-    } else {
-        root.clone()
-    };
+    let workdir = command_workdir(&store, &capsule, &root, private_workspace)?;
     // Launch.
     let store_snapshot = match snapshot_before_launch(&store, &recent, objects_snapshot) {
         Ok(snapshot) => snapshot,
@@ -314,6 +310,21 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let outcome = sealer.seal(result, &referenced, None)?;
     capture.leave_record(&mut before, recorded.as_ref(), store_untouched);
     Ok(outcome)
+}
+
+/// The tree the command runs in: a private copy of the captured tree for a backend with a private
+/// workspace, else the project root itself.
+fn command_workdir(
+    store: &Store,
+    capsule: &Capsule,
+    root: &Path,
+    private_workspace: bool,
+) -> Result<PathBuf, TransactionError> {
+    if private_workspace {
+        materialize_workspace(store, capsule)
+    } else {
+        Ok(root.to_path_buf())
+    }
 }
 
 /// The git directories of the tree ([`agentdiff_host::git_dirs::discover`]), found on a thread of
