@@ -365,20 +365,8 @@ async fn remote_setup(
         ));
     }
     workspace_dir(&spec.workdir)?;
-    let args: Vec<&str> = prepared
-        .args()
-        .iter()
-        .map(|a| {
-            a.to_str()
-                .ok_or_else(|| launch_error("the create argv is not UTF-8".into()))
-        })
-        .collect::<Result<_>>()?;
-    let created = engine
-        .call_ok(&args)
-        .await
-        .map_err(|e| launch_error(format!("creating the container on {endpoint}: {e}")))?;
-    let container_id = created_id(&created)
-        .ok_or_else(|| launch_error(format!("the engine at {endpoint} created a container but did not print its id (it printed {created:?})")))?;
+    let container_id =
+        create_container(engine, prepared.args(), &format!(" at {endpoint}")).await?;
     match crate::remote::ship_in(engine, &container_id, &spec.workdir, plan.user).await {
         Ok(shipped) => Ok((
             RemoteState {
@@ -406,6 +394,27 @@ async fn remote_setup(
 }
 
 /// The id `create` printed (its last line).
+/// `create` with `args` (the engine client's argv, `create` first) and the new container's id, as
+/// the client prints it last; `place` names the engine in errors (empty for the local one).
+async fn create_container(engine: &Engine, args: &[OsString], place: &str) -> Result<String> {
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| {
+            a.to_str()
+                .ok_or_else(|| launch_error("the create argv is not UTF-8".into()))
+        })
+        .collect::<Result<_>>()?;
+    let created = engine
+        .call_ok(&args)
+        .await
+        .map_err(|e| launch_error(format!("creating the container{place}: {e}")))?;
+    created_id(&created).ok_or_else(|| {
+        launch_error(format!(
+            "the engine{place} created a container but did not print its id (it printed {created:?})"
+        ))
+    })
+}
+
 fn created_id(out: &str) -> Option<String> {
     out.lines()
         .last()
@@ -430,22 +439,7 @@ async fn filtered_setup(
     create_args: &[OsString],
     socket: &std::path::Path,
 ) -> Result<(String, NetnsForwarder)> {
-    let args: Vec<&str> = create_args
-        .iter()
-        .map(|a| {
-            a.to_str()
-                .ok_or_else(|| launch_error("the create argv is not UTF-8".into()))
-        })
-        .collect::<Result<_>>()?;
-    let created = engine
-        .call_ok(&args)
-        .await
-        .map_err(|e| launch_error(format!("creating the container: {e}")))?;
-    let id = created_id(&created).ok_or_else(|| {
-        launch_error(format!(
-            "the engine created a container but did not print its id (it printed {created:?})"
-        ))
-    })?;
+    let id = create_container(engine, create_args, "").await?;
     let started = async {
         let pid = engine
             .init_pid(&id)
