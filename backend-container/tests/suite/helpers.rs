@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_backend_api::{LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode};
+use agentdiff_backend_api::{
+    BackendOptions, LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode,
+};
 use agentdiff_backend_container::engine::ProgramSource;
 use agentdiff_backend_container::ContainerBackend;
 use agentdiff_conformance::testing::launch_spec;
@@ -317,4 +319,55 @@ pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
         }
     }
     out
+}
+
+/// One whole transaction (`sh -c SCRIPT`) in `root` with `backend` and `options`, logs and state
+/// next to the root; the run id.
+pub async fn transaction_run(
+    root: &Path,
+    backend: &ContainerBackend,
+    options: BackendOptions,
+    script: &str,
+    timeout: Duration,
+) -> String {
+    let (_tx, rx) = tokio::sync::watch::channel(None);
+    let logs = root.parent().unwrap().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let outcome = agentdiff_engine::transaction::run(agentdiff_engine::transaction::RunRequest {
+        root: root.to_path_buf(),
+        policy: agentdiff_policy::load(root, None).unwrap(),
+        argv: ["/bin/sh", "-c", script]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .collect(),
+        task: None,
+        timeout: Some(timeout),
+        run_id: None,
+        backend,
+        options,
+        stdio: StdioMode::Files {
+            stdin: None,
+            stdout: logs.join("out"),
+            stderr: logs.join("err"),
+        },
+        interrupt: rx,
+        env_mode: None,
+        env_pass: Vec::new(),
+        grace: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(50),
+        progress: None,
+        verified_controls: Vec::new(),
+        state_dir: Some(
+            agentdiff_store::seal::StateDir::at(root.parent().unwrap().join("state")).unwrap(),
+        ),
+    })
+    .await
+    .unwrap();
+    assert!(outcome.refusal.is_none(), "{:?}", outcome.refusal);
+    outcome
+        .capsule_dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
 }

@@ -6,16 +6,14 @@
 //! The engine client is a recording shim around podman, so the calls are checked: no bind mount
 //! is ever requested.
 
-use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_backend_api::{BackendOptions, StdioMode};
+use agentdiff_backend_api::BackendOptions;
 use agentdiff_backend_container::engine::ProgramSource;
 use agentdiff_backend_container::{ContainerBackend, ContainerFacts};
 use agentdiff_engine::promote::{self, Scope, Selection};
-use agentdiff_engine::transaction::{self, RunRequest};
 use agentdiff_store::Store;
 
 use agentdiff_test_support::remote_engine::{start_remote_engine, REMOTE_IMAGE};
@@ -61,46 +59,7 @@ async fn remote_transaction(
     options.push("engine", "podman");
     options.push("image", REMOTE_IMAGE);
     options.push("engine-host", url);
-    let (_tx, rx) = tokio::sync::watch::channel(None);
-    let logs = root.parent().unwrap().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    let outcome = transaction::run(RunRequest {
-        root: root.to_path_buf(),
-        policy: agentdiff_policy::load(root, None).unwrap(),
-        argv: ["/bin/sh", "-c", script]
-            .iter()
-            .map(OsString::from)
-            .collect(),
-        task: None,
-        timeout: Some(Duration::from_secs(120)),
-        run_id: None,
-        backend,
-        options,
-        stdio: StdioMode::Files {
-            stdin: None,
-            stdout: logs.join("out"),
-            stderr: logs.join("err"),
-        },
-        interrupt: rx,
-        env_mode: None,
-        env_pass: Vec::new(),
-        grace: Duration::from_secs(1),
-        poll_interval: Duration::from_millis(50),
-        progress: None,
-        verified_controls: Vec::new(),
-        state_dir: Some(
-            agentdiff_store::seal::StateDir::at(root.parent().unwrap().join("state")).unwrap(),
-        ),
-    })
-    .await
-    .unwrap();
-    assert!(outcome.refusal.is_none(), "{:?}", outcome.refusal);
-    outcome
-        .capsule_dir
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
+    transaction_run(root, backend, options, script, Duration::from_secs(120)).await
 }
 
 #[tokio::test]

@@ -1,63 +1,22 @@
 //! The whole transaction with the real podman backend: private workspace materialised from the
 //! before-state, host tree untouched, then promote (conflict-checked) and deny handling.
 
-use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-use agentdiff_backend_api::{BackendOptions, StdioMode};
+use agentdiff_backend_api::BackendOptions;
 use agentdiff_backend_container::ContainerBackend;
 use agentdiff_engine::promote::{self, PromoteError, Scope, Selection};
-use agentdiff_engine::transaction::{self, RunRequest};
 use agentdiff_store::Store;
 
 use super::helpers::*;
 
 async fn run_in_container(root: &Path, rootfs: &Path, script: &str) -> String {
-    let backend = ContainerBackend::new();
     let mut options = BackendOptions::new();
     options.push("engine", "podman");
     options.push("rootfs", rootfs.to_str().unwrap());
-    let (_tx, rx) = tokio::sync::watch::channel(None);
-    let logs = root.parent().unwrap().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    let outcome = transaction::run(RunRequest {
-        root: root.to_path_buf(),
-        policy: agentdiff_policy::load(root, None).unwrap(),
-        argv: ["/bin/sh", "-c", script]
-            .iter()
-            .map(OsString::from)
-            .collect(),
-        task: None,
-        timeout: Some(Duration::from_secs(60)),
-        run_id: None,
-        backend: &backend,
-        options,
-        stdio: StdioMode::Files {
-            stdin: None,
-            stdout: logs.join("out"),
-            stderr: logs.join("err"),
-        },
-        interrupt: rx,
-        env_mode: None,
-        env_pass: Vec::new(),
-        grace: Duration::from_secs(1),
-        poll_interval: Duration::from_millis(50),
-        progress: None,
-        verified_controls: Vec::new(),
-        state_dir: Some(
-            agentdiff_store::seal::StateDir::at(root.parent().unwrap().join("state")).unwrap(),
-        ),
-    })
-    .await
-    .unwrap();
-    assert!(outcome.refusal.is_none(), "{:?}", outcome.refusal);
-    outcome
-        .capsule_dir
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
+    let backend = ContainerBackend::new();
+    transaction_run(root, &backend, options, script, Duration::from_secs(60)).await
 }
 
 #[tokio::test]

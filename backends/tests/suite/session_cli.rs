@@ -28,6 +28,26 @@ fn root_arg(root: &Path) -> String {
     root.display().to_string()
 }
 
+/// A shell call as the hook rewrites it: its own run, tasked with the call (`toolu_b`) and the
+/// session.
+fn bash_call(root: &Path, script: &str) -> Output {
+    let task = format!("Claude Code Bash call toolu_b in session {SESSION}");
+    let r = root_arg(root);
+    let args = [
+        "run",
+        "--root",
+        &r,
+        "--format",
+        "brief",
+        "--fail-on",
+        "never",
+        "--task",
+    ];
+    let mut argv = args.to_vec();
+    argv.extend([task.as_str(), "--", "sh", "-c", script]);
+    agentdiff(root, &argv)
+}
+
 /// Runs one hook with `input` (as Claude Code sends it) and checks it succeeded.
 fn hook(root: &Path, event: &str, input: Value) -> Output {
     let out = agentdiff_with_stdin(
@@ -137,25 +157,7 @@ fn session_records_every_call_attributes_every_change_and_rolls_back() {
     );
 
     // A shell call, as the hook rewrites it: its own run, tasked with the call and the session.
-    let task = format!("Claude Code Bash call toolu_b in session {SESSION}");
-    let run = agentdiff(
-        &root,
-        &[
-            "run",
-            "--root",
-            &r,
-            "--format",
-            "brief",
-            "--fail-on",
-            "never",
-            "--task",
-            &task,
-            "--",
-            "sh",
-            "-c",
-            "mkdir -p out && echo built > out/app.txt",
-        ],
-    );
+    let run = bash_call(&root, "mkdir -p out && echo built > out/app.txt");
     assert_exit(&run, 0);
     let bash = json!({"command": "make"});
     hook(
@@ -451,25 +453,7 @@ fn the_dashboard_lists_sessions_and_shows_one_with_its_calls_changes_and_runs() 
         "pre-tool-use",
         tool_input(&root, "PreToolUse", "Write", "toolu_env", env),
     );
-    let task = format!("Claude Code Bash call toolu_b in session {SESSION}");
-    let run = agentdiff(
-        &root,
-        &[
-            "run",
-            "--root",
-            &r,
-            "--format",
-            "brief",
-            "--fail-on",
-            "never",
-            "--task",
-            &task,
-            "--",
-            "sh",
-            "-c",
-            "echo built > built.txt",
-        ],
-    );
+    let run = bash_call(&root, "echo built > built.txt");
     assert_exit(&run, 0);
     hook(
         &root,
