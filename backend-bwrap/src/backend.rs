@@ -173,14 +173,14 @@ fn credentials_control(home: plan::HomeMode, sockets_allowed: bool) -> Control {
     let (level, how) = match home {
         plan::HomeMode::Allowlist if sockets_allowed => (
             Level::Uncontrolled,
-            "home allowlist, but $XDG_RUNTIME_DIR and the agent sockets allowed \
+            "home allowlist, but /run/user, $XDG_RUNTIME_DIR and the agent sockets allowed \
              (runtime.bwrap.home.sockets: allow): the command can use the keys behind them",
         ),
         plan::HomeMode::Allowlist => (
             Level::Enforced,
             "home allowlist: each home hidden (read-only tmpfs) except the allowlist; \
-             credential locations, agentdiff's key directory, $XDG_RUNTIME_DIR, agent sockets \
-             and container engine sockets hidden",
+             credential locations, agentdiff's key directory, /run/user, $XDG_RUNTIME_DIR, \
+             agent sockets and container engine sockets hidden",
         ),
         plan::HomeMode::Denylist => (
             Level::Uncontrolled,

@@ -258,6 +258,14 @@ impl HostFacts {
                 }
             }
         }
+        // Under su, runuser, sudo, cron and many CI runners no variable names the runtime
+        // directory, yet gpg-agent, the session bus and keyrings keep their sockets there.
+        let runtime_dirs = PathBuf::from(home::RUNTIME_DIRS);
+        if !facts.agent_sockets.iter().any(|(q, _)| *q == runtime_dirs) {
+            let why = "per-user runtime directories (agent, keyring and session-bus sockets, \
+                       named by a variable or not)";
+            facts.agent_sockets.push((runtime_dirs, why.into()));
+        }
         facts
     }
 }

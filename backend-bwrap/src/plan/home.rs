@@ -2,9 +2,10 @@
 //! (agentdiff's and the command's) is an empty tmpfs, read-only once the sandbox is built, in
 //! which only the allowlist is shown: [`HOME_ALLOWLIST`] and the `home-read` entries read-only,
 //! the `home-write` entries writable. The project root and the `writable` paths are bound after
-//! it, so a project under `$HOME` stays reachable. `$XDG_RUNTIME_DIR` and the agent sockets the
-//! environment names (`SSH_AUTH_SOCK`, `GPG_AGENT_INFO`, `DBUS_SESSION_BUS_ADDRESS`) are hidden
-//! and their variables dropped ([`AGENT_VARS`]).
+//! it, so a project under `$HOME` stays reachable. The per-user runtime directories
+//! ([`RUNTIME_DIRS`], whether or not `$XDG_RUNTIME_DIR` is set), `$XDG_RUNTIME_DIR` and the agent
+//! sockets the environment names (`SSH_AUTH_SOCK`, `GPG_AGENT_INFO`, `DBUS_SESSION_BUS_ADDRESS`)
+//! are hidden and their variables dropped ([`AGENT_VARS`]).
 //!
 //! Invariants: an allowlist entry is a path below a home (`~/…` without `..`, never the home
 //! itself), never agentdiff's state directory nor anything containing or inside it (refused);
@@ -126,6 +127,10 @@ pub fn read_options(o: &BackendOptions) -> Result<HomeOptions, PlanError> {
         sockets_allowed,
     })
 }
+
+/// Where the per-user runtime directories live (`/run/user/UID`), hidden whole under the home
+/// allowlist whether or not `$XDG_RUNTIME_DIR` names one of them.
+pub const RUNTIME_DIRS: &str = "/run/user";
 
 /// The runtime directory and the agent sockets `env` names (absolute paths only).
 pub fn agent_locations(env: &[(OsString, OsString)]) -> Vec<(PathBuf, String)> {

@@ -70,7 +70,7 @@ pub(super) fn var_tmp(prefix: &str) -> tempfile::TempDir {
         .unwrap()
 }
 
-fn hidden_paths(rt: &Value) -> Vec<String> {
+pub(super) fn hidden_paths(rt: &Value) -> Vec<String> {
     rt["wrapper"]["controls"]["credentials"]["hidden"]
         .as_array()
         .unwrap_or_else(|| panic!("no hidden list: {rt:#}"))

@@ -9,7 +9,7 @@ use std::os::unix::net::UnixListener;
 use serde_json::Value;
 
 use super::bwrap_cli::{no_bwrap, Fixture};
-use super::bwrap_controls_cli::{attempt, expect, var_tmp};
+use super::bwrap_controls_cli::{attempt, expect, hidden_paths, var_tmp};
 
 /// Secret files a denylist never named (issue 40's list), relative to the home.
 const UNLISTED_SECRETS: [&str; 10] = [
@@ -126,6 +126,71 @@ fn the_home_is_hidden_except_the_allowlist_and_agent_sockets_are_gone() {
         credentials_label(&f, &result),
         ("enforced".into(), "allowlist".into())
     );
+}
+
+/// A per-user runtime directory made for the test under `/run/user`, removed (with `/run/user`
+/// when the test made that too) when dropped.
+struct RuntimeDir {
+    dir: std::path::PathBuf,
+    made_parent: bool,
+}
+
+impl Drop for RuntimeDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+        if self.made_parent {
+            let _ = fs::remove_dir(RUN_USER);
+        }
+    }
+}
+
+const RUN_USER: &str = "/run/user";
+
+/// Under `su`, `runuser`, `sudo`, cron and CI runners `$XDG_RUNTIME_DIR` is often unset while
+/// gpg-agent and the session bus keep their sockets in `/run/user/UID`: the directory is hidden
+/// all the same, and the label lists it.
+#[test]
+fn the_runtime_directories_are_hidden_when_no_variable_names_them() {
+    if no_bwrap() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        agentdiff_test_support::skip("making a directory under /run/user needs root");
+        return;
+    }
+    let made_parent = !std::path::Path::new(RUN_USER).exists();
+    fs::create_dir_all(RUN_USER).unwrap();
+    let guard = RuntimeDir {
+        dir: std::path::Path::new(RUN_USER).join(format!("42{}", std::process::id())),
+        made_parent,
+    };
+    fs::create_dir(&guard.dir).unwrap();
+    let sock = guard.dir.join("bus");
+    let listener = UnixListener::bind(&sock).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let (s, r) = (sock.display().to_string(), guard.dir.display().to_string());
+    let f = Fixture::new();
+    let tries = [
+        ("sock_exists", format!("[ -S {s} ]")),
+        ("runtime_list", format!("[ -n \"$(ls -A {r})\" ]")),
+        (
+            "sock_connect",
+            format!("python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{s}')\""),
+        ),
+    ];
+    // An empty value is no value: nothing names the runtime directory.
+    let env = [("XDG_RUNTIME_DIR", ""), ("DBUS_SESSION_BUS_ADDRESS", "")];
+    let (outcomes, result, _) = attempt(&f, &[], &env, &tries);
+    for (name, _) in &tries {
+        expect(&outcomes, &[(name, false)]);
+    }
+    assert!(
+        listener.accept().is_err(),
+        "the bus socket was connected to"
+    );
+    let rt = f.runtime_json(&result);
+    let hidden = hidden_paths(&rt);
+    assert!(hidden.iter().any(|h| h == RUN_USER), "{hidden:?}");
 }
 
 /// A project below `$HOME` stays reachable and writable while the rest of the home is hidden.
