@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use agentdiff_backend_api::{FailureKind, Level};
+use agentdiff_backend_srt::shim::ExitBy;
 use agentdiff_backend_srt::OPT_SETTINGS;
 use serde_json::json;
 
@@ -143,6 +144,49 @@ fn real_srt_preserves_argv_boundaries() {
     let text = String::from_utf8(std::fs::read(&out).unwrap()).unwrap();
     let got: Vec<&str> = text.trim_end_matches('\0').split('\0').collect();
     assert_eq!(got, args);
+}
+
+/// srt run by root leaves its command a full capability set; the exec shim drops every one
+/// before `exec`, so the command can neither read the start line out of the marker nor forge the
+/// shim's `exec_failed` with the token it carries, and its exit stays its own.
+#[test]
+fn real_srt_command_starts_without_capabilities_and_cannot_read_the_marker() {
+    if real_srt("real_srt_command_starts_without_capabilities").is_none() {
+        return;
+    }
+    let mut f = Fixture::bare();
+    let settings = settings_allowing_only(f.dir.path(), &f.root);
+    f.options.push(OPT_SETTINGS, settings.to_str().unwrap());
+    let marker = f.capsule.join("srt-start-marker.fifo");
+    let script = r#"
+import os, sys
+caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+open("caps.out", "w").write(caps)
+try:
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_NONBLOCK)
+    line = os.read(fd, 4096)
+    open("stolen.out", "wb").write(line)
+    token = line.split(b"token=")[1].split()[0]
+    os.write(fd, b"exec_failed token=" + token + b" errno=2\n")
+except OSError as e:
+    open("denied.out", "w").write(str(e.errno))
+"#;
+    let argv: Vec<OsString> = vec![
+        "/usr/bin/python3".into(),
+        "-c".into(),
+        script.into(),
+        marker.into_os_string(),
+    ];
+    let ev = run(&f, f.spec_os(argv, true));
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    let read = |name: &str| std::fs::read_to_string(f.root.join(name)).ok();
+    assert_eq!(read("caps.out").as_deref(), Some("0000000000000000"));
+    assert_eq!(read("stolen.out"), None, "the command read the start line");
+    assert_eq!(read("denied.out").as_deref(), Some("13"));
+    let facts: agentdiff_backend_srt::SrtFacts = ev.wrapper.unwrap().decode().unwrap();
+    let start = facts.start.unwrap();
+    assert!(start.command_started && start.argv_verified, "{start:?}");
+    assert_eq!(start.exit_attribution, ExitBy::Command, "{start:?}");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! mark is written on a FIFO the host holds open for reading: opening a FIFO for writing works on
 //! a read-only mount, so the mark gets through even when the sandbox allows no writes at all.
 //!
-//! Shim argv (after `agentdiff __exec-shim`): `v3 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
+//! Shim argv (after `agentdiff __exec-shim`): `v4 MARKER ARGC ARGV0 [ARGS…]`. The shim refuses
 //! to start the command when the argument count it received differs from `ARGC` (the wrapper split
 //! or merged arguments), when the salted digest of the argv it reads from the secret FIFO
 //! ([`secret_path`]) does not match what it received (the wrapper altered an argument), and when
@@ -22,12 +22,16 @@
 //! (mode 0200, once the host holds its read end): the command can write into it but cannot open
 //! it for reading, so it can neither learn the token from the start line nor take that line away
 //! before the host reads it; the secret FIFO is left readable only (0400). Both sit on a mount the
-//! command cannot change (chmod fails there) and the wrappers drop every capability, so no
+//! command cannot change (chmod fails there), and the shim drops every capability before `exec`
+//! ([`caps`]) whatever the wrapper kept (srt run as root keeps a full set), so no
 //! `CAP_DAC_OVERRIDE` lifts the modes.
 //!
 //! Since v3, when [`forward::ENV_EGRESS_FORWARD`] is set, the shim starts the egress forwarder
 //! (see [`forward`]) after the start gate and before it marks the start; a forwarder that cannot
 //! listen, or a proxy socket that is not there, refuses the start (no mark: a setup failure).
+//!
+//! Since v4 the shim drops every capability and sets no_new_privs just before it marks the
+//! start ([`caps`]); a shim that cannot refuses the start.
 //!
 //! Before it marks the start the shim also proves it is inside a sandbox when the backend asks:
 //! [`ENV_HOST_NAMESPACES`] carries the host's namespace ids (as agentdiff sees them) for every
@@ -48,9 +52,9 @@
 //! shim, so it can forge every check); the backend must choose a trusted wrapper (see the bwrap
 //! backend's executable check). Another process of the same user outside the sandbox can open the
 //! FIFOs (it can change the tree itself, which the transaction does not defend against either).
-//! A command holding `CAP_DAC_OVERRIDE` over the capsule (a wrapper that keeps capabilities) could
-//! read the marker.
+//! A process the wrapper itself starts beside the shim keeps what the wrapper kept.
 
+pub mod caps;
 pub mod forward;
 pub mod start_gate;
 
@@ -71,7 +75,7 @@ pub const LEGACY_SHIM_SUBCOMMAND: &str = "__srt-exec-shim";
 /// apart from `agentdiff` (an upgrade that replaced only one of them), so any change to what the
 /// shim checks or does before `exec` bumps it: a shim of another version refuses, and nothing
 /// runs.
-pub const SHIM_PROTOCOL: &str = "v3";
+pub const SHIM_PROTOCOL: &str = "v4";
 /// The standalone exec-shim program installed with `agentdiff` (`agentdiff-exec-shim`): the same
 /// engine code as `agentdiff __exec-shim`, in a program that starts faster.
 pub const STANDALONE_SHIM: &str = "agentdiff-exec-shim";
@@ -765,6 +769,12 @@ fn start(marker: &Path, expected: usize, argv: &[OsString], env: ShimEnv<'_>) ->
             eprintln!("agentdiff exec shim: {e}; the command was not started");
             return SHIM_REFUSED_EXIT;
         }
+    }
+    // Last, so the forwarder and the checks above keep what they need; no start mark when the
+    // command would start with a capability.
+    if let Err(e) = self::caps::drop_all() {
+        eprintln!("agentdiff exec shim: {e}; the command was not started");
+        return SHIM_REFUSED_EXIT;
     }
     let started = MarkerLine::Started { argc: argv.len() };
     if let Err(e) = fifo.write_all(started.render(&token).as_bytes()) {
