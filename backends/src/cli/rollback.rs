@@ -60,10 +60,12 @@ pub struct Args {
 }
 
 impl Args {
-    /// A whole-capsule rollback of `run` (as `session rollback` asks for it).
+    /// A rollback of `run` limited to `paths` (none: the whole capsule), as `session rollback`
+    /// asks for it.
     pub(crate) fn of(
         run: String,
         all: bool,
+        paths: Vec<String>,
         dry_run: bool,
         wait: bool,
         format: Format,
@@ -73,7 +75,7 @@ impl Args {
             run,
             safe_only: !all,
             all,
-            paths: Vec::new(),
+            paths,
             dry_run,
             wait,
             show_secrets: false,

@@ -257,7 +257,8 @@ fn session_records_every_call_attributes_every_change_and_rolls_back() {
         text(&out.stdout)
     );
 
-    // A later edit of a path the session changed is kept as a conflict; the rest is restored.
+    // A later edit of a path the session changed is kept as a conflict; the rest of what the
+    // session's calls did is restored. The change no call made is left, and said so.
     fs::write(root.join("out/app.txt"), "edited later\n").unwrap();
     let out = agentdiff(&root, &["session", "rollback", &id, "--all", "--root", &r]);
     assert_exit(&out, 68);
@@ -265,6 +266,24 @@ fn session_records_every_call_attributes_every_change_and_rolls_back() {
         fs::read_to_string(root.join("src/main.rs")).unwrap(),
         "fn main() {}\n"
     );
+    assert!(root.join("stray.txt").exists());
+    assert!(
+        text(&out.stderr).contains("1 change(s)") && text(&out.stderr).contains("left"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Asked for, the unattributed change goes too.
+    let args = [
+        "session",
+        "rollback",
+        &id,
+        "--all",
+        "--include-unattributed",
+        "--root",
+        &r,
+    ];
+    let out = agentdiff(&root, &args);
+    assert_exit(&out, 68);
     assert!(!root.join("stray.txt").exists());
     assert_eq!(
         fs::read_to_string(root.join("out/app.txt")).unwrap(),
@@ -347,8 +366,29 @@ fn interrupted_session_is_listed_and_session_end_seals_it() {
     assert_eq!(shown["ended"]["attributions"][0]["path"], "notes.txt");
     assert_eq!(shown["ended"]["attributions"][0]["unattributed"], true);
     assert_exit(&agentdiff(&root, &["verify", &id, "--root", &r]), 0);
+    // No call of the session changed notes.txt (the user did, before the late close): a
+    // rollback leaves it, unless asked to include what no call made.
     let out = agentdiff(&root, &["session", "rollback", &id, "--all", "--root", &r]);
     assert_exit(&out, 0);
+    assert!(
+        text(&out.stdout).contains("nothing to roll back"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("notes.txt")).unwrap(),
+        "changed\n"
+    );
+    let args = [
+        "session",
+        "rollback",
+        &id,
+        "--all",
+        "--include-unattributed",
+        "--root",
+        &r,
+    ];
+    assert_exit(&agentdiff(&root, &args), 0);
     assert_eq!(
         fs::read_to_string(root.join("notes.txt")).unwrap(),
         "notes\n"
