@@ -23,11 +23,11 @@ use agentdiff_plugins::Registry;
 use anyhow::Context;
 
 use super::sandbox::{self, quote};
-use super::settings::{self, Settings, Wanted};
+use super::settings::{self, Wanted};
 use crate::common::exit::{self, with_code};
+use settings_file::{read_settings, writable, write_settings};
 
-/// Largest settings file read (Claude Code's are a few KiB).
-const MAX_SETTINGS_BYTES: u64 = 4 * 1024 * 1024;
+mod settings_file;
 
 /// The smallest Claude Code timeout installed, in seconds; always above the hook's deadline.
 const MIN_TIMEOUT_SECS: u64 = 30;
@@ -52,6 +52,14 @@ pub struct InstallArgs {
     /// Claude Code timeout is larger.
     #[arg(long, value_name = "D", value_parser = crate::cli::run::parse_duration)]
     deadline: Option<Duration>,
+    /// The policy file every installed hook judges and records with (default: the project's
+    /// agentdiff.yaml, as `agentdiff run`).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Replace agentdiff hooks already installed even when they carry arguments this install
+    /// would drop (such as another `--policy`).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -77,10 +85,26 @@ pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     };
     let path = settings_path(args.user, root.as_deref())?;
     let (original, mut doc) = read_settings(&path)?;
-    let deadline = super::resolve_deadline(args.deadline)?;
+    // Before the probes (seconds): a file that cannot be written fails now.
+    writable(&path)?;
+    let deadline = installed_deadline(super::resolve_deadline(args.deadline)?)?;
+    let policy = args.policy.as_deref().map(absolute_policy).transpose()?;
     let mut registry = crate::common::context::registry(root.as_deref())?;
     let shell = choose_shell(&mut registry, args.runtime.as_deref())?;
-    let wanted = wanted_hooks(&shell, deadline)?;
+    let wanted = wanted_hooks(&shell, deadline, policy.as_deref())?;
+    let dropped = settings::dropped_arguments(&doc, &wanted);
+    if !dropped.is_empty() && !args.force {
+        return Err(with_code(
+            exit::CONFLICT,
+            anyhow::anyhow!(
+                "{} holds agentdiff hooks with arguments this install would drop ({}); nothing \
+                 was changed. Pass them to `hook install` where it has them (`--policy FILE`), or \
+                 `--force` to replace those hooks anyway",
+                path.display(),
+                dropped.join("; ")
+            ),
+        ));
+    }
     let changes = settings::merge(&mut doc, &wanted);
     let backup = match changes.any() {
         true => write_settings(&path, original.as_deref(), &doc)?,
@@ -119,6 +143,9 @@ pub fn uninstall(args: UninstallArgs) -> anyhow::Result<ExitCode> {
     let path = settings_path(args.user, root.as_deref())?;
     let (original, mut doc) = read_settings(&path)?;
     let changes = settings::merge(&mut doc, &[]);
+    if changes.any() {
+        writable(&path)?;
+    }
     let backup = match changes.any() {
         true => write_settings(&path, original.as_deref(), &doc)?,
         false => None,
@@ -166,134 +193,12 @@ fn settings_path(user: bool, root: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(dir.join(".claude").join("settings.json"))
 }
 
-/// The file's bytes (`None` when it does not exist) and its model. A file that is not a
-/// settings object is refused, and nothing is changed.
-fn read_settings(path: &Path) -> anyhow::Result<(Option<Vec<u8>>, Settings)> {
-    use std::io::Read;
-    let shown = path.display().to_string();
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok((None, Settings::default()))
-        }
-        Err(e) => return Err(e).with_context(|| format!("cannot read {shown}")),
-    };
-    let mut bytes = Vec::new();
-    file.take(MAX_SETTINGS_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read {shown}"))?;
-    let invalid = |why: String| {
-        with_code(
-            exit::INVALID_CONFIG,
-            anyhow::anyhow!(
-                "{shown} {why}; fix it (or move it away) and run this again — nothing was changed"
-            ),
-        )
-    };
-    if bytes.len() as u64 > MAX_SETTINGS_BYTES {
-        return Err(invalid(format!(
-            "is larger than {MAX_SETTINGS_BYTES} bytes"
-        )));
-    }
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok((Some(bytes), Settings::default()));
-    }
-    let doc = serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(format!("is not a Claude Code settings object ({e})")))?;
-    Ok((Some(bytes), doc))
-}
-
-/// Writes `doc` over `path` (through a symlink to its target), atomically, keeping the mode;
-/// the previous content first goes to a new backup file, whose path is returned.
-fn write_settings(
-    path: &Path,
-    original: Option<&[u8]>,
-    doc: &Settings,
-) -> anyhow::Result<Option<PathBuf>> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let target = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path)
-            .with_context(|| format!("cannot follow the symlink {}", path.display()))?,
-        _ => path.to_path_buf(),
-    };
-    let dir = target
-        .parent()
-        .context("the settings file has no directory")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let backup = original
-        .map(|bytes| write_backup(dir, &name, bytes))
-        .transpose()?;
-    let mode = std::fs::metadata(&target)
-        .map(|m| m.permissions().mode() & 0o7777)
-        .unwrap_or(0o644);
-    let mut text = serde_json::to_vec_pretty(doc).context("serialising the settings")?;
-    text.push(b'\n');
-    let tmp = dir.join(format!(".{name}.agentdiff-{}.tmp", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(&text)?;
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            f.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&tmp, &target));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot write {}", target.display()));
-    }
-    Ok(backup)
-}
-
-/// A new file `NAME.agentdiff-backup-<unix time>[-N]` beside the original, never overwriting one.
-fn write_backup(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<PathBuf> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    for n in 0..100 {
-        let suffix = if n == 0 {
-            String::new()
-        } else {
-            format!("-{n}")
-        };
-        let path = dir.join(format!("{name}.agentdiff-backup-{stamp}{suffix}"));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(mut f) => {
-                f.write_all(bytes)
-                    .and_then(|()| f.sync_all())
-                    .with_context(|| format!("cannot write the backup {}", path.display()))?;
-                return Ok(path);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("cannot create the backup {}", path.display()))
-            }
-        }
-    }
-    anyhow::bail!(
-        "cannot find a free backup name beside {name} in {}",
-        dir.display()
-    )
-}
-
 /// The hooks to install: `PreToolUse` for every tool, and the session hooks.
-fn wanted_hooks(shell: &Shell, deadline: Duration) -> anyhow::Result<Vec<Wanted>> {
+fn wanted_hooks(
+    shell: &Shell,
+    deadline_ms: u128,
+    policy: Option<&str>,
+) -> anyhow::Result<Vec<Wanted>> {
     let exe = std::env::current_exe().context("cannot locate the agentdiff program")?;
     let exe = exe.to_str().with_context(|| {
         format!(
@@ -301,31 +206,68 @@ fn wanted_hooks(shell: &Shell, deadline: Duration) -> anyhow::Result<Vec<Wanted>
             exe.display()
         )
     })?;
+    let policy_arg = policy
+        .map(|p| format!(" --policy {}", quote(p)))
+        .unwrap_or_default();
     let mut command = format!(
-        "{} hook pre-tool-use --root \"$CLAUDE_PROJECT_DIR\" --deadline {}ms",
+        "{} hook pre-tool-use --root \"$CLAUDE_PROJECT_DIR\" --deadline {deadline_ms}ms{policy_arg}",
         quote(exe),
-        deadline.as_millis()
     );
     if let Shell::Sandboxed { runtime, .. } = shell {
         command.push_str(&format!(" --runtime {}", quote(runtime)));
     }
     command.push_str(" || exit 2");
-    let timeout = (deadline.as_secs() + 10).max(MIN_TIMEOUT_SECS);
+    let deadline_secs = u64::try_from(deadline_ms.div_ceil(1000)).unwrap_or(u64::MAX);
+    let timeout = deadline_secs.saturating_add(10).max(MIN_TIMEOUT_SECS);
     let mut hooks = vec![Wanted {
         event: "PreToolUse",
         matcher: Some("*"),
         command,
         timeout,
     }];
-    hooks.extend(session_hooks(exe));
+    hooks.extend(session_hooks(exe, &policy_arg));
     Ok(hooks)
+}
+
+/// The deadline as written into the hook command, in whole milliseconds rounded up (the hook
+/// reads `ms`); below one millisecond no call could be judged in time, so it is refused.
+fn installed_deadline(deadline: Duration) -> anyhow::Result<u128> {
+    if deadline < Duration::from_millis(1) {
+        return Err(with_code(
+            exit::USAGE,
+            anyhow::anyhow!(
+                "a hook deadline of {deadline:?} would deny every call; give at least 1ms \
+                 (default 5s); nothing was installed"
+            ),
+        ));
+    }
+    Ok(deadline.as_nanos().div_ceil(1_000_000))
+}
+
+/// `--policy` as an absolute path that exists (the hooks run with the project, not this shell,
+/// as their working directory) and is valid UTF-8 (it is written into the settings).
+fn absolute_policy(path: &Path) -> anyhow::Result<String> {
+    let usage = |e: anyhow::Error| with_code(exit::USAGE, e);
+    let resolved = std::fs::canonicalize(path)
+        .with_context(|| format!("--policy {}: cannot resolve it", path.display()))
+        .map_err(usage)?;
+    resolved
+        .to_str()
+        .map(str::to_owned)
+        .with_context(|| format!("--policy {}: the path is not valid UTF-8", path.display()))
+        .map_err(usage)
 }
 
 /// The session hooks (see `session.rs`): none of these events can block a call, so they are
 /// installed without `|| exit 2`; a failure says so on stderr and exits 1. The start and the
 /// end scan the tree, so they get a longer timeout.
-fn session_hooks(exe: &str) -> Vec<Wanted> {
-    let command = |sub: &str| format!("{} hook {sub} --root \"$CLAUDE_PROJECT_DIR\"", quote(exe));
+fn session_hooks(exe: &str, policy_arg: &str) -> Vec<Wanted> {
+    let command = |sub: &str| {
+        format!(
+            "{} hook {sub} --root \"$CLAUDE_PROJECT_DIR\"{policy_arg}",
+            quote(exe)
+        )
+    };
     vec![
         Wanted {
             event: "SessionStart",

@@ -94,6 +94,55 @@ pub fn is_ours(command: &str) -> bool {
     name == "agentdiff" && words.next().as_deref() == Some("hook")
 }
 
+/// Options agentdiff sets itself in the commands it installs, each with one value: an entry
+/// that carries another value for one of them is simply replaced.
+const OWN_OPTIONS: [&str; 3] = ["--root", "--deadline", "--runtime"];
+
+/// For every agentdiff entry already in `settings`, the arguments the wanted entry of its event
+/// does not carry (a user's `--policy strict.yaml`), described for the user: replacing the entry
+/// would drop them.
+pub fn dropped_arguments(settings: &Settings, wanted: &[Wanted]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (event, groups) in settings.hooks.iter().flatten() {
+        for entry in groups.iter().flat_map(|g| &g.hooks) {
+            let Some(old) = entry.command.as_deref().filter(|c| is_ours(c)) else {
+                continue;
+            };
+            let new = wanted
+                .iter()
+                .find(|w| w.event == event)
+                .map_or("", |w| w.command.as_str());
+            let dropped = extra_words(old, new);
+            if !dropped.is_empty() {
+                out.push(format!("{event}: {}", dropped.join(" ")));
+            }
+        }
+    }
+    out
+}
+
+/// The words of `old` after `PROGRAM hook SUBCOMMAND` that `new` lacks, leaving out the options
+/// agentdiff sets itself and the `|| exit 2` it appends.
+fn extra_words(old: &str, new: &str) -> Vec<String> {
+    let new_words: Vec<String> = shell_words(new).skip(3).collect();
+    let mut out = Vec::new();
+    let mut words = shell_words(old).skip(3);
+    while let Some(word) = words.next() {
+        let flag = word.split_once('=').map_or(word.as_str(), |(f, _)| f);
+        if OWN_OPTIONS.contains(&flag) {
+            if flag == word {
+                words.next();
+            }
+            continue;
+        }
+        if matches!(word.as_str(), "||" | "exit" | "2") || new_words.contains(&word) {
+            continue;
+        }
+        out.push(word);
+    }
+    out
+}
+
 /// The leading words of a shell command, unquoted (single and double quotes, backslashes).
 /// Enough to recognise a program and its first argument, not a shell parser.
 fn shell_words(text: &str) -> impl Iterator<Item = String> + '_ {
@@ -302,5 +351,23 @@ mod tests {
         let mut s = parse(r#"{"hooks":{}}"#);
         merge(&mut s, &[]);
         assert_eq!(s, parse(r#"{"hooks":{}}"#));
+    }
+
+    #[test]
+    fn arguments_a_replacement_would_drop_are_named() {
+        let s = parse(
+            r#"{"hooks":{"PreToolUse":[{"matcher":"*","hooks":[
+                {"type":"command","command":"/usr/local/bin/agentdiff hook pre-tool-use --policy strict.yaml --deadline 9s"},
+                {"type":"command","command":"agentdiff hook pre-tool-use --root=/x --runtime srt || exit 2"}
+            ]}]}}"#,
+        );
+        assert_eq!(
+            dropped_arguments(&s, &wanted()),
+            vec!["PreToolUse: --policy strict.yaml".to_owned()]
+        );
+        // The same arguments in the new entry: nothing dropped.
+        let mut carried = wanted();
+        carried[0].command.push_str(" --policy strict.yaml");
+        assert!(dropped_arguments(&s, &carried).is_empty());
     }
 }
