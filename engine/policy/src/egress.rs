@@ -776,6 +776,23 @@ impl Egress {
         }
     }
 
+    /// What a run decides for `host:port`, as far as is known without resolving (`policy
+    /// explain`): [`Egress::decide`], then, for a name that is loopback by definition
+    /// (`localhost` and names below it, RFC 6761), the address check a run applies to
+    /// 127.0.0.1. Any other name's addresses are checked only when a run resolves it.
+    pub fn explain(&self, host: &str, port: u16) -> EgressDecision {
+        let decision = self.decide(host, port);
+        if decision.action != Action::Allow {
+            return decision;
+        }
+        match Target::parse(host) {
+            Ok(Target::Name(name)) if name == "localhost" || name.ends_with(".localhost") => self
+                .check_address(&decision, IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+                .unwrap_or(decision),
+            _ => decision,
+        }
+    }
+
     /// Check an address a connection would reach (after `allowed` was decided for its host):
     /// `None` when it may be reached, else the denying decision. A deny address pattern always
     /// refuses; an internal address (see [`special_address`]) is refused unless an allow

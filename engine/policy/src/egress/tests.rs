@@ -476,3 +476,23 @@ proptest! {
         }
     }
 }
+
+/// `localhost` is loopback by definition: explain refuses it as a run would, unless the
+/// loopback address is written out; other names are decided by name only.
+#[test]
+fn explain_applies_the_address_check_to_localhost() {
+    let e = egress(&["*.localhost:8080", "*.example"], &[], &[]);
+    for host in ["localhost", "LOCALHOST.", "app.localhost"] {
+        let d = e.explain(host, 8080);
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (Action::Deny, "network.egress.internal_address"),
+            "{host}"
+        );
+        assert!(d.reason.contains("loopback"), "{}", d.reason);
+    }
+    assert_eq!(e.explain("a.example", 443).action, Action::Allow);
+    let e = egress(&["localhost", "127.0.0.1:8080"], &[], &[]);
+    assert_eq!(e.explain("localhost", 8080).action, Action::Allow);
+    assert_eq!(e.explain("localhost", 8081).action, Action::Deny);
+}
