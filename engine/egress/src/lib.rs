@@ -44,8 +44,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use record::{
-    Bounds, ConnectionRecord, Destination, EgressLog, Omitted, OmittedByDecision, Outcome,
-    Protocol, MAX_DISTINCT,
+    Bounds, ConnectionRecord, Destination, EgressLog, Frequent, Omitted, OmittedByDecision,
+    Outcome, Protocol, MAX_DISTINCT, MAX_FREQUENT,
 };
 pub use upstream::{Resolve, SystemResolver};
 

@@ -30,6 +30,9 @@ use serde::{Deserialize, Serialize};
 /// Distinct omitted hosts (and destinations) counted exactly per decision.
 pub const MAX_DISTINCT: usize = 1 << 20;
 
+/// Destinations tracked among a decision's omitted attempts (see [`Frequent`]).
+pub const MAX_FREQUENT: usize = 32;
+
 /// How the client asked for the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -113,6 +116,18 @@ pub struct Destination {
     pub bytes_down: u64,
 }
 
+/// A destination seen often among a decision's omitted attempts. Tracked with the Space-Saving
+/// algorithm: any destination with more than 1/[`MAX_FREQUENT`] of those attempts is listed, so
+/// a flood of distinct junk hosts cannot hide a destination it repeats.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frequent {
+    pub host: String,
+    pub port: u16,
+    /// Omitted attempts to it: at least `min_attempts`, at most `attempts`.
+    pub attempts: u64,
+    pub min_attempts: u64,
+}
+
 /// Attempts of one decision that a bound left out of `destinations`, counted exactly.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -127,6 +142,9 @@ pub struct Omitted {
     pub bytes_down: u64,
     /// More than [`MAX_DISTINCT`] distinct hosts: `hosts` and `destinations` are lower bounds.
     pub distinct_capped: bool,
+    /// The destinations seen most often among these attempts, most first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub frequent: Vec<Frequent>,
 }
 
 impl Omitted {
@@ -419,6 +437,7 @@ fn aggregate(s: &mut State, bound: usize, end: &End) {
     omitted.in_flight_at_exit += one.in_flight_at_exit;
     omitted.bytes_up += one.bytes_up;
     omitted.bytes_down += one.bytes_down;
+    count_frequent(&mut omitted.frequent, &d.host, d.port);
     if distinct.hosts.len() >= MAX_DISTINCT {
         omitted.distinct_capped = true;
         return;
@@ -430,6 +449,31 @@ fn aggregate(s: &mut State, bound: usize, end: &End) {
     if distinct.destinations.insert(dest_print) {
         omitted.destinations += 1;
     }
+}
+
+/// One Space-Saving step: count `host:port`, or replace the least counted destination when
+/// [`MAX_FREQUENT`] are tracked (the newcomer inherits its count as the possible error).
+fn count_frequent(list: &mut Vec<Frequent>, host: &str, port: u16) {
+    if let Some(f) = list.iter_mut().find(|f| f.port == port && f.host == host) {
+        f.attempts += 1;
+        f.min_attempts += 1;
+    } else if list.len() < MAX_FREQUENT {
+        list.push(Frequent {
+            host: host.to_owned(),
+            port,
+            attempts: 1,
+            min_attempts: 1,
+        });
+    } else if let Some(least) = list.iter_mut().min_by_key(|f| f.attempts) {
+        *least = Frequent {
+            host: host.to_owned(),
+            port,
+            attempts: least.attempts + 1,
+            min_attempts: 1,
+        };
+    }
+    // Most first, so readers and findings can take the head.
+    list.sort_by(|a, b| b.attempts.cmp(&a.attempts).then(a.host.cmp(&b.host)));
 }
 
 #[cfg(test)]
@@ -515,6 +559,11 @@ mod tests {
         assert_eq!(log.destinations.len(), 11);
         let o = &log.omitted.denied;
         assert_eq!((o.attempts, o.hosts, o.destinations), (45, 16, 16));
+        // The host the flood repeats beyond the bound is still named, with its count.
+        assert_eq!(
+            (o.frequent[0].host.as_str(), o.frequent[0].min_attempts),
+            ("paste.test", 30)
+        );
         assert!(log.omitted.allowed.is_empty());
         // Records: the first 5 refused, and the allowed one in a bound of its own.
         assert_eq!(log.records.len(), 6);
@@ -581,5 +630,41 @@ mod tests {
             (Action::Review, Some(Outcome::InFlightAtExit))
         );
         assert_eq!(log.destinations[0].in_flight_at_exit, 1);
+    }
+}
+
+#[cfg(test)]
+mod frequent_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Space-Saving's promise: a destination with more than 1/MAX_FREQUENT of the attempts
+        /// is listed, and its true count lies between `min_attempts` and `attempts`.
+        #[test]
+        fn a_repeated_destination_survives_any_junk(
+            junk in prop::collection::vec(0u32..5000, 0..2000),
+            repeats in 1usize..200,
+            every in 1usize..50,
+        ) {
+            let mut list = Vec::new();
+            let mut truth = 0u64;
+            for (i, j) in junk.iter().enumerate() {
+                count_frequent(&mut list, &format!("junk{j}"), 443);
+                if i % every == 0 && (truth as usize) < repeats {
+                    count_frequent(&mut list, "target", 443);
+                    truth += 1;
+                }
+            }
+            let total = junk.len() as u64 + truth;
+            prop_assert!(list.len() <= MAX_FREQUENT);
+            let found = list.iter().find(|f| f.host == "target");
+            if truth * MAX_FREQUENT as u64 > total {
+                prop_assert!(found.is_some(), "{} of {}", truth, total);
+            }
+            if let Some(f) = found {
+                prop_assert!(f.min_attempts <= truth && truth <= f.attempts, "{:?} {}", f, truth);
+            }
+        }
     }
 }

@@ -406,6 +406,12 @@ async fn a_flood_of_refusals_cannot_hide_an_allowed_connection() {
     // 4 refused destinations listed; 6 junk hosts and paste-site.test (6 attempts) are not.
     let o = &log.omitted.denied;
     assert_eq!((o.attempts, o.hosts, o.destinations), (12, 7, 7));
+    // The destination the flood repeats beyond the bound is still named, with its count.
+    let top = &o.frequent[0];
+    assert_eq!(
+        (top.host.as_str(), top.port, top.min_attempts),
+        ("paste-site.test", 443, 6)
+    );
     let counted: u64 = log.destinations.iter().map(|d| d.attempts).sum();
     assert_eq!(counted + o.attempts, log.total);
     // Records: the first 3 refused, and the allowed one in a bound of its own.
@@ -444,13 +450,14 @@ async fn attempts_still_resolving_when_the_proxy_stops_are_recorded() {
     c.write_all(b"CONNECT slow.test:443 HTTP/1.1\r\n\r\n")
         .await
         .unwrap();
-    let (mut s, reply) = socks_connect(addr, "denied.0x1", 443).await;
-    assert_eq!(reply, 2, "a name ending in a number is refused");
-    drop(s.shutdown().await);
     let mut half = TcpStream::connect(addr).await.unwrap();
     half.write_all(b"CONNECT half.test:443 HTTP/1.1\r\n")
         .await
         .unwrap();
+    // Answered after the half-sent request's connection was accepted (accepts are in order).
+    let (mut s, reply) = socks_connect(addr, "denied.0x1", 443).await;
+    assert_eq!(reply, 2, "a name ending in a number is refused");
+    drop(s.shutdown().await);
     // The attempt is visible while it is still resolving.
     let mut live = proxy.snapshot();
     for _ in 0..100 {

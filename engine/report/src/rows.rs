@@ -173,6 +173,8 @@ pub struct Unnamed {
     pub at_least: bool,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// The destinations seen most often among them (`host:port`, at least this many attempts).
+    pub frequent: Vec<(String, u64)>,
 }
 
 impl NetworkRows {
@@ -199,10 +201,20 @@ impl NetworkRows {
             ));
         }
         if let Some(u) = &self.unnamed {
+            let frequent = if u.frequent.is_empty() {
+                String::new()
+            } else {
+                let named: Vec<String> = u
+                    .frequent
+                    .iter()
+                    .map(|(d, n)| format!("{d} (at least {n})"))
+                    .collect();
+                format!("; most often: {}", named.join(", "))
+            };
             out.push(format!(
                 "{} more attempt(s) to {}{} host(s) ({} B up, {} B down) are beyond the \
                  connection log's bound: counted in runtime.json (network.egress.omitted), not \
-                 named anywhere",
+                 listed{frequent}",
                 u.attempts,
                 if u.at_least { "at least " } else { "" },
                 u.hosts,
@@ -263,6 +275,12 @@ pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<Net
         at_least: parts.iter().any(|p| p.distinct_capped),
         bytes_up: parts.iter().map(|p| p.bytes_up).sum(),
         bytes_down: parts.iter().map(|p| p.bytes_down).sum(),
+        frequent: frequent(
+            parts
+                .iter()
+                .flat_map(|p| &p.frequent)
+                .map(|f| (f.host.as_str(), f.port, f.min_attempts)),
+        ),
     });
     Some(NetworkRows {
         total: log.total,
@@ -275,6 +293,24 @@ pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<Net
         more_hosts: beyond_rows,
         unnamed,
     })
+}
+
+/// The 3 destinations seen most often beyond the bound, over every decision (only those
+/// repeated: a destination seen once is junk like any other).
+fn frequent<'a>(seen: impl Iterator<Item = (&'a str, u16, u64)>) -> Vec<(String, u64)> {
+    let mut all: Vec<(String, u64)> = seen
+        .filter(|(_, _, at_least)| *at_least > 1)
+        .map(|(host, port, at_least)| {
+            let target = match host.parse::<std::net::Ipv6Addr>() {
+                Ok(_) => format!("[{host}]:{port}"),
+                Err(_) => format!("{host}:{port}"),
+            };
+            (target, at_least)
+        })
+        .collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    all.truncate(3);
+    all
 }
 
 /// The rule of `host`'s first refused destination (`denied`), else of its first allowed one.
@@ -317,7 +353,9 @@ mod tests {
                 destination("b.test", "deny", "network.egress.deny[0]", 1),
                 destination("c.test", "deny", "network.egress.default", 5),
             ],
-            "omitted": { "denied": { "attempts": 30, "hosts": 1, "destinations": 1 },
+            "omitted": { "denied": { "attempts": 30, "hosts": 1, "destinations": 1,
+                                     "frequent": [{ "host": "p.test", "port": 443,
+                                                    "attempts": 30, "min_attempts": 30 }] },
                          "allowed": { "attempts": 1, "hosts": 1, "destinations": 1,
                                       "connected": 1, "bytes_up": 190_000 } },
         }}))
@@ -347,7 +385,11 @@ mod tests {
             "{}",
             more[0]
         );
-        assert!(more[0].contains("not named anywhere"), "{}", more[0]);
+        assert!(
+            more[0].ends_with("not listed; most often: p.test:443 (at least 30)"),
+            "{}",
+            more[0]
+        );
         assert!(rows.headline().contains("(190003 B up, 6 B down)"));
     }
 }

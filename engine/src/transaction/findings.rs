@@ -132,17 +132,42 @@ pub fn egress_findings(
             format!(
                 "{} allowed connection attempt(s) to {}{} host(s) ({} connected, {} B up, {} B \
                  down) are beyond the connection log's bound: counted in runtime.json \
-                 (network.egress.omitted.allowed), not named anywhere",
+                 (network.egress.omitted.allowed), not listed{}",
                 o.attempts,
                 at_least(o),
                 o.hosts,
                 o.connected,
                 o.bytes_up,
-                o.bytes_down
+                o.bytes_down,
+                frequent_words(o)
             ),
         ));
     }
     out
+}
+
+/// `; most often beyond the bound: a.test:443 (at least 30), …`: the destinations a flood
+/// repeated beyond the bound, so they are named although not listed (empty when none).
+fn frequent_words(o: &agentdiff_egress::Omitted) -> String {
+    let named: Vec<String> = o
+        .frequent
+        .iter()
+        .filter(|f| f.min_attempts > 1)
+        .take(3)
+        .map(|f| {
+            format!(
+                "{}:{} (at least {})",
+                agentdiff_host::redact::escape_terminal(&f.host),
+                f.port,
+                f.min_attempts
+            )
+        })
+        .collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!("; most often beyond the bound: {}", named.join(", "))
+    }
 }
 
 /// `at least ` when the omitted hosts were too many to count exactly.
@@ -219,13 +244,14 @@ fn denied_findings(
         out.push(finding(format!(
             "{} more refused connection attempt(s): {listed} to {} host(s) listed in \
              runtime.json (network.egress.destinations), {} to {}{} host(s) beyond the log's \
-             bound, counted in network.egress.omitted.denied and not named anywhere; {} \
-             refused in all{why}",
+             bound, counted in network.egress.omitted.denied, not listed{}; {} refused in \
+             all{why}",
             listed + o.attempts,
             rest.len(),
             o.attempts,
             at_least(o),
             o.hosts,
+            frequent_words(o),
             log.denied
         )));
     }
@@ -425,6 +451,12 @@ mod tests {
                         attempts: 30,
                         hosts: 1,
                         destinations: 1,
+                        frequent: vec![agentdiff_egress::Frequent {
+                            host: "paste-site.test".into(),
+                            port: 443,
+                            attempts: 30,
+                            min_attempts: 30,
+                        }],
                         ..Omitted::default()
                     },
                     allowed: Omitted {
@@ -454,6 +486,13 @@ mod tests {
         );
         assert!(
             folded.detail.contains("55 refused in all"),
+            "{}",
+            folded.detail
+        );
+        assert!(
+            folded
+                .detail
+                .contains("most often beyond the bound: paste-site.test:443 (at least 30)"),
             "{}",
             folded.detail
         );
