@@ -634,6 +634,29 @@ mod tests {
 }
 
 #[cfg(test)]
+mod compat_tests {
+    use super::*;
+
+    /// A version-2 log (per-host counts) still reads: its totals and records are kept, its
+    /// hosts are not listed as destinations.
+    #[test]
+    fn a_version_2_log_reads() {
+        let v2 = r#"{"total": 3, "allowed": 1, "denied": 2, "malformed": 0, "over_capacity": 0,
+            "records": [{"host": "a.test", "port": 443, "protocol": "connect", "action": "deny",
+                "rule": "network.egress.default", "reason": "r", "bytes_up": 0,
+                "bytes_down": 0, "started_at": "t", "ended_at": "t"}],
+            "records_omitted": 2,
+            "hosts": [{"host": "a.test", "allowed": 1, "denied": 2, "bytes_up": 5,
+                "bytes_down": 6}],
+            "hosts_omitted": 0}"#;
+        let log: EgressLog = serde_json::from_str(v2).unwrap();
+        assert_eq!((log.total, log.denied, log.records.len()), (3, 2, 1));
+        assert_eq!(log.records[0].outcome, None);
+        assert!(log.destinations.is_empty() && log.omitted.denied.is_empty());
+    }
+}
+
+#[cfg(test)]
 mod frequent_tests {
     use super::*;
     use proptest::prelude::*;
