@@ -271,7 +271,7 @@ fn explain_host(loaded: &LoadedPolicy, text: &str, format: Format) -> anyhow::Re
     }
     let decision = loaded
         .policy
-        .decide_host(host, port.unwrap_or(DEFAULT_EXPLAIN_PORT));
+        .explain_host(host, port.unwrap_or(DEFAULT_EXPLAIN_PORT));
     let on_denied = loaded.policy.egress().on_denied();
     match format {
         Format::Json => outln!(
@@ -300,6 +300,20 @@ fn explain_host(loaded: &LoadedPolicy, text: &str, format: Format) -> anyhow::Re
                 ),
             });
             print_lines(&[("refused", refused_words(on_denied))]);
+            if decision.action == policy::Action::Allow
+                && matches!(
+                    policy::egress::Target::parse(&decision.host),
+                    Ok(policy::egress::Target::Name(_))
+                )
+            {
+                // Said because a name can still be refused by what it resolves to.
+                print_lines(&[(
+                    "address",
+                    "checked when a run resolves the name: a loopback, private, link-local or \
+                     other internal address is refused unless an allow pattern writes it out"
+                        .to_owned(),
+                )]);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

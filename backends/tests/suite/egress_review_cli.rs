@@ -70,11 +70,11 @@ fn a_hostile_host_name_is_escaped_on_every_surface_and_the_dashboard_counts_refu
     );
     assert_eq!(code, 0, "{stderr}");
     let rt = f.runtime_json(&result);
-    let hosts = rt["network"]["egress"]["hosts"].as_array().unwrap();
+    let hosts = rt["network"]["egress"]["destinations"].as_array().unwrap();
     assert!(
         hosts
             .iter()
-            .any(|h| h["host"] == HOSTILE && h["denied"] == 1),
+            .any(|h| h["host"] == HOSTILE && h["action"] == "deny" && h["attempts"] == 1),
         "the hostile name reached the proxy: {hosts:#?}"
     );
     assert_eq!(rt["network"]["egress"]["denied"], 2, "{rt:#}");

@@ -261,6 +261,13 @@ fn explain_host_gives_rule_and_pattern() {
     assert_eq!(explain("127.0.0.1:8080")["action"], "allow");
     assert_eq!(explain("127.0.0.1:8081")["action"], "deny");
     assert_eq!(explain("localhost:8080")["action"], "deny");
+    // An inet_aton spelling is decided as its address.
+    let d = explain("0x7f.1:8080");
+    assert_eq!(
+        (&d["action"], &d["host"]),
+        (&Value::from("allow"), &Value::from("127.0.0.1"))
+    );
+    assert_eq!(explain("0x7f000001:8081")["action"], "deny");
 
     let out = agentdiff(
         dir.path(),
@@ -270,6 +277,42 @@ fn explain_host_gives_rule_and_pattern() {
     assert!(shown.contains("action:  deny"), "{shown}");
     assert!(shown.contains("subject: evil.npmjs.org:443"), "{shown}");
     assert!(shown.contains("rule:    network.egress.deny[0]"), "{shown}");
+    let out = agentdiff(
+        dir.path(),
+        &["policy", "explain", "--host", "registry.npmjs.org"],
+    );
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("address: checked when a run resolves"),
+        "{shown}"
+    );
+
+    // `localhost` is loopback: refused as a run would refuse it, unless the address is listed.
+    let local = tempfile::tempdir().unwrap();
+    std::fs::write(
+        local.path().join("agentdiff.yaml"),
+        "version: 2\nnetwork:\n  egress:\n    allow: [\"localhost:8080\"]\n",
+    )
+    .unwrap();
+    let out = agentdiff(
+        local.path(),
+        &[
+            "policy",
+            "explain",
+            "--host",
+            "localhost:8080",
+            "--format",
+            "json",
+        ],
+    );
+    let d: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(
+        (&d["action"], &d["rule"]),
+        (
+            &Value::from("deny"),
+            &Value::from("network.egress.internal_address")
+        )
+    );
 
     // No egress section: nothing is allowed.
     let empty = tempfile::tempdir().unwrap();
@@ -280,7 +323,7 @@ fn explain_host_gives_rule_and_pattern() {
     assert!(text(&out.stdout).contains("network.egress.default"));
 
     for args in [
-        &["policy", "explain", "--host", "127.1"][..],
+        &["policy", "explain", "--host", "a.0x1"][..],
         &["policy", "explain", "--host", "a.test:0"][..],
         &["policy", "explain", "--host", "[::1"][..],
         &["policy", "explain", "--host", "a.test", ".env"][..],

@@ -326,6 +326,7 @@ mod tests {
                 bytes_down: 0,
                 started_at: String::new(),
                 ended_at: None,
+                outcome: None,
                 error: None,
             });
         }

@@ -6,7 +6,8 @@
 //! client ─▶ first byte 0x05? ─▶ SOCKS5 CONNECT ─┐
 //!                  └─ else ─▶ HTTP CONNECT / absolute http:// URI ─┤
 //!    Egress::decide(host, port) ─▶ resolve here ─▶ check_address each ─▶ connect ─▶ relay
-//!    every attempt ─▶ EgressLog (first N records, per-host counts, totals)
+//!    every attempt, from its request read ─▶ EgressLog (first records, per-destination
+//!    aggregates bounded per kind, exact totals of the rest)
 //! ```
 //!
 //! Invariants:
@@ -16,7 +17,10 @@
 //! - Every phase before the relay is bounded in time and size (handshake timeout, head size,
 //!   connect timeout); the number of concurrent connections is bounded, and the log is bounded
 //!   (record.rs).
-//! - Stopping the proxy ends every relay; each open record is closed with its byte counts.
+//! - An attempt is recorded as soon as its request is read (before any resolution). Stopping
+//!   the proxy ends every attempt in every phase, and each is closed with how far it got: an
+//!   allowed name still resolving becomes `review` (`in_flight_at_exit`), never a silent pass;
+//!   a request still being read is counted (`unread_at_exit`).
 //!
 //! Not defended here: what flows inside an allowed connection (a program can tunnel anything
 //! through an allowed host); a program that does not use the proxy (the sandbox must leave it
@@ -39,11 +43,14 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use record::{Bounds, ConnectionRecord, EgressLog, HostCount, Protocol};
+pub use record::{
+    Bounds, ConnectionRecord, Destination, EgressLog, Frequent, Omitted, OmittedByDecision,
+    Outcome, Protocol, MAX_DISTINCT, MAX_FREQUENT,
+};
 pub use upstream::{Resolve, SystemResolver};
 
 use record::{End, Recorder};
-use upstream::{Counted, Counters, Opened};
+use upstream::{Checked, Counted, Counters};
 
 /// Relay buffer per direction. 256 KiB relays a bulk transfer with a quarter of the syscalls of
 /// 64 KiB (the proxy's CPU per GiB fell by about a fifth in the benchmark); with at most
@@ -85,7 +92,7 @@ impl Default for ProxyConfig {
             max_connections: 256,
             bounds: Bounds {
                 max_records: 1000,
-                max_hosts: 1000,
+                max_destinations: 1000,
             },
         }
     }
@@ -392,67 +399,140 @@ where
     }
 }
 
-/// Serve one client connection to its end.
+/// Serve one client connection to its end. The attempt is recorded as soon as its request is
+/// read, and every way out, the proxy stopping included, records how it ended.
 async fn serve<S>(mut client: S, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let config = shared.config;
-    let setup = async {
-        let request = tokio::time::timeout(config.handshake_timeout, read_request(&mut client))
-            .await
-            .ok()
-            .flatten();
-        let Some(request) = request else {
-            shared.recorder.malformed();
-            return None;
-        };
-        let opened = upstream::open(
-            &shared.egress,
-            shared.resolver.as_ref(),
-            &request.host,
-            request.port,
-            config.connect_timeout,
-        )
-        .await;
-        Some((request, opened))
-    };
-    let (request, opened) = tokio::select! {
-        r = setup => match r { Some(r) => r, None => return },
-        _ = shutdown.changed() => return,
-    };
-    let (stream, address, decision) = match opened {
-        Opened::Denied(d) => {
-            let slot = shared.recorder.start(request.protocol, &d);
-            let _ = client.write_all(&refusal(request.protocol, &d)).await;
-            shared.recorder.finish(slot, &d.host, End::default());
+    let read = tokio::time::timeout(config.handshake_timeout, read_request(&mut client));
+    let request = tokio::select! {
+        r = read => r.ok().flatten(),
+        _ = stopped(&mut shutdown) => {
+            shared.recorder.unread_at_exit();
             return;
         }
-        Opened::Failed { decision, error } => {
-            let slot = shared.recorder.start(request.protocol, &decision);
-            let reply = match request.protocol {
-                Protocol::Socks5 => socks::reply(socks::REPLY_HOST_UNREACHABLE).to_vec(),
-                _ => http::response(
-                    "502 Bad Gateway",
-                    Some(&decision.rule),
-                    &format!("agentdiff egress proxy: {error}"),
-                ),
-            };
-            let _ = client.write_all(&reply).await;
-            let end = End {
-                error: Some(error),
-                ..End::default()
-            };
-            shared.recorder.finish(slot, &decision.host, end);
-            return;
-        }
-        Opened::Connected {
-            stream,
-            address,
-            decision,
-        } => (stream, address, decision),
     };
+    let Some(request) = request else {
+        shared.recorder.malformed();
+        return;
+    };
+    let decision = shared.egress.decide(&request.host, request.port);
     let slot = shared.recorder.start(request.protocol, &decision);
+    let name_decision = decision.clone();
+    let check = upstream::check(
+        &shared.egress,
+        shared.resolver.as_ref(),
+        decision,
+        config.connect_timeout,
+    );
+    let checked = tokio::select! {
+        c = check => c,
+        _ = stopped(&mut shutdown) => {
+            shared.recorder.finish(slot, in_flight(name_decision));
+            return;
+        }
+    };
+    let (decision, addrs) = match checked {
+        Checked::Denied(d) => {
+            let _ = client.write_all(&refusal(request.protocol, &d)).await;
+            shared.recorder.finish(slot, End::new(d, Outcome::Refused));
+            return;
+        }
+        Checked::Failed { decision, error } => {
+            let _ = client
+                .write_all(&unreachable(request.protocol, &decision, &error))
+                .await;
+            let mut end = End::new(decision, Outcome::Failed);
+            end.error = Some(error);
+            shared.recorder.finish(slot, end);
+            return;
+        }
+        Checked::Permitted(decision, addrs) => (decision, addrs),
+    };
+    let connect = upstream::connect(
+        &decision.host,
+        &addrs,
+        decision.port,
+        config.connect_timeout,
+    );
+    let (stream, address) = tokio::select! {
+        c = connect => match c {
+            Ok(c) => c,
+            Err(e) => {
+                let error = e.to_string();
+                let _ = client
+                    .write_all(&unreachable(request.protocol, &decision, &error))
+                    .await;
+                let mut end = End::new(decision, Outcome::Failed);
+                end.error = Some(error);
+                shared.recorder.finish(slot, end);
+                return;
+            }
+        },
+        _ = stopped(&mut shutdown) => {
+            // Every address was checked: the decision stands, the connection was never made.
+            let mut end = End::new(decision, Outcome::InFlightAtExit);
+            end.error = Some("still connecting when the run ended".to_owned());
+            shared.recorder.finish(slot, end);
+            return;
+        }
+    };
+    let relayed = relay(client, stream, request, &mut shutdown).await;
+    let end = End {
+        decision,
+        outcome: relayed.outcome,
+        address: Some(address.to_string()),
+        bytes_up: relayed.bytes_up,
+        bytes_down: relayed.bytes_down,
+        error: relayed.error,
+    };
+    shared.recorder.finish(slot, end);
+}
+
+/// Resolves once the proxy is stopping (at once if it already is).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// The end of an attempt the proxy stopped before its addresses were checked: an allowed name
+/// becomes `review` (what it would have reached is unknown), a refusal stays a refusal.
+fn in_flight(mut d: agentdiff_policy::EgressDecision) -> End {
+    let error = if d.action == agentdiff_policy::Action::Allow {
+        d.action = agentdiff_policy::Action::Review;
+        d.reason = format!(
+            "{}; but the run ended while the name was still being resolved, so its addresses \
+             were never checked",
+            d.reason
+        );
+        "still resolving when the run ended"
+    } else {
+        "still being refused when the run ended"
+    };
+    let mut end = End::new(d, Outcome::InFlightAtExit);
+    end.error = Some(error.to_owned());
+    end
+}
+
+/// How a relay ended.
+struct Relayed {
+    outcome: Outcome,
+    bytes_up: u64,
+    bytes_down: u64,
+    error: Option<String>,
+}
+
+/// Relay between the client and the upstream until either closes or the proxy stops.
+async fn relay<S>(
+    mut client: S,
+    stream: tokio::net::TcpStream,
+    request: Request,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Relayed
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let counters = Arc::new(Counters::default());
     let mut upstream = Counted::new(stream, counters.clone());
     let relay = async {
@@ -475,17 +555,31 @@ where
         .await
         .map(|_| ())
     };
-    let error = tokio::select! {
-        r = relay => r.err().map(|e| e.to_string()),
-        _ = shutdown.changed() => Some("still open when the run ended; closed".to_owned()),
+    let (outcome, error) = tokio::select! {
+        r = relay => (Outcome::Relayed, r.err().map(|e| e.to_string())),
+        _ = stopped(shutdown) => (
+            Outcome::ClosedAtExit,
+            Some("still open when the run ended; closed".to_owned()),
+        ),
     };
-    let end = End {
-        address: Some(address.to_string()),
+    Relayed {
+        outcome,
         bytes_up: counters.up.load(Ordering::Relaxed),
         bytes_down: counters.down.load(Ordering::Relaxed),
         error,
-    };
-    shared.recorder.finish(slot, &decision.host, end);
+    }
+}
+
+/// The answer to an allowed request that could not be connected.
+fn unreachable(protocol: Protocol, d: &agentdiff_policy::EgressDecision, error: &str) -> Vec<u8> {
+    match protocol {
+        Protocol::Socks5 => socks::reply(socks::REPLY_HOST_UNREACHABLE).to_vec(),
+        _ => http::response(
+            "502 Bad Gateway",
+            Some(&d.rule),
+            &format!("agentdiff egress proxy: {error}"),
+        ),
+    }
 }
 
 /// The answer to a denied request: SOCKS5 "not allowed by ruleset", or HTTP 403 naming the rule.

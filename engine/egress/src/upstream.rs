@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use agentdiff_policy::egress::Target;
+use agentdiff_policy::egress::{inet_aton, HostError, Target};
 use agentdiff_policy::{Action, Egress, EgressDecision};
 use async_trait::async_trait;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -32,21 +32,26 @@ pub struct SystemResolver;
 #[async_trait]
 impl Resolve for SystemResolver {
     async fn resolve(&self, name: &str, port: u16) -> io::Result<Vec<IpAddr>> {
+        // getaddrinfo reads an address literal in any inet_aton form as that address: only
+        // names are looked up, so such a host can never pass as a name.
+        if numeric_host(name) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name:?} is an address, not a name to resolve"),
+            ));
+        }
         let addrs = tokio::net::lookup_host((name, port)).await?;
         Ok(addrs.map(|a| a.ip()).collect())
     }
 }
 
-/// What opening an upstream connection came to.
-pub(crate) enum Opened {
-    Connected {
-        stream: TcpStream,
-        address: SocketAddr,
-        decision: EgressDecision,
-    },
+/// What deciding every address of an allowed host came to.
+pub(crate) enum Checked {
+    /// The addresses every check permits, in resolver order (at least one).
+    Permitted(EgressDecision, Vec<IpAddr>),
     /// The policy refused the host or every address it resolves to.
     Denied(EgressDecision),
-    /// Allowed, but no connection could be made.
+    /// Allowed, but it has no address to reach.
     Failed {
         decision: EgressDecision,
         error: String,
@@ -79,24 +84,30 @@ pub(crate) enum UpstreamError {
     },
 }
 
-/// Decide `host:port`, resolve, check and connect.
-pub(crate) async fn open(
+/// Resolve the host `decision` allowed (a name, here; an address as is) and check every
+/// address it comes to.
+pub(crate) async fn check(
     egress: &Egress,
     resolver: &dyn Resolve,
-    host: &str,
-    port: u16,
+    decision: EgressDecision,
     timeout: Duration,
-) -> Opened {
-    let decision = egress.decide(host, port);
+) -> Checked {
     if decision.action != Action::Allow {
-        return Opened::Denied(decision);
+        return Checked::Denied(decision);
     }
-    let failed = |decision: EgressDecision, e: UpstreamError| Opened::Failed {
+    let port = decision.port;
+    let failed = |decision: EgressDecision, e: UpstreamError| Checked::Failed {
         decision,
         error: e.to_string(),
     };
     let addrs = match Target::parse(&decision.host) {
         Ok(Target::Addr(a)) => vec![a],
+        // `Target::parse` makes every inet_aton form an address; a name here that the
+        // resolver would still read as one is refused rather than resolved.
+        Ok(Target::Name(name)) if numeric_host(&name) => {
+            let reason = HostError::Numeric(name);
+            return Checked::Denied(refused(decision, reason));
+        }
         Ok(Target::Name(name)) => {
             match tokio::time::timeout(timeout, resolver.resolve(&name, port)).await {
                 Ok(Ok(addrs)) => addrs,
@@ -114,7 +125,7 @@ pub(crate) async fn open(
             }
         }
         // `decide` allowed it, so it parsed; a refusal is the safe reading.
-        Err(reason) => return Opened::Denied(refused(decision, reason)),
+        Err(reason) => return Checked::Denied(refused(decision, reason)),
     };
     let mut permitted = Vec::new();
     let mut refusal = None;
@@ -126,37 +137,10 @@ pub(crate) async fn open(
             }
         }
     }
-    if permitted.is_empty() {
-        return match refusal {
-            Some(d) => Opened::Denied(d),
-            None => {
-                let e = UpstreamError::NoAddress {
-                    host: decision.host.clone(),
-                };
-                failed(decision, e)
-            }
-        };
-    }
-    let mut last = None;
-    for ip in permitted {
-        let address = SocketAddr::new(ip, port);
-        match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
-            Ok(Ok(stream)) => {
-                // Small writes (a TLS handshake, an HTTP request) must not wait for more.
-                let _ = stream.set_nodelay(true);
-                return Opened::Connected {
-                    stream,
-                    address,
-                    decision,
-                };
-            }
-            Ok(Err(source)) => last = Some(UpstreamError::Connect { address, source }),
-            Err(_) => last = Some(UpstreamError::ConnectTimeout { address, timeout }),
-        }
-    }
-    match last {
-        Some(e) => failed(decision, e),
-        None => {
+    match (permitted.is_empty(), refusal) {
+        (false, _) => Checked::Permitted(decision, permitted),
+        (true, Some(d)) => Checked::Denied(d),
+        (true, None) => {
             let e = UpstreamError::NoAddress {
                 host: decision.host.clone(),
             };
@@ -165,7 +149,37 @@ pub(crate) async fn open(
     }
 }
 
-fn refused(mut d: EgressDecision, reason: agentdiff_policy::egress::HostError) -> EgressDecision {
+/// Whether the C resolver would read `name` as an address rather than look it up.
+fn numeric_host(name: &str) -> bool {
+    name.parse::<IpAddr>().is_ok() || inet_aton(name.strip_suffix('.').unwrap_or(name)).is_some()
+}
+
+/// Connect to the first of `addrs` that answers.
+pub(crate) async fn connect(
+    host: &str,
+    addrs: &[IpAddr],
+    port: u16,
+    timeout: Duration,
+) -> Result<(TcpStream, SocketAddr), UpstreamError> {
+    let mut last = None;
+    for ip in addrs {
+        let address = SocketAddr::new(*ip, port);
+        match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => {
+                // Small writes (a TLS handshake, an HTTP request) must not wait for more.
+                let _ = stream.set_nodelay(true);
+                return Ok((stream, address));
+            }
+            Ok(Err(source)) => last = Some(UpstreamError::Connect { address, source }),
+            Err(_) => last = Some(UpstreamError::ConnectTimeout { address, timeout }),
+        }
+    }
+    Err(last.unwrap_or(UpstreamError::NoAddress {
+        host: host.to_owned(),
+    }))
+}
+
+fn refused(mut d: EgressDecision, reason: HostError) -> EgressDecision {
     d.action = Action::Deny;
     d.rule = "network.egress.invalid_host".to_owned();
     d.pattern = None;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentdiff_egress::{
-    Bind, Bounds, EgressLog, Protocol, Proxy, ProxyConfig, ProxyError, ProxyThread, Resolve,
+    Bind, Bounds, EgressLog, Outcome, Protocol, Proxy, ProxyConfig, ProxyError, ProxyThread,
+    Resolve,
 };
 use agentdiff_policy::{Action, Egress, Policy};
 use async_trait::async_trait;
@@ -243,11 +244,21 @@ async fn connect_tunnels_an_allowed_name_and_refuses_others() {
     );
     assert!(denied.address.is_none());
     let hosts: Vec<_> = log
-        .hosts
+        .destinations
         .iter()
-        .map(|h| (h.host.as_str(), h.allowed, h.denied))
+        .map(|d| (d.host.as_str(), d.action, d.attempts, d.connected))
         .collect();
-    assert_eq!(hosts, [("allowed.test", 1, 0), ("denied.test", 0, 1)]);
+    assert_eq!(
+        hosts,
+        [
+            ("allowed.test", Action::Allow, 1, 1),
+            ("denied.test", Action::Deny, 1, 0)
+        ]
+    );
+    assert_eq!(
+        (tunnel.outcome, denied.outcome),
+        (Some(Outcome::Relayed), Some(Outcome::Refused))
+    );
 }
 
 async fn socks_connect(proxy: SocketAddr, host: &str, port: u16) -> (TcpStream, u8) {
@@ -341,32 +352,199 @@ async fn internal_addresses_are_refused_unless_listed() {
     );
 }
 
+/// Junk refused hosts first, then repeats to one refused host, then an allowed tunnel that
+/// moves bytes: the allowed host is listed with its bytes, the totals and the omitted counts
+/// are exact, and repeats never cost an entry.
 #[tokio::test]
-async fn a_flood_is_bounded_and_counted() {
+async fn a_flood_of_refusals_cannot_hide_an_allowed_connection() {
+    let (server, _accepted) = echo_server().await;
     let config = ProxyConfig {
         bounds: Bounds {
             max_records: 3,
-            max_hosts: 2,
+            max_destinations: 4,
         },
         ..ProxyConfig::default()
     };
-    let proxy = start(egress(&[], &[]), config).await;
+    let proxy = start(egress(&["127.0.0.1"], &[]), config).await;
     let addr = proxy.tcp_addr().unwrap();
-    for i in 0..10 {
+    let refused = |host: String| async move {
         let mut c = TcpStream::connect(addr).await.unwrap();
-        let req = format!("CONNECT host{}.test:443 HTTP/1.1\r\n\r\n", i % 4);
+        let req = format!("CONNECT {host}:443 HTTP/1.1\r\n\r\n");
         c.write_all(req.as_bytes()).await.unwrap();
-        read_all(&mut c).await;
+        assert!(read_all(&mut c).await.starts_with("HTTP/1.1 403"));
+    };
+    for i in 0..10 {
+        refused(format!("junk{i}.test")).await;
     }
+    for _ in 0..6 {
+        refused("paste-site.test".to_owned()).await;
+    }
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let req = format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", server.port());
+    c.write_all(req.as_bytes()).await.unwrap();
+    assert!(read_head(&mut c).await.starts_with("HTTP/1.1 200"));
+    let payload = vec![7u8; 190_000];
+    c.write_all(&payload).await.unwrap();
+    let mut back = vec![0u8; payload.len()];
+    c.read_exact(&mut back).await.unwrap();
+    drop(c);
     let mut c = TcpStream::connect(addr).await.unwrap();
     c.write_all(b"nonsense\r\n\r\n").await.unwrap();
     assert!(read_all(&mut c).await.starts_with("HTTP/1.1 400"));
+    let log = settled(proxy).await;
+    assert_eq!(
+        (log.total, log.denied, log.allowed, log.malformed),
+        (17, 16, 1, 1)
+    );
+    assert_eq!((log.bytes_up, log.bytes_down), (190_000, 190_000));
+    let listed = log
+        .destinations
+        .iter()
+        .find(|d| d.host == "127.0.0.1")
+        .expect("the allowed connection is listed");
+    assert_eq!((listed.bytes_up, listed.connected), (190_000, 1));
+    // 4 refused destinations listed; 6 junk hosts and paste-site.test (6 attempts) are not.
+    let o = &log.omitted.denied;
+    assert_eq!((o.attempts, o.hosts, o.destinations), (12, 7, 7));
+    // The destination the flood repeats beyond the bound is still named, with its count.
+    let top = &o.frequent[0];
+    assert_eq!(
+        (top.host.as_str(), top.port, top.min_attempts),
+        ("paste-site.test", 443, 6)
+    );
+    let counted: u64 = log.destinations.iter().map(|d| d.attempts).sum();
+    assert_eq!(counted + o.attempts, log.total);
+    // Records: the first 3 refused, and the allowed one in a bound of its own.
+    assert_eq!((log.records.len(), log.records_omitted), (4, 13));
+    assert_eq!(log.records[3].host, "127.0.0.1");
+}
+
+/// Resolves `slow.test` only after a long time (a DNS answer that has not come yet).
+struct Slow;
+
+#[async_trait]
+impl Resolve for Slow {
+    async fn resolve(&self, name: &str, _port: u16) -> io::Result<Vec<IpAddr>> {
+        if name == "slow.test" {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Ok(vec!["127.0.0.1".parse().unwrap()])
+    }
+}
+
+/// A client that asks for a slow name and leaves: the attempt is in the log from the moment
+/// its request was read, and stopping the proxy closes it as undecided (`review`), not as
+/// nothing. A request still being read is counted too.
+#[tokio::test]
+async fn attempts_still_resolving_when_the_proxy_stops_are_recorded() {
+    let proxy = Proxy::start(
+        egress(&["*"], &[]),
+        Arc::new(Slow),
+        ProxyConfig::default(),
+        Bind::Tcp("127.0.0.1:0".parse().unwrap()),
+    )
+    .await
+    .unwrap();
+    let addr = proxy.tcp_addr().unwrap();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"CONNECT slow.test:443 HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"CONNECT half.test:443 HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    // Answered after the half-sent request's connection was accepted (accepts are in order).
+    let (mut s, reply) = socks_connect(addr, "denied.0x1", 443).await;
+    assert_eq!(reply, 2, "a name ending in a number is refused");
+    drop(s.shutdown().await);
+    // The attempt is visible while it is still resolving.
+    let mut live = proxy.snapshot();
+    for _ in 0..100 {
+        if live.total == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        live = proxy.snapshot();
+    }
+    assert_eq!(live.total, 2, "{live:#?}");
+    drop(c);
     let log = proxy.stop().await;
-    assert_eq!((log.total, log.denied, log.malformed), (10, 10, 1));
-    assert_eq!((log.records.len(), log.records_omitted), (3, 7));
-    assert_eq!(log.hosts.len(), 2);
-    let counted: u64 = log.hosts.iter().map(|h| h.denied).sum();
-    assert_eq!(counted + log.hosts_omitted, 10);
+    assert_eq!(
+        (log.total, log.allowed, log.denied, log.undecided),
+        (2, 0, 1, 1)
+    );
+    assert_eq!((log.in_flight_at_exit, log.unread_at_exit), (1, 1));
+    let r = log.records.iter().find(|r| r.host == "slow.test").unwrap();
+    assert_eq!(
+        (r.action, r.outcome, r.rule.as_str()),
+        (
+            Action::Review,
+            Some(Outcome::InFlightAtExit),
+            "network.egress.allow[0]"
+        )
+    );
+    assert!(r.reason.contains("never checked"), "{}", r.reason);
+    assert!(r.ended_at.is_some() && r.address.is_none(), "{r:#?}");
+    let d = log
+        .destinations
+        .iter()
+        .find(|d| d.host == "slow.test")
+        .unwrap();
+    assert_eq!((d.action, d.in_flight_at_exit), (Action::Review, 1));
+}
+
+/// Hosts the C resolver reads as IPv4 addresses are decided as those addresses, whatever way
+/// the client names them, and are never handed to the resolver.
+#[tokio::test]
+async fn inet_aton_hosts_are_addresses_not_names() {
+    let (server, _accepted) = echo_server().await;
+    let port = server.port();
+    let proxy = start(egress(&["*"], &[]), ProxyConfig::default()).await;
+    let addr = proxy.tcp_addr().unwrap();
+    for host in ["0x7f000001", "127.0.0.0x1", "0x7f.0x1", "0177.1", "127.1."] {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let req = format!("CONNECT {host}:{port} HTTP/1.1\r\n\r\n");
+        c.write_all(req.as_bytes()).await.unwrap();
+        let answer = read_all(&mut c).await;
+        assert!(answer.starts_with("HTTP/1.1 403"), "{host}: {answer}");
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET http://{host}:{port}/ HTTP/1.1\r\n\r\n");
+        c.write_all(req.as_bytes()).await.unwrap();
+        assert!(read_all(&mut c).await.starts_with("HTTP/1.1 403"), "{host}");
+        let (_s, reply) = socks_connect(addr, host, port).await;
+        assert_eq!(reply, 2, "{host}");
+    }
+    let log = proxy.stop().await;
+    assert_eq!((log.total, log.denied), (15, 15));
+    for r in &log.records {
+        assert_eq!(
+            (r.host.as_str(), r.rule.as_str()),
+            ("127.0.0.1", "network.egress.default"),
+            "{r:#?}"
+        );
+        assert!(r.reason.contains("inet_aton"), "{}", r.reason);
+    }
+    // Written out as an address pattern, the same spelling reaches that address.
+    let proxy = start(egress(&["*", "127.0.0.1"], &[]), ProxyConfig::default()).await;
+    let mut c = TcpStream::connect(proxy.tcp_addr().unwrap()).await.unwrap();
+    let req = format!("CONNECT 0x7f.0x1:{port} HTTP/1.1\r\n\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    assert!(read_head(&mut c).await.starts_with("HTTP/1.1 200"));
+    drop(c);
+    let log = settled(proxy).await;
+    assert_eq!(
+        only(&log).address.as_deref(),
+        Some(server.to_string().as_str())
+    );
+    // The host's resolver is never asked to read an address.
+    for host in ["0x7f.1", "127.1", "1.2.3.4", "0x2c000001."] {
+        let e = agentdiff_egress::SystemResolver
+            .resolve(host, 80)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{host}");
+    }
 }
 
 #[tokio::test]

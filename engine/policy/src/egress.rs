@@ -14,9 +14,12 @@
 //!   target no allow pattern matches is denied (`network.egress.default`).
 //! - A name pattern never matches an IP-literal target, and an address pattern never matches a
 //!   name: addresses are allowed only when written out.
+//! - A host the C resolver's `inet_aton` reads as an IPv4 address (`127.1`, `0x7f.1`,
+//!   `0x2c000001`, `0177.0.0.1`: see [`inet_aton`]) is that address, decided exactly as the
+//!   written-out literal; as a pattern it is refused (write the address out).
 //! - Names are compared in ASCII lowercase without a trailing dot; a name that is not a valid
-//!   DNS name (or whose last label is numeric, which resolvers read as an address: `127.1`) is
-//!   denied as `network.egress.invalid_host`.
+//!   DNS name (or whose last label is a number in any base, `a.0x1`) is denied as
+//!   `network.egress.invalid_host`.
 //! - After a name is resolved, [`Egress::check_address`] refuses every address a deny address
 //!   pattern covers, and every loopback, private, shared, link-local (the cloud metadata address
 //!   169.254.169.254), unspecified, multicast or documentation address unless an allow address
@@ -128,7 +131,69 @@ impl Target {
         if bare.len() != host.len() {
             return Err(HostError::NotIpv6(shown(bare)));
         }
+        // The resolver would turn these into an address: decide them as that address.
+        if let Some(v4) = inet_aton(host.strip_suffix('.').unwrap_or(host)) {
+            return Ok(Target::Addr(IpAddr::V4(v4)));
+        }
         check_name(host).map(Target::Name)
+    }
+}
+
+/// The IPv4 address glibc's `inet_aton` (and so `getaddrinfo`) reads `text` as, if any: 1 to 4
+/// parts split by `.`, each decimal, octal (leading `0`) or hex (`0x`); every part but the last
+/// is one byte, the last fills the remaining bytes (`127.1` is 127.0.0.1, `0x2c000001` is
+/// 44.0.0.1).
+pub fn inet_aton(text: &str) -> Option<Ipv4Addr> {
+    let mut values = [0u32; 4];
+    let mut count = 0;
+    for part in text.split('.') {
+        let slot = values.get_mut(count)?;
+        *slot = inet_part(part)?;
+        count += 1;
+    }
+    let (last, leading) = values[..count].split_last()?;
+    if leading.iter().any(|v| *v > 0xff) {
+        return None;
+    }
+    let max = [u32::MAX, 0xff_ffff, 0xffff, 0xff]
+        .get(leading.len())
+        .copied()?;
+    if *last > max {
+        return None;
+    }
+    let head = leading
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, v)| acc | (v << (24 - 8 * i)));
+    Some(Ipv4Addr::from(head | last))
+}
+
+/// One `inet_aton` part: the number `strtoul(part, _, 0)` reads when it reads all of `part`
+/// and the value fits 32 bits.
+fn inet_part(part: &str) -> Option<u32> {
+    let (digits, radix) = match part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+        None => (part, 10),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    digits.chars().try_fold(0u32, |acc, c| {
+        let d = c.to_digit(radix)?;
+        acc.checked_mul(radix)?.checked_add(d)
+    })
+}
+
+/// Whether a label is a number in some base (`12`, `017`, `0x1f`, `0x`): resolvers and URL
+/// parsers read a name ending in one as an address, so it is never a host name.
+fn numeric_label(label: &str) -> bool {
+    match label
+        .strip_prefix("0x")
+        .or_else(|| label.strip_prefix("0X"))
+    {
+        Some(hex) => hex.chars().all(|c| c.is_ascii_hexdigit()),
+        None => !label.is_empty() && label.chars().all(|c| c.is_ascii_digit()),
     }
 }
 
@@ -162,6 +227,11 @@ pub enum HostError {
          addresses, so write the address out)"
     )]
     Numeric(String),
+    #[error(
+        "{0:?} is the IPv4 address {1} to the resolver (inet_aton form); write the address \
+         out as {1}"
+    )]
+    Ipv4Form(String, Ipv4Addr),
     #[error("{0:?} is not a port (1 to 65535)")]
     Port(String),
     #[error("`[` without its `]`")]
@@ -208,11 +278,7 @@ fn check_name(host: &str) -> Result<String, HostError> {
             return Err(HostError::Characters(shown(host)));
         }
     }
-    if name
-        .rsplit('.')
-        .next()
-        .is_some_and(|last| last.chars().all(|c| c.is_ascii_digit()))
-    {
+    if name.rsplit('.').next().is_some_and(numeric_label) {
         return Err(HostError::Numeric(shown(host)));
     }
     Ok(name)
@@ -287,6 +353,8 @@ impl HostPattern {
             let addr = canonical_addr(addr);
             let prefix = if addr.is_ipv4() { 32 } else { 128 };
             Shape::Net { addr, prefix }
+        } else if let Some(v4) = inet_aton(host.strip_suffix('.').unwrap_or(host)) {
+            return Err(HostError::Ipv4Form(shown(host), v4));
         } else {
             Shape::Name(check_name(host)?)
         };
@@ -648,6 +716,22 @@ impl Egress {
                 }
             }
         };
+        let mut decision = self.decide_target(&target, port);
+        // Said so the record shows why a name-looking host was decided as an address.
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let (Target::Addr(addr), Err(_)) = (&target, bare.parse::<IpAddr>()) {
+            decision.reason = format!(
+                "{} is the address {addr} to the resolver (inet_aton form), decided as that \
+                 address: {}",
+                shown(host),
+                decision.reason
+            );
+        }
+        decision
+    }
+
+    /// [`Egress::decide`] for a parsed target.
+    fn decide_target(&self, target: &Target, port: u16) -> EgressDecision {
         let made = |action, entry: &Entry, why: &str| {
             let pattern = entry.pattern.to_string();
             let from = match entry.origin {
@@ -667,14 +751,14 @@ impl Egress {
                 pattern: Some(pattern),
             }
         };
-        if let Some(e) = self.deny.iter().find(|e| e.pattern.matches(&target, port)) {
+        if let Some(e) = self.deny.iter().find(|e| e.pattern.matches(target, port)) {
             return made(Action::Deny, e, "deny takes precedence over allow");
         }
-        if let Some(e) = self.allow.iter().find(|e| e.pattern.matches(&target, port)) {
+        if let Some(e) = self.allow.iter().find(|e| e.pattern.matches(target, port)) {
             let allowed = made(Action::Allow, e, "no deny pattern matches");
             // An address needs no resolution: it is checked as a resolved one would be.
             return match target {
-                Target::Addr(addr) => self.check_address(&allowed, addr, port),
+                Target::Addr(addr) => self.check_address(&allowed, *addr, port),
                 Target::Name(_) => None,
             }
             .unwrap_or(allowed);
@@ -689,6 +773,23 @@ impl Egress {
                 "no network.egress allow pattern matches {}",
                 target.with_port(port)
             ),
+        }
+    }
+
+    /// What a run decides for `host:port`, as far as is known without resolving (`policy
+    /// explain`): [`Egress::decide`], then, for a name that is loopback by definition
+    /// (`localhost` and names below it, RFC 6761), the address check a run applies to
+    /// 127.0.0.1. Any other name's addresses are checked only when a run resolves it.
+    pub fn explain(&self, host: &str, port: u16) -> EgressDecision {
+        let decision = self.decide(host, port);
+        if decision.action != Action::Allow {
+            return decision;
+        }
+        match Target::parse(host) {
+            Ok(Target::Name(name)) if name == "localhost" || name.ends_with(".localhost") => self
+                .check_address(&decision, IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+                .unwrap_or(decision),
+            _ => decision,
         }
     }
 

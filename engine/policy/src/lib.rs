@@ -282,6 +282,11 @@ impl Policy {
         self.inner.egress.decide(host, port)
     }
 
+    /// What a run decides for `host:port` without resolving (see [`Egress::explain`]).
+    pub fn explain_host(&self, host: &str, port: u16) -> EgressDecision {
+        self.inner.egress.explain(host, port)
+    }
+
     /// This policy with host patterns from `agentdiff run --allow-host` added to
     /// `network.egress` (recorded in the effective policy). `network.egress` is a version-2
     /// key, so a version-1 policy given hosts becomes the equivalent version-2 document (version

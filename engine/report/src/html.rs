@@ -614,8 +614,8 @@ fn network(s: &mut String, v: &RunView) {
         );
     }
     s.push_str("</tbody></table>");
-    if net.more_hosts > 0 {
-        s.push_str("<p>More hosts are listed in <code>runtime.json</code>.</p>");
+    for line in net.more_lines() {
+        let _ = write!(s, "<p>{}.</p>", escape(&line));
     }
     s.push_str("</section>\n");
 }

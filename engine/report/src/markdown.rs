@@ -399,8 +399,8 @@ fn network(s: &mut String, v: &RunView) {
         &["Host", "Denied", "Allowed", "Bytes up / down", "Rule"],
         &cells,
     );
-    if net.more_hosts > 0 {
-        let _ = writeln!(s, "More hosts are listed in `runtime.json`.\n");
+    for line in net.more_lines() {
+        let _ = writeln!(s, "{}.\n", escape(&line));
     }
 }
 

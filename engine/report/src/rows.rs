@@ -97,8 +97,13 @@ pub fn container_rows(ev: &RunEvidence) -> Vec<ContainerRow> {
         .collect()
 }
 
-/// Hosts listed at most on a surface; the rest are counted (runtime.json has them all, bounded).
+/// Hosts listed at most on a surface; the rest are counted (runtime.json lists those within
+/// the log's bound, and counts the others).
 pub const MAX_HOST_ROWS: usize = 10;
+
+/// Finding lines the terminal prints at most; the rest are counted (result.json and the
+/// markdown and HTML reports list them all).
+pub const MAX_FINDING_LINES: usize = 25;
 
 /// One host the run's egress proxy was asked for (recorded text, unescaped).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,18 +111,24 @@ pub struct HostRow {
     pub host: String,
     pub allowed: u64,
     pub denied: u64,
+    /// Still being resolved when the run ended (`review`).
+    pub undecided: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
-    /// The rule that decided the host's first recorded refused attempt (its first allowed one
-    /// when none was refused); `None` when the log's record bound left its attempts out.
+    /// The rule that decided the host's first refused attempt (its first allowed one when none
+    /// was refused).
     pub rule: Option<String>,
 }
 
 impl HostRow {
     /// `denied 2, allowed 1: example.com (10 B up, 2048 B down; rule network.egress.default)`.
     pub fn line(&self) -> String {
+        let undecided = match self.undecided {
+            0 => String::new(),
+            n => format!(", undecided at exit {n}"),
+        };
         format!(
-            "denied {}, allowed {}: {} ({} B up, {} B down; rule {})",
+            "denied {}, allowed {}{undecided}: {} ({} B up, {} B down; rule {})",
             self.denied,
             self.allowed,
             self.host,
@@ -127,7 +138,7 @@ impl HostRow {
         )
     }
 
-    /// The rule, or `not recorded` when the record bound left it out.
+    /// The rule, or `not recorded` when none was.
     pub fn rule_text(&self) -> &str {
         self.rule.as_deref().unwrap_or("not recorded")
     }
@@ -139,19 +150,79 @@ pub struct NetworkRows {
     pub total: u64,
     pub allowed: u64,
     pub denied: u64,
+    /// Still being resolved when the run ended (`review`).
+    pub undecided: u64,
+    /// Bytes relayed over every attempt.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
     /// At most [`MAX_HOST_ROWS`], hosts with refused attempts first, then by attempts.
     pub hosts: Vec<HostRow>,
-    /// Hosts not listed here (beyond the rows, or beyond the log's own bound).
+    /// Hosts runtime.json lists (`network.egress.destinations`) beyond these rows.
     pub more_hosts: u64,
+    /// What the log's bound left unnamed: counted in runtime.json (`network.egress.omitted`).
+    pub unnamed: Option<Unnamed>,
+}
+
+/// Attempts beyond the log's bound: counted, not named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unnamed {
+    pub attempts: u64,
+    /// Distinct hosts per decision, summed (a host with attempts of two decisions counts
+    /// twice); a lower bound when `at_least`.
+    pub hosts: u64,
+    pub at_least: bool,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// The destinations seen most often among them (`host:port`, at least this many attempts).
+    pub frequent: Vec<(String, u64)>,
 }
 
 impl NetworkRows {
-    /// `egress proxy: 5 connection attempts, 2 denied, 3 allowed`.
+    /// `egress proxy: 5 connection attempts, 2 denied, 3 allowed (10 B up, 20 B down)`.
     pub fn headline(&self) -> String {
+        let undecided = match self.undecided {
+            0 => String::new(),
+            n => format!(", {n} undecided (still resolving when the run ended)"),
+        };
         format!(
-            "egress proxy: {} connection attempt(s), {} denied, {} allowed",
-            self.total, self.denied, self.allowed
+            "egress proxy: {} connection attempt(s), {} denied, {} allowed{undecided} ({} B up, \
+             {} B down)",
+            self.total, self.denied, self.allowed, self.bytes_up, self.bytes_down
         )
+    }
+
+    /// What is not among the rows and where it is, one line each (empty when all are).
+    pub fn more_lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.more_hosts > 0 {
+            out.push(format!(
+                "{} more host(s) are listed in runtime.json (network.egress.destinations)",
+                self.more_hosts
+            ));
+        }
+        if let Some(u) = &self.unnamed {
+            let frequent = if u.frequent.is_empty() {
+                String::new()
+            } else {
+                let named: Vec<String> = u
+                    .frequent
+                    .iter()
+                    .map(|(d, n)| format!("{d} (at least {n})"))
+                    .collect();
+                format!("; most often: {}", named.join(", "))
+            };
+            out.push(format!(
+                "{} more attempt(s) to {}{} host(s) ({} B up, {} B down) are beyond the \
+                 connection log's bound: counted in runtime.json (network.egress.omitted), not \
+                 listed{frequent}",
+                u.attempts,
+                if u.at_least { "at least " } else { "" },
+                u.hosts,
+                u.bytes_up,
+                u.bytes_down
+            ));
+        }
+        out
     }
 }
 
@@ -159,18 +230,35 @@ impl NetworkRows {
 pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<NetworkRows> {
     let network = runtime?.network()?;
     let log = &network.egress;
-    let mut hosts: Vec<HostRow> = log
-        .hosts
-        .iter()
-        .map(|h| HostRow {
-            host: h.host.clone(),
-            allowed: h.allowed,
-            denied: h.denied,
-            bytes_up: h.bytes_up,
-            bytes_down: h.bytes_down,
-            rule: host_rule(network, &h.host, h.denied > 0),
-        })
-        .collect();
+    let mut hosts: Vec<HostRow> = Vec::new();
+    for d in &log.destinations {
+        let i = match hosts.iter().position(|h| h.host == d.host) {
+            Some(i) => i,
+            None => {
+                hosts.push(HostRow {
+                    host: d.host.clone(),
+                    allowed: 0,
+                    denied: 0,
+                    undecided: 0,
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    rule: None,
+                });
+                hosts.len() - 1
+            }
+        };
+        let h = &mut hosts[i];
+        match d.action {
+            Action::Allow => h.allowed += d.attempts,
+            Action::Review => h.undecided += d.attempts,
+            Action::Deny => h.denied += d.attempts,
+        }
+        h.bytes_up += d.bytes_up;
+        h.bytes_down += d.bytes_down;
+    }
+    for h in &mut hosts {
+        h.rule = host_rule(network, &h.host, h.denied > 0);
+    }
     hosts.sort_by(|a, b| {
         (b.denied > 0)
             .cmp(&(a.denied > 0))
@@ -179,24 +267,61 @@ pub fn network_rows(runtime: Option<&agentdiff_store::RuntimeDoc>) -> Option<Net
     });
     let beyond_rows = hosts.len().saturating_sub(MAX_HOST_ROWS) as u64;
     hosts.truncate(MAX_HOST_ROWS);
+    let o = &log.omitted;
+    let parts = [&o.allowed, &o.undecided, &o.denied];
+    let unnamed = parts.iter().any(|p| !p.is_empty()).then(|| Unnamed {
+        attempts: parts.iter().map(|p| p.attempts).sum(),
+        hosts: parts.iter().map(|p| p.hosts).sum(),
+        at_least: parts.iter().any(|p| p.distinct_capped),
+        bytes_up: parts.iter().map(|p| p.bytes_up).sum(),
+        bytes_down: parts.iter().map(|p| p.bytes_down).sum(),
+        frequent: frequent(
+            parts
+                .iter()
+                .flat_map(|p| &p.frequent)
+                .map(|f| (f.host.as_str(), f.port, f.min_attempts)),
+        ),
+    });
     Some(NetworkRows {
         total: log.total,
         allowed: log.allowed,
         denied: log.denied,
+        undecided: log.undecided,
+        bytes_up: log.bytes_up,
+        bytes_down: log.bytes_down,
         hosts,
-        more_hosts: beyond_rows + u64::from(log.hosts_omitted > 0),
+        more_hosts: beyond_rows,
+        unnamed,
     })
 }
 
-/// The rule of `host`'s first recorded refused attempt (`denied`), else of its first allowed one.
+/// The 3 destinations seen most often beyond the bound, over every decision (only those
+/// repeated: a destination seen once is junk like any other).
+fn frequent<'a>(seen: impl Iterator<Item = (&'a str, u16, u64)>) -> Vec<(String, u64)> {
+    let mut all: Vec<(String, u64)> = seen
+        .filter(|(_, _, at_least)| *at_least > 1)
+        .map(|(host, port, at_least)| {
+            let target = match host.parse::<std::net::Ipv6Addr>() {
+                Ok(_) => format!("[{host}]:{port}"),
+                Err(_) => format!("{host}:{port}"),
+            };
+            (target, at_least)
+        })
+        .collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    all.truncate(3);
+    all
+}
+
+/// The rule of `host`'s first refused destination (`denied`), else of its first allowed one.
 fn host_rule(network: &NetworkEvidence, host: &str, denied: bool) -> Option<String> {
     let wanted = if denied { Action::Deny } else { Action::Allow };
     network
         .egress
-        .records
+        .destinations
         .iter()
-        .find(|r| r.host == host && r.action == wanted)
-        .map(|r| r.rule.clone())
+        .find(|d| d.host == host && d.action == wanted)
+        .map(|d| d.rule.clone())
 }
 
 /// Connection attempts the run's egress proxy refused (`None`: the run had no proxy).
@@ -210,48 +335,61 @@ mod tests {
     use agentdiff_backend_api::RunEvidence;
     use agentdiff_store::RuntimeDoc;
 
-    fn record(host: &str, action: &str, rule: &str) -> serde_json::Value {
+    fn destination(host: &str, action: &str, rule: &str, attempts: u64) -> serde_json::Value {
         serde_json::json!({
-            "host": host, "port": 443, "protocol": "connect", "action": action, "rule": rule,
-            "reason": "r", "bytes_up": 0, "bytes_down": 0, "started_at": "t",
+            "host": host, "port": 443, "action": action, "rule": rule, "reason": "r",
+            "attempts": attempts, "connected": 0, "in_flight_at_exit": 0,
+            "bytes_up": 1, "bytes_down": 2,
         })
     }
 
     #[test]
     fn refused_hosts_come_first_with_the_rule_of_their_refused_attempt() {
         let network: NetworkEvidence = serde_json::from_value(serde_json::json!({ "egress": {
-            "total": 4, "allowed": 2, "denied": 2, "malformed": 0, "over_capacity": 0,
-            "records": [
-                record("b.test", "allow", "network.egress.allow[0]"),
-                record("b.test", "deny", "network.egress.deny[0]"),
-                record("a.test", "allow", "network.egress.allow[1]"),
+            "total": 38, "allowed": 2, "denied": 36, "bytes_up": 190_003, "bytes_down": 6,
+            "destinations": [
+                destination("a.test", "allow", "network.egress.allow[1]", 1),
+                destination("b.test", "allow", "network.egress.allow[0]", 1),
+                destination("b.test", "deny", "network.egress.deny[0]", 1),
+                destination("c.test", "deny", "network.egress.default", 5),
             ],
-            "records_omitted": 1,
-            "hosts": [
-                {"host": "a.test", "allowed": 1, "denied": 0, "bytes_up": 1, "bytes_down": 2},
-                {"host": "b.test", "allowed": 1, "denied": 1, "bytes_up": 0, "bytes_down": 0},
-                {"host": "c.test", "allowed": 0, "denied": 1, "bytes_up": 0, "bytes_down": 0},
-            ],
-            "hosts_omitted": 0,
+            "omitted": { "denied": { "attempts": 30, "hosts": 1, "destinations": 1,
+                                     "frequent": [{ "host": "p.test", "port": 443,
+                                                    "attempts": 30, "min_attempts": 30 }] },
+                         "allowed": { "attempts": 1, "hosts": 1, "destinations": 1,
+                                      "connected": 1, "bytes_up": 190_000 } },
         }}))
         .unwrap();
         let doc = RuntimeDoc::launched(&RunEvidence::default(), &[], Some(network));
         let rows = network_rows(Some(&doc)).unwrap();
-        let got: Vec<(&str, &str)> = rows
+        let got: Vec<(&str, u64, u64, &str)> = rows
             .hosts
             .iter()
-            .map(|h| (h.host.as_str(), h.rule_text()))
+            .map(|h| (h.host.as_str(), h.denied, h.allowed, h.rule_text()))
             .collect();
-        // c.test's attempt is beyond the record bound: its rule is not recorded, not guessed.
         assert_eq!(
             got,
             [
-                ("b.test", "network.egress.deny[0]"),
-                ("c.test", "not recorded"),
-                ("a.test", "network.egress.allow[1]"),
+                ("c.test", 5, 0, "network.egress.default"),
+                ("b.test", 1, 1, "network.egress.deny[0]"),
+                ("a.test", 0, 1, "network.egress.allow[1]"),
             ]
         );
-        assert_eq!(refused_connections(Some(&doc)), Some(2));
+        assert_eq!(refused_connections(Some(&doc)), Some(36));
         assert_eq!(refused_connections(None), None);
+        // What the bound left out is counted, with its bytes, and said to be unnamed.
+        let more = rows.more_lines();
+        assert_eq!(more.len(), 1, "{more:?}");
+        assert!(
+            more[0].starts_with("31 more attempt(s) to 2 host(s) (190000 B up, 0 B down)"),
+            "{}",
+            more[0]
+        );
+        assert!(
+            more[0].ends_with("not listed; most often: p.test:443 (at least 30)"),
+            "{}",
+            more[0]
+        );
+        assert!(rows.headline().contains("(190003 B up, 6 B down)"));
     }
 }

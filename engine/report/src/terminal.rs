@@ -209,9 +209,20 @@ fn evidence_lines(s: &mut String, r: &RunResult, id: &str) {
             sm.leftover_processes
         );
     }
-    // Findings, exceeded limits and warnings: the rows every surface shows, escaped here.
-    for row in rows::finding_rows(r) {
-        let _ = writeln!(s, "  {}", finding_line(&row));
+    // Findings, exceeded limits and warnings: the rows every surface shows, escaped here; at
+    // most MAX_FINDING_LINES, so a flood cannot bury the summary.
+    let found = rows::finding_rows(r);
+    for row in found.iter().take(rows::MAX_FINDING_LINES) {
+        let _ = writeln!(s, "  {}", finding_line(row));
+    }
+    if found.len() > rows::MAX_FINDING_LINES {
+        let _ = writeln!(
+            s,
+            "  … and {} more finding(s): result.json lists them all (agentdiff inspect {} \
+             --format markdown)",
+            found.len() - rows::MAX_FINDING_LINES,
+            escape_terminal(id)
+        );
     }
     // Attributed (held or started by the run's processes) and machine-wide observations are
     // counted apart: another program's listener or container is not the command's.
@@ -312,8 +323,8 @@ fn network_lines(s: &mut String, v: &RunView) {
     for h in &net.hosts {
         let _ = writeln!(s, "    {}", escape_terminal(&h.line()));
     }
-    if net.more_hosts > 0 {
-        let _ = writeln!(s, "    … and more hosts (see runtime.json)");
+    for line in net.more_lines() {
+        let _ = writeln!(s, "    … {}", escape_terminal(&line));
     }
 }
 

@@ -432,8 +432,10 @@ impl Store {
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// Version of the `runtime.json` schema. 2: backend-specific facts (the container id and image
-/// digest) live only in the backend's own `wrapper` section, not as top-level fields.
-pub const RUNTIME_SCHEMA_VERSION: u32 = 2;
+/// digest) live only in the backend's own `wrapper` section, not as top-level fields. 3: the
+/// egress log aggregates per destination (`destinations`, `omitted`) instead of per host
+/// (`hosts`, `hosts_omitted`), keeps byte totals, and closes attempts in flight at exit.
+pub const RUNTIME_SCHEMA_VERSION: u32 = 3;
 
 #[cfg(test)]
 mod tests {

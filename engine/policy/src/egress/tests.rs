@@ -83,26 +83,101 @@ fn names_never_match_addresses_and_back() {
 }
 
 #[test]
-fn numeric_and_malformed_hosts_are_invalid() {
+fn malformed_hosts_and_names_ending_in_a_number_are_invalid() {
     let e = egress(&["*"], &[], &[]);
     for host in [
-        "127.1",
-        "0x7f.1",
-        "2130706433",
         "",
         "a..b",
         "-a.com",
         "bad host",
         "é.com",
+        // Not addresses to inet_aton, but ending in a number in some base.
+        "a.0x1",
+        "a.b.017",
+        "host.0x",
+        "1.2.3.4.5",
+        "256.1.1.1.1",
+        "08.1",
     ] {
         let d = e.decide(host, 80);
-        assert_eq!(d.action, Action::Deny, "{host}");
-        if host != "0x7f.1" {
-            assert_eq!(d.rule, "network.egress.invalid_host", "{host}");
-        }
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (Action::Deny, "network.egress.invalid_host"),
+            "{host}"
+        );
     }
-    // `0x7f.1`'s last label is numeric too.
-    assert_eq!(e.decide("0x7f.1", 80).rule, "network.egress.invalid_host");
+}
+
+/// What glibc's inet_aton reads, checked against glibc itself in `inet_aton_agrees_with_glibc`.
+#[test]
+fn inet_aton_forms_are_read_as_the_c_resolver_reads_them() {
+    let v4 = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+    for (text, addr) in [
+        ("0x2c000001", Some(v4("44.0.0.1"))),
+        ("44.0.0.0x1", Some(v4("44.0.0.1"))),
+        ("0x2c.0x1", Some(v4("44.0.0.1"))),
+        ("0X2C.0X000001", Some(v4("44.0.0.1"))),
+        ("127.1", Some(v4("127.0.0.1"))),
+        ("0177.0.0.1", Some(v4("127.0.0.1"))),
+        ("127.0.0.01", Some(v4("127.0.0.1"))),
+        ("2130706433", Some(v4("127.0.0.1"))),
+        ("0", Some(v4("0.0.0.0"))),
+        ("1.2.65535", Some(v4("1.2.255.255"))),
+        ("1.16777215", Some(v4("1.255.255.255"))),
+        ("4294967295", Some(v4("255.255.255.255"))),
+        ("4294967296", None),
+        ("0x100000000", None),
+        ("1.2.65536", None),
+        ("1.16777216", None),
+        ("256.1", None),
+        ("1.2.3.256", None),
+        ("1.2.3.4.5", None),
+        ("08", None),
+        ("0x", None),
+        ("0xg", None),
+        ("1..2", None),
+        ("1.2.3.4.", None),
+        (".1", None),
+        ("", None),
+        ("+1", None),
+        ("0x+1", None),
+        ("a.1", None),
+    ] {
+        assert_eq!(inet_aton(text), addr, "{text:?}");
+    }
+}
+
+#[test]
+fn inet_aton_hosts_are_decided_as_their_address() {
+    // `*` is names only: an inet_aton host is an address and needs an address pattern.
+    let e = egress(&["*"], &[], &[]);
+    for host in ["0x2c000001", "44.0.0.0x1", "0x2c.0x1", "0x2c000001."] {
+        let d = e.decide(host, 80);
+        assert_eq!(
+            (d.action, d.rule.as_str(), d.host.as_str()),
+            (Action::Deny, "network.egress.default", "44.0.0.1"),
+            "{host}"
+        );
+        assert!(d.reason.contains("inet_aton"), "{}", d.reason);
+    }
+    let e = egress(&["*", "44.0.0.1:80"], &["10.0.0.0/8"], &[]);
+    assert_eq!(verdict(&e, "0x2c.1", 80).0, Action::Allow);
+    assert_eq!(verdict(&e, "0x2c.1", 81).0, Action::Deny);
+    assert_eq!(
+        verdict(&e, "012.1", 80),
+        (Action::Deny, "network.egress.deny[0]".to_owned())
+    );
+    // Loopback is still internal whatever its spelling.
+    let e = egress(&["*", "10.0.0.0/8"], &[], &[]);
+    assert_eq!(
+        verdict(&e, "0x7f.1", 80),
+        (Action::Deny, "network.egress.default".to_owned())
+    );
+    // A bracket is for IPv6 only, whatever is inside.
+    assert_eq!(
+        verdict(&e, "[0x7f.1]", 80).1,
+        "network.egress.invalid_host".to_owned()
+    );
 }
 
 #[test]
@@ -133,10 +208,19 @@ fn bad_patterns_are_refused_with_a_reason() {
         "::/129",
         "nope/8",
         "127.1",
+        "0x2c000001",
+        "44.0.0.0x1",
+        "0x2c.0x1",
+        "0177.0.0.1",
+        "0x7f.1:80",
+        "*.0x1",
+        "a.0x1",
         "exa mple.com",
     ] {
         assert!(HostPattern::parse(text).is_err(), "{text:?} parsed");
     }
+    let err = HostPattern::parse("0x2c.0x1").unwrap_err().to_string();
+    assert!(err.contains("44.0.0.1"), "{err}");
 }
 
 #[test]
@@ -315,4 +399,100 @@ proptest! {
             prop_assert_eq!(again, p);
         }
     }
+}
+
+extern "C" {
+    // glibc's own reader, the oracle for ours.
+    #[link_name = "inet_aton"]
+    fn c_inet_aton(cp: *const libc::c_char, inp: *mut libc::in_addr) -> libc::c_int;
+}
+
+fn glibc_inet_aton(text: &str) -> Option<Ipv4Addr> {
+    let c = std::ffi::CString::new(text).ok()?;
+    let mut out = libc::in_addr { s_addr: 0 };
+    // SAFETY: a NUL-terminated string and an in_addr we own.
+    let ok = unsafe { c_inet_aton(c.as_ptr(), &mut out) };
+    (ok != 0).then(|| Ipv4Addr::from(u32::from_be(out.s_addr)))
+}
+
+/// `addr` written as inet_aton reads it: `parts` parts, each in a base chosen by `bases`, with
+/// up to `zeros` leading zeros.
+fn inet_form(addr: u32, parts: usize, bases: [u8; 4], zeros: [usize; 4]) -> String {
+    let b = addr.to_be_bytes();
+    let values: Vec<u32> = match parts {
+        1 => vec![addr],
+        2 => vec![b[0].into(), addr & 0xff_ffff],
+        3 => vec![b[0].into(), b[1].into(), addr & 0xffff],
+        _ => b.iter().map(|x| u32::from(*x)).collect(),
+    };
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let z = "0".repeat(zeros[i]);
+            match bases[i] % 3 {
+                0 => format!("{v}"),
+                1 => format!("0{z}{v:o}"),
+                _ if bases[i] % 2 == 0 => format!("0x{z}{v:x}"),
+                _ => format!("0X{z}{v:X}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+proptest! {
+    /// Ours and glibc's inet_aton agree on strings made of number characters and dots.
+    #[test]
+    fn inet_aton_agrees_with_glibc(text in "[0-9a-fA-FxX.]{0,24}") {
+        prop_assert_eq!(inet_aton(&text), glibc_inet_aton(&text), "{:?}", text);
+    }
+
+    /// Every inet_aton spelling of an address is decided exactly as the address written out,
+    /// and refused as a pattern.
+    #[test]
+    fn every_inet_aton_form_is_its_address(
+        addr in any::<u32>(),
+        parts in 1usize..=4,
+        bases in any::<[u8; 4]>(),
+        zeros in prop::array::uniform4(0usize..3),
+        port in 1u16..,
+    ) {
+        let form = inet_form(addr, parts, bases, zeros);
+        let literal = Ipv4Addr::from(addr).to_string();
+        prop_assert_eq!(glibc_inet_aton(&form), Some(Ipv4Addr::from(addr)), "{}", &form);
+        prop_assert_eq!(inet_aton(&form), Some(Ipv4Addr::from(addr)), "{}", &form);
+        for e in [
+            egress(&["*"], &[], &[]),
+            egress(&["*", &literal], &[], &[]),
+            egress(&["0.0.0.0/0"], &[&format!("{literal}:{port}")], &[]),
+            egress(&["*.example", "0.0.0.0/1"], &[], &[]),
+        ] {
+            let (a, b) = (e.decide(&form, port), e.decide(&literal, port));
+            prop_assert_eq!((a.action, &a.rule, &a.host), (b.action, &b.rule, &b.host), "{}", &form);
+        }
+        if form != literal {
+            prop_assert!(HostPattern::parse(&form).is_err(), "{}", &form);
+        }
+    }
+}
+
+/// `localhost` is loopback by definition: explain refuses it as a run would, unless the
+/// loopback address is written out; other names are decided by name only.
+#[test]
+fn explain_applies_the_address_check_to_localhost() {
+    let e = egress(&["*.localhost:8080", "*.example"], &[], &[]);
+    for host in ["localhost", "LOCALHOST.", "app.localhost"] {
+        let d = e.explain(host, 8080);
+        assert_eq!(
+            (d.action, d.rule.as_str()),
+            (Action::Deny, "network.egress.internal_address"),
+            "{host}"
+        );
+        assert!(d.reason.contains("loopback"), "{}", d.reason);
+    }
+    assert_eq!(e.explain("a.example", 443).action, Action::Allow);
+    let e = egress(&["localhost", "127.0.0.1:8080"], &[], &[]);
+    assert_eq!(e.explain("localhost", 8080).action, Action::Allow);
+    assert_eq!(e.explain("localhost", 8081).action, Action::Deny);
 }
