@@ -6,6 +6,9 @@
 //!   followed where the kernel follows them, `..` taken on the real directory. The policy decides
 //!   the project path the kernel lands on (and a final symlink's own name, which a tool that
 //!   replaces the file acts on). A target outside the project root is denied.
+//! - A path is decided in every reading a tool may give it ([`paths`]): as written, trimmed,
+//!   and with a leading `~` expanded (Claude Code trims and expands before the tool runs); the
+//!   strictest decision wins, so no `allow` rests on a reading the tool does not take.
 //! - A write target that is a regular file with several links is decided on every name it has
 //!   inside the root ([`links`]); names outside the root make it an outside write. A content
 //!   search of a directory is judged on the other names of every multiply-linked file below it
@@ -35,6 +38,7 @@ mod deny_read;
 mod judge;
 mod links;
 mod patch;
+mod paths;
 pub mod resolve;
 mod tools;
 
@@ -48,6 +52,7 @@ pub(crate) use deny_read::check_read_pattern;
 pub use deny_read::DenyRead;
 pub use links::MAX_ENTRIES as MAX_HARD_LINK_SEARCH_ENTRIES;
 pub use patch::{parse as parse_patch, PatchFiles};
+pub use paths::{project_paths, readings, Reading};
 pub use resolve::{resolve, Resolution, ResolveError, PATH_MAX};
 pub use tools::{shell_tool, ShellTool, HARMLESS_TOOLS};
 

@@ -256,6 +256,43 @@ fn unknown_tools_are_asked_about() {
     }
 }
 
+/// Claude Code trims a tool's path and expands `~`; the hook decides every reading, so it never
+/// answers `allow` on a reading the tool does not take.
+#[test]
+fn tilde_and_blank_paths_are_decided_in_every_reading() {
+    let (_d, root) = project();
+    let home = home_dir_text();
+    if Path::new(&home).starts_with(&root) {
+        return;
+    }
+    let write =
+        |p: &str| json!({"tool_name": "Write", "tool_input": {"file_path": p, "content": "x"}});
+    let read = |p: &str| json!({"tool_name": "Read", "tool_input": {"file_path": p}});
+    for path in [
+        "~/.bashrc",
+        "~",
+        " .env",
+        ".env ",
+        "\t.git/config",
+        " /etc/passwd",
+    ] {
+        let v = verdict(&root, write(path));
+        assert_eq!(v.permission_decision(), Some("deny"), "{path:?}: {v:?}");
+    }
+    let v = verdict(&root, write("~/.bashrc"));
+    assert!(
+        v.decision.unwrap().reason.contains("read as"),
+        "the reason names the reading"
+    );
+    assert_eq!(answer(&root, write("~nosuchuser-agentdiff/x")), Some("ask"));
+    assert_eq!(answer(&root, read(" .env")), Some("deny"));
+    assert_eq!(answer(&root, read("~/.ssh/id_test")), Some("deny"));
+    // A read outside the root in one reading is never an explicit allow.
+    assert_eq!(answer(&root, read("~/notes.txt")), None);
+    assert_eq!(answer(&root, write(" src/a.rs")), Some("allow"));
+    assert_eq!(answer(&root, read(" src/a.rs")), Some("allow"));
+}
+
 fn home_dir_text() -> String {
     std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned())
 }
