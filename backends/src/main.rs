@@ -60,8 +60,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => {
             // Help and version are not errors; everything else is a usage error, which for the
-            // hook must block the call (any other non-zero exit lets Claude Code run it).
-            let code = match (err.use_stderr(), is_hook(&argv)) {
+            // PreToolUse hook must block the call (any other non-zero exit lets Claude Code run
+            // it), and for every other command, the session hooks included, is 64.
+            let code = match (err.use_stderr(), cli::hook::failure_blocks(&argv)) {
                 (false, _) => 0,
                 (true, true) => cli::hook::HOOK_BLOCK,
                 (true, false) => exit::USAGE,
@@ -83,7 +84,7 @@ fn main() -> ExitCode {
     match out::failure() {
         Some(failure) => {
             errln!("agentdiff: error: {failure}");
-            ExitCode::from(if is_hook(&argv) {
+            ExitCode::from(if cli::hook::failure_blocks(&argv) {
                 cli::hook::HOOK_BLOCK
             } else {
                 exit::INTERNAL
@@ -91,14 +92,6 @@ fn main() -> ExitCode {
         }
         None => code,
     }
-}
-
-/// Whether this is an `agentdiff hook …` command line (global options before it included).
-fn is_hook(argv: &[OsString]) -> bool {
-    argv.iter()
-        .skip(1)
-        .find(|a| !a.to_string_lossy().starts_with('-'))
-        .is_some_and(|a| a == "hook")
 }
 
 /// The arguments after the hidden exec-shim subcommand, when `argv[1]` is it.

@@ -647,3 +647,81 @@ fn claude_code_runs_inside_bwrap_with_only_its_api_host_reachable() {
     assert!(paths.contains(&"src/main.rs"), "{paths:?}");
     assert_exit(&s.agentdiff(&["verify", &run_id]), 0);
 }
+
+/// Claude Code's `Monitor` tool runs a shell command: with the hook installed it runs sandboxed
+/// as its own run, exactly as `Bash`, so its writes to `.env`, `.git` and outside the root never
+/// stay, and the home's keys are hidden from it. A call the hook asks about is refused headless
+/// and is in the session capsule as `asked`.
+#[test]
+fn a_monitor_command_runs_sandboxed_with_the_real_cli() {
+    let Some((cli, user)) = ready() else { return };
+    if super::bwrap_cli::no_bwrap() {
+        return;
+    }
+    let s = Session::new(cli, user);
+    let proj = s.proj();
+    let home = s.base.path().join("home");
+    fs::create_dir_all(home.join(".ssh")).unwrap();
+    fs::write(home.join(".ssh/id_rsa"), "SECRET-KEY\n").unwrap();
+    fs::write(
+        proj.join("agentdiff.yaml"),
+        "version: 1\nfilesystem:\n  allow_write: [\"src/**\"]\n  review: [docs/**]\n  deny: [.env, .git/**]\n",
+    )
+    .unwrap();
+    if let Some((uid, gid)) = user {
+        for p in [
+            home.join(".ssh"),
+            home.join(".ssh/id_rsa"),
+            proj.join("agentdiff.yaml"),
+        ] {
+            std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+        }
+    }
+    assert_exit(&s.agentdiff(&["hook", "install", "--runtime", "bwrap"]), 0);
+    let outside = s.outside().join("monitor-was-here");
+    let command = format!(
+        "echo pwned > .git/hooks/pre-commit; echo leaked > .env; touch {}; cat {} > key.txt; \
+         echo monitor-done",
+        outside.display(),
+        home.join(".ssh/id_rsa").display()
+    );
+    let script = json!({"steps": [
+        [{"name": "Monitor", "input": {"description": "watch", "timeout_ms": 5000, "command": command}}],
+        [bash("sleep 3; echo looked")],
+        [write(&proj.join("docs/guide.md"), "x")],
+    ], "final": "done"});
+    let (result, results) = s.run(&script);
+
+    assert!(!proj.join(".git/hooks/pre-commit").exists());
+    assert!(
+        !proj.join(".env").exists(),
+        "the denied change was reverted"
+    );
+    assert!(!outside.exists());
+    // The command ran (in the sandbox, where the key is hidden).
+    let key = fs::read_to_string(proj.join("key.txt")).expect("the Monitor command ran");
+    assert!(
+        !key.contains("SECRET-KEY"),
+        "the home's key reached the command"
+    );
+    assert!(result_of(&results, "toolu_0002").2.contains("looked"));
+    assert_eq!(denied_ids(&result), ["toolu_0003"], "{result}");
+
+    let runs = s.agentdiff(&["runs", "--format", "json"]);
+    let runs: Value = serde_json::from_slice(&runs.stdout).unwrap();
+    let monitor_run = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["task"].as_str().is_some_and(|t| t.contains("toolu_0001")));
+    assert!(monitor_run, "the Monitor command is its own run: {runs}");
+    let listed = s.agentdiff(&["session", "list", "--format", "json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let id = listed[0]["id"].as_str().unwrap();
+    let shown = s.agentdiff(&["session", "show", id, "--format", "json"]);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let calls = shown["calls"].as_array().unwrap();
+    let asked = calls.iter().find(|c| c["tool_use_id"] == "toolu_0003");
+    assert_eq!(asked.unwrap()["outcome"], "asked", "{calls:?}");
+    assert_exit(&s.agentdiff(&["verify", "--all"]), 0);
+}

@@ -631,3 +631,168 @@ fn a_call_not_judged_within_the_deadline_is_denied() {
     let out = agentdiff(root, &["hook", "pre-tool-use", "--no-such-flag"]);
     super::assert_exit(&out, HOOK_BLOCK);
 }
+
+/// `--deadline` (or `AGENTDIFF_HOOK_DEADLINE`) below 1 ms would deny every call: a usage error,
+/// which blocks like every failure of this hook, saying so.
+#[test]
+fn a_deadline_below_one_millisecond_is_a_usage_error() {
+    use std::process::Stdio;
+    let dir = open_project();
+    let root = dir.path();
+    for deadline in ["500us", "0ms", "1ns", "0"] {
+        let out = super::cmd(
+            root,
+            &[
+                "hook",
+                "pre-tool-use",
+                "--root",
+                root.to_str().unwrap(),
+                "--deadline",
+                deadline,
+            ],
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+        super::assert_exit(&out, HOOK_BLOCK);
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("usage error") && err.contains("at least 1ms"),
+            "{deadline}: {err}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    let out = super::cmd(
+        root,
+        &["hook", "pre-tool-use", "--root", root.to_str().unwrap()],
+    )
+    .env("AGENTDIFF_HOOK_DEADLINE", "999us")
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    super::assert_exit(&out, HOOK_BLOCK);
+    assert!(
+        text(&out.stderr).contains("at least 1ms"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A project that records no session (no store, or no session of this agent session open):
+/// a denied or asked call says nothing on stderr beyond the answer.
+#[test]
+fn a_refusal_without_a_recorded_session_says_nothing_more() {
+    let dir = open_project();
+    let root = dir.path();
+    for (tool, input) in [
+        ("Write", json!({"file_path": ".env", "content": "x"})),
+        ("Frobnicate", json!({})),
+    ] {
+        let out = hook(root, &claude_input(root, tool, input));
+        super::assert_exit(&out, 0);
+        assert!(!out.stdout.is_empty());
+        assert_eq!(text(&out.stderr), "", "{tool}");
+    }
+    // A store with no session open for this agent session: still quiet.
+    super::assert_exit(
+        &agentdiff(
+            root,
+            &["run", "--root", root.to_str().unwrap(), "--", "true"],
+        ),
+        0,
+    );
+    let out = hook(
+        root,
+        &claude_input(root, "Write", json!({"file_path": ".env"})),
+    );
+    assert_eq!(text(&out.stderr), "");
+}
+
+/// Every tool that runs a shell command is a shell call, and a tool this hook does not know is
+/// asked about: neither passes without a decision.
+#[test]
+fn shell_and_unknown_tools_never_pass_without_a_decision() {
+    let dir = open_project();
+    let root = dir.path();
+    let monitor = json!({"description": "w", "timeout_ms": 5000, "command": "echo x > .env"});
+    // Without --runtime, shell calls are asked (not sandboxed), Monitor as Bash.
+    for (tool, input) in [("Bash", json!({"command": "ls"})), ("Monitor", monitor)] {
+        let (d, reason) = decision(root, tool, input);
+        assert_eq!(d, "ask", "{tool}");
+        assert!(reason.contains("hook.shell_command"), "{tool}: {reason}");
+    }
+    for (tool, input, rule) in [
+        ("Shell", json!({"command": "touch x"}), "hook.foreign_shell"),
+        (
+            "mcp__box__exec",
+            json!({"cmd": "rm -rf ."}),
+            "hook.foreign_shell",
+        ),
+        ("EnterWorktree", json!({"name": "w"}), "hook.unknown_tool"),
+        ("Frobnicate", json!({"x": 1}), "hook.unknown_tool"),
+    ] {
+        let (d, reason) = decision(root, tool, input);
+        assert_eq!(d, "ask", "{tool}");
+        assert!(reason.contains(rule), "{tool}: {reason}");
+    }
+    // A Monitor that opens a WebSocket runs no command; web and bookkeeping tools are left to
+    // Claude Code's own permission flow.
+    let ws = json!({"description": "w", "timeout_ms": 5000, "ws": {"url": "wss://example.com"}});
+    assert_eq!(answer(root, "Monitor", ws), None);
+    assert_eq!(answer(root, "TodoWrite", json!({"todos": []})), None);
+}
+
+/// Claude Code trims a tool's path and expands `~` before the tool uses it: the hook decides
+/// that reading too, so no `allow` rests on the literal one alone.
+#[test]
+fn tilde_and_blanks_in_tool_paths_are_decided_as_the_tool_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("agentdiff.yaml"), OPEN_POLICY).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join(".ssh")).unwrap();
+    std::fs::write(home.path().join(".ssh/id_test"), "key").unwrap();
+    let ask = |tool: &str, path: &str| {
+        let input = claude_input(root, tool, json!({"file_path": path, "content": "x"}));
+        let out = super::cmd(
+            root,
+            &["hook", "pre-tool-use", "--root", root.to_str().unwrap()],
+        )
+        .env("HOME", home.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(input.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+        super::assert_exit(&out, 0);
+        let value: Option<Value> = serde_json::from_slice(&out.stdout).ok();
+        value.map(|v| {
+            v["hookSpecificOutput"]["permissionDecision"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+    };
+    assert_eq!(ask("Read", "~/.ssh/id_test").as_deref(), Some("deny"));
+    assert_eq!(ask("Read", " .env").as_deref(), Some("deny"));
+    for path in [
+        "~/.bashrc",
+        " /etc/passwd",
+        " .env",
+        ".env\n",
+        "\t.git/config",
+        "~",
+    ] {
+        assert_eq!(ask("Write", path).as_deref(), Some("deny"), "{path:?}");
+    }
+    assert_eq!(ask("Read", "~/notes.txt"), None);
+    assert_eq!(
+        ask("Write", "~nosuchuser-agentdiff/x").as_deref(),
+        Some("ask")
+    );
+    assert_eq!(ask("Write", "src/ok.rs ").as_deref(), Some("allow"));
+}

@@ -26,6 +26,7 @@ mod external_cli;
 mod hook_cli;
 mod hook_install_cli;
 mod hook_install_files_cli;
+mod hook_shell_cli;
 pub mod html_cli;
 mod markdown_cli;
 mod planted_programs_cli;

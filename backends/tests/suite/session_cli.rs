@@ -664,3 +664,302 @@ fn a_session_with_an_unreadable_result_is_listed_with_the_problem() {
     assert_eq!(status, 409, "{page}");
     assert!(page.contains("result.json"), "{page}");
 }
+
+/// Runs `hook pre-tool-use` on a call of this session; its output, whatever the exit code.
+fn pre_tool_use(root: &Path, extra: &[&str], input: &Value) -> Output {
+    let r = root_arg(root);
+    let mut args = vec!["hook", "pre-tool-use", "--root", r.as_str()];
+    args.extend_from_slice(extra);
+    agentdiff_with_stdin(root, &args, &input.to_string())
+}
+
+/// The calls `session show --format json` lists.
+fn calls_of(root: &Path, id: &str) -> Vec<Value> {
+    let out = agentdiff(
+        root,
+        &[
+            "session",
+            "show",
+            id,
+            "--root",
+            &root_arg(root),
+            "--format",
+            "json",
+        ],
+    );
+    assert_exit(&out, 0);
+    json_of(&out)["calls"].as_array().unwrap().clone()
+}
+
+/// Every call the PreToolUse hook refuses is in the session's log with its decision and reason:
+/// a policy `deny`, an `ask` (a headless session refuses it), the deadline's `deny`, and a call
+/// blocked with exit 2; only the denials count as denied calls, and an asked call is never
+/// credited with a change.
+#[test]
+fn every_call_the_hook_refuses_is_in_the_session_log() {
+    let (_d, root) = project();
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 1\nfilesystem:\n  allow_write: [\"src/**\"]\n  review: [docs/**]\n  deny: [.env]\n",
+    )
+    .unwrap();
+    let id = start(&root);
+    let call =
+        |tool: &str, id: &str, input: Value| tool_input(&root, "PreToolUse", tool, id, input);
+
+    let out = pre_tool_use(
+        &root,
+        &[],
+        &call("Write", "t_deny", json!({"file_path": ".env"})),
+    );
+    assert!(
+        text(&out.stdout).contains("\"deny\""),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "a recorded refusal says nothing more"
+    );
+    let out = pre_tool_use(
+        &root,
+        &[],
+        &call("Write", "t_ask", json!({"file_path": "docs/guide.md"})),
+    );
+    assert!(
+        text(&out.stdout).contains("\"ask\""),
+        "{}",
+        text(&out.stdout)
+    );
+    // A hard-linked target makes the hook look for its other names through 5,000 files: far
+    // longer than the shortest deadline.
+    fs::create_dir_all(root.join("bulk")).unwrap();
+    for i in 0..5000 {
+        fs::write(root.join(format!("bulk/f{i}")), "").unwrap();
+    }
+    fs::write(root.join("bulk/x"), "x").unwrap();
+    fs::hard_link(root.join("bulk/x"), root.join("src/x.rs")).unwrap();
+    let out = pre_tool_use(
+        &root,
+        &["--deadline", "1ms"],
+        &call("Write", "t_late", json!({"file_path": "src/x.rs"})),
+    );
+    assert!(
+        text(&out.stdout).contains("deadline"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = pre_tool_use(&root, &[], &call("Write", "t_bad", json!({"file_path": 7})));
+    assert_exit(&out, 2);
+    let out = pre_tool_use(&root, &[], &call("Frobnicate", "t_new", json!({})));
+    assert!(
+        text(&out.stdout).contains("\"ask\""),
+        "{}",
+        text(&out.stdout)
+    );
+    // An allowed call is left to PostToolUse.
+    let out = pre_tool_use(
+        &root,
+        &[],
+        &call("Write", "t_ok", json!({"file_path": "src/ok.rs"})),
+    );
+    assert!(
+        text(&out.stdout).contains("\"allow\""),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let calls = calls_of(&root, &id);
+    let find = |id: &str| {
+        calls
+            .iter()
+            .find(|c| c["tool_use_id"] == id)
+            .unwrap_or_else(|| panic!("{id} is not in the log: {calls:?}"))
+            .clone()
+    };
+    assert_eq!(calls.len(), 5, "{calls:?}");
+    let detail = |id: &str| find(id)["detail"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(find("t_deny")["outcome"], "denied");
+    assert_eq!(find("t_deny")["paths"], json!([".env"]));
+    assert!(
+        detail("t_deny").contains("filesystem.deny"),
+        "{}",
+        detail("t_deny")
+    );
+    assert_eq!(find("t_ask")["outcome"], "asked");
+    assert!(
+        detail("t_ask").contains("docs/guide.md"),
+        "{}",
+        detail("t_ask")
+    );
+    assert_eq!(
+        find("t_ask")["paths"],
+        Value::Null,
+        "an asked call names no path"
+    );
+    assert_eq!(find("t_late")["outcome"], "denied");
+    assert!(
+        detail("t_late").contains("deadline"),
+        "{}",
+        detail("t_late")
+    );
+    assert_eq!(find("t_bad")["outcome"], "denied");
+    assert!(
+        detail("t_bad").starts_with("blocked: "),
+        "{}",
+        detail("t_bad")
+    );
+    assert!(detail("t_bad").contains("file_path"), "{}", detail("t_bad"));
+    assert_eq!(find("t_new")["outcome"], "asked");
+    assert!(
+        detail("t_new").contains("hook.unknown_tool"),
+        "{}",
+        detail("t_new")
+    );
+
+    // The asked path changes anyway (a person allowed it; PostToolUse never came): the asked
+    // call is not credited with it.
+    fs::create_dir_all(root.join("docs")).unwrap();
+    fs::write(root.join("docs/guide.md"), "x").unwrap();
+    let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
+    hook(&root, "session-end", end);
+    let out = agentdiff(
+        &root,
+        &[
+            "session",
+            "show",
+            &id,
+            "--root",
+            &root_arg(&root),
+            "--format",
+            "json",
+        ],
+    );
+    let ended = json_of(&out)["ended"].clone();
+    let mut denied: Vec<String> = serde_json::from_value(ended["denied_calls"].clone()).unwrap();
+    denied.sort();
+    assert_eq!(denied, ["t_bad", "t_deny", "t_late"]);
+    let guide = ended["attributions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["path"] == "docs/guide.md")
+        .unwrap()
+        .clone();
+    assert_eq!(guide["unattributed"], true, "{guide}");
+}
+
+/// The session log records the file a call's path leads to, so a change is credited to the
+/// call that made it: through a symlinked directory, with `..`, and from a root reached through
+/// a symlink; a symlink the call only passed through is not credited to it.
+#[test]
+fn calls_are_recorded_with_the_path_the_hook_resolved() {
+    let (dir, root) = project();
+    let link_root = dir.path().parent().unwrap().join(format!(
+        "{}-link",
+        root.file_name().unwrap().to_string_lossy()
+    ));
+    std::os::unix::fs::symlink(&root, &link_root).unwrap();
+    let id = start(&root);
+    // Made by the user during the session, by no tool call.
+    std::os::unix::fs::symlink("src", root.join("srclink")).unwrap();
+    fs::write(root.join("src/a.rs"), "a").unwrap();
+    fs::write(root.join("src/c.rs"), "c").unwrap();
+    hook(
+        &root,
+        "post-tool-use",
+        tool_input(
+            &root,
+            "PostToolUse",
+            "Edit",
+            "te1",
+            json!({"file_path": "srclink/a.rs"}),
+        ),
+    );
+    let via_link = json!({"file_path": link_root.join("src/../src/c.rs")});
+    let input = json!({
+        "session_id": SESSION, "cwd": link_root, "hook_event_name": "PostToolUse",
+        "tool_name": "Write", "tool_use_id": "tw2", "tool_input": via_link,
+    });
+    let out = agentdiff_with_stdin(
+        &root,
+        &[
+            "hook",
+            "post-tool-use",
+            "--root",
+            link_root.to_str().unwrap(),
+        ],
+        &input.to_string(),
+    );
+    assert_exit(&out, 0);
+    let calls = calls_of(&root, &id);
+    assert_eq!(calls[0]["paths"], json!(["src/a.rs"]), "{calls:?}");
+    assert_eq!(calls[1]["paths"], json!(["src/c.rs"]), "{calls:?}");
+
+    let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
+    hook(&root, "session-end", end);
+    let out = agentdiff(
+        &root,
+        &[
+            "session",
+            "show",
+            &id,
+            "--root",
+            &root_arg(&root),
+            "--format",
+            "json",
+        ],
+    );
+    let attributions = json_of(&out)["ended"]["attributions"].clone();
+    let who = |path: &str| {
+        attributions
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["path"] == path)
+            .unwrap_or_else(|| panic!("{path}: {attributions}"))
+            .clone()
+    };
+    assert_eq!(who("src/a.rs")["calls"], json!(["te1"]));
+    assert_eq!(who("src/c.rs")["calls"], json!(["tw2"]));
+    assert_eq!(who("srclink")["unattributed"], true, "{}", who("srclink"));
+    fs::remove_file(&link_root).unwrap();
+}
+
+/// A session hook never exits 2 (for `Stop` it would keep the agent from stopping, for
+/// `PostToolUse` it feeds the error to the model): a usage error is exit 64 and says what is
+/// wrong, while `pre-tool-use` still blocks with 2.
+#[test]
+fn a_session_hook_usage_error_never_blocks() {
+    let (_d, root) = project();
+    for event in [
+        "session-start",
+        "post-tool-use",
+        "post-tool-use-failure",
+        "stop",
+        "session-end",
+    ] {
+        for args in [vec!["--root", ""], vec!["--bogus"]] {
+            let mut argv = vec!["hook", event];
+            argv.extend(args.iter().copied());
+            let out = super::cmd(&root, &argv)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            assert_exit(&out, 64);
+            assert!(!text(&out.stderr).is_empty(), "{event} says what is wrong");
+        }
+    }
+    for argv in [
+        vec!["hook", "pre-tool-use", "--root", ""],
+        vec!["hook", "pre-tool-use", "--bogus"],
+        vec!["hook", "pre-tol-use"],
+    ] {
+        let out = super::cmd(&root, &argv)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_exit(&out, 2);
+    }
+}

@@ -404,7 +404,10 @@ fn attribute(
             let covers = |named: &str| named == path || is_below(named, path);
             let mut names = Vec::new();
             let mut runs = Vec::new();
-            for call in calls.iter().filter(|c| c.outcome != "denied") {
+            for call in calls
+                .iter()
+                .filter(|c| !matches!(c.outcome.as_str(), "denied" | "asked"))
+            {
                 if call.paths.iter().any(|p| covers(p)) {
                     names.push(call_name(call));
                 }

@@ -87,7 +87,8 @@ pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let (original, mut doc) = read_settings(&path)?;
     // Before the probes (seconds): a file that cannot be written fails now.
     writable(&path)?;
-    let deadline = installed_deadline(super::resolve_deadline(args.deadline)?)?;
+    let deadline = super::resolve_deadline(args.deadline).map_err(|e| with_code(exit::USAGE, e))?;
+    let deadline = installed_deadline(deadline);
     let policy = args.policy.as_deref().map(absolute_policy).transpose()?;
     let mut registry = crate::common::context::registry(root.as_deref())?;
     let shell = choose_shell(&mut registry, args.runtime.as_deref())?;
@@ -230,18 +231,9 @@ fn wanted_hooks(
 }
 
 /// The deadline as written into the hook command, in whole milliseconds rounded up (the hook
-/// reads `ms`); below one millisecond no call could be judged in time, so it is refused.
-fn installed_deadline(deadline: Duration) -> anyhow::Result<u128> {
-    if deadline < Duration::from_millis(1) {
-        return Err(with_code(
-            exit::USAGE,
-            anyhow::anyhow!(
-                "a hook deadline of {deadline:?} would deny every call; give at least 1ms \
-                 (default 5s); nothing was installed"
-            ),
-        ));
-    }
-    Ok(deadline.as_nanos().div_ceil(1_000_000))
+/// reads `ms`; [`super::resolve_deadline`] refused anything below one).
+fn installed_deadline(deadline: Duration) -> u128 {
+    deadline.as_nanos().div_ceil(1_000_000)
 }
 
 /// `--policy` as an absolute path that exists (the hooks run with the project, not this shell,

@@ -16,12 +16,18 @@
 //! installed with and then runs the call, so a late `deny` is no deny. Reading the input, loading
 //! the policy and judging run on a worker thread; when the deadline passes first, the answer is
 //! `deny` with the reason, and the worker is abandoned with the process. A panic anywhere exits
-//! with [`HOOK_BLOCK`].
+//! with [`HOOK_BLOCK`]. Only `pre-tool-use` blocks on failure ([`failure_blocks`]): the session
+//! hooks and install exit with a usage or failure code, never 2.
+//!
+//! Every call the hook refuses (a `deny`, an `ask`, the deadline's `deny`, a block) is appended
+//! to the open session of its agent session, once the answer is out and within
+//! [`RECORD_GRACE`]. A shell call is any tool [`hook::shell_tool`] names rewritable (`Bash`,
+//! `Monitor`): it is rewritten to run sandboxed ([`sandbox`]).
 
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use agentdiff_policy::{self as policy, hook, PolicyError};
@@ -77,8 +83,9 @@ pub struct PreToolUseArgs {
     /// $AGENTDIFF_HOOK_DEADLINE, else 5 s). Keep it below the hook's installed timeout.
     #[arg(long, value_name = "D", value_parser = super::run::parse_duration)]
     deadline: Option<Duration>,
-    /// Run `Bash` calls sandboxed in this runtime, each as its own `agentdiff run`, while a
-    /// probe record (kept by `hook install`) verifies it on this host; else they are asked.
+    /// Run shell calls (`Bash`, `Monitor`) sandboxed in this runtime, each as its own
+    /// `agentdiff run`, while a probe record (kept by `hook install`) verifies it on this host;
+    /// else they are asked.
     #[arg(long, value_name = "ID")]
     runtime: Option<String>,
 }
@@ -100,6 +107,36 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The `agentdiff hook` subcommands whose failure must not block: the session hooks (Claude
+/// Code takes exit 2 from `Stop` as "keep working", from `PostToolUse` as an error to feed the
+/// model) and the commands a person runs.
+const NEVER_BLOCK: [&str; 8] = [
+    "install",
+    "uninstall",
+    "session-start",
+    "post-tool-use",
+    "post-tool-use-failure",
+    "stop",
+    "session-end",
+    "help",
+];
+
+/// Whether a failure of this command line (a usage error, a lost answer) exits with
+/// [`HOOK_BLOCK`]: for `agentdiff hook pre-tool-use`, and for an `agentdiff hook` subcommand
+/// that cannot be told (a misspelt name may be a PreToolUse hook, which must block).
+pub fn failure_blocks(argv: &[std::ffi::OsString]) -> bool {
+    let mut words = argv
+        .iter()
+        .skip(1)
+        .filter(|a| !a.to_string_lossy().starts_with('-'));
+    if words.next().map_or(true, |a| a != "hook") {
+        return false;
+    }
+    words
+        .next()
+        .map_or(true, |sub| !NEVER_BLOCK.iter().any(|n| sub == *n))
+}
+
 /// A panic on any thread prints its message and exits with [`HOOK_BLOCK`]: the default exit
 /// code of a panic (101) would let the call run.
 fn block_on_panic() {
@@ -108,6 +145,14 @@ fn block_on_panic() {
         std::process::exit(i32::from(HOOK_BLOCK));
     }));
 }
+
+/// The shortest deadline: below it no call could be judged, so every call would be denied.
+pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
+
+/// How long a refused call may take to reach the session's record once the answer is out: the
+/// hook must still exit well before Claude Code's timeout (at least 30 s when installed), past
+/// which the call would run.
+const RECORD_GRACE: Duration = Duration::from_millis(1500);
 
 /// The deadline in force: `--deadline`, else [`DEADLINE_ENV`], else [`DEFAULT_DEADLINE`].
 fn resolve_deadline(flag: Option<Duration>) -> anyhow::Result<Duration> {
@@ -121,38 +166,170 @@ fn resolve_deadline(flag: Option<Duration>) -> anyhow::Result<Duration> {
         (None, None) => DEFAULT_DEADLINE,
     };
     anyhow::ensure!(
-        !deadline.is_zero(),
-        "the hook's deadline must be greater than zero"
+        deadline >= MIN_DEADLINE,
+        "usage error: the hook's deadline (--deadline or {DEADLINE_ENV}) must be at least 1ms, \
+         got {}",
+        humantime::format_duration(deadline)
     );
     Ok(deadline)
 }
 
+/// What the judging thread has learned so far: enough to record a refusal in the session,
+/// whatever ends the call (an answer, an error, the deadline).
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    text: Option<String>,
+    root: Option<PathBuf>,
+    /// The thread has finished: nothing more will be noted.
+    done: bool,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn note(seen: &Shared, update: impl FnOnce(&mut Seen)) {
+    let mut guard = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    update(&mut guard);
+}
+
 /// Judges the call on a worker thread and waits for it until the deadline; past it, `deny`.
+/// Every refusal (`deny`, `ask`, the deadline's `deny`, a block) is then recorded.
 fn within_deadline(args: PreToolUseArgs) -> anyhow::Result<ExitCode> {
     let deadline = resolve_deadline(args.deadline)?;
+    let seen = Shared::default();
+    let worker_seen = Arc::clone(&seen);
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("hook-judge".to_owned())
         .spawn(move || {
             // The receiver is gone only when the deadline passed: nothing to tell then.
-            let _ = tx.send(pre_tool_use(args));
+            let answer = pre_tool_use(args, &worker_seen);
+            note(&worker_seen, |s| s.done = true);
+            let _ = tx.send(answer);
         })
         .context("cannot start the thread that judges the call")?;
     match rx.recv_timeout(deadline) {
-        Ok(answer) => {
-            if let Some(answer) = answer? {
+        Ok(Ok(answer)) => {
+            if let Some(answer) = &answer {
                 outln!("{answer}");
+                if let Some((outcome, reason)) = refusal(answer) {
+                    record_refusal(&seen, outcome, reason);
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
+        Ok(Err(err)) => {
+            record_refusal(&seen, "denied", format!("blocked: {err:#}"));
+            Err(err)
+        }
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            outln!("{}", late_deny(deadline));
+            let answer = late_deny(deadline);
+            outln!("{answer}");
+            if let Some((outcome, reason)) = refusal(&answer) {
+                record_refusal(&seen, outcome, reason);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => {
             anyhow::bail!("the thread judging the call ended without an answer")
         }
     }
+}
+
+/// The session outcome and reason of an answer that refuses the call (`deny`: `denied`, `ask`:
+/// `asked`; headless Claude Code refuses an ask); `None` for `allow`.
+fn refusal(answer: &serde_json::Value) -> Option<(&'static str, String)> {
+    let specific = answer.get("hookSpecificOutput")?;
+    let outcome = match specific.get("permissionDecision")?.as_str()? {
+        "deny" => "denied",
+        "ask" => "asked",
+        _ => return None,
+    };
+    let reason = specific
+        .get("permissionDecisionReason")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default();
+    Some((outcome, reason.to_owned()))
+}
+
+/// Records a refused call in its session, waiting at most [`RECORD_GRACE`] (the answer is out
+/// already; a session log held by a sealing `SessionEnd` must not hold the hook past Claude
+/// Code's timeout). Nothing is recorded without the call's session id or the project root.
+fn record_refusal(seen: &Shared, outcome: &'static str, reason: String) {
+    let started = std::time::Instant::now();
+    let seen = wait_seen(seen, RECORD_GRACE);
+    let (Some(text), Some(root)) = (seen.text, seen.root) else {
+        return;
+    };
+    let grace = RECORD_GRACE.saturating_sub(started.elapsed());
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("hook-record".to_owned())
+        .spawn(move || {
+            refused_call(&root, &text, outcome, reason);
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() && rx.recv_timeout(grace).is_err() {
+        errln!(
+            "agentdiff: the refused call is not in the session record: the session's log was not \
+             free within {}",
+            humantime::format_duration(RECORD_GRACE)
+        );
+    }
+}
+
+/// What the judging thread has noted, once it has the input and the root, has finished, or
+/// `grace` passed (a call refused by the deadline may not have been read yet).
+fn wait_seen(seen: &Shared, grace: Duration) -> Seen {
+    let started = std::time::Instant::now();
+    loop {
+        let now = seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if now.done || (now.text.is_some() && now.root.is_some()) || started.elapsed() >= grace {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Puts one refused call into its session's log, read leniently from the hook's input: a call
+/// blocked for malformed input is recorded with what of it could be read. An `asked` call is
+/// recorded without paths: it may never run, so it must not be credited with a change (if a
+/// person allows it, `PostToolUse` records it with its paths).
+fn refused_call(root: &std::path::Path, text: &str, outcome: &str, reason: String) {
+    let Ok(serde_json::Value::Object(input)) = serde_json::from_str::<serde_json::Value>(text)
+    else {
+        return;
+    };
+    let Some(session_id) = input.get("session_id").and_then(serde_json::Value::as_str) else {
+        return;
+    };
+    let tool = input
+        .get("tool_name")
+        .and_then(serde_json::Value::as_str)
+        .filter(|t| !t.is_empty())
+        .unwrap_or("(unknown)");
+    let cwd = input
+        .get("cwd")
+        .and_then(serde_json::Value::as_str)
+        .map(std::path::Path::new)
+        .filter(|p| p.is_absolute());
+    let tool_input = match (outcome, input.get("tool_input")) {
+        ("asked", _) => None,
+        (_, Some(serde_json::Value::Object(map))) => Some(map),
+        _ => None,
+    };
+    let tool_use_id = input
+        .get("tool_use_id")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned);
+    let mut record = session::call_record(root, cwd, tool, tool_use_id, tool_input);
+    record.outcome = outcome.to_owned();
+    record.detail = Some(reason);
+    session::record_refusal(root, session_id, &record);
 }
 
 /// The `deny` answered when the deadline passed before the call was judged.
@@ -171,8 +348,8 @@ fn late_deny(deadline: Duration) -> serde_json::Value {
     })
 }
 
-/// Reads, loads and judges; the answer to print, if any.
-fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<Option<serde_json::Value>> {
+/// Reads, loads and judges; the answer to print, if any. What it has read is noted in `seen`.
+fn pre_tool_use(args: PreToolUseArgs, seen: &Shared) -> anyhow::Result<Option<serde_json::Value>> {
     let mut input = Vec::new();
     std::io::stdin()
         .lock()
@@ -181,20 +358,22 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<Option<serde_json::Value
         .context("cannot read the tool call from standard input")?;
     let text = String::from_utf8(input)
         .map_err(|_| PolicyError::HookInput("stdin is not UTF-8".to_owned()))?;
-    let call = hook::ToolCall::parse(&text)?;
+    if text.len() <= hook::MAX_HOOK_INPUT_BYTES {
+        note(seen, |s| s.text = Some(text.clone()));
+    }
     let root = crate::common::context::project_root(args.root.as_deref())?.path;
+    note(seen, |s| s.root = Some(root.clone()));
+    let call = hook::ToolCall::parse(&text)?;
     let loaded = policy::load(&root, args.policy.as_deref())
         .map_err(|err| without_policy_text(err, &root))?;
-    if call.tool_name == SHELL_TOOL {
+    let shell = hook::shell_tool(&call.tool_name, &call.tool_input);
+    if shell == Some(hook::ShellTool::Rewritable) {
         if let Some(answer) = shell_call(&args, &root, &call, &text) {
             return Ok(Some(answer));
         }
     }
     let verdict = hook::evaluate(&loaded.policy, &root, &call)?;
-    if verdict.permission_decision() == Some("deny") {
-        record_denied(&root, &call, &text, verdict.reason());
-    }
-    if call.tool_name == SHELL_TOOL {
+    if shell == Some(hook::ShellTool::Rewritable) {
         if let (Some(decision), Some(reason)) = (verdict.permission_decision(), verdict.reason()) {
             return Ok(Some(json!({
                 "hookSpecificOutput": {
@@ -211,26 +390,6 @@ fn pre_tool_use(args: PreToolUseArgs) -> anyhow::Result<Option<serde_json::Value
     }
     Ok(verdict.to_claude_json())
 }
-
-/// A denied call goes into the session's record (when a session is open for it).
-fn record_denied(root: &std::path::Path, call: &hook::ToolCall, text: &str, why: Option<String>) {
-    let ids: CallIds = serde_json::from_str(text).unwrap_or_default();
-    let Some(session_id) = ids.session_id else {
-        return;
-    };
-    let mut record = session::call_record(
-        root,
-        call.cwd.as_deref(),
-        &call.tool_name,
-        ids.tool_use_id,
-        Some(&call.tool_input),
-    );
-    record.detail = why;
-    session::record_denied(root, &session_id, record);
-}
-
-/// Claude Code's shell tool.
-const SHELL_TOOL: &str = "Bash";
 
 /// The identifiers of a call, for the run's task line.
 #[derive(Debug, Default, serde::Deserialize)]

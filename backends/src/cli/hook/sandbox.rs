@@ -1,5 +1,5 @@
 //! The sandbox an agent's shell calls run in: the probe record `hook install` keeps for it, the
-//! check the hook makes on every call, and the command a `Bash` call is rewritten to.
+//! check the hook makes on every call, and the command a shell call (`Bash`, `Monitor`) is rewritten to.
 //!
 //! Invariants: a shell call is rewritten only into a built-in runtime that declares itself a
 //! sandbox (a forged probe record cannot make an unsandboxed runtime one), and only while a
@@ -144,6 +144,17 @@ pub fn quote(word: &str) -> String {
     out
 }
 
+/// The most a rewritten command may take as Claude Code hands it to its shell. Linux refuses an
+/// `exec` with any single argument over `MAX_ARG_STRLEN` (128 KiB), and Claude Code passes the
+/// command inside one argument, single-quoted again (each `'` becomes 4 bytes) within its own
+/// wrapper; 16 KiB are left for that wrapper.
+pub const MAX_REWRITTEN_BYTES: usize = 112 * 1024;
+
+/// The length of `command` once single-quoted again, as Claude Code quotes it for its shell.
+pub fn requoted_len(command: &str) -> usize {
+    command.len() + 3 * command.matches('\'').count()
+}
+
 /// What a shell call is rewritten from.
 pub struct ShellCall<'a> {
     /// The agentdiff program to run.
@@ -171,7 +182,7 @@ pub fn rewrite(call: &ShellCall<'_>) -> anyhow::Result<String> {
         !call.command.contains('\0') && !call.task.contains('\0'),
         "the command holds a NUL byte, which no shell argument can carry"
     );
-    Ok(format!(
+    let rewritten = format!(
         "{program} run --root {root} --runtime {runtime} --probe-records {records} \
          --probe-max-age {max_age}s --format brief --fail-on never --wait --revert-denied \
          --task {task} -- \
@@ -184,7 +195,19 @@ pub fn rewrite(call: &ShellCall<'_>) -> anyhow::Result<String> {
         task = quote(call.task),
         workdir = utf8(call.workdir, "working directory")?,
         command = quote(call.command),
-    ))
+    );
+    // Each `'` of the command costs 13 bytes by then (4 here, each of those quotes 4 again).
+    let len = requoted_len(&rewritten);
+    anyhow::ensure!(
+        len <= MAX_REWRITTEN_BYTES,
+        "the command is too long to be carried into the sandbox: rewritten, Claude Code would hand \
+         its shell {} KiB in one argument, over the {} KiB this hook leaves below the kernel's \
+         limit of 128 KiB for one argument (each `'` in the command costs 13 bytes); write long \
+         content with a file tool, or split the command",
+        len.div_ceil(1024),
+        MAX_REWRITTEN_BYTES / 1024
+    );
+    Ok(rewritten)
 }
 
 #[cfg(test)]
@@ -265,6 +288,33 @@ mod tests {
             let args = arguments_received(&rewritten);
             assert_eq!(args[args.len() - 2], command.as_bytes(), "{rewritten}");
         }
+    }
+
+    /// A command with many `'` grows 13-fold on its way to Claude Code's shell: below the limit
+    /// it still runs when wrapped as Claude Code wraps it (one argument, quoted again); above it
+    /// the rewrite is refused instead of failing with E2BIG.
+    #[test]
+    fn a_rewrite_past_the_argument_limit_is_refused_and_one_below_runs() {
+        let (_dir, program) = stand_in();
+        let quotes = |n: usize| format!("cat > /dev/null <<'EOF'\n{}\nEOF\n", "'".repeat(n));
+        let big = quotes(10_000);
+        let err = rewrite(&call(&big, Path::new("."), &program)).unwrap_err();
+        assert!(format!("{err:#}").contains("too long"), "{err:#}");
+        let fits = quotes(8_500);
+        let rewritten = rewrite(&call(&fits, Path::new("."), &program)).unwrap();
+        let as_claude_runs_it = format!("eval {}", quote(&rewritten));
+        assert!(as_claude_runs_it.len() > 100 * 1024);
+        let out = std::process::Command::new("bash")
+            .args(["-c", &as_claude_runs_it])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let args: Vec<&[u8]> = out.stdout.split(|b| *b == 0).collect();
+        assert_eq!(args[args.len() - 2], fits.as_bytes());
     }
 
     #[test]

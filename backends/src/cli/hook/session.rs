@@ -159,7 +159,11 @@ fn open_session(store: &Store, input: &HookInput) -> anyhow::Result<String> {
         })
 }
 
-/// The record of one call as `PostToolUse` (or a denial) gives it.
+/// The record of one call as `PostToolUse` (or a refusal) gives it. Each path is recorded as
+/// the hook's decision resolves it ([`policy::hook::project_paths`]: symlinks and `..` taken as
+/// the kernel takes them, `~` and surrounding blanks in every reading Claude Code may give
+/// them, relative to the symlink-free root), so a change is credited to the call that named the
+/// file it landed on, whatever name the call used.
 pub(super) fn call_record(
     root: &Path,
     cwd: Option<&Path>,
@@ -167,11 +171,17 @@ pub(super) fn call_record(
     tool_use_id: Option<String>,
     tool_input: Option<&Map<String, Value>>,
 ) -> ToolCallRecord {
-    let paths = ["file_path", "notebook_path", "path"]
+    let mut paths: Vec<String> = Vec::new();
+    for raw in ["file_path", "notebook_path", "path"]
         .into_iter()
         .filter_map(|key| tool_input.and_then(|i| i.get(key)).and_then(Value::as_str))
-        .map(|p| session::relative_path(root, cwd, p))
-        .collect();
+    {
+        for path in policy::hook::project_paths(root, cwd, raw) {
+            if !paths.contains(&path) {
+                paths.push(path);
+            }
+        }
+    }
     ToolCallRecord {
         tool: tool.to_string(),
         tool_use_id,
@@ -198,7 +208,9 @@ fn tool_call(root: &Path, input: &HookInput, outcome: &str, detail: Option<Strin
     record.detail = detail;
     Call {
         record,
-        shell: tool == super::SHELL_TOOL,
+        shell: input.tool_input.as_ref().is_some_and(|i| {
+            policy::hook::shell_tool(&tool, i) == Some(policy::hook::ShellTool::Rewritable)
+        }),
     }
 }
 
@@ -236,21 +248,27 @@ fn record(root: &Path, input: &HookInput, call: Call) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Records a denied call in the open session of `session_id`, if there is one. Best effort:
-/// the denial stands whatever happens here.
-pub(super) fn record_denied(root: &Path, session_id: &str, mut record: ToolCallRecord) {
+/// Records a call the `PreToolUse` hook refused (`record.outcome` says how) in the open session
+/// of `session_id`. Best effort: the refusal stands whatever happens here. No store, or no open
+/// session of this agent session, is the usual state of a project that records no sessions:
+/// nothing is said then (it would be said on every refused call). Any other failure loses
+/// evidence of a recorded session, and is said.
+pub(super) fn record_refusal(root: &Path, session_id: &str, record: &ToolCallRecord) {
     let recorded = (|| -> anyhow::Result<()> {
-        let store = Store::open_existing(root)?;
+        let store = match Store::open_existing(root) {
+            Ok(store) => store,
+            Err(agentdiff_store::StoreError::NoStore { .. }) => return Ok(()),
+            Err(err) => return Err(err.into()),
+        };
         let Some(id) = session::open_sessions_of(&store, session_id)?.pop() else {
             return Ok(());
         };
-        record.outcome = "denied".to_string();
-        session::record_call(&store, &id, &record)?;
+        session::record_call(&store, &id, record)?;
         Ok(())
     })();
     if let Err(err) = recorded {
         errln!(
-            "agentdiff: the denial is not in the session record: {}",
+            "agentdiff: the refused call is not in the session record: {}",
             crate::common::exit::chain_text(&err)
         );
     }

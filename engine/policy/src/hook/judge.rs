@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::deny_read::Anchors;
 use super::links;
+use super::paths::{home_dir, readings, Reading};
 use super::resolve::{resolve, FileId, Resolution};
 use super::ToolCall;
 use crate::{Action, Decision, Phase, Policy, PolicyError};
@@ -100,6 +101,12 @@ impl<'a> Context<'a> {
 
     /// Where `raw` (a directory a tool names) leads, when that is inside the root.
     pub(crate) fn inside_root(&self, raw: &str) -> Result<PathBuf, String> {
+        if readings(raw, self.home.as_deref()).len() > 1 {
+            return Err(
+                "it may be read in more than one way (Claude Code trims a path and expands `~`)"
+                    .to_owned(),
+            );
+        }
         let resolution = resolve(&self.base, Path::new(raw)).map_err(|e| e.to_string())?;
         match self.relative(&resolution.target) {
             Some(_) => Ok(resolution.target),
@@ -157,8 +164,57 @@ impl<'a> Context<'a> {
             .unwrap_or_else(|| abs.display().to_string())
     }
 
-    /// Decide writing the path a tool named.
+    /// Judges every reading of `raw` ([`readings`]) with `judge`; decisions and unknowns of a
+    /// reading other than `raw` itself say which reading they are about. A reading that cannot
+    /// be told is review for a write (`hook.unresolvable`) and not understood for a read.
+    fn each_reading(
+        &self,
+        raw: &str,
+        write: bool,
+        out: &mut Judgement,
+        judge: impl Fn(&Self, &str, &mut Judgement),
+    ) {
+        for reading in readings(raw, self.home.as_deref()) {
+            let (decisions, unknowns) = (out.decisions.len(), out.unknowns.len());
+            let text = match reading {
+                Reading::Path(text) => {
+                    judge(self, &text, out);
+                    text
+                }
+                Reading::Unknown(why) if write => {
+                    out.decisions.push(self.decision(
+                        Action::Review,
+                        raw,
+                        "hook.unresolvable",
+                        format!("{why}, so the file the tool writes is not known"),
+                    ));
+                    continue;
+                }
+                Reading::Unknown(why) => {
+                    out.unknown(why);
+                    continue;
+                }
+            };
+            if text != raw {
+                let note = format!(
+                    "`{raw}` read as `{text}` (Claude Code trims a path and expands `~`): "
+                );
+                for d in out.decisions.iter_mut().skip(decisions) {
+                    d.reason = format!("{note}{}", d.reason);
+                }
+                for u in out.unknowns.iter_mut().skip(unknowns) {
+                    *u = format!("{note}{u}");
+                }
+            }
+        }
+    }
+
+    /// Decide writing the path a tool named, in every reading.
     pub(crate) fn judge_write(&self, raw: &str, out: &mut Judgement) {
+        self.each_reading(raw, true, out, Self::judge_write_one);
+    }
+
+    fn judge_write_one(&self, raw: &str, out: &mut Judgement) {
         let resolution = match resolve(&self.base, Path::new(raw)) {
             Ok(r) => r,
             Err(e) => {
@@ -259,8 +315,13 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// Decide reading one named file. Inside the root and outside `deny_read`: allow.
+    /// Decide reading one named file, in every reading. Inside the root and outside
+    /// `deny_read`: allow.
     pub(crate) fn judge_read(&self, raw: &str, out: &mut Judgement) {
+        self.each_reading(raw, false, out, Self::judge_read_one);
+    }
+
+    fn judge_read_one(&self, raw: &str, out: &mut Judgement) {
         let resolution = match resolve(&self.base, Path::new(raw)) {
             Ok(r) => r,
             Err(e) => {
@@ -292,6 +353,12 @@ impl<'a> Context<'a> {
     /// Decide listing or searching below a directory (or one file). `content` is true for a
     /// tool that reads file contents (Grep), false for one that lists names (Glob, LS).
     pub(crate) fn judge_scope(&self, raw: &str, content: bool, out: &mut Judgement) {
+        self.each_reading(raw, false, out, |ctx, text, out| {
+            ctx.judge_scope_one(text, content, out)
+        });
+    }
+
+    fn judge_scope_one(&self, raw: &str, content: bool, out: &mut Judgement) {
         let resolution = match resolve(&self.base, Path::new(raw)) {
             Ok(r) => r,
             Err(e) => {
@@ -303,7 +370,7 @@ impl<'a> Context<'a> {
             return;
         }
         if resolution.file.is_some_and(|f| f.regular) && content {
-            return self.judge_read(raw, out);
+            return self.judge_read_one(raw, out);
         }
         if content {
             if let Some(i) = self
@@ -429,16 +496,4 @@ impl<'a> Context<'a> {
 /// The file's identity when it is a regular file with more than one name.
 fn multiply_linked(resolution: &Resolution) -> Option<FileId> {
     resolution.file.filter(|f| f.regular && f.nlink > 1)
-}
-
-fn home_dir() -> Option<PathBuf> {
-    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
-        if home.is_absolute() {
-            return Some(home);
-        }
-    }
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .ok()
-        .flatten()
-        .map(|u| u.dir)
 }

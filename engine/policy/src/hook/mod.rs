@@ -6,6 +6,9 @@
 //!   followed where the kernel follows them, `..` taken on the real directory. The policy decides
 //!   the project path the kernel lands on (and a final symlink's own name, which a tool that
 //!   replaces the file acts on). A target outside the project root is denied.
+//! - A path is decided in every reading a tool may give it ([`paths`]): as written, trimmed,
+//!   and with a leading `~` expanded (Claude Code trims and expands before the tool runs); the
+//!   strictest decision wins, so no `allow` rests on a reading the tool does not take.
 //! - A write target that is a regular file with several links is decided on every name it has
 //!   inside the root ([`links`]); names outside the root make it an outside write. A content
 //!   search of a directory is judged on the other names of every multiply-linked file below it
@@ -21,9 +24,13 @@
 //! - Inputs are bounded ([`MAX_HOOK_INPUT_BYTES`], [`resolve::PATH_MAX`] per path) and every
 //!   step is linear in the input; malformed input is an error, never an allow.
 //!
-//! Not defended: shell commands are not parsed (they are `ask`); a tool the hook does not model
-//! can do anything its server lets it do (the hook only adds `deny` for denied paths among its
-//! arguments); the tree may change between this decision and the tool's write (a same-user
+//! - A tool that runs a shell command ([`shell_tool`]: `Bash`, `Monitor`, or any tool whose
+//!   input carries a command string) is never left without a decision, and neither is a tool
+//!   this module does not know, unless it is an MCP tool or one of [`HARMLESS_TOOLS`].
+//!
+//! Not defended: shell commands are not parsed (they are `ask`); an MCP tool can do anything its
+//! server lets it do (the hook only adds `deny` for denied paths among its arguments, and `ask`
+//! when it carries a command string); the tree may change between this decision and the tool's write (a same-user
 //! process can win that race); a content search (Grep) below a directory cannot be limited to
 //! files outside `deny_read` when a pattern may match below it, so it gets no decision.
 
@@ -31,6 +38,7 @@ mod deny_read;
 mod judge;
 mod links;
 mod patch;
+mod paths;
 pub mod resolve;
 mod tools;
 
@@ -44,7 +52,9 @@ pub(crate) use deny_read::check_read_pattern;
 pub use deny_read::DenyRead;
 pub use links::MAX_ENTRIES as MAX_HARD_LINK_SEARCH_ENTRIES;
 pub use patch::{parse as parse_patch, PatchFiles};
+pub use paths::{project_paths, readings, Reading};
 pub use resolve::{resolve, Resolution, ResolveError, PATH_MAX};
+pub use tools::{shell_tool, ShellTool, HARMLESS_TOOLS};
 
 /// Largest hook input read from stdin, in bytes (1 MiB). A `Write` call carries the whole file
 /// content, so larger files must be written another way while the hook is installed.

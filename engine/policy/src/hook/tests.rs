@@ -153,7 +153,10 @@ fn unmodelled_tools_are_never_allowed() {
             json!({"url": "https://example.com", "prompt": "x"}),
         ),
         ("TodoWrite", json!({"todos": []})),
-        ("Frobnicate", json!({})),
+        (
+            "Monitor",
+            json!({"description": "d", "timeout_ms": 5, "ws": {"url": "wss://x"}}),
+        ),
     ] {
         let v = verdict(&root, json!({"tool_name": name, "tool_input": input}));
         assert_eq!(v.permission_decision(), None, "{name}: {v:?}");
@@ -178,6 +181,116 @@ fn unmodelled_tools_are_never_allowed() {
             "{input}"
         );
     }
+}
+
+#[test]
+fn every_tool_that_runs_a_shell_command_is_a_shell_call() {
+    let (_d, root) = project();
+    let rewritable = [
+        ("Bash", json!({"command": "ls"})),
+        (
+            "Monitor",
+            json!({"description": "w", "timeout_ms": 5000, "command": "echo x > .env"}),
+        ),
+    ];
+    for (name, input) in &rewritable {
+        assert_eq!(
+            shell_tool(name, input.as_object().unwrap()),
+            Some(ShellTool::Rewritable),
+            "{name}"
+        );
+        let v = verdict(&root, json!({"tool_name": name, "tool_input": input}));
+        assert_eq!(v.decision.unwrap().rule, "hook.shell_command", "{name}");
+    }
+    // Any other tool carrying a command string: asked, never silently passed (an MCP tool too).
+    for (name, input) in [
+        ("Shell", json!({"command": "touch /tmp/x"})),
+        ("mcp__box__exec", json!({"cmd": "rm -rf ."})),
+        ("BashV2", json!({"Shell-Command": "id"})),
+        ("Task", json!({"prompt": "p", "command": "id"})),
+    ] {
+        assert_eq!(
+            shell_tool(name, input.as_object().unwrap()),
+            Some(ShellTool::Foreign),
+            "{name}"
+        );
+        let v = verdict(&root, json!({"tool_name": name, "tool_input": input}));
+        assert_eq!(v.permission_decision(), Some("ask"), "{name}");
+        assert_eq!(v.decision.unwrap().rule, "hook.foreign_shell", "{name}");
+    }
+    assert_eq!(
+        shell_tool("Monitor", json!({"ws": {"url": "x"}}).as_object().unwrap()),
+        None
+    );
+    assert_eq!(
+        shell_tool("Bash2", json!({"command": 7}).as_object().unwrap()),
+        None
+    );
+}
+
+#[test]
+fn unknown_tools_are_asked_about() {
+    let (_d, root) = project();
+    for (name, input) in [
+        ("Frobnicate", json!({})),
+        ("EnterWorktree", json!({"name": "w"})),
+        ("Workflow", json!({"script": "export const meta = {}"})),
+        ("CronCreate", json!({"cron": "* * * * *", "prompt": "p"})),
+    ] {
+        let v = verdict(&root, json!({"tool_name": name, "tool_input": input}));
+        assert_eq!(v.permission_decision(), Some("ask"), "{name}: {v:?}");
+        assert_eq!(v.decision.unwrap().rule, "hook.unknown_tool");
+    }
+    // A denied path still wins over the ask.
+    let v = verdict(
+        &root,
+        json!({"tool_name": "Frobnicate", "tool_input": {"path": ".env"}}),
+    );
+    assert_eq!(v.permission_decision(), Some("deny"));
+    for name in HARMLESS_TOOLS {
+        assert_eq!(
+            answer(&root, json!({"tool_name": name, "tool_input": {}})),
+            None,
+            "{name}"
+        );
+    }
+}
+
+/// Claude Code trims a tool's path and expands `~`; the hook decides every reading, so it never
+/// answers `allow` on a reading the tool does not take.
+#[test]
+fn tilde_and_blank_paths_are_decided_in_every_reading() {
+    let (_d, root) = project();
+    let home = home_dir_text();
+    if Path::new(&home).starts_with(&root) {
+        return;
+    }
+    let write =
+        |p: &str| json!({"tool_name": "Write", "tool_input": {"file_path": p, "content": "x"}});
+    let read = |p: &str| json!({"tool_name": "Read", "tool_input": {"file_path": p}});
+    for path in [
+        "~/.bashrc",
+        "~",
+        " .env",
+        ".env ",
+        "\t.git/config",
+        " /etc/passwd",
+    ] {
+        let v = verdict(&root, write(path));
+        assert_eq!(v.permission_decision(), Some("deny"), "{path:?}: {v:?}");
+    }
+    let v = verdict(&root, write("~/.bashrc"));
+    assert!(
+        v.decision.unwrap().reason.contains("read as"),
+        "the reason names the reading"
+    );
+    assert_eq!(answer(&root, write("~nosuchuser-agentdiff/x")), Some("ask"));
+    assert_eq!(answer(&root, read(" .env")), Some("deny"));
+    assert_eq!(answer(&root, read("~/.ssh/id_test")), Some("deny"));
+    // A read outside the root in one reading is never an explicit allow.
+    assert_eq!(answer(&root, read("~/notes.txt")), None);
+    assert_eq!(answer(&root, write(" src/a.rs")), Some("allow"));
+    assert_eq!(answer(&root, read(" src/a.rs")), Some("allow"));
 }
 
 fn home_dir_text() -> String {

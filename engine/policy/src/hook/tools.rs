@@ -6,11 +6,15 @@
 //! - `apply_patch`: every file its patch body names, plus any path key present;
 //! - readers: `Read` (`file_path`), `NotebookRead` (`notebook_path`);
 //! - searches: `Grep` (reads contents below `path`), `Glob` and `LS` (list names);
-//! - `Bash`: `ask`, shell strings are not parsed.
+//! - shell tools ([`shell_tool`]): `Bash`, `Monitor` with a `command`, and any other tool whose
+//!   input carries a shell command string under a command key: `ask`, shell strings are not
+//!   parsed (the CLI rewrites the rewritable ones to run sandboxed instead).
 //!
-//! Everything else (MCP tools, `Task`, `WebFetch`, `WebSearch`, unknown names) is unmodelled:
-//! strings under path keys and patch texts in its input are judged, and only a policy `deny`
-//! stands; otherwise there is no decision.
+//! Everything else is unmodelled: strings under path keys and patch texts in its input are
+//! judged, and a policy `deny` stands. Beyond that, a tool this module knows to touch neither
+//! files nor programs ([`HARMLESS_TOOLS`]) and an MCP tool (`mcp__…`, whose server the user
+//! configured, with Claude Code's own permission rules for it) get no decision; any other name
+//! (a new or renamed tool, which may write files or run programs) gets `ask`.
 
 use serde_json::{Map, Value};
 
@@ -72,16 +76,89 @@ const WORKDIR_KEYS: [&str; 10] = [
     "chdir",
 ];
 
+/// Claude Code tools that neither write files nor run programs themselves: an agent, a web
+/// read, the agent's own bookkeeping. (A subagent's tool calls pass through the hook on their
+/// own.) Every other tool that is not modelled and not an MCP tool is asked about.
+pub const HARMLESS_TOOLS: [&str; 26] = [
+    "Task",
+    "Agent",
+    "TaskOutput",
+    "TaskStop",
+    "KillShell",
+    "KillBash",
+    "BashOutput",
+    "TodoWrite",
+    "TodoRead",
+    "WebFetch",
+    "WebSearch",
+    "AskUserQuestion",
+    "ExitPlanMode",
+    "EnterPlanMode",
+    "TaskCreate",
+    "TaskGet",
+    "TaskUpdate",
+    "TaskList",
+    "ListMcpResourcesTool",
+    "ReadMcpResourceTool",
+    "ReadMcpResourceDirTool",
+    "ToolSearch",
+    "Skill",
+    "SlashCommand",
+    "PushNotification",
+    "ReadNotifications",
+];
+
+/// Input keys (after [`key_form`]) that carry a shell command string.
+const COMMAND_KEYS: [&str; 5] = [
+    "command",
+    "cmd",
+    "shellcommand",
+    "commandline",
+    "bashcommand",
+];
+
+/// How a tool runs a shell command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShellTool {
+    /// Claude Code runs `tool_input.command` through its shell tool's machinery, and takes a
+    /// hook's `updatedInput.command` (checked with Claude Code 2.1.332 for `Bash` and
+    /// `Monitor`): it can be rewritten to run sandboxed.
+    Rewritable,
+    /// Another tool whose input carries a command string: how and where it runs it is not known,
+    /// so a rewrite cannot be trusted to take effect.
+    Foreign,
+}
+
+/// Whether a call runs a shell command, and how. `Monitor` runs a command only when it has one
+/// (else it opens a WebSocket).
+pub fn shell_tool(name: &str, input: &Map<String, Value>) -> Option<ShellTool> {
+    match name {
+        "Bash" => Some(ShellTool::Rewritable),
+        "Monitor" if input.contains_key("command") => Some(ShellTool::Rewritable),
+        "Monitor" => None,
+        _ if input
+            .iter()
+            .any(|(k, v)| v.is_string() && COMMAND_KEYS.contains(&key_form(k).as_str())) =>
+        {
+            Some(ShellTool::Foreign)
+        }
+        _ => None,
+    }
+}
+
 enum Tool {
     Write(&'static str),
     Patch,
     Read(&'static str),
     Search { content: bool },
-    Shell,
-    Unmodelled,
+    Shell(ShellTool),
+    Unmodelled { ask: bool },
 }
 
-fn classify(name: &str) -> Tool {
+fn classify(name: &str, input: &Map<String, Value>) -> Tool {
+    if let Some(shell) = shell_tool(name, input) {
+        return Tool::Shell(shell);
+    }
     match name {
         "Write" | "Edit" | "MultiEdit" => Tool::Write("file_path"),
         "NotebookEdit" => Tool::Write("notebook_path"),
@@ -90,8 +167,9 @@ fn classify(name: &str) -> Tool {
         "NotebookRead" => Tool::Read("notebook_path"),
         "Grep" => Tool::Search { content: true },
         "Glob" | "LS" => Tool::Search { content: false },
-        "Bash" => Tool::Shell,
-        _ => Tool::Unmodelled,
+        _ => Tool::Unmodelled {
+            ask: !name.starts_with("mcp__") && !HARMLESS_TOOLS.contains(&name) && name != "Monitor",
+        },
     }
 }
 
@@ -102,23 +180,47 @@ pub(crate) fn judge_call(
     out: &mut Judgement,
 ) -> Result<(), PolicyError> {
     let input = &call.tool_input;
-    match classify(&call.tool_name) {
+    match classify(&call.tool_name, input) {
         Tool::Write(key) => ctx.judge_write(&required_path(input, key, &call.tool_name)?, out),
         Tool::Read(key) => ctx.judge_read(&required_path(input, key, &call.tool_name)?, out),
         Tool::Patch => judge_patch(ctx, input, out)?,
         Tool::Search { content } => judge_search(ctx, call, content, out)?,
-        Tool::Shell => out.decisions.push(tool_decision(
+        Tool::Shell(ShellTool::Rewritable) => out.decisions.push(tool_decision(
             ctx,
             &call.tool_name,
             Action::Review,
             "hook.shell_command",
             "shell command strings are not parsed, so a shell tool call needs review",
         )),
-        Tool::Unmodelled => {
+        Tool::Shell(ShellTool::Foreign) => out.decisions.push(tool_decision(
+            ctx,
+            &call.tool_name,
+            Action::Review,
+            "hook.foreign_shell",
+            &format!(
+                "{} carries a shell command this hook cannot run sandboxed (it does not know how \
+                 the tool runs it), so the call needs review",
+                call.tool_name
+            ),
+        )),
+        Tool::Unmodelled { ask } => {
             out.unknown(format!(
                 "{} is not a tool this hook models, so it never answers allow for it",
                 call.tool_name
             ));
+            if ask {
+                out.decisions.push(tool_decision(
+                    ctx,
+                    &call.tool_name,
+                    Action::Review,
+                    "hook.unknown_tool",
+                    &format!(
+                        "{} is not a tool this hook knows (it may write files or run programs), \
+                         so the call needs review",
+                        call.tool_name
+                    ),
+                ));
+            }
             let mut paths = Vec::new();
             collect_foreign(input, &mut paths)?;
             for raw in &paths {
