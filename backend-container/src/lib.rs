@@ -60,8 +60,9 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         "engine-host",
         OptionKind::Text,
-        "run on the engine at this address (tcp://, ssh://, unix://) or `env` (DOCKER_HOST / CONTAINER_HOST); the workspace is shipped through the engine API instead of mounted",
+        "run on the engine at this address (tcp://, ssh://, unix://) or `env` (DOCKER_HOST / CONTAINER_HOST); the workspace is shipped through the engine API instead of mounted (command line only: a project's policy file cannot send the project elsewhere)",
     )
+    .command_line_only()
     .validate(|v| options::parse_engine_host(v).map(|_| ()).map_err(|_| options::ENGINE_HOST_EXPECTED)),
     OptionSpec::new(
         "image",

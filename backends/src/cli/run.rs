@@ -301,6 +301,34 @@ fn backend_options(
     Ok(o)
 }
 
+/// Refuses options that send the project elsewhere when only the project's policy file gives
+/// them: a cloned repository's `agentdiff.yaml` must not be enough to ship its tree, untracked
+/// secrets included, to another host.
+fn refuse_policy_only(
+    descriptor: &BackendDescriptor,
+    options: &BackendOptions,
+    policy: &agentdiff_policy::Policy,
+) -> anyhow::Result<()> {
+    let from_policy = transaction::options_from_policy(options, policy, descriptor.id);
+    let Some(spec) = descriptor
+        .options
+        .iter()
+        .find(|s| s.command_line_only && from_policy.iter().any(|k| k == s.name))
+    else {
+        return Ok(());
+    };
+    Err(exit::with_code(
+        exit::USAGE,
+        anyhow::anyhow!(
+            "the policy file sets the runtime option `{name}`, which sends the project (untracked \
+             files such as .env included) off this host; a policy file alone may not choose \
+             that. Give it on the command line to confirm: --backend-option {name}=VALUE; \
+             nothing ran",
+            name = spec.name
+        ),
+    ))
+}
+
 /// Variables the backend's options name for the command (handed into its sandbox): they
 /// must survive environment scrubbing to reach it.
 fn env_names_in_options(descriptor: &BackendDescriptor, options: &BackendOptions) -> Vec<String> {
@@ -334,6 +362,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .create(descriptor.id)
         .map_err(|e| exit::with_code(exit::USAGE, e))?;
     let options = backend_options(&args, descriptor, &registry)?;
+    refuse_policy_only(descriptor, &options, &loaded.policy)?;
     let env_pass: Vec<String> = args
         .pass_env
         .iter()

@@ -441,3 +441,41 @@ fn a_tls_engine_is_reached_with_verified_certificates_and_recorded() {
     drop(front);
     drop(engine);
 }
+
+/// A project's policy file alone cannot send the project to another engine: a cloned
+/// repository's `agentdiff.yaml` naming `engine-host` is refused before anything runs (no engine
+/// is contacted, nothing is recorded); the same address given on the command line is the user's
+/// choice and goes past that check.
+#[test]
+fn a_policy_file_alone_cannot_choose_a_remote_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fs::write(root.join(".env"), "SECRET=hunter2\n").unwrap();
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 2\nruntime:\n  backend: container\n  options:\n    image: localhost/x:1\n    \
+         engine-host: tcp://127.0.0.1:9\n",
+    )
+    .unwrap();
+    let out = super::agentdiff(root, &["run", "--", "true"]);
+    assert_exit(&out, 64);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("`engine-host`") && stderr.contains("--backend-option engine-host="),
+        "{stderr}"
+    );
+    assert!(!root.join(".agentdiff/runs").exists(), "a run was recorded");
+    let args = [
+        "run",
+        "--backend-option",
+        "engine-host=tcp://127.0.0.1:9",
+        "--",
+        "true",
+    ];
+    let out = super::agentdiff(root, &args);
+    assert!(
+        !text(&out.stderr).contains("a policy file alone"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -145,6 +145,7 @@ fn every_response_validates() {
                 help: "h".into(),
                 default: Some("a".into()),
                 repeatable: false,
+                command_line_only: true,
             }],
             fail_closed: vec![WireFailClosed {
                 name: "missing".into(),

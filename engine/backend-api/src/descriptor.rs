@@ -95,6 +95,11 @@ pub struct OptionSpec {
     /// alone for a [`OptionKind::Bool`]). Kept for flags users already rely on; new options
     /// should use `--backend-option`.
     pub flag: Option<&'static str>,
+    /// The option sends the project off this host (a remote engine): honoured only when the
+    /// command line gives it (`--backend-option` or the flag), never from a project's policy
+    /// file alone, which a cloned repository may carry.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub command_line_only: bool,
     #[serde(skip)]
     pub validate: Option<Validator>,
 }
@@ -108,8 +113,15 @@ impl OptionSpec {
             default: None,
             repeatable: false,
             flag: None,
+            command_line_only: false,
             validate: None,
         }
+    }
+
+    /// See [`OptionSpec::command_line_only`].
+    pub const fn command_line_only(mut self) -> Self {
+        self.command_line_only = true;
+        self
     }
 
     pub const fn default_value(mut self, value: &'static str) -> Self {

@@ -196,6 +196,9 @@ pub struct WireOption {
     pub default: Option<String>,
     #[serde(default)]
     pub repeatable: bool,
+    /// [`crate::OptionSpec::command_line_only`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub command_line_only: bool,
 }
 
 /// One declared fail-closed configuration.

@@ -420,6 +420,7 @@ fn describe(d: &BackendDescriptor) -> WireDescriptor {
                     help: o.help.to_string(),
                     default: o.default.map(str::to_string),
                     repeatable: o.repeatable,
+                    command_line_only: o.command_line_only,
                 }
             })
             .collect(),

@@ -43,7 +43,7 @@ pub use agentdiff_store::schema::{
 pub use classify::{classify_changes, evaluate_limits};
 pub use decide::{Evidence, RunFrame};
 pub use findings::{evidence_findings, EvidenceFinding};
-pub use preflight::{check_request, effective_options};
+pub use preflight::{check_request, effective_options, options_from_policy};
 
 use agentdiff_backend_api::environment::EnvMode;
 use agentdiff_backend_api::{

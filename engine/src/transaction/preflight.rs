@@ -39,6 +39,26 @@ pub fn effective_options(
     options
 }
 
+/// The options a project's policy file gives for `backend_id` that the command line did not
+/// (`requested`): what [`effective_options`] adds.
+pub fn options_from_policy(
+    requested: &BackendOptions,
+    policy: &Policy,
+    backend_id: &str,
+) -> Vec<String> {
+    let section = policy.runtime().section_options(backend_id);
+    let mut keys: Vec<String> = policy
+        .runtime()
+        .options
+        .iter()
+        .chain(&section)
+        .map(|(key, _)| key.clone())
+        .filter(|key| !requested.is_set(key))
+        .collect();
+    keys.dedup();
+    keys
+}
+
 /// `Err` when the backend refuses the request as invalid; `Ok` otherwise (including when it
 /// fails for another reason, which the transaction records).
 pub fn check_request(

@@ -163,6 +163,9 @@ fn leak_descriptor(wire: &WireDescriptor) -> Result<&'static BackendDescriptor, 
         if let Some(d) = &o.default {
             spec = spec.default_value(leak(d));
         }
+        if o.command_line_only {
+            spec = spec.command_line_only();
+        }
         if o.repeatable {
             spec = spec.repeatable();
         }
