@@ -24,9 +24,11 @@
 //! never make agentdiff protect (or trust) an arbitrary path. Ignored pointers are listed in
 //! [`GitDirs::ignored`].
 //!
-//! Not defended: metadata created or re-pointed while the command runs (the walk happens before
-//! the launch; the planted `.git` entry is itself a change below a `.git` name and decided as
-//! git metadata after the run); directories the walk cannot read (listed in `unreadable`).
+//! Not defended here: metadata created or re-pointed while the command runs (the walk happens
+//! before the launch). The scanner applies the same layout rule ([`has_layout`]) to every
+//! directory it lists, in the captured tree and in the sweep of excluded directories, so a
+//! repository made during the run under any name is decided as git metadata after it; directories
+//! the walk cannot read are listed in `unreadable`.
 
 use std::fs;
 use std::io;
@@ -100,28 +102,45 @@ impl GitDirs {
     }
 }
 
-/// Whether `dir` has git's layout of a git directory (symlinks inside it are not followed).
-fn has_git_layout(dir: &Path) -> bool {
-    let is = |name: &str, want_dir: bool| {
-        fs::symlink_metadata(dir.join(name)).is_ok_and(|m| {
-            if want_dir {
-                m.is_dir()
-            } else {
-                m.is_file()
-            }
-        })
-    };
-    is("HEAD", false) && is("refs", true) && (is("objects", true) || is("commondir", false))
+/// Whether a directory has git's layout of a git directory, from what `has(name, kind)` says of
+/// its entries (symlinks not followed): a `HEAD` file, a `refs` directory, and an `objects`
+/// directory or a `commondir` file. The one rule every caller uses (the walk here, the scanner's
+/// listings and sweeps), so a layout git takes for a repository is recognised the same way
+/// before, during and after a run.
+pub fn has_layout(has: impl Fn(&str, LayoutKind) -> bool) -> bool {
+    has("HEAD", LayoutKind::File)
+        && has("refs", LayoutKind::Dir)
+        && (has("objects", LayoutKind::Dir) || has("commondir", LayoutKind::File))
 }
 
-/// [`has_git_layout`] from a directory's entries (their types as listed, symlinks not followed).
-fn layout_of(entries: &[(std::ffi::OsString, fs::FileType)]) -> bool {
-    let is = |name: &str, want_dir: bool| {
-        entries
-            .iter()
-            .any(|(n, t)| n == name && if want_dir { t.is_dir() } else { t.is_file() })
-    };
-    is("HEAD", false) && is("refs", true) && (is("objects", true) || is("commondir", false))
+/// The kind of entry [`has_layout`] asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutKind {
+    File,
+    Dir,
+}
+
+/// Whether `dir` has git's layout of a git directory (symlinks inside it are not followed).
+fn has_git_layout(dir: &Path) -> bool {
+    has_layout(|name, kind| {
+        fs::symlink_metadata(dir.join(name)).is_ok_and(|m| match kind {
+            LayoutKind::Dir => m.is_dir(),
+            LayoutKind::File => m.is_file(),
+        })
+    })
+}
+
+/// [`has_layout`] from a directory's entries (their types as listed, symlinks not followed).
+pub fn layout_of(entries: &[(std::ffi::OsString, fs::FileType)]) -> bool {
+    has_layout(|name, kind| {
+        entries.iter().any(|(n, t)| {
+            n == name
+                && match kind {
+                    LayoutKind::Dir => t.is_dir(),
+                    LayoutKind::File => t.is_file(),
+                }
+        })
+    })
 }
 
 /// The `gitdir:` target of a `.git` file, resolved against the file's directory.

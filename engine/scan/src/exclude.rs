@@ -160,6 +160,16 @@ impl Rules {
         Verdict::Exclude(exclusion_reason::AGENTDIFFIGNORE)
     }
 
+    /// What to do with `rel` inside a git directory: as [`Rules::verdict`] without the ignore
+    /// file, whose rules never hide git metadata (git runs code from it).
+    pub(crate) fn verdict_unignored(&self, rel: &str, name: &str, is_dir: bool) -> Verdict {
+        match self.verdict(rel, name, is_dir, false) {
+            Verdict::Exclude(exclusion_reason::AGENTDIFFIGNORE)
+            | Verdict::Search(exclusion_reason::AGENTDIFFIGNORE) => Verdict::Scan,
+            v => v,
+        }
+    }
+
     /// Whether a deny or include glob could name a path below directory `rel`: its literal
     /// leading segments agree with `rel` as far as both go, and it is not a literal path that
     /// ends at or above `rel`.

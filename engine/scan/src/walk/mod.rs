@@ -113,6 +113,8 @@ struct PendingDir {
     searched: bool,
     /// Recorded as a directory entry of its parent (not only searched for deny paths).
     is_entry: bool,
+    /// Inside a directory with git's layout: no ignore rule applies (see [`Rules::verdict`]).
+    git: bool,
     /// Its listing in the earlier scan (the stat cache), when there is one.
     prev: Option<PrevRef>,
     /// The inbox of the walker that owns `parent_dir`, when that is another walker (the
@@ -331,6 +333,7 @@ struct Found {
     stats: ScanStats,
     digests: Option<StatDigests>,
     sink_error: Option<TreeError>,
+    git_layouts: Vec<String>,
     #[cfg_attr(not(test), allow(dead_code))]
     max_held: usize,
 }
@@ -352,6 +355,7 @@ impl Found {
             all.absorb(more);
         }
         self.sink_error = self.sink_error.take().or(other.sink_error);
+        self.git_layouts.extend(other.git_layouts);
     }
 }
 
@@ -385,6 +389,8 @@ struct Walker<'o, 'a> {
     digests: Option<StatDigests>,
     unsupported: Vec<Unsupported>,
     excluded: Vec<Exclusion>,
+    /// Directories whose listing has git's layout.
+    git_layouts: Vec<String>,
     stats: ScanStats,
 }
 
@@ -497,6 +503,7 @@ pub(crate) fn scan(
         mut stats,
         digests,
         sink_error,
+        mut git_layouts,
         ..
     } = all;
     let root_tree = walker.root_tree;
@@ -509,6 +516,11 @@ pub(crate) fn scan(
     let excluded_programs = opts
         .sweep_excluded
         .then(|| sweep::sweep(&root_fd, &excluded, walkers(opts)));
+    if let Some(swept) = &excluded_programs {
+        git_layouts.extend(swept.git_layouts.iter().cloned());
+    }
+    git_layouts.sort();
+    git_layouts.dedup();
     stats.bytes_hashed = counters.bytes_hashed.load(Ordering::Relaxed);
     stats.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     stats.started_ns = started_ns;
@@ -526,6 +538,7 @@ pub(crate) fn scan(
         unsupported,
         excluded,
         excluded_programs,
+        git_layouts,
         stats,
     };
     Ok(Scanned {
@@ -781,6 +794,9 @@ struct Listing<'p, 'a> {
     id: u64,
     rel: &'p str,
     searched: bool,
+    /// In a git directory (this one has git's layout, or one above it has): every entry is
+    /// git metadata, which no ignore rule hides.
+    git: bool,
     prev: Option<&'p Prev<'a>>,
     /// The earlier tree's stat digest, used instead of `prev` (see [`StatDigests`]).
     digest: Option<&'a DirDigest>,
@@ -827,6 +843,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             digests: ctx.opts.collect_digests.then(StatDigests::default),
             unsupported: Vec::new(),
             excluded: Vec::new(),
+            git_layouts: Vec::new(),
             stats: ScanStats::default(),
         }
     }
@@ -838,6 +855,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             stats: std::mem::take(&mut self.stats),
             digests: self.digests.take(),
             sink_error: self.sink_error.take(),
+            git_layouts: std::mem::take(&mut self.git_layouts),
             max_held: self.max_held,
         }
     }
@@ -854,7 +872,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         let mut stack = Stack::new();
         let root_id = self.open_node(String::new(), None, false, None);
         let prev = self.reuse.as_ref().map(|r| r.root.clone());
-        self.list_dir(&root, root_id, "", false, prev, &mut stack, jobs);
+        self.list_dir(&root, root_id, "", (false, false), prev, &mut stack, jobs);
         drop(root);
         self.run(stack, inbox, jobs, Some(helpers));
     }

@@ -977,3 +977,45 @@ fn no_form_of_ignore_rule_hides_a_deny_path() {
         }
     }
 }
+
+/// Directories with git's layout are listed in the manifest whatever their name, and the
+/// ignore file hides nothing inside one.
+#[test]
+fn git_layouts_are_found_by_the_walk_and_no_ignore_rule_hides_their_content() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    for rel in ["docs/tools", "src/.git", "ignored/repo"] {
+        fs::create_dir_all(root.join(rel).join("refs")).unwrap();
+        fs::create_dir_all(root.join(rel).join("objects")).unwrap();
+        fs::write(root.join(rel).join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        fs::write(root.join(rel).join("config"), "[core]\n").unwrap();
+    }
+    // A worktree's git directory: `commondir` instead of `objects`.
+    fs::create_dir_all(root.join("wt/refs")).unwrap();
+    fs::write(root.join("wt/HEAD"), "x\n").unwrap();
+    fs::write(root.join("wt/commondir"), "../docs/tools\n").unwrap();
+    // Not a layout: `refs` is a file.
+    fs::create_dir_all(root.join("nope/objects")).unwrap();
+    fs::write(root.join("nope/HEAD"), "x\n").unwrap();
+    fs::write(root.join("nope/refs"), "x\n").unwrap();
+    fs::write(root.join(".agentdiffignore"), "ignored/\nconfig\n").unwrap();
+    // As every policy's scan does: an ignored directory is searched for `.git` below it.
+    let mut opts = ScanOptions::new();
+    opts.reinclude = vec!["**/.git/**".into()];
+    let m = scan_ok(root, &opts);
+    assert_eq!(
+        m.git_layouts,
+        vec!["docs/tools", "ignored/repo", "src/.git", "wt"]
+    );
+    for p in [
+        "docs/tools/config",
+        "ignored/repo/config",
+        "src/.git/config",
+    ] {
+        assert!(
+            m.entries.contains_key(p),
+            "{p} hidden: {:?}",
+            m.entries.keys()
+        );
+    }
+}
