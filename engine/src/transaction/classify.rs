@@ -52,8 +52,8 @@ pub fn classify_changes(
 
 /// Where `path` lies in git metadata, as the same path below `ROOT/.git` would: below a git
 /// directory or `.git` file found before the run (whatever its name: `--separate-git-dir`, a
-/// worktree's or submodule's), or below any component named `.git` (a pointer file the command
-/// planted). The entry itself stands for the repository's `HEAD`, which replacing it changes.
+/// worktree's or submodule's) or with git's layout in either scan, or below any component named
+/// `.git` (a pointer file the command planted). The entry itself stands for the repository's `HEAD`, which replacing it changes.
 fn as_git_metadata(path: &str, git_dirs: &[String]) -> Option<String> {
     let below = |dir: &str| {
         if path == dir {
@@ -186,12 +186,18 @@ pub fn classify_programs(
             } else {
                 String::new()
             };
+            let runs = match p.reason {
+                programs::ProgramReason::GitMetadata => {
+                    "git may run code from it (hooks, core.fsmonitor, core.pager) when used there"
+                }
+                _ => "it may run later outside the sandbox",
+            };
             EvidenceFinding {
                 kind: "excluded_program".into(),
                 action: Action::strictest(Action::Review, decided.action),
                 detail: format!(
                     "{}: {verb} {} (mode {:o}) in an excluded directory: not captured or \
-                     backed up, and it may run later outside the sandbox{denied}",
+                     backed up, and {runs}{denied}",
                     agentdiff_host::redact::escape_terminal(&p.path),
                     p.reason.describe(),
                     p.mode
