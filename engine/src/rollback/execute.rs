@@ -110,7 +110,10 @@ pub fn run<E>(
                 break;
             }
         };
-        if matches!(op.kind, OpKind::RemoveFile | OpKind::RemoveDir) {
+        if matches!(
+            op.kind,
+            OpKind::RemoveFile | OpKind::RemoveDir | OpKind::RemoveLink
+        ) {
             match r.outcome {
                 Outcome::Removed | Outcome::AlreadyRestored => {}
                 Outcome::WouldRemove => {

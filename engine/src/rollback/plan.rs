@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::apply::{classify, ApplyOp, OpKind, Transition};
+use super::apply::{classify, classify_rollback, ApplyOp, OpKind, Transition};
 use super::{RollbackError, Scope, Selection};
 use crate::recovery::{RecordedRun, RecordedTree};
 use crate::transaction::ChangeRecord;
@@ -257,7 +257,7 @@ fn restore_step(
     verified: &mut BTreeMap<String, Result<(), BackupObjectError>>,
     changed_later_by: Option<&String>,
 ) -> PlannedStep {
-    let kind = match classify(&t) {
+    let kind = match classify_rollback(&t) {
         Err(why) => return PlannedStep::Skip(why.to_string()),
         Ok(kind) => kind,
     };
@@ -276,10 +276,12 @@ fn restore_step(
         }
         (true, None) => PlannedStep::Skip("no recorded content hash".into()),
         (false, _) => match changed_later_by {
-            Some(by) if kind == OpKind::RemoveFile => PlannedStep::Conflict(format!(
+            Some(by) if matches!(kind, OpKind::RemoveFile | OpKind::RemoveLink) => {
+                PlannedStep::Conflict(format!(
                 "a later run ({by}) recorded a change to it; removing it would undo that run's \
                  work, so it was left as it is (roll back {by} first)"
-            )),
+                ))
+            }
             _ => PlannedStep::Apply(Box::new(op(t, kind))),
         },
     }

@@ -346,7 +346,18 @@ fn recoverability(c: &Change) -> (bool, String) {
         );
     }
     match c.entry_kind {
-        EntryKind::Symlink => (false, "symlinks are reported, never restored".into()),
+        // The link itself is put back from its recorded target (never followed).
+        EntryKind::Symlink => {
+            let recorded = match c.change_type {
+                ChangeType::Created => return (true, "created symlink can be removed".into()),
+                _ => c.before.as_ref(),
+            };
+            match recorded.map(crate::rollback::apply::link_target) {
+                Some(Ok(_)) => (true, "the link is restored to its recorded target".into()),
+                Some(Err(why)) => (false, why.to_string()),
+                None => (false, "no before-state recorded".into()),
+            }
+        }
         EntryKind::Directory => match c.change_type {
             ChangeType::Created => (true, "created directory is removed once it is empty".into()),
             ChangeType::Deleted => (true, "directory is re-created with its mode".into()),
