@@ -110,10 +110,7 @@ pub fn run<E>(
                 break;
             }
         };
-        if matches!(
-            op.kind,
-            OpKind::RemoveFile | OpKind::RemoveDir | OpKind::RemoveLink
-        ) {
+        if removes(op.kind) {
             match r.outcome {
                 Outcome::Removed | Outcome::AlreadyRestored => {}
                 Outcome::WouldRemove => {
@@ -195,6 +192,15 @@ fn names_below(set: &BTreeSet<String>, dir: &str) -> Vec<String> {
         .take_while(|p| p.starts_with(&prefix))
         .filter_map(|p| p[prefix.len()..].split('/').next().map(str::to_string))
         .collect()
+}
+
+/// Whether an op removes what is at its path (its outcome says whether a directory above it can
+/// go too).
+fn removes(kind: OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::RemoveFile | OpKind::RemoveDir | OpKind::RemoveLink
+    )
 }
 
 #[cfg(test)]

@@ -51,6 +51,7 @@ use super::manifest::{
     ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
 use super::peers::Peers;
+use super::programs::ProgramSweep;
 use super::tree::{join, Reusable, Tree, TreeError, TreeSink, TreeSource};
 use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions, Scanned};
 
@@ -503,7 +504,7 @@ pub(crate) fn scan(
         mut stats,
         digests,
         sink_error,
-        mut git_layouts,
+        git_layouts,
         ..
     } = all;
     let root_tree = walker.root_tree;
@@ -516,11 +517,7 @@ pub(crate) fn scan(
     let excluded_programs = opts
         .sweep_excluded
         .then(|| sweep::sweep(&root_fd, &excluded, walkers(opts)));
-    if let Some(swept) = &excluded_programs {
-        git_layouts.extend(swept.git_layouts.iter().cloned());
-    }
-    git_layouts.sort();
-    git_layouts.dedup();
+    let git_layouts = all_layouts(git_layouts, excluded_programs.as_ref());
     stats.bytes_hashed = counters.bytes_hashed.load(Ordering::Relaxed);
     stats.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     stats.started_ns = started_ns;
@@ -546,6 +543,14 @@ pub(crate) fn scan(
         root_tree,
         digests,
     })
+}
+
+/// The git layouts the walkers found and the sweep found below excluded paths, sorted.
+fn all_layouts(mut walked: Vec<String>, swept: Option<&ProgramSweep>) -> Vec<String> {
+    walked.extend(swept.iter().flat_map(|s| s.git_layouts.iter().cloned()));
+    walked.sort();
+    walked.dedup();
+    walked
 }
 
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup's CPU
