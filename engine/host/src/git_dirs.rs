@@ -103,10 +103,12 @@ impl GitDirs {
 }
 
 /// Whether a directory has git's layout of a git directory, from what `has(name, kind)` says of
-/// its entries (symlinks not followed): a `HEAD` file, a `refs` directory, and an `objects`
-/// directory or a `commondir` file. The one rule every caller uses (the walk here, the scanner's
-/// listings and sweeps), so a layout git takes for a repository is recognised the same way
-/// before, during and after a run.
+/// its entries: a `HEAD` file, a `refs` directory, and an `objects` directory or a `commondir`
+/// file. The one rule every caller uses (the walk here, the scanner's listings and sweeps), so a
+/// layout git takes for a repository is recognised the same way before, during and after a run.
+/// Callers answer without following symlinks, and count a symlink as either kind
+/// ([`LayoutKind::admits`]): git follows them (a symlinked `HEAD` is a symbolic ref, `objects`
+/// and `refs` are checked with `access`), so a layout made of links is a repository too.
 pub fn has_layout(has: impl Fn(&str, LayoutKind) -> bool) -> bool {
     has("HEAD", LayoutKind::File)
         && has("refs", LayoutKind::Dir)
@@ -120,27 +122,52 @@ pub enum LayoutKind {
     Dir,
 }
 
+/// An entry's type as listed (symlinks not followed), for [`LayoutKind::admits_entry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryType {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+impl LayoutKind {
+    /// Whether an entry of type `t` can be what git wants here: a symlink can be either, since
+    /// git follows it.
+    pub fn admits_entry(self, t: EntryType) -> bool {
+        matches!(
+            (self, t),
+            (_, EntryType::Symlink)
+                | (LayoutKind::Dir, EntryType::Dir)
+                | (LayoutKind::File, EntryType::File)
+        )
+    }
+
+    /// [`LayoutKind::admits_entry`] for a type `std::fs` gives.
+    pub fn admits(self, t: fs::FileType) -> bool {
+        let t = if t.is_symlink() {
+            EntryType::Symlink
+        } else if t.is_dir() {
+            EntryType::Dir
+        } else if t.is_file() {
+            EntryType::File
+        } else {
+            EntryType::Other
+        };
+        self.admits_entry(t)
+    }
+}
+
 /// Whether `dir` has git's layout of a git directory (symlinks inside it are not followed).
 fn has_git_layout(dir: &Path) -> bool {
     has_layout(|name, kind| {
-        fs::symlink_metadata(dir.join(name)).is_ok_and(|m| match kind {
-            LayoutKind::Dir => m.is_dir(),
-            LayoutKind::File => m.is_file(),
-        })
+        fs::symlink_metadata(dir.join(name)).is_ok_and(|m| kind.admits(m.file_type()))
     })
 }
 
 /// [`has_layout`] from a directory's entries (their types as listed, symlinks not followed).
 pub fn layout_of(entries: &[(std::ffi::OsString, fs::FileType)]) -> bool {
-    has_layout(|name, kind| {
-        entries.iter().any(|(n, t)| {
-            n == name
-                && match kind {
-                    LayoutKind::Dir => t.is_dir(),
-                    LayoutKind::File => t.is_file(),
-                }
-        })
-    })
+    has_layout(|name, kind| entries.iter().any(|(n, t)| n == name && kind.admits(*t)))
 }
 
 /// The `gitdir:` target of a `.git` file, resolved against the file's directory.
@@ -490,6 +517,26 @@ mod tests {
         ] {
             assert!(found.contains(&p), "{p:?} not in {found:?}");
         }
+    }
+
+    #[test]
+    fn a_layout_made_of_symlinks_is_a_git_directory_and_a_partial_one_is_not() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        let links = root.join("links");
+        fs::create_dir_all(root.join("store/refs/heads")).unwrap();
+        fs::create_dir_all(root.join("store/objects")).unwrap();
+        fs::create_dir_all(&links).unwrap();
+        std::os::unix::fs::symlink("refs/heads/main", links.join("HEAD")).unwrap();
+        std::os::unix::fs::symlink("../store/refs", links.join("refs")).unwrap();
+        std::os::unix::fs::symlink("../store/objects", links.join("objects")).unwrap();
+        fs::create_dir_all(root.join("partial/refs")).unwrap();
+        fs::write(root.join("partial/HEAD"), "x\n").unwrap();
+        fs::create_dir_all(root.join("partial/objects.bak")).unwrap();
+        let found = paths(&discover(&root));
+        assert!(found.contains(&links), "{found:?}");
+        assert!(!found.contains(&root.join("partial")), "{found:?}");
+        assert!(has_git_layout(&links));
     }
 
     #[test]

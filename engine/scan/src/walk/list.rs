@@ -547,31 +547,33 @@ fn d_type(t: u8) -> Option<Type> {
 /// Whether a listing has git's layout ([`agentdiff_host::git_dirs::has_layout`]): each name's
 /// type as the listing gives it, `lstat`ed where the listing gives none.
 pub(super) fn is_git_layout(fd: &OwnedFd, names: &[(CString, Option<Type>)]) -> bool {
-    use agentdiff_host::git_dirs::{has_layout, LayoutKind};
+    use agentdiff_host::git_dirs::{has_layout, EntryType};
+    let entry_type = |n: &CString, t: Option<Type>| {
+        let t = t.or_else(|| {
+            let st = fstatat(
+                Some(fd.as_raw_fd()),
+                n.as_c_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            );
+            let fmt = SFlag::from_bits_truncate(st.ok()?.st_mode) & SFlag::S_IFMT;
+            [
+                (SFlag::S_IFDIR, Type::Directory),
+                (SFlag::S_IFREG, Type::File),
+                (SFlag::S_IFLNK, Type::Symlink),
+            ]
+            .into_iter()
+            .find_map(|(f, t)| (f == fmt).then_some(t))
+        });
+        match t {
+            Some(Type::Directory) => EntryType::Dir,
+            Some(Type::File) => EntryType::File,
+            Some(Type::Symlink) => EntryType::Symlink,
+            _ => EntryType::Other,
+        }
+    };
     has_layout(|name, kind| {
-        names.iter().any(|(n, t)| {
-            if n.to_bytes() != name.as_bytes() {
-                return false;
-            }
-            let t = t.or_else(|| {
-                let st = fstatat(
-                    Some(fd.as_raw_fd()),
-                    n.as_c_str(),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                );
-                let fmt = SFlag::from_bits_truncate(st.ok()?.st_mode) & SFlag::S_IFMT;
-                if fmt == SFlag::S_IFDIR {
-                    Some(Type::Directory)
-                } else if fmt == SFlag::S_IFREG {
-                    Some(Type::File)
-                } else {
-                    None
-                }
-            });
-            match kind {
-                LayoutKind::Dir => t == Some(Type::Directory),
-                LayoutKind::File => t == Some(Type::File),
-            }
-        })
+        names
+            .iter()
+            .any(|(n, t)| n.to_bytes() == name.as_bytes() && kind.admits_entry(entry_type(n, *t)))
     })
 }

@@ -1019,3 +1019,17 @@ fn git_layouts_are_found_by_the_walk_and_no_ignore_rule_hides_their_content() {
         );
     }
 }
+
+/// Git follows symlinks in its layout (a symlinked `HEAD` is a symbolic ref): a directory made
+/// of links is a git layout too.
+#[test]
+fn a_git_layout_made_of_symlinks_is_found() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    fs::create_dir_all(root.join("store/objects")).unwrap();
+    fs::create_dir_all(root.join("docs/links/refs")).unwrap();
+    symlink("refs/heads/main", root.join("docs/links/HEAD")).unwrap();
+    symlink("../../store/objects", root.join("docs/links/objects")).unwrap();
+    let m = scan_ok(root, &ScanOptions::new());
+    assert_eq!(m.git_layouts, vec!["docs/links"]);
+}
