@@ -487,4 +487,19 @@ fn a_repointed_git_symlink_is_denied_and_rolled_back() {
         Path::new("gitstore")
     );
     assert!(!root.join("evil/config").exists(), "{}", text(&out.stdout));
+    // The link replaced by a planted git directory: removed, and the link put back.
+    agentdiff_run(
+        &root,
+        "gitdir",
+        "rm .git && cp -r gitstore .git && printf '[core]\\n\\tpager = x\\n' > .git/config",
+    );
+    assert!(root.join(".git/config").is_file());
+    let out = agentdiff(&root, &["rollback", "gitdir", "--safe-only"]);
+    super::assert_exit(&out, 0);
+    assert_eq!(
+        fs::read_link(root.join(".git")).unwrap(),
+        Path::new("gitstore")
+    );
+    let again = agentdiff(&root, &["rollback", "gitdir", "--safe-only"]);
+    super::assert_exit(&again, 0);
 }

@@ -87,7 +87,7 @@ pub fn run<E>(
         let Some(&i) = index.get(&(op.path.as_str(), op.kind)) else {
             continue;
         };
-        let children = if op.kind == OpKind::RemoveDir {
+        let children = if matches!(op.kind, OpKind::RemoveDir | OpKind::ReplaceWithLink) {
             let mut children = DirChildren {
                 kept: names_below(&kept, &op.path),
                 gone: names_below(&gone, &op.path),
@@ -179,6 +179,10 @@ pub fn run<E>(
             (PlannedStep::Fail(why), _) => ItemResult {
                 action: None,
                 result: OpResult::with(Outcome::Failed, why.clone()),
+            },
+            (PlannedStep::Done(why), _) => ItemResult {
+                action: None,
+                result: OpResult::with(Outcome::AlreadyRestored, why.clone()),
             },
         })
         .collect();

@@ -339,11 +339,24 @@ fn backed_up(entry: &Entry) -> Result<(), NoBackup> {
 
 /// Whether rollback can undo the change, and why (not).
 fn recoverability(c: &Change) -> (bool, String) {
-    if c.kind_changed {
-        return (
-            false,
-            "the entry changed kind (e.g. file ↔ symlink); restore it by hand".into(),
-        );
+    let link_before = c.before.as_ref().filter(|b| b.kind == EntryKind::Symlink);
+    match (c.kind_changed, link_before) {
+        (true, Some(b)) => {
+            return match crate::rollback::apply::link_target(b) {
+                Ok(_) => (
+                    true,
+                    "what replaced the symlink is removed and the link restored".into(),
+                ),
+                Err(why) => (false, why.to_string()),
+            }
+        }
+        (true, None) => {
+            return (
+                false,
+                "the entry changed kind (e.g. file ↔ symlink); restore it by hand".into(),
+            )
+        }
+        _ => {}
     }
     match c.entry_kind {
         // The link itself is put back from its recorded target (never followed).

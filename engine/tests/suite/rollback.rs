@@ -629,6 +629,94 @@ fn symlinks_the_run_created_deleted_or_repointed_are_put_back_as_links() {
     }
 }
 
+/// A symlink the run replaced by a directory (a planted git directory at `sub/.git`) or a file is
+/// put back once what replaced it is removed; an entry added to the directory after the run
+/// keeps it (a conflict), and a dry run writes nothing.
+#[test]
+fn a_symlink_replaced_by_a_directory_or_a_file_is_put_back() {
+    let (_t, root) = project();
+    write(&root, "gitstore/HEAD", "ref: refs/heads/main\n", 0o644);
+    fs::create_dir(root.join("sub")).unwrap();
+    symlink("../gitstore", root.join("sub/.git")).unwrap();
+    symlink("gitstore/HEAD", root.join("head-link")).unwrap();
+    let pre = snapshot(&root);
+    let script =
+        "rm sub/.git head-link && mkdir -p sub/.git/hooks && echo evil > sub/.git/config && \
+                  echo x > sub/.git/hooks/post-checkout && echo plain > head-link";
+    record(&root, &Recording::new(script));
+    let post = snapshot(&root);
+    let dry = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions {
+            dry_run: true,
+            fault: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        outcome_of(&dry, "sub/.git").outcome,
+        Outcome::WouldRestore,
+        "{dry:#?}"
+    );
+    assert_eq!(snapshot(&root), post);
+    let report = rollback_all(&root);
+    assert_eq!(
+        outcome_of(&report, "sub/.git").outcome,
+        Outcome::Restored,
+        "{report:#?}"
+    );
+    assert_eq!(outcome_of(&report, "head-link").outcome, Outcome::Restored);
+    assert_eq!(snapshot(&root), pre);
+
+    // Stopped after any step, a second rollback still ends with the link (the path may be
+    // absent in between: the directory removed, the link not made yet).
+    for n in 0.. {
+        let (_t, root) = project();
+        write(&root, "gitstore/HEAD", "ref: refs/heads/main\n", 0o644);
+        fs::create_dir(root.join("sub")).unwrap();
+        symlink("../gitstore", root.join("sub/.git")).unwrap();
+        let pre = snapshot(&root);
+        record(
+            &root,
+            &Recording::new("rm sub/.git && mkdir sub/.git && echo e > sub/.git/x"),
+        );
+        let fault = Some(Fault {
+            after_ops: n,
+            action: FaultAction::Stop,
+        });
+        let first = try_rollback(
+            &root,
+            &selection(Scope::All, &[]),
+            &ExecuteOptions {
+                dry_run: false,
+                fault,
+            },
+        );
+        let report = rollback_all(&root);
+        assert_eq!(report.status, ReportStatus::Complete, "n={n}: {report:#?}");
+        assert_eq!(snapshot(&root), pre, "n={n}");
+        if first.is_ok() {
+            break;
+        }
+    }
+
+    // Something added to the planted directory after the run keeps it.
+    let (_t, root) = project();
+    write(&root, "gitstore/HEAD", "ref: refs/heads/main\n", 0o644);
+    fs::create_dir(root.join("sub")).unwrap();
+    symlink("../gitstore", root.join("sub/.git")).unwrap();
+    record(
+        &root,
+        &Recording::new("rm sub/.git && mkdir sub/.git && echo evil > sub/.git/config"),
+    );
+    write(&root, "sub/.git/mine", "later\n", 0o644);
+    let report = rollback_all(&root);
+    assert_eq!(outcome_of(&report, "sub/.git").outcome, Outcome::Conflict);
+    assert!(root.join("sub/.git/mine").exists());
+    assert!(!root.join("sub/.git/config").exists());
+}
+
 #[test]
 fn mode_only_changes_are_restored() {
     let (_t, root) = project();

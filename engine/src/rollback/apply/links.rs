@@ -1,6 +1,7 @@
 //! The symlink steps of the applier: a link is written beside its place under a temporary name
 //! and renamed over it (rename replaces the link itself; nothing is ever written through one),
-//! and removed by renaming it aside and unlinking it only when it is the link that was checked.
+//! removed by renaming it aside and unlinking it only when it is the link that was checked, and
+//! put back where the run left a file or a directory once that is removed.
 
 use super::*;
 
@@ -64,6 +65,38 @@ impl<'a> Applier<'a> {
         } else {
             Outcome::Restored
         }))
+    }
+
+    /// Removes the file or empty directory the run left where a link was (with the checks of
+    /// their own removal) and puts the link back; with nothing there (an interrupted earlier
+    /// execution), only the link is made.
+    pub(super) fn replace_with_link(
+        &mut self,
+        op: &ApplyOp,
+        parent: &DirHandle,
+        name: &OsStr,
+        current: Current,
+        children: &DirChildren,
+    ) -> Step<OpResult> {
+        let removed = match current {
+            Current::Absent => None,
+            c @ Current::Dir(_) => Some(self.remove_dir(parent, name, c, children)?),
+            c @ Current::File { .. } => Some(self.remove_file(parent, name, c)?),
+            _ => {
+                return Ok(OpResult::with(
+                    Outcome::Failed,
+                    "neither a file nor a directory",
+                ))
+            }
+        };
+        if let Some(r) = removed.filter(|r| r.outcome != Outcome::Removed) {
+            return Ok(r);
+        }
+        let r = self.write_link(op, parent, name, &Current::Absent, true)?;
+        Ok(match r.outcome {
+            Outcome::Recreated => OpResult::new(Outcome::Restored),
+            _ => r,
+        })
     }
 
     /// Removes the checked link: renamed aside, unlinked only when it is still that link.

@@ -16,7 +16,10 @@
 //! Removals rename the file aside to a temporary name first and unlink it only when the renamed
 //! inode is the one that was checked; otherwise it is renamed back. Every file is therefore at
 //! any instant either in its expected or in its target state, and a crash leaves at most a
-//! temporary file, which the next run removes ([`DirHandle::remove_stale_temps`]).
+//! temporary file, which the next run removes ([`DirHandle::remove_stale_temps`]). One step has
+//! a third state: a symlink the run replaced by a file or directory ([`OpKind::ReplaceWithLink`])
+//! is absent between that entry's removal and the link's creation; the next execution makes the
+//! link from there.
 //!
 //! Not defended (seed 000): a same-user process that rewrites a file in place between the final
 //! identity check and the rename, within the same timestamp granularity.
@@ -72,6 +75,9 @@ pub enum OpKind {
     CreateLink,
     /// Remove a symlink (the link, not what it points at).
     RemoveLink,
+    /// Remove the regular file or (empty) directory the run put where a symlink was, and put the
+    /// link back (a `.git` link replaced by a planted directory).
+    ReplaceWithLink,
 }
 
 /// Why a transition cannot be applied automatically. The text is what rollback and promote
@@ -137,6 +143,13 @@ pub fn classify_rollback(t: &Transition) -> Result<OpKind, Ineligible> {
         return classify(t);
     }
     match (e, g) {
+        (Some(e), Some(g)) if g.kind == EntryKind::Symlink && e.kind != EntryKind::Symlink => {
+            if e.kind == EntryKind::File {
+                check_single_link(e)?;
+                e.sha256.as_ref().ok_or(Ineligible::NotHashed)?;
+            }
+            link_target(g).map(|_| OpKind::ReplaceWithLink)
+        }
         (Some(e), Some(g)) if e.kind != g.kind => Err(Ineligible::ChangedKind {
             from: e.kind,
             to: g.kind,
@@ -396,7 +409,8 @@ fn phase(op: &ApplyOp) -> u8 {
         OpKind::WriteFile | OpKind::ChmodFile | OpKind::CreateFile => 1,
         OpKind::WriteLink | OpKind::CreateLink => 1,
         OpKind::RemoveFile | OpKind::RemoveLink => 2,
-        OpKind::RemoveDir => 3,
+        // After what the run put below the directory is removed (deeper paths first).
+        OpKind::RemoveDir | OpKind::ReplaceWithLink => 3,
         OpKind::ChmodDir | OpKind::SettleDirMode => 4,
     }
 }
@@ -686,7 +700,9 @@ impl<'a> Applier<'a> {
                 }
             }
         }
-        if let Some(why) = expected_miss {
+        // An interrupted earlier execution removed what the run left and did not make the link.
+        let half_done = op.kind == OpKind::ReplaceWithLink && matches!(current, Current::Absent);
+        if let Some(why) = expected_miss.filter(|_| !half_done) {
             let mut r = OpResult::with(
                 Outcome::Conflict,
                 format!("{why}; it was left as it is now"),
@@ -704,7 +720,10 @@ impl<'a> Applier<'a> {
                 }
                 _ => Outcome::WouldRestore,
             });
-            if let (OpKind::RemoveDir, Some(parent)) = (op.kind, &parent) {
+            let dir = matches!(current, Current::Dir(_));
+            if let (OpKind::RemoveDir | OpKind::ReplaceWithLink, true, Some(parent)) =
+                (op.kind, dir, &parent)
+            {
                 if let Some(why) = self.dir_not_empty(parent, name, children) {
                     r = why;
                 }
@@ -739,6 +758,7 @@ impl<'a> Applier<'a> {
             OpKind::WriteLink => self.write_link(op, &parent, name, &current, false),
             OpKind::CreateLink => self.write_link(op, &parent, name, &current, true),
             OpKind::RemoveLink => self.remove_link(&parent, name, &current),
+            OpKind::ReplaceWithLink => self.replace_with_link(op, &parent, name, current, children),
         }
     }
 
@@ -968,8 +988,22 @@ mod tests {
             classify_rollback(&t(None, link("a\\xffb"))),
             Err(Ineligible::LinkTargetUnknown)
         );
-        assert!(matches!(
+        let d = Some(entry(EntryKind::Directory, 0o755, None));
+        assert_eq!(
             classify_rollback(&t(f.clone(), link("x"))),
+            Ok(OpKind::ReplaceWithLink)
+        );
+        assert_eq!(
+            classify_rollback(&t(d.clone(), link("x"))),
+            Ok(OpKind::ReplaceWithLink)
+        );
+        // A file or directory the run replaced by a link is not restored.
+        assert!(matches!(
+            classify_rollback(&t(link("x"), f.clone())),
+            Err(Ineligible::ChangedKind { .. })
+        ));
+        assert!(matches!(
+            classify_rollback(&t(link("x"), d)),
             Err(Ineligible::ChangedKind { .. })
         ));
         assert_eq!(
