@@ -84,12 +84,11 @@ fn a_program_in_an_unnamed_git_directory_is_decided_by_the_policy() {
         "deny",
         "printf '#!/bin/sh\\n' > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit",
     );
+    // Git metadata: one finding for the git directory, naming the hook.
     let got = planted(&r);
-    assert_eq!(
-        got,
-        vec![(".git/hooks/pre-commit".to_owned(), Action::Deny)],
-        "{r:#?}"
-    );
+    assert_eq!(got, vec![(".git".to_owned(), Action::Deny)], "{r:#?}");
+    let detail = &r.evidence_findings[0].detail;
+    assert!(detail.contains("new .git/hooks/pre-commit"), "{detail}");
     assert_eq!(code, 71);
 }
 
@@ -147,8 +146,14 @@ fn a_repository_planted_or_edited_in_an_excluded_directory_is_denied() {
         let (code, r) = run_local(root, &plant_repo(dir));
         assert_eq!(code, 71, "{dir}: {r:#?}");
         assert_eq!(r.status, Status::Denied, "{dir}");
-        let config = (format!("{dir}/.git/config"), Action::Deny);
-        assert!(planted(&r).contains(&config), "{dir}: {:?}", planted(&r));
+        // One finding per git directory, naming it and what changed in it.
+        let git = (format!("{dir}/.git"), Action::Deny);
+        assert_eq!(planted(&r), vec![git], "{dir}");
+        let detail = &r.evidence_findings[0].detail;
+        assert!(
+            detail.contains(&format!("new {dir}/.git/config")),
+            "{detail}"
+        );
         fs::remove_dir_all(root.join(dir)).unwrap();
     }
     // A hand-made layout under another name, and an edit to the repository that was there.
@@ -158,10 +163,16 @@ fn a_repository_planted_or_edited_in_an_excluded_directory_is_denied() {
          printf '[core]\\n\\tpager = evil\\n' > build/b/config",
     );
     assert_eq!(code, 71, "{r:#?}");
-    assert!(planted(&r).contains(&("build/b/config".to_owned(), Action::Deny)));
+    assert_eq!(planted(&r), vec![("build/b".to_owned(), Action::Deny)]);
     let (code, r) = run_local(root, "git -C node_modules/dep config core.pager evil");
     assert_eq!(code, 71, "{r:#?}");
-    assert!(planted(&r).contains(&("node_modules/dep/.git/config".to_owned(), Action::Deny)));
+    assert_eq!(
+        planted(&r),
+        vec![("node_modules/dep/.git".to_owned(), Action::Deny)]
+    );
+    assert!(r.evidence_findings[0]
+        .detail
+        .contains("changed node_modules/dep/.git/config"));
 }
 
 /// A bare repository made under another name outside the excluded directories: every path of

@@ -150,14 +150,19 @@ pub fn classify_uncaptured(policy: &Policy, changes: &[UnsupportedChange]) -> Ve
         .collect()
 }
 
-/// Findings shown per program before the rest are counted in one line.
+/// Findings shown per program (or per git directory) before the rest are counted in one line.
 const MAX_PROGRAM_FINDINGS: usize = 50;
+
+/// Paths named in one git directory's finding before the rest are counted.
+const MAX_GIT_PATHS_SHOWN: usize = 5;
 
 /// `excluded_program` findings (review at least): a program appeared or changed below an excluded
 /// path, which the scan lists but does not capture (see `agentdiff_scan::programs`). It is not a
 /// change record (nothing was hashed or backed up, so it cannot be shown or rolled back), and it
 /// can run later outside any sandbox: a plugin on `PATH`, an npm bin, a Python start-up hook.
 /// A path the policy denies (a hook in an unnamed `.git`) is denied; anything else is a review.
+/// Git metadata is one finding per git directory (its path first, then the paths that changed),
+/// decided as git metadata: a repository planted in `node_modules/` is denied like one in `.git`.
 /// Past [`MAX_PROGRAM_FINDINGS`] the rest are counted in one finding; the full list is in the
 /// after-scan's manifest. `excluded_sweep_incomplete` (review): the after-sweep could not see
 /// somewhere the before-sweep could, so a program there cannot be ruled out.
@@ -167,63 +172,29 @@ pub fn classify_programs(
     after: &Manifest,
     git_dirs: &[String],
 ) -> Vec<EvidenceFinding> {
-    let changed = programs::changed_programs(
+    let (git, changed): (Vec<_>, Vec<_>) = programs::changed_programs(
         before.excluded_programs.as_ref(),
         after.excluded_programs.as_ref(),
+    )
+    .into_iter()
+    .partition(|c| c.program.reason == programs::ProgramReason::GitMetadata);
+    let mut out = git_metadata_findings(policy, &git, git_dirs);
+    out.extend(
+        changed
+            .iter()
+            .take(MAX_PROGRAM_FINDINGS)
+            .map(|c| program_finding(policy, c, git_dirs)),
     );
-    let mut out: Vec<EvidenceFinding> = changed
-        .iter()
-        .take(MAX_PROGRAM_FINDINGS)
-        .map(|c| {
-            let p = c.program;
-            let decided = decide_with_git_dirs(policy, &p.path, git_dirs);
-            let verb = match c.change_type {
-                programs::ProgramChangeType::Created => "new",
-                programs::ProgramChangeType::Modified => "changed",
-            };
-            let denied = if decided.action == Action::Deny {
-                format!("; the policy denies writes here ({})", decided.rule)
-            } else {
-                String::new()
-            };
-            let runs = match p.reason {
-                programs::ProgramReason::GitMetadata => {
-                    "git may run code from it (hooks, core.fsmonitor, core.pager) when used there"
-                }
-                _ => "it may run later outside the sandbox",
-            };
-            EvidenceFinding {
-                kind: "excluded_program".into(),
-                action: Action::strictest(Action::Review, decided.action),
-                detail: format!(
-                    "{}: {verb} {} (mode {:o}) in an excluded directory: not captured or \
-                     backed up, and {runs}{denied}",
-                    agentdiff_host::redact::escape_terminal(&p.path),
-                    p.reason.describe(),
-                    p.mode
-                ),
-                process: None,
-                container: None,
-            }
-        })
-        .collect();
     if changed.len() > MAX_PROGRAM_FINDINGS {
         let rest = &changed[MAX_PROGRAM_FINDINGS..];
         let action = rest
             .iter()
             .map(|c| decide_with_git_dirs(policy, &c.program.path, git_dirs).action)
             .fold(Action::Review, Action::strictest);
-        out.push(EvidenceFinding {
-            kind: "excluded_program".into(),
+        out.push(program_finding_rest(
             action,
-            detail: format!(
-                "{} more new or changed programs in excluded directories (listed in the \
-                 after-scan's manifest, `excluded_programs`)",
-                rest.len()
-            ),
-            process: None,
-            container: None,
-        });
+            format!("{} more new or changed programs", rest.len()),
+        ));
     }
     for why in programs::newly_incomplete(
         before.excluded_programs.as_ref(),
@@ -238,6 +209,150 @@ pub fn classify_programs(
         });
     }
     out
+}
+
+/// The finding of one program that appeared or changed below an excluded path.
+fn program_finding(
+    policy: &Policy,
+    c: &programs::ProgramChange<'_>,
+    git_dirs: &[String],
+) -> EvidenceFinding {
+    let p = c.program;
+    let decided = decide_with_git_dirs(policy, &p.path, git_dirs);
+    let verb = match c.change_type {
+        programs::ProgramChangeType::Created => "new",
+        programs::ProgramChangeType::Modified => "changed",
+    };
+    EvidenceFinding {
+        kind: "excluded_program".into(),
+        action: Action::strictest(Action::Review, decided.action),
+        detail: format!(
+            "{}: {verb} {} (mode {:o}) in an excluded directory: not captured or backed up, and \
+             it may run later outside the sandbox{}",
+            agentdiff_host::redact::escape_terminal(&p.path),
+            p.reason.describe(),
+            p.mode,
+            denied_words(&decided)
+        ),
+        process: None,
+        container: None,
+    }
+}
+
+/// The one finding that counts what was not listed one by one.
+fn program_finding_rest(action: Action, what: String) -> EvidenceFinding {
+    EvidenceFinding {
+        kind: "excluded_program".into(),
+        action,
+        detail: format!(
+            "{what} in excluded directories (listed in the after-scan's manifest, \
+             `excluded_programs`)"
+        ),
+        process: None,
+        container: None,
+    }
+}
+
+fn denied_words(decided: &Decision) -> String {
+    if decided.action == Action::Deny {
+        format!("; the policy denies writes here ({})", decided.rule)
+    } else {
+        String::new()
+    }
+}
+
+/// One finding per git directory below an excluded path in which git metadata appeared or
+/// changed: the directory first, the paths after; the strictest decision of its paths counts.
+fn git_metadata_findings(
+    policy: &Policy,
+    changed: &[programs::ProgramChange<'_>],
+    git_dirs: &[String],
+) -> Vec<EvidenceFinding> {
+    let mut by_dir: std::collections::BTreeMap<String, Vec<&programs::ProgramChange<'_>>> =
+        std::collections::BTreeMap::new();
+    for c in changed {
+        by_dir
+            .entry(git_dir_of(&c.program.path, git_dirs))
+            .or_default()
+            .push(c);
+    }
+    let mut out = Vec::new();
+    let mut rest = (0usize, Action::Review);
+    for (i, (dir, changes)) in by_dir.iter().enumerate() {
+        let decided = changes
+            .iter()
+            .map(|c| decide_with_git_dirs(policy, &c.program.path, git_dirs))
+            .max_by_key(|d| d.action);
+        let action = decided.as_ref().map_or(Action::Review, |d| {
+            Action::strictest(Action::Review, d.action)
+        });
+        if i >= MAX_PROGRAM_FINDINGS {
+            rest = (rest.0 + 1, Action::strictest(rest.1, action));
+            continue;
+        }
+        let shown: Vec<String> = changes
+            .iter()
+            .take(MAX_GIT_PATHS_SHOWN)
+            .map(|c| {
+                let verb = match c.change_type {
+                    programs::ProgramChangeType::Created => "new",
+                    programs::ProgramChangeType::Modified => "changed",
+                };
+                format!(
+                    "{verb} {}",
+                    agentdiff_host::redact::escape_terminal(&c.program.path)
+                )
+            })
+            .collect();
+        let more = changes.len().saturating_sub(MAX_GIT_PATHS_SHOWN);
+        let more = if more > 0 {
+            format!(", {more} more")
+        } else {
+            String::new()
+        };
+        out.push(EvidenceFinding {
+            kind: "excluded_program".into(),
+            action,
+            detail: format!(
+                "{}: git metadata created or changed in an excluded directory ({}{more}): not \
+                 captured or backed up, and git runs code from it (hooks, core.fsmonitor, \
+                 core.pager) when used there{}",
+                agentdiff_host::redact::escape_terminal(dir),
+                shown.join(", "),
+                decided.as_ref().map(denied_words).unwrap_or_default()
+            ),
+            process: None,
+            container: None,
+        });
+    }
+    if rest.0 > 0 {
+        let what = format!(
+            "{} more git directories with new or changed metadata",
+            rest.0
+        );
+        out.push(program_finding_rest(rest.1, what));
+    }
+    out
+}
+
+/// The git directory `path` is git metadata of: up to its first `.git` component, else the
+/// deepest git directory it lies in (the path itself when none is known).
+fn git_dir_of(path: &str, git_dirs: &[String]) -> String {
+    let parts: Vec<&str> = path.split('/').collect();
+    if let Some(i) = parts.iter().position(|p| *p == ".git") {
+        return parts[..=i].join("/");
+    }
+    git_dirs
+        .iter()
+        .filter(|d| {
+            path == d.as_str()
+                || path
+                    .strip_prefix(d.as_str())
+                    .is_some_and(|r| r.starts_with('/'))
+        })
+        .max_by_key(|d| d.len())
+        .cloned()
+        .unwrap_or_else(|| path.to_owned())
 }
 
 /// `comparison_incomplete` findings (deny): part of the before/after comparison could not be made

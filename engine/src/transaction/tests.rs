@@ -1187,6 +1187,10 @@ fn a_git_layout_in_either_scan_makes_changes_below_it_git_metadata() {
         .map(|f| (f.detail.split(':').next().unwrap(), f.action))
         .collect();
     // The untouched repository in node_modules is no finding.
-    assert_eq!(findings, vec![("build/b/config", Action::Deny)], "{r:#?}");
+    assert_eq!(findings, vec![("build/b", Action::Deny)], "{r:#?}");
+    assert!(
+        r.evidence_findings[0].detail.contains("new build/b/config"),
+        "{r:#?}"
+    );
     assert_eq!(r.status, Status::Denied);
 }
