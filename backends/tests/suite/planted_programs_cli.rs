@@ -200,3 +200,21 @@ fn a_bare_repository_made_under_another_name_is_denied() {
         assert_eq!(c.decision, Action::Deny, "{path}: {c:?}");
     }
 }
+
+/// A project without `.git` turned into a bare repository at its root (`git init --bare .`):
+/// git would run its `core.pager` there, so git's names at the root are denied; the project's
+/// own files stay reviewed.
+#[test]
+fn a_bare_repository_made_at_the_project_root_is_denied() {
+    let t = project();
+    let root = t.path();
+    let (code, r) = run_local(
+        root,
+        "git init -q --bare . && git --git-dir=. config core.pager evil && echo x >> README.md",
+    );
+    assert_eq!(code, 71, "{r:#?}");
+    let decision = |p: &str| r.changes.iter().find(|c| c.path == p).map(|c| c.decision);
+    assert_eq!(decision("config"), Some(Action::Deny), "{r:#?}");
+    assert_eq!(decision("HEAD"), Some(Action::Deny));
+    assert_eq!(decision("README.md"), Some(Action::Review));
+}

@@ -115,6 +115,27 @@ pub fn has_layout(has: impl Fn(&str, LayoutKind) -> bool) -> bool {
         && (has("objects", LayoutKind::Dir) || has("commondir", LayoutKind::File))
 }
 
+/// The names git keeps in a git directory (a bare repository's top level): what a project root
+/// that has git's layout holds as git metadata, while its other entries stay the project's.
+pub const GIT_DIR_ENTRIES: [&str; 16] = [
+    "HEAD",
+    "config",
+    "config.worktree",
+    "hooks",
+    "refs",
+    "objects",
+    "info",
+    "packed-refs",
+    "commondir",
+    "worktrees",
+    "modules",
+    "logs",
+    "index",
+    "shallow",
+    "branches",
+    "remotes",
+];
+
 /// The kind of entry [`has_layout`] asks about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayoutKind {

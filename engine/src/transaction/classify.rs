@@ -52,8 +52,9 @@ pub fn classify_changes(
 
 /// Where `path` lies in git metadata, as the same path below `ROOT/.git` would: below a git
 /// directory or `.git` file found before the run (whatever its name: `--separate-git-dir`, a
-/// worktree's or submodule's) or with git's layout in either scan, or below any component named
-/// `.git` (a pointer file the command planted). The entry itself stands for the repository's `HEAD`, which replacing it changes.
+/// worktree's or submodule's) or with git's layout in either scan, below any component named
+/// `.git` (a pointer file the command planted), or under one of git's own names at a root that
+/// has git's layout (`""`: the project made a bare repository). The entry itself stands for the repository's `HEAD`, which replacing it changes.
 fn as_git_metadata(path: &str, git_dirs: &[String]) -> Option<String> {
     let below = |dir: &str| {
         if path == dir {
@@ -64,12 +65,24 @@ fn as_git_metadata(path: &str, git_dirs: &[String]) -> Option<String> {
                 .map(str::to_owned)
         }
     };
-    let rest = git_dirs.iter().find_map(|g| below(g)).or_else(|| {
-        let mut parts = path.split('/');
-        parts
-            .position(|p| p == ".git")
-            .map(|_| parts.collect::<Vec<_>>().join("/"))
-    })?;
+    // A root with git's layout (`""`) is a bare repository for git only through its own names.
+    let in_root_repo = || {
+        let first = path.split('/').next().unwrap_or(path);
+        (git_dirs.iter().any(String::is_empty)
+            && agentdiff_host::git_dirs::GIT_DIR_ENTRIES.contains(&first))
+        .then(|| path.to_owned())
+    };
+    let rest = git_dirs
+        .iter()
+        .filter(|g| !g.is_empty())
+        .find_map(|g| below(g))
+        .or_else(|| {
+            let mut parts = path.split('/');
+            parts
+                .position(|p| p == ".git")
+                .map(|_| parts.collect::<Vec<_>>().join("/"))
+        })
+        .or_else(in_root_repo)?;
     Some(if rest.is_empty() {
         ".git/HEAD".to_owned()
     } else {

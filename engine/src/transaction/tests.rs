@@ -1123,6 +1123,25 @@ fn changes_below_any_git_directory_are_decided_as_git_metadata() {
     assert_eq!(other.action, Action::Review, "{other:?}");
 }
 
+/// A project root the command turned into a bare repository (git uses it where there is no
+/// `.git`): git's own names at the root are git metadata, the project's other paths are not.
+#[test]
+fn a_root_with_git_layout_makes_gits_own_names_there_git_metadata() {
+    use super::classify::decide_with_git_dirs;
+    let policy = Policy::builtin();
+    let root = vec![String::new()];
+    for path in ["config", "HEAD", "hooks/post-checkout", "refs/heads/main"] {
+        let d = decide_with_git_dirs(&policy, path, &root);
+        assert_eq!(d.action, Action::Deny, "{path}: {d:?}");
+    }
+    for path in ["src/main.rs", "configs/a", "README"] {
+        let d = decide_with_git_dirs(&policy, path, &root);
+        assert_eq!(d.action, Action::Review, "{path}: {d:?}");
+    }
+    let d = decide_with_git_dirs(&policy, "config", &[]);
+    assert_eq!(d.action, Action::Review, "{d:?}");
+}
+
 /// A repository the command made under another name (a bare `docs/tools`) is git metadata as
 /// soon as the after-scan shows its layout: denied, though no discovery before the run saw it.
 /// Git metadata the sweep found in an excluded directory is denied as well, with its path.

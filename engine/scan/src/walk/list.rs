@@ -88,12 +88,14 @@ impl<'o, 'a> Walker<'o, 'a> {
         jobs: &Pool<'_, '_>,
     ) {
         let (mut names, error) = read_names(fd, &mut self.list_buf);
-        // Git takes such a directory for a repository whatever its name (and the root is the
-        // project, not a repository inside it).
-        let layout = !in_git && !rel.is_empty() && is_git_layout(fd, &names);
+        // Git takes such a directory for a repository whatever its name. The root is recorded
+        // too (`""`: git runs in a project without `.git` as a bare repository there), but its
+        // entries keep their ignore rules: only git's own names in it are git metadata.
+        let layout = !in_git && is_git_layout(fd, &names);
         if layout {
             self.git_layouts.push(rel.to_owned());
         }
+        let layout = layout && !rel.is_empty();
         let (prev, digest) = self.earlier_listing(prev);
         let at = Listing {
             id,

@@ -1033,3 +1033,20 @@ fn a_git_layout_made_of_symlinks_is_found() {
     let m = scan_ok(root, &ScanOptions::new());
     assert_eq!(m.git_layouts, vec!["docs/links"]);
 }
+
+/// A root with git's layout (a project made a bare repository) is listed as `""`; the ignore
+/// file still applies to its entries.
+#[test]
+fn a_root_with_git_layout_is_listed_and_keeps_its_ignore_rules() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    fs::create_dir_all(root.join("refs")).unwrap();
+    fs::create_dir_all(root.join("objects")).unwrap();
+    fs::write(root.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    fs::write(root.join("notes.log"), "x\n").unwrap();
+    fs::write(root.join(".agentdiffignore"), "*.log\n").unwrap();
+    let m = scan_ok(root, &ScanOptions::new());
+    assert_eq!(m.git_layouts, vec![""]);
+    assert!(!m.entries.contains_key("notes.log"));
+    assert!(m.entries.contains_key("HEAD"));
+}
