@@ -95,6 +95,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         if layout {
             self.git_layouts.push(rel.to_owned());
         }
+        let root_git = layout && rel.is_empty();
         let layout = layout && !rel.is_empty();
         let (prev, digest) = self.earlier_listing(prev);
         let at = Listing {
@@ -102,6 +103,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             rel,
             searched,
             git: in_git || layout,
+            root_git,
             prev: prev.as_ref(),
             digest: digest.as_ref().map(|(_, d)| *d),
         };
@@ -247,6 +249,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             Some((guess, v)) if guess == is_dir => v,
             _ => self.verdict(at, &path, &name, is_dir),
         };
+        let git = in_git(at, &name);
         let mut sub = PendingDir {
             parent: Arc::clone(fd),
             c_name,
@@ -258,7 +261,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             seen,
             searched: at.searched,
             is_entry: true,
-            git: at.git,
+            git,
         };
         match verdict {
             Verdict::Scan => {}
@@ -295,9 +298,9 @@ impl<'o, 'a> Walker<'o, 'a> {
         }
     }
 
-    /// What to do with `path` listed at `at`: inside a git directory no ignore rule applies.
+    /// What to do with `path` listed at `at`: in git metadata no ignore rule applies.
     fn verdict(&self, at: &Listing<'_, 'a>, path: &str, name: &str, is_dir: bool) -> Verdict {
-        if at.git {
+        if in_git(at, name) {
             self.rules.verdict_unignored(path, name, is_dir)
         } else {
             self.rules.verdict(path, name, is_dir, at.searched)
@@ -578,4 +581,10 @@ pub(super) fn is_git_layout(fd: &OwnedFd, names: &[(CString, Option<Type>)]) -> 
             .iter()
             .any(|(n, t)| n.to_bytes() == name.as_bytes() && kind.admits_entry(entry_type(n, *t)))
     })
+}
+
+/// Whether `name`, listed at `at`, is git metadata: in a git directory, or one of git's own
+/// names at a root with git's layout.
+fn in_git(at: &Listing<'_, '_>, name: &str) -> bool {
+    at.git || (at.root_git && agentdiff_host::git_dirs::GIT_DIR_ENTRIES.contains(&name))
 }

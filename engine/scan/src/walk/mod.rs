@@ -802,6 +802,8 @@ struct Listing<'p, 'a> {
     /// In a git directory (this one has git's layout, or one above it has): every entry is
     /// git metadata, which no ignore rule hides.
     git: bool,
+    /// The root, with git's layout: its entries with git's own names are git metadata.
+    root_git: bool,
     prev: Option<&'p Prev<'a>>,
     /// The earlier tree's stat digest, used instead of `prev` (see [`StatDigests`]).
     digest: Option<&'a DirDigest>,

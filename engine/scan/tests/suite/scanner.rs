@@ -1035,7 +1035,7 @@ fn a_git_layout_made_of_symlinks_is_found() {
 }
 
 /// A root with git's layout (a project made a bare repository) is listed as `""`; the ignore
-/// file still applies to its entries.
+/// file still applies to its other entries.
 #[test]
 fn a_root_with_git_layout_is_listed_and_keeps_its_ignore_rules() {
     let t = tempfile::tempdir().unwrap();
@@ -1044,9 +1044,15 @@ fn a_root_with_git_layout_is_listed_and_keeps_its_ignore_rules() {
     fs::create_dir_all(root.join("objects")).unwrap();
     fs::write(root.join("HEAD"), "ref: refs/heads/main\n").unwrap();
     fs::write(root.join("notes.log"), "x\n").unwrap();
-    fs::write(root.join(".agentdiffignore"), "*.log\n").unwrap();
+    fs::write(root.join("config"), "[core]\n").unwrap();
+    fs::create_dir_all(root.join("hooks")).unwrap();
+    fs::write(root.join("hooks/post-checkout"), "x\n").unwrap();
+    fs::write(root.join(".agentdiffignore"), "*.log\nconfig\nhooks/\n").unwrap();
     let m = scan_ok(root, &ScanOptions::new());
     assert_eq!(m.git_layouts, vec![""]);
     assert!(!m.entries.contains_key("notes.log"));
-    assert!(m.entries.contains_key("HEAD"));
+    // Git's own names at such a root are git metadata: no ignore rule hides them.
+    for p in ["HEAD", "config", "hooks/post-checkout"] {
+        assert!(m.entries.contains_key(p), "{p}: {:?}", m.entries.keys());
+    }
 }
