@@ -303,3 +303,74 @@ fn gitdir_files_planted_by_the_command_bind_and_trust_nothing_arbitrary() {
     }
     assert!(ro.contains(&canonical(&w.path().join("g"))), "{ro:?}");
 }
+
+/// Git metadata the command makes during a bwrap run, where no walk before the launch saw it:
+/// a repository with a `core.fsmonitor` in an excluded directory (`build/`, `node_modules/`),
+/// and a bare repository under another name. Both are denied as git metadata, naming the path.
+#[test]
+fn a_repository_made_in_the_run_is_denied_wherever_and_whatever_its_name() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    fs::remove_dir_all(f.root().join(".git")).unwrap();
+    git(f.root(), &["init", "-q"]);
+    let script = "git init -q build/x && chmod -x build/x/.git/hooks/* && \
+                  git -C build/x config core.fsmonitor 'touch /tmp/pwned; false' && \
+                  mkdir -p node_modules/e/.git/refs node_modules/e/.git/objects && \
+                  echo 'ref: refs/heads/main' > node_modules/e/.git/HEAD && \
+                  printf '[core]\\n\\tfsmonitor = evil\\n' > node_modules/e/.git/config && \
+                  git init -q --bare docs/tools && git --git-dir=docs/tools config core.pager evil";
+    let (code, result, out) = f.run(&["--fail-on", "never"], &["sh", "-c", script], &[]);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(result["status"], "denied", "{result:#}");
+    assert_eq!(decision(&result, "docs/tools/config"), "deny", "{result:#}");
+    let findings: Vec<(String, String)> = result["evidence_findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["kind"] == "excluded_program")
+        .map(|x| {
+            let path = x["detail"].as_str().unwrap().split(':').next().unwrap();
+            (path.to_owned(), x["action"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    for path in ["build/x/.git", "node_modules/e/.git"] {
+        assert!(
+            findings.contains(&(path.to_owned(), "deny".to_owned())),
+            "{path}: {findings:?}"
+        );
+    }
+}
+
+/// `ROOT/.git` as a symlink: the link itself is writable (only its target is re-bound), so the
+/// command can repoint it; that change is denied and `rollback` puts the link back.
+#[test]
+fn a_repointed_git_symlink_is_denied_and_put_back_by_rollback() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    fs::remove_dir_all(f.root().join(".git")).unwrap();
+    git(f.root(), &["init", "-q"]);
+    fs::rename(f.root().join(".git"), f.root().join("gitstore")).unwrap();
+    std::os::unix::fs::symlink("gitstore", f.root().join(".git")).unwrap();
+    let script = "cp -r gitstore evil && git --git-dir=evil config core.fsmonitor evil && \
+                  ln -sfn evil .git";
+    let (_, result, out) = f.run(&["--fail-on", "never"], &["sh", "-c", script], &[]);
+    assert_eq!(
+        result["status"],
+        "denied",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(decision(&result, ".git"), "deny", "{result:#}");
+    let id = result["run_id"].as_str().unwrap();
+    let back = super::agentdiff(f.root(), &["rollback", id, "--safe-only"]);
+    super::assert_exit(&back, 0);
+    assert_eq!(
+        fs::read_link(f.root().join(".git")).unwrap(),
+        Path::new("gitstore")
+    );
+    assert!(!f.root().join("evil/config").exists());
+}

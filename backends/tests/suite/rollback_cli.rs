@@ -457,3 +457,49 @@ fn run_without_revert_denied_leaves_denied_changes_in_place() {
     assert!(root.join("id.pem").exists());
     assert!(!text(&out.stderr).contains("reverted"));
 }
+
+/// `ROOT/.git` as a symlink to a separate git directory, repointed by the command at a git
+/// directory it made: the run is denied, and rolling back its denied changes puts the link
+/// back (the link itself, whose target was recorded) and removes the planted directory.
+#[test]
+fn a_repointed_git_symlink_is_denied_and_rolled_back() {
+    let (_t, root) = project();
+    for d in ["gitstore/refs", "gitstore/objects"] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    fs::write(root.join("gitstore/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::os::unix::fs::symlink("gitstore", root.join(".git")).unwrap();
+    agentdiff_run(
+        &root,
+        "gitlink",
+        "cp -r gitstore evil && printf '[core]\\n\\tfsmonitor = x\\n' > evil/config && \
+         ln -sfn evil .git",
+    );
+    let result: Value = serde_json::from_slice(
+        &fs::read(root.join(".agentdiff/runs/gitlink/result.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(result["status"], "denied", "{result:#}");
+    let out = agentdiff(&root, &["rollback", "gitlink", "--safe-only"]);
+    super::assert_exit(&out, 0);
+    assert_eq!(
+        fs::read_link(root.join(".git")).unwrap(),
+        Path::new("gitstore")
+    );
+    assert!(!root.join("evil/config").exists(), "{}", text(&out.stdout));
+    // The link replaced by a planted git directory: removed, and the link put back.
+    agentdiff_run(
+        &root,
+        "gitdir",
+        "rm .git && cp -r gitstore .git && printf '[core]\\n\\tpager = x\\n' > .git/config",
+    );
+    assert!(root.join(".git/config").is_file());
+    let out = agentdiff(&root, &["rollback", "gitdir", "--safe-only"]);
+    super::assert_exit(&out, 0);
+    assert_eq!(
+        fs::read_link(root.join(".git")).unwrap(),
+        Path::new("gitstore")
+    );
+    let again = agentdiff(&root, &["rollback", "gitdir", "--safe-only"]);
+    super::assert_exit(&again, 0);
+}

@@ -210,6 +210,52 @@ fn ignore_rules_at_any_depth_never_hide_a_denied_path() {
     }
 }
 
+/// Finding 6's two-step: an ignore file kept from an earlier run that ignores everything, under
+/// a policy that names no deny path at all. Protected paths stay visible (git metadata wherever it
+/// is and whatever its name, `.env*`, agentdiff's configuration, Claude Code's settings); what
+/// the file ignores elsewhere stays ignored, and git metadata is still denied as git metadata
+/// where the policy denies `.git`.
+#[test]
+fn a_kept_ignore_file_hides_no_protected_path_whatever_the_policy() {
+    let (_t, root) = project();
+    fs::write(root.join(".agentdiffignore"), "*\n**/.git/\n").unwrap();
+    fs::create_dir_all(root.join("src")).unwrap();
+    fs::write(root.join("src/m.py"), "x = 1\n").unwrap();
+    let planted = "echo 'import sys' >> src/m.py; mkdir -p src/.git/refs src/.git/objects .claude \
+                   docs/tools/refs docs/tools/objects web; echo x > src/.git/HEAD; \
+                   echo '[core]' > src/.git/config; echo x > docs/tools/HEAD; \
+                   echo '[core]' > docs/tools/config; echo A=1 > web/.envrc; echo '{}' > \
+                   .claude/settings.local.json; echo 'version: 1' > web/agentdiff.yml";
+    for (policy, git) in [
+        ("version: 1\nfilesystem:\n  default: review\n", "review"),
+        (
+            "version: 1\nfilesystem:\n  deny: ['**/.git/**']\n  default: review\n",
+            "deny",
+        ),
+    ] {
+        fs::write(root.join("agentdiff.yaml"), policy).unwrap();
+        let (code, r, _) = run_json(&root, &["--fail-on", "never"], &["sh", "-c", planted]);
+        assert_eq!(code, 0, "{r:#}");
+        for (path, want) in [
+            ("src/.git/config", git),
+            ("docs/tools/config", git),
+            ("web/.envrc", "review"),
+            (".claude/settings.local.json", "review"),
+            ("web/agentdiff.yml", "deny"),
+        ] {
+            assert_eq!(decision_of(&r, path).0, want, "{path}: {r:#}");
+        }
+        assert!(!changed_paths(&r).contains(&"src/m.py".to_owned()), "{r:#}");
+        let reset = "rm -rf src/.git docs .claude web; printf 'x = 1\\n' > src/m.py";
+        let status = std::process::Command::new("sh")
+            .args(["-c", reset])
+            .current_dir(&root)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
 /// Every command reads the project's policy by one rule: `agentdiff.yaml` reached through a
 /// symlink out of the root is refused (exit 65) without quoting the file; a link inside the root
 /// is read, and the file it leads to is protected under its own name.

@@ -298,6 +298,28 @@ impl DirHandle {
         Err(io::Error::from(last.unwrap_or(Errno::EEXIST)))
     }
 
+    /// `readlinkat` of a child: the target a symlink holds (never followed).
+    pub fn read_link(&self, name: &OsStr) -> io::Result<OsString> {
+        let c = component(name)?;
+        nix::fcntl::readlinkat(Some(self.raw()), c.as_c_str()).map_err(io::Error::from)
+    }
+
+    /// Creates a symlink holding `target` under a fresh [`TEMP_PREFIX`] name and returns the name
+    /// (the link is made beside its final place, then renamed over it).
+    pub fn create_temp_link(&self, target: &OsStr) -> io::Result<OsString> {
+        let mut last = None;
+        for _ in 0..16 {
+            let name = random_temp_name()?;
+            let c = component(&name)?;
+            match nix::unistd::symlinkat(target, Some(self.raw()), c.as_c_str()) {
+                Ok(()) => return Ok(name),
+                Err(Errno::EEXIST) => last = Some(Errno::EEXIST),
+                Err(e) => return Err(io::Error::from(e)),
+            }
+        }
+        Err(io::Error::from(last.unwrap_or(Errno::EEXIST)))
+    }
+
     /// A fresh [`TEMP_PREFIX`] name that does not exist in this directory right now.
     pub fn unused_temp_name(&self) -> io::Result<OsString> {
         for _ in 0..16 {
@@ -412,12 +434,13 @@ impl DirHandle {
         Ok(out)
     }
 
-    /// Removes regular files named with [`TEMP_PREFIX`] (leftovers of an interrupted restore) and
-    /// returns how many were removed.
+    /// Removes regular files and symlinks named with [`TEMP_PREFIX`] (leftovers of an
+    /// interrupted restore) and returns how many were removed.
     pub fn remove_stale_temps(&self) -> io::Result<usize> {
         let mut removed = 0;
         for name in self.entries()? {
-            if is_temp_name(&name) && self.stat(&name)?.is_some_and(|m| m.kind == NodeKind::File) {
+            let ours = |m: NodeMeta| matches!(m.kind, NodeKind::File | NodeKind::Symlink);
+            if is_temp_name(&name) && self.stat(&name)?.is_some_and(ours) {
                 match self.unlink_file(&name) {
                     Ok(()) => removed += 1,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -24,9 +24,11 @@
 //! never make agentdiff protect (or trust) an arbitrary path. Ignored pointers are listed in
 //! [`GitDirs::ignored`].
 //!
-//! Not defended: metadata created or re-pointed while the command runs (the walk happens before
-//! the launch; the planted `.git` entry is itself a change below a `.git` name and decided as
-//! git metadata after the run); directories the walk cannot read (listed in `unreadable`).
+//! Not defended here: metadata created or re-pointed while the command runs (the walk happens
+//! before the launch). The scanner applies the same layout rule ([`has_layout`]) to every
+//! directory it lists, in the captured tree and in the sweep of excluded directories, so a
+//! repository made during the run under any name is decided as git metadata after it; directories
+//! the walk cannot read are listed in `unreadable`.
 
 use std::fs;
 use std::io;
@@ -100,28 +102,93 @@ impl GitDirs {
     }
 }
 
-/// Whether `dir` has git's layout of a git directory (symlinks inside it are not followed).
-fn has_git_layout(dir: &Path) -> bool {
-    let is = |name: &str, want_dir: bool| {
-        fs::symlink_metadata(dir.join(name)).is_ok_and(|m| {
-            if want_dir {
-                m.is_dir()
-            } else {
-                m.is_file()
-            }
-        })
-    };
-    is("HEAD", false) && is("refs", true) && (is("objects", true) || is("commondir", false))
+/// Whether a directory has git's layout of a git directory, from what `has(name, kind)` says of
+/// its entries: a `HEAD` file, a `refs` directory, and an `objects` directory or a `commondir`
+/// file. The one rule every caller uses (the walk here, the scanner's listings and sweeps), so a
+/// layout git takes for a repository is recognised the same way before, during and after a run.
+/// Callers answer without following symlinks, and count a symlink as either kind
+/// ([`LayoutKind::admits`]): git follows them (a symlinked `HEAD` is a symbolic ref, `objects`
+/// and `refs` are checked with `access`), so a layout made of links is a repository too.
+pub fn has_layout(has: impl Fn(&str, LayoutKind) -> bool) -> bool {
+    has("HEAD", LayoutKind::File)
+        && has("refs", LayoutKind::Dir)
+        && (has("objects", LayoutKind::Dir) || has("commondir", LayoutKind::File))
 }
 
-/// [`has_git_layout`] from a directory's entries (their types as listed, symlinks not followed).
-fn layout_of(entries: &[(std::ffi::OsString, fs::FileType)]) -> bool {
-    let is = |name: &str, want_dir: bool| {
-        entries
-            .iter()
-            .any(|(n, t)| n == name && if want_dir { t.is_dir() } else { t.is_file() })
-    };
-    is("HEAD", false) && is("refs", true) && (is("objects", true) || is("commondir", false))
+/// The names git keeps in a git directory (a bare repository's top level): what a project root
+/// that has git's layout holds as git metadata, while its other entries stay the project's.
+pub const GIT_DIR_ENTRIES: [&str; 16] = [
+    "HEAD",
+    "config",
+    "config.worktree",
+    "hooks",
+    "refs",
+    "objects",
+    "info",
+    "packed-refs",
+    "commondir",
+    "worktrees",
+    "modules",
+    "logs",
+    "index",
+    "shallow",
+    "branches",
+    "remotes",
+];
+
+/// The kind of entry [`has_layout`] asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutKind {
+    File,
+    Dir,
+}
+
+/// An entry's type as listed (symlinks not followed), for [`LayoutKind::admits_entry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryType {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+impl LayoutKind {
+    /// Whether an entry of type `t` can be what git wants here: a symlink can be either, since
+    /// git follows it.
+    pub fn admits_entry(self, t: EntryType) -> bool {
+        matches!(
+            (self, t),
+            (_, EntryType::Symlink)
+                | (LayoutKind::Dir, EntryType::Dir)
+                | (LayoutKind::File, EntryType::File)
+        )
+    }
+
+    /// [`LayoutKind::admits_entry`] for a type `std::fs` gives.
+    pub fn admits(self, t: fs::FileType) -> bool {
+        let t = if t.is_symlink() {
+            EntryType::Symlink
+        } else if t.is_dir() {
+            EntryType::Dir
+        } else if t.is_file() {
+            EntryType::File
+        } else {
+            EntryType::Other
+        };
+        self.admits_entry(t)
+    }
+}
+
+/// Whether `dir` has git's layout of a git directory (symlinks inside it are not followed).
+fn has_git_layout(dir: &Path) -> bool {
+    has_layout(|name, kind| {
+        fs::symlink_metadata(dir.join(name)).is_ok_and(|m| kind.admits(m.file_type()))
+    })
+}
+
+/// [`has_layout`] from a directory's entries (their types as listed, symlinks not followed).
+pub fn layout_of(entries: &[(std::ffi::OsString, fs::FileType)]) -> bool {
+    has_layout(|name, kind| entries.iter().any(|(n, t)| n == name && kind.admits(*t)))
 }
 
 /// The `gitdir:` target of a `.git` file, resolved against the file's directory.
@@ -471,6 +538,26 @@ mod tests {
         ] {
             assert!(found.contains(&p), "{p:?} not in {found:?}");
         }
+    }
+
+    #[test]
+    fn a_layout_made_of_symlinks_is_a_git_directory_and_a_partial_one_is_not() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        let links = root.join("links");
+        fs::create_dir_all(root.join("store/refs/heads")).unwrap();
+        fs::create_dir_all(root.join("store/objects")).unwrap();
+        fs::create_dir_all(&links).unwrap();
+        std::os::unix::fs::symlink("refs/heads/main", links.join("HEAD")).unwrap();
+        std::os::unix::fs::symlink("../store/refs", links.join("refs")).unwrap();
+        std::os::unix::fs::symlink("../store/objects", links.join("objects")).unwrap();
+        fs::create_dir_all(root.join("partial/refs")).unwrap();
+        fs::write(root.join("partial/HEAD"), "x\n").unwrap();
+        fs::create_dir_all(root.join("partial/objects.bak")).unwrap();
+        let found = paths(&discover(&root));
+        assert!(found.contains(&links), "{found:?}");
+        assert!(!found.contains(&root.join("partial")), "{found:?}");
+        assert!(has_git_layout(&links));
     }
 
     #[test]

@@ -91,6 +91,27 @@ pub(crate) fn protected_globs() -> Vec<String> {
     globs
 }
 
+/// Paths no ignore rule (`.agentdiffignore`) can hide from a scan, whatever the policy: what the
+/// built-in policy denies, git metadata at any depth (git runs code from it), agentdiff's own
+/// configuration and ignore files at any depth, Claude Code's settings files (they run hooks) and
+/// environment files (`.env`, `.envrc`: loaded or run by tools in that directory). Being observed
+/// is not being denied: the policy still decides each change.
+pub fn never_ignored() -> Vec<String> {
+    let mut globs: Vec<String> = BUILTIN_DENY.iter().map(|g| (*g).to_owned()).collect();
+    globs.extend(
+        [
+            "**/.git",
+            "**/.env*",
+            "**/.claude/settings*.json",
+            "**/.agentdiffignore",
+        ]
+        .iter()
+        .map(|g| (*g).to_owned()),
+    );
+    globs.extend(PROTECTED_ROOT_NAMES.iter().map(|n| format!("**/{n}")));
+    globs
+}
+
 /// Conservative defaults: credentials and Git data denied, every other write reviewed, command
 /// launch allowed.
 pub(crate) fn spec() -> Spec {

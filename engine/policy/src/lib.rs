@@ -27,7 +27,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-pub use builtin::{BUILTIN_DENY, PROTECTED_CONFIG_RULE, STARTER};
+pub use builtin::{never_ignored, BUILTIN_DENY, PROTECTED_CONFIG_RULE, STARTER};
 pub use decide::{Action, Decision, Phase};
 pub use egress::{Egress, EgressDecision, OnDenied};
 pub use error::PolicyError;

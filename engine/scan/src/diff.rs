@@ -638,6 +638,7 @@ mod tests {
                 .collect(),
             excluded: vec![],
             excluded_programs: None,
+            git_layouts: Vec::new(),
             stats: ScanStats::default(),
         }
     }

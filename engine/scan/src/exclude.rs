@@ -1,8 +1,10 @@
 //! What the scan skips on purpose, and why: the run store, default generated directories (unless a
 //! deny glob names them) and `ROOT/.agentdiffignore` (Git semantics via the `ignore` crate).
 //!
-//! Invariant: an ignore rule never hides a path a deny (or `observe.include`) glob names. A path
-//! such a glob matches is scanned even when `.agentdiffignore` lists it or a parent directory of
+//! Invariant: an ignore rule never hides a path a deny (or `observe.include`) glob names, nor a
+//! protected path ([`agentdiff_policy::never_ignored`]: git metadata, agentdiff's configuration
+//! and ignore files, Claude Code's settings, `.env*`, what the built-in policy denies), nor
+//! anything inside a directory with git's layout. A path such a glob matches is scanned even when `.agentdiffignore` lists it or a parent directory of
 //! it, at any depth; an ignored directory that could hold such a path is searched
 //! ([`Verdict::Search`]): walked, with only the named paths recorded. The ignore rules themselves
 //! come from the before-state (`IgnoreSource::Lines` for the after-scan), never from what the
@@ -91,8 +93,12 @@ impl Rules {
         let ignore = builder
             .build()
             .map_err(|e| ScanError::IgnoreFile(format!("cannot compile patterns: {e}")))?;
-        let named = named_rules(reinclude)?;
-        let prefixes = reinclude
+        // Protected paths are named whatever the caller passed: no ignore rule hides them. They
+        // do not re-include default-excluded directories (those are swept instead).
+        let mut named_globs = reinclude.to_vec();
+        named_globs.extend(agentdiff_policy::never_ignored());
+        let named = named_rules(&named_globs)?;
+        let prefixes = named_globs
             .iter()
             .map(|g| {
                 let lit = literal_prefix(g);
@@ -158,6 +164,16 @@ impl Rules {
             return Verdict::Search(exclusion_reason::AGENTDIFFIGNORE);
         }
         Verdict::Exclude(exclusion_reason::AGENTDIFFIGNORE)
+    }
+
+    /// What to do with `rel` inside a git directory: as [`Rules::verdict`] without the ignore
+    /// file, whose rules never hide git metadata (git runs code from it).
+    pub(crate) fn verdict_unignored(&self, rel: &str, name: &str, is_dir: bool) -> Verdict {
+        match self.verdict(rel, name, is_dir, false) {
+            Verdict::Exclude(exclusion_reason::AGENTDIFFIGNORE)
+            | Verdict::Search(exclusion_reason::AGENTDIFFIGNORE) => Verdict::Scan,
+            v => v,
+        }
     }
 
     /// Whether a deny or include glob could name a path below directory `rel`: its literal
@@ -358,15 +374,15 @@ mod tests {
     /// one after the other from different lists each name their own paths.
     #[test]
     fn each_list_of_deny_globs_names_its_own_paths() {
-        let secret = |r: &Rules| r.verdict("secret.pem", "secret.pem", false, true);
-        let key = |r: &Rules| r.verdict("id.key", "id.key", false, true);
-        let pem = rules(&["*"], &["*.pem"]);
-        assert_eq!(secret(&pem), Verdict::Scan);
-        assert_eq!(key(&pem), Verdict::Exclude("agentdiffignore"));
-        let keys = rules(&["*"], &["*.key"]);
+        let secret = |r: &Rules| r.verdict("secret.crt", "secret.crt", false, true);
+        let key = |r: &Rules| r.verdict("id.p12", "id.p12", false, true);
+        let crt = rules(&["*"], &["*.crt"]);
+        assert_eq!(secret(&crt), Verdict::Scan);
+        assert_eq!(key(&crt), Verdict::Exclude("agentdiffignore"));
+        let keys = rules(&["*"], &["*.p12"]);
         assert_eq!(secret(&keys), Verdict::Exclude("agentdiffignore"));
         assert_eq!(key(&keys), Verdict::Scan);
-        let again = rules(&["*"], &["*.pem"]);
+        let again = rules(&["*"], &["*.crt"]);
         assert_eq!(secret(&again), Verdict::Scan);
         assert_eq!(key(&again), Verdict::Exclude("agentdiffignore"));
         let none = rules(&["*"], &[]);
@@ -409,9 +425,52 @@ mod tests {
             r.verdict("docs/b.txt", "b.txt", false, true),
             Verdict::Exclude("agentdiffignore")
         );
+        // Protected paths may be at any depth, so every ignored directory is searched for them.
         assert_eq!(
             r.verdict("other", "other", true, false),
+            Verdict::Search("agentdiffignore")
+        );
+        assert_eq!(
+            r.verdict("other/x.txt", "x.txt", false, true),
             Verdict::Exclude("agentdiffignore")
+        );
+    }
+
+    /// With no deny glob at all (a policy that names none, or a scan without a policy), an
+    /// ignore-everything file still hides no protected path.
+    #[test]
+    fn an_ignore_rule_never_hides_a_protected_path_whatever_the_policy() {
+        let r = rules(&["*", "**/.git/", ".env*", "agentdiff.yaml"], &[]);
+        let v = |rel: &str, is_dir: bool, inside: bool| {
+            let name = rel.rsplit('/').next().unwrap();
+            r.verdict(rel, name, is_dir, inside)
+        };
+        for (rel, inside) in [
+            ("src/.git/config", true),
+            ("src/.git/hooks/pre-commit", true),
+            (".env", false),
+            ("web/.env.local", true),
+            ("web/.envrc", true),
+            ("agentdiff.yaml", false),
+            ("sub/agentdiff.yaml", true),
+            ("sub/.agentdiffignore", true),
+            (".claude/settings.json", true),
+            (".claude/settings.local.json", true),
+            ("a/id.key", true),
+            ("a/cert.pem", true),
+        ] {
+            assert_eq!(v(rel, false, inside), Verdict::Scan, "{rel}");
+        }
+        assert_eq!(v("src/.git", true, true), Verdict::Scan);
+        assert_eq!(v("src", true, false), Verdict::Search("agentdiffignore"));
+        assert_eq!(
+            v("src/m.py", false, true),
+            Verdict::Exclude("agentdiffignore")
+        );
+        // Inside a directory with git's layout the ignore file does not apply at all.
+        assert_eq!(
+            r.verdict_unignored("docs/tools/config", "config", false),
+            Verdict::Scan
         );
     }
 

@@ -186,6 +186,11 @@ pub struct Manifest {
     /// asked not to, or the manifest predates sweeps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub excluded_programs: Option<ProgramSweep>,
+    /// Directories with git's layout (`agentdiff_host::git_dirs::has_layout`) whatever their
+    /// name, found by the walk or by the sweep of excluded paths, sorted: git takes each for a
+    /// repository and runs code from it, so everything below one is git metadata.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub git_layouts: Vec<String>,
     pub stats: ScanStats,
 }
 

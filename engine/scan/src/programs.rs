@@ -7,7 +7,10 @@
 //! at start-up, a `.pyc` that replaces its source's code, a `.git/hooks/…` script. The sweep
 //! (`walk::sweep`) lists those paths and `lstat`s every name (it reads no content) and keeps a
 //! [`Program`] for each file that is one of these ([`program_reason`]); [`changed_programs`]
-//! compares two sweeps.
+//! compares two sweeps. Git metadata below an excluded path is recorded the same way, every
+//! file and symlink of it ([`ProgramReason::GitMetadata`]): a repository planted in
+//! `node_modules/x` or `build/x` runs its `core.fsmonitor` when an editor runs `git status`
+//! there.
 //!
 //! Invariants:
 //! - A sweep never follows a symlink and never reads file content; a program is known by its
@@ -19,7 +22,8 @@
 //! Not defended: a program-like file under another name (a `.js` file `node_modules` code will
 //! `require`, a data file an installed tool interprets), a symlink planted outside a `bin`-like
 //! directory under a non-program name, and deletions (removing a program plants nothing). A
-//! nested repository's object store (`sub/.git/objects`) is not swept: Git runs nothing from it.
+//! repository's object store (`sub/.git/objects`, `objects` of any git directory) is not swept:
+//! Git runs nothing from it.
 
 use std::collections::BTreeMap;
 
@@ -49,6 +53,10 @@ pub enum ProgramReason {
     /// A symlink in a directory whose entries are run by name (`bin`, `.bin`, `sbin`,
     /// `Scripts`, `hooks`).
     CommandLink,
+    /// Git metadata: an entry named `.git` (directory, file or symlink), a directory with git's
+    /// layout, or anything in one but its object store. Git runs code from it (hooks,
+    /// `core.fsmonitor`, `core.pager`, filters) when the user works there.
+    GitMetadata,
 }
 
 impl ProgramReason {
@@ -58,6 +66,7 @@ impl ProgramReason {
             ProgramReason::PythonBytecode => "Python bytecode",
             ProgramReason::PythonStartup => "Python start-up hook",
             ProgramReason::CommandLink => "command link",
+            ProgramReason::GitMetadata => "git metadata",
         }
     }
 }
@@ -113,6 +122,10 @@ pub struct ProgramSweep {
     /// Why the sweep is incomplete, one line per cause (bounded); empty when it saw everything.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incomplete: Vec<String>,
+    /// Directories with git's layout below the excluded paths, sorted (see
+    /// `Manifest::git_layouts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub git_layouts: Vec<String>,
 }
 
 /// Most `incomplete` lines kept; the last one says how many more there were.
@@ -242,6 +255,7 @@ mod tests {
             programs,
             entries_seen: 1,
             incomplete: Vec::new(),
+            git_layouts: Vec::new(),
         }
     }
 

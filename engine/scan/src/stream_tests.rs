@@ -565,6 +565,7 @@ mod random {
             unsupported,
             excluded: vec![],
             excluded_programs: None,
+            git_layouts: Vec::new(),
             stats: ScanStats::default(),
         }
     }

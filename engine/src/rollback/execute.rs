@@ -87,7 +87,7 @@ pub fn run<E>(
         let Some(&i) = index.get(&(op.path.as_str(), op.kind)) else {
             continue;
         };
-        let children = if op.kind == OpKind::RemoveDir {
+        let children = if matches!(op.kind, OpKind::RemoveDir | OpKind::ReplaceWithLink) {
             let mut children = DirChildren {
                 kept: names_below(&kept, &op.path),
                 gone: names_below(&gone, &op.path),
@@ -110,7 +110,7 @@ pub fn run<E>(
                 break;
             }
         };
-        if matches!(op.kind, OpKind::RemoveFile | OpKind::RemoveDir) {
+        if removes(op.kind) {
             match r.outcome {
                 Outcome::Removed | Outcome::AlreadyRestored => {}
                 Outcome::WouldRemove => {
@@ -180,6 +180,10 @@ pub fn run<E>(
                 action: None,
                 result: OpResult::with(Outcome::Failed, why.clone()),
             },
+            (PlannedStep::Done(why), _) => ItemResult {
+                action: None,
+                result: OpResult::with(Outcome::AlreadyRestored, why.clone()),
+            },
         })
         .collect();
     Ok(Executed { items, interrupted })
@@ -192,6 +196,15 @@ fn names_below(set: &BTreeSet<String>, dir: &str) -> Vec<String> {
         .take_while(|p| p.starts_with(&prefix))
         .filter_map(|p| p[prefix.len()..].split('/').next().map(str::to_string))
         .collect()
+}
+
+/// Whether an op removes what is at its path (its outcome says whether a directory above it can
+/// go too).
+fn removes(kind: OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::RemoveFile | OpKind::RemoveDir | OpKind::RemoveLink
+    )
 }
 
 #[cfg(test)]

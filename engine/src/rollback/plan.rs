@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::apply::{classify, ApplyOp, OpKind, Transition};
+use super::apply::{classify, classify_rollback, ApplyOp, OpKind, Transition};
 use super::{RollbackError, Scope, Selection};
 use crate::recovery::{RecordedRun, RecordedTree};
 use crate::transaction::ChangeRecord;
@@ -26,6 +26,9 @@ pub enum PlannedStep {
     Fail(String),
     /// Preserved as a conflict before anything is written (a later run recorded a change to it).
     Conflict(String),
+    /// Already in its target state, found before anything is written (what the run put below
+    /// a symlink's place is gone because the link is back).
+    Done(String),
 }
 
 /// One recorded change in the plan.
@@ -233,6 +236,7 @@ pub fn plan(
         });
     }
     let unselected_children = unselected_children(&items, after);
+    settle_below_restored_links(&recorded, &mut items, before);
     // Nothing may be written through a symlink that is in the tree right now.
     check_no_symlinks(&recorded, &items)?;
 
@@ -257,7 +261,7 @@ fn restore_step(
     verified: &mut BTreeMap<String, Result<(), BackupObjectError>>,
     changed_later_by: Option<&String>,
 ) -> PlannedStep {
-    let kind = match classify(&t) {
+    let kind = match classify_rollback(&t) {
         Err(why) => return PlannedStep::Skip(why.to_string()),
         Ok(kind) => kind,
     };
@@ -276,10 +280,12 @@ fn restore_step(
         }
         (true, None) => PlannedStep::Skip("no recorded content hash".into()),
         (false, _) => match changed_later_by {
-            Some(by) if kind == OpKind::RemoveFile => PlannedStep::Conflict(format!(
+            Some(by) if matches!(kind, OpKind::RemoveFile | OpKind::RemoveLink) => {
+                PlannedStep::Conflict(format!(
                 "a later run ({by}) recorded a change to it; removing it would undo that run's \
                  work, so it was left as it is (roll back {by} first)"
-            )),
+                ))
+            }
             _ => PlannedStep::Apply(Box::new(op(t, kind))),
         },
     }
@@ -298,7 +304,15 @@ fn unselected_children(
         .map(|i| i.path.as_str())
         .collect();
     for item in items {
-        if matches!(&item.step, PlannedStep::Apply(op) if op.kind == OpKind::RemoveDir) {
+        let removes_dir = |op: &ApplyOp| {
+            op.kind == OpKind::RemoveDir
+                || (op.kind == OpKind::ReplaceWithLink
+                    && op
+                        .expected
+                        .as_ref()
+                        .is_some_and(|e| e.kind == EntryKind::Directory))
+        };
+        if matches!(&item.step, PlannedStep::Apply(op) if removes_dir(op)) {
             let prefix = format!("{}/", item.path);
             let names: BTreeSet<String> = after
                 .entries
@@ -311,6 +325,60 @@ fn unselected_children(
         }
     }
     out
+}
+
+/// A removal below a path that was a symlink before the run and is that same link again now (an
+/// earlier rollback put it back where the run had made a directory) has nothing left to remove:
+/// the directory it was in is gone. It is done, and nothing is ever opened through the link.
+fn settle_below_restored_links(
+    root: &Path,
+    items: &mut [PlanItem],
+    before: &agentdiff_scan::Manifest,
+) {
+    let Ok(root_dir) = DirHandle::open_root(root) else {
+        return;
+    };
+    let restored: Vec<String> = items
+        .iter()
+        .filter(|i| matches!(&i.step, PlannedStep::Apply(op) if op.kind == OpKind::ReplaceWithLink))
+        .filter(|i| link_is_back(&root_dir, &i.path, before))
+        .map(|i| i.path.clone())
+        .collect();
+    for item in items.iter_mut() {
+        let removal = matches!(&item.step, PlannedStep::Apply(op) if op.target.is_none());
+        if let Some(link) = restored
+            .iter()
+            .find(|l| removal && under(&item.path, l) && item.path != **l)
+        {
+            item.step = PlannedStep::Done(format!(
+                "{link} is the symlink it was before the run again; nothing below it remains"
+            ));
+        }
+    }
+}
+
+/// Whether `path` is now the symlink the before manifest records there (reached without
+/// following a link).
+fn link_is_back(root: &DirHandle, path: &str, before: &agentdiff_scan::Manifest) -> bool {
+    let Some(want) = before
+        .entries
+        .get(path)
+        .filter(|e| e.kind == EntryKind::Symlink)
+        .and_then(|e| e.symlink_target.as_deref())
+    else {
+        return false;
+    };
+    let (parent, name) = match path.rsplit_once('/') {
+        Some((p, n)) => (p, n),
+        None => ("", path),
+    };
+    let Ok(dir) = root.open_relative(parent) else {
+        return false;
+    };
+    let name = OsStr::new(name);
+    dir.stat(name)
+        .is_ok_and(|m| m.is_some_and(|m| m.kind == NodeKind::Symlink))
+        && dir.read_link(name).is_ok_and(|t| t.to_str() == Some(want))
 }
 
 /// Refuses the whole plan when a path would be written through a symlink now in the tree.

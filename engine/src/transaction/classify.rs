@@ -52,8 +52,9 @@ pub fn classify_changes(
 
 /// Where `path` lies in git metadata, as the same path below `ROOT/.git` would: below a git
 /// directory or `.git` file found before the run (whatever its name: `--separate-git-dir`, a
-/// worktree's or submodule's), or below any component named `.git` (a pointer file the command
-/// planted). The entry itself stands for the repository's `HEAD`, which replacing it changes.
+/// worktree's or submodule's) or with git's layout in either scan, below any component named
+/// `.git` (a pointer file the command planted), or under one of git's own names at a root that
+/// has git's layout (`""`: the project made a bare repository). The entry itself stands for the repository's `HEAD`, which replacing it changes.
 fn as_git_metadata(path: &str, git_dirs: &[String]) -> Option<String> {
     let below = |dir: &str| {
         if path == dir {
@@ -64,12 +65,24 @@ fn as_git_metadata(path: &str, git_dirs: &[String]) -> Option<String> {
                 .map(str::to_owned)
         }
     };
-    let rest = git_dirs.iter().find_map(|g| below(g)).or_else(|| {
-        let mut parts = path.split('/');
-        parts
-            .position(|p| p == ".git")
-            .map(|_| parts.collect::<Vec<_>>().join("/"))
-    })?;
+    // A root with git's layout (`""`) is a bare repository for git only through its own names.
+    let in_root_repo = || {
+        let first = path.split('/').next().unwrap_or(path);
+        (git_dirs.iter().any(String::is_empty)
+            && agentdiff_host::git_dirs::GIT_DIR_ENTRIES.contains(&first))
+        .then(|| path.to_owned())
+    };
+    let rest = git_dirs
+        .iter()
+        .filter(|g| !g.is_empty())
+        .find_map(|g| below(g))
+        .or_else(|| {
+            let mut parts = path.split('/');
+            parts
+                .position(|p| p == ".git")
+                .map(|_| parts.collect::<Vec<_>>().join("/"))
+        })
+        .or_else(in_root_repo)?;
     Some(if rest.is_empty() {
         ".git/HEAD".to_owned()
     } else {
@@ -150,14 +163,19 @@ pub fn classify_uncaptured(policy: &Policy, changes: &[UnsupportedChange]) -> Ve
         .collect()
 }
 
-/// Findings shown per program before the rest are counted in one line.
+/// Findings shown per program (or per git directory) before the rest are counted in one line.
 const MAX_PROGRAM_FINDINGS: usize = 50;
+
+/// Paths named in one git directory's finding before the rest are counted.
+const MAX_GIT_PATHS_SHOWN: usize = 5;
 
 /// `excluded_program` findings (review at least): a program appeared or changed below an excluded
 /// path, which the scan lists but does not capture (see `agentdiff_scan::programs`). It is not a
 /// change record (nothing was hashed or backed up, so it cannot be shown or rolled back), and it
 /// can run later outside any sandbox: a plugin on `PATH`, an npm bin, a Python start-up hook.
 /// A path the policy denies (a hook in an unnamed `.git`) is denied; anything else is a review.
+/// Git metadata is one finding per git directory (its path first, then the paths that changed),
+/// decided as git metadata: a repository planted in `node_modules/` is denied like one in `.git`.
 /// Past [`MAX_PROGRAM_FINDINGS`] the rest are counted in one finding; the full list is in the
 /// after-scan's manifest. `excluded_sweep_incomplete` (review): the after-sweep could not see
 /// somewhere the before-sweep could, so a program there cannot be ruled out.
@@ -167,57 +185,29 @@ pub fn classify_programs(
     after: &Manifest,
     git_dirs: &[String],
 ) -> Vec<EvidenceFinding> {
-    let changed = programs::changed_programs(
+    let (git, changed): (Vec<_>, Vec<_>) = programs::changed_programs(
         before.excluded_programs.as_ref(),
         after.excluded_programs.as_ref(),
+    )
+    .into_iter()
+    .partition(|c| c.program.reason == programs::ProgramReason::GitMetadata);
+    let mut out = git_metadata_findings(policy, &git, git_dirs);
+    out.extend(
+        changed
+            .iter()
+            .take(MAX_PROGRAM_FINDINGS)
+            .map(|c| program_finding(policy, c, git_dirs)),
     );
-    let mut out: Vec<EvidenceFinding> = changed
-        .iter()
-        .take(MAX_PROGRAM_FINDINGS)
-        .map(|c| {
-            let p = c.program;
-            let decided = decide_with_git_dirs(policy, &p.path, git_dirs);
-            let verb = match c.change_type {
-                programs::ProgramChangeType::Created => "new",
-                programs::ProgramChangeType::Modified => "changed",
-            };
-            let denied = if decided.action == Action::Deny {
-                format!("; the policy denies writes here ({})", decided.rule)
-            } else {
-                String::new()
-            };
-            EvidenceFinding {
-                kind: "excluded_program".into(),
-                action: Action::strictest(Action::Review, decided.action),
-                detail: format!(
-                    "{}: {verb} {} (mode {:o}) in an excluded directory: not captured or \
-                     backed up, and it may run later outside the sandbox{denied}",
-                    agentdiff_host::redact::escape_terminal(&p.path),
-                    p.reason.describe(),
-                    p.mode
-                ),
-                process: None,
-                container: None,
-            }
-        })
-        .collect();
     if changed.len() > MAX_PROGRAM_FINDINGS {
         let rest = &changed[MAX_PROGRAM_FINDINGS..];
         let action = rest
             .iter()
             .map(|c| decide_with_git_dirs(policy, &c.program.path, git_dirs).action)
             .fold(Action::Review, Action::strictest);
-        out.push(EvidenceFinding {
-            kind: "excluded_program".into(),
+        out.push(program_finding_rest(
             action,
-            detail: format!(
-                "{} more new or changed programs in excluded directories (listed in the \
-                 after-scan's manifest, `excluded_programs`)",
-                rest.len()
-            ),
-            process: None,
-            container: None,
-        });
+            format!("{} more new or changed programs", rest.len()),
+        ));
     }
     for why in programs::newly_incomplete(
         before.excluded_programs.as_ref(),
@@ -232,6 +222,150 @@ pub fn classify_programs(
         });
     }
     out
+}
+
+/// The finding of one program that appeared or changed below an excluded path.
+fn program_finding(
+    policy: &Policy,
+    c: &programs::ProgramChange<'_>,
+    git_dirs: &[String],
+) -> EvidenceFinding {
+    let p = c.program;
+    let decided = decide_with_git_dirs(policy, &p.path, git_dirs);
+    let verb = match c.change_type {
+        programs::ProgramChangeType::Created => "new",
+        programs::ProgramChangeType::Modified => "changed",
+    };
+    EvidenceFinding {
+        kind: "excluded_program".into(),
+        action: Action::strictest(Action::Review, decided.action),
+        detail: format!(
+            "{}: {verb} {} (mode {:o}) in an excluded directory: not captured or backed up, and \
+             it may run later outside the sandbox{}",
+            agentdiff_host::redact::escape_terminal(&p.path),
+            p.reason.describe(),
+            p.mode,
+            denied_words(&decided)
+        ),
+        process: None,
+        container: None,
+    }
+}
+
+/// The one finding that counts what was not listed one by one.
+fn program_finding_rest(action: Action, what: String) -> EvidenceFinding {
+    EvidenceFinding {
+        kind: "excluded_program".into(),
+        action,
+        detail: format!(
+            "{what} in excluded directories (listed in the after-scan's manifest, \
+             `excluded_programs`)"
+        ),
+        process: None,
+        container: None,
+    }
+}
+
+fn denied_words(decided: &Decision) -> String {
+    if decided.action == Action::Deny {
+        format!("; the policy denies writes here ({})", decided.rule)
+    } else {
+        String::new()
+    }
+}
+
+/// One finding per git directory below an excluded path in which git metadata appeared or
+/// changed: the directory first, the paths after; the strictest decision of its paths counts.
+fn git_metadata_findings(
+    policy: &Policy,
+    changed: &[programs::ProgramChange<'_>],
+    git_dirs: &[String],
+) -> Vec<EvidenceFinding> {
+    let mut by_dir: std::collections::BTreeMap<String, Vec<&programs::ProgramChange<'_>>> =
+        std::collections::BTreeMap::new();
+    for c in changed {
+        by_dir
+            .entry(git_dir_of(&c.program.path, git_dirs))
+            .or_default()
+            .push(c);
+    }
+    let mut out = Vec::new();
+    let mut rest = (0usize, Action::Review);
+    for (i, (dir, changes)) in by_dir.iter().enumerate() {
+        let decided = changes
+            .iter()
+            .map(|c| decide_with_git_dirs(policy, &c.program.path, git_dirs))
+            .max_by_key(|d| d.action);
+        let action = decided.as_ref().map_or(Action::Review, |d| {
+            Action::strictest(Action::Review, d.action)
+        });
+        if i >= MAX_PROGRAM_FINDINGS {
+            rest = (rest.0 + 1, Action::strictest(rest.1, action));
+            continue;
+        }
+        let shown: Vec<String> = changes
+            .iter()
+            .take(MAX_GIT_PATHS_SHOWN)
+            .map(|c| {
+                let verb = match c.change_type {
+                    programs::ProgramChangeType::Created => "new",
+                    programs::ProgramChangeType::Modified => "changed",
+                };
+                format!(
+                    "{verb} {}",
+                    agentdiff_host::redact::escape_terminal(&c.program.path)
+                )
+            })
+            .collect();
+        let more = changes.len().saturating_sub(MAX_GIT_PATHS_SHOWN);
+        let more = if more > 0 {
+            format!(", {more} more")
+        } else {
+            String::new()
+        };
+        out.push(EvidenceFinding {
+            kind: "excluded_program".into(),
+            action,
+            detail: format!(
+                "{}: git metadata created or changed in an excluded directory ({}{more}): not \
+                 captured or backed up, and git runs code from it (hooks, core.fsmonitor, \
+                 core.pager) when used there{}",
+                agentdiff_host::redact::escape_terminal(dir),
+                shown.join(", "),
+                decided.as_ref().map(denied_words).unwrap_or_default()
+            ),
+            process: None,
+            container: None,
+        });
+    }
+    if rest.0 > 0 {
+        let what = format!(
+            "{} more git directories with new or changed metadata",
+            rest.0
+        );
+        out.push(program_finding_rest(rest.1, what));
+    }
+    out
+}
+
+/// The git directory `path` is git metadata of: up to its first `.git` component, else the
+/// deepest git directory it lies in (the path itself when none is known).
+fn git_dir_of(path: &str, git_dirs: &[String]) -> String {
+    let parts: Vec<&str> = path.split('/').collect();
+    if let Some(i) = parts.iter().position(|p| *p == ".git") {
+        return parts[..=i].join("/");
+    }
+    git_dirs
+        .iter()
+        .filter(|d| {
+            path == d.as_str()
+                || path
+                    .strip_prefix(d.as_str())
+                    .is_some_and(|r| r.starts_with('/'))
+        })
+        .max_by_key(|d| d.len())
+        .cloned()
+        .unwrap_or_else(|| path.to_owned())
 }
 
 /// `comparison_incomplete` findings (deny): part of the before/after comparison could not be made
@@ -333,14 +467,38 @@ fn backed_up(entry: &Entry) -> Result<(), NoBackup> {
 
 /// Whether rollback can undo the change, and why (not).
 fn recoverability(c: &Change) -> (bool, String) {
-    if c.kind_changed {
-        return (
-            false,
-            "the entry changed kind (e.g. file ↔ symlink); restore it by hand".into(),
-        );
+    let link_before = c.before.as_ref().filter(|b| b.kind == EntryKind::Symlink);
+    match (c.kind_changed, link_before) {
+        (true, Some(b)) => {
+            return match crate::rollback::apply::link_target(b) {
+                Ok(_) => (
+                    true,
+                    "what replaced the symlink is removed and the link restored".into(),
+                ),
+                Err(why) => (false, why.to_string()),
+            }
+        }
+        (true, None) => {
+            return (
+                false,
+                "the entry changed kind (e.g. file ↔ symlink); restore it by hand".into(),
+            )
+        }
+        _ => {}
     }
     match c.entry_kind {
-        EntryKind::Symlink => (false, "symlinks are reported, never restored".into()),
+        // The link itself is put back from its recorded target (never followed).
+        EntryKind::Symlink => {
+            let recorded = match c.change_type {
+                ChangeType::Created => return (true, "created symlink can be removed".into()),
+                _ => c.before.as_ref(),
+            };
+            match recorded.map(crate::rollback::apply::link_target) {
+                Some(Ok(_)) => (true, "the link is restored to its recorded target".into()),
+                Some(Err(why)) => (false, why.to_string()),
+                None => (false, "no before-state recorded".into()),
+            }
+        }
         EntryKind::Directory => match c.change_type {
             ChangeType::Created => (true, "created directory is removed once it is empty".into()),
             ChangeType::Deleted => (true, "directory is re-created with its mode".into()),

@@ -40,7 +40,8 @@ pub struct Evidence<'a> {
     /// What changed under `.agentdiff/` while the command ran (a deny-level finding).
     pub capsule_tampered: &'a [agentdiff_store::TamperFinding],
     /// The git directories and `.git` files below the root found before the launch
-    /// (root-relative): a change below one is decided as git metadata.
+    /// (root-relative): a change below one is decided as git metadata, as is a change below a
+    /// directory either manifest shows with git's layout (`Manifest::git_layouts`).
     pub git_dirs: &'a [String],
     /// What the run's egress proxy saw (a refused connection is a finding at the level
     /// `network.egress.on_denied` gives).
@@ -59,11 +60,12 @@ pub struct RunFrame {
 
 /// The result of a run that was launched.
 pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
+    let git_dirs = all_git_dirs(ev.git_dirs, ev.before, ev.after);
     let changes = classify_changes(
         ev.policy,
         &ev.comparison.changes,
         ev.private_workspace,
-        ev.git_dirs,
+        &git_dirs,
     );
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let mut warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
@@ -75,12 +77,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
     ));
     findings.extend(classify_uncaptured(ev.policy, &ev.comparison.unsupported));
     findings.extend(classify_incomplete(&ev.comparison.incomplete));
-    findings.extend(classify_programs(
-        ev.policy,
-        ev.before,
-        ev.after,
-        ev.git_dirs,
-    ));
+    findings.extend(classify_programs(ev.policy, ev.before, ev.after, &git_dirs));
     let outcome = with_findings(
         safety_outcome(
             &changes,
@@ -120,6 +117,21 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
         finished_at: frame.finished_at,
         duration_ms: frame.duration_ms,
     }
+}
+
+/// The git directories a change is decided against: those found before the launch and every
+/// directory with git's layout in either scan. The after-scan's count too: a repository the
+/// command created under another name (`git init --bare docs/tools`) is one as soon as it exists.
+fn all_git_dirs(found: &[String], before: &Manifest, after: &Manifest) -> Vec<String> {
+    let mut all: Vec<String> = found
+        .iter()
+        .chain(&before.git_layouts)
+        .chain(&after.git_layouts)
+        .cloned()
+        .collect();
+    all.sort();
+    all.dedup();
+    all
 }
 
 /// The result of a run whose command never started (blocked, backend unavailable, launch

@@ -77,6 +77,7 @@ fn manifest(entries: &[(&str, Entry)]) -> Manifest {
         unsupported: Vec::new(),
         excluded: Vec::new(),
         excluded_programs: None,
+        git_layouts: Vec::new(),
         stats: Default::default(),
     }
 }
@@ -1120,4 +1121,95 @@ fn changes_below_any_git_directory_are_decided_as_git_metadata() {
     assert_eq!(without.action, Action::Review, "{without:?}");
     let other = decide_with_git_dirs(&policy, ".repository/x", &dirs);
     assert_eq!(other.action, Action::Review, "{other:?}");
+}
+
+/// A project root the command turned into a bare repository (git uses it where there is no
+/// `.git`): git's own names at the root are git metadata, the project's other paths are not.
+#[test]
+fn a_root_with_git_layout_makes_gits_own_names_there_git_metadata() {
+    use super::classify::decide_with_git_dirs;
+    let policy = Policy::builtin();
+    let root = vec![String::new()];
+    for path in ["config", "HEAD", "hooks/post-checkout", "refs/heads/main"] {
+        let d = decide_with_git_dirs(&policy, path, &root);
+        assert_eq!(d.action, Action::Deny, "{path}: {d:?}");
+    }
+    for path in ["src/main.rs", "configs/a", "README"] {
+        let d = decide_with_git_dirs(&policy, path, &root);
+        assert_eq!(d.action, Action::Review, "{path}: {d:?}");
+    }
+    let d = decide_with_git_dirs(&policy, "config", &[]);
+    assert_eq!(d.action, Action::Review, "{d:?}");
+}
+
+/// A repository the command made under another name (a bare `docs/tools`) is git metadata as
+/// soon as the after-scan shows its layout: denied, though no discovery before the run saw it.
+/// Git metadata the sweep found in an excluded directory is denied as well, with its path.
+#[test]
+fn a_git_layout_in_either_scan_makes_changes_below_it_git_metadata() {
+    let before = manifest(&[("docs", dir())]);
+    let mut after = manifest(&[
+        ("docs", dir()),
+        ("docs/tools", dir()),
+        ("docs/tools/HEAD", file("h", stored())),
+        ("docs/tools/config", file("c", stored())),
+        ("docs/readme", file("r", stored())),
+    ]);
+    after.git_layouts = vec!["docs/tools".into()];
+    let git_denied = "version: 1\nfilesystem:\n  deny: ['.git/**', '**/.git/**']\n";
+    let decide = |before: &Manifest, after: &Manifest| {
+        let comparison = agentdiff_scan::compare(before, after);
+        decide_clean_exit(git_denied, before, after, &comparison)
+    };
+    let r = decide(&before, &after);
+    let action = |p: &str| r.changes.iter().find(|c| c.path == p).unwrap().decision;
+    assert_eq!(action("docs/tools"), Action::Deny);
+    assert_eq!(action("docs/tools/config"), Action::Deny);
+    assert_eq!(action("docs/readme"), Action::Review);
+    assert_eq!(r.safety_outcome, Action::Deny);
+
+    let sweep = |programs: Vec<agentdiff_scan::programs::Program>, layouts: Vec<String>| {
+        agentdiff_scan::programs::ProgramSweep {
+            programs,
+            entries_seen: 1,
+            incomplete: Vec::new(),
+            git_layouts: layouts,
+        }
+    };
+    let program = |path: &str| agentdiff_scan::programs::Program {
+        path: path.into(),
+        kind: EntryKind::File,
+        reason: agentdiff_scan::programs::ProgramReason::GitMetadata,
+        size: 1,
+        mode: 0o644,
+        mtime_ns: 1,
+        ctime_ns: 1,
+        dev: 1,
+        ino: 1,
+        symlink_target: None,
+    };
+    let mut before = manifest(&[]);
+    before.excluded_programs = Some(sweep(vec![program("node_modules/dep/.git/config")], vec![]));
+    let mut after = before.clone();
+    after.excluded_programs = Some(sweep(
+        vec![
+            program("build/b/config"),
+            program("node_modules/dep/.git/config"),
+        ],
+        vec!["build/b".into()],
+    ));
+    after.git_layouts = vec!["build/b".into()];
+    let r = decide(&before, &after);
+    let findings: Vec<(&str, Action)> = r
+        .evidence_findings
+        .iter()
+        .map(|f| (f.detail.split(':').next().unwrap(), f.action))
+        .collect();
+    // The untouched repository in node_modules is no finding.
+    assert_eq!(findings, vec![("build/b", Action::Deny)], "{r:#?}");
+    assert!(
+        r.evidence_findings[0].detail.contains("new build/b/config"),
+        "{r:#?}"
+    );
+    assert_eq!(r.status, Status::Denied);
 }

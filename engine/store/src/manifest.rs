@@ -104,6 +104,7 @@ impl Capsule {
             unsupported: manifest.unsupported.clone(),
             excluded: manifest.excluded.clone(),
             excluded_programs: manifest.excluded_programs.clone(),
+            git_layouts: manifest.git_layouts.clone(),
             stats: manifest.stats.clone(),
         };
         let mut header =
@@ -269,6 +270,7 @@ mod tests {
             unsupported: vec![],
             excluded: vec![],
             excluded_programs: None,
+            git_layouts: Vec::new(),
             stats: ScanStats::default(),
         }
     }

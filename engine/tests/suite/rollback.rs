@@ -547,25 +547,17 @@ fn created_directories_are_removed_only_when_empty() {
 }
 
 #[test]
-fn symlinks_hardlinks_and_oversized_files_are_reported_never_touched() {
+fn hardlinks_and_oversized_files_are_reported_never_touched() {
     let (_t, root) = project();
     write(&root, "big.bin", &"x".repeat(4096), 0o644);
     write(&root, "h1", "hard\n", 0o644);
     fs::hard_link(root.join("h1"), root.join("h2")).unwrap();
-    symlink("big.bin", root.join("old-link")).unwrap();
-    let mut rec =
-        Recording::new("echo y >> big.bin; echo more >> h1; ln -s h1 new-link; rm old-link");
+    let mut rec = Recording::new("echo y >> big.bin; echo more >> h1");
     rec.max_backup_bytes = 1024;
     record(&root, &rec);
     let post = snapshot(&root);
     let report = rollback_all(&root);
-    for path in ["big.bin", "new-link", "old-link"] {
-        assert_eq!(
-            outcome_of(&report, path).outcome,
-            Outcome::Skipped,
-            "{path}"
-        );
-    }
+    assert_eq!(outcome_of(&report, "big.bin").outcome, Outcome::Skipped);
     assert!(outcome_of(&report, "big.bin")
         .reason
         .as_deref()
@@ -582,6 +574,147 @@ fn symlinks_hardlinks_and_oversized_files_are_reported_never_touched() {
     assert_eq!(snapshot(&root), post);
     assert_eq!(report.status, ReportStatus::CompleteWithSkips);
     assert!(!report.summary.contains("complete:"), "{}", report.summary);
+}
+
+/// Symlinks are put back as links: a repointed `ROOT/.git` (the run made its own git directory
+/// and pointed `.git` at it), a deleted link, a created one; the links are never followed, and
+/// one repointed again after the run is a conflict that keeps the later target.
+#[test]
+fn symlinks_the_run_created_deleted_or_repointed_are_put_back_as_links() {
+    let (_t, root) = project();
+    let outside = tempfile::tempdir().unwrap();
+    write(outside.path(), "secret", "outside\n", 0o644);
+    write(&root, "gitstore/HEAD", "ref: refs/heads/main\n", 0o644);
+    symlink("gitstore", root.join(".git")).unwrap();
+    symlink(outside.path().join("secret"), root.join("old-link")).unwrap();
+    symlink("a", root.join("later")).unwrap();
+    let pre = snapshot(&root);
+    record(
+        &root,
+        &Recording::new(
+            "cp -r gitstore evil && echo '[core] fsmonitor = x' > evil/config && \
+             ln -sfn evil .git && rm old-link && ln -s /etc/passwd new-link && ln -sfn b later",
+        ),
+    );
+    // Repointed again after the run: that edit is kept.
+    fs::remove_file(root.join("later")).unwrap();
+    symlink("c", root.join("later")).unwrap();
+    let report = rollback_all(&root);
+    assert_eq!(outcome_of(&report, ".git").outcome, Outcome::Restored);
+    assert_eq!(outcome_of(&report, "old-link").outcome, Outcome::Recreated);
+    assert_eq!(outcome_of(&report, "new-link").outcome, Outcome::Removed);
+    assert_eq!(outcome_of(&report, "later").outcome, Outcome::Conflict);
+    assert_eq!(
+        fs::read_link(root.join(".git")).unwrap(),
+        Path::new("gitstore")
+    );
+    assert_eq!(fs::read_link(root.join("later")).unwrap(), Path::new("c"));
+    assert!(!root.join("evil").exists());
+    let mut now = snapshot(&root);
+    now.insert("later".into(), pre["later"].clone());
+    assert_eq!(now, pre);
+    // Nothing was written through a link.
+    assert_eq!(
+        fs::read_to_string(outside.path().join("secret")).unwrap(),
+        "outside\n"
+    );
+    // A second rollback finds every link in place.
+    let again = rollback_all(&root);
+    for path in [".git", "old-link", "new-link"] {
+        assert_eq!(
+            outcome_of(&again, path).outcome,
+            Outcome::AlreadyRestored,
+            "{path}"
+        );
+    }
+}
+
+/// A symlink the run replaced by a directory (a planted git directory at `sub/.git`) or a file is
+/// put back once what replaced it is removed; an entry added to the directory after the run
+/// keeps it (a conflict), and a dry run writes nothing.
+#[test]
+fn a_symlink_replaced_by_a_directory_or_a_file_is_put_back() {
+    let (_t, root) = project();
+    write(&root, "gitstore/HEAD", "ref: refs/heads/main\n", 0o644);
+    fs::create_dir(root.join("sub")).unwrap();
+    symlink("../gitstore", root.join("sub/.git")).unwrap();
+    symlink("gitstore/HEAD", root.join("head-link")).unwrap();
+    let pre = snapshot(&root);
+    let script =
+        "rm sub/.git head-link && mkdir -p sub/.git/hooks && echo evil > sub/.git/config && \
+                  echo x > sub/.git/hooks/post-checkout && echo plain > head-link";
+    record(&root, &Recording::new(script));
+    let post = snapshot(&root);
+    let dry = try_rollback(
+        &root,
+        &selection(Scope::All, &[]),
+        &ExecuteOptions {
+            dry_run: true,
+            fault: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        outcome_of(&dry, "sub/.git").outcome,
+        Outcome::WouldRestore,
+        "{dry:#?}"
+    );
+    assert_eq!(snapshot(&root), post);
+    let report = rollback_all(&root);
+    assert_eq!(
+        outcome_of(&report, "sub/.git").outcome,
+        Outcome::Restored,
+        "{report:#?}"
+    );
+    assert_eq!(outcome_of(&report, "head-link").outcome, Outcome::Restored);
+    assert_eq!(snapshot(&root), pre);
+
+    // Stopped after any step, a second rollback still ends with the link (the path may be
+    // absent in between: the directory removed, the link not made yet).
+    for n in 0.. {
+        let (_t, root) = project();
+        write(&root, "gitstore/HEAD", "ref: refs/heads/main\n", 0o644);
+        fs::create_dir(root.join("sub")).unwrap();
+        symlink("../gitstore", root.join("sub/.git")).unwrap();
+        let pre = snapshot(&root);
+        record(
+            &root,
+            &Recording::new("rm sub/.git && mkdir sub/.git && echo e > sub/.git/x"),
+        );
+        let fault = Some(Fault {
+            after_ops: n,
+            action: FaultAction::Stop,
+        });
+        let first = try_rollback(
+            &root,
+            &selection(Scope::All, &[]),
+            &ExecuteOptions {
+                dry_run: false,
+                fault,
+            },
+        );
+        let report = rollback_all(&root);
+        assert_eq!(report.status, ReportStatus::Complete, "n={n}: {report:#?}");
+        assert_eq!(snapshot(&root), pre, "n={n}");
+        if first.is_ok() {
+            break;
+        }
+    }
+
+    // Something added to the planted directory after the run keeps it.
+    let (_t, root) = project();
+    write(&root, "gitstore/HEAD", "ref: refs/heads/main\n", 0o644);
+    fs::create_dir(root.join("sub")).unwrap();
+    symlink("../gitstore", root.join("sub/.git")).unwrap();
+    record(
+        &root,
+        &Recording::new("rm sub/.git && mkdir sub/.git && echo evil > sub/.git/config"),
+    );
+    write(&root, "sub/.git/mine", "later\n", 0o644);
+    let report = rollback_all(&root);
+    assert_eq!(outcome_of(&report, "sub/.git").outcome, Outcome::Conflict);
+    assert!(root.join("sub/.git/mine").exists());
+    assert!(!root.join("sub/.git/config").exists());
 }
 
 #[test]

@@ -56,6 +56,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             seen,
             searched,
             is_entry,
+            git,
             prev,
             owner,
         } = dir;
@@ -63,7 +64,10 @@ impl<'o, 'a> Walker<'o, 'a> {
         drop(parent);
         let id = self.open_node(rel.clone(), Some((parent_dir, name)), is_entry, owner);
         match opened {
-            Ok(fd) => self.list_dir(&Arc::new(fd), id, &rel, searched, prev, stack, jobs),
+            Ok(fd) => {
+                let fd = Arc::new(fd);
+                self.list_dir(&fd, id, &rel, (searched, git), prev, stack, jobs);
+            }
             Err((kind, reason)) => {
                 self.report(rel, kind, reason);
                 // A directory entry still gets its (empty) tree.
@@ -78,16 +82,28 @@ impl<'o, 'a> Walker<'o, 'a> {
         fd: &Arc<OwnedFd>,
         id: u64,
         rel: &str,
-        searched: bool,
+        (searched, in_git): (bool, bool),
         prev: Option<PrevRef>,
         stack: &mut Stack,
         jobs: &Pool<'_, '_>,
     ) {
+        let (mut names, error) = read_names(fd, &mut self.list_buf);
+        // Git takes such a directory for a repository whatever its name. The root is recorded
+        // too (`""`: git runs in a project without `.git` as a bare repository there), but its
+        // entries keep their ignore rules: only git's own names in it are git metadata.
+        let layout = !in_git && is_git_layout(fd, &names);
+        if layout {
+            self.git_layouts.push(rel.to_owned());
+        }
+        let root_git = layout && rel.is_empty();
+        let layout = layout && !rel.is_empty();
         let (prev, digest) = self.earlier_listing(prev);
         let at = Listing {
             id,
             rel,
             searched,
+            git: in_git || layout,
+            root_git,
             prev: prev.as_ref(),
             digest: digest.as_ref().map(|(_, d)| *d),
         };
@@ -96,7 +112,6 @@ impl<'o, 'a> Walker<'o, 'a> {
         } else {
             rel.to_string()
         };
-        let (mut names, error) = read_names(fd, &mut self.list_buf);
         if let Some(e) = error {
             let why = format!(
                 "cannot list directory: {e}; {} entries read were captured",
@@ -203,10 +218,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         // stat: inside a searched directory that is every name no glob names.
         let early = d_type.map(|t| {
             let is_dir = t == Type::Directory;
-            (
-                is_dir,
-                self.rules.verdict(&path, &name, is_dir, at.searched),
-            )
+            (is_dir, self.verdict(at, &path, &name, is_dir))
         });
         if let Some((_, Verdict::Exclude(reason))) = early {
             self.exclude(path, reason, at.searched);
@@ -235,8 +247,9 @@ impl<'o, 'a> Walker<'o, 'a> {
         // The stat decides when it disagrees with the listing (the entry was replaced).
         let verdict = match early {
             Some((guess, v)) if guess == is_dir => v,
-            _ => self.rules.verdict(&path, &name, is_dir, at.searched),
+            _ => self.verdict(at, &path, &name, is_dir),
         };
+        let git = in_git(at, &name);
         let mut sub = PendingDir {
             parent: Arc::clone(fd),
             c_name,
@@ -248,6 +261,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             seen,
             searched: at.searched,
             is_entry: true,
+            git,
         };
         match verdict {
             Verdict::Scan => {}
@@ -281,6 +295,15 @@ impl<'o, 'a> Walker<'o, 'a> {
             );
             self.report(sub.rel, kind, why);
             None
+        }
+    }
+
+    /// What to do with `path` listed at `at`: in git metadata no ignore rule applies.
+    fn verdict(&self, at: &Listing<'_, 'a>, path: &str, name: &str, is_dir: bool) -> Verdict {
+        if in_git(at, name) {
+            self.rules.verdict_unignored(path, name, is_dir)
+        } else {
+            self.rules.verdict(path, name, is_dir, at.searched)
         }
     }
 
@@ -524,4 +547,44 @@ fn d_type(t: u8) -> Option<Type> {
         libc::DT_BLK => Some(Type::BlockDevice),
         _ => None,
     }
+}
+
+/// Whether a listing has git's layout ([`agentdiff_host::git_dirs::has_layout`]): each name's
+/// type as the listing gives it, `lstat`ed where the listing gives none.
+pub(super) fn is_git_layout(fd: &OwnedFd, names: &[(CString, Option<Type>)]) -> bool {
+    use agentdiff_host::git_dirs::{has_layout, EntryType};
+    let entry_type = |n: &CString, t: Option<Type>| {
+        let t = t.or_else(|| {
+            let st = fstatat(
+                Some(fd.as_raw_fd()),
+                n.as_c_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            );
+            let fmt = SFlag::from_bits_truncate(st.ok()?.st_mode) & SFlag::S_IFMT;
+            [
+                (SFlag::S_IFDIR, Type::Directory),
+                (SFlag::S_IFREG, Type::File),
+                (SFlag::S_IFLNK, Type::Symlink),
+            ]
+            .into_iter()
+            .find_map(|(f, t)| (f == fmt).then_some(t))
+        });
+        match t {
+            Some(Type::Directory) => EntryType::Dir,
+            Some(Type::File) => EntryType::File,
+            Some(Type::Symlink) => EntryType::Symlink,
+            _ => EntryType::Other,
+        }
+    };
+    has_layout(|name, kind| {
+        names
+            .iter()
+            .any(|(n, t)| n.to_bytes() == name.as_bytes() && kind.admits_entry(entry_type(n, *t)))
+    })
+}
+
+/// Whether `name`, listed at `at`, is git metadata: in a git directory, or one of git's own
+/// names at a root with git's layout.
+fn in_git(at: &Listing<'_, '_>, name: &str) -> bool {
+    at.git || (at.root_git && agentdiff_host::git_dirs::GIT_DIR_ENTRIES.contains(&name))
 }

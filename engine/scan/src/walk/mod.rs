@@ -51,6 +51,7 @@ use super::manifest::{
     ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
 };
 use super::peers::Peers;
+use super::programs::ProgramSweep;
 use super::tree::{join, Reusable, Tree, TreeError, TreeSink, TreeSource};
 use super::{escape_bytes, BackupRequest, IgnoreSource, ScanError, ScanOptions, Scanned};
 
@@ -113,6 +114,8 @@ struct PendingDir {
     searched: bool,
     /// Recorded as a directory entry of its parent (not only searched for deny paths).
     is_entry: bool,
+    /// Inside a directory with git's layout: no ignore rule applies (see [`Rules::verdict`]).
+    git: bool,
     /// Its listing in the earlier scan (the stat cache), when there is one.
     prev: Option<PrevRef>,
     /// The inbox of the walker that owns `parent_dir`, when that is another walker (the
@@ -331,6 +334,7 @@ struct Found {
     stats: ScanStats,
     digests: Option<StatDigests>,
     sink_error: Option<TreeError>,
+    git_layouts: Vec<String>,
     #[cfg_attr(not(test), allow(dead_code))]
     max_held: usize,
 }
@@ -352,6 +356,7 @@ impl Found {
             all.absorb(more);
         }
         self.sink_error = self.sink_error.take().or(other.sink_error);
+        self.git_layouts.extend(other.git_layouts);
     }
 }
 
@@ -385,6 +390,8 @@ struct Walker<'o, 'a> {
     digests: Option<StatDigests>,
     unsupported: Vec<Unsupported>,
     excluded: Vec<Exclusion>,
+    /// Directories whose listing has git's layout.
+    git_layouts: Vec<String>,
     stats: ScanStats,
 }
 
@@ -497,6 +504,7 @@ pub(crate) fn scan(
         mut stats,
         digests,
         sink_error,
+        git_layouts,
         ..
     } = all;
     let root_tree = walker.root_tree;
@@ -509,6 +517,7 @@ pub(crate) fn scan(
     let excluded_programs = opts
         .sweep_excluded
         .then(|| sweep::sweep(&root_fd, &excluded, walkers(opts)));
+    let git_layouts = all_layouts(git_layouts, excluded_programs.as_ref());
     stats.bytes_hashed = counters.bytes_hashed.load(Ordering::Relaxed);
     stats.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     stats.started_ns = started_ns;
@@ -526,6 +535,7 @@ pub(crate) fn scan(
         unsupported,
         excluded,
         excluded_programs,
+        git_layouts,
         stats,
     };
     Ok(Scanned {
@@ -533,6 +543,14 @@ pub(crate) fn scan(
         root_tree,
         digests,
     })
+}
+
+/// The git layouts the walkers found and the sweep found below excluded paths, sorted.
+fn all_layouts(mut walked: Vec<String>, swept: Option<&ProgramSweep>) -> Vec<String> {
+    walked.extend(swept.iter().flat_map(|s| s.git_layouts.iter().cloned()));
+    walked.sort();
+    walked.dedup();
+    walked
 }
 
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup's CPU
@@ -781,6 +799,11 @@ struct Listing<'p, 'a> {
     id: u64,
     rel: &'p str,
     searched: bool,
+    /// In a git directory (this one has git's layout, or one above it has): every entry is
+    /// git metadata, which no ignore rule hides.
+    git: bool,
+    /// The root, with git's layout: its entries with git's own names are git metadata.
+    root_git: bool,
     prev: Option<&'p Prev<'a>>,
     /// The earlier tree's stat digest, used instead of `prev` (see [`StatDigests`]).
     digest: Option<&'a DirDigest>,
@@ -827,6 +850,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             digests: ctx.opts.collect_digests.then(StatDigests::default),
             unsupported: Vec::new(),
             excluded: Vec::new(),
+            git_layouts: Vec::new(),
             stats: ScanStats::default(),
         }
     }
@@ -838,6 +862,7 @@ impl<'o, 'a> Walker<'o, 'a> {
             stats: std::mem::take(&mut self.stats),
             digests: self.digests.take(),
             sink_error: self.sink_error.take(),
+            git_layouts: std::mem::take(&mut self.git_layouts),
             max_held: self.max_held,
         }
     }
@@ -854,7 +879,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         let mut stack = Stack::new();
         let root_id = self.open_node(String::new(), None, false, None);
         let prev = self.reuse.as_ref().map(|r| r.root.clone());
-        self.list_dir(&root, root_id, "", false, prev, &mut stack, jobs);
+        self.list_dir(&root, root_id, "", (false, false), prev, &mut stack, jobs);
         drop(root);
         self.run(stack, inbox, jobs, Some(helpers));
     }

@@ -1,15 +1,16 @@
-//! The sweep of excluded paths for programs (see [`crate::programs`]): every excluded directory is
-//! listed and every name in it `lstat`ed, one directory handle per level, never through a
-//! symlink; no file is opened.
+//! The sweep of excluded paths for programs and git metadata (see [`crate::programs`]): every
+//! excluded directory is listed and every name in it `lstat`ed, one directory handle per level,
+//! never through a symlink; no file is opened.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Condvar;
 
-use super::list::read_names;
+use super::list::{is_git_layout, read_names};
 use super::*;
 use crate::manifest::exclusion_reason::{AGENTDIFFIGNORE, DEFAULT_GENERATED};
 use crate::programs::{
-    program_reason, Program, ProgramSweep, MAX_SWEEP_DEPTH, MAX_SWEPT_ENTRIES, MAX_SWEPT_PROGRAMS,
+    program_reason, Program, ProgramReason, ProgramSweep, MAX_SWEEP_DEPTH, MAX_SWEPT_ENTRIES,
+    MAX_SWEPT_PROGRAMS,
 };
 
 /// Sweeps every path in `excluded` (sorted by path) below `root`, on up to `threads` threads.
@@ -65,6 +66,7 @@ pub(super) fn sweep(root: &OwnedFd, excluded: &[Exclusion], threads: usize) -> P
     for part in parts {
         out.entries_seen += part.entries_seen;
         out.programs.extend(part.programs);
+        out.git_layouts.extend(part.git_layouts);
         for why in part.incomplete {
             out.note_incomplete(why);
         }
@@ -76,6 +78,7 @@ pub(super) fn sweep(root: &OwnedFd, excluded: &[Exclusion], threads: usize) -> P
         ));
     }
     out.programs.sort_by(|a, b| a.path.cmp(&b.path));
+    out.git_layouts.sort();
     out.incomplete.sort();
     out
 }
@@ -88,6 +91,18 @@ struct Task {
     rel: String,
     name: String,
     depth: usize,
+    /// The depth of the git directory it is in, if it is in one.
+    git: Option<usize>,
+}
+
+/// Where one name is, for [`Sweeper::visit`].
+struct At<'n> {
+    name: &'n str,
+    rel: String,
+    parent_name: &'n str,
+    depth: usize,
+    /// The depth of the git directory the name is in, if it is in one.
+    git: Option<usize>,
 }
 
 #[derive(Default)]
@@ -219,20 +234,19 @@ impl<'s> Sweeper<'s> {
         };
         let parent_name = rel.rsplit('/').nth(1).unwrap_or("");
         if let Ok(c) = CString::new(last) {
-            self.visit(&parent, c, last, rel.to_owned(), parent_name, 0);
+            let at = At {
+                name: last,
+                rel: rel.to_owned(),
+                parent_name,
+                depth: 0,
+                git: None,
+            };
+            self.visit(&parent, c, at);
         }
     }
 
-    /// One name below `parent`: a directory is queued, a program recorded.
-    fn visit(
-        &mut self,
-        parent: &Arc<OwnedFd>,
-        c_name: CString,
-        name: &str,
-        rel: String,
-        parent_name: &str,
-        depth: usize,
-    ) {
+    /// One name below `parent`: a directory is queued, a program or git metadata recorded.
+    fn visit(&mut self, parent: &Arc<OwnedFd>, c_name: CString, at: At<'_>) {
         self.shared.entries_seen.fetch_add(1, Ordering::Relaxed);
         self.out.entries_seen += 1;
         let seen = match fstatat(
@@ -243,24 +257,36 @@ impl<'s> Sweeper<'s> {
             Ok(st) => Meta::from_stat(&st),
             // Removed between listing and stat: nothing is there to run.
             Err(Errno::ENOENT) => return,
-            Err(e) => return self.unreadable(&rel, e),
+            Err(e) => return self.unreadable(&at.rel, e),
+        };
+        // A `.git` entry of any kind is git metadata: a directory git reads, a `gitdir:` file
+        // or a symlink that points git elsewhere.
+        let git = match at.git {
+            None if at.name == ".git" => {
+                self.record(parent, &c_name, &at.rel, &seen, ProgramReason::GitMetadata);
+                Some(at.depth)
+            }
+            g => g,
         };
         if seen.is(SFlag::S_IFDIR) {
-            if git_objects(&rel) {
+            // An object store is content addressed: git runs nothing from it.
+            let objects = git.is_some_and(|d| at.depth == d + 1) && at.name == "objects";
+            if git_objects(&at.rel) || objects {
                 return;
             }
-            if depth >= MAX_SWEEP_DEPTH {
+            if at.depth >= MAX_SWEEP_DEPTH {
                 return self.out.note_incomplete(format!(
                     "{}: deeper than {MAX_SWEEP_DEPTH} levels; not swept below",
-                    escape_terminal(&rel)
+                    escape_terminal(&at.rel)
                 ));
             }
             return self.shared.push(Task {
                 parent: Arc::clone(parent),
                 c_name,
-                rel,
-                name: name.to_owned(),
-                depth,
+                rel: at.rel,
+                name: at.name.to_owned(),
+                depth: at.depth,
+                git,
             });
         }
         let kind = if seen.is(SFlag::S_IFREG) {
@@ -270,16 +296,47 @@ impl<'s> Sweeper<'s> {
         } else {
             return;
         };
-        let Some(reason) = program_reason(name, kind, seen.perm, parent_name) else {
+        if at.git.is_some() {
+            return self.record(parent, &c_name, &at.rel, &seen, ProgramReason::GitMetadata);
+        }
+        if git.is_some() {
+            // The `.git` entry itself, recorded above.
             return;
-        };
-        let symlink_target = (kind == EntryKind::Symlink)
+        }
+        if let Some(reason) = program_reason(at.name, kind, seen.perm, at.parent_name) {
+            self.record(parent, &c_name, &at.rel, &seen, reason);
+        }
+    }
+
+    /// Records what `seen` shows of `rel` (a symlink with its target).
+    fn record(
+        &mut self,
+        parent: &Arc<OwnedFd>,
+        c_name: &CString,
+        rel: &str,
+        seen: &Meta,
+        reason: ProgramReason,
+    ) {
+        let mut program = self.program(rel, seen, reason);
+        program.symlink_target = (program.kind == EntryKind::Symlink)
             .then(|| readlinkat(Some(parent.as_raw_fd()), c_name.as_c_str()).ok())
             .flatten()
             .map(|t| escape_bytes(t.as_bytes()));
         self.shared.programs.fetch_add(1, Ordering::Relaxed);
-        self.out.programs.push(Program {
-            path: rel,
+        self.out.programs.push(program);
+    }
+
+    /// What `seen` shows of `rel`, without a symlink's target.
+    fn program(&self, rel: &str, seen: &Meta, reason: ProgramReason) -> Program {
+        let kind = if seen.is(SFlag::S_IFDIR) {
+            EntryKind::Directory
+        } else if seen.is(SFlag::S_IFLNK) {
+            EntryKind::Symlink
+        } else {
+            EntryKind::File
+        };
+        Program {
+            path: rel.to_owned(),
             kind,
             reason,
             size: seen.size,
@@ -288,8 +345,8 @@ impl<'s> Sweeper<'s> {
             ctime_ns: seen.ctime_ns,
             dev: seen.dev,
             ino: seen.ino,
-            symlink_target,
-        });
+            symlink_target: None,
+        }
     }
 
     /// Lists one queued directory and visits every name in it.
@@ -302,6 +359,7 @@ impl<'s> Sweeper<'s> {
         let mut buf = std::mem::take(&mut self.buf);
         let (names, error) = read_names(&fd, &mut buf);
         self.buf = buf;
+        let git = self.git_of(task, &fd, &names);
         if let Some(e) = error {
             self.out.note_incomplete(format!(
                 "{}: cannot list ({e}); not swept",
@@ -321,10 +379,41 @@ impl<'s> Sweeper<'s> {
                 ));
                 continue;
             };
-            let child_rel = join(&task.rel, child);
             let child = child.to_owned();
-            self.visit(&fd, c_child, &child, child_rel, &task.name, task.depth + 1);
+            let at = At {
+                name: &child,
+                rel: join(&task.rel, &child),
+                parent_name: &task.name,
+                depth: task.depth + 1,
+                git,
+            };
+            self.visit(&fd, c_child, at);
         }
+    }
+
+    /// The depth of the git directory `task`'s entries are in: its own when its listing has git's
+    /// layout (a repository whatever its name, recorded and listed here; a `.git` directory was
+    /// recorded when visited, and its layout is listed too, as the walk does).
+    fn git_of(
+        &mut self,
+        task: &Task,
+        fd: &OwnedFd,
+        names: &[(CString, Option<nix::dir::Type>)],
+    ) -> Option<usize> {
+        let dot_git = task.git == Some(task.depth);
+        if !(task.git.is_none() || dot_git) || !is_git_layout(fd, names) {
+            return task.git;
+        }
+        self.out.git_layouts.push(task.rel.clone());
+        if task.git.is_none() {
+            if let Ok(st) = fstat(fd.as_raw_fd()) {
+                let program =
+                    self.program(&task.rel, &Meta::from_stat(&st), ProgramReason::GitMetadata);
+                self.shared.programs.fetch_add(1, Ordering::Relaxed);
+                self.out.programs.push(program);
+            }
+        }
+        Some(task.depth)
     }
 
     fn unreadable(&mut self, rel: &str, e: Errno) {

@@ -224,3 +224,115 @@ fn a_scan_asked_not_to_sweep_says_so() {
     let m = scan(t.path(), &opts).unwrap();
     assert!(m.excluded_programs.is_none());
 }
+
+/// A hand-made git directory (git's layout: `HEAD`, `refs/`, `objects/`) at `rel`.
+fn git_layout(root: &Path, rel: &str) {
+    write(
+        root,
+        &format!("{rel}/HEAD"),
+        "ref: refs/heads/main\n",
+        0o644,
+    );
+    fs::create_dir_all(root.join(rel).join("refs/heads")).unwrap();
+    fs::create_dir_all(root.join(rel).join("objects/ab")).unwrap();
+    write(root, &format!("{rel}/objects/ab/cdef"), "blob\n", 0o444);
+}
+
+fn changed(before: &Manifest, after: &Manifest) -> Vec<(String, ProgramChangeType)> {
+    changed_programs(
+        before.excluded_programs.as_ref(),
+        after.excluded_programs.as_ref(),
+    )
+    .into_iter()
+    .map(|c| (c.program.path.clone(), c.change_type))
+    .collect()
+}
+
+#[test]
+fn git_metadata_in_excluded_directories_is_swept_whatever_its_name() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    // `.git` directory, `.git` file, `.git` symlink, and a bare layout under another name.
+    git_layout(root, "node_modules/evil/.git");
+    write(root, "node_modules/evil/.git/config", "[core]\n", 0o644);
+    write(root, "build/sub/.git", "gitdir: ../../x\n", 0o644);
+    fs::create_dir_all(root.join("dist/l")).unwrap();
+    symlink("/elsewhere", root.join("dist/l/.git")).unwrap();
+    git_layout(root, "target/cache.bare");
+    write(root, "target/cache.bare/config", "[core]\n", 0o644);
+    write(root, ".cache/plain/HEAD", "x\n", 0o644);
+    let m = swept(root);
+    let got: Vec<(String, ProgramReason)> = programs(&m)
+        .into_iter()
+        .filter(|(_, r)| *r == ProgramReason::GitMetadata)
+        .collect();
+    let git = |p: &str| (p.to_owned(), ProgramReason::GitMetadata);
+    // Object stores are not swept; a directory without git's layout is no repository.
+    assert_eq!(
+        got,
+        vec![
+            git("build/sub/.git"),
+            git("dist/l/.git"),
+            git("node_modules/evil/.git"),
+            git("node_modules/evil/.git/HEAD"),
+            git("node_modules/evil/.git/config"),
+            git("target/cache.bare"),
+            git("target/cache.bare/HEAD"),
+            git("target/cache.bare/config"),
+        ]
+    );
+    let link = m
+        .excluded_programs
+        .as_ref()
+        .unwrap()
+        .programs
+        .iter()
+        .find(|p| p.path == "dist/l/.git")
+        .unwrap();
+    assert_eq!(link.kind, EntryKind::Symlink);
+    assert_eq!(link.symlink_target.as_deref(), Some("/elsewhere"));
+    assert_eq!(
+        m.git_layouts,
+        vec!["node_modules/evil/.git", "target/cache.bare"]
+    );
+}
+
+#[test]
+fn a_repository_untouched_by_the_run_is_no_change_and_one_planted_or_edited_is() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    git_layout(root, "node_modules/dep/.git");
+    write(root, "node_modules/dep/.git/config", "[core]\n", 0o644);
+    git_layout(root, "node_modules/other/.git");
+    let before = swept(root);
+    assert!(changed(&before, &swept(root)).is_empty());
+    // Edited config of a repository that was there, and a bare layout completed by the run
+    // (its `HEAD` and `refs` were there before, not yet a repository).
+    write(
+        root,
+        "node_modules/dep/.git/config",
+        "[core]\n\tfsmonitor = evil\n",
+        0o644,
+    );
+    write(root, "build/b/HEAD", "x\n", 0o644);
+    fs::create_dir_all(root.join("build/b/refs")).unwrap();
+    let before = swept(root);
+    fs::write(
+        root.join("node_modules/dep/.git/config"),
+        "[core]\n\tfsmonitor = evil2\n",
+    )
+    .unwrap();
+    fs::create_dir_all(root.join("build/b/objects")).unwrap();
+    let after = swept(root);
+    assert_eq!(
+        changed(&before, &after),
+        vec![
+            ("build/b".to_owned(), ProgramChangeType::Created),
+            ("build/b/HEAD".to_owned(), ProgramChangeType::Created),
+            (
+                "node_modules/dep/.git/config".to_owned(),
+                ProgramChangeType::Modified
+            ),
+        ]
+    );
+}

@@ -977,3 +977,82 @@ fn no_form_of_ignore_rule_hides_a_deny_path() {
         }
     }
 }
+
+/// Directories with git's layout are listed in the manifest whatever their name, and the
+/// ignore file hides nothing inside one.
+#[test]
+fn git_layouts_are_found_by_the_walk_and_no_ignore_rule_hides_their_content() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    for rel in ["docs/tools", "src/.git", "ignored/repo"] {
+        fs::create_dir_all(root.join(rel).join("refs")).unwrap();
+        fs::create_dir_all(root.join(rel).join("objects")).unwrap();
+        fs::write(root.join(rel).join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        fs::write(root.join(rel).join("config"), "[core]\n").unwrap();
+    }
+    // A worktree's git directory: `commondir` instead of `objects`.
+    fs::create_dir_all(root.join("wt/refs")).unwrap();
+    fs::write(root.join("wt/HEAD"), "x\n").unwrap();
+    fs::write(root.join("wt/commondir"), "../docs/tools\n").unwrap();
+    // Not a layout: `refs` is a file.
+    fs::create_dir_all(root.join("nope/objects")).unwrap();
+    fs::write(root.join("nope/HEAD"), "x\n").unwrap();
+    fs::write(root.join("nope/refs"), "x\n").unwrap();
+    fs::write(root.join(".agentdiffignore"), "ignored/\nconfig\n").unwrap();
+    // As every policy's scan does: an ignored directory is searched for `.git` below it.
+    let mut opts = ScanOptions::new();
+    opts.reinclude = vec!["**/.git/**".into()];
+    let m = scan_ok(root, &opts);
+    assert_eq!(
+        m.git_layouts,
+        vec!["docs/tools", "ignored/repo", "src/.git", "wt"]
+    );
+    for p in [
+        "docs/tools/config",
+        "ignored/repo/config",
+        "src/.git/config",
+    ] {
+        assert!(
+            m.entries.contains_key(p),
+            "{p} hidden: {:?}",
+            m.entries.keys()
+        );
+    }
+}
+
+/// Git follows symlinks in its layout (a symlinked `HEAD` is a symbolic ref): a directory made
+/// of links is a git layout too.
+#[test]
+fn a_git_layout_made_of_symlinks_is_found() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    fs::create_dir_all(root.join("store/objects")).unwrap();
+    fs::create_dir_all(root.join("docs/links/refs")).unwrap();
+    symlink("refs/heads/main", root.join("docs/links/HEAD")).unwrap();
+    symlink("../../store/objects", root.join("docs/links/objects")).unwrap();
+    let m = scan_ok(root, &ScanOptions::new());
+    assert_eq!(m.git_layouts, vec!["docs/links"]);
+}
+
+/// A root with git's layout (a project made a bare repository) is listed as `""`; the ignore
+/// file still applies to its other entries.
+#[test]
+fn a_root_with_git_layout_is_listed_and_keeps_its_ignore_rules() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    fs::create_dir_all(root.join("refs")).unwrap();
+    fs::create_dir_all(root.join("objects")).unwrap();
+    fs::write(root.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    fs::write(root.join("notes.log"), "x\n").unwrap();
+    fs::write(root.join("config"), "[core]\n").unwrap();
+    fs::create_dir_all(root.join("hooks")).unwrap();
+    fs::write(root.join("hooks/post-checkout"), "x\n").unwrap();
+    fs::write(root.join(".agentdiffignore"), "*.log\nconfig\nhooks/\n").unwrap();
+    let m = scan_ok(root, &ScanOptions::new());
+    assert_eq!(m.git_layouts, vec![""]);
+    assert!(!m.entries.contains_key("notes.log"));
+    // Git's own names at such a root are git metadata: no ignore rule hides them.
+    for p in ["HEAD", "config", "hooks/post-checkout"] {
+        assert!(m.entries.contains_key(p), "{p}: {:?}", m.entries.keys());
+    }
+}

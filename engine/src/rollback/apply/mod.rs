@@ -16,7 +16,10 @@
 //! Removals rename the file aside to a temporary name first and unlink it only when the renamed
 //! inode is the one that was checked; otherwise it is renamed back. Every file is therefore at
 //! any instant either in its expected or in its target state, and a crash leaves at most a
-//! temporary file, which the next run removes ([`DirHandle::remove_stale_temps`]).
+//! temporary file, which the next run removes ([`DirHandle::remove_stale_temps`]). One step has
+//! a third state: a symlink the run replaced by a file or directory ([`OpKind::ReplaceWithLink`])
+//! is absent between that entry's removal and the link's creation; the next execution makes the
+//! link from there.
 //!
 //! Not defended (seed 000): a same-user process that rewrites a file in place between the final
 //! identity check and the rename, within the same timestamp granularity.
@@ -35,6 +38,7 @@ use agentdiff_store::{ObjectStore, StoreError};
 
 mod dirs;
 mod files;
+mod links;
 
 /// One path to move from `expected` to `target`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +69,15 @@ pub enum OpKind {
     /// Give a directory created by [`OpKind::CreateDir`] its final mode after its children were
     /// written (for modes without owner write/search permission, e.g. 0555).
     SettleDirMode,
+    /// Put back the target a symlink held (the link itself is replaced, never followed).
+    WriteLink,
+    /// Re-create an absent symlink with its recorded target.
+    CreateLink,
+    /// Remove a symlink (the link, not what it points at).
+    RemoveLink,
+    /// Remove the regular file or (empty) directory the run put where a symlink was, and put the
+    /// link back (a `.git` link replaced by a planted directory).
+    ReplaceWithLink,
 }
 
 /// Why a transition cannot be applied automatically. The text is what rollback and promote
@@ -96,6 +109,11 @@ pub enum Ineligible {
     },
     #[error("no backup applies to this entry")]
     NoBackupApplies,
+    #[error(
+        "its recorded target is not valid UTF-8 (recorded with escapes), so it cannot be \
+             written back exactly"
+    )]
+    LinkTargetUnknown,
 }
 
 fn skip_words(reason: &BackupSkip, detail: Option<&str>) -> String {
@@ -112,6 +130,44 @@ fn skip_words(reason: &BackupSkip, detail: Option<&str>) -> String {
             "storing it failed ({})",
             detail.unwrap_or("no detail recorded")
         ),
+    }
+}
+
+/// The write a rollback needs: as [`classify`], and a symlink the run created, removed or
+/// repointed is put back as a link (a repointed `.git` is git metadata; the link's target was
+/// recorded, so no backup is needed). Promote keeps [`classify`]: it never makes links.
+pub fn classify_rollback(t: &Transition) -> Result<OpKind, Ineligible> {
+    let link = |e: Option<&Entry>| e.is_some_and(|e| e.kind == EntryKind::Symlink);
+    let (e, g) = (t.expected.as_ref(), t.target.as_ref());
+    if !link(e) && !link(g) {
+        return classify(t);
+    }
+    match (e, g) {
+        (Some(e), Some(g)) if g.kind == EntryKind::Symlink && e.kind != EntryKind::Symlink => {
+            if e.kind == EntryKind::File {
+                check_single_link(e)?;
+                e.sha256.as_ref().ok_or(Ineligible::NotHashed)?;
+            }
+            link_target(g).map(|_| OpKind::ReplaceWithLink)
+        }
+        (Some(e), Some(g)) if e.kind != g.kind => Err(Ineligible::ChangedKind {
+            from: e.kind,
+            to: g.kind,
+        }),
+        (Some(e), Some(g)) if e.symlink_target == g.symlink_target => Err(Ineligible::NoDifference),
+        (Some(_), Some(g)) => link_target(g).map(|_| OpKind::WriteLink),
+        (None, Some(g)) => link_target(g).map(|_| OpKind::CreateLink),
+        (Some(_), None) => Ok(OpKind::RemoveLink),
+        (None, None) => Err(Ineligible::NoEntry),
+    }
+}
+
+/// The target a recorded symlink held, when it can be written back exactly: the scanner records
+/// a target that is not UTF-8 with `\xNN` escapes, which cannot be told from a literal name.
+pub(crate) fn link_target(e: &Entry) -> Result<&str, Ineligible> {
+    match e.symlink_target.as_deref() {
+        Some(t) if !t.is_empty() && !t.contains("\\x") => Ok(t),
+        _ => Err(Ineligible::LinkTargetUnknown),
     }
 }
 
@@ -351,8 +407,10 @@ fn phase(op: &ApplyOp) -> u8 {
         OpKind::CreateDir => 0,
         OpKind::ChmodDir if target_mode & OWNER_RWX == OWNER_RWX => 0,
         OpKind::WriteFile | OpKind::ChmodFile | OpKind::CreateFile => 1,
-        OpKind::RemoveFile => 2,
-        OpKind::RemoveDir => 3,
+        OpKind::WriteLink | OpKind::CreateLink => 1,
+        OpKind::RemoveFile | OpKind::RemoveLink => 2,
+        // After what the run put below the directory is removed (deeper paths first).
+        OpKind::RemoveDir | OpKind::ReplaceWithLink => 3,
         OpKind::ChmodDir | OpKind::SettleDirMode => 4,
     }
 }
@@ -372,6 +430,11 @@ enum Current {
         file: File,
     },
     Dir(NodeMeta),
+    /// A symlink and the target it holds (read, never followed).
+    Link {
+        meta: NodeMeta,
+        target: std::ffi::OsString,
+    },
     Other(NodeMeta),
 }
 
@@ -381,6 +444,7 @@ impl Current {
             Current::Absent => "absent",
             Current::File { .. } => NodeKind::File.describe(),
             Current::Dir(_) => NodeKind::Directory.describe(),
+            Current::Link { .. } => NodeKind::Symlink.describe(),
             Current::Other(m) => m.kind.describe(),
         }
     }
@@ -434,6 +498,17 @@ fn mismatch(cur: &Current, want: Option<&Entry>, label: &str) -> Option<String> 
             } else {
                 None
             }
+        }
+        (Current::Link { target, .. }, Some(w)) if w.kind == EntryKind::Symlink => {
+            let now = target.to_string_lossy();
+            let then = w.symlink_target.as_deref().unwrap_or("");
+            (now != then).then(|| {
+                format!(
+                    "it now points to {}, {label} pointed to {}",
+                    agentdiff_host::redact::escape_terminal(&now),
+                    agentdiff_host::redact::escape_terminal(then)
+                )
+            })
         }
         (_, Some(w)) => Some(format!(
             "it is now {}, but {label} had a {} there",
@@ -625,7 +700,9 @@ impl<'a> Applier<'a> {
                 }
             }
         }
-        if let Some(why) = expected_miss {
+        // An interrupted earlier execution removed what the run left and did not make the link.
+        let half_done = op.kind == OpKind::ReplaceWithLink && matches!(current, Current::Absent);
+        if let Some(why) = expected_miss.filter(|_| !half_done) {
             let mut r = OpResult::with(
                 Outcome::Conflict,
                 format!("{why}; it was left as it is now"),
@@ -637,11 +714,16 @@ impl<'a> Applier<'a> {
         }
         if self.dry_run {
             let mut r = OpResult::new(match op.kind {
-                OpKind::RemoveFile | OpKind::RemoveDir => Outcome::WouldRemove,
-                OpKind::CreateFile | OpKind::CreateDir => Outcome::WouldRecreate,
+                OpKind::RemoveFile | OpKind::RemoveDir | OpKind::RemoveLink => Outcome::WouldRemove,
+                OpKind::CreateFile | OpKind::CreateDir | OpKind::CreateLink => {
+                    Outcome::WouldRecreate
+                }
                 _ => Outcome::WouldRestore,
             });
-            if let (OpKind::RemoveDir, Some(parent)) = (op.kind, &parent) {
+            let dir = matches!(current, Current::Dir(_));
+            if let (OpKind::RemoveDir | OpKind::ReplaceWithLink, true, Some(parent)) =
+                (op.kind, dir, &parent)
+            {
                 if let Some(why) = self.dir_not_empty(parent, name, children) {
                     r = why;
                 }
@@ -673,6 +755,10 @@ impl<'a> Applier<'a> {
             OpKind::RemoveDir => self.remove_dir(&parent, name, current, children),
             OpKind::ChmodDir => self.chmod_dir(op, &parent, name, current),
             OpKind::SettleDirMode => Ok(OpResult::new(Outcome::AlreadyRestored)),
+            OpKind::WriteLink => self.write_link(op, &parent, name, &current, false),
+            OpKind::CreateLink => self.write_link(op, &parent, name, &current, true),
+            OpKind::RemoveLink => self.remove_link(&parent, name, &current),
+            OpKind::ReplaceWithLink => self.replace_with_link(op, &parent, name, current, children),
         }
     }
 
@@ -742,6 +828,12 @@ fn read_current(parent: &DirHandle, name: &OsStr, op: &ApplyOp) -> io::Result<Cu
     };
     match meta.kind {
         NodeKind::Directory => Ok(Current::Dir(meta)),
+        NodeKind::Symlink => match parent.read_link(name) {
+            Ok(target) => Ok(Current::Link { meta, target }),
+            // Replaced between the stat and the read: whatever it is now is no recorded state.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(Current::Other(meta)),
+            Err(e) => Err(e),
+        },
         NodeKind::File => {
             let mut file = match parent.open_file(name) {
                 Ok(f) => f,
@@ -865,6 +957,63 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("size limit"));
+    }
+
+    #[test]
+    fn rollback_puts_links_back_and_promote_never_makes_them() {
+        let link = |to: &str| {
+            Some(Entry {
+                symlink_target: Some(to.into()),
+                ..entry(EntryKind::Symlink, 0o777, None)
+            })
+        };
+        let f = Some(entry(EntryKind::File, 0o644, Some("a")));
+        assert_eq!(
+            classify_rollback(&t(link("evil"), link("gitstore"))),
+            Ok(OpKind::WriteLink)
+        );
+        assert_eq!(
+            classify_rollback(&t(None, link("x"))),
+            Ok(OpKind::CreateLink)
+        );
+        assert_eq!(
+            classify_rollback(&t(link("x"), None)),
+            Ok(OpKind::RemoveLink)
+        );
+        assert_eq!(
+            classify_rollback(&t(link("x"), link("x"))),
+            Err(Ineligible::NoDifference)
+        );
+        assert_eq!(
+            classify_rollback(&t(None, link("a\\xffb"))),
+            Err(Ineligible::LinkTargetUnknown)
+        );
+        let d = Some(entry(EntryKind::Directory, 0o755, None));
+        assert_eq!(
+            classify_rollback(&t(f.clone(), link("x"))),
+            Ok(OpKind::ReplaceWithLink)
+        );
+        assert_eq!(
+            classify_rollback(&t(d.clone(), link("x"))),
+            Ok(OpKind::ReplaceWithLink)
+        );
+        // A file or directory the run replaced by a link is not restored.
+        assert!(matches!(
+            classify_rollback(&t(link("x"), f.clone())),
+            Err(Ineligible::ChangedKind { .. })
+        ));
+        assert!(matches!(
+            classify_rollback(&t(link("x"), d)),
+            Err(Ineligible::ChangedKind { .. })
+        ));
+        assert_eq!(
+            classify_rollback(&t(f.clone(), None)),
+            Ok(OpKind::RemoveFile)
+        );
+        assert_eq!(
+            classify(&t(link("evil"), link("gitstore"))),
+            Err(Ineligible::Symlink)
+        );
     }
 
     #[test]
