@@ -43,27 +43,7 @@ pub fn run<E>(
     mut on_path: impl FnMut(&ApplyOp, &OpResult) -> Result<(), E>,
 ) -> Result<Executed, E> {
     let dry_run = applier.dry_run();
-    // Item index of every op, plus the final-mode steps of created restrictive directories.
-    let mut ops: Vec<(usize, ApplyOp)> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        if let PlannedStep::Apply(op) = &item.step {
-            ops.push((i, (**op).clone()));
-            if op.kind == OpKind::CreateDir
-                && op
-                    .target
-                    .as_ref()
-                    .is_some_and(|t| apply::working_dir_mode(t.mode) != t.mode)
-            {
-                ops.push((
-                    i,
-                    ApplyOp {
-                        kind: OpKind::SettleDirMode,
-                        ..(**op).clone()
-                    },
-                ));
-            }
-        }
-    }
+    let ops = indexed_ops(items);
     let mut ordered: Vec<ApplyOp> = ops.iter().map(|(_, o)| o.clone()).collect();
     apply::order(&mut ordered);
     // Re-associate ordered ops with their items (path + kind is unique).
@@ -187,6 +167,32 @@ pub fn run<E>(
         })
         .collect();
     Ok(Executed { items, interrupted })
+}
+
+/// Every `Apply` op of `items` with its item's index, plus the final-mode step of each created
+/// directory whose mode is more restrictive than the one it is filled with.
+fn indexed_ops(items: &[PlanItem]) -> Vec<(usize, ApplyOp)> {
+    let mut ops: Vec<(usize, ApplyOp)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        if let PlannedStep::Apply(op) = &item.step {
+            ops.push((i, (**op).clone()));
+            if op.kind == OpKind::CreateDir
+                && op
+                    .target
+                    .as_ref()
+                    .is_some_and(|t| apply::working_dir_mode(t.mode) != t.mode)
+            {
+                ops.push((
+                    i,
+                    ApplyOp {
+                        kind: OpKind::SettleDirMode,
+                        ..(**op).clone()
+                    },
+                ));
+            }
+        }
+    }
+    ops
 }
 
 /// The distinct first components of the entries of `set` below directory `dir`.
