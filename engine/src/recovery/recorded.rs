@@ -36,9 +36,9 @@ pub enum RecordedError {
     },
     #[error("run was recorded for project root {recorded}, not {given}")]
     RootMismatch { recorded: String, given: String },
-    /// An in-place recovery (rollback) of a run whose command changed a private workspace: the
-    /// recorded root is right, but the after-state is not of this tree.
-    #[error("run '{run_id}' ran in a private workspace; this tree was not changed")]
+    /// An in-place recovery (rollback) of a run whose command changed a private workspace and
+    /// that was never promoted: the recorded root is right, but nothing reached this tree.
+    #[error("run '{run_id}' ran in a private workspace and was never promoted; this tree was not changed")]
     PrivateWorkspace { run_id: String },
     #[error("recorded path {path:?} is unsafe ({reason})")]
     UnsafePath { path: String, reason: String },
@@ -50,6 +50,15 @@ pub enum RecordedError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Whether `agentdiff promote` ever wrote this capsule's promote record (a dry run writes none).
+/// The record is not sealed: a planted one only lets rollback consider the run's paths, each of
+/// which it still reverts only from the recorded after-state.
+fn was_promoted(capsule: &Capsule) -> bool {
+    capsule
+        .read_recovery::<serde::de::IgnoredAny>(agentdiff_store::RecoveryArtifact::PromoteResult)
+        .is_ok()
 }
 
 /// A verified run, its manifests and its recorded changes, below a checked root.
@@ -93,9 +102,18 @@ impl RecordedRun {
             path: root.to_path_buf(),
             source,
         })?;
-        let same_tree = tree == RecordedTree::PrivateWorkspace || before.root == after.root;
-        if given == Path::new(&before.root) && !same_tree {
-            return Err(RecordedError::PrivateWorkspace { run_id }.into());
+        let mut tree = tree;
+        if tree == RecordedTree::InPlace
+            && before.root != after.root
+            && given == Path::new(&before.root)
+        {
+            // A promote wrote (some of) the workspace's changes into this tree: rolling them back
+            // is the same transition, after-state to before-state, path by path; a path promote
+            // never applied still holds its before-state (nothing to do) or the user's (kept).
+            if !was_promoted(capsule) {
+                return Err(RecordedError::PrivateWorkspace { run_id }.into());
+            }
+            tree = RecordedTree::PrivateWorkspace;
         }
         if given != Path::new(&before.root) {
             return Err(RecordedError::RootMismatch {

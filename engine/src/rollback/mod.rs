@@ -96,9 +96,9 @@ pub enum RollbackError {
     RootMismatch { recorded: String, given: String },
 
     #[error(
-        "run '{run_id}' ran in a private workspace: its changes never reached this tree, so there \
-         is nothing to roll back (nothing was changed); apply them with `agentdiff promote \
-         {run_id}`, or leave them unapplied"
+        "run '{run_id}' ran in a private workspace and was never promoted: its changes never \
+         reached this tree, so there is nothing to roll back (nothing was changed); apply them \
+         with `agentdiff promote {run_id}`, or leave them unapplied"
     )]
     PrivateWorkspace { run_id: String },
 

@@ -141,3 +141,61 @@ fn rolling_back_a_private_workspace_run_says_there_is_nothing_to_roll_back() {
     assert!(err.to_string().contains("agentdiff promote"), "{err}");
     assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"alpha\n");
 }
+
+/// Once promote wrote a private-workspace run's changes into the tree, rollback undoes them as
+/// for a run in place: a promoted path goes back to its before-state, a path promote kept (it
+/// had changed on the host) stays as the user left it, and a later edit of a promoted path is
+/// kept as a conflict.
+#[test]
+fn a_promoted_run_rolls_back_what_promote_applied_and_keeps_later_edits() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("project");
+    std::fs::create_dir_all(&root).unwrap();
+    for (name, text) in [("a.txt", "a\n"), ("b.txt", "b\n"), ("c.txt", "c\n")] {
+        std::fs::write(root.join(name), text).unwrap();
+    }
+    let root = root.canonicalize().unwrap();
+    let (store, capsule) = record_private_run(
+        &root,
+        &dir.path().join("workspace"),
+        "echo a2 > a.txt; echo b2 > b.txt; rm c.txt; echo n > new.txt",
+    );
+    // The user edits b.txt on the host before promoting: promote keeps it.
+    std::fs::write(root.join("b.txt"), b"user\n").unwrap();
+    let report = execute(
+        &capsule,
+        &plan(&capsule, store.objects(), &root, &all()).unwrap(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(item(&report, "b.txt").outcome, PromoteOutcome::Conflict);
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"a2\n");
+    // Later, the user edits the promoted new.txt.
+    std::fs::write(root.join("new.txt"), b"edited later\n").unwrap();
+
+    use agentdiff_engine::rollback::{self, Outcome, Scope as RScope, Selection as RSelection};
+    let selection = RSelection {
+        scope: RScope::All,
+        paths: Vec::new(),
+    };
+    let plan = rollback::plan(&capsule, store.objects(), &root, &selection).unwrap();
+    let done = rollback::execute(&capsule, &plan, &Default::default()).unwrap();
+    let outcome = |p: &str| {
+        done.items
+            .iter()
+            .find(|i| i.path == p)
+            .unwrap_or_else(|| panic!("{p}: {done:#?}"))
+            .outcome
+    };
+    assert_eq!(outcome("a.txt"), Outcome::Restored);
+    assert_eq!(outcome("c.txt"), Outcome::Recreated);
+    assert_eq!(outcome("new.txt"), Outcome::Conflict);
+    assert_eq!(outcome("b.txt"), Outcome::Conflict);
+    assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"a\n");
+    assert_eq!(std::fs::read(root.join("c.txt")).unwrap(), b"c\n");
+    assert_eq!(std::fs::read(root.join("b.txt")).unwrap(), b"user\n");
+    assert_eq!(
+        std::fs::read(root.join("new.txt")).unwrap(),
+        b"edited later\n"
+    );
+}
