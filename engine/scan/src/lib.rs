@@ -51,7 +51,8 @@ pub use digest::{StatDigests, MAX_DIGEST_BYTES};
 pub use exclude::{DEFAULT_EXCLUDED_DIRS, IGNORE_FILE, STORE_DIR};
 pub use manifest::{
     exclusion_reason, parent_of, unsupported_kind, validate_recorded_path, BackupSkip, BackupState,
-    Entry, EntryKind, Exclusion, Manifest, ScanProgress, ScanStats, Unsupported, RACY_MARGIN_NS,
+    Entry, EntryKind, Exclusion, Manifest, ScanProgress, ScanStats, Unsupported,
+    INEXACT_LINK_TARGET, RACY_MARGIN_NS,
 };
 pub use tree::{
     read_entries, read_readable_entries, Reusable, Tree, TreeError, TreeSink, TreeSource,

@@ -84,6 +84,21 @@ pub struct Entry {
     pub backup: BackupState,
 }
 
+/// Why a recorded symlink cannot be written back: see [`Entry::exact_symlink_target`].
+pub const INEXACT_LINK_TARGET: &str =
+    "its recorded target is not valid UTF-8 (recorded with escapes), so it cannot be written back \
+     exactly";
+
+impl Entry {
+    /// The symlink target as it can be written back exactly: none when the link recorded no
+    /// target or one with `\xNN` escapes (not UTF-8), which cannot be told from a literal name.
+    pub fn exact_symlink_target(&self) -> Option<&str> {
+        self.symlink_target
+            .as_deref()
+            .filter(|t| !t.is_empty() && !t.contains("\\x"))
+    }
+}
+
 /// Kinds used in [`Unsupported::kind`].
 pub mod unsupported_kind {
     pub const FIFO: &str = "fifo";

@@ -470,12 +470,12 @@ fn recoverability(c: &Change) -> (bool, String) {
     let link_before = c.before.as_ref().filter(|b| b.kind == EntryKind::Symlink);
     match (c.kind_changed, link_before) {
         (true, Some(b)) => {
-            return match crate::rollback::apply::link_target(b) {
-                Ok(_) => (
+            return match b.exact_symlink_target() {
+                Some(_) => (
                     true,
                     "what replaced the symlink is removed and the link restored".into(),
                 ),
-                Err(why) => (false, why.to_string()),
+                None => (false, agentdiff_scan::INEXACT_LINK_TARGET.into()),
             }
         }
         (true, None) => {
@@ -493,9 +493,9 @@ fn recoverability(c: &Change) -> (bool, String) {
                 ChangeType::Created => return (true, "created symlink can be removed".into()),
                 _ => c.before.as_ref(),
             };
-            match recorded.map(crate::rollback::apply::link_target) {
-                Some(Ok(_)) => (true, "the link is restored to its recorded target".into()),
-                Some(Err(why)) => (false, why.to_string()),
+            match recorded.map(|e| e.exact_symlink_target()) {
+                Some(Some(_)) => (true, "the link is restored to its recorded target".into()),
+                Some(None) => (false, agentdiff_scan::INEXACT_LINK_TARGET.into()),
                 None => (false, "no before-state recorded".into()),
             }
         }

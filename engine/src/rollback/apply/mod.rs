@@ -109,10 +109,7 @@ pub enum Ineligible {
     },
     #[error("no backup applies to this entry")]
     NoBackupApplies,
-    #[error(
-        "its recorded target is not valid UTF-8 (recorded with escapes), so it cannot be \
-             written back exactly"
-    )]
+    #[error("{}", agentdiff_scan::INEXACT_LINK_TARGET)]
     LinkTargetUnknown,
 }
 
@@ -165,10 +162,8 @@ pub fn classify_rollback(t: &Transition) -> Result<OpKind, Ineligible> {
 /// The target a recorded symlink held, when it can be written back exactly: the scanner records
 /// a target that is not UTF-8 with `\xNN` escapes, which cannot be told from a literal name.
 pub(crate) fn link_target(e: &Entry) -> Result<&str, Ineligible> {
-    match e.symlink_target.as_deref() {
-        Some(t) if !t.is_empty() && !t.contains("\\x") => Ok(t),
-        _ => Err(Ineligible::LinkTargetUnknown),
-    }
+    e.exact_symlink_target()
+        .ok_or(Ineligible::LinkTargetUnknown)
 }
 
 /// The write a transition needs, or why it cannot be applied automatically.
