@@ -64,17 +64,7 @@ pub(crate) async fn launch(
             (warnings, Some(state))
         }
     };
-    // Start the client. A local container's id comes back through a private --cidfile; a
-    // remote one's was printed by `create`.
-    let cid = match &remote {
-        None => Some(private_cid_file(&spec.workdir)?),
-        Some(_) => None,
-    };
-    let mut args = prepared.args().to_vec();
-    if let Some((_, cid_path)) = &cid {
-        let cid_arg: OsString = cid_path.clone().into_os_string();
-        args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
-    }
+    let (mut args, cid) = client_args(&prepared, remote.is_some())?;
     // What the evidence records: the argv that carries the controls (`run`, or `create`).
     let controls_argv = match &remote {
         None => args.clone(),
@@ -186,6 +176,27 @@ pub(crate) async fn launch(
             _ => None,
         },
     }))
+}
+
+/// The `--cidfile` path in its private directory (removed when dropped).
+type CidFile = (tempfile::TempDir, PathBuf);
+
+/// The client's argv. A local container's id comes back through a private `--cidfile` (returned
+/// with it); a remote one's was printed by `create`.
+fn client_args(
+    prepared: &PreparedLaunch,
+    remote: bool,
+) -> Result<(Vec<OsString>, Option<CidFile>)> {
+    let mut args = prepared.args().to_vec();
+    if remote {
+        return Ok((args, None));
+    }
+    let (dir, path) = private_cid_file(&prepared.spec().workdir)?;
+    args.splice(
+        1..1,
+        [OsString::from("--cidfile"), path.clone().into_os_string()],
+    );
+    Ok((args, Some((dir, path))))
 }
 
 /// A fresh 0700 directory for the engine client's `--cidfile`, and the file's path in it (the
@@ -609,7 +620,7 @@ struct RunningContainer {
     started: Instant,
     since_unix: u64,
     /// The `--cidfile` (local runs), in a directory kept until the id is read, removed on drop.
-    cid: Option<(tempfile::TempDir, PathBuf)>,
+    cid: Option<CidFile>,
     name: String,
     /// The run of this root the container's name and label carry.
     run: crate::argv::RunIdentity,
