@@ -15,9 +15,13 @@
 //! a directory that was there before); a path appears once; a symlink is created as a symlink with
 //! its target verbatim and is never followed; a hard link may only name a regular file written
 //! earlier from this archive; character and block devices, FIFOs and unknown entry types are
-//! refused; the entry count, the sum of file sizes and the raw stream length are bounded
-//! ([`Limits`]). setuid and setgid bits are dropped (files are written by this process's user,
-//! possibly root) and the paths reported. On any refusal the caller discards `dest`.
+//! refused; the entry count (PAX global headers included), the sum of file sizes (the effective
+//! size, a PAX `size` record included, checked before writing, and the bytes actually written)
+//! and the raw stream length are bounded ([`Limits`]); an archive without its end-of-archive
+//! marker or with an entry shorter than its size is refused (a cut stream would make the missing
+//! files look deleted); a modification time past 9999-12-31 is clamped to it. setuid and setgid
+//! bits are dropped (files are written by this process's user, possibly root) and the paths
+//! reported. On any refusal the caller discards `dest`. No header makes the parser panic.
 //!
 //! Not defended: another process of the same user writing into `dest` while it is unpacked (the
 //! caller creates it 0700 inside agentdiff's private store); ownership and timestamps of
@@ -97,6 +101,14 @@ pub enum ArchiveError {
     TooManyEntries(u64),
     #[error("the archive's files exceed {0} bytes in total")]
     TooLarge(u64),
+    #[error("refused archive entry {path:?}: it holds {got} bytes of content where its header says {declared}")]
+    ShortEntry {
+        path: String,
+        declared: u64,
+        got: u64,
+    },
+    #[error("the archive ends without its end-of-archive marker: the stream was cut short, so entries may be missing")]
+    Truncated,
     #[error("{0} is a FIFO, socket or device; remote runs ship only directories, regular files and symlinks")]
     Unshippable(String),
 }
@@ -216,15 +228,21 @@ fn entry_header(meta: &std::fs::Metadata, owner: UserSpec, kind: tar::EntryType)
 
 /// A reader that fails once more than `limit` bytes were read (bounds memory the tar parser
 /// spends on long names and PAX records as well as the time spent on an endless stream).
+/// It also notes whether the stream ended: the tar parser treats an end of stream on a header
+/// boundary like the end-of-archive marker, and a cut stream must not pass for a complete one.
 struct Bounded<R> {
     inner: R,
     count: u64,
     limit: u64,
+    ended: bool,
 }
 
 impl<R: Read> Read for Bounded<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
+        if n == 0 && !buf.is_empty() {
+            self.ended = true;
+        }
         self.count += n as u64;
         if self.count > self.limit {
             return Err(io::Error::other(format!(
@@ -249,6 +267,7 @@ pub fn unpack<R: Read>(input: R, dest: &Path, limits: &Limits) -> Result<Shipped
         inner: input,
         count: 0,
         limit: limits.max_stream_bytes(),
+        ended: false,
     });
     let mut state = Unpacker {
         dest,
@@ -261,6 +280,12 @@ pub fn unpack<R: Read>(input: R, dest: &Path, limits: &Limits) -> Result<Shipped
     for entry in archive.entries().map_err(ArchiveError::Read)? {
         let entry = entry.map_err(ArchiveError::Read)?;
         state.entry(entry)?;
+    }
+    // The parser stops at the first zero block (the marker) or at the end of the stream; only
+    // the first leaves the stream unfinished.
+    let stream = archive.into_inner();
+    if stream.ended {
+        return Err(ArchiveError::Truncated);
     }
     // Directory modes and times last, deepest first: a read-only directory is filled before it
     // becomes read-only.
@@ -275,7 +300,7 @@ pub fn unpack<R: Read>(input: R, dest: &Path, limits: &Limits) -> Result<Shipped
             let _ = dir.set_modified(mtime);
         }
     }
-    state.shipped.stream_bytes = archive.into_inner().count;
+    state.shipped.stream_bytes = stream.count;
     Ok(state.shipped)
 }
 
@@ -292,12 +317,13 @@ struct Unpacker<'a> {
 impl Unpacker<'_> {
     fn entry<R: Read>(&mut self, mut entry: tar::Entry<'_, R>) -> Result<(), ArchiveError> {
         let kind = entry.header().entry_type();
-        if kind == tar::EntryType::XGlobalHeader {
-            return Ok(());
-        }
+        // Counted before anything else: a global header is an entry the parser reads too.
         self.shipped.entries += 1;
         if self.shipped.entries > self.limits.max_entries {
             return Err(ArchiveError::TooManyEntries(self.limits.max_entries));
+        }
+        if kind == tar::EntryType::XGlobalHeader {
+            return Ok(());
         }
         let raw = entry.path_bytes().into_owned();
         let shown = String::from_utf8_lossy(&raw).into_owned();
@@ -317,7 +343,7 @@ impl Unpacker<'_> {
             if kind == tar::EntryType::Directory && self.implicit.remove(&rel) {
                 let header = entry.header();
                 let mode = header.mode().map_err(ArchiveError::Read)? & 0o1777;
-                let mtime = UNIX_EPOCH + Duration::from_secs(header.mtime().unwrap_or(0));
+                let mtime = entry_mtime(header);
                 if let Some(d) = self.dirs.iter_mut().find(|(p, _, _)| *p == rel) {
                     (d.1, d.2) = (mode, mtime);
                 }
@@ -329,7 +355,7 @@ impl Unpacker<'_> {
         let path = self.dest.join(&rel);
         let header = entry.header();
         let mode = header.mode().map_err(ArchiveError::Read)? & 0o7777;
-        let mtime = UNIX_EPOCH + Duration::from_secs(header.mtime().unwrap_or(0));
+        let mtime = entry_mtime(header);
         match kind {
             tar::EntryType::Directory => {
                 std::fs::create_dir(&path).map_err(io_at(&path))?;
@@ -337,25 +363,10 @@ impl Unpacker<'_> {
                 self.kinds.insert(rel, Kind::Dir);
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let size = header.size().map_err(ArchiveError::Read)?;
-                self.shipped.file_bytes = self.shipped.file_bytes.saturating_add(size);
-                if self.shipped.file_bytes > self.limits.max_file_bytes {
-                    return Err(ArchiveError::TooLarge(self.limits.max_file_bytes));
-                }
                 if mode & 0o6000 != 0 {
                     self.shipped.dropped_special_bits.push(shown.clone());
                 }
-                let mut file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map_err(io_at(&path))?;
-                io::copy(&mut entry, &mut file).map_err(ArchiveError::Read)?;
-                file.set_permissions(std::fs::Permissions::from_mode(mode & 0o1777))
-                    .map_err(io_at(&path))?;
-                file.set_modified(mtime).map_err(io_at(&path))?;
+                self.write_file(&mut entry, &path, &shown, mode, mtime)?;
                 self.kinds.insert(rel, Kind::File);
             }
             tar::EntryType::Symlink => {
@@ -401,6 +412,51 @@ impl Unpacker<'_> {
         Ok(())
     }
 
+    /// Write one regular file. The size that counts is the entry's effective size (a PAX `size`
+    /// record overrides the header's), checked before writing, and the bytes actually written
+    /// are what the limit and the evidence add up.
+    fn write_file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        path: &Path,
+        shown: &str,
+        mode: u32,
+        mtime: SystemTime,
+    ) -> Result<(), ArchiveError> {
+        let declared = entry.size();
+        let budget = self
+            .limits
+            .max_file_bytes
+            .saturating_sub(self.shipped.file_bytes);
+        if declared > budget {
+            return Err(ArchiveError::TooLarge(self.limits.max_file_bytes));
+        }
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(io_at(path))?;
+        // One byte past the budget is enough to know it was exceeded.
+        let written = io::copy(&mut entry.take(budget.saturating_add(1)), &mut file)
+            .map_err(ArchiveError::Read)?;
+        self.shipped.file_bytes = self.shipped.file_bytes.saturating_add(written);
+        if self.shipped.file_bytes > self.limits.max_file_bytes {
+            return Err(ArchiveError::TooLarge(self.limits.max_file_bytes));
+        }
+        if written != declared {
+            return Err(ArchiveError::ShortEntry {
+                path: shown.to_string(),
+                declared,
+                got: written,
+            });
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(mode & 0o1777))
+            .map_err(io_at(path))?;
+        file.set_modified(mtime).map_err(io_at(path))
+    }
+
     /// Every ancestor is a directory of this archive; missing ones are created (engines list
     /// directories first, but the format does not require it).
     fn ancestors(&mut self, rel: &Path, shown: &str) -> Result<(), ArchiveError> {
@@ -427,6 +483,19 @@ impl Unpacker<'_> {
         }
         Ok(())
     }
+}
+
+/// Latest modification time written (9999-12-31T23:59:59Z): a header may encode any 64-bit
+/// time (GNU base-256), far past what `SystemTime` or a filesystem holds.
+const MAX_MTIME_SECS: u64 = 253_402_300_799;
+
+/// The entry's modification time, clamped to [`MAX_MTIME_SECS`]; an unreadable field is the
+/// epoch. Never overflows.
+fn entry_mtime(header: &tar::Header) -> SystemTime {
+    let secs = header.mtime().unwrap_or(0).min(MAX_MTIME_SECS);
+    UNIX_EPOCH
+        .checked_add(Duration::from_secs(secs))
+        .unwrap_or(UNIX_EPOCH)
 }
 
 fn entry_kind_name(kind: tar::EntryType) -> String {

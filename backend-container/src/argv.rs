@@ -5,7 +5,7 @@
 //! command):
 //!
 //! ```text
-//! run [--rm] --name agentdiff-<run> --label agentdiff.run=<run> --label agentdiff.managed=true
+//! run [--rm] --name agentdiff-<key> --label agentdiff.run=<key> --label agentdiff.managed=true
 //!     --network none --cap-drop ALL --security-opt no-new-privileges --read-only
 //!     --tmpfs /tmp:rw,size=64m,mode=1777 --user 65532:65532 [--userns keep-id]
 //!     --memory 512m --memory-swap 512m --cpus 1 --pids-limit 64 --init --interactive
@@ -14,6 +14,11 @@
 //! ```
 //!
 //! Nothing else is mounted: not the host project tree, not the engine's socket.
+//!
+//! `<key>` is `<run>-<digest>` ([`RunIdentity`]): run ids are unique only within one project's
+//! store (and `--run-id` lets the caller choose one), so the name and the label also carry a
+//! digest of the canonical project root. Two roots using the same run id never share a name or a
+//! label, and every sweep by label finds only its own root's run.
 //!
 //! Remote mode (an engine that may run on another machine) builds `create` instead of `run`,
 //! without `--rm` (the workspace is copied out of the stopped container before agentdiff removes
@@ -27,6 +32,8 @@
 
 use std::ffi::OsString;
 use std::path::Path;
+
+use sha2::{Digest, Sha256};
 
 use crate::engine::{EngineKind, RUN_LABEL};
 use crate::options::{ContainerOptions, Source, UserSpec, TMPFS_TMP};
@@ -53,6 +60,8 @@ pub enum ArgvError {
 pub struct RunRequest<'a> {
     pub kind: EngineKind,
     pub run_id: &'a str,
+    /// The project root: with the run id, what makes the container's name and label unique.
+    pub root: &'a Path,
     pub workspace: &'a Path,
     pub options: &'a ContainerOptions,
     /// The container user actually used (explicit or the invoker's default).
@@ -67,24 +76,70 @@ pub struct RunRequest<'a> {
 /// The engine-side anonymous volume a remote container's workspace lives in.
 pub const REMOTE_WORKSPACE_MOUNT: &str = "type=volume,destination=/workspace";
 
-/// Container name for a run.
-pub fn container_name(run_id: &str) -> Result<String, ArgvError> {
-    let ok = !run_id.is_empty()
-        && run_id.len() <= 128
-        && run_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && run_id.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
-        Ok(format!("agentdiff-{run_id}"))
-    } else {
-        Err(ArgvError::RunId(run_id.to_string()))
+/// One run of one project root, as the engine sees it: what the backend's container names and
+/// labels carry, and what every sweep matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunIdentity {
+    run_id: String,
+    /// 16 hex digits of SHA-256 over the canonical root, a NUL and the run id.
+    digest: String,
+}
+
+impl RunIdentity {
+    /// The identity of run `run_id` of the project at `root` (canonicalised when it exists, so
+    /// that the run and a later cleanup agree however the root was spelled).
+    pub fn new(root: &Path, run_id: &str) -> Result<Self, ArgvError> {
+        let ok = !run_id.is_empty()
+            && run_id.len() <= 128
+            && run_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && run_id.as_bytes()[0].is_ascii_alphanumeric();
+        if !ok {
+            return Err(ArgvError::RunId(run_id.to_string()));
+        }
+        let canonical = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        let mut hash = Sha256::new();
+        hash.update(canonical.as_os_str().as_encoded_bytes());
+        hash.update([0u8]);
+        hash.update(run_id.as_bytes());
+        let digest = hex::encode(&hash.finalize()[..8]);
+        Ok(Self {
+            run_id: run_id.to_string(),
+            digest,
+        })
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// `<run>-<digest>`: the value of the run label and the suffix of the container name.
+    pub fn key(&self) -> String {
+        format!("{}-{}", self.run_id, self.digest)
+    }
+
+    /// The container's name.
+    pub fn container_name(&self) -> String {
+        format!("agentdiff-{}", self.key())
+    }
+
+    /// The run label, `agentdiff.run=<key>`.
+    pub fn label(&self) -> String {
+        format!("{RUN_LABEL}={}", self.key())
+    }
+
+    /// Prefix of the directories this run creates next to its private workspace (ship-out
+    /// staging, the `--cidfile` directory): `.<run>.`; the workspace is the run's own already.
+    pub fn sibling_prefix(&self) -> String {
+        format!(".{}.", self.run_id)
     }
 }
 
 /// The arguments after the engine program.
 pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
-    let name = container_name(req.run_id)?;
+    let identity = RunIdentity::new(req.root, req.run_id)?;
+    let name = identity.container_name();
     if req.command.is_empty() {
         return Err(ArgvError::EmptyCommand);
     }
@@ -113,7 +168,7 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         "--name".into(),
         name,
         "--label".into(),
-        format!("{RUN_LABEL}={}", req.run_id),
+        identity.label(),
         "--label".into(),
         MANAGED_LABEL.into(),
         "--network".into(),
@@ -202,6 +257,7 @@ mod tests {
         let args = run_args(&RunRequest {
             kind: EngineKind::Podman,
             run_id: "r1",
+            root: Path::new("/nonexistent-root"),
             workspace: Path::new("/p/.agentdiff/workspaces/r1"),
             options: &o,
             user: UserSpec {
@@ -213,11 +269,14 @@ mod tests {
             remote: false,
         })
         .unwrap();
-        let expected = "run --rm --name agentdiff-r1 --label agentdiff.run=r1 --label agentdiff.managed=true \
+        let key = RunIdentity::new(Path::new("/nonexistent-root"), "r1")
+            .unwrap()
+            .key();
+        let expected = format!("run --rm --name agentdiff-{key} --label agentdiff.run={key} --label agentdiff.managed=true \
             --network none --cap-drop ALL --security-opt no-new-privileges --read-only \
             --tmpfs /tmp:rw,size=64m,mode=1777 --user 65532:65532 --memory 512m --memory-swap 512m \
             --cpus 1 --pids-limit 64 --init --interactive -v /p/.agentdiff/workspaces/r1:/workspace -w /workspace \
-            --pull never -- localhost/x:1";
+            --pull never -- localhost/x:1");
         let got: Vec<String> = args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
@@ -225,6 +284,28 @@ mod tests {
         let split: Vec<&str> = expected.split_whitespace().collect();
         assert_eq!(&got[..split.len()], &split[..]);
         assert_eq!(&args[split.len()..], &cmd[..]);
+    }
+
+    #[test]
+    fn the_same_run_id_in_two_roots_names_and_labels_two_containers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let ia = RunIdentity::new(&a, "shared-1").unwrap();
+        let ib = RunIdentity::new(&b, "shared-1").unwrap();
+        assert_ne!(ia.container_name(), ib.container_name());
+        assert_ne!(ia.label(), ib.label());
+        assert!(ia.container_name().starts_with("agentdiff-shared-1-"));
+        // The same root however it is spelled (a cleanup may be given another path to it).
+        let spelled = a.join("..").join("a");
+        assert_eq!(RunIdentity::new(&spelled, "shared-1").unwrap(), ia);
+        std::os::unix::fs::symlink(&a, dir.path().join("link")).unwrap();
+        assert_eq!(
+            RunIdentity::new(&dir.path().join("link"), "shared-1").unwrap(),
+            ia
+        );
+        assert_ne!(RunIdentity::new(&a, "shared-2").unwrap().key(), ia.key());
     }
 
     #[test]
@@ -239,6 +320,7 @@ mod tests {
         let args = run_args(&RunRequest {
             kind: EngineKind::Podman,
             run_id: "r2",
+            root: Path::new("/nonexistent-root"),
             workspace: Path::new("/w"),
             options: &o,
             user: UserSpec {
@@ -270,6 +352,7 @@ mod tests {
             let args = run_args(&RunRequest {
                 kind,
                 run_id: "r",
+                root: Path::new("/nonexistent-root"),
                 workspace: Path::new("/p/.agentdiff/workspaces/r"),
                 options: &o,
                 user: UserSpec { uid: 1, gid: 1 },
@@ -298,6 +381,7 @@ mod tests {
         let req = |kind| RunRequest {
             kind,
             run_id: "r",
+            root: Path::new("/nonexistent-root"),
             workspace: Path::new("/w"),
             options: &o,
             user: UserSpec { uid: 1, gid: 1 },
@@ -328,6 +412,7 @@ mod tests {
             let res = run_args(&RunRequest {
                 kind: EngineKind::Docker,
                 run_id: run,
+                root: Path::new("/nonexistent-root"),
                 workspace: Path::new(ws),
                 options: &o,
                 user: UserSpec { uid: 1, gid: 1 },
@@ -340,6 +425,7 @@ mod tests {
         let res = run_args(&RunRequest {
             kind: EngineKind::Docker,
             run_id: "r",
+            root: Path::new("/nonexistent-root"),
             workspace: Path::new("/w"),
             options: &o,
             user: UserSpec { uid: 1, gid: 1 },
@@ -355,6 +441,7 @@ mod tests {
             let res = run_args(&RunRequest {
                 kind: EngineKind::Podman,
                 run_id: "r",
+                root: Path::new("/nonexistent-root"),
                 workspace: Path::new("/w"),
                 options: &o,
                 user: UserSpec { uid: 1, gid: 1 },

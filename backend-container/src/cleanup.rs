@@ -1,20 +1,27 @@
-//! Cleanup of containers a crashed run left behind, found by their run label. The recorded
-//! engine-client processes are ordinary host processes: the engine's identity-checked pidfd
-//! cleanup stops them (see `ContainerBackend::cleanup_run`).
+//! Cleanup of what a crashed run left behind: its containers (with their volumes), found by the
+//! run's label, which carries the run id and a digest of the project root
+//! ([`crate::argv::RunIdentity`]), so a cleanup never touches another project's run of the same
+//! id; and the directories it created next to its private workspace (ship-out staging, the
+//! `--cidfile` directory), found by their names (`.<run>.shipped-XXXXXX[.old]`,
+//! `.<run>.cid-XXXXXX`). The recorded engine-client processes are ordinary host processes: the
+//! engine's identity-checked pidfd cleanup stops them (see `ContainerBackend::cleanup_run_at`).
 //!
 //! A remote run's containers live on the engine it ran on, which the environment of a later
 //! `agentdiff cleanup` need not name. So a remote run records that engine at launch
 //! ([`RecordedEngine`], in the MAC'd `launched` event) and cleanup asks it, removing the run's
-//! containers by label and the recorded one by id, and checking the engine no longer lists them.
-//! The engine hands the record back only from an authenticated capsule; its address is still
-//! checked here like a `--backend-option engine-host=` value.
+//! containers by label and the recorded one by id, with their volumes, and checking the engine
+//! lists none of them any more. The engine hands the record back only from an authenticated
+//! capsule; its address is still checked here like a `--backend-option engine-host=` value.
 //!
 //! Not defended: a run killed between creating its remote container and writing the `launched`
-//! event has no record; its container is found only through an engine the cleanup's own
-//! environment names.
+//! event has no record; its container (and volume) is found only through an engine the
+//! cleanup's own environment names.
 
 use serde::{Deserialize, Serialize};
 
+use std::path::{Path, PathBuf};
+
+use crate::argv::RunIdentity;
 use crate::engine::{Engine, EngineError, EngineKind, ProgramSource, ENGINE_CLIENT_VARS};
 use crate::remote::ENDPOINT_VARS;
 
@@ -30,6 +37,12 @@ pub enum CleanupError {
     NoClient(&'static str),
     #[error("container {id} is still listed by the {engine} engine after its removal")]
     StillListed { id: String, engine: String },
+    #[error("volume(s) {volumes:?} of container {id} are still present on the {engine} engine after their removal")]
+    VolumesLeft {
+        id: String,
+        engine: String,
+        volumes: Vec<String>,
+    },
 }
 
 /// Client variables that carry the TLS material's location (paths, not secrets); recorded with
@@ -48,6 +61,9 @@ pub struct RecordedEngine {
     /// The container the run created.
     #[serde(default)]
     pub container_id: Option<String>,
+    /// The value of the run's label ([`crate::argv::RunIdentity::key`]).
+    #[serde(default)]
+    pub run_key: Option<String>,
 }
 
 impl RecordedEngine {
@@ -57,6 +73,7 @@ impl RecordedEngine {
         endpoint: &str,
         env: &[(std::ffi::OsString, std::ffi::OsString)],
         container_id: Option<&str>,
+        run_key: &str,
     ) -> RecordedEngine {
         RecordedEngine {
             engine,
@@ -67,6 +84,7 @@ impl RecordedEngine {
                 .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string())))
                 .collect(),
             container_id: container_id.map(str::to_string),
+            run_key: Some(run_key.to_string()),
         }
     }
 
@@ -91,17 +109,31 @@ impl RecordedEngine {
     }
 }
 
+/// Whether `key` may be passed to an engine client inside a label filter.
+fn plain_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 160
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 /// Remove the run's containers from the engine `recorded` names: every container labelled with
-/// the run and the recorded one by id, each checked gone. An engine that cannot be asked is
-/// reported in `unreachable`, a container still listed after removal in the error. `client_env`
-/// is the client environment the backend was configured with; its engine choice is replaced.
+/// `run_key` (the run's identity as this cleanup computed it, else as recorded) and the recorded
+/// one by id, each removed with its volumes and checked gone. An engine that cannot be asked is
+/// reported in `unreachable`, a container or volume still listed after removal in the error.
+/// `client_env` is the client environment the backend was configured with; its engine choice is
+/// replaced.
 pub async fn remove_recorded_containers(
-    run_id: &str,
+    run_key: Option<&str>,
     recorded: &RecordedEngine,
     program: &ProgramSource,
     client_env: &[(std::ffi::OsString, std::ffi::OsString)],
 ) -> Result<RemovedContainers, CleanupError> {
-    crate::argv::container_name(run_id).map_err(|_| CleanupError::RunId(run_id.to_string()))?;
+    let run_key = run_key.or(recorded.run_key.as_deref());
+    if let Some(key) = run_key.filter(|k| !plain_key(k)) {
+        return Err(CleanupError::RunId(key.to_string()));
+    }
     crate::options::parse_engine_host(&recorded.endpoint)
         .ok()
         .filter(|h| !matches!(h, crate::options::EngineHost::Env))
@@ -117,7 +149,11 @@ pub async fn remove_recorded_containers(
     };
     let label = format!("{} at {}", kind.as_str(), recorded.endpoint);
     let mut out = RemovedContainers::default();
-    let mut ids = match engine.containers_of_run(run_id).await {
+    let listed = match run_key {
+        Some(key) => engine.containers_of_run(key).await,
+        None => Ok(Vec::new()),
+    };
+    let mut ids = match listed {
         Ok(ids) => ids,
         Err(e) => {
             out.unreachable.push((label, e.to_string()));
@@ -145,12 +181,37 @@ pub async fn remove_recorded_containers(
         );
     }
     for id in ids {
-        if !crate::remote::remove_verified(&engine, &id).await? {
-            return Err(CleanupError::StillListed { id, engine: label });
-        }
-        out.removed.push((label.clone(), id));
+        remove_one(&engine, &label, id, &mut out).await?;
     }
     Ok(out)
+}
+
+/// Remove one container with its volumes, checked gone, into `out`.
+async fn remove_one(
+    engine: &Engine,
+    label: &str,
+    id: String,
+    out: &mut RemovedContainers,
+) -> Result<(), CleanupError> {
+    let removal = crate::remote::remove_verified(engine, &id).await?;
+    if !removal.container_gone {
+        return Err(CleanupError::StillListed {
+            id,
+            engine: label.to_string(),
+        });
+    }
+    for volume in removal.volumes_removed {
+        out.volumes.push((label.to_string(), volume));
+    }
+    out.removed.push((label.to_string(), id.clone()));
+    if !removal.volumes_left.is_empty() {
+        return Err(CleanupError::VolumesLeft {
+            id,
+            engine: label.to_string(),
+            volumes: removal.volumes_left,
+        });
+    }
+    Ok(())
 }
 
 /// What [`remove_run_containers`] did, per engine.
@@ -158,15 +219,18 @@ pub async fn remove_recorded_containers(
 pub struct RemovedContainers {
     /// `(engine, container id)` of every container removed.
     pub removed: Vec<(String, String)>,
+    /// `(engine, volume name)` of every volume removed with them (and checked gone).
+    pub volumes: Vec<(String, String)>,
     /// Engines that could not be asked (not installed, daemon unreachable), with the reason.
     pub unreachable: Vec<(String, String)>,
 }
 
-/// Remove every container labelled `agentdiff.run=<run_id>` (running or stopped) from each engine
-/// found on PATH. `agentdiff cleanup RUN` calls this for runs of the container backend.
-pub async fn remove_run_containers(run_id: &str) -> Result<RemovedContainers, CleanupError> {
+/// Remove every container labelled with `run` (running or stopped), with its volumes, from
+/// each engine found on PATH. `agentdiff cleanup RUN` calls this for local runs of the container
+/// backend.
+pub async fn remove_run_containers(run: &RunIdentity) -> Result<RemovedContainers, CleanupError> {
     remove_run_containers_with(
-        run_id,
+        run,
         &[
             (EngineKind::Podman, ProgramSource::SearchPath),
             (EngineKind::Docker, ProgramSource::SearchPath),
@@ -180,11 +244,10 @@ pub async fn remove_run_containers(run_id: &str) -> Result<RemovedContainers, Cl
 
 /// [`remove_run_containers`] with explicit engine binaries and client environment.
 pub async fn remove_run_containers_with(
-    run_id: &str,
+    run: &RunIdentity,
     engines: &[(EngineKind, ProgramSource)],
     env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 ) -> Result<RemovedContainers, CleanupError> {
-    crate::argv::container_name(run_id).map_err(|_| CleanupError::RunId(run_id.to_string()))?;
     let mut out = RemovedContainers::default();
     for (kind, source) in engines {
         let Some(program) = source.resolve(*kind) else {
@@ -195,7 +258,7 @@ pub async fn remove_run_containers_with(
             program,
             env: env.clone(),
         };
-        let ids = match engine.containers_of_run(run_id).await {
+        let ids = match engine.containers_of_run(&run.key()).await {
             Ok(ids) => ids,
             Err(e) => {
                 out.unreachable
@@ -204,11 +267,83 @@ pub async fn remove_run_containers_with(
             }
         };
         for id in ids {
-            engine.remove(&id).await?;
-            out.removed.push((kind.as_str().to_string(), id));
+            remove_one(&engine, kind.as_str(), id, &mut out).await?;
         }
     }
     Ok(out)
+}
+
+/// Directory kinds a run creates next to its private workspace.
+pub const STAGING_DIR: &str = "shipped";
+pub const CID_DIR: &str = "cid";
+
+/// The name prefix of a `kind` directory next to `workdir`: `.<workspace name>.<kind>-` (the
+/// workspace is named after the run).
+pub fn sibling_prefix(workdir: &Path, kind: &str) -> String {
+    let name = workdir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!(".{name}.{kind}-")
+}
+
+/// Whether `name` is one of the directories a run with workspace `workdir` creates:
+/// `PREFIX` + six random characters (tempfile's), a staging directory possibly with `.old`.
+fn is_run_sibling(name: &str, workdir: &Path) -> bool {
+    let random = |rest: &str| rest.len() == 6 && rest.bytes().all(|b| b.is_ascii_alphanumeric());
+    let staging = name
+        .strip_prefix(&sibling_prefix(workdir, STAGING_DIR))
+        .is_some_and(|rest| random(rest.strip_suffix(".old").unwrap_or(rest)));
+    let cid = name
+        .strip_prefix(&sibling_prefix(workdir, CID_DIR))
+        .is_some_and(random);
+    staging || cid
+}
+
+/// What [`remove_run_leftovers`] did.
+#[derive(Debug, Default)]
+pub struct LeftoverDirs {
+    pub removed: Vec<PathBuf>,
+    pub errors: Vec<String>,
+}
+
+/// Remove the directories a killed run left next to its private workspace `workdir` (a partial
+/// ship-out copy, the workspace moved aside during the swap, the `--cidfile` directory). Only
+/// real directories with exactly those names are removed; a symlink is neither followed nor
+/// removed, and `remove_dir_all` never follows one below.
+pub fn remove_run_leftovers(workdir: &Path) -> LeftoverDirs {
+    let mut out = LeftoverDirs::default();
+    let Some(parent) = workdir.parent() else {
+        return out;
+    };
+    let entries = match std::fs::read_dir(parent) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return out,
+        Err(e) => {
+            out.errors
+                .push(format!("listing {}: {e}", parent.display()));
+            return out;
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_str().is_some_and(|n| is_run_sibling(n, workdir)) {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => match std::fs::remove_dir_all(&path) {
+                Ok(()) => out.removed.push(path),
+                Err(e) => out.errors.push(format!("removing {}: {e}", path.display())),
+            },
+            Ok(_) => out.errors.push(format!(
+                "{} is not a directory this run created; left in place",
+                path.display()
+            )),
+            Err(_) => {}
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -233,6 +368,7 @@ mod tests {
             "tcp://build-1:2376",
             &at_run,
             Some("abc"),
+            "run-1-0123456789abcdef",
         );
         assert_eq!(
             recorded.tls,
@@ -270,10 +406,11 @@ mod tests {
                 endpoint: endpoint.into(),
                 tls: Vec::new(),
                 container_id: None,
+                run_key: None,
             };
             // A client that would fail loudly if it were run.
             let program = ProgramSource::Fixed("/nonexistent/podman".into());
-            let err = remove_recorded_containers("run-1", &recorded, &program, &[])
+            let err = remove_recorded_containers(Some("run-1-0a"), &recorded, &program, &[])
                 .await
                 .unwrap_err();
             assert!(

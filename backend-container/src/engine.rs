@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Label carrying the run id; `agentdiff cleanup` finds a crashed run's containers by it.
+/// Label carrying the run's identity (run id and root digest, [`crate::argv::RunIdentity`]);
+/// `agentdiff cleanup` finds a crashed run's containers by it.
 pub const RUN_LABEL: &str = "agentdiff.run";
 
 /// Deadline of one auxiliary engine call (version, inspect, rm…).
@@ -237,9 +238,10 @@ impl Engine {
         Ok(out.lines().any(|l| l.trim() == "start"))
     }
 
-    /// Ids of containers (running or not) labelled with this run id.
-    pub async fn containers_of_run(&self, run_id: &str) -> Result<Vec<String>, EngineError> {
-        let filter = format!("label={RUN_LABEL}={run_id}");
+    /// Ids of containers (running or not) labelled with this run of this root.
+    /// `key`: [`crate::argv::RunIdentity::key`], the label's value.
+    pub async fn containers_of_run(&self, key: &str) -> Result<Vec<String>, EngineError> {
+        let filter = format!("label={RUN_LABEL}={key}");
         let out = self
             .call_ok(&["ps", "-a", "-q", "--no-trunc", "--filter", &filter])
             .await?;
@@ -286,11 +288,46 @@ impl Engine {
             })
     }
 
-    /// Force-remove a container (kills it if it still runs).
+    /// Force-remove a container (kills it if it still runs) with its anonymous volumes: a remote
+    /// run's workspace volume holds a copy of the project.
     pub async fn remove(&self, name_or_id: &str) -> Result<(), EngineError> {
-        self.call_ok(&["rm", "-f", "--", name_or_id])
+        self.call_ok(&["rm", "-f", "-v", "--", name_or_id])
             .await
             .map(|_| ())
+    }
+
+    /// Names of the engine volumes mounted into a container (empty when it has none or the
+    /// engine cannot say).
+    pub async fn container_volumes(&self, id: &str) -> Vec<String> {
+        let format = "{{range .Mounts}}{{if eq .Type \"volume\"}}{{.Name}} {{end}}{{end}}";
+        match self
+            .call_ok(&[
+                "inspect",
+                "--type",
+                "container",
+                "--format",
+                format,
+                "--",
+                id,
+            ])
+            .await
+        {
+            Ok(out) => out
+                .split_whitespace()
+                .filter(|n| {
+                    n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                })
+                .map(str::to_string)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Whether the engine still has this volume.
+    pub async fn volume_exists(&self, name: &str) -> Result<bool, EngineError> {
+        let out = self.call(&["volume", "inspect", "--", name]).await?;
+        Ok(out.code == Some(0))
     }
 }
 

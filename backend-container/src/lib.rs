@@ -32,7 +32,8 @@ use std::time::Duration;
 use agentdiff_backend_api::{
     Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
     FailClosedSpec, LaunchCommand, LaunchContext, LaunchSpec, Level, OptionKind, OptionSpec,
-    PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend, WorkspaceMode,
+    PreparedLaunch, ProcessIdentity, Result, RunPlace, RunningCommand, RuntimeBackend,
+    WorkspaceMode,
 };
 use agentdiff_process::cleanup_host_processes;
 use async_trait::async_trait;
@@ -272,6 +273,7 @@ impl ContainerBackend {
         let args = argv::run_args(&argv::RunRequest {
             kind,
             run_id: &spec.run_id,
+            root: &spec.root,
             workspace: &spec.workdir,
             options: &options,
             user,
@@ -492,6 +494,13 @@ impl RuntimeBackend for ContainerBackend {
 
     fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
         let plan = self.plan(spec)?;
+        // Checked by `plan` (run_args) already.
+        let identity = argv::RunIdentity::new(&spec.root, &spec.run_id).map_err(|e| {
+            BackendError::InvalidRequest {
+                backend: ID.into(),
+                message: e.to_string(),
+            }
+        })?;
         let env = self.client_env(spec, &plan.options, plan.kind, plan.endpoint.as_deref());
         let runtime_config = serde_json::json!({
             "engine": plan.kind.as_str(),
@@ -525,9 +534,9 @@ impl RuntimeBackend for ContainerBackend {
                 (EngineKind::Docker, None) => "agentdiff (rm -f after the exit code is read)",
             },
             "engine_host": plan.endpoint,
-            "container_name": argv::container_name(&spec.run_id).unwrap_or_default(),
+            "container_name": identity.container_name(),
             "labels": {
-                engine::RUN_LABEL: spec.run_id,
+                engine::RUN_LABEL: identity.key(),
                 "agentdiff.managed": "true",
             },
             "mounts": [match &plan.endpoint {
@@ -575,52 +584,104 @@ impl RuntimeBackend for ContainerBackend {
         running::launch(self, plan, prepared, ctx).await
     }
 
-    /// Host-side processes first, then every container labelled with the run id (a crashed run
-    /// can leave one behind).
+    /// Host-side processes only: without the project root the run's containers cannot be told
+    /// from another project's run of the same id (see [`RuntimeBackend::cleanup_run_at`]).
     async fn cleanup_run(
         &self,
-        run_id: &str,
+        _run_id: &str,
         ids: &[ProcessIdentity],
         grace: Duration,
     ) -> CleanupReport {
+        cleanup_host_processes(ids, grace).await
+    }
+
+    /// Without the project root: the host processes, and a remote run's containers on the engine
+    /// it recorded, by its recorded label and container id.
+    async fn cleanup_recorded_run(
+        &self,
+        _run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+        resources: Option<&serde_json::Value>,
+    ) -> CleanupReport {
         let mut report = cleanup_host_processes(ids, grace).await;
-        add_removed(&mut report, cleanup::remove_run_containers(run_id).await);
+        if let Some(resources) = resources {
+            self.cleanup_recorded_engine(None, resources, &mut report)
+                .await;
+        }
         report
     }
 
-    /// A remote run recorded the engine it ran on: its containers are removed there (see
-    /// [`cleanup::RecordedEngine`]); any other run as [`RuntimeBackend::cleanup_run`].
-    async fn cleanup_recorded_run(
+    /// Host-side processes first; then the run's containers with their volumes, by the label
+    /// that carries this root's digest (on the engine a remote run recorded, else on every
+    /// engine found on PATH); then what the run left next to its private workspace.
+    async fn cleanup_run_at(
         &self,
+        place: RunPlace<'_>,
         run_id: &str,
         ids: &[ProcessIdentity],
         grace: Duration,
         resources: Option<&serde_json::Value>,
     ) -> CleanupReport {
-        let Some(resources) = resources else {
-            return self.cleanup_run(run_id, ids, grace).await;
-        };
         let mut report = cleanup_host_processes(ids, grace).await;
+        match argv::RunIdentity::new(place.root, run_id) {
+            Ok(identity) => match resources {
+                Some(resources) => {
+                    self.cleanup_recorded_engine(Some(&identity.key()), resources, &mut report)
+                        .await
+                }
+                None => add_removed(
+                    &mut report,
+                    cleanup::remove_run_containers_with(
+                        &identity,
+                        &[
+                            (EngineKind::Podman, self.podman.clone()),
+                            (EngineKind::Docker, self.docker.clone()),
+                        ],
+                        self.client_env.clone(),
+                    )
+                    .await,
+                ),
+            },
+            Err(e) => report
+                .errors
+                .push(format!("the run's containers were not looked for: {e}")),
+        }
+        let leftovers = cleanup::remove_run_leftovers(place.workspace);
+        for dir in leftovers.removed {
+            report
+                .resources_removed
+                .push(format!("directory {} left by the run", dir.display()));
+        }
+        report.errors.extend(leftovers.errors);
+        report
+    }
+}
+
+impl ContainerBackend {
+    /// A remote run's containers on the engine it recorded ([`cleanup::RecordedEngine`]).
+    async fn cleanup_recorded_engine(
+        &self,
+        run_key: Option<&str>,
+        resources: &serde_json::Value,
+        report: &mut CleanupReport,
+    ) {
         match serde_json::from_value::<cleanup::RecordedEngine>(resources.clone()) {
             Ok(recorded) => {
-                let program = match recorded.engine {
-                    EngineKind::Podman => &self.podman,
-                    EngineKind::Docker => &self.docker,
-                };
+                let program = self.source(recorded.engine);
                 let removed = cleanup::remove_recorded_containers(
-                    run_id,
+                    run_key,
                     &recorded,
                     program,
                     &self.client_env,
                 )
                 .await;
-                add_removed(&mut report, removed);
+                add_removed(report, removed);
             }
             Err(e) => report.errors.push(format!(
                 "the run's record of its engine could not be read ({e}); its containers were not looked for"
             )),
         }
-        report
     }
 }
 
@@ -635,6 +696,11 @@ fn add_removed(
                 report
                     .resources_removed
                     .push(format!("{engine} container {id}"));
+            }
+            for (engine, volume) in removed.volumes {
+                report
+                    .resources_removed
+                    .push(format!("{engine} volume {volume}"));
             }
             for (engine, why) in removed.unreachable {
                 report.errors.push(format!(

@@ -319,8 +319,11 @@ pub struct RemoteFacts {
     pub engine: EngineIdentity,
     pub shipped_in: Option<ShipFacts>,
     pub shipped_out: Option<ShipFacts>,
-    /// The container was removed by id and the engine no longer lists it.
+    /// The container was removed by id and the engine lists neither it nor its volumes.
     pub container_removed_verified: bool,
+    /// The container's workspace volume(s), removed with it and checked gone.
+    #[serde(default)]
+    pub volumes_removed: Vec<String>,
 }
 
 fn cp_command(engine: &Engine, args: &[&str]) -> tokio::process::Command {
@@ -471,16 +474,17 @@ pub async fn ship_out(
     })
 }
 
-/// A fresh private directory next to the workspace (same filesystem, so the swap is a rename;
-/// unique per run and attempt, so concurrent runs share no path).
+/// A fresh 0700 directory next to the workspace (same filesystem, so the swap is a rename;
+/// unique per run and attempt, so concurrent runs share no path), named after the workspace
+/// (`.<run>.shipped-XXXXXX`) so that `agentdiff cleanup` finds it after a killed run.
 fn staging_dir(workdir: &Path) -> Result<tempfile::TempDir, RemoteError> {
     let parent = workdir.parent().unwrap_or(Path::new("/"));
-    let name = workdir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     tempfile::Builder::new()
-        .prefix(&format!(".{name}.shipped-"))
+        .prefix(&crate::cleanup::sibling_prefix(
+            workdir,
+            crate::cleanup::STAGING_DIR,
+        ))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir_in(parent)
         .map_err(io_err(format!(
             "could not create a directory next to {}",
@@ -508,13 +512,49 @@ fn replace_workspace(workdir: &Path, staging: tempfile::TempDir) -> Result<(), R
     std::fs::remove_dir_all(&old).map_err(io_err(format!("removing {}", old.display())))
 }
 
-/// Remove the container (and its engine-side volume) by id; true when the engine no longer
-/// lists it.
-pub async fn remove_verified(engine: &Engine, container: &str) -> Result<bool, EngineError> {
-    engine.call_ok(&["rm", "-f", "-v", "--", container]).await?;
+/// What removing one container did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removal {
+    /// The engine no longer lists the container.
+    pub container_gone: bool,
+    /// Its volumes, removed and checked gone.
+    pub volumes_removed: Vec<String>,
+    /// Its volumes the engine still has after their removal.
+    pub volumes_left: Vec<String>,
+}
+
+impl Removal {
+    pub fn complete(&self) -> bool {
+        self.container_gone && self.volumes_left.is_empty()
+    }
+}
+
+/// Remove the container and its engine-side volumes by id, and check the engine lists neither
+/// any more. A volume `rm -v` left (a named one, or an engine that ignores `-v`) is removed by
+/// name.
+pub async fn remove_verified(engine: &Engine, container: &str) -> Result<Removal, EngineError> {
+    let volumes = engine.container_volumes(container).await;
+    engine.remove(container).await?;
     let filter = format!("id={container}");
     let listed = engine
         .call_ok(&["ps", "-a", "-q", "--no-trunc", "--filter", &filter])
         .await?;
-    Ok(listed.lines().all(|l| l.trim().is_empty()))
+    let mut removal = Removal {
+        container_gone: listed.lines().all(|l| l.trim().is_empty()),
+        ..Removal::default()
+    };
+    for volume in volumes {
+        let mut present = engine.volume_exists(&volume).await?;
+        if present {
+            // Best effort: whether it is gone is checked next.
+            let _ = engine.call(&["volume", "rm", "-f", "--", &volume]).await;
+            present = engine.volume_exists(&volume).await?;
+        }
+        if present {
+            removal.volumes_left.push(volume);
+        } else {
+            removal.volumes_removed.push(volume);
+        }
+    }
+    Ok(removal)
 }

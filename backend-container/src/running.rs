@@ -44,6 +44,8 @@ pub(crate) async fn launch(
     ctx: LaunchContext,
 ) -> Result<Box<dyn RunningCommand>> {
     let spec = prepared.spec();
+    let run = crate::argv::RunIdentity::new(&spec.root, &spec.run_id)
+        .map_err(|e| launch_error(e.to_string()))?;
     let engine = engine_for(backend, &plan, &prepared)?;
     let program = engine.program.clone();
     let Probed {
@@ -62,11 +64,7 @@ pub(crate) async fn launch(
             (warnings, Some(state))
         }
     };
-    // Start the client. The container id comes back through a private --cidfile.
-    let (cid_dir, cid_path) = private_cid_file()?;
-    let mut args = prepared.args().to_vec();
-    let cid_arg: OsString = cid_path.clone().into_os_string();
-    args.splice(1..1, [OsString::from("--cidfile"), cid_arg]);
+    let (mut args, cid) = client_args(&prepared, remote.is_some())?;
     // What the evidence records: the argv that carries the controls (`run`, or `create`).
     let controls_argv = match &remote {
         None => args.clone(),
@@ -112,7 +110,7 @@ pub(crate) async fn launch(
             manifest_digest: r.manifest_digest.clone(),
             entries: r.entries,
         }),
-        container_name: crate::argv::container_name(&spec.run_id).unwrap_or_default(),
+        container_name: run.container_name(),
         container_id: None,
         leftover_containers_removed: Vec::new(),
         remote: remote.as_ref().map(|r| r.facts.clone()),
@@ -140,10 +138,9 @@ pub(crate) async fn launch(
         identity,
         started,
         since_unix,
-        cid_dir,
-        cid_path,
-        name: crate::argv::container_name(&spec.run_id).unwrap_or_default(),
-        run_id: spec.run_id.clone(),
+        cid,
+        name: run.container_name(),
+        run,
         timeout: spec.timeout,
         grace: spec.grace,
         interrupt: ctx.interrupt,
@@ -181,12 +178,38 @@ pub(crate) async fn launch(
     }))
 }
 
-/// A fresh directory of this user's for the engine client's `--cidfile`, and the file's path in it
-/// (the file must not exist yet: the client creates it).
-fn private_cid_file() -> Result<(tempfile::TempDir, std::path::PathBuf)> {
+/// The `--cidfile` path in its private directory (removed when dropped).
+type CidFile = (tempfile::TempDir, PathBuf);
+
+/// The client's argv. A local container's id comes back through a private `--cidfile` (returned
+/// with it); a remote one's was printed by `create`.
+fn client_args(
+    prepared: &PreparedLaunch,
+    remote: bool,
+) -> Result<(Vec<OsString>, Option<CidFile>)> {
+    let mut args = prepared.args().to_vec();
+    if remote {
+        return Ok((args, None));
+    }
+    let (dir, path) = private_cid_file(&prepared.spec().workdir)?;
+    args.splice(
+        1..1,
+        [OsString::from("--cidfile"), path.clone().into_os_string()],
+    );
+    Ok((args, Some((dir, path))))
+}
+
+/// A fresh 0700 directory for the engine client's `--cidfile`, and the file's path in it (the
+/// file must not exist yet: the client creates it). It lies next to the private workspace, named
+/// after it (`.<run>.cid-XXXXXX`), so that `agentdiff cleanup` finds it after a killed run.
+fn private_cid_file(workdir: &std::path::Path) -> Result<(tempfile::TempDir, std::path::PathBuf)> {
     let dir = tempfile::Builder::new()
-        .prefix("agentdiff-cid-")
-        .tempdir()
+        .prefix(&crate::cleanup::sibling_prefix(
+            workdir,
+            crate::cleanup::CID_DIR,
+        ))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir_in(workdir.parent().unwrap_or(std::path::Path::new("/")))
         .map_err(|e| {
             launch_error(format!(
                 "could not create a private temporary directory: {e}"
@@ -376,14 +399,18 @@ async fn remote_setup(
                     shipped_in: Some(shipped),
                     shipped_out: None,
                     container_removed_verified: false,
+                    volumes_removed: Vec::new(),
                 },
             },
             warnings,
         )),
         Err(e) => {
             let removed = match crate::remote::remove_verified(engine, &container_id).await {
-                Ok(true) => "the container was removed".to_string(),
-                Ok(false) => format!("container {container_id} is still listed by the engine"),
+                Ok(r) if r.complete() => "the container and its volume were removed".to_string(),
+                Ok(r) => format!(
+                    "container {container_id} or its volume is still listed by the engine (container gone: {}, volumes left: {:?})",
+                    r.container_gone, r.volumes_left
+                ),
                 Err(r) => format!("removing container {container_id} failed: {r}"),
             };
             Err(launch_error(format!(
@@ -592,12 +619,11 @@ struct RunningContainer {
     identity: Option<agentdiff_process::ProcessIdentity>,
     started: Instant,
     since_unix: u64,
-    /// Kept alive until the container id is read; removed on drop.
-    #[allow(dead_code)]
-    cid_dir: tempfile::TempDir,
-    cid_path: PathBuf,
+    /// The `--cidfile` (local runs), in a directory kept until the id is read, removed on drop.
+    cid: Option<CidFile>,
     name: String,
-    run_id: String,
+    /// The run of this root the container's name and label carry.
+    run: crate::argv::RunIdentity,
     timeout: Option<Duration>,
     grace: Duration,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
@@ -713,6 +739,7 @@ impl RunningCommand for RunningContainer {
                 &remote.facts.engine.endpoint,
                 &self.engine.env,
                 Some(&remote.container_id),
+                &self.run.key(),
             );
             serde_json::to_value(recorded).ok()
         });
@@ -741,8 +768,10 @@ impl RunningCommand for RunningContainer {
             .unwrap_or(false);
         let container_id = match &self.remote {
             Some(r) => Some(r.container_id.clone()),
-            None => std::fs::read_to_string(&self.cid_path)
-                .ok()
+            None => self
+                .cid
+                .as_ref()
+                .and_then(|(_, path)| std::fs::read_to_string(path).ok())
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())),
         };
@@ -929,14 +958,21 @@ impl RunningContainer {
         };
         if let Some(remote) = &mut self.remote {
             match crate::remote::remove_verified(&self.engine, &remote.container_id).await {
-                Ok(gone) => {
-                    remote.facts.container_removed_verified = gone;
-                    if !gone {
+                Ok(removal) => {
+                    remote.facts.container_removed_verified = removal.complete();
+                    if !removal.container_gone {
                         cleanup.errors.push(format!(
                             "container {} is still listed by the engine after its removal",
                             remote.container_id
                         ));
                     }
+                    for volume in &removal.volumes_left {
+                        cleanup.errors.push(format!(
+                            "volume {volume} of container {} is still present after its removal",
+                            remote.container_id
+                        ));
+                    }
+                    remote.facts.volumes_removed = removal.volumes_removed;
                 }
                 Err(e) => cleanup
                     .errors
@@ -964,10 +1000,17 @@ impl RunningContainer {
             && ev.exit.signal.is_none()
             && ev.failure.is_none()
             && !matches!(ev.exit.code, None | Some(125..=127));
-        let listed = if clean_podman_exit {
+        // The engine failed before it created anything (a name already taken, say): there is
+        // nothing of this run to sweep, and nothing else may be touched.
+        let created_nothing = !created
+            && self.remote.is_none()
+            && !ev.exit.timed_out
+            && ev.exit.interrupted_by.is_none()
+            && matches!(ev.exit.code, Some(125..=127));
+        let listed = if clean_podman_exit || created_nothing {
             Ok(Vec::new())
         } else {
-            self.engine.containers_of_run(&self.run_id).await
+            self.engine.containers_of_run(&self.run.key()).await
         };
         match listed {
             Ok(ids) => {
@@ -978,9 +1021,10 @@ impl RunningContainer {
                     }
                 }
             }
-            Err(e) => cleanup
-                .errors
-                .push(format!("listing containers of run {}: {e}", self.run_id)),
+            Err(e) => cleanup.errors.push(format!(
+                "listing containers labelled {}: {e}",
+                self.run.label()
+            )),
         }
         if !removed.is_empty() {
             ev.warnings.push(format!(

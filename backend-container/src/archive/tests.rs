@@ -384,3 +384,200 @@ fn a_directory_listed_after_its_content_is_accepted_once() {
         ArchiveError::Duplicate(_)
     ));
 }
+
+/// One PAX record (`LEN key=value\n`, LEN counting itself).
+fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut len = body.len() + 1;
+    while format!("{len}{body}").len() != len {
+        len += 1;
+    }
+    format!("{len}{body}").into_bytes()
+}
+
+/// A PAX extended header for the next entry.
+fn pax(b: &mut tar::Builder<Vec<u8>>, records: &[u8]) {
+    let mut h = tar::Header::new_ustar();
+    h.set_path("PaxHeader/x").unwrap();
+    h.set_entry_type(T::XHeader);
+    h.set_size(records.len() as u64);
+    h.set_cksum();
+    b.append(&h, records).unwrap();
+}
+
+#[test]
+fn a_pax_size_is_the_size_that_is_counted_and_limited() {
+    let build = |content: &[u8]| {
+        let mut b = tar::Builder::new(Vec::new());
+        raw(&mut b, b"small", T::Regular, b"abc", b"");
+        pax(&mut b, &pax_record("size", &content.len().to_string()));
+        // The ustar header says 0 bytes; the PAX record says how many follow.
+        let mut h = tar::Header::new_gnu();
+        h.as_gnu_mut().unwrap().name[..7].copy_from_slice(b"big.bin");
+        h.set_entry_type(T::Regular);
+        h.set_mode(0o644);
+        h.set_size(0);
+        h.set_cksum();
+        b.append(&h, content).unwrap();
+        b.into_inner().unwrap()
+    };
+    let bytes = build(&[9u8; 4096]);
+    let s = sandbox();
+    let shipped = unpack(&bytes[..], &s.dest, &Limits::default()).unwrap();
+    assert_eq!(
+        std::fs::metadata(s.dest.join("big.bin")).unwrap().len(),
+        4096
+    );
+    assert_eq!(shipped.file_bytes, 4096 + 3);
+    let limits = Limits {
+        max_file_bytes: 1000,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        refused(&bytes, &limits),
+        ArchiveError::TooLarge(1000)
+    ));
+}
+
+#[test]
+fn a_time_past_any_clock_is_clamped_not_a_panic() {
+    let mut bytes = archive(&[
+        (b"f", T::Regular, b"x", b""),
+        (b"d", T::Directory, b"", b""),
+    ]);
+    // GNU base-256: the high bit of the first byte, then the largest value the field holds.
+    for block in [0, 1024] {
+        let field = &mut bytes[block + 136..block + 148];
+        field[0] = 0x80;
+        field[1..].fill(0xff);
+        let mut h = tar::Header::new_old();
+        h.as_mut_bytes().copy_from_slice(&bytes[block..block + 512]);
+        h.set_cksum();
+        bytes[block..block + 512].copy_from_slice(h.as_bytes());
+    }
+    let s = sandbox();
+    unpack(&bytes[..], &s.dest, &Limits::default()).unwrap();
+    let modified = std::fs::metadata(s.dest.join("f"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    // The filesystem may clamp further (ext4 stops in 2446); it is a time in the future.
+    assert!(modified > SystemTime::now(), "{modified:?}");
+    assert!(modified <= UNIX_EPOCH + Duration::from_secs(MAX_MTIME_SECS));
+}
+
+#[test]
+fn a_stream_cut_short_is_refused() {
+    let bytes = archive(&[
+        (b"a", T::Regular, b"aaa", b""),
+        (b"b", T::Regular, b"b", b""),
+    ]);
+    // Cleanly after the first entry (header + one data block): it looks like a shorter archive.
+    assert!(matches!(
+        refused(&bytes[..1024], &Limits::default()),
+        ArchiveError::Truncated
+    ));
+    // Inside the second entry's data.
+    let err = refused(&bytes[..1024 + 512 + 1], &Limits::default());
+    assert!(
+        matches!(err, ArchiveError::ShortEntry { .. } | ArchiveError::Read(_)),
+        "{err}"
+    );
+    // Every entry present but no end-of-archive marker.
+    let complete = bytes.len() - 1024;
+    assert!(matches!(
+        refused(&bytes[..complete], &Limits::default()),
+        ArchiveError::Truncated
+    ));
+    let s = sandbox();
+    unpack(&bytes[..], &s.dest, &Limits::default()).unwrap();
+}
+
+#[test]
+fn global_headers_count_toward_the_entry_limit() {
+    let mut b = tar::Builder::new(Vec::new());
+    for _ in 0..10 {
+        let records = pax_record("comment", "x");
+        let mut h = tar::Header::new_ustar();
+        h.set_path("pax_global_header").unwrap();
+        h.set_entry_type(T::XGlobalHeader);
+        h.set_size(records.len() as u64);
+        h.set_cksum();
+        b.append(&h, &records[..]).unwrap();
+    }
+    raw(&mut b, b"f", T::Regular, b"", b"");
+    let bytes = b.into_inner().unwrap();
+    let limits = Limits {
+        max_entries: 5,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        refused(&bytes, &limits),
+        ArchiveError::TooManyEntries(5)
+    ));
+}
+
+mod no_header_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    const KINDS: &[u8] = b"0123456789gxKLSVMNA\0";
+
+    /// A header with arbitrary bytes in its numeric and name fields but a valid checksum, so the
+    /// parser gets past the checksum to the fields themselves.
+    fn header(name: &[u8], kind: u8, fields: &[u8; 60], base256: u8, size: &[u8; 12]) -> [u8; 512] {
+        let mut h = tar::Header::new_gnu();
+        let bytes = h.as_mut_bytes();
+        bytes[..name.len()].copy_from_slice(name);
+        // mode, uid, gid (100..124), mtime (136..148): arbitrary, optionally base-256.
+        bytes[100..124].copy_from_slice(&fields[..24]);
+        bytes[136..148].copy_from_slice(&fields[24..36]);
+        for (bit, start) in [(1u8, 100usize), (2, 108), (4, 116), (8, 136), (16, 124)] {
+            if base256 & bit != 0 {
+                bytes[start] |= 0x80;
+            }
+        }
+        if base256 & 16 == 0 {
+            bytes[124..136].copy_from_slice(size);
+        }
+        bytes[156] = kind;
+        bytes[157..181].copy_from_slice(&fields[36..60]);
+        h.set_cksum();
+        *h.as_bytes()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn unpack_never_panics_on_a_header(
+            name in proptest::collection::vec(any::<u8>(), 1..100),
+            kind in proptest::sample::select(KINDS),
+            fields in proptest::array::uniform32(any::<u8>()).prop_flat_map(|a| {
+                proptest::array::uniform32(any::<u8>()).prop_map(move |b| {
+                    let mut out = [0u8; 60];
+                    out[..32].copy_from_slice(&a);
+                    out[32..].copy_from_slice(&b[..28]);
+                    out
+                })
+            }),
+            base256 in any::<u8>(),
+            size in proptest::array::uniform12(any::<u8>()),
+            data in proptest::collection::vec(any::<u8>(), 0..1500),
+            marker in any::<bool>(),
+        ) {
+            let mut bytes = header(&name, kind, &fields, base256, &size).to_vec();
+            bytes.extend(&data);
+            if marker {
+                bytes.extend([0u8; 1024]);
+            }
+            let s = sandbox();
+            let limits = Limits {
+                max_entries: 100,
+                max_file_bytes: 1 << 20,
+                max_path_bytes: 4096,
+            };
+            // Accepted or refused, but answered.
+            let _ = unpack(&bytes[..], &s.dest, &limits);
+        }
+    }
+}

@@ -21,8 +21,11 @@
 //!   directory and prints the container id; `cp - ID:/workspace` unpacks the uploaded tar into
 //!   `STATE/volume` (with the system `tar`); `start -a -i ID` runs the recorded command there;
 //!   `cp ID:/workspace/. -` writes `STATE/volume` as a tar, or the bytes of the file named by
-//!   `FAKE_ENGINE_ARCHIVE_OUT` (a hostile engine); `rm -f -v ID` removes the volume, after which
-//!   `ps --filter id=ID` lists nothing (unless `FAKE_ENGINE_RM_KEEPS` is set).
+//!   `FAKE_ENGINE_ARCHIVE_OUT` (a hostile engine); `rm -f ID` removes the container, after which
+//!   `ps --filter id=ID` lists nothing (unless `FAKE_ENGINE_RM_KEEPS` is set), and only with `-v`
+//!   its volume `fakevol`; `inspect --format {{range .Mounts}}…` lists `fakevol` while it
+//!   exists, `volume inspect fakevol` succeeds while it exists and `volume rm fakevol` removes
+//!   it.
 //!
 //! Like a container's pid namespace, everything the command starts ends with it: `run` is a child
 //! subreaper, so daemons re-parent to it, and it kills what is left when the command exits;
@@ -32,6 +35,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 const FAKE_CID: &str = "0f0e0d0c0b0a09080706050403020100f0e0d0c0b0a09080706050403020100f";
+const FAKE_VOLUME: &str = "fakevol";
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args_os()
@@ -136,9 +140,34 @@ fn main() -> ExitCode {
         }
         "start" => start(),
         "cp" => copy(&argv[1..]),
+        "inspect" if argv.iter().any(|a| a.contains(".Mounts")) => {
+            if state_dir().join("created.json").exists() && state_dir().join("volume").exists() {
+                println!("{FAKE_VOLUME} ");
+            }
+            ExitCode::SUCCESS
+        }
+        "volume" => {
+            let named = argv.iter().any(|a| a == FAKE_VOLUME);
+            let exists = named && state_dir().join("volume").exists();
+            match argv.get(1).map(String::as_str) {
+                Some("inspect") if exists => ExitCode::SUCCESS,
+                Some("rm") => {
+                    if exists {
+                        let _ = std::fs::remove_dir_all(state_dir().join("volume"));
+                    }
+                    ExitCode::SUCCESS
+                }
+                _ => {
+                    eprintln!("Error: no such volume");
+                    ExitCode::from(1)
+                }
+            }
+        }
         "rm" | "stop" => {
             if first == "rm" && argv.iter().any(|a| a == FAKE_CID) {
-                let _ = std::fs::remove_dir_all(state_dir().join("volume"));
+                if argv.iter().any(|a| a == "-v") {
+                    let _ = std::fs::remove_dir_all(state_dir().join("volume"));
+                }
                 let _ = std::fs::write(state_dir().join("removed"), "");
             }
             if let Ok(pid) = std::fs::read_to_string(state_dir().join("run.pid")) {

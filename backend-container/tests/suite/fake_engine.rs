@@ -7,6 +7,7 @@ use std::time::Duration;
 use agentdiff_backend_api::{
     Availability, BackendError, FailureKind, Level, RuntimeBackend, WorkspaceMode,
 };
+use agentdiff_backend_container::argv::RunIdentity;
 use agentdiff_backend_container::engine::{EngineKind, ProgramSource};
 use agentdiff_backend_container::{cleanup, ContainerBackend};
 use agentdiff_plugins::Registry;
@@ -59,13 +60,15 @@ fn prepare_builds_the_exact_argv_and_mounts_only_the_workspace() {
     let p = b.prepare(&s).unwrap();
     assert_eq!(p.program(), &OsString::from(FAKE));
     let ws = l.workspace.display().to_string();
+    let key = RunIdentity::new(&l.root, "run-1").unwrap().key();
+    let (name, label) = (format!("agentdiff-{key}"), format!("agentdiff.run={key}"));
     let expected: Vec<String> = [
         "run",
         "--rm",
         "--name",
-        "agentdiff-run-1",
+        &name,
         "--label",
-        "agentdiff.run=run-1",
+        &label,
         "--label",
         "agentdiff.managed=true",
         "--network",
@@ -112,7 +115,7 @@ fn prepare_builds_the_exact_argv_and_mounts_only_the_workspace() {
     assert_eq!(p.enforcement().as_str(), "container_requested");
     assert_eq!(p.runtime_config()["network"], "none");
     assert_eq!(p.runtime_config()["host_repository_mounted"], false);
-    assert_eq!(p.runtime_config()["labels"]["agentdiff.run"], "run-1");
+    assert_eq!(p.runtime_config()["labels"]["agentdiff.run"], key.as_str());
     // The engine client gets the named variable's value (the engine copies it in).
     assert!(p
         .env()
@@ -424,7 +427,11 @@ async fn a_timeout_stops_the_container() {
         .iter()
         .find(|(a, _)| a[0] == "stop")
         .expect("stop was called");
-    assert_eq!(stop.0.join(" "), "stop --time 1 -- agentdiff-run-9");
+    let key = RunIdentity::new(&l.root, "run-9").unwrap().key();
+    assert_eq!(
+        stop.0.join(" "),
+        format!("stop --time 1 -- agentdiff-{key}")
+    );
 }
 
 #[tokio::test]
@@ -449,9 +456,14 @@ async fn leftover_containers_are_removed_by_label() {
     let (stdio, _, _) = files_stdio(&l.capsule);
     let ev = run(&b, &s, stdio).await.unwrap();
     assert!(ev.warnings.iter().any(|w| w.contains("deadbeef")));
+    let run10 = RunIdentity::new(&l.root, "run-10").unwrap();
+    let filter = format!(
+        "ps -a -q --no-trunc --filter label=agentdiff.run={}",
+        run10.key()
+    );
     let calls: Vec<String> = logged(&log).into_iter().map(|(a, _)| a.join(" ")).collect();
-    assert!(calls.contains(&"ps -a -q --no-trunc --filter label=agentdiff.run=run-10".to_string()));
-    assert!(calls.contains(&"rm -f -- deadbeef".to_string()));
+    assert!(calls.contains(&filter), "{calls:?}");
+    assert!(calls.contains(&"rm -f -v -- deadbeef".to_string()));
 
     // `agentdiff cleanup RUN` path.
     let log2 = l.root.join("log2");
@@ -460,7 +472,7 @@ async fn leftover_containers_are_removed_by_label() {
         ("FAKE_ENGINE_PS".into(), "c1,c2".into()),
     ];
     let fake = ProgramSource::Fixed(PathBuf::from(FAKE));
-    let out = cleanup::remove_run_containers_with("run-10", &[(EngineKind::Podman, fake)], env)
+    let out = cleanup::remove_run_containers_with(&run10, &[(EngineKind::Podman, fake)], env)
         .await
         .unwrap();
     assert_eq!(
@@ -473,18 +485,18 @@ async fn leftover_containers_are_removed_by_label() {
     let calls: Vec<String> = logged(&log2)
         .into_iter()
         .map(|(a, _)| a.join(" "))
+        .filter(|c| c.starts_with("ps") || c.starts_with("rm"))
         .collect();
     assert_eq!(
         calls,
         [
-            "ps -a -q --no-trunc --filter label=agentdiff.run=run-10",
-            "rm -f -- c1",
-            "rm -f -- c2",
+            filter.as_str(),
+            "rm -f -v -- c1",
+            "ps -a -q --no-trunc --filter id=c1",
+            "rm -f -v -- c2",
+            "ps -a -q --no-trunc --filter id=c2",
         ]
     );
-    assert!(cleanup::remove_run_containers_with("../x", &[], Vec::new())
-        .await
-        .is_err());
 }
 
 #[tokio::test]
@@ -542,7 +554,116 @@ async fn an_interrupt_stops_the_container_and_is_recorded() {
     assert_eq!(ev.exit.interrupted_by, Some(2));
     assert!(!ev.exit.timed_out);
     let calls: Vec<String> = logged(&log).into_iter().map(|(a, _)| a.join(" ")).collect();
-    assert!(calls.contains(&"stop --time 1 -- agentdiff-run-11".to_string()));
+    let key = RunIdentity::new(&l.root, "run-11").unwrap().key();
+    assert!(calls.contains(&format!("stop --time 1 -- agentdiff-{key}")));
     // An interrupted run is always swept by label.
     assert!(calls.iter().any(|c| c.starts_with("ps -a -q")));
+}
+
+/// The engine failed before creating anything (a name already taken): nothing is swept, so a
+/// container the engine lists under any label is left alone.
+#[tokio::test]
+async fn a_create_that_fails_touches_no_container() {
+    let l = layout("run-12");
+    let log = l.root.join("log");
+    let b = fake_backend(
+        &log,
+        "podman",
+        &[
+            ("FAKE_ENGINE_RUN", "engine-fail"),
+            ("FAKE_ENGINE_IMAGES", "localhost/img:1"),
+            ("FAKE_ENGINE_PS", "othersrunningcontainer"),
+        ],
+    );
+    let s = spec(&l, "run-12", &["true"], &image_opts());
+    let (stdio, _, _) = files_stdio(&l.capsule);
+    let ev = run(&b, &s, stdio).await.unwrap();
+    assert!(matches!(
+        ev.failure,
+        Some(FailureKind::WrapperSetupFailed { .. })
+    ));
+    let calls: Vec<String> = logged(&log).into_iter().map(|(a, _)| a.join(" ")).collect();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("rm") || c.starts_with("ps")),
+        "{calls:?}"
+    );
+    assert!(ev
+        .warnings
+        .iter()
+        .all(|w| !w.contains("othersrunningcontainer")));
+    // The `--cidfile` directory was private and is gone.
+    let left: Vec<_> = std::fs::read_dir(l.workspace.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["run-12"]);
+}
+
+/// `agentdiff cleanup` of a killed run: the directories it left next to its workspace are
+/// removed by their exact names; links and look-alikes are not followed or touched.
+#[tokio::test]
+async fn cleanup_removes_what_a_killed_run_left_next_to_its_workspace() {
+    let l = layout("run-13");
+    let log = l.root.join("log");
+    let b = fake_backend(&log, "podman", &[]);
+    let base = l.workspace.parent().unwrap().to_path_buf();
+    let outside = l.root.join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("keep"), "keep").unwrap();
+    for d in [
+        ".run-13.shipped-Ab12Cd",
+        ".run-13.shipped-Ab12Cd.old",
+        ".run-13.cid-Zz9Yx8",
+    ] {
+        std::fs::create_dir_all(base.join(d).join("sub")).unwrap();
+        std::fs::write(base.join(d).join("sub/f"), "x").unwrap();
+    }
+    std::os::unix::fs::symlink(&outside, base.join(".run-13.cid-Link01")).unwrap();
+    for d in [
+        ".run-13.shipped-toolong1",
+        ".run-1.shipped-Ab12Cd",
+        "run-14",
+    ] {
+        std::fs::create_dir(base.join(d)).unwrap();
+    }
+    let place = agentdiff_backend_api::RunPlace {
+        root: &l.root,
+        workspace: &l.workspace,
+    };
+    let report = b
+        .cleanup_run_at(place, "run-13", &[], Duration::from_millis(100), None)
+        .await;
+    let mut left: Vec<_> = std::fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            ".run-1.shipped-Ab12Cd",
+            ".run-13.cid-Link01",
+            ".run-13.shipped-toolong1",
+            "run-13",
+            "run-14"
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("keep")).unwrap(),
+        "keep"
+    );
+    let removed = report.resources_removed.join("\n");
+    assert!(removed.contains(".run-13.shipped-Ab12Cd.old"), "{removed}");
+    assert!(removed.contains(".run-13.cid-Zz9Yx8"), "{removed}");
+    // The sweep asked for this root's run only.
+    let key = RunIdentity::new(&l.root, "run-13").unwrap().key();
+    let calls: Vec<String> = logged(&log).into_iter().map(|(a, _)| a.join(" ")).collect();
+    assert!(
+        calls.contains(&format!(
+            "ps -a -q --no-trunc --filter label=agentdiff.run={key}"
+        )),
+        "{calls:?}"
+    );
 }

@@ -117,7 +117,12 @@ async fn docker_cli_reports_the_commands_exit_code_and_removes_the_container() {
             "-a",
             "-q",
             "--filter",
-            "label=agentdiff.run=docker-exit",
+            &format!(
+                "label=agentdiff.run={}",
+                agentdiff_backend_container::argv::RunIdentity::new(&l.root, "docker-exit")
+                    .unwrap()
+                    .key()
+            ),
         ])
         .output()
         .unwrap();

@@ -75,7 +75,18 @@ async fn podman_writes_land_in_the_workspace_and_the_host_tree_is_unchanged() {
         .starts_with("sha256:"));
     // --rm and the label sweep leave nothing behind.
     let left = std::process::Command::new("podman")
-        .args(["ps", "-a", "-q", "--filter", "label=agentdiff.run=real-w1"])
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!(
+                "label=agentdiff.run={}",
+                agentdiff_backend_container::argv::RunIdentity::new(&l.root, "real-w1")
+                    .unwrap()
+                    .key()
+            ),
+        ])
         .output()
         .unwrap();
     assert!(left.stdout.is_empty());
@@ -214,7 +225,12 @@ async fn podman_timeout_stops_and_removes_the_container() {
             "-a",
             "-q",
             "--filter",
-            "label=agentdiff.run=real-timeout",
+            &format!(
+                "label=agentdiff.run={}",
+                agentdiff_backend_container::argv::RunIdentity::new(&l.root, "real-timeout")
+                    .unwrap()
+                    .key()
+            ),
         ])
         .output()
         .unwrap();

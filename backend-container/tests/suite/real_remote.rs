@@ -224,7 +224,12 @@ async fn several_roots_run_against_one_remote_engine_at_once() {
             format!("{i}\n")
         );
         let facts: ContainerFacts = ev.wrapper.as_ref().unwrap().decode().unwrap();
-        assert_eq!(facts.container_name, format!("agentdiff-remote-par-{i}"));
+        let run = agentdiff_backend_container::argv::RunIdentity::new(
+            &l.root,
+            &format!("remote-par-{i}"),
+        )
+        .unwrap();
+        assert_eq!(facts.container_name, run.container_name());
         assert!(facts.remote.unwrap().container_removed_verified);
         containers.push(facts.container_id.unwrap());
     }

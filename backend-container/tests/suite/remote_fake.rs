@@ -143,8 +143,11 @@ async fn a_remote_run_ships_the_workspace_both_ways_and_mounts_nothing() {
             "cp",
             "start",
             "cp",
+            // the container's volumes, the container removed with them, both checked gone
+            "inspect",
             "rm",
             "ps",
+            "volume",
             // the sweep by run label
             "ps"
         ]
@@ -159,7 +162,8 @@ async fn a_remote_run_ships_the_workspace_both_ways_and_mounts_nothing() {
         calls[6].0,
         ["start", "-a", "-i", &facts.container_id.unwrap()]
     );
-    assert_eq!(calls[8].0[..3], ["rm", "-f", "-v"]);
+    assert_eq!(calls[9].0[..3], ["rm", "-f", "-v"]);
+    assert_eq!(remote.volumes_removed, ["fakevol"]);
 }
 
 #[tokio::test]
@@ -452,4 +456,56 @@ async fn a_local_docker_engine_on_another_host_is_refused_before_anything_is_cre
     assert!(!logged(&log)
         .iter()
         .any(|(a, _)| a[0] == "run" || a[0] == "create"));
+}
+
+/// A remote run killed before its `launched` event has no record of its engine: cleanup finds
+/// its container through the engine its environment names, by the run's label, and removes the
+/// workspace volume with it (a copy of the project), checking both are gone.
+#[tokio::test]
+async fn cleanup_without_a_record_removes_the_container_and_its_volume() {
+    const CID: &str = "0f0e0d0c0b0a09080706050403020100f0e0d0c0b0a09080706050403020100f";
+    let l = layout("rem-9");
+    let log = l.root.join("log");
+    let state = l.root.join("state");
+    std::fs::create_dir(&state).unwrap();
+    // What the killed run's `create` left on the engine.
+    let created = std::process::Command::new(FAKE)
+        .args(["create", "--name", "x", "--", "img", "true"])
+        .env("FAKE_ENGINE_LOG", &log)
+        .env("FAKE_ENGINE_STATE", &state)
+        .output()
+        .unwrap();
+    assert!(created.status.success());
+    assert!(state.join("volume").is_dir());
+    let b = fake_backend(
+        &log,
+        "podman",
+        &[
+            ("FAKE_ENGINE_STATE", state.to_str().unwrap()),
+            ("FAKE_ENGINE_PS", CID),
+        ],
+    );
+    let place = agentdiff_backend_api::RunPlace {
+        root: &l.root,
+        workspace: &l.workspace,
+    };
+    let report = b
+        .cleanup_run_at(
+            place,
+            "rem-9",
+            &[],
+            std::time::Duration::from_millis(100),
+            None,
+        )
+        .await;
+    assert!(!state.join("volume").exists(), "the volume is left");
+    let removed = report.resources_removed.join("\n");
+    assert!(
+        removed.contains(&format!("podman container {CID}")),
+        "{removed}"
+    );
+    assert!(removed.contains("podman volume fakevol"), "{removed}");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let calls: Vec<String> = logged(&log).into_iter().map(|(a, _)| a.join(" ")).collect();
+    assert!(calls.contains(&format!("rm -f -v -- {CID}")), "{calls:?}");
 }

@@ -20,6 +20,7 @@ mod bwrap_home_cli;
 mod claude_cli;
 mod cleanup_cli;
 mod container_egress_cli;
+mod container_identity_cli;
 mod egress_review_cli;
 mod evidence_cli;
 mod external_cli;

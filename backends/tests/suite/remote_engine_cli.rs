@@ -479,3 +479,202 @@ fn a_policy_file_alone_cannot_choose_a_remote_engine() {
         text(&out.stderr)
     );
 }
+
+/// `agentdiff run` against the engine in the background, its output discarded.
+fn spawn_remote_run(root: &Path, url: &str, script: &str) -> std::process::Child {
+    let endpoint = format!("engine-host={url}");
+    super::cmd(
+        root,
+        &[
+            "run",
+            "--runtime",
+            "container",
+            "--engine",
+            "docker",
+            "--image",
+            REMOTE_IMAGE,
+            "--backend-option",
+            &endpoint,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    )
+    .env_remove("DOCKER_HOST")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
+/// Lines `podman --url URL ARGS` prints.
+fn engine_lines(url: &str, args: &[&str]) -> Vec<String> {
+    let out = Command::new("podman")
+        .arg("--url")
+        .arg(url)
+        .args(args)
+        .output()
+        .unwrap();
+    text(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Poll (every 10 ms, up to 120 s: not a timing assertion) until `ready`, failing if the run ended.
+fn wait_for(run: &mut std::process::Child, what: &str, mut ready: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < give_up && run.try_wait().unwrap().is_none(),
+            "{what} never happened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The only capsule in `root`.
+fn only_run(root: &Path) -> String {
+    fs::read_dir(root.join(".agentdiff/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| !n.starts_with('.'))
+        .expect("the killed run's capsule")
+}
+
+/// A remote run killed while its workspace is shipped in (its container created, no `launched`
+/// event yet) has no record of its engine. `agentdiff cleanup`, given the engine through its own
+/// environment, removes the container by the run's label together with its workspace volume (a
+/// copy of the project), and the engine lists neither afterwards.
+#[test]
+fn cleanup_of_a_remote_run_killed_before_its_launch_removes_its_container_and_volume() {
+    if let Some(reason) = missing() {
+        agentdiff_test_support::skip(&reason);
+        return;
+    }
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let engine = start_remote_engine(dir.path());
+    let root = dir.path().join("project");
+    fs::create_dir_all(&root).unwrap();
+    // Enough to ship that the run can be caught between `create` and the start.
+    for i in 0..60 {
+        fs::write(root.join(format!("f{i}.bin")), vec![i as u8; 1 << 20]).unwrap();
+    }
+    let mut run = spawn_remote_run(&root, &engine.url, "true");
+    wait_for(&mut run, "the container's creation", || {
+        !engine_lines(&engine.url, &["ps", "-a", "-q"]).is_empty()
+    });
+    // SAFETY: kill(2) on the child this test spawned and has not reaped.
+    unsafe {
+        libc::kill(run.id() as i32, libc::SIGSTOP);
+    }
+    let id = only_run(&root);
+    let events = fs::read_to_string(root.join(".agentdiff/runs").join(&id).join("events.jsonl"))
+        .unwrap_or_default();
+    let before_launch = !events.contains("\"launched\"");
+    // Which cleanup path this exercised (the engine's timing decides; both must leave nothing).
+    eprintln!("killed before its launched event: {before_launch}");
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let volumes = engine_lines(&engine.url, &["volume", "ls", "-q"]);
+    assert!(!volumes.is_empty(), "the killed run left no volume");
+
+    let out = super::cmd(
+        &root,
+        &["cleanup", &id, "--format", "json", "--grace-period", "1"],
+    )
+    .env("DOCKER_HOST", &engine.url)
+    .env_remove("CONTAINER_HOST")
+    .output()
+    .unwrap();
+    let result = json_of(&out);
+    assert_eq!(
+        engine_lines(&engine.url, &["ps", "-a", "-q"]),
+        Vec::<String>::new(),
+        "{result:#}"
+    );
+    assert_eq!(
+        engine_lines(&engine.url, &["volume", "ls", "-q"]),
+        Vec::<String>::new(),
+        "the workspace volume is left (killed before launch: {before_launch}): {result:#}"
+    );
+    let removed = result["cleanup"]["resources_removed"].to_string();
+    assert!(removed.contains(&volumes[0]), "{result:#}");
+    assert_exit(&out, 0);
+    drop(engine);
+}
+
+/// A remote run killed while the workspace is shipped back leaves a partial copy next to its
+/// private workspace; `agentdiff cleanup` removes it and says so.
+#[test]
+fn cleanup_of_a_remote_run_killed_during_ship_out_removes_its_staging_directory() {
+    if let Some(reason) = missing() {
+        agentdiff_test_support::skip(&reason);
+        return;
+    }
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let engine = start_remote_engine(dir.path());
+    let root = dir.path().join("project");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("a.txt"), "a\n").unwrap();
+    let mut run = spawn_remote_run(
+        &root,
+        &engine.url,
+        "for i in 1 2 3 4 5 6; do dd if=/dev/zero of=big$i bs=1M count=30 2>/dev/null; done",
+    );
+    let workspaces = root.join(".agentdiff/workspaces");
+    let staging = || {
+        fs::read_dir(&workspaces)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().contains(".shipped-"))
+    };
+    wait_for(&mut run, "the ship-out", || {
+        staging().is_some_and(|p| fs::read_dir(p).is_ok_and(|mut d| d.next().is_some()))
+    });
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let left = staging().expect("the killed run left its staging directory");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        fs::symlink_metadata(&left).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let id = only_run(&root);
+    let out = super::cmd(
+        &root,
+        &["cleanup", &id, "--format", "json", "--grace-period", "1"],
+    )
+    .env_remove("DOCKER_HOST")
+    .env_remove("CONTAINER_HOST")
+    .output()
+    .unwrap();
+    let result = json_of(&out);
+    assert_exit(&out, 0);
+    assert!(!left.exists(), "{result:#}");
+    let name = left.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        result["cleanup"]["resources_removed"]
+            .to_string()
+            .contains(&name),
+        "{result:#}"
+    );
+    let mut rest: Vec<_> = fs::read_dir(&workspaces)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    rest.retain(|n| n.to_string_lossy().contains(&id));
+    assert!(rest.is_empty(), "{rest:?}");
+    assert_eq!(
+        engine_lines(&engine.url, &["ps", "-a", "-q"]),
+        Vec::<String>::new()
+    );
+    drop(engine);
+}

@@ -190,4 +190,29 @@ pub trait RuntimeBackend: Send + Sync {
         let _ = resources;
         self.cleanup_run(run_id, ids, grace).await
     }
+    /// [`RuntimeBackend::cleanup_recorded_run`] knowing where the run lived ([`RunPlace`]):
+    /// `agentdiff cleanup` calls this. A backend whose resources are named after the project (so
+    /// that two projects using the same run id never share one) or lie next to the run's private
+    /// workspace finds them from here; others keep the default.
+    async fn cleanup_run_at(
+        &self,
+        place: RunPlace<'_>,
+        run_id: &str,
+        ids: &[ProcessIdentity],
+        grace: Duration,
+        resources: Option<&serde_json::Value>,
+    ) -> CleanupReport {
+        let _ = place;
+        self.cleanup_recorded_run(run_id, ids, grace, resources)
+            .await
+    }
+}
+
+/// Where a recorded run lived on this machine.
+#[derive(Debug, Clone, Copy)]
+pub struct RunPlace<'a> {
+    /// The project root.
+    pub root: &'a std::path::Path,
+    /// The run's private workspace (which may be gone, or never have existed).
+    pub workspace: &'a std::path::Path,
 }

@@ -1,7 +1,8 @@
 //! Redaction before persistence and terminal-safe display (seed 000: defence in depth, not DLP).
 //!
 //! - argv: values of credential-bearing flags (`--token X`, `--password=X`, `--oauth2-bearer X`),
-//!   the password of `-u`/`--user`/`--proxy-user user:pass` (curl, wget…), the attached `-pPASS`
+//!   the password of `-u`/`--user`/`--proxy-user user:pass` (curl, wget…; a numeric `UID:GID`
+//!   after a container engine client, `podman run --user 65532:65532`, is kept), the attached `-pPASS`
 //!   after a MySQL-family program (a separate `-p X` is never guessed: `-p` means other things
 //!   elsewhere), sensitive header values after `-H`/`--header` (`X-Api-Key: K`,
 //!   `Authorization: Bearer T`, `Cookie: …`), `KEY=VALUE` words whose key looks sensitive,
@@ -60,6 +61,8 @@ const PASSWORD_P_PROGRAMS: &[&str] = &[
     "mariadb-admin",
 ];
 
+/// Container engine clients, whose `--user`/`-u` value is `uid[:gid]`, not `user:password`.
+const CONTAINER_ENGINES: &[&str] = &["podman", "docker", "nerdctl"];
 /// Flags whose value is `user[:password]`.
 const USER_PASS_FLAGS: &[&str] = &["-u", "--user", "--proxy-user", "-U"];
 /// Flags whose value is an HTTP header.
@@ -214,6 +217,8 @@ struct ArgvRedactor {
     pending: Option<Pending>,
     /// A MySQL-family program was seen: an attached `-pVALUE` is a password.
     password_p: bool,
+    /// A container engine client was seen: a numeric `--user UID:GID` is an identity.
+    container_engine: bool,
 }
 
 impl ArgvRedactor {
@@ -221,6 +226,22 @@ impl ArgvRedactor {
         let base = word.rsplit('/').next().unwrap_or(word);
         if PASSWORD_P_PROGRAMS.contains(&base) {
             self.password_p = true;
+        }
+        if CONTAINER_ENGINES.contains(&base) {
+            self.container_engine = true;
+        }
+    }
+
+    /// `user[:password]` redacted, except a container engine's numeric `UID:GID`: two decimal
+    /// ids are no secret, and the recorded engine argv must say which user ran the command.
+    fn user_pass(&self, value: &str) -> String {
+        let decimal =
+            |s: &str| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
+        match value.split_once(':') {
+            Some((uid, gid)) if self.container_engine && decimal(uid) && decimal(gid) => {
+                value.to_string()
+            }
+            _ => redact_user_pass(value),
         }
     }
 
@@ -235,7 +256,7 @@ impl ArgvRedactor {
         if let Some(p) = self.pending.take() {
             return match p {
                 Pending::Value => REDACTED.to_string(),
-                Pending::UserPass => redact_user_pass(arg),
+                Pending::UserPass => self.user_pass(arg),
                 Pending::Header => redact_header(arg)
                     .or_else(|| redact_word(arg))
                     .unwrap_or_else(|| arg.to_string()),
@@ -256,7 +277,7 @@ impl ArgvRedactor {
                 return arg.to_string();
             }
             if let Some(rest) = arg.strip_prefix("-u").filter(|r| r.contains(':')) {
-                return format!("-u{}", redact_user_pass(rest));
+                return format!("-u{}", self.user_pass(rest));
             }
             if let Some(rest) = arg.strip_prefix("-H").filter(|r| !r.is_empty()) {
                 if let Some(h) = redact_header(rest) {
@@ -619,6 +640,38 @@ mod tests {
             .chain(["--pass", REDACTED])
             .collect();
         assert_eq!(redact_argv(&argv), want);
+    }
+
+    #[test]
+    fn a_container_engines_numeric_user_is_kept_and_a_password_is_not() {
+        let engine = [
+            "/usr/bin/podman",
+            "run",
+            "--user",
+            "65532:65532",
+            "-u",
+            "1000:1000",
+            "--",
+            "img",
+        ];
+        assert_eq!(redact_argv(&engine), engine.to_vec());
+        for argv in [
+            ["curl", "--user", "name:password"],
+            ["curl", "--user", "1000:123456"],
+            ["docker", "--user", "name:password"],
+            ["docker", "--user", "1000:pw"],
+        ] {
+            let got = redact_argv(&argv);
+            assert_eq!(
+                got[2],
+                format!("{}:{REDACTED}", argv[2].split(':').next().unwrap()),
+                "{argv:?}"
+            );
+        }
+        assert_eq!(
+            redact_argv(&["curl", "-u1000:1000", "https://x"])[1],
+            format!("-u1000:{REDACTED}")
+        );
     }
 
     #[test]

@@ -285,8 +285,13 @@ pub async fn cleanup_run(
 ) -> Result<CleanupResult, CleanupError> {
     let run_id = capsule.id().to_string();
     let resources = processes.resources.as_ref();
+    let workspace = crate::workspace::workspace_dir(store, capsule.id());
+    let place = agentdiff_backend_api::RunPlace {
+        root: store.root(),
+        workspace: &workspace,
+    };
     let mut report = backend
-        .cleanup_recorded_run(&run_id, &processes.ids, grace, resources)
+        .cleanup_run_at(place, &run_id, &processes.ids, grace, resources)
         .await;
     if let Some(cg) = &processes.cgroup {
         remove_run_cgroup(cg, &mut report);
