@@ -22,6 +22,7 @@ pub mod ownership;
 pub mod remote;
 pub mod rootfs;
 mod running;
+mod siblings;
 
 pub use running::{ContainerFacts, EgressForwarderFacts, RootfsFacts};
 

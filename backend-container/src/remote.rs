@@ -480,9 +480,9 @@ pub async fn ship_out(
 fn staging_dir(workdir: &Path) -> Result<tempfile::TempDir, RemoteError> {
     let parent = workdir.parent().unwrap_or(Path::new("/"));
     tempfile::Builder::new()
-        .prefix(&crate::cleanup::sibling_prefix(
+        .prefix(&crate::siblings::sibling_prefix(
             workdir,
-            crate::cleanup::STAGING_DIR,
+            crate::siblings::STAGING_DIR,
         ))
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir_in(parent)

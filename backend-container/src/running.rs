@@ -204,9 +204,9 @@ fn client_args(
 /// after it (`.<run>.cid-XXXXXX`), so that `agentdiff cleanup` finds it after a killed run.
 fn private_cid_file(workdir: &std::path::Path) -> Result<(tempfile::TempDir, std::path::PathBuf)> {
     let dir = tempfile::Builder::new()
-        .prefix(&crate::cleanup::sibling_prefix(
+        .prefix(&crate::siblings::sibling_prefix(
             workdir,
-            crate::cleanup::CID_DIR,
+            crate::siblings::CID_DIR,
         ))
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir_in(workdir.parent().unwrap_or(std::path::Path::new("/")))

@@ -146,48 +146,55 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        "volume" => {
-            let named = argv.iter().any(|a| a == FAKE_VOLUME);
-            let exists = named && state_dir().join("volume").exists();
-            match argv.get(1).map(String::as_str) {
-                Some("inspect") if exists => ExitCode::SUCCESS,
-                Some("rm") => {
-                    if exists {
-                        let _ = std::fs::remove_dir_all(state_dir().join("volume"));
-                    }
-                    ExitCode::SUCCESS
-                }
-                _ => {
-                    eprintln!("Error: no such volume");
-                    ExitCode::from(1)
-                }
-            }
-        }
-        "rm" | "stop" => {
-            if first == "rm" && argv.iter().any(|a| a == FAKE_CID) {
-                if argv.iter().any(|a| a == "-v") {
-                    let _ = std::fs::remove_dir_all(state_dir().join("volume"));
-                }
-                let _ = std::fs::write(state_dir().join("removed"), "");
-            }
-            if let Ok(pid) = std::fs::read_to_string(state_dir().join("run.pid")) {
-                if let Ok(pid) = pid.trim().parse::<u32>() {
-                    // The container's processes end with it; then the `run` itself.
-                    kill_descendants(pid);
-                    // SAFETY: plain kill(2) on a pid this fake wrote itself.
-                    unsafe {
-                        libc::kill(pid as i32, libc::SIGKILL);
-                    }
-                }
-            }
-            ExitCode::SUCCESS
-        }
+        "volume" => volume(&argv),
+        "rm" | "stop" => remove_or_stop(&argv),
         "run" => run(&argv[1..], None),
         _ => {
             eprintln!("fake engine: unsupported invocation {argv:?}");
             ExitCode::from(125)
         }
     }
+}
+
+/// `volume inspect|rm NAME`: the fake's one volume, present until removed.
+fn volume(argv: &[String]) -> ExitCode {
+    let named = argv.iter().any(|a| a == FAKE_VOLUME);
+    let exists = named && state_dir().join("volume").exists();
+    match argv.get(1).map(String::as_str) {
+        Some("inspect") if exists => ExitCode::SUCCESS,
+        Some("rm") => {
+            if exists {
+                let _ = std::fs::remove_dir_all(state_dir().join("volume"));
+            }
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("Error: no such volume");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `rm [-f] [-v] ID` and `stop ID`: the container (with its volume under `-v`) goes; the running
+/// `run` and everything it started end.
+fn remove_or_stop(argv: &[String]) -> ExitCode {
+    if argv.first().map(String::as_str) == Some("rm") && argv.iter().any(|a| a == FAKE_CID) {
+        if argv.iter().any(|a| a == "-v") {
+            let _ = std::fs::remove_dir_all(state_dir().join("volume"));
+        }
+        let _ = std::fs::write(state_dir().join("removed"), "");
+    }
+    if let Ok(pid) = std::fs::read_to_string(state_dir().join("run.pid")) {
+        if let Ok(pid) = pid.trim().parse::<u32>() {
+            // The container's processes end with it; then the `run` itself.
+            kill_descendants(pid);
+            // SAFETY: plain kill(2) on a pid this fake wrote itself.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn record(argv: &[String]) -> std::io::Result<()> {
