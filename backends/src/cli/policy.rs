@@ -309,7 +309,7 @@ fn explain_host(loaded: &LoadedPolicy, text: &str, format: Format) -> anyhow::Re
                 // Said because a name can still be refused by what it resolves to.
                 print_lines(&[(
                     "address",
-                    "checked when a run resolves the name: a loopback, private, link-local or \
+                    "checked when a run resolves the name: a loopback, private, link-scoped or \
                      other internal address is refused unless an allow pattern writes it out"
                         .to_owned(),
                 )]);
