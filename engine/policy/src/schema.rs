@@ -412,14 +412,21 @@ impl Checker {
         match node {
             Node::Int(i) => match u64::try_from(*i) {
                 Ok(v) => Some(v),
+                Err(_) if *i > 0 => {
+                    self.problem(out_of_range(path, &i.to_string()));
+                    None
+                }
                 Err(_) => {
-                    self.problem(format!(
-                        "{path} must be a non-negative integer (got {})",
-                        node.kind()
-                    ));
+                    self.problem(format!("{path} must be a non-negative integer (got {i})"));
                     None
                 }
             },
+            // An integer too long for the parser's integers arrives as a float: the same "too
+            // large", not "got a decimal number".
+            Node::Float(f) if f.is_finite() && f.fract() == 0.0 && *f > u64::MAX as f64 => {
+                self.problem(out_of_range(path, &format!("{f:e}")));
+                None
+            }
             other => {
                 self.problem(format!(
                     "{path} must be a non-negative integer (got {})",
@@ -1133,4 +1140,12 @@ fn is_identifier(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// The problem for a non-negative integer beyond what a policy number holds.
+fn out_of_range(path: &str, number: &str) -> String {
+    format!(
+        "{path} is out of range: {number} is too large (the maximum is {})",
+        u64::MAX
+    )
 }

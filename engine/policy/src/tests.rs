@@ -56,6 +56,17 @@ fn wrong_types_carry_the_full_path() {
         p[0].starts_with("limits.files_changed must be a non-negative integer"),
         "{p:?}"
     );
+    let p = problems("version: 1\nlimits:\n  files_changed: -1\n");
+    assert!(p[0].contains("(got -1)"), "{p:?}");
+    for big in ["18446744073709551616", "99999999999999999999999", "1e40"] {
+        let p = problems(&format!("version: 1\nlimits:\n  files_changed: {big}\n"));
+        assert!(
+            p[0].starts_with("limits.files_changed is out of range")
+                && p[0].contains("too large (the maximum is 18446744073709551615)"),
+            "{big}: {p:?}"
+        );
+    }
+    assert!(parse("version: 1\nlimits:\n  files_changed: 18446744073709551615\n").is_ok());
     let p = problems("version: 1\nlimits:\n  duration_seconds: 1.5\n");
     assert!(p[0].starts_with("limits.duration_seconds must be a non-negative integer"));
     let p = problems("version: 1\nlimits:\n  processes_spawned: \"8\"\n");
