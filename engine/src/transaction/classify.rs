@@ -146,14 +146,14 @@ pub fn classify_uncaptured(policy: &Policy, changes: &[UnsupportedChange]) -> Ve
                 kind: "uncaptured_denied".into(),
                 action: Action::Deny,
                 detail: format!(
-                    "{}: {} {:?} where the policy denies writes ({}); it could not be captured, \
+                    "{}: {} {} where the policy denies writes ({}); it could not be captured, \
                      so it cannot be shown or rolled back",
-                    agentdiff_host::redact::escape_terminal(&u.path),
+                    u.path,
                     u.after_kind
                         .as_deref()
                         .or(u.before_kind.as_deref())
                         .unwrap_or("entry"),
-                    u.change_type,
+                    super::decide::change_word(u.change_type),
                     d.rule
                 ),
                 process: None,
@@ -242,7 +242,7 @@ fn program_finding(
         detail: format!(
             "{}: {verb} {} (mode {:o}) in an excluded directory: not captured or backed up, and \
              it may run later outside the sandbox{}",
-            agentdiff_host::redact::escape_terminal(&p.path),
+            p.path,
             p.reason.describe(),
             p.mode,
             denied_words(&decided)
@@ -311,10 +311,7 @@ fn git_metadata_findings(
                     programs::ProgramChangeType::Created => "new",
                     programs::ProgramChangeType::Modified => "changed",
                 };
-                format!(
-                    "{verb} {}",
-                    agentdiff_host::redact::escape_terminal(&c.program.path)
-                )
+                format!("{verb} {}", c.program.path)
             })
             .collect();
         let more = changes.len().saturating_sub(MAX_GIT_PATHS_SHOWN);
@@ -330,7 +327,7 @@ fn git_metadata_findings(
                 "{}: git metadata created or changed in an excluded directory ({}{more}): not \
                  captured or backed up, and git runs code from it (hooks, core.fsmonitor, \
                  core.pager) when used there{}",
-                agentdiff_host::redact::escape_terminal(dir),
+                dir,
                 shown.join(", "),
                 decided.as_ref().map(denied_words).unwrap_or_default()
             ),
@@ -379,10 +376,7 @@ pub fn classify_incomplete(incomplete: &[String]) -> Vec<EvidenceFinding> {
         .map(|why| EvidenceFinding {
             kind: "comparison_incomplete".into(),
             action: Action::Deny,
-            detail: format!(
-                "the before/after comparison is incomplete: {}",
-                agentdiff_host::redact::escape_terminal(why)
-            ),
+            detail: format!("the before/after comparison is incomplete: {}", why),
             process: None,
             container: None,
         })

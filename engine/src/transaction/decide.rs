@@ -16,7 +16,6 @@ use super::classify::{
 use super::findings::{evidence_findings, with_findings};
 use super::{Refusal, VerifiedControl};
 use agentdiff_backend_api::{BackendError, ExitInfo, FailureKind, RunEvidence};
-use agentdiff_host::redact;
 use agentdiff_policy::score;
 use agentdiff_policy::{Action, Decision, Policy, Weights};
 use agentdiff_scan::{self as fs, Manifest};
@@ -327,6 +326,15 @@ pub(super) fn runtime_summary(
 }
 
 /// What could not be observed or captured: each makes the run need review.
+/// How a change type reads in a warning ("created", not the type's name).
+pub(crate) fn change_word(change: fs::ChangeType) -> &'static str {
+    match change {
+        fs::ChangeType::Created => "created",
+        fs::ChangeType::Modified => "modified",
+        fs::ChangeType::Deleted => "deleted",
+    }
+}
+
 pub fn observation_warnings(
     before: &Manifest,
     after: &Manifest,
@@ -342,11 +350,12 @@ pub fn observation_warnings(
             .as_deref()
             .or(u.before_kind.as_deref())
             .unwrap_or("entry");
+        // Recorded as is: every renderer escapes warnings for its own output once.
         warnings.push(format!(
-            "{}: {} {:?} — not captured",
-            redact::escape_terminal(&u.path),
+            "{}: {} {} — not captured",
+            u.path,
             kind,
-            u.change_type
+            change_word(u.change_type)
         ));
     }
     // Content that could not be captured after the run (too large, unreadable, changed while it
@@ -359,19 +368,13 @@ pub fn observation_warnings(
         if new_problem && comparison.after_unsupported_entries.contains(&u.path) {
             warnings.push(format!(
                 "{}: {} ({}) — not captured",
-                redact::escape_terminal(&u.path),
-                u.kind,
-                u.reason
+                u.path, u.kind, u.reason
             ));
         }
     }
     for c in &comparison.changes {
         if let Some(note) = &c.unverified {
-            warnings.push(format!(
-                "{}: {}",
-                redact::escape_terminal(&c.path),
-                redact::escape_terminal(note)
-            ));
+            warnings.push(format!("{}: {note}", c.path));
         }
     }
     for e in &run.ports.errors {
