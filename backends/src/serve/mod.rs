@@ -123,6 +123,13 @@ impl Server {
     /// Checks a request and routes it.
     pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Result<Response<Body>, Infallible> {
         let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+        // Two Host headers are ambiguous: a proxy in front may route by the other one.
+        if req.headers().get_all(HOST).iter().nth(1).is_some() {
+            return Ok(text(
+                StatusCode::BAD_REQUEST,
+                "bad request: more than one Host header",
+            ));
+        }
         let host_ok = auth::host_allowed(header(HOST), self.port)
             && req
                 .uri()

@@ -85,6 +85,18 @@ fn serve_refuses_a_missing_or_wrong_token_and_a_foreign_host() {
     assert_eq!(wrong.len(), token.len());
 
     assert_eq!(request(port, "GET", "/", &host, "").0, 401);
+    // Two Host headers, even the right one twice, are refused before the token is looked at.
+    for second in ["evil.com", host.as_str()] {
+        let (status, body) = request(
+            port,
+            "GET",
+            &format!("/?token={token}"),
+            &host,
+            &format!("Host: {second}\r\n"),
+        );
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("more than one Host header"), "{body}");
+    }
     assert_eq!(
         request(port, "GET", &format!("/?token={wrong}"), &host, "").0,
         401
