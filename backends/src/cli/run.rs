@@ -136,44 +136,77 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
+/// The longest duration a flag takes: longer is surely a typo, and every caller can add it to
+/// the current time without overflowing. A year is 365.25 days, as humantime counts it.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
 /// A `--timeout`-style value that is not a duration.
 #[derive(Debug)]
 pub struct NotADuration {
     text: String,
-    source: humantime::DurationError,
+    reason: DurationProblem,
+}
+
+#[derive(Debug)]
+enum DurationProblem {
+    Unparsed(humantime::DurationError),
+    TooLong,
 }
 
 impl std::fmt::Display for NotADuration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "`{}` is not a duration (use seconds, or 90s, 5m, 1h): {}",
-            self.text, self.source
-        )
+        match &self.reason {
+            DurationProblem::Unparsed(e) => write!(
+                f,
+                "`{}` is not a duration (use seconds, or 90s, 5m, 1h): {e}",
+                self.text
+            ),
+            DurationProblem::TooLong => write!(
+                f,
+                "`{}` is out of range: a duration is at most {} ({} seconds)",
+                self.text,
+                humantime::format_duration(MAX_DURATION),
+                MAX_DURATION.as_secs()
+            ),
+        }
     }
 }
 
 impl std::error::Error for NotADuration {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
+        match &self.reason {
+            DurationProblem::Unparsed(e) => Some(e),
+            DurationProblem::TooLong => None,
+        }
     }
 }
 
-/// Parse `30`, `30s`, `5m`, `1h`, `1500ms`.
+/// Parse `30`, `30s`, `5m`, `1h`, `1500ms`; at most [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, NotADuration> {
     let text = text.trim();
-    if let Ok(secs) = text.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    if let Ok(secs) = text.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_duration(text).map_err(|source| NotADuration {
+    let fail = |reason| NotADuration {
         text: text.to_string(),
-        source,
-    })
+        reason,
+    };
+    let parsed = if let Ok(secs) = text.parse::<u64>() {
+        Duration::from_secs(secs)
+    } else if let Some(d) = text
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+    {
+        // Beyond what a Duration holds: out of range, like any value over the maximum.
+        Duration::try_from_secs_f64(d).map_err(|_| fail(DurationProblem::TooLong))?
+    } else {
+        humantime::parse_duration(text).map_err(|e| match e {
+            humantime::DurationError::NumberOverflow => fail(DurationProblem::TooLong),
+            e => fail(DurationProblem::Unparsed(e)),
+        })?
+    };
+    if parsed > MAX_DURATION {
+        return Err(fail(DurationProblem::TooLong));
+    }
+    Ok(parsed)
 }
 
 /// Id of the clap argument behind a backend flag alias.
@@ -773,5 +806,38 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1").is_err());
+        assert_eq!(parse_duration("100y").unwrap(), MAX_DURATION);
+        for huge in [
+            "1e30",
+            "1e20",
+            "18446744073709551615",
+            "1e300",
+            "101y",
+            "99999999999999999999999h",
+        ] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(e.to_string().contains("out of range"), "{huge}: {e}");
+        }
+        for bad in ["nan", "inf", "-inf", "-0.5", "NaN", "+inf", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text gives a duration within the bound or an error, never a panic.
+        #[test]
+        fn durations_never_panic(text in "\\PC*") {
+            if let Ok(d) = parse_duration(&text) {
+                proptest::prop_assert!(d <= MAX_DURATION);
+            }
+        }
+
+        #[test]
+        fn numeric_durations_never_panic(n in proptest::num::f64::ANY, unit in "(|s|ms|m|h|d|y|e9|e30)") {
+            let text = format!("{n}{unit}");
+            if let Ok(d) = parse_duration(&text) {
+                proptest::prop_assert!(d <= MAX_DURATION);
+            }
+        }
     }
 }
