@@ -90,8 +90,8 @@ pub struct Args {
     /// CIDR); recorded in the run's effective policy. Where it is enforced: docs/network.md.
     #[arg(long = "allow-host", value_name = "PATTERN")]
     allow_host: Vec<String>,
-    /// With --scrub-env: also pass this variable (repeatable).
-    #[arg(long = "pass-env", value_name = "NAME")]
+    /// With --scrub-env: also pass this variable (repeatable; a name, not NAME=VALUE).
+    #[arg(long = "pass-env", value_name = "NAME", value_parser = parse_env_name)]
     pass_env: Vec<String>,
     /// Seconds between TERM and KILL when cleaning up leftover processes.
     #[arg(long, default_value = "2", value_parser = parse_duration)]
@@ -207,6 +207,20 @@ pub fn parse_duration(text: &str) -> Result<Duration, NotADuration> {
         return Err(fail(DurationProblem::TooLong));
     }
     Ok(parsed)
+}
+
+/// A `--pass-env` value: a variable name, never `NAME=VALUE` (which would pass nothing and
+/// read as if it set a value).
+fn parse_env_name(text: &str) -> Result<String, String> {
+    if agentdiff_backend_api::descriptor::valid_env_name(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "`{}` is not a variable name ([A-Za-z_][A-Za-z0-9_]*); --pass-env takes a name \
+             and passes the variable's current value",
+            escape_terminal(text)
+        ))
+    }
 }
 
 /// Id of the clap argument behind a backend flag alias.
