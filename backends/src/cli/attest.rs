@@ -3,6 +3,7 @@
 //! public key (`agentdiff key show`). Also the readers `verify` uses for trusted keys and
 //! envelopes.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -13,7 +14,7 @@ use agentdiff_store::attest::{self, AttestError, Envelope};
 use agentdiff_store::seal::{PublicKey, SigningKey, StateDir};
 use agentdiff_store::{Capsule, Store, Verdict};
 
-use crate::common::exit;
+use crate::common::{exit, outfile};
 
 /// Largest attestation or trusted-keys file read.
 const MAX_INPUT: u64 = 64 << 20;
@@ -25,8 +26,9 @@ user's key): an attestation never signs more than the seal proves. The envelope 
 this user's Ed25519 signing key ($AGENTDIFF_SIGNING_KEY_FILE, else signing.key in the state \
 directory, created on first use). Its subjects are the files the run left changed (path and \
 SHA-256) and the capsule (agentdiff-capsule:RUN, the seal's digest).\n\n\
-Exit codes: 0 written; 77 the run is intact but not authenticated here; 67 forged or unsealed; \
-66 no such run."
+Exit codes: 0 written; 64 the --out file cannot be opened or is not a regular file (a symlink \
+is never followed); 76 it could not be written; 77 the run is intact but not authenticated \
+here; 67 forged or unsealed; 66 no such run."
 )]
 pub struct Args {
     /// The run id (see `agentdiff runs`).
@@ -48,7 +50,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map_err(|e| exit::with_code(exit::NO_SUCH_RUN, e))?;
     let bytes = attestation(&store, &capsule, &root)?;
     match &args.out {
-        Some(path) => write_attestation(path, &bytes)?,
+        Some(path) => {
+            let mut file = open_out(path)?;
+            write_attestation(path, &mut file, &bytes)
+                .map_err(|e| exit::with_code(exit::SUMMARY_NOT_WRITTEN, e))?;
+        }
         None => out!("{}", String::from_utf8_lossy(&bytes)),
     }
     Ok(ExitCode::SUCCESS)
@@ -88,16 +94,30 @@ pub fn signing_key(root: &Path) -> anyhow::Result<SigningKey> {
     SigningKey::load_or_create(&state, root).map_err(|e| exit::with_code(exit::INVALID_CONFIG, e))
 }
 
-/// Writes an attestation to `path` (created or replaced).
-pub fn write_attestation(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    std::fs::write(path, bytes)
-        .with_context(|| {
-            format!(
-                "cannot write the attestation to {}",
+/// Opens the attestation's output file (`--out`, `run --attest`): a path that cannot be opened,
+/// a symlink or anything but a regular file is a usage error. `run` opens it before the command
+/// runs and writes through this descriptor after the seal, so nothing the command plants at the
+/// path is written through or blocked on.
+pub fn open_out(path: &Path) -> anyhow::Result<File> {
+    outfile::open(path, outfile::Mode::Replace).map_err(|e| {
+        exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!(
+                "cannot open {} for the attestation: {e}",
                 escape_terminal(&path.display().to_string())
-            )
-        })
-        .map_err(|e| exit::with_code(exit::INTERNAL, e))
+            ),
+        )
+    })
+}
+
+/// Replaces the content of the output file opened by [`open_out`] with the attestation.
+pub fn write_attestation(path: &Path, file: &mut File, bytes: &[u8]) -> anyhow::Result<()> {
+    outfile::write(file, outfile::Mode::Replace, bytes).with_context(|| {
+        format!(
+            "cannot write the attestation to {}",
+            escape_terminal(&path.display().to_string())
+        )
+    })
 }
 
 /// The public keys in a trusted-keys file; a file that cannot be read or holds anything that is

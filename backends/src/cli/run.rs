@@ -23,6 +23,7 @@ use agentdiff_scan::ScanProgress;
 use agentdiff_store::{Store, StoreError};
 
 use crate::common::exit;
+use crate::common::outfile::{self, Mode};
 use agentdiff_host::redact::escape_terminal;
 use agentdiff_report::terminal as report;
 use agentdiff_report::{markdown, RunView};
@@ -115,12 +116,13 @@ pub struct Args {
     /// to this file, e.g. "$GITHUB_STEP_SUMMARY". The file is created if missing; if it cannot be
     /// written the file is refused before anything runs (exit 64); if writing fails after
     /// the run, the run stays recorded and sealed and agentdiff exits 76 (or the run's own
-    /// non-zero code).
+    /// non-zero code). A symlink or anything but a regular file is refused (exit 64).
     #[arg(long, value_name = "FILE")]
     summary_file: Option<PathBuf>,
     /// After the run, write its signed attestation (as `agentdiff attest RUN --out FILE`) to this
-    /// file. If it cannot be written, the run stays recorded and sealed and agentdiff exits 76
-    /// (or the run's own non-zero code).
+    /// file. It is opened before anything runs: a path that cannot be opened, a symlink or
+    /// anything but a regular file is refused (exit 64). If writing fails after the run, the run
+    /// stays recorded and sealed and agentdiff exits 76 (or the run's own non-zero code).
     #[arg(long, value_name = "FILE")]
     attest: Option<PathBuf>,
     /// KEY=VALUE option of the chosen backend (repeatable); `agentdiff doctor` lists each
@@ -431,7 +433,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => Vec::new(),
     };
 
-    let summary = args.summary_file.as_deref().map(open_summary).transpose()?;
+    let summary = args
+        .summary_file
+        .as_deref()
+        .map(|p| open_output("--summary-file", p, Mode::Append))
+        .transpose()?;
+    let attest_out = args
+        .attest
+        .as_deref()
+        .map(|p| open_output("--attest", p, Mode::Replace))
+        .transpose()?;
     // One run per project at a time; held until the capsule is sealed and the process exits.
     let store = Store::open(&root).map_err(|e| exit::with_code(exit::INTERNAL, e))?;
     let _lock = crate::common::context::lock_store(&store, args.wait)?;
@@ -524,9 +535,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (Some(path), Some(file)) => append_summary(&store, &outcome, (path, file), code),
         _ => code,
     };
-    let code = match &args.attest {
-        Some(path) => write_run_attestation(&store, &outcome, &root, path, code),
-        None => code,
+    let code = match (&args.attest, attest_out) {
+        (Some(path), Some(file)) => {
+            write_run_attestation(&store, &outcome, &root, (path, file), code)
+        }
+        _ => code,
     };
     Ok(ExitCode::from(code))
 }
@@ -537,15 +550,16 @@ fn write_run_attestation(
     store: &Store,
     outcome: &RunOutcome,
     root: &std::path::Path,
-    path: &std::path::Path,
+    out: (&std::path::Path, std::fs::File),
     code: u8,
 ) -> u8 {
+    let (path, mut file) = out;
     let id = &outcome.result.run_id;
     let written = store
         .open_run(id)
         .map_err(anyhow::Error::from)
         .and_then(|capsule| super::attest::attestation(store, &capsule, root))
-        .and_then(|bytes| super::attest::write_attestation(path, &bytes));
+        .and_then(|bytes| super::attest::write_attestation(path, &mut file, &bytes));
     match written {
         Ok(()) => code,
         Err(e) => {
@@ -573,7 +587,6 @@ fn append_summary(
     summary: (&std::path::Path, std::fs::File),
     code: u8,
 ) -> u8 {
-    use std::io::Write as _;
     let (path, mut file) = summary;
     let id = &outcome.result.run_id;
     let written = store
@@ -587,14 +600,13 @@ fn append_summary(
             )
         })
         .and_then(|view| {
-            file.write_all(markdown::render(&view).as_bytes())
-                .and_then(|()| file.flush())
-                .map_err(|e| {
-                    format!(
-                        "cannot append the report to {}: {e}",
-                        escape_terminal(&path.display().to_string())
-                    )
-                })
+            let bytes = markdown::render(&view);
+            outfile::write(&mut file, Mode::Append, bytes.as_bytes()).map_err(|e| {
+                format!(
+                    "cannot append the report to {}: {e}",
+                    escape_terminal(&path.display().to_string())
+                )
+            })
         });
     match written {
         Ok(()) => code,
@@ -614,23 +626,20 @@ fn append_summary(
     }
 }
 
-/// Open the summary file for appending before the run: a bad path is refused before anything
-/// runs, and the file written after the run is the one named now (the command cannot swap it for
-/// a symlink to somewhere else in between).
-fn open_summary(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| {
-            exit::with_code(
-                exit::USAGE,
-                anyhow::anyhow!(
-                    "--summary-file {}: cannot open it for appending: {e} (nothing was run)",
-                    escape_terminal(&path.display().to_string())
-                ),
-            )
-        })
+/// Open a file written after the run (`--summary-file`, `--attest`) before the run: a bad path is
+/// refused before anything runs, and the file written after the run is the one named now (the
+/// command cannot swap it for a symlink to somewhere else in between). A symlink, FIFO or device
+/// is refused: it would be written through or block the run.
+fn open_output(flag: &str, path: &std::path::Path, mode: Mode) -> anyhow::Result<std::fs::File> {
+    outfile::open(path, mode).map_err(|e| {
+        exit::with_code(
+            exit::USAGE,
+            anyhow::anyhow!(
+                "{flag} {}: cannot open it for writing: {e} (nothing was run)",
+                escape_terminal(&path.display().to_string())
+            ),
+        )
+    })
 }
 
 /// Controls that the given probe records verified for this backend, options and host.
