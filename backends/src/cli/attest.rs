@@ -71,21 +71,71 @@ pub fn attestation(store: &Store, capsule: &Capsule, root: &Path) -> anyhow::Res
         env!("CARGO_PKG_VERSION"),
         key.id(),
     )
-    .map_err(|e| {
-        let code = match &e {
-            AttestError::NotAuthenticated {
-                verdict: Verdict::IntactNotAuthenticated,
-                ..
-            } => exit::UNAUTHENTICATED,
-            _ => exit::INVALID_CAPSULE,
-        };
-        exit::with_code(code, e)
+    .map_err(|e| match e {
+        AttestError::NotAuthenticated {
+            run_id,
+            verdict,
+            detail,
+        } => not_attested(&run_id, verdict, &detail, capsule, store, &ctx),
+        e => exit::with_code(exit::INVALID_CAPSULE, e),
     })?;
     let envelope =
         attest::sign(&statement, &key).map_err(|e| exit::with_code(exit::INTERNAL, e))?;
     let mut bytes = serde_json::to_vec_pretty(&envelope).context("serialising the envelope")?;
     bytes.push(b'\n');
     Ok(bytes)
+}
+
+/// Why a run that does not verify as authenticated is not attested, named as `verify` names it
+/// (the seal's own detail alone can read as a success: "the HMAC checks under this key").
+fn not_attested(
+    run_id: &str,
+    verdict: Verdict,
+    detail: &str,
+    capsule: &Capsule,
+    store: &Store,
+    ctx: &agentdiff_store::seal::VerifyContext,
+) -> anyhow::Error {
+    let id = escape_terminal(run_id);
+    let (code, why) = match verdict {
+        Verdict::IntactNotAuthenticated => (
+            exit::UNAUTHENTICATED,
+            format!(
+                "it matches its seal, but the seal is NOT authenticated here: {}",
+                escape_terminal(detail)
+            ),
+        ),
+        Verdict::Unsealed => (
+            exit::INVALID_CAPSULE,
+            "it is UNSEALED: the run never finished".to_string(),
+        ),
+        Verdict::Forged | Verdict::Authenticated => {
+            let problems = capsule
+                .verify_with(store.objects(), ctx)
+                .map(|r| {
+                    r.problems
+                        .iter()
+                        .map(|p| format!("{}: {}", p.subject, p.problem))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            let listed = match problems.as_slice() {
+                [] => String::new(),
+                some => format!(" ({})", escape_terminal(&some.join("; "))),
+            };
+            (
+                exit::INVALID_CAPSULE,
+                format!("it is FORGED: it does not match what agentdiff sealed{listed}"),
+            )
+        }
+    };
+    exit::with_code(
+        code,
+        anyhow::anyhow!(
+            "cannot attest run '{id}': {why}; an attestation never signs more than the seal \
+             proves (`agentdiff verify {id}` shows the details)"
+        ),
+    )
 }
 
 /// This user's signing key (created on first use), or the one $AGENTDIFF_SIGNING_KEY_FILE names.
