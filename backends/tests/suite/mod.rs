@@ -30,6 +30,7 @@ mod hook_install_files_cli;
 mod hook_shell_cli;
 pub mod html_cli;
 mod markdown_cli;
+mod output_files_cli;
 mod planted_programs_cli;
 mod policy_cli;
 mod process_evidence_cli;
