@@ -433,16 +433,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => Vec::new(),
     };
 
-    let summary = args
-        .summary_file
-        .as_deref()
-        .map(|p| open_output("--summary-file", p, Mode::Append))
-        .transpose()?;
-    let attest_out = args
-        .attest
-        .as_deref()
-        .map(|p| open_output("--attest", p, Mode::Replace))
-        .transpose()?;
+    let (summary, attest_out) = open_outputs(&args)?;
     // One run per project at a time; held until the capsule is sealed and the process exits.
     let store = Store::open(&root).map_err(|e| exit::with_code(exit::INTERNAL, e))?;
     let _lock = crate::common::context::lock_store(&store, args.wait)?;
@@ -624,6 +615,21 @@ fn append_summary(
             }
         }
     }
+}
+
+/// The `--summary-file` and `--attest` files, opened before the run (see [`open_output`]).
+fn open_outputs(args: &Args) -> anyhow::Result<(Option<std::fs::File>, Option<std::fs::File>)> {
+    let summary = args
+        .summary_file
+        .as_deref()
+        .map(|p| open_output("--summary-file", p, Mode::Append))
+        .transpose()?;
+    let attest = args
+        .attest
+        .as_deref()
+        .map(|p| open_output("--attest", p, Mode::Replace))
+        .transpose()?;
+    Ok((summary, attest))
 }
 
 /// Open a file written after the run (`--summary-file`, `--attest`) before the run: a bad path is
