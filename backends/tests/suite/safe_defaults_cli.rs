@@ -1083,3 +1083,43 @@ fn a_command_that_fills_the_disk_is_still_sealed_and_rolled_back() {
         .any(|c| c["path"] == "keep.txt");
     assert!(deleted, "{result:#}");
 }
+
+/// A disk too full to hold the store's reserve before the launch: nothing is launched, the run
+/// is sealed as `error` saying the disk is full and what to do, and it verifies.
+#[test]
+fn a_disk_too_full_for_the_reserve_refuses_the_launch_and_says_so() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("proj");
+    fs::create_dir_all(&root).unwrap();
+    let bin = super::bin().display().to_string();
+    let script = format!(
+        "mount -t tmpfs -o size=8m,mode=0700 tmpfs '{root}' && cd '{root}' && \
+         printf keep > keep.txt && dd if=/dev/zero of=fill bs=64k 2>/dev/null; \
+         truncate -s -512K fill && \
+         '{bin}' run --run-id nf1 -- touch ran.txt >/dev/null 2>run.err; echo \"rc=$?\"; \
+         cat run.err; test -e ran.txt && echo RAN; \
+         '{bin}' verify nf1 >/dev/null 2>&1; echo \"verify=$?\"",
+        root = root.display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .current_dir(t.path())
+        .env_remove("AGENTDIFF_POLICY")
+        .env("AGENTDIFF_STATE_DIR", super::state_dir())
+        .env("HOME", NO_HOME)
+        .output()
+        .unwrap();
+    let shown = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    if stderr.contains("mount:") || stderr.contains("unshare:") {
+        agentdiff_conformance::skip_unless_required("a private tmpfs mount (unshare -m, root)");
+        return;
+    }
+    assert!(shown.contains("rc=70"), "{shown}\n{stderr}");
+    assert!(!shown.contains("RAN"), "the command ran: {shown}");
+    assert!(
+        shown.contains("the disk holding the store is full") && shown.contains("free space"),
+        "{shown}"
+    );
+    assert!(shown.contains("verify=0"), "{shown}\n{stderr}");
+}

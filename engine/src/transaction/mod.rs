@@ -139,6 +139,9 @@ pub enum Refusal {
     Internal,
     /// `capture.require_backups`: a backup could not be written, so nothing was launched.
     BackupsMissing,
+    /// The store's disk could not hold the reserve that records and seals a run, so nothing was
+    /// launched.
+    StoreFull,
 }
 
 /// Resolve and check the project root.
@@ -234,23 +237,18 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let claims = guard::Claims::new(recorded.is_some(), &store, &capsule);
     // The root trees name every tree object and backup below them: sealing them seals those.
     let mut referenced = vec![before.root_tree.clone()];
-    let require_backups = policy.capture().require_backups;
-    if let Some(message) = require_backups
-        .then(|| capture::missing_backups(&before))
-        .flatten()
-    {
+    let reserve = reserve::Reserve::hold(&store); // before the snapshot, which watches it
+    if let Some((message, refusal)) = launch_blocker(policy, &before, &reserve) {
         abandon(early, ()).await;
         if claims.any() {
             let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
             claims.settle(&snapshot, &mut before, &mut referenced)?;
         }
-        let refusal = Some(Refusal::BackupsMissing);
-        return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
+        return sealer.seal_not_run(Status::Error, Some(message), Some(refusal), &referenced);
     }
     let workdir = command_workdir(&store, &capsule, &root, private_workspace)?;
     // Launch.
-    let (store_snapshot, reserve) = match snapshot_before_launch(&store, &recent, objects_snapshot)
-    {
+    let store_snapshot = match snapshot_before_launch(&store, &recent, objects_snapshot) {
         Ok(snapshot) => snapshot,
         Err(e) => return Err(abandon(early, e.into()).await),
     };
@@ -372,16 +370,31 @@ fn after_captured(
 /// The store just before the launch: what agentdiff wrote before it is checked against this
 /// after the command ran. What was written so far starts becoming durable as the command starts
 /// (the seal waits for it).
-/// The store snapshot, with the store's reserve made first so that the snapshot watches it.
 fn snapshot_before_launch(
     store: &Store,
     recent: &[String],
     objects: ObjectsSnapshot,
-) -> Result<(agentdiff_store::StoreSnapshot, reserve::Reserve), agentdiff_store::StoreError> {
-    let reserve = reserve::Reserve::hold(store);
+) -> Result<agentdiff_store::StoreSnapshot, agentdiff_store::StoreError> {
     let snapshot = store.snapshot_with(recent, objects)?;
     store.objects().pending().flush_ahead();
-    Ok((snapshot, reserve))
+    Ok(snapshot)
+}
+
+/// Why the command must not be launched after the before-capture: a backup missing under
+/// `capture.require_backups`, or no room on the store's disk to record the run.
+fn launch_blocker(
+    policy: &agentdiff_policy::Policy,
+    before: &capture::Captured,
+    reserve: &reserve::Reserve,
+) -> Option<(String, Refusal)> {
+    let missing = policy
+        .capture()
+        .require_backups
+        .then(|| capture::missing_backups(before))
+        .flatten();
+    missing
+        .map(|m| (m, Refusal::BackupsMissing))
+        .or_else(|| reserve.refusal().map(|m| (m, Refusal::StoreFull)))
 }
 
 /// A run whose command ran but whose after-capture failed: sealed as an error that never reads as

@@ -6,9 +6,11 @@
 //! lists) and is a regular file of this user created without following links; it exists before
 //! the store snapshot, so a command that removes or changes it is a tamper finding.
 //!
+//! A disk too full to hold the reserve before the launch refuses the launch (nothing runs): a
+//! command started then could not be recorded.
+//!
 //! Not defended: a filesystem that compresses or deduplicates zeros gives back less than it
-//! seems to hold; a disk already full before the launch leaves no reserve (the run goes on, as
-//! before).
+//! seems to hold.
 
 use std::fs;
 use std::io::{self, Write as _};
@@ -25,19 +27,38 @@ pub const RESERVE_BYTES: u64 = 1 << 20;
 /// The store's reserve, while this run holds it.
 pub(super) struct Reserve {
     path: PathBuf,
+    /// Why the reserve could not be made for lack of space, if so.
+    full: Option<String>,
 }
 
 impl Reserve {
-    /// Makes sure the store holds its reserve; a reserve that cannot be made (a full disk
-    /// already) is not an error.
+    /// Makes sure the store holds its reserve. Only a lack of space is kept (see
+    /// [`Reserve::refusal`]); a reserve that cannot be made for another reason is left out.
     pub fn hold(store: &Store) -> Reserve {
         let path = store.dir().join(RESERVE_FILE_NAME);
         let ready = fs::symlink_metadata(&path)
             .is_ok_and(|m| m.file_type().is_file() && m.len() == RESERVE_BYTES);
-        if !ready && fill(&path).is_err() {
-            let _ = fs::remove_file(&path);
+        let mut full = None;
+        if !ready {
+            if let Err(e) = fill(&path) {
+                let _ = fs::remove_file(&path);
+                full = is_no_space(&e).then(|| e.to_string());
+            }
         }
-        Reserve { path }
+        Reserve { path, full }
+    }
+
+    /// Why the command must not be launched: the disk holding the store cannot even hold the
+    /// reserve, so what the command does could not be recorded.
+    pub fn refusal(&self) -> Option<String> {
+        self.full.as_ref().map(|e| {
+            format!(
+                "the disk holding the store is full ({e}): agentdiff keeps {} KiB free there to \
+                 record and seal a run, so nothing was launched; free space on that disk and run \
+                 again",
+                RESERVE_BYTES >> 10
+            )
+        })
     }
 
     /// Gives the reserve's room back to the disk, when `error` is a lack of space; whether it
