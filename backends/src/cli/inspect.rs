@@ -5,12 +5,13 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::ValueEnum;
+use serde::Serialize;
 
 use agentdiff_engine::transaction::RunResult;
 use agentdiff_host::redact::escape_terminal;
 use agentdiff_report::diff::DiffSource;
-use agentdiff_report::markdown;
-use agentdiff_store::{Artifact, Store};
+use agentdiff_report::{markdown, RunView};
+use agentdiff_store::{Artifact, Capsule, Store, Verdict, VerifyReport};
 
 use crate::common::exit;
 
@@ -78,71 +79,150 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ),
         ));
     }
+    // Every view states the verdict `agentdiff verify` reaches before any recorded content, and
+    // a forged capsule exits 67 whatever the format: its content is not what agentdiff sealed.
+    let (ctx, _) = crate::common::context::verify_context(&root);
+    let seal = capsule
+        .verify_with(store.objects(), &ctx)
+        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let code = if seal.verdict == Verdict::Forged {
+        ExitCode::from(exit::INVALID_CAPSULE)
+    } else {
+        ExitCode::SUCCESS
+    };
     if let Some(name) = args.artifact {
-        // Every artifact goes through its typed reader; manifests are shown whole (their entries
-        // live in the object store).
-        let invalid = |e| exit::with_code(exit::INVALID_CAPSULE, e);
-        let value = match name {
-            ArtifactName::Before => serde_json::to_value(
-                capsule
-                    .manifest(Artifact::Before, store.objects())
-                    .map_err(invalid)?,
-            ),
-            ArtifactName::After => serde_json::to_value(
-                capsule
-                    .manifest(Artifact::After, store.objects())
-                    .map_err(invalid)?,
-            ),
-            ArtifactName::Metadata => serde_json::to_value(capsule.metadata().map_err(invalid)?),
-            ArtifactName::Policy => serde_json::to_value(capsule.policy_doc().map_err(invalid)?),
-            ArtifactName::Runtime => serde_json::to_value(capsule.runtime().map_err(invalid)?),
-            ArtifactName::Result => serde_json::to_value(capsule.result().map_err(invalid)?),
-            ArtifactName::Integrity => serde_json::to_value(capsule.integrity().map_err(invalid)?),
-        }
-        .context("cannot serialise the artifact")?;
-        outln!("{}", serde_json::to_string_pretty(&value)?);
-        return Ok(ExitCode::SUCCESS);
+        print_artifact(&store, &capsule, name, &seal)?;
+        return Ok(code);
     }
     let has_result =
         std::fs::symlink_metadata(capsule.dir().join(Artifact::Result.file_name())).is_ok();
     if !has_result {
-        return interrupted(&capsule, args.format);
-    }
-    if args.format == InspectFormat::Markdown {
-        let view = crate::common::context::load_verified(&store, &capsule)?;
-        out!("{}", markdown::render(&view));
-        return Ok(ExitCode::SUCCESS);
-    }
-    if args.format == InspectFormat::Html {
-        out!(
-            "{}",
-            crate::common::context::html_report(&store, &capsule, None)?
-        );
-        return Ok(ExitCode::SUCCESS);
+        return match seal.verdict {
+            Verdict::Forged => result_deleted(&capsule, args.format, &seal),
+            _ => interrupted(&capsule, args.format),
+        };
     }
     if args.format == InspectFormat::Json {
         let result: RunResult = agentdiff_report::checked_result(&capsule)
             .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
-        outln!("{}", serde_json::to_string_pretty(&result)?);
-        return Ok(ExitCode::SUCCESS);
+        let shown = InspectJson {
+            verification: &seal,
+            result: &result,
+        };
+        outln!("{}", serde_json::to_string_pretty(&shown)?);
+        return Ok(code);
     }
-    let view = crate::common::context::load_verified(&store, &capsule)?;
-    out!("{}", agentdiff_report::terminal::run_summary(&view));
-    out!("{}", agentdiff_report::terminal::inspect_sections(&view));
-    if args.diff {
-        let diffs =
-            DiffSource::open(&capsule, store.objects(), store.root()).diffs(&view.result.changes);
-        out!("{}", agentdiff_report::terminal::diff_section(&diffs));
+    let mut view =
+        RunView::load(&capsule).map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    view.seal = Some(seal);
+    let diffs = || DiffSource::open(&capsule, store.objects(), store.root());
+    match args.format {
+        InspectFormat::Markdown => out!("{}", markdown::render(&view)),
+        InspectFormat::Html => {
+            let diffs = diffs().diffs(&view.result.changes);
+            out!("{}", agentdiff_report::html::render(&view, &diffs, None));
+        }
+        InspectFormat::Summary | InspectFormat::Json => {
+            out!("{}", agentdiff_report::terminal::run_summary(&view));
+            out!("{}", agentdiff_report::terminal::inspect_sections(&view));
+            if args.diff {
+                let diffs = diffs().diffs(&view.result.changes);
+                out!("{}", agentdiff_report::terminal::diff_section(&diffs));
+            }
+        }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
+}
+
+/// `inspect --format json`: the seal verdict first, then the recorded result's fields.
+#[derive(Serialize)]
+struct InspectJson<'a> {
+    verification: &'a VerifyReport,
+    #[serde(flatten)]
+    result: &'a RunResult,
+}
+
+/// One artifact as JSON, after the seal verdict on stderr when the capsule does not verify
+/// (the artifact itself keeps its own shape).
+fn print_artifact(
+    store: &Store,
+    capsule: &Capsule,
+    name: ArtifactName,
+    seal: &VerifyReport,
+) -> anyhow::Result<()> {
+    if seal.verdict == Verdict::Forged {
+        errln!(
+            "agentdiff: seal FORGED: run {} does not match what agentdiff sealed, so this \
+             artifact is not evidence it vouches for (agentdiff verify {0} names each problem)",
+            escape_terminal(capsule.id().as_str())
+        );
+    }
+    // Every artifact goes through its typed reader; manifests are shown whole (their entries
+    // live in the object store).
+    let invalid = |e| exit::with_code(exit::INVALID_CAPSULE, e);
+    let value = match name {
+        ArtifactName::Before => serde_json::to_value(
+            capsule
+                .manifest(Artifact::Before, store.objects())
+                .map_err(invalid)?,
+        ),
+        ArtifactName::After => serde_json::to_value(
+            capsule
+                .manifest(Artifact::After, store.objects())
+                .map_err(invalid)?,
+        ),
+        ArtifactName::Metadata => serde_json::to_value(capsule.metadata().map_err(invalid)?),
+        ArtifactName::Policy => serde_json::to_value(capsule.policy_doc().map_err(invalid)?),
+        ArtifactName::Runtime => serde_json::to_value(capsule.runtime().map_err(invalid)?),
+        ArtifactName::Result => serde_json::to_value(capsule.result().map_err(invalid)?),
+        ArtifactName::Integrity => serde_json::to_value(capsule.integrity().map_err(invalid)?),
+    }
+    .context("cannot serialise the artifact")?;
+    outln!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(())
+}
+
+/// A run without result.json that was sealed (the seal or this user's ledger says so): the
+/// result was deleted after the seal, which is tampering, never an interruption.
+fn result_deleted(
+    capsule: &Capsule,
+    format: InspectFormat,
+    seal: &VerifyReport,
+) -> anyhow::Result<ExitCode> {
+    let id = capsule.id().to_string();
+    match format {
+        InspectFormat::Summary => {
+            out!("{}", agentdiff_report::terminal::verdict_lines(seal));
+            outln!(
+                "\nagentdiff: run {} — TAMPERED: it was sealed, and its result.json is gone",
+                escape_terminal(&id)
+            );
+            outln!(
+                "  nothing of it is shown; agentdiff verify {} names each problem",
+                escape_terminal(&id)
+            );
+            outln!("  status: tampered");
+        }
+        InspectFormat::Json => {
+            let shown = serde_json::json!({ "run_id": id, "verification": seal });
+            outln!("{}", serde_json::to_string_pretty(&shown)?);
+        }
+        InspectFormat::Markdown | InspectFormat::Html => {
+            return Err(exit::with_code(
+                exit::INVALID_CAPSULE,
+                anyhow::anyhow!(
+                    "run {id} is forged: it was sealed, and its result.json is gone (agentdiff \
+                     verify {id} names each problem)"
+                ),
+            ));
+        }
+    }
+    Ok(ExitCode::from(exit::INVALID_CAPSULE))
 }
 
 /// A run that never recorded its result (agentdiff was killed mid-run): say so, with what is
 /// known from metadata.json and what can still be done, instead of a file-not-found error.
-fn interrupted(
-    capsule: &agentdiff_store::Capsule,
-    format: InspectFormat,
-) -> anyhow::Result<ExitCode> {
+fn interrupted(capsule: &Capsule, format: InspectFormat) -> anyhow::Result<ExitCode> {
     let id = capsule.id().to_string();
     let what = format!(
         "run {id} was interrupted before it recorded its result (no result.json; the capsule is \

@@ -102,8 +102,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(path) => super::attest::read_trusted_keys(path)?,
         None => Vec::new(),
     };
+    let known = match &args.attestation {
+        Some(_) => own_public_keys(args.root.as_deref()),
+        None => Vec::new(),
+    };
     if let (Some(file), None) = (&args.attestation, &args.run) {
-        let check = AttestationCheck::of(file, &trusted, None)?;
+        let check = AttestationCheck::of(file, &trusted, &known, None)?;
         check.print(args.format)?;
         return Ok(ExitCode::from(check.code()));
     }
@@ -127,7 +131,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .verify_with(store.objects(), &ctx)
         .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
     let attestation = match &args.attestation {
-        Some(file) => Some(AttestationCheck::of(file, &ctx.trusted, Some(&report))?),
+        Some(file) => Some(AttestationCheck::of(
+            file,
+            &ctx.trusted,
+            &known,
+            Some(&report),
+        )?),
         None => None,
     };
     match args.format {
@@ -174,11 +183,14 @@ struct AttestationCheck {
 }
 
 impl AttestationCheck {
-    /// Checks the envelope in `file` against `trusted`; with `run`, also that it attests that
-    /// run's sealed capsule (its capsule subject names the run and the seal's digest).
+    /// Checks the envelope in `file` against `trusted` (and the signatures of `known` keys,
+    /// trusted or not); with `run`, also that it attests that run's sealed capsule (its capsule
+    /// subject names the run and the seal's digest). Only a well-formed statement whose known
+    /// signatures verify, and that names `run`'s capsule when given, can be short of forged.
     fn of(
         file: &std::path::Path,
         trusted: &[agentdiff_store::seal::PublicKey],
+        known: &[agentdiff_store::seal::PublicKey],
         run: Option<&VerifyReport>,
     ) -> anyhow::Result<AttestationCheck> {
         use agentdiff_store::attest::EnvelopeCheck;
@@ -191,58 +203,44 @@ impl AttestationCheck {
             run_id: None,
             seal_digest: None,
         };
-        match envelope.check(trusted) {
-            EnvelopeCheck::Bad { reason } => check.detail = reason,
-            EnvelopeCheck::Untrusted { key_ids } => {
-                check.verdict = Verdict::IntactNotAuthenticated;
-                check.detail = format!(
-                    "signed by {}, none of them a trusted key{}",
-                    if key_ids.is_empty() {
-                        "no key".to_string()
-                    } else {
-                        key_ids.join(", ")
-                    },
-                    if trusted.is_empty() {
-                        " (no --trusted-keys given)"
-                    } else {
-                        ""
-                    }
-                );
+        let (statement, signer) = match envelope.check_with(trusted, known) {
+            EnvelopeCheck::Bad { reason } => {
+                check.detail = reason;
+                return Ok(check);
             }
-            EnvelopeCheck::Verified { key_id, statement } => {
-                check.signed_by = Some(key_id.clone());
-                let subject = statement
-                    .capsule()
-                    .map(|(r, d)| (r.to_string(), d.to_string()));
-                check.run_id = subject.as_ref().map(|(r, _)| r.clone());
-                check.seal_digest = subject.as_ref().map(|(_, d)| d.clone());
-                check.bind(subject, run, &key_id);
+            EnvelopeCheck::Untrusted {
+                key_ids,
+                statement,
+                known_signer,
+            } => (statement, Err((key_ids, known_signer))),
+            EnvelopeCheck::Verified { key_id, statement } => (statement, Ok(key_id)),
+        };
+        let subject = statement
+            .capsule()
+            .map(|(r, d)| (r.to_string(), d.to_string()));
+        check.run_id = subject.as_ref().map(|(r, _)| r.clone());
+        check.seal_digest = subject.as_ref().map(|(_, d)| d.clone());
+        let Some((run_id, digest)) = subject else {
+            check.detail = "the statement names no agentdiff capsule".into();
+            return Ok(check);
+        };
+        if let Some(problem) = other_capsule(&run_id, &digest, run) {
+            check.detail = problem;
+            return Ok(check);
+        }
+        match signer {
+            Ok(key) => {
+                check.verdict = Verdict::Authenticated;
+                check.detail =
+                    format!("signed by trusted key {key}, attesting run {run_id} (seal {digest})");
+                check.signed_by = Some(key);
+            }
+            Err((key_ids, known_signer)) => {
+                check.verdict = Verdict::IntactNotAuthenticated;
+                check.detail = untrusted_detail(&key_ids, known_signer.as_deref(), trusted);
             }
         }
         Ok(check)
-    }
-
-    /// The verdict of a verified envelope: authenticated unless it names no capsule, or another
-    /// capsule than `run`'s.
-    fn bind(&mut self, subject: Option<(String, String)>, run: Option<&VerifyReport>, key: &str) {
-        let Some((run_id, digest)) = subject else {
-            self.detail = "the statement names no agentdiff capsule".into();
-            return;
-        };
-        if let Some(report) = run {
-            let sealed = report.authentication.seal_digest.as_deref();
-            if run_id != report.run_id.as_str() || sealed != Some(digest.as_str()) {
-                self.detail = format!(
-                    "it attests run {run_id} (seal {digest}), not run {} (seal {})",
-                    report.run_id.as_str(),
-                    sealed.unwrap_or("unknown")
-                );
-                return;
-            }
-        }
-        self.verdict = Verdict::Authenticated;
-        self.detail =
-            format!("signed by trusted key {key}, attesting run {run_id} (seal {digest})");
     }
 
     fn code(&self) -> u8 {
@@ -268,6 +266,63 @@ impl AttestationCheck {
         }
         Ok(())
     }
+}
+
+/// Why an attestation of `run_id` (seal `digest`) is not one of `run`'s sealed capsule.
+fn other_capsule(run_id: &str, digest: &str, run: Option<&VerifyReport>) -> Option<String> {
+    let report = run?;
+    let sealed = report.authentication.seal_digest.as_deref();
+    (run_id != report.run_id.as_str() || sealed != Some(digest)).then(|| {
+        format!(
+            "it attests run {run_id} (seal {digest}), not run {} (seal {})",
+            report.run_id.as_str(),
+            sealed.unwrap_or("unknown")
+        )
+    })
+}
+
+fn untrusted_detail(
+    key_ids: &[String],
+    known_signer: Option<&str>,
+    trusted: &[agentdiff_store::seal::PublicKey],
+) -> String {
+    let signers = if key_ids.is_empty() {
+        "no key".to_string()
+    } else {
+        key_ids.join(", ")
+    };
+    let mut detail = format!("signed by {signers}, none of them a trusted key");
+    if trusted.is_empty() {
+        detail.push_str(" (no --trusted-keys given)");
+    }
+    if let Some(own) = known_signer {
+        detail.push_str(&format!(
+            "; the signature by this user's own key {own} matches the payload"
+        ));
+    }
+    detail
+}
+
+/// This user's own signing public key, when one exists here (verify never creates one): the
+/// signatures it made are checked even when it is not trusted, so a payload changed after
+/// `agentdiff attest` is forged rather than merely not authenticated.
+fn own_public_keys(root: Option<&std::path::Path>) -> Vec<agentdiff_store::seal::PublicKey> {
+    use agentdiff_store::seal::{
+        SigningKey, StateDir, SIGNING_KEY_FILE_ENV, SIGNING_KEY_FILE_NAME,
+    };
+    let cwd = std::env::current_dir().ok();
+    let Some(root) = root.or(cwd.as_deref()) else {
+        return Vec::new();
+    };
+    let key = if let Some(path) = std::env::var_os(SIGNING_KEY_FILE_ENV).filter(|v| !v.is_empty()) {
+        SigningKey::from_file(std::path::Path::new(&path), root).ok()
+    } else {
+        StateDir::from_env()
+            .ok()
+            .filter(|state| state.path().join(SIGNING_KEY_FILE_NAME).is_file())
+            .and_then(|state| SigningKey::load_or_create(&state, root).ok())
+    };
+    key.map(|k| vec![k.public().clone()]).unwrap_or_default()
 }
 
 fn verify_all(

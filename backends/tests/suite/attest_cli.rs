@@ -343,3 +343,62 @@ fn an_independent_dsse_verifier_accepts_ours_and_rejects_each_forgery() {
     // The genuine envelope of run A, offered as run B's.
     assert!(!py(&file, &sslib, &run_b, &seal_b).0);
 }
+
+/// Without --trusted-keys, a payload changed after `agentdiff attest` (its signer's key is this
+/// user's own) or replaced by garbage is forged, as is an envelope of another run offered with
+/// RUN; only a well-formed, unchanged envelope stays not authenticated (77).
+#[test]
+fn a_changed_or_garbage_payload_is_forged_without_trusted_keys() {
+    let p = project();
+    let run_a = a_run(&p, "a");
+    let run_b = a_run(&p, "b");
+    let file = attest(&p, &run_a, "a.json");
+    assert_eq!(verify_attestation(&p, &file, None, None), UNAUTHENTICATED);
+    assert_eq!(
+        verify_attestation(&p, &file, None, Some(&run_a)),
+        UNAUTHENTICATED
+    );
+    let renamed = tampered(&file, &p.out.join("renamed.json"), |st| {
+        st["subject"][0]["name"] = Value::from("other.txt");
+    });
+    assert_eq!(verify_attestation(&p, &renamed, None, None), INVALID);
+    assert_eq!(
+        verify_attestation(&p, &renamed, None, Some(&run_a)),
+        INVALID
+    );
+    let mut env: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    env["payload"] = Value::from(B64.encode("not a statement at all"));
+    let garbage = p.out.join("garbage.json");
+    std::fs::write(&garbage, serde_json::to_vec(&env).unwrap()).unwrap();
+    assert_eq!(verify_attestation(&p, &garbage, None, None), INVALID);
+    assert_eq!(
+        verify_attestation(&p, &garbage, None, Some(&run_a)),
+        INVALID
+    );
+    let out = agentdiff(
+        &p.root,
+        &[
+            "verify",
+            "--attestation",
+            garbage.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(json_of(&out)["verdict"], "forged");
+    // Signed by a key nobody here knows: intact as far as can be told, but with RUN it must
+    // still name that run's capsule.
+    let mut env: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    env["signatures"][0]["keyid"] = Value::from("f".repeat(64));
+    let foreign = p.out.join("foreign.json");
+    std::fs::write(&foreign, serde_json::to_vec(&env).unwrap()).unwrap();
+    assert_eq!(
+        verify_attestation(&p, &foreign, None, None),
+        UNAUTHENTICATED
+    );
+    assert_eq!(
+        verify_attestation(&p, &foreign, None, Some(&run_b)),
+        INVALID
+    );
+    assert_eq!(verify_attestation(&p, &file, None, Some(&run_b)), INVALID);
+}

@@ -67,9 +67,12 @@ pub fn project(dir: &tempfile::TempDir) -> std::path::PathBuf {
     dir.path().join("proj")
 }
 
+/// The HTML report; exit 0, or 67 exactly when `verify` finds the capsule forged.
 fn html(proj: &Path, id: &str) -> String {
+    let forged = agentdiff(proj, &["verify", id]).status.code() == Some(67);
     let out = agentdiff(proj, &["inspect", id, "--format", "html"]);
-    assert!(out.status.success(), "{out:?}");
+    let want = if forged { Some(67) } else { Some(0) };
+    assert_eq!(out.status.code(), want, "{out:?}");
     String::from_utf8(out.stdout).unwrap()
 }
 

@@ -28,9 +28,11 @@ fn run(p: &Path, id: &str, script: &str) {
     );
 }
 
+/// `inspect RUN --format F`: exit 0, or 67 exactly when `verify` finds the capsule forged.
 fn inspect(p: &Path, id: &str, format: &str) -> String {
+    let verified = agentdiff(p, &["verify", id]).status.code();
     let out = agentdiff(p, &["inspect", id, "--format", format]);
-    assert_exit(&out, 0);
+    assert_exit(&out, if verified == Some(67) { 67 } else { 0 });
     text(&out.stdout)
 }
 
@@ -187,7 +189,7 @@ fn the_markdown_report_states_the_verified_seal_first() {
     assert!(first.starts_with("**Seal:** authenticated"), "{md}");
     assert!(md.contains("seal: authenticated</sub>"), "{md}");
     forge_result(p, "s1", |v| v["status"] = "passed".into());
-    let md = inspect(p, "s1", "markdown");
+    let md = inspect_forged(p, "s1", "markdown");
     let first = md.lines().find(|l| l.starts_with("**")).unwrap();
     assert!(first.starts_with("**Seal:** **FORGED**"), "{md}");
     assert!(md.contains("result.json"), "{md}");
@@ -210,7 +212,7 @@ fn inspect_and_runs_state_the_verified_seal_of_a_forged_result() {
         "{first}"
     );
     forge_result(p, "g1", |v| v["status"] = "passed".into());
-    let shown = inspect(p, "g1", "summary");
+    let shown = inspect_forged(p, "g1", "summary");
     assert!(
         shown.trim_start().starts_with("agentdiff: seal FORGED"),
         "{shown}"
@@ -255,7 +257,7 @@ fn huge_forged_blast_radius_points_render_in_every_format() {
     });
     for format in ["summary", "markdown", "html"] {
         let out = agentdiff(p, &["inspect", "h1", "--format", format]);
-        assert_exit(&out, 0);
+        assert_exit(&out, 67);
     }
 }
 
@@ -400,4 +402,123 @@ fn the_dashboard_lists_a_forged_run_as_forged_and_its_page_opens_unverified() {
         .find("id=\"unverified\"")
         .unwrap_or_else(|| panic!("{page}"));
     assert!(banner < page.find("Status:").unwrap(), "{page}");
+}
+
+/// `inspect RUN --format F` of a capsule that does not verify: exit 67 and stdout.
+fn inspect_forged(p: &Path, id: &str, format: &str) -> String {
+    let out = agentdiff(p, &["inspect", id, "--format", format]);
+    assert_exit(&out, 67);
+    text(&out.stdout)
+}
+
+/// A sealed run whose result.json was deleted is tampered, not interrupted: the ledger recorded
+/// its seal. `inspect` opens with verify's verdict and exits 67 in every format; `runs` says the
+/// result was deleted and the seal is broken.
+#[test]
+fn a_deleted_result_of_a_sealed_run_is_forged_not_interrupted() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "dr1", "echo x > a.txt");
+    fs::remove_file(p.join(".agentdiff/runs/dr1/result.json")).unwrap();
+    let shown = inspect_forged(p, "dr1", "summary");
+    assert!(
+        shown.trim_start().starts_with("agentdiff: seal FORGED"),
+        "{shown}"
+    );
+    assert!(!shown.contains("INTERRUPTED"), "{shown}");
+    assert!(!shown.contains("not sealed"), "{shown}");
+    assert!(shown.contains("status: tampered"), "{shown}");
+    let json: serde_json::Value = serde_json::from_str(&inspect_forged(p, "dr1", "json")).unwrap();
+    assert_eq!(json["verification"]["verdict"], "forged", "{json:#}");
+    for format in ["markdown", "html"] {
+        let out = agentdiff(p, &["inspect", "dr1", "--format", format]);
+        assert_exit(&out, 67);
+        assert!(text(&out.stderr).contains("forged"), "{format}");
+    }
+    let runs = text(&agentdiff(p, &["runs"]).stdout);
+    assert!(runs.contains("result deleted"), "{runs}");
+    assert!(runs.contains("SEAL BROKEN"), "{runs}");
+    assert!(!runs.contains("interrupted"), "{runs}");
+}
+
+/// A sealed run whose integrity.json was deleted: this user's ledger records the seal, so verify
+/// says forged (not unsealed), `runs` calls the seal broken, `inspect` exits 67, and `runs prune`
+/// keeps it as evidence that does not verify, never as an interrupted leftover.
+#[test]
+fn a_deleted_seal_the_ledger_records_is_forged_and_kept_by_prune() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "ds1", "echo x > a.txt");
+    fs::remove_file(p.join(".agentdiff/runs/ds1/integrity.json")).unwrap();
+    let out = agentdiff(p, &["verify", "ds1", "--format", "json"]);
+    assert_exit(&out, 67);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "forged", "{report:#}");
+    let shown = inspect_forged(p, "ds1", "summary");
+    assert!(
+        shown.trim_start().starts_with("agentdiff: seal FORGED"),
+        "{shown}"
+    );
+    assert!(!shown.contains("UNSEALED"), "{shown}");
+    let runs = text(&agentdiff(p, &["runs"]).stdout);
+    assert!(runs.contains("SEAL BROKEN"), "{runs}");
+    assert!(!runs.contains("NOT sealed"), "{runs}");
+    let out = agentdiff(p, &["runs", "prune", "--keep", "0", "--format", "json"]);
+    assert_exit(&out, 0);
+    let pruned: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(pruned["unsealed_kept"], serde_json::json!([]), "{pruned:#}");
+    assert_eq!(pruned["unverified_kept"][0]["id"], "ds1", "{pruned:#}");
+    assert_eq!(
+        pruned["unverified_kept"][0]["verdict"], "forged",
+        "{pruned:#}"
+    );
+    assert!(p.join(".agentdiff/runs/ds1").is_dir());
+    // A run the ledger does not name stays an interruption.
+    fs::create_dir_all(p.join(".agentdiff/runs/ds2")).unwrap();
+    fs::set_permissions(
+        p.join(".agentdiff/runs/ds2"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    fs::copy(
+        p.join(".agentdiff/runs/ds1/metadata.json"),
+        p.join(".agentdiff/runs/ds2/metadata.json"),
+    )
+    .unwrap();
+    let out = agentdiff(p, &["verify", "ds2", "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "unsealed", "{report:#}");
+}
+
+/// `inspect --format json` and `--artifact` of a forged capsule state the verdict (a
+/// `verification` field; stderr for an artifact) and exit 67, as the summary does.
+#[test]
+fn every_inspect_format_of_a_forged_capsule_states_the_verdict_and_exits_67() {
+    let dir = project();
+    let p = dir.path();
+    run(p, "fj1", "echo x > a.txt");
+    let out = agentdiff(p, &["inspect", "fj1", "--format", "json"]);
+    assert_exit(&out, 0);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["verification"]["verdict"], "authenticated", "{json:#}");
+    assert_eq!(json["run_id"], "fj1", "{json:#}");
+    assert_exit(
+        &agentdiff(p, &["inspect", "fj1", "--artifact", "result"]),
+        0,
+    );
+    forge_result(p, "fj1", |v| v["status"] = "passed".into());
+    let json: serde_json::Value = serde_json::from_str(&inspect_forged(p, "fj1", "json")).unwrap();
+    assert_eq!(json["verification"]["verdict"], "forged", "{json:#}");
+    let raw = inspect_forged(p, "fj1", "json");
+    assert!(
+        raw.find("\"verification\"") < raw.find("\"status\": \"passed\""),
+        "{raw}"
+    );
+    for artifact in ["result", "metadata"] {
+        let out = agentdiff(p, &["inspect", "fj1", "--artifact", artifact]);
+        assert_exit(&out, 67);
+        assert!(text(&out.stderr).contains("seal FORGED"), "{artifact}");
+    }
+    inspect_forged(p, "fj1", "markdown");
+    inspect_forged(p, "fj1", "html");
 }

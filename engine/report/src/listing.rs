@@ -25,6 +25,9 @@ pub enum RunState {
     Interrupted,
     /// result.json exists but cannot be read, or names another run.
     UnreadableResult,
+    /// No result.json, but the run was sealed (its seal lists the result, or this user's ledger
+    /// records the seal): the result was deleted after the seal.
+    ResultDeleted,
 }
 
 impl RunState {
@@ -34,6 +37,7 @@ impl RunState {
             RunState::Finished(s) => s.as_str(),
             RunState::Interrupted => "interrupted",
             RunState::UnreadableResult => "unreadable result",
+            RunState::ResultDeleted => "result deleted",
         }
     }
 
@@ -41,6 +45,7 @@ impl RunState {
     fn json(self) -> &'static str {
         match self {
             RunState::UnreadableResult => "unreadable_result",
+            RunState::ResultDeleted => "result_deleted",
             other => other.word(),
         }
     }
@@ -138,14 +143,27 @@ fn row(store: &Store, ctx: &VerifyContext, checked: &ObjectsChecked, id: RunId) 
     match capsule.verify_in_pass(store.objects(), ctx, checked) {
         Ok(report) => {
             row.verdict = Some(report.verdict);
+            // Unsealed only when the verdict says so: a capsule whose seal was deleted after
+            // the ledger recorded it is forged, hence broken.
+            let broken = !report.ok && report.verdict != Verdict::Unsealed;
             row.seal = if report.ok {
                 SealState::Verified
-            } else if report.sealed {
+            } else if broken {
                 SealState::Broken
             } else {
                 SealState::Unsealed
             };
-            if report.sealed && !report.ok {
+            // Deleted, not interrupted: the seal lists the missing result, or the seal itself
+            // was deleted after this user's ledger recorded it.
+            let result_sealed = !report.sealed
+                || report
+                    .problems
+                    .iter()
+                    .any(|p| p.subject == Artifact::Result.file_name());
+            if broken && result_sealed && row.state == RunState::Interrupted {
+                row.state = RunState::ResultDeleted;
+            }
+            if broken {
                 let first = report.problems.first().map_or_else(
                     || report.authentication.detail.clone(),
                     |p| format!("{}: {}", p.subject, p.problem),
@@ -248,6 +266,7 @@ mod tests {
         let row = only_row(&store);
         assert_eq!(row.seal, SealState::Broken);
         assert_eq!(row.seal_word(), "FORGED");
-        assert_eq!(row.state, RunState::Interrupted);
+        // Every seal requires result.json: a sealed capsule without one lost it after the seal.
+        assert_eq!(row.state, RunState::ResultDeleted);
     }
 }

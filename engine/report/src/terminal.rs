@@ -14,6 +14,7 @@ use agentdiff_policy::Action;
 use agentdiff_scan::EntryKind;
 use agentdiff_store::schema::{RunResult, Status};
 use agentdiff_store::Verdict;
+use agentdiff_store::VerifyReport;
 
 /// The decision word, a deny in upper case.
 fn action_word(a: Action) -> String {
@@ -285,6 +286,17 @@ fn seal_lines(s: &mut String, v: &RunView) {
     let Some(seal) = &v.seal else {
         return;
     };
+    s.push_str(&verdict_lines(seal));
+    if seal.verdict == Verdict::Authenticated {
+        if let Some(caveat) = crate::key_exposure(v) {
+            let _ = writeln!(s, "  note: {caveat}");
+        }
+    }
+}
+
+/// The seal verdict `agentdiff verify` reached and its first problems, as the summary opens.
+pub fn verdict_lines(seal: &VerifyReport) -> String {
+    let mut s = String::new();
     let word = words::verdict_word(seal.verdict);
     let word = if seal.verdict == Verdict::Authenticated {
         word.to_string()
@@ -307,11 +319,7 @@ fn seal_lines(s: &mut String, v: &RunView) {
     if let Some(key) = &seal.authentication.signed_by {
         let _ = writeln!(s, "  signed by: Ed25519 key {}", escape_terminal(key));
     }
-    if seal.verdict == Verdict::Authenticated {
-        if let Some(caveat) = crate::key_exposure(v) {
-            let _ = writeln!(s, "  note: {caveat}");
-        }
-    }
+    s
 }
 
 /// The egress proxy's hosts, denied first (at most [`rows::MAX_HOST_ROWS`]).

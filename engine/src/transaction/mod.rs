@@ -26,6 +26,7 @@ mod fingerprints;
 mod guard;
 mod launch;
 mod preflight;
+mod reserve;
 
 mod seal;
 pub mod session;
@@ -138,6 +139,9 @@ pub enum Refusal {
     Internal,
     /// `capture.require_backups`: a backup could not be written, so nothing was launched.
     BackupsMissing,
+    /// The store's disk could not hold the reserve that records and seals a run, so nothing was
+    /// launched.
+    StoreFull,
 }
 
 /// Resolve and check the project root.
@@ -233,18 +237,14 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let claims = guard::Claims::new(recorded.is_some(), &store, &capsule);
     // The root trees name every tree object and backup below them: sealing them seals those.
     let mut referenced = vec![before.root_tree.clone()];
-    let require_backups = policy.capture().require_backups;
-    if let Some(message) = require_backups
-        .then(|| capture::missing_backups(&before))
-        .flatten()
-    {
+    let reserve = reserve::Reserve::hold(&store); // before the snapshot, which watches it
+    if let Some((message, refusal)) = launch_blocker(policy, &before, &reserve) {
         abandon(early, ()).await;
         if claims.any() {
             let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
             claims.settle(&snapshot, &mut before, &mut referenced)?;
         }
-        let refusal = Some(Refusal::BackupsMissing);
-        return sealer.seal_not_run(Status::Error, Some(message), refusal, &referenced);
+        return sealer.seal_not_run(Status::Error, Some(message), Some(refusal), &referenced);
     }
     let workdir = command_workdir(&store, &capsule, &root, private_workspace)?;
     // Launch.
@@ -275,15 +275,15 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let network = proxy.and_then(|p| p.stop_for(&evidence));
     let capsule_tampered = guard::after_command(&store, &capsule, &store_snapshot, &before)?;
     capsule_tampered.apply(&mut before, &mut referenced);
-    record_exited(&sealer, &evidence, &req.verified_controls, network.clone())?;
-    // Capture after. The command has run: a capture that fails (the store's disk is full, or the
-    // command broke the store) still ends in a sealed capsule that says so, never in no result.
-    let store_untouched = capsule_tampered.findings.is_empty();
     let failed = AfterCaptureFailed {
         evidence: &evidence,
         verified_controls: &req.verified_controls,
         tampered: &capsule_tampered.findings,
+        reserve: &reserve,
     };
+    // A write or capture that fails now (a full disk, a broken store) still ends sealed.
+    record_exit_in_reserve(&sealer, &failed, network.clone())?;
+    let store_untouched = capsule_tampered.findings.is_empty();
     let after = match capture.after(&workdir, &before, store_untouched) {
         Ok(after) => after,
         Err(e) => return failed.seal(&sealer, &capsule, &referenced, &e),
@@ -307,7 +307,8 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
         network: network.as_ref(),
     };
     let result = decide::decide(&evidence_in, sealer.frame());
-    let outcome = sealer.seal(result, &referenced, None)?;
+    let sealed = sealer.seal(result, &referenced, None);
+    let outcome = failed.unless_full(sealed, &sealer, &capsule, &referenced)?;
     capture.leave_record(&mut before, recorded.as_ref(), store_untouched);
     Ok(outcome)
 }
@@ -379,15 +380,49 @@ fn snapshot_before_launch(
     Ok(snapshot)
 }
 
+/// Why the command must not be launched after the before-capture: a backup missing under
+/// `capture.require_backups`, or no room on the store's disk to record the run.
+fn launch_blocker(
+    policy: &agentdiff_policy::Policy,
+    before: &capture::Captured,
+    reserve: &reserve::Reserve,
+) -> Option<(String, Refusal)> {
+    let missing = policy
+        .capture()
+        .require_backups
+        .then(|| capture::missing_backups(before))
+        .flatten();
+    missing
+        .map(|m| (m, Refusal::BackupsMissing))
+        .or_else(|| reserve.refusal().map(|m| (m, Refusal::StoreFull)))
+}
+
 /// A run whose command ran but whose after-capture failed: sealed as an error that never reads as
 /// clean, with what is known (the command's exit, the runtime evidence, tampering).
 struct AfterCaptureFailed<'a> {
     evidence: &'a RunEvidence,
     verified_controls: &'a [VerifiedControl],
     tampered: &'a [agentdiff_store::TamperFinding],
+    /// Given back before sealing when the failure was a lack of space.
+    reserve: &'a reserve::Reserve,
 }
 
 impl AfterCaptureFailed<'_> {
+    /// `sealed`, or when sealing failed for lack of space, the run sealed as `error` in the
+    /// reserve's room.
+    fn unless_full(
+        &self,
+        sealed: Result<RunOutcome, TransactionError>,
+        sealer: &Sealer<'_>,
+        capsule: &Capsule,
+        referenced: &[String],
+    ) -> Result<RunOutcome, TransactionError> {
+        match sealed {
+            Err(e) if reserve::is_no_space(&e) => self.seal(sealer, capsule, referenced, &e),
+            sealed => sealed,
+        }
+    }
+
     fn seal(
         &self,
         sealer: &Sealer<'_>,
@@ -395,11 +430,22 @@ impl AfterCaptureFailed<'_> {
         referenced: &[String],
         error: &TransactionError,
     ) -> Result<RunOutcome, TransactionError> {
-        let message = format!(
-            "the command ran, but the tree after it could not be captured ({error}); what it \
-             changed is not known: inspect the tree, repair or free the store, and do not trust \
-             this run's absence of changes"
-        );
+        let full = reserve::is_no_space(error);
+        self.reserve.release_for(error);
+        let message = if full {
+            format!(
+                "the command ran, but the disk holding the store filled up ({error}), so what it \
+                 changed could not be recorded: free space on that disk, then inspect the tree \
+                 yourself (no change of this run is listed, so rollback has nothing to undo) and \
+                 do not trust this run's absence of changes"
+            )
+        } else {
+            format!(
+                "the command ran, but the tree after it could not be captured ({error}); what it \
+                 changed is not known: inspect the tree, repair or free the store, and do not \
+                 trust this run's absence of changes"
+            )
+        };
         capsule.event(
             "after_capture_failed",
             json!({ "error": error.to_string() }),
@@ -671,6 +717,27 @@ fn record_exited(
             "interrupted_by": evidence.exit.interrupted_by,
         }),
     )?;
+    Ok(())
+}
+
+/// [`record_exited`]; when it fails for lack of space, the reserve is given back and it is tried
+/// once more (the event `store_reserve_used` says so).
+fn record_exit_in_reserve(
+    sealer: &Sealer<'_>,
+    failed: &AfterCaptureFailed<'_>,
+    network: Option<agentdiff_store::NetworkEvidence>,
+) -> Result<(), TransactionError> {
+    let (evidence, controls) = (failed.evidence, failed.verified_controls);
+    let Err(e) = record_exited(sealer, evidence, controls, network.clone()) else {
+        return Ok(());
+    };
+    if !failed.reserve.release_for(&e) {
+        return Err(e);
+    }
+    record_exited(sealer, evidence, controls, network)?;
+    sealer
+        .capsule
+        .event("store_reserve_used", json!({ "error": e.to_string() }))?;
     Ok(())
 }
 

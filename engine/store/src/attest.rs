@@ -246,68 +246,98 @@ pub enum EnvelopeCheck {
         key_id: String,
         statement: Box<Statement>,
     },
-    /// No signature names a trusted key (the ids it names).
-    Untrusted { key_ids: Vec<String> },
-    /// A signature names a trusted key and does not verify, or the payload is not a statement.
+    /// The payload is an agentdiff statement and every signature by a key known here verifies,
+    /// but no signature is by a trusted key (the ids it names). `known_signer` is the known,
+    /// untrusted key whose signature verified, if any.
+    Untrusted {
+        key_ids: Vec<String>,
+        statement: Box<Statement>,
+        known_signer: Option<String>,
+    },
+    /// Not a signed agentdiff statement: the payload is not one, no signature at all, or a
+    /// signature by a trusted or known key does not verify over it.
     Bad { reason: String },
 }
 
 impl Envelope {
-    /// Checks the envelope against `trusted`: a signature by a trusted key that verifies over the
-    /// payload, whose payload is an in-toto statement of an agentdiff run.
+    /// [`Envelope::check_with`] with no known keys besides the trusted ones.
     pub fn check(&self, trusted: &[PublicKey]) -> EnvelopeCheck {
-        if self.payload_type != PAYLOAD_TYPE {
+        self.check_with(trusted, &[])
+    }
+
+    /// Checks the envelope: its payload must be an in-toto statement of an agentdiff run and
+    /// every signature by a key in `trusted` or `known` must verify over it (a payload changed
+    /// after signing is caught whenever its signer's key is at hand, trusted or not); it is
+    /// `Verified` when one of them is by a trusted key.
+    pub fn check_with(&self, trusted: &[PublicKey], known: &[PublicKey]) -> EnvelopeCheck {
+        let statement = match self.statement() {
+            Ok(statement) => statement,
+            Err(reason) => return EnvelopeCheck::Bad { reason },
+        };
+        if self.signatures.is_empty() {
             return EnvelopeCheck::Bad {
-                reason: format!("payloadType {:?}, not {PAYLOAD_TYPE}", self.payload_type),
+                reason: "the envelope carries no signature".into(),
             };
         }
-        let Ok(payload) = B64.decode(self.payload.as_bytes()) else {
-            return EnvelopeCheck::Bad {
-                reason: "the payload is not base64".into(),
-            };
-        };
-        let message = pae(&self.payload_type, &payload);
-        let mut verified = None;
+        let message = pae(&self.payload_type, &statement.1);
+        let (mut verified, mut known_signer) = (None, None);
         for s in &self.signatures {
-            let Some(key) = trusted.iter().find(|k| k.id() == s.keyid) else {
+            let is_trusted = trusted.iter().any(|k| k.id() == s.keyid);
+            let Some(key) = trusted.iter().chain(known).find(|k| k.id() == s.keyid) else {
                 continue;
             };
             let ok = B64
                 .decode(s.sig.as_bytes())
                 .is_ok_and(|sig| key.verifies(&message, &sig));
             if !ok {
+                let which = if is_trusted { "trusted key" } else { "key" };
                 return EnvelopeCheck::Bad {
                     reason: format!(
-                        "the signature by trusted key {} does not match the payload",
+                        "the signature by {which} {} does not match the payload (changed after \
+                         signing)",
                         s.keyid
                     ),
                 };
             }
-            verified = Some(s.keyid.clone());
+            if is_trusted {
+                verified = Some(s.keyid.clone());
+            } else {
+                known_signer = Some(s.keyid.clone());
+            }
         }
-        let Some(key_id) = verified else {
-            return EnvelopeCheck::Untrusted {
+        let statement = Box::new(statement.0);
+        match verified {
+            Some(key_id) => EnvelopeCheck::Verified { key_id, statement },
+            None => EnvelopeCheck::Untrusted {
                 key_ids: self.signatures.iter().map(|s| s.keyid.clone()).collect(),
-            };
+                statement,
+                known_signer,
+            },
+        }
+    }
+
+    /// The payload as an agentdiff run statement, with its bytes; why not, otherwise.
+    fn statement(&self) -> Result<(Statement, Vec<u8>), String> {
+        if self.payload_type != PAYLOAD_TYPE {
+            return Err(format!(
+                "payloadType {:?}, not {PAYLOAD_TYPE}",
+                self.payload_type
+            ));
+        }
+        let Ok(payload) = B64.decode(self.payload.as_bytes()) else {
+            return Err("the payload is not base64".into());
         };
         match serde_json::from_slice::<Statement>(&payload) {
             Ok(st)
                 if st.statement_type == STATEMENT_TYPE && st.predicate_type == PREDICATE_TYPE =>
             {
-                EnvelopeCheck::Verified {
-                    key_id,
-                    statement: Box::new(st),
-                }
+                Ok((st, payload))
             }
-            Ok(st) => EnvelopeCheck::Bad {
-                reason: format!(
-                    "a statement of type {:?} with predicate {:?}, not an agentdiff run",
-                    st.statement_type, st.predicate_type
-                ),
-            },
-            Err(e) => EnvelopeCheck::Bad {
-                reason: format!("the payload is not an in-toto statement: {e}"),
-            },
+            Ok(st) => Err(format!(
+                "a statement of type {:?} with predicate {:?}, not an agentdiff run",
+                st.statement_type, st.predicate_type
+            )),
+            Err(e) => Err(format!("the payload is not an in-toto statement: {e}")),
         }
     }
 }
@@ -381,5 +411,41 @@ mod tests {
             ..env
         };
         assert!(matches!(retyped.check(&trusted), EnvelopeCheck::Bad { .. }));
+    }
+
+    #[test]
+    fn a_changed_or_garbage_payload_is_bad_even_when_no_key_is_trusted() {
+        let key = SigningKey::from_seed([4; 32], PathBuf::from("/k"));
+        let env = sign(&statement_for("r1", "ab"), &key).unwrap();
+        let known = vec![key.public().clone()];
+        match env.check_with(&[], &known) {
+            EnvelopeCheck::Untrusted {
+                statement,
+                known_signer,
+                ..
+            } => {
+                assert_eq!(statement.capsule(), Some(("r1", "ab")));
+                assert_eq!(known_signer.as_deref(), Some(key.id()));
+            }
+            other => panic!("{other:?}"),
+        }
+        let changed = Envelope {
+            payload: sign(&statement_for("r2", "ab"), &key).unwrap().payload,
+            ..env.clone()
+        };
+        assert!(matches!(
+            changed.check_with(&[], &known),
+            EnvelopeCheck::Bad { .. }
+        ));
+        let garbage = Envelope {
+            payload: B64.encode("not a statement at all"),
+            ..env.clone()
+        };
+        assert!(matches!(garbage.check(&[]), EnvelopeCheck::Bad { .. }));
+        let unsigned = Envelope {
+            signatures: Vec::new(),
+            ..env
+        };
+        assert!(matches!(unsigned.check(&[]), EnvelopeCheck::Bad { .. }));
     }
 }

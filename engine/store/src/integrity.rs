@@ -148,7 +148,8 @@ pub enum Verdict {
     IntactNotAuthenticated,
     /// Something does not match: an artifact, an object, the seal itself, its MAC or the ledger.
     Forged,
-    /// No seal: the run never finished (interrupted, or still running).
+    /// No seal, and this user's ledger records none: the run never finished (interrupted, or
+    /// still running). A capsule without its seal that the ledger records as sealed is `Forged`.
     Unsealed,
 }
 
@@ -179,6 +180,8 @@ pub struct VerifyProblem {
 pub(crate) struct Findings {
     pub(crate) problems: Vec<VerifyProblem>,
     pub(crate) notes: Vec<String>,
+    /// integrity.json is missing although this user's ledger records the run's seal.
+    pub(crate) seal_deleted: bool,
 }
 
 impl Findings {
@@ -346,10 +349,18 @@ impl Capsule {
         match fs::symlink_metadata(&integrity_path) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // The ledger outlives the capsule: a seal it records and the capsule lacks was
+                // removed, which is tampering, not an interruption.
+                f.seal_deleted = ctx.ledger_records_seal(self.id().as_str());
                 f.problem(
                     integrity_name,
-                    "missing: the run was never sealed (interrupted or still running), so its \
-                     artifacts cannot be verified",
+                    if f.seal_deleted {
+                        "missing: deleted after the seal (this user's ledger records the run as \
+                         sealed), so the capsule is forged"
+                    } else {
+                        "missing: the run was never sealed (interrupted or still running), so its \
+                         artifacts cannot be verified"
+                    },
                 );
                 let auth = Authentication::unsealed();
                 ctx.check_ledger(self.id(), None, &auth, &mut f);
@@ -399,7 +410,9 @@ impl Capsule {
     fn report(&self, format: SealFormatKind, auth: Authentication, f: Findings) -> VerifyReport {
         let sealed = !matches!(format, SealFormatKind::None);
         let intact = sealed && f.problems.is_empty();
-        let verdict = if !sealed {
+        let verdict = if f.seal_deleted {
+            Verdict::Forged
+        } else if !sealed {
             Verdict::Unsealed
         } else if !intact || auth.is_forged() {
             Verdict::Forged

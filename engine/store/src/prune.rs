@@ -4,7 +4,8 @@
 //! Invariants:
 //! - it runs only under the store lock ([`StoreLock`] is a parameter), so no `run`, `rollback` or
 //!   `promote` of this project adds objects or capsules meanwhile;
-//! - only sealed runs are removed; an unsealed run (interrupted, or being recovered) is kept;
+//! - only sealed runs are removed; an unsealed run (interrupted, or being recovered) is kept, and
+//!   one this user's ledger records as sealed (its seal was deleted) is kept as unverified;
 //! - only runs whose seal authenticates under this user's key and ledger are removed: a run whose
 //!   seal is broken, forged or cannot be authenticated here is evidence to look at, and stays;
 //! - only those genuine runs are ordered and counted, by the creation time their sealed metadata
@@ -119,11 +120,11 @@ impl Store {
         let (mut remove, mut keep) = (Vec::new(), Vec::new());
         let mut genuine = 0;
         for mut run in runs {
-            if !run.sealed {
-                report.unsealed_kept.push(run.id.to_string());
-                keep.push(run);
-            } else if let Some(unverified) = run.unverified.take() {
+            if let Some(unverified) = run.unverified.take() {
                 report.unverified_kept.push(unverified);
+                keep.push(run);
+            } else if !run.sealed {
+                report.unsealed_kept.push(run.id.to_string());
                 keep.push(run);
             } else {
                 if selected(genuine, &run) {
@@ -188,7 +189,9 @@ impl Store {
     fn prune_candidates(&self, ctx: &VerifyContext) -> Result<Vec<Candidate>, StoreError> {
         let mut out = Vec::new();
         for listing in self.list_runs()? {
-            let unverified = if listing.sealed {
+            // An unsealed directory the ledger records as sealed lost its seal: it is kept as
+            // evidence that does not verify, never as a leftover of an interrupted run.
+            let unverified = if listing.sealed || ctx.ledger_records_seal(listing.id.as_str()) {
                 self.unauthenticated(&listing.id, ctx)
             } else {
                 None

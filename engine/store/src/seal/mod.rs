@@ -394,6 +394,14 @@ impl VerifyContext {
             .flatten()
     }
 
+    /// Whether this user's ledger records `run` as sealed under this context's root (its last
+    /// authenticated line is a seal, not a prune). Without a key or ledger, nothing is recorded.
+    pub fn ledger_records_seal(&self, run: &str) -> bool {
+        self.ledger_entries(run)
+            .last()
+            .is_some_and(|e| !e.is_pruned())
+    }
+
     /// Run ids the ledger records under this context's root, except those whose last line says
     /// they were pruned.
     pub fn ledgered_runs(&self) -> std::collections::BTreeSet<String> {

@@ -47,7 +47,9 @@ pub fn trusted_process_evidence(
     objects: &ObjectStore,
     ctx: &VerifyContext,
 ) -> Result<Result<TrustedEvidence, Untrusted>, StoreError> {
-    if capsule.is_sealed() {
+    // A capsule whose seal was deleted is judged by its verdict (forged), never by its launch
+    // event as if it had been interrupted.
+    if capsule.is_sealed() || ctx.ledger_records_seal(capsule.id().as_str()) {
         let report = capsule.verify_with(objects, ctx)?;
         return Ok(match report.verdict {
             Verdict::Authenticated => Ok(TrustedEvidence::Sealed),
