@@ -55,8 +55,9 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value = "summary")]
     format: InspectFormat,
-    /// Print one artifact as JSON instead of the result.
-    #[arg(long, value_enum)]
+    /// Print one artifact as JSON instead of the result (its JSON: a --format beside it would be
+    /// ignored, so the two are refused together).
+    #[arg(long, value_enum, conflicts_with = "format")]
     artifact: Option<ArtifactName>,
     /// Also print each change's diff (summary format; sensitive files show sizes and hashes
     /// only; the HTML report always has them).

@@ -76,12 +76,8 @@ impl Cli {
     /// Parse the process arguments, with `agentdiff run` extended by the flag aliases the
     /// registered backends declare.
     pub fn try_parse_with(registry: &Registry) -> Result<Self, clap::Error> {
-        let mut command = Self::command()
-            .mut_subcommand("run", |c| run::add_backend_flags(c, registry))
-            // An artifact is printed as its JSON: a --format beside it would be ignored.
-            .mut_subcommand("inspect", |c| {
-                c.mut_arg("artifact", |a| a.conflicts_with("format"))
-            });
+        let mut command =
+            Self::command().mut_subcommand("run", |c| run::add_backend_flags(c, registry));
         let matches = command.try_get_matches_from_mut(std::env::args_os())?;
         let mut cli = Self::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
         cli.attach_backend_flags(&matches, registry);
