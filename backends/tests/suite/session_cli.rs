@@ -963,3 +963,35 @@ fn a_session_hook_usage_error_never_blocks() {
         assert_exit(&out, 2);
     }
 }
+
+/// A sealed session whose capsule was edited after the seal is shown in no format: `session
+/// show` says the seal is forged and exits 67, as `inspect` and `verify` do.
+#[test]
+fn a_forged_session_is_not_shown() {
+    let (_t, root) = project();
+    let r = root_arg(&root);
+    let id = start(&root);
+    fs::write(root.join("notes.txt"), "changed\n").unwrap();
+    let end = json!({"session_id": SESSION, "cwd": root, "hook_event_name": "SessionEnd"});
+    hook(&root, "session-end", end);
+    let args = ["session", "show", &id, "--root", &r, "--format", "json"];
+    assert_exit(&agentdiff(&root, &args), 0);
+    let result = root.join(".agentdiff/runs").join(&id).join("result.json");
+    // One more byte: still the same JSON, no longer what was sealed.
+    let edited = fs::read_to_string(&result).unwrap() + " ";
+    fs::write(&result, edited).unwrap();
+    for format in ["summary", "json", "markdown", "html"] {
+        let out = agentdiff(
+            &root,
+            &["session", "show", &id, "--root", &r, "--format", format],
+        );
+        assert_exit(&out, 67);
+        assert!(
+            text(&out.stderr).contains("FORGED"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(out.stdout.is_empty(), "{format}: {}", text(&out.stdout));
+    }
+    assert_exit(&agentdiff(&root, &["verify", &id, "--root", &r]), 67);
+}

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use agentdiff_host::redact::escape_terminal;
 use agentdiff_report::session::{self, SessionState, SessionView};
 use agentdiff_report::{dashboard, markdown};
+use agentdiff_store::{Capsule, Store, Verdict};
 
 use crate::common::exit::{self, with_code};
 
@@ -41,6 +42,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (capsule, metadata) = super::open(&store, &args.id)?;
     let report = session::view(&capsule, metadata, &super::agent_runs)
         .map_err(|e| with_code(exit::INVALID_CAPSULE, e))?;
+    if report.state == SessionState::Ended {
+        refuse_forged(&root, &store, &capsule)?;
+    }
     if report.state != SessionState::Ended && matches!(args.format, Format::Markdown | Format::Html)
     {
         return Err(with_code(
@@ -70,6 +74,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A sealed session whose capsule does not verify is not shown in any format: its calls and
+/// changes are not what agentdiff sealed (exit 67, as `inspect` and `verify`).
+fn refuse_forged(root: &std::path::Path, store: &Store, capsule: &Capsule) -> anyhow::Result<()> {
+    let (ctx, _) = crate::common::context::verify_context(root);
+    let seal = capsule
+        .verify_with(store.objects(), &ctx)
+        .map_err(|e| with_code(exit::INVALID_CAPSULE, e))?;
+    if seal.verdict != Verdict::Forged {
+        return Ok(());
+    }
+    Err(with_code(
+        exit::INVALID_CAPSULE,
+        anyhow::anyhow!(
+            "session {id}: seal FORGED — its capsule is not what agentdiff sealed, so nothing of \
+             it is shown; `agentdiff verify {id}` names each problem",
+            id = capsule.id()
+        ),
+    ))
 }
 
 fn summary(r: &SessionView) -> String {
