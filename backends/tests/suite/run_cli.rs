@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{agentdiff, cmd, run_json, text};
+use super::{agentdiff, assert_exit, cmd, run_json, text};
 
 fn project() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -106,6 +106,17 @@ fn a_missing_executable_fails_with_127() {
         .as_str()
         .unwrap()
         .contains("could not be launched"));
+    // Nothing ran, so no change was decided: the summary claims no policy outcome.
+    let out = agentdiff(
+        p.path(),
+        &["run", "--", "definitely-not-a-command-agentdiff"],
+    );
+    assert_exit(&out, 127);
+    let summary = text(&out.stderr);
+    assert!(
+        summary.contains("policy outcome: none (nothing ran)"),
+        "{summary}"
+    );
 }
 
 #[test]

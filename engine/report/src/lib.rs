@@ -219,7 +219,11 @@ impl RunView {
     /// outcome to report as if it had.
     pub fn policy_outcome(&self) -> Option<Action> {
         let r = &self.result;
-        (!(r.status == Status::Error && r.changes.is_empty())).then_some(r.safety_outcome)
+        // Not launched (no runtime evidence) and not blocked by command policy, whose refusal
+        // is itself the outcome: the command could not be run.
+        let not_launched = r.runtime.is_none() && r.status != Status::Blocked;
+        let nothing_ran = r.changes.is_empty() && (r.status == Status::Error || not_launched);
+        (!nothing_ran).then_some(r.safety_outcome)
     }
 
     /// What rollback (or promote) can do for this run.
