@@ -88,7 +88,9 @@ pub enum Ineligible {
     Symlink,
     #[error("no entry on either side (not a regular file or directory)")]
     NoEntry,
-    #[error("changed kind ({} to {}); restore it by hand", kind_word(*.from), kind_word(*.to))]
+    // Said from the tree's side: rollback and promote write in opposite directions, so "from"
+    // is what the path is now and "to" what this write would make it.
+    #[error("changed kind: it is a {} now and would become a {}; change it by hand", kind_word(*.from), kind_word(*.to))]
     ChangedKind { from: EntryKind, to: EntryKind },
     #[error("its content was not hashed on both sides, so a change since cannot be detected")]
     NotHashedBothSides,
