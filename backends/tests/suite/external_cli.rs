@@ -1179,3 +1179,36 @@ fn a_python_backend_answering_a_version_1_hello_with_version_2_fails_proto_002()
         "{check:#}"
     );
 }
+
+/// A plugin that never answers its handshake is refused (69, nothing ran), and what it started
+/// meanwhile does not outlive agentdiff: its children are ended with it.
+#[test]
+fn a_plugin_that_hangs_before_answering_leaves_no_process_behind() {
+    let plugins = PluginDir::new();
+    let pid_file = plugins.path().join("child.pid");
+    let script = format!(
+        "#!/bin/sh\nsleep 1000 &\necho $! > '{}'\nwait\n",
+        pid_file.display()
+    );
+    agentdiff_test_support::write_executable(
+        &plugins.path().join("agentdiff-backend-hang"),
+        &script,
+        0o755,
+    );
+    let root = tempfile::tempdir().unwrap();
+    let path = path_with(&[plugins.path()]);
+    let out = agentdiff_on(
+        &path,
+        root.path(),
+        &["run", "--runtime", "hang", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    let child = fs::read_to_string(&pid_file).unwrap();
+    let proc_dir = Path::new("/proc").join(child.trim());
+    // Killed at once; its new parent reaps it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while proc_dir.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!proc_dir.exists(), "the plugin's child {child} still runs");
+}

@@ -88,7 +88,7 @@ impl ExternalBackend {
                 Ok((answer, protocol))
             }
             Err(e) => {
-                session.kill();
+                session.kill_with_descendants();
                 Err(e)
             }
         }

@@ -94,7 +94,7 @@ impl Session {
         match session.handshake() {
             Ok(()) => Ok(session),
             Err(e) => {
-                session.kill();
+                session.kill_with_descendants();
                 Err(e)
             }
         }
@@ -337,6 +337,21 @@ impl Session {
         if let Ok(mut c) = self.child.lock() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// Kill the plugin and every process it started (read before it dies, since they re-parent
+    /// away then; each identity-checked before it is signalled): a plugin that hung before any
+    /// launch would otherwise leave its children running. Not for a plugin that launched the
+    /// command, whose processes the run's cleanup ends and records.
+    pub fn kill_with_descendants(&mut self) {
+        let tree = agentdiff_process::read_identity(self.pid)
+            .map(|id| agentdiff_process::process_tree(&id))
+            .unwrap_or_default();
+        self.kill();
+        let descendants: Vec<_> = tree.into_iter().filter(|p| p.pid != self.pid).collect();
+        if !descendants.is_empty() {
+            let _ = agentdiff_process::cleanup_identities(&descendants, Duration::ZERO);
         }
     }
 }
