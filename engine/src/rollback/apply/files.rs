@@ -76,8 +76,22 @@ impl<'a> Applier<'a> {
             (_, Ok(_)) => Err("it changed while being restored".to_string()),
             (_, Err(e)) => Err(format!("cannot re-check it: {e}")),
         };
+        self.put_in_place(parent, &tmp_name, name, still, create)
+    }
+
+    /// Renames the prepared `tmp` over `name` (or into its empty place when `create`) once
+    /// `still` confirms the path is what was checked, and syncs the directory; `tmp` is removed
+    /// whenever it is not renamed. Files and links are put back the same way.
+    pub(super) fn put_in_place(
+        &mut self,
+        parent: &DirHandle,
+        tmp: &OsStr,
+        name: &OsStr,
+        still: Result<(), String>,
+        create: bool,
+    ) -> Step<OpResult> {
         if let Err(why) = still {
-            let _ = parent.unlink_file(&tmp_name);
+            let _ = parent.unlink_file(tmp);
             return Ok(OpResult::with(
                 Outcome::Conflict,
                 format!("{why}; the current state was preserved"),
@@ -85,12 +99,12 @@ impl<'a> Applier<'a> {
         }
         self.step()?;
         let swapped = if create {
-            parent.rename_noreplace(&tmp_name, name)
+            parent.rename_noreplace(tmp, name)
         } else {
-            parent.rename(&tmp_name, name)
+            parent.rename(tmp, name)
         };
         if let Err(e) = swapped {
-            let _ = parent.unlink_file(&tmp_name);
+            let _ = parent.unlink_file(tmp);
             return Ok(if e.kind() == io::ErrorKind::AlreadyExists {
                 OpResult::with(
                     Outcome::Conflict,

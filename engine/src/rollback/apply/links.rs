@@ -29,42 +29,8 @@ impl<'a> Applier<'a> {
                 ))
             }
         };
-        if let Some(why) = link_moved(parent, name, current) {
-            let _ = parent.unlink_file(&tmp);
-            return Ok(OpResult::with(
-                Outcome::Conflict,
-                format!("{why}; the current state was preserved"),
-            ));
-        }
-        self.step()?;
-        let swapped = if create {
-            parent.rename_noreplace(&tmp, name)
-        } else {
-            parent.rename(&tmp, name)
-        };
-        if let Err(e) = swapped {
-            let _ = parent.unlink_file(&tmp);
-            return Ok(if e.kind() == io::ErrorKind::AlreadyExists {
-                OpResult::with(
-                    Outcome::Conflict,
-                    "it was created by someone else while being restored; the current state was \
-                     preserved",
-                )
-            } else {
-                OpResult::with(Outcome::Failed, format!("cannot rename into place: {e}"))
-            });
-        }
-        if let Err(e) = parent.sync() {
-            return Ok(OpResult::with(
-                Outcome::Failed,
-                format!("restored, but the directory could not be synced: {e}"),
-            ));
-        }
-        Ok(OpResult::new(if create {
-            Outcome::Recreated
-        } else {
-            Outcome::Restored
-        }))
+        let still = link_moved(parent, name, current).map_or(Ok(()), Err);
+        self.put_in_place(parent, &tmp, name, still, create)
     }
 
     /// Removes the file or empty directory the run left where a link was (with the checks of
