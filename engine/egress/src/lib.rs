@@ -441,13 +441,15 @@ where
             return;
         }
         Checked::Failed { decision, error } => {
-            let _ = client
-                .write_all(&unreachable(request.protocol, &decision, &error))
-                .await;
-            let mut end = End::new(decision, Outcome::Failed);
-            end.error = Some(error);
-            shared.recorder.finish(slot, end);
-            return;
+            return failed(
+                &mut client,
+                &shared,
+                slot,
+                request.protocol,
+                decision,
+                error,
+            )
+            .await;
         }
         Checked::Permitted(decision, addrs) => (decision, addrs),
     };
@@ -462,13 +464,7 @@ where
             Ok(c) => c,
             Err(e) => {
                 let error = e.to_string();
-                let _ = client
-                    .write_all(&unreachable(request.protocol, &decision, &error))
-                    .await;
-                let mut end = End::new(decision, Outcome::Failed);
-                end.error = Some(error);
-                shared.recorder.finish(slot, end);
-                return;
+                return failed(&mut client, &shared, slot, request.protocol, decision, error).await;
             }
         },
         _ = stopped(&mut shutdown) => {
@@ -492,6 +488,26 @@ where
 }
 
 /// Resolves once the proxy is stopping (at once if it already is).
+/// An allowed attempt that could not reach its destination: the client is told, and the
+/// attempt is recorded as failed with why.
+async fn failed<S>(
+    client: &mut S,
+    shared: &Shared,
+    slot: record::Slot,
+    protocol: Protocol,
+    decision: agentdiff_policy::EgressDecision,
+    error: String,
+) where
+    S: AsyncWrite + Unpin,
+{
+    let _ = client
+        .write_all(&unreachable(protocol, &decision, &error))
+        .await;
+    let mut end = End::new(decision, Outcome::Failed);
+    end.error = Some(error);
+    shared.recorder.finish(slot, end);
+}
+
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }

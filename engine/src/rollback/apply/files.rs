@@ -202,20 +202,11 @@ impl<'a> Applier<'a> {
             _ => false,
         };
         if !ours {
-            let back = parent.rename_noreplace(&aside, name);
-            let _ = parent.sync();
-            return Ok(OpResult::with(
-                Outcome::Conflict,
-                match back {
-                    Ok(()) => "it was replaced or modified while being removed; it was put back \
-                               unchanged"
-                        .to_string(),
-                    Err(e) => format!(
-                        "it was replaced while being removed and could not be put back ({e}); \
-                         it is kept as {}",
-                        aside.to_string_lossy()
-                    ),
-                },
+            return Ok(put_back_aside(
+                parent,
+                &aside,
+                name,
+                "it was replaced or modified",
             ));
         }
         self.step()?;
@@ -234,4 +225,26 @@ impl<'a> Applier<'a> {
             )),
         }
     }
+}
+
+/// What was moved aside for removal is not what was checked (`raced` says how it changed): it is
+/// renamed back, never over anything, and kept, a conflict.
+pub(super) fn put_back_aside(
+    parent: &DirHandle,
+    aside: &OsStr,
+    name: &OsStr,
+    raced: &str,
+) -> OpResult {
+    let back = parent.rename_noreplace(aside, name);
+    let _ = parent.sync();
+    OpResult::with(
+        Outcome::Conflict,
+        match back {
+            Ok(()) => format!("{raced} while being removed; it was put back unchanged"),
+            Err(e) => format!(
+                "{raced} while being removed and could not be put back ({e}); it is kept as {}",
+                aside.to_string_lossy()
+            ),
+        },
+    )
 }

@@ -3,6 +3,7 @@
 //! removed by renaming it aside and unlinking it only when it is the link that was checked, and
 //! put back where the run left a file or a directory once that is removed.
 
+use super::files::put_back_aside;
 use super::*;
 
 impl<'a> Applier<'a> {
@@ -106,21 +107,7 @@ impl<'a> Applier<'a> {
             target: target.clone(),
         };
         if link_moved(parent, &aside, &moved).is_some() {
-            let back = parent.rename_noreplace(&aside, name);
-            let _ = parent.sync();
-            return Ok(OpResult::with(
-                Outcome::Conflict,
-                match back {
-                    Ok(()) => {
-                        "it was replaced while being removed; it was put back unchanged".to_string()
-                    }
-                    Err(e) => format!(
-                        "it was replaced while being removed and could not be put back ({e}); \
-                         it is kept as {}",
-                        aside.to_string_lossy()
-                    ),
-                },
-            ));
+            return Ok(put_back_aside(parent, &aside, name, "it was replaced"));
         }
         self.step()?;
         if let Err(e) = parent.unlink_file(&aside) {
