@@ -82,10 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // Every view states the verdict `agentdiff verify` reaches before any recorded content, and
     // a forged capsule exits 67 whatever the format: its content is not what agentdiff sealed.
-    let (ctx, _) = crate::common::context::verify_context(&root);
-    let seal = capsule
-        .verify_with(store.objects(), &ctx)
-        .map_err(|e| exit::with_code(exit::INVALID_CAPSULE, e))?;
+    let seal = crate::common::context::seal_of(&store, &capsule)?;
     let code = if seal.verdict == Verdict::Forged {
         ExitCode::from(exit::INVALID_CAPSULE)
     } else {

@@ -143,6 +143,18 @@ pub fn verify_context(
 /// A stored run for a report, its seal verified as `agentdiff verify` does (this user's key and
 /// ledger). A capsule that cannot be read, or whose result names another run, exits
 /// [`crate::common::exit::INVALID_CAPSULE`].
+/// The verdict `agentdiff verify` reaches for `capsule`, with this user's key and ledger (an
+/// unreadable capsule exits 67).
+pub fn seal_of(
+    store: &agentdiff_store::Store,
+    capsule: &agentdiff_store::Capsule,
+) -> anyhow::Result<agentdiff_store::VerifyReport> {
+    let (ctx, _) = verify_context(store.root());
+    capsule
+        .verify_with(store.objects(), &ctx)
+        .map_err(|e| crate::common::exit::with_code(crate::common::exit::INVALID_CAPSULE, e))
+}
+
 pub fn load_verified(
     store: &agentdiff_store::Store,
     capsule: &agentdiff_store::Capsule,

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report = session::view(&capsule, metadata, &super::agent_runs)
         .map_err(|e| with_code(exit::INVALID_CAPSULE, e))?;
     if report.state == SessionState::Ended {
-        refuse_forged(&root, &store, &capsule)?;
+        refuse_forged(&store, &capsule)?;
     }
     if report.state != SessionState::Ended && matches!(args.format, Format::Markdown | Format::Html)
     {
@@ -78,11 +78,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// A sealed session whose capsule does not verify is not shown in any format: its calls and
 /// changes are not what agentdiff sealed (exit 67, as `inspect` and `verify`).
-fn refuse_forged(root: &std::path::Path, store: &Store, capsule: &Capsule) -> anyhow::Result<()> {
-    let (ctx, _) = crate::common::context::verify_context(root);
-    let seal = capsule
-        .verify_with(store.objects(), &ctx)
-        .map_err(|e| with_code(exit::INVALID_CAPSULE, e))?;
+fn refuse_forged(store: &Store, capsule: &Capsule) -> anyhow::Result<()> {
+    let seal = crate::common::context::seal_of(store, capsule)?;
     if seal.verdict != Verdict::Forged {
         return Ok(());
     }
