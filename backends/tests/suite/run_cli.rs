@@ -861,3 +861,59 @@ fn a_run_whose_after_capture_fails_is_sealed_as_an_error() {
     let verify = agentdiff(p.path(), &["verify", "broken"]);
     assert!(verify.status.success(), "{}", text(&verify.stdout));
 }
+
+/// srt run by root leaves its command a full capability set. Through the binary, the command
+/// starts with none: it can neither read the start line out of the marker FIFO (to learn the
+/// run's token) nor forge the shim's `exec_failed` with it, and its exit stays its own.
+#[test]
+fn under_srt_the_command_starts_without_capabilities_and_cannot_forge_the_start() {
+    let found = |p: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {p}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !(found("srt") && found("bwrap")) {
+        agentdiff_test_support::skip("srt and bubblewrap are not installed");
+        return;
+    }
+    let p = project();
+    let script = r#"
+import glob, os
+caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+open("caps.out", "w").write(caps)
+marker = glob.glob(".agentdiff/runs/*/srt-start-marker.fifo")[0]
+try:
+    fd = os.open(marker, os.O_RDWR | os.O_NONBLOCK)
+    line = os.read(fd, 4096)
+    token = line.split(b"token=")[1].split()[0]
+    os.write(fd, b"exec_failed token=" + token + b" errno=2\n")
+    open("stolen.out", "w").write("stolen")
+except (OSError, IndexError) as e:
+    open("denied.out", "w").write(type(e).__name__)
+"#;
+    let args = ["--runtime", "srt", "--fail-on", "never"];
+    let (code, r, out) = run_json(p.path(), &args, &["python3", "-c", script]);
+    assert_eq!(code, 0, "{}", text(&out.stderr));
+    let read = |n: &str| fs::read_to_string(p.path().join(n)).ok();
+    assert_eq!(read("caps.out").as_deref(), Some("0000000000000000"));
+    assert_eq!(read("stolen.out"), None, "the command read the start line");
+    // The marker was there to be tried, and refused.
+    assert_eq!(read("denied.out").as_deref(), Some("PermissionError"));
+    let id = r["run_id"].as_str().unwrap();
+    let runtime: Value = serde_json::from_str(
+        &fs::read_to_string(
+            p.path()
+                .join(".agentdiff/runs")
+                .join(id)
+                .join("runtime.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(runtime["wrapper"]["command_started"], true, "{runtime:#}");
+    assert_eq!(
+        runtime["wrapper"]["exit_attribution"], "command",
+        "{runtime:#}"
+    );
+}
