@@ -151,7 +151,9 @@ fn runtime_config(plan: &Plan) -> Value {
         "namespaces": namespaces(plan.network),
         "die_with_parent": true,
         "new_session": plan.new_session,
-        "tty_guard": "seccomp filter refusing TIOCSTI and TIOCLINUX, installed by the exec shim",
+        "seccomp_guard": "installed by the exec shim: ioctl TIOCSTI and TIOCLINUX refused \
+                          (EPERM), socket(AF_VSOCK) refused (EAFNOSUPPORT), io_uring_setup \
+                          refused (ENOSYS), 32-bit socketcall(SYS_SOCKET) refused",
         "cap_drop": "ALL",
         "env_dropped_by_backend": plan.env_dropped,
     })
@@ -216,11 +218,15 @@ fn controls(plan: &Plan) -> BTreeMap<String, Control> {
         .map(|m| m.path.to_string_lossy().into_owned())
         .collect();
     let network_how = match plan.network {
-        Network::None => "network namespace unshared (loopback only)",
+        Network::None => {
+            "network namespace unshared (loopback only); AF_VSOCK sockets and io_uring refused \
+             by the exec shim's seccomp filter"
+        }
         Network::Filtered => {
             "network namespace unshared; the only route out is agentdiff's egress proxy \
              (network.egress), through its Unix socket and a forwarder on 127.0.0.1, with the \
-             proxy variables set"
+             proxy variables set; AF_VSOCK sockets and io_uring refused by the exec shim's \
+             seccomp filter"
         }
         Network::Host => "host network (runtime.bwrap.network: host)",
     };

@@ -1627,7 +1627,8 @@ mod tests {
         let mut s = spec(&f, BackendOptions::new());
         s.env
             .push((exec_shim::ENV_HOST_NAMESPACES.into(), "net:1".into()));
-        s.env.push((exec_shim::ENV_TTY_GUARD.into(), "0".into()));
+        s.env
+            .push((exec_shim::ENV_SECCOMP_GUARD.into(), "0".into()));
         let p = plan(&s, &facts(&f), programs(), &[]).unwrap();
         for var in exec_shim::SHIM_ENV_VARS {
             assert!(!p.env.iter().any(|(k, _)| k == var), "{var}");

@@ -369,3 +369,74 @@ exit 3"#;
         "the start line was readable in the sandbox"
     );
 }
+
+/// Python that tries an `AF_VSOCK` socket (towards the host, CID 2, when one is made) and an
+/// io_uring, and prints what happened (`vsock created|ERRNO`, `uring created|ERRNO`) to stdout,
+/// or to the file its first argument names.
+const VSOCK_AND_URING: &str = r#"
+import ctypes, socket, sys
+out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
+def print(*a):
+    out.write(" ".join(str(x) for x in a) + "\n")
+try:
+    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    print("vsock created")
+    s.settimeout(1)
+    try:
+        s.connect((2, 40123))
+    except OSError:
+        pass
+except OSError as e:
+    print("vsock", e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(425, 1, params)
+print("uring created" if fd >= 0 else "uring %d" % ctypes.get_errno())
+out.close()
+"#;
+
+#[test]
+fn the_command_gets_no_vsock_and_no_io_uring() {
+    if no_bwrap() {
+        return;
+    }
+    let probe = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // What this host gives a plain process, so the sandbox's answer means something.
+    let host = probe(Command::new("python3").args(["-c", VSOCK_AND_URING]));
+    let f = Fixture::new();
+    let argv = ["python3", "-c", VSOCK_AND_URING, "probe.txt"];
+    let (code, result, out) = f.run(&[], &argv, &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    assert!(
+        stdout.contains(&format!("vsock {}", libc::EAFNOSUPPORT)),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("uring {}", libc::ENOSYS)),
+        "{stdout}"
+    );
+    if !host.contains("vsock created") {
+        // Without vsock on the host, EAFNOSUPPORT is the kernel's answer; the filter's own
+        // answer is checked by agentdiff-process's unit tests.
+        eprintln!("note: this host has no vsock ({host:?}); the sandbox's refusal is the kernel's");
+    }
+    if !host.contains("uring created") {
+        eprintln!("note: this host refuses io_uring itself ({host:?})");
+    }
+    let rt = f.runtime_json(&result);
+    let how = rt["wrapper"]["controls"]["network"]["how"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(how.contains("AF_VSOCK"), "{rt:#}");
+}

@@ -16,6 +16,7 @@ pub mod exec_log;
 #[cfg(unix)]
 pub mod exec_shim;
 pub mod ports;
+pub mod seccomp_guard;
 #[cfg(unix)]
 pub mod shimmed;
 #[cfg(target_os = "linux")]
@@ -26,7 +27,6 @@ pub mod supervisor;
 pub mod terminal;
 pub mod tracker;
 pub mod tree;
-pub mod tty_guard;
 
 pub use cleanup::{cleanup_identities, CleanupTarget};
 

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::exec_shim::start_gate::{GateError, StartGate};
 use crate::exec_shim::{
     self, Attribution, ExitBy, MarkerError, ShimSecret, StartLabel, StartMarker, StartState,
-    ENV_TTY_GUARD, SHIM_ENV_VARS,
+    ENV_SECCOMP_GUARD, SHIM_ENV_VARS,
 };
 use crate::supervisor::{spawn_supervised, EvidenceLabels, SupervisedCommand};
 use agentdiff_backend_api::{
@@ -48,16 +48,17 @@ pub enum ShimmedError {
 }
 
 /// The environment the wrapper gets: `env` without any shim variable it carried, plus, with
-/// `tty_guard`, the request for the shim's TIOCSTI/TIOCLINUX filter. Nothing secret: the
-/// argv digest and its salt reach the shim through the secret FIFO ([`ShimmedCommand::spawn`]).
-pub fn shim_env(env: &[(OsString, OsString)], tty_guard: bool) -> Vec<(OsString, OsString)> {
+/// `seccomp_guard`, the request for the shim's seccomp filter ([`crate::seccomp_guard`]).
+/// Nothing secret: the argv digest and its salt reach the shim through the secret FIFO
+/// ([`ShimmedCommand::spawn`]).
+pub fn shim_env(env: &[(OsString, OsString)], seccomp_guard: bool) -> Vec<(OsString, OsString)> {
     let mut out: Vec<(OsString, OsString)> = env
         .iter()
         .filter(|(k, _)| !SHIM_ENV_VARS.iter().any(|v| k == v))
         .cloned()
         .collect();
-    if tty_guard {
-        out.push((ENV_TTY_GUARD.into(), "1".into()));
+    if seccomp_guard {
+        out.push((ENV_SECCOMP_GUARD.into(), "1".into()));
     }
     out
 }
@@ -238,16 +239,19 @@ mod tests {
                 OsString::from(exec_shim::ENV_ARGV_DIGEST),
                 OsString::from("forged"),
             ),
-            (OsString::from(ENV_TTY_GUARD), OsString::from("0")),
+            (OsString::from(ENV_SECCOMP_GUARD), OsString::from("0")),
             (OsString::from("PATH"), OsString::from("/bin")),
         ];
         let out = shim_env(&env, false);
         assert_eq!(out, vec![(OsString::from("PATH"), OsString::from("/bin"))]);
         let guarded = shim_env(&env, true);
-        let tty: Vec<_> = guarded.iter().filter(|(k, _)| k == ENV_TTY_GUARD).collect();
+        let tty: Vec<_> = guarded
+            .iter()
+            .filter(|(k, _)| k == ENV_SECCOMP_GUARD)
+            .collect();
         assert_eq!(
             tty,
-            vec![&(OsString::from(ENV_TTY_GUARD), OsString::from("1"))]
+            vec![&(OsString::from(ENV_SECCOMP_GUARD), OsString::from("1"))]
         );
     }
 

@@ -83,16 +83,17 @@ pub const STANDALONE_SHIM: &str = "agentdiff-exec-shim";
 /// never sets it (the value travels through the secret FIFO) and drops it from a caller's
 /// environment; the shim ignores it.
 pub const ENV_ARGV_DIGEST: &str = "AGENTDIFF_EXEC_SHIM_ARGV_DIGEST";
-/// Environment variable (value `1`) asking the shim to install the terminal-injection filter
-/// ([`crate::tty_guard`]) before it marks the start; removed before `exec`.
-pub const ENV_TTY_GUARD: &str = "AGENTDIFF_EXEC_SHIM_TTY_GUARD";
+/// Environment variable (value `1`) asking the shim to install its seccomp filter (terminal
+/// injection, vsock, io_uring: [`crate::seccomp_guard`]) before it marks the start; removed
+/// before `exec`.
+pub const ENV_SECCOMP_GUARD: &str = "AGENTDIFF_EXEC_SHIM_SECCOMP_GUARD";
 /// Environment variable carrying the host's namespace ids (`NAME:INODE,…`, [`namespace_ids`])
 /// for the namespaces the sandbox unshares; removed before `exec`.
 pub const ENV_HOST_NAMESPACES: &str = "AGENTDIFF_EXEC_SHIM_HOST_NS";
 /// Every variable of the shim's own: dropped from a caller's environment and from the evidence.
 pub const SHIM_ENV_VARS: [&str; 5] = [
     ENV_ARGV_DIGEST,
-    ENV_TTY_GUARD,
+    ENV_SECCOMP_GUARD,
     ENV_HOST_NAMESPACES,
     self::start_gate::ENV_START_GATE,
     self::forward::ENV_EGRESS_FORWARD,
@@ -721,12 +722,12 @@ fn check_before_start(
             return refuse(line, message, SHIM_NOT_SANDBOXED_EXIT);
         }
     }
-    if std::env::var_os(ENV_TTY_GUARD).is_some_and(|v| v == "1") {
-        if let Err(e) = crate::tty_guard::install() {
+    if std::env::var_os(ENV_SECCOMP_GUARD).is_some_and(|v| v == "1") {
+        if let Err(e) = crate::seccomp_guard::install() {
             // No start mark: the host records a setup failure, never an unguarded run.
             eprintln!(
-                "agentdiff exec shim: {e}; the command was not started (it would share the \
-                 terminal without the TIOCSTI guard)"
+                "agentdiff exec shim: {e}; the command was not started (it would run without \
+                 the seccomp guard: terminal injection, vsock and io_uring unrefused)"
             );
             return Err(SHIM_REFUSED_EXIT);
         }
