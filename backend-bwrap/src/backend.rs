@@ -145,7 +145,14 @@ fn runtime_config(plan: &Plan) -> Value {
         "network": plan.network,
         "home": plan.home,
         "home_sockets": if plan.agent_sockets_allowed { "allow" } else { "hide" },
-        "base": ["ro-bind / /", "dev /dev", "proc /proc", "tmpfs /tmp"],
+        "base": [
+            "ro-bind / /",
+            "dev /dev",
+            "proc /proc",
+            "ro-bind /dev/null /proc/1/mem",
+            "ro-bind /dev/null /proc/1/task/1/mem",
+            "tmpfs /tmp",
+        ],
         "mounts": plan.mounts,
         "not_applied": plan.not_applied,
         "namespaces": namespaces(plan.network),
@@ -153,7 +160,9 @@ fn runtime_config(plan: &Plan) -> Value {
         "new_session": plan.new_session,
         "seccomp_guard": "installed by the exec shim: ioctl TIOCSTI and TIOCLINUX refused \
                           (EPERM), socket(AF_VSOCK) refused (EAFNOSUPPORT), io_uring_setup \
-                          refused (ENOSYS), 32-bit socketcall(SYS_SOCKET) refused",
+                          refused (ENOSYS), 32-bit socketcall(SYS_SOCKET) refused, ptrace, \
+                          process_vm_readv/writev and pidfd_open of pid 1 (bwrap's init) \
+                          refused (EPERM)",
         "cap_drop": "ALL",
         "env_dropped_by_backend": plan.env_dropped,
     })

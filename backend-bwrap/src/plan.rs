@@ -844,6 +844,9 @@ pub struct Sandboxing<'a> {
     pub egress: Option<&'a Path>,
 }
 
+/// The memory files of the sandbox's pid 1 (bwrap's init), covered by the null device.
+pub const PID1_MEMORY: [&str; 2] = ["/proc/1/mem", "/proc/1/task/1/mem"];
+
 /// bwrap's arguments for these mounts and this command.
 pub fn build_args(
     mounts: &[Mount],
@@ -860,6 +863,11 @@ pub fn build_args(
     push(&[s("--ro-bind"), s("/"), s("/")]);
     push(&[s("--dev"), s("/dev")]);
     push(&[s("--proc"), s("/proc")]);
+    // Pid 1 is bwrap's init, outside the exec shim's seccomp filter: its memory files would let
+    // the command drive it past the filter (agentdiff_process::seccomp_guard).
+    for mem in PID1_MEMORY {
+        push(&[s("--ro-bind"), s("/dev/null"), s(mem)]);
+    }
     push(&[s("--tmpfs"), s("/tmp")]);
     for m in mounts {
         let p = m.path.as_os_str();
@@ -1096,6 +1104,12 @@ mod tests {
         let dev = at(&["--dev", "/dev"]);
         let proc_ = at(&["--proc", "/proc"]);
         let tmp = at(&["--tmpfs", "/tmp"]);
+        for mem in PID1_MEMORY {
+            assert!(
+                at(&["--ro-bind", "/dev/null", mem]) > proc_,
+                "{mem} after /proc"
+            );
+        }
         let bind_root = at(&["--bind", &root, &root]);
         let ro_git = at(&["--ro-bind", &git, &git]);
         let ro_store = at(&["--ro-bind", &store, &store]);

@@ -440,3 +440,57 @@ fn the_command_gets_no_vsock_and_no_io_uring() {
         .unwrap_or_default();
     assert!(how.contains("AF_VSOCK"), "{rt:#}");
 }
+
+/// Python that tries to reach pid 1 (bwrap's init, outside the exec shim's filter) each way a
+/// process of the same user can, and writes what happened to the file its argument names.
+const DRIVE_PID1: &str = r#"
+import ctypes, os, sys
+out = open(sys.argv[1], "w")
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.restype = ctypes.c_long
+libc.syscall.restype = ctypes.c_long
+out.write("comm %s\n" % open("/proc/1/comm").read().strip())
+r = libc.ptrace(16, 1, None, None)  # PTRACE_ATTACH
+if r == 0:
+    os.waitpid(1, 0)
+    libc.ptrace(17, 1, None, None)  # PTRACE_DETACH
+    out.write("ptrace attached\n")
+else:
+    out.write("ptrace %d\n" % ctypes.get_errno())
+for path in ("/proc/1/mem", "/proc/1/task/1/mem"):
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        out.write("%s opened\n" % path)
+    except OSError as e:
+        out.write("%s %d\n" % (path, e.errno))
+r = libc.syscall(434, 1, 0)  # pidfd_open
+out.write("pidfd opened\n" if r >= 0 else "pidfd %d\n" % ctypes.get_errno())
+out.close()
+"#;
+
+#[test]
+fn the_command_cannot_drive_bwraps_init_past_the_filter() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let argv = ["python3", "-c", DRIVE_PID1, "probe.txt"];
+    let (code, result, out) = f.run(&[], &argv, &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    assert!(
+        seen.contains("comm bwrap"),
+        "pid 1 is not bwrap's init: {seen}"
+    );
+    let eperm = libc::EPERM;
+    assert!(seen.contains(&format!("ptrace {eperm}")), "{seen}");
+    assert!(seen.contains(&format!("pidfd {eperm}")), "{seen}");
+    for path in ["/proc/1/mem", "/proc/1/task/1/mem"] {
+        assert!(!seen.contains(&format!("{path} opened")), "{seen}");
+    }
+}

@@ -14,6 +14,13 @@
 //!   family lies in memory a seccomp filter cannot read. 32-bit programs whose C library creates
 //!   sockets through `socketcall` get none; the direct `socket` call is decided as on 64 bits.
 //!
+//! - `ptrace` of pid 1, and `process_vm_readv`, `process_vm_writev` and `pidfd_open` on pid 1,
+//!   fail with `EPERM`. Under bwrap, pid 1 is bubblewrap's init: the only process of the sandbox
+//!   outside this filter (it starts the shim), of the same user and traceable, so a command that
+//!   drove it would make every call above unfiltered. (bwrap also covers `/proc/1/mem` and
+//!   `/proc/1/task/1/mem`, which give the same access without a syscall to check.) Tracing any
+//!   other process of the sandbox is left alone: they all run under this filter.
+//!
 //! The filter is inherited by every descendant and cannot be removed.
 //!
 //! Invariants: on the native architecture and its compat ABIs (x86_64: x32 and i386; aarch64:
@@ -32,6 +39,8 @@ pub const TIOCLINUX: u32 = 0x541C;
 pub const AF_VSOCK: u32 = 40;
 /// `socketcall`'s call number for `socket`.
 pub const SYS_SOCKET: u32 = 1;
+/// The pid, in the sandbox's pid namespace, of the process outside the filter.
+pub const UNFILTERED_PID: u32 = 1;
 
 /// Errors installing the filter.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +58,7 @@ pub enum SeccompGuardError {
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
 mod imp {
-    use super::{SeccompGuardError, AF_VSOCK, SYS_SOCKET, TIOCLINUX, TIOCSTI};
+    use super::{SeccompGuardError, AF_VSOCK, SYS_SOCKET, TIOCLINUX, TIOCSTI, UNFILTERED_PID};
 
     const LD_W_ABS: u16 = 0x20;
     const JEQ_K: u16 = 0x15;
@@ -73,6 +82,10 @@ mod imp {
         pub socket: &'static [u32],
         pub socketcall: Option<u32>,
         pub io_uring_setup: &'static [u32],
+        /// `ptrace`: the pid is its second argument.
+        pub ptrace: &'static [u32],
+        /// `process_vm_readv`, `process_vm_writev` and `pidfd_open`: the pid is the first.
+        pub by_pid: &'static [u32],
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -83,6 +96,8 @@ mod imp {
             socket: &[41, X32 | 41],
             socketcall: None,
             io_uring_setup: &[425, X32 | 425],
+            ptrace: &[101, X32 | 521],
+            by_pid: &[310, 311, X32 | 539, X32 | 540, 434, X32 | 434],
         },
         // i386
         Abi {
@@ -91,6 +106,8 @@ mod imp {
             socket: &[359],
             socketcall: Some(102),
             io_uring_setup: &[425],
+            ptrace: &[26],
+            by_pid: &[347, 348, 434],
         },
     ];
     #[cfg(target_arch = "aarch64")]
@@ -101,6 +118,8 @@ mod imp {
             socket: &[198],
             socketcall: None,
             io_uring_setup: &[425],
+            ptrace: &[117],
+            by_pid: &[270, 271, 434],
         },
         // arm (EABI has no socketcall; an OABI-compat kernel does)
         Abi {
@@ -109,6 +128,8 @@ mod imp {
             socket: &[281],
             socketcall: Some(102),
             io_uring_setup: &[425],
+            ptrace: &[26],
+            by_pid: &[376, 377, 434],
         },
     ];
 
@@ -120,6 +141,8 @@ mod imp {
         Ioctl,
         Socket,
         Socketcall,
+        Ptrace,
+        ByPid,
         NoSys,
         Perm,
         NoFamily,
@@ -159,6 +182,8 @@ mod imp {
             p.extend(abi.socket.iter().map(|&nr| to(nr, Label::Socket)));
             p.extend(abi.socketcall.map(|nr| to(nr, Label::Socketcall)));
             p.extend(abi.io_uring_setup.iter().map(|&nr| to(nr, Label::NoSys)));
+            p.extend(abi.ptrace.iter().map(|&nr| to(nr, Label::Ptrace)));
+            p.extend(abi.by_pid.iter().map(|&nr| to(nr, Label::ByPid)));
             p.push(Ret(ALLOW));
         }
         p.push(Mark(Label::Abi(ABIS.len())));
@@ -176,6 +201,14 @@ mod imp {
         p.push(Mark(Label::Socketcall));
         p.push(Load(OFF_ARG0_LO));
         p.push(to(SYS_SOCKET, Label::NoFamily));
+        p.push(Ret(ALLOW));
+        p.push(Mark(Label::Ptrace));
+        p.push(Load(OFF_ARG1_LO));
+        p.push(to(UNFILTERED_PID, Label::Perm));
+        p.push(Ret(ALLOW));
+        p.push(Mark(Label::ByPid));
+        p.push(Load(OFF_ARG0_LO));
+        p.push(to(UNFILTERED_PID, Label::Perm));
         p.push(Ret(ALLOW));
         p.push(Mark(Label::Perm));
         p.push(Ret(ERRNO | libc::EPERM as u32));
@@ -339,6 +372,17 @@ mod tests {
             for &nr in abi.io_uring_setup {
                 assert_eq!(at(nr, 8, 0), ENOSYS, "io_uring_setup {nr}");
             }
+            for &nr in abi.ptrace {
+                // PTRACE_ATTACH (16) and PTRACE_PEEKDATA (2) of pid 1; of pid 2 they pass.
+                assert_eq!(at(nr, 16, UNFILTERED_PID), EPERM, "ptrace {nr} attach 1");
+                assert_eq!(at(nr, 2, UNFILTERED_PID), EPERM, "ptrace {nr} peek 1");
+                assert_eq!(at(nr, 16, 2), ALLOWED, "ptrace {nr} attach 2");
+                assert_eq!(at(nr, 0, 0), ALLOWED, "ptrace {nr} TRACEME");
+            }
+            for &nr in abi.by_pid {
+                assert_eq!(at(nr, UNFILTERED_PID, 0), EPERM, "{nr} on pid 1");
+                assert_eq!(at(nr, 2, UNFILTERED_PID), ALLOWED, "{nr} on pid 2");
+            }
         }
         // The arguments matter only for the calls above: `read` with any of them passes.
         #[cfg(target_arch = "x86_64")]
@@ -399,6 +443,21 @@ mod tests {
                 unsafe { libc::close(fd) };
             }
         }
+        // On pid 1 (outside any sandbox here: only calls that change nothing). Zero-length
+        // vectors: a permitted call returns 0.
+        // SAFETY: process_vm_readv with no iovecs touches no memory.
+        let vm = unsafe { libc::process_vm_readv(1, std::ptr::null(), 0, std::ptr::null(), 0, 0) };
+        let vm_err = errno();
+        assert_eq!(vm, -1, "process_vm_readv on pid 1 was allowed");
+        assert_eq!(vm_err, Some(libc::EPERM));
+        // SAFETY: pidfd_open(2) with integer arguments; a returned descriptor is closed.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, 1, 0) };
+        let pidfd_err = errno();
+        if pidfd >= 0 {
+            // SAFETY: a descriptor this function created.
+            unsafe { libc::close(pidfd as libc::c_int) };
+        }
+        assert_eq!((pidfd, pidfd_err), (-1, Some(libc::EPERM)), "pidfd_open(1)");
         let mut params = [0u8; 120];
         // SAFETY: io_uring_setup(2) reads and writes the 120-byte `io_uring_params` at `params`.
         let ring = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, params.as_mut_ptr()) };
