@@ -160,7 +160,8 @@ fn runtime_config(plan: &Plan) -> Value {
         "new_session": plan.new_session,
         "seccomp_guard": "installed by the exec shim: ioctl TIOCSTI and TIOCLINUX refused \
                           (EPERM), socket(AF_VSOCK) refused (EAFNOSUPPORT), io_uring_setup \
-                          refused (ENOSYS), 32-bit socketcall(SYS_SOCKET) refused, ptrace, \
+                          refused (ENOSYS), 32-bit socketcall(SYS_SOCKET) refused, keyctl, \
+                          add_key and request_key refused (ENOSYS), ptrace, \
                           process_vm_readv/writev and pidfd_open of pid 1 (bwrap's init) \
                           refused (EPERM)",
         "cap_drop": "ALL",

@@ -494,3 +494,80 @@ fn the_command_cannot_drive_bwraps_init_past_the_filter() {
         assert!(!seen.contains(&format!("{path} opened")), "{seen}");
     }
 }
+
+/// Python that looks for a key in the user keyring and prints what it read: `read VALUE`, or
+/// `search ERRNO`.
+const READ_USER_KEY: &str = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = open(sys.argv[2], "w") if len(sys.argv) > 2 else sys.stdout
+key = libc.syscall(250, 10, ctypes.c_int(-4), b"user", sys.argv[1].encode(), 0)  # KEYCTL_SEARCH
+if key < 0:
+    out.write("search %d\n" % ctypes.get_errno())
+else:
+    buf = ctypes.create_string_buffer(256)
+    n = libc.syscall(250, 11, ctypes.c_long(key), buf, 256)  # KEYCTL_READ
+    out.write("read %s\n" % buf.raw[:max(n, 0)].decode())
+out.close()
+"#;
+
+/// A `user` key in this user's keyring, unlinked when dropped.
+struct UserKey(libc::c_long);
+
+impl UserKey {
+    fn add(description: &str, value: &str) -> Option<UserKey> {
+        let (kind, desc) = (c"user", std::ffi::CString::new(description).unwrap());
+        // SAFETY: add_key(2) reads the two C strings and `value.len()` bytes of `value`.
+        let id = unsafe {
+            libc::syscall(
+                libc::SYS_add_key,
+                kind.as_ptr(),
+                desc.as_ptr(),
+                value.as_ptr(),
+                value.len(),
+                libc::c_long::from(-4i32), // KEY_SPEC_USER_KEYRING
+            )
+        };
+        (id >= 0).then_some(UserKey(id))
+    }
+}
+
+impl Drop for UserKey {
+    fn drop(&mut self) {
+        // SAFETY: keyctl(KEYCTL_UNLINK, key, KEY_SPEC_USER_KEYRING) with integer arguments.
+        unsafe { libc::syscall(libc::SYS_keyctl, 9, self.0, -4) };
+    }
+}
+
+#[test]
+fn the_command_cannot_read_the_users_kernel_keyring() {
+    if no_bwrap() {
+        return;
+    }
+    let description = format!("agentdiff-test-{}", std::process::id());
+    let Some(_key) = UserKey::add(&description, "KEYRING-SECRET") else {
+        agentdiff_test_support::skip("this kernel gives no user keyring (add_key failed)");
+        return;
+    };
+    let host = Command::new("python3")
+        .args(["-c", READ_USER_KEY, &description])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&host.stdout).trim(),
+        "read KEYRING-SECRET",
+        "the key is readable outside the sandbox: {host:?}"
+    );
+    let f = Fixture::new();
+    let argv = ["python3", "-c", READ_USER_KEY, &description, "probe.txt"];
+    let (code, result, out) = f.run(&[], &argv, &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    assert_eq!(seen.trim(), format!("search {}", libc::ENOSYS));
+}

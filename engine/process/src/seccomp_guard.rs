@@ -14,6 +14,11 @@
 //!   family lies in memory a seccomp filter cannot read. 32-bit programs whose C library creates
 //!   sockets through `socketcall` get none; the direct `socket` call is decided as on 64 bits.
 //!
+//! - `keyctl`, `add_key` and `request_key` fail with `ENOSYS`, as on a kernel without keys: no
+//!   mount hides the kernel's keyrings, and where the sandbox has no user namespace of its own
+//!   (bwrap run by root) the command could otherwise read what the user keeps there (Kerberos
+//!   tickets in a `KEYRING:` cache, tokens stored with `keyctl`). A user namespace already makes
+//!   the caller's keys unfindable (measured); the filter makes it so in every case.
 //! - `ptrace` of pid 1, and `process_vm_readv`, `process_vm_writev` and `pidfd_open` on pid 1,
 //!   fail with `EPERM`. Under bwrap, pid 1 is bubblewrap's init: the only process of the sandbox
 //!   outside this filter (it starts the shim), of the same user and traceable, so a command that
@@ -82,6 +87,8 @@ mod imp {
         pub socket: &'static [u32],
         pub socketcall: Option<u32>,
         pub io_uring_setup: &'static [u32],
+        /// `add_key`, `request_key` and `keyctl`.
+        pub keys: &'static [u32],
         /// `ptrace`: the pid is its second argument.
         pub ptrace: &'static [u32],
         /// `process_vm_readv`, `process_vm_writev` and `pidfd_open`: the pid is the first.
@@ -96,6 +103,7 @@ mod imp {
             socket: &[41, X32 | 41],
             socketcall: None,
             io_uring_setup: &[425, X32 | 425],
+            keys: &[248, 249, 250, X32 | 248, X32 | 249, X32 | 250],
             ptrace: &[101, X32 | 521],
             by_pid: &[310, 311, X32 | 539, X32 | 540, 434, X32 | 434],
         },
@@ -106,6 +114,7 @@ mod imp {
             socket: &[359],
             socketcall: Some(102),
             io_uring_setup: &[425],
+            keys: &[286, 287, 288],
             ptrace: &[26],
             by_pid: &[347, 348, 434],
         },
@@ -118,6 +127,7 @@ mod imp {
             socket: &[198],
             socketcall: None,
             io_uring_setup: &[425],
+            keys: &[217, 218, 219],
             ptrace: &[117],
             by_pid: &[270, 271, 434],
         },
@@ -128,6 +138,7 @@ mod imp {
             socket: &[281],
             socketcall: Some(102),
             io_uring_setup: &[425],
+            keys: &[309, 310, 311],
             ptrace: &[26],
             by_pid: &[376, 377, 434],
         },
@@ -182,6 +193,7 @@ mod imp {
             p.extend(abi.socket.iter().map(|&nr| to(nr, Label::Socket)));
             p.extend(abi.socketcall.map(|nr| to(nr, Label::Socketcall)));
             p.extend(abi.io_uring_setup.iter().map(|&nr| to(nr, Label::NoSys)));
+            p.extend(abi.keys.iter().map(|&nr| to(nr, Label::NoSys)));
             p.extend(abi.ptrace.iter().map(|&nr| to(nr, Label::Ptrace)));
             p.extend(abi.by_pid.iter().map(|&nr| to(nr, Label::ByPid)));
             p.push(Ret(ALLOW));
@@ -372,6 +384,9 @@ mod tests {
             for &nr in abi.io_uring_setup {
                 assert_eq!(at(nr, 8, 0), ENOSYS, "io_uring_setup {nr}");
             }
+            for &nr in abi.keys {
+                assert_eq!(at(nr, 10, 0), ENOSYS, "key call {nr}");
+            }
             for &nr in abi.ptrace {
                 // PTRACE_ATTACH (16) and PTRACE_PEEKDATA (2) of pid 1; of pid 2 they pass.
                 assert_eq!(at(nr, 16, UNFILTERED_PID), EPERM, "ptrace {nr} attach 1");
@@ -458,6 +473,10 @@ mod tests {
             unsafe { libc::close(pidfd as libc::c_int) };
         }
         assert_eq!((pidfd, pidfd_err), (-1, Some(libc::EPERM)), "pidfd_open(1)");
+        // KEYCTL_GET_KEYRING_ID of the user keyring, without creating it.
+        // SAFETY: keyctl(2) with integer arguments.
+        let keys = unsafe { libc::syscall(libc::SYS_keyctl, 0, -4, 0) };
+        assert_eq!((keys, errno()), (-1, Some(libc::ENOSYS)), "keyctl");
         let mut params = [0u8; 120];
         // SAFETY: io_uring_setup(2) reads and writes the 120-byte `io_uring_params` at `params`.
         let ring = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, params.as_mut_ptr()) };
