@@ -145,6 +145,7 @@ fn runtime_config(plan: &Plan) -> Value {
         "network": plan.network,
         "home": plan.home,
         "home_sockets": if plan.agent_sockets_allowed { "allow" } else { "hide" },
+        "host_sockets": if plan.daemon_sockets_allowed { "allow" } else { "hide" },
         "base": [
             "ro-bind / /",
             "dev /dev",

@@ -68,8 +68,11 @@ pub const OPT_HOME_WRITE: &str = "home-write";
 /// Option key: `hide` (default under the allowlist) or `allow`: whether `$XDG_RUNTIME_DIR` and
 /// the agent sockets stay reachable, with their variables (`runtime.bwrap.home.sockets`).
 pub const OPT_HOME_SOCKETS: &str = "home-sockets";
+/// Option key: `hide` (default) or `allow`: whether the host daemons' sockets below `/run`
+/// stay reachable (`runtime.bwrap.host_sockets`).
+pub const OPT_HOST_SOCKETS: &str = "host-sockets";
 /// Every option key this backend reads; any other is refused so a typo never weakens a run.
-pub const OPTION_KEYS: [&str; 9] = [
+pub const OPTION_KEYS: [&str; 10] = [
     OPT_EXECUTABLE,
     OPT_EXEC_SHIM,
     OPT_HIDE,
@@ -79,6 +82,7 @@ pub const OPTION_KEYS: [&str; 9] = [
     OPT_HOME_READ,
     OPT_HOME_WRITE,
     OPT_HOME_SOCKETS,
+    OPT_HOST_SOCKETS,
 ];
 use agentdiff_backend_api::{FailClosedSpec, OptionKind, OptionSpec};
 
@@ -139,6 +143,13 @@ pub const OPTIONS: &[OptionSpec] = &[
         OptionKind::Choice(&["hide", "allow"]),
         "hide (default) or allow $XDG_RUNTIME_DIR and the agent sockets under the home \
          allowlist (runtime.bwrap.home.sockets)",
+    )
+    .default_value("hide"),
+    OptionSpec::new(
+        OPT_HOST_SOCKETS,
+        OptionKind::Choice(&["hide", "allow"]),
+        "hide (default) or allow the host daemons' sockets below /run, e.g. the system bus \
+         (runtime.bwrap.host_sockets)",
     )
     .default_value("hide"),
 ];

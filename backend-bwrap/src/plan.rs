@@ -24,8 +24,12 @@ use agentdiff_process::containers::{EngineReach, HiddenSocket};
 use agentdiff_process::exec_shim;
 use serde::Serialize;
 
-use crate::{OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_NETWORK, OPT_WRITABLE};
+use crate::{
+    OPTION_KEYS, OPT_EXECUTABLE, OPT_EXEC_SHIM, OPT_HIDE, OPT_HOST_SOCKETS, OPT_NETWORK,
+    OPT_WRITABLE,
+};
 
+pub mod daemon_sockets;
 mod home;
 pub use home::{HomeMode, AGENT_VARS, HOME_ALLOWLIST};
 
@@ -133,6 +137,9 @@ pub struct HostFacts {
     /// The runtime directory and agent sockets agentdiff's and the command's environments name:
     /// hidden under the home allowlist.
     pub agent_sockets: Vec<(PathBuf, String)>,
+    /// Host daemons' sockets below `/run` ([`daemon_sockets`]): hidden unless
+    /// `host-sockets: allow`.
+    pub daemon_sockets: daemon_sockets::Found,
 }
 
 /// Credential files a tool keeps below the directory an environment variable names.
@@ -227,6 +234,10 @@ impl HostFacts {
                 .into_iter()
                 .chain(RUNTIME_SOCKETS.iter().map(PathBuf::from))
                 .collect(),
+            daemon_sockets: daemon_sockets::find(
+                Path::new(daemon_sockets::DAEMON_SOCKET_DIR),
+                &daemon_sockets::SKIPPED,
+            ),
             ..HostFacts::default()
         };
         for env in [own.as_slice(), command_env] {
@@ -287,6 +298,8 @@ pub struct Plan {
     pub home: HomeMode,
     /// `home-sockets: allow`: the runtime directory and agent sockets were left reachable.
     pub agent_sockets_allowed: bool,
+    /// `host-sockets: allow`: the host daemons' sockets below `/run` were left reachable.
+    pub daemon_sockets_allowed: bool,
     /// `--new-session` (non-interactive runs).
     pub new_session: bool,
     /// Mounts after the fixed base (`/`, `/dev`, `/proc`, `/tmp`), in order.
@@ -463,7 +476,7 @@ fn read_options(
 fn hidden(
     facts: &HostFacts,
     extra: &[String],
-    hide_agents: bool,
+    (hide_agents, hide_daemons): (bool, bool),
     not_applied: &mut Vec<String>,
 ) -> Vec<(PathBuf, String)> {
     let mut wanted: Vec<(PathBuf, String)> = Vec::new();
@@ -491,6 +504,13 @@ fn hidden(
         } else {
             wanted.push((PathBuf::from(h), reason));
         }
+    }
+    // Last: a socket listed above keeps its own reason (the engine sockets' is read back).
+    if hide_daemons {
+        let daemons = &facts.daemon_sockets;
+        let reason = daemon_sockets::DAEMON_SOCKET_REASON;
+        wanted.extend(daemons.sockets.iter().map(|p| (p.clone(), reason.into())));
+        not_applied.extend(daemons.incomplete.iter().cloned());
     }
     let mut out: Vec<(PathBuf, String)> = Vec::new();
     for (p, reason) in wanted {
@@ -636,10 +656,20 @@ pub fn plan(
             .map(|m| m.path.clone()),
     );
     check_bwrap_location(&programs.bwrap, &checked)?;
+    let hide_daemons = match spec.options.get(OPT_HOST_SOCKETS) {
+        None | Some("hide") => true,
+        Some("allow") => false,
+        Some(v) => {
+            return Err(PlanError::BadOption {
+                key: OPT_HOST_SOCKETS,
+                message: format!("`{v}` is not `hide` or `allow`"),
+            })
+        }
+    };
     let hide = hidden(
         facts,
         &extra_hide,
-        home_opts.hide_agents(),
+        (home_opts.hide_agents(), hide_daemons),
         &mut not_applied,
     );
     let protect = protected(spec, &root, &checked, denies, &mut not_applied);
@@ -733,6 +763,7 @@ pub fn plan(
         egress,
         home: home_mode,
         agent_sockets_allowed: home_opts.sockets_allowed,
+        daemon_sockets_allowed: !hide_daemons,
         new_session,
         mounts,
         not_applied,
@@ -986,6 +1017,10 @@ mod tests {
             engine_sockets: vec![f.home.join("engine.sock"), f.home.join("absent.sock")],
             env_credentials: Vec::new(),
             agent_sockets: Vec::new(),
+            daemon_sockets: daemon_sockets::Found {
+                sockets: vec![f.home.join("daemon.sock")],
+                incomplete: vec!["/run/huge: more than 20000 entries".into()],
+            },
         }
     }
 
@@ -1435,6 +1470,45 @@ mod tests {
             });
             assert!(hidden, "{} not hidden: {:?}", p.display(), plan.mounts);
         }
+    }
+
+    #[test]
+    fn host_daemon_sockets_are_covered_unless_allowed() {
+        let f = fixture();
+        let _listener = std::os::unix::net::UnixListener::bind(f.home.join("daemon.sock")).unwrap();
+        let sock = f.home.join("daemon.sock").display().to_string();
+        let hidden = plan_with(&f, BackendOptions::new(), &[]).unwrap();
+        let args = strs(&hidden.args);
+        assert!(
+            find(&args, &["--ro-bind", "/dev/null", &sock]).is_some(),
+            "{args:?}"
+        );
+        assert!(hidden
+            .mounts
+            .iter()
+            .any(|m| m.reason == daemon_sockets::DAEMON_SOCKET_REASON
+                && m.kind == MountKind::HiddenFile));
+        assert!(!hidden.daemon_sockets_allowed);
+        // What the walk could not search is said, not passed over.
+        assert!(
+            hidden.not_applied.iter().any(|n| n.contains("/run/huge")),
+            "{:?}",
+            hidden.not_applied
+        );
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_HOST_SOCKETS, "allow");
+        let allowed = plan_with(&f, o, &[]).unwrap();
+        assert!(!strs(&allowed.args).contains(&sock));
+        assert!(allowed.daemon_sockets_allowed);
+        let mut o = BackendOptions::new();
+        o.push(crate::OPT_HOST_SOCKETS, "show");
+        assert!(matches!(
+            plan_with(&f, o, &[]),
+            Err(PlanError::BadOption {
+                key: crate::OPT_HOST_SOCKETS,
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -18,8 +18,8 @@
 //! list) and is labelled for what it is: unlisted files are readable.
 //!
 //! Not defended: secrets inside an allowlisted directory other than the credential list (a
-//! token a tool keeps in `~/.npm` or `~/.cargo/config.toml`); sockets reachable outside the home
-//! and the runtime directory (the system bus under `/run/dbus`).
+//! token a tool keeps in `~/.npm` or `~/.cargo/config.toml`). Sockets below `/run` are the
+//! daemon-socket sweep's ([`super::daemon_sockets`]).
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Component, Path, PathBuf};

@@ -571,3 +571,74 @@ fn the_command_cannot_read_the_users_kernel_keyring() {
     let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
     assert_eq!(seen.trim(), format!("search {}", libc::ENOSYS));
 }
+
+/// Python that connects to the Unix socket its first argument names and writes `connected` or
+/// `refused ERRNO` to the file its second argument names.
+const CONNECT_UNIX: &str = r#"
+import socket, sys
+out = open(sys.argv[2], "w")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(sys.argv[1])
+    out.write("connected\n")
+except OSError as e:
+    out.write("refused %d\n" % e.errno)
+out.close()
+"#;
+
+#[test]
+fn host_daemon_sockets_below_run_are_out_of_reach_unless_allowed() {
+    if no_bwrap() {
+        return;
+    }
+    // A daemon's socket where daemons keep theirs (creating it needs root, as CI runs).
+    let dir = Path::new("/run").join(format!("agentdiff-test-{}", std::process::id()));
+    if fs::create_dir_all(&dir).is_err() {
+        agentdiff_test_support::skip("cannot create a directory below /run (not root)");
+        return;
+    }
+    struct Cleanup<'a>(&'a Path);
+    impl Drop for Cleanup<'_> {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(self.0);
+        }
+    }
+    let _cleanup = Cleanup(&dir);
+    let sock = dir.join("daemon.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::thread::spawn(move || for _ in listener.incoming() {});
+    let sock = sock.to_str().unwrap();
+    let f = Fixture::new();
+    let argv = ["python3", "-c", CONNECT_UNIX, sock, "probe.txt"];
+    let (code, result, out) = f.run(&[], &argv, &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    assert_eq!(seen.trim(), format!("refused {}", libc::ECONNREFUSED));
+    let rt = f.runtime_json(&result);
+    assert_eq!(rt["runtime_config"]["host_sockets"], "hide", "{rt:#}");
+    let mounts = rt["runtime_config"]["mounts"].to_string();
+    assert!(
+        mounts.contains(sock) && mounts.contains("host daemon socket"),
+        "{mounts}"
+    );
+    // Allowed by the policy: the same connection reaches the daemon.
+    f.write_policy("version: 2\nruntime:\n  bwrap:\n    host_sockets: allow\n");
+    let (code, result, out) = f.run(&[], &argv, &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    assert_eq!(seen.trim(), "connected");
+    assert_eq!(
+        f.runtime_json(&result)["runtime_config"]["host_sockets"],
+        "allow"
+    );
+}

@@ -239,6 +239,9 @@ pub struct BwrapSettings {
     /// `runtime.bwrap.home`: how the home directories are shown to the command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<BwrapHome>,
+    /// `hide` (the default) or `allow`: the host daemons' sockets below `/run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_sockets: Option<String>,
 }
 
 /// `runtime.bwrap.home`: `mode` (`allowlist`, the default: the home is hidden except the listed
@@ -272,6 +275,9 @@ impl RuntimeSettings {
             if let Some(n) = &b.network {
                 out.insert("network".to_string(), vec![n.clone()]);
             }
+            if let Some(h) = &b.host_sockets {
+                out.insert("host-sockets".to_string(), vec![h.clone()]);
+            }
             if let Some(h) = &b.home {
                 if let Some(m) = &h.mode {
                     out.insert("home".to_string(), vec![m.clone()]);
@@ -292,7 +298,7 @@ impl RuntimeSettings {
 }
 
 /// Keys of `runtime.bwrap`: extra hidden paths, extra writable paths, and the network mode.
-const BWRAP_KEYS: [&str; 4] = ["hide", "writable", "network", "home"];
+const BWRAP_KEYS: [&str; 5] = ["hide", "writable", "network", "home", "host_sockets"];
 const BWRAP_HOME_KEYS: [&str; 4] = ["mode", "read", "write", "sockets"];
 
 /// `observe` section (version 2): extra paths the scanner observes even where they are excluded
@@ -1015,6 +1021,17 @@ impl Checker {
         }
         if let Some(n) = lookup(entries, "home") {
             section.home = Some(self.bwrap_home(n));
+        }
+        if let Some(n) = lookup(entries, "host_sockets") {
+            if let Some(v) = self.string(n, "runtime.bwrap.host_sockets") {
+                if v == "hide" || v == "allow" {
+                    section.host_sockets = Some(v);
+                } else {
+                    self.problem(format!(
+                        "runtime.bwrap.host_sockets: {v:?} is not `hide` or `allow`"
+                    ));
+                }
+            }
         }
         section
     }
