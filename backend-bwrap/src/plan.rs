@@ -471,6 +471,18 @@ fn read_options(
     Ok((network, writable, hide))
 }
 
+/// `host-sockets`: whether the daemon sockets below `/run` are covered (`hide`, the default).
+fn hide_daemon_sockets(spec: &LaunchSpec) -> Result<bool, PlanError> {
+    match spec.options.get(OPT_HOST_SOCKETS) {
+        None | Some("hide") => Ok(true),
+        Some("allow") => Ok(false),
+        Some(v) => Err(PlanError::BadOption {
+            key: OPT_HOST_SOCKETS,
+            message: format!("`{v}` is not `hide` or `allow`"),
+        }),
+    }
+}
+
 /// The hidden locations: credential locations under every home, agentdiff's key directory,
 /// and the `hide` option. Absent ones are listed in `not_applied`.
 fn hidden(
@@ -656,16 +668,7 @@ pub fn plan(
             .map(|m| m.path.clone()),
     );
     check_bwrap_location(&programs.bwrap, &checked)?;
-    let hide_daemons = match spec.options.get(OPT_HOST_SOCKETS) {
-        None | Some("hide") => true,
-        Some("allow") => false,
-        Some(v) => {
-            return Err(PlanError::BadOption {
-                key: OPT_HOST_SOCKETS,
-                message: format!("`{v}` is not `hide` or `allow`"),
-            })
-        }
-    };
+    let hide_daemons = hide_daemon_sockets(spec)?;
     let hide = hidden(
         facts,
         &extra_hide,
