@@ -13,7 +13,6 @@
 //! - On the 32-bit compat ABI, `socketcall(SYS_SOCKET, …)` fails with `EAFNOSUPPORT`: its address
 //!   family lies in memory a seccomp filter cannot read. 32-bit programs whose C library creates
 //!   sockets through `socketcall` get none; the direct `socket` call is decided as on 64 bits.
-//!
 //! - `keyctl`, `add_key` and `request_key` fail with `ENOSYS`, as on a kernel without keys: no
 //!   mount hides the kernel's keyrings, and where the sandbox has no user namespace of its own
 //!   (bwrap run by root) the command could otherwise read what the user keeps there (Kerberos
@@ -30,7 +29,9 @@
 //!
 //! Invariants: on the native architecture and its compat ABIs (x86_64: x32 and i386; aarch64:
 //! arm) exactly the calls above are refused and everything else is allowed; a syscall from any
-//! other architecture fails with `ENOSYS`, so an unknown ABI never bypasses the filter.
+//! other architecture fails with `ENOSYS`, so an unknown ABI never bypasses the filter. Arguments
+//! are compared on their low 32 bits, which is all the kernel reads of them (an `int` family or
+//! pid, an `unsigned int` ioctl request), so high bits cannot disguise a value.
 //! Not defended: other terminal ioctls, terminals the command opens that are not the caller's
 //! (they are its own), sockets of other families (the network namespace decides those), and a
 //! vsock or io_uring descriptor passed in from outside (the shim closes every inherited
