@@ -83,7 +83,7 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) {
     if getrandom::getrandom(&mut salt).is_err() {
         return;
     }
-    let tmp = dir.join(format!(".{name}.{}", hex::encode(salt)));
+    let tmp = dir.join(format!(".{name}.{}", crate::hex::encode(salt)));
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

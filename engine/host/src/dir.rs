@@ -460,7 +460,7 @@ fn random_temp_name() -> io::Result<OsString> {
     getrandom::getrandom(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(OsString::from(format!(
         "{TEMP_PREFIX}{}",
-        hex::encode(bytes)
+        crate::hex::encode(bytes)
     )))
 }
 

@@ -46,8 +46,7 @@ mod tests {
     #[test]
     fn decodes_lower_case_ids_only() {
         let id = "00ff10a9".repeat(8);
-        let mut want = [0u8; 32];
-        hex::decode_to_slice(&id, &mut want).unwrap();
+        let want: [u8; 32] = crate::hex::decode(&id).unwrap().try_into().unwrap();
         assert_eq!(decode(&id), Some(want));
         assert_eq!(
             decode(&id.to_uppercase()),
@@ -63,9 +62,9 @@ mod tests {
     }
 
     #[test]
-    fn agrees_with_the_hex_crate_on_every_byte_value() {
+    fn agrees_with_the_hex_encoding_on_every_byte_value() {
         for b in 0..=255u8 {
-            let id = hex::encode([b; 32]);
+            let id = crate::hex::encode([b; 32]);
             assert_eq!(decode(&id), Some([b; 32]));
         }
     }

@@ -13,6 +13,7 @@ pub mod credentials;
 pub mod dir;
 #[cfg(unix)]
 pub mod git_dirs;
+pub mod hex;
 pub mod hex_id;
 pub mod process_identity;
 #[cfg(unix)]

@@ -415,7 +415,7 @@ pub fn fingerprint(name: &str, value: &[u8]) -> String {
     h.update(b"\0");
     h.update(value);
     let digest = h.finalize();
-    format!("sha256:{}", &hex::encode(digest)[..16])
+    format!("sha256:{}", &crate::hex::encode(digest)[..16])
 }
 
 /// Whether `c` is invisible or changes how the text around it is shown: Unicode's format
