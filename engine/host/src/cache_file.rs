@@ -80,7 +80,7 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) {
         return;
     };
     let mut salt = [0u8; 8];
-    if getrandom::getrandom(&mut salt).is_err() {
+    if crate::random::fill(&mut salt).is_err() {
         return;
     }
     let tmp = dir.join(format!(".{name}.{}", crate::hex::encode(salt)));

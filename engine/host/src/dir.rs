@@ -457,7 +457,7 @@ impl DirHandle {
 
 fn random_temp_name() -> io::Result<OsString> {
     let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
+    crate::random::fill(&mut bytes).map_err(io::Error::other)?;
     Ok(OsString::from(format!(
         "{TEMP_PREFIX}{}",
         crate::hex::encode(bytes)

@@ -18,6 +18,8 @@ pub mod hex_id;
 pub mod process_identity;
 #[cfg(unix)]
 pub mod program_file;
+#[cfg(unix)]
+pub mod random;
 pub mod redact;
 pub mod state_dir;
 #[cfg(unix)]
