@@ -90,11 +90,59 @@ pub fn resolve_executable(
             cwd.join(as_path)
         }
     } else {
-        let name = program.to_string_lossy().into_owned();
-        which::which_in(program, path, cwd).map_err(|_| ExecutableError::NotOnPath { name })?
+        find_program(program, path, cwd).ok_or_else(|| ExecutableError::NotOnPath {
+            name: program.to_string_lossy().into_owned(),
+        })?
     };
     check_executable(&candidate)?;
     Ok(candidate)
+}
+
+/// Find `program` as a shell's command search does: a name with a `/` is a path (a relative one
+/// under `cwd`); a bare name is looked for in each entry of the colon-separated `path` in order,
+/// an empty entry meaning `cwd`, a relative entry a directory under `cwd`, and a leading `~` the
+/// home directory. The first candidate that is a regular file (after symlinks) this process may
+/// execute (`access(X_OK)`) is the answer, as the path it was found at (a symlink is not
+/// resolved). `None` when nothing qualifies or there is no `path`.
+pub fn find_program(program: &OsStr, path: Option<&OsStr>, cwd: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    if program.as_bytes().contains(&b'/') {
+        let candidate = cwd.join(program);
+        return may_execute(&candidate).then_some(candidate);
+    }
+    if program.is_empty() {
+        return None;
+    }
+    std::env::split_paths(path?)
+        .map(|dir| cwd.join(expand_tilde(&dir, home_dir)).join(program))
+        .find(|candidate| may_execute(candidate))
+}
+
+/// `dir` with a first component `~` replaced by `home()` (nothing when there is no home); `~user`
+/// and a `~` further in are left alone, as shells leave them.
+fn expand_tilde(dir: &Path, home: impl FnOnce() -> Option<PathBuf>) -> PathBuf {
+    let mut components = dir.components();
+    match components.next() {
+        Some(std::path::Component::Normal(first)) if first == "~" => {
+            let mut expanded = home().unwrap_or_default();
+            expanded.extend(components);
+            expanded
+        }
+        _ => dir.to_path_buf(),
+    }
+}
+
+/// `$HOME`, else the password database's entry for this user.
+// Deprecated for its Windows behaviour only; on Unix it is exactly that rule.
+#[allow(deprecated)]
+fn home_dir() -> Option<PathBuf> {
+    std::env::home_dir()
+}
+
+/// A regular file, symlinks followed, that this process's real user may execute.
+fn may_execute(candidate: &Path) -> bool {
+    std::fs::metadata(candidate).is_ok_and(|m| m.is_file())
+        && nix::unistd::access(candidate, nix::unistd::AccessFlags::X_OK).is_ok()
 }
 
 pub fn check_executable(path: &Path) -> Result<(), ExecutableError> {
@@ -321,6 +369,113 @@ mod tests {
             resolve_executable(plain.as_os_str(), None, dir.path()),
             Err(ExecutableError::NotExecutable { .. })
         ));
+    }
+
+    #[test]
+    fn find_program_answers_none_when_nothing_qualifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let path = std::env::join_paths([&a, &b]).unwrap();
+        let find = |name: &str, path: Option<&OsStr>| find_program(OsStr::new(name), path, &a);
+        assert_eq!(find("tool", Some(&path)), None);
+        write_exec(&b, "tool", 0o755);
+        assert_eq!(find("tool", None), None, "no PATH, no search");
+        assert_eq!(find("", Some(&path)), None);
+        assert_eq!(find("tool", Some(OsStr::new("/nonexistent"))), None);
+        assert_eq!(find("tool", Some(&path)), Some(b.join("tool")));
+    }
+
+    #[test]
+    fn find_program_skips_what_is_not_an_executable_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let [plain, directory, link_to_plain, dangling, good] =
+            ["plain", "directory", "link-to-plain", "dangling", "good"].map(|d| {
+                let p = dir.path().join(d);
+                std::fs::create_dir(&p).unwrap();
+                p
+            });
+        write_exec(&plain, "tool", 0o644);
+        std::fs::create_dir(directory.join("tool")).unwrap();
+        std::os::unix::fs::symlink(plain.join("tool"), link_to_plain.join("tool")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("gone"), dangling.join("tool")).unwrap();
+        write_exec(&good, "tool", 0o700);
+        let path =
+            std::env::join_paths([&plain, &directory, &link_to_plain, &dangling, &good]).unwrap();
+        assert_eq!(
+            find_program(OsStr::new("tool"), Some(&path), dir.path()),
+            Some(good.join("tool"))
+        );
+    }
+
+    #[test]
+    fn find_program_takes_a_symlink_to_an_executable_as_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, lib) = (dir.path().join("bin"), dir.path().join("lib"));
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::create_dir(&lib).unwrap();
+        write_exec(&lib, "cli.js", 0o755);
+        std::os::unix::fs::symlink("../lib/cli.js", bin.join("tool")).unwrap();
+        assert_eq!(
+            find_program(OsStr::new("tool"), Some(bin.as_os_str()), dir.path()),
+            Some(bin.join("tool"))
+        );
+    }
+
+    #[test]
+    fn find_program_resolves_relative_and_empty_entries_against_cwd() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = dir.path();
+        std::fs::create_dir_all(cwd.join("node_modules/.bin")).unwrap();
+        write_exec(&cwd.join("node_modules/.bin"), "local", 0o755);
+        write_exec(cwd, "here", 0o755);
+        let find =
+            |name: &str, path: &str| find_program(OsStr::new(name), Some(OsStr::new(path)), cwd);
+        assert_eq!(
+            find("local", "/nonexistent:node_modules/.bin"),
+            Some(cwd.join("node_modules/.bin").join("local"))
+        );
+        // An empty entry, leading, inside or trailing, is the working directory.
+        for path in [":/nonexistent", "/nonexistent::/x", "/nonexistent:", ""] {
+            let found = find("here", path).map(|p| p.canonicalize().unwrap());
+            assert_eq!(
+                found,
+                Some(cwd.join("here").canonicalize().unwrap()),
+                "{path:?}"
+            );
+        }
+        assert_eq!(find("here", "/nonexistent"), None);
+        // A name with a slash is a path under cwd, never looked up on PATH.
+        assert_eq!(
+            find("node_modules/.bin/local", "/nonexistent"),
+            Some(cwd.join("node_modules/.bin/local"))
+        );
+        assert_eq!(find("./here", "/nonexistent"), Some(cwd.join("./here")));
+        assert_eq!(find("./local", "node_modules/.bin"), None);
+    }
+
+    #[test]
+    fn a_leading_tilde_is_the_home_directory() {
+        let home = || Some(PathBuf::from("/home/u"));
+        assert_eq!(
+            expand_tilde(Path::new("~/bin"), home),
+            Path::new("/home/u/bin")
+        );
+        assert_eq!(expand_tilde(Path::new("~"), home), Path::new("/home/u"));
+        assert_eq!(
+            expand_tilde(Path::new("~user/bin"), home),
+            Path::new("~user/bin")
+        );
+        assert_eq!(
+            expand_tilde(Path::new("/opt/~/bin"), home),
+            Path::new("/opt/~/bin")
+        );
+        assert_eq!(
+            expand_tilde(Path::new("./~/bin"), home),
+            Path::new("./~/bin")
+        );
+        assert_eq!(expand_tilde(Path::new("~/bin"), || None), Path::new("bin"));
     }
 
     #[test]
