@@ -15,7 +15,6 @@
 //! - display: control characters are escaped so recorded names cannot drive the terminal.
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 pub const REDACTED: &str = "[REDACTED]";
 
@@ -409,7 +408,7 @@ pub fn redact_value(value: &mut Value) {
 /// SHA-256("agentdiff-env-v1\0" || name || "\0" || value). Names are mixed in so equal values under
 /// different names do not reveal each other.
 pub fn fingerprint(name: &str, value: &[u8]) -> String {
-    let mut h = Sha256::new();
+    let mut h = hmac_sha256::Hash::new();
     h.update(b"agentdiff-env-v1\0");
     h.update(name.as_bytes());
     h.update(b"\0");
@@ -717,6 +716,32 @@ mod tests {
         assert_ne!(a, fingerprint("OTHER", b"secret"));
         assert!(!a.contains("secret"));
         assert!(a.starts_with("sha256:"));
+        // Pinned: recorded evidence compares fingerprints across versions.
+        assert_eq!(a, "sha256:8f6ee2b5603a361e");
+    }
+
+    #[test]
+    fn sha256_known_answers() {
+        let hex = |d: [u8; 32]| crate::hex::encode(d);
+        assert_eq!(
+            hex(hmac_sha256::Hash::hash(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            hex(hmac_sha256::Hash::hash(b"")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        // A million `a`s fed in uneven pieces: block boundaries fall inside updates.
+        let mut h = hmac_sha256::Hash::new();
+        let piece = [b'a'; 999];
+        for _ in 0..1001 {
+            h.update(piece);
+        }
+        h.update([b'a'; 1]);
+        assert_eq!(
+            hex(h.finalize()),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
+        );
     }
 
     #[test]

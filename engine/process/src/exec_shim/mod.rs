@@ -64,7 +64,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use hmac_sha256::Hash as Sha256;
 
 /// Name of the hidden `agentdiff` subcommand that runs the shim; every wrapping backend uses it.
 pub const SHIM_SUBCOMMAND: &str = "__exec-shim";
@@ -1293,6 +1293,26 @@ mod tests {
         assert_eq!(
             verify_argv(Some(OsStr::new("nocolon")), &a),
             Err("digest_malformed")
+        );
+    }
+
+    #[test]
+    fn argv_digest_and_marker_token_are_pinned() {
+        // A shim installed apart from agentdiff checks digests an older or newer agentdiff made:
+        // the values may never change.
+        use std::os::unix::ffi::OsStringExt;
+        let argv = [
+            OsString::from("echo"),
+            OsString::from("a b"),
+            OsString::from_vec(vec![0xff]),
+        ];
+        assert_eq!(
+            argv_digest("salt", &argv),
+            "b806d5af067ecce87fda2c0ac917e33c730ba0fe1c2ef8ad5983d6f3405fa780"
+        );
+        assert_eq!(
+            marker_token(OsStr::new("salt:anything")).as_deref(),
+            Some("d5b75efc0e45e8527712b832b187a966")
         );
     }
 
