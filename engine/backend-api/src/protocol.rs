@@ -239,7 +239,7 @@ impl WireText {
         match v.to_str() {
             Some(s) => WireText::Text(s.to_string()),
             None => WireText::Bytes {
-                hex: hex::encode(v.as_bytes()),
+                hex: agentdiff_host::hex::encode(v.as_bytes()),
             },
         }
     }
@@ -248,7 +248,7 @@ impl WireText {
         use std::os::unix::ffi::OsStringExt;
         match self {
             WireText::Text(s) => Ok(OsString::from(s)),
-            WireText::Bytes { hex } => hex::decode(hex)
+            WireText::Bytes { hex } => agentdiff_host::hex::decode(hex)
                 .map(OsString::from_vec)
                 .map_err(|e| WireError::Malformed(format!("bad hex bytes {hex:?}: {e}"))),
         }
@@ -735,6 +735,18 @@ mod tests {
             .unwrap()
             .decode()
             .is_err());
+        assert!(decode::<WireText>(br#"{"hex":"fff"}"#)
+            .unwrap()
+            .decode()
+            .is_err());
+        // Another peer may spell the bytes in upper case.
+        assert_eq!(
+            decode::<WireText>(br#"{"hex":"FFfe"}"#)
+                .unwrap()
+                .decode()
+                .unwrap(),
+            OsString::from_vec(vec![0xff, 0xfe])
+        );
         c.cwd = PathBuf::from(OsString::from_vec(vec![b'/', 0xff]));
         let err = WireCommand::from_command(&c).unwrap_err();
         assert!(err.to_string().contains("the working directory"));

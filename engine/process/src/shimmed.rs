@@ -67,7 +67,10 @@ pub fn shim_env(env: &[(OsString, OsString)], seccomp_guard: bool) -> Vec<(OsStr
 fn fresh_secret(argv: &[OsString]) -> Result<String, ShimmedError> {
     let mut salt = [0u8; 16];
     getrandom::getrandom(&mut salt).map_err(ShimmedError::Random)?;
-    Ok(exec_shim::digest_env_value(&hex::encode(salt), argv))
+    Ok(exec_shim::digest_env_value(
+        &agentdiff_host::hex::encode(salt),
+        argv,
+    ))
 }
 
 /// What the start marker said, recorded in the backend's evidence section (a wrapping backend

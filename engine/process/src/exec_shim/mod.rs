@@ -169,7 +169,7 @@ pub fn argv_digest(salt: &str, argv: &[OsString]) -> String {
         h.update((a.len() as u64).to_le_bytes());
         h.update(a.as_bytes());
     }
-    hex::encode(h.finalize())
+    agentdiff_host::hex::encode(h.finalize())
 }
 
 /// The value of [`ENV_ARGV_DIGEST`] for `argv` with this salt.
@@ -198,7 +198,7 @@ pub fn marker_token(digest_value: &OsStr) -> Option<String> {
     let mut h = Sha256::new();
     h.update(b"agentdiff exec shim start marker\0");
     h.update(salt.as_bytes());
-    Some(hex::encode(&h.finalize()[..16]))
+    Some(agentdiff_host::hex::encode(&h.finalize()[..16]))
 }
 
 /// Token written when the shim has none (no digest variable): only refusals are written then.
