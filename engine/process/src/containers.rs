@@ -32,10 +32,13 @@
 //! `note` names installed engine clients with no reachable socket. The engine's own clock and
 //! event log are trusted.
 
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use agentdiff_host::system::find_program;
 
 /// Upper bound of one response body.
 pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
@@ -712,7 +715,11 @@ pub fn refresh_after_cleanup(ev: ContainerEvidence) -> ContainerEvidence {
 fn note_for(engines: &[EngineRecord]) -> String {
     let clients: Vec<&str> = ["docker", "podman", "nerdctl"]
         .into_iter()
-        .filter(|c| which::which(c).is_ok())
+        .filter(|c| {
+            // On agentdiff's own PATH, relative entries under its own working directory.
+            let path = std::env::var_os("PATH");
+            find_program(OsStr::new(c), path.as_deref(), Path::new(".")).is_some()
+        })
         .collect();
     let mut note = String::from(
         "containers created through a reachable engine API during the run; they belong to the \

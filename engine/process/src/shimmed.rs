@@ -35,7 +35,7 @@ use agentdiff_backend_api::{
 #[derive(Debug, thiserror::Error)]
 pub enum ShimmedError {
     #[error("no random source for the argv check: {0}")]
-    Random(getrandom::Error),
+    Random(#[source] agentdiff_host::random::RandomError),
     #[error(transparent)]
     Marker(#[from] MarkerError),
     #[error(transparent)]
@@ -66,7 +66,7 @@ pub fn shim_env(env: &[(OsString, OsString)], seccomp_guard: bool) -> Vec<(OsStr
 /// A fresh `SALT:DIGEST` for `argv`.
 fn fresh_secret(argv: &[OsString]) -> Result<String, ShimmedError> {
     let mut salt = [0u8; 16];
-    getrandom::getrandom(&mut salt).map_err(ShimmedError::Random)?;
+    agentdiff_host::random::fill(&mut salt).map_err(ShimmedError::Random)?;
     Ok(exec_shim::digest_env_value(
         &agentdiff_host::hex::encode(salt),
         argv,
