@@ -739,10 +739,7 @@ fn note_for(engines: &[EngineRecord]) -> String {
 }
 
 fn parse_created_ns(created: &str) -> Option<u64> {
-    humantime::parse_rfc3339(created)
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_nanos() as u64)
+    crate::rfc3339::parse_utc_ns(created).ok()
 }
 
 /// Stop the recorded containers that still exist, each by id after the engine confirms its

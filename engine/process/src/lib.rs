@@ -16,6 +16,7 @@ pub mod exec_log;
 #[cfg(unix)]
 pub mod exec_shim;
 pub mod ports;
+mod rfc3339;
 pub mod seccomp_guard;
 #[cfg(unix)]
 pub mod shimmed;
