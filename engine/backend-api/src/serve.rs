@@ -7,8 +7,11 @@
 //! `/proc/<plugin>/fd` either (root can; a command can still kill its plugin, which fails the run
 //! closed with its changes recorded).
 
+use std::future::Future;
+use std::ops::ControlFlow;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
+use std::task::Poll;
 
 use crate::protocol::{
     negotiate, options_from_wire, write_message, ErrorKind, ExitReport, LineReader, Request,
@@ -161,7 +164,7 @@ impl Server<'_> {
         // A signal to agentdiff's process group (Ctrl-C without a terminal hand-over, a CI
         // cancel) must not kill the plugin before it reports: agentdiff forwards it as
         // `interrupt`. Caught, not ignored, so the command starts with default dispositions.
-        let _absorbed = absorb_group_signals();
+        absorb_group_signals();
         let mut inbox = start_reader(reader);
         // The handshake: one version, answered or refused.
         match inbox.recv().await {
@@ -333,28 +336,42 @@ impl Server<'_> {
         // on `ack`, on `interrupt`, or when agentdiff is gone (dropping the opener opens it).
         let mut reap_opener = Some(reap_opener);
         let mut listening = true;
-        let waiting = running.wait();
-        tokio::pin!(waiting);
+        let mut waiting = std::pin::pin!(running.wait());
         let result = loop {
-            tokio::select! {
-                result = &mut waiting => break result,
-                next = inbox.recv(), if listening => match next {
-                    Some(Ok(Request::Ack {})) => drop(reap_opener.take()),
-                    Some(Ok(Request::Interrupt { signal })) => {
-                        let _ = interrupt_tx.send(Some(signal));
-                        drop(reap_opener.take());
+            // What `tokio::select!` did, without tokio's macros: the command's end first (its
+            // result ends the loop), then the next request while agentdiff is there to send one.
+            let woke = std::future::poll_fn(|cx| {
+                if let Poll::Ready(result) = waiting.as_mut().poll(cx) {
+                    return Poll::Ready(ControlFlow::Break(result));
+                }
+                if listening {
+                    if let Poll::Ready(next) = inbox.poll_recv(cx) {
+                        return Poll::Ready(ControlFlow::Continue(next));
                     }
-                    // agentdiff is gone: end the command as if interrupted.
-                    None | Some(Err(WireError::Closed)) => {
-                        let _ = interrupt_tx.send(Some(libc::SIGTERM));
-                        drop(reap_opener.take());
-                        listening = false;
-                    }
-                    Some(Ok(_)) | Some(Err(_)) => self.send(&error(
-                        ErrorKind::Protocol,
-                        "only `ack` and `interrupt` are valid during a run",
-                    ))?,
-                },
+                }
+                Poll::Pending
+            })
+            .await;
+            let next = match woke {
+                ControlFlow::Break(result) => break result,
+                ControlFlow::Continue(next) => next,
+            };
+            match next {
+                Some(Ok(Request::Ack {})) => drop(reap_opener.take()),
+                Some(Ok(Request::Interrupt { signal })) => {
+                    let _ = interrupt_tx.send(Some(signal));
+                    drop(reap_opener.take());
+                }
+                // agentdiff is gone: end the command as if interrupted.
+                None | Some(Err(WireError::Closed)) => {
+                    let _ = interrupt_tx.send(Some(libc::SIGTERM));
+                    drop(reap_opener.take());
+                    listening = false;
+                }
+                Some(Ok(_)) | Some(Err(_)) => self.send(&error(
+                    ErrorKind::Protocol,
+                    "only `ack` and `interrupt` are valid during a run",
+                ))?,
             }
         };
         match result {
@@ -366,17 +383,26 @@ impl Server<'_> {
     }
 }
 
-/// Catch SIGINT, SIGTERM and SIGHUP for the life of the returned handles.
-fn absorb_group_signals() -> Vec<tokio::signal::unix::Signal> {
-    use tokio::signal::unix::{signal, SignalKind};
-    [
-        SignalKind::interrupt(),
-        SignalKind::terminate(),
-        SignalKind::hangup(),
-    ]
-    .into_iter()
-    .filter_map(|kind| signal(kind).ok())
-    .collect()
+/// Catch SIGINT, SIGTERM and SIGHUP with a handler that does nothing, for the rest of the
+/// process's life (as tokio's signal handlers stayed once installed). A caught signal is reset to
+/// its default by `execve`, so the launched command starts with default dispositions; an ignored
+/// one would stay ignored there. Where `sigaction` fails the disposition stays as it was, as a
+/// failed tokio registration left it.
+fn absorb_group_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    extern "C" fn absorb(_: libc::c_int) {}
+    // SA_RESTART: a blocking read interrupted by the signal resumes instead of failing.
+    let action = SigAction::new(
+        SigHandler::Handler(absorb),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler does nothing, so it is async-signal-safe, and it replaces only
+        // the default (or inherited) disposition of these three signals, which nothing else in
+        // the plugin handles.
+        let _ = unsafe { sigaction(signal, &action) };
+    }
 }
 
 /// The exit report of a backend's own evidence.
@@ -570,5 +596,42 @@ mod tests {
         assert_eq!(answers[0]["type"], "error", "{answers:?}");
         assert_eq!(answers[0]["kind"], "protocol");
         assert_eq!(answers.len(), 1, "{answers:?}");
+    }
+
+    /// The signal bits of `field` (`SigCgt`, `SigIgn`) in a `/proc/PID/status` text.
+    #[cfg(target_os = "linux")]
+    fn signal_mask(status: &str, field: &str) -> u64 {
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .unwrap();
+        u64::from_str_radix(line.trim(), 16).unwrap()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn group_signals_are_caught_here_and_default_in_the_command() {
+        let bits = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP]
+            .iter()
+            .fold(0u64, |m, s| m | 1 << (s - 1));
+        absorb_group_signals();
+        let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert_eq!(signal_mask(&ours, "SigCgt") & bits, bits, "caught");
+        assert_eq!(signal_mask(&ours, "SigIgn") & bits, 0, "not ignored");
+        for signal in [
+            nix::sys::signal::Signal::SIGHUP,
+            nix::sys::signal::Signal::SIGTERM,
+            nix::sys::signal::Signal::SIGINT,
+        ] {
+            nix::sys::signal::raise(signal).unwrap();
+        }
+        // Still here. A program started now has every one of them at its default.
+        let out = std::process::Command::new("cat")
+            .arg("/proc/self/status")
+            .output()
+            .unwrap();
+        let theirs = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(signal_mask(&theirs, "SigCgt") & bits, 0);
+        assert_eq!(signal_mask(&theirs, "SigIgn") & bits, 0);
     }
 }
