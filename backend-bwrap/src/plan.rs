@@ -42,6 +42,7 @@ pub const START_GATE_FILE: &str = "bwrap-start-gate.fifo";
 /// Credential locations below a home directory, hidden from the command when they exist: the
 /// engine's one list, shared with the srt backend and the hook.
 pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
+use agentdiff_host::credentials::SYSTEM_CREDENTIAL_LOCATIONS;
 
 /// Errors of planning: the request cannot be turned into a sandbox as asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -499,6 +500,9 @@ fn hidden(
         for rel in CREDENTIAL_LOCATIONS.iter() {
             wanted.push((home.join(rel), "credential location".into()));
         }
+    }
+    for l in SYSTEM_CREDENTIAL_LOCATIONS {
+        wanted.push((PathBuf::from(l), "system credential location".into()));
     }
     if let Some(k) = &facts.state_dir {
         wanted.push((k.clone(), "agentdiff key directory".into()));

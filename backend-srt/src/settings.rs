@@ -124,6 +124,7 @@ pub fn settings_evidence(choice: &SettingsChoice) -> Result<SettingsFacts, Setti
 /// Credential locations below a home directory whose reads the derived settings deny: the
 /// engine's one list, shared with the bwrap backend and the hook.
 pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
+use agentdiff_host::credentials::SYSTEM_CREDENTIAL_LOCATIONS;
 
 /// agentdiff's per-user state directory (its seal key and caches), resolved exactly as the store
 /// resolves it (`$AGENTDIFF_STATE_DIR`, `$XDG_STATE_HOME/agentdiff`, `$HOME/.local/state/agentdiff`),
@@ -258,6 +259,14 @@ pub fn bridge(input: &BridgeInput<'_>) -> Bridged {
         .homes
         .iter()
         .flat_map(|h| CREDENTIAL_LOCATIONS.iter().map(move |rel| h.join(rel)))
+        // Only the system locations that exist: srt would otherwise create a placeholder for
+        // each below the read-only `/etc`.
+        .chain(
+            SYSTEM_CREDENTIAL_LOCATIONS
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| p.symlink_metadata().is_ok()),
+        )
         .chain(input.state_dir.map(Path::to_path_buf));
     for p in candidates {
         if readable_needed(&p) {
@@ -379,6 +388,12 @@ mod tests {
             assert!(reads.contains(&json!(p)), "{p} not in {reads:?}");
         }
         assert!(b.reads_left_readable.is_empty());
+        // The system's credential locations that exist here are denied too; absent ones are not
+        // listed (srt would make a placeholder below the read-only /etc for each).
+        for l in SYSTEM_CREDENTIAL_LOCATIONS {
+            let exists = Path::new(l).symlink_metadata().is_ok();
+            assert_eq!(reads.contains(&json!(l)), exists, "{l} in {reads:?}");
+        }
         // A project that lives inside a credential location stays usable; the read denial that
         // would hide it is left out and said so.
         let mut i = input(&[], &homes);

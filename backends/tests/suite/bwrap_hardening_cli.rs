@@ -642,3 +642,37 @@ fn host_daemon_sockets_below_run_are_out_of_reach_unless_allowed() {
         "allow"
     );
 }
+
+#[test]
+fn the_systems_credential_files_are_hidden() {
+    if no_bwrap() {
+        return;
+    }
+    let shadow = Path::new("/etc/shadow");
+    if !shadow.exists() {
+        agentdiff_test_support::skip("this host has no /etc/shadow");
+        return;
+    }
+    // Root (as CI runs) reads it outside the sandbox, and bwrap gives root no user namespace.
+    let readable_outside = fs::read(shadow).is_ok_and(|b| !b.is_empty());
+    let f = Fixture::new();
+    let (code, result, out) = f.run(
+        &[],
+        &["sh", "-c", "cat /etc/shadow > seen.txt 2>/dev/null; exit 0"],
+        &[],
+    );
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(f.root().join("seen.txt")).unwrap_or_default();
+    assert_eq!(seen, "", "/etc/shadow was readable in the sandbox");
+    let rt = f.runtime_json(&result);
+    let hidden = rt["wrapper"]["controls"]["credentials"]["hidden"].to_string();
+    assert!(hidden.contains("/etc/shadow"), "{rt:#}");
+    if !readable_outside {
+        eprintln!("note: /etc/shadow is not readable here outside the sandbox either (not root)");
+    }
+}

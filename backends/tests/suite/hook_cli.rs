@@ -230,9 +230,12 @@ fn reads_outside_the_root_and_web_fetch_are_never_allowed() {
     let dir = open_project();
     let root = dir.path();
     assert_eq!(
-        answer(root, "Read", json!({"file_path": "/etc/shadow"})),
+        answer(root, "Read", json!({"file_path": "/etc/hostname"})),
         None
     );
+    // The system's credential files are denied outright, as the home's are.
+    let (d, why) = decision(root, "Read", json!({"file_path": "/etc/shadow"}));
+    assert_eq!(d, "deny", "{why}");
     assert_eq!(
         answer(
             root,

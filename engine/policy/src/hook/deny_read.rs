@@ -136,17 +136,18 @@ impl DenyRead {
         }
     }
 
-    /// The default section.
     /// The default section: the engine's credential locations under `~/`, then the project's
-    /// secret files ([`agentdiff_host::credentials`]).
+    /// secret files, then the system's credential locations ([`agentdiff_host::credentials`]).
     pub fn default_patterns() -> Vec<String> {
-        let home = agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS
+        use agentdiff_host::credentials as c;
+        let home = c::HOME_CREDENTIAL_LOCATIONS
             .iter()
             .map(|l| format!("~/{l}"));
-        let project = agentdiff_host::credentials::PROJECT_SECRET_PATTERNS
+        let project = c::PROJECT_SECRET_PATTERNS.iter().map(|p| (*p).to_owned());
+        let system = c::SYSTEM_CREDENTIAL_LOCATIONS
             .iter()
             .map(|p| (*p).to_owned());
-        home.chain(project).collect()
+        home.chain(project).chain(system).collect()
     }
 
     pub fn patterns(&self) -> &[String] {

@@ -541,3 +541,39 @@ fn a_directory_search_is_not_allowed_over_hard_links() {
     assert!(v.unknowns[0].contains("hard links"), "{:?}", v.unknowns);
     std::fs::remove_dir_all(&moved).unwrap();
 }
+
+#[test]
+fn the_systems_credential_files_are_denied_to_reading_tools() {
+    let (_d, root) = project();
+    let first = agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS.len()
+        + agentdiff_host::credentials::PROJECT_SECRET_PATTERNS.len();
+    for (i, path) in agentdiff_host::credentials::SYSTEM_CREDENTIAL_LOCATIONS
+        .iter()
+        .enumerate()
+    {
+        let v = verdict(
+            &root,
+            json!({"tool_name": "Read", "tool_input": {"file_path": path}}),
+        );
+        let d = v.decision.unwrap();
+        assert_eq!(d.action, Action::Deny, "{path}");
+        assert_eq!(
+            d.rule,
+            format!("filesystem.deny_read[{}]", first + i),
+            "{path}"
+        );
+    }
+    // Below a listed directory too; a neighbour is not.
+    let v = verdict(
+        &root,
+        json!({"tool_name": "Read", "tool_input": {"file_path": "/etc/ssl/private/server.key"}}),
+    );
+    assert_eq!(v.decision.unwrap().action, Action::Deny);
+    assert_ne!(
+        answer(
+            &root,
+            json!({"tool_name": "Read", "tool_input": {"file_path": "/etc/hostname"}})
+        ),
+        Some("deny")
+    );
+}
