@@ -146,14 +146,7 @@ fn runtime_config(plan: &Plan) -> Value {
         "home": plan.home,
         "home_sockets": if plan.agent_sockets_allowed { "allow" } else { "hide" },
         "host_sockets": if plan.daemon_sockets_allowed { "allow" } else { "hide" },
-        "base": [
-            "ro-bind / /",
-            "dev /dev",
-            "proc /proc",
-            "ro-bind /dev/null /proc/1/mem",
-            "ro-bind /dev/null /proc/1/task/1/mem",
-            "tmpfs /tmp",
-        ],
+        "base": base_mounts(),
         "mounts": plan.mounts,
         "not_applied": plan.not_applied,
         "namespaces": namespaces(plan.network),
@@ -178,6 +171,22 @@ fn namespaces(network: Network) -> Vec<&'static str> {
     n
 }
 
+/// The fixed mounts before the plan's own, as `runtime_config.base` records them.
+fn base_mounts() -> Vec<String> {
+    let mut base = vec![
+        "ro-bind / /".to_string(),
+        "dev /dev".into(),
+        "proc /proc".into(),
+    ];
+    base.extend(
+        plan::PID1_MEMORY
+            .iter()
+            .map(|mem| format!("ro-bind /dev/null {mem}")),
+    );
+    base.push("tmpfs /tmp".into());
+    base
+}
+
 /// The credentials control: enforced under the home allowlist (only the allowlist of each home
 /// is shown); under the denylist only the listed locations are hidden and any other file of the
 /// home is readable, which no label may call enforced; nor may it when the agent sockets were
@@ -192,14 +201,15 @@ fn credentials_control(home: plan::HomeMode, sockets_allowed: bool) -> Control {
         plan::HomeMode::Allowlist => (
             Level::Enforced,
             "home allowlist: each home hidden (read-only tmpfs) except the allowlist; \
-             credential locations, agentdiff's key directory, /run/user, $XDG_RUNTIME_DIR, \
-             agent sockets and container engine sockets hidden",
+             credential locations (the homes' and the system's), agentdiff's key directory, \
+             /run/user, $XDG_RUNTIME_DIR, agent sockets and container engine sockets hidden; \
+             the kernel keyrings refused by the exec shim's seccomp filter",
         ),
         plan::HomeMode::Denylist => (
             Level::Uncontrolled,
             "home denylist (runtime.bwrap.home.mode: denylist): only the listed credential \
-             locations, agentdiff's key directory and container engine sockets are hidden; \
-             every other file of the home is readable",
+             locations (the homes' and the system's), agentdiff's key directory and container \
+             engine sockets are hidden; every other file of the home is readable",
         ),
     };
     Control {
