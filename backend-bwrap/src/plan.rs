@@ -568,6 +568,14 @@ fn protected(
         (root.join(".agentdiff"), "evidence store".into()),
         (spec.capsule_dir.clone(), "run capsule".into()),
     ];
+    // Configuration that decides later runs and sessions: the project's policy and ignore
+    // rules, and Claude Code's project settings (its hooks; `disableAllHooks` in a
+    // `settings.local.json` the command could otherwise create would switch agentdiff off).
+    wanted.extend(
+        PROTECTED_CONFIGURATION
+            .iter()
+            .map(|(rel, why)| (root.join(rel), (*why).to_string())),
+    );
     wanted.extend(
         spec.git_dirs
             .iter()
@@ -882,6 +890,17 @@ pub struct Sandboxing<'a> {
     pub egress: Option<&'a Path>,
 }
 
+/// Configuration below the root that the command may read but not change (when it exists at
+/// the launch): what it names and why.
+pub const PROTECTED_CONFIGURATION: [(&str, &str); 5] = [
+    ("agentdiff.yaml", "agentdiff policy"),
+    // Misnamed policies: the loader refuses a run while one is there.
+    ("agentdiff.yml", "agentdiff policy"),
+    ("agentdiff.json", "agentdiff policy"),
+    (".agentdiffignore", "agentdiff ignore rules"),
+    (".claude", "Claude Code project settings (hooks)"),
+];
+
 /// The memory files of the sandbox's pid 1 (bwrap's init), covered by the null device.
 pub const PID1_MEMORY: [&str; 2] = ["/proc/1/mem", "/proc/1/task/1/mem"];
 
@@ -1078,6 +1097,35 @@ mod tests {
             .collect();
         assert!(ro.contains(&&repo) && ro.contains(&&pointer), "{ro:?}");
         assert!(!ro.contains(&&outside), "{ro:?}");
+    }
+
+    /// The configuration later runs and sessions read is read-only when it exists; what does
+    /// not exist gets no mount (a placeholder would be left in the user's tree).
+    #[test]
+    fn the_projects_configuration_is_read_only() {
+        let f = fixture();
+        std::fs::create_dir_all(f.root.join(".claude")).unwrap();
+        std::fs::write(f.root.join(".claude/settings.json"), "{}").unwrap();
+        std::fs::write(f.root.join("agentdiff.yaml"), "version: 2\n").unwrap();
+        let p = plan(
+            &spec(&f, BackendOptions::new()),
+            &facts(&f),
+            programs(),
+            &[],
+        )
+        .unwrap();
+        let ro: Vec<&PathBuf> = p
+            .mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::ReadOnly)
+            .map(|m| &m.path)
+            .collect();
+        for name in [".claude", "agentdiff.yaml"] {
+            assert!(ro.contains(&&f.root.join(name)), "{name}: {ro:?}");
+        }
+        for name in [".agentdiffignore", "agentdiff.yml", "agentdiff.json"] {
+            assert!(!ro.contains(&&f.root.join(name)), "{name}: {ro:?}");
+        }
     }
 
     /// Under the default allowlist the home is a tmpfs made before the root's bind and

@@ -676,3 +676,46 @@ fn the_systems_credential_files_are_hidden() {
         eprintln!("note: /etc/shadow is not readable here outside the sandbox either (not root)");
     }
 }
+
+#[test]
+fn the_command_cannot_change_the_configuration_later_runs_read() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    f.write_policy("version: 2\n");
+    let claude = f.root().join(".claude");
+    fs::create_dir_all(&claude).unwrap();
+    fs::write(claude.join("settings.json"), "{}\n").unwrap();
+    let script = r#"printf '{"disableAllHooks": true}' > .claude/settings.local.json; a=$?
+echo '# weakened' >> agentdiff.yaml; b=$?
+rm -rf .claude; c=$?
+echo ok > allowed.txt
+echo "$a $b $c" > codes.txt"#;
+    let (code, result, out) = f.run(&[], &["sh", "-c", script], &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let codes = fs::read_to_string(f.root().join("codes.txt")).unwrap();
+    assert!(
+        codes.split_whitespace().all(|c| c != "0"),
+        "a write to the configuration succeeded: {codes}"
+    );
+    assert!(!claude.join("settings.local.json").exists());
+    assert_eq!(
+        fs::read_to_string(claude.join("settings.json")).unwrap(),
+        "{}\n"
+    );
+    assert_eq!(
+        fs::read_to_string(f.root().join("agentdiff.yaml")).unwrap(),
+        "version: 2\n"
+    );
+    // The rest of the project stays writable.
+    assert_eq!(
+        fs::read_to_string(f.root().join("allowed.txt")).unwrap(),
+        "ok\n"
+    );
+}
