@@ -28,19 +28,41 @@ enum Segment {
     One(LazyMatcher),
 }
 
-/// A checked glob whose matcher is built on first use: every policy load compiles the section,
-/// only the hook matches against it, and building the matchers is most of a policy's compile.
+/// One segment of a checked pattern. A segment without glob syntax is compared as it is (most
+/// of the default list: `.ssh`, `etc`, `shadow`); a glob's matcher is built on first use: every
+/// policy load compiles the section, only the hook matches against it, and building matchers is
+/// most of a policy's compile.
 #[derive(Debug, Clone)]
-struct LazyMatcher {
-    glob: Glob,
-    matcher: OnceLock<GlobMatcher>,
+enum LazyMatcher {
+    Literal(String),
+    Glob {
+        glob: Glob,
+        matcher: OnceLock<GlobMatcher>,
+    },
 }
 
 impl LazyMatcher {
+    fn new(part: &str) -> Result<LazyMatcher, globset::Error> {
+        if !part.contains(['*', '?', '[', ']', '{', '}', '\\']) {
+            return Ok(LazyMatcher::Literal(part.to_owned()));
+        }
+        let glob = GlobBuilder::new(part)
+            .literal_separator(true)
+            .backslash_escape(false)
+            .build()?;
+        Ok(LazyMatcher::Glob {
+            glob,
+            matcher: OnceLock::new(),
+        })
+    }
+
     fn is_match(&self, part: &str) -> bool {
-        self.matcher
-            .get_or_init(|| self.glob.compile_matcher())
-            .is_match(part)
+        match self {
+            LazyMatcher::Literal(l) => l == part,
+            LazyMatcher::Glob { glob, matcher } => matcher
+                .get_or_init(|| glob.compile_matcher())
+                .is_match(part),
+        }
     }
 }
 
@@ -101,15 +123,8 @@ impl DenyRead {
                     segments.push(Segment::AnyDepth);
                     continue;
                 }
-                match GlobBuilder::new(part)
-                    .literal_separator(true)
-                    .backslash_escape(false)
-                    .build()
-                {
-                    Ok(glob) => segments.push(Segment::One(LazyMatcher {
-                        glob,
-                        matcher: OnceLock::new(),
-                    })),
+                match LazyMatcher::new(part) {
+                    Ok(matcher) => segments.push(Segment::One(matcher)),
                     Err(err) => {
                         problems.push(format!(
                             "filesystem.deny_read[{i}]: invalid glob {text:?}: {}",
@@ -314,6 +329,47 @@ mod tests {
         let r = rules(&["**/secrets/*"]);
         assert_eq!(r.first_reaching_below(Path::new("/p/src"), a), Some(0));
         assert_eq!(r.first_reaching_below(Path::new("/elsewhere"), a), None);
+    }
+
+    /// A segment without glob syntax is compared as it is and decides as its glob would.
+    #[test]
+    fn literal_segments_decide_as_globs_do() {
+        let a = Anchors {
+            root: Path::new("/p"),
+            home: Some(Path::new("/home/u")),
+        };
+        let literal = rules(&["/etc/ssl/private", ".env.local"]);
+        let glob = rules(&["/etc/ssl/priv[a]te", ".env.loca[l]"]);
+        assert!(matches!(
+            literal.patterns[0].segments[0],
+            Segment::One(LazyMatcher::Literal(_))
+        ));
+        assert!(matches!(
+            glob.patterns[0].segments[2],
+            Segment::One(LazyMatcher::Glob { .. })
+        ));
+        for path in [
+            "/etc/ssl/private",
+            "/etc/ssl/private/k.pem",
+            "/etc/ssl/privatex",
+            "/etc/ssl/Private",
+            "/etc/ssl",
+            "/p/.env.local",
+            "/p/.env.localx",
+            "/p/x/.env.local",
+        ] {
+            let path = Path::new(path);
+            assert_eq!(
+                literal.first_match(path, a),
+                glob.first_match(path, a),
+                "{path:?}"
+            );
+            assert_eq!(
+                literal.first_reaching_below(path, a),
+                glob.first_reaching_below(path, a),
+                "{path:?}"
+            );
+        }
     }
 
     #[test]
