@@ -182,15 +182,8 @@ impl<'a> Applier<'a> {
             ));
         }
         self.step()?;
-        if let Err(e) = parent.rename_noreplace(name, &aside) {
-            return Ok(if e.kind() == io::ErrorKind::NotFound {
-                OpResult::with(
-                    Outcome::AlreadyRestored,
-                    "removed by someone else meanwhile",
-                )
-            } else {
-                OpResult::with(Outcome::Failed, format!("cannot move it aside: {e}"))
-            });
+        if let Err(r) = move_aside(parent, name, &aside) {
+            return Ok(r);
         }
         let ours = match (parent.stat(&aside), dir::file_meta(&file)) {
             // The rename itself updates ctime, so only size and mtime are compared here.
@@ -225,6 +218,21 @@ impl<'a> Applier<'a> {
             )),
         }
     }
+}
+
+/// Renames `name` to `aside` (never over anything) before it is removed; a name already gone is
+/// someone else's removal, anything else a failure.
+pub(super) fn move_aside(parent: &DirHandle, name: &OsStr, aside: &OsStr) -> Result<(), OpResult> {
+    parent.rename_noreplace(name, aside).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            OpResult::with(
+                Outcome::AlreadyRestored,
+                "removed by someone else meanwhile",
+            )
+        } else {
+            OpResult::with(Outcome::Failed, format!("cannot move it aside: {e}"))
+        }
+    })
 }
 
 /// What was moved aside for removal is not what was checked (`raced` says how it changed): it is

@@ -3,7 +3,7 @@
 //! removed by renaming it aside and unlinking it only when it is the link that was checked, and
 //! put back where the run left a file or a directory once that is removed.
 
-use super::files::put_back_aside;
+use super::files::{move_aside, put_back_aside};
 use super::*;
 
 impl<'a> Applier<'a> {
@@ -92,15 +92,8 @@ impl<'a> Applier<'a> {
             ));
         }
         self.step()?;
-        if let Err(e) = parent.rename_noreplace(name, &aside) {
-            return Ok(if e.kind() == io::ErrorKind::NotFound {
-                OpResult::with(
-                    Outcome::AlreadyRestored,
-                    "removed by someone else meanwhile",
-                )
-            } else {
-                OpResult::with(Outcome::Failed, format!("cannot move it aside: {e}"))
-            });
+        if let Err(r) = move_aside(parent, name, &aside) {
+            return Ok(r);
         }
         let moved = Current::Link {
             meta: *meta,
