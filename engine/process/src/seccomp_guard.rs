@@ -174,6 +174,26 @@ mod imp {
         Ret(u32),
     }
 
+    /// The calls decided by an argument: their label, the argument read, the values refused and
+    /// the answer those get.
+    const ARGUMENT_CHECKS: [(Label, u32, &[u32], Label); 5] = [
+        (
+            Label::Ioctl,
+            OFF_ARG1_LO,
+            &[TIOCSTI, TIOCLINUX],
+            Label::Perm,
+        ),
+        (Label::Socket, OFF_ARG0_LO, &[AF_VSOCK], Label::NoFamily),
+        (
+            Label::Socketcall,
+            OFF_ARG0_LO,
+            &[SYS_SOCKET],
+            Label::NoFamily,
+        ),
+        (Label::Ptrace, OFF_ARG1_LO, &[UNFILTERED_PID], Label::Perm),
+        (Label::ByPid, OFF_ARG0_LO, &[UNFILTERED_PID], Label::Perm),
+    ];
+
     fn ops() -> Vec<Op> {
         use Op::*;
         let to = |k: u32, label: Label| Jeq {
@@ -202,27 +222,12 @@ mod imp {
         p.push(Mark(Label::Abi(ABIS.len())));
         p.push(Mark(Label::NoSys));
         p.push(Ret(ERRNO | libc::ENOSYS as u32));
-        p.push(Mark(Label::Ioctl));
-        p.push(Load(OFF_ARG1_LO));
-        p.push(to(TIOCSTI, Label::Perm));
-        p.push(to(TIOCLINUX, Label::Perm));
-        p.push(Ret(ALLOW));
-        p.push(Mark(Label::Socket));
-        p.push(Load(OFF_ARG0_LO));
-        p.push(to(AF_VSOCK, Label::NoFamily));
-        p.push(Ret(ALLOW));
-        p.push(Mark(Label::Socketcall));
-        p.push(Load(OFF_ARG0_LO));
-        p.push(to(SYS_SOCKET, Label::NoFamily));
-        p.push(Ret(ALLOW));
-        p.push(Mark(Label::Ptrace));
-        p.push(Load(OFF_ARG1_LO));
-        p.push(to(UNFILTERED_PID, Label::Perm));
-        p.push(Ret(ALLOW));
-        p.push(Mark(Label::ByPid));
-        p.push(Load(OFF_ARG0_LO));
-        p.push(to(UNFILTERED_PID, Label::Perm));
-        p.push(Ret(ALLOW));
+        for (label, arg, refused, outcome) in ARGUMENT_CHECKS {
+            p.push(Mark(label));
+            p.push(Load(arg));
+            p.extend(refused.iter().map(|&k| to(k, outcome)));
+            p.push(Ret(ALLOW));
+        }
         p.push(Mark(Label::Perm));
         p.push(Ret(ERRNO | libc::EPERM as u32));
         p.push(Mark(Label::NoFamily));
