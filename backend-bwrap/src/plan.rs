@@ -1074,6 +1074,15 @@ mod tests {
             .position(|w| w.iter().zip(seq).all(|(a, b)| a == b))
     }
 
+    /// The paths the plan re-binds read-only.
+    fn read_only(p: &Plan) -> Vec<&PathBuf> {
+        p.mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::ReadOnly)
+            .map(|m| &m.path)
+            .collect()
+    }
+
     /// Git directories the engine found (a separate git dir, a `.git` file) are re-bound
     /// read-only inside the root; one outside every writable path is read-only already.
     #[test]
@@ -1089,12 +1098,7 @@ mod tests {
         let mut s = spec(&f, BackendOptions::new());
         s.git_dirs = vec![repo.clone(), pointer.clone(), outside.clone()];
         let p = plan(&s, &facts(&f), programs(), &[]).unwrap();
-        let ro: Vec<&PathBuf> = p
-            .mounts
-            .iter()
-            .filter(|m| m.kind == MountKind::ReadOnly)
-            .map(|m| &m.path)
-            .collect();
+        let ro = read_only(&p);
         assert!(ro.contains(&&repo) && ro.contains(&&pointer), "{ro:?}");
         assert!(!ro.contains(&&outside), "{ro:?}");
     }
@@ -1114,12 +1118,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        let ro: Vec<&PathBuf> = p
-            .mounts
-            .iter()
-            .filter(|m| m.kind == MountKind::ReadOnly)
-            .map(|m| &m.path)
-            .collect();
+        let ro = read_only(&p);
         for name in [".claude", "agentdiff.yaml"] {
             assert!(ro.contains(&&f.root.join(name)), "{name}: {ro:?}");
         }

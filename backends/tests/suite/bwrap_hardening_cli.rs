@@ -370,6 +370,20 @@ exit 3"#;
     );
 }
 
+/// Runs `argv` (a probe that writes what it saw to `probe.txt`) in the sandbox; the run must
+/// pass. What the probe saw, and the run's result.
+fn run_probe(f: &Fixture, argv: &[&str]) -> (String, Value) {
+    let (code, result, out) = f.run(&[], argv, &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    (seen, result)
+}
+
 /// Python that tries an `AF_VSOCK` socket (towards the host, CID 2, when one is made) and an
 /// io_uring, and prints what happened (`vsock created|ERRNO`, `uring created|ERRNO`) to stdout,
 /// or to the file its first argument names.
@@ -410,14 +424,7 @@ fn the_command_gets_no_vsock_and_no_io_uring() {
     let host = probe(Command::new("python3").args(["-c", VSOCK_AND_URING]));
     let f = Fixture::new();
     let argv = ["python3", "-c", VSOCK_AND_URING, "probe.txt"];
-    let (code, result, out) = f.run(&[], &argv, &[]);
-    assert_eq!(
-        code,
-        0,
-        "{result:#} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    let (stdout, result) = run_probe(&f, &argv);
     assert!(
         stdout.contains(&format!("vsock {}", libc::EAFNOSUPPORT)),
         "{stdout}"
@@ -475,14 +482,7 @@ fn the_command_cannot_drive_bwraps_init_past_the_filter() {
     }
     let f = Fixture::new();
     let argv = ["python3", "-c", DRIVE_PID1, "probe.txt"];
-    let (code, result, out) = f.run(&[], &argv, &[]);
-    assert_eq!(
-        code,
-        0,
-        "{result:#} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    let (seen, _) = run_probe(&f, &argv);
     assert!(
         seen.contains("comm bwrap"),
         "pid 1 is not bwrap's init: {seen}"
@@ -561,14 +561,7 @@ fn the_command_cannot_read_the_users_kernel_keyring() {
     );
     let f = Fixture::new();
     let argv = ["python3", "-c", READ_USER_KEY, &description, "probe.txt"];
-    let (code, result, out) = f.run(&[], &argv, &[]);
-    assert_eq!(
-        code,
-        0,
-        "{result:#} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    let (seen, _) = run_probe(&f, &argv);
     assert_eq!(seen.trim(), format!("search {}", libc::ENOSYS));
 }
 
@@ -610,14 +603,7 @@ fn host_daemon_sockets_below_run_are_out_of_reach_unless_allowed() {
     let sock = sock.to_str().unwrap();
     let f = Fixture::new();
     let argv = ["python3", "-c", CONNECT_UNIX, sock, "probe.txt"];
-    let (code, result, out) = f.run(&[], &argv, &[]);
-    assert_eq!(
-        code,
-        0,
-        "{result:#} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    let (seen, result) = run_probe(&f, &argv);
     assert_eq!(seen.trim(), format!("refused {}", libc::ECONNREFUSED));
     let rt = f.runtime_json(&result);
     assert_eq!(rt["runtime_config"]["host_sockets"], "hide", "{rt:#}");
@@ -628,14 +614,7 @@ fn host_daemon_sockets_below_run_are_out_of_reach_unless_allowed() {
     );
     // Allowed by the policy: the same connection reaches the daemon.
     f.write_policy("version: 2\nruntime:\n  bwrap:\n    host_sockets: allow\n");
-    let (code, result, out) = f.run(&[], &argv, &[]);
-    assert_eq!(
-        code,
-        0,
-        "{result:#} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen = fs::read_to_string(f.root().join("probe.txt")).unwrap();
+    let (seen, result) = run_probe(&f, &argv);
     assert_eq!(seen.trim(), "connected");
     assert_eq!(
         f.runtime_json(&result)["runtime_config"]["host_sockets"],
