@@ -4,7 +4,7 @@
 //! Every call has a deadline and an explicit environment, and reports the engine's own message on
 //! failure so the user sees what the engine said.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -344,7 +344,14 @@ impl ProgramSource {
     /// The binary to run, if one exists.
     pub fn resolve(&self, kind: EngineKind) -> Option<PathBuf> {
         match self {
-            ProgramSource::SearchPath => which::which(kind.as_str()).ok(),
+            // As a shell finds it: on agentdiff's PATH, relative entries under its directory.
+            ProgramSource::SearchPath => std::env::current_dir().ok().and_then(|cwd| {
+                agentdiff_host::system::find_program(
+                    OsStr::new(kind.as_str()),
+                    std::env::var_os("PATH").as_deref(),
+                    &cwd,
+                )
+            }),
             ProgramSource::Fixed(p) => is_executable(p).then(|| p.clone()),
         }
     }

@@ -52,8 +52,7 @@ pub fn linux_prerequisites(path: Option<&OsStr>, cwd: &Path) -> Vec<Prerequisite
         .map(|(name, program, package)| Prerequisite {
             name,
             program,
-            path: which::which_in(program, path, cwd)
-                .ok()
+            path: agentdiff_host::system::find_program(OsStr::new(program), path, cwd)
                 .filter(|p| check_executable(p).is_ok()),
             package,
         })

@@ -55,7 +55,7 @@ fn interpreter(script: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
     let program = words.next()?;
     if Path::new(program).file_name() == Some(OsStr::new("env")) {
         let name = words.find(|w| !w.starts_with('-'))?;
-        which::which_in(name, path, "/").ok()
+        agentdiff_host::system::find_program(OsStr::new(name), path, Path::new("/"))
     } else {
         Some(PathBuf::from(program))
     }
