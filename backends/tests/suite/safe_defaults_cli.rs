@@ -1032,25 +1032,15 @@ fn a_failed_must_check_exits_74() {
     super::assert_exit(&out, 0);
 }
 
-/// A command that fills the disk holding the store: the store's reserve gives back the room to
-/// record the run, so it is sealed with its changes and verifies, and once space is freed its
-/// rollback restores the file the command deleted — never an unsealed run later shown as
-/// interrupted (without the reserve: exit 70, no result, rollback refused).
-#[test]
-fn a_command_that_fills_the_disk_is_still_sealed_and_rolled_back() {
+/// Runs the shell `script` in a project on a private 8 MiB tmpfs (a mount namespace of its own,
+/// so it needs root), with the store on that disk. Its stdout and stderr; `None` (a printed
+/// skip) where such a mount cannot be made.
+fn on_a_small_disk(script: &str) -> Option<(String, String)> {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("proj");
     fs::create_dir_all(&root).unwrap();
-    let bin = super::bin().display().to_string();
     let script = format!(
-        "mount -t tmpfs -o size=8m,mode=0700 tmpfs '{root}' && cd '{root}' && \
-         printf keep > keep.txt && \
-         '{bin}' run --run-id full1 -- sh -c 'rm keep.txt; dd if=/dev/zero of=fill bs=64k \
-         2>/dev/null; dd if=/dev/zero of=fill2 bs=4k 2>/dev/null; echo after > x.txt; true' \
-         >/dev/null 2>run.err; echo \"rc=$?\"; cat run.err; \
-         '{bin}' verify full1 >/dev/null 2>&1; echo \"verify=$?\"; rm -f fill fill2; \
-         '{bin}' rollback full1 --all >/dev/null 2>&1; echo \"rollback=$? kept=$(cat keep.txt)\"; \
-         '{bin}' inspect full1 --format json",
+        "mount -t tmpfs -o size=8m,mode=0700 tmpfs '{root}' && cd '{root}' && {script}",
         root = root.display()
     );
     let out = Command::new("unshare")
@@ -1061,12 +1051,33 @@ fn a_command_that_fills_the_disk_is_still_sealed_and_rolled_back() {
         .env("HOME", NO_HOME)
         .output()
         .unwrap();
-    let shown = text(&out.stdout);
-    let stderr = text(&out.stderr);
+    let (shown, stderr) = (text(&out.stdout), text(&out.stderr));
     if stderr.contains("mount:") || stderr.contains("unshare:") {
         agentdiff_conformance::skip_unless_required("a private tmpfs mount (unshare -m, root)");
-        return;
+        return None;
     }
+    Some((shown, stderr))
+}
+
+/// A command that fills the disk holding the store: the store's reserve gives back the room to
+/// record the run, so it is sealed with its changes and verifies, and once space is freed its
+/// rollback restores the file the command deleted — never an unsealed run later shown as
+/// interrupted (without the reserve: exit 70, no result, rollback refused).
+#[test]
+fn a_command_that_fills_the_disk_is_still_sealed_and_rolled_back() {
+    let bin = super::bin().display().to_string();
+    let script = format!(
+        "printf keep > keep.txt && \
+         '{bin}' run --run-id full1 -- sh -c 'rm keep.txt; dd if=/dev/zero of=fill bs=64k \
+         2>/dev/null; dd if=/dev/zero of=fill2 bs=4k 2>/dev/null; echo after > x.txt; true' \
+         >/dev/null 2>run.err; echo \"rc=$?\"; cat run.err; \
+         '{bin}' verify full1 >/dev/null 2>&1; echo \"verify=$?\"; rm -f fill fill2; \
+         '{bin}' rollback full1 --all >/dev/null 2>&1; echo \"rollback=$? kept=$(cat keep.txt)\"; \
+         '{bin}' inspect full1 --format json"
+    );
+    let Some((shown, stderr)) = on_a_small_disk(&script) else {
+        return;
+    };
     assert!(shown.contains("rc=0"), "{shown}\n{stderr}");
     assert!(shown.contains("verify=0"), "{shown}\n{stderr}");
     assert!(shown.contains("rollback=0 kept=keep"), "{shown}\n{stderr}");
@@ -1088,33 +1099,17 @@ fn a_command_that_fills_the_disk_is_still_sealed_and_rolled_back() {
 /// is sealed as `error` saying the disk is full and what to do, and it verifies.
 #[test]
 fn a_disk_too_full_for_the_reserve_refuses_the_launch_and_says_so() {
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("proj");
-    fs::create_dir_all(&root).unwrap();
     let bin = super::bin().display().to_string();
     let script = format!(
-        "mount -t tmpfs -o size=8m,mode=0700 tmpfs '{root}' && cd '{root}' && \
-         printf keep > keep.txt && dd if=/dev/zero of=fill bs=64k 2>/dev/null; \
+        "printf keep > keep.txt && dd if=/dev/zero of=fill bs=64k 2>/dev/null; \
          truncate -s -512K fill && \
          '{bin}' run --run-id nf1 -- touch ran.txt >/dev/null 2>run.err; echo \"rc=$?\"; \
          cat run.err; test -e ran.txt && echo RAN; \
-         '{bin}' verify nf1 >/dev/null 2>&1; echo \"verify=$?\"",
-        root = root.display()
+         '{bin}' verify nf1 >/dev/null 2>&1; echo \"verify=$?\""
     );
-    let out = Command::new("unshare")
-        .args(["-m", "sh", "-c", &script])
-        .current_dir(t.path())
-        .env_remove("AGENTDIFF_POLICY")
-        .env("AGENTDIFF_STATE_DIR", super::state_dir())
-        .env("HOME", NO_HOME)
-        .output()
-        .unwrap();
-    let shown = text(&out.stdout);
-    let stderr = text(&out.stderr);
-    if stderr.contains("mount:") || stderr.contains("unshare:") {
-        agentdiff_conformance::skip_unless_required("a private tmpfs mount (unshare -m, root)");
+    let Some((shown, stderr)) = on_a_small_disk(&script) else {
         return;
-    }
+    };
     assert!(shown.contains("rc=70"), "{shown}\n{stderr}");
     assert!(!shown.contains("RAN"), "the command ran: {shown}");
     assert!(
