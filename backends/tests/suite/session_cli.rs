@@ -176,10 +176,7 @@ fn session_records_every_call_attributes_every_change_and_rolls_back() {
     let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
     hook(&root, "session-end", end);
 
-    let out = agentdiff(
-        &root,
-        &["session", "show", &id, "--root", &r, "--format", "json"],
-    );
+    let out = show_json(&root, &id);
     assert_exit(&out, 0);
     let shown = json_of(&out);
     assert_eq!(shown["state"], "ended");
@@ -357,10 +354,7 @@ fn interrupted_session_is_listed_and_session_end_seals_it() {
     let out = agentdiff(&root, &["session", "end", &id, "--root", &r]);
     assert_exit(&out, 0);
     assert_eq!(sessions(&root)[0]["state"], "ended");
-    let out = agentdiff(
-        &root,
-        &["session", "show", &id, "--root", &r, "--format", "json"],
-    );
+    let out = show_json(&root, &id);
     let shown = json_of(&out);
     assert_eq!(shown["ended"]["ended_by"], "closed");
     assert_eq!(shown["ended"]["attributions"][0]["path"], "notes.txt");
@@ -468,7 +462,6 @@ fn the_dashboard_lists_sessions_and_shows_one_with_its_calls_changes_and_runs() 
     use super::serve_cli::{request, serve};
     const HOSTILE: &str = HOSTILE_PATH;
     let (_t, root) = project();
-    let r = root_arg(&root);
     let id = start(&root);
     let write = json!({"file_path": HOSTILE, "content": "x\n"});
     let pre = hook(
@@ -528,10 +521,7 @@ fn the_dashboard_lists_sessions_and_shows_one_with_its_calls_changes_and_runs() 
 
     let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
     hook(&root, "session-end", end);
-    let shown = json_of(&agentdiff(
-        &root,
-        &["session", "show", &id, "--root", &r, "--format", "json"],
-    ));
+    let shown = json_of(&show_json(&root, &id));
     let bash_run = shown["ended"]["linked_runs"][0]
         .as_str()
         .unwrap()
@@ -674,8 +664,9 @@ fn pre_tool_use(root: &Path, extra: &[&str], input: &Value) -> Output {
 }
 
 /// The calls `session show --format json` lists.
-fn calls_of(root: &Path, id: &str) -> Vec<Value> {
-    let out = agentdiff(
+/// `agentdiff session show ID --format json` in the project at `root`.
+fn show_json(root: &Path, id: &str) -> std::process::Output {
+    agentdiff(
         root,
         &[
             "session",
@@ -686,7 +677,11 @@ fn calls_of(root: &Path, id: &str) -> Vec<Value> {
             "--format",
             "json",
         ],
-    );
+    )
+}
+
+fn calls_of(root: &Path, id: &str) -> Vec<Value> {
+    let out = show_json(root, id);
     assert_exit(&out, 0);
     json_of(&out)["calls"].as_array().unwrap().clone()
 }
@@ -824,18 +819,7 @@ fn every_call_the_hook_refuses_is_in_the_session_log() {
     fs::write(root.join("docs/guide.md"), "x").unwrap();
     let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
     hook(&root, "session-end", end);
-    let out = agentdiff(
-        &root,
-        &[
-            "session",
-            "show",
-            &id,
-            "--root",
-            &root_arg(&root),
-            "--format",
-            "json",
-        ],
-    );
+    let out = show_json(&root, &id);
     let ended = json_of(&out)["ended"].clone();
     let mut denied: Vec<String> = serde_json::from_value(ended["denied_calls"].clone()).unwrap();
     denied.sort();
@@ -899,18 +883,7 @@ fn calls_are_recorded_with_the_path_the_hook_resolved() {
 
     let end = json!({"session_id": SESSION, "hook_event_name": "SessionEnd", "reason": "exit"});
     hook(&root, "session-end", end);
-    let out = agentdiff(
-        &root,
-        &[
-            "session",
-            "show",
-            &id,
-            "--root",
-            &root_arg(&root),
-            "--format",
-            "json",
-        ],
-    );
+    let out = show_json(&root, &id);
     let attributions = json_of(&out)["ended"]["attributions"].clone();
     let who = |path: &str| {
         attributions
