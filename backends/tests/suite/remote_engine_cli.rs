@@ -13,7 +13,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use agentdiff_test_support::remote_engine::{start_remote_engine, REMOTE_IMAGE};
+use agentdiff_test_support::remote_engine::{start_remote_engine, RemoteEngine, REMOTE_IMAGE};
 use serde_json::Value;
 
 use super::{assert_exit, json_of, text};
@@ -51,17 +51,26 @@ fn with_engine(root: &Path, url: &str, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-#[test]
-fn an_engine_elsewhere_is_refused_unless_named_and_then_runs_on_the_shipped_workspace() {
+/// A project under `/tmp` (which the engine's namespace replaces with its own tmpfs, so the
+/// engine cannot see it) and a remote engine started beside it; `None`, a printed skip, when
+/// the engine cannot run here.
+fn remote_project() -> Option<(tempfile::TempDir, RemoteEngine, std::path::PathBuf)> {
     if let Some(reason) = missing() {
         agentdiff_test_support::skip(&reason);
-        return;
+        return None;
     }
-    // Under /tmp, which the engine's namespace replaces with its own tmpfs.
     let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
     let engine = start_remote_engine(dir.path());
     let root = dir.path().join("project");
     fs::create_dir_all(&root).unwrap();
+    Some((dir, engine, root))
+}
+
+#[test]
+fn an_engine_elsewhere_is_refused_unless_named_and_then_runs_on_the_shipped_workspace() {
+    let Some((_dir, engine, root)) = remote_project() else {
+        return;
+    };
     fs::write(root.join("a.txt"), "a before\n").unwrap();
     fs::write(root.join("del.txt"), "delete me\n").unwrap();
     let run = |extra: &[&str]| {
@@ -162,14 +171,9 @@ fn runtime_json(root: &Path, id: &str) -> Value {
 /// gone.
 #[test]
 fn cleanup_of_a_killed_remote_run_removes_its_container_on_the_recorded_engine() {
-    if let Some(reason) = missing() {
-        agentdiff_test_support::skip(&reason);
+    let Some((_dir, engine, root)) = remote_project() else {
         return;
-    }
-    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
-    let engine = start_remote_engine(dir.path());
-    let root = dir.path().join("project");
-    fs::create_dir_all(&root).unwrap();
+    };
     fs::write(root.join("a.txt"), "a\n").unwrap();
     let endpoint = format!("engine-host={}", engine.url);
     let mut run = super::cmd(
@@ -552,14 +556,9 @@ fn only_run(root: &Path) -> String {
 /// copy of the project), and the engine lists neither afterwards.
 #[test]
 fn cleanup_of_a_remote_run_killed_before_its_launch_removes_its_container_and_volume() {
-    if let Some(reason) = missing() {
-        agentdiff_test_support::skip(&reason);
+    let Some((_dir, engine, root)) = remote_project() else {
         return;
-    }
-    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
-    let engine = start_remote_engine(dir.path());
-    let root = dir.path().join("project");
-    fs::create_dir_all(&root).unwrap();
+    };
     // Enough to ship that the run can be caught between `create` and the start.
     for i in 0..60 {
         fs::write(root.join(format!("f{i}.bin")), vec![i as u8; 1 << 20]).unwrap();
@@ -612,14 +611,9 @@ fn cleanup_of_a_remote_run_killed_before_its_launch_removes_its_container_and_vo
 /// private workspace; `agentdiff cleanup` removes it and says so.
 #[test]
 fn cleanup_of_a_remote_run_killed_during_ship_out_removes_its_staging_directory() {
-    if let Some(reason) = missing() {
-        agentdiff_test_support::skip(&reason);
+    let Some((_dir, engine, root)) = remote_project() else {
         return;
-    }
-    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
-    let engine = start_remote_engine(dir.path());
-    let root = dir.path().join("project");
-    fs::create_dir_all(&root).unwrap();
+    };
     fs::write(root.join("a.txt"), "a\n").unwrap();
     let mut run = spawn_remote_run(
         &root,
