@@ -132,11 +132,27 @@ fn expand_tilde(dir: &Path, home: impl FnOnce() -> Option<PathBuf>) -> PathBuf {
     }
 }
 
-/// `$HOME`, else the password database's entry for this user.
-// Deprecated for its Windows behaviour only; on Unix it is exactly that rule.
-#[allow(deprecated)]
-fn home_dir() -> Option<PathBuf> {
-    std::env::home_dir()
+/// The home directory `~` stands for: `$HOME` when it is absolute (what shells and Claude
+/// Code's `os.homedir()` read), else the user database's entry for this process's user.
+pub fn home_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute())
+        .or_else(|| user_home(nix::unistd::getuid()))
+}
+
+/// The home directory the user database gives the process's effective user (the one whose
+/// files it reads), whatever `$HOME` says.
+pub fn effective_user_home() -> Option<PathBuf> {
+    user_home(nix::unistd::geteuid())
+}
+
+fn user_home(uid: nix::unistd::Uid) -> Option<PathBuf> {
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.dir)
+        .filter(|d| d.is_absolute())
 }
 
 /// A regular file, symlinks followed, that this process's real user may execute.

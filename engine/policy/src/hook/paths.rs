@@ -7,7 +7,7 @@
 //! takes another. A `~name` first component (another user's home for a shell) is expanded when
 //! that user is known here, else it cannot be told where it leads.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::resolve::resolve;
 
@@ -83,19 +83,7 @@ fn expand_tilde(text: &str, home: Option<&Path>) -> Option<Reading> {
     Some(Reading::Path(format!("{}{tail}", dir.to_string_lossy())))
 }
 
-/// The home directory `~` stands for: `$HOME` when it is absolute (what Claude Code's
-/// `os.homedir()` reads), else the user database's.
-pub(crate) fn home_dir() -> Option<PathBuf> {
-    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
-        if home.is_absolute() {
-            return Some(home);
-        }
-    }
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .ok()
-        .flatten()
-        .map(|u| u.dir)
-}
+pub(crate) use agentdiff_host::system::home_dir;
 
 /// The project paths (relative to the symlink-free root, `/`-separated) that a tool naming
 /// `raw` from `cwd` may change: every reading resolved as the hook's decision resolves it
