@@ -241,17 +241,19 @@ impl HostFacts {
             ),
             ..HostFacts::default()
         };
-        for env in [own.as_slice(), command_env] {
-            let home = env
-                .iter()
+        let env_homes = [own.as_slice(), command_env].map(|env| {
+            env.iter()
                 .rev()
                 .find(|(k, _)| k.as_os_str() == OsStr::new("HOME"))
                 .map(|(_, v)| PathBuf::from(v))
-                .filter(|p| p.is_absolute());
-            if let Some(h) = home {
-                if !facts.homes.contains(&h) {
-                    facts.homes.push(h);
-                }
+                .filter(|p| p.is_absolute())
+        });
+        // The user database's home of the user the command runs as, too: under sudo or su
+        // `$HOME` can name another user's home while the command reads this one's (root's).
+        let own_user = agentdiff_host::system::effective_user_home();
+        for h in env_homes.into_iter().chain([own_user]).flatten() {
+            if !facts.homes.contains(&h) {
+                facts.homes.push(h);
             }
         }
         // The command's variables say where its tools look; agentdiff's own XDG_STATE_HOME says

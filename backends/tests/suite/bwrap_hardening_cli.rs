@@ -698,3 +698,41 @@ echo "$a $b $c" > codes.txt"#;
         "ok\n"
     );
 }
+
+/// `$HOME` names another directory than the user database's home of the user the command runs
+/// as (sudo, su, a CI runner): that home is hidden by the allowlist all the same.
+#[test]
+fn the_users_own_home_is_hidden_whatever_home_says() {
+    if no_bwrap() {
+        return;
+    }
+    let Some(home) = agentdiff_host::system::effective_user_home() else {
+        agentdiff_test_support::skip("the user database gives this user no home");
+        return;
+    };
+    let secret = home.join(format!(".agentdiff-test-secret-{}", std::process::id()));
+    if fs::write(&secret, "SECRET\n").is_err() {
+        agentdiff_test_support::skip("this user's home is not writable");
+        return;
+    }
+    struct Remove<'a>(&'a Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = fs::remove_file(self.0);
+        }
+    }
+    let _remove = Remove(&secret);
+    // The fixture's `HOME` is a temporary directory, not `home`.
+    let f = Fixture::new();
+    assert_ne!(f.home.path(), home.as_path());
+    let script = format!("cat '{}' > seen.txt 2>/dev/null; exit 0", secret.display());
+    let (code, result, out) = f.run(&[], &["sh", "-c", &script], &[]);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = fs::read_to_string(f.root().join("seen.txt")).unwrap_or_default();
+    assert_eq!(seen, "", "{} was readable in the sandbox", secret.display());
+}
