@@ -134,8 +134,8 @@ pub fn agentdiff_state_dir() -> Option<PathBuf> {
     agentdiff_host::state_dir::locate().ok()
 }
 
-/// The home directories whose credential locations are denied: the command's `HOME` and
-/// agentdiff's own, when they are absolute paths.
+/// The home directories whose credential locations are denied: the command's `HOME`,
+/// agentdiff's own, when they are absolute paths, and the user database's home of this user.
 pub fn home_dirs(env: &[(OsString, OsString)]) -> Vec<PathBuf> {
     let command_home = env
         .iter()
@@ -143,9 +143,15 @@ pub fn home_dirs(env: &[(OsString, OsString)]) -> Vec<PathBuf> {
         .find(|(k, _)| k == "HOME")
         .map(|(_, v)| PathBuf::from(v));
     let mut homes: Vec<PathBuf> = Vec::new();
-    for h in [command_home, std::env::var_os("HOME").map(PathBuf::from)]
-        .into_iter()
-        .flatten()
+    // And the user database's home of the user the command runs as, which `$HOME` may not name.
+    let own_user = agentdiff_host::system::effective_user_home();
+    for h in [
+        command_home,
+        std::env::var_os("HOME").map(PathBuf::from),
+        own_user,
+    ]
+    .into_iter()
+    .flatten()
     {
         if h.is_absolute() && !homes.contains(&h) {
             homes.push(h);
