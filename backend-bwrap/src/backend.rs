@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_backend_api::{
-    Availability, BackendError, BackendFacts, BackendOptions, Capabilities, CleanupReport,
-    LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessRelation,
-    Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
+    Availability, BackendError, BackendFacts, BackendOptions, BoxFuture, Capabilities,
+    CleanupReport, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
+    ProcessRelation, Result, RunEvidence, RunningCommand, RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_host::system::absolute_from_cwd as absolute;
 use agentdiff_process::cleanup_host_processes;
@@ -17,7 +17,6 @@ use agentdiff_process::exec_shim::{self, StartState};
 use agentdiff_process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_process::supervisor::EvidenceLabels;
 use agentdiff_process::ProcessIdentity;
-use async_trait::async_trait;
 use serde_json::{json, Value};
 
 use crate::facts::{BwrapFacts, Control, SandboxClaim, SandboxInit};
@@ -306,7 +305,6 @@ fn controls(plan: &Plan) -> BTreeMap<String, Control> {
     .collect()
 }
 
-#[async_trait]
 impl RuntimeBackend for BwrapBackend {
     fn id(&self) -> &'static str {
         ID
@@ -491,7 +489,6 @@ struct BwrapRunning {
     env_dropped: Vec<String>,
 }
 
-#[async_trait]
 impl RunningCommand for BwrapRunning {
     fn pid(&self) -> Option<u32> {
         Some(self.inner.pid())
@@ -507,59 +504,66 @@ impl RunningCommand for BwrapRunning {
             .map_err(|e| launch_error(e.to_string()))
     }
 
-    async fn abort(self: Box<Self>) {
-        self.inner.abort().await;
+    fn abort(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            self.inner.abort().await;
+        })
     }
 
-    async fn wait(self: Box<Self>) -> Result<RunEvidence> {
-        let BwrapRunning {
-            inner,
-            bwrap,
-            mut wrapper,
-            network,
-            env_dropped,
-        } = *self;
-        let root_pid = inner.pid();
-        let ShimmedExit {
-            mut evidence,
-            state,
-            expected_argc,
-        } = inner.wait().await?;
-        if let Some(env) = &mut evidence.environment {
-            env.mode = agentdiff_backend_api::environment::EnvMode::Scrub;
-            env.dropped.extend(env_dropped);
-            env.dropped.sort();
-            env.dropped.dedup();
-        }
-        wrapper.sandbox_init = discount_sandbox_init(&mut evidence, root_pid);
-        if network == Network::Filtered {
-            let init = wrapper.sandbox_init.as_ref().map(|i| i.pid);
-            let shim = Path::new(&wrapper.exec_shim).file_name();
-            let shim = shim.map(|n| n.to_string_lossy().into_owned());
-            wrapper.egress_forwarder = init
-                .zip(shim)
-                .and_then(|(init, shim)| discount_forwarder(&mut evidence, init, &shim));
-        }
-        if network.unshared() {
-            evidence.ports.note = PORTS_ISOLATED_NOTE.into();
-        }
-        // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
-        // minimal start whose message is read here (the kernel refusing namespaces, AppArmor),
-        // so the remedy can be named. A run that started pays nothing.
-        let ended_by_agentdiff = evidence.exit.timed_out || evidence.exit.interrupted_by.is_some();
-        let diagnosis = match state {
-            StartState::NotStarted if !ended_by_agentdiff => host::smoke_test(&bwrap).await.err(),
-            _ => None,
-        };
-        attribute_exit(
-            &mut evidence,
-            &state,
-            expected_argc,
-            network,
-            wrapper,
-            diagnosis.as_ref(),
-        )?;
-        Ok(evidence)
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<RunEvidence>> {
+        Box::pin(async move {
+            let BwrapRunning {
+                inner,
+                bwrap,
+                mut wrapper,
+                network,
+                env_dropped,
+            } = *self;
+            let root_pid = inner.pid();
+            let ShimmedExit {
+                mut evidence,
+                state,
+                expected_argc,
+            } = inner.wait().await?;
+            if let Some(env) = &mut evidence.environment {
+                env.mode = agentdiff_backend_api::environment::EnvMode::Scrub;
+                env.dropped.extend(env_dropped);
+                env.dropped.sort();
+                env.dropped.dedup();
+            }
+            wrapper.sandbox_init = discount_sandbox_init(&mut evidence, root_pid);
+            if network == Network::Filtered {
+                let init = wrapper.sandbox_init.as_ref().map(|i| i.pid);
+                let shim = Path::new(&wrapper.exec_shim).file_name();
+                let shim = shim.map(|n| n.to_string_lossy().into_owned());
+                wrapper.egress_forwarder = init
+                    .zip(shim)
+                    .and_then(|(init, shim)| discount_forwarder(&mut evidence, init, &shim));
+            }
+            if network.unshared() {
+                evidence.ports.note = PORTS_ISOLATED_NOTE.into();
+            }
+            // bwrap's own message went to the terminal; only a failed start is diagnosed, by one more
+            // minimal start whose message is read here (the kernel refusing namespaces, AppArmor),
+            // so the remedy can be named. A run that started pays nothing.
+            let ended_by_agentdiff =
+                evidence.exit.timed_out || evidence.exit.interrupted_by.is_some();
+            let diagnosis = match state {
+                StartState::NotStarted if !ended_by_agentdiff => {
+                    host::smoke_test(&bwrap).await.err()
+                }
+                _ => None,
+            };
+            attribute_exit(
+                &mut evidence,
+                &state,
+                expected_argc,
+                network,
+                wrapper,
+                diagnosis.as_ref(),
+            )?;
+            Ok(evidence)
+        })
     }
 }
 

@@ -165,7 +165,7 @@ pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
 pub const ENV_EXEC_SHIM: &str = "AGENTDIFF_EXEC_SHIM";
 
 #[cfg(target_os = "linux")]
-fn factory() -> Box<dyn agentdiff_backend_api::RuntimeBackend> {
+fn factory() -> Box<dyn agentdiff_backend_api::DynRuntimeBackend> {
     Box::new(BwrapBackend::new())
 }
 

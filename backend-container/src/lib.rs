@@ -37,7 +37,6 @@ use agentdiff_backend_api::{
     WorkspaceMode,
 };
 use agentdiff_process::cleanup_host_processes;
-use async_trait::async_trait;
 
 pub use cleanup::{remove_run_containers, CleanupError, RemovedContainers};
 use engine::{Engine, EngineKind, ProgramSource, ENGINE_CLIENT_VARS};
@@ -129,7 +128,7 @@ pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
     )],
 }];
 
-fn factory() -> Box<dyn RuntimeBackend> {
+fn factory() -> Box<dyn agentdiff_backend_api::DynRuntimeBackend> {
     Box::new(ContainerBackend::new())
 }
 
@@ -432,7 +431,6 @@ pub fn capabilities_for(remote: bool) -> Capabilities {
     c
 }
 
-#[async_trait]
 impl RuntimeBackend for ContainerBackend {
     fn id(&self) -> &'static str {
         ID

@@ -9,11 +9,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agentdiff_backend_api::{
-    BackendError, BackendFacts, CleanupMechanism, CleanupReport, EnvironmentEvidence, ExitInfo,
-    FailureKind, LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord,
+    BackendError, BackendFacts, BoxFuture, CleanupMechanism, CleanupReport, EnvironmentEvidence,
+    ExitInfo, FailureKind, LaunchContext, LaunchFacts, PortEvidence, PreparedLaunch, ProcessRecord,
     ProcessRelation, Result, RunEvidence, RunningCommand, StdioMode,
 };
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use agentdiff_process::exec_shim::forward::NetnsForwarder;
@@ -725,7 +724,6 @@ impl RunningContainer {
     }
 }
 
-#[async_trait]
 impl RunningCommand for RunningContainer {
     fn pid(&self) -> Option<u32> {
         self.pid
@@ -752,72 +750,75 @@ impl RunningCommand for RunningContainer {
         }
     }
 
-    async fn wait(mut self: Box<Self>) -> Result<RunEvidence> {
-        let exit = self.wait_for_end().await;
-        if let Some(f) = self.forwarder.take() {
-            let _ = tokio::task::spawn_blocking(move || f.stop()).await;
-        }
-        let exit = exit?;
-        let mut relays = std::mem::take(
-            self.relays
-                .get_mut()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        let drained = tokio::task::spawn_blocking(move || relays.drain())
-            .await
-            .unwrap_or(false);
-        let container_id = match &self.remote {
-            Some(r) => Some(r.container_id.clone()),
-            None => self
-                .cid
-                .as_ref()
-                .and_then(|(_, path)| std::fs::read_to_string(path).ok())
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())),
-        };
-        let mut ev = std::mem::take(&mut self.evidence);
-        if !drained {
-            ev.warnings.push(
+    fn wait(mut self: Box<Self>) -> BoxFuture<'static, Result<RunEvidence>> {
+        Box::pin(async move {
+            let exit = self.wait_for_end().await;
+            if let Some(f) = self.forwarder.take() {
+                let _ = tokio::task::spawn_blocking(move || f.stop()).await;
+            }
+            let exit = exit?;
+            let mut relays = std::mem::take(
+                self.relays
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            let drained = tokio::task::spawn_blocking(move || relays.drain())
+                .await
+                .unwrap_or(false);
+            let container_id = match &self.remote {
+                Some(r) => Some(r.container_id.clone()),
+                None => self
+                    .cid
+                    .as_ref()
+                    .and_then(|(_, path)| std::fs::read_to_string(path).ok())
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())),
+            };
+            let mut ev = std::mem::take(&mut self.evidence);
+            if !drained {
+                ev.warnings.push(
                 "a relayed output stream was still open after the command ended; what it wrote \
                  after that was not copied"
                     .into(),
             );
-        }
-        self.facts.container_id = container_id.clone();
-        self.attribute_engine_exit(&exit, container_id.as_deref(), &mut ev)
-            .await;
-        ev.exit = exit;
-        if self.remote.is_some() {
-            self.ship_back(&mut ev).await;
-        }
-        let (cleanup, removed) = self.remove_leftovers(&mut ev, container_id.is_some()).await;
-        self.facts.remote = self.remote.as_ref().map(|r| r.facts.clone());
-        ev.cleanup = cleanup;
-        if let Some(image) = &self.image_pulled_ref {
-            match self.engine.local_image_id(image).await {
-                Ok(id) => self.facts.image_id = id,
-                Err(e) => ev.warnings.push(format!("image id after pull: {e}")),
             }
-        }
-        self.facts.leftover_containers_removed = removed;
-        ev.wrapper = Some(
-            BackendFacts::new(&self.facts).map_err(|e| BackendError::Runtime {
-                backend: ID.into(),
-                message: e.to_string(),
-            })?,
-        );
-        if let Some(identity) = self.identity.clone() {
-            ev.processes.push(ProcessRecord {
-                ppid: std::process::id(),
-                identity,
-                relation: ProcessRelation::Root,
-                executable: self.engine.kind.as_str().into(),
-                first_seen_ms: 0,
-                alive_after_root_exit: false,
-                left_run_cgroup: None,
-            });
-        }
-        Ok(ev)
+            self.facts.container_id = container_id.clone();
+            self.attribute_engine_exit(&exit, container_id.as_deref(), &mut ev)
+                .await;
+            ev.exit = exit;
+            if self.remote.is_some() {
+                self.ship_back(&mut ev).await;
+            }
+            let (cleanup, removed) = self.remove_leftovers(&mut ev, container_id.is_some()).await;
+            self.facts.remote = self.remote.as_ref().map(|r| r.facts.clone());
+            ev.cleanup = cleanup;
+            if let Some(image) = &self.image_pulled_ref {
+                match self.engine.local_image_id(image).await {
+                    Ok(id) => self.facts.image_id = id,
+                    Err(e) => ev.warnings.push(format!("image id after pull: {e}")),
+                }
+            }
+            self.facts.leftover_containers_removed = removed;
+            ev.wrapper =
+                Some(
+                    BackendFacts::new(&self.facts).map_err(|e| BackendError::Runtime {
+                        backend: ID.into(),
+                        message: e.to_string(),
+                    })?,
+                );
+            if let Some(identity) = self.identity.clone() {
+                ev.processes.push(ProcessRecord {
+                    ppid: std::process::id(),
+                    identity,
+                    relation: ProcessRelation::Root,
+                    executable: self.engine.kind.as_str().into(),
+                    first_seen_ms: 0,
+                    alive_after_root_exit: false,
+                    left_run_cgroup: None,
+                });
+            }
+            Ok(ev)
+        })
     }
 }
 

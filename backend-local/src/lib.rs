@@ -15,7 +15,6 @@ use agentdiff_backend_api::{
 };
 use agentdiff_process::cleanup_host_processes;
 use agentdiff_process::{spawn_supervised, tracking_mechanisms_available, EvidenceLabels};
-use async_trait::async_trait;
 
 /// Backend id.
 pub const ID: &str = "local";
@@ -82,7 +81,6 @@ pub fn capabilities() -> Capabilities {
     }
 }
 
-#[async_trait]
 impl RuntimeBackend for LocalBackend {
     fn id(&self) -> &'static str {
         ID
@@ -166,7 +164,7 @@ impl RuntimeBackend for LocalBackend {
     }
 }
 
-fn factory() -> Box<dyn RuntimeBackend> {
+fn factory() -> Box<dyn agentdiff_backend_api::DynRuntimeBackend> {
     Box::new(LocalBackend)
 }
 

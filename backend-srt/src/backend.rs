@@ -6,17 +6,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_backend_api::{
-    validate_options, Availability, BackendError, BackendFacts, BackendOptions, Capabilities,
-    CleanupReport, InfrastructurePort, LaunchCommand, LaunchContext, LaunchFacts, LaunchSpec,
-    Level, PreparedLaunch, ProcessRelation, Result, RunEvidence, RunningCommand, RuntimeBackend,
-    WorkspaceMode,
+    validate_options, Availability, BackendError, BackendFacts, BackendOptions, BoxFuture,
+    Capabilities, CleanupReport, InfrastructurePort, LaunchCommand, LaunchContext, LaunchFacts,
+    LaunchSpec, Level, PreparedLaunch, ProcessRelation, Result, RunEvidence, RunningCommand,
+    RuntimeBackend, WorkspaceMode,
 };
 use agentdiff_host::system::absolute_from_cwd as absolute;
 use agentdiff_process::cleanup_host_processes;
 use agentdiff_process::shimmed::{self, ShimmedCommand, ShimmedExit, StartFacts};
 use agentdiff_process::supervisor::EvidenceLabels;
 use agentdiff_process::ProcessIdentity;
-use async_trait::async_trait;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -258,7 +257,6 @@ fn runtime_config(plan: &Plan) -> Value {
     })
 }
 
-#[async_trait]
 impl RuntimeBackend for SrtBackend {
     fn id(&self) -> &'static str {
         ID
@@ -406,7 +404,6 @@ struct SrtRunning {
     wrapper: SrtFacts,
 }
 
-#[async_trait]
 impl RunningCommand for SrtRunning {
     fn pid(&self) -> Option<u32> {
         Some(self.inner.pid())
@@ -418,22 +415,24 @@ impl RunningCommand for SrtRunning {
         self.inner.launch_facts()
     }
 
-    async fn wait(self: Box<Self>) -> Result<RunEvidence> {
-        let SrtRunning {
-            inner,
-            generated,
-            wrapper,
-        } = *self;
-        let exit = inner.wait().await;
-        drop(generated);
-        let ShimmedExit {
-            mut evidence,
-            state,
-            expected_argc,
-        } = exit?;
-        attribute_exit(&mut evidence, &state, expected_argc, wrapper)?;
-        separate_srt_listeners(&mut evidence);
-        Ok(evidence)
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<RunEvidence>> {
+        Box::pin(async move {
+            let SrtRunning {
+                inner,
+                generated,
+                wrapper,
+            } = *self;
+            let exit = inner.wait().await;
+            drop(generated);
+            let ShimmedExit {
+                mut evidence,
+                state,
+                expected_argc,
+            } = exit?;
+            attribute_exit(&mut evidence, &state, expected_argc, wrapper)?;
+            separate_srt_listeners(&mut evidence);
+            Ok(evidence)
+        })
     }
 }
 

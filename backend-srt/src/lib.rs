@@ -102,7 +102,7 @@ pub const FAIL_CLOSED: &[FailClosedSpec] = &[FailClosedSpec {
 }];
 
 #[cfg(unix)]
-fn factory() -> Box<dyn agentdiff_backend_api::RuntimeBackend> {
+fn factory() -> Box<dyn agentdiff_backend_api::DynRuntimeBackend> {
     Box::new(SrtBackend::new())
 }
 

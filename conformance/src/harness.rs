@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentdiff_backend_api::{
-    BackendError, BackendOptions, LaunchContext, LaunchSpec, PreparedLaunch, RunEvidence,
-    RunningCommand, RuntimeBackend, StdioMode, WorkspaceMode,
+    BackendError, BackendOptions, DynRuntimeBackend, LaunchContext, LaunchSpec, PreparedLaunch,
+    RunEvidence, RunningCommand, StdioMode, WorkspaceMode,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -283,7 +283,7 @@ impl Started {
 
 /// Prepare and launch; the caller waits (so it can look at the host while the command runs).
 pub async fn start(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     inv: &Invocation,
 ) -> Result<Started, Stage> {
@@ -330,7 +330,7 @@ pub async fn start(
 
 /// Prepare, launch and wait.
 pub async fn run(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     inv: &Invocation,
 ) -> Result<Ran, Stage> {

@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentdiff_backend_api::{
-    Availability, BackendDescriptor, BackendOptions, Capabilities, FailClosedSpec, RuntimeBackend,
+    Availability, BackendDescriptor, BackendOptions, Capabilities, DynRuntimeBackend,
+    FailClosedSpec,
 };
 
 pub use checks::{catalogue, CheckDef};
@@ -67,10 +68,10 @@ pub fn print_skip(reason: &str) {
 }
 
 /// Builds a fresh backend instance; called once per check.
-pub type BackendFactory = Arc<dyn Fn() -> Box<dyn RuntimeBackend> + Send + Sync>;
+pub type BackendFactory = Arc<dyn Fn() -> Box<dyn DynRuntimeBackend> + Send + Sync>;
 
 /// Wrap a plain constructor (e.g. a registry descriptor's `factory`) as a [`BackendFactory`].
-pub fn factory_fn(f: fn() -> Box<dyn RuntimeBackend>) -> BackendFactory {
+pub fn factory_fn(f: fn() -> Box<dyn DynRuntimeBackend>) -> BackendFactory {
     Arc::new(f)
 }
 
@@ -219,7 +220,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn backend(&self) -> Box<dyn RuntimeBackend> {
+    pub fn backend(&self) -> Box<dyn DynRuntimeBackend> {
         (self.factory)()
     }
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentdiff_backend_api::{
-    BackendOptions, LaunchContext, LaunchSpec, RunEvidence, RuntimeBackend, StdioMode,
+    BackendOptions, DynRuntimeBackend, LaunchContext, LaunchSpec, RunEvidence, StdioMode,
 };
 use agentdiff_backend_container::engine::ProgramSource;
 use agentdiff_backend_container::ContainerBackend;
@@ -74,7 +74,7 @@ pub fn files_stdio(dir: &Path) -> (StdioMode, PathBuf, PathBuf) {
 }
 
 pub async fn run(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     spec: &LaunchSpec,
     stdio: StdioMode,
 ) -> Result<RunEvidence, agentdiff_backend_api::BackendError> {

@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use agentdiff_backend_api::{BackendError, FailureKind, Level, RuntimeBackend};
+use agentdiff_backend_api::{BackendError, DynRuntimeBackend, FailureKind, Level};
 use agentdiff_backend_container::ContainerFacts;
 
 use super::helpers::*;
@@ -326,7 +326,7 @@ async fn a_container_still_listed_after_removal_is_a_cleanup_error() {
     );
 }
 
-fn prepare_error(b: &dyn RuntimeBackend, l: &Layout, opts: &[(&str, &str)]) -> String {
+fn prepare_error(b: &dyn DynRuntimeBackend, l: &Layout, opts: &[(&str, &str)]) -> String {
     let s = spec(l, "rem-4", &["true"], opts);
     match b.prepare(&s) {
         Err(BackendError::InvalidRequest { message, .. }) => message,

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use agentdiff_backend_api::recommend::{recommend, Candidate, ProbeOutcome, Recommendation};
 use agentdiff_backend_api::{
-    Availability, BackendDescriptor, BackendOptions, Boundary, Level, OptionSpec, RuntimeBackend,
-    WorkspaceMode,
+    Availability, BackendDescriptor, BackendOptions, Boundary, DynRuntimeBackend, Level,
+    OptionSpec, WorkspaceMode,
 };
 use agentdiff_conformance::probes::{
     self, HostId, ProbeOptions, ProbeRecord, ProbeResult, Verdict,
@@ -144,7 +144,7 @@ pub async fn assemble(
 /// One backend's availability, labels, diagnostics and (with `probe`) probe results.
 async fn backend_entry(
     descriptor: &BackendDescriptor,
-    backend: Box<dyn RuntimeBackend>,
+    backend: Box<dyn DynRuntimeBackend>,
     options: &BackendOptions,
     probe: bool,
 ) -> (BackendEntry, Candidate) {

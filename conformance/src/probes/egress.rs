@@ -18,8 +18,8 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentdiff_backend_api::{Level, RuntimeBackend};
-use agentdiff_egress::{Bind, EgressLog, ProxyConfig, ProxyThread, Resolve};
+use agentdiff_backend_api::{DynRuntimeBackend, Level};
+use agentdiff_egress::{Bind, EgressLog, ProxyConfig, ProxyThread, Resolve, ResolveFuture};
 use serde_json::json;
 
 use super::programs::{host_address, launch, ran_marker_present, result, run_facts, RAN_MARKER};
@@ -34,16 +34,17 @@ const KIND: ProbeKind = ProbeKind::EgressFiltered;
 /// Resolves the probe's two names to loopback and nothing else.
 struct ProbeResolver;
 
-#[async_trait::async_trait]
 impl Resolve for ProbeResolver {
-    async fn resolve(&self, name: &str, _port: u16) -> std::io::Result<Vec<IpAddr>> {
-        match name {
-            LISTED | REBIND => Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]),
-            _ => Err(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "not a probe name",
-            )),
-        }
+    fn resolve<'a>(&'a self, name: &'a str, _port: u16) -> ResolveFuture<'a> {
+        Box::pin(async move {
+            match name {
+                LISTED | REBIND => Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]),
+                _ => Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not a probe name",
+                )),
+            }
+        })
     }
 }
 
@@ -96,7 +97,7 @@ struct HostSide {
 
 /// Runs the probe (see the module documentation).
 pub(super) async fn filtered(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {

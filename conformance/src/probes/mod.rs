@@ -15,7 +15,7 @@ pub use record::{
 
 use std::path::PathBuf;
 
-use agentdiff_backend_api::{BackendOptions, Boundary, RuntimeBackend, WorkspaceMode};
+use agentdiff_backend_api::{BackendOptions, Boundary, DynRuntimeBackend, WorkspaceMode};
 use serde::{Deserialize, Serialize};
 
 /// What a probe tries.
@@ -169,7 +169,7 @@ impl Default for ProbeOptions {
 
 /// Run one probe through `backend`.
 pub async fn run_probe(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     kind: ProbeKind,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -197,7 +197,7 @@ pub async fn run_probe(
 }
 
 /// Run every probe, in [`ProbeKind::ALL`] order.
-pub async fn run_all(backend: &dyn RuntimeBackend, options: &ProbeOptions) -> Vec<ProbeResult> {
+pub async fn run_all(backend: &dyn DynRuntimeBackend, options: &ProbeOptions) -> Vec<ProbeResult> {
     let mut out = Vec::new();
     for kind in ProbeKind::ALL {
         out.push(run_probe(backend, kind, options).await);

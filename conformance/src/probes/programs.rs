@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentdiff_backend_api::RuntimeBackend;
+use agentdiff_backend_api::DynRuntimeBackend;
 use serde_json::json;
 
 use super::{inconclusive, ProbeKind, ProbeOptions, ProbeResult, Verdict};
@@ -43,7 +43,7 @@ pub(super) fn run_facts(ran: &Ran) -> serde_json::Value {
 }
 
 pub(super) async fn run(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     kind: ProbeKind,
     scratch: &Scratch,
     options: &ProbeOptions,
@@ -64,7 +64,7 @@ pub(super) async fn run(
 
 pub(super) async fn launch(
     kind: ProbeKind,
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     inv: Invocation,
     options: &ProbeOptions,
@@ -121,7 +121,7 @@ struct WriteTarget {
 }
 
 async fn outside_write(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -234,7 +234,7 @@ async fn outside_write(
 /// `HOME` is a fresh directory with a canary at `~/.agentdiff-probe-secret` (on no allowlist)
 /// and one at `~/.cargo/agentdiff-probe` (on bwrap's): the first must not be read.
 async fn home_read(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -299,7 +299,7 @@ async fn home_read(
 }
 
 async fn outside_read(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -380,7 +380,7 @@ pub(super) fn host_address() -> Option<std::net::IpAddr> {
 }
 
 async fn loopback(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -514,7 +514,7 @@ const SELF_SET: &[&str] = &[
 ];
 
 async fn environment(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -629,7 +629,7 @@ pub(crate) fn reap_daemon(token: &str) -> usize {
 }
 
 async fn daemon(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -675,7 +675,7 @@ async fn daemon(
 }
 
 async fn pids(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -720,7 +720,7 @@ async fn pids(
 }
 
 async fn privileges(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {
@@ -803,7 +803,7 @@ pub(crate) fn snapshot(root: &Path) -> BTreeMap<String, String> {
 }
 
 async fn host_tree(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     scratch: &Scratch,
     options: &ProbeOptions,
 ) -> ProbeResult {

@@ -12,11 +12,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agentdiff_backend_api::{
-    BackendError, Capabilities, CleanupMechanism, CleanupOutcome, CleanupRecord, CleanupReport,
-    Enforcement, EnvironmentEvidence, ExitInfo, LaunchContext, PortEvidence, PreparedLaunch,
-    ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence, RunningCommand, StdioMode,
+    BackendError, BoxFuture, Capabilities, CleanupMechanism, CleanupOutcome, CleanupRecord,
+    CleanupReport, Enforcement, EnvironmentEvidence, ExitInfo, LaunchContext, PortEvidence,
+    PreparedLaunch, ProcessIdentity, ProcessRecord, ProcessRelation, RunEvidence, RunningCommand,
+    StdioMode,
 };
-use async_trait::async_trait;
 
 use crate::host::{self, SignalResult};
 
@@ -243,146 +243,147 @@ pub async fn cleanup_identities(ids: &[ProcessIdentity], grace: Duration) -> Cle
     }
 }
 
-#[async_trait]
 impl RunningCommand for Running {
     fn pid(&self) -> Option<u32> {
         self.root.as_ref().map(|r| r.pid)
     }
 
-    async fn wait(self: Box<Self>) -> Result<RunEvidence, BackendError> {
-        let Running {
-            mut child,
-            root,
-            token,
-            prepared,
-            mut ctx,
-            labels,
-            started,
-            mut relays,
-        } = *self;
-        let spec = prepared.spec();
-        let entry = format!("{MARKER_VAR}={token}");
-        let mut tracker = Tracker {
-            root_pid: root.as_ref().map(|r| r.pid),
-            seen: BTreeMap::new(),
-            started,
-        };
-        if let Some(r) = &root {
-            tracker.scan(&entry);
-            tracker
-                .seen
-                .entry(r.clone())
-                .or_insert_with(|| ProcessRecord {
-                    identity: r.clone(),
-                    ppid: std::process::id(),
-                    relation: ProcessRelation::Root,
-                    executable: host::stat(r.pid).map(|s| s.comm).unwrap_or_default(),
-                    first_seen_ms: 0,
-                    alive_after_root_exit: false,
-                    left_run_cgroup: None,
-                });
-        }
-        let poll = spec.poll_interval.max(Duration::from_millis(10));
-        let deadline = spec.timeout.map(|t| started + t);
-        let mut timed_out = false;
-        let mut interrupted_by = None;
-        let mut cleanup_records = Vec::new();
-        let status = loop {
-            let sleep_for = match deadline {
-                Some(d) => poll.min(d.saturating_duration_since(Instant::now())),
-                None => poll,
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<RunEvidence, BackendError>> {
+        Box::pin(async move {
+            let Running {
+                mut child,
+                root,
+                token,
+                prepared,
+                mut ctx,
+                labels,
+                started,
+                mut relays,
+            } = *self;
+            let spec = prepared.spec();
+            let entry = format!("{MARKER_VAR}={token}");
+            let mut tracker = Tracker {
+                root_pid: root.as_ref().map(|r| r.pid),
+                seen: BTreeMap::new(),
+                started,
             };
-            tokio::select! {
-                status = child.wait() => break status,
-                _ = tokio::time::sleep(sleep_for) => {
-                    tracker.scan(&entry);
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        timed_out = true;
+            if let Some(r) = &root {
+                tracker.scan(&entry);
+                tracker
+                    .seen
+                    .entry(r.clone())
+                    .or_insert_with(|| ProcessRecord {
+                        identity: r.clone(),
+                        ppid: std::process::id(),
+                        relation: ProcessRelation::Root,
+                        executable: host::stat(r.pid).map(|s| s.comm).unwrap_or_default(),
+                        first_seen_ms: 0,
+                        alive_after_root_exit: false,
+                        left_run_cgroup: None,
+                    });
+            }
+            let poll = spec.poll_interval.max(Duration::from_millis(10));
+            let deadline = spec.timeout.map(|t| started + t);
+            let mut timed_out = false;
+            let mut interrupted_by = None;
+            let mut cleanup_records = Vec::new();
+            let status = loop {
+                let sleep_for = match deadline {
+                    Some(d) => poll.min(d.saturating_duration_since(Instant::now())),
+                    None => poll,
+                };
+                tokio::select! {
+                    status = child.wait() => break status,
+                    _ = tokio::time::sleep(sleep_for) => {
+                        tracker.scan(&entry);
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            timed_out = true;
+                        }
+                    }
+                    changed = ctx.interrupt.changed() => {
+                        if changed.is_ok() {
+                            interrupted_by = *ctx.interrupt.borrow();
+                        }
                     }
                 }
-                changed = ctx.interrupt.changed() => {
-                    if changed.is_ok() {
-                        interrupted_by = *ctx.interrupt.borrow();
-                    }
+                if timed_out || interrupted_by.is_some() {
+                    let live = tracker.scan(&entry);
+                    cleanup_records.extend(end_all(&live, spec.grace).await);
+                    break child.wait().await;
+                }
+            };
+            let status = status.map_err(|e| BackendError::Runtime {
+                backend: labels.backend.to_string(),
+                message: format!("waiting for the command: {e}"),
+            })?;
+            // Leftovers: anything of the tree still alive once the root has exited.
+            let leftovers = tracker.scan(&entry);
+            for id in &leftovers {
+                if let Some(r) = tracker.seen.get_mut(id) {
+                    r.alive_after_root_exit = true;
                 }
             }
-            if timed_out || interrupted_by.is_some() {
-                let live = tracker.scan(&entry);
-                cleanup_records.extend(end_all(&live, spec.grace).await);
-                break child.wait().await;
-            }
-        };
-        let status = status.map_err(|e| BackendError::Runtime {
-            backend: labels.backend.to_string(),
-            message: format!("waiting for the command: {e}"),
-        })?;
-        // Leftovers: anything of the tree still alive once the root has exited.
-        let leftovers = tracker.scan(&entry);
-        for id in &leftovers {
-            if let Some(r) = tracker.seen.get_mut(id) {
-                r.alive_after_root_exit = true;
-            }
-        }
-        cleanup_records.extend(end_all(&leftovers, spec.grace).await);
-        // A second sweep catches processes forked while the first sweep ran.
-        let late = tracker.scan(&entry);
-        cleanup_records.extend(end_all(&late, spec.grace).await);
+            cleanup_records.extend(end_all(&leftovers, spec.grace).await);
+            // A second sweep catches processes forked while the first sweep ran.
+            let late = tracker.scan(&entry);
+            cleanup_records.extend(end_all(&late, spec.grace).await);
 
-        let (code, signal) = exit_parts(&status);
-        let environment = EnvironmentEvidence {
-            mode: agentdiff_backend_api::environment::EnvMode::Inherit,
-            variables: prepared
-                .env()
-                .iter()
-                .map(|(k, v)| {
-                    let name = k.to_string_lossy().into_owned();
-                    let fp = agentdiff_host::redact::fingerprint(&name, v.as_encoded_bytes());
-                    (name, fp)
-                })
-                .collect(),
-            dropped: Vec::new(),
-        };
-        Ok(RunEvidence {
-            backend: labels.backend.to_string(),
-            enforcement: labels.enforcement,
-            capabilities: labels.capabilities,
-            exit: ExitInfo {
-                code,
-                signal,
-                timed_out,
-                interrupted_by,
-                duration_ms: started.elapsed().as_millis() as u64,
-            },
-            failure: None,
-            tracking: agentdiff_backend_api::Tracking::EnvMarkerProcScan,
-            processes: tracker.seen.into_values().collect(),
-            cleanup: CleanupReport {
-                mechanism: CleanupMechanism::Pidfd,
-                grace_ms: spec.grace.as_millis() as u64,
-                records: cleanup_records,
-                errors: Vec::new(),
-                resources_removed: Vec::new(),
-            },
-            ports: PortEvidence {
-                mode: agentdiff_backend_api::PortMode::Off,
-                note: "listening sockets are not observed by this backend".into(),
-                ..PortEvidence::default()
-            },
-            wrapper_argv: prepared
-                .wrapper_argv()
-                .as_ref()
-                .map(|w| w.iter().map(|a| a.to_string_lossy().into_owned()).collect()),
-            wrapper: None,
-            runtime_config: prepared.runtime_config().clone(),
-            observation_root: prepared.cwd().display().to_string(),
-            environment: Some(environment),
-            execs: Default::default(),
-            containers: None,
-            stdio_relayed: {
-                relays.drain();
-                relays.names()
-            },
-            warnings: Vec::new(),
+            let (code, signal) = exit_parts(&status);
+            let environment = EnvironmentEvidence {
+                mode: agentdiff_backend_api::environment::EnvMode::Inherit,
+                variables: prepared
+                    .env()
+                    .iter()
+                    .map(|(k, v)| {
+                        let name = k.to_string_lossy().into_owned();
+                        let fp = agentdiff_host::redact::fingerprint(&name, v.as_encoded_bytes());
+                        (name, fp)
+                    })
+                    .collect(),
+                dropped: Vec::new(),
+            };
+            Ok(RunEvidence {
+                backend: labels.backend.to_string(),
+                enforcement: labels.enforcement,
+                capabilities: labels.capabilities,
+                exit: ExitInfo {
+                    code,
+                    signal,
+                    timed_out,
+                    interrupted_by,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                },
+                failure: None,
+                tracking: agentdiff_backend_api::Tracking::EnvMarkerProcScan,
+                processes: tracker.seen.into_values().collect(),
+                cleanup: CleanupReport {
+                    mechanism: CleanupMechanism::Pidfd,
+                    grace_ms: spec.grace.as_millis() as u64,
+                    records: cleanup_records,
+                    errors: Vec::new(),
+                    resources_removed: Vec::new(),
+                },
+                ports: PortEvidence {
+                    mode: agentdiff_backend_api::PortMode::Off,
+                    note: "listening sockets are not observed by this backend".into(),
+                    ..PortEvidence::default()
+                },
+                wrapper_argv: prepared
+                    .wrapper_argv()
+                    .as_ref()
+                    .map(|w| w.iter().map(|a| a.to_string_lossy().into_owned()).collect()),
+                wrapper: None,
+                runtime_config: prepared.runtime_config().clone(),
+                observation_root: prepared.cwd().display().to_string(),
+                environment: Some(environment),
+                execs: Default::default(),
+                containers: None,
+                stdio_relayed: {
+                    relays.drain();
+                    relays.names()
+                },
+                warnings: Vec::new(),
+            })
         })
     }
 }

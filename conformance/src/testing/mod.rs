@@ -33,11 +33,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentdiff_backend_api::{
-    Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
-    LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
+    Availability, BackendError, BackendOptions, BoxFuture, Capabilities, CleanupReport,
+    Enforcement, LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
     RunningCommand, RuntimeBackend,
 };
-use async_trait::async_trait;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Flavour {
@@ -215,7 +214,6 @@ fn line_transport(argv: &[OsString]) -> Vec<OsString> {
         .collect()
 }
 
-#[async_trait]
 impl RuntimeBackend for TestBackend {
     fn id(&self) -> &'static str {
         self.id
@@ -384,15 +382,18 @@ struct Leaky {
     line: String,
 }
 
-#[async_trait]
 impl RunningCommand for Leaky {
     fn pid(&self) -> Option<u32> {
         self.inner.pid()
     }
-    async fn wait(self: Box<Self>) -> Result<agentdiff_backend_api::RunEvidence, BackendError> {
-        let mut evidence = self.inner.wait().await?;
-        evidence.warnings.push(self.line);
-        Ok(evidence)
+    fn wait(
+        self: Box<Self>,
+    ) -> BoxFuture<'static, Result<agentdiff_backend_api::RunEvidence, BackendError>> {
+        Box::pin(async move {
+            let mut evidence = self.inner.wait().await?;
+            evidence.warnings.push(self.line);
+            Ok(evidence)
+        })
     }
 }
 

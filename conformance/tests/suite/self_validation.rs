@@ -188,7 +188,6 @@ struct Crashing {
     hang: bool,
 }
 
-#[async_trait::async_trait]
 impl agentdiff_backend_api::RuntimeBackend for Crashing {
     fn id(&self) -> &'static str {
         "conformance-crashing"
@@ -268,7 +267,7 @@ async fn a_crashing_or_hanging_check_is_a_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_backend_skips_launching_checks_unless_real_backends_are_required() {
-    let make = || -> Box<dyn agentdiff_backend_api::RuntimeBackend> {
+    let make = || -> Box<dyn agentdiff_backend_api::DynRuntimeBackend> {
         Box::new(TestBackend::wrapped(
             Some("/nonexistent/wrapper".into()),
             agentdiff_conformance::testing::honest_capabilities(),

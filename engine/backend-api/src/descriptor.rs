@@ -11,7 +11,7 @@ use std::pin::Pin;
 
 use serde::Serialize;
 
-use super::{BackendOptions, RuntimeBackend};
+use super::{BackendOptions, DynRuntimeBackend};
 
 /// The type of an option's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -275,7 +275,7 @@ pub type DiagnosticsHook = fn(BackendOptions) -> DiagnosticsFuture;
 pub struct BackendDescriptor {
     pub id: &'static str,
     pub summary: &'static str,
-    pub factory: fn() -> Box<dyn RuntimeBackend>,
+    pub factory: fn() -> Box<dyn DynRuntimeBackend>,
     pub options: &'static [OptionSpec],
     pub fail_closed: &'static [FailClosedSpec],
     pub diagnostics: Option<DiagnosticsHook>,
@@ -288,7 +288,7 @@ impl BackendDescriptor {
     pub const fn new(
         id: &'static str,
         summary: &'static str,
-        factory: fn() -> Box<dyn RuntimeBackend>,
+        factory: fn() -> Box<dyn DynRuntimeBackend>,
     ) -> Self {
         Self {
             id,
@@ -442,4 +442,6 @@ mod tests {
 
 // Built-in backends submit their descriptor with `inventory::submit!`; the registry (crate
 // agentdiff-plugins) collects them. `inventory` wants the collection declared beside the type.
+// Behind the `in-process` feature: an external backend links no registration machinery.
+#[cfg(feature = "in-process")]
 inventory::collect!(BackendDescriptor);

@@ -17,9 +17,9 @@ pub mod recommend;
 pub mod serve;
 mod spec;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
-
-use async_trait::async_trait;
 
 pub use capabilities::{Availability, Boundary, Capabilities, Enforcement, Level, WorkspaceMode};
 pub use descriptor::{
@@ -37,6 +37,11 @@ pub use spec::{
 };
 
 pub use agentdiff_host::process_identity::ProcessIdentity;
+
+/// A boxed, sendable future: what the object-safe halves of the contract
+/// ([`RunningCommand`], [`DynRuntimeBackend`]) return, because a trait used as `dyn` cannot return
+/// `impl Future`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Errors a backend reports. Each names what is wrong and, where there is one, what to do.
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +98,10 @@ pub struct LaunchFacts {
 
 /// A launched command. `wait` resolves when the command has ended (normally, by timeout or by
 /// interruption) and its leftovers have been cleaned up, and returns the evidence.
-#[async_trait]
+///
+/// Always used boxed ([`RuntimeBackend::launch`] returns `Box<dyn RunningCommand>`), so its two
+/// asynchronous methods return a [`BoxFuture`]: `Box::pin(async move { … })`. Most backends return
+/// the supervisor's command (`agentdiff_process::supervisor`) and never implement this.
 pub trait RunningCommand: Send {
     /// Host pid of the launched process (the wrapper's pid for wrapping backends).
     fn pid(&self) -> Option<u32>;
@@ -114,11 +122,14 @@ pub trait RunningCommand: Send {
     /// End a held launch that will not be released (the transaction stopped before the start):
     /// nothing of the command has run and nothing may; returns once the wrapper is gone. Only
     /// held launches are aborted; the default waits for the end.
-    async fn abort(self: Box<Self>) {
-        let _ = self.wait().await;
+    fn abort(self: Box<Self>) -> BoxFuture<'static, ()> {
+        let wait = self.wait();
+        Box::pin(async move {
+            let _ = wait.await;
+        })
     }
     /// Wait for the end of the command and collect its evidence.
-    async fn wait(self: Box<Self>) -> Result<RunEvidence>;
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<RunEvidence>>;
 }
 
 /// A pluggable runtime backend. Implementations must be honest: [`RuntimeBackend::capabilities`]
@@ -127,7 +138,10 @@ pub trait RunningCommand: Send {
 ///
 /// Everything else the CLI needs (options, fail-closed cases, diagnostics) is declared in the
 /// backend's [`BackendDescriptor`].
-#[async_trait]
+///
+/// The asynchronous methods are written `async fn` in an implementation (no macro); their futures
+/// must be `Send`, which the compiler checks there. The engine holds a backend as
+/// `Box<dyn DynRuntimeBackend>`, which every implementation gets for free.
 pub trait RuntimeBackend: Send + Sync {
     /// Stable identifier used by `--runtime` (lowercase ASCII, digits, `-`).
     fn id(&self) -> &'static str;
@@ -135,7 +149,7 @@ pub trait RuntimeBackend: Send + Sync {
     fn capabilities(&self, options: &BackendOptions) -> Capabilities;
     /// Whether the backend can run here with these options, with a remedy when it cannot. Must
     /// not answer `Ready` when `prepare` would refuse for a missing component.
-    async fn availability(&self, options: &BackendOptions) -> Availability;
+    fn availability(&self, options: &BackendOptions) -> impl Future<Output = Availability> + Send;
     /// Whether the command always gets the scrubbed environment (allowlist, `--pass-env` names,
     /// credential-like and runtime-injection variables dropped), whatever `--scrub-env` and the
     /// policy's `environment.mode` say. A sandboxing backend scrubs by default so that an
@@ -162,49 +176,160 @@ pub trait RuntimeBackend: Send + Sync {
         self.prepare(spec).map(|_| ())
     }
     /// Start exactly what `prepare` made.
-    async fn launch(
+    fn launch(
         &self,
         prepared: PreparedLaunch,
         ctx: LaunchContext,
-    ) -> Result<Box<dyn RunningCommand>>;
+    ) -> impl Future<Output = Result<Box<dyn RunningCommand>>> + Send;
     /// Clean up everything a recorded run left behind (`agentdiff cleanup RUN`, and the
     /// conformance suite): its processes, each identity verified before it is signalled (a
     /// mismatch is refused, never signalled); a backend that creates other resources (containers)
     /// removes those too, found by the run id.
-    async fn cleanup_run(
+    fn cleanup_run(
         &self,
         run_id: &str,
         ids: &[ProcessIdentity],
         grace: Duration,
-    ) -> CleanupReport;
+    ) -> impl Future<Output = CleanupReport> + Send;
     /// [`RuntimeBackend::cleanup_run`] with what the backend itself recorded at launch
     /// ([`LaunchFacts::resources`]), when the capsule authenticates; `agentdiff cleanup` calls
     /// this. A backend whose resources are found from this host alone keeps the default.
-    async fn cleanup_recorded_run(
+    fn cleanup_recorded_run(
         &self,
         run_id: &str,
         ids: &[ProcessIdentity],
         grace: Duration,
         resources: Option<&serde_json::Value>,
-    ) -> CleanupReport {
+    ) -> impl Future<Output = CleanupReport> + Send {
         let _ = resources;
-        self.cleanup_run(run_id, ids, grace).await
+        self.cleanup_run(run_id, ids, grace)
     }
     /// [`RuntimeBackend::cleanup_recorded_run`] knowing where the run lived ([`RunPlace`]):
     /// `agentdiff cleanup` calls this. A backend whose resources are named after the project (so
     /// that two projects using the same run id never share one) or lie next to the run's private
     /// workspace finds them from here; others keep the default.
-    async fn cleanup_run_at(
+    fn cleanup_run_at(
         &self,
         place: RunPlace<'_>,
         run_id: &str,
         ids: &[ProcessIdentity],
         grace: Duration,
         resources: Option<&serde_json::Value>,
-    ) -> CleanupReport {
+    ) -> impl Future<Output = CleanupReport> + Send {
         let _ = place;
         self.cleanup_recorded_run(run_id, ids, grace, resources)
-            .await
+    }
+}
+
+/// The object-safe form of [`RuntimeBackend`], implemented for every backend: what the registry,
+/// the transaction and the conformance suite hold (`Box<dyn DynRuntimeBackend>`). Each method
+/// forwards to the backend's own, boxing the future. Implement [`RuntimeBackend`], never this.
+pub trait DynRuntimeBackend: Send + Sync {
+    /// [`RuntimeBackend::id`].
+    fn id(&self) -> &'static str;
+    /// [`RuntimeBackend::capabilities`].
+    fn capabilities(&self, options: &BackendOptions) -> Capabilities;
+    /// [`RuntimeBackend::availability`].
+    fn availability<'a>(&'a self, options: &'a BackendOptions) -> BoxFuture<'a, Availability>;
+    /// [`RuntimeBackend::requires_scrubbed_environment`].
+    fn requires_scrubbed_environment(&self) -> bool;
+    /// [`RuntimeBackend::holds_start`].
+    fn holds_start(&self) -> bool;
+    /// [`RuntimeBackend::prepare`].
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch>;
+    /// [`RuntimeBackend::check`].
+    fn check(&self, spec: &LaunchSpec) -> Result<()>;
+    /// [`RuntimeBackend::launch`].
+    fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> BoxFuture<'_, Result<Box<dyn RunningCommand>>>;
+    /// [`RuntimeBackend::cleanup_run`].
+    fn cleanup_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        ids: &'a [ProcessIdentity],
+        grace: Duration,
+    ) -> BoxFuture<'a, CleanupReport>;
+    /// [`RuntimeBackend::cleanup_recorded_run`].
+    fn cleanup_recorded_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        ids: &'a [ProcessIdentity],
+        grace: Duration,
+        resources: Option<&'a serde_json::Value>,
+    ) -> BoxFuture<'a, CleanupReport>;
+    /// [`RuntimeBackend::cleanup_run_at`].
+    fn cleanup_run_at<'a>(
+        &'a self,
+        place: RunPlace<'a>,
+        run_id: &'a str,
+        ids: &'a [ProcessIdentity],
+        grace: Duration,
+        resources: Option<&'a serde_json::Value>,
+    ) -> BoxFuture<'a, CleanupReport>;
+}
+
+impl<B: RuntimeBackend> DynRuntimeBackend for B {
+    fn id(&self) -> &'static str {
+        RuntimeBackend::id(self)
+    }
+    fn capabilities(&self, options: &BackendOptions) -> Capabilities {
+        RuntimeBackend::capabilities(self, options)
+    }
+    fn availability<'a>(&'a self, options: &'a BackendOptions) -> BoxFuture<'a, Availability> {
+        Box::pin(RuntimeBackend::availability(self, options))
+    }
+    fn requires_scrubbed_environment(&self) -> bool {
+        RuntimeBackend::requires_scrubbed_environment(self)
+    }
+    fn holds_start(&self) -> bool {
+        RuntimeBackend::holds_start(self)
+    }
+    fn prepare(&self, spec: &LaunchSpec) -> Result<PreparedLaunch> {
+        RuntimeBackend::prepare(self, spec)
+    }
+    fn check(&self, spec: &LaunchSpec) -> Result<()> {
+        RuntimeBackend::check(self, spec)
+    }
+    fn launch(
+        &self,
+        prepared: PreparedLaunch,
+        ctx: LaunchContext,
+    ) -> BoxFuture<'_, Result<Box<dyn RunningCommand>>> {
+        Box::pin(RuntimeBackend::launch(self, prepared, ctx))
+    }
+    fn cleanup_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        ids: &'a [ProcessIdentity],
+        grace: Duration,
+    ) -> BoxFuture<'a, CleanupReport> {
+        Box::pin(RuntimeBackend::cleanup_run(self, run_id, ids, grace))
+    }
+    fn cleanup_recorded_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        ids: &'a [ProcessIdentity],
+        grace: Duration,
+        resources: Option<&'a serde_json::Value>,
+    ) -> BoxFuture<'a, CleanupReport> {
+        Box::pin(RuntimeBackend::cleanup_recorded_run(
+            self, run_id, ids, grace, resources,
+        ))
+    }
+    fn cleanup_run_at<'a>(
+        &'a self,
+        place: RunPlace<'a>,
+        run_id: &'a str,
+        ids: &'a [ProcessIdentity],
+        grace: Duration,
+        resources: Option<&'a serde_json::Value>,
+    ) -> BoxFuture<'a, CleanupReport> {
+        Box::pin(RuntimeBackend::cleanup_run_at(
+            self, place, run_id, ids, grace, resources,
+        ))
     }
 }
 

@@ -19,8 +19,8 @@ use crate::protocol::{
     FDS_ENV, PROTOCOL_VERSIONS,
 };
 use crate::{
-    BackendDescriptor, BackendError, LaunchContext, OptionKind, ReapGate, RunEvidence,
-    RuntimeBackend, StdioMode,
+    BackendDescriptor, BackendError, DynRuntimeBackend, LaunchContext, OptionKind, ReapGate,
+    RunEvidence, StdioMode,
 };
 
 /// Serve `descriptor`'s backend on the protocol descriptors agentdiff passed
@@ -105,7 +105,7 @@ fn parse_fds(v: &str) -> Option<(RawFd, RawFd)> {
 
 struct Server<'a> {
     descriptor: &'a BackendDescriptor,
-    backend: Box<dyn RuntimeBackend>,
+    backend: Box<dyn DynRuntimeBackend>,
     writer: std::fs::File,
     /// The version the handshake settled on.
     protocol: u32,
@@ -472,7 +472,7 @@ mod tests {
     use super::*;
     use crate::{
         Availability, BackendOptions, Capabilities, CleanupReport, Enforcement, LaunchCommand,
-        LaunchSpec, PreparedLaunch, ProcessIdentity, RunningCommand,
+        LaunchSpec, PreparedLaunch, ProcessIdentity, RunningCommand, RuntimeBackend,
     };
     use serde_json::{json, Value};
     use std::time::Duration;
@@ -481,7 +481,6 @@ mod tests {
     /// records in its runtime configuration whether it had one.
     struct Routing;
 
-    #[async_trait::async_trait]
     impl RuntimeBackend for Routing {
         fn id(&self) -> &'static str {
             "routing"
@@ -524,7 +523,7 @@ mod tests {
         }
     }
 
-    fn factory() -> Box<dyn RuntimeBackend> {
+    fn factory() -> Box<dyn DynRuntimeBackend> {
         Box::new(Routing)
     }
 

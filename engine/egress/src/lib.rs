@@ -47,7 +47,7 @@ pub use record::{
     Bounds, ConnectionRecord, Destination, EgressLog, Frequent, Omitted, OmittedByDecision,
     Outcome, Protocol, MAX_DISTINCT, MAX_FREQUENT,
 };
-pub use upstream::{Resolve, SystemResolver};
+pub use upstream::{Resolve, ResolveFuture, SystemResolver};
 
 use record::{End, Recorder};
 use upstream::{Checked, Counted, Counters};

@@ -4,6 +4,7 @@
 //! Invariant: a connection is only ever made to an address `Egress::check_address` accepted for
 //! the decided host and port; bytes the client sends go to that one address and nowhere else.
 
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -14,34 +15,36 @@ use std::time::Duration;
 
 use agentdiff_policy::egress::{inet_aton, HostError, Target};
 use agentdiff_policy::{Action, Egress, EgressDecision};
-use async_trait::async_trait;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+/// What [`Resolve::resolve`] returns: boxed, because the proxy holds its resolver as `dyn Resolve`.
+pub type ResolveFuture<'a> = Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send + 'a>>;
+
 /// Name resolution, replaceable so tests can map names without touching the host.
-#[async_trait]
 pub trait Resolve: Send + Sync {
     /// The addresses of `name` (a DNS name, never an address literal).
-    async fn resolve(&self, name: &str, port: u16) -> io::Result<Vec<IpAddr>>;
+    fn resolve<'a>(&'a self, name: &'a str, port: u16) -> ResolveFuture<'a>;
 }
 
 /// The host's resolver (`getaddrinfo`, through tokio).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemResolver;
 
-#[async_trait]
 impl Resolve for SystemResolver {
-    async fn resolve(&self, name: &str, port: u16) -> io::Result<Vec<IpAddr>> {
-        // getaddrinfo reads an address literal in any inet_aton form as that address: only
-        // names are looked up, so such a host can never pass as a name.
-        if numeric_host(name) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{name:?} is an address, not a name to resolve"),
-            ));
-        }
-        let addrs = tokio::net::lookup_host((name, port)).await?;
-        Ok(addrs.map(|a| a.ip()).collect())
+    fn resolve<'a>(&'a self, name: &'a str, port: u16) -> ResolveFuture<'a> {
+        Box::pin(async move {
+            // getaddrinfo reads an address literal in any inet_aton form as that address: only
+            // names are looked up, so such a host can never pass as a name.
+            if numeric_host(name) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{name:?} is an address, not a name to resolve"),
+                ));
+            }
+            let addrs = tokio::net::lookup_host((name, port)).await?;
+            Ok(addrs.map(|a| a.ip()).collect())
+        })
     }
 }
 

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use agentdiff_egress::{
     Bind, Bounds, EgressLog, Outcome, Protocol, Proxy, ProxyConfig, ProxyError, ProxyThread,
-    Resolve,
+    Resolve, ResolveFuture,
 };
 use agentdiff_policy::{Action, Egress, Policy};
-use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -21,13 +20,14 @@ use tokio::sync::mpsc;
 /// Names mapped by the test, nothing else resolves.
 struct Map(HashMap<&'static str, IpAddr>);
 
-#[async_trait]
 impl Resolve for Map {
-    async fn resolve(&self, name: &str, _port: u16) -> io::Result<Vec<IpAddr>> {
-        self.0
-            .get(name)
-            .map(|a| vec![*a])
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "unknown test name"))
+    fn resolve<'a>(&'a self, name: &'a str, _port: u16) -> ResolveFuture<'a> {
+        Box::pin(async move {
+            self.0
+                .get(name)
+                .map(|a| vec![*a])
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "unknown test name"))
+        })
     }
 }
 
@@ -422,13 +422,14 @@ async fn a_flood_of_refusals_cannot_hide_an_allowed_connection() {
 /// Resolves `slow.test` only after a long time (a DNS answer that has not come yet).
 struct Slow;
 
-#[async_trait]
 impl Resolve for Slow {
-    async fn resolve(&self, name: &str, _port: u16) -> io::Result<Vec<IpAddr>> {
-        if name == "slow.test" {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        }
-        Ok(vec!["127.0.0.1".parse().unwrap()])
+    fn resolve<'a>(&'a self, name: &'a str, _port: u16) -> ResolveFuture<'a> {
+        Box::pin(async move {
+            if name == "slow.test" {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            Ok(vec!["127.0.0.1".parse().unwrap()])
+        })
     }
 }
 

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::external::{self, External, Plugin, Timeouts};
-use agentdiff_backend_api::{BackendDescriptor, RuntimeBackend};
+use agentdiff_backend_api::{BackendDescriptor, DynRuntimeBackend};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RegistryError {
@@ -127,7 +127,7 @@ impl Registry {
     }
 
     /// Construct the backend with this id.
-    pub fn create(&self, id: &str) -> Result<Box<dyn RuntimeBackend>, RegistryError> {
+    pub fn create(&self, id: &str) -> Result<Box<dyn DynRuntimeBackend>, RegistryError> {
         if let Some(ext) = self.external.get(id) {
             return Ok(ext.create());
         }
@@ -139,7 +139,7 @@ impl Registry {
     pub fn constructor(
         &self,
         id: &str,
-    ) -> Result<Arc<dyn Fn() -> Box<dyn RuntimeBackend> + Send + Sync>, RegistryError> {
+    ) -> Result<Arc<dyn Fn() -> Box<dyn DynRuntimeBackend> + Send + Sync>, RegistryError> {
         if let Some(ext) = self.external.get(id) {
             let ext = ext.clone();
             return Ok(Arc::new(move || ext.create()));
@@ -262,18 +262,15 @@ impl Registry {
 mod tests {
     use std::time::Duration;
 
-    use async_trait::async_trait;
-
     use super::*;
     use agentdiff_backend_api::{
         Availability, BackendOptions, Capabilities, CleanupReport, LaunchContext, LaunchSpec,
-        PreparedLaunch, Result, RunningCommand,
+        PreparedLaunch, Result, RunningCommand, RuntimeBackend,
     };
     use agentdiff_process::ProcessIdentity;
 
     struct Dummy;
 
-    #[async_trait]
     impl RuntimeBackend for Dummy {
         fn id(&self) -> &'static str {
             "dummy"
@@ -313,7 +310,7 @@ mod tests {
         }
     }
 
-    fn make() -> Box<dyn RuntimeBackend> {
+    fn make() -> Box<dyn DynRuntimeBackend> {
         Box::new(Dummy)
     }
 

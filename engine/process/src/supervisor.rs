@@ -10,11 +10,9 @@ use std::ffi::OsString;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-
 use super::ProcessError;
 use agentdiff_backend_api::{
-    BackendError, Capabilities, Enforcement, LaunchContext, LaunchFacts, PreparedLaunch,
+    BackendError, BoxFuture, Capabilities, Enforcement, LaunchContext, LaunchFacts, PreparedLaunch,
     RunEvidence, RunningCommand, Tracking,
 };
 
@@ -97,7 +95,6 @@ impl SupervisedCommand {
     }
 }
 
-#[async_trait]
 impl RunningCommand for SupervisedCommand {
     fn pid(&self) -> Option<u32> {
         Some(self.pid)
@@ -107,19 +104,21 @@ impl RunningCommand for SupervisedCommand {
         self.facts.clone()
     }
 
-    async fn wait(self: Box<Self>) -> agentdiff_backend_api::Result<RunEvidence> {
-        let backend = self.backend.clone();
-        match self.result.await {
-            Ok(Ok(ev)) => Ok(ev),
-            Ok(Err(e)) => Err(BackendError::Runtime {
-                backend,
-                message: e.to_string(),
-            }),
-            Err(_) => Err(BackendError::Runtime {
-                backend,
-                message: "the process monitor stopped without a result".into(),
-            }),
-        }
+    fn wait(self: Box<Self>) -> BoxFuture<'static, agentdiff_backend_api::Result<RunEvidence>> {
+        Box::pin(async move {
+            let backend = self.backend.clone();
+            match self.result.await {
+                Ok(Ok(ev)) => Ok(ev),
+                Ok(Err(e)) => Err(BackendError::Runtime {
+                    backend,
+                    message: e.to_string(),
+                }),
+                Err(_) => Err(BackendError::Runtime {
+                    backend,
+                    message: "the process monitor stopped without a result".into(),
+                }),
+            }
+        })
     }
 }
 

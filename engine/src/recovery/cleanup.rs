@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use agentdiff_backend_api::{CleanupOutcome, CleanupReport, ProcessIdentity, RuntimeBackend};
+use agentdiff_backend_api::{CleanupOutcome, CleanupReport, DynRuntimeBackend, ProcessIdentity};
 use agentdiff_process::containers::{self, ContainerEvidence, ContainerStop};
 use agentdiff_process::RUN_CGROUP_PREFIX;
 use agentdiff_store::seal::{trusted_process_evidence, TrustedEvidence, VerifyContext};
@@ -278,7 +278,7 @@ pub fn refused_or_escaped(report: &CleanupReport) -> usize {
 pub async fn cleanup_run(
     store: &Store,
     capsule: &Capsule,
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     processes: RecordedProcesses,
     grace: Duration,
     stop_containers: bool,

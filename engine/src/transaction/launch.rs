@@ -16,9 +16,9 @@ use serde_json::json;
 use super::RunRequest;
 use agentdiff_backend_api::environment::{self, EnvMode};
 use agentdiff_backend_api::{
-    BackendError, BackendOptions, Capabilities, Enforcement, EnvironmentEvidence, EnvironmentPlan,
-    ExitInfo, FailureKind, LaunchContext, LaunchSpec, ProcessIdentity, RunEvidence, RunningCommand,
-    RuntimeBackend, StdioMode, Tracking,
+    BackendError, BackendOptions, Capabilities, DynRuntimeBackend, Enforcement,
+    EnvironmentEvidence, EnvironmentPlan, ExitInfo, FailureKind, LaunchContext, LaunchSpec,
+    ProcessIdentity, RunEvidence, RunningCommand, StdioMode, Tracking,
 };
 use agentdiff_policy::{NetworkMode, Policy};
 use agentdiff_store::seal::{launch_event_body, MacPurpose, SealKey};
@@ -158,7 +158,7 @@ pub(super) struct Started {
 /// failure then means the command did not run. `Err` carries the [`Lost`] command when the
 /// backend failed once an unheld command may have started.
 async fn start(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     plan: &LaunchPlan,
     stdio: StdioMode,
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,

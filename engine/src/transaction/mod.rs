@@ -48,7 +48,7 @@ pub use preflight::{check_request, effective_options, options_from_policy};
 
 use agentdiff_backend_api::environment::EnvMode;
 use agentdiff_backend_api::{
-    Availability, BackendOptions, RunEvidence, RuntimeBackend, StdioMode, WorkspaceMode,
+    Availability, BackendOptions, DynRuntimeBackend, RunEvidence, StdioMode, WorkspaceMode,
 };
 use agentdiff_host::redact;
 use agentdiff_policy::{Action, LoadedPolicy};
@@ -96,7 +96,7 @@ pub struct RunRequest<'a> {
     /// `--timeout`; the effective deadline is the smaller of this and `limits.duration_seconds`.
     pub timeout: Option<Duration>,
     pub run_id: Option<String>,
-    pub backend: &'a dyn RuntimeBackend,
+    pub backend: &'a dyn DynRuntimeBackend,
     pub options: BackendOptions,
     pub stdio: StdioMode,
     pub interrupt: tokio::sync::watch::Receiver<Option<i32>>,

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agentdiff_backend_api::{
-    BackendError, BackendOptions, LaunchSpec, RuntimeBackend, WorkspaceMode,
+    BackendError, BackendOptions, DynRuntimeBackend, LaunchSpec, WorkspaceMode,
 };
 use agentdiff_policy::{NetworkMode, Policy};
 use agentdiff_store::{RUNS_DIR_NAME, STORE_DIR_NAME};
@@ -62,7 +62,7 @@ pub fn options_from_policy(
 /// `Err` when the backend refuses the request as invalid; `Ok` otherwise (including when it
 /// fails for another reason, which the transaction records).
 pub fn check_request(
-    backend: &dyn RuntimeBackend,
+    backend: &dyn DynRuntimeBackend,
     root: &Path,
     argv: &[std::ffi::OsString],
     options: &BackendOptions,

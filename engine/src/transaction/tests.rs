@@ -892,11 +892,9 @@ mod losing_backend {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use async_trait::async_trait;
-
     use agentdiff_backend_api::{
-        Availability, BackendError, BackendOptions, Capabilities, CleanupReport, Enforcement,
-        LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch, Result, RunEvidence,
+        Availability, BackendError, BackendOptions, BoxFuture, Capabilities, CleanupReport,
+        Enforcement, LaunchCommand, LaunchContext, LaunchSpec, PreparedLaunch, Result, RunEvidence,
         RunningCommand, RuntimeBackend,
     };
     use agentdiff_process::ProcessIdentity;
@@ -908,7 +906,6 @@ mod losing_backend {
         pub root: Arc<Mutex<Option<std::process::Child>>>,
     }
 
-    #[async_trait]
     impl RuntimeBackend for Losing {
         fn id(&self) -> &'static str {
             "losing"
@@ -979,15 +976,16 @@ mod losing_backend {
         pid: u32,
     }
 
-    #[async_trait]
     impl RunningCommand for Lost {
         fn pid(&self) -> Option<u32> {
             Some(self.pid)
         }
-        async fn wait(self: Box<Self>) -> Result<RunEvidence> {
-            Err(BackendError::Runtime {
-                backend: "losing".into(),
-                message: "the plugin died before reporting the exit".into(),
+        fn wait(self: Box<Self>) -> BoxFuture<'static, Result<RunEvidence>> {
+            Box::pin(async move {
+                Err(BackendError::Runtime {
+                    backend: "losing".into(),
+                    message: "the plugin died before reporting the exit".into(),
+                })
             })
         }
     }

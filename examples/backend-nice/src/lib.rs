@@ -18,7 +18,6 @@ use agentdiff_backend_api::{
 };
 use agentdiff_process::cleanup_host_processes;
 use agentdiff_process::{spawn_supervised, EvidenceLabels};
-use async_trait::async_trait;
 
 /// Backend id (`--runtime nice`).
 pub const ID: &str = "nice";
@@ -82,7 +81,6 @@ fn unavailable(reason: String) -> BackendError {
     }
 }
 
-#[async_trait]
 impl RuntimeBackend for NiceBackend {
     fn id(&self) -> &'static str {
         ID
@@ -179,13 +177,13 @@ impl RuntimeBackend for NiceBackend {
     }
 }
 
-fn factory() -> Box<dyn RuntimeBackend> {
+fn factory() -> Box<dyn agentdiff_backend_api::DynRuntimeBackend> {
     Box::new(NiceBackend)
 }
 
 /// Everything agentdiff knows about this backend. `src/main.rs` serves it as the executable
-/// `agentdiff-backend-nice` (the external route); a program that links this crate gets it
-/// registered in-process through `inventory` (the embedded route).
+/// `agentdiff-backend-nice` (the external route); a program that links this crate with its
+/// `in-process` feature gets it registered through `inventory` (the embedded route).
 pub const DESCRIPTOR: BackendDescriptor = BackendDescriptor::new(
     ID,
     "example: the command under `nice -n 10`, processes observed, nothing isolated",
@@ -194,6 +192,7 @@ pub const DESCRIPTOR: BackendDescriptor = BackendDescriptor::new(
 .with_options(OPTIONS)
 .with_fail_closed(FAIL_CLOSED);
 
+#[cfg(feature = "in-process")]
 inventory::submit! { DESCRIPTOR }
 
 #[cfg(test)]

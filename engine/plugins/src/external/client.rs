@@ -9,11 +9,9 @@
 //! `exited` report does not arrive while the launched process still runs (a forged report). The rest of the exit evidence is the plugin's word, and the run
 //! evidence says so (`wrapper.external_backend`).
 
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
 use super::session::{read_response, Plugin, PluginStdio, Session};
 use super::verify::{verify_descendant, Parentage};
@@ -22,9 +20,9 @@ use agentdiff_backend_api::protocol::{
     options_to_wire, ExitReport, Request, Response, WireCommand, WireSpec,
 };
 use agentdiff_backend_api::{
-    Availability, BackendError, BackendFacts, Capabilities, CleanupOutcome, CleanupReport,
-    Enforcement, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
-    Result, RunEvidence, RunningCommand, RuntimeBackend, StdioMode,
+    Availability, BackendError, BackendFacts, BoxFuture, Capabilities, CleanupOutcome,
+    CleanupReport, Enforcement, LaunchContext, LaunchFacts, LaunchSpec, Level, PreparedLaunch,
+    ProcessIdentity, Result, RunEvidence, RunningCommand, RuntimeBackend, StdioMode,
 };
 use agentdiff_process::cleanup_host_processes;
 
@@ -219,7 +217,6 @@ pub struct ExternalOrigin {
     pub facts: Option<serde_json::Value>,
 }
 
-#[async_trait]
 impl RuntimeBackend for ExternalBackend {
     fn id(&self) -> &'static str {
         self.id
@@ -572,7 +569,6 @@ struct ExternalRun {
     interrupt: tokio::sync::watch::Receiver<Option<i32>>,
 }
 
-#[async_trait]
 impl RunningCommand for ExternalRun {
     fn pid(&self) -> Option<u32> {
         Some(self.identity.pid)
@@ -586,58 +582,60 @@ impl RunningCommand for ExternalRun {
         }
     }
 
-    async fn wait(mut self: Box<Self>) -> Result<RunEvidence> {
-        let spec = self.prepared.spec();
-        let deadline = spec
-            .timeout
-            .map(|t| t + spec.grace + self.session.plugin.timeouts.exit_margin);
-        let answer = self.next_response(deadline).await;
-        let report = match answer {
-            Ok(Response::Exited { report }) => report,
-            Ok(Response::Error { message, .. }) => {
+    fn wait(mut self: Box<Self>) -> BoxFuture<'static, Result<RunEvidence>> {
+        Box::pin(async move {
+            let spec = self.prepared.spec();
+            let deadline = spec
+                .timeout
+                .map(|t| t + spec.grace + self.session.plugin.timeouts.exit_margin);
+            let answer = self.next_response(deadline).await;
+            let report = match answer {
+                Ok(Response::Exited { report }) => report,
+                Ok(Response::Error { message, .. }) => {
+                    return Err(self
+                        .abandon(format!("it reported an error: {message}"))
+                        .await)
+                }
+                Ok(other) => {
+                    let e = self.session.unexpected("exited", &other);
+                    return Err(self.abandon(e.to_string()).await);
+                }
+                Err(e) => return Err(self.abandon(e.to_string()).await),
+            };
+            // The plugin reports an exit only once the command ended; a report while the launched
+            // process still runs is false (forged by a process that reached the plugin's pipe, or the
+            // plugin's mistake), and is not believed.
+            if still_running(&self.identity) {
                 return Err(self
-                    .abandon(format!("it reported an error: {message}"))
-                    .await)
-            }
-            Ok(other) => {
-                let e = self.session.unexpected("exited", &other);
-                return Err(self.abandon(e.to_string()).await);
-            }
-            Err(e) => return Err(self.abandon(e.to_string()).await),
-        };
-        // The plugin reports an exit only once the command ended; a report while the launched
-        // process still runs is false (forged by a process that reached the plugin's pipe, or the
-        // plugin's mistake), and is not believed.
-        if still_running(&self.identity) {
-            return Err(self
-                .abandon(format!(
+                    .abandon(format!(
                     "it reported the command ended, but the launched process {} is still running",
                     self.identity.pid
                 ))
-                .await);
-        }
-        if let Some(claim) = overclaim(
-            &report,
-            &self.plan.capabilities,
-            self.prepared.enforcement(),
-        ) {
-            return Err(self
-                .abandon(format!(
-                    "its exit report claims {claim}, more than it declared for this launch"
-                ))
-                .await);
-        }
-        let Self {
-            session,
-            parentage,
-            prepared,
-            plan,
-            id,
-            ..
-        } = *self;
-        let path = session.plugin.path.display().to_string();
-        let _ = tokio::task::spawn_blocking(move || session.finish()).await;
-        Ok(evidence(id, &prepared, plan, *report, path, parentage))
+                    .await);
+            }
+            if let Some(claim) = overclaim(
+                &report,
+                &self.plan.capabilities,
+                self.prepared.enforcement(),
+            ) {
+                return Err(self
+                    .abandon(format!(
+                        "its exit report claims {claim}, more than it declared for this launch"
+                    ))
+                    .await);
+            }
+            let Self {
+                session,
+                parentage,
+                prepared,
+                plan,
+                id,
+                ..
+            } = *self;
+            let path = session.plugin.path.display().to_string();
+            let _ = tokio::task::spawn_blocking(move || session.finish()).await;
+            Ok(evidence(id, &prepared, plan, *report, path, parentage))
+        })
     }
 }
 

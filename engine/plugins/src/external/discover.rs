@@ -8,15 +8,13 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use super::session::{Plugin, PluginStdio, Session};
 use super::{ExternalBackend, ExternalError};
 use agentdiff_backend_api::protocol::{Request, Response, WireDescriptor};
 use agentdiff_backend_api::{
     Availability, BackendDescriptor, BackendError, BackendOptions, Capabilities, CleanupReport,
-    FailClosedSpec, LaunchContext, LaunchSpec, OptionKind, OptionSpec, PreparedLaunch,
-    ProcessIdentity, Result, RunningCommand, RuntimeBackend,
+    DynRuntimeBackend, FailClosedSpec, LaunchContext, LaunchSpec, OptionKind, OptionSpec,
+    PreparedLaunch, ProcessIdentity, Result, RunningCommand, RuntimeBackend,
 };
 
 /// Plugin executables are named this, followed by the backend id.
@@ -82,7 +80,7 @@ pub struct External {
 }
 
 impl External {
-    pub fn create(&self) -> Box<dyn RuntimeBackend> {
+    pub fn create(&self) -> Box<dyn DynRuntimeBackend> {
         Box::new(ExternalBackend::new(
             self.descriptor.id,
             self.plugin.clone(),
@@ -191,7 +189,7 @@ fn leak_descriptor(wire: &WireDescriptor) -> Result<&'static BackendDescriptor, 
 /// The `factory` of a plugin's descriptor. A plugin backend is constructed through the registry
 /// ([`crate::Registry::create`]), which knows its path; this constructor, reached only
 /// by code that bypasses the registry, makes a backend that refuses everything.
-fn unserved() -> Box<dyn RuntimeBackend> {
+fn unserved() -> Box<dyn DynRuntimeBackend> {
     Box::new(Unserved)
 }
 
@@ -200,7 +198,6 @@ struct Unserved;
 const UNSERVED: &str =
     "an external backend must be constructed through the registry, which knows its executable";
 
-#[async_trait]
 impl RuntimeBackend for Unserved {
     fn id(&self) -> &'static str {
         "external"
