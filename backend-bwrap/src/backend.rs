@@ -151,12 +151,7 @@ fn runtime_config(plan: &Plan) -> Value {
         "namespaces": namespaces(plan.network),
         "die_with_parent": true,
         "new_session": plan.new_session,
-        "seccomp_guard": "installed by the exec shim: ioctl TIOCSTI and TIOCLINUX refused \
-                          (EPERM), socket(AF_VSOCK) refused (EAFNOSUPPORT), io_uring_setup \
-                          refused (ENOSYS), 32-bit socketcall(SYS_SOCKET) refused, keyctl, \
-                          add_key and request_key refused (ENOSYS), ptrace, \
-                          process_vm_readv/writev and pidfd_open of pid 1 (bwrap's init) \
-                          refused (EPERM)",
+        "seccomp_guard": agentdiff_process::seccomp_guard::SUMMARY,
         "cap_drop": "ALL",
         "env_dropped_by_backend": plan.env_dropped,
     })

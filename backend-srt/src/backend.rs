@@ -254,6 +254,7 @@ fn runtime_config(plan: &Plan) -> Value {
         "allow_domains": plan.allow_domains,
         "exec_shim": plan.shim.to_string_lossy(),
         "start_marker": plan.marker.to_string_lossy(),
+        "seccomp_guard": agentdiff_process::seccomp_guard::SUMMARY,
     })
 }
 
@@ -277,8 +278,10 @@ impl RuntimeBackend for SrtBackend {
         let mut wrapper_argv = vec![plan.srt.as_os_str().to_os_string()];
         wrapper_argv.extend(plan.args.iter().cloned());
         // The shim checks the argv it receives against a salted digest, which reaches it through
-        // the secret FIFO at the launch (see `shim`), never the environment.
-        let env = shimmed::shim_env(&spec.env, false);
+        // the secret FIFO at the launch (see `shim`), never the environment. It installs the
+        // seccomp guard too: srt's own filter covers Unix sockets only, not vsock, io_uring,
+        // the kernel keyrings or srt's bwrap init.
+        let env = shimmed::shim_env(&spec.env, true);
         let command = LaunchCommand {
             program: plan.srt.as_os_str().to_os_string(),
             args: plan.args.clone(),

@@ -412,6 +412,25 @@ fn prepare_is_pure() {
     assert_eq!(prepared.cwd(), &f2.root);
 }
 
+/// The shim is asked for its seccomp guard, and the runtime configuration says what it refuses.
+#[test]
+fn the_exec_shim_is_asked_for_its_seccomp_guard() {
+    let f = Fixture::fake();
+    let prepared = SrtBackend::new().prepare(&f.spec(&["/bin/true"])).unwrap();
+    let guard: Vec<_> = prepared
+        .command()
+        .env
+        .iter()
+        .filter(|(k, _)| k == agentdiff_process::exec_shim::ENV_SECCOMP_GUARD)
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(guard, ["1"]);
+    assert_eq!(
+        prepared.runtime_config()["seccomp_guard"],
+        agentdiff_process::seccomp_guard::SUMMARY
+    );
+}
+
 #[test]
 fn the_exec_shim_must_be_located() {
     if std::env::var_os(agentdiff_backend_srt::ENV_EXEC_SHIM).is_some() {

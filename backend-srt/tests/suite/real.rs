@@ -146,6 +146,72 @@ fn real_srt_preserves_argv_boundaries() {
     assert_eq!(got, args);
 }
 
+/// Python that tries, from inside the sandbox, the kernel interfaces the exec shim's seccomp
+/// filter refuses (argv: the output file, then the numbers of `io_uring_setup` and `keyctl`).
+const PAST_THE_SANDBOX: &str = r#"
+import ctypes, os, socket, sys
+out = open(sys.argv[1], "w")
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.ptrace.restype = ctypes.c_long
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    out.write("vsock created\n")
+except OSError as e:
+    out.write("vsock %d\n" % e.errno)
+params = ctypes.create_string_buffer(120)
+r = libc.syscall(int(sys.argv[2]), 1, params)
+out.write("uring created\n" if r >= 0 else "uring %d\n" % ctypes.get_errno())
+r = libc.syscall(int(sys.argv[3]), 0, -4, 0)  # KEYCTL_GET_KEYRING_ID of the user keyring
+out.write("keyctl answered\n" if r >= 0 else "keyctl %d\n" % ctypes.get_errno())
+r = libc.ptrace(16, 1, None, None)  # PTRACE_ATTACH to srt's bwrap init
+out.write("ptrace attached\n" if r == 0 else "ptrace %d\n" % ctypes.get_errno())
+try:
+    os.close(os.open("/proc/1/mem", os.O_RDWR))
+    out.write("mem opened\n")
+except OSError as e:
+    out.write("mem %d\n" % e.errno)
+out.close()
+"#;
+
+/// srt's own filter covers Unix sockets only: the exec shim installs agentdiff's seccomp guard
+/// under srt as under bwrap, so vsock (which no network namespace separates), io_uring, the
+/// kernel keyrings and srt's bwrap init (pid 1, outside the filter) stay out of reach.
+#[test]
+fn real_srt_command_runs_under_the_exec_shims_seccomp_guard() {
+    if real_srt("real_srt_command_runs_under_the_exec_shims_seccomp_guard").is_none() {
+        return;
+    }
+    let mut f = Fixture::bare();
+    let settings = settings_allowing_only(f.dir.path(), &f.root);
+    f.options.push(OPT_SETTINGS, settings.to_str().unwrap());
+    let out = f.root.join("probe.out");
+    let argv: Vec<OsString> = vec![
+        "/usr/bin/python3".into(),
+        "-c".into(),
+        PAST_THE_SANDBOX.into(),
+        out.clone().into_os_string(),
+        libc::SYS_io_uring_setup.to_string().into(),
+        libc::SYS_keyctl.to_string().into(),
+    ];
+    let ev = run(&f, f.spec_os(argv, true));
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    let seen = std::fs::read_to_string(&out).unwrap();
+    for expected in [
+        format!("vsock {}", libc::EAFNOSUPPORT),
+        format!("uring {}", libc::ENOSYS),
+        format!("keyctl {}", libc::ENOSYS),
+        format!("ptrace {}", libc::EPERM),
+    ] {
+        assert!(
+            seen.lines().any(|l| l == expected),
+            "{expected:?} not in {seen:?}"
+        );
+    }
+    // Its memory file is out of reach too (the shim drops every capability first).
+    assert!(seen.lines().any(|l| l.starts_with("mem ")), "{seen:?}");
+}
+
 /// srt run by root leaves its command a full capability set; the exec shim drops every one
 /// before `exec`, so the command can neither read the start line out of the marker nor forge the
 /// shim's `exec_failed` with the token it carries, and its exit stays its own.

@@ -19,8 +19,9 @@
 //!   tickets in a `KEYRING:` cache, tokens stored with `keyctl`). A user namespace already makes
 //!   the caller's keys unfindable (measured); the filter makes it so in every case.
 //! - `ptrace` of pid 1, and `process_vm_readv`, `process_vm_writev` and `pidfd_open` on pid 1,
-//!   fail with `EPERM`. Under bwrap, pid 1 is bubblewrap's init: the only process of the sandbox
-//!   outside this filter (it starts the shim), of the same user and traceable, so a command that
+//!   fail with `EPERM`. Under bwrap (and srt, which runs bwrap), pid 1 is bubblewrap's init: the
+//!   only process of the sandbox outside this filter (it starts the shim), of the same user and
+//!   traceable, so a command that
 //!   drove it would make every call above unfiltered. (bwrap also covers `/proc/1/mem` and
 //!   `/proc/1/task/1/mem`, which give the same access without a syscall to check.) Tracing any
 //!   other process of the sandbox is left alone: they all run under this filter.
@@ -36,6 +37,15 @@
 //! (they are its own), sockets of other families (the network namespace decides those), and a
 //! vsock or io_uring descriptor passed in from outside (the shim closes every inherited
 //! descriptor above 2 before `exec`).
+
+/// What the filter refuses, in one line: recorded in the runtime configuration of every backend
+/// whose shim installs it.
+pub const SUMMARY: &str = "installed by the exec shim: ioctl TIOCSTI and TIOCLINUX refused \
+                           (EPERM), socket(AF_VSOCK) refused (EAFNOSUPPORT), io_uring_setup \
+                           refused (ENOSYS), 32-bit socketcall(SYS_SOCKET) refused, keyctl, \
+                           add_key and request_key refused (ENOSYS), ptrace, \
+                           process_vm_readv/writev and pidfd_open of pid 1 (bwrap's init) \
+                           refused (EPERM)";
 
 /// `TIOCSTI`: push a byte into the terminal's input queue.
 pub const TIOCSTI: u32 = 0x5412;
