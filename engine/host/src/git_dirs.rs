@@ -17,6 +17,14 @@
 //! - the target of each `.git` file's `gitdir:` line (relative paths against the file's
 //!   directory), inside or outside the root, and the `commondir` of every git directory found.
 //!
+//! The walk sits on the critical path of every run (the launch waits for it), so it costs four
+//! system calls per directory: each is opened relative to its parent's descriptor
+//! (`openat(O_NOFOLLOW)`, one path component: a directory swapped for a symlink mid-walk is not
+//! followed but listed as unreadable), listed with `getdents64` on that descriptor, types taken
+//! from the listing (`d_type`; an `fstatat` only where the filesystem gives none), and closed;
+//! each walker keeps its own depth-first stack and hands half of it over only while another
+//! walker waits.
+//!
 //! Invariants: symlinks are never followed during the walk; a target named by a `.git` file or
 //! a `commondir` is accepted only when it is a directory git would take for a git directory, is
 //! not the root or one of its ancestors, and is not below `/proc`, `/sys` or `/dev` — so a
@@ -30,9 +38,16 @@
 //! repository made during the run under any name is decided as git metadata after it; directories
 //! the walk cannot read are listed in `unreadable`.
 
+use std::ffi::{CString, OsStr};
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use crate::dir::{self, Listed, ListedType};
 
 /// The evidence store's directory name below the root, not searched.
 const STORE_DIR: &str = ".agentdiff";
@@ -312,66 +327,122 @@ struct Walked {
     unreadable: Vec<PathBuf>,
 }
 
-/// The directories still to list, and how many are being listed now.
+/// A directory to list: reached through its parent's descriptor by its one-component name (the
+/// root by its canonical path), so a directory swapped for a symlink mid-walk is not followed.
+struct DirJob {
+    parent: Option<Arc<OwnedFd>>,
+    name: CString,
+    path: PathBuf,
+}
+
+/// The directories handed over between walkers, and who waits for them.
 struct Work {
-    dirs: Vec<PathBuf>,
-    busy: usize,
-    /// A walker panicked: its directory's subdirectories may be missing.
+    dirs: Vec<DirJob>,
+    /// Walkers running (the calling thread and each helper that started).
+    walkers: usize,
+    /// Walkers waiting for a directory: their own stacks are empty.
+    idle: usize,
+    /// Every walker ran out of directories: the walk is over.
+    done: bool,
+    /// A walker panicked: the directories on its own stack are missing.
     failed: bool,
 }
 
 struct Shared {
-    work: std::sync::Mutex<Work>,
-    more: std::sync::Condvar,
+    work: Mutex<Work>,
+    more: Condvar,
+    /// `Work::idle`, read without the lock to decide whether to hand directories over.
+    waiting: AtomicUsize,
 }
 
 impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Work> {
-        self.work
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Work> {
+        self.work.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next handed-over directory; `None` when the walk is over (every walker idle with
+    /// nothing queued) or failed.
+    fn take(&self) -> Option<DirJob> {
+        let mut work = self.lock();
+        loop {
+            if work.failed || work.done {
+                return None;
+            }
+            if let Some(job) = work.dirs.pop() {
+                return Some(job);
+            }
+            if work.idle + 1 >= work.walkers {
+                work.done = true;
+                self.more.notify_all();
+                return None;
+            }
+            work.idle += 1;
+            self.waiting.store(work.idle, Ordering::Relaxed);
+            work = self.more.wait(work).unwrap_or_else(PoisonError::into_inner);
+            work.idle -= 1;
+            self.waiting.store(work.idle, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands the shallowest half of `stack` to walkers waiting for work.
+    fn share(&self, stack: &mut Vec<DirJob>) {
+        if stack.len() < 2 || self.waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let given: Vec<DirJob> = stack.drain(..stack.len() / 2).collect();
+        self.lock().dirs.extend(given);
+        self.more.notify_all();
     }
 }
 
-/// Ends one directory's listing: hands over its subdirectories and wakes the others, also when
-/// the listing panicked (then the walk is marked failed, so nobody waits for it).
-struct Listing<'s> {
-    shared: &'s Shared,
-    subdirs: Vec<PathBuf>,
-}
+/// Marks the walk failed when its walker panics, so nobody waits for the directories it held.
+struct FailOnPanic<'s>(&'s Shared);
 
-impl Drop for Listing<'_> {
+impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
-        let mut work = self.shared.lock();
-        work.failed |= std::thread::panicking();
-        work.dirs.append(&mut self.subdirs);
-        work.busy -= 1;
-        self.shared.more.notify_all();
+        if std::thread::panicking() {
+            self.0.lock().failed = true;
+            self.0.more.notify_all();
+        }
     }
 }
 
 /// Lists every directory below `root` on `threads` threads; `None` when one of them failed.
 fn walk(root: &Path, store: &Path, threads: usize) -> Option<Walked> {
     let shared = Shared {
-        work: std::sync::Mutex::new(Work {
-            dirs: vec![root.to_path_buf()],
-            busy: 0,
+        work: Mutex::new(Work {
+            dirs: vec![DirJob {
+                parent: None,
+                name: CString::default(),
+                path: root.to_path_buf(),
+            }],
+            walkers: 1,
+            idle: 0,
+            done: false,
             failed: false,
         }),
-        more: std::sync::Condvar::new(),
+        more: Condvar::new(),
+        waiting: AtomicUsize::new(0),
     };
     let mut parts: Vec<Walked> = Vec::new();
     let mut failed = false;
     std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads.max(1))
-            .filter_map(|i| {
-                std::thread::Builder::new()
-                    .name(format!("agentdiff-gitdirs-{i}"))
-                    .spawn_scoped(scope, || walker(&shared, root, store))
-                    // Fewer threads only make the walk slower, never less complete.
-                    .ok()
-            })
-            .collect();
+        let mut helpers = Vec::new();
+        for i in 1..threads.max(1) {
+            // Counted before it starts, so no walker ends the walk while it is still coming.
+            shared.lock().walkers += 1;
+            match std::thread::Builder::new()
+                .name(format!("agentdiff-gitdirs-{i}"))
+                .spawn_scoped(scope, || walker(&shared, root, store))
+            {
+                Ok(h) => helpers.push(h),
+                // Fewer threads only make the walk slower, never less complete.
+                Err(_) => {
+                    shared.lock().walkers -= 1;
+                    shared.more.notify_all();
+                }
+            }
+        }
         parts.push(walker(&shared, root, store));
         for h in helpers {
             match h.join() {
@@ -392,72 +463,98 @@ fn walk(root: &Path, store: &Path, threads: usize) -> Option<Walked> {
     Some(all)
 }
 
-/// Takes directories until none is left and no other walker is listing one.
+/// Lists directories depth-first from its own stack, taking handed-over ones when it is empty,
+/// until every walker is out of directories.
 fn walker(shared: &Shared, root: &Path, store: &Path) -> Walked {
+    let _failing = FailOnPanic(shared);
     let mut mine = Walked::default();
+    let mut stack: Vec<DirJob> = Vec::new();
+    let mut buf = Vec::new();
     loop {
-        let dir = {
-            let mut work = shared.lock();
-            loop {
-                if work.failed {
-                    return mine;
-                }
-                if let Some(dir) = work.dirs.pop() {
-                    work.busy += 1;
-                    break dir;
-                }
-                if work.busy == 0 {
-                    return mine;
-                }
-                work = shared
-                    .more
-                    .wait(work)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
+        let Some(job) = stack.pop().or_else(|| shared.take()) else {
+            return mine;
         };
-        let mut listing = Listing {
-            shared,
-            subdirs: Vec::new(),
-        };
-        list_dir(&dir, root, store, &mut mine, &mut listing.subdirs);
+        list_dir(job, root, store, &mut mine, &mut stack, &mut buf);
+        shared.share(&mut stack);
     }
 }
 
 /// Lists one directory: a git layout is recorded (and not descended into), `.git` entries are
-/// recorded with what they point at, other directories go to `subdirs`.
-fn list_dir(dir: &Path, root: &Path, store: &Path, out: &mut Walked, subdirs: &mut Vec<PathBuf>) {
-    let entries: Vec<(std::ffi::OsString, fs::FileType)> = match fs::read_dir(dir) {
-        // The type comes with the directory entry: no `stat` per entry.
-        Ok(e) => e
-            .flatten()
-            .filter_map(|e| Some((e.file_name(), e.file_type().ok()?)))
-            .collect(),
-        Err(_) => {
-            out.unreadable.push(dir.to_path_buf());
-            return;
-        }
+/// recorded with what they point at, other directories go to `subdirs`. The types come with
+/// the listing (`d_type`): an `fstatat` only where the filesystem gives none.
+fn list_dir(
+    job: DirJob,
+    root: &Path,
+    store: &Path,
+    out: &mut Walked,
+    subdirs: &mut Vec<DirJob>,
+    buf: &mut Vec<u8>,
+) {
+    let DirJob { parent, name, path } = job;
+    let opened = match &parent {
+        Some(p) => dir::open_dir_at(p.as_ref(), &name).map_err(io::Error::from),
+        None => dir::open_dir_path(&path),
     };
-    if dir != root && layout_of(&entries) {
-        out.found.push((dir.to_path_buf(), Found::Layout));
-        out.pointed.push((dir.join("commondir"), Found::Commondir));
+    drop(parent);
+    let Ok(fd) = opened else {
+        out.unreadable.push(path);
+        return;
+    };
+    let (names, error) = dir::list_names(&fd, buf);
+    if error.is_some() {
+        out.unreadable.push(path.clone());
+    }
+    let entries: Vec<(CString, EntryType)> = names
+        .into_iter()
+        .filter_map(|Listed { name: n, kind, .. }| {
+            let t = match kind {
+                ListedType::Unknown => dir::listed_type_at(&fd, &n)?,
+                t => t,
+            };
+            let t = match t {
+                ListedType::Dir => EntryType::Dir,
+                ListedType::File => EntryType::File,
+                ListedType::Symlink => EntryType::Symlink,
+                ListedType::Other | ListedType::Unknown => EntryType::Other,
+            };
+            Some((n, t))
+        })
+        .collect();
+    let layout = has_layout(|name, kind| {
+        entries
+            .iter()
+            .any(|(n, t)| n.as_bytes() == name.as_bytes() && kind.admits_entry(*t))
+    });
+    if path != root && layout {
+        out.pointed.push((path.join("commondir"), Found::Commondir));
+        out.found.push((path, Found::Layout));
         return;
     }
+    let fd = Arc::new(fd);
     for (name, kind) in entries {
-        let path = dir.join(&name);
-        if name == ".git" {
-            if kind.is_dir() {
-                out.pointed.push((path.join("commondir"), Found::Commondir));
-                out.found.push((path, Found::DotGit));
-            } else if kind.is_file() {
-                out.found.push((path.clone(), Found::DotGit));
-                out.pointed.push((path, Found::GitdirFile));
-            } else if kind.is_symlink() {
-                out.pointed.push((path, Found::Symlink));
+        let child = path.join(OsStr::from_bytes(name.as_bytes()));
+        if name.as_bytes() == b".git" {
+            match kind {
+                EntryType::Dir => {
+                    out.pointed
+                        .push((child.join("commondir"), Found::Commondir));
+                    out.found.push((child, Found::DotGit));
+                }
+                EntryType::File => {
+                    out.found.push((child.clone(), Found::DotGit));
+                    out.pointed.push((child, Found::GitdirFile));
+                }
+                EntryType::Symlink => out.pointed.push((child, Found::Symlink)),
+                EntryType::Other => {}
             }
             continue;
         }
-        if kind.is_dir() && path != store {
-            subdirs.push(path);
+        if kind == EntryType::Dir && child != store {
+            subdirs.push(DirJob {
+                parent: Some(Arc::clone(&fd)),
+                name,
+                path: child,
+            });
         }
     }
 }
