@@ -39,11 +39,11 @@ use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::PoisonError;
 
-use nix::dir::Dir;
+use agentdiff_host::dir::list_names;
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstat, fstatat, SFlag};
 use sha2::{Digest, Sha256};
@@ -172,18 +172,18 @@ fn on_two_threads<T: Send>(
 /// A shard's identity and its entries' (name key, inode), sorted; `None` when it is gone.
 fn list_shard(hash_dir: &Path, name: &str) -> Result<Option<Shard>, StoreError> {
     let path = hash_dir.join(name);
-    let Some(mut dir) = open_shard(&path)? else {
+    let Some(dir) = open_shard(&path)? else {
         return Ok(None);
     };
     let ident = dir_ident(dir.as_raw_fd()).map_err(|e| io_err("inspect", &path, e))?;
-    let mut entries = Vec::new();
-    for entry in dir.iter() {
-        let entry = entry.map_err(|e| io_err("list", &path, e))?;
-        let n = entry.file_name().to_string_lossy();
-        if n != "." && n != ".." {
-            entries.push((name_key(&n), entry.ino()));
-        }
+    let (names, error) = list_names(&dir, &mut Vec::new());
+    if let Some(e) = error {
+        return Err(io_err("list", &path, e));
     }
+    let mut entries: Vec<(u64, u64)> = names
+        .iter()
+        .map(|l| (name_key(&l.name.to_string_lossy()), l.ino))
+        .collect();
     entries.sort_unstable();
     Ok(Some(Shard {
         dir: ident,
@@ -241,9 +241,11 @@ fn shard_names(hash_dir: &Path) -> Result<Vec<String>, StoreError> {
 }
 
 /// Opens a shard directory for listing and `fstatat`; `None` when it is gone or not a directory.
-fn open_shard(path: &Path) -> Result<Option<Dir>, StoreError> {
+/// A plain descriptor, listed with `getdents64` (`agentdiff_host::dir::list_names`): a `DIR`
+/// stream would cost an `fstat` and two `fcntl` calls per shard.
+fn open_shard(path: &Path) -> Result<Option<OwnedFd>, StoreError> {
     match open_dir(path) {
-        Ok(fd) => Dir::from(fd).map(Some).map_err(|e| io_err("list", path, e)),
+        Ok(fd) => Ok(Some(fd)),
         Err(e)
             if matches!(
                 e.kind(),
@@ -258,18 +260,18 @@ fn open_shard(path: &Path) -> Result<Option<Dir>, StoreError> {
 
 /// Calls `f` with each entry name of `dir` except `.` and `..`.
 fn for_each_name(
-    dir: &mut Dir,
+    dir: &OwnedFd,
     path: &Path,
     mut f: impl FnMut(&CStr) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
-    for entry in dir.iter() {
-        let entry = entry.map_err(|e| io_err("list", path, e))?;
-        let name = entry.file_name();
-        if name.to_bytes() != b"." && name.to_bytes() != b".." {
-            f(name)?;
-        }
+    let (names, error) = list_names(dir, &mut Vec::new());
+    for listed in &names {
+        f(&listed.name)?;
     }
-    Ok(())
+    match error {
+        Some(e) => Err(io_err("list", path, e)),
+        None => Ok(()),
+    }
 }
 
 impl ObjectsSnapshot {
@@ -351,7 +353,7 @@ impl ObjectsSnapshot {
     ) -> Result<(), StoreError> {
         let before = self.shards.get(shard);
         let path = objects.hash_dir().join(shard);
-        let Some(mut dir) = open_shard(&path)? else {
+        let Some(dir) = open_shard(&path)? else {
             if let Some(before) = before {
                 self.report_removed(objects, shard, &before.entries, &[], out);
             }
@@ -361,7 +363,7 @@ impl ObjectsSnapshot {
         let ident = dir_ident(fd).map_err(|e| io_err("inspect", &path, e))?;
         let changed = before.map(|b| b.dir != ident);
         let mut seen = Vec::new();
-        for_each_name(&mut dir, &path, |cname| {
+        for_each_name(&dir, &path, |cname| {
             let Ok(st) = fstatat(Some(fd), cname, AtFlags::AT_SYMLINK_NOFOLLOW) else {
                 return Ok(()); // gone since the listing
             };
