@@ -23,7 +23,8 @@
 //! followed but listed as unreadable), listed with `getdents64` on that descriptor, types taken
 //! from the listing (`d_type`; an `fstatat` only where the filesystem gives none), and closed;
 //! each walker keeps its own depth-first stack and hands half of it over only while another
-//! walker waits.
+//! walker waits. At most `HELD_DESCRIPTORS` parents stay open for directories still to list;
+//! past that, children are opened by path (a deep tree cannot run the walk out of descriptors).
 //!
 //! Invariants: symlinks are never followed during the walk; a target named by a `.git` file or
 //! a `commondir` is accepted only when it is a directory git would take for a git directory, is
@@ -327,10 +328,30 @@ struct Walked {
     unreadable: Vec<PathBuf>,
 }
 
+/// Descriptors the walk keeps open for directories still to list, one per parent. Depth-first,
+/// a deep tree with a directory left to list at every level would hold one per level and could
+/// run the process out of descriptors (and leave the rest of the tree unlisted); past this bound a
+/// directory's children are opened by path, as a walk without descriptors does (components above
+/// the last are then resolved by the kernel).
+const HELD_DESCRIPTORS: usize = 64;
+
+/// A directory's descriptor kept for its children, counted in the walk's [`Shared::held`].
+struct Parent {
+    fd: OwnedFd,
+    held: Arc<AtomicUsize>,
+}
+
+impl Drop for Parent {
+    fn drop(&mut self) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A directory to list: reached through its parent's descriptor by its one-component name (the
-/// root by its canonical path), so a directory swapped for a symlink mid-walk is not followed.
+/// root by its canonical path), so a directory swapped for a symlink mid-walk is not followed;
+/// by its path when the walk holds [`HELD_DESCRIPTORS`] already.
 struct DirJob {
-    parent: Option<Arc<OwnedFd>>,
+    parent: Option<Arc<Parent>>,
     name: CString,
     path: PathBuf,
 }
@@ -353,6 +374,8 @@ struct Shared {
     more: Condvar,
     /// `Work::idle`, read without the lock to decide whether to hand directories over.
     waiting: AtomicUsize,
+    /// Parent descriptors open ([`HELD_DESCRIPTORS`]).
+    held: Arc<AtomicUsize>,
 }
 
 impl Shared {
@@ -423,6 +446,7 @@ fn walk(root: &Path, store: &Path, threads: usize) -> Option<Walked> {
         }),
         more: Condvar::new(),
         waiting: AtomicUsize::new(0),
+        held: Arc::new(AtomicUsize::new(0)),
     };
     let mut parts: Vec<Walked> = Vec::new();
     let mut failed = false;
@@ -474,7 +498,15 @@ fn walker(shared: &Shared, root: &Path, store: &Path) -> Walked {
         let Some(job) = stack.pop().or_else(|| shared.take()) else {
             return mine;
         };
-        list_dir(job, root, store, &mut mine, &mut stack, &mut buf);
+        list_dir(
+            job,
+            root,
+            store,
+            &shared.held,
+            &mut mine,
+            &mut stack,
+            &mut buf,
+        );
         shared.share(&mut stack);
     }
 }
@@ -486,13 +518,14 @@ fn list_dir(
     job: DirJob,
     root: &Path,
     store: &Path,
+    held: &Arc<AtomicUsize>,
     out: &mut Walked,
     subdirs: &mut Vec<DirJob>,
     buf: &mut Vec<u8>,
 ) {
     let DirJob { parent, name, path } = job;
     let opened = match &parent {
-        Some(p) => dir::open_dir_at(p.as_ref(), &name).map_err(io::Error::from),
+        Some(p) => dir::open_dir_at(&p.fd, &name).map_err(io::Error::from),
         None => dir::open_dir_path(&path),
     };
     drop(parent);
@@ -530,7 +563,15 @@ fn list_dir(
         out.found.push((path, Found::Layout));
         return;
     }
-    let fd = Arc::new(fd);
+    let fd = if held.fetch_add(1, Ordering::Relaxed) < HELD_DESCRIPTORS {
+        Some(Arc::new(Parent {
+            fd,
+            held: Arc::clone(held),
+        }))
+    } else {
+        held.fetch_sub(1, Ordering::Relaxed);
+        None
+    };
     for (name, kind) in entries {
         let child = path.join(OsStr::from_bytes(name.as_bytes()));
         if name.as_bytes() == b".git" {
@@ -551,7 +592,7 @@ fn list_dir(
         }
         if kind == EntryType::Dir && child != store {
             subdirs.push(DirJob {
-                parent: Some(Arc::clone(&fd)),
+                parent: fd.clone(),
                 name,
                 path: child,
             });
@@ -655,6 +696,77 @@ mod tests {
         assert!(found.contains(&links), "{found:?}");
         assert!(!found.contains(&root.join("partial")), "{found:?}");
         assert!(has_git_layout(&links));
+    }
+
+    /// A chain of `depth` directories below `root` where every level also has a leaf directory
+    /// listed after the chain's next level (so the walk, depth-first, still has it to list when
+    /// it goes down), and a git directory at the bottom. The bottom's path.
+    fn deep_tree_with_a_sibling_left_at_every_level(root: &Path, depth: usize) -> PathBuf {
+        let mut dir = root.to_path_buf();
+        for level in 0..depth {
+            fs::create_dir(dir.join("leaf")).unwrap();
+            // The walk pushes in listing order and pops the last: find a name listed last.
+            let next = (0..200)
+                .map(|i| dir.join(format!("c{level}-{i}")))
+                .find(|c| {
+                    fs::create_dir(c).unwrap();
+                    let order: Vec<_> = fs::read_dir(&dir)
+                        .unwrap()
+                        .map(|e| e.unwrap().path())
+                        .collect();
+                    let last = order.last() == Some(c);
+                    if !last {
+                        fs::remove_dir(c).unwrap();
+                    }
+                    last
+                })
+                .unwrap();
+            dir = next;
+        }
+        git_layout(&dir.join(".git"));
+        dir.join(".git")
+    }
+
+    /// Run by `a_deep_tree_does_not_run_the_walk_out_of_descriptors` in a process of its own,
+    /// whose descriptor limit it lowers.
+    #[test]
+    #[ignore = "run in a process of its own by a_deep_tree_does_not_run_the_walk_out_of_descriptors"]
+    fn deep_tree_walk_under_a_low_descriptor_limit() {
+        let limit = libc::rlimit {
+            rlim_cur: (HELD_DESCRIPTORS + 36) as libc::rlim_t,
+            rlim_max: (HELD_DESCRIPTORS + 36) as libc::rlim_t,
+        };
+        // SAFETY: setrlimit with a valid struct; this process runs this one test only.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        let bottom = deep_tree_with_a_sibling_left_at_every_level(&root, 3 * HELD_DESCRIPTORS);
+        let found = discover_with(&root, 1);
+        assert!(
+            found.unreadable.is_empty(),
+            "{:?}",
+            found.unreadable.first()
+        );
+        assert!(paths(&found).contains(&bottom), "{:?}", found.dirs);
+    }
+
+    #[test]
+    fn a_deep_tree_does_not_run_the_walk_out_of_descriptors() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "git_dirs::tests::deep_tree_walk_under_a_low_descriptor_limit",
+                "--ignored",
+                "--nocapture",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]
