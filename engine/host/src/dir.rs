@@ -464,36 +464,29 @@ fn random_temp_name() -> io::Result<OsString> {
     )))
 }
 
-/// An entry's type as a directory listing gives it (`d_type`), without following a symlink.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListedType {
-    Dir,
-    File,
-    Symlink,
-    /// A FIFO, socket or device.
-    Other,
-    /// The filesystem gave no type (`DT_UNKNOWN`): `fstatat` the name to know.
-    Unknown,
-}
-
 /// One name of a listing ([`list_names`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     pub name: CString,
     /// The inode number the listing gives (`d_ino`).
     pub ino: u64,
-    pub kind: ListedType,
+    /// The type the listing gives (`d_type`, a symlink never followed); `None` where the
+    /// filesystem gives none (`DT_UNKNOWN`): [`listed_type_at`] tells it then.
+    pub kind: Option<nix::dir::Type>,
 }
+
+/// Bytes of directory records one `getdents64` call reads.
+#[cfg(target_os = "linux")]
+const LIST_BUF: usize = 32 * 1024;
 
 /// The names in the directory open as `fd` (without `.` and `..`) with the inode and type the
 /// listing gives each, and the error that stopped the listing, if any (the names read before it are
 /// returned). On Linux one `getdents64` call per `buf`-full on the descriptor itself: no `DIR`
 /// stream (whose `fdopendir` costs an `fstat` and two `fcntl` calls per directory), no
-/// duplicate; the descriptor's read offset is used, so list each descriptor once.
+/// duplicate; the descriptor's read offset is used (the `*at` calls made through it do not use
+/// it), so list each descriptor once. The scanner and the git-directory walk both list this way.
 #[cfg(target_os = "linux")]
 pub fn list_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<Listed>, Option<Errno>) {
-    /// Bytes of directory records one call reads.
-    const LIST_BUF: usize = 32 * 1024;
     /// Offsets of `d_ino` (0), `d_reclen`, `d_type` and `d_name` in a `linux_dirent64` record.
     const RECLEN_AT: usize = 16;
     const TYPE_AT: usize = 18;
@@ -525,6 +518,7 @@ pub fn list_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<Listed>, Option<Errno
                 buf[at + RECLEN_AT],
                 buf[at + RECLEN_AT + 1],
             ]));
+            // A record that does not fit is the kernel's or the filesystem's bug: stop there.
             if len <= NAME_AT || at + len > n {
                 return (names, Some(Errno::EIO));
             }
@@ -534,17 +528,10 @@ pub fn list_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<Listed>, Option<Errno
                 if let Ok(name) = CString::new(name) {
                     let mut ino = [0u8; 8];
                     ino.copy_from_slice(&buf[at..at + 8]);
-                    let kind = match buf[at + TYPE_AT] {
-                        libc::DT_DIR => ListedType::Dir,
-                        libc::DT_REG => ListedType::File,
-                        libc::DT_LNK => ListedType::Symlink,
-                        libc::DT_UNKNOWN => ListedType::Unknown,
-                        _ => ListedType::Other,
-                    };
                     names.push(Listed {
                         name,
                         ino: u64::from_ne_bytes(ino),
-                        kind,
+                        kind: d_type(buf[at + TYPE_AT]),
                     });
                 }
             }
@@ -553,10 +540,26 @@ pub fn list_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<Listed>, Option<Errno
     }
 }
 
-/// [`list_names`] through a `DIR` stream on a duplicate of `fd` (elsewhere than Linux).
+/// The type a directory record gives (`None` for `DT_UNKNOWN` or anything else).
+#[cfg(target_os = "linux")]
+fn d_type(t: u8) -> Option<nix::dir::Type> {
+    use nix::dir::Type;
+    match t {
+        libc::DT_DIR => Some(Type::Directory),
+        libc::DT_REG => Some(Type::File),
+        libc::DT_LNK => Some(Type::Symlink),
+        libc::DT_FIFO => Some(Type::Fifo),
+        libc::DT_SOCK => Some(Type::Socket),
+        libc::DT_CHR => Some(Type::CharacterDevice),
+        libc::DT_BLK => Some(Type::BlockDevice),
+        _ => None,
+    }
+}
+
+/// [`list_names`] through a `DIR` stream on a duplicate of `fd` (elsewhere than Linux; the
+/// duplicate keeps `fd` usable for `*at` calls).
 #[cfg(not(target_os = "linux"))]
 pub fn list_names(fd: &OwnedFd, _buf: &mut Vec<u8>) -> (Vec<Listed>, Option<Errno>) {
-    use nix::dir::Type;
     let mut names = Vec::new();
     let dup = match nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(0)) {
         Ok(d) => d,
@@ -572,17 +575,10 @@ pub fn list_names(fd: &OwnedFd, _buf: &mut Vec<u8>) -> (Vec<Listed>, Option<Errn
             Ok(ent) => {
                 let n = ent.file_name();
                 if n.to_bytes() != b"." && n.to_bytes() != b".." {
-                    let kind = match ent.file_type() {
-                        Some(Type::Directory) => ListedType::Dir,
-                        Some(Type::File) => ListedType::File,
-                        Some(Type::Symlink) => ListedType::Symlink,
-                        None => ListedType::Unknown,
-                        Some(_) => ListedType::Other,
-                    };
                     names.push(Listed {
                         name: n.to_owned(),
                         ino: ent.ino(),
-                        kind,
+                        kind: ent.file_type(),
                     });
                 }
             }
@@ -593,19 +589,20 @@ pub fn list_names(fd: &OwnedFd, _buf: &mut Vec<u8>) -> (Vec<Listed>, Option<Errn
 }
 
 /// The type of `name` below `parent` as `fstatat(AT_SYMLINK_NOFOLLOW)` gives it, for a listing
-/// that gave [`ListedType::Unknown`]; `None` when the name is gone or cannot be inspected.
-pub fn listed_type_at(parent: &impl AsRawFd, name: &CStr) -> Option<ListedType> {
+/// that gave none; `None` when the name is gone or cannot be inspected.
+pub fn listed_type_at(parent: &impl AsRawFd, name: &CStr) -> Option<nix::dir::Type> {
+    use nix::dir::Type;
     let st = nix::sys::stat::fstatat(Some(parent.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)
         .ok()?;
     let fmt = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-    Some(if fmt == SFlag::S_IFDIR {
-        ListedType::Dir
-    } else if fmt == SFlag::S_IFREG {
-        ListedType::File
-    } else if fmt == SFlag::S_IFLNK {
-        ListedType::Symlink
-    } else {
-        ListedType::Other
+    Some(match fmt {
+        SFlag::S_IFDIR => Type::Directory,
+        SFlag::S_IFREG => Type::File,
+        SFlag::S_IFLNK => Type::Symlink,
+        SFlag::S_IFIFO => Type::Fifo,
+        SFlag::S_IFSOCK => Type::Socket,
+        SFlag::S_IFCHR => Type::CharacterDevice,
+        _ => Type::BlockDevice,
     })
 }
 
@@ -665,19 +662,20 @@ mod tests {
         let (mut names, error) = list_names(&fd, &mut Vec::new());
         assert!(error.is_none());
         names.sort_by(|a, b| a.name.cmp(&b.name));
+        use nix::dir::Type;
         let want = [
-            ("d", ListedType::Dir),
-            ("f", ListedType::File),
-            ("l", ListedType::Symlink),
+            ("d", Type::Directory),
+            ("f", Type::File),
+            ("l", Type::Symlink),
         ];
         assert_eq!(names.len(), want.len());
         for (listed, (name, kind)) in names.iter().zip(want) {
             assert_eq!(listed.name.to_str().unwrap(), name);
             // A filesystem may give no type; the fallback then tells it.
-            let got = match listed.kind {
-                ListedType::Unknown => listed_type_at(&fd, &listed.name).unwrap(),
-                k => k,
-            };
+            let got = listed
+                .kind
+                .or_else(|| listed_type_at(&fd, &listed.name))
+                .unwrap();
             assert_eq!(got, kind, "{name}");
             let ino = std::fs::symlink_metadata(t.path().join(name))
                 .unwrap()

@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use crate::dir::{self, Listed, ListedType};
+use crate::dir::{self, Listed};
 
 /// The evidence store's directory name below the root, not searched.
 const STORE_DIR: &str = ".agentdiff";
@@ -540,15 +540,12 @@ fn list_dir(
     let entries: Vec<(CString, EntryType)> = names
         .into_iter()
         .filter_map(|Listed { name: n, kind, .. }| {
-            let t = match kind {
-                ListedType::Unknown => dir::listed_type_at(&fd, &n)?,
-                t => t,
-            };
-            let t = match t {
-                ListedType::Dir => EntryType::Dir,
-                ListedType::File => EntryType::File,
-                ListedType::Symlink => EntryType::Symlink,
-                ListedType::Other | ListedType::Unknown => EntryType::Other,
+            use nix::dir::Type;
+            let t = match kind.or_else(|| dir::listed_type_at(&fd, &n))? {
+                Type::Directory => EntryType::Dir,
+                Type::File => EntryType::File,
+                Type::Symlink => EntryType::Symlink,
+                _ => EntryType::Other,
             };
             Some((n, t))
         })

@@ -438,115 +438,16 @@ fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'st
     }
 }
 
-/// Bytes of directory records read by one `getdents64` call.
-#[cfg(target_os = "linux")]
-const LIST_BUF: usize = 32 * 1024;
-
-/// The offset of `d_reclen`, `d_type` and `d_name` in a `linux_dirent64` record.
-#[cfg(target_os = "linux")]
-const RECLEN_AT: usize = 16;
-#[cfg(target_os = "linux")]
-const TYPE_AT: usize = 18;
-#[cfg(target_os = "linux")]
-const NAME_AT: usize = 19;
-
-/// Lists a directory with `getdents64` on its own fd: no duplicate, no `DIR` stream and its
-/// buffer (the fd's read offset is not used by the `*at` calls made through it, and each
-/// directory is listed once). Returns the names read with the type the listing reports (`None`
-/// where the filesystem gives `DT_UNKNOWN`), and the error that stopped the listing, if any.
-#[cfg(target_os = "linux")]
+/// The names of a directory with the type the listing gives each (`None` where the filesystem
+/// gives none), and the error that stopped the listing, if any
+/// ([`agentdiff_host::dir::list_names`]: `getdents64` on the directory's own fd, no `DIR` stream).
 pub(super) fn read_names(
     fd: &OwnedFd,
     buf: &mut Vec<u8>,
 ) -> (Vec<(CString, Option<Type>)>, Option<String>) {
-    let mut names = Vec::new();
-    buf.resize(LIST_BUF, 0);
-    loop {
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and the kernel writes whole
-        // records into it, returning how many bytes it wrote.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_getdents64,
-                fd.as_raw_fd(),
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
-        let n = match usize::try_from(n) {
-            Ok(0) => return (names, None),
-            Ok(n) => n.min(buf.len()),
-            Err(_) => match Errno::last() {
-                Errno::EINTR => continue,
-                e => return (names, Some(e.desc().to_string())),
-            },
-        };
-        let mut at = 0;
-        while at + NAME_AT <= n {
-            let len = usize::from(u16::from_ne_bytes([
-                buf[at + RECLEN_AT],
-                buf[at + RECLEN_AT + 1],
-            ]));
-            if len <= NAME_AT || at + len > n {
-                return (names, Some("malformed directory record".into()));
-            }
-            let field = &buf[at + NAME_AT..at + len];
-            let name = &field[..field.iter().position(|b| *b == 0).unwrap_or(field.len())];
-            if name != b"." && name != b".." {
-                if let Ok(c_name) = CString::new(name) {
-                    names.push((c_name, d_type(buf[at + TYPE_AT])));
-                }
-            }
-            at += len;
-        }
-    }
-}
-
-/// Lists a directory through a duplicate of its fd (`getdents64` is Linux's; elsewhere a `DIR`
-/// stream, which needs its own fd so the original stays usable for `*at` calls). Same result as
-/// the Linux version.
-#[cfg(not(target_os = "linux"))]
-pub(super) fn read_names(
-    fd: &OwnedFd,
-    _buf: &mut Vec<u8>,
-) -> (Vec<(CString, Option<Type>)>, Option<String>) {
-    use nix::fcntl::{fcntl, FcntlArg};
-    let mut names = Vec::new();
-    let dup = match fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(0)) {
-        Ok(d) => d,
-        Err(e) => return (names, Some(e.desc().to_string())),
-    };
-    // `Dir::from_fd` owns (and on failure closes) the duplicate.
-    let mut dir = match nix::dir::Dir::from_fd(dup) {
-        Ok(d) => d,
-        Err(e) => return (names, Some(e.desc().to_string())),
-    };
-    for item in dir.iter() {
-        match item {
-            Ok(ent) => {
-                let n = ent.file_name();
-                if n.to_bytes() != b"." && n.to_bytes() != b".." {
-                    names.push((n.to_owned(), ent.file_type()));
-                }
-            }
-            Err(e) => return (names, Some(e.desc().to_string())),
-        }
-    }
-    (names, None)
-}
-
-/// The type a directory record gives (`None` for `DT_UNKNOWN` or anything else).
-#[cfg(target_os = "linux")]
-fn d_type(t: u8) -> Option<Type> {
-    match t {
-        libc::DT_DIR => Some(Type::Directory),
-        libc::DT_REG => Some(Type::File),
-        libc::DT_LNK => Some(Type::Symlink),
-        libc::DT_FIFO => Some(Type::Fifo),
-        libc::DT_SOCK => Some(Type::Socket),
-        libc::DT_CHR => Some(Type::CharacterDevice),
-        libc::DT_BLK => Some(Type::BlockDevice),
-        _ => None,
-    }
+    let (names, error) = agentdiff_host::dir::list_names(fd, buf);
+    let names = names.into_iter().map(|l| (l.name, l.kind)).collect();
+    (names, error.map(|e| e.desc().to_string()))
 }
 
 /// Whether a listing has git's layout ([`agentdiff_host::git_dirs::has_layout`]): each name's
