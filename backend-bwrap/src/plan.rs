@@ -574,7 +574,7 @@ fn protected(
     // rules, and Claude Code's project settings (its hooks; `disableAllHooks` in a
     // `settings.local.json` the command could otherwise create would switch agentdiff off).
     wanted.extend(
-        PROTECTED_CONFIGURATION
+        agentdiff_backend_api::protected::PROTECTED_CONFIGURATION
             .iter()
             .map(|(rel, why)| (root.join(rel), (*why).to_string())),
     );
@@ -891,17 +891,6 @@ pub struct Sandboxing<'a> {
     pub network: Network,
     pub egress: Option<&'a Path>,
 }
-
-/// Configuration below the root that the command may read but not change (when it exists at
-/// the launch): what it names and why.
-pub const PROTECTED_CONFIGURATION: [(&str, &str); 5] = [
-    ("agentdiff.yaml", "agentdiff policy"),
-    // Misnamed policies: the loader refuses a run while one is there.
-    ("agentdiff.yml", "agentdiff policy"),
-    ("agentdiff.json", "agentdiff policy"),
-    (".agentdiffignore", "agentdiff ignore rules"),
-    (".claude", "Claude Code project settings (hooks)"),
-];
 
 /// The memory files of the sandbox's pid 1 (bwrap's init), covered by the null device.
 pub const PID1_MEMORY: [&str; 2] = ["/proc/1/mem", "/proc/1/task/1/mem"];

@@ -2,8 +2,9 @@
 //! file from the effective agentdiff policy (the default when no `--srt-settings` is named).
 //!
 //! The derived settings let the command write below its working directory and nowhere else, deny
-//! writes to the evidence store, `.git`, the policy's literal deny paths and agentdiff's per-user
-//! state directory (its key and caches), deny reads of well-known credential locations and of
+//! writes to the evidence store, `.git`, the policy's literal deny paths, the project's
+//! configuration that exists (`agentdiff_backend_api::protected`: the policy, the ignore rules,
+//! `.claude`) and agentdiff's per-user state directory (its key and caches), deny reads of well-known credential locations and of
 //! that state directory, and allow network access only to the domains the run lists
 //! (`srt-allow-domain`, from the command line or the policy's `runtime.options`).
 //!
@@ -121,6 +122,7 @@ pub fn settings_evidence(choice: &SettingsChoice) -> Result<SettingsFacts, Setti
     })
 }
 
+use agentdiff_backend_api::protected::PROTECTED_CONFIGURATION;
 /// Credential locations below a home directory whose reads the derived settings deny: the
 /// engine's one list, shared with the bwrap backend and the hook.
 pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
@@ -246,6 +248,14 @@ pub fn bridge(input: &BridgeInput<'_>) -> Bridged {
     push_unique(&mut deny_write, &input.root.join(".git"));
     if input.workdir != input.root {
         push_unique(&mut deny_write, &input.workdir.join(".git"));
+    }
+    // The configuration later runs and sessions read, where it exists (srt would otherwise make
+    // a placeholder in the project for each).
+    for (rel, _) in PROTECTED_CONFIGURATION {
+        let p = input.root.join(rel);
+        if p.symlink_metadata().is_ok() {
+            push_unique(&mut deny_write, &p);
+        }
     }
     let mut expressed = Vec::new();
     let mut not_expressed = Vec::new();
@@ -378,6 +388,28 @@ mod tests {
         assert_eq!(b.settings["network"]["allowedDomains"], json!([]));
         assert_eq!(b.expressed, vec![".env", ".git/**"]);
         assert_eq!(b.not_expressed, vec!["**/*.key"]);
+    }
+
+    /// The project's configuration is denied where it exists, and gets no placeholder where it
+    /// does not.
+    #[test]
+    fn bridge_denies_writing_the_configuration_that_exists() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        std::fs::write(root.join("agentdiff.yaml"), "version: 2\n").unwrap();
+        std::fs::create_dir(root.join(".claude")).unwrap();
+        let b = bridge(&BridgeInput {
+            workdir: root,
+            root,
+            ..input(&[], &[])
+        });
+        let denied = b.settings["filesystem"]["denyWrite"].as_array().unwrap();
+        for (rel, _) in PROTECTED_CONFIGURATION {
+            let p = json!(root.join(rel).to_string_lossy());
+            let exists = root.join(rel).exists();
+            assert_eq!(denied.contains(&p), exists, "{rel}: {denied:?}");
+        }
+        assert!(!root.join(".agentdiffignore").exists());
     }
 
     #[test]

@@ -331,6 +331,35 @@ fn real_srt_with_no_options_protects_denied_paths_the_store_and_the_outside() {
     assert_eq!(ev.capabilities.filesystem_writes, Level::Requested);
 }
 
+/// A shell call under srt cannot rewrite the configuration later runs read: the policy, or
+/// Claude Code's project settings (where `disableAllHooks` would switch agentdiff's hooks off).
+#[test]
+fn real_srt_command_cannot_change_the_configuration_later_runs_read() {
+    if real_srt("real_srt_command_cannot_change_the_configuration").is_none() {
+        return;
+    }
+    let f = Fixture::bare();
+    std::fs::write(f.root.join("agentdiff.yaml"), "version: 2\n").unwrap();
+    std::fs::create_dir(f.root.join(".claude")).unwrap();
+    std::fs::write(f.root.join(".claude/settings.json"), "{}\n").unwrap();
+    let script = "(echo '{\"disableAllHooks\": true}' > .claude/settings.local.json); \
+                  (echo 'x: 1' >> agentdiff.yaml); (echo '{}' > .claude/settings.json); \
+                  echo ok > allowed.txt; exit 0";
+    let spec = f.spec_os(vec!["/bin/sh".into(), "-c".into(), script.into()], true);
+    let ev = run(&f, spec);
+    assert_eq!(ev.exit.code, Some(0), "stderr: {}", stderr_of(&f));
+    assert!(f.root.join("allowed.txt").exists(), "inside write");
+    assert!(!f.root.join(".claude/settings.local.json").exists());
+    assert_eq!(
+        std::fs::read_to_string(f.root.join("agentdiff.yaml")).unwrap(),
+        "version: 2\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.root.join(".claude/settings.json")).unwrap(),
+        "{}\n"
+    );
+}
+
 #[test]
 fn real_srt_timeout_ends_the_whole_tree() {
     if real_srt("real_srt_timeout_ends_the_whole_tree").is_none() {

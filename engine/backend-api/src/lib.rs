@@ -12,6 +12,7 @@ pub mod egress;
 pub mod environment;
 mod evidence;
 pub mod exec;
+pub mod protected;
 pub mod protocol;
 pub mod recommend;
 pub mod serve;
