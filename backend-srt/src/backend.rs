@@ -325,6 +325,7 @@ impl RuntimeBackend for SrtBackend {
                     allow_domains: &plan.allow_domains,
                     homes: &homes,
                     state_dir: state_dir.as_deref(),
+                    git_dirs: &spec.git_dirs,
                 });
                 let bytes = settings::write_generated(path, &bridged.settings)
                     .map_err(|e| launch_error(e.to_string()))?;

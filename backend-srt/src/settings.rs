@@ -2,7 +2,8 @@
 //! file from the effective agentdiff policy (the default when no `--srt-settings` is named).
 //!
 //! The derived settings let the command write below its working directory and nowhere else, deny
-//! writes to the evidence store, `.git`, the policy's literal deny paths, the project's
+//! writes to the evidence store, `.git` and every git directory found in the tree, the policy's
+//! literal deny paths, the project's
 //! configuration that exists (`agentdiff_backend_api::protected`: the policy, the ignore rules,
 //! `.claude`) and agentdiff's per-user state directory (its key and caches), deny reads of well-known credential locations and of
 //! that state directory, and allow network access only to the domains the run lists
@@ -197,6 +198,9 @@ pub struct BridgeInput<'a> {
     pub homes: &'a [PathBuf],
     /// agentdiff's state directory ([`agentdiff_state_dir`]).
     pub state_dir: Option<&'a Path>,
+    /// The git directories found in the tree before the launch (`LaunchSpec::git_dirs`): nested
+    /// and renamed repositories, whose hooks run when the user next uses git there.
+    pub git_dirs: &'a [PathBuf],
 }
 
 /// A settings file derived from the policy, and what it could not express.
@@ -248,6 +252,9 @@ pub fn bridge(input: &BridgeInput<'_>) -> Bridged {
     push_unique(&mut deny_write, &input.root.join(".git"));
     if input.workdir != input.root {
         push_unique(&mut deny_write, &input.workdir.join(".git"));
+    }
+    for g in input.git_dirs {
+        push_unique(&mut deny_write, g);
     }
     // The configuration later runs and sessions read, where it exists (srt would otherwise make
     // a placeholder in the project for each).
@@ -368,6 +375,7 @@ mod tests {
             allow_domains: &[],
             homes,
             state_dir: Some(Path::new("/h/.local/state/agentdiff")),
+            git_dirs: &[],
         }
     }
 
@@ -410,6 +418,22 @@ mod tests {
             assert_eq!(denied.contains(&p), exists, "{rel}: {denied:?}");
         }
         assert!(!root.join(".agentdiffignore").exists());
+    }
+
+    #[test]
+    fn bridge_denies_writing_every_git_directory_found() {
+        let git_dirs = [
+            PathBuf::from("/w/sub/.git"),
+            PathBuf::from("/w/vendor/x.git"),
+        ];
+        let b = bridge(&BridgeInput {
+            git_dirs: &git_dirs,
+            ..input(&[], &[])
+        });
+        let denied = b.settings["filesystem"]["denyWrite"].as_array().unwrap();
+        for g in ["/w/.git", "/w/sub/.git", "/w/vendor/x.git"] {
+            assert!(denied.contains(&json!(g)), "{g}: {denied:?}");
+        }
     }
 
     #[test]

@@ -218,3 +218,37 @@ fn real_srt_proxy_listeners_are_infrastructure_not_the_commands() {
         assert_eq!(l["owner"]["pid"], root_pid);
     }
 }
+
+/// The git directories the transaction finds in the tree (a nested repository, a bare one with
+/// another name) reach the derived settings: a shell call cannot plant a hook in either, which
+/// would run the next time the user works in that repository.
+#[test]
+fn real_srt_command_cannot_write_nested_git_directories() {
+    if super::real::real_srt("real_srt_command_cannot_write_nested_git_directories").is_none() {
+        return;
+    }
+    let f = Fixture::bare();
+    std::fs::remove_dir_all(f.root.join(".agentdiff")).unwrap();
+    for (dir, bare) in [("sub", false), ("vendor/thing.git", true)] {
+        let mut git = std::process::Command::new("git");
+        git.args(["init", "-q"]).arg(f.root.join(dir));
+        if bare {
+            git.arg("--bare");
+        }
+        assert!(git.status().unwrap().success());
+    }
+    let argv: Vec<OsString> = [
+        "/bin/sh",
+        "-c",
+        "(echo x > sub/.git/hooks/post-checkout); \
+         (echo x > vendor/thing.git/hooks/pre-receive); echo ok > ok.txt; exit 0",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    let outcome = run_transaction(&f, argv);
+    assert_eq!(outcome.result.exit_code, Some(0), "{}", stderr_of(&f));
+    assert!(f.root.join("ok.txt").exists());
+    assert!(!f.root.join("sub/.git/hooks/post-checkout").exists());
+    assert!(!f.root.join("vendor/thing.git/hooks/pre-receive").exists());
+}
