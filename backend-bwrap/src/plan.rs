@@ -351,19 +351,7 @@ pub struct Programs {
     pub shim: PathBuf,
 }
 
-/// The literal root-relative path a deny pattern names, when a mount can express it: no glob
-/// characters, except a trailing `/**`.
-pub fn literal_path(pattern: &str) -> Option<&str> {
-    let base = pattern.strip_suffix("/**").unwrap_or(pattern);
-    let base = base.trim_start_matches("./").trim_end_matches('/');
-    let is_glob = base.contains(['*', '?', '[', ']', '{', '}', '!']);
-    let escapes = base.split('/').any(|seg| seg == "..");
-    if base.is_empty() || is_glob || escapes || base.starts_with('/') {
-        None
-    } else {
-        Some(base)
-    }
-}
+use agentdiff_backend_api::protected::literal_path;
 
 /// `~/x` against `home`, an absolute path as is; anything else is refused by the caller.
 fn expand(p: &str, home: Option<&Path>) -> Option<PathBuf> {
@@ -565,24 +553,11 @@ fn protected(
     denies: &[String],
     not_applied: &mut Vec<String>,
 ) -> Vec<(PathBuf, String)> {
-    let mut wanted: Vec<(PathBuf, String)> = vec![
-        (root.join(".git"), "repository metadata".into()),
-        (root.join(".agentdiff"), "evidence store".into()),
-        (spec.capsule_dir.clone(), "run capsule".into()),
-    ];
-    // Configuration that decides later runs and sessions: the project's policy and ignore
-    // rules, and Claude Code's project settings (its hooks; `disableAllHooks` in a
-    // `settings.local.json` the command could otherwise create would switch agentdiff off).
-    wanted.extend(
-        agentdiff_backend_api::protected::PROTECTED_CONFIGURATION
-            .iter()
-            .map(|(rel, why)| (root.join(rel), (*why).to_string())),
-    );
-    wanted.extend(
-        spec.git_dirs
-            .iter()
-            .map(|g| (g.clone(), "repository metadata (git directory)".into())),
-    );
+    let mut wanted: Vec<(PathBuf, String)> =
+        agentdiff_backend_api::protected::read_only_paths(spec)
+            .into_iter()
+            .map(|(p, why)| (p, why.to_string()))
+            .collect();
     for d in denies {
         match literal_path(d) {
             Some(rel) => wanted.push((root.join(rel), format!("deny pattern {d:?}"))),
@@ -1774,16 +1749,5 @@ mod tests {
             unshared_namespaces(Network::Host),
             ["mnt", "pid", "ipc", "uts"]
         );
-    }
-
-    #[test]
-    fn literal_deny_paths() {
-        assert_eq!(literal_path("secrets/**"), Some("secrets"));
-        assert_eq!(literal_path(".env"), Some(".env"));
-        assert_eq!(literal_path("./config/"), Some("config"));
-        assert_eq!(literal_path("**/*.pem"), None);
-        assert_eq!(literal_path(".env.*"), None);
-        assert_eq!(literal_path("../x"), None);
-        assert_eq!(literal_path("/etc"), None);
     }
 }

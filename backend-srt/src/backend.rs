@@ -320,12 +320,11 @@ impl RuntimeBackend for SrtBackend {
                 let bridged = settings::bridge(&settings::BridgeInput {
                     workdir: &spec.workdir,
                     root: &spec.root,
-                    capsule_dir: &spec.capsule_dir,
                     denies: &denies.patterns,
                     allow_domains: &plan.allow_domains,
                     homes: &homes,
                     state_dir: state_dir.as_deref(),
-                    git_dirs: &spec.git_dirs,
+                    read_only: &agentdiff_backend_api::protected::read_only_paths(spec),
                 });
                 let bytes = settings::write_generated(path, &bridged.settings)
                     .map_err(|e| launch_error(e.to_string()))?;

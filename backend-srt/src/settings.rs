@@ -123,7 +123,7 @@ pub fn settings_evidence(choice: &SettingsChoice) -> Result<SettingsFacts, Setti
     })
 }
 
-use agentdiff_backend_api::protected::PROTECTED_CONFIGURATION;
+use agentdiff_backend_api::protected::literal_path;
 /// Credential locations below a home directory whose reads the derived settings deny: the
 /// engine's one list, shared with the bwrap backend and the hook.
 pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
@@ -191,16 +191,15 @@ pub fn policy_denies(spec_patterns: &[String]) -> PolicyDenies {
 pub struct BridgeInput<'a> {
     pub workdir: &'a Path,
     pub root: &'a Path,
-    pub capsule_dir: &'a Path,
     pub denies: &'a [String],
     pub allow_domains: &'a [String],
     /// Home directories whose [`CREDENTIAL_LOCATIONS`] are denied for reading.
     pub homes: &'a [PathBuf],
     /// agentdiff's state directory ([`agentdiff_state_dir`]).
     pub state_dir: Option<&'a Path>,
-    /// The git directories found in the tree before the launch (`LaunchSpec::git_dirs`): nested
-    /// and renamed repositories, whose hooks run when the user next uses git there.
-    pub git_dirs: &'a [PathBuf],
+    /// What the run keeps read-only ([`agentdiff_backend_api::protected::read_only_paths`]):
+    /// `.git` and every git directory found, the store, the capsule, the project's configuration.
+    pub read_only: &'a [(PathBuf, &'static str)],
 }
 
 /// A settings file derived from the policy, and what it could not express.
@@ -216,20 +215,6 @@ pub struct Bridged {
     pub reads_left_readable: Vec<String>,
 }
 
-/// The literal root-relative path a policy pattern names, when srt on Linux can take it:
-/// no glob characters, except a trailing `/**` (which srt itself drops).
-fn literal_path(pattern: &str) -> Option<&str> {
-    let base = pattern.strip_suffix("/**").unwrap_or(pattern);
-    let base = base.trim_start_matches("./").trim_end_matches('/');
-    let is_glob = base.contains(['*', '?', '[', ']', '{', '}', '!']);
-    let escapes = base.split('/').any(|seg| seg == "..");
-    if base.is_empty() || is_glob || escapes || base.starts_with('/') {
-        None
-    } else {
-        Some(base)
-    }
-}
-
 fn push_unique(list: &mut Vec<String>, p: &Path) {
     let s = p.to_string_lossy().into_owned();
     if !list.contains(&s) {
@@ -240,12 +225,11 @@ fn push_unique(list: &mut Vec<String>, p: &Path) {
 /// Translate the policy into srt settings (see the module documentation).
 pub fn bridge(input: &BridgeInput<'_>) -> Bridged {
     let mut deny_write: Vec<String> = Vec::new();
-    // The command must not rewrite the evidence of its own run, nor Git's control data.
-    let store = input.root.join(".agentdiff");
-    push_unique(&mut deny_write, &store);
-    if !input.capsule_dir.starts_with(&store) {
-        push_unique(&mut deny_write, input.capsule_dir);
-    }
+    // The command must not rewrite the evidence of its own run, nor Git's control data: the
+    // store and `.git` even when absent (srt binds an empty read-only placeholder, so neither can
+    // be created), the rest of the run's read-only list where it exists (srt would otherwise
+    // leave a placeholder in the project for each configuration file).
+    push_unique(&mut deny_write, &input.root.join(".agentdiff"));
     if let Some(state) = input.state_dir {
         push_unique(&mut deny_write, state);
     }
@@ -253,15 +237,10 @@ pub fn bridge(input: &BridgeInput<'_>) -> Bridged {
     if input.workdir != input.root {
         push_unique(&mut deny_write, &input.workdir.join(".git"));
     }
-    for g in input.git_dirs {
-        push_unique(&mut deny_write, g);
-    }
-    // The configuration later runs and sessions read, where it exists (srt would otherwise make
-    // a placeholder in the project for each).
-    for (rel, _) in PROTECTED_CONFIGURATION {
-        let p = input.root.join(rel);
-        if p.symlink_metadata().is_ok() {
-            push_unique(&mut deny_write, &p);
+    for (p, _) in input.read_only {
+        let covered = deny_write.iter().any(|d| p.starts_with(d));
+        if !covered && p.symlink_metadata().is_ok() {
+            push_unique(&mut deny_write, p);
         }
     }
     let mut expressed = Vec::new();
@@ -353,29 +332,15 @@ pub const BRIDGE_LIMITS: &[&str] = &[
 mod tests {
     use super::*;
 
-    #[test]
-    fn literal_paths_and_trailing_double_star_are_expressible() {
-        assert_eq!(literal_path(".env"), Some(".env"));
-        assert_eq!(literal_path(".git/**"), Some(".git"));
-        assert_eq!(literal_path("./secrets/"), Some("secrets"));
-        assert_eq!(literal_path("**/*.pem"), None);
-        assert_eq!(literal_path(".env.*"), None);
-        assert_eq!(literal_path("a/[bc]"), None);
-        assert_eq!(literal_path("../outside"), None);
-        assert_eq!(literal_path("/abs"), None);
-        assert_eq!(literal_path("**"), None);
-    }
-
     fn input<'a>(denies: &'a [String], homes: &'a [PathBuf]) -> BridgeInput<'a> {
         BridgeInput {
             workdir: Path::new("/w"),
             root: Path::new("/w"),
-            capsule_dir: Path::new("/w/.agentdiff/runs/r1"),
             denies,
             allow_domains: &[],
             homes,
             state_dir: Some(Path::new("/h/.local/state/agentdiff")),
-            git_dirs: &[],
+            read_only: &[],
         }
     }
 
@@ -398,42 +363,36 @@ mod tests {
         assert_eq!(b.not_expressed, vec!["**/*.key"]);
     }
 
-    /// The project's configuration is denied where it exists, and gets no placeholder where it
-    /// does not.
+    /// The run's read-only list (the project's configuration, the git directories found) is
+    /// denied where it exists, and gets no placeholder where it does not.
     #[test]
-    fn bridge_denies_writing_the_configuration_that_exists() {
+    fn bridge_denies_writing_the_read_only_paths_that_exist() {
+        use agentdiff_backend_api::protected::PROTECTED_CONFIGURATION;
         let t = tempfile::tempdir().unwrap();
         let root = t.path();
         std::fs::write(root.join("agentdiff.yaml"), "version: 2\n").unwrap();
         std::fs::create_dir(root.join(".claude")).unwrap();
+        std::fs::create_dir_all(root.join("sub/.git")).unwrap();
+        std::fs::create_dir_all(root.join("vendor/x.git")).unwrap();
+        let mut read_only: Vec<(PathBuf, &str)> = PROTECTED_CONFIGURATION
+            .iter()
+            .map(|(rel, why)| (root.join(rel), *why))
+            .collect();
+        for g in ["sub/.git", "vendor/x.git", "gone/.git"] {
+            read_only.push((root.join(g), "git directory"));
+        }
         let b = bridge(&BridgeInput {
             workdir: root,
             root,
+            read_only: &read_only,
             ..input(&[], &[])
         });
         let denied = b.settings["filesystem"]["denyWrite"].as_array().unwrap();
-        for (rel, _) in PROTECTED_CONFIGURATION {
-            let p = json!(root.join(rel).to_string_lossy());
-            let exists = root.join(rel).exists();
-            assert_eq!(denied.contains(&p), exists, "{rel}: {denied:?}");
+        for (p, _) in &read_only {
+            let listed = denied.contains(&json!(p.to_string_lossy()));
+            assert_eq!(listed, p.exists(), "{}: {denied:?}", p.display());
         }
-        assert!(!root.join(".agentdiffignore").exists());
-    }
-
-    #[test]
-    fn bridge_denies_writing_every_git_directory_found() {
-        let git_dirs = [
-            PathBuf::from("/w/sub/.git"),
-            PathBuf::from("/w/vendor/x.git"),
-        ];
-        let b = bridge(&BridgeInput {
-            git_dirs: &git_dirs,
-            ..input(&[], &[])
-        });
-        let denied = b.settings["filesystem"]["denyWrite"].as_array().unwrap();
-        for g in ["/w/.git", "/w/sub/.git", "/w/vendor/x.git"] {
-            assert!(denied.contains(&json!(g)), "{g}: {denied:?}");
-        }
+        assert!(!root.join(".agentdiffignore").exists() && !root.join("gone").exists());
     }
 
     #[test]
