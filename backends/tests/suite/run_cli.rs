@@ -862,19 +862,81 @@ fn a_run_whose_after_capture_fails_is_sealed_as_an_error() {
     assert!(verify.status.success(), "{}", text(&verify.stdout));
 }
 
-/// srt run by root leaves its command a full capability set. Through the binary, the command
-/// starts with none: it can neither read the start line out of the marker FIFO (to learn the
-/// run's token) nor forge the shim's `exec_failed` with it, and its exit stays its own.
-#[test]
-fn under_srt_the_command_starts_without_capabilities_and_cannot_forge_the_start() {
+/// Whether srt and bubblewrap are missing (after printing the skip).
+fn no_srt() -> bool {
     let found = |p: &str| {
         std::process::Command::new("sh")
             .args(["-c", &format!("command -v {p}")])
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !(found("srt") && found("bwrap")) {
-        agentdiff_test_support::skip("srt and bubblewrap are not installed");
+    if found("srt") && found("bwrap") {
+        return false;
+    }
+    agentdiff_test_support::skip("srt and bubblewrap are not installed");
+    true
+}
+
+/// Through the binary under srt (derived settings), a command tries what the sandbox must keep
+/// from it: vsock and the kernel keyrings (the exec shim's seccomp guard), the configuration
+/// later runs and sessions read (`.claude`, `agentdiff.yaml`), and a nested and a renamed bare
+/// repository's hooks. Each attempt is its own process, so one refusal does not stop the rest.
+#[test]
+fn under_srt_a_command_cannot_reach_vsock_keyrings_configuration_or_nested_repositories() {
+    if no_srt() {
+        return;
+    }
+    let p = project();
+    let root = p.path();
+    fs::write(root.join("agentdiff.yaml"), "version: 2\n").unwrap();
+    fs::create_dir(root.join(".claude")).unwrap();
+    fs::write(root.join(".claude/settings.json"), "{}\n").unwrap();
+    for args in [
+        &["init", "-q", "sub"][..],
+        &["init", "-q", "--bare", "vendor/x.git"],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .status();
+        assert!(ok.unwrap().success());
+    }
+    let script = format!(
+        "python3 -c 'import socket; socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); \
+         open(\"vsock.out\", \"w\")'; \
+         python3 -c 'import ctypes; l = ctypes.CDLL(None); \
+         l.syscall.restype = ctypes.c_long; \
+         l.syscall({keyctl}, 0, -4, 0) >= 0 and open(\"keyctl.out\", \"w\")'; \
+         (echo '{{\"disableAllHooks\": true}}' > .claude/settings.local.json); \
+         (echo 'x: 1' >> agentdiff.yaml); (echo x > sub/.git/hooks/post-checkout); \
+         (echo x > vendor/x.git/hooks/pre-receive); echo ok > ok.txt; exit 0",
+        keyctl = libc::SYS_keyctl
+    );
+    let args = ["--runtime", "srt", "--fail-on", "never"];
+    let (code, _, out) = run_json(root, &args, &["sh", "-c", &script]);
+    assert_eq!(code, 0, "{}", text(&out.stderr));
+    assert!(root.join("ok.txt").exists(), "{}", text(&out.stderr));
+    for refused in [
+        "vsock.out",
+        "keyctl.out",
+        ".claude/settings.local.json",
+        "sub/.git/hooks/post-checkout",
+        "vendor/x.git/hooks/pre-receive",
+    ] {
+        assert!(!root.join(refused).exists(), "{refused} was written");
+    }
+    assert_eq!(
+        fs::read_to_string(root.join("agentdiff.yaml")).unwrap(),
+        "version: 2\n"
+    );
+}
+
+/// srt run by root leaves its command a full capability set. Through the binary, the command
+/// starts with none: it can neither read the start line out of the marker FIFO (to learn the
+/// run's token) nor forge the shim's `exec_failed` with it, and its exit stays its own.
+#[test]
+fn under_srt_the_command_starts_without_capabilities_and_cannot_forge_the_start() {
+    if no_srt() {
         return;
     }
     let p = project();
