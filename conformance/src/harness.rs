@@ -347,20 +347,6 @@ pub fn split_nul(bytes: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
-/// Poll `cond` every 50 ms until it holds or `limit` passes.
-pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

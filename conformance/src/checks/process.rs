@@ -69,16 +69,24 @@ async fn run_daemon(ctx: &Ctx) -> Result<DaemonRun, Finding> {
     let started = harness::start(backend.as_ref(), &scratch, &inv)
         .await
         .map_err(stage_failure)?;
-    // Find the daemon's host identity while the command runs (the root sleeps 1 s).
+    // Look for the daemon's host identity for as long as the command runs (the root waits for
+    // the daemon's first heartbeat, then 1 s), while the backend's `wait` is driven alongside:
+    // a fixed window before `wait` misses a daemon that starts late on a loaded machine.
     let name = format!("agentdiff-probe-daemon-{token}");
     let mut daemon = None;
-    harness::wait_until(Duration::from_secs(3), || {
-        // The daemon is the `sh` whose $0 is the name; a short-lived subshell may match first.
-        daemon = host::find_by_cmdline(&name).into_iter().next();
-        daemon.is_some()
-    })
-    .await;
-    let ran = started.finish().await.map_err(stage_failure)?;
+    let finish = started.finish();
+    tokio::pin!(finish);
+    let ran = loop {
+        tokio::select! {
+            ran = &mut finish => break ran,
+            _ = tokio::time::sleep(Duration::from_millis(50)), if daemon.is_none() => {
+                // The daemon is the `sh` whose $0 is the name; a short-lived subshell may match
+                // first.
+                daemon = host::find_by_cmdline(&name).into_iter().next();
+            }
+        }
+    }
+    .map_err(stage_failure)?;
     Ok(DaemonRun {
         ran,
         daemon,
@@ -88,11 +96,22 @@ async fn run_daemon(ctx: &Ctx) -> Result<DaemonRun, Finding> {
 }
 
 pub async fn daemon_recorded(ctx: Arc<Ctx>) -> Finding {
-    let run = match run_daemon(&ctx).await {
+    let mut run = match run_daemon(&ctx).await {
         Ok(r) => r,
         Err(f) => return f,
     };
     reap_daemon(&run.token);
+    // A daemon never seen on the host says nothing about the backend (the probe's own start
+    // failed, e.g. a fork refused under load): one more try before the check gives up on it.
+    let mut attempts = 1;
+    if run.daemon.is_none() && run.ran.evidence.enforcement != Enforcement::ContainerRequested {
+        run = match run_daemon(&ctx).await {
+            Ok(r) => r,
+            Err(f) => return f,
+        };
+        reap_daemon(&run.token);
+        attempts = 2;
+    }
     let recorded: Vec<_> = run
         .ran
         .evidence
@@ -102,7 +121,7 @@ pub async fn daemon_recorded(ctx: Arc<Ctx>) -> Finding {
             |p| json!({"identity": p.identity, "relation": p.relation, "executable": p.executable}),
         )
         .collect();
-    let details = json!({"daemon_host_identity": run.daemon, "recorded": recorded, "tracking": run.ran.evidence.tracking});
+    let details = json!({"daemon_host_identity": run.daemon, "recorded": recorded, "tracking": run.ran.evidence.tracking, "attempts": attempts});
     if run.ran.evidence.enforcement == Enforcement::ContainerRequested {
         return Finding::skip("the command ran in a container; its processes are the engine's to track, not host identities");
     }

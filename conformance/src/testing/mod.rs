@@ -35,7 +35,7 @@ use std::time::Duration;
 use agentdiff_backend_api::{
     Availability, BackendError, BackendOptions, BoxFuture, Capabilities, CleanupReport,
     Enforcement, LaunchCommand, LaunchContext, LaunchSpec, Level, PreparedLaunch, ProcessIdentity,
-    RunningCommand, RuntimeBackend,
+    ProcessRelation, RunningCommand, RuntimeBackend,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +48,7 @@ enum Flavour {
     PrivateTmpOnly,
     IgnoresHold,
     FalselyFiltered,
+    RootOnly,
     Wrapped { default_wrapper: Option<PathBuf> },
 }
 
@@ -111,6 +112,15 @@ impl TestBackend {
         Self {
             id: "conformance-leaky-evidence",
             flavour: Flavour::LeakyEvidence,
+            capabilities: honest_capabilities(),
+        }
+    }
+
+    /// Records only its root process: descendants, daemons included, are missing from evidence.
+    pub fn root_only() -> Self {
+        Self {
+            id: "conformance-root-only",
+            flavour: Flavour::RootOnly,
             capabilities: honest_capabilities(),
         }
     }
@@ -357,13 +367,22 @@ impl RuntimeBackend for TestBackend {
                         || self.capabilities.sandboxed),
             },
         )?;
-        if self.flavour == Flavour::LeakyEvidence {
-            return Ok(Box::new(Leaky {
-                inner: running,
-                line: format!("launched: {joined}"),
-            }));
-        }
-        Ok(running)
+        let alter: Alteration = match self.flavour {
+            Flavour::LeakyEvidence => {
+                let line = format!("launched: {joined}");
+                Box::new(move |evidence| evidence.warnings.push(line))
+            }
+            Flavour::RootOnly => Box::new(|evidence| {
+                evidence
+                    .processes
+                    .retain(|p| p.relation == ProcessRelation::Root)
+            }),
+            _ => return Ok(running),
+        };
+        Ok(Box::new(Doctored {
+            inner: running,
+            alter,
+        }))
     }
 
     async fn cleanup_run(
@@ -376,13 +395,16 @@ impl RuntimeBackend for TestBackend {
     }
 }
 
-/// Adds the joined command line to the evidence's warnings (the leaky test backend).
-struct Leaky {
+/// What a dishonest double does to its evidence before handing it over.
+type Alteration = Box<dyn FnOnce(&mut agentdiff_backend_api::RunEvidence) + Send>;
+
+/// A double's run whose evidence is altered after the launcher's honest `wait`.
+struct Doctored {
     inner: Box<dyn RunningCommand>,
-    line: String,
+    alter: Alteration,
 }
 
-impl RunningCommand for Leaky {
+impl RunningCommand for Doctored {
     fn pid(&self) -> Option<u32> {
         self.inner.pid()
     }
@@ -391,7 +413,7 @@ impl RunningCommand for Leaky {
     ) -> BoxFuture<'static, Result<agentdiff_backend_api::RunEvidence, BackendError>> {
         Box::pin(async move {
             let mut evidence = self.inner.wait().await?;
-            evidence.warnings.push(self.line);
+            (self.alter)(&mut evidence);
             Ok(evidence)
         })
     }

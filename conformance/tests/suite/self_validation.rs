@@ -310,6 +310,29 @@ async fn a_backend_storing_the_joined_command_line_fails_the_redaction_checks() 
     assert_eq!(report.failed_ids(), vec!["EVID-002", "TXN-001"]);
 }
 
+/// A backend whose evidence keeps only the root fails the daemon check at its first try: the
+/// check's second attempt is only for a daemon the host never saw, never for one left unrecorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_recording_only_its_root_fails_the_daemon_check() {
+    let report = run_suite(
+        factory(TestBackend::root_only),
+        SuiteOptions {
+            only: vec!["PROC-".into()],
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    println!("{}", report.to_tap());
+    assert_eq!(report.failed_ids(), vec!["PROC-002"]);
+    let check = report.check("PROC-002").unwrap();
+    assert!(
+        check.details["daemon_host_identity"]["pid"].is_u64(),
+        "{:?}",
+        check.details
+    );
+    assert_eq!(check.details["attempts"], 1, "{:?}", check.details);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_leaking_the_host_environment_fails_the_environment_honesty_check() {
     let report = run_suite(
