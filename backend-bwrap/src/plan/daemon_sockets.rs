@@ -13,7 +13,9 @@
 //! bounded walk and is never silently half-covered.
 //! Not defended: sockets created after the launch, sockets outside `/run` (a daemon that keeps
 //! one in `/var/lib` or below a home outside the allowlist; hide those with `hide`), and a
-//! daemon the command reaches another way (a TCP port under `network: host`).
+//! daemon the command reaches another way (a TCP port under `network: host`). A socket removed
+//! between the plan and bwrap's mount setup fails the run closed at setup (its cover's mount
+//! point cannot be made on the read-only `/run`): nothing runs, and a second run plans afresh.
 
 use std::path::{Path, PathBuf};
 
