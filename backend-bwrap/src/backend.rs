@@ -456,6 +456,7 @@ impl RuntimeBackend for BwrapBackend {
             .map_err(|e| launch_error(e.to_string()))?;
         Ok(Box::new(BwrapRunning {
             inner,
+            plan: plan.clone(),
             bwrap: plan.bwrap.clone(),
             wrapper,
             network: plan.network,
@@ -478,6 +479,8 @@ impl RuntimeBackend for BwrapBackend {
 /// A running sandbox: the supervised bwrap process plus the start marker.
 struct BwrapRunning {
     inner: ShimmedCommand,
+    /// The plan ran, to name a mount point that vanished when the sandbox did not start.
+    plan: Plan,
     bwrap: PathBuf,
     wrapper: BwrapFacts,
     network: Network,
@@ -509,6 +512,7 @@ impl RunningCommand for BwrapRunning {
         Box::pin(async move {
             let BwrapRunning {
                 inner,
+                plan,
                 bwrap,
                 mut wrapper,
                 network,
@@ -545,7 +549,10 @@ impl RunningCommand for BwrapRunning {
                 evidence.exit.timed_out || evidence.exit.interrupted_by.is_some();
             let diagnosis = match state {
                 StartState::NotStarted if !ended_by_agentdiff => {
-                    host::smoke_test(&bwrap).await.err()
+                    match plan.vanished_mount_point() {
+                        Some(gone) => Some(vanished(gone)),
+                        None => host::smoke_test(&bwrap).await.err(),
+                    }
                 }
                 _ => None,
             };
@@ -622,6 +629,18 @@ fn discount_one(
 /// the shim's layout, and both stay counted.
 fn discount_forwarder(evidence: &mut RunEvidence, init: u32, shim: &str) -> Option<SandboxInit> {
     discount_one(evidence, |p| p.ppid == init && p.executable == shim)
+}
+
+/// Why a sandbox did not start when a path the plan mounts over was removed in between.
+fn vanished(gone: &Path) -> host::Unusable {
+    host::Unusable {
+        reason: format!(
+            "{} was removed after the plan and before bwrap mounted over it",
+            gone.display()
+        ),
+        remedy: "nothing ran; run the command again (the next plan takes the host as it is then)"
+            .into(),
+    }
 }
 
 /// Labels and start state on the evidence: the exit is the command's only when the shim marked

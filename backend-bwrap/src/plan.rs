@@ -319,6 +319,20 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The first planned mount point that no longer exists on the host: removed after the plan
+    /// (a daemon's socket that came and went), so bwrap could not make the mount over it on the
+    /// read-only host tree. Asked only after a sandbox failed to start, to name the cause.
+    pub fn vanished_mount_point(&self) -> Option<&Path> {
+        self.mounts
+            .iter()
+            .filter(|m| m.kind != MountKind::Symlink)
+            .map(|m| m.path.as_path())
+            .find(|p| {
+                std::fs::symlink_metadata(p)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            })
+    }
+
     /// What the command can reach of the container engine APIs agentdiff would query: nothing,
     /// when its network is unshared (no TCP engine, and abstract Unix sockets belong to the
     /// network namespace) and the engine sockets that exist are covered; the covered sockets are
@@ -1529,6 +1543,18 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_covered_socket_removed_after_the_plan_is_named() {
+        let f = fixture();
+        let path = f.home.join("daemon.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let plan = plan_with(&f, BackendOptions::new(), &[]).unwrap();
+        assert_eq!(plan.vanished_mount_point(), None);
+        drop(listener);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(plan.vanished_mount_point(), Some(path.as_path()));
     }
 
     #[test]

@@ -71,6 +71,64 @@ fn a_fake_bwrap_that_only_execs_its_argument_fails_closed() {
     assert!(failure.contains("built no sandbox"), "{failure}");
 }
 
+/// A path the plan mounts over, removed before bwrap mounts (a daemon's socket that came and
+/// went): bwrap cannot make the mount point on the read-only host tree, nothing runs, and the
+/// error names the path and says to run again.
+#[test]
+fn a_mount_point_removed_after_the_plan_fails_closed_and_is_named() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    // Not below /tmp (a tmpfs in the sandbox, where the mount point could be made).
+    let gone = tempfile::tempdir_in("/var/tmp").unwrap();
+    let hidden = gone.path().join("daemon.sock");
+    fs::write(&hidden, "").unwrap();
+    let real = Command::new("sh")
+        .args(["-c", "command -v bwrap"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8(real.stdout).unwrap();
+    let fake = f.home.path().join("bin/bwrap");
+    install_script(
+        &fake,
+        &format!(
+            "#!/bin/sh\nrm -rf '{}'\nexec '{}' \"$@\"\n",
+            gone.path().display(),
+            real.trim()
+        ),
+    );
+    let (code, result, out) = f.run(
+        &[
+            "--backend-option",
+            &format!("bwrap-executable={}", fake.display()),
+            "--backend-option",
+            &format!("hide={}", hidden.display()),
+        ],
+        &["sh", "-c", CANARY_COMMAND],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_nothing_ran(&f, &out);
+    let error = result["execution_error"].as_str().unwrap_or_default();
+    if error.contains("refusing the bwrap executable") {
+        // Not root: the ownership rule refused the wrapper first (also fail closed).
+        assert_eq!(code, 69, "{stderr}");
+        return;
+    }
+    assert_eq!(code, 69, "{stderr}");
+    let named = format!(
+        "{} was removed after the plan and before bwrap mounted over it",
+        hidden.display()
+    );
+    assert!(error.contains(&named), "{error}");
+    assert!(error.contains("run the command again"), "{error}");
+    assert_eq!(
+        f.runtime_json(&result)["wrapper"]["start_state"],
+        "not_started"
+    );
+}
+
 #[test]
 fn a_bwrap_planted_in_the_project_on_path_is_refused() {
     let f = Fixture::new();
