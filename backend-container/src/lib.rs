@@ -22,6 +22,7 @@ pub mod ownership;
 pub mod remote;
 pub mod rootfs;
 mod running;
+pub mod seccomp;
 mod siblings;
 
 pub use running::{ContainerFacts, EgressForwarderFacts, RootfsFacts};
@@ -282,7 +283,9 @@ impl ContainerBackend {
             remote: endpoint.is_some(),
         })
         .map_err(|e| invalid(e.to_string()))?;
+        let seccomp = SeccompPlan::choose(kind, endpoint.is_some());
         Ok(Plan {
+            seccomp,
             endpoint,
             kind,
             program: program.unwrap_or_else(|| PathBuf::from(kind.as_str())),
@@ -337,6 +340,46 @@ struct Plan {
     /// `network: filtered`: the egress proxy's socket, which a forwarder in the container's
     /// network namespace relays to.
     egress: Option<PathBuf>,
+    /// The seccomp profile the container gets.
+    seccomp: SeccompPlan,
+}
+
+/// Which seccomp profile a run's container gets ([`seccomp`]).
+#[derive(Debug, Clone)]
+enum SeccompPlan {
+    /// podman's default without `AF_VSOCK`, written beside the run's `--cidfile` at launch.
+    Derived(seccomp::Derived),
+    /// The engine's own default, and why.
+    EngineDefault { why: String },
+}
+
+impl SeccompPlan {
+    /// A local podman run derives its profile; the docker CLI and remote engines keep theirs.
+    fn choose(kind: EngineKind, remote: bool) -> SeccompPlan {
+        let why = match (kind, remote) {
+            (_, true) => "a remote engine applies its own default profile".to_string(),
+            (EngineKind::Docker, false) => "the docker CLI's engine applies its own default profile (docker's refuses AF_VSOCK since 20.10.22 and 23.0; not checked)".to_string(),
+            (EngineKind::Podman, false) => match seccomp::for_podman() {
+                Ok(derived) => return SeccompPlan::Derived(derived),
+                Err(e) => e.to_string(),
+            },
+        };
+        SeccompPlan::EngineDefault { why }
+    }
+
+    fn evidence(&self) -> serde_json::Value {
+        match self {
+            SeccompPlan::Derived(d) => serde_json::json!({
+                "profile": "derived",
+                "derived_from": d.source.display().to_string(),
+                "refused": ["socket(AF_VSOCK)", "socket(…, NETLINK_AUDIT)", "socketcall", "io_uring_setup", "io_uring_enter", "io_uring_register"],
+            }),
+            SeccompPlan::EngineDefault { why } => serde_json::json!({
+                "profile": "engine_default",
+                "why": why,
+            }),
+        }
+    }
 }
 
 /// Why a run cannot have the network it asked for.
@@ -522,6 +565,7 @@ impl RuntimeBackend for ContainerBackend {
             "env_names": plan.options.env,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
+            "seccomp": plan.seccomp.evidence(),
             "read_only_rootfs": true,
             "tmpfs": [options::TMPFS_TMP],
             "init": true,
@@ -716,6 +760,23 @@ fn add_removed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a local podman run derives a profile; the others say whose default applies.
+    #[test]
+    fn the_docker_cli_and_remote_engines_keep_their_engines_seccomp_default() {
+        for (kind, remote, says) in [
+            (EngineKind::Docker, false, "docker CLI"),
+            (EngineKind::Podman, true, "remote engine"),
+            (EngineKind::Docker, true, "remote engine"),
+        ] {
+            let plan = SeccompPlan::choose(kind, remote);
+            let SeccompPlan::EngineDefault { why } = &plan else {
+                panic!("{kind:?} remote={remote}: {plan:?}");
+            };
+            assert!(why.contains(says), "{why}");
+            assert_eq!(plan.evidence()["profile"], "engine_default");
+        }
+    }
 
     #[test]
     fn capabilities_are_honest() {

@@ -63,7 +63,8 @@ pub(crate) async fn launch(
             (warnings, Some(state))
         }
     };
-    let (mut args, cid) = client_args(&prepared, remote.is_some())?;
+    let seccomp = derived_seccomp(&plan, remote.is_some(), &mut warnings);
+    let (mut args, cid) = client_args(&prepared, remote.is_some(), seccomp)?;
     // What the evidence records: the argv that carries the controls (`run`, or `create`).
     let controls_argv = match &remote {
         None => args.clone(),
@@ -182,21 +183,58 @@ type CidFile = (tempfile::TempDir, PathBuf);
 
 /// The client's argv. A local container's id comes back through a private `--cidfile` (returned
 /// with it); a remote one's was printed by `create`.
+/// With the seccomp profile derived at prepare (`seccomp`), the profile is written into the same
+/// private directory and named with `--security-opt seccomp=` (the engine reads it when it creates
+/// the container).
 fn client_args(
     prepared: &PreparedLaunch,
     remote: bool,
+    seccomp: Option<&crate::seccomp::Derived>,
 ) -> Result<(Vec<OsString>, Option<CidFile>)> {
     let mut args = prepared.args().to_vec();
     if remote {
         return Ok((args, None));
     }
     let (dir, path) = private_cid_file(&prepared.spec().workdir)?;
-    args.splice(
-        1..1,
-        [OsString::from("--cidfile"), path.clone().into_os_string()],
-    );
+    let mut inserted = vec![OsString::from("--cidfile"), path.clone().into_os_string()];
+    if let Some(derived) = seccomp {
+        let profile = dir.path().join(SECCOMP_FILE);
+        std::fs::write(&profile, &derived.profile).map_err(|e| {
+            launch_error(format!(
+                "could not write the seccomp profile {}: {e}",
+                profile.display()
+            ))
+        })?;
+        let mut opt = OsString::from("seccomp=");
+        opt.push(profile.as_os_str());
+        inserted.extend([OsString::from("--security-opt"), opt]);
+    }
+    args.splice(1..1, inserted);
     Ok((args, Some((dir, path))))
 }
+
+/// The profile `prepare` derived, if any; a local podman run that keeps podman's default says so
+/// in its warnings (the command can then create `AF_VSOCK` sockets).
+fn derived_seccomp<'p>(
+    plan: &'p Plan,
+    remote: bool,
+    warnings: &mut Vec<String>,
+) -> Option<&'p crate::seccomp::Derived> {
+    match &plan.seccomp {
+        crate::SeccompPlan::Derived(derived) => Some(derived),
+        crate::SeccompPlan::EngineDefault { why } => {
+            if plan.kind == EngineKind::Podman && !remote {
+                warnings.push(format!(
+                    "podman's default seccomp profile was kept, which lets the command create AF_VSOCK sockets: {why}"
+                ));
+            }
+            None
+        }
+    }
+}
+
+/// The derived seccomp profile's name in the run's private client directory.
+const SECCOMP_FILE: &str = "seccomp.json";
 
 /// A fresh 0700 directory for the engine client's `--cidfile`, and the file's path in it (the
 /// file must not exist yet: the client creates it). It lies next to the private workspace, named

@@ -317,3 +317,62 @@ async fn podman_stdin_reaches_the_command_and_non_utf8_arguments_are_refused() {
         Err(BackendError::InvalidRequest { .. })
     ));
 }
+
+/// Python that tries a socket of each family named on its command line and prints
+/// `FAMILY created` or `FAMILY ERRNO`, one line each.
+const SOCKET_FAMILIES: &str = r#"
+import socket, sys
+for name, family, kind, protocol in (("vsock", 40, 1, 0), ("audit", 16, 3, 9), ("inet", 2, 1, 0), ("unix", 1, 1, 0)):
+    try:
+        socket.socket(family, kind, protocol).close()
+        print(name, "created")
+    except OSError as e:
+        print(name, e.errno)
+"#;
+
+/// `AF_VSOCK` belongs to no network namespace (on a VM it may reach the hypervisor host): the
+/// profile derived from podman's own refuses it, and the families a command needs still work.
+#[tokio::test]
+async fn podman_refuses_vsock_sockets_and_keeps_the_others() {
+    if skip_or_fail(
+        "podman_refuses_vsock_sockets",
+        podman_missing().or_else(host_python_missing),
+    ) {
+        return;
+    }
+    let _g = SERIAL.lock().await;
+    let rootfs = python_rootfs().unwrap();
+    let l = layout("real-vsock");
+    let opts = rootfs_opts(&rootfs);
+    let s = spec(
+        &l,
+        "real-vsock",
+        &["/usr/bin/python3", "-c", SOCKET_FAMILIES],
+        &as_refs(&opts),
+    );
+    let backend = ContainerBackend::new();
+    let seccomp = backend.prepare(&s).unwrap().runtime_config()["seccomp"].clone();
+    assert_eq!(seccomp["profile"], "derived", "{seccomp:#}");
+    let (stdio, out, err) = files_stdio(&l.capsule);
+    let ev = run(&backend, &s, stdio).await.unwrap();
+    let seen = std::fs::read_to_string(out).unwrap();
+    assert_eq!(
+        ev.exit.code,
+        Some(0),
+        "{seen}{}",
+        std::fs::read_to_string(err).unwrap_or_default()
+    );
+    let line = |name: &str| {
+        seen.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(!line("vsock").contains("created"), "{seen}");
+    assert!(!line("vsock").is_empty(), "{seen}");
+    assert!(!line("audit").contains("created"), "{seen}");
+    assert_eq!(line("inet"), "inet created", "{seen}");
+    assert_eq!(line("unix"), "unix created", "{seen}");
+    let wrapper = ev.wrapper_argv.unwrap_or_default().join(" ");
+    assert!(wrapper.contains("--security-opt seccomp="), "{wrapper}");
+}

@@ -1,0 +1,289 @@
+//! The seccomp profile a local podman run gets: podman's own default profile with `socket`
+//! allowed for every address family but `AF_VSOCK`.
+//!
+//! Why: `AF_VSOCK` belongs to no network namespace. On a virtual machine whose hypervisor host
+//! listens on vsock, a command in a `--network none` container could reach that host past every
+//! network control; podman's default profile allows `socket` for any family (it refuses only
+//! `NETLINK_AUDIT` without `CAP_AUDIT_WRITE`). An appended refusal does not help: the allow rules
+//! still match. So the profile is derived: `socket`, `socketcall` and io_uring (whose rings make
+//! sockets no `socket` call shows) leave every rule, and one rule
+//! allows `socket` when the family is not `AF_VSOCK` and the protocol is not `NETLINK_AUDIT`
+//! (protocol 9 is refused for every family: only netlink's audit and the long-obsolete IGP use it).
+//! Everything else of the engine's profile is kept as it is.
+//!
+//! Invariants: the profile is derived from the file podman itself would use (the first of
+//! [`DEFAULT_PROFILES`] that exists), never from a file a `containers.conf` names instead (that
+//! choice is the user's; the run then says vsock was not refused and why); a profile whose default
+//! action lets unlisted calls through is refused, because removing its `socket` rules would allow
+//! every family.
+//! Not defended: `socketcall` is refused outright, so 32-bit programs cannot use sockets at all,
+//! and io_uring is unavailable;
+//! a profile podman compiled in (no file on the host) is not derived; the docker CLI (whose
+//! engine's default refuses vsock since 20.10.22 and 23.0, moby/moby#44562) and remote engines
+//! keep their engine's default.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// `AF_VSOCK` (linux/socket.h).
+pub const AF_VSOCK: u64 = 40;
+/// `NETLINK_AUDIT` (linux/netlink.h), the protocol podman refuses without `CAP_AUDIT_WRITE`.
+pub const NETLINK_AUDIT: u64 = 9;
+/// Where podman (containers/common) looks for its default profile, in this order.
+pub const DEFAULT_PROFILES: [&str; 2] = [
+    "/etc/containers/seccomp.json",
+    "/usr/share/containers/seccomp.json",
+];
+/// The system-wide `containers.conf` files and drop-in directories that may name another profile
+/// (`seccomp_profile`).
+const CONTAINERS_CONF: [&str; 2] = [
+    "/usr/share/containers/containers.conf",
+    "/etc/containers/containers.conf",
+];
+const CONTAINERS_CONF_DIRS: [&str; 2] = [
+    "/usr/share/containers/containers.conf.d",
+    "/etc/containers/containers.conf.d",
+];
+/// Default actions that refuse what the profile does not list.
+const REFUSING_DEFAULTS: [&str; 5] = [
+    "SCMP_ACT_ERRNO",
+    "SCMP_ACT_KILL",
+    "SCMP_ACT_KILL_PROCESS",
+    "SCMP_ACT_KILL_THREAD",
+    "SCMP_ACT_TRAP",
+];
+/// Removed from every rule of the engine's profile: the calls that create sockets, and io_uring,
+/// whose rings create sockets (`IORING_OP_SOCKET`) without a `socket` call the filter could see.
+const REMOVED_CALLS: [&str; 5] = [
+    "socket",
+    "socketcall",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("podman's default seccomp profile is not a file here (looked at {looked})")]
+    NotFound { looked: String },
+    #[error("{path} names podman's seccomp profile (`seccomp_profile`); agentdiff keeps that choice and does not derive from it")]
+    Configured { path: PathBuf },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a seccomp profile agentdiff can read: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path} lets every call it does not list through (defaultAction {action}); without its socket rules it would allow AF_VSOCK")]
+    AllowsByDefault { path: PathBuf, action: String },
+}
+
+/// The parts of an OCI seccomp profile the derivation touches; every other field is kept as read.
+#[derive(Debug, Serialize, Deserialize)]
+struct Profile {
+    #[serde(rename = "defaultAction")]
+    default_action: String,
+    #[serde(default)]
+    syscalls: Vec<Rule>,
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Rule {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    names: Vec<String>,
+    /// The older single-name form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
+/// The derived profile and the file it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Derived {
+    pub source: PathBuf,
+    pub profile: Vec<u8>,
+}
+
+/// podman's default profile on this host, derived (see the module doc).
+pub fn for_podman() -> Result<Derived, SeccompError> {
+    if let Some(path) = configured_profile() {
+        return Err(SeccompError::Configured { path });
+    }
+    let source = DEFAULT_PROFILES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| SeccompError::NotFound {
+            looked: DEFAULT_PROFILES.join(", "),
+        })?;
+    let text = std::fs::read(&source).map_err(|e| SeccompError::Read {
+        path: source.clone(),
+        source: e,
+    })?;
+    let profile = without_vsock(&text, &source)?;
+    Ok(Derived { source, profile })
+}
+
+/// `default` (the engine's profile, read from `path`) without `AF_VSOCK` sockets.
+pub fn without_vsock(default: &[u8], path: &Path) -> Result<Vec<u8>, SeccompError> {
+    let parse = |e| SeccompError::Parse {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let mut profile: Profile = serde_json::from_slice(default).map_err(parse)?;
+    if !REFUSING_DEFAULTS.contains(&profile.default_action.as_str()) {
+        return Err(SeccompError::AllowsByDefault {
+            path: path.to_path_buf(),
+            action: profile.default_action,
+        });
+    }
+    let is_socket_call = |n: &str| REMOVED_CALLS.contains(&n);
+    profile.syscalls.retain_mut(|rule| {
+        rule.names.retain(|n| !is_socket_call(n));
+        if rule.name.as_deref().is_some_and(is_socket_call) {
+            rule.name = None;
+        }
+        !rule.names.is_empty() || rule.name.is_some()
+    });
+    let condition =
+        |value: u64| serde_json::json!({"value": value, "valueTwo": 0, "op": "SCMP_CMP_NE"});
+    let mut family = condition(AF_VSOCK);
+    family["index"] = 0.into();
+    let mut protocol = condition(NETLINK_AUDIT);
+    protocol["index"] = 2.into();
+    let mut rest = Map::new();
+    rest.insert("action".into(), "SCMP_ACT_ALLOW".into());
+    rest.insert("args".into(), Value::Array(vec![family, protocol]));
+    rest.insert(
+        "comment".into(),
+        "agentdiff: every socket family but AF_VSOCK, every protocol but NETLINK_AUDIT".into(),
+    );
+    profile.syscalls.push(Rule {
+        names: vec!["socket".into()],
+        name: None,
+        rest,
+    });
+    serde_json::to_vec_pretty(&profile).map_err(parse)
+}
+
+/// The first system-wide `containers.conf` (or drop-in) that sets `seccomp_profile`.
+fn configured_profile() -> Option<PathBuf> {
+    let drop_ins = CONTAINERS_CONF_DIRS.iter().flat_map(|d| {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(d)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+            .collect();
+        files.sort();
+        files
+    });
+    CONTAINERS_CONF
+        .iter()
+        .map(PathBuf::from)
+        .chain(drop_ins)
+        .find(|p| std::fs::read_to_string(p).is_ok_and(|text| sets_profile(&text)))
+}
+
+/// Whether a `containers.conf` text sets `seccomp_profile` (a line of its own, not a comment).
+fn sets_profile(text: &str) -> bool {
+    text.lines().any(|l| {
+        let l = l.trim_start();
+        l.strip_prefix("seccomp_profile")
+            .is_some_and(|rest| rest.trim_start().starts_with('='))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PODMAN_LIKE: &str = r#"{
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "defaultErrnoRet": 38,
+        "archMap": [{"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86"]}],
+        "syscalls": [
+            {"names": ["read", "socketcall", "io_uring_setup", "write"], "action": "SCMP_ACT_ALLOW", "args": [], "includes": {}, "excludes": {}},
+            {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 2, "value": 9, "valueTwo": 0, "op": "SCMP_CMP_NE"}], "excludes": {"caps": ["CAP_AUDIT_WRITE"]}},
+            {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": null, "includes": {"caps": ["CAP_AUDIT_WRITE"]}},
+            {"name": "socket", "action": "SCMP_ACT_ALLOW"}
+        ]
+    }"#;
+
+    fn derived(text: &str) -> Value {
+        let out = without_vsock(text.as_bytes(), Path::new("/p.json")).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn only_one_socket_rule_is_left_and_it_excludes_vsock_and_audit() {
+        let v = derived(PODMAN_LIKE);
+        let rules = v["syscalls"].as_array().unwrap();
+        let mentions = |call: &str| {
+            rules
+                .iter()
+                .filter(|r| {
+                    r["names"]
+                        .as_array()
+                        .is_some_and(|n| n.iter().any(|x| x == call))
+                        || r["name"] == call
+                })
+                .count()
+        };
+        assert_eq!(mentions("socket"), 1, "{rules:#?}");
+        assert_eq!(mentions("socketcall"), 0, "{rules:#?}");
+        assert_eq!(mentions("io_uring_setup"), 0, "{rules:#?}");
+        assert_eq!(mentions("read"), 1);
+        let last = rules.last().unwrap();
+        assert_eq!(last["action"], "SCMP_ACT_ALLOW");
+        assert_eq!(last["args"][0]["index"], 0);
+        assert_eq!(last["args"][0]["value"], AF_VSOCK);
+        assert_eq!(last["args"][0]["op"], "SCMP_CMP_NE");
+        assert_eq!(last["args"][1]["index"], 2);
+        assert_eq!(last["args"][1]["value"], NETLINK_AUDIT);
+    }
+
+    #[test]
+    fn the_rest_of_the_profile_is_kept() {
+        let v = derived(PODMAN_LIKE);
+        assert_eq!(v["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(v["defaultErrnoRet"], 38);
+        assert_eq!(v["archMap"][0]["subArchitectures"][0], "SCMP_ARCH_X86");
+        assert_eq!(
+            v["syscalls"][0]["names"],
+            serde_json::json!(["read", "write"])
+        );
+        assert_eq!(v["syscalls"][0]["excludes"], serde_json::json!({}));
+    }
+
+    #[test]
+    fn a_profile_that_allows_by_default_is_refused() {
+        let text = PODMAN_LIKE.replace("SCMP_ACT_ERRNO", "SCMP_ACT_ALLOW");
+        let err = without_vsock(text.as_bytes(), Path::new("/p.json")).unwrap_err();
+        assert!(matches!(err, SeccompError::AllowsByDefault { .. }), "{err}");
+        let err = without_vsock(b"[]", Path::new("/p.json")).unwrap_err();
+        assert!(matches!(err, SeccompError::Parse { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_containers_conf_setting_is_found_and_a_comment_is_not() {
+        assert!(sets_profile(
+            "[containers]\nseccomp_profile = \"/x.json\"\n"
+        ));
+        assert!(sets_profile("  seccomp_profile=\"/x.json\""));
+        assert!(!sets_profile(
+            "#seccomp_profile = \"/usr/share/containers/seccomp.json\""
+        ));
+        assert!(!sets_profile("seccomp_profile_other = 1"));
+    }
+}
