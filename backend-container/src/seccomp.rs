@@ -12,8 +12,8 @@
 //! Everything else of the engine's profile is kept as it is.
 //!
 //! Invariants: the profile is derived from the file podman itself would use (the first of
-//! [`DEFAULT_PROFILES`] that exists), never from a file a `containers.conf` names instead (that
-//! choice is the user's; the run then says vsock was not refused and why); a profile whose default
+//! [`DEFAULT_PROFILES`] that exists), never from a file a `containers.conf` (system, drop-in,
+//! the user's, `$CONTAINERS_CONF`) names instead (that choice is the user's; the run then says vsock was not refused and why); a profile whose default
 //! action lets unlisted calls through is refused, because removing its `socket` rules would allow
 //! every family.
 //! Not defended: `socketcall` is refused outright, so 32-bit programs cannot use sockets at all,
@@ -37,7 +37,7 @@ pub const DEFAULT_PROFILES: [&str; 2] = [
     "/usr/share/containers/seccomp.json",
 ];
 /// The system-wide `containers.conf` files and drop-in directories that may name another profile
-/// (`seccomp_profile`).
+/// (`seccomp_profile`); the user's and `$CONTAINERS_CONF` come on top.
 const CONTAINERS_CONF: [&str; 2] = [
     "/usr/share/containers/containers.conf",
     "/etc/containers/containers.conf",
@@ -175,23 +175,43 @@ pub fn without_vsock(default: &[u8], path: &Path) -> Result<Vec<u8>, SeccompErro
     serde_json::to_vec_pretty(&profile).map_err(parse)
 }
 
-/// The first system-wide `containers.conf` (or drop-in) that sets `seccomp_profile`.
+/// The first `containers.conf` podman reads that sets `seccomp_profile`: the system files and
+/// drop-ins, the user's (`$XDG_CONFIG_HOME` or `~/.config`), and `$CONTAINERS_CONF`.
 fn configured_profile() -> Option<PathBuf> {
-    let drop_ins = CONTAINERS_CONF_DIRS.iter().flat_map(|d| {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(d)
+    let user = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .map(|c| c.join("containers"));
+    let files = CONTAINERS_CONF.iter().map(PathBuf::from);
+    let dirs = CONTAINERS_CONF_DIRS.iter().map(PathBuf::from);
+    first_setting(
+        files.chain(user.as_ref().map(|u| u.join("containers.conf"))),
+        dirs.chain(user.as_ref().map(|u| u.join("containers.conf.d"))),
+        std::env::var_os("CONTAINERS_CONF").map(PathBuf::from),
+    )
+}
+
+/// The first of `files`, the `*.conf` drop-ins of `dirs` (each directory's in name order) and
+/// `explicit` that sets `seccomp_profile`.
+fn first_setting(
+    files: impl Iterator<Item = PathBuf>,
+    dirs: impl Iterator<Item = PathBuf>,
+    explicit: Option<PathBuf>,
+) -> Option<PathBuf> {
+    let drop_ins = dirs.flat_map(|dir| {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
             .into_iter()
             .flatten()
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "conf"))
             .collect();
-        files.sort();
-        files
+        found.sort();
+        found
     });
-    CONTAINERS_CONF
-        .iter()
-        .map(PathBuf::from)
+    files
         .chain(drop_ins)
+        .chain(explicit)
         .find(|p| std::fs::read_to_string(p).is_ok_and(|text| sets_profile(&text)))
 }
 
@@ -273,6 +293,32 @@ mod tests {
         assert!(matches!(err, SeccompError::AllowsByDefault { .. }), "{err}");
         let err = without_vsock(b"[]", Path::new("/p.json")).unwrap_err();
         assert!(matches!(err, SeccompError::Parse { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_setting_in_a_users_drop_in_or_an_explicit_file_is_found() {
+        let t = tempfile::tempdir().unwrap();
+        let system = t.path().join("containers.conf");
+        std::fs::write(&system, "[containers]\n#seccomp_profile = \"/x\"\n").unwrap();
+        let user_dir = t.path().join("user/containers.conf.d");
+        std::fs::create_dir_all(&user_dir).unwrap();
+        std::fs::write(user_dir.join("10-a.conf"), "[engine]\n").unwrap();
+        let none = first_setting(
+            [system.clone()].into_iter(),
+            [user_dir.clone()].into_iter(),
+            None,
+        );
+        assert_eq!(none, None);
+        let setting = user_dir.join("20-b.conf");
+        std::fs::write(&setting, "[containers]\nseccomp_profile = \"/mine.json\"\n").unwrap();
+        let found = first_setting([system.clone()].into_iter(), [user_dir].into_iter(), None);
+        assert_eq!(found, Some(setting.clone()));
+        let explicit = first_setting(
+            [system].into_iter(),
+            std::iter::empty(),
+            Some(setting.clone()),
+        );
+        assert_eq!(explicit, Some(setting));
     }
 
     #[test]
