@@ -27,6 +27,21 @@ fn install_script(path: &Path, script: &str) {
 
 const CANARY_COMMAND: &str = "echo COMMAND-RAN-CANARY; echo ran > ran.txt";
 
+/// Runs the canary under the bwrap executable `wrapper` (plus `extra` arguments) and checks it
+/// failed closed (exit 69, nothing ran); `None` when, not as root, the ownership rule refused the
+/// wrapper first (also fail closed), else bwrap's stderr and the run's JSON result.
+fn refused_under_wrapper(f: &Fixture, wrapper: &Path, extra: &[&str]) -> Option<(String, Value)> {
+    let opt = format!("bwrap-executable={}", wrapper.display());
+    let mut args = vec!["--backend-option", opt.as_str()];
+    args.extend_from_slice(extra);
+    let (code, result, out) = f.run(&args, &["sh", "-c", CANARY_COMMAND], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_nothing_ran(f, &out);
+    assert_eq!(code, 69, "{stderr}");
+    let error = result["execution_error"].as_str().unwrap_or_default();
+    (!error.contains("refusing the bwrap executable")).then_some((stderr, result))
+}
+
 fn assert_nothing_ran(f: &Fixture, out: &std::process::Output) {
     let all = format!(
         "{}{}",
@@ -47,21 +62,9 @@ fn a_fake_bwrap_that_only_execs_its_argument_fails_closed() {
     // pass (as root), so only the exec shim's namespace proof stands between it and the command.
     let fake = f.home.path().join("bin/bwrap");
     install_fake(&fake);
-    let opt = format!("bwrap-executable={}", fake.display());
-    let (code, result, out) = f.run(
-        &["--backend-option", &opt],
-        &["sh", "-c", CANARY_COMMAND],
-        &[],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_nothing_ran(&f, &out);
-    let error = result["execution_error"].as_str().unwrap_or_default();
-    if error.contains("refusing the bwrap executable") {
-        // Not root: the ownership rule refused it first (also fail closed).
-        assert_eq!(code, 69, "{stderr}");
+    let Some((stderr, result)) = refused_under_wrapper(&f, &fake, &[]) else {
         return;
-    }
-    assert_eq!(code, 69, "{stderr}");
+    };
     assert!(stderr.contains("no sandbox around the command"), "{stderr}");
     let rt = f.runtime_json(&result);
     assert_eq!(rt["wrapper"]["start_state"], "not_sandboxed", "{rt:#}");
@@ -98,25 +101,11 @@ fn a_mount_point_removed_after_the_plan_fails_closed_and_is_named() {
             real.trim()
         ),
     );
-    let (code, result, out) = f.run(
-        &[
-            "--backend-option",
-            &format!("bwrap-executable={}", fake.display()),
-            "--backend-option",
-            &format!("hide={}", hidden.display()),
-        ],
-        &["sh", "-c", CANARY_COMMAND],
-        &[],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_nothing_ran(&f, &out);
-    let error = result["execution_error"].as_str().unwrap_or_default();
-    if error.contains("refusing the bwrap executable") {
-        // Not root: the ownership rule refused the wrapper first (also fail closed).
-        assert_eq!(code, 69, "{stderr}");
+    let hide = format!("hide={}", hidden.display());
+    let Some((_, result)) = refused_under_wrapper(&f, &fake, &["--backend-option", &hide]) else {
         return;
-    }
-    assert_eq!(code, 69, "{stderr}");
+    };
+    let error = result["execution_error"].as_str().unwrap_or_default();
     let named = format!(
         "{} was removed after the plan and before bwrap mounted over it",
         hidden.display()
@@ -651,24 +640,18 @@ fn host_daemon_sockets_below_run_are_out_of_reach_unless_allowed() {
         agentdiff_test_support::skip("a private /run needs root");
         return;
     }
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg("mount -t tmpfs -o mode=0755 tmpfs /run && exec \"$@\"")
-        .arg("sh")
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "suite::bwrap_hardening_cli::host_daemon_sockets_in_a_private_run",
-            "--ignored",
-            "--nocapture",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    agentdiff_test_support::run_ignored_in_own_process(
+        "suite::bwrap_hardening_cli::host_daemon_sockets_in_a_private_run",
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o mode=0755 tmpfs /run && exec \"$@\"",
+            "sh",
+        ],
     );
 }
 

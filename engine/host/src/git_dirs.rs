@@ -749,20 +749,9 @@ mod tests {
 
     #[test]
     fn a_deep_tree_does_not_run_the_walk_out_of_descriptors() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "git_dirs::tests::deep_tree_walk_under_a_low_descriptor_limit",
-                "--ignored",
-                "--nocapture",
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains("1 passed"),
-            "{text}{}",
-            String::from_utf8_lossy(&out.stderr)
+        agentdiff_test_support::run_ignored_in_own_process(
+            "git_dirs::tests::deep_tree_walk_under_a_low_descriptor_limit",
+            &[],
         );
     }
 

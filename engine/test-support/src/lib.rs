@@ -86,3 +86,30 @@ pub fn write_executable(path: &Path, body: &str, mode: u32) {
 pub fn copy_executable(from: &Path, to: &Path, mode: u32) {
     agentdiff_host::program_file::copy(from, to, mode).unwrap();
 }
+
+/// Runs the `#[ignore]`d test `name` (its full path in this test binary) in a process of its
+/// own, behind `prefix` (a program and its arguments, e.g. `unshare --mount`; empty for none),
+/// and panics with its output unless it ran and passed. For a test that changes its whole
+/// process (a resource limit, a mount namespace) where the other tests run alongside.
+#[allow(clippy::panic)]
+pub fn run_ignored_in_own_process(name: &str, prefix: &[&str]) {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("the test binary: {e}"));
+    let mut command = match prefix.split_first() {
+        Some((program, args)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(args).arg(exe);
+            c
+        }
+        None => std::process::Command::new(exe),
+    };
+    let out = command
+        .args(["--exact", name, "--ignored", "--nocapture"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {name} in a process of its own: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
