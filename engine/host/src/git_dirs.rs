@@ -168,6 +168,31 @@ pub enum EntryType {
     Other,
 }
 
+impl EntryType {
+    /// The layout type of a type a listing or `fstatat` gave (`None`: not known, [`Other`](Self::Other)).
+    pub fn of(kind: Option<nix::dir::Type>) -> EntryType {
+        match kind {
+            Some(nix::dir::Type::Directory) => EntryType::Dir,
+            Some(nix::dir::Type::File) => EntryType::File,
+            Some(nix::dir::Type::Symlink) => EntryType::Symlink,
+            _ => EntryType::Other,
+        }
+    }
+}
+
+/// Whether the directory open as `fd`, listed as `names` ([`dir::list_names`]), has git's
+/// layout ([`has_layout`]); a wanted name the listing gave no type is inspected with `fstatat`.
+pub fn listing_has_layout(fd: &impl std::os::fd::AsRawFd, names: &[Listed]) -> bool {
+    has_layout(|name, kind| {
+        names.iter().any(|l| {
+            l.name.as_bytes() == name.as_bytes()
+                && kind.admits_entry(EntryType::of(
+                    l.kind.or_else(|| dir::listed_type_at(fd, &l.name)),
+                ))
+        })
+    })
+}
+
 impl LayoutKind {
     /// Whether an entry of type `t` can be what git wants here: a symlink can be either, since
     /// git follows it.
@@ -540,14 +565,9 @@ fn list_dir(
     let entries: Vec<(CString, EntryType)> = names
         .into_iter()
         .filter_map(|Listed { name: n, kind, .. }| {
-            use nix::dir::Type;
-            let t = match kind.or_else(|| dir::listed_type_at(&fd, &n))? {
-                Type::Directory => EntryType::Dir,
-                Type::File => EntryType::File,
-                Type::Symlink => EntryType::Symlink,
-                _ => EntryType::Other,
-            };
-            Some((n, t))
+            // A name gone since the listing is left out.
+            let t = kind.or_else(|| dir::listed_type_at(&fd, &n))?;
+            Some((n, EntryType::of(Some(t))))
         })
         .collect();
     let layout = has_layout(|name, kind| {

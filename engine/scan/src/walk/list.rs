@@ -3,6 +3,8 @@
 //! capture.
 
 use super::*;
+use agentdiff_host::dir::Listed;
+use agentdiff_host::git_dirs::listing_has_layout;
 
 impl<'o, 'a> Walker<'o, 'a> {
     /// Registers a directory about to be listed (pending 1 until its listing is done).
@@ -91,7 +93,7 @@ impl<'o, 'a> Walker<'o, 'a> {
         // Git takes such a directory for a repository whatever its name. The root is recorded
         // too (`""`: git runs in a project without `.git` as a bare repository there), but its
         // entries keep their ignore rules: only git's own names in it are git metadata.
-        let layout = !in_git && is_git_layout(fd, &names);
+        let layout = !in_git && listing_has_layout(fd.as_ref(), &names);
         if layout {
             self.git_layouts.push(rel.to_owned());
         }
@@ -119,11 +121,11 @@ impl<'o, 'a> Walker<'o, 'a> {
             );
             self.report(shown, uk::UNREADABLE, why);
         }
-        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         // Pushed in reverse so the depth-first walk visits directories in name order.
         let mut subdirs = Vec::new();
-        for (c_name, d_type) in names {
-            if let Some(sub) = self.list_entry(fd, &at, c_name, d_type, jobs) {
+        for Listed { name, kind, .. } in names {
+            if let Some(sub) = self.list_entry(fd, &at, name, kind, jobs) {
                 self.add_pending(id);
                 subdirs.push(sub);
             }
@@ -441,47 +443,9 @@ fn open_dir(parent: &OwnedFd, name: &CStr, seen: &Meta) -> Result<OwnedFd, (&'st
 /// The names of a directory with the type the listing gives each (`None` where the filesystem
 /// gives none), and the error that stopped the listing, if any
 /// ([`agentdiff_host::dir::list_names`]: `getdents64` on the directory's own fd, no `DIR` stream).
-pub(super) fn read_names(
-    fd: &OwnedFd,
-    buf: &mut Vec<u8>,
-) -> (Vec<(CString, Option<Type>)>, Option<String>) {
+pub(super) fn read_names(fd: &OwnedFd, buf: &mut Vec<u8>) -> (Vec<Listed>, Option<String>) {
     let (names, error) = agentdiff_host::dir::list_names(fd, buf);
-    let names = names.into_iter().map(|l| (l.name, l.kind)).collect();
     (names, error.map(|e| e.desc().to_string()))
-}
-
-/// Whether a listing has git's layout ([`agentdiff_host::git_dirs::has_layout`]): each name's
-/// type as the listing gives it, `lstat`ed where the listing gives none.
-pub(super) fn is_git_layout(fd: &OwnedFd, names: &[(CString, Option<Type>)]) -> bool {
-    use agentdiff_host::git_dirs::{has_layout, EntryType};
-    let entry_type = |n: &CString, t: Option<Type>| {
-        let t = t.or_else(|| {
-            let st = fstatat(
-                Some(fd.as_raw_fd()),
-                n.as_c_str(),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            );
-            let fmt = SFlag::from_bits_truncate(st.ok()?.st_mode) & SFlag::S_IFMT;
-            [
-                (SFlag::S_IFDIR, Type::Directory),
-                (SFlag::S_IFREG, Type::File),
-                (SFlag::S_IFLNK, Type::Symlink),
-            ]
-            .into_iter()
-            .find_map(|(f, t)| (f == fmt).then_some(t))
-        });
-        match t {
-            Some(Type::Directory) => EntryType::Dir,
-            Some(Type::File) => EntryType::File,
-            Some(Type::Symlink) => EntryType::Symlink,
-            _ => EntryType::Other,
-        }
-    };
-    has_layout(|name, kind| {
-        names
-            .iter()
-            .any(|(n, t)| n.to_bytes() == name.as_bytes() && kind.admits_entry(entry_type(n, *t)))
-    })
 }
 
 /// Whether `name`, listed at `at`, is git metadata: in a git directory, or one of git's own

@@ -5,13 +5,15 @@
 use std::sync::atomic::AtomicUsize;
 use std::sync::Condvar;
 
-use super::list::{is_git_layout, read_names};
+use super::list::read_names;
 use super::*;
 use crate::manifest::exclusion_reason::{AGENTDIFFIGNORE, DEFAULT_GENERATED};
 use crate::programs::{
     program_reason, Program, ProgramReason, ProgramSweep, MAX_SWEEP_DEPTH, MAX_SWEPT_ENTRIES,
     MAX_SWEPT_PROGRAMS,
 };
+use agentdiff_host::dir::Listed;
+use agentdiff_host::git_dirs::listing_has_layout;
 
 /// Sweeps every path in `excluded` (sorted by path) below `root`, on up to `threads` threads.
 pub(super) fn sweep(root: &OwnedFd, excluded: &[Exclusion], threads: usize) -> ProgramSweep {
@@ -366,7 +368,7 @@ impl<'s> Sweeper<'s> {
                 escape_terminal(&task.rel)
             ));
         }
-        for (c_child, _) in names {
+        for Listed { name: c_child, .. } in names {
             if self.shared.stopped() {
                 return;
             }
@@ -394,14 +396,9 @@ impl<'s> Sweeper<'s> {
     /// The depth of the git directory `task`'s entries are in: its own when its listing has git's
     /// layout (a repository whatever its name, recorded and listed here; a `.git` directory was
     /// recorded when visited, and its layout is listed too, as the walk does).
-    fn git_of(
-        &mut self,
-        task: &Task,
-        fd: &OwnedFd,
-        names: &[(CString, Option<nix::dir::Type>)],
-    ) -> Option<usize> {
+    fn git_of(&mut self, task: &Task, fd: &OwnedFd, names: &[Listed]) -> Option<usize> {
         let dot_git = task.git == Some(task.depth);
-        if !(task.git.is_none() || dot_git) || !is_git_layout(fd, names) {
+        if !(task.git.is_none() || dot_git) || !listing_has_layout(fd, names) {
             return task.git;
         }
         self.out.git_layouts.push(task.rel.clone());
