@@ -176,7 +176,7 @@ fn list_shard(hash_dir: &Path, name: &str) -> Result<Option<Shard>, StoreError> 
         return Ok(None);
     };
     let ident = dir_ident(dir.as_raw_fd()).map_err(|e| io_err("inspect", &path, e))?;
-    let (names, error) = list_names(&dir, &mut Vec::new());
+    let (names, error) = listed(&dir);
     if let Some(e) = error {
         return Err(io_err("list", &path, e));
     }
@@ -258,13 +258,23 @@ fn open_shard(path: &Path) -> Result<Option<OwnedFd>, StoreError> {
     }
 }
 
+thread_local! {
+    /// One `getdents64` buffer per listing thread, reused for every shard it lists.
+    static LIST_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The names in `dir` ([`list_names`], through this thread's buffer).
+fn listed(dir: &OwnedFd) -> (Vec<agentdiff_host::dir::Listed>, Option<nix::errno::Errno>) {
+    LIST_BUF.with_borrow_mut(|buf| list_names(dir, buf))
+}
+
 /// Calls `f` with each entry name of `dir` except `.` and `..`.
 fn for_each_name(
     dir: &OwnedFd,
     path: &Path,
     mut f: impl FnMut(&CStr) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
-    let (names, error) = list_names(dir, &mut Vec::new());
+    let (names, error) = listed(dir);
     for listed in &names {
         f(&listed.name)?;
     }
