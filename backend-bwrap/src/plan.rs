@@ -18,6 +18,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Component, Path, PathBuf};
 
 use agentdiff_backend_api::environment::is_runtime_injection;
+use agentdiff_backend_api::protected::literal_path;
 use agentdiff_backend_api::LaunchSpec;
 use agentdiff_host::system::canonical_if_present;
 use agentdiff_process::containers::{EngineReach, HiddenSocket};
@@ -364,8 +365,6 @@ pub struct Programs {
     pub bwrap: PathBuf,
     pub shim: PathBuf,
 }
-
-use agentdiff_backend_api::protected::literal_path;
 
 /// `~/x` against `home`, an absolute path as is; anything else is refused by the caller.
 fn expand(p: &str, home: Option<&Path>) -> Option<PathBuf> {

@@ -3,10 +3,10 @@
 //!
 //! The derived settings let the command write below its working directory and nowhere else, deny
 //! writes to the evidence store, `.git` and every git directory found in the tree, the policy's
-//! literal deny paths, the project's
-//! configuration that exists (`agentdiff_backend_api::protected`: the policy, the ignore rules,
-//! `.claude`) and agentdiff's per-user state directory (its key and caches), deny reads of well-known credential locations and of
-//! that state directory, and allow network access only to the domains the run lists
+//! literal deny paths, the project's configuration that exists
+//! (`agentdiff_backend_api::protected`: the policy, the ignore rules, `.claude`) and agentdiff's
+//! per-user state directory (its key and caches), deny reads of well-known credential locations
+//! and of that state directory, and allow network access only to the domains the run lists
 //! (`srt-allow-domain`, from the command line or the policy's `runtime.options`).
 //!
 //! Not defended: the derived file is a request to srt; agentdiff does not audit srt's
@@ -18,6 +18,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use agentdiff_backend_api::protected::literal_path;
 use serde_json::{json, Value};
 
 use crate::facts::{SettingsFacts, SettingsSource};
@@ -123,7 +124,6 @@ pub fn settings_evidence(choice: &SettingsChoice) -> Result<SettingsFacts, Setti
     })
 }
 
-use agentdiff_backend_api::protected::literal_path;
 /// Credential locations below a home directory whose reads the derived settings deny: the
 /// engine's one list, shared with the bwrap backend and the hook.
 pub use agentdiff_host::credentials::HOME_CREDENTIAL_LOCATIONS as CREDENTIAL_LOCATIONS;
