@@ -368,8 +368,15 @@ async fn podman_refuses_vsock_sockets_and_keeps_the_others() {
             .unwrap_or_default()
             .to_string()
     };
-    assert!(!line("vsock").contains("created"), "{seen}");
-    assert!(!line("vsock").is_empty(), "{seen}");
+    // Refused by the profile's default action, not the kernel's EAFNOSUPPORT (what a host
+    // without vsock answers whatever the profile): so this fails on any host without it.
+    let vsock = line("vsock");
+    assert!(
+        vsock.starts_with("vsock ")
+            && vsock != "vsock created"
+            && vsock != format!("vsock {}", libc::EAFNOSUPPORT),
+        "{seen}"
+    );
     assert!(!line("audit").contains("created"), "{seen}");
     assert_eq!(line("inet"), "inet created", "{seen}");
     assert_eq!(line("unix"), "unix created", "{seen}");

@@ -912,6 +912,20 @@ fn under_srt_a_command_cannot_reach_vsock_keyrings_configuration_or_nested_repos
          (echo x > vendor/x.git/hooks/pre-receive); echo ok > ok.txt; exit 0",
         keyctl = libc::SYS_keyctl
     );
+    // What this host gives a plain process: without vsock or keyrings here, the sandbox's
+    // refusal of them would be the kernel's, and the test could not fail.
+    let outside = tempfile::tempdir().unwrap();
+    let host = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(outside.path())
+        .status()
+        .unwrap();
+    assert!(host.success());
+    for probe in ["vsock.out", "keyctl.out"] {
+        if !outside.path().join(probe).exists() {
+            eprintln!("note: this host refuses {probe:?} to a plain process too; the sandbox's refusal of it is the kernel's");
+        }
+    }
     let args = ["--runtime", "srt", "--fail-on", "never"];
     let (code, _, out) = run_json(root, &args, &["sh", "-c", &script]);
     assert_eq!(code, 0, "{}", text(&out.stderr));
