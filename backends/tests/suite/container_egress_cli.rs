@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::bwrap_egress_cli::{records, Server, ALLOWED, DENIED, SERVER_IP};
 use super::process_evidence_cli::{busybox_rootfs, podman_missing};
+use agentdiff_test_support::rootfs::{host_python_missing, python_rootfs};
 
 fn unshare_missing() -> bool {
     !std::process::Command::new("unshare")
@@ -218,4 +219,62 @@ fn filtered_on_a_remote_engine_is_refused_before_anything_runs() {
         "{stderr}"
     );
     assert!(!root.join("ran.txt").exists());
+}
+
+/// Through the binary under `--runtime container` on podman: the command cannot create an
+/// `AF_VSOCK` socket (no network namespace separates it; on a virtual machine it may reach the
+/// hypervisor host) while inet and unix sockets still work, and the run's evidence names the
+/// derived seccomp profile that refused it.
+#[test]
+fn under_podman_a_command_cannot_create_a_vsock_socket() {
+    if let Some(missing) = podman_missing().or_else(host_python_missing) {
+        agentdiff_conformance::skip_unless_required(&missing);
+        return;
+    }
+    let rootfs = python_rootfs().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path();
+    // The command's stdout is agentdiff's under `--format json`: the probe writes to stderr.
+    let probe = "import socket, sys\n\
+                 for name, family in (('vsock', 40), ('inet', 2), ('unix', 1)):\n\
+                 \x20   try:\n\
+                 \x20       socket.socket(family, socket.SOCK_STREAM).close(); r = 'created'\n\
+                 \x20   except OSError as e:\n\
+                 \x20       r = str(e.errno)\n\
+                 \x20   print('SOCKET', name, r, file=sys.stderr)\n";
+    let extra = [
+        "--runtime",
+        "container",
+        "--rootfs",
+        rootfs.path().to_str().unwrap(),
+        "--fail-on",
+        "never",
+    ];
+    let (code, result, out) = super::run_json(root, &extra, &["/usr/bin/python3", "-c", probe]);
+    let stderr = super::text(&out.stderr);
+    assert_eq!(code, 0, "{stderr}");
+    let seen = |name: &str| {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("SOCKET {name} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    // The profile's refusal, not the kernel's EAFNOSUPPORT (a host without vsock).
+    let vsock = seen("vsock");
+    assert!(
+        !vsock.is_empty() && vsock != "created" && vsock != libc::EAFNOSUPPORT.to_string(),
+        "{stderr}"
+    );
+    assert_eq!(seen("inet"), "created", "{stderr}");
+    assert_eq!(seen("unix"), "created", "{stderr}");
+    let id = result["run_id"].as_str().unwrap();
+    let runtime: Value = serde_json::from_str(
+        &fs::read_to_string(root.join(".agentdiff/runs").join(id).join("runtime.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        runtime["runtime_config"]["seccomp"]["profile"], "derived",
+        "{runtime:#}"
+    );
 }

@@ -479,22 +479,7 @@ fn which_podman() -> Result<PathBuf, ()> {
         .ok_or(())
 }
 
-/// A busybox root filesystem (bin/busybox and one link per applet), so no image is needed.
-pub(super) fn busybox_rootfs() -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    let d = tempfile::tempdir().unwrap();
-    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = d.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    agentdiff_test_support::copy_executable(Path::new("/bin/busybox"), &bin.join("busybox"), 0o755);
-    let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
-    for applet in String::from_utf8_lossy(&list.stdout).lines() {
-        if applet != "busybox" && !applet.is_empty() {
-            std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-        }
-    }
-    d
-}
+pub(super) use agentdiff_test_support::rootfs::busybox_rootfs;
 
 /// Removes a container by id when the test ends, whatever happened.
 struct RemoveContainer(String);

@@ -9,6 +9,7 @@
 use std::path::Path;
 
 pub mod remote_engine;
+pub mod rootfs;
 
 /// A test that cannot run here says why. Under `AGENTDIFF_REQUIRE_REAL_BACKENDS=1` (CI) that is a
 /// failure, never a skip; elsewhere it prints `SKIPPED (not a pass): <reason>` and the caller
