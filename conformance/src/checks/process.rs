@@ -102,7 +102,7 @@ pub async fn daemon_recorded(ctx: Arc<Ctx>) -> Finding {
     };
     reap_daemon(&run.token);
     // A daemon never seen on the host says nothing about the backend (the probe's own start
-    // failed, e.g. a fork refused under load): one more try before the check gives up on it.
+    // failed, or a loaded machine's search missed it): one more try before the check gives up on it.
     let mut attempts = 1;
     if run.daemon.is_none() && run.ran.evidence.enforcement != Enforcement::ContainerRequested {
         run = match run_daemon(&ctx).await {

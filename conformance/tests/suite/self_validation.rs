@@ -310,8 +310,9 @@ async fn a_backend_storing_the_joined_command_line_fails_the_redaction_checks() 
     assert_eq!(report.failed_ids(), vec!["EVID-002", "TXN-001"]);
 }
 
-/// A backend whose evidence keeps only the root fails the daemon check at its first try: the
-/// check's second attempt is only for a daemon the host never saw, never for one left unrecorded.
+/// A backend whose evidence keeps only the root fails the daemon check with the daemon seen on
+/// the host and missing from the evidence. The check's second attempt is only for a daemon the
+/// host never saw (a loaded machine can miss one), so it cannot turn this failure into a pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_recording_only_its_root_fails_the_daemon_check() {
     let report = run_suite(
@@ -330,7 +331,13 @@ async fn a_backend_recording_only_its_root_fails_the_daemon_check() {
         "{:?}",
         check.details
     );
-    assert_eq!(check.details["attempts"], 1, "{:?}", check.details);
+    assert!(
+        matches!(&check.outcome, agentdiff_conformance::Outcome::Failed { reason } if reason.contains("is not among the recorded processes")),
+        "{:?}",
+        check.outcome
+    );
+    let attempts = check.details["attempts"].as_u64();
+    assert!(matches!(attempts, Some(1 | 2)), "{:?}", check.details);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
