@@ -227,7 +227,7 @@ fn controls(plan: &Plan) -> BTreeMap<String, Control> {
         .filter(|m| {
             matches!(
                 m.kind,
-                plan::MountKind::HiddenDir | plan::MountKind::HiddenFile
+                plan::MountKind::HiddenDir | plan::MountKind::HiddenFile | plan::MountKind::LeftOut
             )
         })
         .map(|m| m.path.to_string_lossy().into_owned())

@@ -101,8 +101,30 @@ pub enum MountKind {
     HiddenFile,
     /// `--tmpfs P`, remounted read-only after every mount below it: a home under the allowlist.
     HomeTmpfs,
-    /// `--symlink TARGET P`: an allowlisted home entry that is a symlink, shown as one.
+    /// `--symlink TARGET P`: an allowlisted home entry or an entry of the rebuilt `/run` that is
+    /// a symlink, shown as one.
     Symlink,
+    /// `--tmpfs P`, remounted read-only after every mount below it: `/run` rebuilt without the
+    /// host daemons' sockets ([`daemon_sockets::Rebuild`]).
+    RunTmpfs,
+    /// `--dir P`: a directory of the rebuilt `/run` with a daemon socket below it, made anew.
+    RunDir,
+    /// `--ro-bind-try P P`: an entry of the rebuilt `/run`, the host's, read-only; skipped when
+    /// it is gone by the launch.
+    RunEntry,
+    /// No argument: a daemon socket the rebuilt `/run` leaves out.
+    LeftOut,
+}
+
+impl MountKind {
+    /// Whether bwrap needs `path` on the host: as the source of a bind, or as a mount point on
+    /// the read-only host tree. Not for what is made in a tmpfs or skipped when missing.
+    fn needs_host_path(self) -> bool {
+        !matches!(
+            self,
+            MountKind::Symlink | MountKind::RunDir | MountKind::RunEntry | MountKind::LeftOut
+        )
+    }
 }
 
 /// One planned mount with the reason it is there.
@@ -324,9 +346,22 @@ impl Plan {
     /// (a daemon's socket that came and went), so bwrap could not make the mount over it on the
     /// read-only host tree. Asked only after a sandbox failed to start, to name the cause.
     pub fn vanished_mount_point(&self) -> Option<&Path> {
+        let rebuilt: Vec<&Path> = self
+            .mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::RunTmpfs)
+            .map(|m| m.path.as_path())
+            .collect();
+        // A cover below the rebuilt `/run` has its mount point made in the tmpfs.
+        let in_tmpfs = |m: &Mount| {
+            matches!(m.kind, MountKind::HiddenDir | MountKind::HiddenFile)
+                && rebuilt
+                    .iter()
+                    .any(|r| m.path != *r && is_within(&m.path, r))
+        };
         self.mounts
             .iter()
-            .filter(|m| m.kind != MountKind::Symlink)
+            .filter(|m| m.kind.needs_host_path() && !in_tmpfs(m))
             .map(|m| m.path.as_path())
             .find(|p| {
                 std::fs::symlink_metadata(p)
@@ -524,11 +559,17 @@ fn hidden(
             wanted.push((PathBuf::from(h), reason));
         }
     }
-    // Last: a socket listed above keeps its own reason (the engine sockets' is read back).
+    // Last: a socket listed above keeps its own reason (the engine sockets' is read back). A
+    // rebuilt `/run` leaves its sockets out ([`run_rebuild`]) instead.
     if hide_daemons {
         let daemons = &facts.daemon_sockets;
+        let covered = if daemons.rebuild.is_some() {
+            &[][..]
+        } else {
+            &daemons.sockets[..]
+        };
         let reason = daemon_sockets::DAEMON_SOCKET_REASON;
-        wanted.extend(daemons.sockets.iter().map(|p| (p.clone(), reason.into())));
+        wanted.extend(covered.iter().map(|p| (p.clone(), reason.into())));
         not_applied.extend(daemons.incomplete.iter().cloned());
     }
     let mut out: Vec<(PathBuf, String)> = Vec::new();
@@ -553,6 +594,35 @@ fn hidden(
         .map(|(p, _)| p.clone())
         .collect();
     out.retain(|(p, _)| !dirs.iter().any(|d| p != d && is_within(p, d)));
+    out
+}
+
+/// The mounts that rebuild `/run` without its daemon sockets ([`daemon_sockets::Rebuild`]);
+/// none when the sockets are allowed or covered one by one.
+fn run_rebuild(rebuild: Option<&daemon_sockets::Rebuild>) -> Vec<Mount> {
+    use daemon_sockets::Entry;
+    let Some(rebuild) = rebuild else {
+        return Vec::new();
+    };
+    let mount = |kind, path: &Path, target: Option<&Path>, reason: &str| Mount {
+        kind,
+        path: path.to_path_buf(),
+        target: target.map(Path::to_path_buf),
+        reason: reason.to_string(),
+    };
+    let shown = "rebuilt without the host daemon sockets";
+    let mut out = vec![mount(MountKind::RunTmpfs, &rebuild.dir, None, shown)];
+    out.extend(rebuild.entries.iter().map(|e| match e {
+        Entry::Dir(p) => mount(MountKind::RunDir, p, None, shown),
+        Entry::Shown(p) => mount(MountKind::RunEntry, p, None, shown),
+        Entry::Symlink { path, target } => mount(MountKind::Symlink, path, Some(target), shown),
+        Entry::Socket(p) => mount(
+            MountKind::LeftOut,
+            p,
+            None,
+            daemon_sockets::DAEMON_SOCKET_REASON,
+        ),
+    }));
     out
 }
 
@@ -688,8 +758,11 @@ pub fn plan(
             )));
         }
     }
-    // The homes first: the root and the writable paths are bound over them.
-    let mut mounts: Vec<Mount> = home_mounts;
+    // The rebuilt `/run` first (every other mount below it goes on top), then the homes: the
+    // root and the writable paths are bound over them.
+    let rebuild = facts.daemon_sockets.rebuild.as_ref();
+    let mut mounts: Vec<Mount> = run_rebuild(rebuild.filter(|_| hide_daemons));
+    mounts.extend(home_mounts);
     mounts.extend(writable.iter().enumerate().map(|(i, p)| Mount {
         kind: MountKind::Writable,
         path: p.clone(),
@@ -850,7 +923,7 @@ fn shown_read_only(path: &Path, mounts: &[Mount]) -> bool {
         return false;
     }
     match mounts.iter().rev().find(|m| is_within(path, &m.path)) {
-        Some(last) => last.kind == MountKind::ReadOnly,
+        Some(last) => matches!(last.kind, MountKind::ReadOnly | MountKind::RunEntry),
         None => !["/dev", "/proc", "/tmp"]
             .iter()
             .any(|base| is_within(path, Path::new(base))),
@@ -912,7 +985,10 @@ pub fn build_args(
             MountKind::ReadOnly => push(&[s("--ro-bind"), p, p]),
             MountKind::HiddenDir => push(&[s("--tmpfs"), p, s("--remount-ro"), p]),
             MountKind::HiddenFile => push(&[s("--ro-bind"), s("/dev/null"), p]),
-            MountKind::HomeTmpfs => push(&[s("--tmpfs"), p]),
+            MountKind::HomeTmpfs | MountKind::RunTmpfs => push(&[s("--tmpfs"), p]),
+            MountKind::RunDir => push(&[s("--dir"), p]),
+            MountKind::RunEntry => push(&[s("--ro-bind-try"), p, p]),
+            MountKind::LeftOut => {}
             MountKind::Symlink => {
                 let t = m.target.as_deref().unwrap_or(Path::new("/nonexistent"));
                 push(&[s("--symlink"), t.as_os_str(), p]);
@@ -936,8 +1012,12 @@ pub fn build_args(
         // Read-only: the command can connect to the socket but not replace it.
         push(&[s("--ro-bind"), sock.as_os_str(), sock.as_os_str()]);
     }
-    // A home's tmpfs turns read-only only now: every mount point below it had to be created.
-    for m in mounts.iter().filter(|m| m.kind == MountKind::HomeTmpfs) {
+    // A home's tmpfs and the rebuilt `/run` turn read-only only now: every mount point below
+    // them had to be created.
+    for m in mounts
+        .iter()
+        .filter(|m| matches!(m.kind, MountKind::HomeTmpfs | MountKind::RunTmpfs))
+    {
         push(&[s("--remount-ro"), m.path.as_os_str()]);
     }
     push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
@@ -1025,6 +1105,7 @@ mod tests {
             daemon_sockets: daemon_sockets::Found {
                 sockets: vec![f.home.join("daemon.sock")],
                 incomplete: vec!["/run/huge: more than 20000 entries".into()],
+                rebuild: None,
             },
         }
     }
@@ -1542,6 +1623,42 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A rebuilt `/run` (here a directory of the fixture's): a tmpfs first, made read-only after
+    /// every mount below it; no cover for its sockets, so a socket and its directory removed
+    /// after the plan leave no mount point missing.
+    #[test]
+    fn a_rebuilt_run_leaves_its_sockets_out_and_survives_their_removal() {
+        let f = fixture();
+        let run = f.home.join("run");
+        std::fs::create_dir_all(run.join("d")).unwrap();
+        std::fs::write(run.join("file"), "").unwrap();
+        let sock = run.join("d/daemon.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let mut facts = facts(&f);
+        facts.daemon_sockets = daemon_sockets::find(&run, &[]);
+        let spec = spec(&f, BackendOptions::new());
+        let plan = plan(&spec, &facts, programs(), &[]).unwrap();
+        let args = strs(&plan.args);
+        let (run_s, sock_s) = (run.display().to_string(), sock.display().to_string());
+        let (d_s, file_s) = (
+            run.join("d").display().to_string(),
+            run.join("file").display().to_string(),
+        );
+        let tmpfs = find(&args, &["--tmpfs", &run_s]).unwrap();
+        let dir = find(&args, &["--dir", &d_s]).unwrap();
+        let shown = find(&args, &["--ro-bind-try", &file_s, &file_s]).unwrap();
+        let remount = find(&args, &["--remount-ro", &run_s]).unwrap();
+        assert!(tmpfs < dir && dir < remount && shown < remount, "{args:?}");
+        assert!(!args.contains(&sock_s), "{args:?}");
+        assert!(plan.mounts.iter().any(|m| m.path == sock
+            && m.kind == MountKind::LeftOut
+            && m.reason == daemon_sockets::DAEMON_SOCKET_REASON));
+        drop(listener);
+        std::fs::remove_dir_all(run.join("d")).unwrap();
+        std::fs::remove_file(run.join("file")).unwrap();
+        assert_eq!(plan.vanished_mount_point(), None);
     }
 
     #[test]

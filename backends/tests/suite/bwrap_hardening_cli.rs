@@ -74,9 +74,10 @@ fn a_fake_bwrap_that_only_execs_its_argument_fails_closed() {
     assert!(failure.contains("built no sandbox"), "{failure}");
 }
 
-/// A path the plan mounts over, removed before bwrap mounts (a daemon's socket that came and
-/// went): bwrap cannot make the mount point on the read-only host tree, nothing runs, and the
-/// error names the path and says to run again.
+/// A path the plan mounts over, removed before bwrap mounts (a hidden path that came and went):
+/// bwrap cannot make the mount point on the read-only host tree, nothing runs, and the error
+/// names the path and says to run again. (Below `/run` this cannot happen: see
+/// `host_daemon_sockets_in_a_private_run`.)
 #[test]
 fn a_mount_point_removed_after_the_plan_fails_closed_and_is_named() {
     if no_bwrap() {
@@ -626,10 +627,8 @@ except OSError as e:
 out.close()
 "#;
 
-/// The socket lives in a `/run` of its own (a tmpfs in a private mount namespace, in a process of
-/// its own): on the host's `/run` every bwrap run of this binary would cover it, and removing it
-/// while one of them sets up its sandbox fails that run (a cover's mount point that vanished
-/// after the plan, the limit docs/backends/bwrap.md states).
+/// The sockets live in a `/run` of its own (a tmpfs in a private mount namespace, in a process of
+/// its own): the test needs to know what is there, and must never leave a socket in the host's.
 #[test]
 fn host_daemon_sockets_below_run_are_out_of_reach_unless_allowed() {
     if no_bwrap() {
@@ -674,13 +673,58 @@ fn host_daemon_sockets_in_a_private_run() {
     let f = Fixture::new();
     let argv = ["python3", "-c", CONNECT_UNIX, sock, "probe.txt"];
     let (seen, result) = run_probe(&f, &argv);
-    assert_eq!(seen.trim(), format!("refused {}", libc::ECONNREFUSED));
+    // Left out of the rebuilt /run: not there at all.
+    assert_eq!(seen.trim(), format!("refused {}", libc::ENOENT));
     let rt = f.runtime_json(&result);
     assert_eq!(rt["runtime_config"]["host_sockets"], "hide", "{rt:#}");
     let mounts = rt["runtime_config"]["mounts"].to_string();
     assert!(
         mounts.contains(sock) && mounts.contains("host daemon socket"),
         "{mounts}"
+    );
+    // A socket and its directory removed between the plan and bwrap's mount setup (a
+    // container's, gone with it): the run is not disturbed.
+    let going = Path::new("/run/agentdiff-test-going");
+    fs::create_dir_all(going).unwrap();
+    let going_listener = std::os::unix::net::UnixListener::bind(going.join("c.sock")).unwrap();
+    let real = Command::new("sh")
+        .args(["-c", "command -v bwrap"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8(real.stdout).unwrap();
+    let wrapper = f.home.path().join("bin/bwrap");
+    install_script(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\nrm -rf '{}'\nexec '{}' \"$@\"\n",
+            going.display(),
+            real.trim()
+        ),
+    );
+    let opt = format!("bwrap-executable={}", wrapper.display());
+    let (code, result, out) = f.run(
+        &["--backend-option", &opt],
+        &[
+            "sh",
+            "-c",
+            "ls -A /run /run/agentdiff-test-going > listing.txt",
+        ],
+        &[],
+    );
+    drop(going_listener);
+    assert_eq!(
+        code,
+        0,
+        "{result:#} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!going.exists());
+    let listing = fs::read_to_string(f.root().join("listing.txt")).unwrap();
+    // The rebuilt directory is there, empty: made from the plan, nothing of the host's in it.
+    assert!(listing.contains("agentdiff-test\n"), "{listing}");
+    assert!(
+        listing.ends_with("/run/agentdiff-test-going:\n"),
+        "{listing}"
     );
     // Allowed by the policy: the same connection reaches the daemon.
     f.write_policy("version: 2\nruntime:\n  bwrap:\n    host_sockets: allow\n");
