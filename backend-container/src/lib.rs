@@ -367,6 +367,21 @@ impl SeccompPlan {
         SeccompPlan::EngineDefault { why }
     }
 
+    /// One line for `doctor`: which profile a run with this engine gets.
+    fn summary(&self, kind: EngineKind) -> String {
+        match self {
+            SeccompPlan::Derived(d) => format!(
+                "{} runs get seccomp derived from {} (AF_VSOCK, NETLINK_AUDIT and io_uring refused)",
+                kind.as_str(),
+                d.source.display()
+            ),
+            SeccompPlan::EngineDefault { why } => format!(
+                "{} runs keep the engine's seccomp default: {why}",
+                kind.as_str()
+            ),
+        }
+    }
+
     fn evidence(&self) -> serde_json::Value {
         match self {
             SeccompPlan::Derived(d) => serde_json::json!({
@@ -483,9 +498,11 @@ impl RuntimeBackend for ContainerBackend {
         capabilities_for(options.get("engine-host").is_some())
     }
 
-    async fn availability(&self, _options: &BackendOptions) -> Availability {
+    async fn availability(&self, options: &BackendOptions) -> Availability {
+        let remote = options.get("engine-host").is_some();
         let mut found = Vec::new();
         let mut problems = Vec::new();
+        let mut seccomp = Vec::new();
         for kind in [EngineKind::Podman, EngineKind::Docker] {
             let Some(program) = self.source(kind).resolve(kind) else {
                 continue;
@@ -495,6 +512,7 @@ impl RuntimeBackend for ContainerBackend {
                 program: program.clone(),
                 env: self.client_env.clone(),
             };
+            let ready = found.len();
             match engine.version().await {
                 Err(e) => problems.push(e.to_string()),
                 Ok(version) => match engine.server_version().await {
@@ -514,6 +532,9 @@ impl RuntimeBackend for ContainerBackend {
                     )),
                 },
             }
+            if found.len() > ready {
+                seccomp.push(SeccompPlan::choose(kind, remote).summary(kind));
+            }
         }
         if found.is_empty() {
             Availability::Unavailable {
@@ -530,6 +551,8 @@ impl RuntimeBackend for ContainerBackend {
                 detail.push_str("; also: ");
                 detail.push_str(&problems.join("; "));
             }
+            detail.push_str("; ");
+            detail.push_str(&seccomp.join("; "));
             Availability::Ready { detail }
         }
     }
@@ -775,7 +798,18 @@ mod tests {
             };
             assert!(why.contains(says), "{why}");
             assert_eq!(plan.evidence()["profile"], "engine_default");
+            let line = plan.summary(kind);
+            assert!(line.contains("keep the engine's seccomp default") && line.contains(says));
         }
+        let derived = SeccompPlan::Derived(seccomp::Derived {
+            source: "/usr/share/containers/seccomp.json".into(),
+            profile: Vec::new(),
+        });
+        assert_eq!(
+            derived.summary(EngineKind::Podman),
+            "podman runs get seccomp derived from /usr/share/containers/seccomp.json (AF_VSOCK, \
+             NETLINK_AUDIT and io_uring refused)"
+        );
     }
 
     #[test]

@@ -277,4 +277,21 @@ fn under_podman_a_command_cannot_create_a_vsock_socket() {
         runtime["runtime_config"]["seccomp"]["profile"], "derived",
         "{runtime:#}"
     );
+    // `doctor` names the same profile before any run.
+    let doctor = super::agentdiff(root, &["doctor", "--format", "json"]);
+    let doctor: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let container = doctor["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == "container")
+        .unwrap();
+    let detail = container["availability"]["detail"].as_str().unwrap();
+    let source = runtime["runtime_config"]["seccomp"]["derived_from"]
+        .as_str()
+        .unwrap();
+    assert!(
+        detail.contains(&format!("podman runs get seccomp derived from {source}")),
+        "{detail}"
+    );
 }
