@@ -63,6 +63,9 @@ pub struct RunRequest<'a> {
     /// The project root: with the run id, what makes the container's name and label unique.
     pub root: &'a Path,
     pub workspace: &'a Path,
+    /// Workspace entries bound read-only over the workspace's own mount, relative to it,
+    /// parents first (`crate::protected`); local runs only.
+    pub read_only: &'a [String],
     pub options: &'a ContainerOptions,
     /// The container user actually used (explicit or the invoker's default).
     pub user: UserSpec,
@@ -221,6 +224,12 @@ pub fn run_args(req: &RunRequest<'_>) -> Result<Vec<OsString>, ArgvError> {
         a.extend(["--mount".into(), REMOTE_WORKSPACE_MOUNT.into()]);
     } else {
         a.extend(["-v".into(), format!("{workspace}:{CONTAINER_WORKDIR}")]);
+        for rel in req.read_only {
+            a.extend([
+                "-v".into(),
+                format!("{workspace}/{rel}:{CONTAINER_WORKDIR}/{rel}:ro"),
+            ]);
+        }
     }
     a.extend(["-w".into(), CONTAINER_WORKDIR.into()]);
     match &o.source {
@@ -259,6 +268,7 @@ mod tests {
             run_id: "r1",
             root: Path::new("/nonexistent-root"),
             workspace: Path::new("/p/.agentdiff/workspaces/r1"),
+            read_only: &[],
             options: &o,
             user: UserSpec {
                 uid: 65532,
@@ -322,6 +332,7 @@ mod tests {
             run_id: "r2",
             root: Path::new("/nonexistent-root"),
             workspace: Path::new("/w"),
+            read_only: &[".git".into(), ".claude".into()],
             options: &o,
             user: UserSpec {
                 uid: 1000,
@@ -337,6 +348,13 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         let joined = s.join(" ");
+        // The protected entries go over the workspace's mount, read-only, after it.
+        assert!(
+            joined.contains(
+                "-v /w:/workspace -v /w/.git:/workspace/.git:ro -v /w/.claude:/workspace/.claude:ro -w"
+            ),
+            "{joined}"
+        );
         assert!(joined.contains("--user 1000:1000 --userns keep-id"));
         assert!(joined.contains("--network bridge"));
         assert!(joined.contains("--env LANG -v /w:/workspace"));
@@ -354,6 +372,7 @@ mod tests {
                 run_id: "r",
                 root: Path::new("/nonexistent-root"),
                 workspace: Path::new("/p/.agentdiff/workspaces/r"),
+                read_only: &[],
                 options: &o,
                 user: UserSpec { uid: 1, gid: 1 },
                 userns_keep_id: false,
@@ -383,6 +402,7 @@ mod tests {
             run_id: "r",
             root: Path::new("/nonexistent-root"),
             workspace: Path::new("/w"),
+            read_only: &[],
             options: &o,
             user: UserSpec { uid: 1, gid: 1 },
             userns_keep_id: false,
@@ -414,6 +434,7 @@ mod tests {
                 run_id: run,
                 root: Path::new("/nonexistent-root"),
                 workspace: Path::new(ws),
+                read_only: &[],
                 options: &o,
                 user: UserSpec { uid: 1, gid: 1 },
                 userns_keep_id: false,
@@ -427,6 +448,7 @@ mod tests {
             run_id: "r",
             root: Path::new("/nonexistent-root"),
             workspace: Path::new("/w"),
+            read_only: &[],
             options: &o,
             user: UserSpec { uid: 1, gid: 1 },
             userns_keep_id: false,
@@ -443,6 +465,7 @@ mod tests {
                 run_id: "r",
                 root: Path::new("/nonexistent-root"),
                 workspace: Path::new("/w"),
+                read_only: &[],
                 options: &o,
                 user: UserSpec { uid: 1, gid: 1 },
                 userns_keep_id: false,

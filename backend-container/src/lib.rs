@@ -19,6 +19,7 @@ pub mod cleanup;
 pub mod engine;
 pub mod options;
 pub mod ownership;
+pub mod protected;
 pub mod remote;
 pub mod rootfs;
 mod running;
@@ -271,11 +272,22 @@ impl ContainerBackend {
             Some(_) => (options.user.unwrap_or(options::DEFAULT_USER), false),
             None => ownership::container_user(options.user, self.invoker, kind),
         };
+        // A remote engine's workspace is a volume: nothing below it can be bound read-only.
+        let read_only = match endpoint {
+            Some(_) => protected::ReadOnly::default(),
+            None => protected::read_only(
+                &spec.root,
+                &spec.workdir,
+                &spec.git_dirs,
+                &spec.deny_patterns,
+            ),
+        };
         let args = argv::run_args(&argv::RunRequest {
             kind,
             run_id: &spec.run_id,
             root: &spec.root,
             workspace: &spec.workdir,
+            read_only: &read_only.entries,
             options: &options,
             user,
             userns_keep_id: keep_id,
@@ -286,6 +298,7 @@ impl ContainerBackend {
         let seccomp = SeccompPlan::choose(kind, endpoint.is_some());
         Ok(Plan {
             seccomp,
+            read_only,
             endpoint,
             kind,
             program: program.unwrap_or_else(|| PathBuf::from(kind.as_str())),
@@ -342,6 +355,8 @@ struct Plan {
     egress: Option<PathBuf>,
     /// The seccomp profile the container gets.
     seccomp: SeccompPlan,
+    /// The workspace entries bound read-only ([`protected`]).
+    read_only: protected::ReadOnly,
 }
 
 /// Which seccomp profile a run's container gets ([`seccomp`]).
@@ -590,6 +605,8 @@ impl RuntimeBackend for ContainerBackend {
             "security_opt": ["no-new-privileges"],
             "seccomp": plan.seccomp.evidence(),
             "read_only_rootfs": true,
+            "read_only_workspace_entries": plan.read_only.entries,
+            "read_only_not_bound": plan.read_only.not_bound,
             "tmpfs": [options::TMPFS_TMP],
             "init": true,
             "remove_after_run": true,

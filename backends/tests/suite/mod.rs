@@ -21,6 +21,7 @@ mod claude_cli;
 mod cleanup_cli;
 mod container_egress_cli;
 mod container_identity_cli;
+mod container_workspace_cli;
 mod egress_review_cli;
 mod evidence_cli;
 mod external_cli;
