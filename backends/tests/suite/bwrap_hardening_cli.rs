@@ -25,6 +25,26 @@ fn install_script(path: &Path, script: &str) {
     agentdiff_test_support::write_executable(path, script, 0o755);
 }
 
+/// Installs, below the fixture's home, a `bwrap` that removes `path` and then execs the real
+/// bwrap: a path that goes away between the plan and the sandbox's mount setup.
+fn install_removing_bwrap(f: &Fixture, path: &Path) -> std::path::PathBuf {
+    let real = Command::new("sh")
+        .args(["-c", "command -v bwrap"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8(real.stdout).unwrap();
+    let wrapper = f.home.path().join("bin/bwrap");
+    install_script(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\nrm -rf '{}'\nexec '{}' \"$@\"\n",
+            path.display(),
+            real.trim()
+        ),
+    );
+    wrapper
+}
+
 const CANARY_COMMAND: &str = "echo COMMAND-RAN-CANARY; echo ran > ran.txt";
 
 /// Runs the canary under the bwrap executable `wrapper` (plus `extra` arguments) and checks it
@@ -88,20 +108,7 @@ fn a_mount_point_removed_after_the_plan_fails_closed_and_is_named() {
     let gone = tempfile::tempdir_in("/var/tmp").unwrap();
     let hidden = gone.path().join("daemon.sock");
     fs::write(&hidden, "").unwrap();
-    let real = Command::new("sh")
-        .args(["-c", "command -v bwrap"])
-        .output()
-        .unwrap();
-    let real = String::from_utf8(real.stdout).unwrap();
-    let fake = f.home.path().join("bin/bwrap");
-    install_script(
-        &fake,
-        &format!(
-            "#!/bin/sh\nrm -rf '{}'\nexec '{}' \"$@\"\n",
-            gone.path().display(),
-            real.trim()
-        ),
-    );
+    let fake = install_removing_bwrap(&f, gone.path());
     let hide = format!("hide={}", hidden.display());
     let Some((_, result)) = refused_under_wrapper(&f, &fake, &["--backend-option", &hide]) else {
         return;
@@ -687,20 +694,7 @@ fn host_daemon_sockets_in_a_private_run() {
     let going = Path::new("/run/agentdiff-test-going");
     fs::create_dir_all(going).unwrap();
     let going_listener = std::os::unix::net::UnixListener::bind(going.join("c.sock")).unwrap();
-    let real = Command::new("sh")
-        .args(["-c", "command -v bwrap"])
-        .output()
-        .unwrap();
-    let real = String::from_utf8(real.stdout).unwrap();
-    let wrapper = f.home.path().join("bin/bwrap");
-    install_script(
-        &wrapper,
-        &format!(
-            "#!/bin/sh\nrm -rf '{}'\nexec '{}' \"$@\"\n",
-            going.display(),
-            real.trim()
-        ),
-    );
+    let wrapper = install_removing_bwrap(&f, going);
     let opt = format!("bwrap-executable={}", wrapper.display());
     let (code, result, out) = f.run(
         &["--backend-option", &opt],

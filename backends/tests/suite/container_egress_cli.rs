@@ -13,6 +13,35 @@ use super::bwrap_egress_cli::{records, Server, ALLOWED, DENIED, SERVER_IP};
 use super::process_evidence_cli::{busybox_rootfs, podman_missing};
 use agentdiff_test_support::rootfs::{host_python_missing, python_rootfs};
 
+/// `argv` run with `--runtime container --rootfs ROOTFS --format json`, which must exit 0: the
+/// result and the run's stderr (where a probe writes: the command's stdout is agentdiff's).
+pub(super) fn run_in_container(
+    root: &std::path::Path,
+    rootfs: &std::path::Path,
+    argv: &[&str],
+) -> (Value, String) {
+    let extra = [
+        "--runtime",
+        "container",
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+        "--fail-on",
+        "never",
+    ];
+    let (code, result, out) = super::run_json(root, &extra, argv);
+    let stderr = super::text(&out.stderr);
+    assert_eq!(code, 0, "{stderr}");
+    (result, stderr)
+}
+
+/// What follows `TAG NAME ` on a line of `stderr`.
+pub(super) fn tagged(stderr: &str, tag: &str, name: &str) -> Option<String> {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{tag} {name} ")))
+        .map(str::to_string)
+}
+
 fn unshare_missing() -> bool {
     !std::process::Command::new("unshare")
         .args(["-m", "true"])
@@ -242,24 +271,9 @@ fn under_podman_a_command_cannot_create_a_vsock_socket() {
                  \x20   except OSError as e:\n\
                  \x20       r = str(e.errno)\n\
                  \x20   print('SOCKET', name, r, file=sys.stderr)\n";
-    let extra = [
-        "--runtime",
-        "container",
-        "--rootfs",
-        rootfs.path().to_str().unwrap(),
-        "--fail-on",
-        "never",
-    ];
-    let (code, result, out) = super::run_json(root, &extra, &["/usr/bin/python3", "-c", probe]);
-    let stderr = super::text(&out.stderr);
-    assert_eq!(code, 0, "{stderr}");
-    let seen = |name: &str| {
-        stderr
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("SOCKET {name} ")))
-            .unwrap_or_default()
-            .to_string()
-    };
+    let (result, stderr) =
+        run_in_container(root, rootfs.path(), &["/usr/bin/python3", "-c", probe]);
+    let seen = |name: &str| tagged(&stderr, "SOCKET", name).unwrap_or_default();
     // The profile's refusal, not the kernel's EAFNOSUPPORT (a host without vsock).
     let vsock = seen("vsock");
     assert!(

@@ -8,6 +8,7 @@ use std::fs;
 
 use agentdiff_conformance::skip_unless_required;
 
+use super::container_egress_cli::{run_in_container, tagged};
 use super::process_evidence_cli::{busybox_rootfs, podman_missing};
 
 /// Each write's exit status, on stderr (the command's stdout is agentdiff's under `--format
@@ -42,23 +43,9 @@ fn protected_entries_of_the_private_workspace_are_read_only_in_the_container() {
         "version: 2\nfilesystem:\n  deny:\n    - config/secrets.yml\n    - .git/**\n",
     )
     .unwrap();
-    let extra = [
-        "--runtime",
-        "container",
-        "--rootfs",
-        rootfs.path().to_str().unwrap(),
-        "--fail-on",
-        "never",
-    ];
-    let (code, result, out) = super::run_json(root, &extra, &["sh", "-c", WRITES]);
-    let stderr = super::text(&out.stderr);
-    assert_eq!(code, 0, "{stderr}");
+    let (result, stderr) = run_in_container(root, rootfs.path(), &["sh", "-c", WRITES]);
     let status = |f: &str| {
-        stderr
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("WRITE {f} ")))
-            .unwrap_or_else(|| panic!("no line for {f}: {stderr}"))
-            .to_string()
+        tagged(&stderr, "WRITE", f).unwrap_or_else(|| panic!("no line for {f}: {stderr}"))
     };
     for f in [
         ".claude/settings.local.json",
