@@ -923,7 +923,8 @@ fn shown_read_only(path: &Path, mounts: &[Mount]) -> bool {
         return false;
     }
     match mounts.iter().rev().find(|m| is_within(path, &m.path)) {
-        Some(last) => matches!(last.kind, MountKind::ReadOnly | MountKind::RunEntry),
+        // Not a re-shown entry of the rebuilt `/run`: it is skipped when gone by the launch.
+        Some(last) => last.kind == MountKind::ReadOnly,
         None => !["/dev", "/proc", "/tmp"]
             .iter()
             .any(|base| is_within(path, Path::new(base))),
