@@ -275,12 +275,7 @@ impl ContainerBackend {
         // A remote engine's workspace is a volume: nothing below it can be bound read-only.
         let read_only = match endpoint {
             Some(_) => protected::ReadOnly::default(),
-            None => protected::read_only(
-                &spec.root,
-                &spec.workdir,
-                &spec.git_dirs,
-                &spec.deny_patterns,
-            ),
+            None => protected::read_only(spec),
         };
         let args = argv::run_args(&argv::RunRequest {
             kind,

@@ -1,7 +1,8 @@
-//! What a local container run keeps read-only in its private workspace: the repository metadata
-//! (`.git` and every git directory the engine found in the tree), the configuration later runs
-//! and sessions read ([`PROTECTED_CONFIGURATION`]: the policy, the ignore rules, `.claude`) and
-//! the policy's literal deny patterns — the same list bwrap re-binds read-only over the project.
+//! What a local container run keeps read-only in its private workspace: what bwrap re-binds
+//! read-only over the project — the engine's one list
+//! (`agentdiff_backend_api::protected::read_only_paths`: `.git` and every git directory found in
+//! the tree, the policy, the ignore rules, `.claude`) and the policy's literal deny patterns — for
+//! the part of it that is in the copy.
 //!
 //! The workspace is a copy, so nothing the command writes there reaches the project unless it is
 //! promoted; but a write to `.claude/settings.local.json` (`"disableAllHooks": true`) or a git
@@ -17,9 +18,10 @@
 //! entries; what does not exist at the launch may be created by the command (decided after the
 //! run, as under bwrap).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use agentdiff_backend_api::protected::{literal_path, PROTECTED_CONFIGURATION};
+use agentdiff_backend_api::protected::{literal_path, read_only_paths};
+use agentdiff_backend_api::LaunchSpec;
 
 /// The workspace entries bound read-only, relative to the workspace, parents first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,32 +31,27 @@ pub struct ReadOnly {
     pub not_bound: Vec<String>,
 }
 
-/// The read-only entries of `workspace`, a private copy of `root` whose git directories are
-/// `git_dirs` (host paths below `root` count; others are not in the copy).
-pub fn read_only(
-    root: &Path,
-    workspace: &Path,
-    git_dirs: &[PathBuf],
-    deny_patterns: &[String],
-) -> ReadOnly {
-    let mut wanted: Vec<String> = vec![".git".into()];
-    wanted.extend(
-        PROTECTED_CONFIGURATION
-            .iter()
-            .map(|(rel, _)| rel.to_string()),
-    );
-    wanted.extend(git_dirs.iter().filter_map(|g| {
-        let rel = g.strip_prefix(root).ok()?.to_str()?;
+/// The read-only entries of the run's workspace (`spec.workdir`, a private copy of `spec.root`):
+/// the engine's one list ([`read_only_paths`]) and the literal deny patterns, as bwrap takes them,
+/// for the part of them below the root (the store and paths outside the root are not in the copy).
+pub fn read_only(spec: &LaunchSpec) -> ReadOnly {
+    let below_root = read_only_paths(spec).into_iter().filter_map(|(p, _)| {
+        let rel = p.strip_prefix(&spec.root).ok()?.to_str()?;
         (!rel.is_empty()).then(|| rel.to_string())
-    }));
-    wanted.extend(
-        deny_patterns
-            .iter()
-            .filter_map(|p| literal_path(p))
-            .map(str::to_string),
-    );
+    });
+    let denied = spec
+        .deny_patterns
+        .iter()
+        .filter_map(|p| literal_path(p))
+        .map(str::to_string);
+    let mut wanted: Vec<String> = below_root.chain(denied).collect();
     wanted.sort();
     wanted.dedup();
+    bindable(&spec.workdir, wanted)
+}
+
+/// Of `wanted` (relative paths, sorted), those that exist in `workspace` as themselves.
+fn bindable(workspace: &Path, wanted: Vec<String>) -> ReadOnly {
     let Ok(base) = workspace.canonicalize() else {
         return ReadOnly::default();
     };
@@ -91,7 +88,6 @@ mod tests {
     #[test]
     fn existing_entries_are_bound_parents_first_and_symlinks_never() {
         let t = tempfile::tempdir().unwrap();
-        let root = t.path().join("root");
         let ws = t.path().join("ws");
         for d in [
             ".git/hooks",
@@ -108,21 +104,21 @@ mod tests {
         std::fs::create_dir_all(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, ws.join("linked")).unwrap();
         std::os::unix::fs::symlink(&outside, ws.join(".agentdiffignore")).unwrap();
-        let git_dirs = vec![
-            root.join(".git"),
-            root.join("vendor/lib/.git"),
-            PathBuf::from("/elsewhere/.git"),
-        ];
-        let denies = [
+        let wanted = [
+            ".agentdiffignore",
+            ".claude",
+            ".git",
+            ".git/hooks",
+            "agentdiff.yaml",
             "config/secrets.yml",
-            ".git/hooks/**",
             "linked/x",
-            "odd:name/**",
-            "**/*.pem",
             "missing.txt",
+            "odd:name",
+            "vendor/lib/.git",
         ]
-        .map(String::from);
-        let ro = read_only(&root, &ws, &git_dirs, &denies);
+        .map(String::from)
+        .to_vec();
+        let ro = bindable(&ws, wanted);
         assert_eq!(
             ro.entries,
             vec![
@@ -140,7 +136,7 @@ mod tests {
     #[test]
     fn a_missing_workspace_binds_nothing() {
         let t = tempfile::tempdir().unwrap();
-        let ro = read_only(t.path(), &t.path().join("absent"), &[], &[]);
+        let ro = bindable(&t.path().join("absent"), vec![".git".into()]);
         assert_eq!(ro, ReadOnly::default());
     }
 }
