@@ -563,13 +563,10 @@ fn hidden(
     // rebuilt `/run` leaves its sockets out ([`run_rebuild`]) instead.
     if hide_daemons {
         let daemons = &facts.daemon_sockets;
-        let covered = if daemons.rebuild.is_some() {
-            &[][..]
-        } else {
-            &daemons.sockets[..]
-        };
-        let reason = daemon_sockets::DAEMON_SOCKET_REASON;
-        wanted.extend(covered.iter().map(|p| (p.clone(), reason.into())));
+        if daemons.rebuild.is_none() {
+            let reason = daemon_sockets::DAEMON_SOCKET_REASON;
+            wanted.extend(daemons.sockets.iter().map(|p| (p.clone(), reason.into())));
+        }
         not_applied.extend(daemons.incomplete.iter().cloned());
     }
     let mut out: Vec<(PathBuf, String)> = Vec::new();

@@ -290,7 +290,7 @@ impl ContainerBackend {
             remote: endpoint.is_some(),
         })
         .map_err(|e| invalid(e.to_string()))?;
-        let seccomp = SeccompPlan::choose(kind, endpoint.is_some());
+        let seccomp = seccomp::Plan::choose(kind, endpoint.is_some());
         Ok(Plan {
             seccomp,
             read_only,
@@ -349,62 +349,9 @@ struct Plan {
     /// network namespace relays to.
     egress: Option<PathBuf>,
     /// The seccomp profile the container gets.
-    seccomp: SeccompPlan,
+    seccomp: seccomp::Plan,
     /// The workspace entries bound read-only ([`protected`]).
     read_only: protected::ReadOnly,
-}
-
-/// Which seccomp profile a run's container gets ([`seccomp`]).
-#[derive(Debug, Clone)]
-enum SeccompPlan {
-    /// podman's default without `AF_VSOCK`, written beside the run's `--cidfile` at launch.
-    Derived(seccomp::Derived),
-    /// The engine's own default, and why.
-    EngineDefault { why: String },
-}
-
-impl SeccompPlan {
-    /// A local podman run derives its profile; the docker CLI and remote engines keep theirs.
-    fn choose(kind: EngineKind, remote: bool) -> SeccompPlan {
-        let why = match (kind, remote) {
-            (_, true) => "a remote engine applies its own default profile".to_string(),
-            (EngineKind::Docker, false) => "the docker CLI's engine applies its own default profile (docker's refuses AF_VSOCK since 20.10.22 and 23.0; not checked)".to_string(),
-            (EngineKind::Podman, false) => match seccomp::for_podman() {
-                Ok(derived) => return SeccompPlan::Derived(derived),
-                Err(e) => e.to_string(),
-            },
-        };
-        SeccompPlan::EngineDefault { why }
-    }
-
-    /// One line for `doctor`: which profile a run with this engine gets.
-    fn summary(&self, kind: EngineKind) -> String {
-        match self {
-            SeccompPlan::Derived(d) => format!(
-                "{} runs get seccomp derived from {} (AF_VSOCK, NETLINK_AUDIT and io_uring refused)",
-                kind.as_str(),
-                d.source.display()
-            ),
-            SeccompPlan::EngineDefault { why } => format!(
-                "{} runs keep the engine's seccomp default: {why}",
-                kind.as_str()
-            ),
-        }
-    }
-
-    fn evidence(&self) -> serde_json::Value {
-        match self {
-            SeccompPlan::Derived(d) => serde_json::json!({
-                "profile": "derived",
-                "derived_from": d.source.display().to_string(),
-                "refused": ["socket(AF_VSOCK)", "socket(…, NETLINK_AUDIT)", "socketcall", "io_uring_setup", "io_uring_enter", "io_uring_register"],
-            }),
-            SeccompPlan::EngineDefault { why } => serde_json::json!({
-                "profile": "engine_default",
-                "why": why,
-            }),
-        }
-    }
 }
 
 /// Why a run cannot have the network it asked for.
@@ -543,7 +490,7 @@ impl RuntimeBackend for ContainerBackend {
                 },
             }
             if found.len() > ready {
-                seccomp.push(SeccompPlan::choose(kind, remote).summary(kind));
+                seccomp.push(seccomp::Plan::choose(kind, remote).summary(kind));
             }
         }
         if found.is_empty() {
@@ -795,34 +742,6 @@ fn add_removed(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Only a local podman run derives a profile; the others say whose default applies.
-    #[test]
-    fn the_docker_cli_and_remote_engines_keep_their_engines_seccomp_default() {
-        for (kind, remote, says) in [
-            (EngineKind::Docker, false, "docker CLI"),
-            (EngineKind::Podman, true, "remote engine"),
-            (EngineKind::Docker, true, "remote engine"),
-        ] {
-            let plan = SeccompPlan::choose(kind, remote);
-            let SeccompPlan::EngineDefault { why } = &plan else {
-                panic!("{kind:?} remote={remote}: {plan:?}");
-            };
-            assert!(why.contains(says), "{why}");
-            assert_eq!(plan.evidence()["profile"], "engine_default");
-            let line = plan.summary(kind);
-            assert!(line.contains("keep the engine's seccomp default") && line.contains(says));
-        }
-        let derived = SeccompPlan::Derived(seccomp::Derived {
-            source: "/usr/share/containers/seccomp.json".into(),
-            profile: Vec::new(),
-        });
-        assert_eq!(
-            derived.summary(EngineKind::Podman),
-            "podman runs get seccomp derived from /usr/share/containers/seccomp.json (AF_VSOCK, \
-             NETLINK_AUDIT and io_uring refused)"
-        );
-    }
 
     #[test]
     fn capabilities_are_honest() {

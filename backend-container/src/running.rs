@@ -221,8 +221,8 @@ fn derived_seccomp<'p>(
     warnings: &mut Vec<String>,
 ) -> Option<&'p crate::seccomp::Derived> {
     match &plan.seccomp {
-        crate::SeccompPlan::Derived(derived) => Some(derived),
-        crate::SeccompPlan::EngineDefault { why } => {
+        crate::seccomp::Plan::Derived(derived) => Some(derived),
+        crate::seccomp::Plan::EngineDefault { why } => {
             if plan.kind == EngineKind::Podman && !remote {
                 warnings.push(format!(
                     "podman's default seccomp profile was kept, which lets the command create AF_VSOCK sockets: {why}"

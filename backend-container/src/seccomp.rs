@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::engine::EngineKind;
+
 /// `AF_VSOCK` (linux/socket.h).
 pub const AF_VSOCK: u64 = 40;
 /// `NETLINK_AUDIT` (linux/netlink.h), the protocol podman refuses without `CAP_AUDIT_WRITE`.
@@ -111,6 +113,74 @@ struct Rule {
 pub struct Derived {
     pub source: PathBuf,
     pub profile: Vec<u8>,
+}
+
+/// Which seccomp profile a run's container gets.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// podman's default without `AF_VSOCK`, written beside the run's `--cidfile` at launch.
+    Derived(Derived),
+    /// The engine's own default, and why.
+    EngineDefault { why: String },
+}
+
+impl Plan {
+    /// A local podman run derives its profile; the docker CLI and remote engines keep theirs.
+    pub fn choose(kind: EngineKind, remote: bool) -> Plan {
+        let why = match (kind, remote) {
+            (_, true) => "a remote engine applies its own default profile".to_string(),
+            (EngineKind::Docker, false) => "the docker CLI's engine applies its own default profile (docker's refuses AF_VSOCK since 20.10.22 and 23.0; not checked)".to_string(),
+            (EngineKind::Podman, false) => match for_podman() {
+                Ok(derived) => return Plan::Derived(derived),
+                Err(e) => e.to_string(),
+            },
+        };
+        Plan::EngineDefault { why }
+    }
+
+    /// One line for `doctor`: which profile a run with this engine gets.
+    pub fn summary(&self, kind: EngineKind) -> String {
+        match self {
+            Plan::Derived(d) => format!(
+                "{} runs get seccomp derived from {} (AF_VSOCK, NETLINK_AUDIT and io_uring refused)",
+                kind.as_str(),
+                d.source.display()
+            ),
+            Plan::EngineDefault { why } => format!(
+                "{} runs keep the engine's seccomp default: {why}",
+                kind.as_str()
+            ),
+        }
+    }
+
+    pub fn evidence(&self) -> serde_json::Value {
+        match self {
+            Plan::Derived(d) => serde_json::json!({
+                "profile": "derived",
+                "derived_from": d.source.display().to_string(),
+                // Handed to the engine, which applies it: the real-podman tests prove it here.
+                "level": "requested",
+                "refused": refused(),
+            }),
+            Plan::EngineDefault { why } => serde_json::json!({
+                "profile": "engine_default",
+                "why": why,
+            }),
+        }
+    }
+}
+
+/// What the derived profile refuses, for the evidence: from the same constants it is made of.
+fn refused() -> Vec<String> {
+    let socket = [
+        format!("socket(family {AF_VSOCK}: AF_VSOCK)"),
+        format!("socket(protocol {NETLINK_AUDIT}: NETLINK_AUDIT)"),
+    ];
+    let calls = REMOVED_CALLS.iter().filter(|c| **c != "socket");
+    socket
+        .into_iter()
+        .chain(calls.map(|c| c.to_string()))
+        .collect()
 }
 
 /// podman's default profile on this host, derived (see the module doc).
@@ -227,6 +297,34 @@ fn sets_profile(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a local podman run derives a profile; the others say whose default applies.
+    #[test]
+    fn the_docker_cli_and_remote_engines_keep_their_engines_seccomp_default() {
+        for (kind, remote, says) in [
+            (EngineKind::Docker, false, "docker CLI"),
+            (EngineKind::Podman, true, "remote engine"),
+            (EngineKind::Docker, true, "remote engine"),
+        ] {
+            let plan = Plan::choose(kind, remote);
+            let Plan::EngineDefault { why } = &plan else {
+                panic!("{kind:?} remote={remote}: {plan:?}");
+            };
+            assert!(why.contains(says), "{why}");
+            assert_eq!(plan.evidence()["profile"], "engine_default");
+            let line = plan.summary(kind);
+            assert!(line.contains("keep the engine's seccomp default") && line.contains(says));
+        }
+        let derived = Plan::Derived(Derived {
+            source: "/usr/share/containers/seccomp.json".into(),
+            profile: Vec::new(),
+        });
+        assert_eq!(
+            derived.summary(EngineKind::Podman),
+            "podman runs get seccomp derived from /usr/share/containers/seccomp.json (AF_VSOCK, \
+             NETLINK_AUDIT and io_uring refused)"
+        );
+    }
 
     const PODMAN_LIKE: &str = r#"{
         "defaultAction": "SCMP_ACT_ERRNO",
