@@ -146,7 +146,9 @@ pub fn podman_missing() -> Option<String> {
     None
 }
 
-pub use agentdiff_test_support::rootfs::{busybox_rootfs, host_python_missing, python_rootfs};
+pub use agentdiff_test_support::rootfs::{
+    busybox_rootfs, host_python_missing, python_rootfs, SOCKET_FAMILIES_PY,
+};
 
 /// Make the busybox image available to the engine (podman import; visible over the socket too).
 pub fn ensure_test_image() -> Result<(), String> {

@@ -318,18 +318,6 @@ async fn podman_stdin_reaches_the_command_and_non_utf8_arguments_are_refused() {
     ));
 }
 
-/// Python that tries a socket of each family named on its command line and prints
-/// `FAMILY created` or `FAMILY ERRNO`, one line each.
-const SOCKET_FAMILIES: &str = r#"
-import socket, sys
-for name, family, kind, protocol in (("vsock", 40, 1, 0), ("audit", 16, 3, 9), ("inet", 2, 1, 0), ("unix", 1, 1, 0)):
-    try:
-        socket.socket(family, kind, protocol).close()
-        print(name, "created")
-    except OSError as e:
-        print(name, e.errno)
-"#;
-
 /// `AF_VSOCK` belongs to no network namespace (on a VM it may reach the hypervisor host): the
 /// profile derived from podman's own refuses it, and the families a command needs still work.
 #[tokio::test]
@@ -347,7 +335,7 @@ async fn podman_refuses_vsock_sockets_and_keeps_the_others() {
     let s = spec(
         &l,
         "real-vsock",
-        &["/usr/bin/python3", "-c", SOCKET_FAMILIES],
+        &["/usr/bin/python3", "-c", SOCKET_FAMILIES_PY],
         &as_refs(&opts),
     );
     let backend = ContainerBackend::new();
@@ -355,16 +343,16 @@ async fn podman_refuses_vsock_sockets_and_keeps_the_others() {
     assert_eq!(seccomp["profile"], "derived", "{seccomp:#}");
     let (stdio, out, err) = files_stdio(&l.capsule);
     let ev = run(&backend, &s, stdio).await.unwrap();
-    let seen = std::fs::read_to_string(out).unwrap();
+    let seen = std::fs::read_to_string(err).unwrap();
     assert_eq!(
         ev.exit.code,
         Some(0),
         "{seen}{}",
-        std::fs::read_to_string(err).unwrap_or_default()
+        std::fs::read_to_string(out).unwrap_or_default()
     );
     let line = |name: &str| {
         seen.lines()
-            .find(|l| l.starts_with(name))
+            .find_map(|l| l.strip_prefix("SOCKET ").filter(|l| l.starts_with(name)))
             .unwrap_or_default()
             .to_string()
     };

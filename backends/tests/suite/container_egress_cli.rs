@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::bwrap_egress_cli::{records, Server, ALLOWED, DENIED, SERVER_IP};
 use super::process_evidence_cli::{busybox_rootfs, podman_missing};
-use agentdiff_test_support::rootfs::{host_python_missing, python_rootfs};
+use agentdiff_test_support::rootfs::{host_python_missing, python_rootfs, SOCKET_FAMILIES_PY};
 
 /// `argv` run with `--runtime container --rootfs ROOTFS --format json`, which must exit 0: the
 /// result and the run's stderr (where a probe writes: the command's stdout is agentdiff's).
@@ -263,21 +263,17 @@ fn under_podman_a_command_cannot_create_a_vsock_socket() {
     let rootfs = python_rootfs().unwrap();
     let project = tempfile::tempdir().unwrap();
     let root = project.path();
-    // The command's stdout is agentdiff's under `--format json`: the probe writes to stderr.
-    let probe = "import socket, sys\n\
-                 for name, family in (('vsock', 40), ('inet', 2), ('unix', 1)):\n\
-                 \x20   try:\n\
-                 \x20       socket.socket(family, socket.SOCK_STREAM).close(); r = 'created'\n\
-                 \x20   except OSError as e:\n\
-                 \x20       r = str(e.errno)\n\
-                 \x20   print('SOCKET', name, r, file=sys.stderr)\n";
-    let (result, stderr) =
-        run_in_container(root, rootfs.path(), &["/usr/bin/python3", "-c", probe]);
+    let argv = ["/usr/bin/python3", "-c", SOCKET_FAMILIES_PY];
+    let (result, stderr) = run_in_container(root, rootfs.path(), &argv);
     let seen = |name: &str| tagged(&stderr, "SOCKET", name).unwrap_or_default();
     // The profile's refusal, not the kernel's EAFNOSUPPORT (a host without vsock).
     let vsock = seen("vsock");
     assert!(
         !vsock.is_empty() && vsock != "created" && vsock != libc::EAFNOSUPPORT.to_string(),
+        "{stderr}"
+    );
+    assert!(
+        !seen("audit").is_empty() && seen("audit") != "created",
         "{stderr}"
     );
     assert_eq!(seen("inet"), "created", "{stderr}");

@@ -92,3 +92,18 @@ pub fn host_python_missing() -> Option<String> {
         .is_ok_and(|o| o.status.success());
     (!works || !ldd).then(|| format!("{HOST_PYTHON} with its socket module, and ldd"))
 }
+
+/// Python (for [`python_rootfs`]) that tries a socket of each family a sandbox must refuse or
+/// keep — `vsock` (`AF_VSOCK`), `audit` (netlink, `NETLINK_AUDIT`), `inet`, `unix` — and prints
+/// `SOCKET NAME created` or `SOCKET NAME ERRNO` for each on stderr (under `--format json` the
+/// command's stdout is agentdiff's).
+pub const SOCKET_FAMILIES_PY: &str = r#"
+import socket, sys
+for name, family, kind, protocol in (("vsock", 40, 1, 0), ("audit", 16, 3, 9), ("inet", 2, 1, 0), ("unix", 1, 1, 0)):
+    try:
+        socket.socket(family, kind, protocol).close()
+        r = "created"
+    except OSError as e:
+        r = str(e.errno)
+    print("SOCKET", name, r, file=sys.stderr)
+"#;
