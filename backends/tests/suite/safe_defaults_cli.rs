@@ -123,6 +123,73 @@ fn a_run_cannot_blind_later_runs() {
     }
 }
 
+/// A hard link is the same file under another name: a run that makes one to protected
+/// configuration made a second, writable door to it (a later sandbox binds `.claude` read-only,
+/// not the link), and writing a file that also has a name outside the tree writes that file.
+#[test]
+fn a_hard_link_is_decided_as_every_name_of_its_file() {
+    let (_t, root) = project();
+    let outside = root.parent().unwrap().join("outside.txt");
+    fs::write(&outside, "kept\n").unwrap();
+    fs::hard_link(&outside, root.join("src/shared.txt")).unwrap();
+    fs::create_dir_all(root.join(".claude")).unwrap();
+    fs::write(root.join(".claude/settings.json"), "{}\n").unwrap();
+    // The built-in policy allows nothing by name and reviews the rest: a plain new file is a
+    // review, the link to the hook settings is denied as the settings are.
+    let (code, r, _) = run_json(
+        &root,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "ln .claude/settings.json src/door.json; echo x > src/plain.txt",
+        ],
+    );
+    assert_eq!(code, 71, "{r:#}");
+    assert_eq!(
+        decision_of(&r, "src/door.json"),
+        ("deny".to_owned(), "builtin.protected_config".to_owned()),
+        "{r:#}"
+    );
+    assert_eq!(decision_of(&r, "src/plain.txt").0, "review", "{r:#}");
+    let door = r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == "src/door.json")
+        .unwrap();
+    let reason = door["policy_decision"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("is a hard link to `.claude/settings.json`"),
+        "{reason}"
+    );
+    // Writing through a name whose file also lives outside the tree: reviewed, never allowed,
+    // even where the policy allows the name itself.
+    fs::write(
+        root.join("agentdiff.yaml"),
+        "version: 1\nfilesystem:\n  allow_write: [\"src/**\"]\n  default: review\n",
+    )
+    .unwrap();
+    fs::remove_file(root.join("src/door.json")).unwrap();
+    let (code, r, _) = run_json(
+        &root,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo more >> src/shared.txt; echo y > src/own.txt",
+        ],
+    );
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(
+        decision_of(&r, "src/shared.txt"),
+        ("review".to_owned(), "run.hard_link".to_owned()),
+        "{r:#}"
+    );
+    assert_eq!(decision_of(&r, "src/own.txt").0, "allow", "{r:#}");
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "kept\nmore\n");
+}
+
 /// A run cannot arm a nested repository or hijack runs started below the root: Git executes
 /// what a nested `.git` holds (`core.fsmonitor`, hooks) when the user runs Git there, and a run
 /// started below a nested `agentdiff.yaml` or `.agentdiff/` takes that directory as its root.

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::links::{link_names, link_names_in_trees, LinkNames};
 use super::manifest::{unsupported_kind as uk, Entry, EntryKind, Manifest, Unsupported};
 use super::tree::{join, Tree, TreeError, TreeSource, MAX_TREE_ENTRIES};
 
@@ -92,12 +93,17 @@ pub struct Comparison {
     pub after_unsupported_entries: BTreeSet<String>,
     /// Why the comparison does not cover everything (each one makes the run need review).
     pub incomplete: Vec<String>,
+    /// The other names of each changed file with more than one hard link, by the change's path
+    /// ([`crate::links`]).
+    pub links: BTreeMap<String, LinkNames>,
 }
 
 /// Compares two manifests held in memory.
 pub fn compare(before: &Manifest, after: &Manifest) -> Comparison {
+    let changes = diff(before, after);
     Comparison {
-        changes: diff(before, after),
+        links: link_names(&changes, || (after.entries.clone(), true)),
+        changes,
         unsupported: diff_unsupported(before, after),
         after_unsupported_entries: {
             let (rb, ra) = (Recorded::of(before), Recorded::of(after));
@@ -211,8 +217,10 @@ pub fn compare_trees(
             }
         }
     }
+    let changes: Vec<Change> = out.changes.into_values().collect();
     Comparison {
-        changes: out.changes.into_values().collect(),
+        links: link_names_in_trees(&changes, after_root, src),
+        changes,
         unsupported: unsupported_changes(&rb, &ra, &neither),
         after_unsupported_entries,
         incomplete: out.incomplete,

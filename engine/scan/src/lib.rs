@@ -22,6 +22,7 @@ pub const MANIFEST_SCHEMA_VERSION: u32 = 2;
 mod diff;
 mod digest;
 mod exclude;
+mod links;
 mod manifest;
 mod peers;
 pub mod programs;
@@ -49,6 +50,7 @@ pub use diff::{
 pub use digest::{DirBackups, DirDigest};
 pub use digest::{StatDigests, MAX_DIGEST_BYTES};
 pub use exclude::{DEFAULT_EXCLUDED_DIRS, IGNORE_FILE, STORE_DIR};
+pub use links::LinkNames;
 pub use manifest::{
     exclusion_reason, parent_of, unsupported_kind, validate_recorded_path, BackupSkip, BackupState,
     Entry, EntryKind, Exclusion, Manifest, ScanProgress, ScanStats, Unsupported,

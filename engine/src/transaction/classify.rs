@@ -4,23 +4,30 @@ use agentdiff_backend_api::RunEvidence;
 use agentdiff_policy::score::{self, Counts, SCOPE_DRIFT_ALLOWANCE};
 use agentdiff_policy::{Action, Decision, Phase, Policy};
 use agentdiff_scan::{
-    programs, BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind, Manifest,
+    programs, BackupSkip, BackupState, Change, ChangeType, Entry, EntryKind, LinkNames, Manifest,
     UnsupportedChange,
 };
+use std::collections::BTreeMap;
 
 use super::{ChangeRecord, EvidenceFinding, LimitViolation};
 
-/// Decide every change and say whether rollback can undo it.
+/// Decide every change and say whether rollback can undo it. A changed file with more than one
+/// hard link is also decided as each of its other names (`links`, [`agentdiff_scan::LinkNames`]).
 pub fn classify_changes(
     policy: &Policy,
     changes: &[Change],
     private_workspace: bool,
     git_dirs: &[String],
+    links: &BTreeMap<String, LinkNames>,
 ) -> Vec<ChangeRecord> {
     changes
         .iter()
         .map(|c| {
-            let decision = decide_with_git_dirs(policy, &c.path, git_dirs);
+            let own = decide_with_git_dirs(policy, &c.path, git_dirs);
+            let decision = match links.get(&c.path) {
+                Some(names) => decide_linked(policy, &c.path, names, git_dirs, own),
+                None => own,
+            };
             let (reversible, recovery_reason) = if private_workspace {
                 (
                     false,
@@ -106,6 +113,55 @@ pub(crate) fn decide_with_git_dirs(policy: &Policy, path: &str, git_dirs: &[Stri
     as_git.subject = path.to_owned();
     as_git
 }
+
+/// The strictest of `own` and the decisions for a multiply-linked file's other names: writing
+/// `src/alias` writes `.claude/settings.json` when they are the same file, and creating the link
+/// made a second door to it. Links whose names are not all in the scanned tree (outside the root,
+/// in an excluded directory) are at least a review: what else the file is is unknown.
+fn decide_linked(
+    policy: &Policy,
+    path: &str,
+    names: &LinkNames,
+    git_dirs: &[String],
+    own: Decision,
+) -> Decision {
+    let mut strictest = own;
+    for other in &names.others {
+        let mut d = decide_with_git_dirs(policy, other, git_dirs);
+        if d.action > strictest.action {
+            d.reason = format!(
+                "`{path}` is a hard link to `{other}` (the same file), so writing it writes \
+                 `{other}`: {}",
+                d.reason
+            );
+            d.subject = path.to_owned();
+            strictest = d;
+        }
+    }
+    if !names.complete && Action::Review > strictest.action {
+        let unknown = match names.unnamed() {
+            0 => "an after tree could not be read, so not all of them are known".to_owned(),
+            n => format!("{n} of them are outside the scanned tree"),
+        };
+        strictest = Decision {
+            action: Action::Review,
+            subject: path.to_owned(),
+            rule: HARD_LINK_RULE.into(),
+            pattern: None,
+            reason: format!(
+                "`{path}` has {} hard links and {unknown}: writing it writes a file the policy \
+                 did not judge",
+                names.nlink
+            ),
+            policy_version: policy.version(),
+            phase: Phase::PostRun,
+        };
+    }
+    strictest
+}
+
+/// The rule a multiply-linked change with unknown other names is reviewed under.
+pub(crate) const HARD_LINK_RULE: &str = "run.hard_link";
 
 fn decide(policy: &Policy, path: &str) -> Decision {
     match policy.decide_path(path, Phase::PostRun) {

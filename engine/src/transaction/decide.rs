@@ -65,6 +65,7 @@ pub fn decide(ev: &Evidence<'_>, frame: RunFrame) -> RunResult {
         &ev.comparison.changes,
         ev.private_workspace,
         &git_dirs,
+        &ev.comparison.links,
     );
     let (limit_violations, counts) = evaluate_limits(ev.policy, &changes, ev.run);
     let mut warnings = observation_warnings(ev.before, ev.after, ev.comparison, ev.run);
