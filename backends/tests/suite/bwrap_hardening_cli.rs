@@ -844,3 +844,51 @@ fn the_users_own_home_is_hidden_whatever_home_says() {
     let seen = fs::read_to_string(f.root().join("seen.txt")).unwrap_or_default();
     assert_eq!(seen, "", "{} was readable in the sandbox", secret.display());
 }
+
+/// A read-only bind protects a name, not the file: with `.claude/settings.json` also reachable as
+/// `alias.json` (a link an earlier, unsandboxed command made), the sandbox would let the command
+/// rewrite the hook settings through the alias. The run is refused before the command starts,
+/// names the file and says how to give it a name of its own; once it has one, the run goes ahead
+/// and writing the alias leaves the settings alone.
+#[test]
+fn a_protected_file_with_another_hard_link_refuses_the_sandboxed_run() {
+    if no_bwrap() {
+        return;
+    }
+    let f = Fixture::new();
+    let root = f.root();
+    fs::create_dir_all(root.join(".claude")).unwrap();
+    fs::write(root.join(".claude/settings.json"), "{}\n").unwrap();
+    fs::hard_link(root.join(".claude/settings.json"), root.join("alias.json")).unwrap();
+    let write_alias = format!("echo '{{\"disableAllHooks\":true}}' > alias.json; {CANARY_COMMAND}");
+    let (code, result, out) = f.run(&[], &["sh", "-c", &write_alias], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_nothing_ran(&f, &out);
+    assert_eq!(code, 69, "{stderr}");
+    let error = result["execution_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("`.claude/settings.json` (2 links)") && error.contains("cp -p"),
+        "{error}"
+    );
+    assert_eq!(
+        fs::read_to_string(root.join(".claude/settings.json")).unwrap(),
+        "{}\n"
+    );
+    // The remedy the error gives.
+    let fixed = Command::new("sh")
+        .args([
+            "-c",
+            "cp -p .claude/settings.json .claude/settings.json.tmp && mv .claude/settings.json.tmp .claude/settings.json",
+        ])
+        .current_dir(root)
+        .status()
+        .unwrap();
+    assert!(fixed.success());
+    let (code, _, out) = f.run(&[], &["sh", "-c", &write_alias], &[]);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(root.join("ran.txt").exists());
+    assert_eq!(
+        fs::read_to_string(root.join(".claude/settings.json")).unwrap(),
+        "{}\n"
+    );
+}

@@ -13,6 +13,8 @@ pub mod credentials;
 pub mod dir;
 #[cfg(unix)]
 pub mod git_dirs;
+#[cfg(unix)]
+pub mod hard_links;
 pub mod hex;
 pub mod hex_id;
 pub mod process_identity;

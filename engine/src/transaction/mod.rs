@@ -20,6 +20,7 @@
 mod capture;
 mod classify;
 pub mod decide;
+mod discovery;
 mod egress;
 mod findings;
 mod fingerprints;
@@ -174,11 +175,11 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let started = Instant::now();
     let started_at = seal::now();
     let root = resolve_root(&req.root)?;
-    // The git directories are found (the caller holds the project lock) while the key, the
-    // store, the proxy, the verified-object cache and the capsule are set up; the launch plan
-    // waits for them.
-    let discovery = GitDirDiscovery::start(&root);
+    // The git directories and linked protected files are found (the caller holds the project
+    // lock) while the key, the store, the proxy, the verified-object cache and the capsule are
+    // set up; the launch plan waits for them.
     let policy = &req.policy.policy;
+    let discovery = discovery::Discovery::start(&root, policy.deny_patterns());
     // The key is loaded before anything is written and kept in memory: replacing the key file
     // during the run does not change what seals this run.
     let state_dir = req.state_dir.clone().map_or_else(StateDir::from_env, Ok)?;
@@ -191,9 +192,12 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     let capsule = store.create_run_unnoted(req.run_id.as_deref())?;
     let timeout = effective_timeout(req.timeout, policy.limits().duration_seconds);
     let options = effective_options(&req.options, policy, req.backend.id());
-    let private_workspace = req.backend.capabilities(&options).workspace == WorkspaceMode::Private;
+    let capabilities = req.backend.capabilities(&options);
+    let private_workspace = capabilities.workspace == WorkspaceMode::Private;
     let run_id = capsule.id().to_string();
-    let git_dirs = discovery.finish(&root);
+    let discovered = discovery.finish();
+    let link_refusal = discovered.refusal_for(&capabilities, &root);
+    let git_dirs = discovered.git_dirs;
     let launcher = launch::Launcher {
         req: &req,
         policy,
@@ -238,7 +242,9 @@ pub async fn run(req: RunRequest<'_>) -> Result<RunOutcome, TransactionError> {
     // The root trees name every tree object and backup below them: sealing them seals those.
     let mut referenced = vec![before.root_tree.clone()];
     let reserve = reserve::Reserve::hold(&store); // before the snapshot, which watches it
-    if let Some((message, refusal)) = launch_blocker(policy, &before, &reserve) {
+    if let Some((message, refusal)) =
+        link_refusal.or_else(|| launch_blocker(policy, &before, &reserve))
+    {
         abandon(early, ()).await;
         if claims.any() {
             let snapshot = store.snapshot_with(&recent, objects_snapshot)?;
@@ -325,30 +331,6 @@ fn command_workdir(
         materialize_workspace(store, capsule)
     } else {
         Ok(root.to_path_buf())
-    }
-}
-
-/// The git directories of the tree ([`agentdiff_host::git_dirs::discover`]), found on a thread of
-/// their own while the run is set up.
-struct GitDirDiscovery(Option<std::thread::JoinHandle<agentdiff_host::git_dirs::GitDirs>>);
-
-impl GitDirDiscovery {
-    fn start(root: &Path) -> Self {
-        let root = root.to_path_buf();
-        GitDirDiscovery(
-            std::thread::Builder::new()
-                .name("agentdiff-git-dirs".into())
-                .spawn(move || agentdiff_host::git_dirs::discover(&root))
-                .ok(),
-        )
-    }
-
-    /// The discovery's result; found here and now when the thread could not start or failed, so
-    /// the launch never goes without it.
-    fn finish(self, root: &Path) -> agentdiff_host::git_dirs::GitDirs {
-        self.0
-            .and_then(|h| h.join().ok())
-            .unwrap_or_else(|| agentdiff_host::git_dirs::discover(root))
     }
 }
 
