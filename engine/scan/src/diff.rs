@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::links::{link_names, link_names_in_trees, LinkNames};
+use super::links::{link_names_in, link_names_in_trees, LinkNames};
 use super::manifest::{unsupported_kind as uk, Entry, EntryKind, Manifest, Unsupported};
 use super::tree::{join, Tree, TreeError, TreeSource, MAX_TREE_ENTRIES};
 
@@ -102,7 +102,7 @@ pub struct Comparison {
 pub fn compare(before: &Manifest, after: &Manifest) -> Comparison {
     let changes = diff(before, after);
     Comparison {
-        links: link_names(&changes, || (after.entries.clone(), true)),
+        links: link_names_in(&changes, &after.entries),
         changes,
         unsupported: diff_unsupported(before, after),
         after_unsupported_entries: {

@@ -9,8 +9,8 @@
 //! entries.
 //!
 //! Invariants: only changes whose after side is a regular file with `nlink > 1` are looked up;
-//! the after tree is read whole only when there is one (rare: editors and build tools write new
-//! files), never otherwise. `complete` is true only when every after tree was read and the names
+//! the after trees are visited (one at a time, keeping only those files' names) only when there
+//! is one (rare: editors and build tools write new files), never otherwise. `complete` is true only when every after tree was read and the names
 //! found, this one included, account for every link.
 //!
 //! Not covered: names outside the scanned tree (another directory on the same filesystem, an
@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use super::diff::Change;
 use super::manifest::{Entry, EntryKind};
-use super::tree::{read_readable_entries, TreeSource};
+use super::tree::{join, TreeSource, MAX_TREE_ENTRIES};
 
 /// The other names of one changed file (see the module doc).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,12 +48,14 @@ fn multiply_linked(entry: Option<&Entry>) -> Option<(u64, u64, u64)> {
         .map(|e| (e.dev, e.ino, e.nlink))
 }
 
+/// Calls its argument with each entry of the after-state (path, entry); returns whether every
+/// entry was visited (no tree was unreadable).
+pub type VisitAfter<'a> = dyn FnOnce(&mut dyn FnMut(&str, &Entry)) -> bool + 'a;
+
 /// The other names of each change whose after side is a regular file with more than one link,
-/// keyed by the change's path; empty (and nothing read) when there is none.
-pub fn link_names(
-    changes: &[Change],
-    after_entries: impl FnOnce() -> (BTreeMap<String, Entry>, bool),
-) -> BTreeMap<String, LinkNames> {
+/// keyed by the change's path; empty (and nothing visited) when there is none. Only the names of
+/// those files are kept, so memory grows with them, not with the tree.
+pub fn link_names(changes: &[Change], visit: Box<VisitAfter<'_>>) -> BTreeMap<String, LinkNames> {
     let wanted: Vec<(&str, (u64, u64, u64))> = changes
         .iter()
         .filter_map(|c| multiply_linked(c.after.as_ref()).map(|id| (c.path.as_str(), id)))
@@ -61,28 +63,29 @@ pub fn link_names(
     if wanted.is_empty() {
         return BTreeMap::new();
     }
-    let (entries, all_read) = after_entries();
-    let mut by_inode: BTreeMap<(u64, u64), Vec<&str>> = BTreeMap::new();
+    let mut by_inode: BTreeMap<(u64, u64), Vec<String>> = BTreeMap::new();
     for (_, (dev, ino, _)) in &wanted {
         by_inode.entry((*dev, *ino)).or_default();
     }
-    for (path, entry) in &entries {
+    let all_read = visit(&mut |path, entry| {
         if entry.kind != EntryKind::File {
-            continue;
+            return;
         }
         if let Some(names) = by_inode.get_mut(&(entry.dev, entry.ino)) {
-            names.push(path);
+            names.push(path.to_owned());
         }
-    }
+    });
     wanted
         .into_iter()
         .map(|(path, (dev, ino, nlink))| {
-            let names = by_inode.get(&(dev, ino)).map_or(&[][..], Vec::as_slice);
-            let others: Vec<String> = names
-                .iter()
-                .filter(|n| **n != path)
-                .map(|n| (*n).to_owned())
+            let mut others: Vec<String> = by_inode
+                .get(&(dev, ino))
+                .into_iter()
+                .flatten()
+                .filter(|n| *n != path)
+                .cloned()
                 .collect();
+            others.sort();
             let complete = all_read && others.len() as u64 + 1 >= nlink;
             (
                 path.to_owned(),
@@ -96,16 +99,54 @@ pub fn link_names(
         .collect()
 }
 
-/// [`link_names`] over an after-state stored as trees: every readable tree is read.
+/// [`link_names`] over an after-state stored as trees: every readable tree is read, one at a
+/// time (at most [`MAX_TREE_ENTRIES`] entries, as [`crate::read_entries`] reads).
 pub fn link_names_in_trees(
     changes: &[Change],
     after_root: &str,
     src: &dyn TreeSource,
 ) -> BTreeMap<String, LinkNames> {
-    link_names(changes, || {
-        let (entries, failed) = read_readable_entries(src, after_root);
-        (entries, failed.is_empty())
-    })
+    link_names(
+        changes,
+        Box::new(|f: &mut dyn FnMut(&str, &Entry)| {
+            let mut all_read = true;
+            let mut seen = 0usize;
+            let mut stack = vec![(String::new(), after_root.to_owned())];
+            while let Some((dir, id)) = stack.pop() {
+                let Ok(tree) = src.tree(&id) else {
+                    all_read = false;
+                    continue;
+                };
+                seen = seen.saturating_add(tree.entries.len() + tree.trees.len());
+                if seen > MAX_TREE_ENTRIES {
+                    return false;
+                }
+                for (name, entry) in &tree.entries {
+                    f(&join(&dir, name), entry);
+                }
+                for (name, sub) in tree.trees {
+                    stack.push((join(&dir, &name), sub));
+                }
+            }
+            all_read
+        }),
+    )
+}
+
+/// [`link_names`] over an after-state held in memory.
+pub fn link_names_in(
+    changes: &[Change],
+    after: &BTreeMap<String, Entry>,
+) -> BTreeMap<String, LinkNames> {
+    link_names(
+        changes,
+        Box::new(|f: &mut dyn FnMut(&str, &Entry)| {
+            for (path, entry) in after {
+                f(path, entry);
+            }
+            true
+        }),
+    )
 }
 
 #[cfg(test)]
@@ -153,7 +194,10 @@ mod tests {
     #[test]
     fn nothing_is_read_without_a_multiply_linked_change() {
         let changes = [added("src/a.rs", file(1, 1))];
-        let found = link_names(&changes, || panic!("the after tree was read"));
+        let found = link_names(
+            &changes,
+            Box::new(|_: &mut dyn FnMut(&str, &Entry)| panic!("the after tree was read")),
+        );
         assert!(found.is_empty());
     }
 
@@ -165,7 +209,7 @@ mod tests {
             ("src/alias", file(9, 2)),
             ("src/other", file(10, 1)),
         ]);
-        let found = link_names(&changes, || (after, true));
+        let found = link_names_in(&changes, &after);
         let names = &found["src/alias"];
         assert_eq!(names.others, vec![".claude/settings.json".to_owned()]);
         assert!(names.complete);
@@ -176,7 +220,7 @@ mod tests {
     fn names_outside_the_scanned_tree_are_counted_not_named() {
         let changes = [added("src/x", file(9, 3))];
         let after = entries(&[("src/x", file(9, 3)), ("docs/x", file(9, 3))]);
-        let found = link_names(&changes, || (after, true));
+        let found = link_names_in(&changes, &after);
         let names = &found["src/x"];
         assert_eq!(names.others, vec!["docs/x".to_owned()]);
         assert!(!names.complete);
@@ -187,7 +231,15 @@ mod tests {
     fn an_unreadable_tree_leaves_the_names_incomplete() {
         let changes = [added("src/x", file(9, 2))];
         let after = entries(&[("src/x", file(9, 2)), ("a/x", file(9, 2))]);
-        let found = link_names(&changes, || (after, false));
+        let found = link_names(
+            &changes,
+            Box::new(move |f: &mut dyn FnMut(&str, &Entry)| {
+                for (p, e) in &after {
+                    f(p, e);
+                }
+                false
+            }),
+        );
         assert!(!found["src/x"].complete);
     }
 
@@ -197,7 +249,7 @@ mod tests {
         let mut elsewhere = file(9, 2);
         elsewhere.dev = 8;
         let after = entries(&[("src/x", file(9, 2)), ("mnt/x", elsewhere)]);
-        let found = link_names(&changes, || (after, true));
+        let found = link_names_in(&changes, &after);
         assert!(found["src/x"].others.is_empty());
         assert!(!found["src/x"].complete);
     }

@@ -197,6 +197,26 @@ fn deep_changes_kind_swaps_and_odd_names_match_the_in_memory_diff() {
     assert_eq!(c.unsupported[0].path, "odd/bad\\xff");
 }
 
+/// A new hard link's other names are found in the after trees, as in the in-memory manifest:
+/// one inside an unchanged subtree (which the comparison itself skips) included.
+#[test]
+fn a_new_hard_link_is_named_by_its_other_names_in_both_comparisons() {
+    let d = base();
+    let trees = MemTrees::default();
+    let before = both(d.path(), &trees);
+    fs::hard_link(
+        d.path().join("keep/x/f1.rs"),
+        d.path().join("deep/alias.rs"),
+    )
+    .unwrap();
+    let after = both(d.path(), &trees);
+    let c = compare_both(&trees, &before, &after);
+    let names = &c.links["deep/alias.rs"];
+    assert_eq!(names.others, vec!["keep/x/f1.rs".to_owned()]);
+    assert!(names.complete && names.nlink == 2, "{names:?}");
+    assert_eq!(c.links.len(), 1, "{:?}", c.links);
+}
+
 #[test]
 fn a_capture_status_change_inside_an_equal_subtree_is_still_reported() {
     let d = tempfile::tempdir().unwrap();
