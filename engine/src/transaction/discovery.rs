@@ -11,10 +11,12 @@
 //! exists ([`Discovered::launch_refusal`]).
 //!
 //! Checked: the protected configuration (`agentdiff_backend_api::protected`), every git directory
-//! and `.git` file found, and the policy's literal deny paths. Not checked: a git directory's
-//! `objects/` (a local clone hard-links its objects to the repository it came from; the scans
-//! still compare them where the policy names them), the evidence store (its own tamper check
-//! covers it), and, past [`agentdiff_host::hard_links::MAX_ENTRIES`] entries, the rest.
+//! and `.git` file found, and the policy's literal deny paths that are files (`.env`). Not
+//! checked: a git directory's `objects/` (a local clone hard-links its objects to the repository
+//! it came from), a literal deny path that is a directory (`secrets/**` → `secrets`: it may be
+//! large; a write to its files through another name is still scanned and decided after the run,
+//! as that path), the evidence store (its own tamper check covers it), and, past
+//! [`agentdiff_host::hard_links::MAX_ENTRIES`] entries, the rest.
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -44,11 +46,14 @@ impl Discovered {
             .map(|(rel, _)| root.join(rel))
             .collect();
         paths.extend(dirs.iter().cloned());
+        // A literal deny path only where it is a file: a denied directory can be as large as
+        // `vendor/`, and its files are scanned and decided after the run anyway.
         paths.extend(
             deny_patterns
                 .iter()
                 .filter_map(|p| literal_path(p))
-                .map(|rel| root.join(rel)),
+                .map(|rel| root.join(rel))
+                .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())),
         );
         let linked = hard_links::find(&paths, &hard_links::object_stores(&dirs));
         Discovered { git_dirs, linked }
@@ -149,7 +154,7 @@ mod tests {
     }
 
     #[test]
-    fn literal_deny_paths_and_git_hooks_are_checked_but_git_objects_are_not() {
+    fn literal_deny_files_and_git_hooks_are_checked_but_git_objects_and_deny_dirs_are_not() {
         let t = tempfile::tempdir().unwrap();
         let root = t.path().canonicalize().unwrap();
         for d in [
@@ -165,18 +170,24 @@ mod tests {
         std::fs::write(root.join(".git/objects/ab/cd"), "blob").unwrap();
         std::fs::hard_link(root.join(".git/objects/ab/cd"), root.join("src/obj")).unwrap();
         std::fs::write(root.join("secrets/key"), "k").unwrap();
-        let deny = vec!["secrets/**".to_owned(), "**/*.pem".to_owned()];
+        std::fs::hard_link(root.join("secrets/key"), root.join("src/key")).unwrap();
+        std::fs::write(root.join(".env"), "A=1").unwrap();
+        let deny = vec![
+            "secrets/**".to_owned(),
+            ".env".to_owned(),
+            "**/*.pem".to_owned(),
+        ];
         assert!(Discovered::find(&root, &deny)
             .launch_refusal(&root)
             .is_none());
-        std::fs::hard_link(root.join("secrets/key"), root.join("src/key")).unwrap();
+        std::fs::hard_link(root.join(".env"), root.join("src/env")).unwrap();
         std::fs::write(root.join(".git/hooks/pre-commit"), "#!/bin/sh\n").unwrap();
         std::fs::hard_link(root.join(".git/hooks/pre-commit"), root.join("src/hook")).unwrap();
         let found = Discovered::find(&root, &deny);
         let linked: Vec<PathBuf> = found.linked.linked.iter().map(|(p, _)| p.clone()).collect();
         assert_eq!(
             linked,
-            vec![root.join(".git/hooks/pre-commit"), root.join("secrets/key")]
+            vec![root.join(".git/hooks/pre-commit"), root.join(".env")]
         );
     }
 }
