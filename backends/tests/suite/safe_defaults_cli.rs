@@ -170,7 +170,17 @@ fn a_hard_link_is_decided_as_every_name_of_its_file() {
         "version: 1\nfilesystem:\n  allow_write: [\"src/**\"]\n  default: review\n",
     )
     .unwrap();
-    fs::remove_file(root.join("src/door.json")).unwrap();
+    // Rolling the run back removes the door: one name of the file goes, the settings stay.
+    let id = r["run_id"].as_str().unwrap().to_owned();
+    let out = agentdiff(&root, &["rollback", &id, "--all"]);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(!root.join("src/door.json").exists(), "{said}");
+    assert!(!root.join("src/plain.txt").exists(), "{said}");
+    assert_eq!(
+        fs::read_to_string(root.join(".claude/settings.json")).unwrap(),
+        "{}\n"
+    );
     let (code, r, _) = run_json(
         &root,
         &[],

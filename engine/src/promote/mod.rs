@@ -5,7 +5,8 @@
 //! **before**-state (what the workspace started from); only then is it moved to the recorded
 //! **after**-state of the workspace, from verified objects. Anything else is a conflict and the
 //! host state is preserved. Symlinks, hardlinked files and files without verified objects are
-//! reported, never written.
+//! reported, never written; a file the run deleted loses that one name on the host even when it
+//! has others (they keep the file, as rollback removes a link a run made).
 //!
 //! Selection: `--safe-only` promotes changes the run's policy classified `allow`; `--all` adds
 //! `review`. `deny` changes are never promoted unless named with `--path` and `--force`.

@@ -557,8 +557,9 @@ fn recoverability(c: &Change) -> (bool, String) {
         EntryKind::File => match c.change_type {
             ChangeType::Created => match &c.after {
                 Some(a) if a.nlink > 1 => (
-                    false,
-                    "created file is hardlinked; it is never touched".into(),
+                    true,
+                    "created name of a hardlinked file is removed; its other names keep the file"
+                        .into(),
                 ),
                 _ => (true, "created file can be removed".into()),
             },

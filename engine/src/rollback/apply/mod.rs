@@ -210,8 +210,9 @@ pub fn classify(t: &Transition) -> Result<OpKind, Ineligible> {
             Ok(OpKind::CreateFile)
         }
         (None, Some(_)) => Ok(OpKind::CreateDir),
+        // Removing one name of a multiply-linked file (a link the run made) changes no other
+        // name: the file lives on under them. `mismatch` still requires the link count recorded.
         (Some(e), None) if e.kind == EntryKind::File => {
-            check_single_link(e)?;
             if e.sha256.is_none() {
                 return Err(Ineligible::NotHashed);
             }
@@ -477,10 +478,10 @@ fn mismatch(cur: &Current, want: Option<&Entry>, label: &str) -> Option<String> 
                     "its permissions were changed to {:04o}; {label} had {:04o}",
                     meta.mode, w.mode
                 ))
-            } else if meta.nlink != 1 {
+            } else if meta.nlink != w.nlink {
                 Some(format!(
-                    "it now has {} hard links; {label} had one",
-                    meta.nlink
+                    "it now has {} hard links; {label} had {}",
+                    meta.nlink, w.nlink
                 ))
             } else {
                 None
@@ -939,7 +940,14 @@ mod tests {
         if let Some(e) = hard.as_mut() {
             e.nlink = 2;
         }
-        assert!(classify(&t(hard, None))
+        // A name the run linked is removed (its other names keep the file); a multiply-linked
+        // file is never rewritten or re-created.
+        assert_eq!(classify(&t(hard.clone(), None)), Ok(OpKind::RemoveFile));
+        assert!(classify(&t(hard.clone(), f("b")))
+            .unwrap_err()
+            .to_string()
+            .contains("hardlinked"));
+        assert!(classify(&t(None, hard))
             .unwrap_err()
             .to_string()
             .contains("hardlinked"));
