@@ -55,7 +55,10 @@ impl Discovered {
                 .map(|rel| root.join(rel))
                 .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())),
         );
-        let linked = hard_links::find(&paths, &hard_links::object_stores(&dirs));
+        let mut linked = hard_links::find(&paths, &hard_links::object_stores(&dirs));
+        // A path below two listed ones (a deny literal inside `.claude`) is named once.
+        linked.linked.sort();
+        linked.linked.dedup();
         Discovered { git_dirs, linked }
     }
 
@@ -90,12 +93,14 @@ impl Discovered {
             0 => String::new(),
             n => format!(" and {n} more"),
         };
-        let example = name(first);
+        // Quoted for a POSIX shell, so the remedy can be pasted whatever the name holds.
+        let example = format!("'{}'", name(first).replace('\'', "'\\''"));
+        let tmp = format!("'{}.tmp'", name(first).replace('\'', "'\\''"));
         Some(format!(
             "the command was not started: a file the sandbox keeps read-only also has another \
              name (a hard link), and a write through that name would still change it: {}{more}. \
-             Give each a name of its own (`cp -p '{example}' '{example}.tmp' && mv \
-             '{example}.tmp' '{example}'`) or remove its other names, then run again",
+             Give each a name of its own (`cp -p {example} {tmp} && mv {tmp} {example}`) or \
+             remove its other names, then run again",
             named.join(", ")
         ))
     }
@@ -148,7 +153,22 @@ mod tests {
         let refusal = found.launch_refusal(&root).unwrap();
         assert!(
             refusal.contains("`.claude/settings.json` (2 links)")
-                && refusal.contains("cp -p '.claude/settings.json'"),
+                && refusal.contains(
+                    "cp -p '.claude/settings.json' '.claude/settings.json.tmp' && mv \
+                     '.claude/settings.json.tmp' '.claude/settings.json'"
+                ),
+            "{refusal}"
+        );
+        // A name with a quote is quoted for the shell, and a file below two listed paths (a
+        // deny literal inside `.claude`) is named once.
+        std::fs::write(root.join(".claude/it's.json"), "{}").unwrap();
+        std::fs::hard_link(root.join(".claude/it's.json"), root.join("src/q")).unwrap();
+        let deny = vec![".claude/it's.json".to_owned()];
+        let found = Discovered::find(&root, &deny);
+        assert_eq!(found.linked.linked.len(), 2, "{:?}", found.linked);
+        let refusal = found.launch_refusal(&root).unwrap();
+        assert!(
+            refusal.contains("cp -p '.claude/it'\\''s.json' '.claude/it'\\''s.json.tmp'"),
             "{refusal}"
         );
     }
@@ -187,7 +207,7 @@ mod tests {
         let linked: Vec<PathBuf> = found.linked.linked.iter().map(|(p, _)| p.clone()).collect();
         assert_eq!(
             linked,
-            vec![root.join(".git/hooks/pre-commit"), root.join(".env")]
+            vec![root.join(".env"), root.join(".git/hooks/pre-commit")]
         );
     }
 }
