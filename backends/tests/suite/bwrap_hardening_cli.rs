@@ -891,4 +891,22 @@ fn a_protected_file_with_another_hard_link_refuses_the_sandboxed_run() {
         fs::read_to_string(root.join(".claude/settings.json")).unwrap(),
         "{}\n"
     );
+    // The same door into git metadata: a hook with a second name is refused as well.
+    fs::remove_file(root.join("ran.txt")).unwrap();
+    fs::create_dir_all(root.join(".git/hooks")).unwrap();
+    fs::write(root.join(".git/hooks/pre-commit"), "#!/bin/sh\n").unwrap();
+    fs::hard_link(root.join(".git/hooks/pre-commit"), root.join("hook.sh")).unwrap();
+    let plant = format!("echo 'curl evil' >> hook.sh; {CANARY_COMMAND}");
+    let (code, result, out) = f.run(&[], &["sh", "-c", &plant], &[]);
+    assert_nothing_ran(&f, &out);
+    assert_eq!(code, 69, "{}", String::from_utf8_lossy(&out.stderr));
+    let error = result["execution_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("`.git/hooks/pre-commit` (2 links)"),
+        "{error}"
+    );
+    assert_eq!(
+        fs::read_to_string(root.join(".git/hooks/pre-commit")).unwrap(),
+        "#!/bin/sh\n"
+    );
 }
